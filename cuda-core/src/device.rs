@@ -1,0 +1,344 @@
+//! Devices, their primary contexts, and the thread's current device.
+//!
+//! CuPy's `Device(id)`, `with Device(1):`, `Device.use()` and `Device.synchronize()`.
+//! `cuda-core` works on each device's *primary* context, the one the CUDA runtime uses, so it
+//! shares devices, memory and streams with PyTorch, CuPy or any runtime-API code in the same
+//! process. The primary context is retained on first use and kept for the life of the process.
+
+use std::ffi::{c_char, c_int, CStr};
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+
+use cuda_sys::{CUcontext, CUdevice, CUdevice_attribute, CUresult};
+
+use crate::driver::drv;
+use crate::error::{Error, Result};
+
+/// Most devices a process can address through `cuda-core`.
+pub const MAX_DEVICES: usize = 64;
+
+/// A CUDA device (a GPU), identified by its ordinal.
+///
+/// `Device` is a small `Copy` value, `Send` and `Sync`: it names a device, it owns nothing.
+///
+/// ```no_run
+/// use cuda_core::Device;
+/// let dev = Device::new(0)?;
+/// println!("{} (sm_{}{})", dev.name()?, dev.compute_capability()?.0, dev.compute_capability()?.1);
+/// {
+///     let _scope = dev.scope()?; // like `with Device(0):`
+///     dev.synchronize()?;
+/// } // the previous current device is restored here
+/// # Ok::<(), cuda_core::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Device {
+    ordinal: i32,
+    raw: CUdevice,
+}
+
+impl Device {
+    /// The device with this ordinal; [`Error::InvalidDevice`] when it does not exist.
+    pub fn new(ordinal: usize) -> Result<Device> {
+        let count = crate::device_count()?;
+        if ordinal >= count || ordinal >= MAX_DEVICES {
+            return Err(Error::InvalidDevice {
+                ordinal: ordinal as i64,
+                count,
+            });
+        }
+        let mut raw = 0;
+        // SAFETY: valid out-pointer, ordinal checked against the count.
+        unsafe { drv!(cuDeviceGet(&mut raw, ordinal as c_int)) }?;
+        Ok(Device {
+            ordinal: ordinal as i32,
+            raw,
+        })
+    }
+
+    /// Every device, in ordinal order.
+    pub fn all() -> Result<Vec<Device>> {
+        (0..crate::device_count()?).map(Device::new).collect()
+    }
+
+    /// The thread's current device: the device of the current context, or device 0 when no
+    /// context is current (CuPy's default).
+    pub fn current() -> Result<Device> {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        unsafe { drv!(cuCtxGetCurrent(&mut ctx)) }?;
+        if ctx.is_null() {
+            return Device::new(0);
+        }
+        let mut raw = 0;
+        // SAFETY: a context is current; valid out-pointer.
+        unsafe { drv!(cuCtxGetDevice(&mut raw)) }?;
+        Device::from_raw(raw)
+    }
+
+    /// The `Device` for a driver `CUdevice` handle.
+    pub fn from_raw(raw: CUdevice) -> Result<Device> {
+        // On every current driver the handle equals the ordinal; check rather than assume.
+        let count = crate::device_count()?;
+        for ordinal in 0..count.min(MAX_DEVICES) {
+            let dev = Device::new(ordinal)?;
+            if dev.raw == raw {
+                return Ok(dev);
+            }
+        }
+        Err(Error::InvalidDevice {
+            ordinal: raw as i64,
+            count,
+        })
+    }
+
+    /// The ordinal (CuPy's `Device.id`).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal as usize
+    }
+
+    /// The driver handle.
+    pub fn raw(&self) -> CUdevice {
+        self.raw
+    }
+
+    /// The device's primary context, retained on first use and kept for the process's life.
+    pub fn primary_context(&self) -> Result<CUcontext> {
+        static PRIMARY: [OnceLock<Result<usize, Error>>; MAX_DEVICES] =
+            [const { OnceLock::new() }; MAX_DEVICES];
+        PRIMARY[self.ordinal as usize]
+            .get_or_init(|| {
+                let mut ctx: CUcontext = std::ptr::null_mut();
+                // SAFETY: valid device and out-pointer. The retain is never released: the
+                // context lives as long as the process, as the runtime's does.
+                unsafe { drv!(cuDevicePrimaryCtxRetain(&mut ctx, self.raw)) }?;
+                Ok(ctx as usize)
+            })
+            .clone()
+            .map(|p| p as CUcontext)
+    }
+
+    /// Makes this device current on the calling thread (CuPy's `Device.use()`).
+    pub fn make_current(&self) -> Result<()> {
+        let ctx = self.primary_context()?;
+        // SAFETY: a retained primary context.
+        unsafe { drv!(cuCtxSetCurrent(ctx)) }
+    }
+
+    /// Makes this device current until the guard drops, then restores whatever was current
+    /// before (CuPy's `with Device(n):`). Guards nest. The guard stays on its thread.
+    pub fn scope(&self) -> Result<DeviceScope> {
+        let mut previous: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        unsafe { drv!(cuCtxGetCurrent(&mut previous)) }?;
+        self.make_current()?;
+        Ok(DeviceScope {
+            previous,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// Blocks until all work on this device is done.
+    pub fn synchronize(&self) -> Result<()> {
+        let _ctx = self.bind()?;
+        // SAFETY: this device's context is current.
+        unsafe { drv!(cuCtxSynchronize()) }
+    }
+
+    /// Makes this device's context current for the life of the returned guard, only if it is
+    /// not already (then the guard does nothing). Every `cuda-core` operation that needs a
+    /// current context goes through this, so it never depends on what the caller made current.
+    pub fn bind(&self) -> Result<ContextBinding> {
+        let target = self.primary_context()?;
+        let mut current: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        unsafe { drv!(cuCtxGetCurrent(&mut current)) }?;
+        if current == target {
+            return Ok(ContextBinding {
+                pushed: false,
+                _not_send: PhantomData,
+            });
+        }
+        // SAFETY: a retained primary context; popped by the binding's Drop.
+        unsafe { drv!(cuCtxPushCurrent(target)) }?;
+        Ok(ContextBinding {
+            pushed: true,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// Any device attribute (`cuDeviceGetAttribute`).
+    pub fn attribute(&self, attribute: CUdevice_attribute) -> Result<i32> {
+        let mut value = 0;
+        // SAFETY: valid out-pointer and device.
+        unsafe { drv!(cuDeviceGetAttribute(&mut value, attribute, self.raw)) }?;
+        Ok(value)
+    }
+
+    /// The device's name ("NVIDIA H200").
+    pub fn name(&self) -> Result<String> {
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: the buffer holds `len` bytes.
+        unsafe {
+            drv!(cuDeviceGetName(
+                buf.as_mut_ptr(),
+                buf.len() as c_int,
+                self.raw
+            ))
+        }?;
+        // SAFETY: the driver wrote a NUL-terminated string into the buffer.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+
+    /// Compute capability as `(major, minor)`: `(9, 0)` on Hopper.
+    pub fn compute_capability(&self) -> Result<(u32, u32)> {
+        let major =
+            self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor =
+            self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        Ok((major as u32, minor as u32))
+    }
+
+    /// Total device memory in bytes.
+    pub fn total_memory(&self) -> Result<usize> {
+        let mut bytes = 0;
+        // SAFETY: valid out-pointer and device.
+        unsafe { drv!(cuDeviceTotalMem(&mut bytes, self.raw)) }?;
+        Ok(bytes)
+    }
+
+    /// `(free, total)` device memory in bytes right now (`cuMemGetInfo`).
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        let _ctx = self.bind()?;
+        let (mut free, mut total) = (0, 0);
+        // SAFETY: this device's context is current; valid out-pointers.
+        unsafe { drv!(cuMemGetInfo(&mut free, &mut total)) }?;
+        Ok((free, total))
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn multiprocessor_count(&self) -> Result<u32> {
+        Ok(self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32)
+    }
+
+    /// The device's UUID.
+    pub fn uuid(&self) -> Result<Uuid> {
+        let mut uuid = cuda_sys::CUuuid::default();
+        // SAFETY: valid out-pointer and device.
+        unsafe { drv!(cuDeviceGetUuid(&mut uuid, self.raw)) }?;
+        Ok(Uuid(uuid.bytes.map(|b| b as u8)))
+    }
+
+    /// PCI bus id, `domain:bus:device.function` ("0000:19:00.0").
+    pub fn pci_bus_id(&self) -> Result<String> {
+        let mut buf = [0 as c_char; 64];
+        // SAFETY: the buffer holds `len` bytes.
+        unsafe {
+            drv!(cuDeviceGetPCIBusId(
+                buf.as_mut_ptr(),
+                buf.len() as c_int,
+                self.raw
+            ))
+        }?;
+        // SAFETY: the driver wrote a NUL-terminated string.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+
+    /// Stream priorities this device supports, as `(least, greatest)`; numerically the
+    /// greatest priority is the smallest number (`(0, -5)` on Hopper).
+    pub fn stream_priority_range(&self) -> Result<(i32, i32)> {
+        let _ctx = self.bind()?;
+        let (mut least, mut greatest) = (0, 0);
+        // SAFETY: context current; valid out-pointers.
+        unsafe { drv!(cuCtxGetStreamPriorityRange(&mut least, &mut greatest)) }?;
+        Ok((least, greatest))
+    }
+
+    /// Whether this device can address `peer`'s memory directly.
+    pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
+        if peer == self {
+            return Ok(false);
+        }
+        let mut can = 0;
+        // SAFETY: valid out-pointer and devices.
+        unsafe { drv!(cuDeviceCanAccessPeer(&mut can, self.raw, peer.raw)) }?;
+        Ok(can != 0)
+    }
+
+    /// Lets this device's context address `peer`'s memory. Enabling twice is not an error.
+    pub fn enable_peer_access(&self, peer: &Device) -> Result<()> {
+        if peer == self {
+            return Err(Error::InvalidArgument(
+                "peer access from a device to itself".into(),
+            ));
+        }
+        let peer_ctx = peer.primary_context()?;
+        let _ctx = self.bind()?;
+        // SAFETY: this device's context is current; the peer context is retained.
+        match unsafe { drv!(cuCtxEnablePeerAccess(peer_ctx, 0)) } {
+            Err(Error::Driver(e))
+                if e.result() == CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED =>
+            {
+                Ok(())
+            }
+            other => other,
+        }
+    }
+}
+
+/// A device UUID (16 bytes); displays as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` like
+/// `nvidia-smi`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Uuid(pub [u8; 16]);
+
+impl std::fmt::Display for Uuid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GPU-")?;
+        for (i, b) in self.0.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                write!(f, "-")?;
+            }
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Restores the previously current context when dropped (see [`Device::scope`]).
+/// Not `Send`: the current context is per thread.
+#[must_use = "the previous device is restored when the guard drops"]
+#[derive(Debug)]
+pub struct DeviceScope {
+    previous: CUcontext,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for DeviceScope {
+    fn drop(&mut self) {
+        // SAFETY: `previous` was current on this thread (or null) when the scope began.
+        // A failure here cannot be reported from Drop; the driver keeps its state.
+        let _ = unsafe { drv!(cuCtxSetCurrent(self.previous)) };
+    }
+}
+
+/// Keeps a device's context current for an operation (see [`Device::bind`]).
+#[must_use]
+#[derive(Debug)]
+pub struct ContextBinding {
+    pushed: bool,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for ContextBinding {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped: CUcontext = std::ptr::null_mut();
+            // SAFETY: we pushed exactly one context on this thread.
+            let _ = unsafe { drv!(cuCtxPopCurrent(&mut popped)) };
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! Access to the process-wide driver, and the free functions that ask it about itself.
+
+use std::sync::OnceLock;
+
+use cuda_sys::{CUresult, Driver};
+
+use crate::error::{DriverError, Error, Result};
+
+/// The process-wide driver, loaded and initialised. Fails with [`Error::Load`] when no driver
+/// library can be opened, or with the `cuInit` error when initialisation failed.
+#[inline]
+pub(crate) fn api() -> Result<&'static Driver> {
+    static INIT: OnceLock<Result<&'static Driver, Error>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        let driver = cuda_sys::driver()?;
+        match driver.init_status() {
+            Some(status) if status.is_success() => Ok(driver),
+            Some(status) => Err(DriverError::new(status, "cuInit").into()),
+            None => Err(cuda_sys::MissingSymbol { name: "cuInit" }.into()),
+        }
+    })
+    .clone()
+}
+
+/// Turns a `CUresult` into `Ok(())` or a [`DriverError`] naming `call`.
+#[inline]
+pub(crate) fn check(result: CUresult, call: &'static str) -> Result<()> {
+    if result.is_success() {
+        Ok(())
+    } else {
+        Err(Error::Driver(DriverError::new(result, call)))
+    }
+}
+
+/// Calls a driver entry point through the process-wide driver and checks its result:
+/// `drv!(cuMemAlloc(&mut ptr, size))` is a `Result<()>` whose error names `cuMemAlloc`.
+/// The expansion is an unsafe call: wrap it in `unsafe` with a `SAFETY:` comment.
+macro_rules! drv {
+    ($f:ident ( $($arg:expr),* $(,)? )) => {
+        match $crate::driver::api() {
+            Ok(d) => match d.$f($($arg),*) {
+                Ok(r) => $crate::driver::check(r, stringify!($f)),
+                Err(missing) => Err($crate::Error::from(missing)),
+            },
+            Err(e) => Err(e),
+        }
+    };
+}
+pub(crate) use drv;
+
+/// `true` when the driver loads, initialises, and reports at least one device. Never panics.
+///
+/// ```
+/// if !cuda_core::is_available() {
+///     eprintln!("no CUDA device here");
+/// }
+/// ```
+pub fn is_available() -> bool {
+    device_count().is_ok_and(|n| n > 0)
+}
+
+/// Number of CUDA devices.
+pub fn device_count() -> Result<usize> {
+    let mut count = 0;
+    // SAFETY: valid out-pointer.
+    unsafe { drv!(cuDeviceGetCount(&mut count)) }?;
+    Ok(usize::try_from(count).unwrap_or(0))
+}
+
+/// A CUDA version as the driver encodes it (`1000 * major + 10 * minor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CudaVersion(pub u32);
+
+impl CudaVersion {
+    /// Major version (13 for 13000).
+    pub fn major(self) -> u32 {
+        self.0 / 1000
+    }
+    /// Minor version (0 for 13000).
+    pub fn minor(self) -> u32 {
+        (self.0 % 1000) / 10
+    }
+}
+
+impl std::fmt::Display for CudaVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major(), self.minor())
+    }
+}
+
+/// The newest CUDA version the installed driver supports (`cuDriverGetVersion`).
+pub fn driver_version() -> Result<CudaVersion> {
+    let mut v = 0;
+    // SAFETY: valid out-pointer.
+    unsafe { drv!(cuDriverGetVersion(&mut v)) }?;
+    Ok(CudaVersion(v as u32))
+}
+
+/// The CUDA version of the headers these bindings were generated from (CuPy's
+/// `get_local_runtime_version`: the version this build targets).
+pub fn bindings_version() -> CudaVersion {
+    CudaVersion(cuda_sys::CUDA_VERSION)
+}

@@ -1,0 +1,206 @@
+//! The error type of `cuda-core`.
+
+use std::ffi::CStr;
+use std::fmt;
+
+use cuda_sys::CUresult;
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A driver call returned something other than `CUDA_SUCCESS`.
+///
+/// Carries the `CUresult` code, its name and message as the driver gives them
+/// (`cuGetErrorName` / `cuGetErrorString`), and the entry point that failed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct DriverError {
+    /// The raw `CUresult` value.
+    pub code: u32,
+    /// `CUDA_ERROR_...`, from `cuGetErrorName`.
+    pub name: &'static str,
+    /// The driver's description, from `cuGetErrorString`.
+    pub message: &'static str,
+    /// The driver entry point that returned the error (`cuMemAlloc`, ...).
+    pub call: &'static str,
+}
+
+impl DriverError {
+    /// Builds the error for `result` returned by `call`, asking the driver for its name and
+    /// message (falls back to a generic text when the driver cannot say).
+    pub fn new(result: CUresult, call: &'static str) -> Self {
+        let (name, message) = describe(result);
+        DriverError {
+            code: result.0,
+            name,
+            message,
+            call,
+        }
+    }
+
+    /// The code as a `CUresult`.
+    pub fn result(&self) -> CUresult {
+        CUresult(self.code)
+    }
+
+    /// `true` for `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub fn is_out_of_memory(&self) -> bool {
+        self.result() == CUresult::CUDA_ERROR_OUT_OF_MEMORY
+    }
+
+    /// `true` for `CUDA_ERROR_NOT_READY` (work still pending: not a failure for queries).
+    pub fn is_not_ready(&self) -> bool {
+        self.result() == CUresult::CUDA_ERROR_NOT_READY
+    }
+}
+
+impl fmt::Debug for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DriverError({} = {} in {}: {})",
+            self.code, self.name, self.call, self.message
+        )
+    }
+}
+
+impl fmt::Display for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} failed: {} ({}): {}",
+            self.call, self.name, self.code, self.message
+        )
+    }
+}
+
+impl std::error::Error for DriverError {}
+
+fn describe(result: CUresult) -> (&'static str, &'static str) {
+    let Ok(driver) = cuda_sys::driver() else {
+        return (
+            "CUDA_ERROR_UNKNOWN_CODE",
+            "no driver loaded to describe this code",
+        );
+    };
+    let mut name = std::ptr::null();
+    let mut message = std::ptr::null();
+    // SAFETY: valid out-pointers; the driver returns pointers to static strings or leaves them.
+    let name_ok = unsafe { driver.cuGetErrorName(result, &mut name) }.is_ok_and(|r| r.is_success());
+    // SAFETY: as above.
+    let msg_ok =
+        unsafe { driver.cuGetErrorString(result, &mut message) }.is_ok_and(|r| r.is_success());
+    // SAFETY: on success both point to NUL-terminated strings with static storage in libcuda,
+    // which the process-wide driver keeps loaded for the life of the process.
+    let to_str = |p: *const std::ffi::c_char| {
+        unsafe { CStr::from_ptr(p) }
+            .to_str()
+            .unwrap_or("(not UTF-8)")
+    };
+    (
+        if name_ok && !name.is_null() {
+            to_str(name)
+        } else {
+            "CUDA_ERROR_UNKNOWN_CODE"
+        },
+        if msg_ok && !message.is_null() {
+            to_str(message)
+        } else {
+            "unrecognised error code"
+        },
+    )
+}
+
+/// Every failure of `cuda-core`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The driver library could not be opened (lists every path tried).
+    #[error(transparent)]
+    Load(#[from] cuda_sys::LoadError),
+    /// The installed driver lacks an entry point these bindings know.
+    #[error(transparent)]
+    MissingSymbol(#[from] cuda_sys::MissingSymbol),
+    /// A driver call failed.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// A device ordinal outside `0..count`.
+    #[error("invalid device ordinal {ordinal}: {count} device(s) present")]
+    InvalidDevice {
+        /// The ordinal asked for.
+        ordinal: i64,
+        /// How many devices the driver reports.
+        count: usize,
+    },
+    /// An object of one device was used with another (a stream of device 0 with memory of
+    /// device 1, say).
+    #[error("{what} belongs to device {actual}, expected device {expected}")]
+    WrongDevice {
+        /// What was passed.
+        what: &'static str,
+        /// The device the operation needs.
+        expected: i32,
+        /// The device the object belongs to.
+        actual: i32,
+    },
+    /// A size computation overflowed (`count * size_of::<T>()`, offset + length, ...).
+    #[error("size overflow: {0}")]
+    SizeOverflow(&'static str),
+    /// Source and destination of a copy differ in size.
+    #[error("size mismatch in {op}: destination holds {dst} bytes, source {src}")]
+    SizeMismatch {
+        /// The operation.
+        op: &'static str,
+        /// Destination bytes.
+        dst: usize,
+        /// Source bytes.
+        src: usize,
+    },
+    /// A view reaching past the end of its allocation.
+    #[error("range {offset}..{offset}+{len} is outside an allocation of {size} bytes")]
+    OutOfRange {
+        /// Start of the range.
+        offset: usize,
+        /// Length of the range.
+        len: usize,
+        /// Size of the allocation.
+        size: usize,
+    },
+    /// An argument the driver would reject, caught before calling it.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Elapsed time asked of an event created with timing disabled.
+    #[error("event was created with timing disabled; elapsed time is not available")]
+    TimingDisabled,
+    /// An event was used before it was recorded.
+    #[error("event has not been recorded")]
+    EventNotRecorded,
+    /// The operation does not exist in this CUDA version.
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
+    /// A host callback panicked; the panic was caught and did not unwind into the driver.
+    #[error("host callback panicked: {0}")]
+    CallbackPanicked(String),
+    /// An optional library (cuBLAS, cuSOLVER, ...) could not be opened.
+    #[error("{library} could not be opened; tried {tried}")]
+    LibraryNotFound {
+        /// Which library.
+        library: &'static str,
+        /// Paths tried, with reasons.
+        tried: String,
+    },
+}
+
+impl Error {
+    /// The driver error inside, if this is one.
+    pub fn driver(&self) -> Option<&DriverError> {
+        match self {
+            Error::Driver(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// `true` when the driver reported `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub fn is_out_of_memory(&self) -> bool {
+        self.driver().is_some_and(DriverError::is_out_of_memory)
+    }
+}

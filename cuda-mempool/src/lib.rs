@@ -1,0 +1,1 @@
+//! `cuda-mempool`: filled in by its own issue; empty for now.

@@ -1,0 +1,257 @@
+//! Opening the driver library and filling the function table.
+
+use std::ffi::{c_void, CStr, OsStr};
+use std::fmt;
+use std::sync::OnceLock;
+
+use crate::{
+    CUdriverProcAddressQueryResult, CUdriverProcAddress_flags, CUresult, DriverTable, CUDA_VERSION,
+};
+
+/// Environment variable naming the driver library to open instead of the default names.
+pub const DRIVER_PATH_ENV: &str = "CUDA_DRIVER_LIBRARY";
+
+/// Names tried, in order, when [`DRIVER_PATH_ENV`] is not set.
+const DEFAULT_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so"];
+
+/// One entry point of the driver: the API name `cuGetProcAddress` takes (`cuMemAlloc`) and
+/// the exported symbol of the ABI version these bindings were generated for (`cuMemAlloc_v2`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryPoint {
+    /// API name, as `cuGetProcAddress` expects it.
+    pub api: &'static CStr,
+    /// Versioned symbol name, as `dlsym` finds it.
+    pub symbol: &'static CStr,
+}
+
+/// The driver library could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadError {
+    /// No candidate could be opened; each attempt with the loader's message.
+    DriverNotFound {
+        /// `(path, why)` for each library that was tried, in order.
+        tried: Vec<(String, String)>,
+    },
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::DriverNotFound { tried } => {
+                write!(f, "CUDA driver library not found; tried")?;
+                for (i, (path, why)) in tried.iter().enumerate() {
+                    let sep = if i == 0 { " " } else { "; " };
+                    write!(f, "{sep}{path} ({why})")?;
+                }
+                if tried.is_empty() {
+                    write!(f, " nothing")?;
+                }
+                write!(f, ". Set {DRIVER_PATH_ENV} to the path of libcuda.so.1 if it is installed elsewhere")
+            }
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// The loaded library has no entry point of this name (the driver is older than the bindings,
+/// or the library is not the CUDA driver).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MissingSymbol {
+    /// API name of the missing entry point.
+    pub name: &'static str,
+}
+
+impl fmt::Display for MissingSymbol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the loaded CUDA driver has no entry point `{}`",
+            self.name
+        )
+    }
+}
+
+impl std::error::Error for MissingSymbol {}
+
+/// How the function table was filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// Through `cuGetProcAddress` for the bindings' CUDA version, `dlsym` for what it lacked.
+    ProcAddress,
+    /// Through `dlsym` alone (the library has no `cuGetProcAddress_v2`).
+    Dlsym,
+}
+
+/// An opened driver library and its function table.
+///
+/// Every entry point of `cuda.h` is a method of the same (unversioned) name: `cuMemAlloc`
+/// calls `cuMemAlloc_v2`. A method returns `Err(MissingSymbol)` when the library lacks that
+/// entry point, and `Ok(CUresult)` otherwise.
+///
+/// `Driver` is `Send + Sync`: the table is immutable after loading and the driver API is
+/// thread-safe.
+pub struct Driver {
+    pub(crate) table: DriverTable,
+    path: String,
+    resolution: Resolution,
+    resolved: usize,
+    init_status: Option<CUresult>,
+    // Dropped last: the table points into it.
+    _library: libloading::Library,
+}
+
+impl fmt::Debug for Driver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Driver")
+            .field("path", &self.path)
+            .field("resolution", &self.resolution)
+            .field("resolved", &self.resolved)
+            .field("init_status", &self.init_status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Driver {
+    /// Opens the driver: the library named by [`DRIVER_PATH_ENV`] when set, else
+    /// `libcuda.so.1`, else `libcuda.so`. Calls `cuInit(0)` (its status is [`init_status`])
+    /// and resolves every entry point.
+    ///
+    /// [`init_status`]: Driver::init_status
+    pub fn load() -> Result<Self, LoadError> {
+        let candidates: Vec<String> = match std::env::var(DRIVER_PATH_ENV) {
+            Ok(path) if !path.is_empty() => vec![path],
+            _ => DEFAULT_NAMES.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut tried = Vec::new();
+        for candidate in candidates {
+            // SAFETY: the candidates are the CUDA driver's own names (or the path the user
+            // named as the driver), whose initialisers are safe to run and whose cu* symbols
+            // have the signatures of cuda.h.
+            match unsafe { Self::load_from(&candidate) } {
+                Ok(driver) => return Ok(driver),
+                Err(LoadError::DriverNotFound { tried: t }) => tried.extend(t),
+            }
+        }
+        Err(LoadError::DriverNotFound { tried })
+    }
+
+    /// Opens the library at `path` as the driver.
+    ///
+    /// A library that opens but lacks the driver's symbols loads fine: each missing entry point
+    /// is an `Err(MissingSymbol)` at the call that needs it.
+    ///
+    /// # Safety
+    ///
+    /// Opening a library runs its initialisers, and any `cu*` symbol it exports is called with
+    /// the signature `cuda.h` gives that name: `path` must be the CUDA driver or a library that
+    /// exports no `cu*` symbol of another signature.
+    pub unsafe fn load_from(path: impl AsRef<OsStr>) -> Result<Self, LoadError> {
+        let path = path.as_ref();
+        // SAFETY: the caller vouches for the library (see above).
+        let library = match unsafe { libloading::Library::new(path) } {
+            Ok(lib) => lib,
+            Err(e) => {
+                return Err(LoadError::DriverNotFound {
+                    tried: vec![(path.to_string_lossy().into_owned(), e.to_string())],
+                })
+            }
+        };
+        // SAFETY: as above; the symbols are looked up with the signatures of cuda.h.
+        Ok(unsafe { Self::from_library(library, path.to_string_lossy().into_owned()) })
+    }
+
+    unsafe fn from_library(library: libloading::Library, path: String) -> Self {
+        // SAFETY: `cuInit` and `cuGetProcAddress_v2` have these signatures in every driver that
+        // exports them; the pointers live as long as `library`, which the Driver owns.
+        let init = unsafe { library.get::<crate::pfn::cuInit>(b"cuInit\0") }
+            .ok()
+            .map(|s| *s);
+        // SAFETY: as above.
+        let get_proc =
+            unsafe { library.get::<crate::pfn::cuGetProcAddress>(b"cuGetProcAddress_v2\0") }
+                .ok()
+                .map(|s| *s);
+        // cuGetProcAddress answers only on an initialised driver.
+        // SAFETY: cuInit(0) is valid at any time.
+        let init_status = init.map(|f| unsafe { f(0) });
+        let mut resolved = 0;
+        let flags = CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_LEGACY_STREAM.0 as u64;
+        let version = CUDA_VERSION as i32;
+        // SAFETY: each pointer comes from cuGetProcAddress for the bindings' CUDA version (the
+        // ABI bindgen read) or from dlsym of the versioned symbol, or is null.
+        let table = unsafe {
+            DriverTable::resolve(|entry| {
+                let mut ptr: *mut c_void = std::ptr::null_mut();
+                if let Some(get_proc) = get_proc {
+                    let mut status = CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
+                    // SAFETY: valid C string, valid out-pointers.
+                    let r = get_proc(entry.api.as_ptr(), &mut ptr, version, flags, &mut status);
+                    if r != CUresult::CUDA_SUCCESS {
+                        ptr = std::ptr::null_mut();
+                    }
+                }
+                if ptr.is_null() {
+                    // SAFETY: looking a symbol up has no side effect.
+                    if let Ok(sym) = library.get::<*mut c_void>(entry.symbol.to_bytes_with_nul()) {
+                        ptr = *sym;
+                    }
+                }
+                if !ptr.is_null() {
+                    resolved += 1;
+                }
+                ptr
+            })
+        };
+        let resolution = if get_proc.is_some() {
+            Resolution::ProcAddress
+        } else {
+            Resolution::Dlsym
+        };
+        Driver {
+            table,
+            path,
+            resolution,
+            resolved,
+            init_status,
+            _library: library,
+        }
+    }
+
+    /// The path or name the library was opened under.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// How the function table was filled.
+    pub fn resolution(&self) -> Resolution {
+        self.resolution
+    }
+
+    /// How many of the [`DRIVER_ENTRY_POINT_COUNT`](crate::DRIVER_ENTRY_POINT_COUNT) entry
+    /// points the library provides.
+    pub fn resolved_count(&self) -> usize {
+        self.resolved
+    }
+
+    /// What `cuInit(0)` returned when the library was loaded; `None` if it has no `cuInit`.
+    pub fn init_status(&self) -> Option<CUresult> {
+        self.init_status
+    }
+
+    /// The function table.
+    pub fn table(&self) -> &DriverTable {
+        &self.table
+    }
+}
+
+static GLOBAL: OnceLock<Result<Driver, LoadError>> = OnceLock::new();
+
+/// The process-wide driver, loaded with [`Driver::load`] on first use and kept for the life of
+/// the process. A failed load is remembered too: every call returns the same error.
+pub fn driver() -> Result<&'static Driver, LoadError> {
+    GLOBAL
+        .get_or_init(Driver::load)
+        .as_ref()
+        .map_err(Clone::clone)
+}

@@ -1,0 +1,1 @@
+//! `cuda-xfer`: filled in by its own issue; empty for now.

@@ -1,0 +1,167 @@
+//! `cargo xtask gpu-bundle`: every GPU test, benchmark and example binary, release mode, in
+//! `target/gpu-bundle/`, with `run.sh` to run them on a machine that has a driver and no Rust.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::util::{cargo_json, fail, json_str, root, Result};
+
+/// The bundle must travel to the GPU machine, which takes 64 MiB.
+const MAX_BUNDLE_BYTES: u64 = 64 << 20;
+
+pub fn gpu_bundle() -> Result<()> {
+    let dir = root().join("target/gpu-bundle");
+    if dir.exists() {
+        fs::remove_dir_all(&dir).map_err(|e| format!("clean {}: {e}", dir.display()))?;
+    }
+    let mut total = 0;
+    let tests = cargo_json(
+        &[
+            "test",
+            "-p",
+            "tests",
+            "--features",
+            "gpu",
+            "--release",
+            "--no-run",
+            "--message-format=json",
+        ],
+        &[],
+    )?;
+    total += copy_artifacts(&tests, "test", &dir.join("tests"))?;
+    let bins = cargo_json(
+        &[
+            "build",
+            "-p",
+            "tests",
+            "--features",
+            "gpu",
+            "--release",
+            "--bins",
+            "--message-format=json",
+        ],
+        &[],
+    )?;
+    total += copy_artifacts(&bins, "bin", &dir.join("bench"))?;
+    let examples = cargo_json(
+        &[
+            "build",
+            "--workspace",
+            "--release",
+            "--examples",
+            "--message-format=json",
+        ],
+        &[],
+    )?;
+    total += copy_artifacts(&examples, "example", &dir.join("examples"))?;
+    let extra = root().join("tests/bundle");
+    if extra.is_dir() {
+        for entry in fs::read_dir(&extra).map_err(|e| e.to_string())? {
+            let entry = entry.map_err(|e| e.to_string())?;
+            let to = dir.join(entry.file_name());
+            total += fs::copy(entry.path(), &to)
+                .map_err(|e| format!("copy {}: {e}", entry.path().display()))?;
+        }
+    }
+    let run_sh = dir.join("run.sh");
+    fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;
+    make_executable(&run_sh)?;
+    println!(
+        "xtask: GPU bundle in {} ({:.1} MiB)",
+        dir.display(),
+        total as f64 / (1 << 20) as f64
+    );
+    println!("xtask: run it with a device call: carry [\"target/gpu-bundle\"], command `bash target/gpu-bundle/run.sh`");
+    if total > MAX_BUNDLE_BYTES {
+        return fail(&format!(
+            "the bundle is {total} bytes, over the {MAX_BUNDLE_BYTES} that can travel"
+        ));
+    }
+    Ok(())
+}
+
+/// Copies every executable artifact of `kind` from cargo's JSON messages into `to`; returns bytes.
+fn copy_artifacts(lines: &[String], kind: &str, to: &Path) -> Result<u64> {
+    fs::create_dir_all(to).map_err(|e| e.to_string())?;
+    let mut bytes = 0;
+    for line in lines {
+        if !line.contains("\"reason\":\"compiler-artifact\"")
+            || !line.contains(&format!("\"kind\":[\"{kind}\"]"))
+        {
+            continue;
+        }
+        if kind == "test" && !line.contains("\"test\":true") {
+            continue;
+        }
+        let Some(exe) = json_str(line, "executable") else {
+            continue;
+        };
+        let exe = PathBuf::from(exe);
+        let name = json_str(line, "name").unwrap_or_default();
+        // Test binaries are named <target>-<hash>; keep the target name only.
+        let file = if kind == "test" {
+            name.clone()
+        } else {
+            exe.file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or(name)
+        };
+        let dest = to.join(&file);
+        bytes += fs::copy(&exe, &dest).map_err(|e| format!("copy {}: {e}", exe.display()))?;
+        make_executable(&dest)?;
+        println!("xtask: bundled {kind} {file}");
+    }
+    Ok(bytes)
+}
+
+fn make_executable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut perm = fs::metadata(path).map_err(|e| e.to_string())?.permissions();
+    perm.set_mode(0o755);
+    fs::set_permissions(path, perm).map_err(|e| e.to_string())
+}
+
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# Runs the GPU bundle. Usage: run.sh [tests|sanitize|bench|examples|all] [filter]
+#   tests     every test binary, one line each, then "N passed, N failed" (the default)
+#   sanitize  the same under compute-sanitizer --tool memcheck
+#   bench     every benchmark binary (their own output)
+#   examples  every example
+# Test binaries run with --test-threads=1 so that memory-level checks see only their own work.
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+mode="${1:-tests}"
+filter="${2:-}"
+passed=0; failed=0
+run_tests() {
+  local wrap=("$@")
+  for t in "$here"/tests/*; do
+    [ -x "$t" ] || continue
+    name="$(basename "$t")"
+    start=$(date +%s%N)
+    out="$(timeout 600 "${wrap[@]}" "$t" --test-threads=1 $filter 2>&1)"; rc=$?
+    ms=$(( ($(date +%s%N) - start) / 1000000 ))
+    line="$(printf '%s\n' "$out" | grep -E '^test result:' | tail -n1)"
+    p=$(printf '%s\n' "$line" | sed -nE 's/.* ([0-9]+) passed.*/\1/p'); p=${p:-0}
+    f=$(printf '%s\n' "$line" | sed -nE 's/.* ([0-9]+) failed.*/\1/p'); f=${f:-0}
+    if [ -z "$line" ] || { [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; }; then f=$((f + 1)); fi
+    if [ "${wrap[0]:-}" = "compute-sanitizer" ] && printf '%s\n' "$out" | grep -qE 'ERROR SUMMARY: [1-9]'; then f=$((f + 1)); fi
+    passed=$((passed + p)); failed=$((failed + f))
+    status=ok; [ "$f" -eq 0 ] || status=FAILED
+    printf '%-8s %-28s %4d passed %4d failed  %6d ms\n' "$status" "$name" "$p" "$f" "$ms"
+    if [ "$f" -ne 0 ] || [ -n "${VERBOSE:-}" ]; then printf '%s\n' "$out" | sed 's/^/    | /'; fi
+  done
+}
+case "$mode" in
+  tests) run_tests ;;
+  sanitize) run_tests compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 ;;
+  bench)
+    for b in "$here"/bench/*; do [ -x "$b" ] || continue; echo "=== $(basename "$b")"; "$b" $filter; done; exit 0 ;;
+  examples)
+    for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
+  all) "$0" examples; run_tests; "$0" bench; ;;
+  *) echo "usage: run.sh [tests|sanitize|bench|examples|all] [filter]"; exit 2 ;;
+esac
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
+"#;
