@@ -107,7 +107,14 @@ fn copy_artifacts(lines: &[String], kind: &str, to: &Path) -> Result<u64> {
                 .unwrap_or(name)
         };
         let dest = to.join(&file);
-        bytes += fs::copy(&exe, &dest).map_err(|e| format!("copy {}: {e}", exe.display()))?;
+        fs::copy(&exe, &dest).map_err(|e| format!("copy {}: {e}", exe.display()))?;
+        // Debug info is most of a binary's size and the bundle must stay under 64 MiB; the
+        // symbols stay, so backtraces still name functions. No `strip`: keep the debug info.
+        let _ = std::process::Command::new("strip")
+            .arg("--strip-debug")
+            .arg(&dest)
+            .status();
+        bytes += fs::metadata(&dest).map_err(|e| e.to_string())?.len();
         make_executable(&dest)?;
         println!("xtask: bundled {kind} {file}");
     }
@@ -144,6 +151,9 @@ run_tests() {
     line="$(printf '%s\n' "$out" | grep -E '^test result:' | tail -n1)"
     p=$(printf '%s\n' "$line" | sed -nE 's/.* ([0-9]+) passed.*/\1/p'); p=${p:-0}
     f=$(printf '%s\n' "$line" | sed -nE 's/.* ([0-9]+) failed.*/\1/p'); f=${f:-0}
+    # Under compute-sanitizer, a binary that makes no CUDA call (CPU-only tests) ends "before
+    # the first instrumented API call": nothing to check, so its own result line decides.
+    if printf '%s\n' "$out" | grep -q 'terminated before first instrumented API call'; then rc=0; fi
     if [ -z "$line" ] || { [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; }; then f=$((f + 1)); fi
     if [ "${wrap[0]:-}" = "compute-sanitizer" ] && printf '%s\n' "$out" | grep -qE 'ERROR SUMMARY: [1-9]'; then f=$((f + 1)); fi
     passed=$((passed + p)); failed=$((failed + f))
@@ -154,7 +164,7 @@ run_tests() {
 }
 case "$mode" in
   tests) run_tests ;;
-  sanitize) run_tests compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 ;;
+  sanitize) run_tests compute-sanitizer --tool memcheck --target-processes all --error-exitcode 86 --print-limit 20 ;;
   bench)
     for b in "$here"/bench/*; do [ -x "$b" ] || continue; echo "=== $(basename "$b")"; "$b" $filter; done; exit 0 ;;
   examples)
