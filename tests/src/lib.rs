@@ -4,6 +4,9 @@
 //! machine without a GPU does not build them, and `cargo xtask gpu-bundle` does. A GPU test
 //! never passes without a GPU: it fails at its first driver call.
 
+
+pub mod bench;
+
 /// The path of a C library that is not the CUDA driver, for loader tests.
 pub fn libc_path() -> &'static str {
     "libc.so.6"

@@ -63,6 +63,22 @@ pub fn gpu_bundle() -> Result<()> {
                 .map_err(|e| format!("copy {}: {e}", entry.path().display()))?;
         }
     }
+    // The recorded allocation traces, for the replay benchmark (read from the steering
+    // repo's shared/ beside the checkout; absent traces leave the replay rows out, loudly).
+    let traces = root().join("../shared/traces");
+    if traces.is_dir() {
+        fs::create_dir_all(dir.join("traces")).map_err(|e| e.to_string())?;
+        for entry in fs::read_dir(&traces).map_err(|e| e.to_string())? {
+            let entry = entry.map_err(|e| e.to_string())?;
+            total += fs::copy(entry.path(), dir.join("traces").join(entry.file_name()))
+                .map_err(|e| e.to_string())?;
+        }
+    } else {
+        println!(
+            "xtask: warning: {} not found; the bundle has no traces",
+            traces.display()
+        );
+    }
     let run_sh = dir.join("run.sh");
     fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;
     make_executable(&run_sh)?;
@@ -166,7 +182,16 @@ case "$mode" in
   tests) run_tests ;;
   sanitize) run_tests compute-sanitizer --tool memcheck --target-processes all --error-exitcode 86 --print-limit 20 ;;
   bench)
-    for b in "$here"/bench/*; do [ -x "$b" ] || continue; echo "=== $(basename "$b")"; "$b" $filter; done; exit 0 ;;
+    # Rows go to $BENCH_OUT/results.csv (ours, raw) and peers.csv (CuPy, PyTorch);
+    # `cargo xtask bench-report DIR` turns them into the report.
+    export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
+    export CUDA_RS_TRACES="$here/traces"
+    { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1; } > "$BENCH_OUT/meta.txt"
+    for b in "$here"/bench/*; do [ -x "$b" ] || continue; echo "=== $(basename "$b")"; "$b" $filter || echo "(exit $?)"; done
+    if [ -z "$filter" ] && command -v python3 >/dev/null; then
+      echo "=== peers (CuPy, PyTorch)"; python3 "$here/peers.py" --traces "$here/traces"
+    fi
+    exit 0 ;;
   examples)
     for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
   all) "$0" examples; run_tests; "$0" bench; ;;

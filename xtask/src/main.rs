@@ -5,8 +5,10 @@
 //! | `ci` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), the bindings snapshot check, the main example with and without headers |
 //! | `bindings` | regenerates `cuda-sys/src/generated/driver.rs` from the headers found |
 //! | `gpu-bundle` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh` |
+//! | `bench-report DIR` | `results.csv` + `peers.csv` of one benchmark run -> `bench/results/REPORT.md` and SVG plots |
 
 mod bundle;
+mod report;
 mod util;
 
 use std::process::ExitCode;
@@ -19,8 +21,14 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("bindings") => bindings(),
         Some("gpu-bundle") => bundle::gpu_bundle(),
+        Some("bench-report") => match args.get(1) {
+            Some(dir) => report::bench_report(std::path::Path::new(dir)),
+            None => {
+                Err("usage: cargo xtask bench-report <dir with results.csv and peers.csv>".into())
+            }
+        },
         _ => {
-            eprintln!("usage: cargo xtask <ci|bindings|gpu-bundle>");
+            eprintln!("usage: cargo xtask <ci|bindings|gpu-bundle|bench-report DIR>");
             return ExitCode::from(2);
         }
     };
