@@ -245,8 +245,30 @@ fn function_table(file: syn::File, aliases: &HashMap<String, String>) -> String 
     let mut fields = Vec::new();
     let mut inits = Vec::new();
     let mut methods = Vec::new();
+    // Where the header declares both `cuX` (old ABI) and a distinct `cuX_vN` (new ABI, no
+    // `#define` between them: cuCtxSynchronize / cuCtxSynchronize_v2 in CUDA 13),
+    // `cuGetProcAddress("cuX", CUDA_VERSION)` answers with the new ABI, which does not match
+    // the plain declaration. Such pairs are resolved by their exact exported symbol instead.
+    let declared: std::collections::HashSet<String> =
+        fns.iter().map(|f| f.sig.ident.to_string()).collect();
+    let is_version_suffix = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    let has_versioned_twin = |name: &str| -> bool {
+        declared.iter().any(|other| {
+            !aliases.contains_key(other)
+                && other
+                    .strip_prefix(name)
+                    .and_then(|rest| rest.strip_prefix("_v"))
+                    .is_some_and(is_version_suffix)
+        })
+    };
+    let is_versioned_twin = |name: &str| -> bool {
+        name.rsplit_once("_v")
+            .is_some_and(|(base, n)| is_version_suffix(n) && declared.contains(base))
+    };
     for (index, f) in fns.iter().enumerate() {
         let symbol = f.sig.ident.to_string();
+        let by_proc_address = aliases.contains_key(&symbol)
+            || !(has_versioned_twin(&symbol) || is_versioned_twin(&symbol));
         let api = aliases
             .get(&symbol)
             .cloned()
@@ -279,7 +301,7 @@ fn function_table(file: syn::File, aliases: &HashMap<String, String>) -> String 
             #[doc = #doc]
             pub type #name = unsafe extern "C" fn(#inputs) #output;
         });
-        entries.push(quote! { EntryPoint { api: #api_lit, symbol: #sym_lit } });
+        entries.push(quote! { EntryPoint { api: #api_lit, symbol: #sym_lit, by_proc_address: #by_proc_address } });
         fields.push(quote! {
             #[doc = #doc]
             pub #name: Option<pfn::#name>

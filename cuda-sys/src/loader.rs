@@ -22,6 +22,9 @@ pub struct EntryPoint {
     pub api: &'static CStr,
     /// Versioned symbol name, as `dlsym` finds it.
     pub symbol: &'static CStr,
+    /// `false` where `cuGetProcAddress` would answer with another ABI than the declaration's
+    /// (the header declares both `cuX` and a distinct `cuX_vN`): resolved with `dlsym` only.
+    pub by_proc_address: bool,
 }
 
 /// The driver library could not be opened.
@@ -183,7 +186,7 @@ impl Driver {
         let table = unsafe {
             DriverTable::resolve(|entry| {
                 let mut ptr: *mut c_void = std::ptr::null_mut();
-                if let Some(get_proc) = get_proc {
+                if let Some(get_proc) = get_proc.filter(|_| entry.by_proc_address) {
                     let mut status = CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
                     // SAFETY: valid C string, valid out-pointers.
                     let r = get_proc(entry.api.as_ptr(), &mut ptr, version, flags, &mut status);

@@ -64,3 +64,13 @@ fn a_driver_error_names_the_call_code_and_message() {
     assert_eq!(d.name, "CUDA_ERROR_INVALID_VALUE");
     assert!(!d.message.is_empty());
 }
+
+#[test]
+fn device_synchronize_calls_the_abi_it_declares() {
+    // Regression: cuCtxSynchronize resolved through cuGetProcAddress at 13.0 is the _v2 ABI
+    // (it takes a context); calling it without one failed with CONTEXT_IS_DESTROYED.
+    let dev = Device::new(0).unwrap();
+    dev.synchronize().unwrap();
+    let _scope = dev.scope().unwrap();
+    assert_eq!(Device::current().unwrap(), dev);
+}

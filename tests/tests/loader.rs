@@ -88,3 +88,26 @@ fn cuda_versions_decode_and_display() {
         cuda_core::CudaVersion(cuda_sys::CUDA_VERSION)
     );
 }
+
+#[test]
+fn plain_entry_points_with_a_distinct_v2_twin_are_resolved_by_exact_symbol() {
+    // cuda.h 13 declares cuCtxSynchronize(void) and cuCtxSynchronize_v2(CUcontext) with no
+    // #define between them; cuGetProcAddress("cuCtxSynchronize", 13000) answers with the _v2
+    // ABI, so both must come from dlsym of their own symbol.
+    for (api, symbol) in [
+        (&b"cuCtxSynchronize"[..], &b"cuCtxSynchronize"[..]),
+        (b"cuCtxSynchronize_v2", b"cuCtxSynchronize_v2"),
+    ] {
+        let e = cuda_sys::DRIVER_ENTRY_POINTS
+            .iter()
+            .find(|e| e.api.to_bytes() == api)
+            .expect("declared");
+        assert_eq!(e.symbol.to_bytes(), symbol);
+        assert!(!e.by_proc_address, "{e:?}");
+    }
+    let alloc = cuda_sys::DRIVER_ENTRY_POINTS
+        .iter()
+        .find(|e| e.api.to_bytes() == b"cuMemAlloc")
+        .expect("declared");
+    assert!(alloc.by_proc_address);
+}

@@ -8282,1806 +8282,2257 @@ pub static DRIVER_ENTRY_POINTS: [EntryPoint; 451usize] = [
     EntryPoint {
         api: c"cuArray3DCreate",
         symbol: c"cuArray3DCreate_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuArray3DGetDescriptor",
         symbol: c"cuArray3DGetDescriptor_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuArrayCreate",
         symbol: c"cuArrayCreate_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuArrayDestroy",
         symbol: c"cuArrayDestroy",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuArrayGetDescriptor",
         symbol: c"cuArrayGetDescriptor_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuArrayGetMemoryRequirements",
         symbol: c"cuArrayGetMemoryRequirements",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuArrayGetPlane",
         symbol: c"cuArrayGetPlane",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuArrayGetSparseProperties",
         symbol: c"cuArrayGetSparseProperties",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCheckpointProcessCheckpoint",
         symbol: c"cuCheckpointProcessCheckpoint",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCheckpointProcessGetRestoreThreadId",
         symbol: c"cuCheckpointProcessGetRestoreThreadId",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCheckpointProcessGetState",
         symbol: c"cuCheckpointProcessGetState",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCheckpointProcessLock",
         symbol: c"cuCheckpointProcessLock",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCheckpointProcessRestore",
         symbol: c"cuCheckpointProcessRestore",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCheckpointProcessUnlock",
         symbol: c"cuCheckpointProcessUnlock",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCoredumpGetAttribute",
         symbol: c"cuCoredumpGetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCoredumpGetAttributeGlobal",
         symbol: c"cuCoredumpGetAttributeGlobal",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCoredumpSetAttribute",
         symbol: c"cuCoredumpSetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCoredumpSetAttributeGlobal",
         symbol: c"cuCoredumpSetAttributeGlobal",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxAttach",
         symbol: c"cuCtxAttach",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxCreate",
         symbol: c"cuCtxCreate_v4",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxDestroy",
         symbol: c"cuCtxDestroy_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxDetach",
         symbol: c"cuCtxDetach",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxDisablePeerAccess",
         symbol: c"cuCtxDisablePeerAccess",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxEnablePeerAccess",
         symbol: c"cuCtxEnablePeerAccess",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxFromGreenCtx",
         symbol: c"cuCtxFromGreenCtx",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxGetApiVersion",
         symbol: c"cuCtxGetApiVersion",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxGetCacheConfig",
         symbol: c"cuCtxGetCacheConfig",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxGetCurrent",
         symbol: c"cuCtxGetCurrent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxGetDevResource",
         symbol: c"cuCtxGetDevResource",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxGetDevice",
         symbol: c"cuCtxGetDevice",
+        by_proc_address: false,
     },
     EntryPoint {
         api: c"cuCtxGetDevice_v2",
         symbol: c"cuCtxGetDevice_v2",
+        by_proc_address: false,
     },
     EntryPoint {
         api: c"cuCtxGetExecAffinity",
         symbol: c"cuCtxGetExecAffinity",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxGetFlags",
         symbol: c"cuCtxGetFlags",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxGetId",
         symbol: c"cuCtxGetId",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxGetLimit",
         symbol: c"cuCtxGetLimit",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxGetSharedMemConfig",
         symbol: c"cuCtxGetSharedMemConfig",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxGetStreamPriorityRange",
         symbol: c"cuCtxGetStreamPriorityRange",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxPopCurrent",
         symbol: c"cuCtxPopCurrent_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxPushCurrent",
         symbol: c"cuCtxPushCurrent_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxRecordEvent",
         symbol: c"cuCtxRecordEvent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxResetPersistingL2Cache",
         symbol: c"cuCtxResetPersistingL2Cache",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxSetCacheConfig",
         symbol: c"cuCtxSetCacheConfig",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxSetCurrent",
         symbol: c"cuCtxSetCurrent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxSetFlags",
         symbol: c"cuCtxSetFlags",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxSetLimit",
         symbol: c"cuCtxSetLimit",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxSetSharedMemConfig",
         symbol: c"cuCtxSetSharedMemConfig",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuCtxSynchronize",
         symbol: c"cuCtxSynchronize",
+        by_proc_address: false,
     },
     EntryPoint {
         api: c"cuCtxSynchronize_v2",
         symbol: c"cuCtxSynchronize_v2",
+        by_proc_address: false,
     },
     EntryPoint {
         api: c"cuCtxWaitEvent",
         symbol: c"cuCtxWaitEvent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDestroyExternalMemory",
         symbol: c"cuDestroyExternalMemory",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDestroyExternalSemaphore",
         symbol: c"cuDestroyExternalSemaphore",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDevResourceGenerateDesc",
         symbol: c"cuDevResourceGenerateDesc",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDevSmResourceSplitByCount",
         symbol: c"cuDevSmResourceSplitByCount",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceCanAccessPeer",
         symbol: c"cuDeviceCanAccessPeer",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceComputeCapability",
         symbol: c"cuDeviceComputeCapability",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGet",
         symbol: c"cuDeviceGet",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetAttribute",
         symbol: c"cuDeviceGetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetByPCIBusId",
         symbol: c"cuDeviceGetByPCIBusId",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetCount",
         symbol: c"cuDeviceGetCount",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetDefaultMemPool",
         symbol: c"cuDeviceGetDefaultMemPool",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetDevResource",
         symbol: c"cuDeviceGetDevResource",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetExecAffinitySupport",
         symbol: c"cuDeviceGetExecAffinitySupport",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetGraphMemAttribute",
         symbol: c"cuDeviceGetGraphMemAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetHostAtomicCapabilities",
         symbol: c"cuDeviceGetHostAtomicCapabilities",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetLuid",
         symbol: c"cuDeviceGetLuid",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetMemPool",
         symbol: c"cuDeviceGetMemPool",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetName",
         symbol: c"cuDeviceGetName",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetNvSciSyncAttributes",
         symbol: c"cuDeviceGetNvSciSyncAttributes",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetP2PAtomicCapabilities",
         symbol: c"cuDeviceGetP2PAtomicCapabilities",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetP2PAttribute",
         symbol: c"cuDeviceGetP2PAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetPCIBusId",
         symbol: c"cuDeviceGetPCIBusId",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetProperties",
         symbol: c"cuDeviceGetProperties",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetTexture1DLinearMaxWidth",
         symbol: c"cuDeviceGetTexture1DLinearMaxWidth",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGetUuid",
         symbol: c"cuDeviceGetUuid_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceGraphMemTrim",
         symbol: c"cuDeviceGraphMemTrim",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDevicePrimaryCtxGetState",
         symbol: c"cuDevicePrimaryCtxGetState",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDevicePrimaryCtxRelease",
         symbol: c"cuDevicePrimaryCtxRelease_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDevicePrimaryCtxReset",
         symbol: c"cuDevicePrimaryCtxReset_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDevicePrimaryCtxRetain",
         symbol: c"cuDevicePrimaryCtxRetain",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDevicePrimaryCtxSetFlags",
         symbol: c"cuDevicePrimaryCtxSetFlags_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceRegisterAsyncNotification",
         symbol: c"cuDeviceRegisterAsyncNotification",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceSetGraphMemAttribute",
         symbol: c"cuDeviceSetGraphMemAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceSetMemPool",
         symbol: c"cuDeviceSetMemPool",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceTotalMem",
         symbol: c"cuDeviceTotalMem_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDeviceUnregisterAsyncNotification",
         symbol: c"cuDeviceUnregisterAsyncNotification",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuDriverGetVersion",
         symbol: c"cuDriverGetVersion",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuEventCreate",
         symbol: c"cuEventCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuEventDestroy",
         symbol: c"cuEventDestroy_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuEventElapsedTime",
         symbol: c"cuEventElapsedTime_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuEventQuery",
         symbol: c"cuEventQuery",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuEventRecord",
         symbol: c"cuEventRecord",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuEventRecordWithFlags",
         symbol: c"cuEventRecordWithFlags",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuEventSynchronize",
         symbol: c"cuEventSynchronize",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuExternalMemoryGetMappedBuffer",
         symbol: c"cuExternalMemoryGetMappedBuffer",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuExternalMemoryGetMappedMipmappedArray",
         symbol: c"cuExternalMemoryGetMappedMipmappedArray",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuFlushGPUDirectRDMAWrites",
         symbol: c"cuFlushGPUDirectRDMAWrites",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuFuncGetAttribute",
         symbol: c"cuFuncGetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuFuncGetModule",
         symbol: c"cuFuncGetModule",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuFuncGetName",
         symbol: c"cuFuncGetName",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuFuncGetParamInfo",
         symbol: c"cuFuncGetParamInfo",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuFuncIsLoaded",
         symbol: c"cuFuncIsLoaded",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuFuncLoad",
         symbol: c"cuFuncLoad",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuFuncSetAttribute",
         symbol: c"cuFuncSetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuFuncSetBlockShape",
         symbol: c"cuFuncSetBlockShape",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuFuncSetCacheConfig",
         symbol: c"cuFuncSetCacheConfig",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuFuncSetSharedMemConfig",
         symbol: c"cuFuncSetSharedMemConfig",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuFuncSetSharedSize",
         symbol: c"cuFuncSetSharedSize",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGetErrorName",
         symbol: c"cuGetErrorName",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGetErrorString",
         symbol: c"cuGetErrorString",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGetExportTable",
         symbol: c"cuGetExportTable",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGetProcAddress",
         symbol: c"cuGetProcAddress_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddBatchMemOpNode",
         symbol: c"cuGraphAddBatchMemOpNode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddChildGraphNode",
         symbol: c"cuGraphAddChildGraphNode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddDependencies",
         symbol: c"cuGraphAddDependencies_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddEmptyNode",
         symbol: c"cuGraphAddEmptyNode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddEventRecordNode",
         symbol: c"cuGraphAddEventRecordNode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddEventWaitNode",
         symbol: c"cuGraphAddEventWaitNode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddExternalSemaphoresSignalNode",
         symbol: c"cuGraphAddExternalSemaphoresSignalNode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddExternalSemaphoresWaitNode",
         symbol: c"cuGraphAddExternalSemaphoresWaitNode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddHostNode",
         symbol: c"cuGraphAddHostNode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddKernelNode",
         symbol: c"cuGraphAddKernelNode_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddMemAllocNode",
         symbol: c"cuGraphAddMemAllocNode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddMemFreeNode",
         symbol: c"cuGraphAddMemFreeNode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddMemcpyNode",
         symbol: c"cuGraphAddMemcpyNode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddMemsetNode",
         symbol: c"cuGraphAddMemsetNode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphAddNode",
         symbol: c"cuGraphAddNode_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphBatchMemOpNodeGetParams",
         symbol: c"cuGraphBatchMemOpNodeGetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphBatchMemOpNodeSetParams",
         symbol: c"cuGraphBatchMemOpNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphChildGraphNodeGetGraph",
         symbol: c"cuGraphChildGraphNodeGetGraph",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphClone",
         symbol: c"cuGraphClone",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphConditionalHandleCreate",
         symbol: c"cuGraphConditionalHandleCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphCreate",
         symbol: c"cuGraphCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphDebugDotPrint",
         symbol: c"cuGraphDebugDotPrint",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphDestroy",
         symbol: c"cuGraphDestroy",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphDestroyNode",
         symbol: c"cuGraphDestroyNode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphEventRecordNodeGetEvent",
         symbol: c"cuGraphEventRecordNodeGetEvent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphEventRecordNodeSetEvent",
         symbol: c"cuGraphEventRecordNodeSetEvent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphEventWaitNodeGetEvent",
         symbol: c"cuGraphEventWaitNodeGetEvent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphEventWaitNodeSetEvent",
         symbol: c"cuGraphEventWaitNodeSetEvent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecBatchMemOpNodeSetParams",
         symbol: c"cuGraphExecBatchMemOpNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecChildGraphNodeSetParams",
         symbol: c"cuGraphExecChildGraphNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecDestroy",
         symbol: c"cuGraphExecDestroy",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecEventRecordNodeSetEvent",
         symbol: c"cuGraphExecEventRecordNodeSetEvent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecEventWaitNodeSetEvent",
         symbol: c"cuGraphExecEventWaitNodeSetEvent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecExternalSemaphoresSignalNodeSetParams",
         symbol: c"cuGraphExecExternalSemaphoresSignalNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecExternalSemaphoresWaitNodeSetParams",
         symbol: c"cuGraphExecExternalSemaphoresWaitNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecGetFlags",
         symbol: c"cuGraphExecGetFlags",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecHostNodeSetParams",
         symbol: c"cuGraphExecHostNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecKernelNodeSetParams",
         symbol: c"cuGraphExecKernelNodeSetParams_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecMemcpyNodeSetParams",
         symbol: c"cuGraphExecMemcpyNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecMemsetNodeSetParams",
         symbol: c"cuGraphExecMemsetNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecNodeSetParams",
         symbol: c"cuGraphExecNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExecUpdate",
         symbol: c"cuGraphExecUpdate_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExternalSemaphoresSignalNodeGetParams",
         symbol: c"cuGraphExternalSemaphoresSignalNodeGetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExternalSemaphoresSignalNodeSetParams",
         symbol: c"cuGraphExternalSemaphoresSignalNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExternalSemaphoresWaitNodeGetParams",
         symbol: c"cuGraphExternalSemaphoresWaitNodeGetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphExternalSemaphoresWaitNodeSetParams",
         symbol: c"cuGraphExternalSemaphoresWaitNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphGetEdges",
         symbol: c"cuGraphGetEdges_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphGetNodes",
         symbol: c"cuGraphGetNodes",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphGetRootNodes",
         symbol: c"cuGraphGetRootNodes",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphHostNodeGetParams",
         symbol: c"cuGraphHostNodeGetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphHostNodeSetParams",
         symbol: c"cuGraphHostNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphInstantiateWithFlags",
         symbol: c"cuGraphInstantiateWithFlags",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphInstantiateWithParams",
         symbol: c"cuGraphInstantiateWithParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphKernelNodeCopyAttributes",
         symbol: c"cuGraphKernelNodeCopyAttributes",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphKernelNodeGetAttribute",
         symbol: c"cuGraphKernelNodeGetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphKernelNodeGetParams",
         symbol: c"cuGraphKernelNodeGetParams_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphKernelNodeSetAttribute",
         symbol: c"cuGraphKernelNodeSetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphKernelNodeSetParams",
         symbol: c"cuGraphKernelNodeSetParams_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphLaunch",
         symbol: c"cuGraphLaunch",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphMemAllocNodeGetParams",
         symbol: c"cuGraphMemAllocNodeGetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphMemFreeNodeGetParams",
         symbol: c"cuGraphMemFreeNodeGetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphMemcpyNodeGetParams",
         symbol: c"cuGraphMemcpyNodeGetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphMemcpyNodeSetParams",
         symbol: c"cuGraphMemcpyNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphMemsetNodeGetParams",
         symbol: c"cuGraphMemsetNodeGetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphMemsetNodeSetParams",
         symbol: c"cuGraphMemsetNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphNodeFindInClone",
         symbol: c"cuGraphNodeFindInClone",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphNodeGetDependencies",
         symbol: c"cuGraphNodeGetDependencies_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphNodeGetDependentNodes",
         symbol: c"cuGraphNodeGetDependentNodes_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphNodeGetEnabled",
         symbol: c"cuGraphNodeGetEnabled",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphNodeGetType",
         symbol: c"cuGraphNodeGetType",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphNodeSetEnabled",
         symbol: c"cuGraphNodeSetEnabled",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphNodeSetParams",
         symbol: c"cuGraphNodeSetParams",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphReleaseUserObject",
         symbol: c"cuGraphReleaseUserObject",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphRemoveDependencies",
         symbol: c"cuGraphRemoveDependencies_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphRetainUserObject",
         symbol: c"cuGraphRetainUserObject",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphUpload",
         symbol: c"cuGraphUpload",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphicsMapResources",
         symbol: c"cuGraphicsMapResources",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphicsResourceGetMappedMipmappedArray",
         symbol: c"cuGraphicsResourceGetMappedMipmappedArray",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphicsResourceGetMappedPointer",
         symbol: c"cuGraphicsResourceGetMappedPointer_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphicsResourceSetMapFlags",
         symbol: c"cuGraphicsResourceSetMapFlags_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphicsSubResourceGetMappedArray",
         symbol: c"cuGraphicsSubResourceGetMappedArray",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphicsUnmapResources",
         symbol: c"cuGraphicsUnmapResources",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGraphicsUnregisterResource",
         symbol: c"cuGraphicsUnregisterResource",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGreenCtxCreate",
         symbol: c"cuGreenCtxCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGreenCtxDestroy",
         symbol: c"cuGreenCtxDestroy",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGreenCtxGetDevResource",
         symbol: c"cuGreenCtxGetDevResource",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGreenCtxGetId",
         symbol: c"cuGreenCtxGetId",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGreenCtxRecordEvent",
         symbol: c"cuGreenCtxRecordEvent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGreenCtxStreamCreate",
         symbol: c"cuGreenCtxStreamCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuGreenCtxWaitEvent",
         symbol: c"cuGreenCtxWaitEvent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuImportExternalMemory",
         symbol: c"cuImportExternalMemory",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuImportExternalSemaphore",
         symbol: c"cuImportExternalSemaphore",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuInit",
         symbol: c"cuInit",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuIpcCloseMemHandle",
         symbol: c"cuIpcCloseMemHandle",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuIpcGetEventHandle",
         symbol: c"cuIpcGetEventHandle",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuIpcGetMemHandle",
         symbol: c"cuIpcGetMemHandle",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuIpcOpenEventHandle",
         symbol: c"cuIpcOpenEventHandle",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuIpcOpenMemHandle",
         symbol: c"cuIpcOpenMemHandle_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuKernelGetAttribute",
         symbol: c"cuKernelGetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuKernelGetFunction",
         symbol: c"cuKernelGetFunction",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuKernelGetLibrary",
         symbol: c"cuKernelGetLibrary",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuKernelGetName",
         symbol: c"cuKernelGetName",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuKernelGetParamInfo",
         symbol: c"cuKernelGetParamInfo",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuKernelSetAttribute",
         symbol: c"cuKernelSetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuKernelSetCacheConfig",
         symbol: c"cuKernelSetCacheConfig",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLaunch",
         symbol: c"cuLaunch",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLaunchCooperativeKernel",
         symbol: c"cuLaunchCooperativeKernel",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLaunchCooperativeKernelMultiDevice",
         symbol: c"cuLaunchCooperativeKernelMultiDevice",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLaunchGrid",
         symbol: c"cuLaunchGrid",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLaunchGridAsync",
         symbol: c"cuLaunchGridAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLaunchHostFunc",
         symbol: c"cuLaunchHostFunc",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLaunchKernel",
         symbol: c"cuLaunchKernel",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLaunchKernelEx",
         symbol: c"cuLaunchKernelEx",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLibraryEnumerateKernels",
         symbol: c"cuLibraryEnumerateKernels",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLibraryGetGlobal",
         symbol: c"cuLibraryGetGlobal",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLibraryGetKernel",
         symbol: c"cuLibraryGetKernel",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLibraryGetKernelCount",
         symbol: c"cuLibraryGetKernelCount",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLibraryGetManaged",
         symbol: c"cuLibraryGetManaged",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLibraryGetModule",
         symbol: c"cuLibraryGetModule",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLibraryGetUnifiedFunction",
         symbol: c"cuLibraryGetUnifiedFunction",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLibraryLoadData",
         symbol: c"cuLibraryLoadData",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLibraryLoadFromFile",
         symbol: c"cuLibraryLoadFromFile",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLibraryUnload",
         symbol: c"cuLibraryUnload",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLinkAddData",
         symbol: c"cuLinkAddData_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLinkAddFile",
         symbol: c"cuLinkAddFile_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLinkComplete",
         symbol: c"cuLinkComplete",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLinkCreate",
         symbol: c"cuLinkCreate_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLinkDestroy",
         symbol: c"cuLinkDestroy",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLogsCurrent",
         symbol: c"cuLogsCurrent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLogsDumpToFile",
         symbol: c"cuLogsDumpToFile",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLogsDumpToMemory",
         symbol: c"cuLogsDumpToMemory",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLogsRegisterCallback",
         symbol: c"cuLogsRegisterCallback",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuLogsUnregisterCallback",
         symbol: c"cuLogsUnregisterCallback",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemAddressFree",
         symbol: c"cuMemAddressFree",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemAddressReserve",
         symbol: c"cuMemAddressReserve",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemAdvise",
         symbol: c"cuMemAdvise_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemAllocAsync",
         symbol: c"cuMemAllocAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemAllocFromPoolAsync",
         symbol: c"cuMemAllocFromPoolAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemAllocHost",
         symbol: c"cuMemAllocHost_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemAllocManaged",
         symbol: c"cuMemAllocManaged",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemAllocPitch",
         symbol: c"cuMemAllocPitch_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemAlloc",
         symbol: c"cuMemAlloc_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemBatchDecompressAsync",
         symbol: c"cuMemBatchDecompressAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemCreate",
         symbol: c"cuMemCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemDiscardAndPrefetchBatchAsync",
         symbol: c"cuMemDiscardAndPrefetchBatchAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemDiscardBatchAsync",
         symbol: c"cuMemDiscardBatchAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemExportToShareableHandle",
         symbol: c"cuMemExportToShareableHandle",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemFreeAsync",
         symbol: c"cuMemFreeAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemFreeHost",
         symbol: c"cuMemFreeHost",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemFree",
         symbol: c"cuMemFree_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemGetAccess",
         symbol: c"cuMemGetAccess",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemGetAddressRange",
         symbol: c"cuMemGetAddressRange_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemGetAllocationGranularity",
         symbol: c"cuMemGetAllocationGranularity",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemGetAllocationPropertiesFromHandle",
         symbol: c"cuMemGetAllocationPropertiesFromHandle",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemGetDefaultMemPool",
         symbol: c"cuMemGetDefaultMemPool",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemGetHandleForAddressRange",
         symbol: c"cuMemGetHandleForAddressRange",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemGetInfo",
         symbol: c"cuMemGetInfo_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemGetMemPool",
         symbol: c"cuMemGetMemPool",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemHostAlloc",
         symbol: c"cuMemHostAlloc",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemHostGetDevicePointer",
         symbol: c"cuMemHostGetDevicePointer_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemHostGetFlags",
         symbol: c"cuMemHostGetFlags",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemHostRegister",
         symbol: c"cuMemHostRegister_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemHostUnregister",
         symbol: c"cuMemHostUnregister",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemImportFromShareableHandle",
         symbol: c"cuMemImportFromShareableHandle",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemMap",
         symbol: c"cuMemMap",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemMapArrayAsync",
         symbol: c"cuMemMapArrayAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemPoolCreate",
         symbol: c"cuMemPoolCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemPoolDestroy",
         symbol: c"cuMemPoolDestroy",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemPoolExportPointer",
         symbol: c"cuMemPoolExportPointer",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemPoolExportToShareableHandle",
         symbol: c"cuMemPoolExportToShareableHandle",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemPoolGetAccess",
         symbol: c"cuMemPoolGetAccess",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemPoolGetAttribute",
         symbol: c"cuMemPoolGetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemPoolImportFromShareableHandle",
         symbol: c"cuMemPoolImportFromShareableHandle",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemPoolImportPointer",
         symbol: c"cuMemPoolImportPointer",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemPoolSetAccess",
         symbol: c"cuMemPoolSetAccess",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemPoolSetAttribute",
         symbol: c"cuMemPoolSetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemPoolTrimTo",
         symbol: c"cuMemPoolTrimTo",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemPrefetchAsync",
         symbol: c"cuMemPrefetchAsync_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemPrefetchBatchAsync",
         symbol: c"cuMemPrefetchBatchAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemRangeGetAttribute",
         symbol: c"cuMemRangeGetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemRangeGetAttributes",
         symbol: c"cuMemRangeGetAttributes",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemRelease",
         symbol: c"cuMemRelease",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemRetainAllocationHandle",
         symbol: c"cuMemRetainAllocationHandle",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemSetAccess",
         symbol: c"cuMemSetAccess",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemSetMemPool",
         symbol: c"cuMemSetMemPool",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemUnmap",
         symbol: c"cuMemUnmap",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpy",
         symbol: c"cuMemcpy",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpy2DAsync",
         symbol: c"cuMemcpy2DAsync_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpy2DUnaligned",
         symbol: c"cuMemcpy2DUnaligned_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpy2D",
         symbol: c"cuMemcpy2D_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpy3DAsync",
         symbol: c"cuMemcpy3DAsync_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpy3DBatchAsync",
         symbol: c"cuMemcpy3DBatchAsync_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpy3DPeer",
         symbol: c"cuMemcpy3DPeer",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpy3DPeerAsync",
         symbol: c"cuMemcpy3DPeerAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpy3D",
         symbol: c"cuMemcpy3D_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyAsync",
         symbol: c"cuMemcpyAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyAtoA",
         symbol: c"cuMemcpyAtoA_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyAtoD",
         symbol: c"cuMemcpyAtoD_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyAtoHAsync",
         symbol: c"cuMemcpyAtoHAsync_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyAtoH",
         symbol: c"cuMemcpyAtoH_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyBatchAsync",
         symbol: c"cuMemcpyBatchAsync_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyDtoA",
         symbol: c"cuMemcpyDtoA_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyDtoDAsync",
         symbol: c"cuMemcpyDtoDAsync_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyDtoD",
         symbol: c"cuMemcpyDtoD_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyDtoHAsync",
         symbol: c"cuMemcpyDtoHAsync_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyDtoH",
         symbol: c"cuMemcpyDtoH_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyHtoAAsync",
         symbol: c"cuMemcpyHtoAAsync_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyHtoA",
         symbol: c"cuMemcpyHtoA_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyHtoDAsync",
         symbol: c"cuMemcpyHtoDAsync_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyHtoD",
         symbol: c"cuMemcpyHtoD_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyPeer",
         symbol: c"cuMemcpyPeer",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemcpyPeerAsync",
         symbol: c"cuMemcpyPeerAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemsetD16Async",
         symbol: c"cuMemsetD16Async",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemsetD16",
         symbol: c"cuMemsetD16_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemsetD2D16Async",
         symbol: c"cuMemsetD2D16Async",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemsetD2D16",
         symbol: c"cuMemsetD2D16_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemsetD2D32Async",
         symbol: c"cuMemsetD2D32Async",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemsetD2D32",
         symbol: c"cuMemsetD2D32_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemsetD2D8Async",
         symbol: c"cuMemsetD2D8Async",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemsetD2D8",
         symbol: c"cuMemsetD2D8_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemsetD32Async",
         symbol: c"cuMemsetD32Async",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemsetD32",
         symbol: c"cuMemsetD32_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemsetD8Async",
         symbol: c"cuMemsetD8Async",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMemsetD8",
         symbol: c"cuMemsetD8_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMipmappedArrayCreate",
         symbol: c"cuMipmappedArrayCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMipmappedArrayDestroy",
         symbol: c"cuMipmappedArrayDestroy",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMipmappedArrayGetLevel",
         symbol: c"cuMipmappedArrayGetLevel",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMipmappedArrayGetMemoryRequirements",
         symbol: c"cuMipmappedArrayGetMemoryRequirements",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMipmappedArrayGetSparseProperties",
         symbol: c"cuMipmappedArrayGetSparseProperties",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuModuleEnumerateFunctions",
         symbol: c"cuModuleEnumerateFunctions",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuModuleGetFunction",
         symbol: c"cuModuleGetFunction",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuModuleGetFunctionCount",
         symbol: c"cuModuleGetFunctionCount",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuModuleGetGlobal",
         symbol: c"cuModuleGetGlobal_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuModuleGetLoadingMode",
         symbol: c"cuModuleGetLoadingMode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuModuleGetSurfRef",
         symbol: c"cuModuleGetSurfRef",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuModuleGetTexRef",
         symbol: c"cuModuleGetTexRef",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuModuleLoad",
         symbol: c"cuModuleLoad",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuModuleLoadData",
         symbol: c"cuModuleLoadData",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuModuleLoadDataEx",
         symbol: c"cuModuleLoadDataEx",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuModuleLoadFatBinary",
         symbol: c"cuModuleLoadFatBinary",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuModuleUnload",
         symbol: c"cuModuleUnload",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMulticastAddDevice",
         symbol: c"cuMulticastAddDevice",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMulticastBindAddr",
         symbol: c"cuMulticastBindAddr",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMulticastBindMem",
         symbol: c"cuMulticastBindMem",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMulticastCreate",
         symbol: c"cuMulticastCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMulticastGetGranularity",
         symbol: c"cuMulticastGetGranularity",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuMulticastUnbind",
         symbol: c"cuMulticastUnbind",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuOccupancyAvailableDynamicSMemPerBlock",
         symbol: c"cuOccupancyAvailableDynamicSMemPerBlock",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuOccupancyMaxActiveBlocksPerMultiprocessor",
         symbol: c"cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
         symbol: c"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuOccupancyMaxActiveClusters",
         symbol: c"cuOccupancyMaxActiveClusters",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuOccupancyMaxPotentialBlockSize",
         symbol: c"cuOccupancyMaxPotentialBlockSize",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuOccupancyMaxPotentialBlockSizeWithFlags",
         symbol: c"cuOccupancyMaxPotentialBlockSizeWithFlags",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuOccupancyMaxPotentialClusterSize",
         symbol: c"cuOccupancyMaxPotentialClusterSize",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuParamSetSize",
         symbol: c"cuParamSetSize",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuParamSetTexRef",
         symbol: c"cuParamSetTexRef",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuParamSetf",
         symbol: c"cuParamSetf",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuParamSeti",
         symbol: c"cuParamSeti",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuParamSetv",
         symbol: c"cuParamSetv",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuPointerGetAttribute",
         symbol: c"cuPointerGetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuPointerGetAttributes",
         symbol: c"cuPointerGetAttributes",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuPointerSetAttribute",
         symbol: c"cuPointerSetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuProfilerStart",
         symbol: c"cuProfilerStart",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuProfilerStop",
         symbol: c"cuProfilerStop",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuSignalExternalSemaphoresAsync",
         symbol: c"cuSignalExternalSemaphoresAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamAddCallback",
         symbol: c"cuStreamAddCallback",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamAttachMemAsync",
         symbol: c"cuStreamAttachMemAsync",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamBatchMemOp",
         symbol: c"cuStreamBatchMemOp_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamBeginCaptureToGraph",
         symbol: c"cuStreamBeginCaptureToGraph",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamBeginCapture",
         symbol: c"cuStreamBeginCapture_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamCopyAttributes",
         symbol: c"cuStreamCopyAttributes",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamCreate",
         symbol: c"cuStreamCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamCreateWithPriority",
         symbol: c"cuStreamCreateWithPriority",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamDestroy",
         symbol: c"cuStreamDestroy_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamEndCapture",
         symbol: c"cuStreamEndCapture",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamGetAttribute",
         symbol: c"cuStreamGetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamGetCaptureInfo",
         symbol: c"cuStreamGetCaptureInfo_v3",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamGetCtx",
         symbol: c"cuStreamGetCtx",
+        by_proc_address: false,
     },
     EntryPoint {
         api: c"cuStreamGetCtx_v2",
         symbol: c"cuStreamGetCtx_v2",
+        by_proc_address: false,
     },
     EntryPoint {
         api: c"cuStreamGetDevice",
         symbol: c"cuStreamGetDevice",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamGetFlags",
         symbol: c"cuStreamGetFlags",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamGetGreenCtx",
         symbol: c"cuStreamGetGreenCtx",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamGetId",
         symbol: c"cuStreamGetId",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamGetPriority",
         symbol: c"cuStreamGetPriority",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamIsCapturing",
         symbol: c"cuStreamIsCapturing",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamQuery",
         symbol: c"cuStreamQuery",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamSetAttribute",
         symbol: c"cuStreamSetAttribute",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamSynchronize",
         symbol: c"cuStreamSynchronize",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamUpdateCaptureDependencies",
         symbol: c"cuStreamUpdateCaptureDependencies_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamWaitEvent",
         symbol: c"cuStreamWaitEvent",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamWaitValue32",
         symbol: c"cuStreamWaitValue32_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamWaitValue64",
         symbol: c"cuStreamWaitValue64_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamWriteValue32",
         symbol: c"cuStreamWriteValue32_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuStreamWriteValue64",
         symbol: c"cuStreamWriteValue64_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuSurfObjectCreate",
         symbol: c"cuSurfObjectCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuSurfObjectDestroy",
         symbol: c"cuSurfObjectDestroy",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuSurfObjectGetResourceDesc",
         symbol: c"cuSurfObjectGetResourceDesc",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuSurfRefGetArray",
         symbol: c"cuSurfRefGetArray",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuSurfRefSetArray",
         symbol: c"cuSurfRefSetArray",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTensorMapEncodeIm2col",
         symbol: c"cuTensorMapEncodeIm2col",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTensorMapEncodeIm2colWide",
         symbol: c"cuTensorMapEncodeIm2colWide",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTensorMapEncodeTiled",
         symbol: c"cuTensorMapEncodeTiled",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTensorMapReplaceAddress",
         symbol: c"cuTensorMapReplaceAddress",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexObjectCreate",
         symbol: c"cuTexObjectCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexObjectDestroy",
         symbol: c"cuTexObjectDestroy",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexObjectGetResourceDesc",
         symbol: c"cuTexObjectGetResourceDesc",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexObjectGetResourceViewDesc",
         symbol: c"cuTexObjectGetResourceViewDesc",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexObjectGetTextureDesc",
         symbol: c"cuTexObjectGetTextureDesc",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefCreate",
         symbol: c"cuTexRefCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefDestroy",
         symbol: c"cuTexRefDestroy",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefGetAddressMode",
         symbol: c"cuTexRefGetAddressMode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefGetAddress",
         symbol: c"cuTexRefGetAddress_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefGetArray",
         symbol: c"cuTexRefGetArray",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefGetBorderColor",
         symbol: c"cuTexRefGetBorderColor",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefGetFilterMode",
         symbol: c"cuTexRefGetFilterMode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefGetFlags",
         symbol: c"cuTexRefGetFlags",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefGetFormat",
         symbol: c"cuTexRefGetFormat",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefGetMaxAnisotropy",
         symbol: c"cuTexRefGetMaxAnisotropy",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefGetMipmapFilterMode",
         symbol: c"cuTexRefGetMipmapFilterMode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefGetMipmapLevelBias",
         symbol: c"cuTexRefGetMipmapLevelBias",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefGetMipmapLevelClamp",
         symbol: c"cuTexRefGetMipmapLevelClamp",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefGetMipmappedArray",
         symbol: c"cuTexRefGetMipmappedArray",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefSetAddress2D",
         symbol: c"cuTexRefSetAddress2D_v3",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefSetAddressMode",
         symbol: c"cuTexRefSetAddressMode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefSetAddress",
         symbol: c"cuTexRefSetAddress_v2",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefSetArray",
         symbol: c"cuTexRefSetArray",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefSetBorderColor",
         symbol: c"cuTexRefSetBorderColor",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefSetFilterMode",
         symbol: c"cuTexRefSetFilterMode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefSetFlags",
         symbol: c"cuTexRefSetFlags",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefSetFormat",
         symbol: c"cuTexRefSetFormat",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefSetMaxAnisotropy",
         symbol: c"cuTexRefSetMaxAnisotropy",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefSetMipmapFilterMode",
         symbol: c"cuTexRefSetMipmapFilterMode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefSetMipmapLevelBias",
         symbol: c"cuTexRefSetMipmapLevelBias",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefSetMipmapLevelClamp",
         symbol: c"cuTexRefSetMipmapLevelClamp",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuTexRefSetMipmappedArray",
         symbol: c"cuTexRefSetMipmappedArray",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuThreadExchangeStreamCaptureMode",
         symbol: c"cuThreadExchangeStreamCaptureMode",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuUserObjectCreate",
         symbol: c"cuUserObjectCreate",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuUserObjectRelease",
         symbol: c"cuUserObjectRelease",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuUserObjectRetain",
         symbol: c"cuUserObjectRetain",
+        by_proc_address: true,
     },
     EntryPoint {
         api: c"cuWaitExternalSemaphoresAsync",
         symbol: c"cuWaitExternalSemaphoresAsync",
+        by_proc_address: true,
     },
 ];
 /// The driver's entry points, resolved once when the library is loaded. `None` marks
