@@ -3,8 +3,15 @@
 //!
 //! | module | what | CuPy |
 //! | --- | --- | --- |
-//! | [`driver`](crate::is_available) functions | [`is_available`], [`device_count`], [`driver_version`], [`bindings_version`] | `is_available`, `get_local_runtime_version` |
+//! | crate root | [`is_available`], [`device_count`], [`driver_version`], [`bindings_version`] | `is_available`, `get_local_runtime_version` |
 //! | [`device`] | [`Device`], scopes, attributes, peer access | `Device` |
+//! | [`stream`] | [`Stream`], builder, current stream per thread, host callbacks | `Stream`, `ExternalStream`, `get_current_stream` |
+//! | [`event`] | [`Event`], builder, timing, interprocess handles | `Event`, `get_elapsed_time` |
+//! | [`module`] | [`Module`] from PTX text, [`Function`] launch | `RawModule` |
+//! | [`memory`] | [`DeviceMemory`], [`ManagedMemory`], [`PinnedMemory`], [`HostRegistration`], [`UnownedMemory`], the [`DevicePtr`] view | `Memory`, `ManagedMemory`, `PinnedMemory`, `UnownedMemory`, `MemoryPointer` |
+//! | [`pointer`](mod@pointer) | [`MemoryLocation`] of any address | `get_array_module` |
+//! | [`vmm`] | virtual address ranges, physical allocations, map/unmap | - |
+//! | [`async_pool`] | the driver's stream-ordered pools (`cuMemPool*`) | `MemoryAsyncPool`, `MemoryAsync` |
 //! | [`error`] | [`Error`], [`DriverError`] | `CUDARuntimeError` |
 //!
 //! Nothing here panics on a machine without a driver: every call returns an [`Error`]
@@ -19,11 +26,32 @@
 
 #![warn(missing_docs)]
 
-pub mod device;
 mod driver;
+
+pub mod async_pool;
+pub mod device;
 pub mod error;
+pub mod event;
+pub mod graph;
+#[cfg(feature = "library-handles")]
+pub mod handles;
+pub mod memory;
+pub mod module;
+pub mod nvtx;
+pub mod pointer;
+pub mod profiler;
+pub mod stream;
+pub mod vmm;
 
 pub use cuda_sys as sys;
 pub use device::{ContextBinding, Device, DeviceScope, Uuid};
 pub use driver::{bindings_version, device_count, driver_version, is_available, CudaVersion};
 pub use error::{DriverError, Error, Result};
+pub use event::{Event, EventBuilder, IpcEventHandle};
+pub use memory::{
+    DeviceAlloc, DeviceMemory, DevicePtr, HostRegistration, ManagedMemory, PinnedMemory,
+    UnownedMemory,
+};
+pub use module::{Function, Module};
+pub use pointer::MemoryLocation;
+pub use stream::{Stream, StreamBuilder, StreamKind, StreamScope};

@@ -56,12 +56,23 @@ pub struct Report {
 impl Report {
     /// Rows of the benchmark binary `bench`.
     pub fn new(bench: &'static str) -> Report {
-        Report { bench, header_printed: false }
+        Report {
+            bench,
+            header_printed: false,
+        }
     }
 
     /// Prints one row and appends it to `$BENCH_OUT/results.csv` when set. `raw_label` says
     /// what the raw column is (`cuMemAllocAsync`, `cuMemcpyHtoD`, `direct issue`, ...).
-    pub fn row(&mut self, scenario: &str, unit: &str, ours: f64, raw: Option<f64>, raw_label: &str, target: Target) {
+    pub fn row(
+        &mut self,
+        scenario: &str,
+        unit: &str,
+        ours: f64,
+        raw: Option<f64>,
+        raw_label: &str,
+        target: Target,
+    ) {
         if !self.header_printed {
             println!(
                 "{:<34} | {:>12} | {:>12} | {:>7} | {:<16} | {:<18} | met",
@@ -81,7 +92,8 @@ impl Report {
             "{:<34} | {:>12} | {:>12} | {:>7} | {:<16} | {:<18} | {met_s}",
             scenario,
             format!("{ours:.3} {unit}"),
-            raw.map(|r| format!("{r:.3} {unit}")).unwrap_or_else(|| "-".into()),
+            raw.map(|r| format!("{r:.3} {unit}"))
+                .unwrap_or_else(|| "-".into()),
             fmt(ratio),
             raw_label,
             target.describe(unit),

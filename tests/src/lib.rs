@@ -4,8 +4,10 @@
 //! machine without a GPU does not build them, and `cargo xtask gpu-bundle` does. A GPU test
 //! never passes without a GPU: it fails at its first driver call.
 
+pub mod ptx;
 
 pub mod bench;
+pub mod svg;
 
 /// The path of a C library that is not the CUDA driver, for loader tests.
 pub fn libc_path() -> &'static str {

@@ -1,0 +1,506 @@
+//! Thin wrappers over the driver's stream-capture and graph calls, for `cuda-graph` (which
+//! builds the capture guards, update policy and examples on top) and for code that needs the
+//! raw calls without going to `cuda-sys`.
+//!
+//! | here | driver |
+//! | --- | --- |
+//! | [`begin_capture`], [`end_capture`], [`capture_info`] | `cuStreamBeginCapture`, `cuStreamEndCapture`, `cuStreamGetCaptureInfo` |
+//! | [`stream_id`] | `cuStreamGetId` |
+//! | [`GraphHandle`]: [`clone_graph`](GraphHandle::clone_graph), [`node_count`](GraphHandle::node_count), [`instantiate`](GraphHandle::instantiate), [`write_dot`](GraphHandle::write_dot) | `cuGraphClone`, `cuGraphGetNodes`, `cuGraphInstantiateWithFlags`, `cuGraphDebugDotPrint`, `cuGraphDestroy` |
+//! | [`GraphExecHandle`]: [`launch`](GraphExecHandle::launch), [`upload`](GraphExecHandle::upload), [`update`](GraphExecHandle::update) | `cuGraphLaunch`, `cuGraphUpload`, `cuGraphExecUpdate`, `cuGraphExecDestroy` |
+//!
+//! Both handle types own what they wrap and destroy it on drop. They are `Send` but not
+//! `Sync`: the driver does not synchronise access to one graph object, so calls on the same
+//! graph from several threads must not overlap, which `&self` methods on a non-`Sync` type
+//! guarantee.
+//!
+//! ```no_run
+//! use cuda_core::graph::{self, CaptureMode};
+//! use cuda_core::{Device, Stream};
+//!
+//! let dev = Device::new(0)?;
+//! let stream = Stream::new(&dev)?;
+//! graph::begin_capture(&stream, CaptureMode::ThreadLocal)?;
+//! // ... issue work on `stream` ...
+//! let graph = graph::end_capture(&stream)?;
+//! let exec = graph.instantiate(graph::InstantiateFlags::NONE)?;
+//! exec.launch(&stream)?;
+//! stream.synchronize()?;
+//! # Ok::<(), cuda_core::Error>(())
+//! ```
+
+use std::ffi::CString;
+use std::path::Path;
+
+use cuda_sys::{
+    CUgraph, CUgraphExec, CUgraphExecUpdateResult, CUgraphExecUpdateResultInfo,
+    CUgraphInstantiate_flags, CUresult, CUstreamCaptureMode, CUstreamCaptureStatus,
+};
+
+use crate::driver::drv;
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+use crate::Device;
+
+/// How a capture interacts with other threads' "unsafe" calls (`cuMemAlloc`, synchronous
+/// calls that may implicitly synchronise with the capturing stream), `CUstreamCaptureMode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CaptureMode {
+    /// Such calls are refused on every thread while the capture is open (the safest; CUDA's
+    /// default).
+    Global,
+    /// Such calls are refused only on the thread that began the capture (the usual choice for
+    /// one capture per thread; PyTorch's default).
+    #[default]
+    ThreadLocal,
+    /// Nothing is refused; the caller guarantees no interference.
+    Relaxed,
+}
+
+impl CaptureMode {
+    /// The driver's value.
+    pub fn raw(self) -> CUstreamCaptureMode {
+        match self {
+            CaptureMode::Global => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            CaptureMode::Relaxed => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        }
+    }
+}
+
+/// Whether a stream is being captured (`CUstreamCaptureStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CaptureStatus {
+    /// Not capturing: work runs when issued.
+    None,
+    /// Capturing: work is recorded into a graph instead of running.
+    Active,
+    /// Capturing, but an illegal operation broke the capture: it must be ended (which yields
+    /// no graph) before the stream works normally again.
+    Invalidated,
+}
+
+impl std::fmt::Display for CaptureStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CaptureStatus::None => "not capturing",
+            CaptureStatus::Active => "capturing",
+            CaptureStatus::Invalidated => "capture invalidated",
+        })
+    }
+}
+
+/// A stream's capture state, from [`capture_info`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CaptureInfo {
+    /// Capturing or not.
+    pub status: CaptureStatus,
+    /// The capture sequence's id, unique in the process, while `status` is not `None`.
+    /// Streams joined into one capture (fork/join) report the same id.
+    pub id: Option<u64>,
+}
+
+fn status_from_raw(raw: CUstreamCaptureStatus) -> CaptureStatus {
+    if raw == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+        CaptureStatus::Active
+    } else if raw == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED {
+        CaptureStatus::Invalidated
+    } else {
+        CaptureStatus::None
+    }
+}
+
+/// Starts capturing `stream`: work issued to it afterwards is recorded, not run, until
+/// [`end_capture`].
+///
+/// The legacy null stream cannot be captured: that is refused here with
+/// [`Error::InvalidArgument`], without a driver call. The per-thread default stream can be. Beginning a capture on a stream that is
+/// already capturing is the driver's `CUDA_ERROR_ILLEGAL_STATE`.
+pub fn begin_capture(stream: &Stream, mode: CaptureMode) -> Result<()> {
+    // The legacy stream: null, or the CU_STREAM_LEGACY handle (1).
+    if (stream.raw() as usize) <= 1 {
+        return Err(Error::InvalidArgument(
+            "the legacy null stream cannot be captured; capture a created stream".into(),
+        ));
+    }
+    let _ctx = stream.device().bind()?;
+    // SAFETY: a live, non-null stream of the current context.
+    unsafe { drv!(cuStreamBeginCapture(stream.raw(), mode.raw())) }
+}
+
+/// Ends the capture of `stream` and returns the graph recorded.
+///
+/// The capture ends whatever happens. When it was invalidated (an illegal call during the
+/// capture) the driver returns `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` and no graph; with
+/// a forked stream not joined back, `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`. In non-relaxed modes
+/// it must be called on the thread that began the capture
+/// (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` otherwise).
+pub fn end_capture(stream: &Stream) -> Result<GraphHandle> {
+    let _ctx = stream.device().bind()?;
+    let mut raw: CUgraph = std::ptr::null_mut();
+    // SAFETY: a live stream; valid out-pointer.
+    let result = unsafe { drv!(cuStreamEndCapture(stream.raw(), &mut raw)) };
+    match result {
+        Ok(()) if !raw.is_null() => Ok(GraphHandle {
+            raw,
+            device: stream.device(),
+        }),
+        Ok(()) => Err(Error::InvalidArgument(
+            "cuStreamEndCapture returned no graph".into(),
+        )),
+        Err(e) => {
+            if !raw.is_null() {
+                // SAFETY: a graph the driver handed us and nobody else holds.
+                let _ = unsafe { drv!(cuGraphDestroy(raw)) };
+            }
+            Err(e)
+        }
+    }
+}
+
+/// `stream`'s capture status and capture id (`cuStreamGetCaptureInfo`).
+pub fn capture_info(stream: &Stream) -> Result<CaptureInfo> {
+    let _ctx = stream.device().bind()?;
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: cuda_sys::cuuint64_t = 0;
+    // SAFETY: a live stream; valid out-pointers for status and id; the optional graph,
+    // dependency and edge outputs are null, which the driver allows.
+    unsafe {
+        drv!(cuStreamGetCaptureInfo(
+            stream.raw(),
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        ))
+    }?;
+    let status = status_from_raw(status);
+    Ok(CaptureInfo {
+        status,
+        id: (status != CaptureStatus::None).then_some(id),
+    })
+}
+
+/// The stream's id, unique in the process (`cuStreamGetId`); the legacy null stream has a
+/// fixed id of its own. The driver refuses this call on a stream that is being captured
+/// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and the capture is invalidated): ask before.
+pub fn stream_id(stream: &Stream) -> Result<u64> {
+    let _ctx = stream.device().bind()?;
+    let mut id: std::ffi::c_ulonglong = 0;
+    // SAFETY: a live stream; valid out-pointer.
+    unsafe { drv!(cuStreamGetId(stream.raw(), &mut id)) }?;
+    Ok(id)
+}
+
+/// Flags of [`GraphHandle::instantiate`] (`CUgraphInstantiate_flags`), combined with `|`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct InstantiateFlags(pub u64);
+
+impl InstantiateFlags {
+    /// No flag.
+    pub const NONE: InstantiateFlags = InstantiateFlags(0);
+    /// Memory allocated by the graph's allocation nodes and not freed inside the graph is freed
+    /// automatically at the next launch (instead of the launch failing).
+    pub const AUTO_FREE_ON_LAUNCH: InstantiateFlags = InstantiateFlags(
+        CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.0 as u64,
+    );
+    /// Launches use the priorities of the graph's kernel nodes rather than the stream's.
+    pub const USE_NODE_PRIORITY: InstantiateFlags = InstantiateFlags(
+        CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY.0 as u64,
+    );
+}
+
+impl std::ops::BitOr for InstantiateFlags {
+    type Output = InstantiateFlags;
+    fn bitor(self, rhs: InstantiateFlags) -> InstantiateFlags {
+        InstantiateFlags(self.0 | rhs.0)
+    }
+}
+
+/// An owned `CUgraph` (a recorded graph, not yet executable), destroyed on drop.
+///
+/// `Send`, not `Sync` (see the [module documentation](self)).
+#[derive(Debug)]
+pub struct GraphHandle {
+    raw: CUgraph,
+    device: Device,
+}
+
+// SAFETY: a graph may be used from any thread, one at a time; the type is not Sync, so calls
+// through `&self` never overlap.
+unsafe impl Send for GraphHandle {}
+
+impl GraphHandle {
+    /// The driver handle (still owned by `self`).
+    pub fn raw(&self) -> CUgraph {
+        self.raw
+    }
+
+    /// The device whose stream was captured.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// A deep copy (`cuGraphClone`).
+    pub fn clone_graph(&self) -> Result<GraphHandle> {
+        let _ctx = self.device.bind()?;
+        let mut raw: CUgraph = std::ptr::null_mut();
+        // SAFETY: a live graph; valid out-pointer.
+        unsafe { drv!(cuGraphClone(&mut raw, self.raw)) }?;
+        Ok(GraphHandle {
+            raw,
+            device: self.device,
+        })
+    }
+
+    /// Number of nodes (`cuGraphGetNodes` with no output array).
+    pub fn node_count(&self) -> Result<usize> {
+        let mut count = 0usize;
+        // SAFETY: a live graph; a null node array asks for the count only.
+        unsafe { drv!(cuGraphGetNodes(self.raw, std::ptr::null_mut(), &mut count)) }?;
+        Ok(count)
+    }
+
+    /// An executable graph made from this one (`cuGraphInstantiateWithFlags`). The graph can
+    /// be changed or dropped afterwards without affecting the executable one.
+    pub fn instantiate(&self, flags: InstantiateFlags) -> Result<GraphExecHandle> {
+        let _ctx = self.device.bind()?;
+        let mut raw: CUgraphExec = std::ptr::null_mut();
+        // SAFETY: a live graph; the device's context is current; valid out-pointer.
+        unsafe { drv!(cuGraphInstantiateWithFlags(&mut raw, self.raw, flags.0)) }?;
+        Ok(GraphExecHandle {
+            raw,
+            device: self.device,
+        })
+    }
+
+    /// Writes the graph in Graphviz DOT form to `path` (`cuGraphDebugDotPrint`); `verbose`
+    /// adds every node's parameters. A path with a NUL byte is [`Error::InvalidArgument`].
+    pub fn write_dot(&self, path: impl AsRef<Path>, verbose: bool) -> Result<()> {
+        let path = path.as_ref();
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
+            Error::InvalidArgument(format!("path {} contains a NUL byte", path.display()))
+        })?;
+        let flags = if verbose {
+            cuda_sys::CUgraphDebugDot_flags::CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE.0
+        } else {
+            0
+        };
+        // SAFETY: a live graph; a NUL-terminated path valid for the call.
+        unsafe { drv!(cuGraphDebugDotPrint(self.raw, c_path.as_ptr(), flags)) }
+    }
+}
+
+impl Drop for GraphHandle {
+    fn drop(&mut self) {
+        // SAFETY: we own the graph; executable graphs made from it do not depend on it.
+        let _ = unsafe { drv!(cuGraphDestroy(self.raw)) };
+    }
+}
+
+/// Why [`GraphExecHandle::update`] refused an update (`CUgraphExecUpdateResult`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UpdateRefusal {
+    /// The graphs' nodes or edges differ.
+    TopologyChanged,
+    /// A node changed type (a memset became a kernel, ...).
+    NodeTypeChanged,
+    /// A kernel node's function changed in a way that cannot be updated.
+    FunctionChanged,
+    /// A node's parameters changed in a way that cannot be updated (a memset of another
+    /// size or element width, a copy between other kinds of memory, ...).
+    ParametersChanged,
+    /// Something in the graph does not support update.
+    NotSupported,
+    /// A kernel node's function changed to one that cannot replace it.
+    UnsupportedFunctionChange,
+    /// A node's attributes changed in a way that cannot be updated.
+    AttributesChanged,
+    /// Another refusal (the driver's `CUgraphExecUpdateResult` value).
+    Other(u32),
+}
+
+impl std::fmt::Display for UpdateRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UpdateRefusal::TopologyChanged => f.write_str("the topology changed"),
+            UpdateRefusal::NodeTypeChanged => f.write_str("a node's type changed"),
+            UpdateRefusal::FunctionChanged => f.write_str("a kernel's function changed"),
+            UpdateRefusal::ParametersChanged => {
+                f.write_str("a node's parameters changed in a way that cannot be updated")
+            }
+            UpdateRefusal::NotSupported => f.write_str("the graph does not support update"),
+            UpdateRefusal::UnsupportedFunctionChange => {
+                f.write_str("a kernel's function changed to one that cannot replace it")
+            }
+            UpdateRefusal::AttributesChanged => f.write_str("a node's attributes changed"),
+            UpdateRefusal::Other(code) => write!(f, "update refused (result {code})"),
+        }
+    }
+}
+
+fn refusal_from_raw(raw: CUgraphExecUpdateResult) -> UpdateRefusal {
+    type R = CUgraphExecUpdateResult;
+    match raw {
+        r if r == R::CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED => UpdateRefusal::TopologyChanged,
+        r if r == R::CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED => UpdateRefusal::NodeTypeChanged,
+        r if r == R::CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED => UpdateRefusal::FunctionChanged,
+        r if r == R::CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED => {
+            UpdateRefusal::ParametersChanged
+        }
+        r if r == R::CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED => UpdateRefusal::NotSupported,
+        r if r == R::CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE => {
+            UpdateRefusal::UnsupportedFunctionChange
+        }
+        r if r == R::CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED => {
+            UpdateRefusal::AttributesChanged
+        }
+        r => UpdateRefusal::Other(r.0),
+    }
+}
+
+/// An owned `CUgraphExec` (an executable graph), destroyed on drop (a launch still in flight
+/// completes first: the driver frees it afterwards).
+///
+/// `Send`, not `Sync` (see the [module documentation](self)).
+#[derive(Debug)]
+pub struct GraphExecHandle {
+    raw: CUgraphExec,
+    device: Device,
+}
+
+// SAFETY: an executable graph may be used from any thread, one at a time; the type is not
+// Sync, so calls through `&self` never overlap.
+unsafe impl Send for GraphExecHandle {}
+
+impl GraphExecHandle {
+    /// The driver handle (still owned by `self`).
+    pub fn raw(&self) -> CUgraphExec {
+        self.raw
+    }
+
+    /// The device the graph runs on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    fn check_stream(&self, stream: &Stream) -> Result<()> {
+        if stream.device() != self.device {
+            return Err(Error::WrongDevice {
+                what: "stream",
+                expected: self.device.ordinal() as i32,
+                actual: stream.device().ordinal() as i32,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs the graph on `stream`, after the stream's earlier work and the graph's previous
+    /// launches (`cuGraphLaunch`). Any stream of the graph's device works, the legacy null
+    /// stream included; a stream of another device is [`Error::WrongDevice`].
+    pub fn launch(&self, stream: &Stream) -> Result<()> {
+        self.check_stream(stream)?;
+        // A created stream names its context; the null and per-thread handles (0, 1, 2) mean
+        // "of the current context", which must then be this device's.
+        let _ctx = if (stream.raw() as usize) <= 2 {
+            Some(self.device.bind()?)
+        } else {
+            None
+        };
+        // SAFETY: a live executable graph and a stream of its device, whose context is current
+        // when the handle needs one.
+        unsafe { drv!(cuGraphLaunch(self.raw, stream.raw())) }
+    }
+
+    /// Uploads the graph's work descriptions to the device on `stream` ahead of the first
+    /// launch, so that launch does not pay for it (`cuGraphUpload`).
+    pub fn upload(&self, stream: &Stream) -> Result<()> {
+        self.check_stream(stream)?;
+        let _ctx = self.device.bind()?;
+        // SAFETY: a live executable graph and a stream of its device; its context is current.
+        unsafe { drv!(cuGraphUpload(self.raw, stream.raw())) }
+    }
+
+    /// Replaces the parameters of this executable graph's nodes with those of `graph`, which
+    /// must have the same topology (`cuGraphExecUpdate`). The change applies to later launches.
+    ///
+    /// `Ok(Ok(()))` when updated; `Ok(Err(refusal))` when the driver refused (this executable
+    /// graph is then unchanged and still valid); `Err` for any other failure.
+    pub fn update(
+        &mut self,
+        graph: &GraphHandle,
+    ) -> Result<std::result::Result<(), UpdateRefusal>> {
+        let _ctx = self.device.bind()?;
+        let mut info = CUgraphExecUpdateResultInfo {
+            result: CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS,
+            errorNode: std::ptr::null_mut(),
+            errorFromNode: std::ptr::null_mut(),
+        };
+        // SAFETY: live graphs; valid out-pointer.
+        match unsafe { drv!(cuGraphExecUpdate(self.raw, graph.raw, &mut info)) } {
+            Ok(()) => Ok(Ok(())),
+            Err(Error::Driver(e))
+                if e.result() == CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE =>
+            {
+                Ok(Err(refusal_from_raw(info.result)))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Drop for GraphExecHandle {
+    fn drop(&mut self) {
+        // SAFETY: we own the executable graph; the driver defers freeing while it runs.
+        let _ = unsafe { drv!(cuGraphExecDestroy(self.raw)) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_and_statuses_map_to_the_driver_values() {
+        assert_eq!(CaptureMode::Global.raw().0, 0);
+        assert_eq!(CaptureMode::ThreadLocal.raw().0, 1);
+        assert_eq!(CaptureMode::Relaxed.raw().0, 2);
+        assert_eq!(CaptureMode::default(), CaptureMode::ThreadLocal);
+        assert_eq!(
+            status_from_raw(CUstreamCaptureStatus(0)),
+            CaptureStatus::None
+        );
+        assert_eq!(
+            status_from_raw(CUstreamCaptureStatus(1)),
+            CaptureStatus::Active
+        );
+        assert_eq!(
+            status_from_raw(CUstreamCaptureStatus(2)),
+            CaptureStatus::Invalidated
+        );
+    }
+
+    #[test]
+    fn refusals_map_and_unknown_codes_are_kept() {
+        assert_eq!(
+            refusal_from_raw(CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED),
+            UpdateRefusal::TopologyChanged
+        );
+        assert_eq!(
+            refusal_from_raw(
+                CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED
+            ),
+            UpdateRefusal::ParametersChanged
+        );
+        assert_eq!(
+            refusal_from_raw(CUgraphExecUpdateResult(999)),
+            UpdateRefusal::Other(999)
+        );
+        assert_eq!(
+            (InstantiateFlags::AUTO_FREE_ON_LAUNCH | InstantiateFlags::USE_NODE_PRIORITY).0,
+            InstantiateFlags::AUTO_FREE_ON_LAUNCH.0 | InstantiateFlags::USE_NODE_PRIORITY.0
+        );
+    }
+}

@@ -1,0 +1,234 @@
+//! Plain device memory (`cuMemAlloc`) and foreign device memory kept alive by an owner.
+
+use std::any::Any;
+use std::fmt;
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+
+use cuda_sys::CUdeviceptr;
+
+use super::{DeviceAlloc, DevicePtr};
+use crate::driver::drv;
+use crate::error::Result;
+use crate::Device;
+
+/// Device memory from `cuMemAlloc`, freed with `cuMemFree` on drop (CuPy's `Memory`).
+///
+/// A size of 0 is an empty allocation with a null address; the driver is not called.
+/// `DeviceMemory` is `Send` and `Sync`: it owns an address range that any thread may use
+/// through the driver, and it has no methods that write through `&self` other than driver
+/// calls.
+///
+/// ```no_run
+/// use cuda_core::{memory::DeviceMemory, Device};
+///
+/// let dev = Device::new(0)?;
+/// let mem = DeviceMemory::new(&dev, 1 << 20)?;
+/// assert_eq!(mem.size(), 1 << 20);
+/// let view = mem.into_ptr(); // a DevicePtr over the whole allocation
+/// view.memset(0xff)?;
+/// # Ok::<(), cuda_core::Error>(())
+/// ```
+pub struct DeviceMemory {
+    ptr: CUdeviceptr,
+    size: usize,
+    device: Device,
+}
+
+impl DeviceMemory {
+    /// Allocates `size` bytes on `device` (`cuMemAlloc`). Out of memory is a driver error for
+    /// which [`Error::is_out_of_memory`](crate::Error::is_out_of_memory) is `true`.
+    pub fn new(device: &Device, size: usize) -> Result<DeviceMemory> {
+        let mut ptr: CUdeviceptr = 0;
+        if size != 0 {
+            let _ctx = device.bind()?;
+            // SAFETY: the device's context is current; valid out-pointer.
+            unsafe { drv!(cuMemAlloc(&mut ptr, size)) }?;
+        }
+        Ok(DeviceMemory {
+            ptr,
+            size,
+            device: *device,
+        })
+    }
+
+    /// Takes ownership of memory allocated with `cuMemAlloc` in `device`'s primary context.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must come from `cuMemAlloc` (or be 0 with `size` 0), hold at least `size` bytes,
+    /// and be owned by nobody else: it is freed when the value drops.
+    pub unsafe fn from_raw(device: Device, ptr: CUdeviceptr, size: usize) -> DeviceMemory {
+        DeviceMemory { ptr, size, device }
+    }
+
+    /// Gives up ownership: returns the address, which the caller must free with `cuMemFree`
+    /// (or hand back to [`from_raw`](Self::from_raw)).
+    pub fn into_raw(self) -> CUdeviceptr {
+        ManuallyDrop::new(self).ptr
+    }
+
+    /// The device the memory is on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The address of the first byte (0 for an empty allocation).
+    pub fn as_raw(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// `true` for a zero-byte allocation.
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// A [`DevicePtr`] view over the whole allocation, which now owns it.
+    pub fn into_ptr(self) -> DevicePtr {
+        DevicePtr::new(self)
+    }
+}
+
+impl fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceMemory")
+            .field("device", &self.device.ordinal())
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        if self.size == 0 || self.ptr == 0 {
+            return;
+        }
+        // A failure cannot be reported from Drop; the memory then stays allocated.
+        if let Ok(_ctx) = self.device.bind() {
+            // SAFETY: we own the allocation, made by cuMemAlloc in this device's context,
+            // which is current.
+            let _ = unsafe { drv!(cuMemFree(self.ptr)) };
+        }
+    }
+}
+
+// SAFETY: `as_raw()..+size()` is a cuMemAlloc allocation of `device`, owned by this value,
+// never aliased by host references; the fields never change.
+unsafe impl DeviceAlloc for DeviceMemory {
+    fn device(&self) -> Device {
+        self.device
+    }
+    fn as_raw(&self) -> CUdeviceptr {
+        self.ptr
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+}
+
+/// Device memory that something else allocated and frees (a foreign pointer from PyTorch, a
+/// DLPack tensor, an IPC mapping), kept alive by an optional owner (CuPy's `UnownedMemory`).
+///
+/// The owner, any `Arc<dyn Any + Send + Sync>`, is held as long as the `UnownedMemory` (and
+/// every [`DevicePtr`] view of it) lives, and dropped after it. `UnownedMemory` is `Send` and
+/// `Sync`; the owner must be too.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use cuda_core::{memory::{DeviceMemory, DevicePtr, UnownedMemory}, Device};
+///
+/// let dev = Device::new(0)?;
+/// let foreign = Arc::new(DeviceMemory::new(&dev, 4096)?); // stands for a foreign buffer
+/// // SAFETY: the range is device memory of `dev`, kept alive by the owner.
+/// let unowned = unsafe {
+///     UnownedMemory::new(dev, foreign.as_raw(), foreign.size(), Some(foreign.clone()))
+/// };
+/// let view = DevicePtr::new(unowned);
+/// view.memset(1)?;
+/// # Ok::<(), cuda_core::Error>(())
+/// ```
+pub struct UnownedMemory {
+    ptr: CUdeviceptr,
+    size: usize,
+    device: Device,
+    owner: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl UnownedMemory {
+    /// Wraps `size` bytes at `ptr` on `device`, keeping `owner` alive meanwhile.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + size` must be memory the driver can copy to and from in `device`'s context
+    /// (device memory, managed memory, or mapped host memory that no Rust reference aliases)
+    /// and must stay allocated as long as `owner` (or, with no owner, as long as this value
+    /// and its views) lives.
+    pub unsafe fn new(
+        device: Device,
+        ptr: CUdeviceptr,
+        size: usize,
+        owner: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> UnownedMemory {
+        UnownedMemory {
+            ptr,
+            size,
+            device,
+            owner,
+        }
+    }
+
+    /// The keep-alive owner.
+    pub fn owner(&self) -> Option<&Arc<dyn Any + Send + Sync>> {
+        self.owner.as_ref()
+    }
+
+    /// The device the memory is on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The address of the first byte.
+    pub fn as_raw(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// A [`DevicePtr`] view over the whole range, which now owns this value.
+    pub fn into_ptr(self) -> DevicePtr {
+        DevicePtr::new(self)
+    }
+}
+
+impl fmt::Debug for UnownedMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UnownedMemory")
+            .field("device", &self.device.ordinal())
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("size", &self.size)
+            .field("has_owner", &self.owner.is_some())
+            .finish()
+    }
+}
+
+// SAFETY: the constructor's contract is this trait's contract; the fields never change.
+unsafe impl DeviceAlloc for UnownedMemory {
+    fn device(&self) -> Device {
+        self.device
+    }
+    fn as_raw(&self) -> CUdeviceptr {
+        self.ptr
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+}

@@ -1,0 +1,154 @@
+//! Device, managed and pinned memory, and views into device memory.
+//!
+//! | type | what | CuPy |
+//! | --- | --- | --- |
+//! | [`DeviceMemory`] | `cuMemAlloc` / `cuMemFree` | `Memory` |
+//! | [`ManagedMemory`] | `cuMemAllocManaged`, prefetch, advise | `ManagedMemory` |
+//! | [`UnownedMemory`] | a foreign device pointer and a keep-alive owner | `UnownedMemory` |
+//! | [`PinnedMemory`] | `cuMemHostAlloc` (portable / mapped / write-combined) | `PinnedMemory` |
+//! | [`HostRegistration`] | `cuMemHostRegister` of an existing buffer | (`cudaHostRegister`) |
+//! | [`DevicePtr`] | shared owner + offset + length: copies and memsets | `MemoryPointer` |
+//! | [`DeviceAlloc`] | what every owner of device memory implements | (`BaseMemory`) |
+//! | [`raw`] | `unsafe` copies and memsets on raw addresses | (`cupy.cuda.runtime`) |
+//!
+//! Every owner is RAII: the memory is returned to the driver when the owner drops. A size of
+//! 0 gives an empty allocation (null address) without calling the driver, as CuPy does.
+//!
+//! [`DevicePtr`] is the one view type over any [`DeviceAlloc`]: device, managed, unowned and
+//! stream-ordered memory here, and the blocks of the pools in `cuda-mempool`, which implement
+//! [`DeviceAlloc`] for their own block type.
+//!
+//! ```no_run
+//! use cuda_core::{memory::DevicePtr, Device};
+//!
+//! let dev = Device::new(0)?;
+//! let buf = DevicePtr::alloc(&dev, 1024)?;
+//! buf.copy_from_host(&[7u8; 1024])?;
+//! let tail = buf.slice(512..)?; // a sub-view sharing the allocation
+//! tail.memset(0)?;
+//! let mut host = vec![0u8; 1024];
+//! buf.copy_to_host(&mut host)?;
+//! assert_eq!(&host[..512], &[7u8; 512][..]);
+//! assert_eq!(&host[512..], &[0u8; 512][..]);
+//! # Ok::<(), cuda_core::Error>(())
+//! ```
+
+use cuda_sys::{CUdeviceptr, CUmemLocation, CUmemLocationType};
+
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+use crate::Device;
+
+mod device;
+mod managed;
+mod pinned;
+pub mod raw;
+mod view;
+
+pub use device::{DeviceMemory, UnownedMemory};
+pub use managed::{Advice, AttachFlags, ManagedMemory};
+pub use pinned::{HostBuffer, HostRegistration, PinnedFlags, PinnedMemory, RegisterFlags};
+pub use view::DevicePtr;
+
+/// An owner of a contiguous range of device-accessible memory: what a [`DevicePtr`] view
+/// holds (through an `Arc`) to keep the memory alive.
+///
+/// Implemented by [`DeviceMemory`], [`ManagedMemory`], [`UnownedMemory`] and
+/// [`StreamOrderedMemory`](crate::async_pool::StreamOrderedMemory); memory pools implement it
+/// for their blocks so they can hand out the same [`DevicePtr`] views.
+///
+/// # Safety
+///
+/// Implementors promise, for as long as the value lives:
+/// - `as_raw()..as_raw() + size()` is one range of memory that the driver's copy and memset
+///   calls may read and write on [`device`](DeviceAlloc::device) (device or managed memory of
+///   that device's context, or memory mapped for it), and no Rust reference (`&[u8]`,
+///   `&mut [u8]`) to host memory aliases it;
+/// - `device()`, `as_raw()` and `size()` always return the same values;
+/// - `size() == 0` is allowed (then `as_raw()` may be 0).
+///
+/// Views write through `&self`: device memory is not Rust memory, and every access to it goes
+/// through the driver.
+pub unsafe trait DeviceAlloc: Send + Sync {
+    /// The device whose context the memory belongs to.
+    fn device(&self) -> Device;
+    /// The first address of the range.
+    fn as_raw(&self) -> CUdeviceptr;
+    /// Length of the range in bytes.
+    fn size(&self) -> usize;
+}
+
+/// Where managed memory is prefetched to, or what a memory advice is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Location {
+    /// A device's memory.
+    Device(Device),
+    /// Host memory (`CU_MEM_LOCATION_TYPE_HOST`).
+    Host,
+}
+
+impl Location {
+    /// The driver's `CUmemLocation`.
+    pub fn to_raw(self) -> CUmemLocation {
+        match self {
+            Location::Device(dev) => CUmemLocation {
+                type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: dev.ordinal() as i32,
+            },
+            Location::Host => CUmemLocation {
+                type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+                id: 0,
+            },
+        }
+    }
+}
+
+/// [`Error::WrongDevice`] unless `stream` belongs to `device`.
+#[inline]
+pub(crate) fn check_stream(stream: &Stream, device: Device) -> Result<()> {
+    if stream.device() == device {
+        Ok(())
+    } else {
+        Err(Error::WrongDevice {
+            what: "stream",
+            expected: device.ordinal() as i32,
+            actual: stream.device().ordinal() as i32,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cuda_sys::CUmem_advise;
+
+    #[test]
+    fn flags_combine_and_test() {
+        let f = PinnedFlags::PORTABLE | PinnedFlags::DEVICE_MAP;
+        assert!(f.contains(PinnedFlags::PORTABLE) && f.contains(PinnedFlags::DEVICE_MAP));
+        assert!(!f.contains(PinnedFlags::WRITE_COMBINED));
+        assert!(f.contains(PinnedFlags::NONE));
+        assert_eq!(
+            f.0,
+            cuda_sys::CU_MEMHOSTALLOC_PORTABLE | cuda_sys::CU_MEMHOSTALLOC_DEVICEMAP
+        );
+        let r = RegisterFlags::READ_ONLY | RegisterFlags::DEVICE_MAP;
+        assert!(r.contains(RegisterFlags::READ_ONLY) && !r.contains(RegisterFlags::PORTABLE));
+        assert_eq!(AttachFlags::default(), AttachFlags::GLOBAL);
+        assert_ne!(AttachFlags::GLOBAL, AttachFlags::HOST);
+    }
+
+    #[test]
+    fn host_location_maps_to_the_driver_type() {
+        let host = Location::Host.to_raw();
+        assert_eq!(host.type_, CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST);
+        assert_eq!(
+            Advice::SetPreferredLocation.to_raw(),
+            CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION
+        );
+        assert_eq!(
+            Advice::UnsetAccessedBy.to_raw(),
+            CUmem_advise::CU_MEM_ADVISE_UNSET_ACCESSED_BY
+        );
+    }
+}

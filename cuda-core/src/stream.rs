@@ -1,0 +1,837 @@
+//! Streams: ordered queues of device work (CuPy's `Stream`, `ExternalStream`,
+//! `get_current_stream`, `with stream:`).
+//!
+//! A [`Stream`] is one of four kinds ([`StreamKind`]): a stream this crate created and
+//! destroys ([`Stream::new`], [`Stream::builder`]), the legacy null stream ([`Stream::null`]),
+//! the per-thread default stream ([`Stream::per_thread`]), or a foreign stream wrapped without
+//! being owned ([`Stream::external`]).
+//!
+//! Each thread has a *current stream* per device ([`Stream::current`], CuPy's
+//! `get_current_stream`): the legacy null stream until [`Stream::scope`] (CuPy's
+//! `with stream:`) or [`Stream::make_current`] says otherwise.
+//!
+//! ```no_run
+//! use cuda_core::{Device, Stream};
+//! let dev = Device::new(0)?;
+//! let stream = Stream::builder(&dev).non_blocking(true).greatest_priority().build()?;
+//! {
+//!     let _scope = stream.scope(); // like `with stream:`
+//!     assert_eq!(Stream::current(&dev), stream);
+//!     // ... work queued on Stream::current(&dev) ...
+//! }
+//! assert_eq!(Stream::current(&dev), Stream::null(&dev));
+//! stream.add_callback(|status| println!("all work before me is done: {status:?}"))?;
+//! stream.synchronize()?;
+//! # Ok::<(), cuda_core::Error>(())
+//! ```
+//!
+//! # Host callbacks and panics
+//!
+//! [`Stream::add_callback`] runs a Rust closure on a driver thread once the work queued
+//! before it is done, and hands it the stream's status. A panic inside the closure is caught
+//! there (it never unwinds into the driver) and kept for the stream: the next
+//! [`Stream::synchronize`] on that stream returns [`Error::CallbackPanicked`] with the panic
+//! message, or [`Stream::take_callback_panic`] collects it without synchronising.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::fmt;
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cuda_sys::{CUcontext, CUresult, CUstream, CUstream_flags, Driver};
+
+use crate::driver::{api, check, drv};
+use crate::error::{DriverError, Error, Result};
+use crate::event::Event;
+use crate::Device;
+
+/// The driver's handle for the per-thread default stream (`CU_STREAM_PER_THREAD` in `cuda.h`).
+pub const PER_THREAD_HANDLE: usize = 0x2;
+/// The driver's explicit handle for the legacy null stream (`CU_STREAM_LEGACY` in `cuda.h`).
+pub const LEGACY_HANDLE: usize = 0x1;
+
+/// What a [`Stream`] is and who destroys it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StreamKind {
+    /// Created by this crate; destroyed when the last clone drops.
+    Owned,
+    /// The legacy default stream (handle `NULL`): synchronises with every blocking stream of
+    /// its device.
+    LegacyNull,
+    /// The per-thread default stream (`CU_STREAM_PER_THREAD`): one implicit stream per host
+    /// thread, which does not synchronise with the legacy null stream's blocking semantics.
+    PerThread,
+    /// A foreign `CUstream` wrapped without being owned (CuPy's `ExternalStream`).
+    External,
+}
+
+/// Keeps an owned stream alive; destroys it when the last [`Stream`] clone drops.
+struct Owner {
+    raw: CUstream,
+    device: Device,
+    destroy: bool,
+    panics: Arc<PanicSlot>,
+    _keep_alive: Option<Box<dyn Any + Send + Sync>>,
+}
+
+// SAFETY: a CUstream may be used and destroyed from any thread; the keep-alive value is
+// Send + Sync by its bound.
+unsafe impl Send for Owner {}
+// SAFETY: as above; Owner exposes nothing but the handle.
+unsafe impl Sync for Owner {}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if self.destroy {
+            let raw = self.raw;
+            // SAFETY: we created the stream and this is the last reference to it; the driver
+            // lets queued work (and callbacks) finish after destruction.
+            let _ = with_context(self.device, false, |_| unsafe {
+                drv!(cuStreamDestroy(raw))
+            });
+        }
+    }
+}
+
+/// A CUDA stream of one device.
+///
+/// Cloning is cheap and shares the stream; an owned stream is destroyed when its last clone
+/// drops (work already queued still runs). `Send` and `Sync`: the driver's stream calls are
+/// thread-safe. Two `Stream`s compare equal when they name the same driver stream of the
+/// same device.
+#[derive(Clone)]
+pub struct Stream {
+    raw: CUstream,
+    device: Device,
+    kind: StreamKind,
+    owner: Option<Arc<Owner>>,
+}
+
+// SAFETY: a CUstream is a handle the driver lets any thread use; the struct holds no
+// thread-affine state (the owner is Send + Sync).
+unsafe impl Send for Stream {}
+// SAFETY: as above; every method takes &self and maps to a thread-safe driver call.
+unsafe impl Sync for Stream {}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream")
+            .field("raw", &self.raw)
+            .field("device", &self.device.ordinal())
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Stream) -> bool {
+        self.raw == other.raw && self.device == other.device
+    }
+}
+
+impl Eq for Stream {}
+
+/// Builds a [`Stream`] (CuPy's `Stream(null=False, non_blocking=False, priority=0)`).
+///
+/// ```no_run
+/// use cuda_core::{Device, Stream};
+/// let dev = Device::new(0)?;
+/// let (least, greatest) = dev.stream_priority_range()?;
+/// let urgent = Stream::builder(&dev).priority(greatest).build()?;
+/// let background = Stream::builder(&dev).non_blocking(true).priority(least).build()?;
+/// assert!(Stream::builder(&dev).priority(greatest - 1).build().is_err());
+/// # Ok::<(), cuda_core::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct StreamBuilder {
+    device: Device,
+    non_blocking: bool,
+    priority: PriorityRequest,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PriorityRequest {
+    Default,
+    Value(i32),
+    Greatest,
+    Least,
+}
+
+impl StreamBuilder {
+    /// `true`: the stream does not synchronise with the legacy null stream
+    /// (`CU_STREAM_NON_BLOCKING`). Default `false`.
+    pub fn non_blocking(mut self, non_blocking: bool) -> Self {
+        self.non_blocking = non_blocking;
+        self
+    }
+
+    /// Scheduling priority; numerically lower is more urgent. Must lie within the device's
+    /// [`Device::stream_priority_range`] (`greatest <= priority <= least`), otherwise
+    /// [`build`](Self::build) fails with [`Error::InvalidArgument`] and creates nothing.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = PriorityRequest::Value(priority);
+        self
+    }
+
+    /// The device's most urgent priority.
+    pub fn greatest_priority(mut self) -> Self {
+        self.priority = PriorityRequest::Greatest;
+        self
+    }
+
+    /// The device's least urgent priority (the default one).
+    pub fn least_priority(mut self) -> Self {
+        self.priority = PriorityRequest::Least;
+        self
+    }
+
+    /// Creates the stream.
+    pub fn build(self) -> Result<Stream> {
+        let flags = if self.non_blocking {
+            CUstream_flags::CU_STREAM_NON_BLOCKING.0
+        } else {
+            CUstream_flags::CU_STREAM_DEFAULT.0
+        };
+        let _ctx = self.device.bind()?;
+        let mut raw: CUstream = std::ptr::null_mut();
+        if self.priority == PriorityRequest::Default {
+            // SAFETY: the device's context is current; valid out-pointer.
+            unsafe { drv!(cuStreamCreate(&mut raw, flags)) }?;
+        } else {
+            let range = self.device.stream_priority_range()?;
+            let priority = resolve_priority(self.priority, range)?;
+            // SAFETY: the device's context is current; valid out-pointer; priority in range.
+            unsafe { drv!(cuStreamCreateWithPriority(&mut raw, flags, priority)) }?;
+        }
+        Ok(Stream::owned(raw, self.device))
+    }
+}
+
+/// The priority a request stands for, given the device's `(least, greatest)` range.
+fn resolve_priority(request: PriorityRequest, (least, greatest): (i32, i32)) -> Result<i32> {
+    match request {
+        PriorityRequest::Default | PriorityRequest::Least => Ok(least),
+        PriorityRequest::Greatest => Ok(greatest),
+        PriorityRequest::Value(p) if p >= greatest && p <= least => Ok(p),
+        PriorityRequest::Value(p) => Err(Error::InvalidArgument(format!(
+            "stream priority {p} is outside the device's range {greatest} (greatest) ..= {least} (least)"
+        ))),
+    }
+}
+
+impl Stream {
+    fn owned(raw: CUstream, device: Device) -> Stream {
+        Stream {
+            raw,
+            device,
+            kind: StreamKind::Owned,
+            owner: Some(Arc::new(Owner {
+                raw,
+                device,
+                destroy: true,
+                panics: Arc::default(),
+                _keep_alive: None,
+            })),
+        }
+    }
+
+    /// A new blocking stream on `device` (it synchronises with the legacy null stream), like
+    /// CuPy's `Stream()`. [`Stream::builder`] gives the other options.
+    pub fn new(device: &Device) -> Result<Stream> {
+        Stream::builder(device).build()
+    }
+
+    /// A builder for a stream on `device`.
+    pub fn builder(device: &Device) -> StreamBuilder {
+        StreamBuilder {
+            device: *device,
+            non_blocking: false,
+            priority: PriorityRequest::Default,
+        }
+    }
+
+    /// The legacy default (null) stream of `device` (CuPy's `Stream.null`). Never destroyed.
+    pub fn null(device: &Device) -> Stream {
+        Stream {
+            raw: std::ptr::null_mut(),
+            device: *device,
+            kind: StreamKind::LegacyNull,
+            owner: None,
+        }
+    }
+
+    /// The per-thread default stream of `device` (`CU_STREAM_PER_THREAD`, CuPy's
+    /// `Stream.ptds`): each host thread that uses it gets its own implicit stream.
+    pub fn per_thread(device: &Device) -> Stream {
+        Stream {
+            raw: PER_THREAD_HANDLE as CUstream,
+            device: *device,
+            kind: StreamKind::PerThread,
+            owner: None,
+        }
+    }
+
+    /// Wraps a stream created elsewhere (by CuPy, PyTorch, a C library) without owning it:
+    /// dropping the `Stream` leaves it alive (CuPy's `ExternalStream`).
+    ///
+    /// Where the driver can tell (`cuStreamGetDevice`, CUDA 12.8+), a stream of another
+    /// device is rejected with [`Error::WrongDevice`].
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a valid stream of `device` (or one of the implicit handles `NULL`,
+    /// `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`) and must stay valid for as long as this
+    /// `Stream` or any clone of it is used. [`Stream::external_with_owner`] can tie that
+    /// lifetime to a value.
+    pub unsafe fn external(device: &Device, raw: CUstream) -> Result<Stream> {
+        Stream::wrap_external(device, raw, None)
+    }
+
+    /// As [`Stream::external`], keeping `owner` alive (dropped with the last clone) so that
+    /// whatever keeps the foreign stream alive lives as long as the wrapper.
+    ///
+    /// # Safety
+    ///
+    /// As [`Stream::external`], except that the stream need only stay valid while `owner`
+    /// is alive.
+    pub unsafe fn external_with_owner<O: Any + Send + Sync>(
+        device: &Device,
+        raw: CUstream,
+        owner: O,
+    ) -> Result<Stream> {
+        Stream::wrap_external(device, raw, Some(Box::new(owner)))
+    }
+
+    fn wrap_external(
+        device: &Device,
+        raw: CUstream,
+        keep_alive: Option<Box<dyn Any + Send + Sync>>,
+    ) -> Result<Stream> {
+        if !is_implicit(raw) {
+            let mut actual = 0;
+            let asked = with_context(*device, false, |_| {
+                // SAFETY: the caller vouches for the handle; valid out-pointer.
+                unsafe { drv!(cuStreamGetDevice(raw, &mut actual)) }
+            });
+            match asked {
+                Ok(()) if actual != device.raw() => {
+                    return Err(Error::WrongDevice {
+                        what: "external stream",
+                        expected: device.ordinal() as i32,
+                        actual,
+                    })
+                }
+                Ok(()) | Err(Error::MissingSymbol(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Stream {
+            raw,
+            device: *device,
+            kind: StreamKind::External,
+            owner: keep_alive.map(|k| {
+                Arc::new(Owner {
+                    raw,
+                    device: *device,
+                    destroy: false,
+                    panics: Arc::default(),
+                    _keep_alive: Some(k),
+                })
+            }),
+        })
+    }
+
+    /// The driver handle (CuPy's `Stream.ptr`): `NULL` for the legacy null stream,
+    /// `CU_STREAM_PER_THREAD` for the per-thread one.
+    #[inline]
+    pub fn raw(&self) -> CUstream {
+        self.raw
+    }
+
+    /// The device the stream belongs to.
+    #[inline]
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// What kind of stream this is.
+    pub fn kind(&self) -> StreamKind {
+        self.kind
+    }
+
+    /// `true` for the implicit streams (legacy null, per-thread), whose handle means "the
+    /// current context's stream": operations on them make the device current first.
+    #[inline]
+    pub fn is_implicit(&self) -> bool {
+        is_implicit(self.raw)
+    }
+
+    /// Runs a driver call on this stream's handle with the right context current (see
+    /// [`with_context`]).
+    #[inline]
+    pub(crate) fn with_context<T>(
+        &self,
+        call: impl FnMut(&'static Driver) -> Result<T>,
+    ) -> Result<T> {
+        with_context(self.device, self.is_implicit(), call)
+    }
+
+    /// Blocks until all work queued on the stream is done.
+    ///
+    /// Returns [`Error::CallbackPanicked`] when a host callback of this stream panicked since
+    /// the last report (the work itself is then done).
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: a live stream (or an implicit handle with its device current).
+        self.with_context(|_| unsafe { drv!(cuStreamSynchronize(self.raw)) })?;
+        match self.take_callback_panic() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// `true` when all work queued on the stream is done (CuPy's `Stream.done`).
+    pub fn is_done(&self) -> Result<bool> {
+        self.with_context(|d| {
+            // SAFETY: a live stream (or an implicit handle with its device current).
+            let r = unsafe { d.cuStreamQuery(self.raw) }?;
+            if r == CUresult::CUDA_ERROR_NOT_READY {
+                Ok(false)
+            } else {
+                check(r, "cuStreamQuery").map(|()| true)
+            }
+        })
+    }
+
+    /// Records an event at the current end of the stream's work and returns it (CuPy's
+    /// `Stream.record(event=None)`): `event` when given (a clone sharing it), else a new
+    /// event with timing enabled, as CuPy's `Event()`.
+    pub fn record(&self, event: Option<&Event>) -> Result<Event> {
+        let event = match event {
+            Some(e) => e.clone(),
+            None => Event::builder(&self.device).build()?,
+        };
+        event.record(self)?;
+        Ok(event)
+    }
+
+    /// Makes later work on this stream wait for `event`'s recorded work (the event may
+    /// belong to another device).
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        self.with_context(|_| {
+            // SAFETY: live stream and event.
+            unsafe { drv!(cuStreamWaitEvent(self.raw, event.raw(), 0)) }
+        })
+    }
+
+    /// The stream's priority (numerically lower is more urgent).
+    pub fn priority(&self) -> Result<i32> {
+        let mut priority = 0;
+        self.with_context(|_| {
+            // SAFETY: a live stream; valid out-pointer.
+            unsafe { drv!(cuStreamGetPriority(self.raw, &mut priority)) }
+        })?;
+        Ok(priority)
+    }
+
+    /// The stream's creation flags (`CU_STREAM_DEFAULT` or `CU_STREAM_NON_BLOCKING`).
+    pub fn flags(&self) -> Result<CUstream_flags> {
+        let mut flags = 0;
+        self.with_context(|_| {
+            // SAFETY: a live stream; valid out-pointer.
+            unsafe { drv!(cuStreamGetFlags(self.raw, &mut flags)) }
+        })?;
+        Ok(CUstream_flags(flags))
+    }
+
+    /// `true` when the stream does not synchronise with the legacy null stream.
+    pub fn is_non_blocking(&self) -> Result<bool> {
+        let flags = self.flags()?;
+        Ok(flags.0 & CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0)
+    }
+
+    /// Queues `callback` to run on a driver thread once all work queued before it is done
+    /// (CuPy's `Stream.add_callback`); later work on the stream waits for it. The closure
+    /// receives the stream's status: `Ok(())`, or the sticky driver error that failed the
+    /// work before it.
+    ///
+    /// The closure must not call the CUDA driver (the driver forbids it in callbacks and may
+    /// deadlock or fail); it may signal threads, write host memory, and so on. A panic in it
+    /// is caught and reported by the next [`Stream::synchronize`] (or
+    /// [`Stream::take_callback_panic`]) on this stream; it never unwinds into the driver.
+    ///
+    /// ```no_run
+    /// use std::sync::mpsc;
+    /// use cuda_core::{Device, Stream};
+    /// let dev = Device::new(0)?;
+    /// let stream = Stream::new(&dev)?;
+    /// let (tx, rx) = mpsc::channel();
+    /// stream.add_callback(move |status| { let _ = tx.send(status.is_ok()); })?;
+    /// assert!(rx.recv().unwrap());
+    /// # Ok::<(), cuda_core::Error>(())
+    /// ```
+    pub fn add_callback<F>(&self, callback: F) -> Result<()>
+    where
+        F: FnOnce(Result<()>) + Send + 'static,
+    {
+        let payload = Box::new(CallbackPayload {
+            callback: Box::new(callback),
+            panics: self.panic_slot(),
+        });
+        let data = Box::into_raw(payload) as *mut c_void;
+        let added = self.with_context(|_| {
+            // SAFETY: a live stream; `trampoline` matches CUstreamCallback and takes
+            // ownership of `data` exactly once when the driver runs it.
+            unsafe { drv!(cuStreamAddCallback(self.raw, Some(trampoline), data, 0)) }
+        });
+        if added.is_err() {
+            // SAFETY: the driver did not take the callback, so `data` is still ours, from the
+            // Box::into_raw above, and reclaimed once.
+            drop(unsafe { Box::from_raw(data as *mut CallbackPayload) });
+        }
+        added
+    }
+
+    /// The panic of a host callback of this stream not yet reported, as
+    /// [`Error::CallbackPanicked`] (the oldest first), without synchronising.
+    pub fn take_callback_panic(&self) -> Option<Error> {
+        let slot = match &self.owner {
+            Some(owner) => Some(Arc::clone(&owner.panics)),
+            None if SHARED_SLOTS_USED.load(Ordering::Acquire) => {
+                let map = shared_slots()
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                map.get(&self.slot_key()).cloned()
+            }
+            None => None,
+        }?;
+        slot.take().map(Error::CallbackPanicked)
+    }
+
+    fn slot_key(&self) -> (i32, usize) {
+        (self.device.ordinal() as i32, self.raw as usize)
+    }
+
+    /// Where this stream's callback panics are kept: the owner's slot, or a process-wide
+    /// slot per (device, handle) for streams without an owner.
+    fn panic_slot(&self) -> Arc<PanicSlot> {
+        if let Some(owner) = &self.owner {
+            return Arc::clone(&owner.panics);
+        }
+        let mut map = shared_slots()
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        SHARED_SLOTS_USED.store(true, Ordering::Release);
+        Arc::clone(map.entry(self.slot_key()).or_default())
+    }
+
+    /// The thread's current stream for `device` (CuPy's `get_current_stream`): the stream of
+    /// the innermost live [`Stream::scope`] or the last [`Stream::make_current`] on this
+    /// thread, else the legacy null stream.
+    pub fn current(device: &Device) -> Stream {
+        let ordinal = device.ordinal();
+        CURRENT
+            .try_with(|cur| cur.borrow().get(ordinal).cloned().flatten())
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| Stream::null(device))
+    }
+
+    /// Makes this stream the thread's current stream for its device until changed (CuPy's
+    /// `Stream.use()`). The stream is kept alive while it is current.
+    pub fn make_current(&self) {
+        set_current(self.device.ordinal(), Some(self.clone()));
+    }
+
+    /// Makes this stream the thread's current stream for its device until the guard drops,
+    /// which restores the previous one (CuPy's `with stream:`). Guards nest. The current
+    /// device is not changed. The guard is not `Send`: the current stream is per thread.
+    pub fn scope(&self) -> StreamScope {
+        let ordinal = self.device.ordinal();
+        let previous = set_current(ordinal, Some(self.clone()));
+        StreamScope {
+            ordinal,
+            previous,
+            _not_send: PhantomData,
+        }
+    }
+}
+
+/// `true` for the handles that mean "an implicit stream of the current context".
+#[inline]
+fn is_implicit(raw: CUstream) -> bool {
+    (raw as usize) <= PER_THREAD_HANDLE
+}
+
+fn is_invalid_context(e: &Error) -> bool {
+    e.driver()
+        .is_some_and(|d| d.result() == CUresult::CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// Runs a driver call on handles of `device` with a context current on the calling thread.
+///
+/// The driver must never be called on a thread with no current context (some entry points
+/// crash there instead of failing). An implicit stream handle (`implicit`) means "the current
+/// context's stream", so `device`'s context is made current for it. Explicit streams and
+/// events carry their context: any current context will do, so the hot path costs one
+/// `cuCtxGetCurrent` and pushes nothing; only a thread with no context at all gets `device`'s
+/// pushed for the call. Should the driver still answer `CUDA_ERROR_INVALID_CONTEXT`, the call
+/// is retried once with `device`'s context current.
+#[inline]
+pub(crate) fn with_context<T>(
+    device: Device,
+    implicit: bool,
+    mut call: impl FnMut(&'static Driver) -> Result<T>,
+) -> Result<T> {
+    let d = api()?;
+    let binding = if implicit {
+        Some(device.bind()?)
+    } else {
+        let mut current: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check(
+            unsafe { d.cuCtxGetCurrent(&mut current) }?,
+            "cuCtxGetCurrent",
+        )?;
+        if current.is_null() {
+            Some(device.bind()?)
+        } else {
+            None
+        }
+    };
+    match call(d) {
+        Err(e) if !implicit && is_invalid_context(&e) => {
+            drop(binding);
+            let _ctx = device.bind()?;
+            call(d)
+        }
+        other => other,
+    }
+}
+
+/// The thread's current stream for `device`; shorthand for [`Stream::current`] (CuPy's
+/// `get_current_stream`).
+pub fn current_stream(device: &Device) -> Stream {
+    Stream::current(device)
+}
+
+thread_local! {
+    /// The thread's current stream per device ordinal (`None`: the legacy null stream).
+    static CURRENT: RefCell<Vec<Option<Stream>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Sets the thread's current stream for `ordinal`, returning the previous setting.
+fn set_current(ordinal: usize, stream: Option<Stream>) -> Option<Stream> {
+    CURRENT
+        .try_with(|cur| {
+            let mut cur = cur.borrow_mut();
+            if cur.len() <= ordinal {
+                cur.resize(ordinal + 1, None);
+            }
+            std::mem::replace(&mut cur[ordinal], stream)
+        })
+        .ok()
+        .flatten()
+}
+
+/// Restores the thread's previous current stream of a device when dropped (see
+/// [`Stream::scope`]). Not `Send`: the current stream is per thread.
+#[must_use = "the previous current stream is restored when the guard drops"]
+pub struct StreamScope {
+    ordinal: usize,
+    previous: Option<Stream>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl fmt::Debug for StreamScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamScope")
+            .field("device", &self.ordinal)
+            .field("previous", &self.previous)
+            .finish()
+    }
+}
+
+impl Drop for StreamScope {
+    fn drop(&mut self) {
+        // Dropping the replaced stream may destroy it: do that outside the TLS borrow.
+        let replaced = set_current(self.ordinal, self.previous.take());
+        drop(replaced);
+    }
+}
+
+/// Panic messages of host callbacks, waiting to be reported.
+#[derive(Default)]
+struct PanicSlot {
+    pending: AtomicUsize,
+    messages: Mutex<Vec<String>>,
+}
+
+impl PanicSlot {
+    fn push(&self, message: String) {
+        let mut messages = self
+            .messages
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        messages.push(message);
+        self.pending.fetch_add(1, Ordering::Release);
+    }
+
+    fn take(&self) -> Option<String> {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut messages = self
+            .messages
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if messages.is_empty() {
+            return None;
+        }
+        self.pending.fetch_sub(1, Ordering::Release);
+        Some(messages.remove(0))
+    }
+}
+
+static SHARED_SLOTS_USED: AtomicBool = AtomicBool::new(false);
+
+type SlotMap = Mutex<HashMap<(i32, usize), Arc<PanicSlot>>>;
+
+fn shared_slots() -> &'static SlotMap {
+    static SLOTS: OnceLock<SlotMap> = OnceLock::new();
+    SLOTS.get_or_init(Default::default)
+}
+
+struct CallbackPayload {
+    callback: Box<dyn FnOnce(Result<()>) + Send>,
+    panics: Arc<PanicSlot>,
+}
+
+/// The `CUstreamCallback` every host callback goes through: reclaims the payload, runs the
+/// closure under `catch_unwind`, and keeps a panic's message for the stream.
+unsafe extern "C" fn trampoline(_stream: CUstream, status: CUresult, data: *mut c_void) {
+    // SAFETY: `data` came from Box::into_raw in add_callback and the driver calls each
+    // callback exactly once.
+    let payload = unsafe { Box::from_raw(data as *mut CallbackPayload) };
+    let CallbackPayload { callback, panics } = *payload;
+    let outcome = catch_unwind(AssertUnwindSafe(move || {
+        let status = if status == CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(Error::Driver(DriverError::new(
+                status,
+                "stream work before a callback",
+            )))
+        };
+        callback(status);
+    }));
+    if let Err(panic) = outcome {
+        let message = panic_message(&*panic);
+        // Dropping the payload runs foreign code too: keep it from unwinding.
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
+        let _ = catch_unwind(AssertUnwindSafe(|| panics.push(message)));
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priority_within_range_is_kept() {
+        let range = (0, -5);
+        assert_eq!(resolve_priority(PriorityRequest::Value(-3), range), Ok(-3));
+        assert_eq!(resolve_priority(PriorityRequest::Value(0), range), Ok(0));
+        assert_eq!(resolve_priority(PriorityRequest::Value(-5), range), Ok(-5));
+    }
+
+    #[test]
+    fn priority_outside_range_is_rejected() {
+        let range = (0, -5);
+        for p in [1, -6, i32::MIN, i32::MAX] {
+            let err = resolve_priority(PriorityRequest::Value(p), range).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains(&p.to_string())));
+        }
+    }
+
+    #[test]
+    fn named_priorities_follow_the_range() {
+        let range = (2, -7);
+        assert_eq!(resolve_priority(PriorityRequest::Greatest, range), Ok(-7));
+        assert_eq!(resolve_priority(PriorityRequest::Least, range), Ok(2));
+        assert_eq!(resolve_priority(PriorityRequest::Default, range), Ok(2));
+    }
+
+    #[test]
+    fn implicit_handles_are_recognised() {
+        assert!(is_implicit(std::ptr::null_mut()));
+        assert!(is_implicit(LEGACY_HANDLE as CUstream));
+        assert!(is_implicit(PER_THREAD_HANDLE as CUstream));
+        assert!(!is_implicit(0x1000 as CUstream));
+    }
+
+    #[test]
+    fn panic_slot_reports_in_order_once() {
+        let slot = PanicSlot::default();
+        assert_eq!(slot.take(), None);
+        slot.push("first".into());
+        slot.push("second".into());
+        assert_eq!(slot.take().as_deref(), Some("first"));
+        assert_eq!(slot.take().as_deref(), Some("second"));
+        assert_eq!(slot.take(), None);
+    }
+
+    #[test]
+    fn trampoline_catches_a_panic_and_keeps_its_message() {
+        let slot = Arc::new(PanicSlot::default());
+        let payload = Box::new(CallbackPayload {
+            callback: Box::new(|_| panic!("boom in callback")),
+            panics: Arc::clone(&slot),
+        });
+        // SAFETY: the payload comes from Box::into_raw, as the driver would pass it.
+        unsafe {
+            trampoline(
+                std::ptr::null_mut(),
+                CUresult::CUDA_SUCCESS,
+                Box::into_raw(payload) as *mut c_void,
+            )
+        };
+        assert_eq!(slot.take().as_deref(), Some("boom in callback"));
+    }
+
+    #[test]
+    fn trampoline_passes_success_status() {
+        let slot = Arc::new(PanicSlot::default());
+        let seen = Arc::new(Mutex::new(None));
+        let seen2 = Arc::clone(&seen);
+        let payload = Box::new(CallbackPayload {
+            callback: Box::new(move |status| *seen2.lock().unwrap() = Some(status)),
+            panics: Arc::clone(&slot),
+        });
+        // SAFETY: as above.
+        unsafe {
+            trampoline(
+                std::ptr::null_mut(),
+                CUresult::CUDA_SUCCESS,
+                Box::into_raw(payload) as *mut c_void,
+            )
+        };
+        assert_eq!(*seen.lock().unwrap(), Some(Ok(())));
+        assert_eq!(slot.take(), None);
+    }
+}

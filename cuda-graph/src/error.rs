@@ -1,0 +1,188 @@
+//! The error type of `cuda-graph`.
+
+use std::fmt;
+
+use cuda_core::graph::CaptureStatus;
+
+/// Any error, boxed: what [`Error::other`] wraps.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Which capture an error is about: the driver's capture id, and the stream and device it
+/// began on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CaptureId {
+    /// The capture sequence's id, unique in the process (`cuStreamGetCaptureInfo`).
+    pub id: u64,
+    /// The id of the stream the capture began on (`cuStreamGetId`).
+    pub stream: u64,
+    /// The ordinal of the stream's device.
+    pub device: usize,
+}
+
+impl fmt::Display for CaptureId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "stream capture #{} (begun on stream {} of device {})",
+            self.id, self.stream, self.device
+        )
+    }
+}
+
+/// Every failure of `cuda-graph`.
+///
+/// Errors about a capture name it ([`CaptureId`]) and say what became of it: after any error
+/// the capture has been ended, so the stream works normally again.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A `cuda-core` call failed.
+    #[error(transparent)]
+    Core(#[from] cuda_core::Error),
+
+    /// A capture was asked of a stream that is already being captured.
+    #[error(
+        "the stream (device {device}) is already part of stream capture #{capture}; end that \
+         capture before beginning another"
+    )]
+    AlreadyCapturing {
+        /// The stream's device.
+        device: usize,
+        /// The id of the capture the stream is part of.
+        capture: u64,
+    },
+
+    /// The capture was invalidated by an operation that is illegal while a stream is captured
+    /// (a synchronize, a call on the legacy null stream, a synchronous copy or allocation,
+    /// ...). It has been ended and produced no graph.
+    #[error(
+        "{capture} was invalidated by an operation that is illegal during stream capture \
+         (synchronize, work on the legacy null stream, a synchronous copy, ...); the capture \
+         has been ended and produced no graph ({source})"
+    )]
+    Invalidated {
+        /// The capture.
+        capture: CaptureId,
+        /// The driver's answer when the capture was ended
+        /// (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
+        source: cuda_core::Error,
+    },
+
+    /// The body of [`capture`](crate::capture) returned an error. The capture has been ended
+    /// and its partial graph discarded; `status` says whether the body's error had also
+    /// invalidated it (an illegal call inside the capture) or not (the body's own failure).
+    #[error(
+        "{capture} failed inside its body ({status} at the failure); the capture has been \
+         ended and its partial graph discarded: {source}"
+    )]
+    Body {
+        /// The capture.
+        capture: CaptureId,
+        /// The capture's status when the body failed.
+        status: CaptureStatus,
+        /// What the body returned.
+        source: Box<Error>,
+    },
+
+    /// Ending a capture failed for another reason than invalidation (a forked stream that
+    /// was not joined back, `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`; the end called from another
+    /// thread, `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`, ...). The capture produced no graph.
+    #[error("ending {capture} failed; it produced no graph: {source}")]
+    End {
+        /// The capture.
+        capture: CaptureId,
+        /// The driver's error.
+        source: cuda_core::Error,
+    },
+
+    /// An error of the caller's own, returned from a capture body (see [`Error::other`]).
+    #[error(transparent)]
+    Other(BoxError),
+}
+
+impl Error {
+    /// Wraps any error (a capture body's own failure) as [`Error::Other`].
+    ///
+    /// ```
+    /// let e = cuda_graph::Error::other("bad input");
+    /// assert_eq!(e.to_string(), "bad input");
+    /// ```
+    pub fn other(error: impl Into<BoxError>) -> Error {
+        Error::Other(error.into())
+    }
+
+    /// The `cuda-core` error at the root of this one, if any (looking inside
+    /// [`Error::Body`], [`Error::Invalidated`] and [`Error::End`]).
+    pub fn core(&self) -> Option<&cuda_core::Error> {
+        match self {
+            Error::Core(e)
+            | Error::Invalidated { source: e, .. }
+            | Error::End { source: e, .. } => Some(e),
+            Error::Body { source, .. } => source.core(),
+            _ => None,
+        }
+    }
+
+    /// The driver error at the root of this one, if any: its `name` says what the driver
+    /// refused (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` for a synchronize inside a capture,
+    /// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` for work on the legacy null stream, ...).
+    pub fn driver(&self) -> Option<&cuda_core::DriverError> {
+        self.core().and_then(cuda_core::Error::driver)
+    }
+
+    /// The capture this error is about, if any.
+    pub fn capture(&self) -> Option<CaptureId> {
+        match self {
+            Error::Invalidated { capture, .. }
+            | Error::Body { capture, .. }
+            | Error::End { capture, .. } => Some(*capture),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> CaptureId {
+        CaptureId {
+            id: 7,
+            stream: 3,
+            device: 0,
+        }
+    }
+
+    #[test]
+    fn body_errors_name_the_capture_and_keep_the_root_cause() {
+        let root = cuda_core::Error::InvalidArgument("x".into());
+        let e = Error::Body {
+            capture: id(),
+            status: CaptureStatus::Invalidated,
+            source: Box::new(Error::Core(root.clone())),
+        };
+        let text = e.to_string();
+        assert!(
+            text.starts_with("stream capture #7 (begun on stream 3 of device 0)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("capture invalidated at the failure"),
+            "{text}"
+        );
+        assert!(text.ends_with("invalid argument: x"), "{text}");
+        assert_eq!(e.core(), Some(&root));
+        assert_eq!(e.capture(), Some(id()));
+        assert!(e.driver().is_none());
+    }
+
+    #[test]
+    fn other_errors_wrap_anything() {
+        let e = Error::other(std::io::Error::other("disk"));
+        assert_eq!(e.to_string(), "disk");
+        assert!(e.core().is_none() && e.capture().is_none());
+    }
+}

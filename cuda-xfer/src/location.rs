@@ -1,0 +1,146 @@
+//! Where does memory live? CuPy's `get_array_module`, made useful: not "numpy or cupy" but
+//! which device, pinned or pageable host, or managed memory, from the driver's pointer
+//! attributes (through [`cuda_core::pointer`]).
+//!
+//! ```no_run
+//! use cuda_xfer::location::{locate_slice, Location};
+//! let dev = cuda_core::Device::new(0)?;
+//! let host = vec![0u8; 1 << 20];
+//! assert_eq!(locate_slice(&host)?, Location::PageableHost);
+//! let pinned = cuda_xfer::PinnedBuffer::<u8>::zeroed(&dev, 1 << 20)?;
+//! assert_eq!(locate_slice(&pinned)?, Location::PinnedHost);
+//! let on_device = cuda_xfer::to_device(&dev, &host)?;
+//! assert_eq!(cuda_xfer::location::locate_buffer(&on_device)?, Location::Device(dev));
+//! # Ok::<(), cuda_xfer::Error>(())
+//! ```
+
+use cuda_core::pointer::{self, MemoryLocation};
+use cuda_core::sys::CUdeviceptr;
+use cuda_core::Device;
+
+use crate::buffer::DeviceBuffer;
+use crate::error::Result;
+
+/// Where memory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Location {
+    /// Device memory of this device.
+    Device(Device),
+    /// Page-locked host memory (allocated pinned or registered): copied by DMA directly.
+    PinnedHost,
+    /// Ordinary host memory the driver does not know (a `Vec`, the stack, a file mapping):
+    /// large copies of it are staged through pinned buffers.
+    PageableHost,
+    /// Managed (unified) memory, reachable from the host and the devices.
+    Managed,
+}
+
+impl Location {
+    /// `true` for device memory (CuPy's `get_array_module` would answer `cupy`).
+    pub fn is_device(self) -> bool {
+        matches!(self, Location::Device(_))
+    }
+
+    /// `true` when the host can read the memory directly (pinned, pageable, managed).
+    pub fn is_host_accessible(self) -> bool {
+        !self.is_device()
+    }
+
+    /// `true` when the driver copies the memory by DMA without staging (anything but
+    /// pageable host memory).
+    pub fn is_dma_ready(self) -> bool {
+        !matches!(self, Location::PageableHost)
+    }
+
+    fn from_core(location: MemoryLocation) -> Result<Location> {
+        Ok(match location {
+            MemoryLocation::Device { ordinal } => Location::Device(Device::new(ordinal)?),
+            MemoryLocation::PinnedHost => Location::PinnedHost,
+            MemoryLocation::Managed => Location::Managed,
+            MemoryLocation::PageableHost => Location::PageableHost,
+            // A kind of memory added to cuda-core later: the driver knows it, so it is
+            // DMA-ready; the closest answer is pinned host memory.
+            #[allow(unreachable_patterns)]
+            _ => Location::PinnedHost,
+        })
+    }
+}
+
+/// Where the byte at `ptr` lives. Addresses the driver does not know (and null) are
+/// [`Location::PageableHost`]. Errors only when the driver cannot be reached.
+pub fn locate<T: ?Sized>(ptr: *const T) -> Result<Location> {
+    Location::from_core(pointer::locate(ptr)?)
+}
+
+/// Where a device address lives (device memory of which device, managed, or mapped host
+/// memory).
+pub fn locate_device_address(addr: CUdeviceptr) -> Result<Location> {
+    Location::from_core(pointer::locate_device(addr)?)
+}
+
+/// Where a host slice lives, considering all of it: [`Location::PinnedHost`] only when its
+/// first and last bytes are both page-locked (a slice that runs past a registered range is
+/// pageable for the purpose of copying it). An empty slice is [`Location::PageableHost`].
+pub fn locate_slice<T>(slice: &[T]) -> Result<Location> {
+    locate_range(slice.as_ptr().cast::<u8>(), std::mem::size_of_val(slice))
+}
+
+/// Where the `bytes` bytes at `start` live, as [`locate_slice`] answers for a slice; for raw
+/// buffers (FFI, memory maps). Reads no memory.
+pub fn locate_range(start: *const u8, bytes: usize) -> Result<Location> {
+    if bytes == 0 {
+        return Ok(Location::PageableHost);
+    }
+    let head = pointer::attributes(start as usize as CUdeviceptr)?;
+    let location = Location::from_core(head.location)?;
+    if bytes == 1 || location == Location::PageableHost {
+        return Ok(location);
+    }
+    // The driver reports the allocation's range for most kinds of memory: use it when it
+    // covers the slice, else ask about the last byte too.
+    let first = start as usize as u64;
+    let end = first.saturating_add(bytes as u64);
+    if let Some((range_start, range_len)) = head.range {
+        if range_start <= first && end <= range_start.saturating_add(range_len as u64) {
+            return Ok(location);
+        }
+    }
+    let last = (end - 1) as CUdeviceptr;
+    let tail = Location::from_core(pointer::attributes(last)?.location)?;
+    Ok(if tail == location {
+        location
+    } else {
+        Location::PageableHost
+    })
+}
+
+/// Where a device buffer's memory lives: normally [`Location::Device`], or
+/// [`Location::Managed`] for managed memory.
+pub fn locate_buffer<T: bytemuck::Pod>(buffer: &DeviceBuffer<T>) -> Result<Location> {
+    if buffer.is_empty() {
+        return Ok(Location::Device(buffer.device()));
+    }
+    locate_device_address(buffer.as_raw())
+}
+
+/// `true` when the driver can copy `bytes` bytes at `host` by DMA directly: pinned,
+/// registered or managed memory covering the whole range. The transfers' routing test; it
+/// skips building a [`Device`] for the answer.
+pub(crate) fn is_dma_ready(host: *const u8, bytes: usize) -> Result<bool> {
+    if bytes == 0 {
+        return Ok(true);
+    }
+    let start = host as usize as u64;
+    let head = pointer::attributes(start as CUdeviceptr)?;
+    if !head.location.is_driver_memory() {
+        return Ok(false);
+    }
+    let end = start.saturating_add(bytes as u64);
+    if let Some((range_start, range_len)) = head.range {
+        if range_start <= start && end <= range_start.saturating_add(range_len as u64) {
+            return Ok(true);
+        }
+    }
+    let tail = pointer::attributes((end - 1) as CUdeviceptr)?;
+    Ok(tail.location.is_driver_memory())
+}

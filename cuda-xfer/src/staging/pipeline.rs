@@ -1,0 +1,330 @@
+//! The staged-copy pipeline, generic over the engine that moves a chunk between a staging slot
+//! and the device, so the same code runs against the driver and against a simulated copier.
+//!
+//! Host to device, unit `(k, p)` of chunk `k` in slot `s`, round `r`:
+//! 1. if `r > 0`: wait until chunk `k - slots` was submitted, then for its DMA to finish
+//!    (the slot is free again);
+//! 2. copy part `p` of the source into the slot;
+//! 3. the thread that copies the last part of chunk `k` submits its DMA and the slot's fence.
+//!
+//! Device to host: the caller first submits the DMAs of chunks `0 .. slots`. Unit `(k, p)`:
+//! 1. wait until chunk `k` was submitted, then for its DMA to finish;
+//! 2. copy part `p` from the slot into the destination;
+//! 3. the thread that copies the last part of chunk `k` out submits the DMA of chunk
+//!    `k + slots` into the now free slot.
+//!
+//! A slot's fence is never re-armed while a thread may still wait on its previous value: the
+//! next submission on a slot happens only after every unit of the previous chunk on it is done.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use super::plan::Plan;
+use super::pool::{self, Backoff};
+use crate::error::{Error, Result};
+
+/// Which way a staged transfer goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// Host memory to the device, through the slots.
+    ToDevice,
+    /// The device to host memory, through the slots.
+    ToHost,
+}
+
+/// Moves one chunk between a staging slot and the device, in submission order per engine,
+/// and lets threads wait for a slot's last movement.
+pub(crate) trait DmaEngine: Sync {
+    /// Queues the copy of `len` bytes between the slot memory at `slot_memory` and the
+    /// device at byte `device_offset` of the transfer, then re-arms the fence of `slot`.
+    ///
+    /// # Safety
+    ///
+    /// `slot_memory` points to `len` bytes of staging memory that nobody else reads or writes
+    /// until [`DmaEngine::wait`] for `slot` has returned after this submission.
+    unsafe fn submit(
+        &self,
+        direction: Direction,
+        slot: usize,
+        slot_memory: *mut u8,
+        device_offset: usize,
+        len: usize,
+    ) -> Result<()>;
+
+    /// Blocks until the last copy submitted on `slot` is complete (at once if none was).
+    fn wait(&self, slot: usize) -> Result<()>;
+}
+
+/// A staging slot's memory (`Plan::chunk_bytes` bytes).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SlotMemory(pub *mut u8);
+
+// SAFETY: a plain address; who may touch the bytes and when is the pipeline's protocol.
+unsafe impl Send for SlotMemory {}
+// SAFETY: as above.
+unsafe impl Sync for SlotMemory {}
+
+/// The host side of a transfer: the source (to the device) or the destination (to the host).
+#[derive(Debug, Clone, Copy)]
+struct HostMemory(*mut u8);
+
+// SAFETY: as for `SlotMemory`; disjoint units touch disjoint bytes.
+unsafe impl Send for HostMemory {}
+// SAFETY: as above.
+unsafe impl Sync for HostMemory {}
+
+struct Pipeline<'a, E: DmaEngine> {
+    engine: &'a E,
+    direction: Direction,
+    plan: &'a Plan,
+    slots: &'a [SlotMemory],
+    host: HostMemory,
+    next_unit: AtomicUsize,
+    /// Units of each chunk not yet done.
+    remaining: Box<[AtomicUsize]>,
+    /// Submissions made on each slot so far.
+    submitted: Box<[AtomicUsize]>,
+    /// Submissions on each slot whose DMA is known to be complete.
+    completed: Box<[AtomicUsize]>,
+    /// Whether a thread is waiting on each slot's fence.
+    waiting: Box<[AtomicBool]>,
+    abort: AtomicBool,
+    error: Mutex<Option<Error>>,
+}
+
+impl<E: DmaEngine> Pipeline<'_, E> {
+    fn fail(&self, error: Error) {
+        let mut slot = self.error.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(error);
+        }
+        self.abort.store(true, Ordering::Release);
+    }
+
+    /// Claims and runs units until none is left or the transfer is abandoned. Never panics.
+    fn work(&self) {
+        let outcome = catch_unwind(AssertUnwindSafe(|| loop {
+            if self.abort.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let u = self.next_unit.fetch_add(1, Ordering::Relaxed);
+            if u >= self.plan.units() {
+                return Ok(());
+            }
+            self.run_unit(u)?;
+        }));
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.fail(e),
+            Err(panic) => self.fail(Error::WorkerPanicked(panic_message(&*panic))),
+        }
+    }
+
+    /// Waits until the DMA of the `count`-th submission on `slot` is complete; `Ok(false)`
+    /// when the transfer was abandoned meanwhile.
+    ///
+    /// One thread per slot waits on the engine's fence; the others watch `completed`, so a
+    /// chunk costs one fence wait however many threads share it. The submission waited for
+    /// is always the slot's latest: the next one needs every unit of this round done,
+    /// the waiting thread's own included.
+    fn wait_done(&self, slot: usize, count: usize) -> Result<bool> {
+        let mut backoff = Backoff::new();
+        loop {
+            if self.completed[slot].load(Ordering::Acquire) >= count {
+                return Ok(true);
+            }
+            if self.abort.load(Ordering::Acquire) {
+                return Ok(false);
+            }
+            if self.submitted[slot].load(Ordering::Acquire) >= count
+                && self.waiting[slot]
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                let waited = if self.completed[slot].load(Ordering::Acquire) >= count {
+                    Ok(())
+                } else {
+                    self.engine.wait(slot)
+                };
+                if waited.is_ok() {
+                    self.completed[slot].fetch_max(count, Ordering::AcqRel);
+                }
+                self.waiting[slot].store(false, Ordering::Release);
+                waited?;
+                return Ok(true);
+            }
+            backoff.wait();
+        }
+    }
+
+    /// # Safety (internal)
+    /// Units touch disjoint host bytes; slot bytes are touched only in the window the
+    /// protocol of the module docs gives them.
+    fn run_unit(&self, u: usize) -> Result<()> {
+        let unit = self.plan.unit(u);
+        let slot = self.slots[unit.slot].0;
+        let len = unit.range.len();
+        match self.direction {
+            Direction::ToDevice => {
+                if unit.round > 0 && !self.wait_done(unit.slot, unit.round)? {
+                    return Ok(());
+                }
+                // SAFETY: the source holds `plan.total()` bytes (`run`'s contract) and the
+                // range lies inside it; the slot's previous DMA is complete and no other unit
+                // writes these slot bytes; the regions cannot overlap (staging is ours).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.host.0.add(unit.range.start),
+                        slot.add(unit.slot_offset),
+                        len,
+                    );
+                }
+                if self.remaining[unit.chunk].fetch_sub(1, Ordering::AcqRel) == 1 {
+                    self.submit(unit.chunk)?;
+                }
+            }
+            Direction::ToHost => {
+                if !self.wait_done(unit.slot, unit.round + 1)? {
+                    return Ok(());
+                }
+                // SAFETY: the chunk's DMA into the slot is complete and the slot is not
+                // re-armed before this unit is done; the destination range is ours alone.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        slot.add(unit.slot_offset),
+                        self.host.0.add(unit.range.start),
+                        len,
+                    );
+                }
+                if self.remaining[unit.chunk].fetch_sub(1, Ordering::AcqRel) == 1 {
+                    let next = unit.chunk + self.plan.slots();
+                    if next < self.plan.chunks() {
+                        self.submit(next)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Submits chunk `k` on its slot and publishes the submission.
+    fn submit(&self, k: usize) -> Result<()> {
+        let range = self.plan.chunk_range(k);
+        let slot = self.plan.slot_of(k);
+        // SAFETY: to the device, every part of chunk `k` is in the slot and nobody touches the
+        // slot until its fence is waited for (the next round's units wait for it); to the
+        // host, every reader of the previous chunk in the slot is done.
+        unsafe {
+            self.engine.submit(
+                self.direction,
+                slot,
+                self.slots[slot].0,
+                range.start,
+                range.len(),
+            )
+        }?;
+        self.submitted[slot].fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// Runs a staged transfer of `plan.total()` bytes between `host` and the device through
+/// `slots`, on the calling thread and up to `helpers` helper threads.
+///
+/// On success, to the host: every byte is in `host`, every DMA is done. To the device: every
+/// chunk has been copied into a slot and submitted; the last DMAs may still be running (wait
+/// for every slot, or for a later fence on the same queue, before reusing the slots).
+/// On failure, every submitted DMA has finished before this returns (the slots are idle) and
+/// the first error is returned.
+///
+/// # Safety
+///
+/// `host` is valid for `plan.total()` bytes of reads (to the device) or writes (to the host)
+/// and untouched by anyone else during the call; each slot is valid for
+/// `plan.chunk_bytes()` bytes, used by nobody else until the slots are idle again, and
+/// overlaps neither `host` nor another slot; `slots.len() == plan.slots()`.
+pub(crate) unsafe fn run<E: DmaEngine>(
+    engine: &E,
+    direction: Direction,
+    host: *mut u8,
+    plan: &Plan,
+    slots: &[SlotMemory],
+    helpers: usize,
+) -> Result<()> {
+    if slots.len() != plan.slots() {
+        return Err(Error::InvalidConfig(format!(
+            "{} slots given for a plan of {}",
+            slots.len(),
+            plan.slots()
+        )));
+    }
+    if plan.total() == 0 {
+        return Ok(());
+    }
+    let pipeline = Pipeline {
+        engine,
+        direction,
+        plan,
+        slots,
+        host: HostMemory(host),
+        next_unit: AtomicUsize::new(0),
+        remaining: (0..plan.chunks())
+            .map(|k| AtomicUsize::new(plan.parts_of(k)))
+            .collect(),
+        submitted: (0..plan.slots()).map(|_| AtomicUsize::new(0)).collect(),
+        completed: (0..plan.slots()).map(|_| AtomicUsize::new(0)).collect(),
+        waiting: (0..plan.slots()).map(|_| AtomicBool::new(false)).collect(),
+        abort: AtomicBool::new(false),
+        error: Mutex::new(None),
+    };
+    if direction == Direction::ToHost {
+        for k in 0..plan.chunks().min(plan.slots()) {
+            if let Err(e) = pipeline.submit(k) {
+                pipeline.fail(e);
+                break;
+            }
+        }
+    }
+    // Not worth waking more helpers than there are units besides the caller's.
+    let helpers = helpers.min(plan.units().saturating_sub(1));
+    pool::run(helpers, &|| pipeline.work());
+    let error = pipeline
+        .error
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    match error {
+        None => Ok(()),
+        Some(e) => {
+            // Leave the slots idle: wait for whatever was submitted (errors here add nothing).
+            for slot in 0..plan.slots() {
+                let _ = engine.wait(slot);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Waits for the last DMA of every slot.
+#[cfg(test)]
+pub(crate) fn wait_all<E: DmaEngine>(engine: &E, slots: usize) -> Result<()> {
+    let mut first = Ok(());
+    for slot in 0..slots {
+        let r = engine.wait(slot);
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
+}

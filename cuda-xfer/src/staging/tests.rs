@@ -1,0 +1,351 @@
+//! The pipeline against the simulated copier: data arrives intact, every rule of the slot
+//! protocol holds, DMAs cover the transfer exactly once, failures end the transfer cleanly.
+
+use proptest::prelude::*;
+
+use super::pipeline::{run, wait_all, Direction, SlotMemory};
+use super::plan::Plan;
+use super::sim::{injected, SimDevice};
+
+fn pattern(i: usize) -> u8 {
+    (i.wrapping_mul(31) ^ (i >> 8) ^ (i >> 16)) as u8
+}
+
+struct Slots {
+    memory: Vec<Vec<u8>>,
+    ptrs: Vec<SlotMemory>,
+}
+
+fn slots(plan: &Plan) -> Slots {
+    let mut memory: Vec<Vec<u8>> = (0..plan.slots())
+        .map(|_| vec![0u8; plan.chunk_bytes()])
+        .collect();
+    let ptrs = memory
+        .iter_mut()
+        .map(|m| SlotMemory(m.as_mut_ptr()))
+        .collect();
+    Slots { memory, ptrs }
+}
+
+/// Every byte range of the transfer was moved exactly once, each chunk through its slot.
+fn check_log(sim: &SimDevice, plan: &Plan, device_base: usize) {
+    let mut log = sim.log();
+    assert_eq!(log.len(), plan.chunks());
+    log.sort_by_key(|l| l.device_offset);
+    for (k, l) in log.iter().enumerate() {
+        let r = plan.chunk_range(k);
+        assert_eq!(l.device_offset, device_base + r.start);
+        assert_eq!(l.len, r.len());
+        assert_eq!(l.slot, plan.slot_of(k));
+    }
+}
+
+/// Host to device: the sim's device memory is offset by `skew` bytes from the transfer (the
+/// engine adds nothing, so the test passes the skewed host slice instead).
+fn to_device(total: usize, skew: usize, chunk: usize, part: usize, nslots: usize, helpers: usize) {
+    to_device_with(
+        total,
+        skew,
+        plan(total, chunk, part, nslots, false),
+        helpers,
+    );
+    to_device_with(total, skew, plan(total, chunk, part, nslots, true), helpers);
+}
+
+fn plan(total: usize, chunk: usize, part: usize, nslots: usize, ramp: bool) -> Plan {
+    if ramp {
+        Plan::ramped(total, chunk, part, nslots).unwrap()
+    } else {
+        Plan::new(total, chunk, part, nslots).unwrap()
+    }
+}
+
+fn to_device_with(total: usize, skew: usize, plan: Plan, helpers: usize) {
+    let nslots = plan.slots();
+    let src: Vec<u8> = (0..total + skew).map(pattern).collect();
+    let src = &src[skew..]; // unaligned when skew is odd
+    let mut s = slots(&plan);
+    let sim = SimDevice::new(total, |_| 0, nslots, 20);
+    // SAFETY: `src` holds `total` bytes, the slots `chunk` bytes each, all ours.
+    unsafe {
+        run(
+            &sim,
+            Direction::ToDevice,
+            src.as_ptr() as *mut u8,
+            &plan,
+            &s.ptrs,
+            helpers,
+        )
+    }
+    .unwrap();
+    wait_all(&sim, nslots).unwrap();
+    assert_eq!(sim.in_flight(), 0, "wait_all leaves nothing in flight");
+    assert_eq!(sim.violations(), Vec::<String>::new());
+    assert!(sim.memory() == src, "device memory differs from the source");
+    check_log(&sim, &plan, 0);
+    s.memory.clear();
+}
+
+fn to_host(total: usize, skew: usize, chunk: usize, part: usize, nslots: usize, helpers: usize) {
+    to_host_with(
+        total,
+        skew,
+        plan(total, chunk, part, nslots, false),
+        helpers,
+    );
+    to_host_with(total, skew, plan(total, chunk, part, nslots, true), helpers);
+}
+
+fn to_host_with(total: usize, skew: usize, plan: Plan, helpers: usize) {
+    let nslots = plan.slots();
+    let mut s = slots(&plan);
+    let sim = SimDevice::new(total, pattern, nslots, 20);
+    let mut dst = vec![0u8; total + skew];
+    // SAFETY: as in `to_device`.
+    unsafe {
+        run(
+            &sim,
+            Direction::ToHost,
+            dst[skew..].as_mut_ptr(),
+            &plan,
+            &s.ptrs,
+            helpers,
+        )
+    }
+    .unwrap();
+    assert_eq!(
+        sim.in_flight(),
+        0,
+        "to the host, every DMA is done on return"
+    );
+    assert_eq!(sim.violations(), Vec::<String>::new());
+    assert!(
+        dst[..skew].iter().all(|&b| b == 0),
+        "bytes before the range untouched"
+    );
+    assert!(
+        dst[skew..] == sim.memory()[..],
+        "host copy differs from the device"
+    );
+    check_log(&sim, &plan, 0);
+    s.memory.clear();
+}
+
+#[test]
+fn to_device_small_cases() {
+    for (total, chunk, part, nslots, helpers) in [
+        (1, 8, 4, 1, 0),
+        (7, 8, 4, 2, 1),
+        (8, 8, 4, 2, 2),
+        (9, 8, 4, 2, 2),
+        (100, 8, 3, 1, 3),
+        (4097, 1024, 256, 3, 2),
+    ] {
+        to_device(total, 0, chunk, part, nslots, helpers);
+        to_device(total, 1, chunk, part, nslots, helpers);
+    }
+}
+
+#[test]
+fn to_host_small_cases() {
+    for (total, chunk, part, nslots, helpers) in [
+        (1, 8, 4, 1, 0),
+        (7, 8, 4, 2, 1),
+        (8, 8, 4, 2, 2),
+        (9, 8, 4, 2, 2),
+        (100, 8, 3, 1, 3),
+        (4097, 1024, 256, 3, 2),
+    ] {
+        to_host(total, 0, chunk, part, nslots, helpers);
+        to_host(total, 3, chunk, part, nslots, helpers);
+    }
+}
+
+#[test]
+fn a_single_slot_serialises_but_completes() {
+    to_device(10_000, 0, 512, 64, 1, 3);
+    to_host(10_000, 0, 512, 64, 1, 3);
+}
+
+#[test]
+fn many_chunks_many_threads() {
+    to_device(1 << 20, 5, 16 << 10, 4 << 10, 4, 3);
+    to_host(1 << 20, 5, 16 << 10, 4 << 10, 4, 3);
+}
+
+#[test]
+fn an_empty_transfer_submits_nothing() {
+    let plan = Plan::new(0, 8, 4, 2).unwrap();
+    let s = slots(&plan);
+    let sim = SimDevice::new(0, |_| 0, 2, 0);
+    for direction in [Direction::ToDevice, Direction::ToHost] {
+        // SAFETY: zero bytes are touched.
+        unsafe { run(&sim, direction, std::ptr::null_mut(), &plan, &s.ptrs, 2) }.unwrap();
+    }
+    assert!(sim.log().is_empty());
+}
+
+#[test]
+fn a_wrong_number_of_slots_is_an_error() {
+    let plan = Plan::new(10, 8, 4, 2).unwrap();
+    let mut one = vec![0u8; 8];
+    let sim = SimDevice::new(10, |_| 0, 2, 0);
+    let src = [0u8; 10];
+    // SAFETY: rejected before any byte is touched.
+    let r = unsafe {
+        run(
+            &sim,
+            Direction::ToDevice,
+            src.as_ptr() as *mut u8,
+            &plan,
+            &[SlotMemory(one.as_mut_ptr())],
+            0,
+        )
+    };
+    assert!(r.is_err());
+    assert!(sim.log().is_empty());
+}
+
+/// A failing submission ends the transfer with that error, leaves no DMA in flight, and does
+/// not hang whichever thread was waiting for the failed chunk.
+#[test]
+fn a_failed_submission_stops_the_transfer_cleanly() {
+    for direction in [Direction::ToDevice, Direction::ToHost] {
+        for fail_at in [0, 1, 3, 7] {
+            for helpers in [0, 2] {
+                let total = 64 << 10;
+                let plan = Plan::new(total, 4 << 10, 1 << 10, 3).unwrap();
+                let s = slots(&plan);
+                let sim = SimDevice::with_failures(total, pattern, 3, 10, Some(fail_at), None);
+                let mut host = vec![0u8; total];
+                // SAFETY: as in `to_device`.
+                let r = unsafe { run(&sim, direction, host.as_mut_ptr(), &plan, &s.ptrs, helpers) };
+                assert_eq!(r, Err(injected()), "{direction:?} fail_at {fail_at}");
+                assert_eq!(sim.in_flight(), 0, "slots idle after a failure");
+                // Threads that had claimed work before the failure may finish it, but the
+                // transfer stops: not every chunk moves.
+                assert!(
+                    sim.log().len() < plan.chunks(),
+                    "{direction:?} fail_at {fail_at}"
+                );
+                assert_eq!(sim.violations(), Vec::<String>::new());
+            }
+        }
+    }
+}
+
+#[test]
+fn a_failed_wait_stops_the_transfer_cleanly() {
+    for direction in [Direction::ToDevice, Direction::ToHost] {
+        let total = 64 << 10;
+        let plan = Plan::new(total, 4 << 10, 1 << 10, 2).unwrap();
+        let s = slots(&plan);
+        let sim = SimDevice::with_failures(total, pattern, 2, 10, None, Some(1));
+        let mut host = vec![0u8; total];
+        // SAFETY: as in `to_device`.
+        let r = unsafe { run(&sim, direction, host.as_mut_ptr(), &plan, &s.ptrs, 2) };
+        assert_eq!(r, Err(injected()), "{direction:?}");
+        assert_eq!(sim.in_flight(), 0);
+        assert!(sim.log().len() < plan.chunks());
+    }
+}
+
+/// Transfers from several threads at once share the helper pool and stay correct.
+#[test]
+fn concurrent_transfers_share_the_helpers() {
+    std::thread::scope(|scope| {
+        for i in 0..3 {
+            scope.spawn(move || {
+                to_device(200_000 + i, i, 8 << 10, 2 << 10, 3, 2);
+                to_host(200_000 + i, i, 8 << 10, 2 << 10, 3, 2);
+            });
+        }
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn any_cut_moves_the_data_intact(
+        total in 1usize..40_000,
+        skew in 0usize..8,
+        chunks in 1usize..64,
+        part in 1usize..3_000,
+        nslots in 1usize..5,
+        helpers in 0usize..4,
+        to_dev in any::<bool>(),
+    ) {
+        let chunk = total.div_ceil(chunks);
+        if to_dev {
+            to_device(total, skew, chunk, part, nslots, helpers);
+        } else {
+            to_host(total, skew, chunk, part, nslots, helpers);
+        }
+    }
+}
+
+#[test]
+fn invalid_configurations_are_rejected() {
+    use super::StagingConfig;
+    use crate::Error;
+    let ok = StagingConfig::default();
+    assert!(ok.validate().is_ok());
+    for bad in [
+        StagingConfig {
+            chunk_bytes: 0,
+            ..ok
+        },
+        StagingConfig { slots: 0, ..ok },
+        StagingConfig {
+            part_bytes: 0,
+            ..ok
+        },
+        StagingConfig { slots: 65, ..ok },
+        StagingConfig { helpers: 64, ..ok },
+        StagingConfig {
+            min_chunks: 0,
+            ..ok
+        },
+    ] {
+        assert!(
+            matches!(bad.validate(), Err(Error::InvalidConfig(_))),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn mid_sized_transfers_get_smaller_chunks() {
+    use super::{chunk_for, StagingConfig};
+    let cfg = StagingConfig {
+        chunk_bytes: 8 << 20,
+        part_bytes: 512 << 10,
+        min_chunks: 8,
+        ..StagingConfig::default()
+    };
+    assert_eq!(chunk_for(1 << 30, &cfg), 8 << 20, "large: the slot size");
+    assert_eq!(chunk_for(64 << 20, &cfg), 8 << 20);
+    assert_eq!(chunk_for(32 << 20, &cfg), 4 << 20, "eight chunks");
+    assert_eq!(
+        chunk_for((32 << 20) + 1, &cfg),
+        (4 << 20) + (64 << 10),
+        "whole 64 KiB"
+    );
+    assert_eq!(chunk_for(1 << 20, &cfg), 512 << 10, "never below a part");
+    let one = StagingConfig {
+        min_chunks: 1,
+        ..cfg
+    };
+    assert_eq!(chunk_for(32 << 20, &one), 8 << 20);
+    let tiny_slots = StagingConfig {
+        chunk_bytes: 1000,
+        part_bytes: 5000,
+        ..cfg
+    };
+    assert_eq!(
+        chunk_for(1 << 20, &tiny_slots),
+        1000,
+        "never above the slot size"
+    );
+}
