@@ -12,6 +12,10 @@
 //! | [`pointer`](mod@pointer) | [`MemoryLocation`] of any address | `get_array_module` |
 //! | [`vmm`] | virtual address ranges, physical allocations, map/unmap | - |
 //! | [`async_pool`] | the driver's stream-ordered pools (`cuMemPool*`) | `MemoryAsyncPool`, `MemoryAsync` |
+//! | [`graph`] | thin capture / instantiate / launch wrappers (the `cuda-graph` crate builds on them) | `Graph` |
+//! | [`profiler`] | start/stop and a guard; `initialize` is unsupported since CUDA 12 | `cuda.profile()`, `profiler` |
+//! | [`nvtx`] | marks, ranges and range guards with optional colour | `nvtx` |
+//! | `handles` (feature `library-handles`) | per-device cuBLAS / cuSOLVER handles, libraries opened at run time | `get_cublas_handle` |
 //! | [`error`] | [`Error`], [`DriverError`] | `CUDARuntimeError` |
 //!
 //! Nothing here panics on a machine without a driver: every call returns an [`Error`]

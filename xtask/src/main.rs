@@ -80,6 +80,19 @@ fn ci() -> Result<()> {
     }
     step("tests (CPU)");
     cargo(&["test", "--workspace"], &[])?;
+    // Feature-gated CPU tests (library handles' missing-library errors, ndarray transfers);
+    // `--all-features` on the workspace would also turn on the GPU suite of `tests`.
+    cargo(
+        &[
+            "test",
+            "-p",
+            "cuda-core",
+            "-p",
+            "cuda-xfer",
+            "--all-features",
+        ],
+        &[],
+    )?;
     step("docs, warnings denied");
     cargo(
         &["doc", "--workspace", "--no-deps", "--all-features"],
