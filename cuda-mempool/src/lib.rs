@@ -1,1 +1,74 @@
-//! `cuda-mempool`: filled in by its own issue; empty for now.
+//! Stream-ordered caching memory pools for CUDA devices.
+//!
+//! `cuda-mempool` is the workspace's counterpart of CuPy's `cupy.cuda.MemoryPool`:
+//! one [`MemoryPool`] serves every device, caches freed blocks per stream, and hands
+//! memory back to other streams only once the work that used it is known to be done.
+//! The pool's algorithm runs on the CPU and is generic over a [`Backend`] that provides
+//! address ranges, physical memory and fences; this crate ships a
+//! [`SimulatedBackend`] for tests and trace replays, and the driver backend is built
+//! on `cuda-core`.
+//!
+//! # Contents
+//!
+//! | module | what it holds |
+//! | --- | --- |
+//! | [`backend`] | the [`Backend`] trait and the id types [`DeviceId`], [`StreamId`], [`DevicePtr`], [`DeviceInfo`] |
+//! | [`policy`] | every policy constant (rounding, size classes, segment sizes, address ranges) with its reason |
+//! | [`pool`] | [`MemoryPool`], its RAII handle [`Allocation`], [`RawAllocation`], [`Limit`], [`PoolConfig`] |
+//! | [`stats`] | [`Stats`] and [`Stat`]: used, requested, reserved, active blocks with peaks; allocations, retries, OOMs, fragmentation |
+//! | [`error`] | [`PoolError`], the crate's one error type |
+//! | [`sim`] | [`SimulatedBackend`]: fake addresses, capacity, granularity, a virtual clock for fences, call counts |
+//! | [`replay`] | parsing and replaying allocation traces ([`replay::replay_file`]) into a [`replay::ReplayReport`] |
+//!
+//! # Semantics in brief
+//!
+//! * Sizes are rounded up to 512 bytes; size 0 gives an empty allocation and touches
+//!   nothing. Blocks are split and coalesced; a request takes the best-fitting free
+//!   block of its stream; small (≤ 1 MiB) and large blocks live in separate segments.
+//! * A block freed on stream A is reused on A at once. Its memory goes to stream B only
+//!   after a fence recorded on A after the free has completed; with
+//!   [`Allocation::record_stream`], a block's free also waits for the listed streams.
+//!   Fences are recorded lazily on the slow path, so the hot path never calls the
+//!   backend and never blocks the host (the one exception: freeing a block marked
+//!   with `record_stream` records a fence on each of its other streams).
+//! * With virtual-memory segments (the default where the device supports them), the
+//!   pool's footprint is the physical pages its live blocks touch plus what it caches;
+//!   free pages are moved to where they are needed before new ones are created, and
+//!   [`MemoryPool::free_all_blocks`] returns every page no live block touches.
+//! * Out of memory: the pool waits for fences and releases cached memory, retries, and
+//!   then fails with [`PoolError::OutOfMemory`] carrying the requested, used and
+//!   reserved bytes and the limit. [`MemoryPool::set_limit`] is a hard cap.
+//! * The hot path takes only a per-(device, stream) lock; see [`pool`] for the locking
+//!   structure and [`stats`] for what that means for peaks.
+//!
+//! ```
+//! use cuda_mempool::{DeviceId, Limit, MemoryPool, PoolError, SimulatedBackend, StreamId};
+//!
+//! let pool = MemoryPool::new(SimulatedBackend::h200(1))?;
+//! let dev = DeviceId(0);
+//! pool.set_limit(dev, Limit::Bytes(64 << 20))?;
+//! let a = pool.malloc(dev, StreamId(1), 10 << 20)?;
+//! let err = pool.malloc(dev, StreamId(1), 60 << 20).unwrap_err();
+//! assert!(matches!(err, PoolError::OutOfMemory { .. }));
+//! drop(a);
+//! let b = pool.malloc(dev, StreamId(1), 60 << 20)?; // the cached 10 MiB was reused
+//! assert_eq!(pool.total_bytes(), 60 << 20);
+//! # drop(b);
+//! # Ok::<(), PoolError>(())
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod backend;
+pub mod error;
+pub mod policy;
+pub mod pool;
+pub mod replay;
+pub mod sim;
+pub mod stats;
+
+pub use backend::{Backend, DeviceId, DeviceInfo, DevicePtr, StreamId};
+pub use error::PoolError;
+pub use pool::{Allocation, Limit, MemoryPool, PoolConfig, RawAllocation, LIMIT_ENV_VAR};
+pub use sim::{SimDevice, SimulatedBackend};
+pub use stats::{Stat, Stats};

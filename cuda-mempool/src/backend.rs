@@ -1,0 +1,198 @@
+//! The [`Backend`] trait: what the pool needs from a device.
+//!
+//! The pool's algorithm never talks to the CUDA driver itself. It asks a backend for
+//! address ranges, physical memory and stream-ordering fences, and everything else
+//! (splitting, coalescing, reuse rules, accounting) happens on the CPU. Two backends
+//! exist or are planned:
+//!
+//! * [`SimulatedBackend`](crate::SimulatedBackend), in this crate: fake addresses,
+//!   a configurable capacity and a virtual clock, for model tests and trace replays;
+//! * the driver backend (built on `cuda-core`), where each method maps onto one or a
+//!   few driver calls, as listed on each method below.
+//!
+//! Devices and streams are opaque ids to the pool ([`DeviceId`], [`StreamId`]); the
+//! backend knows what they stand for (a `CUdevice` ordinal and a `CUstream` handle).
+//!
+//! # Two ways to back a segment
+//!
+//! * **Plain segments** ([`Backend::allocate`] / [`Backend::deallocate`],
+//!   `cuMemAlloc` / `cuMemFree`): one allocation is one segment; it can only be
+//!   returned whole.
+//! * **Virtual-memory segments** (when [`DeviceInfo::granularity`] is `Some`): the
+//!   pool reserves a large address range ([`Backend::reserve_address_range`],
+//!   `cuMemAddressReserve`), creates physical pages of exactly one granularity each
+//!   ([`Backend::create_physical`], `cuMemCreate`) and maps them where blocks need them
+//!   ([`Backend::map`], `cuMemMap` + `cuMemSetAccess`). A page no live block touches
+//!   can be unmapped ([`Backend::unmap`], `cuMemUnmap`) and mapped again elsewhere, in
+//!   the same segment or another one, or released ([`Backend::release_physical`],
+//!   `cuMemRelease`). Segments thereby grow in place, and the pool's footprint is the
+//!   number of physical pages it holds, not the address space it reserved.
+//!
+//! # Fences
+//!
+//! A fence is a point in one stream's work (`cuEventRecord`). The pool records fences
+//! lazily, on its slow path, never on the hot path of `malloc`/`free`: a fence
+//! recorded *after* a free covers all the work issued before that free, so a late
+//! fence is as safe as one recorded at the free itself, only more conservative.
+
+use std::fmt;
+
+/// A device, as the backend numbers them (a `CUdevice` ordinal for the driver backend).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DeviceId(pub u32);
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A stream, as an opaque id (for the driver backend: the `CUstream` handle's value;
+/// `0` is the legacy default stream).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamId(pub u64);
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A device address (`CUdeviceptr`). `DevicePtr(0)` is the null pointer that
+/// zero-sized allocations carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The null device pointer.
+    pub const NULL: DevicePtr = DevicePtr(0);
+
+    /// The address as an integer.
+    pub fn addr(self) -> u64 {
+        self.0
+    }
+
+    /// Whether this is the null pointer.
+    pub fn is_null(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl fmt::Display for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// What the pool needs to know about a device, asked once when the pool is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Total device memory in bytes (`cuDeviceTotalMem`); the base of fractional limits
+    /// and the size of the address range reserved for large blocks.
+    pub total_memory: u64,
+    /// The page size of virtual-memory segments (`cuMemGetAllocationGranularity`,
+    /// 2 MiB on an H200), or `None` when the device does not support virtual memory
+    /// management and the pool must use plain segments. Must be a multiple of 512.
+    pub granularity: Option<u64>,
+}
+
+/// Everything the pool asks of a device: memory, address space and fences.
+///
+/// Implementations must be cheap to call concurrently (`Sync`); the pool calls them
+/// only on its slow path (misses, releases, record-stream frees), never on the hot
+/// path of a cached `malloc`/`free`.
+///
+/// Errors: a method returns `Err` for a failure of the backend itself (a driver
+/// error). Running out of memory is not an error: the allocating methods return
+/// `Ok(None)`, so the pool can release cached memory and retry.
+pub trait Backend: Send + Sync + 'static {
+    /// A stream-ordering fence (a recorded `CUevent` for the driver backend).
+    type Fence: Send + 'static;
+    /// One physical page of a virtual-memory segment
+    /// (a `CUmemGenericAllocationHandle`).
+    type Physical: Send + 'static;
+    /// The backend's error type.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The number of devices; the pool serves ids `0..device_count()`.
+    fn device_count(&self) -> Result<u32, Self::Error>;
+
+    /// Capacity and virtual-memory support of one device.
+    fn device_info(&self, device: DeviceId) -> Result<DeviceInfo, Self::Error>;
+
+    /// Allocates a plain segment of `size` bytes (`cuMemAlloc`), aligned to at least
+    /// 512 bytes. `Ok(None)` when the device is out of memory.
+    fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DevicePtr>, Self::Error>;
+
+    /// Returns a plain segment (`cuMemFree`). The pool calls it only once every fence
+    /// covering work on the segment has completed.
+    fn deallocate(&self, device: DeviceId, ptr: DevicePtr, size: u64) -> Result<(), Self::Error>;
+
+    /// Reserves `size` bytes of address space, aligned to the granularity, with no
+    /// memory behind it (`cuMemAddressReserve`). `Ok(None)` when the address space is
+    /// exhausted. `size` is a multiple of the granularity.
+    fn reserve_address_range(
+        &self,
+        device: DeviceId,
+        size: u64,
+    ) -> Result<Option<DevicePtr>, Self::Error>;
+
+    /// Gives back an address range from [`reserve_address_range`](Self::reserve_address_range)
+    /// (`cuMemAddressFree`); nothing is mapped in it any more.
+    fn release_address_range(
+        &self,
+        device: DeviceId,
+        base: DevicePtr,
+        size: u64,
+    ) -> Result<(), Self::Error>;
+
+    /// Creates one physical page of `size` bytes, the device's granularity
+    /// (`cuMemCreate`). `Ok(None)` when the device is out of memory.
+    fn create_physical(
+        &self,
+        device: DeviceId,
+        size: u64,
+    ) -> Result<Option<Self::Physical>, Self::Error>;
+
+    /// Releases a physical page that is mapped nowhere (`cuMemRelease`).
+    fn release_physical(&self, device: DeviceId, page: Self::Physical) -> Result<(), Self::Error>;
+
+    /// Maps `page` at `addr` (granularity-aligned, inside a reserved range) and makes it
+    /// readable and writable by the device (`cuMemMap` + `cuMemSetAccess`).
+    fn map(
+        &self,
+        device: DeviceId,
+        addr: DevicePtr,
+        page: &Self::Physical,
+    ) -> Result<(), Self::Error>;
+
+    /// Unmaps the one page mapped at `addr` (`cuMemUnmap`). The pool calls it only
+    /// when every fence covering work on that page has completed on the host side:
+    /// unmapping is not stream-ordered.
+    fn unmap(&self, device: DeviceId, addr: DevicePtr, size: u64) -> Result<(), Self::Error>;
+
+    /// Records a fence on `stream`: it completes once all work issued to the stream so
+    /// far has completed (`cuEventRecord`, events created with timing disabled).
+    fn record_fence(&self, device: DeviceId, stream: StreamId) -> Result<Self::Fence, Self::Error>;
+
+    /// Whether the fence has completed, without blocking (`cuEventQuery`).
+    fn fence_completed(&self, fence: &Self::Fence) -> Result<bool, Self::Error>;
+
+    /// Blocks the host until the fence has completed (`cuEventSynchronize`). The pool
+    /// uses it only off the hot path: out of memory, `free_all_blocks`, `set_limit`,
+    /// and the explicit [`MemoryPool::synchronize_free_blocks`](crate::MemoryPool::synchronize_free_blocks).
+    fn wait_fence(&self, fence: &Self::Fence) -> Result<(), Self::Error>;
+
+    /// Makes all work issued to `stream` from now on wait for the fence, without
+    /// blocking the host (`cuStreamWaitEvent`).
+    fn stream_wait_fence(
+        &self,
+        device: DeviceId,
+        stream: StreamId,
+        fence: &Self::Fence,
+    ) -> Result<(), Self::Error>;
+
+    /// Gives a fence back once the pool no longer needs it (`cuEventDestroy`, or back
+    /// into the backend's own cache of events). Cannot fail from the pool's point of view.
+    fn release_fence(&self, fence: Self::Fence);
+}

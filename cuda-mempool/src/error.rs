@@ -1,0 +1,108 @@
+//! [`PoolError`], the crate's one error type.
+
+use crate::backend::DeviceId;
+
+/// A limit printed for humans: a byte count, or "none".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitDisplay(pub Option<u64>);
+
+impl std::fmt::Display for LimitDisplay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(bytes) => write!(f, "{bytes} bytes"),
+            None => f.write_str("none"),
+        }
+    }
+}
+
+/// Everything that can go wrong in the pool. Every failing call leaves the pool as it
+/// was before the call, except that cached memory may have been released.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// The request could not be served even after releasing every cached block the
+    /// pool could release.
+    #[error(
+        "out of memory on device {device}: requested {requested} bytes with {used} bytes in use, \
+         {reserved} bytes reserved, limit {limit}",
+        limit = LimitDisplay(*limit)
+    )]
+    OutOfMemory {
+        /// The device.
+        device: DeviceId,
+        /// The size asked for, before rounding.
+        requested: u64,
+        /// Bytes in live blocks on the device (rounded sizes).
+        used: u64,
+        /// Physical bytes the pool holds on the device after its attempts.
+        reserved: u64,
+        /// The device's limit, if one is set.
+        limit: Option<u64>,
+    },
+
+    /// `set_limit` was asked for less than the live blocks need. Nothing was changed.
+    #[error(
+        "limit of {limit} bytes on device {device} is below what is in use: live blocks use \
+         {used} bytes and need {in_use} bytes of physical memory"
+    )]
+    LimitBelowUsage {
+        /// The device.
+        device: DeviceId,
+        /// The limit asked for, in bytes.
+        limit: u64,
+        /// Bytes in live blocks (rounded sizes).
+        used: u64,
+        /// Physical bytes the live blocks occupy (whole pages or whole segments).
+        in_use: u64,
+    },
+
+    /// A limit that is not a byte count or a fraction in `[0, 1]`, or an unparsable
+    /// limit string.
+    #[error("invalid limit: {0}")]
+    InvalidLimit(String),
+
+    /// The size, rounded up to the pool's unit, does not fit in 64 bits.
+    #[error("requested size {size} bytes overflows when rounded up")]
+    SizeOverflow {
+        /// The size asked for.
+        size: u64,
+    },
+
+    /// The device id is not one the backend reported.
+    #[error("device {device} does not exist: the pool serves {count} devices")]
+    InvalidDevice {
+        /// The id passed in.
+        device: DeviceId,
+        /// How many devices the pool serves.
+        count: u32,
+    },
+
+    /// A raw allocation handed to [`MemoryPool::free_raw`](crate::MemoryPool::free_raw)
+    /// that is not live in this pool (already freed, or from another pool).
+    #[error("allocation at {ptr:#x} is not live in this pool")]
+    InvalidHandle {
+        /// The address of the handle.
+        ptr: u64,
+    },
+
+    /// The backend failed (a driver error for the driver backend).
+    #[error("backend call {op} failed: {source}")]
+    Backend {
+        /// The backend method that failed.
+        op: &'static str,
+        /// The backend's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+}
+
+impl PoolError {
+    /// Wraps a backend error, naming the backend method that failed.
+    pub(crate) fn backend<E: std::error::Error + Send + Sync + 'static>(
+        op: &'static str,
+    ) -> impl FnOnce(E) -> PoolError {
+        move |e| PoolError::Backend {
+            op,
+            source: Box::new(e),
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! Policy: every tunable decision of the pool, named and explained in one place.
+//!
+//! The constants below decide how requests are rounded, which requests count as
+//! small, how big new segments are, and how much address space is reserved. The
+//! functions at the bottom turn them into decisions; the pool's code calls these
+//! functions instead of repeating the arithmetic.
+//!
+//! The single place that decides whether a cached block is reused for a request is
+//! `ShardState::choose_block` in `pool/shard.rs`; it uses [`block_fits`] below.
+//!
+//! # Page policy (virtual-memory segments)
+//!
+//! The page size is not a constant: it is the device's granularity (2 MiB on an H200).
+//! The rules for pages are fixed, and the pool's footprint follows from them:
+//!
+//! 1. A block has every page it touches mapped while it is live; blocks of one stream
+//!    pack into the same pages, so neighbours share their boundary pages.
+//! 2. A page no non-free block touches is cached: it stays mapped where it is, so the
+//!    stream that freed it can reuse it without any call.
+//! 3. When a block needs pages, they come first from unmapped pages the pool holds,
+//!    then from cached pages anywhere on the device (unmapped and mapped again where
+//!    needed), and only then from the backend. So the pool holds about the pages its
+//!    live blocks touch, whatever the fragmentation of its address space.
+//! 4. A cached page is unmapped only once a completed fence covers every free of the
+//!    memory on it: unmapping is not stream-ordered, so work still running on the page
+//!    must be done.
+//! 5. Pages are created only when the limit can take all the pages a request is
+//!    missing, so a request that fails on the limit leaves the footprint unchanged.
+
+/// Every request is rounded up to a multiple of this many bytes (CuPy's unit).
+///
+/// 512 bytes keeps every block aligned for any vector load a kernel may issue and
+/// makes the sizes of most tensors of the same shape identical, which is what makes
+/// exact-size reuse on the hot path hit. Smaller units would split segments into
+/// slivers no kernel can use; larger ones waste memory on small tensors.
+pub const ROUND: u64 = 512;
+
+/// Requests of at most this many bytes (after rounding) are *small*.
+///
+/// Small and large blocks live in different segments. Small tensors are numerous and
+/// short-lived; if they were mixed with large blocks, a single live 4 KiB block could
+/// pin a whole 2 MiB page (or keep a 1 GiB plain segment from being released) between
+/// two large free ranges. Kept apart, they pack densely into a few pages of their own.
+pub const SMALL_REQUEST_MAX: u64 = 1 << 20;
+
+/// Size of a new plain segment for small requests (plain-segment mode only).
+///
+/// One `cuMemAlloc` costs tens of microseconds; a 2 MiB segment serves many small
+/// requests for that price while wasting at most 2 MiB per stream.
+pub const SMALL_SEGMENT_SIZE: u64 = 2 << 20;
+
+/// Requests above [`SMALL_REQUEST_MAX`] and below this size get a
+/// [`MEDIUM_SEGMENT_SIZE`] plain segment (plain-segment mode only).
+pub const MEDIUM_REQUEST_MAX: u64 = 10 << 20;
+
+/// Size of a new plain segment for medium requests (plain-segment mode only): large
+/// enough to hold a few medium blocks, so that they can be split from one allocation.
+pub const MEDIUM_SEGMENT_SIZE: u64 = 20 << 20;
+
+/// Plain segments for requests of [`MEDIUM_REQUEST_MAX`] and more are rounded up to a
+/// multiple of this (plain-segment mode only): the driver hands out memory in 2 MiB
+/// pages anyway, so the rounding costs nothing and lets a slightly larger request
+/// reuse the segment later.
+pub const LARGE_SEGMENT_ROUNDING: u64 = 2 << 20;
+
+/// Address space reserved at a time for the small blocks of one stream
+/// (virtual-memory mode). Address space costs no memory; this only bounds how many
+/// reservations a stream makes. When it is used up, another range is reserved.
+pub const SMALL_ADDRESS_RANGE: u64 = 1 << 30;
+
+/// Address space reserved at a time for the large blocks of one stream
+/// (virtual-memory mode), as a multiple of the device's total memory. One times the
+/// device memory guarantees that any request the device could ever hold fits in a
+/// fresh range, so a large request never fails for lack of contiguous address space.
+pub const LARGE_ADDRESS_RANGE_DEVICE_MULTIPLE: u64 = 1;
+
+/// How many freed blocks a stream keeps aside, uncoalesced, for exact-size reuse.
+///
+/// A freed block first goes into a short last-in-first-out list. A request of the same
+/// rounded size takes it back without touching the ordered free set, which is what
+/// keeps a same-size `malloc`+`free` pair at a few tens of nanoseconds. On any miss the
+/// list is coalesced into the free set first, so the deferral never makes a request
+/// fail or grow the pool: it only delays merging. The list is short so that a scan of
+/// it stays within one or two cache lines.
+pub const RECENT_CAPACITY: usize = 16;
+
+/// At most this many fences are outstanding per stream. A fence is recorded on the slow
+/// path (a miss that needs memory from elsewhere) to learn when the stream's frees so
+/// far are done; while earlier fences are still pending, later misses poll them instead
+/// of recording more, so a stream far behind its host does not collect one event per
+/// miss. Four keeps a recent fence available without letting the list grow.
+pub const MAX_OUTSTANDING_FENCES: usize = 4;
+
+/// Number of stream shards in one table of a device; further streams go into chained
+/// tables of the same size. Lookups read only atomics, so threads on different streams
+/// never write a shared cache line on the hot path.
+pub const SHARDS_PER_TABLE: usize = 64;
+
+/// The two kinds of segment a block can live in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SizeClass {
+    /// Rounded size at most [`SMALL_REQUEST_MAX`].
+    Small,
+    /// Everything larger.
+    Large,
+}
+
+impl SizeClass {
+    /// Index into per-class arrays.
+    pub(crate) fn index(self) -> usize {
+        match self {
+            SizeClass::Small => 0,
+            SizeClass::Large => 1,
+        }
+    }
+}
+
+/// Rounds a request up to a multiple of [`ROUND`]; `None` when that overflows.
+///
+/// `size` must be non-zero: zero-sized requests never reach the pool's algorithm.
+pub fn round_size(size: u64) -> Option<u64> {
+    size.checked_add(ROUND - 1).map(|s| s / ROUND * ROUND)
+}
+
+/// The class of a rounded request.
+pub fn size_class(rounded: u64) -> SizeClass {
+    if rounded <= SMALL_REQUEST_MAX {
+        SizeClass::Small
+    } else {
+        SizeClass::Large
+    }
+}
+
+/// Whether a free block of `block_size` bytes may serve a request of `rounded` bytes.
+///
+/// Any block at least as large as the request fits; the caller then splits off the
+/// remainder (every remainder is a multiple of [`ROUND`] and therefore usable), so a
+/// fitted block never carries waste. Among the fitting blocks the pool takes the
+/// smallest (best fit), and among equal sizes the lowest address, which packs blocks
+/// towards the start of their segment and leaves the end free to be unmapped.
+pub fn block_fits(block_size: u64, rounded: u64) -> bool {
+    block_size >= rounded
+}
+
+/// Size of a new plain segment for a request of `rounded` bytes, or `None` on overflow.
+///
+/// `last_resort` asks for the smallest segment that fits (the rounded request
+/// itself); the pool uses it when memory is short, so that a request fails only when
+/// even an exactly-sized segment could not be had.
+pub fn plain_segment_size(rounded: u64, last_resort: bool) -> Option<u64> {
+    if last_resort {
+        return Some(rounded);
+    }
+    if rounded <= SMALL_REQUEST_MAX {
+        Some(SMALL_SEGMENT_SIZE)
+    } else if rounded < MEDIUM_REQUEST_MAX {
+        Some(MEDIUM_SEGMENT_SIZE)
+    } else {
+        round_up(rounded, LARGE_SEGMENT_ROUNDING)
+    }
+}
+
+/// Size of a new address range (virtual-memory mode) for a request of `rounded` bytes
+/// on a device of `total_memory` bytes with pages of `granularity` bytes; `None` on
+/// overflow.
+pub fn address_range_size(rounded: u64, total_memory: u64, granularity: u64) -> Option<u64> {
+    let base = match size_class(rounded) {
+        SizeClass::Small => SMALL_ADDRESS_RANGE,
+        SizeClass::Large => total_memory.checked_mul(LARGE_ADDRESS_RANGE_DEVICE_MULTIPLE)?,
+    };
+    round_up(base.max(rounded), granularity)
+}
+
+/// Rounds `value` up to a multiple of `unit` (`unit > 0`); `None` on overflow.
+pub(crate) fn round_up(value: u64, unit: u64) -> Option<u64> {
+    if unit == 0 {
+        return Some(value);
+    }
+    value.checked_add(unit - 1).map(|v| v / unit * unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_is_to_512_bytes() {
+        assert_eq!(round_size(1), Some(512));
+        assert_eq!(round_size(512), Some(512));
+        assert_eq!(round_size(513), Some(1024));
+        assert_eq!(round_size(33_554_460), Some(33_554_944));
+        assert_eq!(round_size(u64::MAX), None);
+        assert_eq!(round_size(u64::MAX - 511), Some(u64::MAX - 511));
+    }
+
+    #[test]
+    fn classes_split_at_one_mebibyte() {
+        assert_eq!(size_class(512), SizeClass::Small);
+        assert_eq!(size_class(1 << 20), SizeClass::Small);
+        assert_eq!(size_class((1 << 20) + 512), SizeClass::Large);
+    }
+
+    #[test]
+    fn plain_segment_sizes_follow_the_request_class() {
+        assert_eq!(plain_segment_size(512, false), Some(SMALL_SEGMENT_SIZE));
+        assert_eq!(
+            plain_segment_size(3 << 20, false),
+            Some(MEDIUM_SEGMENT_SIZE)
+        );
+        assert_eq!(plain_segment_size((10 << 20) + 512, false), Some(12 << 20));
+        assert_eq!(plain_segment_size(3 << 20, true), Some(3 << 20));
+        assert_eq!(plain_segment_size(u64::MAX - 511, false), None);
+    }
+
+    #[test]
+    fn address_ranges_cover_the_device_for_large_requests() {
+        let g = 2 << 20;
+        assert_eq!(
+            address_range_size(512, 80 << 30, g),
+            Some(SMALL_ADDRESS_RANGE)
+        );
+        assert_eq!(
+            address_range_size(4 << 20, (80 << 30) + 1, g),
+            Some((80 << 30) + g)
+        );
+        assert_eq!(address_range_size(100 << 30, 80 << 30, g), Some(100 << 30));
+    }
+
+    #[test]
+    fn fit_is_size_only() {
+        assert!(block_fits(1024, 1024));
+        assert!(block_fits(4096, 1024));
+        assert!(!block_fits(512, 1024));
+    }
+}

@@ -1,0 +1,1028 @@
+//! The state of one (device, stream) shard: its segments, blocks, free sets and fences.
+//!
+//! # Blocks and segments
+//!
+//! A shard owns segments (address ranges) and tiles each of them with blocks, kept in
+//! a doubly linked list in address order. A block is in one of these states:
+//!
+//! * `Live`: handed out to the user;
+//! * `Recent`: freed, kept uncoalesced in the short exact-size list (`recent`);
+//! * `Free`: freed and coalesced with its free neighbours, in the ordered free set of
+//!   its size class;
+//! * `Pending`: freed, but used on other streams (`record_stream`) whose fences have not
+//!   completed yet; not reusable by anyone;
+//! * `Vacant`: a slot of the block arena not in use.
+//!
+//! In a virtual-memory segment a block is an address range only; the physical pages
+//! under it are tracked per segment. Every page touched by a non-free block is mapped.
+//! A page that lies wholly inside a free block may be mapped (cached) or not.
+//!
+//! # Epochs and fences
+//!
+//! Each free stamps the block with the shard's next *epoch*. A fence recorded on the
+//! shard's stream when the epoch is `e` covers every free stamped `<= e`; once it has
+//! completed, `safe_epoch >= e`, and free memory stamped `<= safe_epoch` may be used by
+//! other streams (its pages unmapped and mapped elsewhere). Coalescing keeps the larger
+//! stamp, so a merged range is never considered safe too early.
+//!
+//! # Indexing
+//!
+//! Block ids index `blocks`; segment ids index `segments`. Ids are created only by this
+//! module, stored only in its own structures and in allocation handles it issued, and a
+//! slot is recycled only when no structure refers to it any more, so indexing with them
+//! cannot go out of bounds. Ids from outside (raw handles) are checked with `get` first.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use crate::backend::{Backend, DeviceId, DevicePtr, StreamId};
+use crate::error::PoolError;
+use crate::policy::{self, SizeClass, MAX_OUTSTANDING_FENCES, RECENT_CAPACITY};
+use crate::stats::Stats;
+
+/// No block (end of a neighbour list).
+pub(crate) const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BlockState {
+    Vacant,
+    Free,
+    Recent,
+    Live,
+    Pending,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Block {
+    pub(crate) addr: u64,
+    pub(crate) size: u64,
+    prev: u32,
+    next: u32,
+    segment: u32,
+    class: SizeClass,
+    pub(crate) state: BlockState,
+    pub(crate) generation: u32,
+    freed_epoch: u64,
+    requested: u64,
+    extra_streams: Vec<StreamId>,
+}
+
+pub(crate) enum Backing<P> {
+    /// One plain allocation covering the whole segment.
+    Plain,
+    /// An address range with pages mapped where needed.
+    Virtual {
+        pages: Vec<Option<P>>,
+        mapped: usize,
+    },
+}
+
+pub(crate) struct Segment<P> {
+    base: u64,
+    size: u64,
+    /// The block at `base` (blocks keep their id when the blocks after them split off).
+    first: u32,
+    backing: Backing<P>,
+}
+
+enum FenceSlot<F> {
+    Unrecorded(StreamId),
+    Recorded(F),
+    Done,
+}
+
+struct PendingFree<F> {
+    block: u32,
+    fences: Vec<FenceSlot<F>>,
+}
+
+/// What [`ShardState::choose_block`] found for a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Choice {
+    /// A block of exactly the right size, taken out of the recent list: ready to go live.
+    Ready(u32),
+    /// The best-fitting free block `id`; the request goes at `addr`; `unmapped` pages
+    /// under `[addr, addr + rounded)` must be mapped first.
+    Fit { id: u32, addr: u64, unmapped: usize },
+    /// No free block is large enough: a new segment is needed.
+    None,
+}
+
+pub(crate) struct ShardState<B: Backend> {
+    pub(crate) device: DeviceId,
+    pub(crate) stream: StreamId,
+    /// Page size of virtual-memory segments; `0` in plain-segment mode.
+    page: u64,
+    blocks: Vec<Block>,
+    vacant: Vec<u32>,
+    /// Free blocks per size class, ordered by (size, address) for best fit.
+    free: [BTreeSet<(u64, u64, u32)>; 2],
+    /// Recently freed blocks, uncoalesced: (size, id), newest last.
+    recent: RecentList,
+    segments: Vec<Option<Segment<B::Physical>>>,
+    pending: Vec<PendingFree<B::Fence>>,
+    epoch: u64,
+    safe_epoch: u64,
+    fences: VecDeque<(u64, B::Fence)>,
+    pub(crate) stats: Stats,
+}
+
+/// The recently freed blocks of a shard, newest last, kept inline in the shard (no heap
+/// buffer that could share a cache line with another shard's data).
+struct RecentList {
+    len: usize,
+    sizes: [u64; RECENT_CAPACITY],
+    ids: [u32; RECENT_CAPACITY],
+}
+
+impl RecentList {
+    fn new() -> Self {
+        RecentList {
+            len: 0,
+            sizes: [0; RECENT_CAPACITY],
+            ids: [NIL; RECENT_CAPACITY],
+        }
+    }
+
+    /// Takes the newest block of exactly `size` bytes.
+    #[inline]
+    fn take(&mut self, size: u64) -> Option<u32> {
+        let len = self.len;
+        let pos = self.sizes[..len].iter().rposition(|&s| s == size)?;
+        let id = self.ids[pos];
+        if pos + 1 < len {
+            self.sizes.copy_within(pos + 1..len, pos);
+            self.ids.copy_within(pos + 1..len, pos);
+        }
+        self.len = len - 1;
+        Some(id)
+    }
+
+    /// Adds a block; when full, the oldest block is pushed out and returned.
+    #[inline]
+    fn push(&mut self, size: u64, id: u32) -> Option<u32> {
+        let mut evicted = None;
+        if self.len == RECENT_CAPACITY {
+            evicted = Some(self.ids[0]);
+            self.sizes.copy_within(1.., 0);
+            self.ids.copy_within(1.., 0);
+            self.len -= 1;
+        }
+        // `len < RECENT_CAPACITY` here, so the index is in bounds.
+        self.sizes[self.len] = size;
+        self.ids[self.len] = id;
+        self.len += 1;
+        evicted
+    }
+
+    fn pop(&mut self) -> Option<u32> {
+        if self.len == 0 {
+            return None;
+        }
+        self.len -= 1;
+        Some(self.ids[self.len])
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+/// Page index range `[first, end)` of the pages that `[addr, addr + len)` touches,
+/// relative to a segment at `base`.
+fn touched_pages(base: u64, page: u64, addr: u64, len: u64) -> (usize, usize) {
+    let start = addr - base;
+    let first = start / page;
+    let end = (start + len).div_ceil(page);
+    (first as usize, end as usize)
+}
+
+/// Page index range of the pages lying wholly inside `[addr, addr + len)`.
+fn inner_pages(base: u64, page: u64, addr: u64, len: u64) -> (usize, usize) {
+    let start = addr - base;
+    let first = start.div_ceil(page);
+    let end = (start + len) / page;
+    (first as usize, end.max(first) as usize)
+}
+
+impl<B: Backend> ShardState<B> {
+    pub(crate) fn new(device: DeviceId, stream: StreamId, page: Option<u64>) -> Self {
+        ShardState {
+            device,
+            stream,
+            page: page.unwrap_or(0),
+            blocks: Vec::new(),
+            vacant: Vec::new(),
+            free: [BTreeSet::new(), BTreeSet::new()],
+            recent: RecentList::new(),
+            segments: Vec::new(),
+            pending: Vec::new(),
+            epoch: 0,
+            safe_epoch: 0,
+            fences: VecDeque::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    // ----- arena -----------------------------------------------------------------
+
+    fn new_block(&mut self, block: Block) -> u32 {
+        if let Some(id) = self.vacant.pop() {
+            let generation = self.blocks[id as usize].generation;
+            self.blocks[id as usize] = Block {
+                generation,
+                ..block
+            };
+            id
+        } else {
+            self.blocks.push(block);
+            // The arena never holds u32::MAX blocks: each block covers at least
+            // 512 bytes of device memory, and no device has 2 TiB.
+            (self.blocks.len() - 1) as u32
+        }
+    }
+
+    fn drop_block(&mut self, id: u32) {
+        let b = &mut self.blocks[id as usize];
+        b.state = BlockState::Vacant;
+        b.extra_streams = Vec::new();
+        self.vacant.push(id);
+    }
+
+    fn key(&self, id: u32) -> (usize, (u64, u64, u32)) {
+        let b = &self.blocks[id as usize];
+        (b.class.index(), (b.size, b.addr, id))
+    }
+
+    fn insert_free(&mut self, id: u32) {
+        let (class, key) = self.key(id);
+        self.free[class].insert(key);
+    }
+
+    fn remove_free(&mut self, id: u32) {
+        let (class, key) = self.key(id);
+        self.free[class].remove(&key);
+    }
+
+    // ----- the hot path ----------------------------------------------------------
+
+    /// The one place that decides which cached block serves a request of `rounded`
+    /// bytes:
+    ///
+    /// 1. the most recently freed block of exactly that size, if any (the best possible
+    ///    fit, found without touching the ordered free set);
+    /// 2. otherwise, after coalescing the recent list, the smallest free block that
+    ///    fits ([`policy::block_fits`]), lowest address first; the request is placed at
+    ///    whichever end of it needs fewer pages mapped (start on a tie);
+    /// 3. otherwise none: the caller needs a new segment.
+    ///
+    /// Every block here belongs to this shard's stream, so no fence is needed to reuse
+    /// it; cross-stream reuse happens only by moving pages, under the fence rule.
+    #[inline]
+    pub(crate) fn choose_block(&mut self, rounded: u64) -> Choice {
+        if let Some(id) = self.recent.take(rounded) {
+            return Choice::Ready(id);
+        }
+        self.choose_free(rounded)
+    }
+
+    #[inline(never)]
+    fn choose_free(&mut self, rounded: u64) -> Choice {
+        self.flush_recent();
+        let class = policy::size_class(rounded).index();
+        let found = self.free[class]
+            .range((rounded, 0, 0)..)
+            .next()
+            .filter(|k| policy::block_fits(k.0, rounded))
+            .map(|k| k.2);
+        let Some(id) = found else {
+            return Choice::None;
+        };
+        let (addr, unmapped) = self.placement(id, rounded);
+        Choice::Fit { id, addr, unmapped }
+    }
+
+    /// Where in free block `id` a request of `rounded` bytes goes, and how many pages
+    /// must be mapped for it there.
+    fn placement(&self, id: u32, rounded: u64) -> (u64, usize) {
+        let b = &self.blocks[id as usize];
+        let start = b.addr;
+        if self.page == 0 || b.size == rounded {
+            return (start, self.unmapped_pages(b.segment, start, rounded));
+        }
+        let end = b.addr + b.size - rounded;
+        let at_start = self.unmapped_pages(b.segment, start, rounded);
+        if at_start == 0 {
+            return (start, 0);
+        }
+        let at_end = self.unmapped_pages(b.segment, end, rounded);
+        if at_end < at_start {
+            (end, at_end)
+        } else {
+            (start, at_start)
+        }
+    }
+
+    /// Number of unmapped pages under `[addr, addr + len)` in `segment`.
+    fn unmapped_pages(&self, segment: u32, addr: u64, len: u64) -> usize {
+        let Some(Some(seg)) = self.segments.get(segment as usize) else {
+            return 0;
+        };
+        match &seg.backing {
+            Backing::Plain => 0,
+            Backing::Virtual { pages, .. } => {
+                let (first, end) = touched_pages(seg.base, self.page, addr, len);
+                let mapped = pages
+                    .get(first..end.min(pages.len()))
+                    .map_or(0, |s| s.iter().filter(|p| p.is_some()).count());
+                (end - first) - mapped
+            }
+        }
+    }
+
+    /// Takes free block `id` out of the free set and cuts `[addr, addr + len)` out of it
+    /// as a block of its own, returning that block's id (state `Free`, in no set). The
+    /// pieces before and after go back into the free set.
+    pub(crate) fn claim(&mut self, id: u32, addr: u64, len: u64) -> u32 {
+        self.remove_free(id);
+        let b = self.blocks[id as usize].clone();
+        let mut target = id;
+        if addr > b.addr {
+            let tail = self.new_block(Block {
+                addr,
+                size: b.addr + b.size - addr,
+                prev: id,
+                next: b.next,
+                state: BlockState::Free,
+                extra_streams: Vec::new(),
+                ..b.clone()
+            });
+            if b.next != NIL {
+                self.blocks[b.next as usize].prev = tail;
+            }
+            let head = &mut self.blocks[id as usize];
+            head.size = addr - b.addr;
+            head.next = tail;
+            self.insert_free(id);
+            target = tail;
+        }
+        let t = self.blocks[target as usize].clone();
+        if t.size > len {
+            let rest = self.new_block(Block {
+                addr: addr + len,
+                size: t.size - len,
+                prev: target,
+                next: t.next,
+                state: BlockState::Free,
+                extra_streams: Vec::new(),
+                ..t.clone()
+            });
+            if t.next != NIL {
+                self.blocks[t.next as usize].prev = rest;
+            }
+            let mid = &mut self.blocks[target as usize];
+            mid.size = len;
+            mid.next = rest;
+            self.insert_free(rest);
+        }
+        target
+    }
+
+    /// Gives back a block claimed for a request that could not be completed.
+    pub(crate) fn unclaim(&mut self, id: u32) {
+        self.coalesce_insert(id);
+    }
+
+    /// Makes block `id` live for a request of `requested` bytes; returns its address
+    /// and generation.
+    #[inline]
+    pub(crate) fn mark_live(&mut self, id: u32, requested: u64) -> (u64, u32) {
+        let b = &mut self.blocks[id as usize];
+        b.state = BlockState::Live;
+        b.generation = b.generation.wrapping_add(1);
+        b.requested = requested;
+        let (addr, size, generation) = (b.addr, b.size, b.generation);
+        self.stats.used.add(size);
+        self.stats.requested.add(requested);
+        self.stats.active_blocks.add(1);
+        self.stats.allocations += 1;
+        (addr, generation)
+    }
+
+    /// Adds `stream` to the streams a live block is used on.
+    pub(crate) fn record_stream(
+        &mut self,
+        id: u32,
+        generation: u32,
+        stream: StreamId,
+    ) -> Result<(), PoolError> {
+        let own = self.stream;
+        let b = self.live_block(id, generation)?;
+        if stream != own && !b.extra_streams.contains(&stream) {
+            b.extra_streams.push(stream);
+        }
+        Ok(())
+    }
+
+    fn live_block(&mut self, id: u32, generation: u32) -> Result<&mut Block, PoolError> {
+        match self.blocks.get_mut(id as usize) {
+            Some(b) if b.state == BlockState::Live && b.generation == generation => Ok(b),
+            Some(b) => Err(PoolError::InvalidHandle { ptr: b.addr }),
+            None => Err(PoolError::InvalidHandle { ptr: 0 }),
+        }
+    }
+
+    /// Frees live block `id`. Without extra streams it joins the recent list at once;
+    /// with them, fences are recorded on those streams and the block waits in
+    /// `pending` until they complete. If recording a fence fails, the block still
+    /// waits (a fence is recorded again later, which is only more conservative) and
+    /// the error is returned.
+    #[inline]
+    pub(crate) fn release(
+        &mut self,
+        backend: &B,
+        id: u32,
+        generation: u32,
+    ) -> Result<(), PoolError> {
+        let b = self.live_block(id, generation)?;
+        let (size, requested) = (b.size, b.requested);
+        let shared = !b.extra_streams.is_empty();
+        self.stats.used.sub(size);
+        self.stats.requested.sub(requested);
+        self.stats.active_blocks.sub(1);
+        self.stats.frees += 1;
+        if shared {
+            return self.release_shared(backend, id);
+        }
+        self.epoch += 1;
+        let b = &mut self.blocks[id as usize];
+        b.state = BlockState::Recent;
+        b.freed_epoch = self.epoch;
+        if let Some(oldest) = self.recent.push(size, id) {
+            self.coalesce_insert(oldest);
+        }
+        Ok(())
+    }
+
+    #[inline(never)]
+    fn release_shared(&mut self, backend: &B, id: u32) -> Result<(), PoolError> {
+        let b = &mut self.blocks[id as usize];
+        b.state = BlockState::Pending;
+        let streams = std::mem::take(&mut b.extra_streams);
+        let mut first_error = None;
+        let fences = streams
+            .into_iter()
+            .map(|s| match backend.record_fence(self.device, s) {
+                Ok(f) => FenceSlot::Recorded(f),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    FenceSlot::Unrecorded(s)
+                }
+            })
+            .collect();
+        self.pending.push(PendingFree { block: id, fences });
+        match first_error {
+            None => Ok(()),
+            Some(e) => Err(PoolError::backend("record_fence")(e)),
+        }
+    }
+
+    // ----- coalescing --------------------------------------------------------------
+
+    /// Marks `id` free, merges it with free neighbours and inserts the result into the
+    /// free set.
+    fn coalesce_insert(&mut self, id: u32) {
+        let mut id = id;
+        self.blocks[id as usize].state = BlockState::Free;
+        let prev = self.blocks[id as usize].prev;
+        if prev != NIL && self.blocks[prev as usize].state == BlockState::Free {
+            self.remove_free(prev);
+            let b = self.blocks[id as usize].clone();
+            let p = &mut self.blocks[prev as usize];
+            p.size += b.size;
+            p.next = b.next;
+            p.freed_epoch = p.freed_epoch.max(b.freed_epoch);
+            if b.next != NIL {
+                self.blocks[b.next as usize].prev = prev;
+            }
+            self.drop_block(id);
+            id = prev;
+        }
+        let next = self.blocks[id as usize].next;
+        if next != NIL && self.blocks[next as usize].state == BlockState::Free {
+            self.remove_free(next);
+            let n = self.blocks[next as usize].clone();
+            let b = &mut self.blocks[id as usize];
+            b.size += n.size;
+            b.next = n.next;
+            b.freed_epoch = b.freed_epoch.max(n.freed_epoch);
+            if n.next != NIL {
+                self.blocks[n.next as usize].prev = id;
+            }
+            self.drop_block(next);
+        }
+        self.insert_free(id);
+    }
+
+    /// Coalesces every recently freed block into the free set.
+    pub(crate) fn flush_recent(&mut self) {
+        while let Some(id) = self.recent.pop() {
+            self.coalesce_insert(id);
+        }
+    }
+
+    // ----- segments and pages -----------------------------------------------------
+
+    /// Adds a segment covering `[base, base + size)` as one free block; returns that
+    /// block's id.
+    pub(crate) fn add_segment(&mut self, base: u64, size: u64, class: SizeClass) -> u32 {
+        let seg_id = match self.segments.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.segments.push(None);
+                self.segments.len() - 1
+            }
+        };
+        let first = self.new_block(Block {
+            addr: base,
+            size,
+            prev: NIL,
+            next: NIL,
+            segment: seg_id as u32,
+            class,
+            state: BlockState::Free,
+            generation: 0,
+            freed_epoch: 0,
+            requested: 0,
+            extra_streams: Vec::new(),
+        });
+        let backing = if self.page == 0 {
+            Backing::Plain
+        } else {
+            Backing::Virtual {
+                pages: Vec::new(),
+                mapped: 0,
+            }
+        };
+        self.segments[seg_id] = Some(Segment {
+            base,
+            size,
+            first,
+            backing,
+        });
+        self.insert_free(first);
+        first
+    }
+
+    /// Maps a page from `spare` under every unmapped page of block `id`. The caller
+    /// made sure `spare` holds enough; if it does not, or the backend fails, the pages
+    /// mapped so far stay mapped (they are cached memory of a free range once the
+    /// caller gives the block back) and an error or `false` is returned.
+    pub(crate) fn map_block(
+        &mut self,
+        backend: &B,
+        id: u32,
+        spare: &mut Vec<B::Physical>,
+    ) -> Result<bool, PoolError> {
+        let (addr, size, segment) = {
+            let b = &self.blocks[id as usize];
+            (b.addr, b.size, b.segment)
+        };
+        let page = self.page;
+        let device = self.device;
+        let Some(Some(seg)) = self.segments.get_mut(segment as usize) else {
+            return Ok(false);
+        };
+        let base = seg.base;
+        let Backing::Virtual { pages, mapped } = &mut seg.backing else {
+            return Ok(true);
+        };
+        let (first, end) = touched_pages(base, page, addr, size);
+        if pages.len() < end {
+            pages.resize_with(end, || None);
+        }
+        for (i, slot) in pages.iter_mut().enumerate().take(end).skip(first) {
+            if slot.is_some() {
+                continue;
+            }
+            let Some(phys) = spare.pop() else {
+                return Ok(false);
+            };
+            let va = DevicePtr(base + i as u64 * page);
+            if let Err(e) = backend.map(device, va, &phys) {
+                spare.push(phys);
+                return Err(PoolError::backend("map")(e));
+            }
+            *slot = Some(phys);
+            *mapped += 1;
+        }
+        Ok(true)
+    }
+
+    /// Unmaps pages lying wholly inside free blocks whose frees a completed fence
+    /// covers, moving them to `spare`, until `spare` holds `want` pages or nothing is
+    /// left. Largest free blocks are stripped first: they are the least likely to be
+    /// reused whole soon.
+    pub(crate) fn reclaim_pages(
+        &mut self,
+        backend: &B,
+        spare: &mut Vec<B::Physical>,
+        want: usize,
+    ) -> Result<(), PoolError> {
+        if self.page == 0 || spare.len() >= want {
+            return Ok(());
+        }
+        self.flush_recent();
+        self.poll_pending(backend)?;
+        self.refresh_fences(backend)?;
+        let safe = self.safe_epoch;
+        let mut candidates: Vec<(u64, u32)> = self
+            .free
+            .iter()
+            .flat_map(|set| set.iter())
+            .map(|&(size, _, id)| (size, id))
+            .filter(|&(_, id)| self.blocks[id as usize].freed_epoch <= safe)
+            .collect();
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        let page = self.page;
+        for (_, id) in candidates {
+            if spare.len() >= want {
+                break;
+            }
+            let b = &self.blocks[id as usize];
+            let (addr, size, segment) = (b.addr, b.size, b.segment);
+            let Some(Some(seg)) = self.segments.get_mut(segment as usize) else {
+                continue;
+            };
+            let base = seg.base;
+            let Backing::Virtual { pages, mapped } = &mut seg.backing else {
+                continue;
+            };
+            if *mapped == 0 {
+                continue;
+            }
+            let (first, end) = inner_pages(base, page, addr, size);
+            for (i, slot) in pages.iter_mut().enumerate().take(end).skip(first) {
+                if spare.len() >= want {
+                    break;
+                }
+                let Some(phys) = slot.take() else {
+                    continue;
+                };
+                let va = DevicePtr(base + i as u64 * page);
+                if let Err(e) = backend.unmap(self.device, va, page) {
+                    *slot = Some(phys);
+                    return Err(PoolError::backend("unmap")(e));
+                }
+                *mapped -= 1;
+                spare.push(phys);
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases cached memory whose frees a completed fence covers: in plain mode,
+    /// segments that are wholly free (returned to the backend, their bytes subtracted
+    /// from `reserved`); in virtual-memory mode, the pages of free blocks (to `spare`),
+    /// then the address ranges of segments left wholly free and unmapped.
+    pub(crate) fn release_cached(
+        &mut self,
+        backend: &B,
+        spare: &mut Vec<B::Physical>,
+        reserved: &mut u64,
+    ) -> Result<(), PoolError> {
+        self.flush_recent();
+        self.poll_pending(backend)?;
+        self.refresh_fences(backend)?;
+        if self.page != 0 {
+            self.reclaim_pages(backend, spare, usize::MAX)?;
+        }
+        let safe = self.safe_epoch;
+        for seg_id in 0..self.segments.len() {
+            let Some(seg) = &self.segments[seg_id] else {
+                continue;
+            };
+            let first = &self.blocks[seg.first as usize];
+            let wholly_free = first.state == BlockState::Free
+                && first.next == NIL
+                && first.size == seg.size
+                && first.freed_epoch <= safe;
+            let unmapped = match &seg.backing {
+                Backing::Plain => true,
+                Backing::Virtual { mapped, .. } => *mapped == 0,
+            };
+            if !(wholly_free && unmapped) {
+                continue;
+            }
+            let (base, size, first_id) = (seg.base, seg.size, seg.first);
+            match seg.backing {
+                Backing::Plain => {
+                    backend
+                        .deallocate(self.device, DevicePtr(base), size)
+                        .map_err(PoolError::backend("deallocate"))?;
+                    *reserved = reserved.saturating_sub(size);
+                }
+                Backing::Virtual { .. } => {
+                    backend
+                        .release_address_range(self.device, DevicePtr(base), size)
+                        .map_err(PoolError::backend("release_address_range"))?;
+                }
+            }
+            self.remove_free(first_id);
+            self.drop_block(first_id);
+            self.segments[seg_id] = None;
+        }
+        Ok(())
+    }
+
+    /// Releases everything this shard holds, live or not (the pool is being dropped
+    /// and has waited for every fence). Returns the plain bytes released; pages go to
+    /// `spare`.
+    pub(crate) fn release_everything(&mut self, backend: &B, spare: &mut Vec<B::Physical>) -> u64 {
+        let mut released = 0;
+        for seg in self.segments.drain(..).flatten() {
+            match seg.backing {
+                Backing::Plain => {
+                    // Errors are ignored: the pool is going away and has nowhere to
+                    // report them; the driver reclaims the memory with the context.
+                    let _ = backend.deallocate(self.device, DevicePtr(seg.base), seg.size);
+                    released += seg.size;
+                }
+                Backing::Virtual { pages, .. } => {
+                    for (i, p) in pages.into_iter().enumerate() {
+                        if let Some(p) = p {
+                            let va = DevicePtr(seg.base + i as u64 * self.page);
+                            let _ = backend.unmap(self.device, va, self.page);
+                            spare.push(p);
+                        }
+                    }
+                    let _ =
+                        backend.release_address_range(self.device, DevicePtr(seg.base), seg.size);
+                }
+            }
+        }
+        for (_, f) in self.fences.drain(..) {
+            backend.release_fence(f);
+        }
+        for p in self.pending.drain(..) {
+            for slot in p.fences {
+                if let FenceSlot::Recorded(f) = slot {
+                    backend.release_fence(f);
+                }
+            }
+        }
+        self.blocks.clear();
+        self.vacant.clear();
+        self.recent.clear();
+        self.free = [BTreeSet::new(), BTreeSet::new()];
+        released
+    }
+
+    // ----- fences ------------------------------------------------------------------
+
+    /// Records a fence covering every free so far unless one is outstanding that does,
+    /// then polls the outstanding fences.
+    fn refresh_fences(&mut self, backend: &B) -> Result<(), PoolError> {
+        let covered = self.fences.back().is_some_and(|(e, _)| *e >= self.epoch);
+        if self.epoch > self.safe_epoch && !covered && self.fences.len() < MAX_OUTSTANDING_FENCES {
+            let f = backend
+                .record_fence(self.device, self.stream)
+                .map_err(PoolError::backend("record_fence"))?;
+            self.fences.push_back((self.epoch, f));
+        }
+        self.poll_fences(backend)
+    }
+
+    fn poll_fences(&mut self, backend: &B) -> Result<(), PoolError> {
+        while let Some((_, f)) = self.fences.front() {
+            let done = backend
+                .fence_completed(f)
+                .map_err(PoolError::backend("fence_completed"))?;
+            if !done {
+                break;
+            }
+            if let Some((e, f)) = self.fences.pop_front() {
+                self.safe_epoch = self.safe_epoch.max(e);
+                backend.release_fence(f);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether frees wait for record_stream fences.
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Whether any free memory of this shard is not yet covered by a completed fence.
+    pub(crate) fn has_unfenced_frees(&self) -> bool {
+        self.epoch > self.safe_epoch || !self.pending.is_empty()
+    }
+
+    /// Blocks the host until every free of this shard so far is covered by a completed
+    /// fence, and every pending free's fences have completed.
+    pub(crate) fn wait_fences(&mut self, backend: &B) -> Result<(), PoolError> {
+        self.wait_pending(backend)?;
+        if self.epoch > self.safe_epoch {
+            let covered = self.fences.back().is_some_and(|(e, _)| *e >= self.epoch);
+            if !covered {
+                let f = backend
+                    .record_fence(self.device, self.stream)
+                    .map_err(PoolError::backend("record_fence"))?;
+                self.fences.push_back((self.epoch, f));
+            }
+            if let Some((e, f)) = self.fences.back() {
+                backend
+                    .wait_fence(f)
+                    .map_err(PoolError::backend("wait_fence"))?;
+                let e = *e;
+                for (_, f) in self.fences.drain(..) {
+                    backend.release_fence(f);
+                }
+                self.safe_epoch = self.safe_epoch.max(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves pending frees whose fences have all completed into the free set.
+    pub(crate) fn poll_pending(&mut self, backend: &B) -> Result<(), PoolError> {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let mut done = true;
+            for slot in self.pending[i].fences.iter_mut() {
+                match slot {
+                    FenceSlot::Done => {}
+                    FenceSlot::Unrecorded(s) => {
+                        let f = backend
+                            .record_fence(self.device, *s)
+                            .map_err(PoolError::backend("record_fence"))?;
+                        *slot = FenceSlot::Recorded(f);
+                        done = false;
+                    }
+                    FenceSlot::Recorded(f) => {
+                        let complete = backend
+                            .fence_completed(f)
+                            .map_err(PoolError::backend("fence_completed"))?;
+                        if complete {
+                            if let FenceSlot::Recorded(f) = std::mem::replace(slot, FenceSlot::Done)
+                            {
+                                backend.release_fence(f);
+                            }
+                        } else {
+                            done = false;
+                        }
+                    }
+                }
+            }
+            if done {
+                let p = self.pending.swap_remove(i);
+                self.finish_pending(p.block);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_pending(&mut self, id: u32) {
+        self.epoch += 1;
+        self.blocks[id as usize].freed_epoch = self.epoch;
+        self.coalesce_insert(id);
+    }
+
+    /// Blocks the host until every pending free's fences have completed, then frees
+    /// those blocks.
+    fn wait_pending(&mut self, backend: &B) -> Result<(), PoolError> {
+        self.settle_pending(backend, |backend, _, f| {
+            backend
+                .wait_fence(f)
+                .map_err(PoolError::backend("wait_fence"))
+        })
+    }
+
+    /// Makes this shard's stream wait (on the device, not the host) for every pending
+    /// free's fences, after which those blocks are safe for this stream and are freed.
+    /// Returns whether there was any. A fence recorded on this stream later covers the
+    /// waited-for work too, so the usual epoch rule then holds for other streams.
+    pub(crate) fn stream_wait_pending(&mut self, backend: &B) -> Result<bool, PoolError> {
+        let any = !self.pending.is_empty();
+        let stream = self.stream;
+        self.settle_pending(backend, |backend, device, f| {
+            backend
+                .stream_wait_fence(device, stream, f)
+                .map_err(PoolError::backend("stream_wait_fence"))
+        })?;
+        Ok(any)
+    }
+
+    fn settle_pending(
+        &mut self,
+        backend: &B,
+        settle: impl Fn(&B, DeviceId, &B::Fence) -> Result<(), PoolError>,
+    ) -> Result<(), PoolError> {
+        while let Some(p) = self.pending.last_mut() {
+            for slot in p.fences.iter_mut() {
+                if let FenceSlot::Unrecorded(s) = slot {
+                    let f = backend
+                        .record_fence(self.device, *s)
+                        .map_err(PoolError::backend("record_fence"))?;
+                    *slot = FenceSlot::Recorded(f);
+                }
+                if let FenceSlot::Recorded(f) = slot {
+                    settle(backend, self.device, f)?;
+                    if let FenceSlot::Recorded(f) = std::mem::replace(slot, FenceSlot::Done) {
+                        backend.release_fence(f);
+                    }
+                }
+            }
+            if let Some(p) = self.pending.pop() {
+                self.finish_pending(p.block);
+            }
+        }
+        Ok(())
+    }
+
+    // ----- accounting ----------------------------------------------------------------
+
+    /// Physical bytes the live blocks occupy: the pages they touch (virtual memory) or
+    /// the segments holding at least one (plain). Free, recent and pending blocks are
+    /// not counted: waiting for fences and releasing the cache frees what they hold.
+    pub(crate) fn live_footprint(&self) -> u64 {
+        let mut total = 0;
+        for seg in self.segments.iter().flatten() {
+            let mut id = seg.first;
+            let mut counted_end = 0usize;
+            let mut any_live = false;
+            while id != NIL {
+                let b = &self.blocks[id as usize];
+                if b.state == BlockState::Live {
+                    any_live = true;
+                    if self.page != 0 {
+                        let (first, end) = touched_pages(seg.base, self.page, b.addr, b.size);
+                        let first = first.max(counted_end);
+                        if end > first {
+                            total += (end - first) as u64 * self.page;
+                            counted_end = end;
+                        }
+                    }
+                }
+                id = b.next;
+            }
+            if self.page == 0 && any_live {
+                total += seg.size;
+            }
+        }
+        total
+    }
+
+    /// The number of free blocks holding memory: coalesced free blocks (in
+    /// virtual-memory mode only those touching a mapped page) plus pending frees.
+    pub(crate) fn count_free_blocks(&mut self) -> usize {
+        self.flush_recent();
+        let mut n = self.pending.len();
+        for set in &self.free {
+            for &(size, addr, id) in set {
+                let b = &self.blocks[id as usize];
+                let backed = match self.segments.get(b.segment as usize) {
+                    Some(Some(seg)) => match &seg.backing {
+                        Backing::Plain => true,
+                        Backing::Virtual { pages, .. } => {
+                            let (first, end) = touched_pages(seg.base, self.page, addr, size);
+                            pages
+                                .get(first..end.min(pages.len()))
+                                .is_some_and(|s| s.iter().any(Option::is_some))
+                        }
+                    },
+                    _ => false,
+                };
+                if backed {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// Address and size of a live block, for handles that have only ids.
+    pub(crate) fn live_range(&self, id: u32, generation: u32) -> Option<(u64, u64)> {
+        self.blocks
+            .get(id as usize)
+            .filter(|b| b.state == BlockState::Live && b.generation == generation)
+            .map(|b| (b.addr, b.size))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_ranges() {
+        let p = 100;
+        assert_eq!(touched_pages(1000, p, 1000, 100), (0, 1));
+        assert_eq!(touched_pages(1000, p, 1050, 100), (0, 2));
+        assert_eq!(inner_pages(1000, p, 1050, 100), (1, 1));
+        assert_eq!(inner_pages(1000, p, 1050, 200), (1, 2));
+        assert_eq!(inner_pages(1000, p, 1000, 300), (0, 3));
+    }
+}

@@ -1,0 +1,551 @@
+use super::*;
+use crate::sim::{SimDevice, SimulatedBackend};
+
+const MIB: u64 = 1 << 20;
+const S0: StreamId = StreamId(10);
+const S1: StreamId = StreamId(11);
+const S2: StreamId = StreamId(12);
+const D0: DeviceId = DeviceId(0);
+
+fn vm_pool(capacity: u64, page: u64) -> MemoryPool<SimulatedBackend> {
+    MemoryPool::new(SimulatedBackend::new(vec![SimDevice {
+        total_memory: capacity,
+        granularity: Some(page),
+    }]))
+    .expect("pool")
+}
+
+fn plain_pool(capacity: u64) -> MemoryPool<SimulatedBackend> {
+    MemoryPool::new(SimulatedBackend::new(vec![SimDevice {
+        total_memory: capacity,
+        granularity: None,
+    }]))
+    .expect("pool")
+}
+
+#[test]
+fn pool_and_handles_are_send_and_sync() {
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+    send::<MemoryPool<SimulatedBackend>>();
+    sync::<MemoryPool<SimulatedBackend>>();
+    send::<Allocation<'static, SimulatedBackend>>();
+    send::<RawAllocation>();
+}
+
+#[test]
+fn size_zero_touches_nothing() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let a = pool.malloc(D0, S0, 0).unwrap();
+    assert!(a.is_empty());
+    assert!(a.ptr().is_null());
+    assert_eq!(pool.backend().calls(), crate::sim::SimCalls::default());
+    assert_eq!(pool.stats(D0).unwrap().allocations, 0);
+    a.free().unwrap();
+    assert_eq!(pool.stats(D0).unwrap().frees, 0);
+    // Even on a device that does not exist, as CuPy's empty pointer does not care.
+    assert!(pool.malloc(DeviceId(9), S0, 0).unwrap().is_empty());
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    assert!(matches!(
+        pool.malloc(DeviceId(1), S0, 1),
+        Err(PoolError::InvalidDevice {
+            device: DeviceId(1),
+            count: 1
+        })
+    ));
+    assert!(matches!(
+        pool.malloc(D0, S0, u64::MAX),
+        Err(PoolError::SizeOverflow { size: u64::MAX })
+    ));
+    assert!(matches!(
+        pool.set_limit(D0, Limit::Fraction(1.5)),
+        Err(PoolError::InvalidLimit(_))
+    ));
+    assert_eq!(pool.get_limit(D0).unwrap(), None);
+}
+
+#[test]
+fn sizes_are_rounded_to_512_bytes() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let a = pool.malloc(D0, S0, 1).unwrap();
+    assert_eq!(pool.used_bytes(), 512);
+    let b = pool.malloc(D0, S0, 513).unwrap();
+    assert_eq!(pool.used_bytes(), 512 + 1024);
+    assert_eq!(b.ptr().0, a.ptr().0 + 512, "small blocks are packed");
+    let st = pool.stats(D0).unwrap();
+    assert_eq!(st.requested.current, 514);
+    assert_eq!(st.active_blocks.current, 2);
+}
+
+#[test]
+fn split_and_coalesce() {
+    let pool = plain_pool(64 * MIB);
+    let a = pool.malloc(D0, S0, 1000).unwrap();
+    let b = pool.malloc(D0, S0, 1000).unwrap();
+    let c = pool.malloc(D0, S0, 1000).unwrap();
+    let base = a.ptr().0;
+    assert_eq!(b.ptr().0, base + 1024);
+    assert_eq!(c.ptr().0, base + 2048);
+    // One 2 MiB segment: the remainder after c is the only free block.
+    assert_eq!(pool.total_bytes(), 2 * MIB);
+    assert_eq!(pool.n_free_blocks(), 1);
+    drop(b);
+    assert_eq!(pool.n_free_blocks(), 2, "b sits between two live blocks");
+    drop(a);
+    assert_eq!(pool.n_free_blocks(), 2, "a and b merge");
+    drop(c);
+    assert_eq!(
+        pool.n_free_blocks(),
+        1,
+        "the whole segment is one block again"
+    );
+    let d = pool.malloc(D0, S0, 3 * 1024).unwrap();
+    assert_eq!(
+        d.ptr().0,
+        base,
+        "the merged block serves a request for all three"
+    );
+    assert_eq!(pool.backend().calls().allocate, 1);
+}
+
+#[test]
+fn best_fit_takes_the_smallest_fitting_block() {
+    let pool = plain_pool(64 * MIB);
+    let x1 = pool.malloc(D0, S0, 3072).unwrap();
+    let _s1 = pool.malloc(D0, S0, 512).unwrap();
+    let x2 = pool.malloc(D0, S0, 1024).unwrap();
+    let _s2 = pool.malloc(D0, S0, 512).unwrap();
+    let x3 = pool.malloc(D0, S0, 2048).unwrap();
+    let _s3 = pool.malloc(D0, S0, 512).unwrap();
+    let (p1, p2, p3) = (x1.ptr(), x2.ptr(), x3.ptr());
+    drop(x1);
+    drop(x2);
+    drop(x3);
+    // Holes of 3072, 1024 and 2048 bytes, and the segment's tail.
+    let y = pool.malloc(D0, S0, 1500).unwrap();
+    assert_eq!(y.ptr(), p3, "1536 bytes go into the 2048-byte hole");
+    let z = pool.malloc(D0, S0, 1024).unwrap();
+    assert_eq!(z.ptr(), p2, "an exact fit wins");
+    let w = pool.malloc(D0, S0, 2560).unwrap();
+    assert_eq!(
+        w.ptr(),
+        p1,
+        "only the 3072-byte hole is left below the tail"
+    );
+}
+
+#[test]
+fn split_remainder_of_a_large_hole_stays_free() {
+    let pool = plain_pool(64 * MIB);
+    let a = pool.malloc(D0, S0, 4096).unwrap();
+    let _guard = pool.malloc(D0, S0, 512).unwrap();
+    let p = a.ptr().0;
+    drop(a);
+    let b = pool.malloc(D0, S0, 1024).unwrap();
+    assert_eq!(b.ptr().0, p);
+    let c = pool.malloc(D0, S0, 3072).unwrap();
+    assert_eq!(
+        c.ptr().0,
+        p + 1024,
+        "the 3072-byte remainder was kept as a block"
+    );
+}
+
+#[test]
+fn small_and_large_blocks_use_separate_segments() {
+    let pool = vm_pool(256 * MIB, 2 * MIB);
+    let small = pool.malloc(D0, S0, 4096).unwrap();
+    let large = pool.malloc(D0, S0, 3 * MIB).unwrap();
+    let distance = small.ptr().0.abs_diff(large.ptr().0);
+    assert!(
+        distance >= policy::SMALL_ADDRESS_RANGE,
+        "different address ranges"
+    );
+    // 1 page for the small block, 2 for the large one.
+    assert_eq!(pool.total_bytes(), 3 * 2 * MIB);
+}
+
+#[test]
+fn same_stream_reuse_is_immediate_and_calls_nothing() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    sim.submit_work(D0, S0);
+    let a = pool.malloc(D0, S0, 5 * MIB).unwrap();
+    let p = a.ptr();
+    sim.submit_work(D0, S0);
+    drop(a);
+    let calls = sim.calls();
+    let b = pool.malloc(D0, S0, 5 * MIB).unwrap();
+    assert_eq!(b.ptr(), p);
+    assert_eq!(sim.calls(), calls, "no backend call, no fence, no wait");
+    assert_eq!(sim.completed(D0, S0), 0, "nothing waited for the stream");
+}
+
+#[test]
+fn other_streams_get_memory_only_after_the_fence() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let a = pool.malloc(D0, S0, 8 * MIB).unwrap();
+    let a_page = sim.translate(D0, a.ptr().0).unwrap().0;
+    sim.submit_work(D0, S0); // a kernel on S0 uses `a`
+    drop(a);
+    assert_eq!(pool.total_bytes(), 8 * MIB);
+
+    // S0's work is pending: S1 must not get those pages, so new ones are created.
+    let b = pool.malloc(D0, S1, 8 * MIB).unwrap();
+    assert_ne!(sim.translate(D0, b.ptr().0).unwrap().0, a_page);
+    assert_eq!(pool.total_bytes(), 16 * MIB);
+    assert_eq!(sim.completed(D0, S0), 0, "no host wait");
+
+    // Once S0's work completes, its pages move to S1 instead of growing the pool.
+    sim.complete_stream(D0, S0);
+    let c = pool.malloc(D0, S1, 8 * MIB).unwrap();
+    assert_eq!(pool.total_bytes(), 16 * MIB);
+    let c_pages: Vec<u64> = (0..4)
+        .map(|i| sim.translate(D0, c.ptr().0 + i * 2 * MIB).unwrap().0)
+        .collect();
+    assert!(c_pages.contains(&a_page), "S0's pages were remapped for S1");
+    drop((b, c));
+}
+
+#[test]
+fn out_of_memory_waits_for_fences_before_failing() {
+    let pool = vm_pool(8 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let a = pool.malloc(D0, S0, 8 * MIB).unwrap();
+    sim.submit_work(D0, S0);
+    drop(a);
+    // The device is full and S0's work pending: the pool waits for S0, then remaps.
+    let b = pool.malloc(D0, S1, 6 * MIB).unwrap();
+    assert_eq!(sim.completed(D0, S0), 1, "the pool waited on the host");
+    let st = pool.stats(D0).unwrap();
+    assert_eq!(st.retries, 1);
+    assert_eq!(st.ooms, 0);
+    assert_eq!(st.reserved.current, 8 * MIB);
+    drop(b);
+}
+
+#[test]
+fn out_of_memory_error_carries_the_figures_and_the_pool_keeps_working() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    pool.set_limit(D0, Limit::Bytes(8 * MIB)).unwrap();
+    let a = pool.malloc(D0, S0, 6 * MIB).unwrap();
+    match pool.malloc(D0, S0, 4 * MIB) {
+        Err(PoolError::OutOfMemory {
+            device,
+            requested,
+            used,
+            reserved,
+            limit,
+        }) => {
+            assert_eq!(device, D0);
+            assert_eq!(requested, 4 * MIB);
+            assert_eq!(used, 6 * MIB);
+            assert!(reserved <= 8 * MIB);
+            assert_eq!(limit, Some(8 * MIB));
+        }
+        other => panic!("expected out of memory, got {other:?}"),
+    }
+    let st = pool.stats(D0).unwrap();
+    assert_eq!(st.ooms, 1);
+    assert!(st.reserved.peak <= 8 * MIB);
+    let b = pool.malloc(D0, S0, 2 * MIB).unwrap();
+    assert_eq!(pool.used_bytes(), 8 * MIB);
+    drop((a, b));
+}
+
+#[test]
+fn limit_below_usage_is_an_error_that_changes_nothing() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    pool.set_limit(D0, Limit::Bytes(32 * MIB)).unwrap();
+    let a = pool.malloc(D0, S0, 3 * MIB).unwrap(); // touches 2 pages
+    let b = pool.malloc(D0, S0, 4 * MIB).unwrap();
+    drop(b);
+    let before = pool.total_bytes();
+    match pool.set_limit(D0, Limit::Bytes(3 * MIB)) {
+        Err(PoolError::LimitBelowUsage {
+            limit,
+            used,
+            in_use,
+            ..
+        }) => {
+            assert_eq!(limit, 3 * MIB);
+            assert_eq!(used, 3 * MIB);
+            assert_eq!(in_use, 4 * MIB);
+        }
+        other => panic!("expected LimitBelowUsage, got {other:?}"),
+    }
+    assert_eq!(pool.get_limit(D0).unwrap(), Some(32 * MIB));
+    assert_eq!(pool.total_bytes(), before);
+    // A limit between what is in use and what is held releases the cache.
+    pool.set_limit(D0, Limit::Bytes(5 * MIB)).unwrap();
+    assert_eq!(pool.get_limit(D0).unwrap(), Some(5 * MIB));
+    assert_eq!(pool.total_bytes(), 4 * MIB);
+    assert_eq!(pool.backend().physical_bytes(D0), 4 * MIB);
+    drop(a);
+}
+
+#[test]
+fn limits_by_fraction_and_from_text() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    pool.set_limit(D0, Limit::Fraction(0.25)).unwrap();
+    assert_eq!(pool.get_limit(D0).unwrap(), Some(16 * MIB));
+    pool.set_limit(D0, Limit::Unlimited).unwrap();
+    assert_eq!(pool.get_limit(D0).unwrap(), None);
+    assert_eq!(Limit::parse("50%").unwrap(), Limit::Fraction(0.5));
+    assert_eq!(Limit::parse(" 1024 ").unwrap(), Limit::Bytes(1024));
+    assert_eq!(Limit::parse("none").unwrap(), Limit::Unlimited);
+    assert!(Limit::parse("lots").is_err());
+    let config = PoolConfig {
+        limit: Limit::Fraction(0.5),
+        ..PoolConfig::default()
+    };
+    let pool = MemoryPool::with_config(SimulatedBackend::h200(2), config).unwrap();
+    let half = crate::sim::H200_TOTAL_MEMORY / 2;
+    assert_eq!(pool.get_limit(DeviceId(1)).unwrap(), Some(half));
+}
+
+#[test]
+fn free_all_blocks_returns_free_pages_inside_segments() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let a = pool.malloc(D0, S0, 3 * MIB / 2).unwrap(); // [0, 1.5) MiB: page 0
+    let b = pool.malloc(D0, S0, 5 * MIB).unwrap(); // [1.5, 6.5) MiB: pages 0-3
+    let c = pool.malloc(D0, S0, 3 * MIB / 2).unwrap(); // [6.5, 8) MiB: page 3
+    assert_eq!(b.ptr().0, a.ptr().0 + 3 * MIB / 2);
+    assert_eq!(c.ptr().0, b.ptr().0 + 5 * MIB);
+    assert_eq!(pool.total_bytes(), 8 * MIB);
+    sim.submit_work(D0, S0);
+    drop(b);
+    pool.free_all_blocks().unwrap();
+    // Pages 1 and 2 ([2, 6) MiB) lie wholly in b's free range and were returned;
+    // pages 0 and 3 stay, shared by a and c with b's free range.
+    assert_eq!(pool.total_bytes(), 4 * MIB);
+    assert_eq!(sim.physical_bytes(D0), 4 * MIB);
+    assert_eq!(sim.mapped_pages(D0), 2);
+    assert_eq!(
+        sim.completed(D0, S0),
+        1,
+        "free_all_blocks waits for the stream"
+    );
+    drop((a, c));
+    pool.free_all_blocks().unwrap();
+    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!(sim.physical_bytes(D0), 0);
+    assert_eq!(
+        sim.reserved_address_space(D0),
+        0,
+        "wholly free ranges are released"
+    );
+    assert_eq!(pool.n_free_blocks(), 0);
+}
+
+#[test]
+fn free_all_blocks_returns_free_plain_segments() {
+    let pool = plain_pool(256 * MIB);
+    let a = pool.malloc(D0, S0, 512).unwrap();
+    let b = pool.malloc(D0, S0, 3 * MIB).unwrap();
+    let c = pool.malloc(D0, S1, 40 * MIB).unwrap();
+    assert_eq!(pool.total_bytes(), 2 * MIB + 20 * MIB + 40 * MIB);
+    drop((b, c));
+    pool.free_all_free().unwrap();
+    assert_eq!(pool.total_bytes(), 2 * MIB);
+    assert_eq!(pool.backend().physical_bytes(D0), 2 * MIB);
+    drop(a);
+    pool.free_all_blocks().unwrap();
+    assert_eq!(pool.total_bytes(), 0);
+}
+
+#[test]
+fn plain_mode_falls_back_to_an_exact_segment_under_the_limit() {
+    let pool = plain_pool(256 * MIB);
+    pool.set_limit(D0, Limit::Bytes(3 * MIB)).unwrap();
+    // A 2.5 MiB request would normally get a 20 MiB segment.
+    let a = pool.malloc(D0, S0, 5 * MIB / 2).unwrap();
+    assert_eq!(pool.total_bytes(), 5 * MIB / 2);
+    drop(a);
+}
+
+#[test]
+fn record_stream_delays_reuse_until_that_stream_is_done() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let a = pool.malloc(D0, S0, 2 * MIB).unwrap();
+    let p = a.ptr();
+    a.record_stream(S2).unwrap();
+    sim.submit_work(D0, S2); // S2 reads `a`
+    a.free().unwrap();
+    assert_eq!(
+        pool.n_free_blocks(),
+        1,
+        "pending frees count as free blocks"
+    );
+    let b = pool.malloc(D0, S0, 2 * MIB).unwrap();
+    assert_ne!(b.ptr(), p, "S2 may still read the block");
+    sim.complete_stream(D0, S2);
+    let c = pool.malloc(D0, S0, 2 * MIB).unwrap();
+    assert_eq!(c.ptr(), p, "reused once S2's fence completed");
+    drop((b, c));
+}
+
+#[test]
+fn record_stream_block_is_reused_by_waiting_when_memory_is_short() {
+    let pool = vm_pool(2 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let a = pool.malloc(D0, S0, 2 * MIB).unwrap();
+    let p = a.ptr();
+    a.record_stream(S2).unwrap();
+    let v = sim.submit_work(D0, S2);
+    drop(a);
+    let b = pool.malloc(D0, S0, 2 * MIB).unwrap();
+    assert_eq!(b.ptr(), p);
+    assert!(sim.waited(D0, S0, S2) >= v, "S0 waits for S2 on the device");
+    assert_eq!(sim.completed(D0, S2), 0, "the host did not wait");
+    drop(b);
+}
+
+#[test]
+fn stats_track_peaks_and_counts() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let a = pool.malloc(D0, S0, 1000).unwrap();
+    let b = pool.malloc(D0, S0, 2000).unwrap();
+    let c = pool.malloc(D0, S1, 4 * MIB).unwrap();
+    drop(b);
+    let d = pool.malloc(D0, S0, 100).unwrap();
+    let st = pool.stats(D0).unwrap();
+    assert_eq!(st.used.current, 1024 + 512 + 4 * MIB);
+    assert_eq!(
+        st.used.peak,
+        (1024 + 2048) + 4 * MIB,
+        "sum of the shards' peaks"
+    );
+    assert_eq!(st.requested.current, 1000 + 100 + 4 * MIB);
+    assert_eq!(st.active_blocks.current, 3);
+    assert_eq!(st.active_blocks.peak, 3);
+    assert_eq!(st.allocations, 4);
+    assert_eq!(st.frees, 1);
+    assert_eq!(st.reserved.current, 2 * MIB + 4 * MIB);
+    assert_eq!(st.free_bytes(), st.reserved.current - st.used.current);
+    assert!(st.fragmentation() > 0.0 && st.fragmentation() < 1.0);
+    let s0 = pool.stream_stats(D0, S0).unwrap();
+    assert_eq!(s0.used.peak, 1024 + 2048);
+    assert_eq!(s0.active_blocks.peak, 2);
+    assert_eq!(
+        pool.stream_stats(D0, StreamId(99)).unwrap(),
+        Stats::default()
+    );
+    assert_eq!(pool.used_bytes() + pool.free_bytes(), pool.total_bytes());
+    drop((a, c, d));
+}
+
+#[test]
+fn raw_handles_are_checked() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let raw = pool.malloc(D0, S0, 4096).unwrap().into_raw();
+    assert_eq!(pool.used_bytes(), 4096, "a raw allocation stays allocated");
+    pool.record_stream_raw(&raw, S1).unwrap();
+    pool.free_raw(raw).unwrap();
+    assert!(matches!(
+        pool.free_raw(raw),
+        Err(PoolError::InvalidHandle { .. })
+    ));
+    pool.synchronize_free_blocks().unwrap();
+    // The same block handed out again: the old raw handle must not free it.
+    let again = pool.malloc(D0, S0, 4096).unwrap();
+    assert_eq!(again.ptr(), raw.ptr());
+    assert!(matches!(
+        pool.free_raw(raw),
+        Err(PoolError::InvalidHandle { .. })
+    ));
+    assert_eq!(pool.used_bytes(), 4096);
+    drop(again);
+    assert_eq!(pool.used_bytes(), 0);
+}
+
+#[test]
+fn devices_are_independent() {
+    let pool = MemoryPool::new(SimulatedBackend::new(vec![
+        SimDevice {
+            total_memory: 16 * MIB,
+            granularity: Some(2 * MIB),
+        },
+        SimDevice {
+            total_memory: 16 * MIB,
+            granularity: None,
+        },
+    ]))
+    .unwrap();
+    assert!(pool.uses_virtual_memory(D0).unwrap());
+    assert!(!pool.uses_virtual_memory(DeviceId(1)).unwrap());
+    let a = pool.malloc(D0, S0, 16 * MIB).unwrap();
+    let b = pool.malloc(DeviceId(1), S0, 2 * MIB).unwrap();
+    assert_eq!(pool.stats(D0).unwrap().used.current, 16 * MIB);
+    assert_eq!(pool.stats(DeviceId(1)).unwrap().used.current, 2 * MIB);
+    assert!(matches!(
+        pool.malloc(D0, S1, 512),
+        Err(PoolError::OutOfMemory { device: D0, .. })
+    ));
+    drop((a, b));
+}
+
+#[test]
+fn many_frees_coalesce_back_into_one_block() {
+    let pool = plain_pool(64 * MIB);
+    let blocks: Vec<_> = (1..=40u64)
+        .map(|i| pool.malloc(D0, S0, i * 512).unwrap())
+        .collect();
+    for b in blocks.into_iter().rev().step_by(1) {
+        drop(b);
+    }
+    assert_eq!(pool.n_free_blocks(), 1);
+}
+
+#[test]
+fn threads_on_their_own_and_on_shared_streams_never_overlap() {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    let pool = vm_pool(512 * MIB, 2 * MIB);
+    let live: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (pool, live) = (&pool, &live);
+            s.spawn(move || {
+                // Threads 0 and 1 share a stream; 2 and 3 have their own.
+                let stream = StreamId(t.max(1));
+                let mut mine = Vec::new();
+                let mut x = t + 1;
+                for _ in 0..3000 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    if mine.len() < 8 && x % 3 != 0 {
+                        let size = 512 + (x >> 40) % (3 * MIB);
+                        let a = pool.malloc(D0, stream, size).unwrap();
+                        let mut l = live.lock().unwrap();
+                        let start = a.ptr().0;
+                        let end = start + size;
+                        if let Some((&s, &e)) = l.range(..end).next_back() {
+                            assert!(e <= start || s >= end, "overlap");
+                        }
+                        l.insert(start, end);
+                        drop(l);
+                        mine.push(a);
+                    } else if !mine.is_empty() {
+                        let a = mine.swap_remove((x >> 20) as usize % mine.len());
+                        live.lock().unwrap().remove(&a.ptr().0);
+                        drop(a);
+                    }
+                }
+                for a in mine {
+                    live.lock().unwrap().remove(&a.ptr().0);
+                }
+            });
+        }
+    });
+    assert_eq!(pool.used_bytes(), 0);
+    assert_eq!(pool.stats(D0).unwrap().active_blocks.current, 0);
+}

@@ -1,0 +1,422 @@
+//! Trace replay: run a recorded allocation trace through a [`MemoryPool`] and measure
+//! how much memory the pool needed.
+//!
+//! # Trace format
+//!
+//! Text, one operation per line; lines starting with `#` are comments (the first is a
+//! header describing the recording):
+//!
+//! ```text
+//! a ID SIZE STREAM    allocate SIZE bytes as ID on stream STREAM
+//! f ID                free ID (on the stream it was allocated on)
+//! ```
+//!
+//! # The figures
+//!
+//! * **peak requested**: the largest sum of the sizes of live allocations, as asked for
+//!   (before rounding), over the trace; a property of the trace alone.
+//! * **peak reserved**: the pool's peak of physical bytes held from the backend
+//!   ([`Stats::reserved`]'s peak): whole plain segments, or created pages of
+//!   virtual-memory segments. Address space is not counted: it costs no memory.
+//! * their ratio, and the wall time per operation of the replay loop (parsing excluded).
+//!
+//! # The fence rule
+//!
+//! A trace records allocations, not the kernels between them, so the replay must
+//! decide when the device is done with freed memory. The default rule,
+//! [`FenceRule::SynchronizeBeforeEachAllocation`], calls
+//! [`MemoryPool::synchronize_free_blocks`] before every allocation: the device is
+//! assumed to keep up with the host, so that every free that came before an allocation
+//! is complete when the allocation is made. Why this is honest:
+//!
+//! * It is exactly reproducible on the GPU: there the same call records an event on
+//!   every stream with frees and waits for it, and with no kernels in flight that wait
+//!   is short. Both replays thus take the same decisions and print the same figures,
+//!   which a rule based on timing could not guarantee.
+//! * It grants nothing the trace's own stream order does not: on one stream, reuse
+//!   after a free is immediate in every allocator (PyTorch's included). What it grants
+//!   is that memory freed on stream A may serve stream B and that free pages may be
+//!   remapped, once A's earlier work has finished, which on a device that keeps up it
+//!   has. It never lets two live allocations share memory.
+//! * It is a property of the workload's timing, not a shortcut inside the pool: the
+//!   pool still checks every fence; only the replay driver decides when to wait.
+//!
+//! [`FenceRule::SynchronizeEvery`] and [`FenceRule::Never`] show what a lagging device
+//! costs: with `Never`, freed memory reaches another stream only when the pool runs
+//! out and waits itself. In the simulated replay each allocation submits one work item
+//! to its stream (the kernels that use it), so that without a rule fences really are
+//! pending.
+
+use std::path::Path;
+use std::time::Instant;
+
+use crate::backend::{Backend, DeviceId, StreamId};
+use crate::error::PoolError;
+use crate::pool::{Allocation, MemoryPool, PoolConfig};
+use crate::sim::SimulatedBackend;
+use crate::stats::Stats;
+
+/// One operation of a trace, with trace ids replaced by dense slot numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceOp {
+    /// Allocate `size` bytes on `stream` into `slot`.
+    Alloc {
+        /// Dense index of the allocation (its trace id renumbered).
+        slot: usize,
+        /// Bytes asked for.
+        size: u64,
+        /// The stream.
+        stream: StreamId,
+    },
+    /// Free the allocation in `slot`.
+    Free {
+        /// Dense index of the allocation.
+        slot: usize,
+    },
+}
+
+/// A parsed trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trace {
+    /// The trace's name (its file stem).
+    pub name: String,
+    /// The first comment line, if any.
+    pub header: Option<String>,
+    /// The operations in order.
+    pub ops: Vec<TraceOp>,
+    /// Number of distinct allocations (slots).
+    pub slots: usize,
+}
+
+/// When the replay lets the device catch up with the host (see the
+/// [module documentation](self)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceRule {
+    /// Call [`MemoryPool::synchronize_free_blocks`] before every allocation (the
+    /// default: the device keeps up).
+    SynchronizeBeforeEachAllocation,
+    /// Call it before the allocation following every `n`-th operation.
+    SynchronizeEvery(u64),
+    /// Never: fences complete only when the pool itself waits (out of memory).
+    Never,
+}
+
+impl std::fmt::Display for FenceRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FenceRule::SynchronizeBeforeEachAllocation => f.write_str("sync-before-alloc"),
+            FenceRule::SynchronizeEvery(n) => write!(f, "sync-every-{n}"),
+            FenceRule::Never => f.write_str("never-sync"),
+        }
+    }
+}
+
+/// How to replay.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReplayOptions {
+    /// When the device catches up.
+    pub fence_rule: FenceRule,
+    /// The pool's configuration (virtual-memory segments by default).
+    pub config: PoolConfig,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            fence_rule: FenceRule::SynchronizeBeforeEachAllocation,
+            config: PoolConfig::default(),
+        }
+    }
+}
+
+/// The result of one replay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayReport {
+    /// The trace's name.
+    pub name: String,
+    /// Operations replayed (allocations plus frees).
+    pub ops: u64,
+    /// Distinct streams in the trace.
+    pub streams: usize,
+    /// Largest sum of live requested sizes.
+    pub peak_requested: u64,
+    /// The pool's peak of physical bytes held.
+    pub peak_reserved: u64,
+    /// `peak_reserved / peak_requested`.
+    pub ratio: f64,
+    /// Wall time of the replay loop per operation, in nanoseconds.
+    pub ns_per_op: f64,
+    /// The fence rule used.
+    pub fence_rule: FenceRule,
+    /// The pool's statistics for the device at the end of the trace (before the
+    /// allocations still live at the end are freed).
+    pub stats: Stats,
+}
+
+/// Errors of loading or replaying a trace.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The trace file could not be read.
+    #[error("cannot read trace {path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A malformed line.
+    #[error("trace {name}, line {line}: {message}")]
+    Parse {
+        /// The trace's name.
+        name: String,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The pool failed.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}
+
+/// Parses a trace's text.
+pub fn parse_trace(name: &str, text: &str) -> Result<Trace, ReplayError> {
+    let err = |line: usize, message: String| ReplayError::Parse {
+        name: name.to_string(),
+        line,
+        message,
+    };
+    let mut header = None;
+    let mut ops = Vec::new();
+    let mut live: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    let mut slots = 0usize;
+    for (i, raw) in text.lines().enumerate() {
+        let line_no = i + 1;
+        let line = raw.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(comment) = line.strip_prefix('#') {
+            if header.is_none() {
+                header = Some(comment.trim().to_string());
+            }
+            continue;
+        }
+        let mut fields = line.split_ascii_whitespace();
+        let kind = fields.next().unwrap_or("");
+        let mut number = |what: &str| -> Result<u64, ReplayError> {
+            let f = fields
+                .next()
+                .ok_or_else(|| err(line_no, format!("missing {what}")))?;
+            f.parse::<u64>()
+                .map_err(|_| err(line_no, format!("{what} {f:?} is not a number")))
+        };
+        match kind {
+            "a" => {
+                let id = number("id")?;
+                let size = number("size")?;
+                let stream = number("stream")?;
+                if live.insert(id, slots).is_some() {
+                    return Err(err(line_no, format!("id {id} allocated while live")));
+                }
+                ops.push(TraceOp::Alloc {
+                    slot: slots,
+                    size,
+                    stream: StreamId(stream),
+                });
+                slots += 1;
+            }
+            "f" => {
+                let id = number("id")?;
+                let slot = live
+                    .remove(&id)
+                    .ok_or_else(|| err(line_no, format!("free of id {id}, which is not live")))?;
+                ops.push(TraceOp::Free { slot });
+            }
+            other => return Err(err(line_no, format!("unknown operation {other:?}"))),
+        }
+        if fields.next().is_some() {
+            return Err(err(line_no, "trailing fields".to_string()));
+        }
+    }
+    Ok(Trace {
+        name: name.to_string(),
+        header,
+        ops,
+        slots,
+    })
+}
+
+/// Reads and parses a trace file; its name is the file stem.
+pub fn load_trace(path: impl AsRef<Path>) -> Result<Trace, ReplayError> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|source| ReplayError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    parse_trace(&name, &text)
+}
+
+/// Replays `trace` on device `device` of `pool`, under `rule`. `after_alloc` is called
+/// after each allocation with its stream (the simulated replay submits a work item
+/// there). Works with any backend: the GPU replay calls it with the driver backend.
+pub fn replay_on<B: Backend>(
+    pool: &MemoryPool<B>,
+    device: DeviceId,
+    trace: &Trace,
+    rule: FenceRule,
+    mut after_alloc: impl FnMut(StreamId),
+) -> Result<ReplayReport, ReplayError> {
+    let mut live: Vec<Option<Allocation<'_, B>>> = Vec::with_capacity(trace.slots);
+    live.resize_with(trace.slots, || None);
+    let mut requested = 0u64;
+    let mut peak_requested = 0u64;
+    let mut streams = std::collections::HashSet::new();
+    let mut since_sync = 0u64;
+    let start = Instant::now();
+    for op in &trace.ops {
+        match *op {
+            TraceOp::Alloc { slot, size, stream } => {
+                let sync = match rule {
+                    FenceRule::SynchronizeBeforeEachAllocation => true,
+                    FenceRule::SynchronizeEvery(n) => since_sync >= n,
+                    FenceRule::Never => false,
+                };
+                if sync {
+                    pool.synchronize_free_blocks()?;
+                    since_sync = 0;
+                }
+                let a = pool.malloc(device, stream, size)?;
+                after_alloc(stream);
+                streams.insert(stream);
+                requested += size;
+                peak_requested = peak_requested.max(requested);
+                if let Some(cell) = live.get_mut(slot) {
+                    *cell = Some(a);
+                }
+            }
+            TraceOp::Free { slot } => {
+                if let Some(a) = live.get_mut(slot).and_then(Option::take) {
+                    requested -= a.size();
+                    a.free()?;
+                }
+            }
+        }
+        since_sync += 1;
+    }
+    let elapsed = start.elapsed();
+    let stats = pool.stats(device)?;
+    drop(live);
+    let ops = trace.ops.len() as u64;
+    let peak_reserved = stats.reserved.peak;
+    Ok(ReplayReport {
+        name: trace.name.clone(),
+        ops,
+        streams: streams.len(),
+        peak_requested,
+        peak_reserved,
+        ratio: if peak_requested == 0 {
+            0.0
+        } else {
+            peak_reserved as f64 / peak_requested as f64
+        },
+        ns_per_op: if ops == 0 {
+            0.0
+        } else {
+            elapsed.as_nanos() as f64 / ops as f64
+        },
+        fence_rule: rule,
+        stats,
+    })
+}
+
+/// Replays `trace` through a fresh `MemoryPool<SimulatedBackend>` modelled on an H200
+/// (143,771 MiB, 2 MiB pages).
+pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
+    let pool = MemoryPool::with_config(SimulatedBackend::h200(1), options.config)?;
+    let device = DeviceId(0);
+    let sim = pool.backend();
+    replay_on(&pool, device, trace, options.fence_rule, |stream| {
+        sim.submit_work(device, stream);
+    })
+}
+
+/// Loads and replays a trace file (see [`replay`]).
+pub fn replay_file(
+    path: impl AsRef<Path>,
+    options: &ReplayOptions,
+) -> Result<ReplayReport, ReplayError> {
+    replay(&load_trace(path)?, options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_renumbers() {
+        let t = parse_trace(
+            "t",
+            "# hdr\n# format\na 7 100 0\na 9 200 1\nf 7\na 7 50 0\nf 9\n",
+        )
+        .unwrap();
+        assert_eq!(t.header.as_deref(), Some("hdr"));
+        assert_eq!(t.slots, 3);
+        assert_eq!(
+            t.ops,
+            vec![
+                TraceOp::Alloc {
+                    slot: 0,
+                    size: 100,
+                    stream: StreamId(0)
+                },
+                TraceOp::Alloc {
+                    slot: 1,
+                    size: 200,
+                    stream: StreamId(1)
+                },
+                TraceOp::Free { slot: 0 },
+                TraceOp::Alloc {
+                    slot: 2,
+                    size: 50,
+                    stream: StreamId(0)
+                },
+                TraceOp::Free { slot: 1 },
+            ]
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_lines() {
+        for bad in [
+            "a 1 2",
+            "f 3",
+            "a 1 2 3\na 1 5 0",
+            "x 1",
+            "a 1 two 0",
+            "f 1 2",
+        ] {
+            assert!(
+                matches!(parse_trace("t", bad), Err(ReplayError::Parse { .. })),
+                "{bad:?} parsed"
+            );
+        }
+    }
+
+    #[test]
+    fn replay_counts_peaks() {
+        let t = parse_trace("t", "a 1 1000 0\na 2 3000 0\nf 1\na 3 500 0\nf 2\nf 3\n").unwrap();
+        let r = replay(&t, &ReplayOptions::default()).unwrap();
+        assert_eq!(r.ops, 6);
+        assert_eq!(r.streams, 1);
+        assert_eq!(r.peak_requested, 4000);
+        // Small blocks share one 2 MiB page.
+        assert_eq!(r.peak_reserved, 2 << 20);
+        assert_eq!(r.stats.allocations, 3);
+    }
+}

@@ -1,0 +1,707 @@
+//! [`SimulatedBackend`]: a device on the CPU, for model tests and trace replays.
+//!
+//! * **Memory**: fake addresses in a private window per device; a configurable
+//!   capacity counted in physical bytes (pages created plus plain allocations), beyond
+//!   which allocation returns "out of memory"; a configurable page granularity, or
+//!   none for a device without virtual memory support. Misuse (mapping over a mapped
+//!   page, unmapping nothing, releasing a mapped page, freeing an unknown pointer) is
+//!   an error, so a pool bug shows up as a failed call.
+//! * **Time**: each stream has a count of *submitted* and of *completed* work items.
+//!   [`submit_work`](SimulatedBackend::submit_work) stands for a kernel launch; a
+//!   fence captures the submitted count and completes once the completed count
+//!   reaches it. Work completes only when asked:
+//!   [`complete_stream`](SimulatedBackend::complete_stream),
+//!   [`complete_all`](SimulatedBackend::complete_all), or a host wait on a fence (which
+//!   runs the stream up to the fence). A stream that waits on another stream's fence
+//!   cannot complete past that wait before the other stream reaches the fence.
+//! * **Accounting**: every backend call is counted ([`SimCalls`]); optionally every
+//!   mapping change is logged ([`SimEvent`]) for tests to inspect.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::backend::{Backend, DeviceId, DeviceInfo, DevicePtr, StreamId};
+
+/// Total memory of an NVIDIA H200 as the driver reports it (143,771 MiB).
+pub const H200_TOTAL_MEMORY: u64 = 150_754_820_096;
+
+/// The virtual-memory granularity of an H200: 2 MiB.
+pub const H200_GRANULARITY: u64 = 2 << 20;
+
+/// Configuration of one simulated device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimDevice {
+    /// Capacity in bytes of physical memory (pages plus plain allocations).
+    pub total_memory: u64,
+    /// Page size of virtual memory, or `None` for a device without virtual memory
+    /// management (the pool then uses plain segments).
+    pub granularity: Option<u64>,
+}
+
+/// Counts of backend calls made so far, per method.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimCalls {
+    /// [`Backend::allocate`].
+    pub allocate: u64,
+    /// [`Backend::deallocate`].
+    pub deallocate: u64,
+    /// [`Backend::reserve_address_range`].
+    pub reserve_address_range: u64,
+    /// [`Backend::release_address_range`].
+    pub release_address_range: u64,
+    /// [`Backend::create_physical`].
+    pub create_physical: u64,
+    /// [`Backend::release_physical`].
+    pub release_physical: u64,
+    /// [`Backend::map`].
+    pub map: u64,
+    /// [`Backend::unmap`].
+    pub unmap: u64,
+    /// [`Backend::record_fence`].
+    pub record_fence: u64,
+    /// [`Backend::fence_completed`].
+    pub fence_completed: u64,
+    /// [`Backend::wait_fence`].
+    pub wait_fence: u64,
+    /// [`Backend::stream_wait_fence`].
+    pub stream_wait_fence: u64,
+    /// [`Backend::release_fence`].
+    pub release_fence: u64,
+}
+
+/// A change of what memory is where, logged when events are enabled
+/// ([`SimulatedBackend::with_events`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimEvent {
+    /// Physical page `page` was mapped at `addr`.
+    Map {
+        /// Device.
+        device: DeviceId,
+        /// Page-aligned address.
+        addr: u64,
+        /// Id of the physical page.
+        page: u64,
+    },
+    /// Physical page `page` was unmapped from `addr`.
+    Unmap {
+        /// Device.
+        device: DeviceId,
+        /// Page-aligned address.
+        addr: u64,
+        /// Id of the physical page.
+        page: u64,
+    },
+    /// Plain allocation `id` at `addr` was returned.
+    Deallocate {
+        /// Device.
+        device: DeviceId,
+        /// Address.
+        addr: u64,
+        /// Id of the allocation (same id space as pages).
+        id: u64,
+    },
+}
+
+/// Errors of the simulated backend: misuse by the pool.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    /// No such device.
+    #[error("no simulated device {0}")]
+    NoDevice(u32),
+    /// The device has no virtual memory support but a virtual memory call was made.
+    #[error("device {0} has no virtual memory support")]
+    NoVirtualMemory(u32),
+    /// A size or address that is not a multiple of the granularity.
+    #[error("{what} {value:#x} is not aligned to the granularity")]
+    Misaligned {
+        /// What was misaligned.
+        what: &'static str,
+        /// The value.
+        value: u64,
+    },
+    /// An address outside every reserved range.
+    #[error("address {0:#x} is not in a reserved range")]
+    NotReserved(u64),
+    /// Mapping over a mapped page.
+    #[error("address {0:#x} is already mapped")]
+    AlreadyMapped(u64),
+    /// Mapping a page that is mapped elsewhere.
+    #[error("physical page {0} is already mapped")]
+    PageInUse(u64),
+    /// Unmapping where nothing is mapped.
+    #[error("address {0:#x} is not mapped")]
+    NotMapped(u64),
+    /// A page or allocation the device does not know.
+    #[error("unknown physical page or allocation {0}")]
+    Unknown(u64),
+    /// Releasing an address range that still has pages mapped.
+    #[error("address range at {0:#x} still has pages mapped")]
+    RangeInUse(u64),
+    /// Freeing a plain allocation with the wrong size or address.
+    #[error("no plain allocation of that size at {0:#x}")]
+    BadFree(u64),
+}
+
+/// A physical page of the simulated device (the stand-in for a
+/// `CUmemGenericAllocationHandle`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct SimPage {
+    id: u64,
+}
+
+impl SimPage {
+    /// The page's id (the same id [`SimulatedBackend::translate`] reports).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// A fence of the simulated device: a stream and the submitted count at recording.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimFence {
+    device: u32,
+    stream: u64,
+    value: u64,
+}
+
+impl SimFence {
+    /// The stream it was recorded on.
+    pub fn stream(&self) -> StreamId {
+        StreamId(self.stream)
+    }
+    /// The stream's submitted work count when it was recorded.
+    pub fn value(&self) -> u64 {
+        self.value
+    }
+}
+
+#[derive(Default)]
+struct Clock {
+    submitted: u64,
+    completed: u64,
+    /// (position in this stream, other stream, value): this stream's work from
+    /// `position` on waits for the other stream to reach `value`.
+    waits: Vec<(u64, u64, u64)>,
+    /// The highest value this stream waited for, per other stream.
+    waited: HashMap<u64, u64>,
+}
+
+struct DevState {
+    cfg: SimDevice,
+    physical: u64,
+    next_va: u64,
+    end_va: u64,
+    ranges: BTreeMap<u64, u64>,
+    mapped: HashMap<u64, u64>,
+    pages: HashMap<u64, Option<u64>>,
+    plain: BTreeMap<u64, (u64, u64)>,
+}
+
+struct State {
+    devices: Vec<DevState>,
+    clocks: HashMap<(u32, u64), Clock>,
+    next_id: u64,
+    calls: SimCalls,
+    events: Option<Vec<SimEvent>>,
+}
+
+/// A simulated set of devices; see the [module documentation](self).
+pub struct SimulatedBackend {
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for SimulatedBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimulatedBackend").finish_non_exhaustive()
+    }
+}
+
+const ADDRESS_WINDOW_BITS: u32 = 48;
+/// Gap left between consecutive plain allocations and address ranges, so that no two
+/// are adjacent and a pool merging across them would be caught.
+const GUARD: u64 = 64 << 10;
+
+impl SimulatedBackend {
+    /// Simulated devices with the given configurations (ids `0..devices.len()`).
+    pub fn new(devices: Vec<SimDevice>) -> Self {
+        let devices = devices
+            .into_iter()
+            .enumerate()
+            .map(|(i, cfg)| {
+                // Devices beyond the 65,535th share the last window's end and get no
+                // address space; nobody simulates that many.
+                let window = 1u64 << ADDRESS_WINDOW_BITS;
+                let start = (i as u64 + 1).saturating_mul(window);
+                DevState {
+                    cfg,
+                    physical: 0,
+                    next_va: start,
+                    end_va: start.saturating_add(window - 1),
+                    ranges: BTreeMap::new(),
+                    mapped: HashMap::new(),
+                    pages: HashMap::new(),
+                    plain: BTreeMap::new(),
+                }
+            })
+            .collect();
+        SimulatedBackend {
+            state: Mutex::new(State {
+                devices,
+                clocks: HashMap::new(),
+                next_id: 1,
+                calls: SimCalls::default(),
+                events: None,
+            }),
+        }
+    }
+
+    /// `count` devices like an NVIDIA H200: 143,771 MiB with 2 MiB pages.
+    pub fn h200(count: u32) -> Self {
+        Self::new(
+            (0..count)
+                .map(|_| SimDevice {
+                    total_memory: H200_TOTAL_MEMORY,
+                    granularity: Some(H200_GRANULARITY),
+                })
+                .collect(),
+        )
+    }
+
+    /// Enables (or disables) the log of mapping changes read by
+    /// [`take_events`](Self::take_events).
+    pub fn with_events(self, enabled: bool) -> Self {
+        self.lock().events = if enabled { Some(Vec::new()) } else { None };
+        self
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Submits one work item (a kernel) to a stream; returns the stream's submitted
+    /// count after it.
+    pub fn submit_work(&self, device: DeviceId, stream: StreamId) -> u64 {
+        let mut s = self.lock();
+        let c = s.clocks.entry((device.0, stream.0)).or_default();
+        c.submitted += 1;
+        c.submitted
+    }
+
+    /// Completes all work submitted to `stream` so far (and whatever it waited for).
+    pub fn complete_stream(&self, device: DeviceId, stream: StreamId) {
+        let mut s = self.lock();
+        let to = s
+            .clocks
+            .get(&(device.0, stream.0))
+            .map_or(0, |c| c.submitted);
+        complete_to(&mut s, device.0, stream.0, to);
+    }
+
+    /// Completes all work submitted to every stream so far.
+    pub fn complete_all(&self) {
+        let mut s = self.lock();
+        let all: Vec<((u32, u64), u64)> = s.clocks.iter().map(|(k, c)| (*k, c.submitted)).collect();
+        for ((d, st), to) in all {
+            complete_to(&mut s, d, st, to);
+        }
+    }
+
+    /// Work items submitted to a stream so far.
+    pub fn submitted(&self, device: DeviceId, stream: StreamId) -> u64 {
+        self.lock()
+            .clocks
+            .get(&(device.0, stream.0))
+            .map_or(0, |c| c.submitted)
+    }
+
+    /// Work items of a stream completed so far.
+    pub fn completed(&self, device: DeviceId, stream: StreamId) -> u64 {
+        self.lock()
+            .clocks
+            .get(&(device.0, stream.0))
+            .map_or(0, |c| c.completed)
+    }
+
+    /// The highest submitted count of stream `on` that stream `waiter` was made to
+    /// wait for ([`Backend::stream_wait_fence`]); 0 if none.
+    pub fn waited(&self, device: DeviceId, waiter: StreamId, on: StreamId) -> u64 {
+        self.lock()
+            .clocks
+            .get(&(device.0, waiter.0))
+            .and_then(|c| c.waited.get(&on.0).copied())
+            .unwrap_or(0)
+    }
+
+    /// Physical bytes held on a device: pages created plus plain allocations.
+    pub fn physical_bytes(&self, device: DeviceId) -> u64 {
+        self.lock()
+            .devices
+            .get(device.0 as usize)
+            .map_or(0, |d| d.physical)
+    }
+
+    /// Number of pages mapped on a device.
+    pub fn mapped_pages(&self, device: DeviceId) -> usize {
+        self.lock()
+            .devices
+            .get(device.0 as usize)
+            .map_or(0, |d| d.mapped.len())
+    }
+
+    /// Bytes of address space reserved on a device.
+    pub fn reserved_address_space(&self, device: DeviceId) -> u64 {
+        self.lock()
+            .devices
+            .get(device.0 as usize)
+            .map_or(0, |d| d.ranges.values().sum())
+    }
+
+    /// Live plain allocations of a device: (address, size, id).
+    pub fn plain_allocations(&self, device: DeviceId) -> Vec<(u64, u64, u64)> {
+        self.lock()
+            .devices
+            .get(device.0 as usize)
+            .map_or_else(Vec::new, |d| {
+                d.plain.iter().map(|(&a, &(s, id))| (a, s, id)).collect()
+            })
+    }
+
+    /// The physical memory behind a device address: (id of the page or plain
+    /// allocation, offset in it), or `None` when nothing is there.
+    pub fn translate(&self, device: DeviceId, addr: u64) -> Option<(u64, u64)> {
+        let s = self.lock();
+        let d = s.devices.get(device.0 as usize)?;
+        if let Some((&a, &(size, id))) = d.plain.range(..=addr).next_back() {
+            if addr < a + size {
+                return Some((id, addr - a));
+            }
+        }
+        let g = d.cfg.granularity?;
+        let (&base, &size) = d.ranges.range(..=addr).next_back()?;
+        if addr >= base + size {
+            return None;
+        }
+        let page_va = base + (addr - base) / g * g;
+        d.mapped.get(&page_va).map(|&id| (id, addr - page_va))
+    }
+
+    /// The mapping changes logged since the last call (empty unless enabled with
+    /// [`with_events`](Self::with_events)).
+    pub fn take_events(&self) -> Vec<SimEvent> {
+        self.lock()
+            .events
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Counts of backend calls so far.
+    pub fn calls(&self) -> SimCalls {
+        self.lock().calls
+    }
+}
+
+fn complete_to(s: &mut State, device: u32, stream: u64, value: u64) {
+    let mut work = vec![(stream, value)];
+    while let Some((st, v)) = work.pop() {
+        let c = s.clocks.entry((device, st)).or_default();
+        if v > c.completed {
+            c.completed = v;
+        }
+        let completed = c.completed;
+        c.waits.retain(|&(at, other, ov)| {
+            if at <= completed {
+                work.push((other, ov));
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
+fn dev_mut(s: &mut State, device: DeviceId) -> Result<&mut DevState, SimError> {
+    s.devices
+        .get_mut(device.0 as usize)
+        .ok_or(SimError::NoDevice(device.0))
+}
+
+fn granularity(d: &DevState, device: DeviceId) -> Result<u64, SimError> {
+    match d.cfg.granularity {
+        Some(0) => Err(SimError::Misaligned {
+            what: "granularity",
+            value: 0,
+        }),
+        Some(g) => Ok(g),
+        None => Err(SimError::NoVirtualMemory(device.0)),
+    }
+}
+
+fn take_va(d: &mut DevState, size: u64, align: u64) -> Option<u64> {
+    let base = d.next_va.div_ceil(align).checked_mul(align)?;
+    let end = base.checked_add(size)?;
+    if end > d.end_va {
+        return None;
+    }
+    d.next_va = end.saturating_add(GUARD);
+    Some(base)
+}
+
+impl Backend for SimulatedBackend {
+    type Fence = SimFence;
+    type Physical = SimPage;
+    type Error = SimError;
+
+    fn device_count(&self) -> Result<u32, SimError> {
+        Ok(self.lock().devices.len() as u32)
+    }
+
+    fn device_info(&self, device: DeviceId) -> Result<DeviceInfo, SimError> {
+        let mut s = self.lock();
+        let d = dev_mut(&mut s, device)?;
+        Ok(DeviceInfo {
+            total_memory: d.cfg.total_memory,
+            granularity: d.cfg.granularity,
+        })
+    }
+
+    fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DevicePtr>, SimError> {
+        let mut s = self.lock();
+        s.calls.allocate += 1;
+        let id = s.next_id;
+        let d = dev_mut(&mut s, device)?;
+        if d.physical.saturating_add(size) > d.cfg.total_memory {
+            return Ok(None);
+        }
+        let Some(base) = take_va(d, size, 512) else {
+            return Ok(None);
+        };
+        d.physical += size;
+        d.plain.insert(base, (size, id));
+        s.next_id += 1;
+        Ok(Some(DevicePtr(base)))
+    }
+
+    fn deallocate(&self, device: DeviceId, ptr: DevicePtr, size: u64) -> Result<(), SimError> {
+        let mut s = self.lock();
+        s.calls.deallocate += 1;
+        let d = dev_mut(&mut s, device)?;
+        match d.plain.get(&ptr.0) {
+            Some(&(sz, id)) if sz == size => {
+                d.plain.remove(&ptr.0);
+                d.physical -= size;
+                if let Some(ev) = s.events.as_mut() {
+                    ev.push(SimEvent::Deallocate {
+                        device,
+                        addr: ptr.0,
+                        id,
+                    });
+                }
+                Ok(())
+            }
+            _ => Err(SimError::BadFree(ptr.0)),
+        }
+    }
+
+    fn reserve_address_range(
+        &self,
+        device: DeviceId,
+        size: u64,
+    ) -> Result<Option<DevicePtr>, SimError> {
+        let mut s = self.lock();
+        s.calls.reserve_address_range += 1;
+        let d = dev_mut(&mut s, device)?;
+        let g = granularity(d, device)?;
+        if size == 0 || size % g != 0 {
+            return Err(SimError::Misaligned {
+                what: "range size",
+                value: size,
+            });
+        }
+        let Some(base) = take_va(d, size, g) else {
+            return Ok(None);
+        };
+        d.ranges.insert(base, size);
+        Ok(Some(DevicePtr(base)))
+    }
+
+    fn release_address_range(
+        &self,
+        device: DeviceId,
+        base: DevicePtr,
+        size: u64,
+    ) -> Result<(), SimError> {
+        let mut s = self.lock();
+        s.calls.release_address_range += 1;
+        let d = dev_mut(&mut s, device)?;
+        if d.ranges.get(&base.0) != Some(&size) {
+            return Err(SimError::NotReserved(base.0));
+        }
+        if d.mapped
+            .keys()
+            .any(|&va| va >= base.0 && va < base.0 + size)
+        {
+            return Err(SimError::RangeInUse(base.0));
+        }
+        d.ranges.remove(&base.0);
+        Ok(())
+    }
+
+    fn create_physical(&self, device: DeviceId, size: u64) -> Result<Option<SimPage>, SimError> {
+        let mut s = self.lock();
+        s.calls.create_physical += 1;
+        let id = s.next_id;
+        let d = dev_mut(&mut s, device)?;
+        let g = granularity(d, device)?;
+        if size != g {
+            return Err(SimError::Misaligned {
+                what: "page size",
+                value: size,
+            });
+        }
+        if d.physical.saturating_add(size) > d.cfg.total_memory {
+            return Ok(None);
+        }
+        d.physical += size;
+        d.pages.insert(id, None);
+        s.next_id += 1;
+        Ok(Some(SimPage { id }))
+    }
+
+    fn release_physical(&self, device: DeviceId, page: SimPage) -> Result<(), SimError> {
+        let mut s = self.lock();
+        s.calls.release_physical += 1;
+        let d = dev_mut(&mut s, device)?;
+        let g = granularity(d, device)?;
+        match d.pages.get(&page.id) {
+            None => Err(SimError::Unknown(page.id)),
+            Some(Some(_)) => Err(SimError::PageInUse(page.id)),
+            Some(None) => {
+                d.pages.remove(&page.id);
+                d.physical -= g;
+                Ok(())
+            }
+        }
+    }
+
+    fn map(&self, device: DeviceId, addr: DevicePtr, page: &SimPage) -> Result<(), SimError> {
+        let mut s = self.lock();
+        s.calls.map += 1;
+        let d = dev_mut(&mut s, device)?;
+        let g = granularity(d, device)?;
+        let va = addr.0;
+        let (&base, &size) = d
+            .ranges
+            .range(..=va)
+            .next_back()
+            .ok_or(SimError::NotReserved(va))?;
+        if va + g > base + size {
+            return Err(SimError::NotReserved(va));
+        }
+        if (va - base) % g != 0 {
+            return Err(SimError::Misaligned {
+                what: "map address",
+                value: va,
+            });
+        }
+        if d.mapped.contains_key(&va) {
+            return Err(SimError::AlreadyMapped(va));
+        }
+        match d.pages.get_mut(&page.id) {
+            None => return Err(SimError::Unknown(page.id)),
+            Some(Some(_)) => return Err(SimError::PageInUse(page.id)),
+            Some(slot) => *slot = Some(va),
+        }
+        d.mapped.insert(va, page.id);
+        if let Some(ev) = s.events.as_mut() {
+            ev.push(SimEvent::Map {
+                device,
+                addr: va,
+                page: page.id,
+            });
+        }
+        Ok(())
+    }
+
+    fn unmap(&self, device: DeviceId, addr: DevicePtr, size: u64) -> Result<(), SimError> {
+        let mut s = self.lock();
+        s.calls.unmap += 1;
+        let d = dev_mut(&mut s, device)?;
+        let g = granularity(d, device)?;
+        if size != g {
+            return Err(SimError::Misaligned {
+                what: "unmap size",
+                value: size,
+            });
+        }
+        let id = d
+            .mapped
+            .remove(&addr.0)
+            .ok_or(SimError::NotMapped(addr.0))?;
+        if let Some(slot) = d.pages.get_mut(&id) {
+            *slot = None;
+        }
+        if let Some(ev) = s.events.as_mut() {
+            ev.push(SimEvent::Unmap {
+                device,
+                addr: addr.0,
+                page: id,
+            });
+        }
+        Ok(())
+    }
+
+    fn record_fence(&self, device: DeviceId, stream: StreamId) -> Result<SimFence, SimError> {
+        let mut s = self.lock();
+        s.calls.record_fence += 1;
+        if device.0 as usize >= s.devices.len() {
+            return Err(SimError::NoDevice(device.0));
+        }
+        let value = s.clocks.entry((device.0, stream.0)).or_default().submitted;
+        Ok(SimFence {
+            device: device.0,
+            stream: stream.0,
+            value,
+        })
+    }
+
+    fn fence_completed(&self, fence: &SimFence) -> Result<bool, SimError> {
+        let mut s = self.lock();
+        s.calls.fence_completed += 1;
+        let done = s
+            .clocks
+            .get(&(fence.device, fence.stream))
+            .map_or(fence.value == 0, |c| c.completed >= fence.value);
+        Ok(done)
+    }
+
+    fn wait_fence(&self, fence: &SimFence) -> Result<(), SimError> {
+        let mut s = self.lock();
+        s.calls.wait_fence += 1;
+        complete_to(&mut s, fence.device, fence.stream, fence.value);
+        Ok(())
+    }
+
+    fn stream_wait_fence(
+        &self,
+        device: DeviceId,
+        stream: StreamId,
+        fence: &SimFence,
+    ) -> Result<(), SimError> {
+        let mut s = self.lock();
+        s.calls.stream_wait_fence += 1;
+        let c = s.clocks.entry((device.0, stream.0)).or_default();
+        // The wait is itself a command of the stream: work after it cannot complete
+        // before the fence has.
+        c.submitted += 1;
+        let at = c.submitted;
+        c.waits.push((at, fence.stream, fence.value));
+        let w = c.waited.entry(fence.stream).or_insert(0);
+        *w = (*w).max(fence.value);
+        Ok(())
+    }
+
+    fn release_fence(&self, _fence: SimFence) {
+        self.lock().calls.release_fence += 1;
+    }
+}

@@ -1,0 +1,130 @@
+//! [`Stats`]: what the pool holds and did, with peaks.
+//!
+//! # Where the numbers are kept
+//!
+//! Counters that the hot path changes (used bytes, requested bytes, active blocks,
+//! allocations, frees) live in each (device, stream) shard, under the shard's own lock,
+//! so that threads on different streams never write a shared cache line. Counters that
+//! only the slow path changes (reserved bytes, retries, out-of-memory errors) live with
+//! the device, under the device lock.
+//!
+//! A consequence for peaks: the peak of a shard counter is exact; the peak of a device
+//! total of such a counter ([`Stats::used`], [`Stats::requested`], [`Stats::active_blocks`])
+//! is reported as the *sum of the shards' peaks*, an upper bound of the true peak that
+//! is exact whenever one stream was used. Keeping the exact device-wide peak would need
+//! one shared atomic written by every `malloc` and `free` of every thread, which is what
+//! the sharding avoids. [`Stats::reserved`]'s peak is always exact.
+
+/// A counter with its high-water mark.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stat {
+    /// The value now.
+    pub current: u64,
+    /// The highest value seen (see the module documentation for device totals).
+    pub peak: u64,
+}
+
+impl Stat {
+    pub(crate) fn add(&mut self, n: u64) {
+        self.current += n;
+        if self.current > self.peak {
+            self.peak = self.current;
+        }
+    }
+
+    pub(crate) fn sub(&mut self, n: u64) {
+        self.current = self.current.saturating_sub(n);
+    }
+
+    pub(crate) fn merge(&mut self, other: &Stat) {
+        self.current += other.current;
+        self.peak += other.peak;
+    }
+}
+
+/// Statistics of one device of the pool, or of one (device, stream) shard.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Stats {
+    /// Bytes in live blocks, at the pool's rounding (CuPy's `used_bytes`).
+    pub used: Stat,
+    /// Bytes asked for by live allocations, before rounding.
+    pub requested: Stat,
+    /// Physical bytes held from the backend (CuPy's `total_bytes`): whole plain
+    /// segments, or mapped and spare pages of virtual-memory segments. Zero in a
+    /// stream shard's statistics (reservations belong to the device).
+    pub reserved: Stat,
+    /// Live blocks.
+    pub active_blocks: Stat,
+    /// Successful non-empty `malloc` calls.
+    pub allocations: u64,
+    /// Frees of non-empty allocations.
+    pub frees: u64,
+    /// Times the pool ran its out-of-memory recovery (waiting for fences and releasing
+    /// cached memory) before retrying a request.
+    pub retries: u64,
+    /// Requests that failed with [`PoolError::OutOfMemory`](crate::PoolError::OutOfMemory).
+    pub ooms: u64,
+}
+
+impl Stats {
+    /// Bytes reserved but not in live blocks: `reserved - used` (CuPy's `free_bytes`).
+    pub fn free_bytes(&self) -> u64 {
+        self.reserved.current.saturating_sub(self.used.current)
+    }
+
+    /// Fragmentation: the fraction of reserved memory that is not in live blocks,
+    /// `1 - used / reserved`, in `[0, 1]`; `0` when nothing is reserved.
+    pub fn fragmentation(&self) -> f64 {
+        if self.reserved.current == 0 {
+            0.0
+        } else {
+            self.free_bytes() as f64 / self.reserved.current as f64
+        }
+    }
+
+    pub(crate) fn merge_shard(&mut self, shard: &Stats) {
+        self.used.merge(&shard.used);
+        self.requested.merge(&shard.requested);
+        self.active_blocks.merge(&shard.active_blocks);
+        self.allocations += shard.allocations;
+        self.frees += shard.frees;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peaks_follow_adds_not_subs() {
+        let mut s = Stat::default();
+        s.add(10);
+        s.sub(4);
+        s.add(2);
+        assert_eq!(
+            s,
+            Stat {
+                current: 8,
+                peak: 10
+            }
+        );
+        s.add(5);
+        assert_eq!(
+            s,
+            Stat {
+                current: 13,
+                peak: 13
+            }
+        );
+    }
+
+    #[test]
+    fn fragmentation_is_unused_share_of_reserved() {
+        let mut st = Stats::default();
+        assert_eq!(st.fragmentation(), 0.0);
+        st.reserved.add(1000);
+        st.used.add(250);
+        assert_eq!(st.free_bytes(), 750);
+        assert!((st.fragmentation() - 0.75).abs() < 1e-12);
+    }
+}
