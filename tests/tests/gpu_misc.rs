@@ -161,15 +161,10 @@ mod handles {
     #[test]
     fn the_shared_cublas_handle_is_the_same_for_a_device_on_every_thread() {
         locate();
-        eprintln!(
-            "cuBLAS candidate: {:?}",
-            std::env::var_os(CUBLAS_LIBRARY_ENV)
-        );
         let path = handles::cublas_library_path().expect("cuBLAS found and opened");
-        eprintln!("cuBLAS opened from {path}");
+        println!("cuBLAS opened from {path}");
         let dev = Device::new(0).unwrap();
         let first = handles::cublas_handle(&dev).unwrap();
-        eprintln!("cuBLAS handle created");
         assert!(!first.raw().is_null());
         assert_eq!(first.device(), dev);
         let again = handles::cublas_handle(&dev).unwrap();
@@ -192,11 +187,9 @@ mod handles {
         let dev = Device::new(0).unwrap();
         let shared = handles::cublas_handle(&dev).unwrap();
         let own = handles::CublasHandle::new(&dev).unwrap();
-        eprintln!("owned cuBLAS handle created");
         assert!(!own.raw().is_null());
         assert_ne!(own.raw(), shared.raw());
         drop(own);
-        eprintln!("owned cuBLAS handle destroyed");
         let second = handles::CublasHandle::new(&dev).unwrap();
         assert!(!second.raw().is_null());
     }
@@ -216,12 +209,8 @@ mod handles {
     #[test]
     fn the_shared_cusolver_handle_is_the_same_for_a_device_and_owned_ones_differ() {
         locate();
-        eprintln!(
-            "cuSOLVER candidate: {:?}",
-            std::env::var_os(CUSOLVER_LIBRARY_ENV)
-        );
         let path = handles::cusolver_library_path().expect("cuSOLVER found and opened");
-        eprintln!("cuSOLVER opened from {path}");
+        println!("cuSOLVER opened from {path}");
         let dev = Device::new(0).unwrap();
         let first = handles::cusolver_handle(&dev).unwrap();
         assert!(!first.raw().is_null());
