@@ -54,6 +54,41 @@ pub fn gpu_bundle() -> Result<()> {
         &[],
     )?;
     total += copy_artifacts(&examples, "example", &dir.join("examples"))?;
+    // The C ABI of MemoryPool, for the PyTorch / CuPy workloads (tests/bundle/*.py).
+    let capi = cargo_json(
+        &[
+            "build",
+            "-p",
+            "cuda-mempool-capi",
+            "--release",
+            "--message-format=json",
+        ],
+        &[],
+    )?;
+    fs::create_dir_all(dir.join("lib")).map_err(|e| e.to_string())?;
+    for line in &capi {
+        if !line.contains("\"reason\":\"compiler-artifact\"") || !line.contains("cuda-mempool-capi")
+        {
+            continue;
+        }
+        for path in line.split('"').filter(|p| p.ends_with(".so")) {
+            let from = PathBuf::from(path);
+            if let Some(name) = from.file_name() {
+                let to = dir.join("lib").join(name);
+                fs::copy(&from, &to).map_err(|e| format!("copy {}: {e}", from.display()))?;
+                let _ = std::process::Command::new("strip")
+                    .arg("--strip-debug")
+                    .arg(&to)
+                    .status();
+                total += fs::metadata(&to).map_err(|e| e.to_string())?.len();
+                println!("xtask: bundled lib/{}", name.to_string_lossy());
+            }
+        }
+    }
+    let header = root().join("cuda-mempool-capi/include/cuda_mempool.h");
+    if header.is_file() {
+        total += fs::copy(&header, dir.join("lib/cuda_mempool.h")).map_err(|e| e.to_string())?;
+    }
     let extra = root().join("tests/bundle");
     if extra.is_dir() {
         for entry in fs::read_dir(&extra).map_err(|e| e.to_string())? {

@@ -1,0 +1,1 @@
+//! C ABI for `cuda-mempool` (in progress).
