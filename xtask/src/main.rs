@@ -5,6 +5,7 @@
 //! | `ci` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), the bindings snapshot check, the main example with and without headers |
 //! | `bindings` | regenerates `cuda-sys/src/generated/driver.rs` from the headers found |
 //! | `gpu-bundle` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh` |
+//! | `replay [TRACE...]` | replays allocation traces (default `../shared/traces/*.trace`) through MemoryPool on the simulated backend |
 //! | `bench-report DIR` | `results.csv` + `peers.csv` of one benchmark run -> `bench/results/REPORT.md` and SVG plots |
 
 mod bundle;
@@ -21,6 +22,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("bindings") => bindings(),
         Some("gpu-bundle") => bundle::gpu_bundle(),
+        Some("replay") => replay(&args[1..]),
         Some("bench-report") => match args.get(1) {
             Some(dir) => report::bench_report(std::path::Path::new(dir)),
             None => {
@@ -28,7 +30,9 @@ fn main() -> ExitCode {
             }
         },
         _ => {
-            eprintln!("usage: cargo xtask <ci|bindings|gpu-bundle|bench-report DIR>");
+            eprintln!(
+                "usage: cargo xtask <ci|bindings|gpu-bundle|replay [TRACE...]|bench-report DIR>"
+            );
             return ExitCode::from(2);
         }
     };
@@ -153,6 +157,34 @@ fn bindings() -> Result<()> {
     std::fs::copy(out_dir.join("driver.rs"), &target).map_err(|e| format!("copy: {e}"))?;
     println!("xtask: wrote {} from {source}", target.display());
     Ok(())
+}
+
+/// Replays traces through `MemoryPool` on the simulated backend (the pool's `replay` example):
+/// peak requested, peak reserved, their ratio and ns per operation for each.
+fn replay(traces: &[String]) -> Result<()> {
+    let mut files: Vec<String> = traces.to_vec();
+    if files.is_empty() {
+        let dir = util::root().join("../shared/traces");
+        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for entry in entries.flatten() {
+            if entry.path().extension().is_some_and(|x| x == "trace") {
+                files.push(entry.path().to_string_lossy().into_owned());
+            }
+        }
+        files.sort();
+    }
+    let mut args = vec![
+        "run",
+        "--quiet",
+        "--release",
+        "-p",
+        "cuda-mempool",
+        "--example",
+        "replay",
+        "--",
+    ];
+    args.extend(files.iter().map(String::as_str));
+    cargo(&args, &[])
 }
 
 fn step(name: &str) {
