@@ -59,16 +59,24 @@
 
 #![deny(missing_docs)]
 
+pub mod allocator;
+pub mod async_pool;
 pub mod backend;
+pub mod driver;
 pub mod error;
+pub mod hooks;
+pub mod pinned;
 pub mod policy;
 pub mod pool;
 pub mod replay;
 pub mod sim;
 pub mod stats;
 
+pub use async_pool::{AsyncPool, AsyncPoolSource};
 pub use backend::{Backend, DeviceId, DeviceInfo, DevicePtr, StreamId};
+pub use driver::{default_pool, DevicePool, DriverBackend, DriverFence, PoolMemory};
 pub use error::PoolError;
+pub use pinned::{default_pinned_pool, PinnedBlock, PinnedMemoryPool};
 pub use pool::{Allocation, Limit, MemoryPool, PoolConfig, RawAllocation, LIMIT_ENV_VAR};
 pub use sim::{SimDevice, SimulatedBackend};
 pub use stats::{Stat, Stats};

@@ -1,0 +1,335 @@
+//! Pluggable allocators (CuPy's `set_allocator` / `using_allocator` and the allocator
+//! classes): "give me `size` bytes on this device for this stream".
+//!
+//! * [`Allocator`]: the trait; an allocation is a `cuda_core` `DevicePtr` view owning its
+//!   memory, so every allocator's memory is used the same way.
+//! * [`DirectAllocator`]: `cuMemAlloc` per request, no caching.
+//! * [`PoolAllocator`]: a shared [`DevicePool`] (the default: the process-wide
+//!   [`default_pool`]).
+//! * [`FnAllocator`]: any Rust closure (CuPy's `PythonFunctionAllocator`).
+//! * [`CFunctionAllocator`]: C function pointers with a context pointer (CuPy's
+//!   `CFunctionAllocator`).
+//! * The thread-local current allocator: [`set_allocator`], [`get_allocator`],
+//!   [`using_allocator`] (a scoped guard), and [`alloc`] through it on the current
+//!   device's current stream.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cuda_core::memory::{DeviceAlloc, DeviceMemory, DevicePtr as CoreDevicePtr};
+use cuda_core::sys::{CUdeviceptr, CUstream};
+use cuda_core::{Device, Stream};
+
+use crate::driver::{default_pool, device_id, DevicePool};
+use crate::error::PoolError;
+use crate::hooks::{self, MemoryEvent};
+
+/// Gives `size` bytes on `stream`'s device, for use on `stream`. Size 0 gives an empty
+/// view. `Send + Sync`: allocators are shared between threads through `Arc`.
+pub trait Allocator: Send + Sync {
+    /// Allocates `size` bytes for `stream`.
+    fn allocate(&self, stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError>;
+}
+
+/// `cuMemAlloc` for every request and `cuMemFree` when the last view drops; no caching.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DirectAllocator;
+
+impl Allocator for DirectAllocator {
+    fn allocate(&self, stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError> {
+        let dev = stream.device();
+        match DeviceMemory::new(&dev, size) {
+            Ok(m) => Ok(m.into_ptr()),
+            Err(e) if e.is_out_of_memory() => Err(PoolError::OutOfMemory {
+                device: device_id(&dev),
+                requested: size as u64,
+                used: 0,
+                reserved: 0,
+                limit: None,
+            }),
+            Err(e) => Err(PoolError::backend("cuMemAlloc")(e)),
+        }
+    }
+}
+
+/// Allocates from a shared [`DevicePool`].
+#[derive(Debug, Clone)]
+pub struct PoolAllocator(pub Arc<DevicePool>);
+
+impl Allocator for PoolAllocator {
+    #[track_caller]
+    fn allocate(&self, stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError> {
+        Ok(self.0.malloc_shared(stream, size)?.into())
+    }
+}
+
+/// An allocator from a Rust closure (CuPy's `PythonFunctionAllocator`).
+///
+/// ```
+/// use cuda_mempool::allocator::{Allocator, DirectAllocator, FnAllocator};
+/// let counting = FnAllocator::new(|stream: &cuda_core::Stream, size: usize| {
+///     DirectAllocator.allocate(stream, size)
+/// });
+/// # let _ = counting;
+/// ```
+pub struct FnAllocator<F>(F);
+
+impl<F> FnAllocator<F>
+where
+    F: Fn(&Stream, usize) -> Result<CoreDevicePtr, PoolError> + Send + Sync,
+{
+    /// Wraps `f`.
+    pub fn new(f: F) -> Self {
+        FnAllocator(f)
+    }
+}
+
+impl<F> std::fmt::Debug for FnAllocator<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FnAllocator")
+    }
+}
+
+impl<F> Allocator for FnAllocator<F>
+where
+    F: Fn(&Stream, usize) -> Result<CoreDevicePtr, PoolError> + Send + Sync,
+{
+    fn allocate(&self, stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError> {
+        (self.0)(stream, size)
+    }
+}
+
+/// The C allocation function of a [`CFunctionAllocator`]: returns the address of `size`
+/// bytes on device `device` for `stream`, or 0 on failure.
+pub type CMallocFn = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    size: usize,
+    device: i32,
+    stream: CUstream,
+) -> CUdeviceptr;
+/// The C free function of a [`CFunctionAllocator`].
+pub type CFreeFn =
+    unsafe extern "C" fn(ctx: *mut c_void, ptr: CUdeviceptr, device: i32, stream: CUstream);
+
+struct CFunctions {
+    ctx: *mut c_void,
+    malloc: CMallocFn,
+    free: CFreeFn,
+    _owner: Option<Box<dyn Any + Send + Sync>>,
+}
+
+// SAFETY: `CFunctionAllocator::new`'s contract makes the functions callable from any
+// thread with `ctx`; `ctx` is only passed back to them.
+unsafe impl Send for CFunctions {}
+// SAFETY: as above.
+unsafe impl Sync for CFunctions {}
+
+/// An allocator from C function pointers with a context pointer (CuPy's
+/// `CFunctionAllocator`), for allocators written in C or another language.
+///
+/// `Send` and `Sync` by the contract of [`new`](Self::new).
+#[derive(Clone)]
+pub struct CFunctionAllocator {
+    inner: Arc<CFunctions>,
+}
+
+impl std::fmt::Debug for CFunctionAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CFunctionAllocator")
+            .field("ctx", &self.inner.ctx)
+            .finish()
+    }
+}
+
+impl CFunctionAllocator {
+    /// Wraps `malloc` and `free` with the context pointer `ctx` passed to both; `owner` is
+    /// kept alive as long as the allocator or any of its allocations (whatever `ctx`
+    /// points into).
+    ///
+    /// # Safety
+    ///
+    /// `malloc` and `free` must be callable from any thread with `ctx` for as long as the
+    /// allocator or any allocation from it lives; `malloc` must return 0 or the address of
+    /// at least `size` bytes of device memory of `device` usable on `stream`, which stays
+    /// valid until `free` is called with it.
+    pub unsafe fn new(
+        ctx: *mut c_void,
+        malloc: CMallocFn,
+        free: CFreeFn,
+        owner: Option<Box<dyn Any + Send + Sync>>,
+    ) -> CFunctionAllocator {
+        CFunctionAllocator {
+            inner: Arc::new(CFunctions {
+                ctx,
+                malloc,
+                free,
+                _owner: owner,
+            }),
+        }
+    }
+}
+
+struct CMemory {
+    ptr: CUdeviceptr,
+    size: usize,
+    device: Device,
+    stream: CUstream,
+    functions: Arc<CFunctions>,
+}
+
+// SAFETY: an address and size; the C functions are thread-safe by `new`'s contract, and the
+// stream handle is only passed back to them.
+unsafe impl Send for CMemory {}
+// SAFETY: as above.
+unsafe impl Sync for CMemory {}
+
+// SAFETY: `new`'s contract: `ptr..ptr + size` is device memory of `device` until `free`,
+// which only Drop calls; the fields never change.
+unsafe impl DeviceAlloc for CMemory {
+    fn device(&self) -> Device {
+        self.device
+    }
+    fn as_raw(&self) -> CUdeviceptr {
+        self.ptr
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+}
+
+impl Drop for CMemory {
+    fn drop(&mut self) {
+        if self.ptr != 0 {
+            let f = &self.functions;
+            // SAFETY: `ptr` came from `malloc` with this context and is freed once.
+            unsafe { (f.free)(f.ctx, self.ptr, self.device.ordinal() as i32, self.stream) };
+        }
+    }
+}
+
+impl Allocator for CFunctionAllocator {
+    fn allocate(&self, stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError> {
+        let device = stream.device();
+        let ptr = if size == 0 {
+            0
+        } else {
+            let f = &self.inner;
+            // SAFETY: `new`'s contract.
+            let p = unsafe { (f.malloc)(f.ctx, size, device.ordinal() as i32, stream.raw()) };
+            if p == 0 {
+                return Err(PoolError::OutOfMemory {
+                    device: device_id(&device),
+                    requested: size as u64,
+                    used: 0,
+                    reserved: 0,
+                    limit: None,
+                });
+            }
+            p
+        };
+        Ok(CoreDevicePtr::new(CMemory {
+            ptr,
+            size,
+            device,
+            stream: stream.raw(),
+            functions: Arc::clone(&self.inner),
+        }))
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Arc<dyn Allocator>>> = const { RefCell::new(None) };
+}
+
+/// Sets the current thread's allocator; `None` restores the default (the
+/// [`default_pool`]). CuPy's `set_allocator`.
+pub fn set_allocator(allocator: Option<Arc<dyn Allocator>>) {
+    CURRENT.with(|c| *c.borrow_mut() = allocator);
+}
+
+/// The current thread's allocator, if one was set (`None`: the default pool). CuPy's
+/// `get_allocator`.
+pub fn get_allocator() -> Option<Arc<dyn Allocator>> {
+    CURRENT.with(|c| c.borrow().clone())
+}
+
+/// Restores the previous allocator of the thread when dropped. Not `Send`.
+#[must_use = "the allocator is restored when the guard drops"]
+pub struct AllocatorGuard {
+    previous: Option<Arc<dyn Allocator>>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl std::fmt::Debug for AllocatorGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AllocatorGuard").finish_non_exhaustive()
+    }
+}
+
+impl Drop for AllocatorGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        CURRENT.with(|c| *c.borrow_mut() = previous);
+    }
+}
+
+/// Uses `allocator` on the current thread until the guard drops (CuPy's
+/// `using_allocator`).
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use cuda_mempool::allocator::{self, DirectAllocator};
+///
+/// {
+///     let _g = allocator::using_allocator(Arc::new(DirectAllocator));
+///     let buf = allocator::alloc(1 << 20)?; // cuMemAlloc
+/// #   drop(buf);
+/// }
+/// let pooled = allocator::alloc(1 << 20)?; // the default pool again
+/// # drop(pooled);
+/// # Ok::<(), cuda_mempool::PoolError>(())
+/// ```
+pub fn using_allocator(allocator: Arc<dyn Allocator>) -> AllocatorGuard {
+    let previous = CURRENT.with(|c| c.borrow_mut().replace(allocator));
+    AllocatorGuard {
+        previous,
+        _not_send: PhantomData,
+    }
+}
+
+/// Allocates `size` bytes through the current thread's allocator, on the current device's
+/// current stream ([`Stream::current`]). Runs the `malloc` hooks ([`crate::hooks`]) with the
+/// caller's location (the default pool's own hooks see the same location).
+#[track_caller]
+pub fn alloc(size: usize) -> Result<CoreDevicePtr, PoolError> {
+    let device = Device::current().map_err(PoolError::backend("Device::current"))?;
+    alloc_on(&Stream::current(&device), size)
+}
+
+/// As [`alloc`], on `stream`.
+#[track_caller]
+pub fn alloc_on(stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError> {
+    match get_allocator() {
+        None => Ok(default_pool()?.malloc_shared(stream, size)?.into()),
+        Some(a) => {
+            if !hooks::any_installed() {
+                return a.allocate(stream, size);
+            }
+            let mut ev = MemoryEvent {
+                device: stream.device().ordinal() as u32,
+                size: size as u64,
+                ptr: 0,
+                stream: stream.raw() as usize as u64,
+                location: Some(std::panic::Location::caller()),
+            };
+            hooks::each(|h| h.malloc_pre(&ev));
+            let p = a.allocate(stream, size)?;
+            ev.ptr = p.as_raw();
+            hooks::each(|h| h.malloc_post(&ev));
+            Ok(p)
+        }
+    }
+}
