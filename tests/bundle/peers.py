@@ -52,11 +52,21 @@ SIZES = [("512B", 512), ("1MiB", 1 << 20), ("64MiB", 64 << 20)]
 XFER_SIZES = [("4KiB", 4 << 10), ("1MiB", 1 << 20), ("64MiB", 64 << 20), ("256MiB", 256 << 20), ("1GiB", 1 << 30)]
 
 
+def guarded(name, fn):
+    try:
+        fn()
+    except Exception as exc:  # one failing scenario group must not hide the others
+        print(f"peers: {name} failed: {exc!r}", flush=True)
+
+
 def cupy_rows():
     import cupy as cp
-    import cupyx
 
-    dev = cp.cuda.Device(0)
+    for name, fn in (("CuPy pools", cupy_pools), ("CuPy wrappers", cupy_wrappers), ("CuPy graph", cupy_graph), ("CuPy transfers", cupy_transfers)):
+        guarded(name, lambda: fn(cp))
+
+
+def cupy_pools(cp):
     pool = cp.cuda.MemoryPool()
     for name, size in SIZES:
         row(f"pool_pair_{name}", "CuPy", ns_per_call(lambda: pool.malloc(size)), "ns")
@@ -65,6 +75,11 @@ def cupy_rows():
         row(f"async_pool_pair_{name}", "CuPy", ns_per_call(lambda: apool.malloc(size)), "ns")
     ppool = cp.cuda.PinnedMemoryPool()
     row("pinned_pool_pair", "CuPy", ns_per_call(lambda: ppool.malloc(4096)), "ns")
+    pool.free_all_blocks()
+
+
+def cupy_wrappers(cp):
+    import cupyx
 
     s = cp.cuda.Stream(non_blocking=True)
     e = cp.cuda.Event(disable_timing=True)
@@ -82,7 +97,10 @@ def cupy_rows():
     row("copy_4KiB_issue", "CuPy", ns_per_call(lambda: mem.copy_from_host_async(hptr, 4096, s)), "ns")
     s.synchronize()
 
+
+def cupy_graph(cp):
     # 100 small operations: direct issue vs one graph replay.
+    s = cp.cuda.Stream(non_blocking=True)
     x = cp.zeros(1024, dtype=cp.float32)
     with s:
         def ops():
@@ -91,7 +109,8 @@ def cupy_rows():
         s.begin_capture()
         ops()
         g = s.end_capture()
-        g.upload(s)
+        if hasattr(g, "upload"):
+            g.upload(s)
 
         def direct():
             ops()
@@ -104,6 +123,11 @@ def cupy_rows():
         row("graph_100_ops_direct", "CuPy", ns_per_call(direct, warmup=20, batches=9, per_batch=20) / 1e3, "us")
         row("graph_100_ops", "CuPy", ns_per_call(replay, warmup=20, batches=9, per_batch=20) / 1e3, "us")
 
+
+def cupy_transfers(cp):
+    import cupyx
+
+    dev = cp.cuda.Device(0)
     for name, size in XFER_SIZES:
         host = np.ones(size, dtype=np.uint8)
         d = cp.empty(size, dtype=cp.uint8)
@@ -114,10 +138,9 @@ def cupy_rows():
         row(f"h2d_pinned_{name}", "CuPy", gbps(size, lambda: d.set(pinned), sync), "GB/s")
         row(f"d2h_pinned_{name}", "CuPy", gbps(size, lambda: d.get(out=pinned), sync), "GB/s")
         del d, pinned, host
-    pool.free_all_blocks()
 
 
-def torch_rows(trace_dir):
+def torch_rows(_trace_dir):
     import torch
 
     for name, size in SIZES:
@@ -168,6 +191,11 @@ def torch_rows(trace_dir):
         row(f"d2h_pinned_{name}", "PyTorch", gbps(size, lambda: pinned.copy_(d, non_blocking=True), sync), "GB/s")
         del d, host, pinned
 
+
+
+def torch_traces(trace_dir):
+    import torch
+
     # The recorded traces through PyTorch's caching allocator: peak reserved / peak requested.
     for trace in sorted(os.listdir(trace_dir)) if trace_dir and os.path.isdir(trace_dir) else []:
         if not trace.endswith(".trace"):
@@ -210,11 +238,9 @@ def main():
     trace_dir = None
     if "--traces" in sys.argv:
         trace_dir = sys.argv[sys.argv.index("--traces") + 1]
-    for name, fn in (("CuPy", cupy_rows), ("PyTorch", lambda: torch_rows(trace_dir))):
-        try:
-            fn()
-        except Exception as exc:  # a peer missing on this machine is reported, not fatal
-            print(f"peers: {name} failed: {exc!r}", flush=True)
+    guarded("CuPy", cupy_rows)
+    guarded("PyTorch", lambda: torch_rows(trace_dir))
+    guarded("PyTorch traces", lambda: torch_traces(trace_dir))
     out = os.environ.get("BENCH_OUT")
     if out:
         path = os.path.join(out, "peers.csv")
