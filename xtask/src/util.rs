@@ -11,10 +11,12 @@ pub fn fail<T>(msg: &str) -> Result<T> {
 
 /// The workspace root.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
+    // `cargo run` sets CARGO_MANIFEST_DIR for the process too; prefer it to the value baked in
+    // at build time, which is wrong when another checkout shares the target directory.
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest.parent().map(Path::to_path_buf).unwrap_or_default()
 }
 
 fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
