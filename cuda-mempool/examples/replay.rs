@@ -21,7 +21,27 @@ fn main() -> std::process::ExitCode {
         }
     }
     if paths.is_empty() {
-        eprintln!("usage: replay [--all-rules] TRACE...");
+        // No arguments: the traces in $CUDA_RS_TRACES (set by the GPU bundle's run.sh), else
+        // the steering repo's shared/traces beside the checkout.
+        let dir = std::env::var_os("CUDA_RS_TRACES")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces")
+            });
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            paths = entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "trace"))
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect();
+            paths.sort();
+        }
+    }
+    if paths.is_empty() {
+        eprintln!(
+            "usage: replay [--all-rules] TRACE...  (no traces given or found in $CUDA_RS_TRACES)"
+        );
         return std::process::ExitCode::FAILURE;
     }
     let rules: &[FenceRule] = if all_rules {

@@ -27,8 +27,8 @@ pub enum Target {
 impl Target {
     fn describe(self, unit: &str) -> String {
         match self {
-            Target::AtMost(x) => format!("<= {x} {unit}"),
-            Target::AtLeast(x) => format!(">= {x} {unit}"),
+            Target::AtMost(x) => format!("<= {} {unit}", short(x)),
+            Target::AtLeast(x) => format!(">= {} {unit}", short(x)),
             Target::RatioAtMost(x) => format!("ratio <= {x}"),
             Target::RatioAtLeast(x) => format!("ratio >= {x}"),
             Target::None => "-".into(),
@@ -45,6 +45,12 @@ impl Target {
             Target::None => None,
         }
     }
+}
+
+/// `x` with at most three decimals and no trailing zeros.
+fn short(x: f64) -> String {
+    let s = format!("{x:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// One benchmark's rows.
@@ -109,7 +115,7 @@ impl Report {
                     f,
                     "{},{},{},{},{},{},{},{},{}",
                     self.bench,
-                    scenario,
+                    scenario.replace(',', ";"),
                     unit,
                     ours,
                     raw.map(|r| r.to_string()).unwrap_or_default(),

@@ -228,6 +228,7 @@ case "$mode" in
     fi
     exit 0 ;;
   examples)
+    export CUDA_RS_TRACES="$here/traces"
     for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
   all) "$0" examples; run_tests; "$0" bench; ;;
   *) echo "usage: run.sh [tests|sanitize|bench|examples|all] [filter]"; exit 2 ;;

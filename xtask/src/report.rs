@@ -56,11 +56,12 @@ pub fn bench_report(dir: &Path) -> Result<()> {
         if f.len() < 4 {
             continue;
         }
-        if !ours.contains_key(f[0]) && !order.iter().any(|s| s == f[0]) {
+        let key = canonical(f[0]);
+        if !order.iter().any(|s| canonical(s) == key) {
             order.push(f[0].to_string());
         }
         peer.insert(
-            (f[0].to_string(), f[1].to_string()),
+            (key, f[1].to_string()),
             (f[2].to_string(), f[3].to_string()),
         );
     }
@@ -90,7 +91,7 @@ pub fn bench_report(dir: &Path) -> Result<()> {
     let (mut n_met, mut n_missed, mut n_none) = (0, 0, 0);
     for scenario in &order {
         let p = |who: &str| {
-            peer.get(&(scenario.clone(), who.to_string()))
+            peer.get(&(canonical(scenario), who.to_string()))
                 .map(|(v, u)| show(v, u))
                 .unwrap_or_else(|| "-".into())
         };
@@ -240,6 +241,26 @@ pub fn bench_report(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The key that joins our rows with the peers': lower case, units glued to their number,
+/// words joined by `_`, plus the few scenarios the two sides name differently.
+fn canonical(scenario: &str) -> String {
+    let mut s = scenario.to_lowercase();
+    for unit in ["kib", "mib", "gib"] {
+        s = s.replace(&format!(" {unit}"), unit);
+    }
+    let s: String = s
+        .split(|c: char| c.is_whitespace() || c == '+')
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join("_");
+    match s.as_str() {
+        "memset_issue_256_b" => "memset_issue".into(),
+        "4kib_h2d_async_copy_issue" => "copy_4kib_issue".into(),
+        "100_kernels_1_block:_end-to-end" => "graph_100_ops".into(),
+        _ => s,
+    }
+}
+
 fn sig(v: f64) -> String {
     if v.abs() >= 100.0 {
         format!("{v:.0}")
@@ -252,13 +273,14 @@ fn sig(v: f64) -> String {
 
 /// `512B`, `4KiB`, `64MiB`, `1GiB` -> bytes.
 fn parse_size(s: &str) -> Option<f64> {
-    let (n, mult) = if let Some(n) = s.strip_suffix("GiB") {
+    let s = s.to_lowercase();
+    let (n, mult) = if let Some(n) = s.strip_suffix("gib") {
         (n, 1u64 << 30)
-    } else if let Some(n) = s.strip_suffix("MiB") {
+    } else if let Some(n) = s.strip_suffix("mib") {
         (n, 1 << 20)
-    } else if let Some(n) = s.strip_suffix("KiB") {
+    } else if let Some(n) = s.strip_suffix("kib") {
         (n, 1 << 10)
-    } else if let Some(n) = s.strip_suffix('B') {
+    } else if let Some(n) = s.strip_suffix('b') {
         (n, 1)
     } else {
         return None;
