@@ -31,6 +31,7 @@
 
 use std::ffi::CString;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_sys::{
     CUgraph, CUgraphExec, CUgraphExecUpdateResult, CUgraphExecUpdateResultInfo,
@@ -110,6 +111,19 @@ fn status_from_raw(raw: CUstreamCaptureStatus) -> CaptureStatus {
     }
 }
 
+/// Captures begun through [`begin_capture`] and not yet ended, in the whole process. Lets
+/// allocators check "is any capture running?" with one atomic load before asking the driver
+/// about a particular stream.
+static ACTIVE_CAPTURES: AtomicUsize = AtomicUsize::new(0);
+
+/// `true` while a capture begun through this crate ([`begin_capture`], and so `cuda-graph`)
+/// has not ended. Captures that foreign code (the CUDA runtime, PyTorch) begins directly are
+/// not counted.
+#[inline]
+pub fn captures_in_progress() -> bool {
+    ACTIVE_CAPTURES.load(Ordering::Acquire) != 0
+}
+
 /// Starts capturing `stream`: work issued to it afterwards is recorded, not run, until
 /// [`end_capture`].
 ///
@@ -125,7 +139,9 @@ pub fn begin_capture(stream: &Stream, mode: CaptureMode) -> Result<()> {
     }
     let _ctx = stream.device().bind()?;
     // SAFETY: a live, non-null stream of the current context.
-    unsafe { drv!(cuStreamBeginCapture(stream.raw(), mode.raw())) }
+    unsafe { drv!(cuStreamBeginCapture(stream.raw(), mode.raw())) }?;
+    ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
+    Ok(())
 }
 
 /// Ends the capture of `stream` and returns the graph recorded.
@@ -140,6 +156,12 @@ pub fn end_capture(stream: &Stream) -> Result<GraphHandle> {
     let mut raw: CUgraph = std::ptr::null_mut();
     // SAFETY: a live stream; valid out-pointer.
     let result = unsafe { drv!(cuStreamEndCapture(stream.raw(), &mut raw)) };
+    // The capture is over unless the stream was not capturing at all (ILLEGAL_STATE).
+    let ended = !matches!(&result, Err(Error::Driver(e)) if e.result() == cuda_sys::CUresult::CUDA_ERROR_ILLEGAL_STATE);
+    if ended {
+        let _ =
+            ACTIVE_CAPTURES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
     match result {
         Ok(()) if !raw.is_null() => Ok(GraphHandle {
             raw,

@@ -379,8 +379,15 @@ impl MemoryPool<DriverBackend> {
         stream: &Stream,
         size: usize,
     ) -> Result<Allocation<'_, DriverBackend>, PoolError> {
-        self.backend().retain_stream(stream);
         let (dev, sid) = (device_id(&stream.device()), stream_id(stream));
+        // One atomic load unless a capture is running somewhere; then ask about this stream.
+        if cuda_core::graph::captures_in_progress()
+            && cuda_core::graph::capture_info(stream)
+                .is_ok_and(|info| info.status != cuda_core::graph::CaptureStatus::None)
+        {
+            return Err(PoolError::CaptureInProgress { stream: sid.0 });
+        }
+        self.backend().retain_stream(stream);
         if !hooks::any_installed() {
             return self.malloc(dev, sid, size as u64);
         }

@@ -19,6 +19,14 @@ impl std::fmt::Display for LimitDisplay {
 /// was before the call, except that cached memory may have been released.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
+    /// An allocation on a stream that is being captured into a CUDA graph: the graph would
+    /// keep using the block after it is freed and handed to someone else. Allocate before
+    /// the capture, or use `AsyncPool`, whose allocations become graph memory nodes.
+    #[error("stream {stream:#x} is being captured into a CUDA graph: MemoryPool does not allocate during capture (use AsyncPool, or allocate before capturing)")]
+    CaptureInProgress {
+        /// The capturing stream (its raw handle).
+        stream: u64,
+    },
     /// The request could not be served even after releasing every cached block the
     /// pool could release.
     #[error(

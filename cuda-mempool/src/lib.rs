@@ -38,6 +38,13 @@
 //! * Out of memory: the pool waits for fences and releases cached memory, retries, and
 //!   then fails with [`PoolError::OutOfMemory`] carrying the requested, used and
 //!   reserved bytes and the limit. [`MemoryPool::set_limit`] is a hard cap.
+//! * During a CUDA graph capture, `DevicePool::malloc_stream` (and everything built on it)
+//!   refuses to allocate on the capturing stream with [`PoolError::CaptureInProgress`]: a
+//!   block handed out there would be freed and reused while the graph still writes it on
+//!   every replay. Allocate before capturing, or use [`AsyncPool`], whose allocations become
+//!   graph memory nodes. The check costs one atomic load unless a capture begun through
+//!   `cuda-core` / `cuda-graph` is running; captures begun by foreign code are not seen, and
+//!   the raw `MemoryPool::malloc(device, StreamId, ..)` cannot check.
 //! * The hot path takes only a per-(device, stream) lock; see [`pool`] for the locking
 //!   structure and [`stats`] for what that means for peaks.
 //!

@@ -129,6 +129,37 @@ fn same_stream_reuse_is_immediate() {
     a.synchronize().unwrap();
 }
 
+/// During a graph capture the pool refuses to allocate on the capturing stream (the graph
+/// would keep using a block after it is freed and reused), and works again after the capture.
+#[test]
+fn no_allocation_on_a_capturing_stream() {
+    let _s = serial();
+    let dev = dev0();
+    let pool = DevicePool::new_driver().unwrap();
+    let s = Stream::builder(&dev).non_blocking(true).build().unwrap();
+    let other = Stream::builder(&dev).non_blocking(true).build().unwrap();
+    assert!(!cuda_core::graph::captures_in_progress());
+    let capture =
+        cuda_graph::capture_begin(&s, cuda_core::graph::CaptureMode::ThreadLocal).unwrap();
+    assert!(cuda_core::graph::captures_in_progress());
+    match pool.malloc_stream(&s, MIB) {
+        Err(PoolError::CaptureInProgress { stream }) => assert_eq!(stream, stream_id(&s).0),
+        other => panic!(
+            "expected CaptureInProgress, got {:?}",
+            other.map(|a| a.ptr())
+        ),
+    }
+    // A stream outside the capture still allocates.
+    let outside = pool.malloc_stream(&other, MIB).unwrap();
+    let graph = capture.end().unwrap();
+    assert_eq!(graph.node_count().unwrap(), 0);
+    assert!(!cuda_core::graph::captures_in_progress());
+    let after = pool.malloc_stream(&s, MIB).unwrap();
+    assert!(!after.is_empty());
+    drop((outside, after));
+    other.synchronize().unwrap();
+}
+
 /// More than the card holds: a typed error, and the pool keeps working.
 #[test]
 fn oom_on_the_card_is_typed_and_recoverable() {
