@@ -28,7 +28,9 @@
 //! owning its memory. This module calls the latter `CoreDevicePtr`; [`PoolMemory`]
 //! converts into it.
 
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use cuda_core::memory::DevicePtr as CoreDevicePtr;
@@ -99,6 +101,16 @@ pub struct DriverBackend {
     /// documentation), by handle.
     streams: RwLock<HashMap<u64, Stream>>,
     virtual_memory: bool,
+    /// Unique among the backends of this process (for the per-thread retain cache).
+    id: u64,
+}
+
+/// Source of [`DriverBackend`] ids; 0 is never handed out.
+static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// `(backend id, stream handle)` this thread last retained: a repeat costs no lock.
+    static LAST_RETAINED: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 impl DriverBackend {
@@ -122,6 +134,7 @@ impl DriverBackend {
             events,
             streams: RwLock::new(HashMap::new()),
             virtual_memory: true,
+            id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -132,16 +145,27 @@ impl DriverBackend {
             return;
         }
         let key = stream_id(stream).0;
+        // The hot path: this thread retained this stream in this backend last time. The
+        // handle cannot have been reused since, because the backend holds the stream.
+        if LAST_RETAINED.with(|last| last.get()) == (self.id, key) {
+            return;
+        }
         let known = self
             .streams
             .read()
             .map(|m| m.contains_key(&key))
             .unwrap_or(false);
         if !known {
-            if let Ok(mut m) = self.streams.write() {
-                m.entry(key).or_insert_with(|| stream.clone());
+            match self.streams.write() {
+                Ok(mut m) => {
+                    m.entry(key).or_insert_with(|| stream.clone());
+                }
+                // A poisoned map cannot record the stream: leave the cache alone so the next
+                // call tries again.
+                Err(_) => return,
             }
         }
+        LAST_RETAINED.with(|last| last.set((self.id, key)));
     }
 
     /// The `cuda-core` device behind `id`.

@@ -2,7 +2,7 @@
 //! own allocators, in the same run.
 //!
 //! Rows (all medians after a warm-up):
-//! - `pool_pair_{512B,1MiB,64MiB}`: ns per same-size malloc+free pair on one thread; raw
+//! - `pool_pair_{512B,1MiB,64MiB}`: ns per same-size `malloc_stream`+drop pair on one thread; raw
 //!   column: a warm `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` pair on a driver pool with
 //!   the release threshold at `u64::MAX`. Target <= 50 ns.
 //! - `raw_cumemalloc_pair_1MiB`: `cuMemAlloc` + `cuMemFree`, for context.
@@ -50,7 +50,6 @@ fn main() -> Result<(), BoxError> {
     let id = device_id(&dev);
     let mut report = Report::new("bench_pool");
     let stream = Stream::new(&dev)?;
-    let sid = stream_id(&stream);
     // The streams outlive every use of them by the pool (it records fences lazily).
     let all_streams: Vec<Stream> = (0..16)
         .map(|_| Stream::new(&dev))
@@ -63,7 +62,7 @@ fn main() -> Result<(), BoxError> {
     let apool = AsyncPool::new(&dev, AsyncPoolSource::New { max_size: None })?;
     for (name, size) in [("512B", 512usize), ("1MiB", MIB), ("64MiB", 64 * MIB)] {
         let ours = ns_per_call(10_000, 21, 100_000, || {
-            drop(pool.malloc(id, sid, size as u64).expect("pool malloc"));
+            drop(pool.malloc_stream(&stream, size).expect("pool malloc"));
         });
         let raw = raw_async_pair(&raw_pool, &stream, size);
         report.row(
@@ -112,9 +111,8 @@ fn main() -> Result<(), BoxError> {
                 for s in streams {
                     let pool = &pool;
                     sc.spawn(move || {
-                        let sid = stream_id(s);
                         for _ in 0..pairs_per_thread {
-                            drop(pool.malloc(id, sid, MIB as u64).expect("pool malloc"));
+                            drop(pool.malloc_stream(s, MIB).expect("pool malloc"));
                         }
                     });
                 }
