@@ -1,1 +1,523 @@
-//! C ABI for `cuda-mempool` (in progress).
+//! A C ABI for `cuda-mempool`: one process-wide pool that PyTorch, CuPy and C code can
+//! use as their CUDA allocator.
+//!
+//! The crate builds a shared library (`libcuda_mempool_capi.so`) whose exported C
+//! functions all serve one process-wide pool: by default [`cuda_mempool::default_pool`],
+//! so Rust code and Python frameworks in the same process share it, or, with
+//! [`SEGMENTS_ENV_VAR`] set to `plain`, a pool of the C API's own with plain segments. The C declarations are in
+//! `include/cuda_mempool.h`, written by hand and checked against the exports by this
+//! crate's tests.
+//!
+//! # Contents
+//!
+//! | export | for |
+//! | --- | --- |
+//! | [`cuda_mempool_torch_alloc`], [`cuda_mempool_torch_free`] | PyTorch's `torch.cuda.memory.CUDAPluggableAllocator(path, "cuda_mempool_torch_alloc", "cuda_mempool_torch_free")` |
+//! | [`cuda_mempool_cupy_malloc`], [`cuda_mempool_cupy_free`], [`cuda_mempool_set_current_stream`] | CuPy's `cupy.cuda.memory.CFunctionAllocator(param, malloc, free, owner)` |
+//! | [`cuda_mempool_record_stream`] | marking a block as used on another stream (PyTorch's `record_stream`) |
+//! | [`cuda_mempool_used_bytes`], [`cuda_mempool_reserved_bytes`], [`cuda_mempool_peak_reserved_bytes`], [`cuda_mempool_live_allocations`] | statistics |
+//! | [`cuda_mempool_free_all_blocks`], [`cuda_mempool_set_limit`], [`cuda_mempool_get_limit`] | control |
+//! | [`cuda_mempool_last_error`], [`cuda_mempool_clear_error`] | errors |
+//!
+//! Modules: [`error`] (the last-error slot and the panic guard every export runs in),
+//! [`registry`] (device pointer to pool allocation).
+//!
+//! # Errors
+//!
+//! Failure crosses the boundary as a null pointer (allocations) or a negative return
+//! value (everything else), plus a message that [`cuda_mempool_last_error`] returns on
+//! the same thread. No panic unwinds into C: every export catches it and reports it as
+//! an error. Frees return nothing (the C shapes of PyTorch and CuPy have no error
+//! channel there); a failed free still records its message.
+//!
+//! # Streams
+//!
+//! A block belongs to the stream it was allocated on, and the pool reuses it on that
+//! stream at once and on other streams only after the work issued before its free has
+//! completed (see `cuda_mempool`'s crate documentation). PyTorch passes the stream to
+//! both calls; CuPy passes none, so the CuPy entry points use the calling thread's
+//! current stream of `cuda-core` (the legacy null stream unless
+//! [`cuda_mempool_set_current_stream`] or Rust code chose another one). Streams passed in
+//! must stay alive while the pool caches blocks of them (PyTorch's and CuPy's default
+//! and pool streams live for the whole process).
+//!
+//! # Example (Rust view of the C calls)
+//!
+//! ```no_run
+//! use cuda_mempool_capi::*;
+//!
+//! let p = cuda_mempool_torch_alloc(1 << 20, 0, std::ptr::null_mut());
+//! assert!(!p.is_null());
+//! assert!(cuda_mempool_used_bytes(0) >= 1 << 20);
+//! cuda_mempool_torch_free(p, 1 << 20, 0, std::ptr::null_mut());
+//! assert_eq!(cuda_mempool_free_all_blocks(), 0);
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod registry;
+
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::{LazyLock, Mutex, OnceLock, PoisonError};
+
+use cuda_core::Stream;
+use cuda_mempool::{
+    default_pool, DeviceId, DevicePool, DriverBackend, Limit, MemoryPool, PoolConfig, PoolError,
+    StreamId,
+};
+
+use registry::Registry;
+
+/// Every exported C function, by name, in the order of `include/cuda_mempool.h`.
+pub const EXPORTED_FUNCTIONS: &[&str] = &[
+    "cuda_mempool_torch_alloc",
+    "cuda_mempool_torch_free",
+    "cuda_mempool_cupy_malloc",
+    "cuda_mempool_cupy_free",
+    "cuda_mempool_set_current_stream",
+    "cuda_mempool_record_stream",
+    "cuda_mempool_used_bytes",
+    "cuda_mempool_reserved_bytes",
+    "cuda_mempool_peak_reserved_bytes",
+    "cuda_mempool_live_allocations",
+    "cuda_mempool_free_all_blocks",
+    "cuda_mempool_set_limit",
+    "cuda_mempool_get_limit",
+    "cuda_mempool_last_error",
+    "cuda_mempool_clear_error",
+];
+
+/// The C API's live allocations, by address.
+static LIVE: LazyLock<Registry> = LazyLock::new(Registry::new);
+
+/// An error of the C layer: a message naming the export that failed.
+#[derive(Debug)]
+struct CallError(String);
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Runs an export's body in the panic guard ([`error::guard`]), with this layer's error.
+fn run<T>(failure: T, body: impl FnOnce() -> Result<T, CallError>) -> T {
+    error::guard(failure, body)
+}
+
+fn fail(call: &str, what: impl std::fmt::Display) -> CallError {
+    CallError(format!("{call}: {what}"))
+}
+
+/// Environment variable choosing the pool the C API serves, read once at the first call:
+/// unset or `virtual`: `cuda_mempool::default_pool()` (virtual-memory segments where the
+/// device supports them; shared with Rust code in the process); `plain`: a pool of the C
+/// API's own with plain `cuMemAlloc` segments.
+pub const SEGMENTS_ENV_VAR: &str = "CUDA_MEMPOOL_CAPI_SEGMENTS";
+
+/// Whether [`SEGMENTS_ENV_VAR`] asks for plain segments.
+fn wants_plain() -> bool {
+    static PLAIN: OnceLock<bool> = OnceLock::new();
+    *PLAIN.get_or_init(|| {
+        std::env::var(SEGMENTS_ENV_VAR).is_ok_and(|v| v.trim().eq_ignore_ascii_case("plain"))
+    })
+}
+
+/// The C API's own pool with plain segments, created on first use (a failed creation is
+/// not cached: the next call tries again).
+fn plain_pool() -> Result<&'static DevicePool, PoolError> {
+    static POOL: OnceLock<DevicePool> = OnceLock::new();
+    static INIT: Mutex<()> = Mutex::new(());
+    if let Some(p) = POOL.get() {
+        return Ok(p);
+    }
+    let _guard = INIT.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(p) = POOL.get() {
+        return Ok(p);
+    }
+    let backend = DriverBackend::plain().map_err(|e| PoolError::Backend {
+        op: "DriverBackend::plain",
+        source: Box::new(e),
+    })?;
+    let pool = MemoryPool::with_config(backend, PoolConfig::from_env()?)?;
+    Ok(POOL.get_or_init(|| pool))
+}
+
+/// The process-wide pool (see [`SEGMENTS_ENV_VAR`]), created on first use.
+fn pool(call: &str) -> Result<&'static DevicePool, CallError> {
+    let pool = if wants_plain() {
+        plain_pool()
+    } else {
+        default_pool().map(|p| p.as_ref())
+    };
+    pool.map_err(|e| fail(call, e))
+}
+
+fn device_id(call: &str, device: c_int) -> Result<DeviceId, CallError> {
+    u32::try_from(device)
+        .map(DeviceId)
+        .map_err(|_| fail(call, format!("invalid device ordinal {device}")))
+}
+
+fn stream_id(stream: *mut c_void) -> StreamId {
+    StreamId(stream as usize as u64)
+}
+
+fn to_c_ptr(addr: u64) -> *mut c_void {
+    addr as usize as *mut c_void
+}
+
+/// Allocates from the pool and records the block; null for size 0.
+fn alloc(
+    call: &str,
+    device: DeviceId,
+    stream: StreamId,
+    size: u64,
+) -> Result<*mut c_void, CallError> {
+    if size == 0 {
+        return Ok(std::ptr::null_mut());
+    }
+    let pool = pool(call)?;
+    let raw = pool
+        .malloc(device, stream, size)
+        .map_err(|e| fail(call, e))?
+        .into_raw();
+    if let Some(stale) = LIVE.insert(raw) {
+        // The pool handed out an address the registry still holds: the pool and the
+        // registry disagree. Put nothing in a worse state: keep the new block recorded,
+        // report, and leave the stale entry's memory to the pool.
+        return Err(fail(
+            call,
+            format!(
+                "internal error: address {:#x} handed out while still recorded (stream {})",
+                stale.ptr().0,
+                stale.stream()
+            ),
+        ));
+    }
+    Ok(to_c_ptr(raw.ptr().0))
+}
+
+/// Frees the block at `ptr`. When the caller names a stream other than the block's own,
+/// the block is first marked as used on that stream, so its reuse also waits for it.
+fn free(call: &str, ptr: *mut c_void, stream: Option<StreamId>) -> Result<(), CallError> {
+    if ptr.is_null() {
+        return Ok(());
+    }
+    let addr = ptr as usize as u64;
+    let raw = LIVE.remove(addr).ok_or_else(|| {
+        fail(
+            call,
+            format!("{addr:#x} is not a live allocation of this pool (double free, or another allocator's pointer)"),
+        )
+    })?;
+    let pool = pool(call)?;
+    let mut marked = Ok(());
+    if let Some(s) = stream.filter(|s| *s != raw.stream()) {
+        marked = pool.record_stream_raw(&raw, s);
+    }
+    pool.free_raw(raw).map_err(|e| fail(call, e))?;
+    marked.map_err(|e| fail(call, e))
+}
+
+/// PyTorch's pluggable-allocator `malloc`: `size` bytes on `device` for use on `stream`.
+///
+/// Returns null with a last-error message on failure (negative size, invalid device, out
+/// of memory, no driver), and null without one for size 0 (as PyTorch's own allocator).
+/// `stream` is a `cudaStream_t` (the same value as a `CUstream`); it must stay alive while
+/// the pool caches blocks of it.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_torch_alloc(
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    const CALL: &str = "cuda_mempool_torch_alloc";
+    run(std::ptr::null_mut(), || {
+        let size = u64::try_from(size).map_err(|_| fail(CALL, format!("negative size {size}")))?;
+        alloc(CALL, device_id(CALL, device)?, stream_id(stream), size)
+    })
+}
+
+/// PyTorch's pluggable-allocator `free`: gives back a block from
+/// [`cuda_mempool_torch_alloc`].
+///
+/// The block is found from `ptr`; `size` and `device` are not needed. The block goes back
+/// to the stream it was allocated on (PyTorch passes that stream); if `stream` is another
+/// one, the block is marked as used on it too, so that no stream reuses it before the work
+/// issued to `stream` so far has completed. Null is ignored. An unknown pointer changes
+/// nothing and records a last-error message.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_torch_free(
+    ptr: *mut c_void,
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) {
+    const CALL: &str = "cuda_mempool_torch_free";
+    let _ = (size, device);
+    run((), || free(CALL, ptr, Some(stream_id(stream))));
+}
+
+/// CuPy's `CFunctionAllocator` `malloc` (`void* malloc(void* param, size_t size, int
+/// device_id)`): `size` bytes on `device` for use on the calling thread's current
+/// stream (see [`cuda_mempool_set_current_stream`]). `param` is not used.
+///
+/// Returns null with a last-error message on failure; null without one for size 0.
+/// CuPy does not check the pointer it gets; wrap the allocator in Python to turn null
+/// into an exception where out-of-memory must be handled.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_cupy_malloc(
+    param: *mut c_void,
+    size: usize,
+    device: c_int,
+) -> *mut c_void {
+    const CALL: &str = "cuda_mempool_cupy_malloc";
+    let _ = param;
+    run(std::ptr::null_mut(), || {
+        if size == 0 {
+            return Ok(std::ptr::null_mut());
+        }
+        let id = device_id(CALL, device)?;
+        let dev = pool(CALL)?
+            .backend()
+            .device(id)
+            .map_err(|e| fail(CALL, e))?;
+        let stream = StreamId(Stream::current(&dev).raw() as usize as u64);
+        alloc(CALL, id, stream, size as u64)
+    })
+}
+
+/// CuPy's `CFunctionAllocator` `free` (`void free(void* param, void* ptr, int
+/// device_id)`): gives back a block from [`cuda_mempool_cupy_malloc`] to the stream it
+/// was allocated on. `param` and `device` are not needed; null is ignored; an unknown
+/// pointer changes nothing and records a last-error message.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
+    const CALL: &str = "cuda_mempool_cupy_free";
+    let _ = (param, device);
+    run((), || free(CALL, ptr, None));
+}
+
+/// Makes `stream` the calling thread's current stream for `device` (null: the legacy
+/// null stream again), as `cuda-core`'s `Stream::make_current` does; the CuPy entry
+/// points allocate on it. Returns 0, or -1 with a last-error message (invalid device, a
+/// stream of another device, no driver).
+///
+/// # Safety
+///
+/// `stream` must be null, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`, or a valid stream
+/// of `device` that stays alive while it is current and while the pool caches blocks
+/// allocated on it.
+#[no_mangle]
+pub unsafe extern "C" fn cuda_mempool_set_current_stream(
+    device: c_int,
+    stream: *mut c_void,
+) -> c_int {
+    const CALL: &str = "cuda_mempool_set_current_stream";
+    run(-1, || {
+        let id = device_id(CALL, device)?;
+        let dev = pool(CALL)?
+            .backend()
+            .device(id)
+            .map_err(|e| fail(CALL, e))?;
+        let s = if stream.is_null() {
+            Stream::null(&dev)
+        } else {
+            // SAFETY: the caller guarantees `stream` is a valid stream of `device` (or an
+            // implicit handle) that outlives its use as the current stream.
+            unsafe { Stream::external(&dev, stream.cast()) }.map_err(|e| fail(CALL, e))?
+        };
+        s.make_current();
+        Ok(0)
+    })
+}
+
+/// Marks the live block at `ptr` as used on `stream` too (PyTorch's `record_stream`):
+/// when it is freed, no stream reuses it before the work issued to `stream` up to the
+/// free has completed. Returns 0, or -1 with a last-error message (unknown pointer).
+#[no_mangle]
+pub extern "C" fn cuda_mempool_record_stream(ptr: *mut c_void, stream: *mut c_void) -> c_int {
+    const CALL: &str = "cuda_mempool_record_stream";
+    run(-1, || {
+        let addr = ptr as usize as u64;
+        let raw = LIVE.get(addr).ok_or_else(|| {
+            fail(
+                CALL,
+                format!("{addr:#x} is not a live allocation of this pool"),
+            )
+        })?;
+        pool(CALL)?
+            .record_stream_raw(&raw, stream_id(stream))
+            .map_err(|e| fail(CALL, e))?;
+        Ok(0)
+    })
+}
+
+/// Runs `f` on the statistics of `device`, as an `int64_t` (-1 on failure).
+fn stat(call: &str, device: c_int, f: impl FnOnce(&cuda_mempool::Stats) -> u64) -> i64 {
+    run(-1, || {
+        let id = device_id(call, device)?;
+        let stats = pool(call)?.stats(id).map_err(|e| fail(call, e))?;
+        i64::try_from(f(&stats)).map_err(|_| fail(call, "value does not fit in int64_t"))
+    })
+}
+
+/// Bytes in live blocks on `device` (at the pool's 512-byte rounding; CuPy's
+/// `used_bytes`), or -1 with a last-error message.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_used_bytes(device: c_int) -> i64 {
+    stat("cuda_mempool_used_bytes", device, |s| s.used.current)
+}
+
+/// Physical bytes the pool holds on `device` (CuPy's `total_bytes`, PyTorch's
+/// "reserved"), or -1 with a last-error message.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_reserved_bytes(device: c_int) -> i64 {
+    stat("cuda_mempool_reserved_bytes", device, |s| {
+        s.reserved.current
+    })
+}
+
+/// The highest [`cuda_mempool_reserved_bytes`] of `device` so far, or -1 with a
+/// last-error message.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_peak_reserved_bytes(device: c_int) -> i64 {
+    stat("cuda_mempool_peak_reserved_bytes", device, |s| {
+        s.reserved.peak
+    })
+}
+
+/// The number of blocks handed out through this C API and not yet freed, on all
+/// devices. Never fails and touches no driver.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_live_allocations() -> i64 {
+    run(-1, || {
+        i64::try_from(LIVE.len()).map_err(|_| fail("cuda_mempool_live_allocations", "overflow"))
+    })
+}
+
+/// Returns every cached block the pool can give back to the driver, on every device
+/// (CuPy's `free_all_blocks`, PyTorch's `empty_cache`). Waits on the host for the work
+/// that used the freed memory. Returns 0, or -1 with a last-error message.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_free_all_blocks() -> c_int {
+    const CALL: &str = "cuda_mempool_free_all_blocks";
+    run(-1, || {
+        pool(CALL)?.free_all_blocks().map_err(|e| fail(CALL, e))?;
+        Ok(0)
+    })
+}
+
+/// Sets a hard cap of `bytes` on the physical memory the pool holds on `device`; 0 removes
+/// the cap (as CuPy's `set_limit(size=0)`). Returns 0, or -1 with a last-error message,
+/// changing nothing, when live blocks already need more or the device is invalid.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_set_limit(device: c_int, bytes: usize) -> c_int {
+    const CALL: &str = "cuda_mempool_set_limit";
+    run(-1, || {
+        let id = device_id(CALL, device)?;
+        let limit = if bytes == 0 {
+            Limit::Unlimited
+        } else {
+            Limit::Bytes(bytes as u64)
+        };
+        pool(CALL)?
+            .set_limit(id, limit)
+            .map_err(|e: PoolError| fail(CALL, e))?;
+        Ok(0)
+    })
+}
+
+/// The cap set on `device` in bytes, 0 when there is none, or -1 with a last-error
+/// message.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_get_limit(device: c_int) -> i64 {
+    const CALL: &str = "cuda_mempool_get_limit";
+    run(-1, || {
+        let id = device_id(CALL, device)?;
+        let limit = pool(CALL)?.get_limit(id).map_err(|e| fail(CALL, e))?;
+        i64::try_from(limit.unwrap_or(0)).map_err(|_| fail(CALL, "limit does not fit in int64_t"))
+    })
+}
+
+/// The message of the most recent failure of this API on the calling thread, or null
+/// when there has been none (or since [`cuda_mempool_clear_error`]). The string stays
+/// valid until the next failure on this thread or the next
+/// [`cuda_mempool_clear_error`]; successful calls leave it unchanged.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_last_error() -> *const c_char {
+    run(std::ptr::null(), || Ok(error::last_error_ptr()))
+}
+
+/// Forgets the calling thread's last error, so that [`cuda_mempool_last_error`] returns
+/// null until the next failure.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_clear_error() {
+    run((), || {
+        error::clear_last_error();
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{clear_last_error, last_error_message};
+
+    /// Failures that are decided before the pool is reached need no driver.
+    #[test]
+    fn bad_input_fails_before_touching_the_driver() {
+        clear_last_error();
+        assert!(cuda_mempool_torch_alloc(-5, 0, std::ptr::null_mut()).is_null());
+        let msg = last_error_message().unwrap_or_default();
+        assert!(
+            msg.contains("cuda_mempool_torch_alloc") && msg.contains("negative size -5"),
+            "{msg}"
+        );
+
+        assert!(cuda_mempool_torch_alloc(64, -1, std::ptr::null_mut()).is_null());
+        let msg = last_error_message().unwrap_or_default();
+        assert!(msg.contains("invalid device ordinal -1"), "{msg}");
+
+        assert_eq!(cuda_mempool_used_bytes(-3), -1);
+        assert!(last_error_message().unwrap_or_default().contains("-3"));
+        assert_eq!(cuda_mempool_set_limit(-1, 10), -1);
+    }
+
+    #[test]
+    fn size_zero_and_null_are_no_ops_without_an_error() {
+        clear_last_error();
+        assert!(cuda_mempool_torch_alloc(0, 0, std::ptr::null_mut()).is_null());
+        assert!(cuda_mempool_cupy_malloc(std::ptr::null_mut(), 0, 0).is_null());
+        cuda_mempool_torch_free(std::ptr::null_mut(), 0, 0, std::ptr::null_mut());
+        cuda_mempool_cupy_free(std::ptr::null_mut(), std::ptr::null_mut(), 0);
+        assert_eq!(last_error_message(), None);
+        assert!(cuda_mempool_last_error().is_null());
+    }
+
+    #[test]
+    fn freeing_an_unknown_pointer_is_reported_and_changes_nothing() {
+        clear_last_error();
+        let before = cuda_mempool_live_allocations();
+        cuda_mempool_cupy_free(std::ptr::null_mut(), 0xdead_0000 as *mut c_void, 0);
+        let msg = last_error_message().unwrap_or_default();
+        assert!(
+            msg.contains("0xdead0000") && msg.contains("not a live allocation"),
+            "{msg}"
+        );
+        clear_last_error();
+        cuda_mempool_torch_free(0xbeef_0200 as *mut c_void, 512, 0, std::ptr::null_mut());
+        assert!(last_error_message()
+            .unwrap_or_default()
+            .contains("0xbeef0200"));
+        assert_eq!(
+            cuda_mempool_record_stream(0xbeef_0200 as *mut c_void, std::ptr::null_mut()),
+            -1
+        );
+        assert_eq!(cuda_mempool_live_allocations(), before);
+        cuda_mempool_clear_error();
+        assert!(cuda_mempool_last_error().is_null());
+    }
+}

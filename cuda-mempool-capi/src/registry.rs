@@ -1,0 +1,147 @@
+//! [`Registry`]: from a device pointer back to the pool allocation it came from.
+//!
+//! The C frees (`cuda_mempool_torch_free`, `cuda_mempool_cupy_free`) receive only a
+//! pointer, while the pool frees a [`RawAllocation`]. The registry maps one to the other.
+//! It is split into [`SHARDS`] independently locked hash maps, chosen by the pointer, so
+//! threads allocating concurrently rarely meet on a lock, and each lock is held for one
+//! hash-map insert or remove only.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Mutex, PoisonError};
+
+use cuda_mempool::RawAllocation;
+
+/// Number of independently locked parts of the registry (a power of two).
+pub const SHARDS: usize = 64;
+
+/// A hasher for pointer keys: pool pointers are multiples of 512, so the low bits are
+/// dropped and the rest is spread by a multiplication (Fibonacci hashing). Much cheaper
+/// than the default SipHash, and keys are not attacker-controlled.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct PtrHasher(u64);
+
+impl Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, key: u64) {
+        self.0 = (key >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type Map = HashMap<u64, RawAllocation, BuildHasherDefault<PtrHasher>>;
+
+/// Live allocations handed out through the C API, by device address.
+///
+/// `Send + Sync`: every part is behind its own mutex.
+#[derive(Debug)]
+pub struct Registry {
+    shards: Box<[Mutex<Map>]>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::new()
+    }
+}
+
+/// The shard of a pointer: its bits above the 512-byte unit, mixed, top bits taken.
+fn shard_of(ptr: u64) -> usize {
+    ((ptr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SHARDS.trailing_zeros())) as usize
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry {
+            shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(),
+        }
+    }
+
+    fn map(&self, ptr: u64) -> std::sync::MutexGuard<'_, Map> {
+        // No code panics while holding the lock (insert/remove only), so a poisoned
+        // lock still guards a consistent map.
+        self.shards[shard_of(ptr)]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records a live allocation under its address. Returns the allocation previously
+    /// recorded at that address, which means a free was missed (it should be `None`).
+    pub fn insert(&self, raw: RawAllocation) -> Option<RawAllocation> {
+        let ptr = raw.ptr().0;
+        self.map(ptr).insert(ptr, raw)
+    }
+
+    /// Removes and returns the allocation at `ptr`, if one is recorded.
+    pub fn remove(&self, ptr: u64) -> Option<RawAllocation> {
+        self.map(ptr).remove(&ptr)
+    }
+
+    /// The allocation at `ptr`, if one is recorded, left in place.
+    pub fn get(&self, ptr: u64) -> Option<RawAllocation> {
+        self.map(ptr).get(&ptr).copied()
+    }
+
+    /// The number of recorded allocations.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+
+    /// Whether no allocation is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cuda_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamId};
+
+    #[test]
+    fn shards_spread_consecutive_blocks() {
+        let mut seen = [0usize; SHARDS];
+        for i in 0..(SHARDS as u64 * 16) {
+            seen[shard_of(0x7f00_0000_0000 + i * 512)] += 1;
+        }
+        let (min, max) = (seen.iter().min(), seen.iter().max());
+        assert!(min >= Some(&8) && max <= Some(&32), "{seen:?}");
+    }
+
+    #[test]
+    fn insert_get_remove_round_trip() {
+        let pool = MemoryPool::new(SimulatedBackend::h200(1)).expect("pool");
+        let reg = Registry::new();
+        let raws: Vec<_> = (1..=200u64)
+            .map(|i| {
+                pool.malloc(DeviceId(0), StreamId(i % 3), i * 1000)
+                    .expect("malloc")
+                    .into_raw()
+            })
+            .collect();
+        for r in &raws {
+            assert_eq!(reg.insert(*r), None);
+        }
+        assert_eq!(reg.len(), raws.len());
+        for r in &raws {
+            assert_eq!(reg.get(r.ptr().0), Some(*r));
+        }
+        for r in &raws {
+            assert_eq!(reg.remove(r.ptr().0), Some(*r));
+            assert_eq!(reg.remove(r.ptr().0), None, "a second remove finds nothing");
+            pool.free_raw(*r).expect("free");
+        }
+        assert!(reg.is_empty());
+        assert_eq!(pool.used_bytes(), 0);
+    }
+}

@@ -1,0 +1,98 @@
+//! With no driver, every export that needs the pool fails with a null pointer or -1 and a
+//! last-error message naming what was tried, and nothing panics. The check runs in a
+//! child process whose `CUDA_DRIVER_LIBRARY` names a library that does not exist, so it
+//! holds on any machine, with or without a GPU.
+
+use std::ffi::CStr;
+use std::process::Command;
+
+use cuda_mempool_capi::*;
+
+const MISSING: &str = "/nonexistent/cuda-mempool-capi-test/libcuda.so.1";
+
+#[test]
+fn without_a_driver_every_call_fails_cleanly() {
+    let exe = std::env::current_exe().expect("test binary path");
+    let out = Command::new(exe)
+        .args([
+            "--exact",
+            "child_without_driver",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("CUDA_DRIVER_LIBRARY", MISSING)
+        .output()
+        .expect("run child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "the child test did not run:\n{stdout}"
+    );
+}
+
+/// The calling thread's last error, through the C entry point.
+fn last_error() -> String {
+    let p = cuda_mempool_last_error();
+    assert!(!p.is_null(), "a failure must leave a last-error message");
+    // SAFETY: a non-null result points to this thread's NUL-terminated message, valid
+    // until the next failure on this thread; it is copied at once.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Asserts that the last error names `call` and the missing driver, then clears it.
+fn expect_error(call: &str) {
+    let msg = last_error();
+    assert!(msg.starts_with(call), "{call}: {msg}");
+    assert!(
+        msg.contains(MISSING),
+        "{call} should say what was tried: {msg}"
+    );
+    cuda_mempool_clear_error();
+    assert!(cuda_mempool_last_error().is_null());
+}
+
+#[test]
+#[ignore = "run by without_a_driver_every_call_fails_cleanly in a child process"]
+fn child_without_driver() {
+    assert_eq!(std::env::var("CUDA_DRIVER_LIBRARY").as_deref(), Ok(MISSING));
+    assert!(!cuda_core::is_available());
+    let null = std::ptr::null_mut();
+    cuda_mempool_clear_error();
+
+    // Twice: a failed pool creation is not cached as success.
+    for _ in 0..2 {
+        assert!(cuda_mempool_torch_alloc(1 << 20, 0, null).is_null());
+        expect_error("cuda_mempool_torch_alloc");
+    }
+    assert!(cuda_mempool_cupy_malloc(null, 4096, 0).is_null());
+    expect_error("cuda_mempool_cupy_malloc");
+
+    assert_eq!(cuda_mempool_used_bytes(0), -1);
+    expect_error("cuda_mempool_used_bytes");
+    assert_eq!(cuda_mempool_reserved_bytes(0), -1);
+    expect_error("cuda_mempool_reserved_bytes");
+    assert_eq!(cuda_mempool_peak_reserved_bytes(0), -1);
+    expect_error("cuda_mempool_peak_reserved_bytes");
+    assert_eq!(cuda_mempool_free_all_blocks(), -1);
+    expect_error("cuda_mempool_free_all_blocks");
+    assert_eq!(cuda_mempool_set_limit(0, 1 << 30), -1);
+    expect_error("cuda_mempool_set_limit");
+    assert_eq!(cuda_mempool_get_limit(0), -1);
+    expect_error("cuda_mempool_get_limit");
+    // SAFETY: a null stream is always acceptable.
+    assert_eq!(unsafe { cuda_mempool_set_current_stream(0, null) }, -1);
+    expect_error("cuda_mempool_set_current_stream");
+
+    // Nothing was handed out, and calls that need no driver still work.
+    assert_eq!(cuda_mempool_live_allocations(), 0);
+    assert!(cuda_mempool_torch_alloc(0, 0, null).is_null());
+    assert!(
+        cuda_mempool_last_error().is_null(),
+        "size 0 is not an error"
+    );
+}
