@@ -166,6 +166,30 @@ pub trait Backend: Send + Sync + 'static {
         page: &Self::Physical,
     ) -> Result<(), Self::Error>;
 
+    /// Maps `pages` at consecutive addresses `page_size` apart from `addr`, all of them
+    /// readable and writable by the device. All or nothing: on error, none stays mapped.
+    ///
+    /// The default maps one page at a time with [`map`](Self::map); the driver backend
+    /// overrides it to grant access once over the whole run (one `cuMemSetAccess` instead
+    /// of one per page, which is what makes growing a segment expensive).
+    fn map_run(
+        &self,
+        device: DeviceId,
+        addr: DevicePtr,
+        page_size: u64,
+        pages: &[&Self::Physical],
+    ) -> Result<(), Self::Error> {
+        for (i, page) in pages.iter().enumerate() {
+            if let Err(e) = self.map(device, DevicePtr(addr.0 + i as u64 * page_size), page) {
+                for j in 0..i {
+                    let _ = self.unmap(device, DevicePtr(addr.0 + j as u64 * page_size), page_size);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// Unmaps the one page mapped at `addr` (`cuMemUnmap`). The pool calls it only
     /// when every fence covering work on that page has completed on the host side:
     /// unmapping is not stream-ordered.

@@ -328,6 +328,41 @@ impl Backend for DriverBackend {
         Ok(())
     }
 
+    fn map_run(
+        &self,
+        device: DeviceId,
+        addr: DevicePtr,
+        page_size: u64,
+        pages: &[&Self::Physical],
+    ) -> Result<(), Self::Error> {
+        let dev = self.device(device)?;
+        let base = addr.0 as CUdeviceptr;
+        let step = to_usize(page_size)?;
+        let undo = |n: usize| {
+            let _ctx = dev.bind();
+            for j in 0..n {
+                // SAFETY: page j of this run was mapped just above and nothing uses it yet.
+                let _ = unsafe { vmm::unmap(base + (j * step) as CUdeviceptr, step) };
+            }
+        };
+        for (i, page) in pages.iter().enumerate() {
+            // SAFETY: the pool maps pages only at granularity-aligned addresses inside a
+            // range it reserved through this backend and where nothing is mapped.
+            if let Err(e) =
+                unsafe { vmm::map(base + (i * step) as CUdeviceptr, page, 0, page.size()) }
+            {
+                undo(i);
+                return Err(e);
+            }
+        }
+        // One access grant over the whole run.
+        if let Err(e) = vmm::set_access(base, step * pages.len(), &dev) {
+            undo(pages.len());
+            return Err(e);
+        }
+        Ok(())
+    }
+
     fn unmap(&self, device: DeviceId, addr: DevicePtr, size: u64) -> Result<(), Self::Error> {
         let dev = self.device(device)?;
         let _ctx = dev.bind()?;

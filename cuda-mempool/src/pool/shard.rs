@@ -600,22 +600,22 @@ impl<B: Backend> ShardState<B> {
         if pages.len() < end {
             pages.resize_with(end, || None);
         }
-        for (i, slot) in pages.iter_mut().enumerate().take(end).skip(first) {
-            if slot.is_some() {
+        // Unmapped pages are mapped in runs of consecutive slots, one backend call a run.
+        let mut run: Vec<(usize, B::Physical)> = Vec::new();
+        let mut enough = true;
+        for i in first..end {
+            if pages[i].is_some() {
+                map_run(backend, device, base, page, pages, mapped, &mut run, spare)?;
                 continue;
             }
             let Some(phys) = spare.pop() else {
-                return Ok(false);
+                enough = false;
+                break;
             };
-            let va = DevicePtr(base + i as u64 * page);
-            if let Err(e) = backend.map(device, va, &phys) {
-                spare.push(phys);
-                return Err(PoolError::backend("map")(e));
-            }
-            *slot = Some(phys);
-            *mapped += 1;
+            run.push((i, phys));
         }
-        Ok(true)
+        map_run(backend, device, base, page, pages, mapped, &mut run, spare)?;
+        Ok(enough)
     }
 
     /// Unmaps pages lying wholly inside free blocks whose frees a completed fence
@@ -1010,6 +1010,37 @@ impl<B: Backend> ShardState<B> {
             .filter(|b| b.state == BlockState::Live && b.generation == generation)
             .map(|b| (b.addr, b.size))
     }
+}
+
+/// Maps the pending `run` of `(slot, page)` pairs (consecutive slots) with one
+/// [`Backend::map_run`] call and records them in `pages`; on failure the pages go back to
+/// `spare` and nothing is recorded. Empties `run`.
+#[allow(clippy::too_many_arguments)]
+fn map_run<B: Backend>(
+    backend: &B,
+    device: DeviceId,
+    base: u64,
+    page: u64,
+    pages: &mut [Option<B::Physical>],
+    mapped: &mut usize,
+    run: &mut Vec<(usize, B::Physical)>,
+    spare: &mut Vec<B::Physical>,
+) -> Result<(), PoolError> {
+    let Some(&(first, _)) = run.first() else {
+        return Ok(());
+    };
+    let refs: Vec<&B::Physical> = run.iter().map(|(_, p)| p).collect();
+    let result = backend.map_run(device, DevicePtr(base + first as u64 * page), page, &refs);
+    drop(refs);
+    if let Err(e) = result {
+        spare.extend(run.drain(..).map(|(_, p)| p));
+        return Err(PoolError::backend("map")(e));
+    }
+    for (i, phys) in run.drain(..) {
+        pages[i] = Some(phys);
+        *mapped += 1;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
