@@ -231,6 +231,11 @@ pub fn bench_report(dir: &Path) -> Result<()> {
         fs::write(out.join("pool_scaling.svg"), svg).map_err(|e| e.to_string())?;
         let _ = writeln!(md, "![pool scaling](pool_scaling.svg)\n");
     }
+    // Hand-written explanations of the misses, kept beside the generated report.
+    if let Ok(notes) = fs::read_to_string(root().join("bench/NOTES.md")) {
+        md.push('\n');
+        md.push_str(&notes);
+    }
     fs::write(out.join("REPORT.md"), &md).map_err(|e| e.to_string())?;
     fs::copy(dir.join("results.csv"), out.join("results.csv")).map_err(|e| e.to_string())?;
     if !peers.is_empty() {
