@@ -7,7 +7,6 @@
 pub mod ptx;
 
 pub mod bench;
-pub mod svg;
 
 /// The path of a C library that is not the CUDA driver, for loader tests.
 pub fn libc_path() -> &'static str {

@@ -430,3 +430,52 @@ fn human_bytes(b: f64) -> String {
         format!("{b}")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn our_names_and_the_peers_names_meet_on_one_key() {
+        assert_eq!(
+            canonical("H2D pageable 64 MiB"),
+            canonical("h2d_pageable_64MiB")
+        );
+        assert_eq!(canonical("event record+query"), "event_record_query");
+        assert_eq!(canonical("4 KiB H2D async copy issue"), "copy_4kib_issue");
+        assert_ne!(
+            canonical("H2D pinned 64 MiB"),
+            canonical("h2d_pageable_64MiB")
+        );
+    }
+
+    #[test]
+    fn sizes_parse_in_either_case() {
+        assert_eq!(parse_size("64MiB"), Some((64u64 << 20) as f64));
+        assert_eq!(parse_size("1gib"), Some((1u64 << 30) as f64));
+        assert_eq!(parse_size("512B"), Some(512.0));
+        assert_eq!(parse_size("fast"), None);
+    }
+
+    #[test]
+    fn a_plot_has_one_line_and_one_legend_entry_per_series() {
+        let mut series = BTreeMap::new();
+        series.insert(
+            "ours pageable".to_string(),
+            vec![(4096.0, 0.5), (1048576.0, 13.0)],
+        );
+        series.insert(
+            "raw pageable".to_string(),
+            vec![(4096.0, 0.5), (1048576.0, 11.0)],
+        );
+        let svg = line_plot("H2D", "bytes", "GB/s", &series, true);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert_eq!(svg.matches("<circle").count(), 4);
+        assert!(svg.contains(">ours pageable<") && svg.contains(">raw pageable<"));
+        assert!(
+            svg.contains(">4K<") && svg.contains(">1M<"),
+            "log-x tick labels"
+        );
+    }
+}

@@ -11,13 +11,10 @@
 //! the raw copy.
 //!
 //! Output: one line per row, `scenario | size | ours GB/s | raw GB/s | ratio`; the same rows
-//! as CSV to `--csv PATH` (or `$BENCH_XFER_CSV`, or `$BENCH_OUT/xfer.csv`); bandwidth-vs-size
-//! plots to `--svg DIR` (or `$BENCH_OUT`) as `xfer_h2d.svg` and `xfer_d2h.svg`; then the
-//! target summary in the shared format of `tests::bench`. `--no-sweep` skips the staging
+//! as CSV to `--csv PATH` (or `$BENCH_XFER_CSV`, or `$BENCH_OUT/xfer.csv`); then the
+//! target summary in the shared format of `tests::bench`, from which `cargo xtask
+//! bench-report` draws the bandwidth-against-size plots. `--no-sweep` skips the staging
 //! configuration sweep at the end.
-
-#[path = "../svg.rs"]
-mod svg;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -60,26 +57,22 @@ struct Row {
 
 struct Args {
     csv: Option<PathBuf>,
-    svg: Option<PathBuf>,
     sweep: bool,
 }
 
 fn args() -> Args {
     let mut a = Args {
         csv: std::env::var_os("BENCH_XFER_CSV").map(PathBuf::from),
-        svg: None,
         sweep: true,
     };
     let out = std::env::var_os("BENCH_OUT").map(PathBuf::from);
     if a.csv.is_none() {
         a.csv = out.as_ref().map(|d| d.join("xfer.csv"));
     }
-    a.svg = out;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--csv" => a.csv = it.next().map(PathBuf::from),
-            "--svg" => a.svg = it.next().map(PathBuf::from),
             "--no-sweep" => a.sweep = false,
             _ => eprintln!("bench_xfer: ignoring argument {arg}"),
         }
@@ -349,35 +342,6 @@ fn write_outputs(args: &Args, rows: &[Row]) -> Result<(), BoxError> {
         }
         std::fs::write(path, csv)?;
         println!("bench_xfer: CSV written to {}", path.display());
-    }
-    if let Some(dir) = &args.svg {
-        std::fs::create_dir_all(dir)?;
-        for dir_kind in [Dir::H2D, Dir::D2H] {
-            let mut series = Vec::new();
-            for memory in ["pageable", "pinned", "registered"] {
-                for (who, pick) in [("cuda-xfer", true), ("raw cuMemcpy", false)] {
-                    let points: Vec<(f64, f64)> = rows
-                        .iter()
-                        .filter(|r| r.dir == dir_kind && r.memory == memory)
-                        .map(|r| (r.bytes as f64, if pick { r.ours } else { r.raw }))
-                        .collect();
-                    series.push((format!("{who}, {memory}"), points));
-                }
-            }
-            let doc = svg::line_plot(
-                &format!(
-                    "{} bandwidth, cuda-xfer vs raw driver copy",
-                    dir_kind.name()
-                ),
-                "transfer size (bytes)",
-                "GB/s",
-                &series,
-                true,
-            );
-            let path = dir.join(format!("xfer_{}.svg", dir_kind.name().to_lowercase()));
-            std::fs::write(&path, doc)?;
-            println!("bench_xfer: plot written to {}", path.display());
-        }
     }
     Ok(())
 }
