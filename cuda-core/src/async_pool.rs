@@ -39,7 +39,8 @@ use cuda_sys::{
 };
 
 use crate::driver::drv;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::event::Event;
 use crate::memory::{check_stream, DeviceAlloc, Location};
 use crate::stream::Stream;
 use crate::Device;
@@ -398,16 +399,36 @@ pub struct StreamOrderedMemory {
     ptr: CUdeviceptr,
     size: usize,
     stream: Arc<Stream>,
+    /// Other streams that used the memory ([`DeviceAlloc::record_stream`]): the free waits
+    /// for their work too. Clones keep them alive until then.
+    used_on: std::sync::Mutex<Vec<Stream>>,
+}
+
+/// The per-thread default stream names a different stream on every thread, so memory freed
+/// "on" it from another thread would be freed on the wrong stream.
+fn refuse_per_thread(stream: &Stream) -> Result<()> {
+    if stream.kind() == crate::StreamKind::PerThread {
+        return Err(Error::InvalidArgument(
+            "stream-ordered memory cannot live on the per-thread default stream: it names a \
+             different stream on every thread, so the free could be ordered on the wrong one; \
+             use a created stream"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 impl StreamOrderedMemory {
     /// Allocates `size` bytes from the current pool of `stream`'s device (`cuMemAllocAsync`).
+    /// The per-thread default stream is refused ([`Error::InvalidArgument`]).
     pub fn new(size: usize, stream: &Arc<Stream>) -> Result<StreamOrderedMemory> {
+        refuse_per_thread(stream)?;
         let ptr = alloc_async(size, stream)?;
         Ok(StreamOrderedMemory {
             ptr,
             size,
             stream: stream.clone(),
+            used_on: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -417,11 +438,13 @@ impl StreamOrderedMemory {
         size: usize,
         stream: &Arc<Stream>,
     ) -> Result<StreamOrderedMemory> {
+        refuse_per_thread(stream)?;
         let ptr = pool.alloc_async(size, stream)?;
         Ok(StreamOrderedMemory {
             ptr,
             size,
             stream: stream.clone(),
+            used_on: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -453,9 +476,26 @@ impl fmt::Debug for StreamOrderedMemory {
 
 impl Drop for StreamOrderedMemory {
     fn drop(&mut self) {
+        let others = std::mem::take(
+            &mut *self
+                .used_on
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for other in &others {
+            // Order the free after the other stream's work: an event recorded there now,
+            // waited for by the allocating stream. If that cannot be arranged, wait on the
+            // host instead; if even that fails, leak the memory rather than free it early.
+            let ordered = Event::new(&other.device())
+                .and_then(|e| e.record(other).map(|()| e))
+                .and_then(|e| self.stream.wait_event(&e));
+            if ordered.is_err() && other.synchronize().is_err() {
+                return;
+            }
+        }
         // SAFETY: we own the allocation from cuMemAlloc(FromPool)Async; the free is ordered
-        // on the allocating stream, after the work queued on it. A failure cannot be
-        // reported from Drop.
+        // on the allocating stream, after the work queued on it and (above) after the work
+        // of every other stream that used it. A failure cannot be reported from Drop.
         let _ = unsafe { free_async(self.ptr, &self.stream) };
     }
 }
@@ -471,6 +511,20 @@ unsafe impl DeviceAlloc for StreamOrderedMemory {
     }
     fn size(&self) -> usize {
         self.size
+    }
+    fn record_stream(&self, stream: &Stream) -> Result<()> {
+        if *stream == *self.stream {
+            return Ok(());
+        }
+        refuse_per_thread(stream)?;
+        let mut used = self
+            .used_on
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !used.contains(stream) {
+            used.push(stream.clone());
+        }
+        Ok(())
     }
 }
 

@@ -20,7 +20,8 @@
 //!
 //! let dev = Device::new(0)?;
 //! let stream = Stream::new(&dev)?;
-//! graph::begin_capture(&stream, CaptureMode::ThreadLocal)?;
+//! // SAFETY: only safe view operations are captured, and the capture is ended below.
+//! unsafe { graph::begin_capture(&stream, CaptureMode::ThreadLocal) }?;
 //! // ... issue work on `stream` ...
 //! let graph = graph::end_capture(&stream)?;
 //! let exec = graph.instantiate(graph::InstantiateFlags::NONE)?;
@@ -29,9 +30,11 @@
 //! # Ok::<(), cuda_core::Error>(())
 //! ```
 
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cuda_sys::{
     CUgraph, CUgraphExec, CUgraphExecUpdateResult, CUgraphExecUpdateResultInfo,
@@ -40,8 +43,51 @@ use cuda_sys::{
 
 use crate::driver::drv;
 use crate::error::{Error, Result};
+use crate::memory::DeviceAlloc;
 use crate::stream::Stream;
 use crate::Device;
+
+/// What a graph keeps alive: the owners of the memory its captured operations use.
+type KeepAlive = Arc<Vec<Arc<dyn DeviceAlloc>>>;
+
+/// Owners of memory used by safe view operations issued into captures begun through this
+/// module, by capture id, until the capture ends and its graph takes them.
+fn capture_owners() -> &'static Mutex<HashMap<u64, Vec<Arc<dyn DeviceAlloc>>>> {
+    static OWNERS: std::sync::OnceLock<Mutex<HashMap<u64, Vec<Arc<dyn DeviceAlloc>>>>> =
+        std::sync::OnceLock::new();
+    OWNERS.get_or_init(Default::default)
+}
+
+/// If `stream` is being captured (by a capture begun through [`begin_capture`]), keeps
+/// `owner` alive for as long as any graph made from that capture, so that replays never
+/// write memory that has been freed. Costs one atomic load when no such capture runs.
+pub(crate) fn keep_alive_in_capture(stream: &Stream, owner: &Arc<dyn DeviceAlloc>) -> Result<()> {
+    if !captures_in_progress() || (stream.raw() as usize) <= 1 {
+        return Ok(());
+    }
+    let info = capture_info(stream)?;
+    if let (CaptureStatus::Active | CaptureStatus::Invalidated, Some(id)) = (info.status, info.id)
+    {
+        capture_owners()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id)
+            .or_default()
+            .push(Arc::clone(owner));
+    }
+    Ok(())
+}
+
+/// Takes the owners registered for capture `id` (see [`keep_alive_in_capture`]).
+fn take_capture_owners(id: Option<u64>) -> KeepAlive {
+    let owners = id.and_then(|id| {
+        capture_owners()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id)
+    });
+    Arc::new(owners.unwrap_or_default())
+}
 
 /// How a capture interacts with other threads' "unsafe" calls (`cuMemAlloc`, synchronous
 /// calls that may implicitly synchronise with the capturing stream), `CUstreamCaptureMode`.
@@ -125,12 +171,24 @@ pub fn captures_in_progress() -> bool {
 }
 
 /// Starts capturing `stream`: work issued to it afterwards is recorded, not run, until
-/// [`end_capture`].
+/// [`end_capture`]. `cuda-graph`'s capture guard is the safe way to do this.
 ///
 /// The legacy null stream cannot be captured: that is refused here with
-/// [`Error::InvalidArgument`], without a driver call. The per-thread default stream can be. Beginning a capture on a stream that is
-/// already capturing is the driver's `CUDA_ERROR_ILLEGAL_STATE`.
-pub fn begin_capture(stream: &Stream, mode: CaptureMode) -> Result<()> {
+/// [`Error::InvalidArgument`], without a driver call. The per-thread default stream can be.
+/// Beginning a capture on a stream that is already capturing is the driver's
+/// `CUDA_ERROR_ILLEGAL_STATE`.
+///
+/// # Safety
+///
+/// Graphs made from the capture keep alive the memory of every safe view operation
+/// ([`DevicePtr`](crate::memory::DevicePtr)'s asynchronous copies and memsets) captured on
+/// the stream. Any other address captured (a kernel argument of
+/// [`Function::launch`](crate::Function::launch), a [`raw`](crate::memory::raw) call, a
+/// library call) must stay allocated, and must not be reused for anything else, for as long
+/// as a graph made from the capture, or an executable graph made from one, can run. The
+/// capture must be ended with [`end_capture`] (on the thread that began it, in the
+/// non-relaxed modes).
+pub unsafe fn begin_capture(stream: &Stream, mode: CaptureMode) -> Result<()> {
     // The legacy stream: null, or the CU_STREAM_LEGACY handle (1).
     if (stream.raw() as usize) <= 1 {
         return Err(Error::InvalidArgument(
@@ -153,19 +211,30 @@ pub fn begin_capture(stream: &Stream, mode: CaptureMode) -> Result<()> {
 /// (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` otherwise).
 pub fn end_capture(stream: &Stream) -> Result<GraphHandle> {
     let _ctx = stream.device().bind()?;
+    let id = capture_info(stream).ok().and_then(|i| i.id);
     let mut raw: CUgraph = std::ptr::null_mut();
     // SAFETY: a live stream; valid out-pointer.
     let result = unsafe { drv!(cuStreamEndCapture(stream.raw(), &mut raw)) };
-    // The capture is over unless the stream was not capturing at all (ILLEGAL_STATE).
-    let ended = !matches!(&result, Err(Error::Driver(e)) if e.result() == cuda_sys::CUresult::CUDA_ERROR_ILLEGAL_STATE);
-    if ended {
+    // Count the capture as over only when it really is: not when the stream was not
+    // capturing at all (ILLEGAL_STATE), and not when the driver refused to end it (a call
+    // from another thread gets WRONG_THREAD while the capture stays open).
+    let ended = match &result {
+        Ok(()) => true,
+        Err(Error::Driver(e)) if e.result() == CUresult::CUDA_ERROR_ILLEGAL_STATE => false,
+        Err(_) => capture_info(stream).is_ok_and(|i| i.status == CaptureStatus::None),
+    };
+    let keep = if ended {
         let _ =
             ACTIVE_CAPTURES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-    }
+        take_capture_owners(id)
+    } else {
+        Arc::default()
+    };
     match result {
         Ok(()) if !raw.is_null() => Ok(GraphHandle {
             raw,
             device: stream.device(),
+            keep,
         }),
         Ok(()) => Err(Error::InvalidArgument(
             "cuStreamEndCapture returned no graph".into(),
@@ -244,15 +313,27 @@ impl std::ops::BitOr for InstantiateFlags {
 /// An owned `CUgraph` (a recorded graph, not yet executable), destroyed on drop.
 ///
 /// `Send`, not `Sync` (see the [module documentation](self)).
-#[derive(Debug)]
 pub struct GraphHandle {
     raw: CUgraph,
     device: Device,
+    /// Owners of the memory the captured operations use; shared with clones and
+    /// executable graphs.
+    keep: KeepAlive,
 }
 
 // SAFETY: a graph may be used from any thread, one at a time; the type is not Sync, so calls
 // through `&self` never overlap.
 unsafe impl Send for GraphHandle {}
+
+impl std::fmt::Debug for GraphHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphHandle")
+            .field("raw", &self.raw)
+            .field("device", &self.device.ordinal())
+            .field("kept_alive", &self.keep.len())
+            .finish()
+    }
+}
 
 impl GraphHandle {
     /// The driver handle (still owned by `self`).
@@ -274,6 +355,7 @@ impl GraphHandle {
         Ok(GraphHandle {
             raw,
             device: self.device,
+            keep: Arc::clone(&self.keep),
         })
     }
 
@@ -295,6 +377,7 @@ impl GraphHandle {
         Ok(GraphExecHandle {
             raw,
             device: self.device,
+            keep: Arc::clone(&self.keep),
         })
     }
 
@@ -387,15 +470,26 @@ fn refusal_from_raw(raw: CUgraphExecUpdateResult) -> UpdateRefusal {
 /// completes first: the driver frees it afterwards).
 ///
 /// `Send`, not `Sync` (see the [module documentation](self)).
-#[derive(Debug)]
 pub struct GraphExecHandle {
     raw: CUgraphExec,
     device: Device,
+    /// Kept alive for as long as this executable graph can run (see [`GraphHandle`]).
+    keep: KeepAlive,
 }
 
 // SAFETY: an executable graph may be used from any thread, one at a time; the type is not
 // Sync, so calls through `&self` never overlap.
 unsafe impl Send for GraphExecHandle {}
+
+impl std::fmt::Debug for GraphExecHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphExecHandle")
+            .field("raw", &self.raw)
+            .field("device", &self.device.ordinal())
+            .field("kept_alive", &self.keep.len())
+            .finish()
+    }
+}
 
 impl GraphExecHandle {
     /// The driver handle (still owned by `self`).
@@ -462,7 +556,14 @@ impl GraphExecHandle {
         };
         // SAFETY: live graphs; valid out-pointer.
         match unsafe { drv!(cuGraphExecUpdate(self.raw, graph.raw, &mut info)) } {
-            Ok(()) => Ok(Ok(())),
+            Ok(()) => {
+                // Later launches use the new graph's memory: keep it alive too (the old
+                // owners stay, since a launch in flight may still use them).
+                let mut keep: Vec<_> = self.keep.iter().cloned().collect();
+                keep.extend(graph.keep.iter().cloned());
+                self.keep = Arc::new(keep);
+                Ok(Ok(()))
+            }
             Err(Error::Driver(e))
                 if e.result() == CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE =>
             {

@@ -40,7 +40,7 @@ use std::ffi::c_void;
 use std::fmt;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cuda_sys::{CUcontext, CUresult, CUstream, CUstream_flags, Driver};
@@ -110,7 +110,13 @@ pub struct Stream {
     device: Device,
     kind: StreamKind,
     owner: Option<Arc<Owner>>,
+    /// See [`Stream::identity`].
+    identity: u64,
 }
+
+/// Identities of streams this crate creates: the top bit set, so they never collide with a
+/// handle value (user-space addresses) that external streams use as their identity.
+static NEXT_OWNED_IDENTITY: AtomicU64 = AtomicU64::new(1 << 63);
 
 // SAFETY: a CUstream is a handle the driver lets any thread use; the struct holds no
 // thread-affine state (the owner is Send + Sync).
@@ -231,6 +237,7 @@ impl Stream {
             raw,
             device,
             kind: StreamKind::Owned,
+            identity: NEXT_OWNED_IDENTITY.fetch_add(1, Ordering::Relaxed),
             owner: Some(Arc::new(Owner {
                 raw,
                 device,
@@ -263,6 +270,7 @@ impl Stream {
             device: *device,
             kind: StreamKind::LegacyNull,
             owner: None,
+            identity: 0,
         }
     }
 
@@ -274,6 +282,7 @@ impl Stream {
             device: *device,
             kind: StreamKind::PerThread,
             owner: None,
+            identity: PER_THREAD_HANDLE as u64,
         }
     }
 
@@ -288,7 +297,12 @@ impl Stream {
     /// `raw` must be a valid stream of `device` (or one of the implicit handles `NULL`,
     /// `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`) and must stay valid for as long as this
     /// `Stream` or any clone of it is used. [`Stream::external_with_owner`] can tie that
-    /// lifetime to a value.
+    /// lifetime to a value. Pools keep a clone of a stream while they hold live allocations
+    /// made on it and let go of it once the last of those is freed (see `cuda-mempool`), so a
+    /// foreign stream handed to a pool must stay valid until every allocation made on it has
+    /// been freed. If foreign code begins a graph capture on this stream, memory used by work
+    /// captured there must be kept alive by the caller for as long as the graph can run
+    /// (captures begun through [`crate::graph`] do that themselves).
     pub unsafe fn external(device: &Device, raw: CUstream) -> Result<Stream> {
         Stream::wrap_external(device, raw, None)
     }
@@ -331,10 +345,17 @@ impl Stream {
                 Err(e) => return Err(e),
             }
         }
+        // CU_STREAM_LEGACY is the legacy null stream under another name.
+        let identity = if raw as usize == LEGACY_HANDLE {
+            0
+        } else {
+            raw as usize as u64
+        };
         Ok(Stream {
             raw,
             device: *device,
             kind: StreamKind::External,
+            identity,
             owner: keep_alive.map(|k| {
                 Arc::new(Owner {
                     raw,
@@ -363,6 +384,24 @@ impl Stream {
     /// What kind of stream this is.
     pub fn kind(&self) -> StreamKind {
         self.kind
+    }
+
+    /// A number that identifies this stream while it lives, for caches keyed by stream:
+    /// unique in the process and never reused for streams this crate created (clones share
+    /// it); the handle's value for an external stream (the driver may give that value to a
+    /// new stream once the old one is destroyed); 0 for the legacy null stream (also under
+    /// its `CU_STREAM_LEGACY` handle); [`PER_THREAD_HANDLE`] for the per-thread default
+    /// stream, which names a different stream on every thread.
+    #[inline]
+    pub fn identity(&self) -> u64 {
+        self.identity
+    }
+
+    /// How many `Stream` values share this stream's owner (this one included): `Some(1)`
+    /// when no other clone exists, so dropping this value destroys an owned stream. `None`
+    /// for streams without an owner (null, per-thread, external without owner).
+    pub fn clone_count(&self) -> Option<usize> {
+        self.owner.as_ref().map(Arc::strong_count)
     }
 
     /// `true` for the implicit streams (legacy null, per-thread), whose handle means "the

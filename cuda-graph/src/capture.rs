@@ -133,7 +133,10 @@ pub fn capture_begin(stream: &Stream, mode: CaptureMode) -> Result<Capture<'_>> 
         }
         raw::stream_id(stream)?
     };
-    raw::begin_capture(stream, mode)?;
+    // SAFETY: the `Capture` guard always ends the capture (on error and panic too), and
+    // graphs keep the memory of safe view operations alive; `Capture` documents that raw
+    // launches issued inside it must keep their memory alive themselves.
+    unsafe { raw::begin_capture(stream, mode) }?;
     let mut capture = Capture {
         stream,
         mode,

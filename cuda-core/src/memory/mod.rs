@@ -65,7 +65,13 @@ pub use view::DevicePtr;
 ///   that device's context, or memory mapped for it), and no Rust reference (`&[u8]`,
 ///   `&mut [u8]`) to host memory aliases it;
 /// - `device()`, `as_raw()` and `size()` always return the same values;
-/// - `size() == 0` is allowed (then `as_raw()` may be 0).
+/// - `size() == 0` is allowed (then `as_raw()` may be 0);
+/// - if dropping the value gives the memory back without waiting for all device work that
+///   uses it (a stream-ordered free, a pool that reuses blocks by stream order),
+///   [`record_stream`](DeviceAlloc::record_stream) makes that free, and any reuse of the
+///   memory, wait for the work issued to the given stream before the drop. The default does
+///   nothing, which is right only for memory whose free waits for the device
+///   (`cuMemFree`).
 ///
 /// Views write through `&self`: device memory is not Rust memory, and every access to it goes
 /// through the driver.
@@ -76,6 +82,17 @@ pub unsafe trait DeviceAlloc: Send + Sync {
     fn as_raw(&self) -> CUdeviceptr;
     /// Length of the range in bytes.
     fn size(&self) -> usize;
+    /// Notes that work issued to `stream` uses the memory (PyTorch's `record_stream`), so
+    /// that the memory is not freed or reused before that work is done. Every safe
+    /// asynchronous operation of a [`DevicePtr`] calls it before it issues work, and
+    /// [`DevicePtr::record_stream`] calls it on demand. An error means the use could not be
+    /// recorded: the operation is then not issued.
+    ///
+    /// The default does nothing: right for memory whose free waits for the device.
+    fn record_stream(&self, stream: &Stream) -> Result<()> {
+        let _ = stream;
+        Ok(())
+    }
 }
 
 /// Where managed memory is prefetched to, or what a memory advice is about.

@@ -94,6 +94,29 @@ impl DevicePtr {
         &self.owner
     }
 
+    /// Notes that work on `stream` uses this memory, so that it is neither freed nor reused
+    /// before that work is done (PyTorch's `record_stream`), whatever the owner: pool blocks
+    /// and stream-ordered memory then make their free wait for `stream`; memory whose free
+    /// waits for the device needs nothing. While `stream` is being captured into a graph
+    /// (by [`crate::graph`] or `cuda-graph`), the owner is also kept alive by the graphs
+    /// made from that capture, so a replay never writes freed memory.
+    ///
+    /// Every safe asynchronous operation of the view calls this itself; call it when you
+    /// hand the address to other work on `stream` (a kernel launch, a library call).
+    ///
+    /// ```no_run
+    /// use cuda_core::{memory::DevicePtr, Device, Stream};
+    /// let dev = Device::new(0)?;
+    /// let other = Stream::new(&dev)?;
+    /// let buf = DevicePtr::alloc(&dev, 4096)?;
+    /// buf.record_stream(&other)?; // before launching a kernel on `other` that uses `buf`
+    /// # Ok::<(), cuda_core::Error>(())
+    /// ```
+    pub fn record_stream(&self, stream: &Stream) -> Result<()> {
+        self.owner.record_stream(stream)?;
+        crate::graph::keep_alive_in_capture(stream, &self.owner)
+    }
+
     /// The device of the memory.
     pub fn device(&self) -> Device {
         self.device
@@ -185,6 +208,7 @@ impl DevicePtr {
         let src: &[u8] = bytemuck::cast_slice(src);
         self.check_len("copy_from_host_async", src.len())?;
         check_stream(stream, self.device)?;
+        self.record_stream(stream)?;
         // SAFETY: live device range of the stream's device; the caller keeps `src` alive and
         // unmodified until the stream has run the copy.
         unsafe { raw::copy_htod_async(&self.device, self.addr, src.as_ptr(), self.len, stream) }
@@ -223,6 +247,7 @@ impl DevicePtr {
         let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
         self.check_len("copy_to_host_async", dst.len())?;
         check_stream(stream, self.device)?;
+        self.record_stream(stream)?;
         // SAFETY: live device range of the stream's device; the caller keeps `dst` alive and
         // untouched until the stream has run the copy.
         unsafe { raw::copy_dtoh_async(&self.device, dst.as_mut_ptr(), self.addr, self.len, stream) }
@@ -264,6 +289,8 @@ impl DevicePtr {
     pub fn copy_from_device_async(&self, src: &DevicePtr, stream: &Stream) -> Result<()> {
         self.check_device_copy("copy_from_device_async", src)?;
         check_stream(stream, self.device)?;
+        self.record_stream(stream)?;
+        src.record_stream(stream)?;
         if src.device == self.device {
             // SAFETY: both ranges are live device memory of the stream's device.
             unsafe { raw::copy_dtod_async(&self.device, self.addr, src.addr, self.len, stream) }
@@ -292,6 +319,7 @@ impl DevicePtr {
     /// Queues setting every byte of the view to `value` on `stream` (`cuMemsetD8Async`).
     pub fn memset_async(&self, value: u8, stream: &Stream) -> Result<()> {
         check_stream(stream, self.device)?;
+        self.record_stream(stream)?;
         // SAFETY: live device range of the stream's device.
         unsafe { raw::memset_d8_async(&self.device, self.addr, value, self.len, stream) }
     }
@@ -320,6 +348,7 @@ impl DevicePtr {
     pub fn memset_u16_async(&self, value: u16, stream: &Stream) -> Result<()> {
         let n = self.elements(2, "memset_u16_async")?;
         check_stream(stream, self.device)?;
+        self.record_stream(stream)?;
         // SAFETY: as in `memset_u16`; the stream is of this device.
         unsafe { raw::memset_d16_async(&self.device, self.addr, value, n, stream) }
     }
@@ -336,6 +365,7 @@ impl DevicePtr {
     pub fn memset_u32_async(&self, value: u32, stream: &Stream) -> Result<()> {
         let n = self.elements(4, "memset_u32_async")?;
         check_stream(stream, self.device)?;
+        self.record_stream(stream)?;
         // SAFETY: as in `memset_u32`; the stream is of this device.
         unsafe { raw::memset_d32_async(&self.device, self.addr, value, n, stream) }
     }
@@ -343,6 +373,7 @@ impl DevicePtr {
     /// Prefetches the view's bytes to `to`, ordered on `stream` (`cuMemPrefetchAsync`).
     /// Only for managed memory: the driver rejects other memory.
     pub fn prefetch(&self, to: Location, stream: &Stream) -> Result<()> {
+        self.record_stream(stream)?;
         prefetch_range(self.addr, self.len, to, stream)
     }
 
