@@ -66,8 +66,7 @@ pub(crate) fn keep_alive_in_capture(stream: &Stream, owner: &Arc<dyn DeviceAlloc
         return Ok(());
     }
     let info = capture_info(stream)?;
-    if let (CaptureStatus::Active | CaptureStatus::Invalidated, Some(id)) = (info.status, info.id)
-    {
+    if let (CaptureStatus::Active | CaptureStatus::Invalidated, Some(id)) = (info.status, info.id) {
         capture_owners()
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -272,6 +271,112 @@ pub fn capture_info(stream: &Stream) -> Result<CaptureInfo> {
         status,
         id: (status != CaptureStatus::None).then_some(id),
     })
+}
+
+/// What [`on_capture_graph_release`] keeps with the graph: the callback and whether it is
+/// armed (it runs only if the graph took its reference).
+struct ReleaseHook {
+    armed: std::sync::atomic::AtomicBool,
+    callback: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+/// The user object's destructor: runs the armed callback once, never unwinding.
+unsafe extern "C" fn release_hook_trampoline(data: *mut std::ffi::c_void) {
+    // SAFETY: `data` is the `Arc<ReleaseHook>` turned into a raw pointer by
+    // `on_capture_graph_release`; the driver calls the destructor once, so the reference
+    // is reclaimed once.
+    let hook = unsafe { Arc::from_raw(data as *const ReleaseHook) };
+    if hook.armed.load(Ordering::Acquire) {
+        let callback = hook
+            .callback
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(callback) = callback {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(callback));
+        }
+    }
+}
+
+/// While `stream` is being captured (by anyone: this crate, the CUDA runtime, PyTorch,
+/// CuPy), ties `on_release` to the graph being captured: it runs once that graph, every
+/// clone of it and every executable graph made from it have been destroyed and their
+/// launches have completed (a CUDA user object the graph owns). Returns `Ok(false)`, and
+/// never runs `on_release`, when the stream is not capturing; on an error `on_release`
+/// never runs either.
+///
+/// `on_release` runs on a driver thread: it must not call CUDA (set a flag, decrement a
+/// counter). A panic in it is caught.
+pub fn on_capture_graph_release(
+    stream: &Stream,
+    on_release: Box<dyn FnOnce() + Send>,
+) -> Result<bool> {
+    if (stream.raw() as usize) <= 1 {
+        return Ok(false);
+    }
+    let _ctx = stream.device().bind()?;
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: cuda_sys::cuuint64_t = 0;
+    let mut graph: CUgraph = std::ptr::null_mut();
+    // SAFETY: a live stream; valid out-pointers; the dependency outputs are null.
+    unsafe {
+        drv!(cuStreamGetCaptureInfo(
+            stream.raw(),
+            &mut status,
+            &mut id,
+            &mut graph,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        ))
+    }?;
+    if status_from_raw(status) != CaptureStatus::Active || graph.is_null() {
+        return Ok(false);
+    }
+    let hook = Arc::new(ReleaseHook {
+        armed: std::sync::atomic::AtomicBool::new(false),
+        callback: Mutex::new(Some(on_release)),
+    });
+    let data = Arc::into_raw(Arc::clone(&hook)) as *mut std::ffi::c_void;
+    let mut object: cuda_sys::CUuserObject = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; `data` stays valid until the destructor reclaims it; the
+    // trampoline matches CUhostFn; NO_DESTRUCTOR_SYNC is the flag the driver requires.
+    let created = unsafe {
+        drv!(cuUserObjectCreate(
+            &mut object,
+            data,
+            Some(release_hook_trampoline),
+            1,
+            cuda_sys::CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC.0,
+        ))
+    };
+    if let Err(e) = created {
+        // SAFETY: the driver did not take `data`: reclaim the reference made above once.
+        drop(unsafe { Arc::from_raw(data as *const ReleaseHook) });
+        return Err(e);
+    }
+    // SAFETY: `graph` is the graph being captured (the driver permits everything but
+    // destroying it and removing nodes during the capture); MOVE hands our reference over.
+    let retained = unsafe {
+        drv!(cuGraphRetainUserObject(
+            graph,
+            object,
+            1,
+            cuda_sys::CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE.0,
+        ))
+    };
+    match retained {
+        Ok(()) => {
+            hook.armed.store(true, Ordering::Release);
+            Ok(true)
+        }
+        Err(e) => {
+            // Unarmed: the destructor this release triggers does not run the callback.
+            // SAFETY: we own the one reference of the object we just created.
+            let _ = unsafe { drv!(cuUserObjectRelease(object, 1)) };
+            Err(e)
+        }
+    }
 }
 
 /// The stream's id, unique in the process (`cuStreamGetId`); the legacy null stream has a

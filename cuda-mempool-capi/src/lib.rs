@@ -12,12 +12,13 @@
 //!
 //! | export | for |
 //! | --- | --- |
-//! | [`cuda_mempool_torch_alloc`], [`cuda_mempool_torch_free`] | PyTorch's `torch.cuda.memory.CUDAPluggableAllocator(path, "cuda_mempool_torch_alloc", "cuda_mempool_torch_free")` |
-//! | [`cuda_mempool_cupy_malloc`], [`cuda_mempool_cupy_free`], [`cuda_mempool_set_current_stream`] | CuPy's `cupy.cuda.memory.CFunctionAllocator(param, malloc, free, owner)` |
+//! | [`cuda_mempool_alloc`], [`cuda_mempool_free`] | C code, and the CuPy module `python/cuda_mempool_cupy.py` (allocations on CuPy's current stream) |
+//! | `cuda_mempool_torch_alloc` (C++, throws on failure), [`cuda_mempool_torch_free`] | PyTorch's `torch.cuda.memory.CUDAPluggableAllocator(path, "cuda_mempool_torch_alloc", "cuda_mempool_torch_free")` |
+//! | [`cuda_mempool_cupy_malloc`], [`cuda_mempool_cupy_free`], [`cuda_mempool_set_current_stream`] | CuPy's plain `cupy.cuda.memory.CFunctionAllocator(param, malloc, free, owner)` (one stream, no exception) |
 //! | [`cuda_mempool_record_stream`] | marking a block as used on another stream (PyTorch's `record_stream`) |
-//! | [`cuda_mempool_used_bytes`], [`cuda_mempool_reserved_bytes`], [`cuda_mempool_peak_reserved_bytes`], [`cuda_mempool_live_allocations`] | statistics |
+//! | [`cuda_mempool_used_bytes`], [`cuda_mempool_reserved_bytes`], [`cuda_mempool_free_bytes`], [`cuda_mempool_peak_reserved_bytes`], [`cuda_mempool_n_free_blocks`], [`cuda_mempool_live_allocations`] | statistics |
 //! | [`cuda_mempool_free_all_blocks`], [`cuda_mempool_set_limit`], [`cuda_mempool_get_limit`] | control |
-//! | [`cuda_mempool_last_error`], [`cuda_mempool_clear_error`] | errors |
+//! | [`cuda_mempool_last_error`], [`cuda_mempool_last_oom`], [`cuda_mempool_clear_error`] | errors |
 //!
 //! Modules: [`error`] (the last-error slot and the panic guard every export runs in),
 //! [`registry`] (device pointer to pool allocation).
@@ -32,24 +33,35 @@
 //!
 //! # Streams
 //!
-//! A block belongs to the stream it was allocated on, and the pool reuses it on that
-//! stream at once and on other streams only after the work issued before its free has
-//! completed (see `cuda_mempool`'s crate documentation). PyTorch passes the stream to
-//! both calls; CuPy passes none, so the CuPy entry points use the calling thread's
-//! current stream of `cuda-core` (the legacy null stream unless
-//! [`cuda_mempool_set_current_stream`] or Rust code chose another one). Streams passed in
-//! must stay alive while the pool caches blocks of them (PyTorch's and CuPy's default
-//! and pool streams live for the whole process).
+//! A block belongs to the stream it was allocated on: the pool reuses it on that stream at
+//! once and on other streams only after the work issued before its free has completed (see
+//! `cuda_mempool`'s crate documentation). What the library guarantees and asks:
+//!
+//! * It uses a stream handle only while at least one block allocated on that stream is
+//!   live: when the last one is freed, it records a fence covering the stream's frees and
+//!   never touches the handle again. So the caller must keep a stream valid until every
+//!   block allocated on it (or marked with [`cuda_mempool_record_stream`]) has been freed,
+//!   and may destroy it afterwards. PyTorch's streams live for the whole process; the CuPy
+//!   module keeps CuPy's stream object alive from each block.
+//! * A new stream that gets a destroyed stream's handle value never reuses that stream's
+//!   cache before the old stream's fence: its first allocation makes it wait for the fence.
+//! * An allocation on a stream that is being captured into a CUDA graph (also by PyTorch's
+//!   `torch.cuda.graph` or CuPy's `Graph`) comes from a pool private to that capture, reused
+//!   only inside the capture, and released once the graph and every executable graph made
+//!   from it are destroyed.
+//! * Out of memory leaves the pool as it was before the request: what it reserved while
+//!   trying is given back.
 //!
 //! # Example (Rust view of the C calls)
 //!
 //! ```no_run
 //! use cuda_mempool_capi::*;
 //!
-//! let p = cuda_mempool_torch_alloc(1 << 20, 0, std::ptr::null_mut());
+//! // SAFETY: the legacy default stream (null) is always valid.
+//! let p = unsafe { cuda_mempool_alloc(1 << 20, 0, std::ptr::null_mut()) };
 //! assert!(!p.is_null());
 //! assert!(cuda_mempool_used_bytes(0) >= 1 << 20);
-//! cuda_mempool_torch_free(p, 1 << 20, 0, std::ptr::null_mut());
+//! cuda_mempool_free(p);
 //! assert_eq!(cuda_mempool_free_all_blocks(), 0);
 //! ```
 
@@ -61,16 +73,20 @@ pub mod registry;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{LazyLock, Mutex, OnceLock, PoisonError};
 
+use std::cell::Cell;
+
+use cuda_core::sys::CUstream;
 use cuda_core::Stream;
 use cuda_mempool::{
     default_pool, DeviceId, DevicePool, DriverBackend, Limit, MemoryPool, PoolConfig, PoolError,
-    StreamId,
 };
 
 use registry::Registry;
 
 /// Every exported C function, by name, in the order of `include/cuda_mempool.h`.
 pub const EXPORTED_FUNCTIONS: &[&str] = &[
+    "cuda_mempool_alloc",
+    "cuda_mempool_free",
     "cuda_mempool_torch_alloc",
     "cuda_mempool_torch_free",
     "cuda_mempool_cupy_malloc",
@@ -79,12 +95,15 @@ pub const EXPORTED_FUNCTIONS: &[&str] = &[
     "cuda_mempool_record_stream",
     "cuda_mempool_used_bytes",
     "cuda_mempool_reserved_bytes",
+    "cuda_mempool_free_bytes",
     "cuda_mempool_peak_reserved_bytes",
+    "cuda_mempool_n_free_blocks",
     "cuda_mempool_live_allocations",
     "cuda_mempool_free_all_blocks",
     "cuda_mempool_set_limit",
     "cuda_mempool_get_limit",
     "cuda_mempool_last_error",
+    "cuda_mempool_last_oom",
     "cuda_mempool_clear_error",
 ];
 
@@ -160,33 +179,80 @@ fn device_id(call: &str, device: c_int) -> Result<DeviceId, CallError> {
         .map_err(|_| fail(call, format!("invalid device ordinal {device}")))
 }
 
-fn stream_id(stream: *mut c_void) -> StreamId {
-    StreamId(stream as usize as u64)
-}
-
 fn to_c_ptr(addr: u64) -> *mut c_void {
     addr as usize as *mut c_void
 }
 
-/// Allocates from the pool and records the block; null for size 0.
-fn alloc(
+/// The out-of-memory figures of this thread's last failure, if it was one:
+/// (requested, used, reserved, limit or -1).
+type OomInfo = (i64, i64, i64, i64);
+
+thread_local! {
+    static LAST_OOM: Cell<Option<OomInfo>> = const { Cell::new(None) };
+}
+
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// A `Stream` for a C stream handle of `device` (null: the legacy default stream).
+///
+/// # Safety
+///
+/// `stream` is null, an implicit handle, or a valid stream of `device` that stays valid while
+/// blocks allocated on (or marked with) it are live.
+unsafe fn wrap_stream(
     call: &str,
     device: DeviceId,
-    stream: StreamId,
-    size: u64,
-) -> Result<*mut c_void, CallError> {
+    stream: *mut c_void,
+) -> Result<Stream, CallError> {
+    let dev = pool(call)?
+        .backend()
+        .device(device)
+        .map_err(|e| fail(call, e))?;
+    if stream.is_null() {
+        return Ok(Stream::null(&dev));
+    }
+    // SAFETY: the caller's contract (above).
+    unsafe { Stream::external(&dev, stream as CUstream) }.map_err(|e| fail(call, e))
+}
+
+/// Allocates from the pool on `stream` and records the block; null for size 0.
+fn alloc(call: &str, stream: &Stream, size: u64) -> Result<*mut c_void, CallError> {
+    LAST_OOM.with(|c| c.set(None));
     if size == 0 {
         return Ok(std::ptr::null_mut());
     }
     let pool = pool(call)?;
-    let raw = pool
-        .malloc(device, stream, size)
-        .map_err(|e| fail(call, e))?
-        .into_raw();
+    let size_usize =
+        usize::try_from(size).map_err(|_| fail(call, format!("size {size} does not fit")))?;
+    let raw = match pool.malloc_stream(stream, size_usize) {
+        Ok(a) => a.into_raw(),
+        Err(e) => {
+            if let PoolError::OutOfMemory {
+                requested,
+                used,
+                reserved,
+                limit,
+                ..
+            } = &e
+            {
+                let info = (
+                    clamp(*requested),
+                    clamp(*used),
+                    clamp(*reserved),
+                    limit.map_or(-1, clamp),
+                );
+                LAST_OOM.with(|c| c.set(Some(info)));
+            }
+            return Err(fail(call, e));
+        }
+    };
+    let addr = raw.ptr().0;
     if let Some(stale) = LIVE.insert(raw) {
         // The pool handed out an address the registry still holds: the pool and the
-        // registry disagree. Put nothing in a worse state: keep the new block recorded,
-        // report, and leave the stale entry's memory to the pool.
+        // registry disagree. Keep the new block recorded, report, and leave the stale
+        // entry's memory to the pool.
         return Err(fail(
             call,
             format!(
@@ -196,12 +262,12 @@ fn alloc(
             ),
         ));
     }
-    Ok(to_c_ptr(raw.ptr().0))
+    Ok(to_c_ptr(addr))
 }
 
-/// Frees the block at `ptr`. When the caller names a stream other than the block's own,
-/// the block is first marked as used on that stream, so its reuse also waits for it.
-fn free(call: &str, ptr: *mut c_void, stream: Option<StreamId>) -> Result<(), CallError> {
+/// Frees the block at `ptr`; with `stream`, the block is first marked as used on it
+/// (when it is not the block's own), so its reuse also waits for it.
+fn free(call: &str, ptr: *mut c_void, stream: Option<&Stream>) -> Result<(), CallError> {
     if ptr.is_null() {
         return Ok(());
     }
@@ -214,59 +280,84 @@ fn free(call: &str, ptr: *mut c_void, stream: Option<StreamId>) -> Result<(), Ca
     })?;
     let pool = pool(call)?;
     let mut marked = Ok(());
-    if let Some(s) = stream.filter(|s| *s != raw.stream()) {
+    if let Some(s) = stream.filter(|s| s.identity() != raw.stream().0) {
         marked = pool.record_stream_raw(&raw, s);
     }
     pool.free_raw(raw).map_err(|e| fail(call, e))?;
     marked.map_err(|e| fail(call, e))
 }
 
-/// PyTorch's pluggable-allocator `malloc`: `size` bytes on `device` for use on `stream`.
+/// `size` bytes on `device` for use on `stream` (a `CUstream` / `cudaStream_t`; null: the
+/// legacy default stream). Null with a last-error message on failure (invalid device, a
+/// stream of another device, out of memory: see [`cuda_mempool_last_oom`], no driver); null
+/// without one for size 0. Out of memory leaves the pool as it was. On a stream being
+/// captured into a CUDA graph the block comes from the capture's private pool.
 ///
-/// Returns null with a last-error message on failure (negative size, invalid device, out
-/// of memory, no driver), and null without one for size 0 (as PyTorch's own allocator).
-/// `stream` is a `cudaStream_t` (the same value as a `CUstream`); it must stay alive while
-/// the pool caches blocks of it.
+/// # Safety
+///
+/// `stream` must be null, `CU_STREAM_LEGACY`, or a valid stream of `device` that stays
+/// valid until every block allocated on it has been freed (the library never touches it
+/// after that). The per-thread default stream is refused.
 #[no_mangle]
-pub extern "C" fn cuda_mempool_torch_alloc(
-    size: isize,
+pub unsafe extern "C" fn cuda_mempool_alloc(
+    size: usize,
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    const CALL: &str = "cuda_mempool_torch_alloc";
+    const CALL: &str = "cuda_mempool_alloc";
     run(std::ptr::null_mut(), || {
-        let size = u64::try_from(size).map_err(|_| fail(CALL, format!("negative size {size}")))?;
-        alloc(CALL, device_id(CALL, device)?, stream_id(stream), size)
+        let id = device_id(CALL, device)?;
+        // SAFETY: the caller's contract is wrap_stream's.
+        let s = unsafe { wrap_stream(CALL, id, stream) }?;
+        alloc(CALL, &s, size as u64)
     })
 }
 
-/// PyTorch's pluggable-allocator `free`: gives back a block from
-/// [`cuda_mempool_torch_alloc`].
-///
-/// The block is found from `ptr`; `size` and `device` are not needed. The block goes back
-/// to the stream it was allocated on (PyTorch passes that stream); if `stream` is another
-/// one, the block is marked as used on it too, so that no stream reuses it before the work
-/// issued to `stream` so far has completed. Null is ignored. An unknown pointer changes
-/// nothing and records a last-error message.
+/// Gives back a block from any allocating function of this library. Null is ignored; an
+/// unknown pointer changes nothing and records a last-error message.
 #[no_mangle]
-pub extern "C" fn cuda_mempool_torch_free(
+pub extern "C" fn cuda_mempool_free(ptr: *mut c_void) {
+    run((), || free("cuda_mempool_free", ptr, None));
+}
+
+/// PyTorch's pluggable-allocator `free`: gives back a block. `size` is not needed. If
+/// `stream` (PyTorch passes the block's own stream) is another one, the block is marked as
+/// used on it first, so that no stream reuses it before the work issued to `stream` so far
+/// has completed. Null is ignored. An unknown pointer changes nothing and records a
+/// last-error message.
+///
+/// # Safety
+///
+/// `stream` must be null or a valid stream of `device` (it is used during this call only).
+#[no_mangle]
+pub unsafe extern "C" fn cuda_mempool_torch_free(
     ptr: *mut c_void,
     size: isize,
     device: c_int,
     stream: *mut c_void,
 ) {
     const CALL: &str = "cuda_mempool_torch_free";
-    let _ = (size, device);
-    run((), || free(CALL, ptr, Some(stream_id(stream))));
+    let _ = size;
+    run((), || {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let id = device_id(CALL, device)?;
+        // SAFETY: the caller's contract; the wrapper is dropped at the end of this call,
+        // and a record_stream mark keeps a clone only until the block's free below.
+        let s = unsafe { wrap_stream(CALL, id, stream) }?;
+        free(CALL, ptr, Some(&s))
+    });
 }
 
 /// CuPy's `CFunctionAllocator` `malloc` (`void* malloc(void* param, size_t size, int
-/// device_id)`): `size` bytes on `device` for use on the calling thread's current
-/// stream (see [`cuda_mempool_set_current_stream`]). `param` is not used.
+/// device_id)`): `size` bytes on `device` for use on the calling thread's current stream of
+/// `cuda-core` (the legacy default stream unless [`cuda_mempool_set_current_stream`] chose
+/// another). `param` is not used.
 ///
-/// Returns null with a last-error message on failure; null without one for size 0.
-/// CuPy does not check the pointer it gets; wrap the allocator in Python to turn null
-/// into an exception where out-of-memory must be handled.
+/// Returns null with a last-error message on failure; null without one for size 0. CuPy
+/// does not check the pointer it gets: use the CuPy module (`cuda_mempool_cupy.py`), which
+/// raises `OutOfMemoryError` and allocates on CuPy's own current stream.
 #[no_mangle]
 pub extern "C" fn cuda_mempool_cupy_malloc(
     param: *mut c_void,
@@ -284,8 +375,7 @@ pub extern "C" fn cuda_mempool_cupy_malloc(
             .backend()
             .device(id)
             .map_err(|e| fail(CALL, e))?;
-        let stream = StreamId(Stream::current(&dev).raw() as usize as u64);
-        alloc(CALL, id, stream, size as u64)
+        alloc(CALL, &Stream::current(&dev), size as u64)
     })
 }
 
@@ -336,22 +426,34 @@ pub unsafe extern "C" fn cuda_mempool_set_current_stream(
 
 /// Marks the live block at `ptr` as used on `stream` too (PyTorch's `record_stream`):
 /// when it is freed, no stream reuses it before the work issued to `stream` up to the
-/// free has completed. Returns 0, or -1 with a last-error message (unknown pointer).
+/// free has completed. Returns 0, or -1 with a last-error message (unknown pointer, a
+/// stream of another device).
+///
+/// # Safety
+///
+/// `stream` must be null or a valid stream of the block's device that stays valid until
+/// the block is freed.
 #[no_mangle]
-pub extern "C" fn cuda_mempool_record_stream(ptr: *mut c_void, stream: *mut c_void) -> c_int {
+pub unsafe extern "C" fn cuda_mempool_record_stream(
+    ptr: *mut c_void,
+    stream: *mut c_void,
+) -> c_int {
     const CALL: &str = "cuda_mempool_record_stream";
     run(-1, || {
         let addr = ptr as usize as u64;
-        let raw = LIVE.get(addr).ok_or_else(|| {
-            fail(
+        let pool = pool(CALL)?;
+        let marked = LIVE.with(addr, |raw| {
+            // SAFETY: the caller's contract is wrap_stream's.
+            let s = unsafe { wrap_stream(CALL, raw.device(), stream) }?;
+            pool.record_stream_raw(raw, &s).map_err(|e| fail(CALL, e))
+        });
+        match marked {
+            Some(r) => r.map(|()| 0),
+            None => Err(fail(
                 CALL,
                 format!("{addr:#x} is not a live allocation of this pool"),
-            )
-        })?;
-        pool(CALL)?
-            .record_stream_raw(&raw, stream_id(stream))
-            .map_err(|e| fail(CALL, e))?;
-        Ok(0)
+            )),
+        }
     })
 }
 
@@ -378,6 +480,21 @@ pub extern "C" fn cuda_mempool_reserved_bytes(device: c_int) -> i64 {
     stat("cuda_mempool_reserved_bytes", device, |s| {
         s.reserved.current
     })
+}
+
+/// Bytes the pool holds on `device` but not in live blocks (CuPy's `free_bytes`), or -1
+/// with a last-error message.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_free_bytes(device: c_int) -> i64 {
+    stat("cuda_mempool_free_bytes", device, |s| s.free_bytes())
+}
+
+/// Cached free blocks on every device (CuPy's `n_free_blocks`). Never fails once the pool
+/// exists (-1 with a last-error message when it cannot be created).
+#[no_mangle]
+pub extern "C" fn cuda_mempool_n_free_blocks() -> i64 {
+    const CALL: &str = "cuda_mempool_n_free_blocks";
+    run(-1, || Ok(clamp(pool(CALL)?.n_free_blocks() as u64)))
 }
 
 /// The highest [`cuda_mempool_reserved_bytes`] of `device` so far, or -1 with a
@@ -451,13 +568,43 @@ pub extern "C" fn cuda_mempool_last_error() -> *const c_char {
     run(std::ptr::null(), || Ok(error::last_error_ptr()))
 }
 
+/// Whether this thread's most recent failed allocation ran out of memory: 1, and the four
+/// figures written where the pointers are not null (the size asked for, bytes in live
+/// blocks, bytes the pool holds, the limit or -1), else 0. For a Python wrapper that raises
+/// its framework's out-of-memory error with the pool's numbers.
+///
+/// # Safety
+///
+/// Each pointer is null or valid for writing one `int64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cuda_mempool_last_oom(
+    requested: *mut i64,
+    used: *mut i64,
+    reserved: *mut i64,
+    limit: *mut i64,
+) -> c_int {
+    run(0, || {
+        let Some((r, u, res, l)) = LAST_OOM.with(Cell::get) else {
+            return Ok::<c_int, CallError>(0);
+        };
+        for (p, v) in [(requested, r), (used, u), (reserved, res), (limit, l)] {
+            if !p.is_null() {
+                // SAFETY: the caller's contract: non-null pointers are writable.
+                unsafe { p.write(v) };
+            }
+        }
+        Ok(1)
+    })
+}
+
 /// Forgets the calling thread's last error, so that [`cuda_mempool_last_error`] returns
 /// null until the next failure.
 #[no_mangle]
 pub extern "C" fn cuda_mempool_clear_error() {
     run((), || {
         error::clear_last_error();
-        Ok(())
+        LAST_OOM.with(|c| c.set(None));
+        Ok::<(), CallError>(())
     })
 }
 
@@ -470,28 +617,35 @@ mod tests {
     #[test]
     fn bad_input_fails_before_touching_the_driver() {
         clear_last_error();
-        assert!(cuda_mempool_torch_alloc(-5, 0, std::ptr::null_mut()).is_null());
+        // SAFETY: a null stream is the legacy default stream.
+        assert!(unsafe { cuda_mempool_alloc(64, -1, std::ptr::null_mut()) }.is_null());
         let msg = last_error_message().unwrap_or_default();
         assert!(
-            msg.contains("cuda_mempool_torch_alloc") && msg.contains("negative size -5"),
+            msg.contains("cuda_mempool_alloc") && msg.contains("invalid device ordinal -1"),
             "{msg}"
         );
-
-        assert!(cuda_mempool_torch_alloc(64, -1, std::ptr::null_mut()).is_null());
-        let msg = last_error_message().unwrap_or_default();
-        assert!(msg.contains("invalid device ordinal -1"), "{msg}");
-
         assert_eq!(cuda_mempool_used_bytes(-3), -1);
         assert!(last_error_message().unwrap_or_default().contains("-3"));
         assert_eq!(cuda_mempool_set_limit(-1, 10), -1);
+        // SAFETY: null out-pointers are allowed.
+        let oom = unsafe {
+            cuda_mempool_last_oom(
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(oom, 0, "a bad device is not an out-of-memory");
     }
 
     #[test]
     fn size_zero_and_null_are_no_ops_without_an_error() {
         clear_last_error();
-        assert!(cuda_mempool_torch_alloc(0, 0, std::ptr::null_mut()).is_null());
         assert!(cuda_mempool_cupy_malloc(std::ptr::null_mut(), 0, 0).is_null());
-        cuda_mempool_torch_free(std::ptr::null_mut(), 0, 0, std::ptr::null_mut());
+        cuda_mempool_free(std::ptr::null_mut());
+        // SAFETY: null pointer and null stream.
+        unsafe { cuda_mempool_torch_free(std::ptr::null_mut(), 0, 0, std::ptr::null_mut()) };
         cuda_mempool_cupy_free(std::ptr::null_mut(), std::ptr::null_mut(), 0);
         assert_eq!(last_error_message(), None);
         assert!(cuda_mempool_last_error().is_null());
@@ -508,14 +662,14 @@ mod tests {
             "{msg}"
         );
         clear_last_error();
-        cuda_mempool_torch_free(0xbeef_0200 as *mut c_void, 512, 0, std::ptr::null_mut());
+        cuda_mempool_free(0xbeef_0200 as *mut c_void);
         assert!(last_error_message()
             .unwrap_or_default()
             .contains("0xbeef0200"));
-        assert_eq!(
-            cuda_mempool_record_stream(0xbeef_0200 as *mut c_void, std::ptr::null_mut()),
-            -1
-        );
+        // SAFETY: the pointer is only looked up; the null stream is never used here.
+        let r =
+            unsafe { cuda_mempool_record_stream(0xbeef_0200 as *mut c_void, std::ptr::null_mut()) };
+        assert_eq!(r, -1);
         assert_eq!(cuda_mempool_live_allocations(), before);
         cuda_mempool_clear_error();
         assert!(cuda_mempool_last_error().is_null());

@@ -84,9 +84,10 @@ impl Registry {
         self.map(ptr).remove(&ptr)
     }
 
-    /// The allocation at `ptr`, if one is recorded, left in place.
-    pub fn get(&self, ptr: u64) -> Option<RawAllocation> {
-        self.map(ptr).get(&ptr).copied()
+    /// Runs `f` on the allocation at `ptr`, if one is recorded, left in place (under the
+    /// registry part's lock, so a concurrent free of the same pointer waits).
+    pub fn with<R>(&self, ptr: u64, f: impl FnOnce(&RawAllocation) -> R) -> Option<R> {
+        self.map(ptr).get(&ptr).map(f)
     }
 
     /// The number of recorded allocations.
@@ -122,24 +123,25 @@ mod tests {
     fn insert_get_remove_round_trip() {
         let pool = MemoryPool::new(SimulatedBackend::h200(1)).expect("pool");
         let reg = Registry::new();
-        let raws: Vec<_> = (1..=200u64)
-            .map(|i| {
-                pool.malloc(DeviceId(0), StreamId(i % 3), i * 1000)
-                    .expect("malloc")
-                    .into_raw()
-            })
-            .collect();
-        for r in &raws {
-            assert_eq!(reg.insert(*r), None);
+        let mut addrs = Vec::new();
+        for i in 1..=200u64 {
+            let raw = pool
+                .malloc(DeviceId(0), &StreamId(i % 3), i * 1000)
+                .expect("malloc")
+                .into_raw();
+            let (ptr, size) = (raw.ptr().0, raw.size());
+            assert_eq!(reg.insert(raw), None);
+            addrs.push((ptr, size));
         }
-        assert_eq!(reg.len(), raws.len());
-        for r in &raws {
-            assert_eq!(reg.get(r.ptr().0), Some(*r));
+        assert_eq!(reg.len(), addrs.len());
+        for &(ptr, size) in &addrs {
+            assert_eq!(reg.with(ptr, |r| (r.ptr().0, r.size())), Some((ptr, size)));
         }
-        for r in &raws {
-            assert_eq!(reg.remove(r.ptr().0), Some(*r));
-            assert_eq!(reg.remove(r.ptr().0), None, "a second remove finds nothing");
-            pool.free_raw(*r).expect("free");
+        for &(ptr, size) in &addrs {
+            let r = reg.remove(ptr).expect("recorded");
+            assert_eq!((r.ptr().0, r.size()), (ptr, size));
+            assert!(reg.remove(ptr).is_none(), "a second remove finds nothing");
+            pool.free_raw(r).expect("free");
         }
         assert!(reg.is_empty());
         assert_eq!(pool.used_bytes(), 0);

@@ -66,8 +66,9 @@ fn child_without_driver() {
 
     // Twice: a failed pool creation is not cached as success.
     for _ in 0..2 {
-        assert!(cuda_mempool_torch_alloc(1 << 20, 0, null).is_null());
-        expect_error("cuda_mempool_torch_alloc");
+        // SAFETY: a null stream is the legacy default stream.
+        assert!(unsafe { cuda_mempool_alloc(1 << 20, 0, null) }.is_null());
+        expect_error("cuda_mempool_alloc");
     }
     assert!(cuda_mempool_cupy_malloc(null, 4096, 0).is_null());
     expect_error("cuda_mempool_cupy_malloc");
@@ -90,7 +91,8 @@ fn child_without_driver() {
 
     // Nothing was handed out, and calls that need no driver still work.
     assert_eq!(cuda_mempool_live_allocations(), 0);
-    assert!(cuda_mempool_torch_alloc(0, 0, null).is_null());
+    // SAFETY: as above.
+    assert!(unsafe { cuda_mempool_alloc(0, 0, null) }.is_null());
     assert!(
         cuda_mempool_last_error().is_null(),
         "size 0 is not an error"

@@ -24,10 +24,10 @@ const PAIRS: u64 = 2_000_000;
 fn pairs(pool: &MemoryPool<SimulatedBackend>, stream: StreamId, size: u64, n: u64) -> Duration {
     let dev = DeviceId(0);
     // Warm the cache of this stream.
-    drop(pool.malloc(dev, stream, size).expect("warm-up allocation"));
+    drop(pool.malloc(dev, &stream, size).expect("warm-up allocation"));
     let start = Instant::now();
     for _ in 0..n {
-        let a = pool.malloc(dev, stream, size).expect("allocation");
+        let a = pool.malloc(dev, &stream, size).expect("allocation");
         black_box(a.ptr());
         drop(a);
     }
@@ -81,7 +81,7 @@ fn scaling_run(pool: &MemoryPool<SimulatedBackend>, threads: usize) -> f64 {
             let barrier = &barrier;
             s.spawn(move || {
                 let stream = StreamId(100 + t as u64);
-                drop(pool.malloc(DeviceId(0), stream, 512).expect("warm-up"));
+                drop(pool.malloc(DeviceId(0), &stream, 512).expect("warm-up"));
                 barrier.wait();
                 pairs(pool, stream, 512, per_thread);
             });

@@ -44,6 +44,7 @@ impl Allocator for DirectAllocator {
         match DeviceMemory::new(&dev, size) {
             Ok(m) => Ok(m.into_ptr()),
             Err(e) if e.is_out_of_memory() => Err(PoolError::OutOfMemory {
+                cause: crate::OomCause::DeviceMemory,
                 device: device_id(&dev),
                 requested: size as u64,
                 used: 0,
@@ -221,6 +222,7 @@ impl Allocator for CFunctionAllocator {
             let p = unsafe { (f.malloc)(f.ctx, size, device.ordinal() as i32, stream.raw()) };
             if p == 0 {
                 return Err(PoolError::OutOfMemory {
+                    cause: crate::OomCause::DeviceMemory,
                     device: device_id(&device),
                     requested: size as u64,
                     used: 0,

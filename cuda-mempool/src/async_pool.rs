@@ -138,6 +138,7 @@ impl AsyncPool {
 
     fn oom(&self, size: usize, limit: Option<u64>) -> PoolError {
         PoolError::OutOfMemory {
+            cause: crate::OomCause::DeviceMemory,
             device: DeviceId(self.device.ordinal() as u32),
             requested: size as u64,
             used: self.used_bytes().unwrap_or(0),

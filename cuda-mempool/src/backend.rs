@@ -28,12 +28,25 @@
 //!   `cuMemRelease`). Segments thereby grow in place, and the pool's footprint is the
 //!   number of physical pages it holds, not the address space it reserved.
 //!
-//! # Fences
+//! # Streams and fences
 //!
-//! A fence is a point in one stream's work (`cuEventRecord`). The pool records fences
-//! lazily, on its slow path, never on the hot path of `malloc`/`free`: a fence
-//! recorded *after* a free covers all the work issued before that free, so a late
-//! fence is as safe as one recorded at the free itself, only more conservative.
+//! The pool never turns a number into a stream. Every request comes with a
+//! [`Backend::Stream`] (for the driver backend a `cuda_core::Stream`, whose existence
+//! proves the handle valid), and the pool keeps a clone of it, *attached* to the stream's
+//! cache, only while it may need it. It lets go of it (*detaches*) when no block made on
+//! the stream is live any more and [`Backend::may_release_stream`] says the owner may
+//! destroy the stream: first it records a fence covering every free on the stream, so
+//! that nothing it caches from that stream is ever reused without that fence, then it
+//! hands the clone back ([`Backend::stream_released`]). A stream is used only between
+//! the call that handed it in and that detach; a later request on the same key (the
+//! same stream, or a new stream that got the old handle's value) re-attaches and first
+//! makes its stream wait for the detach fence if it has not completed.
+//!
+//! A fence is a point in one stream's work (`cuEventRecord`). While a stream is
+//! attached, the pool records its fences lazily, on its slow path, never on the hot path
+//! of `malloc`/`free`: a fence recorded *after* a free covers all the work issued before
+//! that free, so a late fence is as safe as one recorded at the free itself, only more
+//! conservative.
 
 use std::fmt;
 
@@ -47,8 +60,10 @@ impl fmt::Display for DeviceId {
     }
 }
 
-/// A stream, as an opaque id (for the driver backend: the `CUstream` handle's value;
-/// `0` is the legacy default stream).
+/// The key of a stream's cache in the pool ([`Backend::stream_key`]): for the driver
+/// backend `cuda_core::Stream::identity` (unique for streams `cuda-core` created, the
+/// handle's value for external streams, 0 for the legacy default stream). The pool never
+/// turns a key back into a stream; it only compares keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct StreamId(pub u64);
 
@@ -106,6 +121,10 @@ pub struct DeviceInfo {
 /// error). Running out of memory is not an error: the allocating methods return
 /// `Ok(None)`, so the pool can release cached memory and retry.
 pub trait Backend: Send + Sync + 'static {
+    /// A stream the pool may record fences on and make wait: what a request hands in and
+    /// what the pool keeps (cloned) while it needs it (a `cuda_core::Stream` for the
+    /// driver backend, a [`StreamId`] for the simulated one).
+    type Stream: Clone + Send + Sync + 'static;
     /// A stream-ordering fence (a recorded `CUevent` for the driver backend).
     type Fence: Send + 'static;
     /// One physical page of a virtual-memory segment
@@ -195,9 +214,31 @@ pub trait Backend: Send + Sync + 'static {
     /// unmapping is not stream-ordered.
     fn unmap(&self, device: DeviceId, addr: DevicePtr, size: u64) -> Result<(), Self::Error>;
 
+    /// The key of `stream`'s cache. Errors for a stream the pool must not cache on (the
+    /// driver backend refuses the per-thread default stream, which names a different
+    /// stream on every thread).
+    fn stream_key(&self, stream: &Self::Stream) -> Result<StreamId, crate::PoolError>;
+
+    /// Whether the pool may let go of its clone of `stream` now that no block made on it
+    /// is live: `true` when nobody else keeps the stream (an owned stream whose other
+    /// clones are gone) or when the pool may rely on it only while blocks are live (a
+    /// foreign stream); `false` to keep it (the legacy default stream, a stream the user
+    /// still holds). Called on the free of a stream's last live block, so it must be cheap.
+    fn may_release_stream(&self, stream: &Self::Stream) -> bool;
+
+    /// The pool gives back its clone of a stream (after recording the fence that covers
+    /// every free on it). The default drops it.
+    fn stream_released(&self, stream: Self::Stream) {
+        drop(stream);
+    }
+
     /// Records a fence on `stream`: it completes once all work issued to the stream so
     /// far has completed (`cuEventRecord`, events created with timing disabled).
-    fn record_fence(&self, device: DeviceId, stream: StreamId) -> Result<Self::Fence, Self::Error>;
+    fn record_fence(
+        &self,
+        device: DeviceId,
+        stream: &Self::Stream,
+    ) -> Result<Self::Fence, Self::Error>;
 
     /// Whether the fence has completed, without blocking (`cuEventQuery`).
     fn fence_completed(&self, fence: &Self::Fence) -> Result<bool, Self::Error>;
@@ -212,7 +253,7 @@ pub trait Backend: Send + Sync + 'static {
     fn stream_wait_fence(
         &self,
         device: DeviceId,
-        stream: StreamId,
+        stream: &Self::Stream,
         fence: &Self::Fence,
     ) -> Result<(), Self::Error>;
 

@@ -1,26 +1,39 @@
 //! The driver backend: [`DriverBackend`] implements [`Backend`] over `cuda-core`, and
 //! [`DevicePool`] is the pool that serves real GPUs.
 //!
-//! # Ids
+//! # Ids and streams
 //!
 //! * [`DeviceId`]`(n)` is the `CUdevice` ordinal `n` ([`Device::new`]).
-//! * [`StreamId`] is the raw `CUstream` handle as an integer ([`stream_id`]):
-//!   `StreamId(0)` is the legacy null stream, `StreamId(2)` the per-thread default
-//!   stream (`CU_STREAM_PER_THREAD`). The pool never dereferences an id; the backend
-//!   turns it back into a non-owning [`Stream`] when it records a fence or makes a
-//!   stream wait.
+//! * The backend's stream type is `cuda_core::Stream`: a request hands one in, which proves
+//!   the handle valid, and the pool keeps a clone while blocks made on it are live (see
+//!   [`crate::backend`]). Its [`StreamId`] key is [`Stream::identity`]: unique for streams
+//!   `cuda-core` created, the handle's value for external streams, 0 for the legacy null
+//!   stream. The per-thread default stream is refused ([`PoolError::PerThreadStream`]): it
+//!   names a different stream on every thread.
 //!
 //! # Stream lifetime
 //!
-//! Fences are recorded lazily (see [`crate::backend`]), so the backend may record an
-//! event on a stream some time after the last block of that stream was freed. The stream
-//! handle must then still be valid. The `Stream`-taking entry points
-//! ([`DevicePool::malloc_stream`], [`DevicePool::malloc_shared`], [`malloc`]) therefore
-//! keep a clone of every stream they see for the life of the pool (a clone of an owned
-//! `cuda_core::Stream` keeps the stream from being destroyed). Callers that use
-//! [`MemoryPool::malloc`] with raw [`StreamId`]s must keep those streams alive themselves
-//! while the pool caches their blocks. The legacy and per-thread default streams are never
-//! destroyed.
+//! The pool never keeps a stream longer than it needs: once no block made on a stream is
+//! live, it records a fence covering the stream's frees and lets go of its clone, when
+//! the stream's owner no longer holds it (an owned stream whose other clones are gone:
+//! checked at that free and whenever a new stream appears) or at once for an external
+//! stream, which the pool may rely on only while blocks made on it are live. So a program
+//! that creates a stream per request and drops it does not leak streams, shards or address
+//! space: later streams adopt the idle shards. [`MemoryPool::release_stream`] lets go of
+//! an idle stream at once.
+//!
+//! # Graph captures
+//!
+//! [`DevicePool::malloc_stream`] (and everything built on it) serves a stream that is being
+//! captured into a CUDA graph from a private pool of that capture
+//! ([`MemoryPool::malloc_private`]): its memory is reused only by later allocations of the
+//! same capture on the same stream, and released once the graph, its clones and every
+//! executable graph made from it are destroyed (a CUDA user object owned by the graph tells
+//! the pool). Captures begun through `cuda-core`/`cuda-graph` are seen with one atomic load;
+//! on external streams (PyTorch's, CuPy's) every allocation asks the driver
+//! (`cuStreamGetCaptureInfo`). Captures that foreign code begins on a stream `cuda-core`
+//! created are not seen: allocate on such streams through the C ABI or an external
+//! wrapper.
 //!
 //! # Name clash
 //!
@@ -28,29 +41,27 @@
 //! owning its memory. This module calls the latter `CoreDevicePtr`; [`PoolMemory`]
 //! converts into it.
 
-use std::cell::Cell;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+use cuda_core::graph::CaptureStatus;
 use cuda_core::memory::DevicePtr as CoreDevicePtr;
 use cuda_core::memory::{DeviceAlloc, DeviceMemory};
-use cuda_core::sys::{CUdeviceptr, CUstream};
+use cuda_core::sys::CUdeviceptr;
 use cuda_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
-use cuda_core::{Device, Event, Stream};
+use cuda_core::{Device, Event, Stream, StreamKind};
 
 use crate::backend::{Backend, DeviceId, DeviceInfo, DevicePtr, StreamId};
 use crate::error::PoolError;
 use crate::hooks::{self, MemoryEvent};
-use crate::pool::{Allocation, MemoryPool, RawAllocation};
+use crate::pool::{Allocation, MemoryPool, PrivatePoolId, RawAllocation};
 
 /// The pool over the CUDA driver: [`MemoryPool`] with the [`DriverBackend`].
 pub type DevicePool = MemoryPool<DriverBackend>;
 
-/// The [`StreamId`] of a `cuda-core` stream: its raw handle as an integer (0 for the
-/// legacy null stream).
+/// The [`StreamId`] key of a `cuda-core` stream ([`Stream::identity`]).
 pub fn stream_id(stream: &Stream) -> StreamId {
-    StreamId(stream.raw() as usize as u64)
+    StreamId(stream.identity())
 }
 
 /// The [`DeviceId`] of a `cuda-core` device: its ordinal.
@@ -97,20 +108,10 @@ impl DriverFence {
 pub struct DriverBackend {
     devices: Vec<Device>,
     events: Vec<Mutex<Vec<Event>>>,
-    /// Streams seen through the `Stream`-taking entry points, kept alive (see the module
-    /// documentation), by handle.
-    streams: RwLock<HashMap<u64, Stream>>,
+    /// (device, capture id) pairs whose private pool holds a reference from the capture's
+    /// graph; removed when the graph releases it.
+    captures: Arc<Mutex<HashSet<(u32, u64)>>>,
     virtual_memory: bool,
-    /// Unique among the backends of this process (for the per-thread retain cache).
-    id: u64,
-}
-
-/// Source of [`DriverBackend`] ids; 0 is never handed out.
-static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// `(backend id, stream handle)` this thread last retained: a repeat costs no lock.
-    static LAST_RETAINED: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 impl DriverBackend {
@@ -132,40 +133,9 @@ impl DriverBackend {
         Ok(DriverBackend {
             devices,
             events,
-            streams: RwLock::new(HashMap::new()),
+            captures: Arc::default(),
             virtual_memory: true,
-            id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
         })
-    }
-
-    /// Keeps a clone of `stream` for the life of the backend, so that fences recorded on
-    /// it later find a live handle. Implicit streams (legacy, per-thread) need none.
-    pub fn retain_stream(&self, stream: &Stream) {
-        if stream.is_implicit() {
-            return;
-        }
-        let key = stream_id(stream).0;
-        // The hot path: this thread retained this stream in this backend last time. The
-        // handle cannot have been reused since, because the backend holds the stream.
-        if LAST_RETAINED.with(|last| last.get()) == (self.id, key) {
-            return;
-        }
-        let known = self
-            .streams
-            .read()
-            .map(|m| m.contains_key(&key))
-            .unwrap_or(false);
-        if !known {
-            match self.streams.write() {
-                Ok(mut m) => {
-                    m.entry(key).or_insert_with(|| stream.clone());
-                }
-                // A poisoned map cannot record the stream: leave the cache alone so the next
-                // call tries again.
-                Err(_) => return,
-            }
-        }
-        LAST_RETAINED.with(|last| last.set((self.id, key)));
     }
 
     /// The `cuda-core` device behind `id`.
@@ -174,20 +144,6 @@ impl DriverBackend {
             .get(id.0 as usize)
             .copied()
             .ok_or_else(|| cuda_core::Error::InvalidArgument(format!("no device {id}")))
-    }
-
-    /// A non-owning [`Stream`] for `id` on `device`.
-    fn stream(&self, device: Device, id: StreamId) -> cuda_core::Result<Stream> {
-        if id.0 == 0 {
-            return Ok(Stream::null(&device));
-        }
-        if let Some(s) = self.streams.read().ok().and_then(|m| m.get(&id.0).cloned()) {
-            return Ok(s);
-        }
-        // SAFETY: a StreamId other than 0 is a CUstream handle the user passed to the pool
-        // (through `stream_id`), which the module documentation requires to stay alive while
-        // the pool caches blocks of it; the wrapper does not own or destroy it.
-        unsafe { Stream::external(&device, id.0 as usize as CUstream) }
     }
 }
 
@@ -215,9 +171,29 @@ fn to_usize(size: u64) -> cuda_core::Result<usize> {
 }
 
 impl Backend for DriverBackend {
+    type Stream = Stream;
     type Fence = DriverFence;
     type Physical = PhysicalAllocation;
     type Error = cuda_core::Error;
+
+    fn stream_key(&self, stream: &Stream) -> Result<StreamId, PoolError> {
+        if stream.kind() == StreamKind::PerThread {
+            return Err(PoolError::PerThreadStream);
+        }
+        Ok(StreamId(stream.identity()))
+    }
+
+    #[inline]
+    fn may_release_stream(&self, stream: &Stream) -> bool {
+        match stream.kind() {
+            StreamKind::LegacyNull | StreamKind::PerThread => false,
+            // Our clone is the last one: the owner dropped the stream.
+            StreamKind::Owned => stream.clone_count() == Some(1),
+            // A foreign stream is relied on only while blocks made on it are live, unless
+            // a keep-alive owner travels with it (then as an owned one).
+            StreamKind::External => stream.clone_count().is_none_or(|n| n == 1),
+        }
+    }
 
     fn device_count(&self) -> Result<u32, Self::Error> {
         Ok(self.devices.len() as u32)
@@ -371,17 +347,20 @@ impl Backend for DriverBackend {
         unsafe { vmm::unmap(addr.0 as CUdeviceptr, to_usize(size)?) }
     }
 
-    fn record_fence(&self, device: DeviceId, stream: StreamId) -> Result<Self::Fence, Self::Error> {
-        let dev = self.device(device)?;
+    fn record_fence(&self, device: DeviceId, stream: &Stream) -> Result<Self::Fence, Self::Error> {
+        let _ = device;
+        // The event belongs to the stream's device (a stream of another device can use a
+        // block through a peer copy).
+        let dev = stream.device();
         let cached = self
             .events
-            .get(device.0 as usize)
+            .get(dev.ordinal())
             .and_then(|c| c.lock().ok().and_then(|mut v| v.pop()));
         let event = match cached {
             Some(e) => e,
             None => Event::new(&dev)?,
         };
-        event.record(&self.stream(dev, stream)?)?;
+        event.record(stream)?;
         Ok(DriverFence { event })
     }
 
@@ -396,11 +375,11 @@ impl Backend for DriverBackend {
     fn stream_wait_fence(
         &self,
         device: DeviceId,
-        stream: StreamId,
+        stream: &Stream,
         fence: &Self::Fence,
     ) -> Result<(), Self::Error> {
-        let dev = self.device(device)?;
-        self.stream(dev, stream)?.wait_event(&fence.event)
+        let _ = device;
+        stream.wait_event(&fence.event)
     }
 
     fn release_fence(&self, fence: Self::Fence) {
@@ -432,36 +411,82 @@ impl MemoryPool<DriverBackend> {
 
     /// Allocates `size` bytes on `stream`'s device for use on `stream`. Runs the
     /// `malloc` hooks ([`crate::hooks`]) with the caller's location.
+    ///
+    /// On a stream being captured into a CUDA graph the block comes from the capture's
+    /// private pool (see the [module documentation](self)). The per-thread default stream is
+    /// refused with [`PoolError::PerThreadStream`].
     #[track_caller]
     pub fn malloc_stream(
         &self,
         stream: &Stream,
         size: usize,
     ) -> Result<Allocation<'_, DriverBackend>, PoolError> {
-        let (dev, sid) = (device_id(&stream.device()), stream_id(stream));
-        // One atomic load unless a capture is running somewhere; then ask about this stream.
-        if cuda_core::graph::captures_in_progress()
-            && cuda_core::graph::capture_info(stream)
-                .is_ok_and(|info| info.status != cuda_core::graph::CaptureStatus::None)
-        {
-            return Err(PoolError::CaptureInProgress { stream: sid.0 });
-        }
-        self.backend().retain_stream(stream);
-        if !hooks::any_installed() {
-            return self.malloc(dev, sid, size as u64);
-        }
+        let dev = device_id(&stream.device());
+        let hooked = hooks::any_installed();
         let mut ev = MemoryEvent {
             device: dev.0,
             size: size as u64,
             ptr: 0,
-            stream: sid.0,
+            stream: stream.identity(),
             location: Some(std::panic::Location::caller()),
         };
-        hooks::each(|h| h.malloc_pre(&ev));
-        let a = self.malloc(dev, sid, size as u64)?;
-        ev.ptr = a.ptr().0;
-        hooks::each(|h| h.malloc_post(&ev));
+        if hooked {
+            hooks::each(|h| h.malloc_pre(&ev));
+        }
+        let a = match capture_of(stream)? {
+            None => self.malloc(dev, stream, size as u64)?,
+            Some(capture) => self.malloc_captured(stream, capture, size as u64)?,
+        };
+        if hooked {
+            ev.ptr = a.ptr().0;
+            hooks::each(|h| h.malloc_post(&ev));
+        }
         Ok(a)
+    }
+
+    /// Allocates on a stream being captured (capture id `capture`) from the capture's
+    /// private pool, tying the pool's lifetime to the graph on the first allocation.
+    #[inline(never)]
+    fn malloc_captured(
+        &self,
+        stream: &Stream,
+        capture: u64,
+        size: u64,
+    ) -> Result<Allocation<'_, DriverBackend>, PoolError> {
+        let dev = device_id(&stream.device());
+        let pool_id = PrivatePoolId(capture);
+        let registry = &self.backend().captures;
+        let first = registry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((dev.0, capture));
+        if first {
+            let hold = self.retain_private_pool(dev, pool_id)?;
+            let registry2 = Arc::clone(registry);
+            let tied = cuda_core::graph::on_capture_graph_release(
+                stream,
+                Box::new(move || {
+                    registry2
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(&(dev.0, capture));
+                    hold.release();
+                }),
+            );
+            if !matches!(tied, Ok(true)) {
+                registry
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&(dev.0, capture));
+                return Err(match tied {
+                    Err(e) => PoolError::backend("on_capture_graph_release")(e),
+                    Ok(_) => PoolError::CaptureInProgress {
+                        stream: stream.raw() as usize as u64,
+                    },
+                });
+            }
+        }
+        self.malloc_private(dev, pool_id, stream, size)
     }
 
     /// Allocates `size` bytes on `stream`'s device as a [`PoolMemory`] that keeps the pool
@@ -487,7 +512,10 @@ impl MemoryPool<DriverBackend> {
         let raw = self.malloc_stream(stream, size)?.into_raw();
         Ok(PoolMemory {
             pool: Arc::clone(self),
-            raw,
+            ptr: raw.ptr().0,
+            size: raw.size(),
+            key: raw.stream(),
+            raw: Some(raw),
             device: stream.device(),
         })
     }
@@ -503,24 +531,29 @@ impl MemoryPool<DriverBackend> {
 #[derive(Debug)]
 pub struct PoolMemory {
     pool: Arc<DevicePool>,
-    raw: RawAllocation,
+    /// `Some` until dropped.
+    raw: Option<RawAllocation>,
+    /// Copied out of `raw` for the accessors.
+    ptr: u64,
+    size: u64,
+    key: StreamId,
     device: Device,
 }
 
 impl PoolMemory {
     /// The device address (0 for an empty block).
     pub fn as_raw(&self) -> CUdeviceptr {
-        self.raw.ptr().0 as CUdeviceptr
+        self.ptr as CUdeviceptr
     }
 
     /// The size asked for.
     pub fn size(&self) -> usize {
-        self.raw.size() as usize
+        self.size as usize
     }
 
-    /// The stream it was allocated on.
+    /// The key of the stream it was allocated on.
     pub fn stream(&self) -> StreamId {
-        self.raw.stream()
+        self.key
     }
 
     /// The pool it came from.
@@ -531,34 +564,45 @@ impl PoolMemory {
     /// Marks the block as used on `stream` too, so its reuse also waits for that stream's
     /// work issued before the free (CuPy's `record_stream`-like behaviour).
     pub fn record_stream(&self, stream: &Stream) -> Result<(), PoolError> {
-        self.pool.backend().retain_stream(stream);
-        self.pool.record_stream_raw(&self.raw, stream_id(stream))
+        match &self.raw {
+            Some(raw) => self.pool.record_stream_raw(raw, stream),
+            None => Ok(()),
+        }
     }
 }
 
 // SAFETY: the range is one live pool block of `device`'s memory (plain or mapped with
 // read-write access for the device) for as long as this value lives, since it is freed only
-// in Drop; the fields never change; no host reference aliases device memory.
+// in Drop; the fields never change; no host reference aliases device memory. The pool
+// frees in stream order, and `record_stream` marks other streams on the block, so its
+// reuse waits for their work (DeviceAlloc's stream-ordered-free rule).
 unsafe impl DeviceAlloc for PoolMemory {
     fn device(&self) -> Device {
         self.device
     }
     fn as_raw(&self) -> CUdeviceptr {
-        self.raw.ptr().0 as CUdeviceptr
+        self.ptr as CUdeviceptr
     }
     fn size(&self) -> usize {
-        self.raw.size() as usize
+        self.size as usize
+    }
+    fn record_stream(&self, stream: &Stream) -> cuda_core::Result<()> {
+        PoolMemory::record_stream(self, stream)
+            .map_err(|e| cuda_core::Error::InvalidArgument(format!("record_stream: {e}")))
     }
 }
 
 impl Drop for PoolMemory {
     fn drop(&mut self) {
         let hooked = hooks::any_installed();
+        let Some(raw) = self.raw.take() else {
+            return;
+        };
         let ev = MemoryEvent {
-            device: self.raw.device().0,
-            size: self.raw.size(),
-            ptr: self.raw.ptr().0,
-            stream: self.raw.stream().0,
+            device: raw.device().0,
+            size: raw.size(),
+            ptr: raw.ptr().0,
+            stream: raw.stream().0,
             location: None,
         };
         if hooked {
@@ -566,7 +610,7 @@ impl Drop for PoolMemory {
         }
         // The block is live in this pool by construction; an error (a failed fence record of
         // a record_stream block) leaves it pending, which is safe.
-        let _ = self.pool.free_raw(self.raw);
+        let _ = self.pool.free_raw(raw);
         if hooked {
             hooks::each(|h| h.free_post(&ev));
         }
@@ -616,4 +660,25 @@ pub fn default_pool() -> Result<&'static Arc<DevicePool>, PoolError> {
 #[track_caller]
 pub fn malloc(stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError> {
     Ok(default_pool()?.malloc_shared(stream, size)?.into())
+}
+
+/// The id of the capture `stream` is part of, if it is being captured. Streams this crate
+/// created are asked only while a capture begun through `cuda-core` runs (one atomic load
+/// otherwise); external streams are always asked, since foreign code captures them.
+#[inline]
+fn capture_of(stream: &Stream) -> Result<Option<u64>, PoolError> {
+    let ask = match stream.kind() {
+        StreamKind::LegacyNull => false,
+        StreamKind::External => !stream.is_implicit(),
+        StreamKind::Owned | StreamKind::PerThread => cuda_core::graph::captures_in_progress(),
+    };
+    if !ask {
+        return Ok(None);
+    }
+    let info =
+        cuda_core::graph::capture_info(stream).map_err(PoolError::backend("capture_info"))?;
+    Ok(match info.status {
+        CaptureStatus::None => None,
+        CaptureStatus::Active | CaptureStatus::Invalidated => info.id,
+    })
 }

@@ -15,8 +15,31 @@ impl std::fmt::Display for LimitDisplay {
     }
 }
 
+/// What ran out when a request failed with [`PoolError::OutOfMemory`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OomCause {
+    /// The device's limit ([`MemoryPool::set_limit`](crate::MemoryPool::set_limit)) cannot
+    /// take the request.
+    Limit,
+    /// The device has no more memory (or the request is larger than the device).
+    DeviceMemory,
+    /// No address range could be reserved for the request (virtual-memory segments).
+    AddressSpace,
+}
+
+impl std::fmt::Display for OomCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OomCause::Limit => "limit reached",
+            OomCause::DeviceMemory => "device memory exhausted",
+            OomCause::AddressSpace => "address space exhausted",
+        })
+    }
+}
+
 /// Everything that can go wrong in the pool. Every failing call leaves the pool as it
-/// was before the call, except that cached memory may have been released.
+/// was before the call, except that cached memory may have been released: a failed
+/// allocation gives back whatever it reserved or mapped while trying.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
     /// An allocation on a stream that is being captured into a CUDA graph: the graph would
@@ -27,11 +50,16 @@ pub enum PoolError {
         /// The capturing stream (its raw handle).
         stream: u64,
     },
+    /// A request on the per-thread default stream, which names a different stream on
+    /// every thread: a block freed on one thread could be reused on another without any
+    /// ordering. Use a created stream.
+    #[error("the per-thread default stream names a different stream on every thread; the pool cannot order reuse on it: use a created stream")]
+    PerThreadStream,
     /// The request could not be served even after releasing every cached block the
     /// pool could release.
     #[error(
-        "out of memory on device {device}: requested {requested} bytes with {used} bytes in use, \
-         {reserved} bytes reserved, limit {limit}",
+        "out of memory on device {device} ({cause}): requested {requested} bytes with {used} \
+         bytes in use, {reserved} bytes reserved, limit {limit}",
         limit = LimitDisplay(*limit)
     )]
     OutOfMemory {
@@ -45,6 +73,8 @@ pub enum PoolError {
         reserved: u64,
         /// The device's limit, if one is set.
         limit: Option<u64>,
+        /// What ran out.
+        cause: OomCause,
     },
 
     /// `set_limit` was asked for less than the live blocks need. Nothing was changed.

@@ -54,11 +54,11 @@
 //! let pool = MemoryPool::new(SimulatedBackend::h200(1))?;
 //! let dev = DeviceId(0);
 //! pool.set_limit(dev, Limit::Bytes(64 << 20))?;
-//! let a = pool.malloc(dev, StreamId(1), 10 << 20)?;
-//! let err = pool.malloc(dev, StreamId(1), 60 << 20).unwrap_err();
+//! let a = pool.malloc(dev, &StreamId(1), 10 << 20)?;
+//! let err = pool.malloc(dev, &StreamId(1), 60 << 20).unwrap_err();
 //! assert!(matches!(err, PoolError::OutOfMemory { .. }));
 //! drop(a);
-//! let b = pool.malloc(dev, StreamId(1), 60 << 20)?; // the cached 10 MiB was reused
+//! let b = pool.malloc(dev, &StreamId(1), 60 << 20)?; // the cached 10 MiB was reused
 //! assert_eq!(pool.total_bytes(), 60 << 20);
 //! # drop(b);
 //! # Ok::<(), PoolError>(())
@@ -82,8 +82,11 @@ pub mod stats;
 pub use async_pool::{AsyncPool, AsyncPoolSource};
 pub use backend::{Backend, DeviceId, DeviceInfo, DevicePtr, StreamId};
 pub use driver::{default_pool, DevicePool, DriverBackend, DriverFence, PoolMemory};
-pub use error::PoolError;
+pub use error::{OomCause, PoolError};
 pub use pinned::{default_pinned_pool, PinnedBlock, PinnedMemoryPool};
-pub use pool::{Allocation, Limit, MemoryPool, PoolConfig, RawAllocation, LIMIT_ENV_VAR};
-pub use sim::{SimDevice, SimulatedBackend};
+pub use pool::{
+    Allocation, Limit, MemoryPool, PoolConfig, PrivateHold, PrivatePoolId, RawAllocation,
+    LIMIT_ENV_VAR,
+};
+pub use sim::{SimCall, SimDevice, SimulatedBackend};
 pub use stats::{Stat, Stats};

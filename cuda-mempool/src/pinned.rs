@@ -233,6 +233,7 @@ impl PinnedMemoryPool {
         }
         let st = self.inner.lock();
         PoolError::OutOfMemory {
+            cause: crate::OomCause::DeviceMemory,
             device: DeviceId(device.ordinal() as u32),
             requested: size as u64,
             used: st.used,

@@ -262,14 +262,16 @@ pub fn load_trace(path: impl AsRef<Path>) -> Result<Trace, ReplayError> {
     parse_trace(&name, &text)
 }
 
-/// Replays `trace` on device `device` of `pool`, under `rule`. `after_alloc` is called
-/// after each allocation with its stream (the simulated replay submits a work item
-/// there). Works with any backend: the GPU replay calls it with the driver backend.
+/// Replays `trace` on device `device` of `pool`, under `rule`. `stream_of` gives the
+/// backend's stream for each stream of the trace; `after_alloc` is called after each
+/// allocation with its stream (the simulated replay submits a work item there). Works
+/// with any backend: the GPU replay calls it with the driver backend.
 pub fn replay_on<B: Backend>(
     pool: &MemoryPool<B>,
     device: DeviceId,
     trace: &Trace,
     rule: FenceRule,
+    mut stream_of: impl FnMut(StreamId) -> B::Stream,
     mut after_alloc: impl FnMut(StreamId),
 ) -> Result<ReplayReport, ReplayError> {
     let mut live: Vec<Option<Allocation<'_, B>>> = Vec::with_capacity(trace.slots);
@@ -291,7 +293,7 @@ pub fn replay_on<B: Backend>(
                     pool.synchronize_free_blocks()?;
                     since_sync = 0;
                 }
-                let a = pool.malloc(device, stream, size)?;
+                let a = pool.malloc(device, &stream_of(stream), size)?;
                 after_alloc(stream);
                 streams.insert(stream);
                 requested += size;
@@ -341,9 +343,16 @@ pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport, Re
     let pool = MemoryPool::with_config(SimulatedBackend::h200(1), options.config)?;
     let device = DeviceId(0);
     let sim = pool.backend();
-    replay_on(&pool, device, trace, options.fence_rule, |stream| {
-        sim.submit_work(device, stream);
-    })
+    replay_on(
+        &pool,
+        device,
+        trace,
+        options.fence_rule,
+        |s| s,
+        |stream| {
+            sim.submit_work(device, stream);
+        },
+    )
 }
 
 /// Loads and replays a trace file (see [`replay`]).

@@ -67,6 +67,58 @@ pub struct SimCalls {
     pub stream_wait_fence: u64,
     /// [`Backend::release_fence`].
     pub release_fence: u64,
+    /// [`Backend::stream_released`].
+    pub stream_released: u64,
+    /// Calls that failed because a failure was injected ([`SimulatedBackend::inject_failure`]).
+    pub injected_failures: u64,
+}
+
+/// The kinds of backend call a failure can be injected into
+/// ([`SimulatedBackend::inject_failure`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SimCall {
+    /// [`Backend::allocate`].
+    Allocate,
+    /// [`Backend::deallocate`].
+    Deallocate,
+    /// [`Backend::reserve_address_range`].
+    ReserveAddressRange,
+    /// [`Backend::release_address_range`].
+    ReleaseAddressRange,
+    /// [`Backend::create_physical`].
+    CreatePhysical,
+    /// [`Backend::release_physical`].
+    ReleasePhysical,
+    /// [`Backend::map`] (and each page of [`Backend::map_run`]).
+    Map,
+    /// [`Backend::unmap`].
+    Unmap,
+    /// [`Backend::record_fence`].
+    RecordFence,
+    /// [`Backend::fence_completed`].
+    FenceCompleted,
+    /// [`Backend::wait_fence`].
+    WaitFence,
+    /// [`Backend::stream_wait_fence`].
+    StreamWaitFence,
+}
+
+impl SimCall {
+    /// Every kind, for tests that pick one.
+    pub const ALL: [SimCall; 12] = [
+        SimCall::Allocate,
+        SimCall::Deallocate,
+        SimCall::ReserveAddressRange,
+        SimCall::ReleaseAddressRange,
+        SimCall::CreatePhysical,
+        SimCall::ReleasePhysical,
+        SimCall::Map,
+        SimCall::Unmap,
+        SimCall::RecordFence,
+        SimCall::FenceCompleted,
+        SimCall::WaitFence,
+        SimCall::StreamWaitFence,
+    ];
 }
 
 /// A change of what memory is where, logged when events are enabled
@@ -140,6 +192,13 @@ pub enum SimError {
     /// Freeing a plain allocation with the wrong size or address.
     #[error("no plain allocation of that size at {0:#x}")]
     BadFree(u64),
+    /// A failure injected by the test ([`SimulatedBackend::inject_failure`]).
+    #[error("injected failure of {0:?}")]
+    Injected(SimCall),
+    /// A fence recorded on, or a wait made by, a stream that no longer exists: the pool
+    /// used a stream after letting go of it.
+    #[error("stream {0} was used after it was destroyed")]
+    DestroyedStream(u64),
 }
 
 /// A physical page of the simulated device (the stand-in for a
@@ -200,6 +259,18 @@ struct DevState {
 struct State {
     devices: Vec<DevState>,
     clocks: HashMap<(u32, u64), Clock>,
+    /// Stream id -> the key of its current timeline in `clocks` (a stream destroyed and
+    /// created again under the same id gets a new timeline; fences keep the old one).
+    timelines: HashMap<u64, u64>,
+    next_timeline: u64,
+    /// Streams whose user let go of them (the pool may release them).
+    dropped: std::collections::HashSet<u64>,
+    /// Streams the pool may rely on only while it holds live blocks made on them.
+    borrowed: std::collections::HashSet<u64>,
+    /// Streams that no longer exist.
+    destroyed: std::collections::HashSet<u64>,
+    /// Injected failures: (kind, countdown); the call that brings the countdown to 0 fails.
+    faults: Vec<(SimCall, u64)>,
     next_id: u64,
     calls: SimCalls,
     events: Option<Vec<SimEvent>>,
@@ -248,6 +319,12 @@ impl SimulatedBackend {
             state: Mutex::new(State {
                 devices,
                 clocks: HashMap::new(),
+                timelines: HashMap::new(),
+                next_timeline: 1 << 62,
+                dropped: Default::default(),
+                borrowed: Default::default(),
+                destroyed: Default::default(),
+                faults: Vec::new(),
                 next_id: 1,
                 calls: SimCalls::default(),
                 events: None,
@@ -280,9 +357,62 @@ impl SimulatedBackend {
 
     /// Submits one work item (a kernel) to a stream; returns the stream's submitted
     /// count after it.
+    /// The user lets go of `stream`: the pool may release it once it holds no live block
+    /// made on it, and the stream is destroyed when the pool does
+    /// ([`Backend::stream_released`]) or at once if the pool does not hold it.
+    pub fn drop_stream(&self, stream: StreamId) {
+        self.lock().dropped.insert(stream.0);
+    }
+
+    /// Makes `stream` a borrowed stream: the pool may rely on it only while it holds live
+    /// blocks made on it (as with foreign streams through the C ABI); the test may
+    /// [`destroy_stream`](Self::destroy_stream) it once every such block is freed.
+    pub fn borrow_stream(&self, stream: StreamId) {
+        self.lock().borrowed.insert(stream.0);
+    }
+
+    /// Destroys `stream`: any later fence recorded on it or wait made by it is a pool bug
+    /// and fails with [`SimError::DestroyedStream`]. Its work still completes.
+    pub fn destroy_stream(&self, stream: StreamId) {
+        self.lock().destroyed.insert(stream.0);
+    }
+
+    /// Creates a stream under an id that may have been used by a destroyed stream (a
+    /// handle value the driver reuses): it gets a new, empty timeline, so work of the old
+    /// stream does not complete with it.
+    pub fn create_stream(&self, stream: StreamId) {
+        let mut s = self.lock();
+        if s.destroyed.remove(&stream.0) {
+            let t = s.next_timeline;
+            s.next_timeline += 1;
+            s.timelines.insert(stream.0, t);
+        }
+        s.dropped.remove(&stream.0);
+    }
+
+    /// Whether `stream` was destroyed ([`destroy_stream`](Self::destroy_stream), or
+    /// dropped by the user and released by the pool).
+    pub fn is_destroyed(&self, stream: StreamId) -> bool {
+        self.lock().destroyed.contains(&stream.0)
+    }
+
+    /// Makes the `nth` call (1 = the next one) of `kind` from now on fail with
+    /// [`SimError::Injected`]. Several injections may be pending at once.
+    pub fn inject_failure(&self, kind: SimCall, nth: u64) {
+        self.lock().faults.push((kind, nth.max(1)));
+    }
+
+    /// Forgets every pending injected failure.
+    pub fn clear_failures(&self) {
+        self.lock().faults.clear();
+    }
+
+    /// Records one unit of work submitted to `stream` (a kernel launch) and returns the
+    /// stream's submitted count.
     pub fn submit_work(&self, device: DeviceId, stream: StreamId) -> u64 {
         let mut s = self.lock();
-        let c = s.clocks.entry((device.0, stream.0)).or_default();
+        let t = timeline(&s, stream.0);
+        let c = s.clocks.entry((device.0, t)).or_default();
         c.submitted += 1;
         c.submitted
     }
@@ -290,11 +420,9 @@ impl SimulatedBackend {
     /// Completes all work submitted to `stream` so far (and whatever it waited for).
     pub fn complete_stream(&self, device: DeviceId, stream: StreamId) {
         let mut s = self.lock();
-        let to = s
-            .clocks
-            .get(&(device.0, stream.0))
-            .map_or(0, |c| c.submitted);
-        complete_to(&mut s, device.0, stream.0, to);
+        let t = timeline(&s, stream.0);
+        let to = s.clocks.get(&(device.0, t)).map_or(0, |c| c.submitted);
+        complete_to(&mut s, device.0, t, to);
     }
 
     /// Completes all work submitted to every stream so far.
@@ -308,27 +436,27 @@ impl SimulatedBackend {
 
     /// Work items submitted to a stream so far.
     pub fn submitted(&self, device: DeviceId, stream: StreamId) -> u64 {
-        self.lock()
-            .clocks
-            .get(&(device.0, stream.0))
+        let s = self.lock();
+        s.clocks
+            .get(&(device.0, timeline(&s, stream.0)))
             .map_or(0, |c| c.submitted)
     }
 
     /// Work items of a stream completed so far.
     pub fn completed(&self, device: DeviceId, stream: StreamId) -> u64 {
-        self.lock()
-            .clocks
-            .get(&(device.0, stream.0))
+        let s = self.lock();
+        s.clocks
+            .get(&(device.0, timeline(&s, stream.0)))
             .map_or(0, |c| c.completed)
     }
 
     /// The highest submitted count of stream `on` that stream `waiter` was made to
     /// wait for ([`Backend::stream_wait_fence`]); 0 if none.
     pub fn waited(&self, device: DeviceId, waiter: StreamId, on: StreamId) -> u64 {
-        self.lock()
-            .clocks
-            .get(&(device.0, waiter.0))
-            .and_then(|c| c.waited.get(&on.0).copied())
+        let s = self.lock();
+        s.clocks
+            .get(&(device.0, timeline(&s, waiter.0)))
+            .and_then(|c| c.waited.get(&timeline(&s, on.0)).copied())
             .unwrap_or(0)
     }
 
@@ -401,6 +529,41 @@ impl SimulatedBackend {
     }
 }
 
+/// The key in `State::clocks` of the current timeline of stream `id`.
+fn timeline(s: &State, id: u64) -> u64 {
+    s.timelines.get(&id).copied().unwrap_or(id)
+}
+
+/// Fails the call if a failure of `kind` is due.
+fn fault(s: &mut State, kind: SimCall) -> Result<(), SimError> {
+    let mut hit = false;
+    s.faults.retain_mut(|(k, n)| {
+        if *k != kind || hit {
+            return true;
+        }
+        *n -= 1;
+        if *n == 0 {
+            hit = true;
+            false
+        } else {
+            true
+        }
+    });
+    if hit {
+        s.calls.injected_failures += 1;
+        return Err(SimError::Injected(kind));
+    }
+    Ok(())
+}
+
+/// Fails when `stream` no longer exists.
+fn alive(s: &State, stream: u64) -> Result<(), SimError> {
+    if s.destroyed.contains(&stream) {
+        return Err(SimError::DestroyedStream(stream));
+    }
+    Ok(())
+}
+
 fn complete_to(s: &mut State, device: u32, stream: u64, value: u64) {
     let mut work = vec![(stream, value)];
     while let Some((st, v)) = work.pop() {
@@ -448,6 +611,7 @@ fn take_va(d: &mut DevState, size: u64, align: u64) -> Option<u64> {
 }
 
 impl Backend for SimulatedBackend {
+    type Stream = StreamId;
     type Fence = SimFence;
     type Physical = SimPage;
     type Error = SimError;
@@ -465,9 +629,27 @@ impl Backend for SimulatedBackend {
         })
     }
 
+    fn stream_key(&self, stream: &StreamId) -> Result<StreamId, crate::PoolError> {
+        Ok(*stream)
+    }
+
+    fn may_release_stream(&self, stream: &StreamId) -> bool {
+        let s = self.lock();
+        s.dropped.contains(&stream.0) || s.borrowed.contains(&stream.0)
+    }
+
+    fn stream_released(&self, stream: StreamId) {
+        let mut s = self.lock();
+        s.calls.stream_released += 1;
+        if s.dropped.contains(&stream.0) {
+            s.destroyed.insert(stream.0);
+        }
+    }
+
     fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DevicePtr>, SimError> {
         let mut s = self.lock();
         s.calls.allocate += 1;
+        fault(&mut s, SimCall::Allocate)?;
         let id = s.next_id;
         let d = dev_mut(&mut s, device)?;
         if d.physical.saturating_add(size) > d.cfg.total_memory {
@@ -485,6 +667,7 @@ impl Backend for SimulatedBackend {
     fn deallocate(&self, device: DeviceId, ptr: DevicePtr, size: u64) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.deallocate += 1;
+        fault(&mut s, SimCall::Deallocate)?;
         let d = dev_mut(&mut s, device)?;
         match d.plain.get(&ptr.0) {
             Some(&(sz, id)) if sz == size => {
@@ -510,6 +693,7 @@ impl Backend for SimulatedBackend {
     ) -> Result<Option<DevicePtr>, SimError> {
         let mut s = self.lock();
         s.calls.reserve_address_range += 1;
+        fault(&mut s, SimCall::ReserveAddressRange)?;
         let d = dev_mut(&mut s, device)?;
         let g = granularity(d, device)?;
         if size == 0 || size % g != 0 {
@@ -533,6 +717,7 @@ impl Backend for SimulatedBackend {
     ) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.release_address_range += 1;
+        fault(&mut s, SimCall::ReleaseAddressRange)?;
         let d = dev_mut(&mut s, device)?;
         if d.ranges.get(&base.0) != Some(&size) {
             return Err(SimError::NotReserved(base.0));
@@ -550,6 +735,7 @@ impl Backend for SimulatedBackend {
     fn create_physical(&self, device: DeviceId, size: u64) -> Result<Option<SimPage>, SimError> {
         let mut s = self.lock();
         s.calls.create_physical += 1;
+        fault(&mut s, SimCall::CreatePhysical)?;
         let id = s.next_id;
         let d = dev_mut(&mut s, device)?;
         let g = granularity(d, device)?;
@@ -571,6 +757,7 @@ impl Backend for SimulatedBackend {
     fn release_physical(&self, device: DeviceId, page: SimPage) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.release_physical += 1;
+        fault(&mut s, SimCall::ReleasePhysical)?;
         let d = dev_mut(&mut s, device)?;
         let g = granularity(d, device)?;
         match d.pages.get(&page.id) {
@@ -587,6 +774,7 @@ impl Backend for SimulatedBackend {
     fn map(&self, device: DeviceId, addr: DevicePtr, page: &SimPage) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.map += 1;
+        fault(&mut s, SimCall::Map)?;
         let d = dev_mut(&mut s, device)?;
         let g = granularity(d, device)?;
         let va = addr.0;
@@ -626,6 +814,7 @@ impl Backend for SimulatedBackend {
     fn unmap(&self, device: DeviceId, addr: DevicePtr, size: u64) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.unmap += 1;
+        fault(&mut s, SimCall::Unmap)?;
         let d = dev_mut(&mut s, device)?;
         let g = granularity(d, device)?;
         if size != g {
@@ -651,16 +840,19 @@ impl Backend for SimulatedBackend {
         Ok(())
     }
 
-    fn record_fence(&self, device: DeviceId, stream: StreamId) -> Result<SimFence, SimError> {
+    fn record_fence(&self, device: DeviceId, stream: &StreamId) -> Result<SimFence, SimError> {
         let mut s = self.lock();
         s.calls.record_fence += 1;
+        fault(&mut s, SimCall::RecordFence)?;
+        alive(&s, stream.0)?;
         if device.0 as usize >= s.devices.len() {
             return Err(SimError::NoDevice(device.0));
         }
-        let value = s.clocks.entry((device.0, stream.0)).or_default().submitted;
+        let t = timeline(&s, stream.0);
+        let value = s.clocks.entry((device.0, t)).or_default().submitted;
         Ok(SimFence {
             device: device.0,
-            stream: stream.0,
+            stream: t,
             value,
         })
     }
@@ -668,6 +860,7 @@ impl Backend for SimulatedBackend {
     fn fence_completed(&self, fence: &SimFence) -> Result<bool, SimError> {
         let mut s = self.lock();
         s.calls.fence_completed += 1;
+        fault(&mut s, SimCall::FenceCompleted)?;
         let done = s
             .clocks
             .get(&(fence.device, fence.stream))
@@ -678,6 +871,7 @@ impl Backend for SimulatedBackend {
     fn wait_fence(&self, fence: &SimFence) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.wait_fence += 1;
+        fault(&mut s, SimCall::WaitFence)?;
         complete_to(&mut s, fence.device, fence.stream, fence.value);
         Ok(())
     }
@@ -685,12 +879,15 @@ impl Backend for SimulatedBackend {
     fn stream_wait_fence(
         &self,
         device: DeviceId,
-        stream: StreamId,
+        stream: &StreamId,
         fence: &SimFence,
     ) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.stream_wait_fence += 1;
-        let c = s.clocks.entry((device.0, stream.0)).or_default();
+        fault(&mut s, SimCall::StreamWaitFence)?;
+        alive(&s, stream.0)?;
+        let t = timeline(&s, stream.0);
+        let c = s.clocks.entry((device.0, t)).or_default();
         // The wait is itself a command of the stream: work after it cannot complete
         // before the fence has.
         c.submitted += 1;

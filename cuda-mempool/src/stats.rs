@@ -64,6 +64,17 @@ pub struct Stats {
     pub retries: u64,
     /// Requests that failed with [`PoolError::OutOfMemory`](crate::PoolError::OutOfMemory).
     pub ooms: u64,
+    /// Stream caches (shards) the device holds, attached or not (device statistics only).
+    pub shards: u64,
+    /// Shards holding their stream (see the crate's `backend` module): streams the pool
+    /// keeps a clone of because blocks made on them are live, or their owner still holds
+    /// them (device statistics only).
+    pub attached_streams: u64,
+    /// Private pools of graph captures not yet released (device statistics only).
+    pub private_pools: u64,
+    /// Address space reserved for virtual-memory segments, in bytes (device statistics
+    /// only).
+    pub address_space: u64,
 }
 
 impl Stats {

@@ -255,7 +255,7 @@ impl<'p> Model<'p> {
                 }
                 let n = self.live.len();
                 let e = &mut self.live[pick % n];
-                e.alloc.record_stream(sid(stream)).expect("record_stream");
+                e.alloc.record_stream(&sid(stream)).expect("record_stream");
                 if sid(stream) != e.alloc.stream() && !e.extra.contains(&sid(stream)) {
                     e.extra.push(sid(stream));
                 }
@@ -319,7 +319,7 @@ impl<'p> Model<'p> {
 
     fn malloc(&mut self, dev: DeviceId, stream: StreamId, size: u64) {
         let footprint = self.footprint(dev);
-        match self.pool.malloc(dev, stream, size) {
+        match self.pool.malloc(dev, &stream, size) {
             Ok(a) => {
                 if size == 0 {
                     assert!(a.ptr().is_null());
@@ -359,6 +359,7 @@ impl<'p> Model<'p> {
                 used,
                 reserved,
                 limit,
+                ..
             }) => {
                 assert_eq!(device, dev);
                 assert_eq!(requested, size);
@@ -468,7 +469,8 @@ impl<'p> Model<'p> {
             assert_eq!(st.allocations, sum(&|m| m.allocations));
             assert_eq!(st.frees, sum(&|m| m.frees));
             assert_eq!(st.ooms, self.ooms[d as usize]);
-            assert!(st.retries >= st.ooms);
+            // (No `retries >= ooms`: a request larger than the limit or the device fails at
+            // once, without releasing anything or retrying.)
             for (s, m) in shards {
                 let ss = self.pool.stream_stats(dev, *s).unwrap();
                 assert_eq!(

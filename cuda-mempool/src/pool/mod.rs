@@ -32,15 +32,17 @@ mod lock;
 mod shard;
 mod table;
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::backend::{Backend, DeviceId, DeviceInfo, DevicePtr, StreamId};
-use crate::error::PoolError;
+use crate::error::{OomCause, PoolError};
 use crate::policy::{self, size_class};
 use crate::stats::{Stat, Stats};
 
 use shard::{Choice, ShardState};
-use table::{Shard, ShardTable};
+use table::{Inserted, Shard, ShardTable};
 
 /// Environment variable read by [`PoolConfig::from_env`]: a limit applied to every
 /// device, in the syntax of [`Limit::parse`] (for example `8589934592` or `50%`).
@@ -149,6 +151,48 @@ struct Device<B: Backend> {
     page: Option<u64>,
     global: Mutex<Global<B>>,
     shards: ShardTable<B>,
+    /// Shards of private pools (graph captures), keyed by private shard keys; never
+    /// searched for pages or released by the device's cache management.
+    private: ShardTable<B>,
+    privates: Mutex<Privates>,
+}
+
+/// The private pools of a device.
+#[derive(Default)]
+struct Privates {
+    pools: HashMap<PrivatePoolId, PrivateState>,
+    /// Source of private shard keys (never reused).
+    next_key: u64,
+}
+
+struct PrivateState {
+    /// Holders of the pool: graphs made from captures that allocated from it (their
+    /// release callbacks decrement this from a driver thread) and explicit
+    /// [`MemoryPool::retain_private_pool`] holds. Released once 0 and no block is live.
+    holds: Arc<AtomicUsize>,
+    /// Stream key -> the private shard key of that stream's shard in this pool.
+    shards: HashMap<StreamId, StreamId>,
+}
+
+/// The id of a private pool: memory that only allocations into the same private pool
+/// reuse, released as a whole. The driver layer gives each graph capture its own (the
+/// capture's id), or one that several captures share (PyTorch's `graph_pool_handle`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PrivatePoolId(pub u64);
+
+/// A holder's counter of a private pool: decrement it (once) when the holder is gone.
+/// Safe to use from any thread, including a driver callback thread (it only decrements an
+/// atomic); the pool releases the private pool on its next call that looks at private pools.
+#[derive(Debug, Clone)]
+pub struct PrivateHold(Arc<AtomicUsize>);
+
+impl PrivateHold {
+    /// The holder is gone.
+    pub fn release(self) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
 }
 
 /// A stream-ordered caching memory pool serving every device of its backend.
@@ -186,24 +230,30 @@ pub struct Allocation<'p, B: Backend> {
     pool: &'p MemoryPool<B>,
     shard: Option<&'p Shard<B>>,
     id: u32,
-    generation: u32,
+    generation: u64,
     ptr: DevicePtr,
     size: u64,
     device: DeviceId,
-    stream: StreamId,
+    key: StreamId,
+    private: bool,
 }
 
 /// An allocation detached from the pool's lifetime by [`Allocation::into_raw`]; give it
-/// back with [`MemoryPool::free_raw`]. It frees nothing when dropped (the memory stays
-/// allocated until `free_raw`, or until the pool is dropped).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// back with [`MemoryPool::free_raw`], which consumes it. It frees nothing when dropped
+/// (the memory stays allocated until `free_raw`, or until the pool is dropped).
+///
+/// Neither `Copy` nor `Clone`: one handle, one free. A handle that no longer names a live
+/// block (its block was freed through another path) is refused by a 64-bit generation
+/// that cannot wrap in practice.
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct RawAllocation {
     ptr: DevicePtr,
     size: u64,
     device: DeviceId,
-    stream: StreamId,
+    key: StreamId,
+    private: bool,
     id: u32,
-    generation: u32,
+    generation: u64,
 }
 
 impl RawAllocation {
@@ -219,9 +269,10 @@ impl RawAllocation {
     pub fn device(&self) -> DeviceId {
         self.device
     }
-    /// The stream it was allocated on.
+    /// The key of the stream it was allocated on (for a private pool's block, the key
+    /// of its private shard).
     pub fn stream(&self) -> StreamId {
-        self.stream
+        self.key
     }
 }
 
@@ -268,6 +319,8 @@ impl<B: Backend> MemoryPool<B> {
                     ooms: 0,
                 }),
                 shards: ShardTable::new(),
+                private: ShardTable::new(),
+                privates: Mutex::new(Privates::default()),
             });
         }
         Ok(MemoryPool {
@@ -306,14 +359,19 @@ impl<B: Backend> MemoryPool<B> {
     /// pointer) without touching the pool. The memory may be in use by earlier work of
     /// `stream` that freed it: stream order makes that safe for work issued to
     /// `stream` after this call; to use the block on another stream, order that stream
-    /// after `stream` (for example with an event) as with any stream-ordered memory.
+    /// after `stream` (for example with an event) and mark it with
+    /// [`Allocation::record_stream`], as with any stream-ordered memory.
+    ///
+    /// The pool keeps a clone of `stream` while blocks made on it are live (see the
+    /// crate's `backend` module), and never uses it after letting go of it.
     pub fn malloc(
         &self,
         device: DeviceId,
-        stream: StreamId,
+        stream: &B::Stream,
         size: u64,
     ) -> Result<Allocation<'_, B>, PoolError> {
         if size == 0 {
+            // As CuPy's empty pointer: nothing is looked at, not even the device.
             return Ok(Allocation {
                 pool: self,
                 shard: None,
@@ -322,31 +380,134 @@ impl<B: Backend> MemoryPool<B> {
                 ptr: DevicePtr::NULL,
                 size: 0,
                 device,
-                stream,
+                key: StreamId(0),
+                private: false,
+            });
+        }
+        let dev = self.device(device)?;
+        self.malloc_in(dev, &dev.shards, None, stream, size)
+    }
+
+    /// The allocation path of [`malloc`](Self::malloc) and
+    /// [`malloc_private`](Self::malloc_private): `key` is `None` for the stream's own
+    /// shard in `table`, or a private shard key.
+    fn malloc_in<'p>(
+        &'p self,
+        dev: &'p Device<B>,
+        table: &'p ShardTable<B>,
+        private_key: Option<StreamId>,
+        stream: &B::Stream,
+        size: u64,
+    ) -> Result<Allocation<'p, B>, PoolError> {
+        if size == 0 {
+            return Ok(Allocation {
+                pool: self,
+                shard: None,
+                id: 0,
+                generation: 0,
+                ptr: DevicePtr::NULL,
+                size: 0,
+                device: dev.id,
+                key: StreamId(0),
+                private: false,
             });
         }
         let rounded = policy::round_size(size).ok_or(PoolError::SizeOverflow { size })?;
-        let dev = self.device(device)?;
-        let shard = dev.shards.get_or_insert(stream, dev.id, dev.page);
-        let fast = {
+        let stream_key = self.backend.stream_key(stream)?;
+        let key = private_key.unwrap_or(stream_key);
+        loop {
+            let found = table.get_home(key).or_else(|| table.get(key));
+            let Some(shard) = found else {
+                self.insert_shard(dev, table, key, stream, private_key.is_some())?;
+                continue;
+            };
+            let fast = {
+                let mut st = shard.state.lock();
+                if st.key != key {
+                    // Adopted by another stream since the lookup: look again.
+                    continue;
+                }
+                if st.stream.is_none() {
+                    st.attach(&self.backend, stream, key)?;
+                }
+                self.take_cached(&mut st, rounded)?
+                    .map(|id| (id, st.mark_live(id, size)))
+            };
+            let (id, (addr, generation)) = match fast {
+                Some(x) => x,
+                None => match self.malloc_slow(dev, shard, key, stream, size, rounded)? {
+                    Some(x) => x,
+                    None => continue,
+                },
+            };
+            return Ok(Allocation {
+                pool: self,
+                shard: Some(shard),
+                id,
+                generation,
+                ptr: DevicePtr(addr),
+                size,
+                device: dev.id,
+                key,
+                private: false,
+            });
+        }
+    }
+
+    /// Creates (or adopts) the shard of `key` in `table` and attaches `stream` to it.
+    #[inline(never)]
+    fn insert_shard(
+        &self,
+        dev: &Device<B>,
+        table: &ShardTable<B>,
+        key: StreamId,
+        stream: &B::Stream,
+        private: bool,
+    ) -> Result<(), PoolError> {
+        let _insert = table.insert_lock();
+        // A new stream is the moment to let go of streams whose owners dropped them while
+        // their shards were idle: bounded work, and it is what lets shards be adopted.
+        self.detach_released(table);
+        let backend = &self.backend;
+        let inserted = table.insert(key, dev.id, dev.page, &mut |st| {
+            // Adopt only memory that costs the new stream no wait.
+            st.is_settled(backend)
+        });
+        match inserted {
+            Inserted::Existing => Ok(()),
+            Inserted::Created(shard) | Inserted::Adopted(shard) => {
+                let mut st = shard.state.lock();
+                st.private = private;
+                st.attach(backend, stream, key)
+            }
+        }
+    }
+
+    /// Detaches every idle shard of `table` whose stream the backend says may go (best
+    /// effort: a shard whose fence cannot be recorded stays attached).
+    fn detach_released(&self, table: &ShardTable<B>) {
+        for shard in table.iter() {
             let mut st = shard.state.lock();
-            self.take_cached(&mut st, rounded)?
-                .map(|id| (id, st.mark_live(id, size)))
-        };
-        let (id, (addr, generation)) = match fast {
-            Some(x) => x,
-            None => self.malloc_slow(dev, shard, size, rounded)?,
-        };
-        Ok(Allocation {
-            pool: self,
-            shard: Some(shard),
-            id,
-            generation,
-            ptr: DevicePtr(addr),
-            size,
-            device,
-            stream,
-        })
+            if st.is_attached() && st.is_idle() {
+                let _ = st.detach_if_released(&self.backend);
+            }
+        }
+    }
+
+    /// Lets the pool forget `stream` now (it detaches from it where no block made on it
+    /// is live), instead of at the next new stream. Call it before destroying a foreign
+    /// stream whose blocks are all freed, or to bound what the pool holds. Memory the
+    /// stream freed stays cached, fenced, for other streams.
+    pub fn release_stream(&self, device: DeviceId, stream: &B::Stream) -> Result<(), PoolError> {
+        let dev = self.device(device)?;
+        let key = self.backend.stream_key(stream)?;
+        if let Some(shard) = dev.shards.get(key) {
+            let mut st = shard.state.lock();
+            if st.key == key && st.is_idle() {
+                st.detach(&self.backend)?;
+            }
+        }
+        Ok(())
     }
 
     /// Serves a request from the shard's cache without mapping anything, if possible.
@@ -384,47 +545,135 @@ impl<B: Backend> MemoryPool<B> {
         }
     }
 
+    /// The slow path: grows the shard, recovers from memory pressure, or fails with
+    /// out of memory after rolling back what it reserved. `Ok(None)` when the shard was
+    /// adopted by another key or detached while the lock was dropped: start again.
     #[inline(never)]
     fn malloc_slow(
         &self,
         dev: &Device<B>,
         shard: &Shard<B>,
+        key: StreamId,
+        stream: &B::Stream,
         size: u64,
         rounded: u64,
-    ) -> Result<(u32, (u64, u32)), PoolError> {
+    ) -> Result<Option<(u32, (u64, u64))>, PoolError> {
+        self.collect_private_pools(dev);
         let mut g = lock(&dev.global);
         let mut st = shard.state.lock();
-        if let Some(id) = self.take_cached(&mut st, rounded)? {
-            return Ok((id, st.mark_live(id, size)));
+        if st.key != key {
+            return Ok(None);
         }
-        if let Some(id) = self.grow(dev, &mut g, shard, &mut st, rounded, false)? {
-            return Ok((id, st.mark_live(id, size)));
+        if st.stream.is_none() {
+            st.attach(&self.backend, stream, key)?;
+        }
+        if let Some(id) = self.take_cached(&mut st, rounded)? {
+            return Ok(Some((id, st.mark_live(id, size))));
+        }
+        // A request the device (or its limit) could never hold fails at once, before
+        // anything is reserved or released.
+        let footprint = policy::round_up(rounded, dev.page.unwrap_or(1)).unwrap_or(u64::MAX);
+        let cause = if g.limit.is_some_and(|l| footprint > l) {
+            Some(OomCause::Limit)
+        } else if footprint > dev.info.total_memory {
+            Some(OomCause::DeviceMemory)
+        } else {
+            None
+        };
+        if let Some(cause) = cause {
+            return Err(self.out_of_memory(dev, &mut g, shard, &st, size, cause));
+        }
+        let peak_before = g.reserved.peak;
+        let outcome = self.grow_with_recovery(dev, &mut g, shard, &mut st, rounded);
+        match outcome {
+            Ok(Ok(id)) => Ok(Some((id, st.mark_live(id, size)))),
+            Ok(Err(cause)) => {
+                // Give back whatever this attempt reserved or mapped and is not in use; the
+                // attempt leaves no trace in the peak either.
+                let _ = self.roll_back(dev, &mut g, shard, &mut st);
+                g.reserved.peak = peak_before.max(g.reserved.current);
+                Err(self.out_of_memory(dev, &mut g, shard, &st, size, cause))
+            }
+            Err(e) => {
+                let _ = self.roll_back(dev, &mut g, shard, &mut st);
+                g.reserved.peak = peak_before.max(g.reserved.current);
+                Err(e)
+            }
+        }
+    }
+
+    /// Grows, then recovers (waits for record_stream frees, waits for every fence and
+    /// releases the cache) and retries. `Ok(Err(cause))` when memory stays short.
+    fn grow_with_recovery(
+        &self,
+        dev: &Device<B>,
+        g: &mut Global<B>,
+        shard: &Shard<B>,
+        st: &mut ShardState<B>,
+        rounded: u64,
+    ) -> Result<Result<u32, OomCause>, PoolError> {
+        if let Ok(id) = self.grow(dev, g, shard, st, rounded, false)? {
+            return Ok(Ok(id));
         }
         // Recovery 1: this stream waits (on the device) for its own record_stream frees.
         g.retries += 1;
         if st.stream_wait_pending(&self.backend)? {
-            if let Some(id) = self.grow(dev, &mut g, shard, &mut st, rounded, false)? {
-                return Ok((id, st.mark_live(id, size)));
+            if let Ok(id) = self.grow(dev, g, shard, st, rounded, false)? {
+                return Ok(Ok(id));
             }
         }
         // Recovery 2: wait on the host for every fence of the device, release, retry.
-        self.quiesce(dev, &mut g, shard, &mut st)?;
-        if let Some(id) = self.grow(dev, &mut g, shard, &mut st, rounded, true)? {
-            return Ok((id, st.mark_live(id, size)));
+        self.quiesce(dev, g, shard, st)?;
+        self.grow(dev, g, shard, st, rounded, true)
+    }
+
+    /// After a failed request: returns spare pages and this shard's wholly free address
+    /// ranges or segments, so the pool holds no more than before the request.
+    fn roll_back(
+        &self,
+        dev: &Device<B>,
+        g: &mut Global<B>,
+        shard: &Shard<B>,
+        st: &mut ShardState<B>,
+    ) -> Result<(), PoolError> {
+        let _ = shard;
+        let mut reserved = g.reserved.current;
+        let released = st.release_cached(&self.backend, &mut g.spare, &mut reserved);
+        g.reserved.current = reserved;
+        if let Some(page) = dev.page {
+            while let Some(p) = g.spare.pop() {
+                if let Err(e) = self.backend.release_physical(dev.id, p) {
+                    return Err(PoolError::backend("release_physical")(e));
+                }
+                g.reserved.sub(page);
+            }
         }
+        released
+    }
+
+    fn out_of_memory(
+        &self,
+        dev: &Device<B>,
+        g: &mut Global<B>,
+        shard: &Shard<B>,
+        st: &ShardState<B>,
+        size: u64,
+        cause: OomCause,
+    ) -> PoolError {
         g.ooms += 1;
-        let used = self.device_used(dev, shard, &st);
-        Err(PoolError::OutOfMemory {
+        let used = self.device_used(dev, shard, st);
+        PoolError::OutOfMemory {
             device: dev.id,
             requested: size,
             used,
             reserved: g.reserved.current,
             limit: g.limit,
-        })
+            cause,
+        }
     }
 
     /// Serves a request from the cache, mapping pages or adding a segment as needed.
-    /// `Ok(None)` when memory is short. Device lock and shard lock held.
+    /// `Ok(Err(cause))` when memory is short. Device lock and shard lock held.
     fn grow(
         &self,
         dev: &Device<B>,
@@ -433,9 +682,9 @@ impl<B: Backend> MemoryPool<B> {
         st: &mut ShardState<B>,
         rounded: u64,
         last_resort: bool,
-    ) -> Result<Option<u32>, PoolError> {
+    ) -> Result<Result<u32, OomCause>, PoolError> {
         let (id, unmapped) = match st.choose_block(rounded) {
-            Choice::Ready(id) => return Ok(Some(id)),
+            Choice::Ready(id) => return Ok(Ok(id)),
             Choice::Fit { id, addr, unmapped } => (st.claim(id, addr, rounded), unmapped),
             Choice::None => match dev.page {
                 Some(page) => {
@@ -446,7 +695,7 @@ impl<B: Backend> MemoryPool<B> {
                         .reserve_address_range(dev.id, size)
                         .map_err(PoolError::backend("reserve_address_range"))?;
                     let Some(base) = base else {
-                        return Ok(None);
+                        return Ok(Err(OomCause::AddressSpace));
                     };
                     let first = st.add_segment(base.0, size, size_class(rounded));
                     let unmapped = rounded.div_ceil(page) as usize;
@@ -455,8 +704,9 @@ impl<B: Backend> MemoryPool<B> {
                 None => {
                     let seg_size = policy::plain_segment_size(rounded, last_resort)
                         .ok_or(PoolError::SizeOverflow { size: rounded })?;
-                    let Some(base) = self.allocate_plain(dev, g, shard, st, seg_size)? else {
-                        return Ok(None);
+                    let base = match self.allocate_plain(dev, g, shard, st, seg_size)? {
+                        Ok(base) => base,
+                        Err(cause) => return Ok(Err(cause)),
                     };
                     let first = st.add_segment(base.0, seg_size, size_class(rounded));
                     (st.claim(first, base.0, rounded), 0)
@@ -464,17 +714,17 @@ impl<B: Backend> MemoryPool<B> {
             },
         };
         if unmapped == 0 {
-            return Ok(Some(id));
+            return Ok(Ok(id));
         }
-        if !self.provide_pages(dev, g, shard, st, unmapped)? {
+        if let Err(cause) = self.provide_pages(dev, g, shard, st, unmapped)? {
             st.unclaim(id);
-            return Ok(None);
+            return Ok(Err(cause));
         }
         match st.map_block(&self.backend, id, &mut g.spare) {
-            Ok(true) => Ok(Some(id)),
+            Ok(true) => Ok(Ok(id)),
             Ok(false) => {
                 st.unclaim(id);
-                Ok(None)
+                Ok(Err(OomCause::DeviceMemory))
             }
             Err(e) => {
                 st.unclaim(id);
@@ -494,9 +744,9 @@ impl<B: Backend> MemoryPool<B> {
         shard: &Shard<B>,
         st: &mut ShardState<B>,
         want: usize,
-    ) -> Result<bool, PoolError> {
+    ) -> Result<Result<(), OomCause>, PoolError> {
         let Some(page) = dev.page else {
-            return Ok(true);
+            return Ok(Ok(()));
         };
         if g.spare.len() < want {
             st.reclaim_pages(&self.backend, &mut g.spare, want)?;
@@ -519,7 +769,7 @@ impl<B: Backend> MemoryPool<B> {
         if g.limit
             .is_some_and(|l| g.reserved.current.saturating_add(missing) > l)
         {
-            return Ok(false);
+            return Ok(Err(OomCause::Limit));
         }
         while g.spare.len() < want {
             let created = self
@@ -532,7 +782,11 @@ impl<B: Backend> MemoryPool<B> {
             g.spare.push(p);
             g.reserved.add(page);
         }
-        Ok(g.spare.len() >= want)
+        if g.spare.len() >= want {
+            Ok(Ok(()))
+        } else {
+            Ok(Err(OomCause::DeviceMemory))
+        }
     }
 
     /// Allocates a plain segment of `size` bytes within the limit, releasing wholly
@@ -544,7 +798,7 @@ impl<B: Backend> MemoryPool<B> {
         shard: &Shard<B>,
         st: &mut ShardState<B>,
         size: u64,
-    ) -> Result<Option<DevicePtr>, PoolError> {
+    ) -> Result<Result<DevicePtr, OomCause>, PoolError> {
         let fits = |g: &Global<B>| {
             g.limit
                 .is_none_or(|l| g.reserved.current.saturating_add(size) <= l)
@@ -554,7 +808,7 @@ impl<B: Backend> MemoryPool<B> {
             self.release_device_cache(dev, g, shard, st)?;
             released = true;
             if !fits(g) {
-                return Ok(None);
+                return Ok(Err(OomCause::Limit));
             }
         }
         loop {
@@ -564,10 +818,10 @@ impl<B: Backend> MemoryPool<B> {
                 .map_err(PoolError::backend("allocate"))?;
             if let Some(p) = ptr {
                 g.reserved.add(size);
-                return Ok(Some(p));
+                return Ok(Ok(p));
             }
             if released {
-                return Ok(None);
+                return Ok(Err(OomCause::DeviceMemory));
             }
             self.release_device_cache(dev, g, shard, st)?;
             released = true;
@@ -614,16 +868,16 @@ impl<B: Backend> MemoryPool<B> {
                 o.wait_fences(&self.backend)?;
             }
         }
-        if dev.page.is_none() {
-            self.release_device_cache(dev, g, shard, st)?;
-        }
-        Ok(())
+        // Releasing also gives back the address ranges of wholly free segments, which is
+        // what recovers from running out of address space in virtual-memory mode.
+        self.release_device_cache(dev, g, shard, st)
     }
 
     /// Bytes in live blocks of the device, while `shard` is locked as `st`.
     fn device_used(&self, dev: &Device<B>, shard: &Shard<B>, st: &ShardState<B>) -> u64 {
         dev.shards
             .iter()
+            .chain(dev.private.iter())
             .map(|s| {
                 if std::ptr::eq(s, shard) {
                     st.stats.used.current
@@ -634,8 +888,31 @@ impl<B: Backend> MemoryPool<B> {
             .sum()
     }
 
-    fn free_block(&self, shard: &Shard<B>, id: u32, generation: u32) -> Result<(), PoolError> {
+    fn free_block(&self, shard: &Shard<B>, id: u32, generation: u64) -> Result<(), PoolError> {
         shard.state.lock().release(&self.backend, id, generation)
+    }
+
+    /// The shard a raw handle names, checked live under the shard's lock.
+    fn raw_shard(
+        &self,
+        raw: &RawAllocation,
+    ) -> Result<lock::ShardGuard<'_, ShardState<B>>, PoolError> {
+        let dev = self.device(raw.device)?;
+        let table = if raw.private {
+            &dev.private
+        } else {
+            &dev.shards
+        };
+        let shard = table
+            .get(raw.key)
+            .ok_or(PoolError::InvalidHandle { ptr: raw.ptr.0 })?;
+        let st = shard.state.lock();
+        if st.key != raw.key
+            || st.live_range(raw.id, raw.generation).map(|r| r.0) != Some(raw.ptr.0)
+        {
+            return Err(PoolError::InvalidHandle { ptr: raw.ptr.0 });
+        }
+        Ok(st)
     }
 
     /// Frees an allocation detached with [`Allocation::into_raw`]. Fails with
@@ -644,15 +921,7 @@ impl<B: Backend> MemoryPool<B> {
         if raw.size == 0 {
             return Ok(());
         }
-        let shard = self
-            .device(raw.device)?
-            .shards
-            .get(raw.stream)
-            .ok_or(PoolError::InvalidHandle { ptr: raw.ptr.0 })?;
-        let mut st = shard.state.lock();
-        if st.live_range(raw.id, raw.generation).map(|r| r.0) != Some(raw.ptr.0) {
-            return Err(PoolError::InvalidHandle { ptr: raw.ptr.0 });
-        }
+        let mut st = self.raw_shard(&raw)?;
         st.release(&self.backend, raw.id, raw.generation)
     }
 
@@ -661,21 +930,135 @@ impl<B: Backend> MemoryPool<B> {
     pub fn record_stream_raw(
         &self,
         raw: &RawAllocation,
-        stream: StreamId,
+        stream: &B::Stream,
     ) -> Result<(), PoolError> {
         if raw.size == 0 {
             return Ok(());
         }
-        let shard = self
-            .device(raw.device)?
-            .shards
-            .get(raw.stream)
-            .ok_or(PoolError::InvalidHandle { ptr: raw.ptr.0 })?;
-        let mut st = shard.state.lock();
-        if st.live_range(raw.id, raw.generation).map(|r| r.0) != Some(raw.ptr.0) {
-            return Err(PoolError::InvalidHandle { ptr: raw.ptr.0 });
+        let key = self.backend.stream_key(stream)?;
+        let mut st = self.raw_shard(raw)?;
+        st.record_stream(raw.id, raw.generation, stream, key)
+    }
+
+    // ----- private pools (graph captures) ------------------------------------------------
+
+    /// Allocates `size` bytes on `device` for use on `stream` from private pool `pool`
+    /// (created on first use): memory that only later allocations into the same private
+    /// pool on the same stream reuse, in stream order, and that is released as a whole
+    /// once every hold on the pool is released ([`retain_private_pool`](Self::retain_private_pool))
+    /// and no block of it is live. This is what allocations during a CUDA graph capture
+    /// need: a graph replays into the memory its captured work used, so that memory must
+    /// not go to anyone else while the graph lives. The driver layer
+    /// ([`DevicePool::malloc_stream`](crate::DevicePool::malloc_stream) and the C ABI)
+    /// does this by itself for streams being captured.
+    pub fn malloc_private(
+        &self,
+        device: DeviceId,
+        pool: PrivatePoolId,
+        stream: &B::Stream,
+        size: u64,
+    ) -> Result<Allocation<'_, B>, PoolError> {
+        let dev = self.device(device)?;
+        if size == 0 {
+            return self.malloc_in(dev, &dev.private, Some(StreamId(0)), stream, 0);
         }
-        st.record_stream(raw.id, raw.generation, stream)
+        let stream_key = self.backend.stream_key(stream)?;
+        let key = {
+            let mut p = lock(&dev.privates);
+            let Privates { pools, next_key } = &mut *p;
+            let state = pools.entry(pool).or_insert_with(|| PrivateState {
+                holds: Arc::new(AtomicUsize::new(0)),
+                shards: HashMap::new(),
+            });
+            *state.shards.entry(stream_key).or_insert_with(|| {
+                *next_key += 1;
+                StreamId(*next_key)
+            })
+        };
+        let mut a = self.malloc_in(dev, &dev.private, Some(key), stream, size)?;
+        a.private = true;
+        Ok(a)
+    }
+
+    /// Adds a hold on private pool `pool` of `device` (creating it if needed), released
+    /// with [`PrivateHold::release`]: the pool's memory stays reserved at least until then.
+    pub fn retain_private_pool(
+        &self,
+        device: DeviceId,
+        pool: PrivatePoolId,
+    ) -> Result<PrivateHold, PoolError> {
+        let dev = self.device(device)?;
+        let mut p = lock(&dev.privates);
+        let state = p.pools.entry(pool).or_insert_with(|| PrivateState {
+            holds: Arc::new(AtomicUsize::new(0)),
+            shards: HashMap::new(),
+        });
+        state.holds.fetch_add(1, Ordering::AcqRel);
+        Ok(PrivateHold(Arc::clone(&state.holds)))
+    }
+
+    /// Whether private pool `pool` of `device` still exists (holds or live blocks).
+    pub fn has_private_pool(
+        &self,
+        device: DeviceId,
+        pool: PrivatePoolId,
+    ) -> Result<bool, PoolError> {
+        let dev = self.device(device)?;
+        self.collect_private_pools(dev);
+        Ok(lock(&dev.privates).pools.contains_key(&pool))
+    }
+
+    /// Releases every private pool of `dev` that nobody holds and that has no live block:
+    /// its memory goes back to the device (pages to the backend, ranges and segments
+    /// freed) once the work that used it is done.
+    fn collect_private_pools(&self, dev: &Device<B>) {
+        let mut p = lock(&dev.privates);
+        if p.pools.is_empty() {
+            return;
+        }
+        let done: Vec<PrivatePoolId> = p
+            .pools
+            .iter()
+            .filter(|(_, st)| st.holds.load(Ordering::Acquire) == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            let Some(state) = p.pools.get(&id) else {
+                continue;
+            };
+            let shards: Vec<&Shard<B>> = state
+                .shards
+                .values()
+                .filter_map(|k| dev.private.get(*k))
+                .collect();
+            if shards.iter().any(|s| !s.state.lock().is_idle()) {
+                continue;
+            }
+            let mut g = lock(&dev.global);
+            let mut spare = std::mem::take(&mut g.spare);
+            let mut ok = true;
+            for shard in &shards {
+                let mut st = shard.state.lock();
+                if st.wait_fences(&self.backend).is_err() {
+                    ok = false;
+                    break;
+                }
+                let released = st.release_everything(&self.backend, &mut spare);
+                g.reserved.sub(released);
+            }
+            g.spare = spare;
+            if ok {
+                p.pools.remove(&id);
+                if let Some(page) = dev.page {
+                    while let Some(pg) = g.spare.pop() {
+                        if self.backend.release_physical(dev.id, pg).is_err() {
+                            break;
+                        }
+                        g.reserved.sub(page);
+                    }
+                }
+            }
+        }
     }
 
     /// Returns every cached segment and page to the backend: wholly free segments,
@@ -687,6 +1070,7 @@ impl<B: Backend> MemoryPool<B> {
     /// the hot path.
     pub fn free_all_blocks(&self) -> Result<(), PoolError> {
         for dev in self.devices.iter() {
+            self.collect_private_pools(dev);
             let mut g = lock(&dev.global);
             self.free_device_blocks(dev, &mut g)?;
         }
@@ -749,7 +1133,7 @@ impl<B: Backend> MemoryPool<B> {
         if let Some(b) = bytes {
             let mut in_use = 0;
             let mut used = 0;
-            for shard in dev.shards.iter() {
+            for shard in dev.shards.iter().chain(dev.private.iter()) {
                 let st = shard.state.lock();
                 in_use += st.live_footprint();
                 used += st.stats.used.current;
@@ -785,9 +1169,15 @@ impl<B: Backend> MemoryPool<B> {
             ooms: g.ooms,
             ..Stats::default()
         };
-        for shard in dev.shards.iter() {
-            s.merge_shard(&shard.state.lock().stats);
+        drop(g);
+        for shard in dev.shards.iter().chain(dev.private.iter()) {
+            let st = shard.state.lock();
+            s.merge_shard(&st.stats);
+            s.shards += 1;
+            s.attached_streams += u64::from(st.is_attached());
+            s.address_space += st.address_space();
         }
+        s.private_pools = lock(&dev.privates).pools.len() as u64;
         Ok(s)
     }
 
@@ -806,7 +1196,7 @@ impl<B: Backend> MemoryPool<B> {
     pub fn used_bytes(&self) -> u64 {
         self.devices
             .iter()
-            .flat_map(|d| d.shards.iter())
+            .flat_map(|d| d.shards.iter().chain(d.private.iter()))
             .map(|s| s.state.lock().stats.used.current)
             .sum()
     }
@@ -829,6 +1219,7 @@ impl<B: Backend> MemoryPool<B> {
                 let used: u64 = d
                     .shards
                     .iter()
+                    .chain(d.private.iter())
                     .map(|s| s.state.lock().stats.used.current)
                     .sum();
                 g.reserved.current.saturating_sub(used)
@@ -856,7 +1247,7 @@ impl<B: Backend> Drop for MemoryPool<B> {
         for dev in self.devices.iter() {
             let mut g = lock(&dev.global);
             let mut spare = std::mem::take(&mut g.spare);
-            for shard in dev.shards.iter() {
+            for shard in dev.shards.iter().chain(dev.private.iter()) {
                 let mut st = shard.state.lock();
                 // Errors are ignored: a drop has nowhere to report them, and the
                 // memory goes back to the driver with the context in any case.
@@ -870,6 +1261,36 @@ impl<B: Backend> Drop for MemoryPool<B> {
                     g.reserved.sub(page);
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+impl RawAllocation {
+    /// A second handle to the same block with the generation before its last reuse: what
+    /// a stale copy would be if the type were `Copy` (tests of the generation check).
+    pub(crate) fn forge_stale_for_tests(&self) -> RawAllocation {
+        RawAllocation {
+            generation: self.generation.wrapping_sub(1),
+            ..*self
+        }
+    }
+
+    /// An exact copy: what `Copy` would make (tests of the generation check).
+    pub(crate) fn forge_copy_for_tests(&self) -> RawAllocation {
+        RawAllocation { ..*self }
+    }
+}
+
+#[cfg(test)]
+impl<B: Backend> MemoryPool<B> {
+    /// Adds `by` to the generation of every block of `stream`'s shard (tests of wrapping).
+    pub(crate) fn jump_generations_for_tests(&self, device: DeviceId, stream: &B::Stream, by: u64) {
+        let (Ok(dev), Ok(key)) = (self.device(device), self.backend.stream_key(stream)) else {
+            return;
+        };
+        if let Some(shard) = dev.shards.get(key) {
+            shard.state.lock().jump_generations_for_tests(by);
         }
     }
 }
@@ -895,9 +1316,10 @@ impl<'p, B: Backend> Allocation<'p, B> {
         self.device
     }
 
-    /// The stream the block was allocated on and will be freed on.
+    /// The key of the stream the block was allocated on and will be freed on (for a
+    /// private pool's block, of its private shard).
     pub fn stream(&self) -> StreamId {
-        self.stream
+        self.key
     }
 
     /// The pool the block came from.
@@ -908,12 +1330,15 @@ impl<'p, B: Backend> Allocation<'p, B> {
     /// Marks the block as used on `stream` too (PyTorch's `record_stream`): when it
     /// is freed, a fence is recorded on `stream` and the block is not reused, by any
     /// stream, before that fence has completed.
-    pub fn record_stream(&self, stream: StreamId) -> Result<(), PoolError> {
+    pub fn record_stream(&self, stream: &B::Stream) -> Result<(), PoolError> {
         match self.shard {
-            Some(shard) => shard
-                .state
-                .lock()
-                .record_stream(self.id, self.generation, stream),
+            Some(shard) => {
+                let key = self.pool.backend.stream_key(stream)?;
+                shard
+                    .state
+                    .lock()
+                    .record_stream(self.id, self.generation, stream, key)
+            }
             None => Ok(()),
         }
     }
@@ -934,7 +1359,8 @@ impl<'p, B: Backend> Allocation<'p, B> {
             ptr: self.ptr,
             size: self.size,
             device: self.device,
-            stream: self.stream,
+            key: self.key,
+            private: self.private,
             id: self.id,
             generation: self.generation,
         };
@@ -959,7 +1385,8 @@ impl<B: Backend> std::fmt::Debug for Allocation<'_, B> {
             .field("ptr", &self.ptr)
             .field("size", &self.size)
             .field("device", &self.device)
-            .field("stream", &self.stream)
+            .field("stream", &self.key)
+            .field("private", &self.private)
             .finish()
     }
 }

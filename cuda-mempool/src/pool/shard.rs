@@ -52,7 +52,7 @@ pub(crate) enum BlockState {
 }
 
 #[derive(Clone, Debug)]
-pub(crate) struct Block {
+pub(crate) struct Block<S> {
     pub(crate) addr: u64,
     pub(crate) size: u64,
     prev: u32,
@@ -60,10 +60,13 @@ pub(crate) struct Block {
     segment: u32,
     class: SizeClass,
     pub(crate) state: BlockState,
-    pub(crate) generation: u32,
+    /// Bumped each time the block goes live: a handle names the block only with the
+    /// generation it was issued with. 64 bits, so it cannot wrap in practice.
+    pub(crate) generation: u64,
     freed_epoch: u64,
     requested: u64,
-    extra_streams: Vec<StreamId>,
+    /// Other streams the live block is used on (`record_stream`), kept until its free.
+    extra_streams: Vec<(StreamId, S)>,
 }
 
 pub(crate) enum Backing<P> {
@@ -84,15 +87,15 @@ pub(crate) struct Segment<P> {
     backing: Backing<P>,
 }
 
-enum FenceSlot<F> {
-    Unrecorded(StreamId),
+enum FenceSlot<S, F> {
+    Unrecorded(S),
     Recorded(F),
     Done,
 }
 
-struct PendingFree<F> {
+struct PendingFree<S, F> {
     block: u32,
-    fences: Vec<FenceSlot<F>>,
+    fences: Vec<FenceSlot<S, F>>,
 }
 
 /// What [`ShardState::choose_block`] found for a request.
@@ -109,17 +112,26 @@ pub(crate) enum Choice {
 
 pub(crate) struct ShardState<B: Backend> {
     pub(crate) device: DeviceId,
-    pub(crate) stream: StreamId,
+    /// The key of the stream this shard caches for (changes when a detached shard is
+    /// adopted by another stream).
+    pub(crate) key: StreamId,
+    /// The stream, while attached (see the crate's `backend` module): fences are recorded
+    /// on it and it is made to wait only while this is `Some`.
+    pub(crate) stream: Option<B::Stream>,
     /// Page size of virtual-memory segments; `0` in plain-segment mode.
     page: u64,
-    blocks: Vec<Block>,
+    /// A shard of a private pool (graph capture): its free memory is never given to other
+    /// shards or back to the backend, since graph replays still use it; only releasing the
+    /// whole private pool returns it.
+    pub(crate) private: bool,
+    blocks: Vec<Block<B::Stream>>,
     vacant: Vec<u32>,
     /// Free blocks per size class, ordered by (size, address) for best fit.
     free: [BTreeSet<(u64, u64, u32)>; 2],
     /// Recently freed blocks, uncoalesced: (size, id), newest last.
     recent: RecentList,
     segments: Vec<Option<Segment<B::Physical>>>,
-    pending: Vec<PendingFree<B::Fence>>,
+    pending: Vec<PendingFree<B::Stream, B::Fence>>,
     epoch: u64,
     safe_epoch: u64,
     fences: VecDeque<(u64, B::Fence)>,
@@ -205,11 +217,13 @@ fn inner_pages(base: u64, page: u64, addr: u64, len: u64) -> (usize, usize) {
 }
 
 impl<B: Backend> ShardState<B> {
-    pub(crate) fn new(device: DeviceId, stream: StreamId, page: Option<u64>) -> Self {
+    pub(crate) fn new(device: DeviceId, key: StreamId, page: Option<u64>) -> Self {
         ShardState {
             device,
-            stream,
+            key,
+            stream: None,
             page: page.unwrap_or(0),
+            private: false,
             blocks: Vec::new(),
             vacant: Vec::new(),
             free: [BTreeSet::new(), BTreeSet::new()],
@@ -225,7 +239,7 @@ impl<B: Backend> ShardState<B> {
 
     // ----- arena -----------------------------------------------------------------
 
-    fn new_block(&mut self, block: Block) -> u32 {
+    fn new_block(&mut self, block: Block<B::Stream>) -> u32 {
         if let Some(id) = self.vacant.pop() {
             let generation = self.blocks[id as usize].generation;
             self.blocks[id as usize] = Block {
@@ -395,7 +409,7 @@ impl<B: Backend> ShardState<B> {
     /// Makes block `id` live for a request of `requested` bytes; returns its address
     /// and generation.
     #[inline]
-    pub(crate) fn mark_live(&mut self, id: u32, requested: u64) -> (u64, u32) {
+    pub(crate) fn mark_live(&mut self, id: u32, requested: u64) -> (u64, u64) {
         let b = &mut self.blocks[id as usize];
         b.state = BlockState::Live;
         b.generation = b.generation.wrapping_add(1);
@@ -412,18 +426,19 @@ impl<B: Backend> ShardState<B> {
     pub(crate) fn record_stream(
         &mut self,
         id: u32,
-        generation: u32,
-        stream: StreamId,
+        generation: u64,
+        stream: &B::Stream,
+        key: StreamId,
     ) -> Result<(), PoolError> {
-        let own = self.stream;
+        let own = self.key;
         let b = self.live_block(id, generation)?;
-        if stream != own && !b.extra_streams.contains(&stream) {
-            b.extra_streams.push(stream);
+        if key != own && !b.extra_streams.iter().any(|(k, _)| *k == key) {
+            b.extra_streams.push((key, stream.clone()));
         }
         Ok(())
     }
 
-    fn live_block(&mut self, id: u32, generation: u32) -> Result<&mut Block, PoolError> {
+    fn live_block(&mut self, id: u32, generation: u64) -> Result<&mut Block<B::Stream>, PoolError> {
         match self.blocks.get_mut(id as usize) {
             Some(b) if b.state == BlockState::Live && b.generation == generation => Ok(b),
             Some(b) => Err(PoolError::InvalidHandle { ptr: b.addr }),
@@ -441,7 +456,7 @@ impl<B: Backend> ShardState<B> {
         &mut self,
         backend: &B,
         id: u32,
-        generation: u32,
+        generation: u64,
     ) -> Result<(), PoolError> {
         let b = self.live_block(id, generation)?;
         let (size, requested) = (b.size, b.requested);
@@ -451,16 +466,30 @@ impl<B: Backend> ShardState<B> {
         self.stats.active_blocks.sub(1);
         self.stats.frees += 1;
         if shared {
-            return self.release_shared(backend, id);
+            self.release_shared(backend, id)?;
+        } else {
+            self.epoch += 1;
+            let b = &mut self.blocks[id as usize];
+            b.state = BlockState::Recent;
+            b.freed_epoch = self.epoch;
+            if let Some(oldest) = self.recent.push(size, id) {
+                self.coalesce_insert(oldest);
+            }
         }
-        self.epoch += 1;
-        let b = &mut self.blocks[id as usize];
-        b.state = BlockState::Recent;
-        b.freed_epoch = self.epoch;
-        if let Some(oldest) = self.recent.push(size, id) {
-            self.coalesce_insert(oldest);
+        if self.stats.active_blocks.current == 0 {
+            self.detach_if_released(backend)?;
         }
         Ok(())
+    }
+
+    /// Detaches the stream if the backend says its owner may now destroy it (see
+    /// [`detach`](Self::detach)); the free of a stream's last live block calls it.
+    #[inline(never)]
+    pub(crate) fn detach_if_released(&mut self, backend: &B) -> Result<(), PoolError> {
+        match &self.stream {
+            Some(s) if backend.may_release_stream(s) => self.detach(backend),
+            _ => Ok(()),
+        }
     }
 
     #[inline(never)]
@@ -471,7 +500,7 @@ impl<B: Backend> ShardState<B> {
         let mut first_error = None;
         let fences = streams
             .into_iter()
-            .map(|s| match backend.record_fence(self.device, s) {
+            .map(|(_, s)| match backend.record_fence(self.device, &s) {
                 Ok(f) => FenceSlot::Recorded(f),
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -628,7 +657,7 @@ impl<B: Backend> ShardState<B> {
         spare: &mut Vec<B::Physical>,
         want: usize,
     ) -> Result<(), PoolError> {
-        if self.page == 0 || spare.len() >= want {
+        if self.page == 0 || spare.len() >= want || self.private {
             return Ok(());
         }
         self.flush_recent();
@@ -690,6 +719,9 @@ impl<B: Backend> ShardState<B> {
         spare: &mut Vec<B::Physical>,
         reserved: &mut u64,
     ) -> Result<(), PoolError> {
+        if self.private {
+            return Ok(());
+        }
         self.flush_recent();
         self.poll_pending(backend)?;
         self.refresh_fences(backend)?;
@@ -774,7 +806,20 @@ impl<B: Backend> ShardState<B> {
         self.vacant.clear();
         self.recent.clear();
         self.free = [BTreeSet::new(), BTreeSet::new()];
+        self.epoch = 0;
+        self.safe_epoch = 0;
+        if let Some(stream) = self.stream.take() {
+            backend.stream_released(stream);
+        }
         released
+    }
+
+    /// Address space this shard's virtual-memory segments reserve, in bytes.
+    pub(crate) fn address_space(&self) -> u64 {
+        if self.page == 0 {
+            return 0;
+        }
+        self.segments.iter().flatten().map(|s| s.size).sum()
     }
 
     // ----- fences ------------------------------------------------------------------
@@ -784,12 +829,84 @@ impl<B: Backend> ShardState<B> {
     fn refresh_fences(&mut self, backend: &B) -> Result<(), PoolError> {
         let covered = self.fences.back().is_some_and(|(e, _)| *e >= self.epoch);
         if self.epoch > self.safe_epoch && !covered && self.fences.len() < MAX_OUTSTANDING_FENCES {
+            // A detached shard has no stream to record on, and needs none: its detach
+            // fence covers every free it holds.
+            if let Some(stream) = &self.stream {
+                let f = backend
+                    .record_fence(self.device, stream)
+                    .map_err(PoolError::backend("record_fence"))?;
+                self.fences.push_back((self.epoch, f));
+            }
+        }
+        self.poll_fences(backend)
+    }
+
+    /// Whether no block made on this shard is live (the condition to [`detach`](Self::detach)).
+    pub(crate) fn is_idle(&self) -> bool {
+        self.stats.active_blocks.current == 0
+    }
+
+    /// Whether the shard holds its stream.
+    pub(crate) fn is_attached(&self) -> bool {
+        self.stream.is_some()
+    }
+
+    /// Lets go of the stream once no block made on it is live: records a fence covering
+    /// every free so far (unless one already does), then hands the stream back to the
+    /// backend. If the fence cannot be recorded the shard stays attached (the stream is
+    /// kept, so nothing it cached is reused unfenced) and the error is returned.
+    pub(crate) fn detach(&mut self, backend: &B) -> Result<(), PoolError> {
+        if !self.is_idle() {
+            return Ok(());
+        }
+        if self.stream.is_none() {
+            return Ok(());
+        }
+        self.flush_recent();
+        self.poll_fences(backend)?;
+        let covered = self.fences.back().is_some_and(|(e, _)| *e >= self.epoch);
+        if let (true, Some(stream)) = (self.epoch > self.safe_epoch && !covered, &self.stream) {
             let f = backend
-                .record_fence(self.device, self.stream)
+                .record_fence(self.device, stream)
                 .map_err(PoolError::backend("record_fence"))?;
             self.fences.push_back((self.epoch, f));
         }
-        self.poll_fences(backend)
+        if let Some(stream) = self.stream.take() {
+            backend.stream_released(stream);
+        }
+        Ok(())
+    }
+
+    /// Attaches `stream` (key `key`) to a detached shard: the shard's previous stream (the
+    /// same one, or another that had the same key, or another key's when the shard is
+    /// adopted) may still have work running on memory the shard caches, so unless the
+    /// detach fence has completed, `stream` is first made to wait for it. Nothing changes
+    /// on error.
+    pub(crate) fn attach(
+        &mut self,
+        backend: &B,
+        stream: &B::Stream,
+        key: StreamId,
+    ) -> Result<(), PoolError> {
+        self.poll_fences(backend)?;
+        if self.epoch > self.safe_epoch {
+            if let Some((_, f)) = self.fences.back() {
+                backend
+                    .stream_wait_fence(self.device, stream, f)
+                    .map_err(PoolError::backend("stream_wait_fence"))?;
+                // Everything freed so far is now ordered before `stream`'s later work:
+                // reuse by `stream` is safe. Other streams still go by the fences.
+            }
+        }
+        self.key = key;
+        self.stream = Some(stream.clone());
+        Ok(())
+    }
+
+    /// Whether a detached shard's memory is all covered by completed fences, so that
+    /// adopting it costs the new stream no wait (polls the fences).
+    pub(crate) fn is_settled(&mut self, backend: &B) -> bool {
+        self.poll_fences(backend).is_ok() && self.epoch <= self.safe_epoch
     }
 
     fn poll_fences(&mut self, backend: &B) -> Result<(), PoolError> {
@@ -825,8 +942,12 @@ impl<B: Backend> ShardState<B> {
         if self.epoch > self.safe_epoch {
             let covered = self.fences.back().is_some_and(|(e, _)| *e >= self.epoch);
             if !covered {
+                // Detached shards are always covered (their detach fence).
+                let Some(stream) = &self.stream else {
+                    return Ok(());
+                };
                 let f = backend
-                    .record_fence(self.device, self.stream)
+                    .record_fence(self.device, stream)
                     .map_err(PoolError::backend("record_fence"))?;
                 self.fences.push_back((self.epoch, f));
             }
@@ -854,7 +975,7 @@ impl<B: Backend> ShardState<B> {
                     FenceSlot::Done => {}
                     FenceSlot::Unrecorded(s) => {
                         let f = backend
-                            .record_fence(self.device, *s)
+                            .record_fence(self.device, s)
                             .map_err(PoolError::backend("record_fence"))?;
                         *slot = FenceSlot::Recorded(f);
                         done = false;
@@ -905,11 +1026,13 @@ impl<B: Backend> ShardState<B> {
     /// Returns whether there was any. A fence recorded on this stream later covers the
     /// waited-for work too, so the usual epoch rule then holds for other streams.
     pub(crate) fn stream_wait_pending(&mut self, backend: &B) -> Result<bool, PoolError> {
+        let Some(stream) = self.stream.clone() else {
+            return Ok(false);
+        };
         let any = !self.pending.is_empty();
-        let stream = self.stream;
         self.settle_pending(backend, |backend, device, f| {
             backend
-                .stream_wait_fence(device, stream, f)
+                .stream_wait_fence(device, &stream, f)
                 .map_err(PoolError::backend("stream_wait_fence"))
         })?;
         Ok(any)
@@ -924,7 +1047,7 @@ impl<B: Backend> ShardState<B> {
             for slot in p.fences.iter_mut() {
                 if let FenceSlot::Unrecorded(s) = slot {
                     let f = backend
-                        .record_fence(self.device, *s)
+                        .record_fence(self.device, s)
                         .map_err(PoolError::backend("record_fence"))?;
                     *slot = FenceSlot::Recorded(f);
                 }
@@ -1003,8 +1126,15 @@ impl<B: Backend> ShardState<B> {
         n
     }
 
+    #[cfg(test)]
+    pub(crate) fn jump_generations_for_tests(&mut self, by: u64) {
+        for b in &mut self.blocks {
+            b.generation = b.generation.wrapping_add(by);
+        }
+    }
+
     /// Address and size of a live block, for handles that have only ids.
-    pub(crate) fn live_range(&self, id: u32, generation: u32) -> Option<(u64, u64)> {
+    pub(crate) fn live_range(&self, id: u32, generation: u64) -> Option<(u64, u64)> {
         self.blocks
             .get(id as usize)
             .filter(|b| b.state == BlockState::Live && b.generation == generation)

@@ -1,12 +1,21 @@
 //! The per-device table of stream shards.
 //!
-//! A lookup reads only atomics (`OnceLock::get`), so threads working on different
-//! streams share no written cache line when they find their shard. Shards are never
-//! removed: a slot, once filled, keeps its stream for the life of the pool, which is
-//! what makes the open-addressing probe sequence valid without deletion markers.
-//! A table that fills up chains to another table of the same size.
+//! A lookup reads only atomics (`OnceLock::get` and the shard's key), so threads working on
+//! different streams share no written cache line when they find their shard. Slots are
+//! never emptied: a shard, once created, stays in its slot for the life of the pool, which
+//! is what makes the open-addressing probe sequence valid without deletion markers. A table
+//! that fills up chains to another table of the same size.
+//!
+//! A shard's key can change: a shard that has let go of its stream (detached, see the
+//! crate's `backend` module) may be *adopted* by a new stream, so that a program that
+//! creates and destroys streams endlessly reuses a bounded number of shards (and their
+//! cached memory and address ranges). Adoption happens under the table's insert lock and
+//! only for shards on the new key's probe path before its first empty slot, so lookups
+//! keep finding every key with the same probe. A thread that found a shard by its key
+//! re-checks the key under the shard's lock, since an adoption may have changed it.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use super::lock::ShardLock;
 
@@ -20,22 +29,45 @@ use crate::policy::SHARDS_PER_TABLE;
 /// (adjacent-line prefetching makes 128 bytes the unit that matters on x86).
 #[repr(align(128))]
 pub(crate) struct Shard<B: Backend> {
-    pub(crate) stream: StreamId,
+    /// The key the shard serves; written only under the table's insert lock and the
+    /// shard's own lock (equal to `state.key` whenever the shard lock is free).
+    key: AtomicU64,
     pub(crate) state: ShardLock<ShardState<B>>,
 }
 
-/// Open-addressing table from stream ids to shards, chained when full.
+impl<B: Backend> Shard<B> {
+    /// The key the shard serves now.
+    #[inline]
+    pub(crate) fn key(&self) -> StreamId {
+        StreamId(self.key.load(Ordering::Acquire))
+    }
+}
+
+/// Open-addressing table from stream keys to shards, chained when full.
 pub(crate) struct ShardTable<B: Backend> {
     slots: Box<[OnceLock<Shard<B>>]>,
     next: OnceLock<Box<ShardTable<B>>>,
+    /// Serialises creating and adopting shards (only the first table's lock is used).
+    insert: Mutex<()>,
 }
 
-/// Spreads stream ids (often pointers, so with zero low bits) over the slots.
-fn slot_of(stream: StreamId) -> usize {
-    let h = stream.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+/// Spreads stream keys (often pointers, so with zero low bits) over the slots.
+fn slot_of(key: StreamId) -> usize {
+    let h = key.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     // The top bits of the product are the well-mixed ones; SHARDS_PER_TABLE is a
     // power of two no larger than 2^32, so the shift keeps enough of them.
     (h >> 32) as usize % SHARDS_PER_TABLE
+}
+
+/// What [`ShardTable::insert`] found or made for a key.
+pub(crate) enum Inserted<'t, B: Backend> {
+    /// The key already has a shard.
+    Existing,
+    /// A new, empty shard was made for the key.
+    Created(&'t Shard<B>),
+    /// A detached shard was re-keyed to the key; the caller must attach its stream (which
+    /// may wait for the shard's previous fences) before using it.
+    Adopted(&'t Shard<B>),
 }
 
 impl<B: Backend> ShardTable<B> {
@@ -43,67 +75,80 @@ impl<B: Backend> ShardTable<B> {
         ShardTable {
             slots: (0..SHARDS_PER_TABLE).map(|_| OnceLock::new()).collect(),
             next: OnceLock::new(),
+            insert: Mutex::new(()),
         }
     }
 
-    /// The shard of `stream`, if one was created.
-    pub(crate) fn get(&self, stream: StreamId) -> Option<&Shard<B>> {
-        let start = slot_of(stream);
+    /// The shard of `key`, if one exists (its key may change after this returns: check it
+    /// under the shard's lock).
+    pub(crate) fn get(&self, key: StreamId) -> Option<&Shard<B>> {
+        let start = slot_of(key);
         for i in 0..SHARDS_PER_TABLE {
             match self.slots[(start + i) % SHARDS_PER_TABLE].get() {
-                Some(shard) if shard.stream == stream => return Some(shard),
+                Some(shard) if shard.key() == key => return Some(shard),
                 Some(_) => continue,
                 // Slots are filled in probe order and never emptied, so the first empty
                 // slot ends the search.
                 None => return None,
             }
         }
-        self.next.get().and_then(|t| t.get(stream))
+        self.next.get().and_then(|t| t.get(key))
     }
 
-    /// The shard of `stream`, created when it does not exist yet.
+    /// The shard of `key` when it sits in its home slot: the hot path.
     #[inline]
-    pub(crate) fn get_or_insert(
-        &self,
-        stream: StreamId,
-        device: DeviceId,
-        page: Option<u64>,
-    ) -> &Shard<B> {
-        // Fast path: the stream's shard sits in its home slot.
-        if let Some(shard) = self.slots[slot_of(stream)].get() {
-            if shard.stream == stream {
-                return shard;
-            }
+    pub(crate) fn get_home(&self, key: StreamId) -> Option<&Shard<B>> {
+        match self.slots[slot_of(key)].get() {
+            Some(shard) if shard.key() == key => Some(shard),
+            _ => None,
         }
-        self.get_or_insert_probing(stream, device, page)
     }
 
-    #[inline(never)]
-    fn get_or_insert_probing(
+    /// Holds the insert lock: no shard is created, adopted or re-keyed meanwhile.
+    pub(crate) fn insert_lock(&self) -> MutexGuard<'_, ()> {
+        self.insert.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Finds the shard of `key`, or adopts a detached shard on its probe path for which
+    /// `adoptable` says yes (called with the shard locked), or creates one. The caller
+    /// holds [`insert_lock`](Self::insert_lock).
+    pub(crate) fn insert(
         &self,
-        stream: StreamId,
+        key: StreamId,
         device: DeviceId,
         page: Option<u64>,
-    ) -> &Shard<B> {
-        let start = slot_of(stream);
-        for i in 0..SHARDS_PER_TABLE {
-            let slot = &self.slots[(start + i) % SHARDS_PER_TABLE];
-            let shard = match slot.get() {
-                Some(shard) => shard,
-                // Two threads may race to fill this slot with different streams: one
-                // wins, and the loser sees the winner's stream below and probes on.
-                None => slot.get_or_init(|| Shard {
-                    stream,
-                    state: ShardLock::new(ShardState::new(device, stream, page)),
-                }),
-            };
-            if shard.stream == stream {
-                return shard;
-            }
+        adoptable: &mut dyn FnMut(&mut ShardState<B>) -> bool,
+    ) -> Inserted<'_, B> {
+        if let Some(shard) = self.get(key) {
+            let _ = shard;
+            return Inserted::Existing;
         }
-        self.next
-            .get_or_init(|| Box::new(ShardTable::new()))
-            .get_or_insert(stream, device, page)
+        let mut table = self;
+        loop {
+            let start = slot_of(key);
+            for i in 0..SHARDS_PER_TABLE {
+                let slot = &table.slots[(start + i) % SHARDS_PER_TABLE];
+                match slot.get() {
+                    Some(shard) => {
+                        let mut st = shard.state.lock();
+                        if !st.is_attached() && st.is_idle() && adoptable(&mut st) {
+                            st.key = key;
+                            shard.key.store(key.0, Ordering::Release);
+                            return Inserted::Adopted(shard);
+                        }
+                    }
+                    None => {
+                        // Only inserters fill slots, and they hold the insert lock.
+                        let shard = slot.get_or_init(|| Shard {
+                            key: AtomicU64::new(key.0),
+                            state: ShardLock::new(ShardState::new(device, key, page)),
+                        });
+                        return Inserted::Created(shard);
+                    }
+                }
+            }
+            table = table.next.get_or_init(|| Box::new(ShardTable::new()));
+        }
     }
 
     /// Every shard created so far, in table order.

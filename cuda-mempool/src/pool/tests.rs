@@ -36,7 +36,7 @@ fn pool_and_handles_are_send_and_sync() {
 #[test]
 fn size_zero_touches_nothing() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
-    let a = pool.malloc(D0, S0, 0).unwrap();
+    let a = pool.malloc(D0, &S0, 0).unwrap();
     assert!(a.is_empty());
     assert!(a.ptr().is_null());
     assert_eq!(pool.backend().calls(), crate::sim::SimCalls::default());
@@ -44,21 +44,21 @@ fn size_zero_touches_nothing() {
     a.free().unwrap();
     assert_eq!(pool.stats(D0).unwrap().frees, 0);
     // Even on a device that does not exist, as CuPy's empty pointer does not care.
-    assert!(pool.malloc(DeviceId(9), S0, 0).unwrap().is_empty());
+    assert!(pool.malloc(DeviceId(9), &S0, 0).unwrap().is_empty());
 }
 
 #[test]
 fn bad_input_is_an_error() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     assert!(matches!(
-        pool.malloc(DeviceId(1), S0, 1),
+        pool.malloc(DeviceId(1), &S0, 1),
         Err(PoolError::InvalidDevice {
             device: DeviceId(1),
             count: 1
         })
     ));
     assert!(matches!(
-        pool.malloc(D0, S0, u64::MAX),
+        pool.malloc(D0, &S0, u64::MAX),
         Err(PoolError::SizeOverflow { size: u64::MAX })
     ));
     assert!(matches!(
@@ -71,9 +71,9 @@ fn bad_input_is_an_error() {
 #[test]
 fn sizes_are_rounded_to_512_bytes() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
-    let a = pool.malloc(D0, S0, 1).unwrap();
+    let a = pool.malloc(D0, &S0, 1).unwrap();
     assert_eq!(pool.used_bytes(), 512);
-    let b = pool.malloc(D0, S0, 513).unwrap();
+    let b = pool.malloc(D0, &S0, 513).unwrap();
     assert_eq!(pool.used_bytes(), 512 + 1024);
     assert_eq!(b.ptr().0, a.ptr().0 + 512, "small blocks are packed");
     let st = pool.stats(D0).unwrap();
@@ -84,9 +84,9 @@ fn sizes_are_rounded_to_512_bytes() {
 #[test]
 fn split_and_coalesce() {
     let pool = plain_pool(64 * MIB);
-    let a = pool.malloc(D0, S0, 1000).unwrap();
-    let b = pool.malloc(D0, S0, 1000).unwrap();
-    let c = pool.malloc(D0, S0, 1000).unwrap();
+    let a = pool.malloc(D0, &S0, 1000).unwrap();
+    let b = pool.malloc(D0, &S0, 1000).unwrap();
+    let c = pool.malloc(D0, &S0, 1000).unwrap();
     let base = a.ptr().0;
     assert_eq!(b.ptr().0, base + 1024);
     assert_eq!(c.ptr().0, base + 2048);
@@ -103,7 +103,7 @@ fn split_and_coalesce() {
         1,
         "the whole segment is one block again"
     );
-    let d = pool.malloc(D0, S0, 3 * 1024).unwrap();
+    let d = pool.malloc(D0, &S0, 3 * 1024).unwrap();
     assert_eq!(
         d.ptr().0,
         base,
@@ -115,22 +115,22 @@ fn split_and_coalesce() {
 #[test]
 fn best_fit_takes_the_smallest_fitting_block() {
     let pool = plain_pool(64 * MIB);
-    let x1 = pool.malloc(D0, S0, 3072).unwrap();
-    let _s1 = pool.malloc(D0, S0, 512).unwrap();
-    let x2 = pool.malloc(D0, S0, 1024).unwrap();
-    let _s2 = pool.malloc(D0, S0, 512).unwrap();
-    let x3 = pool.malloc(D0, S0, 2048).unwrap();
-    let _s3 = pool.malloc(D0, S0, 512).unwrap();
+    let x1 = pool.malloc(D0, &S0, 3072).unwrap();
+    let _s1 = pool.malloc(D0, &S0, 512).unwrap();
+    let x2 = pool.malloc(D0, &S0, 1024).unwrap();
+    let _s2 = pool.malloc(D0, &S0, 512).unwrap();
+    let x3 = pool.malloc(D0, &S0, 2048).unwrap();
+    let _s3 = pool.malloc(D0, &S0, 512).unwrap();
     let (p1, p2, p3) = (x1.ptr(), x2.ptr(), x3.ptr());
     drop(x1);
     drop(x2);
     drop(x3);
     // Holes of 3072, 1024 and 2048 bytes, and the segment's tail.
-    let y = pool.malloc(D0, S0, 1500).unwrap();
+    let y = pool.malloc(D0, &S0, 1500).unwrap();
     assert_eq!(y.ptr(), p3, "1536 bytes go into the 2048-byte hole");
-    let z = pool.malloc(D0, S0, 1024).unwrap();
+    let z = pool.malloc(D0, &S0, 1024).unwrap();
     assert_eq!(z.ptr(), p2, "an exact fit wins");
-    let w = pool.malloc(D0, S0, 2560).unwrap();
+    let w = pool.malloc(D0, &S0, 2560).unwrap();
     assert_eq!(
         w.ptr(),
         p1,
@@ -141,13 +141,13 @@ fn best_fit_takes_the_smallest_fitting_block() {
 #[test]
 fn split_remainder_of_a_large_hole_stays_free() {
     let pool = plain_pool(64 * MIB);
-    let a = pool.malloc(D0, S0, 4096).unwrap();
-    let _guard = pool.malloc(D0, S0, 512).unwrap();
+    let a = pool.malloc(D0, &S0, 4096).unwrap();
+    let _guard = pool.malloc(D0, &S0, 512).unwrap();
     let p = a.ptr().0;
     drop(a);
-    let b = pool.malloc(D0, S0, 1024).unwrap();
+    let b = pool.malloc(D0, &S0, 1024).unwrap();
     assert_eq!(b.ptr().0, p);
-    let c = pool.malloc(D0, S0, 3072).unwrap();
+    let c = pool.malloc(D0, &S0, 3072).unwrap();
     assert_eq!(
         c.ptr().0,
         p + 1024,
@@ -158,8 +158,8 @@ fn split_remainder_of_a_large_hole_stays_free() {
 #[test]
 fn small_and_large_blocks_use_separate_segments() {
     let pool = vm_pool(256 * MIB, 2 * MIB);
-    let small = pool.malloc(D0, S0, 4096).unwrap();
-    let large = pool.malloc(D0, S0, 3 * MIB).unwrap();
+    let small = pool.malloc(D0, &S0, 4096).unwrap();
+    let large = pool.malloc(D0, &S0, 3 * MIB).unwrap();
     let distance = small.ptr().0.abs_diff(large.ptr().0);
     assert!(
         distance >= policy::SMALL_ADDRESS_RANGE,
@@ -174,12 +174,12 @@ fn same_stream_reuse_is_immediate_and_calls_nothing() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let sim = pool.backend();
     sim.submit_work(D0, S0);
-    let a = pool.malloc(D0, S0, 5 * MIB).unwrap();
+    let a = pool.malloc(D0, &S0, 5 * MIB).unwrap();
     let p = a.ptr();
     sim.submit_work(D0, S0);
     drop(a);
     let calls = sim.calls();
-    let b = pool.malloc(D0, S0, 5 * MIB).unwrap();
+    let b = pool.malloc(D0, &S0, 5 * MIB).unwrap();
     assert_eq!(b.ptr(), p);
     assert_eq!(sim.calls(), calls, "no backend call, no fence, no wait");
     assert_eq!(sim.completed(D0, S0), 0, "nothing waited for the stream");
@@ -189,21 +189,21 @@ fn same_stream_reuse_is_immediate_and_calls_nothing() {
 fn other_streams_get_memory_only_after_the_fence() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let sim = pool.backend();
-    let a = pool.malloc(D0, S0, 8 * MIB).unwrap();
+    let a = pool.malloc(D0, &S0, 8 * MIB).unwrap();
     let a_page = sim.translate(D0, a.ptr().0).unwrap().0;
     sim.submit_work(D0, S0); // a kernel on S0 uses `a`
     drop(a);
     assert_eq!(pool.total_bytes(), 8 * MIB);
 
     // S0's work is pending: S1 must not get those pages, so new ones are created.
-    let b = pool.malloc(D0, S1, 8 * MIB).unwrap();
+    let b = pool.malloc(D0, &S1, 8 * MIB).unwrap();
     assert_ne!(sim.translate(D0, b.ptr().0).unwrap().0, a_page);
     assert_eq!(pool.total_bytes(), 16 * MIB);
     assert_eq!(sim.completed(D0, S0), 0, "no host wait");
 
     // Once S0's work completes, its pages move to S1 instead of growing the pool.
     sim.complete_stream(D0, S0);
-    let c = pool.malloc(D0, S1, 8 * MIB).unwrap();
+    let c = pool.malloc(D0, &S1, 8 * MIB).unwrap();
     assert_eq!(pool.total_bytes(), 16 * MIB);
     let c_pages: Vec<u64> = (0..4)
         .map(|i| sim.translate(D0, c.ptr().0 + i * 2 * MIB).unwrap().0)
@@ -216,11 +216,11 @@ fn other_streams_get_memory_only_after_the_fence() {
 fn out_of_memory_waits_for_fences_before_failing() {
     let pool = vm_pool(8 * MIB, 2 * MIB);
     let sim = pool.backend();
-    let a = pool.malloc(D0, S0, 8 * MIB).unwrap();
+    let a = pool.malloc(D0, &S0, 8 * MIB).unwrap();
     sim.submit_work(D0, S0);
     drop(a);
     // The device is full and S0's work pending: the pool waits for S0, then remaps.
-    let b = pool.malloc(D0, S1, 6 * MIB).unwrap();
+    let b = pool.malloc(D0, &S1, 6 * MIB).unwrap();
     assert_eq!(sim.completed(D0, S0), 1, "the pool waited on the host");
     let st = pool.stats(D0).unwrap();
     assert_eq!(st.retries, 1);
@@ -233,15 +233,17 @@ fn out_of_memory_waits_for_fences_before_failing() {
 fn out_of_memory_error_carries_the_figures_and_the_pool_keeps_working() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     pool.set_limit(D0, Limit::Bytes(8 * MIB)).unwrap();
-    let a = pool.malloc(D0, S0, 6 * MIB).unwrap();
-    match pool.malloc(D0, S0, 4 * MIB) {
+    let a = pool.malloc(D0, &S0, 6 * MIB).unwrap();
+    match pool.malloc(D0, &S0, 4 * MIB) {
         Err(PoolError::OutOfMemory {
             device,
             requested,
             used,
             reserved,
             limit,
+            cause,
         }) => {
+            assert_eq!(cause, crate::OomCause::Limit);
             assert_eq!(device, D0);
             assert_eq!(requested, 4 * MIB);
             assert_eq!(used, 6 * MIB);
@@ -253,7 +255,7 @@ fn out_of_memory_error_carries_the_figures_and_the_pool_keeps_working() {
     let st = pool.stats(D0).unwrap();
     assert_eq!(st.ooms, 1);
     assert!(st.reserved.peak <= 8 * MIB);
-    let b = pool.malloc(D0, S0, 2 * MIB).unwrap();
+    let b = pool.malloc(D0, &S0, 2 * MIB).unwrap();
     assert_eq!(pool.used_bytes(), 8 * MIB);
     drop((a, b));
 }
@@ -262,8 +264,8 @@ fn out_of_memory_error_carries_the_figures_and_the_pool_keeps_working() {
 fn limit_below_usage_is_an_error_that_changes_nothing() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     pool.set_limit(D0, Limit::Bytes(32 * MIB)).unwrap();
-    let a = pool.malloc(D0, S0, 3 * MIB).unwrap(); // touches 2 pages
-    let b = pool.malloc(D0, S0, 4 * MIB).unwrap();
+    let a = pool.malloc(D0, &S0, 3 * MIB).unwrap(); // touches 2 pages
+    let b = pool.malloc(D0, &S0, 4 * MIB).unwrap();
     drop(b);
     let before = pool.total_bytes();
     match pool.set_limit(D0, Limit::Bytes(3 * MIB)) {
@@ -313,9 +315,9 @@ fn limits_by_fraction_and_from_text() {
 fn free_all_blocks_returns_free_pages_inside_segments() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let sim = pool.backend();
-    let a = pool.malloc(D0, S0, 3 * MIB / 2).unwrap(); // [0, 1.5) MiB: page 0
-    let b = pool.malloc(D0, S0, 5 * MIB).unwrap(); // [1.5, 6.5) MiB: pages 0-3
-    let c = pool.malloc(D0, S0, 3 * MIB / 2).unwrap(); // [6.5, 8) MiB: page 3
+    let a = pool.malloc(D0, &S0, 3 * MIB / 2).unwrap(); // [0, 1.5) MiB: page 0
+    let b = pool.malloc(D0, &S0, 5 * MIB).unwrap(); // [1.5, 6.5) MiB: pages 0-3
+    let c = pool.malloc(D0, &S0, 3 * MIB / 2).unwrap(); // [6.5, 8) MiB: page 3
     assert_eq!(b.ptr().0, a.ptr().0 + 3 * MIB / 2);
     assert_eq!(c.ptr().0, b.ptr().0 + 5 * MIB);
     assert_eq!(pool.total_bytes(), 8 * MIB);
@@ -347,9 +349,9 @@ fn free_all_blocks_returns_free_pages_inside_segments() {
 #[test]
 fn free_all_blocks_returns_free_plain_segments() {
     let pool = plain_pool(256 * MIB);
-    let a = pool.malloc(D0, S0, 512).unwrap();
-    let b = pool.malloc(D0, S0, 3 * MIB).unwrap();
-    let c = pool.malloc(D0, S1, 40 * MIB).unwrap();
+    let a = pool.malloc(D0, &S0, 512).unwrap();
+    let b = pool.malloc(D0, &S0, 3 * MIB).unwrap();
+    let c = pool.malloc(D0, &S1, 40 * MIB).unwrap();
     assert_eq!(pool.total_bytes(), 2 * MIB + 20 * MIB + 40 * MIB);
     drop((b, c));
     pool.free_all_free().unwrap();
@@ -365,7 +367,7 @@ fn plain_mode_falls_back_to_an_exact_segment_under_the_limit() {
     let pool = plain_pool(256 * MIB);
     pool.set_limit(D0, Limit::Bytes(3 * MIB)).unwrap();
     // A 2.5 MiB request would normally get a 20 MiB segment.
-    let a = pool.malloc(D0, S0, 5 * MIB / 2).unwrap();
+    let a = pool.malloc(D0, &S0, 5 * MIB / 2).unwrap();
     assert_eq!(pool.total_bytes(), 5 * MIB / 2);
     drop(a);
 }
@@ -374,9 +376,9 @@ fn plain_mode_falls_back_to_an_exact_segment_under_the_limit() {
 fn record_stream_delays_reuse_until_that_stream_is_done() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let sim = pool.backend();
-    let a = pool.malloc(D0, S0, 2 * MIB).unwrap();
+    let a = pool.malloc(D0, &S0, 2 * MIB).unwrap();
     let p = a.ptr();
-    a.record_stream(S2).unwrap();
+    a.record_stream(&S2).unwrap();
     sim.submit_work(D0, S2); // S2 reads `a`
     a.free().unwrap();
     assert_eq!(
@@ -384,10 +386,10 @@ fn record_stream_delays_reuse_until_that_stream_is_done() {
         1,
         "pending frees count as free blocks"
     );
-    let b = pool.malloc(D0, S0, 2 * MIB).unwrap();
+    let b = pool.malloc(D0, &S0, 2 * MIB).unwrap();
     assert_ne!(b.ptr(), p, "S2 may still read the block");
     sim.complete_stream(D0, S2);
-    let c = pool.malloc(D0, S0, 2 * MIB).unwrap();
+    let c = pool.malloc(D0, &S0, 2 * MIB).unwrap();
     assert_eq!(c.ptr(), p, "reused once S2's fence completed");
     drop((b, c));
 }
@@ -396,12 +398,12 @@ fn record_stream_delays_reuse_until_that_stream_is_done() {
 fn record_stream_block_is_reused_by_waiting_when_memory_is_short() {
     let pool = vm_pool(2 * MIB, 2 * MIB);
     let sim = pool.backend();
-    let a = pool.malloc(D0, S0, 2 * MIB).unwrap();
+    let a = pool.malloc(D0, &S0, 2 * MIB).unwrap();
     let p = a.ptr();
-    a.record_stream(S2).unwrap();
+    a.record_stream(&S2).unwrap();
     let v = sim.submit_work(D0, S2);
     drop(a);
-    let b = pool.malloc(D0, S0, 2 * MIB).unwrap();
+    let b = pool.malloc(D0, &S0, 2 * MIB).unwrap();
     assert_eq!(b.ptr(), p);
     assert!(sim.waited(D0, S0, S2) >= v, "S0 waits for S2 on the device");
     assert_eq!(sim.completed(D0, S2), 0, "the host did not wait");
@@ -411,11 +413,11 @@ fn record_stream_block_is_reused_by_waiting_when_memory_is_short() {
 #[test]
 fn stats_track_peaks_and_counts() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
-    let a = pool.malloc(D0, S0, 1000).unwrap();
-    let b = pool.malloc(D0, S0, 2000).unwrap();
-    let c = pool.malloc(D0, S1, 4 * MIB).unwrap();
+    let a = pool.malloc(D0, &S0, 1000).unwrap();
+    let b = pool.malloc(D0, &S0, 2000).unwrap();
+    let c = pool.malloc(D0, &S1, 4 * MIB).unwrap();
     drop(b);
-    let d = pool.malloc(D0, S0, 100).unwrap();
+    let d = pool.malloc(D0, &S0, 100).unwrap();
     let st = pool.stats(D0).unwrap();
     assert_eq!(st.used.current, 1024 + 512 + 4 * MIB);
     assert_eq!(
@@ -445,25 +447,43 @@ fn stats_track_peaks_and_counts() {
 #[test]
 fn raw_handles_are_checked() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
-    let raw = pool.malloc(D0, S0, 4096).unwrap().into_raw();
+    let raw = pool.malloc(D0, &S0, 4096).unwrap().into_raw();
     assert_eq!(pool.used_bytes(), 4096, "a raw allocation stays allocated");
-    pool.record_stream_raw(&raw, S1).unwrap();
+    pool.record_stream_raw(&raw, &S1).unwrap();
+    let addr = raw.ptr();
     pool.free_raw(raw).unwrap();
-    assert!(matches!(
-        pool.free_raw(raw),
-        Err(PoolError::InvalidHandle { .. })
-    ));
     pool.synchronize_free_blocks().unwrap();
-    // The same block handed out again: the old raw handle must not free it.
-    let again = pool.malloc(D0, S0, 4096).unwrap();
-    assert_eq!(again.ptr(), raw.ptr());
+    // The same block handed out again: a forged handle with the old generation must not
+    // free it (a real one cannot exist: `free_raw` consumed it, and the type is not Copy).
+    let again = pool.malloc(D0, &S0, 4096).unwrap().into_raw();
+    assert_eq!(again.ptr(), addr);
+    let stale = again.forge_stale_for_tests();
     assert!(matches!(
-        pool.free_raw(raw),
+        pool.free_raw(stale),
         Err(PoolError::InvalidHandle { .. })
     ));
     assert_eq!(pool.used_bytes(), 4096);
-    drop(again);
+    pool.free_raw(again).unwrap();
     assert_eq!(pool.used_bytes(), 0);
+}
+
+#[test]
+fn a_generation_jumped_past_u32_still_refuses_stale_handles() {
+    // 26.5: with a u32 generation, 2^32 reuses of a slot made a stale copy valid again.
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let first = pool.malloc(D0, &S0, 4096).unwrap().into_raw();
+    let stale = first.forge_copy_for_tests();
+    pool.free_raw(first).unwrap();
+    // 2^32 - 1 reuses later (a u32 generation would now be one short of wrapping):
+    pool.jump_generations_for_tests(D0, &S0, u64::from(u32::MAX));
+    let live = pool.malloc(D0, &S0, 4096).unwrap().into_raw();
+    assert_eq!(live.ptr(), stale.ptr(), "the same slot, reused");
+    assert!(matches!(
+        pool.free_raw(stale),
+        Err(PoolError::InvalidHandle { .. })
+    ));
+    assert_eq!(pool.used_bytes(), 4096, "the live block was not freed");
+    pool.free_raw(live).unwrap();
 }
 
 #[test]
@@ -481,12 +501,12 @@ fn devices_are_independent() {
     .unwrap();
     assert!(pool.uses_virtual_memory(D0).unwrap());
     assert!(!pool.uses_virtual_memory(DeviceId(1)).unwrap());
-    let a = pool.malloc(D0, S0, 16 * MIB).unwrap();
-    let b = pool.malloc(DeviceId(1), S0, 2 * MIB).unwrap();
+    let a = pool.malloc(D0, &S0, 16 * MIB).unwrap();
+    let b = pool.malloc(DeviceId(1), &S0, 2 * MIB).unwrap();
     assert_eq!(pool.stats(D0).unwrap().used.current, 16 * MIB);
     assert_eq!(pool.stats(DeviceId(1)).unwrap().used.current, 2 * MIB);
     assert!(matches!(
-        pool.malloc(D0, S1, 512),
+        pool.malloc(D0, &S1, 512),
         Err(PoolError::OutOfMemory { device: D0, .. })
     ));
     drop((a, b));
@@ -496,7 +516,7 @@ fn devices_are_independent() {
 fn many_frees_coalesce_back_into_one_block() {
     let pool = plain_pool(64 * MIB);
     let blocks: Vec<_> = (1..=40u64)
-        .map(|i| pool.malloc(D0, S0, i * 512).unwrap())
+        .map(|i| pool.malloc(D0, &S0, i * 512).unwrap())
         .collect();
     for b in blocks.into_iter().rev().step_by(1) {
         drop(b);
@@ -524,7 +544,7 @@ fn threads_on_their_own_and_on_shared_streams_never_overlap() {
                         .wrapping_add(1442695040888963407);
                     if mine.len() < 8 && x % 3 != 0 {
                         let size = 512 + (x >> 40) % (3 * MIB);
-                        let a = pool.malloc(D0, stream, size).unwrap();
+                        let a = pool.malloc(D0, &stream, size).unwrap();
                         let mut l = live.lock().unwrap();
                         let start = a.ptr().0;
                         let end = start + size;

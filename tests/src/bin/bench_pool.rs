@@ -25,9 +25,9 @@ use cuda_core::async_pool::{self, MemPool};
 use cuda_core::memory::{DeviceMemory, PinnedFlags, PinnedMemory};
 use cuda_core::{Device, Stream};
 use cuda_mempool::async_pool::{AsyncPool, AsyncPoolSource};
-use cuda_mempool::driver::{device_id, stream_id};
+use cuda_mempool::driver::device_id;
 use cuda_mempool::pinned::PinnedMemoryPool;
-use cuda_mempool::replay::{self, ReplayOptions, Trace, TraceOp};
+use cuda_mempool::replay::{self, ReplayOptions, TraceOp};
 use cuda_mempool::DevicePool;
 use tests::bench::{median, ns_per_call, Report, Target};
 
@@ -156,19 +156,24 @@ fn main() -> Result<(), BoxError> {
         let sim = replay::replay(&trace, &options)?;
         // Map the trace's stream numbers onto real streams.
         let mut real: HashMap<u64, Stream> = HashMap::new();
-        let mut gpu_trace: Trace = trace.clone();
-        for op in &mut gpu_trace.ops {
+        for op in &trace.ops {
             if let TraceOp::Alloc { stream, .. } = op {
-                let s = match real.entry(stream.0) {
-                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(e) => e.insert(Stream::new(&dev)?),
-                };
-                *stream = stream_id(s);
+                if let std::collections::hash_map::Entry::Vacant(e) = real.entry(stream.0) {
+                    e.insert(Stream::new(&dev)?);
+                }
             }
         }
         let gpu_pool =
             DevicePool::with_config(cuda_mempool::DriverBackend::new()?, options.config)?;
-        let gpu = replay::replay_on(&gpu_pool, id, &gpu_trace, options.fence_rule, |_| {})?;
+        let null = Stream::null(&dev);
+        let gpu = replay::replay_on(
+            &gpu_pool,
+            id,
+            &trace,
+            options.fence_rule,
+            |s| real.get(&s.0).cloned().unwrap_or_else(|| null.clone()),
+            |_| {},
+        )?;
         report.row(
             &format!("replay_{}", trace.name),
             "x",
