@@ -379,6 +379,39 @@ pub fn on_capture_graph_release(
     }
 }
 
+/// Makes the calling thread's capture interaction mode relaxed while it lives
+/// (`cuThreadExchangeStreamCaptureMode`), restoring the previous mode on drop. Allocators
+/// use it around `cuMemAlloc`, `cuMemCreate`, `cuMemMap`, event queries and the like, which
+/// a capture in global mode (PyTorch's `torch.cuda.graph`, CUDA's default) on any thread
+/// would otherwise refuse and be invalidated by. Not `Send`: the mode is per thread.
+#[derive(Debug)]
+#[must_use = "the previous mode is restored when the guard drops"]
+pub struct RelaxedCaptureMode {
+    previous: CUstreamCaptureMode,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl RelaxedCaptureMode {
+    /// Switches the calling thread to the relaxed mode.
+    pub fn new() -> Result<RelaxedCaptureMode> {
+        let mut mode = CaptureMode::Relaxed.raw();
+        // SAFETY: valid in/out pointer; the call only exchanges a per-thread setting.
+        unsafe { drv!(cuThreadExchangeStreamCaptureMode(&mut mode)) }?;
+        Ok(RelaxedCaptureMode {
+            previous: mode,
+            _not_send: std::marker::PhantomData,
+        })
+    }
+}
+
+impl Drop for RelaxedCaptureMode {
+    fn drop(&mut self) {
+        let mut mode = self.previous;
+        // SAFETY: as in `new`; restores the mode this guard replaced.
+        let _ = unsafe { drv!(cuThreadExchangeStreamCaptureMode(&mut mode)) };
+    }
+}
+
 /// The stream's id, unique in the process (`cuStreamGetId`); the legacy null stream has a
 /// fixed id of its own. The driver refuses this call on a stream that is being captured
 /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and the capture is invalidated): ask before.

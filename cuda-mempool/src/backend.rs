@@ -257,6 +257,14 @@ pub trait Backend: Send + Sync + 'static {
         fence: &Self::Fence,
     ) -> Result<(), Self::Error>;
 
+    /// Whether `stream` is being captured into a graph now (work issued to it is recorded,
+    /// not run, so a fence recorded there would be part of the graph). Errors count as
+    /// capturing. The default: streams are never captured.
+    fn is_capturing(&self, stream: &Self::Stream) -> bool {
+        let _ = stream;
+        false
+    }
+
     /// Gives a fence back once the pool no longer needs it (`cuEventDestroy`, or back
     /// into the backend's own cache of events). Cannot fail from the pool's point of view.
     fn release_fence(&self, fence: Self::Fence);

@@ -214,6 +214,7 @@ impl Backend for DriverBackend {
     }
 
     fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DevicePtr>, Self::Error> {
+        let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         let hooked = hooks::any_installed();
         let mut ev = alloc_event(device, size);
@@ -230,6 +231,7 @@ impl Backend for DriverBackend {
     }
 
     fn deallocate(&self, device: DeviceId, ptr: DevicePtr, size: u64) -> Result<(), Self::Error> {
+        let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         // SAFETY: the pool hands back exactly a segment that `allocate` made with cuMemAlloc
         // and detached with `into_raw`; nobody else owns it. Dropping frees it.
@@ -242,6 +244,7 @@ impl Backend for DriverBackend {
         device: DeviceId,
         size: u64,
     ) -> Result<Option<DevicePtr>, Self::Error> {
+        let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         let range = oom_to_none(VirtualRange::reserve(&dev, to_usize(size)?, 0))?;
         Ok(range.map(|r| DevicePtr(r.into_raw().0)))
@@ -253,6 +256,7 @@ impl Backend for DriverBackend {
         base: DevicePtr,
         size: u64,
     ) -> Result<(), Self::Error> {
+        let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         // SAFETY: the pool hands back exactly one reservation made by
         // `reserve_address_range` (detached with `into_raw`); nothing is mapped in it.
@@ -265,6 +269,7 @@ impl Backend for DriverBackend {
         device: DeviceId,
         size: u64,
     ) -> Result<Option<Self::Physical>, Self::Error> {
+        let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         let hooked = hooks::any_installed();
         let mut ev = alloc_event(device, size);
@@ -280,6 +285,7 @@ impl Backend for DriverBackend {
     }
 
     fn release_physical(&self, _device: DeviceId, page: Self::Physical) -> Result<(), Self::Error> {
+        let _relaxed = relaxed()?;
         drop(page);
         Ok(())
     }
@@ -290,6 +296,7 @@ impl Backend for DriverBackend {
         addr: DevicePtr,
         page: &Self::Physical,
     ) -> Result<(), Self::Error> {
+        let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         let addr = addr.0 as CUdeviceptr;
         // SAFETY: the pool maps a page only at a granularity-aligned address inside a range
@@ -311,6 +318,7 @@ impl Backend for DriverBackend {
         page_size: u64,
         pages: &[&Self::Physical],
     ) -> Result<(), Self::Error> {
+        let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         let base = addr.0 as CUdeviceptr;
         let step = to_usize(page_size)?;
@@ -340,6 +348,7 @@ impl Backend for DriverBackend {
     }
 
     fn unmap(&self, device: DeviceId, addr: DevicePtr, size: u64) -> Result<(), Self::Error> {
+        let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         let _ctx = dev.bind()?;
         // SAFETY: the pool unmaps exactly one page it mapped, after every fence covering
@@ -365,10 +374,12 @@ impl Backend for DriverBackend {
     }
 
     fn fence_completed(&self, fence: &Self::Fence) -> Result<bool, Self::Error> {
+        let _relaxed = relaxed()?;
         fence.event.query()
     }
 
     fn wait_fence(&self, fence: &Self::Fence) -> Result<(), Self::Error> {
+        let _relaxed = relaxed()?;
         fence.event.synchronize()
     }
 
@@ -380,6 +391,10 @@ impl Backend for DriverBackend {
     ) -> Result<(), Self::Error> {
         let _ = device;
         stream.wait_event(&fence.event)
+    }
+
+    fn is_capturing(&self, stream: &Stream) -> bool {
+        !matches!(capture_of(stream), Ok(None))
     }
 
     fn release_fence(&self, fence: Self::Fence) {
@@ -681,4 +696,11 @@ fn capture_of(stream: &Stream) -> Result<Option<u64>, PoolError> {
         CaptureStatus::None => None,
         CaptureStatus::Active | CaptureStatus::Invalidated => info.id,
     })
+}
+
+/// Relaxes the calling thread's capture mode for a backend call: the pool's allocating and
+/// synchronising driver calls must neither fail nor invalidate a capture in global mode
+/// that another thread (or this one, for a private pool) has running.
+fn relaxed() -> cuda_core::Result<cuda_core::graph::RelaxedCaptureMode> {
+    cuda_core::graph::RelaxedCaptureMode::new()
 }

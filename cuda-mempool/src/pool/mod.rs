@@ -1034,20 +1034,23 @@ impl<B: Backend> MemoryPool<B> {
             if shards.iter().any(|s| !s.state.lock().is_idle()) {
                 continue;
             }
+            // Graph replays are over (the graph's release says so); eager work on the pool's
+            // blocks after the capture is covered by the fences of the shards' detaches.
+            if shards
+                .iter()
+                .any(|sh| sh.state.lock().wait_fences(&self.backend).is_err())
+            {
+                continue;
+            }
             let mut g = lock(&dev.global);
             let mut spare = std::mem::take(&mut g.spare);
-            let mut ok = true;
             for shard in &shards {
                 let mut st = shard.state.lock();
-                if st.wait_fences(&self.backend).is_err() {
-                    ok = false;
-                    break;
-                }
                 let released = st.release_everything(&self.backend, &mut spare);
                 g.reserved.sub(released);
             }
             g.spare = spare;
-            if ok {
+            {
                 p.pools.remove(&id);
                 if let Some(page) = dev.page {
                     while let Some(pg) = g.spare.pop() {

@@ -497,6 +497,12 @@ impl<B: Backend> ShardState<B> {
         let b = &mut self.blocks[id as usize];
         b.state = BlockState::Pending;
         let streams = std::mem::take(&mut b.extra_streams);
+        if self.private {
+            // Used on several streams of a capture: without a graph dependency between them
+            // a reuse could race in replay. It stays out of use until the private pool goes.
+            drop(streams);
+            return Ok(());
+        }
         let mut first_error = None;
         let fences = streams
             .into_iter()
@@ -860,6 +866,15 @@ impl<B: Backend> ShardState<B> {
             return Ok(());
         }
         if self.stream.is_none() {
+            return Ok(());
+        }
+        if self.private && self.stream.as_ref().is_some_and(|st| backend.is_capturing(st)) {
+            // A private shard's stream may be capturing now: a fence would become a node of
+            // the graph. Nothing ran on the memory since the capture began (captured work
+            // runs only in replays, which the graph's release covers), so none is needed.
+            if let Some(stream) = self.stream.take() {
+                backend.stream_released(stream);
+            }
             return Ok(());
         }
         self.flush_recent();
