@@ -1,27 +1,60 @@
 /*
  * cuda_mempool.h - C interface of libcuda_mempool_capi.so, the cuda-mempool caching
- * pool as an allocator for C code, PyTorch and CuPy.
+ * pool as an allocator for C and C++ code, PyTorch and CuPy.
  *
  * Written by hand; the crate's tests check that every function declared here is
  * exported by the library with the same parameter and return types.
  *
  * One process-wide pool serves every device and every caller (Rust code using
- * cuda_mempool::default_pool() shares it). Sizes are rounded up to 512 bytes; a block
- * belongs to the stream it was allocated on: it is reused on that stream at once, and
- * on other streams only once the work issued before its free has completed.
+ * cuda_mempool::default_pool() shares it). Sizes are rounded up to 512 bytes.
  *
- * Errors: a failing call returns NULL (allocations) or a negative value (everything
- * else) and records a message that cuda_mempool_last_error() returns on the same
- * thread. The frees return nothing (the PyTorch and CuPy shapes have no error channel);
- * a failed free records its message too. No call ever lets a Rust panic unwind into C.
+ * Errors: a failing call returns NULL (allocations) or -1 (everything else) and records
+ * a message that cuda_mempool_last_error() returns on the same thread. The frees return
+ * nothing (the PyTorch and CuPy shapes have no error channel); a failed free records its
+ * message too. No call lets a Rust panic unwind into C. The one function that throws is
+ * cuda_mempool_torch_alloc (a C++ exception, for PyTorch; see below).
  *
- * Streams passed in (cudaStream_t / CUstream values) must stay alive while the pool
- * caches blocks allocated on them. Environment, read at the first call: CUDA_MEMPOOL_LIMIT
- * presets the limit (bytes, or a percentage such as "50%"); CUDA_MEMPOOL_CAPI_SEGMENTS=plain
- * makes the library use a pool of its own with plain cuMemAlloc segments instead of the
- * default pool (virtual-memory segments where supported).
+ * Environment, read at the first call: CUDA_MEMPOOL_LIMIT presets the limit (bytes, or a
+ * percentage such as "50%"); CUDA_MEMPOOL_CAPI_SEGMENTS=plain makes the library use a pool
+ * of its own with plain cuMemAlloc segments instead of the default pool (virtual-memory
+ * segments where supported).
  *
  * All functions are thread-safe.
+ *
+ * ---- Streams: what the library guarantees, and what it asks of callers ----
+ *
+ * A block belongs to the stream it was allocated on. After cuda_mempool_free it is
+ * reused on that same stream at once (stream order makes that safe), and on any other
+ * stream only once the work issued to its stream (and to every stream named through
+ * cuda_mempool_record_stream) before the free has completed.
+ *
+ * The library guarantees:
+ *  - it passes a stream handle to the driver only during the calls that hand it in
+ *    (cuda_mempool_alloc and the allocation shapes, cuda_mempool_record_stream, and the
+ *    frees of blocks allocated on or marked with that stream): the fence that guards a
+ *    freed block is recorded at the free, never later. After the last block allocated on
+ *    (or marked with) a stream has been freed, the library never touches that handle
+ *    again, so the stream may then be destroyed at once, even while the pool still
+ *    caches memory freed on it;
+ *  - a new stream that happens to get the handle value of a destroyed one never inherits
+ *    the old stream's cached blocks without the old stream's fences;
+ *  - a request that cannot be met leaves the pool as it was: whatever it reserved or
+ *    mapped while trying (after releasing cached memory and retrying) is released before
+ *    NULL is returned;
+ *  - an allocation on a stream that is being captured into a CUDA graph (whoever began
+ *    the capture: this library's users, PyTorch's torch.cuda.graph and torch.compile,
+ *    CuPy's Stream.begin_capture) comes from a pool private to that capture, which is
+ *    never reused outside it and is released when the graph and all its instantiations
+ *    have been destroyed.
+ *
+ * The caller must:
+ *  - keep each stream valid (not destroyed) from the call that hands it in until every
+ *    block allocated on it, or marked with it through cuda_mempool_record_stream, has
+ *    been freed;
+ *  - pass a stream of the device it names;
+ *  - with the per-thread default stream (CU_STREAM_PER_THREAD, CuPy's PTDS mode), know
+ *    that its handle value is the same in every thread: the library cannot tell one
+ *    thread's per-thread stream from another's.
  */
 #ifndef CUDA_MEMPOOL_H
 #define CUDA_MEMPOOL_H
@@ -38,58 +71,91 @@ extern "C" {
  * stream). */
 typedef struct CUstream_st *cuda_mempool_stream_t;
 
+/* ---- any caller ---- */
+
+/* Allocates `size` bytes on `device` for use on `stream` (see the stream rules above).
+ * Returns NULL without an error for size 0. On failure returns NULL and records an
+ * error; if the failure is an out of memory, cuda_mempool_last_oom() gives its numbers
+ * and the pool is as it was before the call. */
+void *cuda_mempool_alloc(size_t size, int device, cuda_mempool_stream_t stream);
+
+/* Gives a block back: reused on its own stream at once, on other streams only after the
+ * work issued before the free has completed. NULL is ignored; an unknown pointer changes
+ * nothing and records an error. */
+void cuda_mempool_free(void *ptr);
+
+/* Marks the live block at `ptr` as used on `stream` too (PyTorch's record_stream): after
+ * its free, no other stream reuses it before the work issued to `stream` up to the free
+ * has completed. `stream` must stay valid until the block is freed. Returns 0, or -1 on
+ * failure (unknown pointer). */
+int cuda_mempool_record_stream(void *ptr, cuda_mempool_stream_t stream);
+
+/* If the calling thread's most recent failure was an out of memory, returns 1 and stores
+ * the bytes requested, the bytes in live blocks, the bytes reserved (all on the device of
+ * the request) and the limit (-1 when there is none); otherwise returns 0 and stores
+ * nothing. Any pointer may be NULL. */
+int cuda_mempool_last_oom(int64_t *requested, int64_t *used, int64_t *reserved, int64_t *limit);
+
 /* ---- PyTorch: torch.cuda.memory.CUDAPluggableAllocator(path,
  *      "cuda_mempool_torch_alloc", "cuda_mempool_torch_free") ---- */
 
-/* Allocates `size` bytes on `device` for use on `stream`. Returns NULL on failure
- * (negative size, invalid device, out of memory, no driver; see
- * cuda_mempool_last_error), and NULL without an error for size 0. */
+/* Allocates `size` bytes on `device` for use on `stream` through cuda_mempool_alloc.
+ * Returns NULL for size 0. It never returns NULL for any other size: on failure
+ * (negative size, out of memory, no driver) it THROWS a C++ std::runtime_error, because
+ * PyTorch does not check the allocation function's result for NULL. PyTorch carries the
+ * exception to Python as RuntimeError. For an out of memory the message starts like
+ * PyTorch's own ("CUDA out of memory. Tried to allocate 280.00 GiB. ...") and gives the
+ * pool's reserved, allocated and limit figures; otherwise it gives the library's error
+ * text. It is not torch.OutOfMemoryError: that is PyTorch's C++ type c10::OutOfMemoryError,
+ * which cannot be thrown without building against PyTorch's headers and linking its
+ * libraries. Call it only from C++ code that can receive the exception (PyTorch); C callers
+ * use cuda_mempool_alloc. */
 void *cuda_mempool_torch_alloc(ssize_t size, int device, cuda_mempool_stream_t stream);
 
-/* Frees a block of cuda_mempool_torch_alloc, found from `ptr` (`size` and `device` are
- * not needed). The block returns to the stream it was allocated on; if `stream` is a
- * different one, the block is also marked as used on `stream`. NULL is ignored; an
- * unknown pointer changes nothing and records an error. */
+/* Frees a block, found from `ptr` (`size` and `device` are not needed). If `stream`
+ * differs from the block's own stream, the block is also marked as used on `stream`.
+ * NULL is ignored; an unknown pointer changes nothing and records an error. */
 void cuda_mempool_torch_free(void *ptr, ssize_t size, int device, cuda_mempool_stream_t stream);
 
 /* ---- CuPy: cupy.cuda.memory.CFunctionAllocator(param, malloc, free, owner), whose
  *      functions CuPy calls as void* malloc(void* param, size_t size, int device_id)
- *      and void free(void* param, void* ptr, int device_id) ---- */
+ *      and void free(void* param, void* ptr, int device_id). This plain route has two
+ *      limits: every block goes on the one stream set with
+ *      cuda_mempool_set_current_stream (not CuPy's current stream), and CuPy does not
+ *      check the result, so an out of memory gives an array at address 0 instead of an
+ *      exception. python/cuda_mempool_cupy.py (beside the library) has neither limit. ---- */
 
 /* Allocates `size` bytes on `device` for use on the calling thread's current stream
- * (see cuda_mempool_set_current_stream; the legacy NULL stream by default, which is
- * CuPy's default stream). `param` is not used. NULL on failure (see
- * cuda_mempool_last_error), and NULL without an error for size 0. CuPy does not check
- * the result: wrap the allocator in Python if out-of-memory must raise. */
+ * (see cuda_mempool_set_current_stream; the legacy NULL stream by default). `param` is
+ * not used. NULL on failure (see cuda_mempool_last_error), and NULL without an error for
+ * size 0. */
 void *cuda_mempool_cupy_malloc(void *param, size_t size, int device);
 
-/* Frees a block of cuda_mempool_cupy_malloc on the stream it was allocated on. `param`
- * and `device` are not needed; NULL is ignored; an unknown pointer changes nothing and
- * records an error. */
+/* Frees a block of cuda_mempool_cupy_malloc. `param` and `device` are not needed; NULL is
+ * ignored; an unknown pointer changes nothing and records an error. */
 void cuda_mempool_cupy_free(void *param, void *ptr, int device);
 
 /* Makes `stream` the calling thread's current stream for `device` (NULL: the legacy
- * default stream), the stream cuda_mempool_cupy_malloc allocates on. `stream` must be a
- * valid stream of `device` that outlives its use. Returns 0, or -1 on failure. */
+ * default stream), the stream cuda_mempool_cupy_malloc allocates on. The stream rules
+ * above apply to it. Returns 0, or -1 on failure. */
 int cuda_mempool_set_current_stream(int device, cuda_mempool_stream_t stream);
-
-/* ---- any caller ---- */
-
-/* Marks the live block at `ptr` as used on `stream` too (PyTorch's record_stream):
- * after its free, no stream reuses it before the work issued to `stream` up to the free
- * has completed. Returns 0, or -1 on failure (unknown pointer). */
-int cuda_mempool_record_stream(void *ptr, cuda_mempool_stream_t stream);
 
 /* ---- statistics: a value >= 0, or -1 on failure ---- */
 
 /* Bytes in live blocks on `device`, at the pool's 512-byte rounding. */
 int64_t cuda_mempool_used_bytes(int device);
 
-/* Physical device memory the pool holds on `device` (live and cached). */
+/* Device memory the pool holds on `device`, live and cached (CuPy's total_bytes). */
 int64_t cuda_mempool_reserved_bytes(int device);
+
+/* Bytes the pool holds on `device` that no live block uses (reserved - used). */
+int64_t cuda_mempool_free_bytes(int device);
 
 /* The highest cuda_mempool_reserved_bytes of `device` so far. */
 int64_t cuda_mempool_peak_reserved_bytes(int device);
+
+/* Cached free blocks, on all devices. */
+int64_t cuda_mempool_n_free_blocks(void);
 
 /* Blocks allocated through this interface and not yet freed, on all devices. */
 int64_t cuda_mempool_live_allocations(void);
@@ -101,7 +167,7 @@ int64_t cuda_mempool_live_allocations(void);
  * freed memory. */
 int cuda_mempool_free_all_blocks(void);
 
-/* Caps the physical memory the pool holds on `device` at `bytes`; 0 removes the cap.
+/* Caps the device memory the pool holds on `device` at `bytes`; 0 removes the cap.
  * Fails, changing nothing, if live blocks already need more. */
 int cuda_mempool_set_limit(int device, size_t bytes);
 
@@ -115,7 +181,7 @@ int64_t cuda_mempool_get_limit(int device);
  * leave it unchanged. */
 const char *cuda_mempool_last_error(void);
 
-/* Forgets the calling thread's last error. */
+/* Forgets the calling thread's last error (and its out-of-memory numbers). */
 void cuda_mempool_clear_error(void);
 
 #ifdef __cplusplus

@@ -24,8 +24,17 @@ macro_rules! exports {
 }
 
 exports! {
+    cuda_mempool_alloc = "void*(size_t,int,cuda_mempool_stream_t)":
+        extern "C" fn(usize, c_int, Stream) -> *mut c_void;
+    cuda_mempool_free = "void(void*)":
+        extern "C" fn(*mut c_void);
+    cuda_mempool_record_stream = "int(void*,cuda_mempool_stream_t)":
+        extern "C" fn(*mut c_void, Stream) -> c_int;
+    cuda_mempool_last_oom = "int(int64_t*,int64_t*,int64_t*,int64_t*)":
+        unsafe extern "C" fn(*mut i64, *mut i64, *mut i64, *mut i64) -> c_int;
+    // The C++ trampoline (src/torch_alloc.cpp) behind a Rust "C-unwind" wrapper: it throws.
     cuda_mempool_torch_alloc = "void*(ssize_t,int,cuda_mempool_stream_t)":
-        extern "C" fn(isize, c_int, Stream) -> *mut c_void;
+        unsafe extern "C-unwind" fn(isize, c_int, Stream) -> *mut c_void;
     cuda_mempool_torch_free = "void(void*,ssize_t,int,cuda_mempool_stream_t)":
         extern "C" fn(*mut c_void, isize, c_int, Stream);
     cuda_mempool_cupy_malloc = "void*(void*,size_t,int)":
@@ -34,14 +43,16 @@ exports! {
         extern "C" fn(*mut c_void, *mut c_void, c_int);
     cuda_mempool_set_current_stream = "int(int,cuda_mempool_stream_t)":
         unsafe extern "C" fn(c_int, Stream) -> c_int;
-    cuda_mempool_record_stream = "int(void*,cuda_mempool_stream_t)":
-        extern "C" fn(*mut c_void, Stream) -> c_int;
     cuda_mempool_used_bytes = "int64_t(int)":
         extern "C" fn(c_int) -> i64;
     cuda_mempool_reserved_bytes = "int64_t(int)":
         extern "C" fn(c_int) -> i64;
+    cuda_mempool_free_bytes = "int64_t(int)":
+        extern "C" fn(c_int) -> i64;
     cuda_mempool_peak_reserved_bytes = "int64_t(int)":
         extern "C" fn(c_int) -> i64;
+    cuda_mempool_n_free_blocks = "int64_t(void)":
+        extern "C" fn() -> i64;
     cuda_mempool_live_allocations = "int64_t(void)":
         extern "C" fn() -> i64;
     cuda_mempool_free_all_blocks = "int(void)":

@@ -89,6 +89,12 @@ pub fn gpu_bundle() -> Result<()> {
     if header.is_file() {
         total += fs::copy(&header, dir.join("lib/cuda_mempool.h")).map_err(|e| e.to_string())?;
     }
+    // The CuPy module loads the library from its own folder.
+    let cupy_module = root().join("cuda-mempool-capi/python/cuda_mempool_cupy.py");
+    if cupy_module.is_file() {
+        total += fs::copy(&cupy_module, dir.join("lib/cuda_mempool_cupy.py"))
+            .map_err(|e| format!("copy {}: {e}", cupy_module.display()))?;
+    }
     let extra = root().join("tests/bundle");
     if extra.is_dir() {
         for entry in fs::read_dir(&extra).map_err(|e| e.to_string())? {
@@ -180,9 +186,11 @@ fn make_executable(path: &Path) -> Result<()> {
 }
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
-# Runs the GPU bundle. Usage: run.sh [tests|sanitize|bench|examples|all] [filter]
+# Runs the GPU bundle. Usage: run.sh [tests|sanitize|clients|clients-sanitize|bench|examples|all] [filter]
 #   tests     every test binary, one line each, then "N passed, N failed" (the default)
 #   sanitize  the same under compute-sanitizer --tool memcheck
+#   clients   the CuPy / PyTorch client tests (clients_*.py) through lib/, one line each
+#   clients-sanitize  the same, shorter, under compute-sanitizer --tool memcheck
 #   bench     every benchmark binary (their own output)
 #   examples  every example
 # Test binaries run with --test-threads=1 so that memory-level checks see only their own work.
@@ -213,8 +221,32 @@ run_tests() {
     if [ "$f" -ne 0 ] || [ -n "${VERBOSE:-}" ]; then printf '%s\n' "$out" | sed 's/^/    | /'; fi
   done
 }
+run_clients() {
+  # Each script prints PASS/FAIL lines and ends with "N passed, N failed"; $CLIENT_ARGS
+  # (e.g. "--seconds 10 --streams 1000") is passed to each.
+  for s in "$here"/clients_*.py; do
+    [ -f "$s" ] || continue
+    case "$s" in *_common.py) continue ;; esac
+    name="$(basename "$s" .py)"
+    if [ -n "$filter" ] && [[ "$name" != *"$filter"* ]]; then continue; fi
+    start=$(date +%s%N)
+    out="$(timeout 1500 python3 "$s" --lib "$here/lib/libcuda_mempool_capi.so" "$@" ${CLIENT_ARGS:-} 2>&1)"; rc=$?
+    ms=$(( ($(date +%s%N) - start) / 1000000 ))
+    line="$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n1)"
+    p=$(printf '%s\n' "$line" | sed -nE 's/^([0-9]+) passed.*/\1/p'); p=${p:-0}
+    f=$(printf '%s\n' "$line" | sed -nE 's/.* ([0-9]+) failed$/\1/p'); f=${f:-0}
+    if [ -z "$line" ] || { [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; }; then f=$((f + 1)); fi
+    passed=$((passed + p)); failed=$((failed + f))
+    status=ok; [ "$f" -eq 0 ] || status=FAILED
+    printf '%-8s %-28s %4d passed %4d failed  %6d ms\n' "$status" "$name" "$p" "$f" "$ms"
+    if [ "$f" -ne 0 ] || [ -n "${VERBOSE:-}" ]; then printf '%s\n' "$out" | sed 's/^/    | /'; fi
+  done
+}
+export NCCL_NVLS_ENABLE=0
 case "$mode" in
   tests) run_tests ;;
+  clients) run_clients ;;
+  clients-sanitize) run_clients --sanitize ;;
   sanitize) run_tests compute-sanitizer --tool memcheck --report-api-errors no --target-processes all --error-exitcode 86 --print-limit 20 ;;
   bench)
     # Rows go to $BENCH_OUT/results.csv (ours, raw) and peers.csv (CuPy, PyTorch);
@@ -231,7 +263,7 @@ case "$mode" in
     export CUDA_RS_TRACES="$here/traces"
     for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
   all) "$0" examples; run_tests; "$0" bench; ;;
-  *) echo "usage: run.sh [tests|sanitize|bench|examples|all] [filter]"; exit 2 ;;
+  *) echo "usage: run.sh [tests|sanitize|clients|clients-sanitize|bench|examples|all] [filter]"; exit 2 ;;
 esac
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,383 @@
+#!/usr/bin/env python3
+"""CuPy 14 on cuda-mempool through lib/cuda_mempool_cupy.py: stream safety, threads, stream
+churn, out of memory and CUDA graph capture, on the real GPU.
+
+Scenarios (each in its own process; --only NAME runs a subset):
+  cross_nonblocking, cross_blocking, cross_default
+      a 16 MiB block freed on stream 1 while a ~0.2 s kernel still writes it; stream 2 then
+      allocates the same size and fills it. After everything syncs, every element must hold
+      stream 2's value (the block was not handed to stream 2 before the kernel completed).
+  destroyed_stream   the same, with stream 1 destroyed right after the free.
+  threads            8 threads, each on its own stream, freeing buffers kernels still write,
+                     for --seconds (60): no corruption, no crash.
+  churn              --streams (10,000) streams created, used for allocations, destroyed:
+                     no crash; pool reserved bytes and device memory stay flat.
+  oom, oom_limit     a request for twice the card (or over a limit) raises CuPy's
+                     OutOfMemoryError; reserved bytes unchanged; a new kernel, cuBLAS and
+                     cuFFT work afterwards.
+  graph              cupy.cuda.Graph capture allocating (and freeing) inside the capture,
+                     replayed with new inputs; data checked, graph memory not reused outside.
+
+Usage: python3 clients_cupy.py [--lib PATH] [--seconds S] [--streams N] [--sanitize] [--only X]
+Prints PASS/FAIL lines and "N passed, N failed"; exit status 1 on any failure.
+"""
+
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import clients_common as common  # noqa: E402
+
+MIB = 1 << 20
+SPIN_SRC = r"""
+extern "C" __global__ void spin_fill(float* p, long long n, float v, long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        p[i] = v;
+    }
+}
+"""
+
+
+def setup(args):
+    import cupy as cp
+    import cuda_mempool_cupy as cmp
+
+    pool = cmp.install(args.lib)
+    cp.cuda.Device(0).use()
+    kern = cp.RawKernel(SPIN_SRC, "spin_fill")
+    clock_khz = cp.cuda.runtime.getDeviceProperties(0)["clockRate"]
+    return cp, cmp, pool, kern, clock_khz
+
+
+def launch(cp, kern, arr, value, cycles):
+    n = arr.size
+    kern((264,), (256,), (arr, cp.int64(n), cp.float32(value), cp.int64(cycles)))
+
+
+def cross_stream(args, rep, kind):
+    cp, cmp, pool, kern, khz = setup(args)
+    n = 4 * MIB  # float32: 16 MiB
+    cycles = int(0.2 * khz * 1000)  # ~0.2 s at the base clock
+    if kind == "default":
+        s1 = cp.cuda.Stream.null
+    else:
+        s1 = cp.cuda.Stream(non_blocking=(kind == "nonblocking"))
+    s2 = cp.cuda.Stream(non_blocking=(kind != "blocking"))
+    destroy = kind == "destroyed"
+    used0 = pool.used_bytes()
+    for rnd in range(3):
+        with s1:
+            a = cp.empty(n, dtype=cp.float32)
+            launch(cp, kern, a, 1.0, cycles)
+            done1 = cp.cuda.Event()
+            done1.record(s1)
+            ptr_a = a.data.ptr
+            del a  # freed while the kernel still runs (and will write 1.0)
+        if destroy:
+            del s1
+            s1 = cp.cuda.Stream(non_blocking=True)
+        with s2:
+            b = cp.empty(n, dtype=cp.float32)
+            b.fill(2.0)
+            ptr_b = b.data.ptr
+        still_running = not done1.done
+        cp.cuda.Device(0).synchronize()
+        wrong = int((b != 2.0).sum())
+        rep.check(still_running, f"{kind} round {rnd}: the slow kernel was still running when "
+                                 f"stream 2 allocated and filled (the test had an overlap)")
+        rep.check(wrong == 0, f"{kind} round {rnd}: {wrong} of {n} elements differ from stream "
+                              f"2's value (same block: {ptr_a == ptr_b})")
+        del b
+    cp.cuda.Device(0).synchronize()
+    rep.check(pool.used_bytes() == used0,
+              f"{kind}: used bytes back to {used0} after the arrays are gone "
+              f"(now {pool.used_bytes()})")
+
+
+def threads_scenario(args, rep):
+    cp, cmp, pool, kern, khz = setup(args)
+    n_threads = 8
+    seconds = args.seconds
+    errors, crashes, iters = [], [], [0] * n_threads
+    short = int(0.002 * khz * 1000)  # ~2 ms
+    stop_at = time.time() + seconds
+
+    def worker(t):
+        try:
+            rng = __import__("random").Random(1000 + t)
+            s = cp.cuda.Stream(non_blocking=True)
+            kept = []
+            with s:
+                while time.time() < stop_at:
+                    size = rng.randint(1, 16) * MIB // 4
+                    x = cp.empty(size, dtype=cp.float32)
+                    launch(cp, kern, x, -1.0 - t, short)
+                    del x  # freed while being written
+                    val = float(t * 1_000_000 + iters[t] % 1_000_000)
+                    y = cp.empty(rng.randint(1, 16) * MIB // 4, dtype=cp.float32)
+                    launch(cp, kern, y, val, 0)
+                    kept.append((y, val))
+                    if len(kept) > 4:
+                        kept.pop(0)
+                    iters[t] += 1
+                    if iters[t] % 8 == 0:
+                        s.synchronize()
+                        for arr, v in kept:
+                            bad = int((arr != v).sum())
+                            if bad:
+                                errors.append(f"thread {t} iter {iters[t]}: {bad} elements "
+                                              f"of a live buffer overwritten")
+                        s.synchronize()
+                s.synchronize()
+                for arr, v in kept:
+                    bad = int((arr != v).sum())
+                    if bad:
+                        errors.append(f"thread {t} final: {bad} elements overwritten")
+        except Exception as e:  # noqa: BLE001 - reported as a failure
+            crashes.append(f"thread {t}: {type(e).__name__}: {e}")
+
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    cp.cuda.Device(0).synchronize()
+    rep.info(f"{n_threads} threads, {seconds:.0f} s, {sum(iters)} iterations "
+             f"({', '.join(map(str, iters))}); pool reserved {pool.total_bytes() / MIB:.1f} MiB")
+    rep.check(not crashes, "no thread raised" + ("" if not crashes else ": " + "; ".join(crashes[:5])))
+    rep.check(not errors, "no live buffer corrupted" + ("" if not errors else ": " + "; ".join(errors[:5])))
+    rep.check(min(iters) > 0, "every thread made progress")
+
+
+def churn(args, rep):
+    cp, cmp, pool, kern, khz = setup(args)
+    n = args.streams
+    warm = min(100, max(n // 10, 1))
+    samples = []
+    base = None
+    bad_data = 0
+    t0 = time.time()
+    for i in range(n):
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            a = cp.empty((3 * MIB) // 4, dtype=cp.float32)
+            a.fill(float(i % 1000))
+            b = cp.empty(100_000, dtype=cp.float32)  # a second, small block
+            b.fill(1.0)
+            if i % 97 == 0:
+                if float(a[-1]) != float(i % 1000):
+                    bad_data += 1
+            del a, b
+        del s  # destroyed; its blocks are cached by the pool (freed on it)
+        if i + 1 == warm:
+            cp.cuda.Device(0).synchronize()
+            free, total = cp.cuda.runtime.memGetInfo()
+            base = (pool.total_bytes(), total - free)
+        if base is not None and ((i + 1) % max(n // 10, 1) == 0 or i + 1 == n):
+            cp.cuda.Device(0).synchronize()
+            free, total = cp.cuda.runtime.memGetInfo()
+            samples.append((i + 1, pool.total_bytes(), total - free))
+            rep.info(f"after {i + 1:6d} streams ({time.time() - t0:6.1f} s): pool reserved "
+                     f"{pool.total_bytes() / MIB:8.1f} MiB, device used {(total - free) / MIB:9.1f} "
+                     f"MiB, free blocks {pool.n_free_blocks()}")
+    bound = 64 * MIB
+    last = samples[-1]
+    rep.check(bad_data == 0, f"{n} streams: data read back correctly")
+    rep.check(last[1] - base[0] <= bound,
+              f"pool reserved flat: {base[0] / MIB:.1f} MiB after {warm} streams, "
+              f"{last[1] / MIB:.1f} MiB after {n} (bound +{bound // MIB} MiB)")
+    rep.check(last[2] - base[1] <= bound,
+              f"device memory flat: {base[1] / MIB:.1f} MiB used after {warm} streams, "
+              f"{last[2] / MIB:.1f} MiB after {n} (bound +{bound // MIB} MiB)")
+
+
+def after_oom_work(cp, rep, label):
+    """Work that needs driver memory of its own: a brand-new kernel module, cuBLAS, cuFFT."""
+    import random
+
+    k = random.randrange(1 << 30)
+    src = ('extern "C" __global__ void f(float* p, int n) { int i = blockIdx.x * blockDim.x'
+           f' + threadIdx.x; if (i < n) p[i] = i * 2.0f + {k}.0f; }}')
+    try:
+        x = cp.empty(1 << 20, dtype=cp.float32)
+        cp.RawKernel(src, "f")(((1 << 20) // 256,), (256,), (x, cp.int32(1 << 20)))
+        ok = float(x[12345]) == 12345 * 2.0 + k
+        rep.check(ok, f"{label}: a newly compiled kernel loads and runs")
+    except Exception as e:  # noqa: BLE001
+        rep.check(False, f"{label}: a newly compiled kernel loads and runs ({type(e).__name__}: {e})")
+    try:
+        a = cp.ones((2048, 2048), dtype=cp.float32)
+        c = a @ a
+        rep.check(float(c[7, 9]) == 2048.0, f"{label}: cuBLAS matmul")
+    except Exception as e:  # noqa: BLE001
+        rep.check(False, f"{label}: cuBLAS matmul ({type(e).__name__}: {e})")
+    try:
+        v = cp.ones(1 << 20, dtype=cp.complex64)
+        f = cp.fft.fft(v)
+        rep.check(abs(complex(f[0]) - (1 << 20)) < 1e-3, f"{label}: cuFFT")
+    except Exception as e:  # noqa: BLE001
+        rep.check(False, f"{label}: cuFFT ({type(e).__name__}: {e})")
+
+
+def oom(args, rep, with_limit):
+    cp, cmp, pool, kern, khz = setup(args)
+    free, total = cp.cuda.runtime.memGetInfo()
+    keep = [cp.ones(64 * MIB, dtype=cp.uint8) for _ in range(4)]  # live blocks: 256 MiB
+    junk = [cp.empty(8 * MIB, dtype=cp.uint8) for _ in range(8)]
+    del junk  # cached
+    cp.cuda.Device(0).synchronize()
+    label = "limit" if with_limit else "card"
+    if with_limit:
+        limit = pool.total_bytes() + 1024 * MIB
+        pool.set_limit(size=limit)
+        rep.check(pool.get_limit() == limit, f"set_limit/get_limit round trip ({limit} bytes)")
+        request = 2048 * MIB
+    else:
+        limit = 0
+        request = 2 * total
+    # First with cached blocks present: the pool may release them to retry; used unchanged.
+    used0, res0 = pool.used_bytes(), pool.total_bytes()
+    try:
+        cp.empty(request, dtype=cp.uint8)
+        rep.check(False, f"{label}: a request of {request} bytes raised")
+    except cp.cuda.memory.OutOfMemoryError as e:
+        rep.check(True, f"{label}: a request of {request} bytes raised cupy OutOfMemoryError: {e}")
+        got = getattr(e, "requested", -1)
+        rep.check(request <= got < request + 2 * MIB,
+                  f"{label}: the error carries the requested size ({got}, asked {request})")
+        if with_limit:
+            rep.check(getattr(e, "limit", 0) == limit, f"{label}: the error carries the limit")
+    except Exception as e:  # noqa: BLE001
+        rep.check(False, f"{label}: raised {type(e).__name__} instead of OutOfMemoryError: {e}")
+    rep.check(pool.used_bytes() == used0, f"{label}: used bytes unchanged ({used0})")
+    rep.check(pool.total_bytes() <= res0, f"{label}: reserved not above before "
+                                          f"({res0} -> {pool.total_bytes()})")
+    # Then with no cache: reserved must be exactly what it was.
+    pool.free_all_blocks()
+    res1 = pool.total_bytes()
+    try:
+        cp.empty(request, dtype=cp.uint8)
+        rep.check(False, f"{label} (no cache): the request raised")
+    except cp.cuda.memory.OutOfMemoryError:
+        rep.check(True, f"{label} (no cache): the request raised OutOfMemoryError")
+    except Exception as e:  # noqa: BLE001
+        rep.check(False, f"{label} (no cache): raised {type(e).__name__}: {e}")
+    rep.check(pool.total_bytes() == res1,
+              f"{label}: reserved bytes equal before and after ({res1} -> {pool.total_bytes()})")
+    free2, _ = cp.cuda.runtime.memGetInfo()
+    rep.info(f"{label}: device free {free / MIB:.0f} MiB at start, {free2 / MIB:.0f} MiB after")
+    after_oom_work(cp, rep, label)
+    if with_limit:
+        try:
+            x = cp.empty(512 * MIB, dtype=cp.uint8)
+            rep.check(True, f"{label}: 512 MiB under the limit succeeds")
+            del x
+        except Exception as e:  # noqa: BLE001
+            rep.check(False, f"{label}: 512 MiB under the limit ({type(e).__name__}: {e})")
+        pool.set_limit()
+        rep.check(pool.get_limit() == 0, f"{label}: set_limit() removes the limit")
+    rep.check(cp.get_default_memory_pool() is pool,
+              "cupy.get_default_memory_pool() is the module's pool")
+    del keep
+
+
+def graph(args, rep):
+    cp, cmp, pool, kern, khz = setup(args)
+    n = 1 << 20
+    s = cp.cuda.Stream(non_blocking=True)
+    s2 = cp.cuda.Stream(non_blocking=True)
+    with s:
+        x = cp.arange(n, dtype=cp.float32)
+        # Warm-up: compile and load the kernels before capture.
+        y = x * 2
+        z = y + 1
+        w = z * 3
+        del y, z, w
+        s.synchronize()
+        pool.free_all_blocks()
+        before = pool.total_bytes()
+        s.begin_capture()
+        y = x * 2           # allocated inside the capture
+        z = y + 1
+        del y               # freed inside the capture
+        w = z * 3           # may reuse y's block, within the capture
+        g = s.end_capture()
+    ptr_w = w.data.ptr
+    # Memory allocated outside the capture while the graph lives must not alias it.
+    with s2:
+        other = [cp.full(n, 7.0, dtype=cp.float32) for _ in range(4)]
+    s2.synchronize()
+    rep.check(all(o.data.ptr != ptr_w and o.data.ptr != z.data.ptr for o in other),
+              "graph: allocations outside the capture got other addresses")
+    ok = True
+    for i in range(20):
+        with s:
+            x[...] = cp.float32(i)
+            g.launch(s)
+        s.synchronize()
+        expect = (i * 2.0 + 1.0) * 3.0
+        ok &= bool((w == expect).all())
+    rep.check(ok, "graph: 20 replays with new inputs give the right data")
+    rep.check(all(bool((o == 7.0).all()) for o in other),
+              "graph: memory allocated outside the capture untouched by the replays")
+    del g, w, z, other
+    cp.cuda.Device(0).synchronize()
+    pool.free_all_blocks()
+    rep.info(f"graph: pool reserved {before / MIB:.1f} MiB before capture, "
+             f"{pool.total_bytes() / MIB:.1f} MiB after the graph was destroyed")
+    rep.check(pool.total_bytes() <= before + 2 * MIB,
+              "graph: the capture's memory returns after the graph is destroyed")
+
+
+SCENARIOS = ["cross_nonblocking", "cross_blocking", "cross_default", "destroyed_stream",
+             "threads", "churn", "oom", "oom_limit", "graph"]
+
+
+def child(args):
+    rep = common.Report()
+    name = args.child
+    if args.sanitize:
+        args.seconds = min(args.seconds, 5)
+        args.streams = min(args.streams, 200)
+    try:
+        if name.startswith("cross_"):
+            cross_stream(args, rep, name[len("cross_"):])
+        elif name == "destroyed_stream":
+            cross_stream(args, rep, "destroyed")
+        elif name == "threads":
+            threads_scenario(args, rep)
+        elif name == "churn":
+            churn(args, rep)
+        elif name == "oom":
+            oom(args, rep, False)
+        elif name == "oom_limit":
+            oom(args, rep, True)
+        elif name == "graph":
+            graph(args, rep)
+        else:
+            rep.check(False, f"unknown scenario {name}")
+    except Exception as e:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+        rep.check(False, f"{name} raised {type(e).__name__}: {e}")
+    return common.finish(rep)
+
+
+def main():
+    args = common.parser(__doc__).parse_args()
+    if args.child:
+        return child(args)
+    if not os.path.exists(args.lib):
+        print(f"FAIL: {args.lib} not found\n0 passed, 1 failed")
+        return 1
+    return common.run_scenarios(os.path.abspath(__file__), args, [(s, []) for s in SCENARIOS])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

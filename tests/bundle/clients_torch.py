@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""PyTorch 2.11 on cuda-mempool through CUDAPluggableAllocator (cuda_mempool_torch_alloc /
+cuda_mempool_torch_free), on the real GPU. Each scenario is a fresh process: the allocator
+can only be swapped before PyTorch's first CUDA allocation.
+
+Scenarios (--only NAME runs a subset):
+  cross_stream         a 16 MiB tensor written on stream 1 by work that ends ~0.2 s later
+                       (torch.cuda._sleep, then fill_) is freed; stream 2 allocates the same
+                       size and fills it: after a sync every element holds stream 2's value.
+  cross_record_stream  the tensor is allocated on stream A, written late on stream 1 and
+                       marked with tensor.record_stream(stream 1) (hook set through
+                       allocator._allocator.set_record_stream_fn); then streams A and 2
+                       allocate and fill: no element overwritten.
+  oom, oom_limit       a request for twice the card (or over a limit set with
+                       cuda_mempool_set_limit) raises RuntimeError / torch.OutOfMemoryError
+                       whose message starts "CUDA out of memory"; reserved bytes unchanged;
+                       a new runtime-compiled kernel (jiterator) and a first cuBLAS matmul work.
+  graph                a training step captured with torch.cuda.graph, replayed 100 times on
+                       our pool, against the same steps run eagerly on PyTorch's allocator.
+  compile              torch.compile(mode="reduce-overhead") on a small transformer, 30 training
+                       steps on our pool against PyTorch's allocator.
+  compile_noasserts    the same with torch._inductor.config.triton.slow_path_cudagraph_asserts
+                       off (those debug asserts call checkPoolLiveAllocations, which PyTorch
+                       does not support for pluggable allocators).
+
+Losses: the same kernels run on the same data in the same order on both allocators, so they
+are expected to be bitwise equal (deterministic algorithms, fixed cuBLAS workspace config);
+the check allows a relative difference of 1e-6 and says whether they were bitwise equal.
+
+Usage: python3 clients_torch.py [--lib PATH] [--sanitize] [--only X]
+Prints PASS/FAIL lines and "N passed, N failed"; exit status 1 on any failure.
+"""
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import clients_common as common  # noqa: E402
+
+MIB = 1 << 20
+GRAPH_STEPS = 100
+WARMUP = 3
+COMPILE_STEPS = 30
+
+
+def use_pool(lib, record_stream=True):
+    """Swaps PyTorch's allocator for ours; returns the ctypes library (same handle PyTorch
+    loaded, so the same pool)."""
+    import torch
+
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(
+        lib, "cuda_mempool_torch_alloc", "cuda_mempool_torch_free")
+    so = ctypes.CDLL(lib)
+    hooks = alloc._allocator
+    if record_stream:
+        hooks.set_record_stream_fn(ctypes.cast(so.cuda_mempool_record_stream, ctypes.c_void_p).value)
+    # empty_cache() -> our free_all_blocks (int return ignored by a void() caller).
+    hooks.set_reset_fn(ctypes.cast(so.cuda_mempool_free_all_blocks, ctypes.c_void_p).value)
+    torch.cuda.memory.change_current_allocator(alloc)
+    for name in ("used_bytes", "reserved_bytes", "get_limit"):
+        getattr(so, "cuda_mempool_" + name).restype = ctypes.c_int64
+    so.cuda_mempool_set_limit.argtypes = [ctypes.c_int, ctypes.c_size_t]
+    so.cuda_mempool_last_error.restype = ctypes.c_char_p
+    return so
+
+
+def cross(args, rep, record):
+    import torch
+
+    use_pool(args.lib)
+    dev = torch.device("cuda", 0)
+    n = 4 * MIB
+    props = torch.cuda.get_device_properties(0)
+    clock_khz = getattr(props, "clock_rate", 0) or 1_980_000
+    cycles = int(0.2 * clock_khz * 1000)
+    s1 = torch.cuda.Stream()
+    s2 = torch.cuda.Stream()
+    sa = torch.cuda.Stream()
+    torch.cuda._sleep(1000)  # load the sleep kernel before timing anything
+    torch.cuda.synchronize()
+    for rnd in range(3):
+        if record:
+            with torch.cuda.stream(sa):
+                a = torch.empty(n, dtype=torch.float32, device=dev)
+            s1.wait_stream(sa)
+            with torch.cuda.stream(s1):
+                torch.cuda._sleep(cycles)
+                a.fill_(1.0)
+            a.record_stream(s1)
+        else:
+            with torch.cuda.stream(s1):
+                a = torch.empty(n, dtype=torch.float32, device=dev)
+                torch.cuda._sleep(cycles)
+                a.fill_(1.0)
+        done1 = torch.cuda.Event()
+        done1.record(s1)
+        ptr_a = a.data_ptr()
+        del a
+        outs = []
+        for s in ((sa, s2) if record else (s2,)):
+            with torch.cuda.stream(s):
+                b = torch.empty(n, dtype=torch.float32, device=dev)
+                b.fill_(2.0)
+                outs.append((s, b))
+        overlap = not done1.query()
+        torch.cuda.synchronize()
+        rep.check(overlap, f"round {rnd}: stream 1's slow work was still running while the "
+                           "other streams allocated and filled")
+        for s, b in outs:
+            wrong = int((b != 2.0).sum().item())
+            rep.check(wrong == 0, f"round {rnd}: {wrong} of {n} elements differ on "
+                                  f"{'stream A' if s is sa else 'stream 2'} "
+                                  f"(same block: {b.data_ptr() == ptr_a})")
+        del outs, b
+
+
+def oom(args, rep, with_limit):
+    import torch
+
+    so = use_pool(args.lib)
+    dev = torch.device("cuda", 0)
+    free, total = torch.cuda.mem_get_info(0)
+    keep = [torch.ones(64 * MIB, dtype=torch.uint8, device=dev) for _ in range(4)]
+    torch.cuda.synchronize()
+    so.cuda_mempool_free_all_blocks()
+    label = "limit" if with_limit else "card"
+    if with_limit:
+        limit = so.cuda_mempool_reserved_bytes(0) + 1024 * MIB
+        rep.check(so.cuda_mempool_set_limit(0, limit) == 0, f"cuda_mempool_set_limit({limit})")
+        rep.check(so.cuda_mempool_get_limit(0) == limit, "cuda_mempool_get_limit returns it")
+        request = 2048 * MIB
+    else:
+        request = 2 * total
+    res0, used0 = so.cuda_mempool_reserved_bytes(0), so.cuda_mempool_used_bytes(0)
+    try:
+        t = torch.empty(request, dtype=torch.uint8, device=dev)
+        rep.check(False, f"{label}: a request of {request} bytes raised (got a tensor at "
+                         f"{t.data_ptr():#x})")
+    except RuntimeError as e:  # torch.OutOfMemoryError is a RuntimeError too
+        msg = str(e)
+        rep.info(f"{label}: {type(e).__name__}: {msg.splitlines()[0][:300]}")
+        rep.check(msg.startswith("CUDA out of memory"),
+                  f"{label}: {type(e).__name__} whose message starts 'CUDA out of memory'")
+        rep.check("reserved" in msg and "allocated" in msg,
+                  f"{label}: the message carries the pool's numbers (reserved before: {res0})")
+    rep.check(so.cuda_mempool_reserved_bytes(0) == res0,
+              f"{label}: reserved bytes equal before and after ({res0} -> "
+              f"{so.cuda_mempool_reserved_bytes(0)})")
+    rep.check(so.cuda_mempool_used_bytes(0) == used0, f"{label}: used bytes unchanged")
+    # Work needing driver memory of its own: a runtime-compiled kernel, cuBLAS's first handle.
+    import random
+
+    k = random.randrange(1 << 20)
+    try:
+        fn = torch.cuda.jiterator._create_jit_fn(
+            f"template <typename T> T f_{k}(T x) {{ return x * T(2) + T({k}); }}")
+        x = torch.arange(1024, dtype=torch.float32, device=dev)
+        y = fn(x)
+        rep.check(float(y[10]) == 20.0 + k, f"{label}: a newly compiled kernel (jiterator) runs")
+    except Exception as e:  # noqa: BLE001
+        rep.check(False, f"{label}: a newly compiled kernel ({type(e).__name__}: {e})")
+    try:
+        a = torch.ones(2048, 2048, device=dev)
+        c = a @ a
+        rep.check(float(c[3, 4]) == 2048.0, f"{label}: the process's first cuBLAS matmul")
+    except Exception as e:  # noqa: BLE001
+        rep.check(False, f"{label}: cuBLAS matmul ({type(e).__name__}: {e})")
+    if with_limit:
+        try:
+            z = torch.empty(512 * MIB, dtype=torch.uint8, device=dev)
+            rep.check(True, f"{label}: 512 MiB under the limit succeeds")
+            del z
+        except Exception as e:  # noqa: BLE001
+            rep.check(False, f"{label}: 512 MiB under the limit ({type(e).__name__}: {e})")
+        so.cuda_mempool_set_limit(0, 0)
+    del keep
+
+
+# ---- graph: a training step captured with torch.cuda.graph ----
+
+def graph_losses(mode, lib):
+    import torch
+
+    if mode == "pool":
+        use_pool(lib)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(7)
+    dev = torch.device("cuda", 0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
+                                torch.nn.Linear(512, 512), torch.nn.GELU(),
+                                torch.nn.Linear(512, 10)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    gen = torch.Generator().manual_seed(11)
+    data = [(torch.randn(128, 256, generator=gen), torch.randint(0, 10, (128,), generator=gen))
+            for _ in range(WARMUP + GRAPH_STEPS)]
+    static_x = torch.empty(128, 256, device=dev)
+    static_y = torch.empty(128, dtype=torch.long, device=dev)
+    losses = []
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(static_x), static_y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    # Warm-up on a side stream, as PyTorch's documentation shows (both modes alike).
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(WARMUP):
+            static_x.copy_(data[i][0])
+            static_y.copy_(data[i][1])
+            losses.append(step().item())
+    torch.cuda.current_stream().wait_stream(s)
+    if mode == "pool":
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            static_loss = loss_fn(model(static_x), static_y)
+            static_loss.backward()
+            opt.step()
+        for i in range(WARMUP, WARMUP + GRAPH_STEPS):
+            static_x.copy_(data[i][0])
+            static_y.copy_(data[i][1])
+            g.replay()
+            losses.append(static_loss.item())
+        del g
+    else:
+        for i in range(WARMUP, WARMUP + GRAPH_STEPS):
+            static_x.copy_(data[i][0])
+            static_y.copy_(data[i][1])
+            losses.append(step().item())
+    return losses
+
+
+# ---- compile: torch.compile(mode="reduce-overhead") on a small transformer ----
+
+def compile_losses(mode, lib, asserts):
+    import torch
+    import torch.nn.functional as F
+
+    if mode == "pool":
+        use_pool(lib)
+    if not asserts:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.triton.slow_path_cudagraph_asserts = False
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(3)
+    dev = torch.device("cuda", 0)
+    vocab, d, seq, batch = 512, 128, 64, 16
+    layer = torch.nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
+    model = torch.nn.Sequential()
+    model.emb = torch.nn.Embedding(vocab, d)
+    model.enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    model.out = torch.nn.Linear(d, vocab)
+    model = model.to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    compiled = torch.compile(model, mode="reduce-overhead")
+    gen = torch.Generator().manual_seed(5)
+    losses = []
+    for _ in range(COMPILE_STEPS):
+        x = torch.randint(0, vocab, (batch, seq), generator=gen).to(dev)
+        y = torch.randint(0, vocab, (batch, seq), generator=gen).to(dev)
+        logits = compiled(x)
+        loss = F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def reference_losses(args, kind):
+    """PyTorch's own allocator, in a fresh process."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "ref_" + kind, "--lib", args.lib]
+    out = subprocess.run(cmd, env=common.child_env(args.lib), capture_output=True, text=True,
+                         timeout=1200)
+    for line in out.stdout.splitlines():
+        if line.startswith("LOSSES "):
+            return json.loads(line[len("LOSSES "):])
+    sys.stdout.write(out.stdout[-4000:] + out.stderr[-4000:])
+    return None
+
+
+def compare(rep, name, ours, ref):
+    if not rep.check(ref is not None, f"{name}: the reference run on PyTorch's allocator completed"):
+        return
+    rep.check(len(ours) == len(ref), f"{name}: {len(ours)} losses against {len(ref)}")
+    worst = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours, ref)), default=0.0)
+    bitwise = all(float(a).hex() == float(b).hex() for a, b in zip(ours, ref))
+    rep.info(f"{name}: first losses ours {ours[:3]}, PyTorch's {ref[:3]}; last ours "
+             f"{ours[-1]!r}, PyTorch's {ref[-1]!r}; bitwise equal: {bitwise}")
+    rep.check(worst <= 1e-6, f"{name}: losses equal within 1e-6 relative (worst {worst:.3e}, "
+                             f"bitwise equal: {bitwise})")
+    rep.check(all(a == a for a in ours), f"{name}: no NaN loss")
+
+
+SCENARIOS = ["cross_stream", "cross_record_stream", "oom", "oom_limit", "graph", "compile",
+             "compile_noasserts"]
+
+
+def child(args):
+    rep = common.Report()
+    name = args.child
+    try:
+        if name == "ref_graph":
+            print("LOSSES " + json.dumps(graph_losses("torch", args.lib)))
+            return 0
+        if name == "ref_compile":
+            print("LOSSES " + json.dumps(compile_losses("torch", args.lib, True)))
+            return 0
+        if name == "cross_stream":
+            cross(args, rep, record=False)
+        elif name == "cross_record_stream":
+            cross(args, rep, record=True)
+        elif name == "oom":
+            oom(args, rep, False)
+        elif name == "oom_limit":
+            oom(args, rep, True)
+        elif name == "graph":
+            ours = graph_losses("pool", args.lib)
+            compare(rep, "torch.cuda.graph training step, 100 replays", ours,
+                    reference_losses(args, "graph"))
+        elif name in ("compile", "compile_noasserts"):
+            asserts = name == "compile"
+            try:
+                ours = compile_losses("pool", args.lib, asserts)
+            except RuntimeError as e:
+                if "does not yet support" in str(e):
+                    rep.check(False, f"{name}: PyTorch refused the pluggable allocator: {e}")
+                    return common.finish(rep)
+                raise
+            compare(rep, f"torch.compile(reduce-overhead) transformer, {COMPILE_STEPS} steps"
+                         f"{'' if asserts else ', cudagraph asserts off'}", ours,
+                    reference_losses(args, "compile"))
+        else:
+            rep.check(False, f"unknown scenario {name}")
+    except Exception as e:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+        rep.check(False, f"{name} raised {type(e).__name__}: {str(e)[:500]}")
+    return common.finish(rep)
+
+
+def main():
+    args = common.parser(__doc__).parse_args()
+    if args.child:
+        return child(args)
+    if not os.path.exists(args.lib):
+        print(f"FAIL: {args.lib} not found\n0 passed, 1 failed")
+        return 1
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    names = SCENARIOS
+    if args.sanitize:  # Triton/Inductor under memcheck takes far too long
+        names = [n for n in SCENARIOS if not n.startswith("compile")]
+    return common.run_scenarios(os.path.abspath(__file__), args, [(n, []) for n in names])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
