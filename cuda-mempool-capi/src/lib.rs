@@ -69,6 +69,9 @@
 
 pub mod error;
 pub mod registry;
+mod torch_alloc;
+
+pub use torch_alloc::cuda_mempool_torch_alloc;
 
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{LazyLock, Mutex, OnceLock, PoisonError};
@@ -87,12 +90,13 @@ use registry::Registry;
 pub const EXPORTED_FUNCTIONS: &[&str] = &[
     "cuda_mempool_alloc",
     "cuda_mempool_free",
+    "cuda_mempool_record_stream",
+    "cuda_mempool_last_oom",
     "cuda_mempool_torch_alloc",
     "cuda_mempool_torch_free",
     "cuda_mempool_cupy_malloc",
     "cuda_mempool_cupy_free",
     "cuda_mempool_set_current_stream",
-    "cuda_mempool_record_stream",
     "cuda_mempool_used_bytes",
     "cuda_mempool_reserved_bytes",
     "cuda_mempool_free_bytes",
@@ -103,7 +107,6 @@ pub const EXPORTED_FUNCTIONS: &[&str] = &[
     "cuda_mempool_set_limit",
     "cuda_mempool_get_limit",
     "cuda_mempool_last_error",
-    "cuda_mempool_last_oom",
     "cuda_mempool_clear_error",
 ];
 
@@ -306,6 +309,9 @@ pub unsafe extern "C" fn cuda_mempool_alloc(
 ) -> *mut c_void {
     const CALL: &str = "cuda_mempool_alloc";
     run(std::ptr::null_mut(), || {
+        if size == 0 {
+            return Ok(std::ptr::null_mut());
+        }
         let id = device_id(CALL, device)?;
         // SAFETY: the caller's contract is wrap_stream's.
         let s = unsafe { wrap_stream(CALL, id, stream) }?;

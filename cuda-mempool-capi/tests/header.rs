@@ -25,18 +25,18 @@ macro_rules! exports {
 
 exports! {
     cuda_mempool_alloc = "void*(size_t,int,cuda_mempool_stream_t)":
-        extern "C" fn(usize, c_int, Stream) -> *mut c_void;
+        unsafe extern "C" fn(usize, c_int, Stream) -> *mut c_void;
     cuda_mempool_free = "void(void*)":
         extern "C" fn(*mut c_void);
     cuda_mempool_record_stream = "int(void*,cuda_mempool_stream_t)":
-        extern "C" fn(*mut c_void, Stream) -> c_int;
+        unsafe extern "C" fn(*mut c_void, Stream) -> c_int;
     cuda_mempool_last_oom = "int(int64_t*,int64_t*,int64_t*,int64_t*)":
         unsafe extern "C" fn(*mut i64, *mut i64, *mut i64, *mut i64) -> c_int;
     // The C++ trampoline (src/torch_alloc.cpp) behind a Rust "C-unwind" wrapper: it throws.
     cuda_mempool_torch_alloc = "void*(ssize_t,int,cuda_mempool_stream_t)":
         unsafe extern "C-unwind" fn(isize, c_int, Stream) -> *mut c_void;
     cuda_mempool_torch_free = "void(void*,ssize_t,int,cuda_mempool_stream_t)":
-        extern "C" fn(*mut c_void, isize, c_int, Stream);
+        unsafe extern "C" fn(*mut c_void, isize, c_int, Stream);
     cuda_mempool_cupy_malloc = "void*(void*,size_t,int)":
         extern "C" fn(*mut c_void, usize, c_int) -> *mut c_void;
     cuda_mempool_cupy_free = "void(void*,void*,int)":
