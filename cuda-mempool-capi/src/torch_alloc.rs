@@ -13,8 +13,11 @@
 use std::ffi::{c_int, c_void};
 
 unsafe extern "C-unwind" {
-    fn cuda_mempool_torch_alloc_throwing(size: isize, device: c_int, stream: *mut c_void)
-        -> *mut c_void;
+    fn cuda_mempool_torch_alloc_throwing(
+        size: isize,
+        device: c_int,
+        stream: *mut c_void,
+    ) -> *mut c_void;
 }
 
 /// Allocates `size` bytes on `device` for use on `stream` through `cuda_mempool_alloc`.

@@ -96,6 +96,14 @@ pub const MAX_OUTSTANDING_FENCES: usize = 4;
 /// never write a shared cache line on the hot path.
 pub const SHARDS_PER_TABLE: usize = 64;
 
+/// A new stream adopts the shard of a stream the pool let go of (its cache, pages and
+/// address ranges) only when that shard's last fence has completed, so the new stream never
+/// waits for someone else's work. Once a device holds this many shards, a new stream adopts
+/// an idle shard even if its fence is still pending (the new stream is then made to wait for
+/// it on the device, not the host): this bounds the shards, and the address space they
+/// reserve, when a program creates streams faster than the GPU finishes their work.
+pub const ADOPT_BUSY_SHARDS_ABOVE: usize = SHARDS_PER_TABLE;
+
 /// The two kinds of segment a block can live in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SizeClass {

@@ -207,11 +207,11 @@ impl PrivateHold {
 ///
 /// let pool = MemoryPool::new(SimulatedBackend::h200(1)).unwrap();
 /// let (dev, stream) = (DeviceId(0), StreamId(7));
-/// let a = pool.malloc(dev, stream, 1000).unwrap();
+/// let a = pool.malloc(dev, &stream, 1000).unwrap();
 /// assert_eq!(pool.used_bytes(), 1024); // rounded to 512 bytes
 /// let addr = a.ptr();
 /// drop(a); // back into the cache of stream 7
-/// let b = pool.malloc(dev, stream, 1000).unwrap();
+/// let b = pool.malloc(dev, &stream, 1000).unwrap();
 /// assert_eq!(b.ptr(), addr); // reused at once on the same stream
 /// ```
 pub struct MemoryPool<B: Backend> {
@@ -469,9 +469,11 @@ impl<B: Backend> MemoryPool<B> {
         // their shards were idle: bounded work, and it is what lets shards be adopted.
         self.detach_released(table);
         let backend = &self.backend;
+        let crowded = table.iter().count() >= policy::ADOPT_BUSY_SHARDS_ABOVE;
         let inserted = table.insert(key, dev.id, dev.page, &mut |st| {
-            // Adopt only memory that costs the new stream no wait.
-            st.is_settled(backend)
+            // Adopt memory that costs the new stream no wait, or any idle shard once the
+            // device holds many (see the policy constant).
+            crowded || st.is_settled(backend)
         });
         match inserted {
             Inserted::Existing => Ok(()),

@@ -868,7 +868,12 @@ impl<B: Backend> ShardState<B> {
         if self.stream.is_none() {
             return Ok(());
         }
-        if self.private && self.stream.as_ref().is_some_and(|st| backend.is_capturing(st)) {
+        if self.private
+            && self
+                .stream
+                .as_ref()
+                .is_some_and(|st| backend.is_capturing(st))
+        {
             // A private shard's stream may be capturing now: a fence would become a node of
             // the graph. Nothing ran on the memory since the capture began (captured work
             // runs only in replays, which the graph's release covers), so none is needed.

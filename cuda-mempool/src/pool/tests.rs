@@ -569,3 +569,188 @@ fn threads_on_their_own_and_on_shared_streams_never_overlap() {
     assert_eq!(pool.used_bytes(), 0);
     assert_eq!(pool.stats(D0).unwrap().active_blocks.current, 0);
 }
+
+// ----- streams that come and go, rollback, private pools (issues 18, 22) ---------------------
+
+#[test]
+fn a_dropped_stream_is_released_fenced_and_its_shard_adopted() {
+    let pool = vm_pool(256 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let mut addrs = Vec::new();
+    for i in 0..1000u64 {
+        if i % 2 == 0 {
+            // The GPU keeps up with every other stream; the others' shards are adopted busy.
+            sim.complete_all();
+        }
+        let s = StreamId(1000 + i);
+        let a = pool.malloc(D0, &s, 3 * MIB).unwrap();
+        sim.submit_work(D0, s);
+        addrs.push(a.ptr());
+        drop(a);
+        // The user drops the stream: the pool lets go of it at the next new stream (or at
+        // once on the free of its last block when the drop came first).
+        sim.drop_stream(s);
+    }
+    let st = pool.stats(D0).unwrap();
+    assert!(
+        st.shards <= crate::policy::ADOPT_BUSY_SHARDS_ABOVE as u64 + 1,
+        "shards are adopted, not accumulated: {st:?}"
+    );
+    assert!(st.attached_streams <= 1, "{st:?}");
+    let per_shard = (1u64 << 30) + 256 * MIB; // a small-block range and a large one
+    assert!(
+        st.address_space <= st.shards * per_shard,
+        "address space stays bounded: {st:?}"
+    );
+    assert!(st.reserved.current <= 16 * MIB, "{st:?}");
+    // Every dropped stream was destroyed only after the pool let go of it, and never used
+    // after (the simulator fails such calls, which would have failed a malloc above).
+    assert!(sim.is_destroyed(StreamId(1000)));
+    assert!(sim.calls().stream_released >= 999);
+}
+
+#[test]
+fn a_new_stream_with_a_reused_handle_waits_for_the_old_streams_fence() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let h = StreamId(0x7f00);
+    sim.borrow_stream(h); // a foreign stream, as through the C ABI
+    let a = pool.malloc(D0, &h, MIB).unwrap();
+    let addr = a.ptr();
+    sim.submit_work(D0, h); // a kernel still writes the block...
+    drop(a); // ...when it is freed: the last block, so the pool records a fence and lets go.
+    assert_eq!(pool.stats(D0).unwrap().attached_streams, 0);
+    sim.destroy_stream(h); // allowed: no block made on it is live
+    sim.create_stream(h); // a new stream gets the same handle value
+    let waits = sim.calls().stream_wait_fence;
+    let b = pool.malloc(D0, &h, MIB).unwrap();
+    assert_eq!(b.ptr(), addr, "the cache is reused...");
+    assert_eq!(
+        sim.calls().stream_wait_fence,
+        waits + 1,
+        "...only after the new stream was made to wait for the old stream's fence"
+    );
+    assert_eq!(
+        sim.waited(D0, h, h),
+        0,
+        "the new timeline waits on the old one, not itself"
+    );
+}
+
+#[test]
+fn the_pool_never_uses_a_borrowed_stream_after_its_last_block_is_freed() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let (h1, h2) = (StreamId(0x1000), StreamId(0x2000));
+    sim.borrow_stream(h1);
+    let a = pool.malloc(D0, &h1, 4 * MIB).unwrap();
+    sim.submit_work(D0, h1);
+    drop(a);
+    sim.destroy_stream(h1);
+    // Other streams now need memory: the pool moves h1's pages once the fence it recorded
+    // at the free completes, and never records a new fence on the destroyed h1.
+    let big = pool.malloc(D0, &h2, 60 * MIB);
+    assert!(big.is_ok(), "{big:?}");
+    drop(big);
+    pool.free_all_blocks().unwrap();
+    assert_eq!(pool.total_bytes(), 0);
+}
+
+#[test]
+fn out_of_memory_leaves_reserved_bytes_as_they_were() {
+    // Virtual memory: a request larger than the device fails at once.
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let keep = pool.malloc(D0, &S0, 10 * MIB).unwrap();
+    let cached = pool.malloc(D0, &S0, 4 * MIB).unwrap();
+    drop(cached);
+    let before = pool.stats(D0).unwrap();
+    let calls = pool.backend().calls();
+    match pool.malloc(D0, &S1, 128 * MIB) {
+        Err(PoolError::OutOfMemory {
+            cause, reserved, ..
+        }) => {
+            assert_eq!(cause, crate::OomCause::DeviceMemory);
+            assert_eq!(reserved, before.reserved.current);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(pool.stats(D0).unwrap().reserved, before.reserved);
+    assert_eq!(
+        pool.backend().calls().create_physical,
+        calls.create_physical
+    );
+    // A request that fits the device but not beside what is live: pages created while
+    // trying are given back, and the peak does not count them.
+    let err = pool.malloc(D0, &S1, 56 * MIB).unwrap_err();
+    assert!(matches!(err, PoolError::OutOfMemory { .. }), "{err}");
+    let after = pool.stats(D0).unwrap();
+    assert!(
+        after.reserved.current <= before.reserved.current,
+        "{after:?}"
+    );
+    assert_eq!(after.reserved.peak, before.reserved.peak);
+    assert_eq!(after.reserved.current, pool.backend().physical_bytes(D0));
+    // The pool keeps serving.
+    let ok = pool.malloc(D0, &S1, 40 * MIB).unwrap();
+    drop((ok, keep));
+}
+
+#[test]
+fn out_of_memory_in_plain_mode_rolls_back_too() {
+    let pool = plain_pool(64 * MIB);
+    let keep = pool.malloc(D0, &S0, 20 * MIB).unwrap();
+    let before = pool.total_bytes();
+    assert!(matches!(
+        pool.malloc(D0, &S1, 50 * MIB),
+        Err(PoolError::OutOfMemory { .. })
+    ));
+    assert!(pool.total_bytes() <= before);
+    assert_eq!(pool.total_bytes(), pool.backend().physical_bytes(D0));
+    drop(keep);
+}
+
+#[test]
+fn private_pool_memory_is_reused_only_inside_it_and_released_with_its_holds() {
+    let pool = vm_pool(256 * MIB, 2 * MIB);
+    let p = PrivatePoolId(7);
+    let hold = pool.retain_private_pool(D0, p).unwrap();
+    let a = pool.malloc_private(D0, p, &S0, 4 * MIB).unwrap();
+    let a_addr = a.ptr();
+    drop(a);
+    // Reused inside the private pool, on the same stream, in order:
+    let b = pool.malloc_private(D0, p, &S0, 4 * MIB).unwrap();
+    assert_eq!(b.ptr(), a_addr);
+    drop(b);
+    // Never by the stream's ordinary allocations, even with every fence complete:
+    pool.backend().complete_all();
+    let c = pool.malloc(D0, &S0, 4 * MIB).unwrap();
+    assert_ne!(c.ptr(), a_addr);
+    let under_pressure = pool.malloc(D0, &S1, 200 * MIB).unwrap();
+    let range = under_pressure.ptr().0..under_pressure.ptr().0 + 200 * MIB;
+    assert!(!range.contains(&a_addr.0));
+    assert!(pool.has_private_pool(D0, p).unwrap());
+    drop((c, under_pressure));
+    let with_private = pool.total_bytes();
+    // The graph is gone: its hold is released; the pool's memory goes back.
+    hold.release();
+    assert!(!pool.has_private_pool(D0, p).unwrap());
+    assert!(pool.total_bytes() < with_private);
+    assert_eq!(pool.total_bytes(), pool.backend().physical_bytes(D0));
+    pool.free_all_blocks().unwrap();
+    assert_eq!(pool.total_bytes(), 0);
+}
+
+#[test]
+fn a_private_pool_with_a_live_block_outlives_its_holds() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let p = PrivatePoolId(1);
+    let hold = pool.retain_private_pool(D0, p).unwrap();
+    let out = pool.malloc_private(D0, p, &S0, MIB).unwrap().into_raw();
+    hold.release();
+    assert!(
+        pool.has_private_pool(D0, p).unwrap(),
+        "a graph output is still live"
+    );
+    pool.free_raw(out).unwrap();
+    assert!(!pool.has_private_pool(D0, p).unwrap());
+}
