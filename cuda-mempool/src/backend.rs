@@ -186,7 +186,9 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<(), Self::Error>;
 
     /// Maps `pages` at consecutive addresses `page_size` apart from `addr`, all of them
-    /// readable and writable by the device. All or nothing: on error, none stays mapped.
+    /// readable and writable by the device. All or nothing, as far as the backend can: on
+    /// error, [`MapRunFailure::left_mapped`] lists the pages (indices into `pages`) that
+    /// stay mapped because undoing them failed too; the pool then keeps them as mapped.
     ///
     /// The default maps one page at a time with [`map`](Self::map); the driver backend
     /// overrides it to grant access once over the whole run (one `cuMemSetAccess` instead
@@ -197,13 +199,16 @@ pub trait Backend: Send + Sync + 'static {
         addr: DevicePtr,
         page_size: u64,
         pages: &[&Self::Physical],
-    ) -> Result<(), Self::Error> {
+    ) -> Result<(), MapRunFailure<Self::Error>> {
         for (i, page) in pages.iter().enumerate() {
-            if let Err(e) = self.map(device, DevicePtr(addr.0 + i as u64 * page_size), page) {
-                for j in 0..i {
-                    let _ = self.unmap(device, DevicePtr(addr.0 + j as u64 * page_size), page_size);
-                }
-                return Err(e);
+            if let Err(error) = self.map(device, DevicePtr(addr.0 + i as u64 * page_size), page) {
+                let left_mapped = (0..i)
+                    .filter(|&j| {
+                        self.unmap(device, DevicePtr(addr.0 + j as u64 * page_size), page_size)
+                            .is_err()
+                    })
+                    .collect();
+                return Err(MapRunFailure { error, left_mapped });
             }
         }
         Ok(())
@@ -226,6 +231,13 @@ pub trait Backend: Send + Sync + 'static {
     /// still holds). Called on the free of a stream's last live block, so it must be cheap.
     fn may_release_stream(&self, stream: &Self::Stream) -> bool;
 
+    /// The pool keeps a clone of `stream` (attaching it to a shard, or marking a block with
+    /// it); every such clone is given back through [`stream_released`](Self::stream_released).
+    /// The default clones.
+    fn retain_stream(&self, stream: &Self::Stream) -> Self::Stream {
+        stream.clone()
+    }
+
     /// The pool gives back its clone of a stream (after recording the fence that covers
     /// every free on it). The default drops it.
     fn stream_released(&self, stream: Self::Stream) {
@@ -239,6 +251,11 @@ pub trait Backend: Send + Sync + 'static {
         device: DeviceId,
         stream: &Self::Stream,
     ) -> Result<Self::Fence, Self::Error>;
+
+    /// Blocks the host until all work issued to `stream` has completed
+    /// (`cuStreamSynchronize`): the fallback when a fence cannot be recorded on a stream the
+    /// pool is about to let go of.
+    fn synchronize_stream(&self, stream: &Self::Stream) -> Result<(), Self::Error>;
 
     /// Whether the fence has completed, without blocking (`cuEventQuery`).
     fn fence_completed(&self, fence: &Self::Fence) -> Result<bool, Self::Error>;
@@ -268,4 +285,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Gives a fence back once the pool no longer needs it (`cuEventDestroy`, or back
     /// into the backend's own cache of events). Cannot fail from the pool's point of view.
     fn release_fence(&self, fence: Self::Fence);
+}
+
+/// A failed [`Backend::map_run`]: the error, and the pages left mapped.
+#[derive(Debug)]
+pub struct MapRunFailure<E> {
+    /// What failed.
+    pub error: E,
+    /// Indices (into the `pages` argument) of pages that stay mapped at their address.
+    pub left_mapped: Vec<usize>,
 }

@@ -51,7 +51,7 @@ use cuda_core::sys::CUdeviceptr;
 use cuda_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
 use cuda_core::{Device, Event, Stream, StreamKind};
 
-use crate::backend::{Backend, DeviceId, DeviceInfo, DevicePtr, StreamId};
+use crate::backend::{Backend, DeviceId, DeviceInfo, DevicePtr, MapRunFailure, StreamId};
 use crate::error::PoolError;
 use crate::hooks::{self, MemoryEvent};
 use crate::pool::{Allocation, MemoryPool, PrivatePoolId, RawAllocation};
@@ -317,32 +317,39 @@ impl Backend for DriverBackend {
         addr: DevicePtr,
         page_size: u64,
         pages: &[&Self::Physical],
-    ) -> Result<(), Self::Error> {
-        let _relaxed = relaxed()?;
-        let dev = self.device(device)?;
+    ) -> Result<(), MapRunFailure<Self::Error>> {
+        let fail = |error| MapRunFailure {
+            error,
+            left_mapped: Vec::new(),
+        };
+        let _relaxed = relaxed().map_err(fail)?;
+        let dev = self.device(device).map_err(fail)?;
         let base = addr.0 as CUdeviceptr;
-        let step = to_usize(page_size)?;
-        let undo = |n: usize| {
+        let step = to_usize(page_size).map_err(fail)?;
+        // Unmaps pages 0..n of the run; the ones that cannot be unmapped stay mapped.
+        let undo = |n: usize| -> Vec<usize> {
             let _ctx = dev.bind();
-            for j in 0..n {
-                // SAFETY: page j of this run was mapped just above and nothing uses it yet.
-                let _ = unsafe { vmm::unmap(base + (j * step) as CUdeviceptr, step) };
-            }
+            (0..n)
+                .filter(|&j| {
+                    // SAFETY: page j of this run was mapped just above and nothing uses it yet.
+                    unsafe { vmm::unmap(base + (j * step) as CUdeviceptr, step) }.is_err()
+                })
+                .collect()
         };
         for (i, page) in pages.iter().enumerate() {
             // SAFETY: the pool maps pages only at granularity-aligned addresses inside a
             // range it reserved through this backend and where nothing is mapped.
-            if let Err(e) =
+            if let Err(error) =
                 unsafe { vmm::map(base + (i * step) as CUdeviceptr, page, 0, page.size()) }
             {
-                undo(i);
-                return Err(e);
+                let left_mapped = undo(i);
+                return Err(MapRunFailure { error, left_mapped });
             }
         }
         // One access grant over the whole run.
-        if let Err(e) = vmm::set_access(base, step * pages.len(), &dev) {
-            undo(pages.len());
-            return Err(e);
+        if let Err(error) = vmm::set_access(base, step * pages.len(), &dev) {
+            let left_mapped = undo(pages.len());
+            return Err(MapRunFailure { error, left_mapped });
         }
         Ok(())
     }
@@ -371,6 +378,11 @@ impl Backend for DriverBackend {
         };
         event.record(stream)?;
         Ok(DriverFence { event })
+    }
+
+    fn synchronize_stream(&self, stream: &Stream) -> Result<(), Self::Error> {
+        let _relaxed = relaxed()?;
+        stream.synchronize()
     }
 
     fn fence_completed(&self, fence: &Self::Fence) -> Result<bool, Self::Error> {

@@ -101,11 +101,13 @@ pub enum SimCall {
     WaitFence,
     /// [`Backend::stream_wait_fence`].
     StreamWaitFence,
+    /// [`Backend::synchronize_stream`].
+    SynchronizeStream,
 }
 
 impl SimCall {
     /// Every kind, for tests that pick one.
-    pub const ALL: [SimCall; 12] = [
+    pub const ALL: [SimCall; 13] = [
         SimCall::Allocate,
         SimCall::Deallocate,
         SimCall::ReserveAddressRange,
@@ -118,6 +120,7 @@ impl SimCall {
         SimCall::FenceCompleted,
         SimCall::WaitFence,
         SimCall::StreamWaitFence,
+        SimCall::SynchronizeStream,
     ];
 }
 
@@ -269,6 +272,8 @@ struct State {
     borrowed: std::collections::HashSet<u64>,
     /// Streams that no longer exist.
     destroyed: std::collections::HashSet<u64>,
+    /// Clones of each stream the pool holds ([`Backend::retain_stream`]).
+    pool_refs: HashMap<u64, u64>,
     /// Injected failures: (kind, countdown); the call that brings the countdown to 0 fails.
     faults: Vec<(SimCall, u64)>,
     next_id: u64,
@@ -324,6 +329,7 @@ impl SimulatedBackend {
                 dropped: Default::default(),
                 borrowed: Default::default(),
                 destroyed: Default::default(),
+                pool_refs: HashMap::new(),
                 faults: Vec::new(),
                 next_id: 1,
                 calls: SimCalls::default(),
@@ -361,7 +367,11 @@ impl SimulatedBackend {
     /// made on it, and the stream is destroyed when the pool does
     /// ([`Backend::stream_released`]) or at once if the pool does not hold it.
     pub fn drop_stream(&self, stream: StreamId) {
-        self.lock().dropped.insert(stream.0);
+        let mut s = self.lock();
+        s.dropped.insert(stream.0);
+        if s.pool_refs.get(&stream.0).copied().unwrap_or(0) == 0 {
+            s.destroyed.insert(stream.0);
+        }
     }
 
     /// Makes `stream` a borrowed stream: the pool may rely on it only while it holds live
@@ -638,10 +648,17 @@ impl Backend for SimulatedBackend {
         s.dropped.contains(&stream.0) || s.borrowed.contains(&stream.0)
     }
 
+    fn retain_stream(&self, stream: &StreamId) -> StreamId {
+        *self.lock().pool_refs.entry(stream.0).or_insert(0) += 1;
+        *stream
+    }
+
     fn stream_released(&self, stream: StreamId) {
         let mut s = self.lock();
         s.calls.stream_released += 1;
-        if s.dropped.contains(&stream.0) {
+        let refs = s.pool_refs.entry(stream.0).or_insert(0);
+        *refs = refs.saturating_sub(1);
+        if *refs == 0 && s.dropped.contains(&stream.0) {
             s.destroyed.insert(stream.0);
         }
     }
@@ -855,6 +872,23 @@ impl Backend for SimulatedBackend {
             stream: t,
             value,
         })
+    }
+
+    fn synchronize_stream(&self, stream: &StreamId) -> Result<(), SimError> {
+        let mut s = self.lock();
+        fault(&mut s, SimCall::SynchronizeStream)?;
+        alive(&s, stream.0)?;
+        let t = timeline(&s, stream.0);
+        let targets: Vec<(u32, u64)> = s
+            .clocks
+            .iter()
+            .filter(|(k, _)| k.1 == t)
+            .map(|(k, c)| (k.0, c.submitted))
+            .collect();
+        for (d, to) in targets {
+            complete_to(&mut s, d, t, to);
+        }
+        Ok(())
     }
 
     fn fence_completed(&self, fence: &SimFence) -> Result<bool, SimError> {

@@ -423,6 +423,10 @@ impl<B: Backend> MemoryPool<B> {
             };
             let fast = {
                 let mut st = shard.state.lock();
+                if st.retired {
+                    shard.retire(&mut st);
+                    continue;
+                }
                 if st.key != key {
                     // Adopted by another stream since the lookup: look again.
                     continue;
@@ -492,6 +496,9 @@ impl<B: Backend> MemoryPool<B> {
             let mut st = shard.state.lock();
             if st.is_attached() && st.is_idle() {
                 let _ = st.detach_if_released(&self.backend);
+                if st.retired {
+                    shard.retire(&mut st);
+                }
             }
         }
     }
@@ -506,7 +513,11 @@ impl<B: Backend> MemoryPool<B> {
         if let Some(shard) = dev.shards.get(key) {
             let mut st = shard.state.lock();
             if st.key == key && st.is_idle() {
-                st.detach(&self.backend)?;
+                let r = st.detach(&self.backend);
+                if st.retired {
+                    shard.retire(&mut st);
+                }
+                r?;
             }
         }
         Ok(())
@@ -639,9 +650,7 @@ impl<B: Backend> MemoryPool<B> {
         st: &mut ShardState<B>,
     ) -> Result<(), PoolError> {
         let _ = shard;
-        let mut reserved = g.reserved.current;
-        let released = st.release_cached(&self.backend, &mut g.spare, &mut reserved);
-        g.reserved.current = reserved;
+        let released = st.release_cached(&self.backend, &mut g.spare, &mut g.reserved.current);
         if let Some(page) = dev.page {
             while let Some(p) = g.spare.pop() {
                 if let Err(e) = self.backend.release_physical(dev.id, p) {
@@ -838,17 +847,17 @@ impl<B: Backend> MemoryPool<B> {
         shard: &Shard<B>,
         st: &mut ShardState<B>,
     ) -> Result<(), PoolError> {
-        let mut reserved = g.reserved.current;
-        st.release_cached(&self.backend, &mut g.spare, &mut reserved)?;
+        // Counts are updated call by call, so an error midway leaves them exact.
+        st.release_cached(&self.backend, &mut g.spare, &mut g.reserved.current)?;
         for other in dev.shards.iter() {
             if !std::ptr::eq(other, shard) {
-                other
-                    .state
-                    .lock()
-                    .release_cached(&self.backend, &mut g.spare, &mut reserved)?;
+                other.state.lock().release_cached(
+                    &self.backend,
+                    &mut g.spare,
+                    &mut g.reserved.current,
+                )?;
             }
         }
-        g.reserved.current = reserved;
         Ok(())
     }
 
@@ -891,7 +900,12 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     fn free_block(&self, shard: &Shard<B>, id: u32, generation: u64) -> Result<(), PoolError> {
-        shard.state.lock().release(&self.backend, id, generation)
+        let mut st = shard.state.lock();
+        let r = st.release(&self.backend, id, generation);
+        if st.retired {
+            shard.retire(&mut st);
+        }
+        r
     }
 
     /// The shard a raw handle names, checked live under the shard's lock.
@@ -923,8 +937,26 @@ impl<B: Backend> MemoryPool<B> {
         if raw.size == 0 {
             return Ok(());
         }
-        let mut st = self.raw_shard(&raw)?;
-        st.release(&self.backend, raw.id, raw.generation)
+        let dev = self.device(raw.device)?;
+        let table = if raw.private {
+            &dev.private
+        } else {
+            &dev.shards
+        };
+        let shard = table
+            .get(raw.key)
+            .ok_or(PoolError::InvalidHandle { ptr: raw.ptr.0 })?;
+        let mut st = shard.state.lock();
+        if st.key != raw.key
+            || st.live_range(raw.id, raw.generation).map(|r| r.0) != Some(raw.ptr.0)
+        {
+            return Err(PoolError::InvalidHandle { ptr: raw.ptr.0 });
+        }
+        let r = st.release(&self.backend, raw.id, raw.generation);
+        if st.retired {
+            shard.retire(&mut st);
+        }
+        r
     }
 
     /// Marks a detached allocation as used on `stream` too (see
@@ -939,7 +971,7 @@ impl<B: Backend> MemoryPool<B> {
         }
         let key = self.backend.stream_key(stream)?;
         let mut st = self.raw_shard(raw)?;
-        st.record_stream(raw.id, raw.generation, stream, key)
+        st.record_stream(&self.backend, raw.id, raw.generation, stream, key)
     }
 
     // ----- private pools (graph captures) ------------------------------------------------
@@ -1083,14 +1115,12 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     fn free_device_blocks(&self, dev: &Device<B>, g: &mut Global<B>) -> Result<(), PoolError> {
-        let mut reserved = g.reserved.current;
         for shard in dev.shards.iter() {
             let mut st = shard.state.lock();
             st.flush_recent();
             st.wait_fences(&self.backend)?;
-            st.release_cached(&self.backend, &mut g.spare, &mut reserved)?;
+            st.release_cached(&self.backend, &mut g.spare, &mut g.reserved.current)?;
         }
-        g.reserved.current = reserved;
         if let Some(page) = dev.page {
             while let Some(p) = g.spare.pop() {
                 self.backend
@@ -1339,10 +1369,13 @@ impl<'p, B: Backend> Allocation<'p, B> {
         match self.shard {
             Some(shard) => {
                 let key = self.pool.backend.stream_key(stream)?;
-                shard
-                    .state
-                    .lock()
-                    .record_stream(self.id, self.generation, stream, key)
+                shard.state.lock().record_stream(
+                    &self.pool.backend,
+                    self.id,
+                    self.generation,
+                    stream,
+                    key,
+                )
             }
             None => Ok(()),
         }

@@ -87,15 +87,17 @@ pub(crate) struct Segment<P> {
     backing: Backing<P>,
 }
 
-enum FenceSlot<S, F> {
-    Unrecorded(S),
+enum FenceSlot<F> {
     Recorded(F),
     Done,
+    /// No fence could be recorded and the stream could not be waited for either: the
+    /// block can never be proven safe, and is never reused (leaked, still counted).
+    Never,
 }
 
-struct PendingFree<S, F> {
+struct PendingFree<F> {
     block: u32,
-    fences: Vec<FenceSlot<S, F>>,
+    fences: Vec<FenceSlot<F>>,
 }
 
 /// What [`ShardState::choose_block`] found for a request.
@@ -124,6 +126,10 @@ pub(crate) struct ShardState<B: Backend> {
     /// shards or back to the backend, since graph replays still use it; only releasing the
     /// whole private pool returns it.
     pub(crate) private: bool,
+    /// Set when the shard had to let go of its stream without a fence and without a
+    /// completed wait: what it caches can never be proven safe, so it is never used again
+    /// (its memory stays reserved, counted, and leaked).
+    pub(crate) retired: bool,
     blocks: Vec<Block<B::Stream>>,
     vacant: Vec<u32>,
     /// Free blocks per size class, ordered by (size, address) for best fit.
@@ -131,7 +137,7 @@ pub(crate) struct ShardState<B: Backend> {
     /// Recently freed blocks, uncoalesced: (size, id), newest last.
     recent: RecentList,
     segments: Vec<Option<Segment<B::Physical>>>,
-    pending: Vec<PendingFree<B::Stream, B::Fence>>,
+    pending: Vec<PendingFree<B::Fence>>,
     epoch: u64,
     safe_epoch: u64,
     fences: VecDeque<(u64, B::Fence)>,
@@ -224,6 +230,7 @@ impl<B: Backend> ShardState<B> {
             stream: None,
             page: page.unwrap_or(0),
             private: false,
+            retired: false,
             blocks: Vec::new(),
             vacant: Vec::new(),
             free: [BTreeSet::new(), BTreeSet::new()],
@@ -425,6 +432,7 @@ impl<B: Backend> ShardState<B> {
     /// Adds `stream` to the streams a live block is used on.
     pub(crate) fn record_stream(
         &mut self,
+        backend: &B,
         id: u32,
         generation: u64,
         stream: &B::Stream,
@@ -433,7 +441,7 @@ impl<B: Backend> ShardState<B> {
         let own = self.key;
         let b = self.live_block(id, generation)?;
         if key != own && !b.extra_streams.iter().any(|(k, _)| *k == key) {
-            b.extra_streams.push((key, stream.clone()));
+            b.extra_streams.push((key, backend.retain_stream(stream)));
         }
         Ok(())
     }
@@ -487,7 +495,9 @@ impl<B: Backend> ShardState<B> {
     #[inline(never)]
     pub(crate) fn detach_if_released(&mut self, backend: &B) -> Result<(), PoolError> {
         match &self.stream {
-            Some(s) if backend.may_release_stream(s) => self.detach(backend),
+            // A private shard lets go at once: it is not where a stream's ordinary work
+            // allocates, and its clone would keep an owned stream alive.
+            Some(s) if self.private || backend.may_release_stream(s) => self.detach(backend),
             _ => Ok(()),
         }
     }
@@ -500,18 +510,30 @@ impl<B: Backend> ShardState<B> {
         if self.private {
             // Used on several streams of a capture: without a graph dependency between them
             // a reuse could race in replay. It stays out of use until the private pool goes.
-            drop(streams);
+            for (_, s) in streams {
+                backend.stream_released(s);
+            }
             return Ok(());
         }
         let mut first_error = None;
         let fences = streams
             .into_iter()
-            .map(|(_, s)| match backend.record_fence(self.device, &s) {
-                Ok(f) => FenceSlot::Recorded(f),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                    FenceSlot::Unrecorded(s)
-                }
+            .map(|(_, s)| {
+                let slot = match backend.record_fence(self.device, &s) {
+                    Ok(f) => FenceSlot::Recorded(f),
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        // The stream may be destroyed once this free returns: wait for its
+                        // work now, or give the block up.
+                        if backend.synchronize_stream(&s).is_ok() {
+                            FenceSlot::Done
+                        } else {
+                            FenceSlot::Never
+                        }
+                    }
+                };
+                backend.stream_released(s);
+                slot
             })
             .collect();
         self.pending.push(PendingFree { block: id, fences });
@@ -780,17 +802,23 @@ impl<B: Backend> ShardState<B> {
         for seg in self.segments.drain(..).flatten() {
             match seg.backing {
                 Backing::Plain => {
-                    // Errors are ignored: the pool is going away and has nowhere to
-                    // report them; the driver reclaims the memory with the context.
-                    let _ = backend.deallocate(self.device, DevicePtr(seg.base), seg.size);
-                    released += seg.size;
+                    // A segment that cannot be returned is leaked, and stays counted: the
+                    // device still holds it.
+                    if backend
+                        .deallocate(self.device, DevicePtr(seg.base), seg.size)
+                        .is_ok()
+                    {
+                        released += seg.size;
+                    }
                 }
                 Backing::Virtual { pages, .. } => {
                     for (i, p) in pages.into_iter().enumerate() {
                         if let Some(p) = p {
                             let va = DevicePtr(seg.base + i as u64 * self.page);
-                            let _ = backend.unmap(self.device, va, self.page);
-                            spare.push(p);
+                            // A page that cannot be unmapped is leaked (still counted).
+                            if backend.unmap(self.device, va, self.page).is_ok() {
+                                spare.push(p);
+                            }
                         }
                     }
                     let _ =
@@ -803,9 +831,15 @@ impl<B: Backend> ShardState<B> {
         }
         for p in self.pending.drain(..) {
             for slot in p.fences {
-                if let FenceSlot::Recorded(f) = slot {
-                    backend.release_fence(f);
+                match slot {
+                    FenceSlot::Recorded(f) => backend.release_fence(f),
+                    FenceSlot::Done | FenceSlot::Never => {}
                 }
+            }
+        }
+        for b in &mut self.blocks {
+            for (_, s) in std::mem::take(&mut b.extra_streams) {
+                backend.stream_released(s);
             }
         }
         self.blocks.clear();
@@ -885,16 +919,29 @@ impl<B: Backend> ShardState<B> {
         self.flush_recent();
         self.poll_fences(backend)?;
         let covered = self.fences.back().is_some_and(|(e, _)| *e >= self.epoch);
+        let mut result = Ok(());
         if let (true, Some(stream)) = (self.epoch > self.safe_epoch && !covered, &self.stream) {
-            let f = backend
-                .record_fence(self.device, stream)
-                .map_err(PoolError::backend("record_fence"))?;
-            self.fences.push_back((self.epoch, f));
+            match backend.record_fence(self.device, stream) {
+                Ok(f) => self.fences.push_back((self.epoch, f)),
+                Err(e) => {
+                    // The stream may be destroyed as soon as this call returns: wait for its
+                    // work now instead, or, if even that fails, never use this cache again.
+                    if backend.synchronize_stream(stream).is_ok() {
+                        for (_, f) in self.fences.drain(..) {
+                            backend.release_fence(f);
+                        }
+                        self.safe_epoch = self.epoch;
+                    } else {
+                        self.retired = true;
+                    }
+                    result = Err(PoolError::backend("record_fence")(e));
+                }
+            }
         }
         if let Some(stream) = self.stream.take() {
             backend.stream_released(stream);
         }
-        Ok(())
+        result
     }
 
     /// Attaches `stream` (key `key`) to a detached shard: the shard's previous stream (the
@@ -919,14 +966,19 @@ impl<B: Backend> ShardState<B> {
             }
         }
         self.key = key;
-        self.stream = Some(stream.clone());
+        self.stream = Some(backend.retain_stream(stream));
         Ok(())
     }
 
     /// Whether a detached shard's memory is all covered by completed fences, so that
     /// adopting it costs the new stream no wait (polls the fences).
     pub(crate) fn is_settled(&mut self, backend: &B) -> bool {
-        self.poll_fences(backend).is_ok() && self.epoch <= self.safe_epoch
+        !self.retired && self.poll_fences(backend).is_ok() && self.epoch <= self.safe_epoch
+    }
+
+    /// Whether an idle, detached shard may be adopted at all (see [`is_settled`](Self::is_settled)).
+    pub(crate) fn is_adoptable(&self) -> bool {
+        !self.retired && !self.private
     }
 
     fn poll_fences(&mut self, backend: &B) -> Result<(), PoolError> {
@@ -993,13 +1045,7 @@ impl<B: Backend> ShardState<B> {
             for slot in self.pending[i].fences.iter_mut() {
                 match slot {
                     FenceSlot::Done => {}
-                    FenceSlot::Unrecorded(s) => {
-                        let f = backend
-                            .record_fence(self.device, s)
-                            .map_err(PoolError::backend("record_fence"))?;
-                        *slot = FenceSlot::Recorded(f);
-                        done = false;
-                    }
+                    FenceSlot::Never => done = false,
                     FenceSlot::Recorded(f) => {
                         let complete = backend
                             .fence_completed(f)
@@ -1063,22 +1109,22 @@ impl<B: Backend> ShardState<B> {
         backend: &B,
         settle: impl Fn(&B, DeviceId, &B::Fence) -> Result<(), PoolError>,
     ) -> Result<(), PoolError> {
-        while let Some(p) = self.pending.last_mut() {
-            for slot in p.fences.iter_mut() {
-                if let FenceSlot::Unrecorded(s) = slot {
-                    let f = backend
-                        .record_fence(self.device, s)
-                        .map_err(PoolError::backend("record_fence"))?;
-                    *slot = FenceSlot::Recorded(f);
-                }
+        let mut i = 0;
+        while i < self.pending.len() {
+            let mut never = false;
+            for slot in self.pending[i].fences.iter_mut() {
                 if let FenceSlot::Recorded(f) = slot {
                     settle(backend, self.device, f)?;
                     if let FenceSlot::Recorded(f) = std::mem::replace(slot, FenceSlot::Done) {
                         backend.release_fence(f);
                     }
                 }
+                never |= matches!(slot, FenceSlot::Never);
             }
-            if let Some(p) = self.pending.pop() {
+            if never {
+                i += 1;
+            } else {
+                let p = self.pending.swap_remove(i);
                 self.finish_pending(p.block);
             }
         }
@@ -1182,9 +1228,17 @@ fn map_run<B: Backend>(
     let refs: Vec<&B::Physical> = run.iter().map(|(_, p)| p).collect();
     let result = backend.map_run(device, DevicePtr(base + first as u64 * page), page, &refs);
     drop(refs);
-    if let Err(e) = result {
-        spare.extend(run.drain(..).map(|(_, p)| p));
-        return Err(PoolError::backend("map")(e));
+    if let Err(failure) = result {
+        for (k, (i, phys)) in run.drain(..).enumerate() {
+            if failure.left_mapped.contains(&k) {
+                // Still mapped where it was put: cached memory of the free range.
+                pages[i] = Some(phys);
+                *mapped += 1;
+            } else {
+                spare.push(phys);
+            }
+        }
+        return Err(PoolError::backend("map")(failure.error));
     }
     for (i, phys) in run.drain(..) {
         pages[i] = Some(phys);

@@ -35,11 +35,21 @@ pub(crate) struct Shard<B: Backend> {
     pub(crate) state: ShardLock<ShardState<B>>,
 }
 
+/// The key of retired shards: no stream has it.
+pub(crate) const RETIRED: StreamId = StreamId(u64::MAX);
+
 impl<B: Backend> Shard<B> {
     /// The key the shard serves now.
     #[inline]
     pub(crate) fn key(&self) -> StreamId {
         StreamId(self.key.load(Ordering::Acquire))
+    }
+
+    /// Takes a retired shard (see `ShardState::retired`) out of every lookup. Called with
+    /// the shard's lock held, after it retired.
+    pub(crate) fn retire(&self, st: &mut ShardState<B>) {
+        st.key = RETIRED;
+        self.key.store(RETIRED.0, Ordering::Release);
     }
 }
 
@@ -131,7 +141,11 @@ impl<B: Backend> ShardTable<B> {
                 match slot.get() {
                     Some(shard) => {
                         let mut st = shard.state.lock();
-                        if !st.is_attached() && st.is_idle() && adoptable(&mut st) {
+                        if !st.is_attached()
+                            && st.is_idle()
+                            && st.is_adoptable()
+                            && adoptable(&mut st)
+                        {
                             st.key = key;
                             shard.key.store(key.0, Ordering::Release);
                             return Inserted::Adopted(shard);
