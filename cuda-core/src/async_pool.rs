@@ -214,7 +214,8 @@ impl MemPool {
     /// `cuMemAllocAsync` uses. When an owned pool that is current is destroyed, the driver
     /// makes the default pool current again.
     pub fn make_current(&self) -> Result<()> {
-        // SAFETY: a live pool of this device.
+        let _ctx = self.device.bind()?;
+        // SAFETY: a live pool of this device; its context is current.
         unsafe { drv!(cuDeviceSetMemPool(self.device.raw(), self.raw)) }
     }
 
@@ -352,7 +353,11 @@ impl fmt::Debug for MemPool {
 
 impl Drop for MemPool {
     fn drop(&mut self) {
-        if self.owned {
+        if !self.owned {
+            return;
+        }
+        // Without the device's context (the driver is gone) the pool is leaked.
+        if let Ok(_ctx) = self.device.bind() {
             // SAFETY: we created the pool; the driver defers releasing memory that is still
             // allocated from it.
             let _ = unsafe { drv!(cuMemPoolDestroy(self.raw)) };

@@ -656,15 +656,11 @@ impl GraphExecHandle {
     /// stream included; a stream of another device is [`Error::WrongDevice`].
     pub fn launch(&self, stream: &Stream) -> Result<()> {
         self.check_stream(stream)?;
-        // A created stream names its context; the null and per-thread handles (0, 1, 2) mean
-        // "of the current context", which must then be this device's.
-        let _ctx = if (stream.raw() as usize) <= 2 {
-            Some(self.device.bind()?)
-        } else {
-            None
-        };
-        // SAFETY: a live executable graph and a stream of its device, whose context is current
-        // when the handle needs one.
+        // The device's context is current for every stream: the null and per-thread handles
+        // (0, 1, 2) mean "of the current context", and the crate's rule is that every driver
+        // call runs inside the context it works on.
+        let _ctx = self.device.bind()?;
+        // SAFETY: a live executable graph and a stream of its device, whose context is current.
         unsafe { drv!(cuGraphLaunch(self.raw, stream.raw())) }
     }
 
@@ -714,8 +710,11 @@ impl GraphExecHandle {
 
 impl Drop for GraphExecHandle {
     fn drop(&mut self) {
-        // SAFETY: we own the executable graph; the driver defers freeing while it runs.
-        let _ = unsafe { drv!(cuGraphExecDestroy(self.raw)) };
+        // Without the device's context (the driver is gone) the graph is leaked.
+        if let Ok(_ctx) = self.device.bind() {
+            // SAFETY: we own the executable graph; the driver defers freeing while it runs.
+            let _ = unsafe { drv!(cuGraphExecDestroy(self.raw)) };
+        }
     }
 }
 

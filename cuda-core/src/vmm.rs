@@ -10,8 +10,9 @@
 //! - [`PhysicalAllocation`]: device memory without an address (`cuMemCreate`, released with
 //!   `cuMemRelease` on drop);
 //! - [`VirtualRange::map`] / [`VirtualRange::unmap`] / [`VirtualRange::set_access`] to put
-//!   physical memory at an address and make it readable and writable by a device (and the
-//!   `unsafe` raw-address forms [`map`], [`unmap`], [`set_access`]).
+//!   physical memory at an address and make it readable and writable by a device (`unmap`
+//!   is `unsafe`: the caller promises that no pending work uses the addresses), and the
+//!   `unsafe` raw-address forms [`map`], [`unmap`], [`set_access`].
 //!
 //! Driver rules worth knowing: sizes and offsets are multiples of the granularity; a mapping
 //! is unmapped as a whole (`cuMemUnmap` cannot split one `cuMemMap`); physical memory lives
@@ -31,7 +32,8 @@
 //! range.map(page, &phys)?;                 // the second page of the range
 //! range.set_access(page, page, &dev)?;     // read-write for `dev`
 //! // ... use range.base() + page .. + 2 * page as device memory ...
-//! range.unmap(page, page)?;
+//! // SAFETY: nothing queued on the device uses the page any more.
+//! unsafe { range.unmap(page, page) }?;
 //! drop(phys); // released now that nothing maps it
 //! # Ok::<(), cuda_core::Error>(())
 //! ```
@@ -178,11 +180,20 @@ impl VirtualRange {
     }
 
     /// Unmaps `len` bytes at `base() + offset` (`cuMemUnmap`); they must be whole mappings.
-    /// Not stream-ordered: the caller makes sure no pending device work uses them.
-    pub fn unmap(&self, offset: usize, len: usize) -> Result<()> {
+    /// Not stream-ordered. [`Error::OutOfRange`] when the bytes do not lie inside the range.
+    ///
+    /// # Safety
+    ///
+    /// No device work that uses these addresses may still be pending (queued or running on
+    /// any stream, or captured in a graph that will be launched), and no view (such as an
+    /// `UnownedMemory` over them) may be used to reach them afterwards: device access to
+    /// unmapped addresses is a fault, and if other memory is mapped there later it is
+    /// silently read or overwritten.
+    pub unsafe fn unmap(&self, offset: usize, len: usize) -> Result<()> {
         let addr = self.check(offset, len)?;
         let _ctx = self.device.bind()?;
-        // SAFETY: the target lies inside this reservation, which this value owns.
+        // SAFETY: the target lies inside this reservation, which this value owns; nothing
+        // pending or live uses it (our caller's contract).
         unsafe { unmap(addr, len) }
     }
 

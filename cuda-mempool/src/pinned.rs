@@ -14,7 +14,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use cuda_core::memory::{PinnedFlags, PinnedMemory};
-use cuda_core::{Device, Event, Stream};
+use cuda_core::{Device, Event, Stream, StreamKind};
 
 use crate::backend::DeviceId;
 use crate::error::PoolError;
@@ -110,7 +110,7 @@ impl Inner {
 /// let mut block = pool.malloc(&dev, 1 << 20)?;
 /// block[0] = 7;
 /// let stream = Stream::new(&dev)?;
-/// block.record_stream(&stream); // an async copy from the block was queued on `stream`
+/// block.record_stream(&stream)?; // an async copy from the block was queued on `stream`
 /// drop(block); // reused only once `stream` has passed this point
 /// assert_eq!(pool.n_free_blocks(), 1);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -331,10 +331,19 @@ impl std::fmt::Debug for PinnedBlock {
 impl PinnedBlock {
     /// Notes that device work queued on `stream` uses the block (an asynchronous copy from
     /// or to it); its reuse then waits for that work.
-    pub fn record_stream(&mut self, stream: &Stream) {
+    ///
+    /// [`PoolError::PerThreadStream`] for the per-thread default stream
+    /// ([`Stream::per_thread`]), which names a different stream on every thread: the fence
+    /// would be recorded on the dropping thread's stream. Nothing is recorded then; use a
+    /// created stream, or wait for the work before dropping the block.
+    pub fn record_stream(&mut self, stream: &Stream) -> Result<(), PoolError> {
+        if stream.kind() == StreamKind::PerThread {
+            return Err(PoolError::PerThreadStream);
+        }
         if self.mem.is_some() && !self.streams.iter().any(|s| s == stream) {
             self.streams.push(stream.clone());
         }
+        Ok(())
     }
 
     /// The host address (dangling for an empty block).

@@ -108,7 +108,9 @@ impl<B: TransferBuffer> Pending<B> {
             }
             Err(e) => {
                 std::mem::forget(self.buffer.take());
-                std::mem::forget(self.lease.take());
+                if let Some(lease) = self.lease.take() {
+                    lease.leak();
+                }
                 Err(e)
             }
         }
@@ -194,7 +196,8 @@ pub fn copy_to_device_async<B: TransferBuffer>(
             let staged = unsafe { staging::to_device(bytes.as_ptr(), &device_mem, stream, &cfg) };
             match staged {
                 Ok(lease) => Some(lease),
-                // The pipeline left nothing in flight.
+                // The host buffer is read by no DMA (the slots are; `to_device` leaked them
+                // if a DMA was issued).
                 Err(e) => return Err(e),
             }
         }
@@ -265,7 +268,11 @@ fn fence<B: TransferBuffer>(
         Err(e) => {
             if stream.synchronize().is_err() {
                 std::mem::forget(buffer);
-                std::mem::forget(lease);
+            }
+            // An error after the slots' DMAs were issued: never reuse them, even if the
+            // stream's wait succeeded.
+            if let Some(lease) = lease {
+                lease.leak();
             }
             Err(e.into())
         }
@@ -277,7 +284,8 @@ struct Fence {
     event: Option<Event>,
     stream: Stream,
     _device: DevicePtr,
-    _lease: Option<Lease>,
+    /// Staging slots still read by DMAs.
+    lease: Option<Lease>,
 }
 
 /// Asynchronous transfers of borrowed slices (see [`scope`]).
@@ -344,13 +352,17 @@ impl<'scope> Scope<'scope, '_> {
             std::mem::take(&mut *self.fences.lock().unwrap_or_else(PoisonError::into_inner));
         let mut first = Ok(());
         for fence in fences {
-            let Some(event) = fence.event else { continue };
+            let Some(event) = &fence.event else { continue };
             if let Err(e) = event.synchronize() {
                 if first.is_ok() {
                     first = Err(e.into());
                 }
                 if fence.stream.synchronize().is_err() {
                     let _ = fence.stream.device().synchronize();
+                }
+                // A DMA from staging slots may still run: never reuse them.
+                if let Some(lease) = fence.lease {
+                    lease.leak();
                 }
             }
         }
@@ -428,20 +440,23 @@ impl<'scope> Scope<'scope, '_> {
 
     fn fence(&self, stream: &Stream, device_mem: DevicePtr, lease: Option<Lease>) -> Result<()> {
         let event = Event::new(&stream.device()).and_then(|e| e.record(stream).map(|()| e));
-        let (event, result) = match event {
-            Ok(e) => (Some(e), Ok(())),
+        let (event, lease, result) = match event {
+            Ok(e) => (Some(e), lease, Ok(())),
             Err(e) => {
                 // No event: wait for the stream now (the scope's end would have nothing to
-                // wait on).
+                // wait on). An error after the slots' DMAs were issued: never reuse them.
                 let _ = stream.synchronize();
-                (None, Err(e.into()))
+                if let Some(lease) = lease {
+                    lease.leak();
+                }
+                (None, None, Err(e.into()))
             }
         };
         self.push(Fence {
             event,
             stream: stream.clone(),
             _device: device_mem,
-            _lease: lease,
+            lease,
         });
         result
     }

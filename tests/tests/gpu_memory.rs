@@ -856,7 +856,8 @@ fn virtual_memory_reserve_create_map_access_and_release() {
         let r = VirtualRange::reserve(&dev, g, 0).unwrap();
         let p = PhysicalAllocation::new(&dev, g).unwrap();
         r.map(0, &p).unwrap();
-        r.unmap(0, g).unwrap();
+        // SAFETY: nothing was queued on the mapping.
+        unsafe { r.unmap(0, g) }.unwrap();
     }
     let before = free_memory(&dev);
 
@@ -880,7 +881,8 @@ fn virtual_memory_reserve_create_map_access_and_release() {
         Err(Error::OutOfRange { .. })
     ));
     assert!(matches!(
-        range.unmap(0, 5 * g),
+        // SAFETY: rejected before any driver call (out of the range).
+        unsafe { range.unmap(0, 5 * g) },
         Err(Error::OutOfRange { .. })
     ));
     assert!(matches!(
@@ -924,7 +926,8 @@ fn virtual_memory_reserve_create_map_access_and_release() {
         before - free_memory(&dev) >= 2 * g,
         "mapped memory outlives its handle"
     );
-    range.unmap(g, 2 * g).unwrap();
+    // SAFETY: the view is dropped and its work synchronised (`sync_legacy` above).
+    unsafe { range.unmap(g, 2 * g) }.unwrap();
     let range = Arc::try_unwrap(range).expect("the view is gone");
     drop(range);
     let after = free_memory(&dev);

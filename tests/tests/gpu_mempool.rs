@@ -343,6 +343,26 @@ fn async_pool_round_trip() {
     assert_eq!(pool.total_bytes().unwrap(), 0);
 }
 
+/// PinnedMemoryPool: `record_stream` refuses the per-thread default stream (its fence would
+/// land on the dropping thread's stream) with a typed error and records nothing.
+#[test]
+fn pinned_record_stream_refuses_the_per_thread_stream() {
+    let _s = serial();
+    let dev = dev0();
+    let pool = PinnedMemoryPool::new();
+    let mut p = pool.malloc(&dev, MIB).unwrap();
+    let err = p.record_stream(&Stream::per_thread(&dev)).unwrap_err();
+    assert!(matches!(err, PoolError::PerThreadStream), "{err}");
+    assert!(err.to_string().contains("use a created stream"), "{err}");
+    assert!(format!("{p:?}").contains("streams: 0"), "{p:?}");
+    let created = Stream::new(&dev).unwrap();
+    p.record_stream(&created).unwrap();
+    assert!(format!("{p:?}").contains("streams: 1"), "{p:?}");
+    drop(p);
+    created.synchronize().unwrap();
+    pool.free_all_blocks();
+}
+
 /// PinnedMemoryPool: a block used by a copy queued behind a slow kernel is not reused
 /// until the copy is done; afterwards it is.
 #[test]
@@ -364,7 +384,7 @@ fn pinned_reuse_waits_for_slow_copy() {
             .unwrap();
         raw::copy_dtoh_async(&dev, p.as_mut_ptr(), d.as_raw(), size, &s).unwrap();
     }
-    p.record_stream(&s);
+    p.record_stream(&s).unwrap();
     drop(p);
     assert_eq!(pool.n_free_blocks(), 1);
     let q = pool.malloc(&dev, size).unwrap();

@@ -22,6 +22,7 @@
 //! # Ok::<(), cuda_xfer::Error>(())
 //! ```
 
+pub(crate) mod lease;
 pub(crate) mod pipeline;
 pub(crate) mod plan;
 pub(crate) mod pool;
@@ -32,7 +33,7 @@ mod sim;
 mod tests;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use cuda_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
 use cuda_core::{Device, Event, Stream};
@@ -205,7 +206,7 @@ pub(crate) fn count_route(staged: bool, bytes: usize) {
 }
 
 /// Page-locked slots and their fences, for one device.
-struct Staging {
+pub(crate) struct Staging {
     device: Device,
     chunk: usize,
     slots: Vec<PinnedMemory>,
@@ -215,15 +216,19 @@ struct Staging {
 /// Most idle staging sets kept for reuse (each is `slots * chunk_bytes` of pinned memory).
 const MAX_CACHED: usize = 4;
 
-fn cache() -> MutexGuard<'static, Vec<Staging>> {
-    static CACHE: Mutex<Vec<Staging>> = Mutex::new(Vec::new());
-    CACHE.lock().unwrap_or_else(PoisonError::into_inner)
-}
+/// The idle staging sets of every device.
+static CACHE: lease::Cache<Staging> = lease::Cache::new(MAX_CACHED);
+
+/// A staging set checked out for one transfer (see [`lease::Lease`]): back to the cache on
+/// drop, leaked instead after a failure once a DMA was issued on it.
+pub(crate) type Lease = lease::Lease<'static, Staging>;
 
 /// Frees every cached (idle) staging buffer. Staging buffers in use by a transfer are freed
-/// when it completes. Returns the number of pinned bytes released.
+/// when it completes. Staging buffers of a transfer that failed after issuing a DMA are
+/// leaked, never freed nor reused (a DMA may still target them). Returns the number of
+/// pinned bytes released.
 pub fn release_cached() -> usize {
-    let released: Vec<Staging> = std::mem::take(&mut *cache());
+    let released: Vec<Staging> = CACHE.take_all();
     released
         .iter()
         .map(|s| s.slots.len() * s.chunk)
@@ -234,62 +239,34 @@ pub fn release_cached() -> usize {
 /// configuration, so that the first staged transfer does not pay for it.
 pub fn prepare(device: &Device) -> Result<()> {
     let cfg = config();
-    let lease = Lease::checkout(device, &cfg)?;
+    let lease = checkout(device, &cfg)?;
     drop(lease);
     Ok(())
 }
 
-/// A staging set checked out for one transfer; returned to the cache on drop. Whoever holds
-/// it must not drop it while a DMA on its slots may still run.
-pub(crate) struct Lease {
-    staging: Option<Staging>,
-}
-
-impl Lease {
-    fn checkout(device: &Device, cfg: &StagingConfig) -> Result<Lease> {
-        let found = {
-            let mut cached = cache();
-            let at = cached.iter().position(|s| {
-                s.device == *device && s.chunk == cfg.chunk_bytes && s.slots.len() == cfg.slots
-            });
-            at.map(|i| cached.swap_remove(i))
-        };
-        let staging = match found {
-            Some(s) => s,
-            None => {
-                let mut slots = Vec::with_capacity(cfg.slots);
-                let mut events = Vec::with_capacity(cfg.slots);
-                for _ in 0..cfg.slots {
-                    slots.push(PinnedMemory::new(
-                        device,
-                        cfg.chunk_bytes,
-                        PinnedFlags::PORTABLE,
-                    )?);
-                    events.push(Event::new(device)?);
-                }
-                Staging {
-                    device: *device,
-                    chunk: cfg.chunk_bytes,
-                    slots,
-                    events,
-                }
+/// Leases a cached staging set of `device` that matches `cfg`, or allocates one.
+fn checkout(device: &Device, cfg: &StagingConfig) -> Result<Lease> {
+    CACHE.checkout(
+        |s| s.device == *device && s.chunk == cfg.chunk_bytes && s.slots.len() == cfg.slots,
+        || {
+            let mut slots = Vec::with_capacity(cfg.slots);
+            let mut events = Vec::with_capacity(cfg.slots);
+            for _ in 0..cfg.slots {
+                slots.push(PinnedMemory::new(
+                    device,
+                    cfg.chunk_bytes,
+                    PinnedFlags::PORTABLE,
+                )?);
+                events.push(Event::new(device)?);
             }
-        };
-        Ok(Lease {
-            staging: Some(staging),
-        })
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if let Some(staging) = self.staging.take() {
-            let mut cached = cache();
-            if cached.len() < MAX_CACHED {
-                cached.push(staging);
-            }
-        }
-    }
+            Ok(Staging {
+                device: *device,
+                chunk: cfg.chunk_bytes,
+                slots,
+                events,
+            })
+        },
+    )
 }
 
 /// Moves chunks between the slots and `device_mem` on `stream`, one event per slot.
@@ -338,7 +315,9 @@ impl DmaEngine for DriverEngine<'_> {
 
 /// Copies `len` bytes at `src` into `dst` through the staging pipeline, ordered on `stream`.
 /// Returns once every byte of `src` has been read; the last DMAs may still run: the returned
-/// lease must be kept until work recorded on `stream` after this call has completed.
+/// lease must be kept until work recorded on `stream` after this call has completed, and
+/// [leaked](lease::Lease::leak) if waiting for that work fails. On error, the staging set
+/// was leaked if a DMA had been issued on it.
 ///
 /// # Safety
 ///
@@ -349,8 +328,8 @@ pub(crate) unsafe fn to_device(
     stream: &Stream,
     cfg: &StagingConfig,
 ) -> Result<Lease> {
-    let mut lease = Lease::checkout(&dst.device(), cfg)?;
-    let Some(staging) = lease.staging.as_mut() else {
+    let mut lease = checkout(&dst.device(), cfg)?;
+    let Some(staging) = lease.set_mut() else {
         return Err(Error::InvalidConfig("staging lease without buffers".into()));
     };
     let plan = Plan::ramped(
@@ -366,8 +345,9 @@ pub(crate) unsafe fn to_device(
         events: &staging.events,
     };
     // SAFETY: `src` is readable for `plan.total()` bytes (our contract); the slots are this
-    // lease's pinned buffers of `chunk_bytes` each, used by nobody else until the lease drops.
-    unsafe {
+    // lease's pinned buffers of `chunk_bytes` each, used by nobody else until the lease drops
+    // (or never again, when `settle` leaks them).
+    let outcome = unsafe {
         pipeline::run(
             &engine,
             Direction::ToDevice,
@@ -376,22 +356,30 @@ pub(crate) unsafe fn to_device(
             &slots,
             cfg.helpers,
         )
-    }?;
-    Ok(lease)
+    };
+    lease.settle(outcome)
 }
 
-/// Waits for the last DMA of each slot of `lease` (the end of a staged copy to the device).
-pub(crate) fn finish(lease: &Lease) -> Result<()> {
-    if let Some(staging) = lease.staging.as_ref() {
-        for event in &staging.events {
-            event.synchronize()?;
+/// Waits for the last DMA of each slot of `lease` (the end of a staged copy to the device),
+/// then returns the lease to the cache; if a wait fails, leaks it instead (a DMA may still
+/// read the slots).
+pub(crate) fn finish(lease: Lease) -> Result<()> {
+    let waited = match lease.set() {
+        Some(staging) => staging.events.iter().try_for_each(Event::synchronize),
+        None => Ok(()),
+    };
+    match waited {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            lease.leak();
+            Err(e.into())
         }
     }
-    Ok(())
 }
 
 /// Copies `src` into `len = src.len()` bytes at `dst` through the staging pipeline, ordered
-/// on `stream`. Complete when it returns.
+/// on `stream`. Complete when it returns. On error, the staging set was leaked if a DMA had
+/// been issued on it.
 ///
 /// # Safety
 ///
@@ -403,8 +391,8 @@ pub(crate) unsafe fn to_host(
     stream: &Stream,
     cfg: &StagingConfig,
 ) -> Result<()> {
-    let mut lease = Lease::checkout(&src.device(), cfg)?;
-    let Some(staging) = lease.staging.as_mut() else {
+    let mut lease = checkout(&src.device(), cfg)?;
+    let Some(staging) = lease.set_mut() else {
         return Err(Error::InvalidConfig("staging lease without buffers".into()));
     };
     let plan = Plan::ramped(
@@ -420,8 +408,11 @@ pub(crate) unsafe fn to_host(
         events: &staging.events,
     };
     // SAFETY: `dst` is writable for `plan.total()` bytes (our contract); the slots are ours.
-    // On success every DMA has completed; on failure `run` waited for the slots.
-    unsafe { pipeline::run(&engine, Direction::ToHost, dst, &plan, &slots, cfg.helpers) }
+    // On success every DMA has completed; on failure `settle` leaks the slots if a DMA was
+    // issued (its wait may have failed), so no DMA can reach reused memory.
+    let outcome =
+        unsafe { pipeline::run(&engine, Direction::ToHost, dst, &plan, &slots, cfg.helpers) };
+    lease.settle(outcome).map(drop)
 }
 
 /// Granularity of chunk sizes chosen by [`chunk_for`].

@@ -56,6 +56,18 @@ pub(crate) trait DmaEngine: Sync {
     fn wait(&self, slot: usize) -> Result<()>;
 }
 
+/// A staged transfer that failed: its first error, and whether a DMA was issued on any slot
+/// (the submission attempted counts, even if it then failed). After a failure the slots are
+/// waited for, but a failed wait proves nothing, so once a DMA was issued the slots' memory
+/// must never be reused ([`Lease::settle`](super::lease::Lease::settle) leaks it).
+#[derive(Debug)]
+pub(crate) struct Failed {
+    /// The first error met.
+    pub error: Error,
+    /// Whether a DMA was (or may have been) issued on a slot.
+    pub dma_issued: bool,
+}
+
 /// A staging slot's memory (`Plan::chunk_bytes` bytes).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SlotMemory(pub *mut u8);
@@ -89,6 +101,8 @@ struct Pipeline<'a, E: DmaEngine> {
     completed: Box<[AtomicUsize]>,
     /// Whether a thread is waiting on each slot's fence.
     waiting: Box<[AtomicBool]>,
+    /// Set before the first submission is attempted.
+    dma_issued: AtomicBool,
     abort: AtomicBool,
     error: Mutex<Option<Error>>,
 }
@@ -212,6 +226,8 @@ impl<E: DmaEngine> Pipeline<'_, E> {
     fn submit(&self, k: usize) -> Result<()> {
         let range = self.plan.chunk_range(k);
         let slot = self.plan.slot_of(k);
+        // Before the call: a submission that fails part-way may still have queued the copy.
+        self.dma_issued.store(true, Ordering::Release);
         // SAFETY: to the device, every part of chunk `k` is in the slot and nobody touches the
         // slot until its fence is waited for (the next round's units wait for it); to the
         // host, every reader of the previous chunk in the slot is done.
@@ -245,8 +261,10 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 /// On success, to the host: every byte is in `host`, every DMA is done. To the device: every
 /// chunk has been copied into a slot and submitted; the last DMAs may still be running (wait
 /// for every slot, or for a later fence on the same queue, before reusing the slots).
-/// On failure, every submitted DMA has finished before this returns (the slots are idle) and
-/// the first error is returned.
+/// On failure, every slot has been waited for and the first error is returned, with whether
+/// a DMA was issued: the waits themselves may have failed, so the slots may still be the
+/// target of a DMA and their memory must never be reused then (see [`Failed`]). The host
+/// memory is never touched by a DMA, and no helper thread touches it after the return.
 ///
 /// # Safety
 ///
@@ -261,13 +279,16 @@ pub(crate) unsafe fn run<E: DmaEngine>(
     plan: &Plan,
     slots: &[SlotMemory],
     helpers: usize,
-) -> Result<()> {
+) -> std::result::Result<(), Failed> {
     if slots.len() != plan.slots() {
-        return Err(Error::InvalidConfig(format!(
-            "{} slots given for a plan of {}",
-            slots.len(),
-            plan.slots()
-        )));
+        return Err(Failed {
+            error: Error::InvalidConfig(format!(
+                "{} slots given for a plan of {}",
+                slots.len(),
+                plan.slots()
+            )),
+            dma_issued: false,
+        });
     }
     if plan.total() == 0 {
         return Ok(());
@@ -285,6 +306,7 @@ pub(crate) unsafe fn run<E: DmaEngine>(
         submitted: (0..plan.slots()).map(|_| AtomicUsize::new(0)).collect(),
         completed: (0..plan.slots()).map(|_| AtomicUsize::new(0)).collect(),
         waiting: (0..plan.slots()).map(|_| AtomicBool::new(false)).collect(),
+        dma_issued: AtomicBool::new(false),
         abort: AtomicBool::new(false),
         error: Mutex::new(None),
     };
@@ -306,12 +328,16 @@ pub(crate) unsafe fn run<E: DmaEngine>(
         .take();
     match error {
         None => Ok(()),
-        Some(e) => {
-            // Leave the slots idle: wait for whatever was submitted (errors here add nothing).
+        Some(error) => {
+            // Try to leave the slots idle. A failed wait here does not change the outcome:
+            // once a DMA was issued the caller never reuses the slots (see `Failed`).
             for slot in 0..plan.slots() {
                 let _ = engine.wait(slot);
             }
-            Err(e)
+            Err(Failed {
+                error,
+                dma_issued: pipeline.dma_issued.load(Ordering::Acquire),
+            })
         }
     }
 }

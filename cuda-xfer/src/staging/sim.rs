@@ -48,6 +48,8 @@ struct State {
     log: Vec<Logged>,
     violations: Vec<String>,
     shutdown: bool,
+    /// DMAs do not run while set (see `SimDevice::release_dmas`).
+    held: bool,
 }
 
 struct Inner {
@@ -56,6 +58,9 @@ struct Inner {
     memory: Mutex<Vec<u8>>,
     fail_submit: Option<usize>,
     fail_wait_on_slot: Option<usize>,
+    /// A failing wait returns at once, with its DMA still queued (as a real failed fence
+    /// wait may), instead of after the DMA ran.
+    fail_wait_in_flight: bool,
     max_delay_us: u64,
 }
 
@@ -96,16 +101,51 @@ impl SimDevice {
         fail_submit: Option<usize>,
         fail_wait_on_slot: Option<usize>,
     ) -> Self {
+        Self::build(
+            size,
+            fill,
+            slots,
+            max_delay_us,
+            fail_submit,
+            fail_wait_on_slot,
+            false,
+        )
+    }
+
+    /// As `new`, failing every wait on slot `slot` once something was submitted on it, at
+    /// once: the DMA waited for stays in flight. DMAs are held back until `release_dmas`
+    /// (or the drop), so a failed transfer returns with them queued. Use one slot: a wait on
+    /// another slot would block until the release.
+    pub fn with_failed_wait_in_flight(
+        size: usize,
+        fill: impl Fn(usize) -> u8,
+        slots: usize,
+        slot: usize,
+    ) -> Self {
+        Self::build(size, fill, slots, 0, None, Some(slot), true)
+    }
+
+    fn build(
+        size: usize,
+        fill: impl Fn(usize) -> u8,
+        slots: usize,
+        max_delay_us: u64,
+        fail_submit: Option<usize>,
+        fail_wait_on_slot: Option<usize>,
+        fail_wait_in_flight: bool,
+    ) -> Self {
         let inner = Arc::new(Inner {
             state: Mutex::new(State {
                 last_on_slot: vec![0; slots],
                 next_seq: 1,
+                held: fail_wait_in_flight,
                 ..State::default()
             }),
             changed: Condvar::new(),
             memory: Mutex::new((0..size).map(fill).collect()),
             fail_submit,
             fail_wait_on_slot,
+            fail_wait_in_flight,
             max_delay_us,
         });
         let for_thread = Arc::clone(&inner);
@@ -133,8 +173,15 @@ impl SimDevice {
         lock(&self.inner.state).queue.len()
     }
 
+    /// Lets held-back DMAs run (see `with_failed_wait_in_flight`).
+    pub fn release_dmas(&self) {
+        lock(&self.inner.state).held = false;
+        self.inner.changed.notify_all();
+    }
+
     /// Waits until every submitted DMA ran.
     pub fn drain(&self) {
+        self.release_dmas();
         let mut state = lock(&self.inner.state);
         while !state.queue.is_empty() {
             state = self
@@ -163,7 +210,7 @@ fn device_loop(inner: &Inner) {
         let op = {
             let mut state = lock(&inner.state);
             loop {
-                if let Some(op) = state.queue.front() {
+                if let Some(op) = state.queue.front().filter(|_| !state.held) {
                     break Op { ..*op };
                 }
                 if state.shutdown {
@@ -266,6 +313,9 @@ impl DmaEngine for SimDevice {
         let mut state = lock(&self.inner.state);
         let target = state.last_on_slot[slot];
         if self.inner.fail_wait_on_slot == Some(slot) && target > 0 {
+            if self.inner.fail_wait_in_flight {
+                return Err(injected());
+            }
             // Fail, but only after the DMA ran: a failed wait must not leave it in flight in
             // this model (the real driver's failed sync means the context is gone).
             while state.executed < target {

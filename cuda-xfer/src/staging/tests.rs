@@ -3,7 +3,11 @@
 
 use proptest::prelude::*;
 
-use super::pipeline::{run, wait_all, Direction, SlotMemory};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::lease::Cache;
+use super::pipeline::{run, wait_all, Direction, Failed, SlotMemory};
 use super::plan::Plan;
 use super::sim::{injected, SimDevice};
 
@@ -202,7 +206,13 @@ fn a_wrong_number_of_slots_is_an_error() {
             0,
         )
     };
-    assert!(r.is_err());
+    assert!(matches!(
+        r,
+        Err(Failed {
+            dma_issued: false,
+            ..
+        })
+    ));
     assert!(sim.log().is_empty());
 }
 
@@ -220,7 +230,9 @@ fn a_failed_submission_stops_the_transfer_cleanly() {
                 let mut host = vec![0u8; total];
                 // SAFETY: as in `to_device`.
                 let r = unsafe { run(&sim, direction, host.as_mut_ptr(), &plan, &s.ptrs, helpers) };
-                assert_eq!(r, Err(injected()), "{direction:?} fail_at {fail_at}");
+                let failed = r.expect_err("the transfer fails");
+                assert_eq!(failed.error, injected(), "{direction:?} fail_at {fail_at}");
+                assert!(failed.dma_issued, "a submission was attempted");
                 assert_eq!(sim.in_flight(), 0, "slots idle after a failure");
                 // Threads that had claimed work before the failure may finish it, but the
                 // transfer stops: not every chunk moves.
@@ -244,9 +256,159 @@ fn a_failed_wait_stops_the_transfer_cleanly() {
         let mut host = vec![0u8; total];
         // SAFETY: as in `to_device`.
         let r = unsafe { run(&sim, direction, host.as_mut_ptr(), &plan, &s.ptrs, 2) };
-        assert_eq!(r, Err(injected()), "{direction:?}");
+        let failed = r.expect_err("the transfer fails");
+        assert_eq!(failed.error, injected(), "{direction:?}");
+        assert!(failed.dma_issued);
         assert_eq!(sim.in_flight(), 0);
         assert!(sim.log().len() < plan.chunks());
+    }
+}
+
+/// A staging set for the lease tests: slot memory the cache hands out, counting its drops.
+struct SimSet {
+    slots: Slots,
+    drops: Arc<AtomicUsize>,
+}
+
+impl SimSet {
+    fn new(plan: &Plan, drops: &Arc<AtomicUsize>) -> SimSet {
+        SimSet {
+            slots: slots(plan),
+            drops: Arc::clone(drops),
+        }
+    }
+
+    fn addresses(&self) -> Vec<usize> {
+        self.slots.ptrs.iter().map(|p| p.0 as usize).collect()
+    }
+}
+
+impl Drop for SimSet {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Runs one transfer of `plan` through a set leased from `cache`, then settles the lease as
+/// `to_device`/`to_host` do; returns the result and the addresses of the slots used.
+fn leased_transfer(
+    cache: &Cache<SimSet>,
+    drops: &Arc<AtomicUsize>,
+    sim: &SimDevice,
+    direction: Direction,
+    plan: &Plan,
+    host: &mut [u8],
+) -> (crate::Result<()>, Vec<usize>) {
+    let lease = cache
+        .checkout(|_| true, || Ok(SimSet::new(plan, drops)))
+        .unwrap();
+    let set = lease.set().unwrap();
+    let addresses = set.addresses();
+    // SAFETY: `host` holds `plan.total()` bytes; the slots are the lease's, `chunk_bytes`
+    // each, and reach nobody else while leased (or ever, once leaked).
+    let outcome = unsafe { run(sim, direction, host.as_mut_ptr(), plan, &set.slots.ptrs, 2) };
+    (lease.settle(outcome).map(drop), addresses)
+}
+
+/// Item 6 of the soundness issue: a failed fence wait leaves a DMA in flight on a slot. The
+/// lease is then leaked: not recycled into the cache (the next transfer gets other memory),
+/// not freed (the late DMA lands in memory nobody else owns), and the late DMA breaks no rule
+/// of the slot protocol. A successful transfer, and one that fails before any DMA, do
+/// recycle their set.
+#[test]
+fn a_failed_wait_leaks_the_lease_instead_of_recycling_it() {
+    for direction in [Direction::ToDevice, Direction::ToHost] {
+        let total = 16 << 10;
+        let plan = Plan::new(total, 4 << 10, 1 << 10, 1).unwrap();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let cache: Cache<SimSet> = Cache::new(4);
+        let mut host = vec![0u8; total];
+
+        // A healthy transfer: its set goes back to the cache and is handed out again.
+        let ok_sim = SimDevice::new(total, pattern, 1, 0);
+        let (r, first) = leased_transfer(&cache, &drops, &ok_sim, direction, &plan, &mut host);
+        r.unwrap();
+        wait_all(&ok_sim, 1).unwrap();
+        assert_eq!(cache.len(), 1, "{direction:?}: recycled after success");
+
+        // The failing transfer reuses that set; its wait on slot 0 fails with the DMA queued.
+        let bad_sim = SimDevice::with_failed_wait_in_flight(total, pattern, 1, 0);
+        let (r, failed_on) = leased_transfer(&cache, &drops, &bad_sim, direction, &plan, &mut host);
+        assert_eq!(failed_on, first, "the cached set was reused");
+        assert_eq!(r, Err(injected()), "{direction:?}");
+        assert_eq!(
+            bad_sim.in_flight(),
+            1,
+            "{direction:?}: the DMA is still queued"
+        );
+        assert_eq!(cache.len(), 0, "{direction:?}: the set was not recycled");
+        assert_eq!(drops.load(Ordering::SeqCst), 0, "{direction:?}: nor freed");
+
+        // The cache hands out new memory, and a transfer through it is intact while the
+        // stale DMA is still pending.
+        let next_sim = SimDevice::new(total, pattern, 1, 0);
+        let (r, next) = leased_transfer(&cache, &drops, &next_sim, direction, &plan, &mut host);
+        r.unwrap();
+        wait_all(&next_sim, 1).unwrap();
+        assert!(
+            next.iter().all(|a| !failed_on.contains(a)),
+            "{direction:?}: a leaked slot was handed out again"
+        );
+        assert_eq!(next_sim.violations(), Vec::<String>::new());
+        assert_eq!(cache.len(), 1);
+
+        // The stale DMA lands in the leaked memory and breaks no rule.
+        bad_sim.release_dmas();
+        bad_sim.drain();
+        assert_eq!(bad_sim.violations(), Vec::<String>::new());
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            0,
+            "{direction:?}: still not freed"
+        );
+
+        // A failure before any DMA (a plan the slots do not match) recycles the set.
+        let lease = cache
+            .checkout(|_| true, || Ok(SimSet::new(&plan, &drops)))
+            .unwrap();
+        let sim = SimDevice::new(total, pattern, 1, 0);
+        let two = Plan::new(total, 4 << 10, 1 << 10, 2).unwrap();
+        // SAFETY: rejected before any byte is touched.
+        let outcome = unsafe {
+            run(
+                &sim,
+                direction,
+                host.as_mut_ptr(),
+                &two,
+                &lease.set().unwrap().slots.ptrs,
+                0,
+            )
+        };
+        assert!(lease.settle(outcome).is_err());
+        assert_eq!(cache.len(), 1, "{direction:?}: no DMA issued, recycled");
+        drop(cache.take_all());
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            1,
+            "{direction:?}: the one live set"
+        );
+    }
+}
+
+/// A failed submission (which may have queued its copy) leaks the lease too.
+#[test]
+fn a_failed_submission_leaks_the_lease() {
+    for direction in [Direction::ToDevice, Direction::ToHost] {
+        let total = 16 << 10;
+        let plan = Plan::new(total, 4 << 10, 1 << 10, 2).unwrap();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let cache: Cache<SimSet> = Cache::new(4);
+        let mut host = vec![0u8; total];
+        let sim = SimDevice::with_failures(total, pattern, 2, 0, Some(1), None);
+        let (r, _) = leased_transfer(&cache, &drops, &sim, direction, &plan, &mut host);
+        assert_eq!(r, Err(injected()), "{direction:?}");
+        assert_eq!(cache.len(), 0, "{direction:?}: not recycled");
+        assert_eq!(drops.load(Ordering::SeqCst), 0, "{direction:?}: not freed");
     }
 }
 

@@ -1,0 +1,15 @@
+// An `Allocation` borrows its `MemoryPool`: it cannot outlive it.
+use cuda_mempool::{DeviceId, MemoryPool, SimDevice, SimulatedBackend, StreamId};
+
+fn main() {
+    let allocation;
+    {
+        let pool = MemoryPool::new(SimulatedBackend::new(vec![SimDevice {
+            total_memory: 1 << 30,
+            granularity: None,
+        }]))
+        .unwrap();
+        allocation = pool.malloc(DeviceId(0), StreamId(0), 512).unwrap();
+    }
+    drop(allocation);
+}

@@ -1,0 +1,7 @@
+// An `AllocatorGuard` restores the thread-local allocator of the thread that made it: it is
+// not `Send`.
+fn assert_send<T: Send>() {}
+
+fn main() {
+    assert_send::<cuda_mempool::allocator::AllocatorGuard>();
+}

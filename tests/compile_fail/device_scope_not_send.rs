@@ -1,0 +1,6 @@
+// A `DeviceScope` restores the current device of the thread that made it: it is not `Send`.
+fn assert_send<T: Send>() {}
+
+fn main() {
+    assert_send::<cuda_core::DeviceScope>();
+}

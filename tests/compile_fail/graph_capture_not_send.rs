@@ -1,0 +1,6 @@
+// A capture must end on the thread that began it: `Capture` is not `Send`.
+fn assert_send<T: Send>() {}
+
+fn main() {
+    assert_send::<cuda_graph::Capture<'static>>();
+}

@@ -1,0 +1,6 @@
+// Capture-mode rules are per thread: `Capture` is not `Sync` either.
+fn assert_sync<T: Sync>() {}
+
+fn main() {
+    assert_sync::<cuda_graph::Capture<'static>>();
+}
