@@ -122,13 +122,6 @@ pub enum PoolError {
         ptr: u64,
     },
 
-    /// A block was marked as used on the per-thread default stream (`Stream::per_thread`).
-    /// Its handle means "the calling thread's own stream", so a fence recorded for it by
-    /// the thread that drops the block would land on that thread's stream, not on the one
-    /// that used the block.
-    #[error("the per-thread default stream names a different stream on every thread; use a created stream")]
-    PerThreadStream,
-
     /// The backend failed (a driver error for the driver backend).
     #[error("backend call {op} failed: {source}")]
     Backend {

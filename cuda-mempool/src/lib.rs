@@ -27,7 +27,8 @@
 //!   block of its stream; small (≤ 1 MiB) and large blocks live in separate segments.
 //! * A block freed on stream A is reused on A at once. Its memory goes to stream B only
 //!   after a fence recorded on A after the free has completed; with
-//!   [`Allocation::record_stream`], a block's free also waits for the listed streams.
+//!   [`Allocation::record_stream`] (or any `cuda_core` view's asynchronous operation, or
+//!   `DevicePtr::record_stream`), a block's free also waits for the listed streams.
 //!   Fences are recorded lazily on the slow path, so the hot path never calls the
 //!   backend and never blocks the host (the one exception: freeing a block marked
 //!   with `record_stream` records a fence on each of its other streams).
@@ -38,13 +39,22 @@
 //! * Out of memory: the pool waits for fences and releases cached memory, retries, and
 //!   then fails with [`PoolError::OutOfMemory`] carrying the requested, used and
 //!   reserved bytes and the limit. [`MemoryPool::set_limit`] is a hard cap.
-//! * During a CUDA graph capture, `DevicePool::malloc_stream` (and everything built on it)
-//!   refuses to allocate on the capturing stream with [`PoolError::CaptureInProgress`]: a
-//!   block handed out there would be freed and reused while the graph still writes it on
-//!   every replay. Allocate before capturing, or use [`AsyncPool`], whose allocations become
-//!   graph memory nodes. The check costs one atomic load unless a capture begun through
-//!   `cuda-core` / `cuda-graph` is running; captures begun by foreign code are not seen, and
-//!   the raw `MemoryPool::malloc(device, StreamId, ..)` cannot check.
+//! * Streams: the pool holds a clone of a stream only while blocks made on it are live
+//!   (or its owner still holds it). Once the last block is freed it records a fence
+//!   covering the stream's frees and lets go ([`backend`] explains the rule), so streams
+//!   may be created and destroyed freely: a later stream adopts the idle cache, and a new
+//!   stream that gets an old handle's value first waits for the old fence.
+//!   [`Stats`] counts shards, attached streams and reserved address space.
+//! * During a CUDA graph capture, `DevicePool::malloc_stream` (and everything built on it,
+//!   the C ABI included) serves the capturing stream from a private pool of that capture:
+//!   its memory is reused only inside the capture, in capture order, and released once the
+//!   graph and every executable graph made from it are destroyed
+//!   ([`MemoryPool::malloc_private`]). Captures begun through `cuda-core`/`cuda-graph` cost
+//!   one atomic load to detect; external streams (PyTorch's, CuPy's) are asked each time.
+//! * Failures leave the pool as it was: out of memory gives back what the attempt reserved
+//!   ([`PoolError::OutOfMemory`] says whether the limit, the device or the address space
+//!   ran out); a backend failure is a typed error, and the pool keeps serving (the
+//!   simulated backend can fail any call, see [`sim::SimCall`]).
 //! * The hot path takes only a per-(device, stream) lock; see [`pool`] for the locking
 //!   structure and [`stats`] for what that means for peaks.
 //!

@@ -7,9 +7,6 @@
 //!
 //! CPU only: the programs are compiled, never run. Left out of GPU builds (`gpu` feature):
 //! the GPU bundle ships test binaries to a machine without cargo or the sources.
-//!
-//! `tests/compile_fail_pending/` holds cases for promises that a pending change will make
-//! hold; they join this suite when it lands.
 
 #[test]
 fn soundness_promises_are_enforced_by_the_compiler() {

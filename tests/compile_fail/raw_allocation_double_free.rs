@@ -1,6 +1,5 @@
-// Pending on issue 26 (lead's change): `RawAllocation` stops being `Copy`, and
-// `MemoryPool::free_raw` consumes it, so the same raw allocation cannot be freed twice.
-// Moved into `tests/compile_fail/` (with its `.stderr`) once that change lands.
+// `RawAllocation` is not `Copy` and `MemoryPool::free_raw` consumes it: the same raw
+// allocation cannot be freed twice (issue 26, item 5).
 use cuda_mempool::{DeviceId, MemoryPool, SimDevice, SimulatedBackend, StreamId};
 
 fn main() {
@@ -10,7 +9,7 @@ fn main() {
     }]))
     .unwrap();
     let raw = pool
-        .malloc(DeviceId(0), StreamId(0), 512)
+        .malloc(DeviceId(0), &StreamId(0), 512)
         .unwrap()
         .into_raw();
     pool.free_raw(raw).unwrap();
