@@ -351,10 +351,17 @@ impl Stream {
         } else {
             raw as usize as u64
         };
+        // The implicit handles keep their meaning: CU_STREAM_LEGACY is the legacy null
+        // stream, CU_STREAM_PER_THREAD the calling thread's own stream.
+        let kind = match raw as usize {
+            LEGACY_HANDLE => StreamKind::LegacyNull,
+            PER_THREAD_HANDLE => StreamKind::PerThread,
+            _ => StreamKind::External,
+        };
         Ok(Stream {
             raw,
             device: *device,
-            kind: StreamKind::External,
+            kind,
             identity,
             owner: keep_alive.map(|k| {
                 Arc::new(Owner {
