@@ -327,7 +327,9 @@ impl Stream {
         raw: CUstream,
         keep_alive: Option<Box<dyn Any + Send + Sync>>,
     ) -> Result<Stream> {
-        if !is_implicit(raw) {
+        // The driver refuses to say a stream's device while the stream is being captured
+        // (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED): then the caller's word is taken.
+        if !is_implicit(raw) && !is_capturing(*device, raw) {
             let mut actual = 0;
             let asked = with_context(*device, false, |_| {
                 // SAFETY: the caller vouches for the handle; valid out-pointer.
@@ -606,6 +608,30 @@ impl Stream {
             _not_send: PhantomData,
         }
     }
+}
+
+/// Whether the stream behind `raw` is being captured (errors count as capturing, which only
+/// skips a check).
+fn is_capturing(device: Device, raw: CUstream) -> bool {
+    let mut status = cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: cuda_sys::cuuint64_t = 0;
+    let asked = with_context(device, false, |_| {
+        // SAFETY: the caller of `external` vouches for the handle; valid out-pointers; the
+        // optional outputs are null.
+        unsafe {
+            drv!(cuStreamGetCaptureInfo(
+                raw,
+                &mut status,
+                &mut id,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            ))
+        }
+    });
+    !matches!(asked, Ok(()))
+        || status != cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
 }
 
 /// `true` for the handles that mean "an implicit stream of the current context".

@@ -120,6 +120,9 @@ fn capture_with_private_pool_replays_correctly_and_returns_its_memory() {
         let data = random_u32s(&mut seed, n);
         s.synchronize().unwrap();
         write_u32(input.as_raw(), &data);
+        // A synchronous copy from pageable memory may return before its DMA lands; `s` is
+        // non-blocking, so order it explicitly (issue 25's point).
+        Stream::null(&dev).synchronize().unwrap();
         exec.launch(&s).unwrap();
         if replay % 50 == 0 || replay == 999 {
             s.synchronize().unwrap();
