@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use cuda_sys::{
     CUdevice_attribute, CUdeviceptr, CUmemAllocationHandleType, CUmemAllocationType,
-    CUmemPoolProps, CUmemPool_attribute, CUmemoryPool,
+    CUmemPool_attribute, CUmemoryPool,
 };
 
 use crate::driver::drv;
@@ -159,15 +159,13 @@ impl MemPool {
     /// `max_size` bytes when given (`CUmemPoolProps::maxSize`; 0 or `None`: no limit beyond
     /// the device's memory). Destroyed on drop.
     pub fn new(device: &Device, max_size: Option<usize>) -> Result<MemPool> {
-        let props = CUmemPoolProps {
-            allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-            handleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-            location: Location::Device(*device).to_raw(),
-            win32SecurityAttributes: std::ptr::null_mut(),
-            maxSize: max_size.unwrap_or(0),
-            usage: 0,
-            reserved: [0; 54],
-        };
+        // `maxSize` needs a 12.2 driver: `Error::DriverTooOld` before, unless no limit is asked.
+        let props = crate::driver::api()?.mem_pool_props(
+            CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            Location::Device(*device).to_raw(),
+            max_size.unwrap_or(0),
+        )?;
         let _ctx = device.bind()?;
         let mut raw: CUmemoryPool = std::ptr::null_mut();
         // SAFETY: valid out-pointer; a fully initialised property struct (reserved zeroed).

@@ -317,7 +317,7 @@ impl Stream {
             let mut actual = 0;
             let asked = with_context(*device, false, |_| {
                 // SAFETY: the caller vouches for the handle; valid out-pointer.
-                unsafe { drv!(cuStreamGetDevice(raw, &mut actual)) }
+                unsafe { drv!(stream_get_device as "cuStreamGetDevice" (raw, &mut actual)) }
             });
             match asked {
                 Ok(()) if actual != device.raw() => {
@@ -327,7 +327,7 @@ impl Stream {
                         actual,
                     })
                 }
-                Ok(()) | Err(Error::MissingSymbol(_)) => {}
+                Ok(()) | Err(Error::MissingSymbol(_) | Error::DriverTooOld { .. }) => {}
                 Err(e) => return Err(e),
             }
         }
