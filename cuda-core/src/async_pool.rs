@@ -34,8 +34,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use cuda_sys::{
-    CUdevice_attribute, CUdeviceptr, CUmemAllocationHandleType, CUmemAllocationType,
-    CUmemPool_attribute, CUmemoryPool,
+    CUdeviceptr, CUmemAllocationHandleType, CUmemAllocationType, CUmemPool_attribute, CUmemoryPool,
 };
 
 use crate::driver::drv;
@@ -46,8 +45,9 @@ use crate::Device;
 
 /// Whether `device` supports stream-ordered allocation
 /// (`CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`).
+/// Decided by [`crate::features`].
 pub fn is_supported(device: &Device) -> Result<bool> {
-    Ok(device.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0)
+    crate::features::supported(device, crate::Feature::StreamOrderedAllocation)
 }
 
 /// A memory pool attribute (`CUmemPool_attribute`), read and written as a `u64`
