@@ -184,8 +184,6 @@ fn generate_driver(include_dir: &Path) -> Result<String, String> {
     };
     let header = fs::read_to_string(include_dir.join("cuda.h")).map_err(|e| e.to_string())?;
     let aliases = api_aliases(&header);
-    let cuda_version =
-        header_cuda_version(&header).ok_or_else(|| "cuda.h defines no CUDA_VERSION".to_string())?;
     let typedefs = include_dir.join("cudaTypedefs.h");
     println!("cargo:rerun-if-changed={}", typedefs.display());
     let abi_versions = match fs::read_to_string(&typedefs) {
@@ -200,7 +198,7 @@ fn generate_driver(include_dir: &Path) -> Result<String, String> {
     };
     let file: syn::File =
         syn::parse_str(&bindings.to_string()).map_err(|e| format!("parse bindgen output: {e}"))?;
-    Ok(function_table(file, &aliases, &abi_versions, cuda_version))
+    Ok(function_table(file, &aliases, &abi_versions))
 }
 
 /// `#define cuMemAlloc cuMemAlloc_v2` and `#define cuMemcpyHtoD __CUDA_API_PTDS(cuMemcpyHtoD_v2)`:
@@ -238,16 +236,6 @@ fn api_aliases(header: &str) -> HashMap<String, String> {
     map
 }
 
-/// `#define CUDA_VERSION 12040` in `cuda.h`.
-fn header_cuda_version(header: &str) -> Option<u32> {
-    header.lines().find_map(|line| {
-        let mut words = line.trim_start().strip_prefix('#')?.split_whitespace();
-        (words.next()? == "define" && words.next()? == "CUDA_VERSION")
-            .then(|| words.next()?.parse().ok())
-            .flatten()
-    })
-}
-
 /// `typedef CUresult (CUDAAPI *PFN_cuMemAdvise_v12020)(...)` in `cudaTypedefs.h`: every ABI
 /// version of every API name (`cuMemAdvise -> [8000, 12020]`). `_ptds`/`_ptsz` variants carry
 /// the same versions and are skipped.
@@ -270,13 +258,31 @@ fn abi_versions(typedefs: &str) -> HashMap<String, Vec<u32>> {
     map
 }
 
+/// The CUDA version of the ABI of the exported `symbol`: `cuX` is the first version
+/// `cudaTypedefs.h` lists for `cuX`, `cuX_vN` the N-th (`cuCtxCreate_v4`: 2.0, 3.2, 11.4, 12.5
+/// -> 12.5). Checked against every 12.x and 13.0 header set: for each `#define cuX cuX_vN`,
+/// the N-th version is the one `cuGetProcAddress` pairs with that declaration.
+fn declared_abi(symbol: &str, abi_versions: &HashMap<String, Vec<u32>>) -> Option<u32> {
+    let sorted = |api: &str| {
+        let mut vs = abi_versions.get(api)?.clone();
+        vs.sort_unstable();
+        vs.dedup();
+        Some(vs)
+    };
+    if let Some((base, n)) = symbol.rsplit_once("_v") {
+        if let (Ok(n), Some(vs)) = (n.parse::<usize>(), sorted(base)) {
+            return vs.get(n.checked_sub(1)?).copied();
+        }
+    }
+    sorted(symbol)?.first().copied()
+}
+
 /// Replaces bindgen's `extern "C"` block with: a `pfn` module of function pointer types, the
 /// `DRIVER_ENTRY_POINTS` list, `DriverTable` and one `Driver` method per entry point.
 fn function_table(
     file: syn::File,
     aliases: &HashMap<String, String>,
     abi_versions: &HashMap<String, Vec<u32>>,
-    cuda_version: u32,
 ) -> String {
     use quote::{format_ident, quote};
     let mut kept = Vec::new();
@@ -328,18 +334,14 @@ fn function_table(
             .get(&symbol)
             .cloned()
             .unwrap_or_else(|| symbol.clone());
-        // The ABI `cuGetProcAddress(api, CUDA_VERSION)` answers with: the newest version of
-        // `api` not newer than the headers. A driver older than it would answer with an older
-        // ABI, so the loader refuses the entry point there. Entry points resolved by their
-        // exact versioned symbol cannot be handed out with another ABI: 0.
-        let since: u32 = if by_proc_address {
-            abi_versions
-                .get(&api)
-                .and_then(|vs| vs.iter().copied().filter(|v| *v <= cuda_version).max())
-                .unwrap_or(0)
-        } else {
-            0
-        };
+        // The CUDA version of the ABI this declaration has (see `declared_abi`). The loader asks
+        // `cuGetProcAddress` for exactly that version, and refuses the entry point on an older
+        // driver. Not `CUDA_VERSION`: 12.3+ headers keep `cuStreamGetCaptureInfo` on `_v2`
+        // (11.3) while `cuGetProcAddress(.., 12030+)` answers with `_v3`, whose arguments differ.
+        let since = declared_abi(&symbol, abi_versions);
+        // A versioned symbol whose version is unknown is looked up by its exact name.
+        let by_proc_address = by_proc_address && (since.is_some() || symbol == api);
+        let since: u32 = since.unwrap_or(0);
         let name = format_ident!("{}", api);
         let inputs = &f.sig.inputs;
         let output = &f.sig.output;

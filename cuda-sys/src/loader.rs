@@ -25,11 +25,10 @@ pub struct EntryPoint {
     /// `false` where `cuGetProcAddress` would answer with another ABI than the declaration's
     /// (the header declares both `cuX` and a distinct `cuX_vN`): resolved with `dlsym` only.
     pub by_proc_address: bool,
-    /// The CUDA version whose ABI of `api` this binding declares (from `cudaTypedefs.h`);
-    /// 0 where unknown or where the exact `symbol` is looked up. A driver older than this
-    /// would answer `cuGetProcAddress` with an older ABI, so the loader leaves the entry
-    /// point out there and calls through it return [`MissingSymbol`] with
-    /// [`MissingSymbol::is_driver_too_old`].
+    /// The CUDA version whose ABI of `api` this binding declares (from `cudaTypedefs.h`); 0
+    /// where unknown. `cuGetProcAddress` is asked for exactly this version. A driver older
+    /// than it would answer with an older ABI, so the loader leaves the entry point out there
+    /// and calls through it return [`MissingSymbol`] with [`MissingSymbol::is_driver_too_old`].
     pub since: u32,
 }
 
@@ -302,7 +301,13 @@ impl Driver {
                 let ptr = if too_old(entry.since) {
                     std::ptr::null_mut()
                 } else if entry.by_proc_address {
-                    lookup(entry.api, entry.symbol, CUDA_VERSION as i32)
+                    // The version of the declared ABI where known, else the bindings'.
+                    let at = if entry.since > 0 {
+                        entry.since
+                    } else {
+                        CUDA_VERSION
+                    };
+                    lookup(entry.api, entry.symbol, at as i32)
                 } else {
                     lookup(entry.api, entry.symbol, 0)
                 };

@@ -248,7 +248,11 @@ fn a_driver_older_than_the_bindings_is_never_handed_a_newer_abi() {
             let asked_main = asked.iter().any(|(a, s, v)| {
                 a == api
                     && s.as_bytes() == entry.symbol.to_bytes()
-                    && (*v == CUDA_VERSION as i32 || *v == 0)
+                    && !compat::COMPAT_ENTRY_POINTS.iter().any(|(ca, cs, cv)| {
+                        ca.to_bytes() == a.as_bytes()
+                            && cs.to_bytes() == s.as_bytes()
+                            && *cv as i32 == *v
+                    })
             });
             assert!(!asked_main, "{api}: asked an old driver for a newer ABI");
         } else {
@@ -376,6 +380,46 @@ fn a_driver_older_than_the_bindings_is_never_handed_a_newer_abi() {
     assert_eq!((err.needed, err.driver), (12020, old));
     let props = driver.mem_pool_props(pinned, none, device(0), 0).unwrap();
     assert_eq!(props.location.id, 0);
+}
+
+#[test]
+fn each_entry_point_is_asked_for_at_the_version_of_its_declared_abi() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (_, asked) = fake_driver(CUDA_VERSION.max(13000));
+    for entry in DRIVER_ENTRY_POINTS.iter() {
+        let expected = match (entry.by_proc_address, entry.since) {
+            (false, _) => 0,
+            (true, 0) => CUDA_VERSION as i32,
+            (true, since) => since as i32,
+        };
+        let ok = asked.iter().any(|(a, s, v)| {
+            a.as_bytes() == entry.api.to_bytes()
+                && s.as_bytes() == entry.symbol.to_bytes()
+                && *v == expected
+        });
+        assert!(ok, "{entry:?} not asked at {expected}");
+        assert!(entry.since <= CUDA_VERSION, "{entry:?}");
+    }
+    // The declaration 12.3+ headers keep on the 11.3 ABI is asked for at 11.3, not at the
+    // headers' version (which would answer with `_v3`).
+    if let Some(e) = DRIVER_ENTRY_POINTS
+        .iter()
+        .find(|e| e.symbol.to_bytes() == b"cuStreamGetCaptureInfo_v2")
+    {
+        assert_eq!(e.since, 11030);
+    }
+    if let Some(e) = DRIVER_ENTRY_POINTS
+        .iter()
+        .find(|e| e.symbol.to_bytes() == b"cuStreamGetCaptureInfo_v3")
+    {
+        assert_eq!(e.since, 12030);
+    }
+    if let Some(e) = DRIVER_ENTRY_POINTS
+        .iter()
+        .find(|e| e.symbol.to_bytes() == b"cuCtxCreate_v2")
+    {
+        assert_eq!(e.since, 3020);
+    }
 }
 
 #[test]

@@ -5797,9 +5797,9 @@ pub mod pfn {
         resource: *mut CUdevResource,
         type_: CUdevResourceType,
     ) -> CUresult;
-    /// `cuCtxGetDevice` (API name `cuCtxGetDevice`).
+    /// `cuCtxGetDevice` (API name `cuCtxGetDevice`, ABI of CUDA 2.0).
     pub type cuCtxGetDevice = unsafe extern "C" fn(device: *mut CUdevice) -> CUresult;
-    /// `cuCtxGetDevice_v2` (API name `cuCtxGetDevice_v2`).
+    /// `cuCtxGetDevice_v2` (API name `cuCtxGetDevice_v2`, ABI of CUDA 13.0).
     pub type cuCtxGetDevice_v2 = unsafe extern "C" fn(
         device: *mut CUdevice,
         ctx: CUcontext,
@@ -5862,9 +5862,9 @@ pub mod pfn {
     pub type cuCtxSetSharedMemConfig = unsafe extern "C" fn(
         config: CUsharedconfig,
     ) -> CUresult;
-    /// `cuCtxSynchronize` (API name `cuCtxSynchronize`).
+    /// `cuCtxSynchronize` (API name `cuCtxSynchronize`, ABI of CUDA 2.0).
     pub type cuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
-    /// `cuCtxSynchronize_v2` (API name `cuCtxSynchronize_v2`).
+    /// `cuCtxSynchronize_v2` (API name `cuCtxSynchronize_v2`, ABI of CUDA 13.0).
     pub type cuCtxSynchronize_v2 = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
     /// `cuCtxWaitEvent` (API name `cuCtxWaitEvent`, ABI of CUDA 12.5).
     pub type cuCtxWaitEvent = unsafe extern "C" fn(
@@ -7903,12 +7903,12 @@ pub mod pfn {
         edgeData_out: *mut *const CUgraphEdgeData,
         numDependencies_out: *mut usize,
     ) -> CUresult;
-    /// `cuStreamGetCtx` (API name `cuStreamGetCtx`).
+    /// `cuStreamGetCtx` (API name `cuStreamGetCtx`, ABI of CUDA 9.2).
     pub type cuStreamGetCtx = unsafe extern "C" fn(
         hStream: CUstream,
         pctx: *mut CUcontext,
     ) -> CUresult;
-    /// `cuStreamGetCtx_v2` (API name `cuStreamGetCtx_v2`).
+    /// `cuStreamGetCtx_v2` (API name `cuStreamGetCtx_v2`, ABI of CUDA 12.5).
     pub type cuStreamGetCtx_v2 = unsafe extern "C" fn(
         hStream: CUstream,
         pCtx: *mut CUcontext,
@@ -8457,13 +8457,13 @@ pub static DRIVER_ENTRY_POINTS: [EntryPoint; 451usize] = [
         api: c"cuCtxGetDevice",
         symbol: c"cuCtxGetDevice",
         by_proc_address: false,
-        since: 0,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuCtxGetDevice_v2",
         symbol: c"cuCtxGetDevice_v2",
         by_proc_address: false,
-        since: 0,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuCtxGetExecAffinity",
@@ -8559,13 +8559,13 @@ pub static DRIVER_ENTRY_POINTS: [EntryPoint; 451usize] = [
         api: c"cuCtxSynchronize",
         symbol: c"cuCtxSynchronize",
         by_proc_address: false,
-        since: 0,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuCtxSynchronize_v2",
         symbol: c"cuCtxSynchronize_v2",
         by_proc_address: false,
-        since: 0,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuCtxWaitEvent",
@@ -10611,13 +10611,13 @@ pub static DRIVER_ENTRY_POINTS: [EntryPoint; 451usize] = [
         api: c"cuStreamGetCtx",
         symbol: c"cuStreamGetCtx",
         by_proc_address: false,
-        since: 0,
+        since: 9020,
     },
     EntryPoint {
         api: c"cuStreamGetCtx_v2",
         symbol: c"cuStreamGetCtx_v2",
         by_proc_address: false,
-        since: 0,
+        since: 12050,
     },
     EntryPoint {
         api: c"cuStreamGetDevice",
@@ -11050,9 +11050,9 @@ pub struct DriverTable {
     pub cuCtxGetCurrent: Option<pfn::cuCtxGetCurrent>,
     /// `cuCtxGetDevResource` (API name `cuCtxGetDevResource`, ABI of CUDA 12.4).
     pub cuCtxGetDevResource: Option<pfn::cuCtxGetDevResource>,
-    /// `cuCtxGetDevice` (API name `cuCtxGetDevice`).
+    /// `cuCtxGetDevice` (API name `cuCtxGetDevice`, ABI of CUDA 2.0).
     pub cuCtxGetDevice: Option<pfn::cuCtxGetDevice>,
-    /// `cuCtxGetDevice_v2` (API name `cuCtxGetDevice_v2`).
+    /// `cuCtxGetDevice_v2` (API name `cuCtxGetDevice_v2`, ABI of CUDA 13.0).
     pub cuCtxGetDevice_v2: Option<pfn::cuCtxGetDevice_v2>,
     /// `cuCtxGetExecAffinity` (API name `cuCtxGetExecAffinity`, ABI of CUDA 11.4).
     pub cuCtxGetExecAffinity: Option<pfn::cuCtxGetExecAffinity>,
@@ -11084,9 +11084,9 @@ pub struct DriverTable {
     pub cuCtxSetLimit: Option<pfn::cuCtxSetLimit>,
     /// `cuCtxSetSharedMemConfig` (API name `cuCtxSetSharedMemConfig`, ABI of CUDA 4.2).
     pub cuCtxSetSharedMemConfig: Option<pfn::cuCtxSetSharedMemConfig>,
-    /// `cuCtxSynchronize` (API name `cuCtxSynchronize`).
+    /// `cuCtxSynchronize` (API name `cuCtxSynchronize`, ABI of CUDA 2.0).
     pub cuCtxSynchronize: Option<pfn::cuCtxSynchronize>,
-    /// `cuCtxSynchronize_v2` (API name `cuCtxSynchronize_v2`).
+    /// `cuCtxSynchronize_v2` (API name `cuCtxSynchronize_v2`, ABI of CUDA 13.0).
     pub cuCtxSynchronize_v2: Option<pfn::cuCtxSynchronize_v2>,
     /// `cuCtxWaitEvent` (API name `cuCtxWaitEvent`, ABI of CUDA 12.5).
     pub cuCtxWaitEvent: Option<pfn::cuCtxWaitEvent>,
@@ -11828,9 +11828,9 @@ pub struct DriverTable {
     pub cuStreamGetAttribute: Option<pfn::cuStreamGetAttribute>,
     /// `cuStreamGetCaptureInfo_v3` (API name `cuStreamGetCaptureInfo`, ABI of CUDA 12.3).
     pub cuStreamGetCaptureInfo: Option<pfn::cuStreamGetCaptureInfo>,
-    /// `cuStreamGetCtx` (API name `cuStreamGetCtx`).
+    /// `cuStreamGetCtx` (API name `cuStreamGetCtx`, ABI of CUDA 9.2).
     pub cuStreamGetCtx: Option<pfn::cuStreamGetCtx>,
-    /// `cuStreamGetCtx_v2` (API name `cuStreamGetCtx_v2`).
+    /// `cuStreamGetCtx_v2` (API name `cuStreamGetCtx_v2`, ABI of CUDA 12.5).
     pub cuStreamGetCtx_v2: Option<pfn::cuStreamGetCtx_v2>,
     /// `cuStreamGetDevice` (API name `cuStreamGetDevice`, ABI of CUDA 12.8).
     pub cuStreamGetDevice: Option<pfn::cuStreamGetDevice>,
@@ -15162,7 +15162,7 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxGetDevice {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(device) }),
-            None => Err(self.missing("cuCtxGetDevice", 0)),
+            None => Err(self.missing("cuCtxGetDevice", 2000)),
         }
     }
     /** Calls `cuCtxGetDevice_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
@@ -15178,7 +15178,7 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxGetDevice_v2 {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(device, ctx) }),
-            None => Err(self.missing("cuCtxGetDevice_v2", 0)),
+            None => Err(self.missing("cuCtxGetDevice_v2", 13000)),
         }
     }
     /** Calls `cuCtxGetExecAffinity`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
@@ -15420,7 +15420,7 @@ impl Driver {
     pub unsafe fn cuCtxSynchronize(&self) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxSynchronize {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn() }),
-            None => Err(self.missing("cuCtxSynchronize", 0)),
+            None => Err(self.missing("cuCtxSynchronize", 2000)),
         }
     }
     /** Calls `cuCtxSynchronize_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
@@ -15435,7 +15435,7 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxSynchronize_v2 {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(ctx) }),
-            None => Err(self.missing("cuCtxSynchronize_v2", 0)),
+            None => Err(self.missing("cuCtxSynchronize_v2", 13000)),
         }
     }
     /** Calls `cuCtxWaitEvent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
@@ -21905,7 +21905,7 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamGetCtx {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, pctx) }),
-            None => Err(self.missing("cuStreamGetCtx", 0)),
+            None => Err(self.missing("cuStreamGetCtx", 9020)),
         }
     }
     /** Calls `cuStreamGetCtx_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
@@ -21922,7 +21922,7 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamGetCtx_v2 {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, pCtx, pGreenCtx) }),
-            None => Err(self.missing("cuStreamGetCtx_v2", 0)),
+            None => Err(self.missing("cuStreamGetCtx_v2", 12050)),
         }
     }
     /** Calls `cuStreamGetDevice`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
