@@ -280,8 +280,8 @@ impl Stream {
     /// Wraps a stream created elsewhere (by CuPy, PyTorch, a C library) without owning it:
     /// dropping the `Stream` leaves it alive (CuPy's `ExternalStream`).
     ///
-    /// Where the driver can tell (`cuStreamGetDevice`, CUDA 12.8+), a stream of another
-    /// device is rejected with [`Error::WrongDevice`].
+    /// A stream of another device is rejected with [`Error::WrongDevice`] (`cuStreamGetDevice`
+    /// on 12.8+ drivers; before, emulated exactly through the stream's context).
     ///
     /// # Safety
     ///
