@@ -51,6 +51,8 @@ fn main() {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo::rustc-check-cfg=cfg(cuda_sys_nvtx)");
+    println!("cargo::rustc-check-cfg=cfg(cuda_sys_pool_max_size)");
+    println!("cargo::rustc-check-cfg=cfg(cuda_sys_pool_usage)");
 
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let manifest_dir =
@@ -95,6 +97,8 @@ fn main() {
             println!("cargo:rustc-env=CUDA_SYS_BINDINGS_SOURCE=snapshot ({why})");
         }
     }
+
+    emit_layout_cfgs(&driver_out);
 
     // NVTX: optional, never fatal.
     if !docs_rs {
@@ -178,11 +182,23 @@ fn generate_driver(include_dir: &Path) -> Result<String, String> {
             ));
         }
     };
-    let aliases =
-        api_aliases(&fs::read_to_string(include_dir.join("cuda.h")).map_err(|e| e.to_string())?);
+    let header = fs::read_to_string(include_dir.join("cuda.h")).map_err(|e| e.to_string())?;
+    let aliases = api_aliases(&header);
+    let typedefs = include_dir.join("cudaTypedefs.h");
+    println!("cargo:rerun-if-changed={}", typedefs.display());
+    let abi_versions = match fs::read_to_string(&typedefs) {
+        Ok(text) => abi_versions(&text),
+        Err(e) => {
+            println!(
+                "cargo:warning=cuda-sys: {} unreadable ({e}): entry points carry no ABI version, so an older driver is not refused before the call",
+                typedefs.display()
+            );
+            HashMap::new()
+        }
+    };
     let file: syn::File =
         syn::parse_str(&bindings.to_string()).map_err(|e| format!("parse bindgen output: {e}"))?;
-    Ok(function_table(file, &aliases))
+    Ok(function_table(file, &aliases, &abi_versions))
 }
 
 /// `#define cuMemAlloc cuMemAlloc_v2` and `#define cuMemcpyHtoD __CUDA_API_PTDS(cuMemcpyHtoD_v2)`:
@@ -220,9 +236,54 @@ fn api_aliases(header: &str) -> HashMap<String, String> {
     map
 }
 
+/// `typedef CUresult (CUDAAPI *PFN_cuMemAdvise_v12020)(...)` in `cudaTypedefs.h`: every ABI
+/// version of every API name (`cuMemAdvise -> [8000, 12020]`). `_ptds`/`_ptsz` variants carry
+/// the same versions and are skipped.
+fn abi_versions(typedefs: &str) -> HashMap<String, Vec<u32>> {
+    let mut map: HashMap<String, Vec<u32>> = HashMap::new();
+    for line in typedefs.lines() {
+        let Some(rest) = line.split("*PFN_").nth(1) else {
+            continue;
+        };
+        let Some(name) = rest.split(')').next() else {
+            continue;
+        };
+        let Some((api, version)) = name.rsplit_once("_v") else {
+            continue;
+        };
+        if let Ok(version) = version.parse::<u32>() {
+            map.entry(api.to_string()).or_default().push(version);
+        }
+    }
+    map
+}
+
+/// The CUDA version of the ABI of the exported `symbol`: `cuX` is the first version
+/// `cudaTypedefs.h` lists for `cuX`, `cuX_vN` the N-th (`cuCtxCreate_v4`: 2.0, 3.2, 11.4, 12.5
+/// -> 12.5). Checked against every 12.x and 13.0 header set: for each `#define cuX cuX_vN`,
+/// the N-th version is the one `cuGetProcAddress` pairs with that declaration.
+fn declared_abi(symbol: &str, abi_versions: &HashMap<String, Vec<u32>>) -> Option<u32> {
+    let sorted = |api: &str| {
+        let mut vs = abi_versions.get(api)?.clone();
+        vs.sort_unstable();
+        vs.dedup();
+        Some(vs)
+    };
+    if let Some((base, n)) = symbol.rsplit_once("_v") {
+        if let (Ok(n), Some(vs)) = (n.parse::<usize>(), sorted(base)) {
+            return vs.get(n.checked_sub(1)?).copied();
+        }
+    }
+    sorted(symbol)?.first().copied()
+}
+
 /// Replaces bindgen's `extern "C"` block with: a `pfn` module of function pointer types, the
 /// `DRIVER_ENTRY_POINTS` list, `DriverTable` and one `Driver` method per entry point.
-fn function_table(file: syn::File, aliases: &HashMap<String, String>) -> String {
+fn function_table(
+    file: syn::File,
+    aliases: &HashMap<String, String>,
+    abi_versions: &HashMap<String, Vec<u32>>,
+) -> String {
     use quote::{format_ident, quote};
     let mut kept = Vec::new();
     let mut fns = Vec::new();
@@ -273,6 +334,14 @@ fn function_table(file: syn::File, aliases: &HashMap<String, String>) -> String 
             .get(&symbol)
             .cloned()
             .unwrap_or_else(|| symbol.clone());
+        // The CUDA version of the ABI this declaration has (see `declared_abi`). The loader asks
+        // `cuGetProcAddress` for exactly that version, and refuses the entry point on an older
+        // driver. Not `CUDA_VERSION`: 12.3+ headers keep `cuStreamGetCaptureInfo` on `_v2`
+        // (11.3) while `cuGetProcAddress(.., 12030+)` answers with `_v3`, whose arguments differ.
+        let since = declared_abi(&symbol, abi_versions);
+        // A versioned symbol whose version is unknown is looked up by its exact name.
+        let by_proc_address = by_proc_address && (since.is_some() || symbol == api);
+        let since: u32 = since.unwrap_or(0);
         let name = format_ident!("{}", api);
         let inputs = &f.sig.inputs;
         let output = &f.sig.output;
@@ -296,12 +365,21 @@ fn function_table(file: syn::File, aliases: &HashMap<String, String>) -> String 
             proc_macro2::Span::call_site(),
         );
         let api_str = api.clone();
-        let doc = format!(" `{symbol}` (API name `{api}`).");
+        let since_lit = proc_macro2::Literal::u32_unsuffixed(since);
+        let doc = if since > 0 {
+            format!(
+                " `{symbol}` (API name `{api}`, ABI of CUDA {}.{}).",
+                since / 1000,
+                since % 1000 / 10
+            )
+        } else {
+            format!(" `{symbol}` (API name `{api}`).")
+        };
         pfns.push(quote! {
             #[doc = #doc]
             pub type #name = unsafe extern "C" fn(#inputs) #output;
         });
-        entries.push(quote! { EntryPoint { api: #api_lit, symbol: #sym_lit, by_proc_address: #by_proc_address } });
+        entries.push(quote! { EntryPoint { api: #api_lit, symbol: #sym_lit, by_proc_address: #by_proc_address, since: #since_lit } });
         fields.push(quote! {
             #[doc = #doc]
             pub #name: Option<pfn::#name>
@@ -312,7 +390,7 @@ fn function_table(file: syn::File, aliases: &HashMap<String, String>) -> String 
             #name: unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, Option<pfn::#name>>(resolve(&DRIVER_ENTRY_POINTS[#index])) }
         });
         let method_doc = format!(
-            " Calls `{symbol}`; `Err(MissingSymbol)` when the loaded library lacks it.\n\n # Safety\n\n The arguments must satisfy the driver API's contract for `{api}`."
+            " Calls `{symbol}`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.\n\n # Safety\n\n The arguments must satisfy the driver API's contract for `{api}`."
         );
         methods.push(quote! {
             #[doc = #method_doc]
@@ -321,7 +399,7 @@ fn function_table(file: syn::File, aliases: &HashMap<String, String>) -> String 
                 match self.table.#name {
                     // SAFETY: the caller upholds the driver's contract for this call.
                     Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(#(#args),*) }),
-                    None => Err(MissingSymbol { name: #api_str }),
+                    None => Err(self.missing(#api_str, #since_lit)),
                 }
             }
         });
@@ -370,6 +448,25 @@ fn function_table(file: syn::File, aliases: &HashMap<String, String>) -> String 
     let mut out = String::from("// @generated by cuda-sys/build.rs from cuda.h; `cargo xtask bindings` refreshes the snapshot.\n");
     out.push_str(&prettyplease::unparse(&file));
     out
+}
+
+/// Cfgs for `cuda-sys`'s own hand-written code: which optional fields the bindings'
+/// `CUmemPoolProps` has (12.0 has neither `maxSize` nor `usage`; 12.2 adds `maxSize`; 12.3
+/// adds `usage`). Read from the generated file, so the snapshot path gets them too.
+fn emit_layout_cfgs(driver_rs: &Path) {
+    let Ok(text) = fs::read_to_string(driver_rs) else {
+        return;
+    };
+    let Some(start) = text.find("pub struct CUmemPoolProps_st") else {
+        return;
+    };
+    let body = text[start..].split('}').next().unwrap_or("");
+    if body.contains("pub maxSize:") {
+        println!("cargo:rustc-cfg=cuda_sys_pool_max_size");
+    }
+    if body.contains("pub usage:") {
+        println!("cargo:rustc-cfg=cuda_sys_pool_usage");
+    }
 }
 
 fn build_nvtx(include_dir: &Path, out_dir: &Path) -> Result<(), String> {

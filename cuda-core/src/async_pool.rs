@@ -34,8 +34,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use cuda_sys::{
-    CUdevice_attribute, CUdeviceptr, CUmemAllocationHandleType, CUmemAllocationType,
-    CUmemPoolProps, CUmemPool_attribute, CUmemoryPool,
+    CUdeviceptr, CUmemAllocationHandleType, CUmemAllocationType, CUmemPool_attribute, CUmemoryPool,
 };
 
 use crate::driver::drv;
@@ -47,8 +46,9 @@ use crate::Device;
 
 /// Whether `device` supports stream-ordered allocation
 /// (`CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`).
+/// Decided by [`crate::features`].
 pub fn is_supported(device: &Device) -> Result<bool> {
-    Ok(device.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0)
+    crate::features::supported(device, crate::Feature::StreamOrderedAllocation)
 }
 
 /// A memory pool attribute (`CUmemPool_attribute`), read and written as a `u64`
@@ -160,15 +160,13 @@ impl MemPool {
     /// `max_size` bytes when given (`CUmemPoolProps::maxSize`; 0 or `None`: no limit beyond
     /// the device's memory). Destroyed on drop.
     pub fn new(device: &Device, max_size: Option<usize>) -> Result<MemPool> {
-        let props = CUmemPoolProps {
-            allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-            handleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-            location: Location::Device(*device).to_raw(),
-            win32SecurityAttributes: std::ptr::null_mut(),
-            maxSize: max_size.unwrap_or(0),
-            usage: 0,
-            reserved: [0; 54],
-        };
+        // `maxSize` needs a 12.2 driver: `Error::DriverTooOld` before, unless no limit is asked.
+        let props = crate::driver::api()?.mem_pool_props(
+            CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            Location::Device(*device).to_raw(),
+            max_size.unwrap_or(0),
+        )?;
         let _ctx = device.bind()?;
         let mut raw: CUmemoryPool = std::ptr::null_mut();
         // SAFETY: valid out-pointer; a fully initialised property struct (reserved zeroed).

@@ -16,7 +16,7 @@ pub(crate) fn api() -> Result<&'static Driver> {
         match driver.init_status() {
             Some(status) if status.is_success() => Ok(driver),
             Some(status) => Err(DriverError::new(status, "cuInit").into()),
-            None => Err(cuda_sys::MissingSymbol { name: "cuInit" }.into()),
+            None => Err(cuda_sys::MissingSymbol::new("cuInit").into()),
         }
     })
     .clone()
@@ -40,6 +40,17 @@ macro_rules! drv {
         match $crate::driver::api() {
             Ok(d) => match d.$f($($arg),*) {
                 Ok(r) => $crate::driver::check(r, stringify!($f)),
+                Err(missing) => Err($crate::Error::from(missing)),
+            },
+            Err(e) => Err(e),
+        }
+    };
+    // A `cuda_sys::compat` method, reported under the driver API's name:
+    // `drv!(mem_advise as "cuMemAdvise" (ptr, len, advice, location))`.
+    ($f:ident as $name:literal ( $($arg:expr),* $(,)? )) => {
+        match $crate::driver::api() {
+            Ok(d) => match d.$f($($arg),*) {
+                Ok(r) => $crate::driver::check(r, $name),
                 Err(missing) => Err($crate::Error::from(missing)),
             },
             Err(e) => Err(e),

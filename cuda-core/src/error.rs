@@ -119,7 +119,18 @@ pub enum Error {
     Load(#[from] cuda_sys::LoadError),
     /// The installed driver lacks an entry point these bindings know.
     #[error(transparent)]
-    MissingSymbol(#[from] cuda_sys::MissingSymbol),
+    MissingSymbol(cuda_sys::MissingSymbol),
+    /// The installed driver is older than the CUDA version a call needs (an entry point whose
+    /// ABI, or a feature that, it does not have yet).
+    #[error("{symbol} needs a CUDA {needed} driver; the installed driver supports CUDA {driver}")]
+    DriverTooOld {
+        /// The entry point or feature.
+        symbol: &'static str,
+        /// The driver's version.
+        driver: crate::CudaVersion,
+        /// The version needed.
+        needed: crate::CudaVersion,
+    },
     /// A driver call failed.
     #[error(transparent)]
     Driver(#[from] DriverError),
@@ -202,5 +213,21 @@ impl Error {
     /// `true` when the driver reported `CUDA_ERROR_OUT_OF_MEMORY`.
     pub fn is_out_of_memory(&self) -> bool {
         self.driver().is_some_and(DriverError::is_out_of_memory)
+    }
+}
+
+impl From<cuda_sys::MissingSymbol> for Error {
+    /// [`Error::DriverTooOld`] when the driver is older than the entry point's ABI, else
+    /// [`Error::MissingSymbol`].
+    fn from(missing: cuda_sys::MissingSymbol) -> Self {
+        if missing.is_driver_too_old() {
+            Error::DriverTooOld {
+                symbol: missing.name,
+                driver: crate::CudaVersion(missing.driver),
+                needed: crate::CudaVersion(missing.needed),
+            }
+        } else {
+            Error::MissingSymbol(missing)
+        }
     }
 }

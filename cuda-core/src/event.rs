@@ -276,7 +276,9 @@ impl Event {
         let mut ms = 0f32;
         with_context(start.device(), false, |_| {
             // SAFETY: two live, recorded events of one device; valid out-pointer.
-            unsafe { drv!(cuEventElapsedTime(&mut ms, start.raw(), end.raw())) }
+            unsafe {
+                drv!(event_elapsed_time as "cuEventElapsedTime" (&mut ms, start.raw(), end.raw()))
+            }
         })?;
         Ok(ms)
     }

@@ -256,7 +256,7 @@ pub fn capture_info(stream: &Stream) -> Result<CaptureInfo> {
     // SAFETY: a live stream; valid out-pointers for status and id; the optional graph,
     // dependency and edge outputs are null, which the driver allows.
     unsafe {
-        drv!(cuStreamGetCaptureInfo(
+        drv!(stream_get_capture_info as "cuStreamGetCaptureInfo" (
             stream.raw(),
             &mut status,
             &mut id,

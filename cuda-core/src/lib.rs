@@ -4,6 +4,7 @@
 //! | module | what | CuPy |
 //! | --- | --- | --- |
 //! | crate root | [`is_available`], [`device_count`], [`driver_version`], [`bindings_version`] | `is_available`, `get_local_runtime_version` |
+//! | [`features`] | what the running driver supports (CUDA 12.0 through 13.x), [`Feature`] checks | - |
 //! | [`device`] | [`Device`], scopes, attributes, peer access | `Device` |
 //! | [`stream`] | [`Stream`], builder, current stream per thread, host callbacks | `Stream`, `ExternalStream`, `get_current_stream` |
 //! | [`event`] | [`Event`], builder, timing, interprocess handles | `Event`, `get_elapsed_time` |
@@ -36,6 +37,7 @@ pub mod async_pool;
 pub mod device;
 pub mod error;
 pub mod event;
+pub mod features;
 pub mod graph;
 #[cfg(feature = "library-handles")]
 pub mod handles;
@@ -52,6 +54,7 @@ pub use device::{ContextBinding, Device, DeviceScope, Uuid};
 pub use driver::{bindings_version, device_count, driver_version, is_available, CudaVersion};
 pub use error::{DriverError, Error, Result};
 pub use event::{Event, EventBuilder, IpcEventHandle};
+pub use features::Feature;
 pub use memory::{
     DeviceAlloc, DeviceMemory, DevicePtr, HostRegistration, ManagedMemory, PinnedMemory,
     UnownedMemory,

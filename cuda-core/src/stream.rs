@@ -289,8 +289,8 @@ impl Stream {
     /// Wraps a stream created elsewhere (by CuPy, PyTorch, a C library) without owning it:
     /// dropping the `Stream` leaves it alive (CuPy's `ExternalStream`).
     ///
-    /// Where the driver can tell (`cuStreamGetDevice`, CUDA 12.8+), a stream of another
-    /// device is rejected with [`Error::WrongDevice`].
+    /// A stream of another device is rejected with [`Error::WrongDevice`] (`cuStreamGetDevice`
+    /// on 12.8+ drivers; before, emulated exactly through the stream's context).
     ///
     /// # Safety
     ///
@@ -333,7 +333,7 @@ impl Stream {
             let mut actual = 0;
             let asked = with_context(*device, false, |_| {
                 // SAFETY: the caller vouches for the handle; valid out-pointer.
-                unsafe { drv!(cuStreamGetDevice(raw, &mut actual)) }
+                unsafe { drv!(stream_get_device as "cuStreamGetDevice" (raw, &mut actual)) }
             });
             match asked {
                 Ok(()) if actual != device.raw() => {
@@ -343,7 +343,7 @@ impl Stream {
                         actual,
                     })
                 }
-                Ok(()) | Err(Error::MissingSymbol(_)) => {}
+                Ok(()) | Err(Error::MissingSymbol(_) | Error::DriverTooOld { .. }) => {}
                 Err(e) => return Err(e),
             }
         }

@@ -41,9 +41,9 @@
 use std::fmt;
 
 use cuda_sys::{
-    CUdevice_attribute, CUdeviceptr, CUmemAccessDesc, CUmemAccess_flags,
-    CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp,
-    CUmemAllocationType, CUmemGenericAllocationHandle,
+    CUdeviceptr, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationGranularity_flags,
+    CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
+    CUmemGenericAllocationHandle,
 };
 
 use crate::driver::drv;
@@ -53,10 +53,9 @@ use crate::Device;
 
 /// Whether `device` supports virtual memory management
 /// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`).
+/// Decided by [`crate::features`] ([`Feature::VirtualMemory`](crate::Feature::VirtualMemory)).
 pub fn is_supported(device: &Device) -> Result<bool> {
-    Ok(device
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)?
-        != 0)
+    crate::features::supported(device, crate::Feature::VirtualMemory)
 }
 
 /// Which granularity [`granularity`] reports.

@@ -69,6 +69,9 @@ impl AsyncPool {
     /// An async pool on `device` over the pool `source` names. Sets the pool's release
     /// threshold to `u64::MAX` (see the [module documentation](self)).
     pub fn new(device: &Device, source: AsyncPoolSource) -> Result<AsyncPool, PoolError> {
+        // The driver and the device decide, before any pool call (cuda_core::features).
+        cuda_core::features::require(device, cuda_core::Feature::StreamOrderedAllocation)
+            .map_err(backend_err("AsyncPool::new"))?;
         let pool = match source {
             AsyncPoolSource::Current => MemPool::current(device),
             AsyncPoolSource::Default => MemPool::default_for(device),

@@ -8,6 +8,11 @@
 //! * Types and constants of `cuda.h`: C enums are `#[repr(transparent)]` newtypes (flag sets are
 //!   bitfield newtypes with `|`/`&`), never Rust enums, so any value the driver hands back is
 //!   valid. [`CUresult`] is `#[must_use]`.
+//! * [`compat`]: the entry points whose shape changed between CUDA 12 and 13, with their 13.0
+//!   shapes, callable the same way whatever headers the bindings came from (12.0 through 13.x)
+//!   and whatever driver is loaded: an adapter over the older entry point, or a
+//!   [`MissingSymbol`] that says the driver is too old. Generated methods whose ABI the loaded
+//!   driver does not have return that error too, never an entry point of another ABI.
 //! * [`nvtx`]: NVTX3 marks and ranges, compiled from the NVTX headers when the build found them,
 //!   no-ops otherwise.
 //!
@@ -28,6 +33,7 @@
     clippy::useless_transmute
 )]
 
+pub mod compat;
 mod loader;
 pub mod nvtx;
 

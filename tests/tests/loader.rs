@@ -94,10 +94,22 @@ fn plain_entry_points_with_a_distinct_v2_twin_are_resolved_by_exact_symbol() {
     // cuda.h 13 declares cuCtxSynchronize(void) and cuCtxSynchronize_v2(CUcontext) with no
     // #define between them; cuGetProcAddress("cuCtxSynchronize", 13000) answers with the _v2
     // ABI, so both must come from dlsym of their own symbol.
-    for (api, symbol) in [
-        (&b"cuCtxSynchronize"[..], &b"cuCtxSynchronize"[..]),
-        (b"cuCtxSynchronize_v2", b"cuCtxSynchronize_v2"),
-    ] {
+    // 12.2-12.x headers have the same shape for cuMemPrefetchAsync / cuMemPrefetchAsync_v2;
+    // 12.0/12.1 headers have no such pair.
+    let pairs: &[(&[u8], &[u8])] = if cuda_sys::CUDA_VERSION >= 13000 {
+        &[
+            (b"cuCtxSynchronize", b"cuCtxSynchronize"),
+            (b"cuCtxSynchronize_v2", b"cuCtxSynchronize_v2"),
+        ]
+    } else if cuda_sys::CUDA_VERSION >= 12020 {
+        &[
+            (b"cuMemPrefetchAsync", b"cuMemPrefetchAsync"),
+            (b"cuMemPrefetchAsync_v2", b"cuMemPrefetchAsync_v2"),
+        ]
+    } else {
+        &[]
+    };
+    for &(api, symbol) in pairs {
         let e = cuda_sys::DRIVER_ENTRY_POINTS
             .iter()
             .find(|e| e.api.to_bytes() == api)

@@ -9,8 +9,10 @@ use crate::util::{cargo_json, fail, json_str, root, Result};
 /// The bundle must travel to the GPU machine, which takes 64 MiB.
 const MAX_BUNDLE_BYTES: u64 = 64 << 20;
 
-pub fn gpu_bundle() -> Result<()> {
-    let dir = root().join("target/gpu-bundle");
+/// Builds the bundle into `dir` (`target/gpu-bundle`, or `target/gpu-bundle-<SET>` for
+/// another header set: see `headers::gpu_bundle_args`).
+pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
+    let dir = dir.to_path_buf();
     if dir.exists() {
         fs::remove_dir_all(&dir).map_err(|e| format!("clean {}: {e}", dir.display()))?;
     }
@@ -128,7 +130,12 @@ pub fn gpu_bundle() -> Result<()> {
         dir.display(),
         total as f64 / (1 << 20) as f64
     );
-    println!("xtask: run it with a device call: carry [\"target/gpu-bundle\"], command `bash target/gpu-bundle/run.sh`");
+    let rel = dir
+        .strip_prefix(root())
+        .unwrap_or(&dir)
+        .display()
+        .to_string();
+    println!("xtask: run it with a device call: carry [\"{rel}\"], command `bash {rel}/run.sh`");
     if total > MAX_BUNDLE_BYTES {
         return fail(&format!(
             "the bundle is {total} bytes, over the {MAX_BUNDLE_BYTES} that can travel"

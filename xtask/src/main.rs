@@ -2,13 +2,14 @@
 //!
 //! | command | what |
 //! | --- | --- |
-//! | `ci` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), the bindings snapshot check, the main example with and without headers |
+//! | `ci` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), the bindings snapshot check, the main example with and without headers; then the CUDA 12.0, 12.4 and 12.8 headers (fetched and cached): bindgen, `cargo check --workspace --all-targets`, cuda-sys tests |
 //! | `bindings` | regenerates `cuda-sys/src/generated/driver.rs` from the headers found |
-//! | `gpu-bundle` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh` |
+//! | `gpu-bundle [--headers SET]` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh`; with `--headers 12.4`, from those headers into `target/gpu-bundle-12.4/` |
 //! | `replay [TRACE...]` | replays allocation traces (default `../shared/traces/*.trace`) through MemoryPool on the simulated backend |
 //! | `bench-report DIR` | `results.csv` + `peers.csv` of one benchmark run -> `bench/results/REPORT.md` and SVG plots |
 
 mod bundle;
+mod headers;
 mod report;
 mod util;
 
@@ -21,7 +22,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("bindings") => bindings(),
-        Some("gpu-bundle") => bundle::gpu_bundle(),
+        Some("gpu-bundle") => headers::gpu_bundle_args(&args[1..]),
         Some("replay") => replay(&args[1..]),
         Some("bench-report") => match args.get(1) {
             Some(dir) => report::bench_report(std::path::Path::new(dir)),
@@ -31,7 +32,7 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci|bindings|gpu-bundle|replay [TRACE...]|bench-report DIR>"
+                "usage: cargo xtask <ci|bindings|gpu-bundle [--headers 12.4]|replay [TRACE...]|bench-report DIR>"
             );
             return ExitCode::from(2);
         }
@@ -104,6 +105,7 @@ fn ci() -> Result<()> {
     )?;
     step("main example");
     example_check(&[])?;
+    ci_cuda12()?;
     step("main example and loader tests on the snapshot (no headers)");
     let env = [
         ("CUDA_SYS_USE_SNAPSHOT", "1"),
@@ -185,6 +187,17 @@ fn replay(traces: &[String]) -> Result<()> {
     ];
     args.extend(files.iter().map(String::as_str));
     cargo(&args, &[])
+}
+
+/// The CUDA 12 header sets (see `headers::ci_set`).
+fn ci_cuda12() -> Result<()> {
+    for set in headers::CI_SETS {
+        step(&format!(
+            "CUDA {set} headers: bindgen, check (all targets), cuda-sys tests"
+        ));
+        headers::ci_set(set)?;
+    }
+    Ok(())
 }
 
 fn step(name: &str) {

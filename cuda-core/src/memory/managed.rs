@@ -80,7 +80,9 @@ pub(crate) fn prefetch_range(
     let _ctx = stream.device().bind()?;
     // SAFETY: the stream's context is current; the driver checks that the range is managed.
     // Prefetching moves pages, it never changes their contents.
-    unsafe { drv!(cuMemPrefetchAsync(addr, len, to.to_raw(), 0, stream.raw())) }
+    unsafe {
+        drv!(mem_prefetch_async as "cuMemPrefetchAsync" (addr, len, to.to_raw(), 0, stream.raw()))
+    }
 }
 
 /// Gives `advice` about `len` bytes of managed memory at `addr`.
@@ -96,7 +98,7 @@ pub(crate) fn advise_range(
     }
     let _ctx = device.bind()?;
     // SAFETY: a context is current; advice never changes the memory's contents.
-    unsafe { drv!(cuMemAdvise(addr, len, advice.to_raw(), location.to_raw())) }
+    unsafe { drv!(mem_advise as "cuMemAdvise" (addr, len, advice.to_raw(), location.to_raw())) }
 }
 
 /// Managed (unified) memory, addressable from the host and from every device

@@ -113,7 +113,7 @@ impl Location {
                 id: dev.ordinal() as i32,
             },
             Location::Host => CUmemLocation {
-                type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+                type_: cuda_sys::compat::MEM_LOCATION_TYPE_HOST,
                 id: 0,
             },
         }
@@ -158,7 +158,7 @@ mod tests {
     #[test]
     fn host_location_maps_to_the_driver_type() {
         let host = Location::Host.to_raw();
-        assert_eq!(host.type_, CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST);
+        assert_eq!(host.type_, cuda_sys::compat::MEM_LOCATION_TYPE_HOST);
         assert_eq!(
             Advice::SetPreferredLocation.to_raw(),
             CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION

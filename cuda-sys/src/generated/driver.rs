@@ -5657,235 +5657,235 @@ pub use self::cudaError_enum as CUresult;
 pub mod pfn {
     #[allow(unused_imports)]
     use super::*;
-    /// `cuArray3DCreate_v2` (API name `cuArray3DCreate`).
+    /// `cuArray3DCreate_v2` (API name `cuArray3DCreate`, ABI of CUDA 3.2).
     pub type cuArray3DCreate = unsafe extern "C" fn(
         pHandle: *mut CUarray,
         pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR,
     ) -> CUresult;
-    /// `cuArray3DGetDescriptor_v2` (API name `cuArray3DGetDescriptor`).
+    /// `cuArray3DGetDescriptor_v2` (API name `cuArray3DGetDescriptor`, ABI of CUDA 3.2).
     pub type cuArray3DGetDescriptor = unsafe extern "C" fn(
         pArrayDescriptor: *mut CUDA_ARRAY3D_DESCRIPTOR,
         hArray: CUarray,
     ) -> CUresult;
-    /// `cuArrayCreate_v2` (API name `cuArrayCreate`).
+    /// `cuArrayCreate_v2` (API name `cuArrayCreate`, ABI of CUDA 3.2).
     pub type cuArrayCreate = unsafe extern "C" fn(
         pHandle: *mut CUarray,
         pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR,
     ) -> CUresult;
-    /// `cuArrayDestroy` (API name `cuArrayDestroy`).
+    /// `cuArrayDestroy` (API name `cuArrayDestroy`, ABI of CUDA 2.0).
     pub type cuArrayDestroy = unsafe extern "C" fn(hArray: CUarray) -> CUresult;
-    /// `cuArrayGetDescriptor_v2` (API name `cuArrayGetDescriptor`).
+    /// `cuArrayGetDescriptor_v2` (API name `cuArrayGetDescriptor`, ABI of CUDA 3.2).
     pub type cuArrayGetDescriptor = unsafe extern "C" fn(
         pArrayDescriptor: *mut CUDA_ARRAY_DESCRIPTOR,
         hArray: CUarray,
     ) -> CUresult;
-    /// `cuArrayGetMemoryRequirements` (API name `cuArrayGetMemoryRequirements`).
+    /// `cuArrayGetMemoryRequirements` (API name `cuArrayGetMemoryRequirements`, ABI of CUDA 11.6).
     pub type cuArrayGetMemoryRequirements = unsafe extern "C" fn(
         memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS,
         array: CUarray,
         device: CUdevice,
     ) -> CUresult;
-    /// `cuArrayGetPlane` (API name `cuArrayGetPlane`).
+    /// `cuArrayGetPlane` (API name `cuArrayGetPlane`, ABI of CUDA 11.2).
     pub type cuArrayGetPlane = unsafe extern "C" fn(
         pPlaneArray: *mut CUarray,
         hArray: CUarray,
         planeIdx: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuArrayGetSparseProperties` (API name `cuArrayGetSparseProperties`).
+    /// `cuArrayGetSparseProperties` (API name `cuArrayGetSparseProperties`, ABI of CUDA 11.1).
     pub type cuArrayGetSparseProperties = unsafe extern "C" fn(
         sparseProperties: *mut CUDA_ARRAY_SPARSE_PROPERTIES,
         array: CUarray,
     ) -> CUresult;
-    /// `cuCheckpointProcessCheckpoint` (API name `cuCheckpointProcessCheckpoint`).
+    /// `cuCheckpointProcessCheckpoint` (API name `cuCheckpointProcessCheckpoint`, ABI of CUDA 12.8).
     pub type cuCheckpointProcessCheckpoint = unsafe extern "C" fn(
         pid: ::std::os::raw::c_int,
         args: *mut CUcheckpointCheckpointArgs,
     ) -> CUresult;
-    /// `cuCheckpointProcessGetRestoreThreadId` (API name `cuCheckpointProcessGetRestoreThreadId`).
+    /// `cuCheckpointProcessGetRestoreThreadId` (API name `cuCheckpointProcessGetRestoreThreadId`, ABI of CUDA 12.8).
     pub type cuCheckpointProcessGetRestoreThreadId = unsafe extern "C" fn(
         pid: ::std::os::raw::c_int,
         tid: *mut ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuCheckpointProcessGetState` (API name `cuCheckpointProcessGetState`).
+    /// `cuCheckpointProcessGetState` (API name `cuCheckpointProcessGetState`, ABI of CUDA 12.8).
     pub type cuCheckpointProcessGetState = unsafe extern "C" fn(
         pid: ::std::os::raw::c_int,
         state: *mut CUprocessState,
     ) -> CUresult;
-    /// `cuCheckpointProcessLock` (API name `cuCheckpointProcessLock`).
+    /// `cuCheckpointProcessLock` (API name `cuCheckpointProcessLock`, ABI of CUDA 12.8).
     pub type cuCheckpointProcessLock = unsafe extern "C" fn(
         pid: ::std::os::raw::c_int,
         args: *mut CUcheckpointLockArgs,
     ) -> CUresult;
-    /// `cuCheckpointProcessRestore` (API name `cuCheckpointProcessRestore`).
+    /// `cuCheckpointProcessRestore` (API name `cuCheckpointProcessRestore`, ABI of CUDA 12.8).
     pub type cuCheckpointProcessRestore = unsafe extern "C" fn(
         pid: ::std::os::raw::c_int,
         args: *mut CUcheckpointRestoreArgs,
     ) -> CUresult;
-    /// `cuCheckpointProcessUnlock` (API name `cuCheckpointProcessUnlock`).
+    /// `cuCheckpointProcessUnlock` (API name `cuCheckpointProcessUnlock`, ABI of CUDA 12.8).
     pub type cuCheckpointProcessUnlock = unsafe extern "C" fn(
         pid: ::std::os::raw::c_int,
         args: *mut CUcheckpointUnlockArgs,
     ) -> CUresult;
-    /// `cuCoredumpGetAttribute` (API name `cuCoredumpGetAttribute`).
+    /// `cuCoredumpGetAttribute` (API name `cuCoredumpGetAttribute`, ABI of CUDA 12.1).
     pub type cuCoredumpGetAttribute = unsafe extern "C" fn(
         attrib: CUcoredumpSettings,
         value: *mut ::std::os::raw::c_void,
         size: *mut usize,
     ) -> CUresult;
-    /// `cuCoredumpGetAttributeGlobal` (API name `cuCoredumpGetAttributeGlobal`).
+    /// `cuCoredumpGetAttributeGlobal` (API name `cuCoredumpGetAttributeGlobal`, ABI of CUDA 12.1).
     pub type cuCoredumpGetAttributeGlobal = unsafe extern "C" fn(
         attrib: CUcoredumpSettings,
         value: *mut ::std::os::raw::c_void,
         size: *mut usize,
     ) -> CUresult;
-    /// `cuCoredumpSetAttribute` (API name `cuCoredumpSetAttribute`).
+    /// `cuCoredumpSetAttribute` (API name `cuCoredumpSetAttribute`, ABI of CUDA 12.1).
     pub type cuCoredumpSetAttribute = unsafe extern "C" fn(
         attrib: CUcoredumpSettings,
         value: *mut ::std::os::raw::c_void,
         size: *mut usize,
     ) -> CUresult;
-    /// `cuCoredumpSetAttributeGlobal` (API name `cuCoredumpSetAttributeGlobal`).
+    /// `cuCoredumpSetAttributeGlobal` (API name `cuCoredumpSetAttributeGlobal`, ABI of CUDA 12.1).
     pub type cuCoredumpSetAttributeGlobal = unsafe extern "C" fn(
         attrib: CUcoredumpSettings,
         value: *mut ::std::os::raw::c_void,
         size: *mut usize,
     ) -> CUresult;
-    /// `cuCtxAttach` (API name `cuCtxAttach`).
+    /// `cuCtxAttach` (API name `cuCtxAttach`, ABI of CUDA 2.0).
     pub type cuCtxAttach = unsafe extern "C" fn(
         pctx: *mut CUcontext,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuCtxCreate_v4` (API name `cuCtxCreate`).
+    /// `cuCtxCreate_v4` (API name `cuCtxCreate`, ABI of CUDA 12.5).
     pub type cuCtxCreate = unsafe extern "C" fn(
         pctx: *mut CUcontext,
         ctxCreateParams: *mut CUctxCreateParams,
         flags: ::std::os::raw::c_uint,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuCtxDestroy_v2` (API name `cuCtxDestroy`).
+    /// `cuCtxDestroy_v2` (API name `cuCtxDestroy`, ABI of CUDA 4.0).
     pub type cuCtxDestroy = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-    /// `cuCtxDetach` (API name `cuCtxDetach`).
+    /// `cuCtxDetach` (API name `cuCtxDetach`, ABI of CUDA 2.0).
     pub type cuCtxDetach = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-    /// `cuCtxDisablePeerAccess` (API name `cuCtxDisablePeerAccess`).
+    /// `cuCtxDisablePeerAccess` (API name `cuCtxDisablePeerAccess`, ABI of CUDA 4.0).
     pub type cuCtxDisablePeerAccess = unsafe extern "C" fn(
         peerContext: CUcontext,
     ) -> CUresult;
-    /// `cuCtxEnablePeerAccess` (API name `cuCtxEnablePeerAccess`).
+    /// `cuCtxEnablePeerAccess` (API name `cuCtxEnablePeerAccess`, ABI of CUDA 4.0).
     pub type cuCtxEnablePeerAccess = unsafe extern "C" fn(
         peerContext: CUcontext,
         Flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuCtxFromGreenCtx` (API name `cuCtxFromGreenCtx`).
+    /// `cuCtxFromGreenCtx` (API name `cuCtxFromGreenCtx`, ABI of CUDA 12.4).
     pub type cuCtxFromGreenCtx = unsafe extern "C" fn(
         pContext: *mut CUcontext,
         hCtx: CUgreenCtx,
     ) -> CUresult;
-    /// `cuCtxGetApiVersion` (API name `cuCtxGetApiVersion`).
+    /// `cuCtxGetApiVersion` (API name `cuCtxGetApiVersion`, ABI of CUDA 3.2).
     pub type cuCtxGetApiVersion = unsafe extern "C" fn(
         ctx: CUcontext,
         version: *mut ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuCtxGetCacheConfig` (API name `cuCtxGetCacheConfig`).
+    /// `cuCtxGetCacheConfig` (API name `cuCtxGetCacheConfig`, ABI of CUDA 3.2).
     pub type cuCtxGetCacheConfig = unsafe extern "C" fn(
         pconfig: *mut CUfunc_cache,
     ) -> CUresult;
-    /// `cuCtxGetCurrent` (API name `cuCtxGetCurrent`).
+    /// `cuCtxGetCurrent` (API name `cuCtxGetCurrent`, ABI of CUDA 4.0).
     pub type cuCtxGetCurrent = unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult;
-    /// `cuCtxGetDevResource` (API name `cuCtxGetDevResource`).
+    /// `cuCtxGetDevResource` (API name `cuCtxGetDevResource`, ABI of CUDA 12.4).
     pub type cuCtxGetDevResource = unsafe extern "C" fn(
         hCtx: CUcontext,
         resource: *mut CUdevResource,
         type_: CUdevResourceType,
     ) -> CUresult;
-    /// `cuCtxGetDevice` (API name `cuCtxGetDevice`).
+    /// `cuCtxGetDevice` (API name `cuCtxGetDevice`, ABI of CUDA 2.0).
     pub type cuCtxGetDevice = unsafe extern "C" fn(device: *mut CUdevice) -> CUresult;
-    /// `cuCtxGetDevice_v2` (API name `cuCtxGetDevice_v2`).
+    /// `cuCtxGetDevice_v2` (API name `cuCtxGetDevice_v2`, ABI of CUDA 13.0).
     pub type cuCtxGetDevice_v2 = unsafe extern "C" fn(
         device: *mut CUdevice,
         ctx: CUcontext,
     ) -> CUresult;
-    /// `cuCtxGetExecAffinity` (API name `cuCtxGetExecAffinity`).
+    /// `cuCtxGetExecAffinity` (API name `cuCtxGetExecAffinity`, ABI of CUDA 11.4).
     pub type cuCtxGetExecAffinity = unsafe extern "C" fn(
         pExecAffinity: *mut CUexecAffinityParam,
         type_: CUexecAffinityType,
     ) -> CUresult;
-    /// `cuCtxGetFlags` (API name `cuCtxGetFlags`).
+    /// `cuCtxGetFlags` (API name `cuCtxGetFlags`, ABI of CUDA 7.0).
     pub type cuCtxGetFlags = unsafe extern "C" fn(
         flags: *mut ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuCtxGetId` (API name `cuCtxGetId`).
+    /// `cuCtxGetId` (API name `cuCtxGetId`, ABI of CUDA 12.0).
     pub type cuCtxGetId = unsafe extern "C" fn(
         ctx: CUcontext,
         ctxId: *mut ::std::os::raw::c_ulonglong,
     ) -> CUresult;
-    /// `cuCtxGetLimit` (API name `cuCtxGetLimit`).
+    /// `cuCtxGetLimit` (API name `cuCtxGetLimit`, ABI of CUDA 3.1).
     pub type cuCtxGetLimit = unsafe extern "C" fn(
         pvalue: *mut usize,
         limit: CUlimit,
     ) -> CUresult;
-    /// `cuCtxGetSharedMemConfig` (API name `cuCtxGetSharedMemConfig`).
+    /// `cuCtxGetSharedMemConfig` (API name `cuCtxGetSharedMemConfig`, ABI of CUDA 4.2).
     pub type cuCtxGetSharedMemConfig = unsafe extern "C" fn(
         pConfig: *mut CUsharedconfig,
     ) -> CUresult;
-    /// `cuCtxGetStreamPriorityRange` (API name `cuCtxGetStreamPriorityRange`).
+    /// `cuCtxGetStreamPriorityRange` (API name `cuCtxGetStreamPriorityRange`, ABI of CUDA 5.5).
     pub type cuCtxGetStreamPriorityRange = unsafe extern "C" fn(
         leastPriority: *mut ::std::os::raw::c_int,
         greatestPriority: *mut ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuCtxPopCurrent_v2` (API name `cuCtxPopCurrent`).
+    /// `cuCtxPopCurrent_v2` (API name `cuCtxPopCurrent`, ABI of CUDA 4.0).
     pub type cuCtxPopCurrent = unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult;
-    /// `cuCtxPushCurrent_v2` (API name `cuCtxPushCurrent`).
+    /// `cuCtxPushCurrent_v2` (API name `cuCtxPushCurrent`, ABI of CUDA 4.0).
     pub type cuCtxPushCurrent = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-    /// `cuCtxRecordEvent` (API name `cuCtxRecordEvent`).
+    /// `cuCtxRecordEvent` (API name `cuCtxRecordEvent`, ABI of CUDA 12.5).
     pub type cuCtxRecordEvent = unsafe extern "C" fn(
         hCtx: CUcontext,
         hEvent: CUevent,
     ) -> CUresult;
-    /// `cuCtxResetPersistingL2Cache` (API name `cuCtxResetPersistingL2Cache`).
+    /// `cuCtxResetPersistingL2Cache` (API name `cuCtxResetPersistingL2Cache`, ABI of CUDA 11.0).
     pub type cuCtxResetPersistingL2Cache = unsafe extern "C" fn() -> CUresult;
-    /// `cuCtxSetCacheConfig` (API name `cuCtxSetCacheConfig`).
+    /// `cuCtxSetCacheConfig` (API name `cuCtxSetCacheConfig`, ABI of CUDA 3.2).
     pub type cuCtxSetCacheConfig = unsafe extern "C" fn(
         config: CUfunc_cache,
     ) -> CUresult;
-    /// `cuCtxSetCurrent` (API name `cuCtxSetCurrent`).
+    /// `cuCtxSetCurrent` (API name `cuCtxSetCurrent`, ABI of CUDA 4.0).
     pub type cuCtxSetCurrent = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-    /// `cuCtxSetFlags` (API name `cuCtxSetFlags`).
+    /// `cuCtxSetFlags` (API name `cuCtxSetFlags`, ABI of CUDA 12.1).
     pub type cuCtxSetFlags = unsafe extern "C" fn(
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuCtxSetLimit` (API name `cuCtxSetLimit`).
+    /// `cuCtxSetLimit` (API name `cuCtxSetLimit`, ABI of CUDA 3.1).
     pub type cuCtxSetLimit = unsafe extern "C" fn(
         limit: CUlimit,
         value: usize,
     ) -> CUresult;
-    /// `cuCtxSetSharedMemConfig` (API name `cuCtxSetSharedMemConfig`).
+    /// `cuCtxSetSharedMemConfig` (API name `cuCtxSetSharedMemConfig`, ABI of CUDA 4.2).
     pub type cuCtxSetSharedMemConfig = unsafe extern "C" fn(
         config: CUsharedconfig,
     ) -> CUresult;
-    /// `cuCtxSynchronize` (API name `cuCtxSynchronize`).
+    /// `cuCtxSynchronize` (API name `cuCtxSynchronize`, ABI of CUDA 2.0).
     pub type cuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
-    /// `cuCtxSynchronize_v2` (API name `cuCtxSynchronize_v2`).
+    /// `cuCtxSynchronize_v2` (API name `cuCtxSynchronize_v2`, ABI of CUDA 13.0).
     pub type cuCtxSynchronize_v2 = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-    /// `cuCtxWaitEvent` (API name `cuCtxWaitEvent`).
+    /// `cuCtxWaitEvent` (API name `cuCtxWaitEvent`, ABI of CUDA 12.5).
     pub type cuCtxWaitEvent = unsafe extern "C" fn(
         hCtx: CUcontext,
         hEvent: CUevent,
     ) -> CUresult;
-    /// `cuDestroyExternalMemory` (API name `cuDestroyExternalMemory`).
+    /// `cuDestroyExternalMemory` (API name `cuDestroyExternalMemory`, ABI of CUDA 10.0).
     pub type cuDestroyExternalMemory = unsafe extern "C" fn(
         extMem: CUexternalMemory,
     ) -> CUresult;
-    /// `cuDestroyExternalSemaphore` (API name `cuDestroyExternalSemaphore`).
+    /// `cuDestroyExternalSemaphore` (API name `cuDestroyExternalSemaphore`, ABI of CUDA 10.0).
     pub type cuDestroyExternalSemaphore = unsafe extern "C" fn(
         extSem: CUexternalSemaphore,
     ) -> CUresult;
-    /// `cuDevResourceGenerateDesc` (API name `cuDevResourceGenerateDesc`).
+    /// `cuDevResourceGenerateDesc` (API name `cuDevResourceGenerateDesc`, ABI of CUDA 12.4).
     pub type cuDevResourceGenerateDesc = unsafe extern "C" fn(
         phDesc: *mut CUdevResourceDesc,
         resources: *mut CUdevResource,
         nbResources: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuDevSmResourceSplitByCount` (API name `cuDevSmResourceSplitByCount`).
+    /// `cuDevSmResourceSplitByCount` (API name `cuDevSmResourceSplitByCount`, ABI of CUDA 12.4).
     pub type cuDevSmResourceSplitByCount = unsafe extern "C" fn(
         result: *mut CUdevResource,
         nbGroups: *mut ::std::os::raw::c_uint,
@@ -5894,92 +5894,92 @@ pub mod pfn {
         useFlags: ::std::os::raw::c_uint,
         minCount: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuDeviceCanAccessPeer` (API name `cuDeviceCanAccessPeer`).
+    /// `cuDeviceCanAccessPeer` (API name `cuDeviceCanAccessPeer`, ABI of CUDA 4.0).
     pub type cuDeviceCanAccessPeer = unsafe extern "C" fn(
         canAccessPeer: *mut ::std::os::raw::c_int,
         dev: CUdevice,
         peerDev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceComputeCapability` (API name `cuDeviceComputeCapability`).
+    /// `cuDeviceComputeCapability` (API name `cuDeviceComputeCapability`, ABI of CUDA 2.0).
     pub type cuDeviceComputeCapability = unsafe extern "C" fn(
         major: *mut ::std::os::raw::c_int,
         minor: *mut ::std::os::raw::c_int,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGet` (API name `cuDeviceGet`).
+    /// `cuDeviceGet` (API name `cuDeviceGet`, ABI of CUDA 2.0).
     pub type cuDeviceGet = unsafe extern "C" fn(
         device: *mut CUdevice,
         ordinal: ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuDeviceGetAttribute` (API name `cuDeviceGetAttribute`).
+    /// `cuDeviceGetAttribute` (API name `cuDeviceGetAttribute`, ABI of CUDA 2.0).
     pub type cuDeviceGetAttribute = unsafe extern "C" fn(
         pi: *mut ::std::os::raw::c_int,
         attrib: CUdevice_attribute,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGetByPCIBusId` (API name `cuDeviceGetByPCIBusId`).
+    /// `cuDeviceGetByPCIBusId` (API name `cuDeviceGetByPCIBusId`, ABI of CUDA 4.1).
     pub type cuDeviceGetByPCIBusId = unsafe extern "C" fn(
         dev: *mut CUdevice,
         pciBusId: *const ::std::os::raw::c_char,
     ) -> CUresult;
-    /// `cuDeviceGetCount` (API name `cuDeviceGetCount`).
+    /// `cuDeviceGetCount` (API name `cuDeviceGetCount`, ABI of CUDA 2.0).
     pub type cuDeviceGetCount = unsafe extern "C" fn(
         count: *mut ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuDeviceGetDefaultMemPool` (API name `cuDeviceGetDefaultMemPool`).
+    /// `cuDeviceGetDefaultMemPool` (API name `cuDeviceGetDefaultMemPool`, ABI of CUDA 11.2).
     pub type cuDeviceGetDefaultMemPool = unsafe extern "C" fn(
         pool_out: *mut CUmemoryPool,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGetDevResource` (API name `cuDeviceGetDevResource`).
+    /// `cuDeviceGetDevResource` (API name `cuDeviceGetDevResource`, ABI of CUDA 12.4).
     pub type cuDeviceGetDevResource = unsafe extern "C" fn(
         device: CUdevice,
         resource: *mut CUdevResource,
         type_: CUdevResourceType,
     ) -> CUresult;
-    /// `cuDeviceGetExecAffinitySupport` (API name `cuDeviceGetExecAffinitySupport`).
+    /// `cuDeviceGetExecAffinitySupport` (API name `cuDeviceGetExecAffinitySupport`, ABI of CUDA 11.4).
     pub type cuDeviceGetExecAffinitySupport = unsafe extern "C" fn(
         pi: *mut ::std::os::raw::c_int,
         type_: CUexecAffinityType,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGetGraphMemAttribute` (API name `cuDeviceGetGraphMemAttribute`).
+    /// `cuDeviceGetGraphMemAttribute` (API name `cuDeviceGetGraphMemAttribute`, ABI of CUDA 11.4).
     pub type cuDeviceGetGraphMemAttribute = unsafe extern "C" fn(
         device: CUdevice,
         attr: CUgraphMem_attribute,
         value: *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuDeviceGetHostAtomicCapabilities` (API name `cuDeviceGetHostAtomicCapabilities`).
+    /// `cuDeviceGetHostAtomicCapabilities` (API name `cuDeviceGetHostAtomicCapabilities`, ABI of CUDA 13.0).
     pub type cuDeviceGetHostAtomicCapabilities = unsafe extern "C" fn(
         capabilities: *mut ::std::os::raw::c_uint,
         operations: *const CUatomicOperation,
         count: ::std::os::raw::c_uint,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGetLuid` (API name `cuDeviceGetLuid`).
+    /// `cuDeviceGetLuid` (API name `cuDeviceGetLuid`, ABI of CUDA 10.0).
     pub type cuDeviceGetLuid = unsafe extern "C" fn(
         luid: *mut ::std::os::raw::c_char,
         deviceNodeMask: *mut ::std::os::raw::c_uint,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGetMemPool` (API name `cuDeviceGetMemPool`).
+    /// `cuDeviceGetMemPool` (API name `cuDeviceGetMemPool`, ABI of CUDA 11.2).
     pub type cuDeviceGetMemPool = unsafe extern "C" fn(
         pool: *mut CUmemoryPool,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGetName` (API name `cuDeviceGetName`).
+    /// `cuDeviceGetName` (API name `cuDeviceGetName`, ABI of CUDA 2.0).
     pub type cuDeviceGetName = unsafe extern "C" fn(
         name: *mut ::std::os::raw::c_char,
         len: ::std::os::raw::c_int,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGetNvSciSyncAttributes` (API name `cuDeviceGetNvSciSyncAttributes`).
+    /// `cuDeviceGetNvSciSyncAttributes` (API name `cuDeviceGetNvSciSyncAttributes`, ABI of CUDA 10.2).
     pub type cuDeviceGetNvSciSyncAttributes = unsafe extern "C" fn(
         nvSciSyncAttrList: *mut ::std::os::raw::c_void,
         dev: CUdevice,
         flags: ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuDeviceGetP2PAtomicCapabilities` (API name `cuDeviceGetP2PAtomicCapabilities`).
+    /// `cuDeviceGetP2PAtomicCapabilities` (API name `cuDeviceGetP2PAtomicCapabilities`, ABI of CUDA 13.0).
     pub type cuDeviceGetP2PAtomicCapabilities = unsafe extern "C" fn(
         capabilities: *mut ::std::os::raw::c_uint,
         operations: *const CUatomicOperation,
@@ -5987,209 +5987,209 @@ pub mod pfn {
         srcDevice: CUdevice,
         dstDevice: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGetP2PAttribute` (API name `cuDeviceGetP2PAttribute`).
+    /// `cuDeviceGetP2PAttribute` (API name `cuDeviceGetP2PAttribute`, ABI of CUDA 8.0).
     pub type cuDeviceGetP2PAttribute = unsafe extern "C" fn(
         value: *mut ::std::os::raw::c_int,
         attrib: CUdevice_P2PAttribute,
         srcDevice: CUdevice,
         dstDevice: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGetPCIBusId` (API name `cuDeviceGetPCIBusId`).
+    /// `cuDeviceGetPCIBusId` (API name `cuDeviceGetPCIBusId`, ABI of CUDA 4.1).
     pub type cuDeviceGetPCIBusId = unsafe extern "C" fn(
         pciBusId: *mut ::std::os::raw::c_char,
         len: ::std::os::raw::c_int,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGetProperties` (API name `cuDeviceGetProperties`).
+    /// `cuDeviceGetProperties` (API name `cuDeviceGetProperties`, ABI of CUDA 2.0).
     pub type cuDeviceGetProperties = unsafe extern "C" fn(
         prop: *mut CUdevprop,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGetTexture1DLinearMaxWidth` (API name `cuDeviceGetTexture1DLinearMaxWidth`).
+    /// `cuDeviceGetTexture1DLinearMaxWidth` (API name `cuDeviceGetTexture1DLinearMaxWidth`, ABI of CUDA 11.1).
     pub type cuDeviceGetTexture1DLinearMaxWidth = unsafe extern "C" fn(
         maxWidthInElements: *mut usize,
         format: CUarray_format,
         numChannels: ::std::os::raw::c_uint,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGetUuid_v2` (API name `cuDeviceGetUuid`).
+    /// `cuDeviceGetUuid_v2` (API name `cuDeviceGetUuid`, ABI of CUDA 11.4).
     pub type cuDeviceGetUuid = unsafe extern "C" fn(
         uuid: *mut CUuuid,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceGraphMemTrim` (API name `cuDeviceGraphMemTrim`).
+    /// `cuDeviceGraphMemTrim` (API name `cuDeviceGraphMemTrim`, ABI of CUDA 11.4).
     pub type cuDeviceGraphMemTrim = unsafe extern "C" fn(device: CUdevice) -> CUresult;
-    /// `cuDevicePrimaryCtxGetState` (API name `cuDevicePrimaryCtxGetState`).
+    /// `cuDevicePrimaryCtxGetState` (API name `cuDevicePrimaryCtxGetState`, ABI of CUDA 7.0).
     pub type cuDevicePrimaryCtxGetState = unsafe extern "C" fn(
         dev: CUdevice,
         flags: *mut ::std::os::raw::c_uint,
         active: *mut ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuDevicePrimaryCtxRelease_v2` (API name `cuDevicePrimaryCtxRelease`).
+    /// `cuDevicePrimaryCtxRelease_v2` (API name `cuDevicePrimaryCtxRelease`, ABI of CUDA 11.0).
     pub type cuDevicePrimaryCtxRelease = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
-    /// `cuDevicePrimaryCtxReset_v2` (API name `cuDevicePrimaryCtxReset`).
+    /// `cuDevicePrimaryCtxReset_v2` (API name `cuDevicePrimaryCtxReset`, ABI of CUDA 11.0).
     pub type cuDevicePrimaryCtxReset = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
-    /// `cuDevicePrimaryCtxRetain` (API name `cuDevicePrimaryCtxRetain`).
+    /// `cuDevicePrimaryCtxRetain` (API name `cuDevicePrimaryCtxRetain`, ABI of CUDA 7.0).
     pub type cuDevicePrimaryCtxRetain = unsafe extern "C" fn(
         pctx: *mut CUcontext,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDevicePrimaryCtxSetFlags_v2` (API name `cuDevicePrimaryCtxSetFlags`).
+    /// `cuDevicePrimaryCtxSetFlags_v2` (API name `cuDevicePrimaryCtxSetFlags`, ABI of CUDA 11.0).
     pub type cuDevicePrimaryCtxSetFlags = unsafe extern "C" fn(
         dev: CUdevice,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuDeviceRegisterAsyncNotification` (API name `cuDeviceRegisterAsyncNotification`).
+    /// `cuDeviceRegisterAsyncNotification` (API name `cuDeviceRegisterAsyncNotification`, ABI of CUDA 12.4).
     pub type cuDeviceRegisterAsyncNotification = unsafe extern "C" fn(
         device: CUdevice,
         callbackFunc: CUasyncCallback,
         userData: *mut ::std::os::raw::c_void,
         callback: *mut CUasyncCallbackHandle,
     ) -> CUresult;
-    /// `cuDeviceSetGraphMemAttribute` (API name `cuDeviceSetGraphMemAttribute`).
+    /// `cuDeviceSetGraphMemAttribute` (API name `cuDeviceSetGraphMemAttribute`, ABI of CUDA 11.4).
     pub type cuDeviceSetGraphMemAttribute = unsafe extern "C" fn(
         device: CUdevice,
         attr: CUgraphMem_attribute,
         value: *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuDeviceSetMemPool` (API name `cuDeviceSetMemPool`).
+    /// `cuDeviceSetMemPool` (API name `cuDeviceSetMemPool`, ABI of CUDA 11.2).
     pub type cuDeviceSetMemPool = unsafe extern "C" fn(
         dev: CUdevice,
         pool: CUmemoryPool,
     ) -> CUresult;
-    /// `cuDeviceTotalMem_v2` (API name `cuDeviceTotalMem`).
+    /// `cuDeviceTotalMem_v2` (API name `cuDeviceTotalMem`, ABI of CUDA 3.2).
     pub type cuDeviceTotalMem = unsafe extern "C" fn(
         bytes: *mut usize,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuDeviceUnregisterAsyncNotification` (API name `cuDeviceUnregisterAsyncNotification`).
+    /// `cuDeviceUnregisterAsyncNotification` (API name `cuDeviceUnregisterAsyncNotification`, ABI of CUDA 12.4).
     pub type cuDeviceUnregisterAsyncNotification = unsafe extern "C" fn(
         device: CUdevice,
         callback: CUasyncCallbackHandle,
     ) -> CUresult;
-    /// `cuDriverGetVersion` (API name `cuDriverGetVersion`).
+    /// `cuDriverGetVersion` (API name `cuDriverGetVersion`, ABI of CUDA 2.2).
     pub type cuDriverGetVersion = unsafe extern "C" fn(
         driverVersion: *mut ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuEventCreate` (API name `cuEventCreate`).
+    /// `cuEventCreate` (API name `cuEventCreate`, ABI of CUDA 2.0).
     pub type cuEventCreate = unsafe extern "C" fn(
         phEvent: *mut CUevent,
         Flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuEventDestroy_v2` (API name `cuEventDestroy`).
+    /// `cuEventDestroy_v2` (API name `cuEventDestroy`, ABI of CUDA 4.0).
     pub type cuEventDestroy = unsafe extern "C" fn(hEvent: CUevent) -> CUresult;
-    /// `cuEventElapsedTime_v2` (API name `cuEventElapsedTime`).
+    /// `cuEventElapsedTime_v2` (API name `cuEventElapsedTime`, ABI of CUDA 12.8).
     pub type cuEventElapsedTime = unsafe extern "C" fn(
         pMilliseconds: *mut f32,
         hStart: CUevent,
         hEnd: CUevent,
     ) -> CUresult;
-    /// `cuEventQuery` (API name `cuEventQuery`).
+    /// `cuEventQuery` (API name `cuEventQuery`, ABI of CUDA 2.0).
     pub type cuEventQuery = unsafe extern "C" fn(hEvent: CUevent) -> CUresult;
-    /// `cuEventRecord` (API name `cuEventRecord`).
+    /// `cuEventRecord` (API name `cuEventRecord`, ABI of CUDA 2.0).
     pub type cuEventRecord = unsafe extern "C" fn(
         hEvent: CUevent,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuEventRecordWithFlags` (API name `cuEventRecordWithFlags`).
+    /// `cuEventRecordWithFlags` (API name `cuEventRecordWithFlags`, ABI of CUDA 11.1).
     pub type cuEventRecordWithFlags = unsafe extern "C" fn(
         hEvent: CUevent,
         hStream: CUstream,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuEventSynchronize` (API name `cuEventSynchronize`).
+    /// `cuEventSynchronize` (API name `cuEventSynchronize`, ABI of CUDA 2.0).
     pub type cuEventSynchronize = unsafe extern "C" fn(hEvent: CUevent) -> CUresult;
-    /// `cuExternalMemoryGetMappedBuffer` (API name `cuExternalMemoryGetMappedBuffer`).
+    /// `cuExternalMemoryGetMappedBuffer` (API name `cuExternalMemoryGetMappedBuffer`, ABI of CUDA 10.0).
     pub type cuExternalMemoryGetMappedBuffer = unsafe extern "C" fn(
         devPtr: *mut CUdeviceptr,
         extMem: CUexternalMemory,
         bufferDesc: *const CUDA_EXTERNAL_MEMORY_BUFFER_DESC,
     ) -> CUresult;
-    /// `cuExternalMemoryGetMappedMipmappedArray` (API name `cuExternalMemoryGetMappedMipmappedArray`).
+    /// `cuExternalMemoryGetMappedMipmappedArray` (API name `cuExternalMemoryGetMappedMipmappedArray`, ABI of CUDA 10.0).
     pub type cuExternalMemoryGetMappedMipmappedArray = unsafe extern "C" fn(
         mipmap: *mut CUmipmappedArray,
         extMem: CUexternalMemory,
         mipmapDesc: *const CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC,
     ) -> CUresult;
-    /// `cuFlushGPUDirectRDMAWrites` (API name `cuFlushGPUDirectRDMAWrites`).
+    /// `cuFlushGPUDirectRDMAWrites` (API name `cuFlushGPUDirectRDMAWrites`, ABI of CUDA 11.3).
     pub type cuFlushGPUDirectRDMAWrites = unsafe extern "C" fn(
         target: CUflushGPUDirectRDMAWritesTarget,
         scope: CUflushGPUDirectRDMAWritesScope,
     ) -> CUresult;
-    /// `cuFuncGetAttribute` (API name `cuFuncGetAttribute`).
+    /// `cuFuncGetAttribute` (API name `cuFuncGetAttribute`, ABI of CUDA 2.2).
     pub type cuFuncGetAttribute = unsafe extern "C" fn(
         pi: *mut ::std::os::raw::c_int,
         attrib: CUfunction_attribute,
         hfunc: CUfunction,
     ) -> CUresult;
-    /// `cuFuncGetModule` (API name `cuFuncGetModule`).
+    /// `cuFuncGetModule` (API name `cuFuncGetModule`, ABI of CUDA 11.0).
     pub type cuFuncGetModule = unsafe extern "C" fn(
         hmod: *mut CUmodule,
         hfunc: CUfunction,
     ) -> CUresult;
-    /// `cuFuncGetName` (API name `cuFuncGetName`).
+    /// `cuFuncGetName` (API name `cuFuncGetName`, ABI of CUDA 12.3).
     pub type cuFuncGetName = unsafe extern "C" fn(
         name: *mut *const ::std::os::raw::c_char,
         hfunc: CUfunction,
     ) -> CUresult;
-    /// `cuFuncGetParamInfo` (API name `cuFuncGetParamInfo`).
+    /// `cuFuncGetParamInfo` (API name `cuFuncGetParamInfo`, ABI of CUDA 12.4).
     pub type cuFuncGetParamInfo = unsafe extern "C" fn(
         func: CUfunction,
         paramIndex: usize,
         paramOffset: *mut usize,
         paramSize: *mut usize,
     ) -> CUresult;
-    /// `cuFuncIsLoaded` (API name `cuFuncIsLoaded`).
+    /// `cuFuncIsLoaded` (API name `cuFuncIsLoaded`, ABI of CUDA 12.4).
     pub type cuFuncIsLoaded = unsafe extern "C" fn(
         state: *mut CUfunctionLoadingState,
         function: CUfunction,
     ) -> CUresult;
-    /// `cuFuncLoad` (API name `cuFuncLoad`).
+    /// `cuFuncLoad` (API name `cuFuncLoad`, ABI of CUDA 12.4).
     pub type cuFuncLoad = unsafe extern "C" fn(function: CUfunction) -> CUresult;
-    /// `cuFuncSetAttribute` (API name `cuFuncSetAttribute`).
+    /// `cuFuncSetAttribute` (API name `cuFuncSetAttribute`, ABI of CUDA 9.0).
     pub type cuFuncSetAttribute = unsafe extern "C" fn(
         hfunc: CUfunction,
         attrib: CUfunction_attribute,
         value: ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuFuncSetBlockShape` (API name `cuFuncSetBlockShape`).
+    /// `cuFuncSetBlockShape` (API name `cuFuncSetBlockShape`, ABI of CUDA 2.0).
     pub type cuFuncSetBlockShape = unsafe extern "C" fn(
         hfunc: CUfunction,
         x: ::std::os::raw::c_int,
         y: ::std::os::raw::c_int,
         z: ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuFuncSetCacheConfig` (API name `cuFuncSetCacheConfig`).
+    /// `cuFuncSetCacheConfig` (API name `cuFuncSetCacheConfig`, ABI of CUDA 3.0).
     pub type cuFuncSetCacheConfig = unsafe extern "C" fn(
         hfunc: CUfunction,
         config: CUfunc_cache,
     ) -> CUresult;
-    /// `cuFuncSetSharedMemConfig` (API name `cuFuncSetSharedMemConfig`).
+    /// `cuFuncSetSharedMemConfig` (API name `cuFuncSetSharedMemConfig`, ABI of CUDA 4.2).
     pub type cuFuncSetSharedMemConfig = unsafe extern "C" fn(
         hfunc: CUfunction,
         config: CUsharedconfig,
     ) -> CUresult;
-    /// `cuFuncSetSharedSize` (API name `cuFuncSetSharedSize`).
+    /// `cuFuncSetSharedSize` (API name `cuFuncSetSharedSize`, ABI of CUDA 2.0).
     pub type cuFuncSetSharedSize = unsafe extern "C" fn(
         hfunc: CUfunction,
         bytes: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuGetErrorName` (API name `cuGetErrorName`).
+    /// `cuGetErrorName` (API name `cuGetErrorName`, ABI of CUDA 6.0).
     pub type cuGetErrorName = unsafe extern "C" fn(
         error: CUresult,
         pStr: *mut *const ::std::os::raw::c_char,
     ) -> CUresult;
-    /// `cuGetErrorString` (API name `cuGetErrorString`).
+    /// `cuGetErrorString` (API name `cuGetErrorString`, ABI of CUDA 6.0).
     pub type cuGetErrorString = unsafe extern "C" fn(
         error: CUresult,
         pStr: *mut *const ::std::os::raw::c_char,
     ) -> CUresult;
-    /// `cuGetExportTable` (API name `cuGetExportTable`).
+    /// `cuGetExportTable` (API name `cuGetExportTable`, ABI of CUDA 3.0).
     pub type cuGetExportTable = unsafe extern "C" fn(
         ppExportTable: *mut *const ::std::os::raw::c_void,
         pExportTableId: *const CUuuid,
     ) -> CUresult;
-    /// `cuGetProcAddress_v2` (API name `cuGetProcAddress`).
+    /// `cuGetProcAddress_v2` (API name `cuGetProcAddress`, ABI of CUDA 12.0).
     pub type cuGetProcAddress = unsafe extern "C" fn(
         symbol: *const ::std::os::raw::c_char,
         pfn: *mut *mut ::std::os::raw::c_void,
@@ -6197,7 +6197,7 @@ pub mod pfn {
         flags: cuuint64_t,
         symbolStatus: *mut CUdriverProcAddressQueryResult,
     ) -> CUresult;
-    /// `cuGraphAddBatchMemOpNode` (API name `cuGraphAddBatchMemOpNode`).
+    /// `cuGraphAddBatchMemOpNode` (API name `cuGraphAddBatchMemOpNode`, ABI of CUDA 11.7).
     pub type cuGraphAddBatchMemOpNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
@@ -6205,7 +6205,7 @@ pub mod pfn {
         numDependencies: usize,
         nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphAddChildGraphNode` (API name `cuGraphAddChildGraphNode`).
+    /// `cuGraphAddChildGraphNode` (API name `cuGraphAddChildGraphNode`, ABI of CUDA 10.0).
     pub type cuGraphAddChildGraphNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
@@ -6213,7 +6213,7 @@ pub mod pfn {
         numDependencies: usize,
         childGraph: CUgraph,
     ) -> CUresult;
-    /// `cuGraphAddDependencies_v2` (API name `cuGraphAddDependencies`).
+    /// `cuGraphAddDependencies_v2` (API name `cuGraphAddDependencies`, ABI of CUDA 12.3).
     pub type cuGraphAddDependencies = unsafe extern "C" fn(
         hGraph: CUgraph,
         from: *const CUgraphNode,
@@ -6221,14 +6221,14 @@ pub mod pfn {
         edgeData: *const CUgraphEdgeData,
         numDependencies: usize,
     ) -> CUresult;
-    /// `cuGraphAddEmptyNode` (API name `cuGraphAddEmptyNode`).
+    /// `cuGraphAddEmptyNode` (API name `cuGraphAddEmptyNode`, ABI of CUDA 10.0).
     pub type cuGraphAddEmptyNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
         dependencies: *const CUgraphNode,
         numDependencies: usize,
     ) -> CUresult;
-    /// `cuGraphAddEventRecordNode` (API name `cuGraphAddEventRecordNode`).
+    /// `cuGraphAddEventRecordNode` (API name `cuGraphAddEventRecordNode`, ABI of CUDA 11.1).
     pub type cuGraphAddEventRecordNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
@@ -6236,7 +6236,7 @@ pub mod pfn {
         numDependencies: usize,
         event: CUevent,
     ) -> CUresult;
-    /// `cuGraphAddEventWaitNode` (API name `cuGraphAddEventWaitNode`).
+    /// `cuGraphAddEventWaitNode` (API name `cuGraphAddEventWaitNode`, ABI of CUDA 11.1).
     pub type cuGraphAddEventWaitNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
@@ -6244,7 +6244,7 @@ pub mod pfn {
         numDependencies: usize,
         event: CUevent,
     ) -> CUresult;
-    /// `cuGraphAddExternalSemaphoresSignalNode` (API name `cuGraphAddExternalSemaphoresSignalNode`).
+    /// `cuGraphAddExternalSemaphoresSignalNode` (API name `cuGraphAddExternalSemaphoresSignalNode`, ABI of CUDA 11.2).
     pub type cuGraphAddExternalSemaphoresSignalNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
@@ -6252,7 +6252,7 @@ pub mod pfn {
         numDependencies: usize,
         nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphAddExternalSemaphoresWaitNode` (API name `cuGraphAddExternalSemaphoresWaitNode`).
+    /// `cuGraphAddExternalSemaphoresWaitNode` (API name `cuGraphAddExternalSemaphoresWaitNode`, ABI of CUDA 11.2).
     pub type cuGraphAddExternalSemaphoresWaitNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
@@ -6260,7 +6260,7 @@ pub mod pfn {
         numDependencies: usize,
         nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphAddHostNode` (API name `cuGraphAddHostNode`).
+    /// `cuGraphAddHostNode` (API name `cuGraphAddHostNode`, ABI of CUDA 10.0).
     pub type cuGraphAddHostNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
@@ -6268,7 +6268,7 @@ pub mod pfn {
         numDependencies: usize,
         nodeParams: *const CUDA_HOST_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphAddKernelNode_v2` (API name `cuGraphAddKernelNode`).
+    /// `cuGraphAddKernelNode_v2` (API name `cuGraphAddKernelNode`, ABI of CUDA 12.0).
     pub type cuGraphAddKernelNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
@@ -6276,7 +6276,7 @@ pub mod pfn {
         numDependencies: usize,
         nodeParams: *const CUDA_KERNEL_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphAddMemAllocNode` (API name `cuGraphAddMemAllocNode`).
+    /// `cuGraphAddMemAllocNode` (API name `cuGraphAddMemAllocNode`, ABI of CUDA 11.4).
     pub type cuGraphAddMemAllocNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
@@ -6284,7 +6284,7 @@ pub mod pfn {
         numDependencies: usize,
         nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphAddMemFreeNode` (API name `cuGraphAddMemFreeNode`).
+    /// `cuGraphAddMemFreeNode` (API name `cuGraphAddMemFreeNode`, ABI of CUDA 11.4).
     pub type cuGraphAddMemFreeNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
@@ -6292,7 +6292,7 @@ pub mod pfn {
         numDependencies: usize,
         dptr: CUdeviceptr,
     ) -> CUresult;
-    /// `cuGraphAddMemcpyNode` (API name `cuGraphAddMemcpyNode`).
+    /// `cuGraphAddMemcpyNode` (API name `cuGraphAddMemcpyNode`, ABI of CUDA 10.0).
     pub type cuGraphAddMemcpyNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
@@ -6301,7 +6301,7 @@ pub mod pfn {
         copyParams: *const CUDA_MEMCPY3D,
         ctx: CUcontext,
     ) -> CUresult;
-    /// `cuGraphAddMemsetNode` (API name `cuGraphAddMemsetNode`).
+    /// `cuGraphAddMemsetNode` (API name `cuGraphAddMemsetNode`, ABI of CUDA 10.0).
     pub type cuGraphAddMemsetNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
@@ -6310,7 +6310,7 @@ pub mod pfn {
         memsetParams: *const CUDA_MEMSET_NODE_PARAMS,
         ctx: CUcontext,
     ) -> CUresult;
-    /// `cuGraphAddNode_v2` (API name `cuGraphAddNode`).
+    /// `cuGraphAddNode_v2` (API name `cuGraphAddNode`, ABI of CUDA 12.3).
     pub type cuGraphAddNode = unsafe extern "C" fn(
         phGraphNode: *mut CUgraphNode,
         hGraph: CUgraph,
@@ -6319,27 +6319,27 @@ pub mod pfn {
         numDependencies: usize,
         nodeParams: *mut CUgraphNodeParams,
     ) -> CUresult;
-    /// `cuGraphBatchMemOpNodeGetParams` (API name `cuGraphBatchMemOpNodeGetParams`).
+    /// `cuGraphBatchMemOpNodeGetParams` (API name `cuGraphBatchMemOpNodeGetParams`, ABI of CUDA 11.7).
     pub type cuGraphBatchMemOpNodeGetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         nodeParams_out: *mut CUDA_BATCH_MEM_OP_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphBatchMemOpNodeSetParams` (API name `cuGraphBatchMemOpNodeSetParams`).
+    /// `cuGraphBatchMemOpNodeSetParams` (API name `cuGraphBatchMemOpNodeSetParams`, ABI of CUDA 11.7).
     pub type cuGraphBatchMemOpNodeSetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphChildGraphNodeGetGraph` (API name `cuGraphChildGraphNodeGetGraph`).
+    /// `cuGraphChildGraphNodeGetGraph` (API name `cuGraphChildGraphNodeGetGraph`, ABI of CUDA 10.0).
     pub type cuGraphChildGraphNodeGetGraph = unsafe extern "C" fn(
         hNode: CUgraphNode,
         phGraph: *mut CUgraph,
     ) -> CUresult;
-    /// `cuGraphClone` (API name `cuGraphClone`).
+    /// `cuGraphClone` (API name `cuGraphClone`, ABI of CUDA 10.0).
     pub type cuGraphClone = unsafe extern "C" fn(
         phGraphClone: *mut CUgraph,
         originalGraph: CUgraph,
     ) -> CUresult;
-    /// `cuGraphConditionalHandleCreate` (API name `cuGraphConditionalHandleCreate`).
+    /// `cuGraphConditionalHandleCreate` (API name `cuGraphConditionalHandleCreate`, ABI of CUDA 12.3).
     pub type cuGraphConditionalHandleCreate = unsafe extern "C" fn(
         pHandle_out: *mut CUgraphConditionalHandle,
         hGraph: CUgraph,
@@ -6347,145 +6347,145 @@ pub mod pfn {
         defaultLaunchValue: ::std::os::raw::c_uint,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuGraphCreate` (API name `cuGraphCreate`).
+    /// `cuGraphCreate` (API name `cuGraphCreate`, ABI of CUDA 10.0).
     pub type cuGraphCreate = unsafe extern "C" fn(
         phGraph: *mut CUgraph,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuGraphDebugDotPrint` (API name `cuGraphDebugDotPrint`).
+    /// `cuGraphDebugDotPrint` (API name `cuGraphDebugDotPrint`, ABI of CUDA 11.3).
     pub type cuGraphDebugDotPrint = unsafe extern "C" fn(
         hGraph: CUgraph,
         path: *const ::std::os::raw::c_char,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuGraphDestroy` (API name `cuGraphDestroy`).
+    /// `cuGraphDestroy` (API name `cuGraphDestroy`, ABI of CUDA 10.0).
     pub type cuGraphDestroy = unsafe extern "C" fn(hGraph: CUgraph) -> CUresult;
-    /// `cuGraphDestroyNode` (API name `cuGraphDestroyNode`).
+    /// `cuGraphDestroyNode` (API name `cuGraphDestroyNode`, ABI of CUDA 10.0).
     pub type cuGraphDestroyNode = unsafe extern "C" fn(hNode: CUgraphNode) -> CUresult;
-    /// `cuGraphEventRecordNodeGetEvent` (API name `cuGraphEventRecordNodeGetEvent`).
+    /// `cuGraphEventRecordNodeGetEvent` (API name `cuGraphEventRecordNodeGetEvent`, ABI of CUDA 11.1).
     pub type cuGraphEventRecordNodeGetEvent = unsafe extern "C" fn(
         hNode: CUgraphNode,
         event_out: *mut CUevent,
     ) -> CUresult;
-    /// `cuGraphEventRecordNodeSetEvent` (API name `cuGraphEventRecordNodeSetEvent`).
+    /// `cuGraphEventRecordNodeSetEvent` (API name `cuGraphEventRecordNodeSetEvent`, ABI of CUDA 11.1).
     pub type cuGraphEventRecordNodeSetEvent = unsafe extern "C" fn(
         hNode: CUgraphNode,
         event: CUevent,
     ) -> CUresult;
-    /// `cuGraphEventWaitNodeGetEvent` (API name `cuGraphEventWaitNodeGetEvent`).
+    /// `cuGraphEventWaitNodeGetEvent` (API name `cuGraphEventWaitNodeGetEvent`, ABI of CUDA 11.1).
     pub type cuGraphEventWaitNodeGetEvent = unsafe extern "C" fn(
         hNode: CUgraphNode,
         event_out: *mut CUevent,
     ) -> CUresult;
-    /// `cuGraphEventWaitNodeSetEvent` (API name `cuGraphEventWaitNodeSetEvent`).
+    /// `cuGraphEventWaitNodeSetEvent` (API name `cuGraphEventWaitNodeSetEvent`, ABI of CUDA 11.1).
     pub type cuGraphEventWaitNodeSetEvent = unsafe extern "C" fn(
         hNode: CUgraphNode,
         event: CUevent,
     ) -> CUresult;
-    /// `cuGraphExecBatchMemOpNodeSetParams` (API name `cuGraphExecBatchMemOpNodeSetParams`).
+    /// `cuGraphExecBatchMemOpNodeSetParams` (API name `cuGraphExecBatchMemOpNodeSetParams`, ABI of CUDA 11.7).
     pub type cuGraphExecBatchMemOpNodeSetParams = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hNode: CUgraphNode,
         nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphExecChildGraphNodeSetParams` (API name `cuGraphExecChildGraphNodeSetParams`).
+    /// `cuGraphExecChildGraphNodeSetParams` (API name `cuGraphExecChildGraphNodeSetParams`, ABI of CUDA 11.1).
     pub type cuGraphExecChildGraphNodeSetParams = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hNode: CUgraphNode,
         childGraph: CUgraph,
     ) -> CUresult;
-    /// `cuGraphExecDestroy` (API name `cuGraphExecDestroy`).
+    /// `cuGraphExecDestroy` (API name `cuGraphExecDestroy`, ABI of CUDA 10.0).
     pub type cuGraphExecDestroy = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
     ) -> CUresult;
-    /// `cuGraphExecEventRecordNodeSetEvent` (API name `cuGraphExecEventRecordNodeSetEvent`).
+    /// `cuGraphExecEventRecordNodeSetEvent` (API name `cuGraphExecEventRecordNodeSetEvent`, ABI of CUDA 11.1).
     pub type cuGraphExecEventRecordNodeSetEvent = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hNode: CUgraphNode,
         event: CUevent,
     ) -> CUresult;
-    /// `cuGraphExecEventWaitNodeSetEvent` (API name `cuGraphExecEventWaitNodeSetEvent`).
+    /// `cuGraphExecEventWaitNodeSetEvent` (API name `cuGraphExecEventWaitNodeSetEvent`, ABI of CUDA 11.1).
     pub type cuGraphExecEventWaitNodeSetEvent = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hNode: CUgraphNode,
         event: CUevent,
     ) -> CUresult;
-    /// `cuGraphExecExternalSemaphoresSignalNodeSetParams` (API name `cuGraphExecExternalSemaphoresSignalNodeSetParams`).
+    /// `cuGraphExecExternalSemaphoresSignalNodeSetParams` (API name `cuGraphExecExternalSemaphoresSignalNodeSetParams`, ABI of CUDA 11.2).
     pub type cuGraphExecExternalSemaphoresSignalNodeSetParams = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hNode: CUgraphNode,
         nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphExecExternalSemaphoresWaitNodeSetParams` (API name `cuGraphExecExternalSemaphoresWaitNodeSetParams`).
+    /// `cuGraphExecExternalSemaphoresWaitNodeSetParams` (API name `cuGraphExecExternalSemaphoresWaitNodeSetParams`, ABI of CUDA 11.2).
     pub type cuGraphExecExternalSemaphoresWaitNodeSetParams = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hNode: CUgraphNode,
         nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphExecGetFlags` (API name `cuGraphExecGetFlags`).
+    /// `cuGraphExecGetFlags` (API name `cuGraphExecGetFlags`, ABI of CUDA 12.0).
     pub type cuGraphExecGetFlags = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         flags: *mut cuuint64_t,
     ) -> CUresult;
-    /// `cuGraphExecHostNodeSetParams` (API name `cuGraphExecHostNodeSetParams`).
+    /// `cuGraphExecHostNodeSetParams` (API name `cuGraphExecHostNodeSetParams`, ABI of CUDA 10.2).
     pub type cuGraphExecHostNodeSetParams = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hNode: CUgraphNode,
         nodeParams: *const CUDA_HOST_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphExecKernelNodeSetParams_v2` (API name `cuGraphExecKernelNodeSetParams`).
+    /// `cuGraphExecKernelNodeSetParams_v2` (API name `cuGraphExecKernelNodeSetParams`, ABI of CUDA 12.0).
     pub type cuGraphExecKernelNodeSetParams = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hNode: CUgraphNode,
         nodeParams: *const CUDA_KERNEL_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphExecMemcpyNodeSetParams` (API name `cuGraphExecMemcpyNodeSetParams`).
+    /// `cuGraphExecMemcpyNodeSetParams` (API name `cuGraphExecMemcpyNodeSetParams`, ABI of CUDA 10.2).
     pub type cuGraphExecMemcpyNodeSetParams = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hNode: CUgraphNode,
         copyParams: *const CUDA_MEMCPY3D,
         ctx: CUcontext,
     ) -> CUresult;
-    /// `cuGraphExecMemsetNodeSetParams` (API name `cuGraphExecMemsetNodeSetParams`).
+    /// `cuGraphExecMemsetNodeSetParams` (API name `cuGraphExecMemsetNodeSetParams`, ABI of CUDA 10.2).
     pub type cuGraphExecMemsetNodeSetParams = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hNode: CUgraphNode,
         memsetParams: *const CUDA_MEMSET_NODE_PARAMS,
         ctx: CUcontext,
     ) -> CUresult;
-    /// `cuGraphExecNodeSetParams` (API name `cuGraphExecNodeSetParams`).
+    /// `cuGraphExecNodeSetParams` (API name `cuGraphExecNodeSetParams`, ABI of CUDA 12.2).
     pub type cuGraphExecNodeSetParams = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hNode: CUgraphNode,
         nodeParams: *mut CUgraphNodeParams,
     ) -> CUresult;
-    /// `cuGraphExecUpdate_v2` (API name `cuGraphExecUpdate`).
+    /// `cuGraphExecUpdate_v2` (API name `cuGraphExecUpdate`, ABI of CUDA 12.0).
     pub type cuGraphExecUpdate = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hGraph: CUgraph,
         resultInfo: *mut CUgraphExecUpdateResultInfo,
     ) -> CUresult;
-    /// `cuGraphExternalSemaphoresSignalNodeGetParams` (API name `cuGraphExternalSemaphoresSignalNodeGetParams`).
+    /// `cuGraphExternalSemaphoresSignalNodeGetParams` (API name `cuGraphExternalSemaphoresSignalNodeGetParams`, ABI of CUDA 11.2).
     pub type cuGraphExternalSemaphoresSignalNodeGetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         params_out: *mut CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphExternalSemaphoresSignalNodeSetParams` (API name `cuGraphExternalSemaphoresSignalNodeSetParams`).
+    /// `cuGraphExternalSemaphoresSignalNodeSetParams` (API name `cuGraphExternalSemaphoresSignalNodeSetParams`, ABI of CUDA 11.2).
     pub type cuGraphExternalSemaphoresSignalNodeSetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphExternalSemaphoresWaitNodeGetParams` (API name `cuGraphExternalSemaphoresWaitNodeGetParams`).
+    /// `cuGraphExternalSemaphoresWaitNodeGetParams` (API name `cuGraphExternalSemaphoresWaitNodeGetParams`, ABI of CUDA 11.2).
     pub type cuGraphExternalSemaphoresWaitNodeGetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         params_out: *mut CUDA_EXT_SEM_WAIT_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphExternalSemaphoresWaitNodeSetParams` (API name `cuGraphExternalSemaphoresWaitNodeSetParams`).
+    /// `cuGraphExternalSemaphoresWaitNodeSetParams` (API name `cuGraphExternalSemaphoresWaitNodeSetParams`, ABI of CUDA 11.2).
     pub type cuGraphExternalSemaphoresWaitNodeSetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphGetEdges_v2` (API name `cuGraphGetEdges`).
+    /// `cuGraphGetEdges_v2` (API name `cuGraphGetEdges`, ABI of CUDA 12.3).
     pub type cuGraphGetEdges = unsafe extern "C" fn(
         hGraph: CUgraph,
         from: *mut CUgraphNode,
@@ -6493,151 +6493,151 @@ pub mod pfn {
         edgeData: *mut CUgraphEdgeData,
         numEdges: *mut usize,
     ) -> CUresult;
-    /// `cuGraphGetNodes` (API name `cuGraphGetNodes`).
+    /// `cuGraphGetNodes` (API name `cuGraphGetNodes`, ABI of CUDA 10.0).
     pub type cuGraphGetNodes = unsafe extern "C" fn(
         hGraph: CUgraph,
         nodes: *mut CUgraphNode,
         numNodes: *mut usize,
     ) -> CUresult;
-    /// `cuGraphGetRootNodes` (API name `cuGraphGetRootNodes`).
+    /// `cuGraphGetRootNodes` (API name `cuGraphGetRootNodes`, ABI of CUDA 10.0).
     pub type cuGraphGetRootNodes = unsafe extern "C" fn(
         hGraph: CUgraph,
         rootNodes: *mut CUgraphNode,
         numRootNodes: *mut usize,
     ) -> CUresult;
-    /// `cuGraphHostNodeGetParams` (API name `cuGraphHostNodeGetParams`).
+    /// `cuGraphHostNodeGetParams` (API name `cuGraphHostNodeGetParams`, ABI of CUDA 10.0).
     pub type cuGraphHostNodeGetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         nodeParams: *mut CUDA_HOST_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphHostNodeSetParams` (API name `cuGraphHostNodeSetParams`).
+    /// `cuGraphHostNodeSetParams` (API name `cuGraphHostNodeSetParams`, ABI of CUDA 10.0).
     pub type cuGraphHostNodeSetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         nodeParams: *const CUDA_HOST_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphInstantiateWithFlags` (API name `cuGraphInstantiateWithFlags`).
+    /// `cuGraphInstantiateWithFlags` (API name `cuGraphInstantiateWithFlags`, ABI of CUDA 11.4).
     pub type cuGraphInstantiateWithFlags = unsafe extern "C" fn(
         phGraphExec: *mut CUgraphExec,
         hGraph: CUgraph,
         flags: ::std::os::raw::c_ulonglong,
     ) -> CUresult;
-    /// `cuGraphInstantiateWithParams` (API name `cuGraphInstantiateWithParams`).
+    /// `cuGraphInstantiateWithParams` (API name `cuGraphInstantiateWithParams`, ABI of CUDA 12.0).
     pub type cuGraphInstantiateWithParams = unsafe extern "C" fn(
         phGraphExec: *mut CUgraphExec,
         hGraph: CUgraph,
         instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphKernelNodeCopyAttributes` (API name `cuGraphKernelNodeCopyAttributes`).
+    /// `cuGraphKernelNodeCopyAttributes` (API name `cuGraphKernelNodeCopyAttributes`, ABI of CUDA 11.0).
     pub type cuGraphKernelNodeCopyAttributes = unsafe extern "C" fn(
         dst: CUgraphNode,
         src: CUgraphNode,
     ) -> CUresult;
-    /// `cuGraphKernelNodeGetAttribute` (API name `cuGraphKernelNodeGetAttribute`).
+    /// `cuGraphKernelNodeGetAttribute` (API name `cuGraphKernelNodeGetAttribute`, ABI of CUDA 11.0).
     pub type cuGraphKernelNodeGetAttribute = unsafe extern "C" fn(
         hNode: CUgraphNode,
         attr: CUkernelNodeAttrID,
         value_out: *mut CUkernelNodeAttrValue,
     ) -> CUresult;
-    /// `cuGraphKernelNodeGetParams_v2` (API name `cuGraphKernelNodeGetParams`).
+    /// `cuGraphKernelNodeGetParams_v2` (API name `cuGraphKernelNodeGetParams`, ABI of CUDA 12.0).
     pub type cuGraphKernelNodeGetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         nodeParams: *mut CUDA_KERNEL_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphKernelNodeSetAttribute` (API name `cuGraphKernelNodeSetAttribute`).
+    /// `cuGraphKernelNodeSetAttribute` (API name `cuGraphKernelNodeSetAttribute`, ABI of CUDA 11.0).
     pub type cuGraphKernelNodeSetAttribute = unsafe extern "C" fn(
         hNode: CUgraphNode,
         attr: CUkernelNodeAttrID,
         value: *const CUkernelNodeAttrValue,
     ) -> CUresult;
-    /// `cuGraphKernelNodeSetParams_v2` (API name `cuGraphKernelNodeSetParams`).
+    /// `cuGraphKernelNodeSetParams_v2` (API name `cuGraphKernelNodeSetParams`, ABI of CUDA 12.0).
     pub type cuGraphKernelNodeSetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         nodeParams: *const CUDA_KERNEL_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphLaunch` (API name `cuGraphLaunch`).
+    /// `cuGraphLaunch` (API name `cuGraphLaunch`, ABI of CUDA 10.0).
     pub type cuGraphLaunch = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuGraphMemAllocNodeGetParams` (API name `cuGraphMemAllocNodeGetParams`).
+    /// `cuGraphMemAllocNodeGetParams` (API name `cuGraphMemAllocNodeGetParams`, ABI of CUDA 11.4).
     pub type cuGraphMemAllocNodeGetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         params_out: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphMemFreeNodeGetParams` (API name `cuGraphMemFreeNodeGetParams`).
+    /// `cuGraphMemFreeNodeGetParams` (API name `cuGraphMemFreeNodeGetParams`, ABI of CUDA 11.4).
     pub type cuGraphMemFreeNodeGetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         dptr_out: *mut CUdeviceptr,
     ) -> CUresult;
-    /// `cuGraphMemcpyNodeGetParams` (API name `cuGraphMemcpyNodeGetParams`).
+    /// `cuGraphMemcpyNodeGetParams` (API name `cuGraphMemcpyNodeGetParams`, ABI of CUDA 10.0).
     pub type cuGraphMemcpyNodeGetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         nodeParams: *mut CUDA_MEMCPY3D,
     ) -> CUresult;
-    /// `cuGraphMemcpyNodeSetParams` (API name `cuGraphMemcpyNodeSetParams`).
+    /// `cuGraphMemcpyNodeSetParams` (API name `cuGraphMemcpyNodeSetParams`, ABI of CUDA 10.0).
     pub type cuGraphMemcpyNodeSetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         nodeParams: *const CUDA_MEMCPY3D,
     ) -> CUresult;
-    /// `cuGraphMemsetNodeGetParams` (API name `cuGraphMemsetNodeGetParams`).
+    /// `cuGraphMemsetNodeGetParams` (API name `cuGraphMemsetNodeGetParams`, ABI of CUDA 10.0).
     pub type cuGraphMemsetNodeGetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         nodeParams: *mut CUDA_MEMSET_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphMemsetNodeSetParams` (API name `cuGraphMemsetNodeSetParams`).
+    /// `cuGraphMemsetNodeSetParams` (API name `cuGraphMemsetNodeSetParams`, ABI of CUDA 10.0).
     pub type cuGraphMemsetNodeSetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         nodeParams: *const CUDA_MEMSET_NODE_PARAMS,
     ) -> CUresult;
-    /// `cuGraphNodeFindInClone` (API name `cuGraphNodeFindInClone`).
+    /// `cuGraphNodeFindInClone` (API name `cuGraphNodeFindInClone`, ABI of CUDA 10.0).
     pub type cuGraphNodeFindInClone = unsafe extern "C" fn(
         phNode: *mut CUgraphNode,
         hOriginalNode: CUgraphNode,
         hClonedGraph: CUgraph,
     ) -> CUresult;
-    /// `cuGraphNodeGetDependencies_v2` (API name `cuGraphNodeGetDependencies`).
+    /// `cuGraphNodeGetDependencies_v2` (API name `cuGraphNodeGetDependencies`, ABI of CUDA 12.3).
     pub type cuGraphNodeGetDependencies = unsafe extern "C" fn(
         hNode: CUgraphNode,
         dependencies: *mut CUgraphNode,
         edgeData: *mut CUgraphEdgeData,
         numDependencies: *mut usize,
     ) -> CUresult;
-    /// `cuGraphNodeGetDependentNodes_v2` (API name `cuGraphNodeGetDependentNodes`).
+    /// `cuGraphNodeGetDependentNodes_v2` (API name `cuGraphNodeGetDependentNodes`, ABI of CUDA 12.3).
     pub type cuGraphNodeGetDependentNodes = unsafe extern "C" fn(
         hNode: CUgraphNode,
         dependentNodes: *mut CUgraphNode,
         edgeData: *mut CUgraphEdgeData,
         numDependentNodes: *mut usize,
     ) -> CUresult;
-    /// `cuGraphNodeGetEnabled` (API name `cuGraphNodeGetEnabled`).
+    /// `cuGraphNodeGetEnabled` (API name `cuGraphNodeGetEnabled`, ABI of CUDA 11.6).
     pub type cuGraphNodeGetEnabled = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hNode: CUgraphNode,
         isEnabled: *mut ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuGraphNodeGetType` (API name `cuGraphNodeGetType`).
+    /// `cuGraphNodeGetType` (API name `cuGraphNodeGetType`, ABI of CUDA 10.0).
     pub type cuGraphNodeGetType = unsafe extern "C" fn(
         hNode: CUgraphNode,
         type_: *mut CUgraphNodeType,
     ) -> CUresult;
-    /// `cuGraphNodeSetEnabled` (API name `cuGraphNodeSetEnabled`).
+    /// `cuGraphNodeSetEnabled` (API name `cuGraphNodeSetEnabled`, ABI of CUDA 11.6).
     pub type cuGraphNodeSetEnabled = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hNode: CUgraphNode,
         isEnabled: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuGraphNodeSetParams` (API name `cuGraphNodeSetParams`).
+    /// `cuGraphNodeSetParams` (API name `cuGraphNodeSetParams`, ABI of CUDA 12.2).
     pub type cuGraphNodeSetParams = unsafe extern "C" fn(
         hNode: CUgraphNode,
         nodeParams: *mut CUgraphNodeParams,
     ) -> CUresult;
-    /// `cuGraphReleaseUserObject` (API name `cuGraphReleaseUserObject`).
+    /// `cuGraphReleaseUserObject` (API name `cuGraphReleaseUserObject`, ABI of CUDA 11.3).
     pub type cuGraphReleaseUserObject = unsafe extern "C" fn(
         graph: CUgraph,
         object: CUuserObject,
         count: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuGraphRemoveDependencies_v2` (API name `cuGraphRemoveDependencies`).
+    /// `cuGraphRemoveDependencies_v2` (API name `cuGraphRemoveDependencies`, ABI of CUDA 12.3).
     pub type cuGraphRemoveDependencies = unsafe extern "C" fn(
         hGraph: CUgraph,
         from: *const CUgraphNode,
@@ -6645,174 +6645,174 @@ pub mod pfn {
         edgeData: *const CUgraphEdgeData,
         numDependencies: usize,
     ) -> CUresult;
-    /// `cuGraphRetainUserObject` (API name `cuGraphRetainUserObject`).
+    /// `cuGraphRetainUserObject` (API name `cuGraphRetainUserObject`, ABI of CUDA 11.3).
     pub type cuGraphRetainUserObject = unsafe extern "C" fn(
         graph: CUgraph,
         object: CUuserObject,
         count: ::std::os::raw::c_uint,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuGraphUpload` (API name `cuGraphUpload`).
+    /// `cuGraphUpload` (API name `cuGraphUpload`, ABI of CUDA 11.1).
     pub type cuGraphUpload = unsafe extern "C" fn(
         hGraphExec: CUgraphExec,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuGraphicsMapResources` (API name `cuGraphicsMapResources`).
+    /// `cuGraphicsMapResources` (API name `cuGraphicsMapResources`, ABI of CUDA 3.0).
     pub type cuGraphicsMapResources = unsafe extern "C" fn(
         count: ::std::os::raw::c_uint,
         resources: *mut CUgraphicsResource,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuGraphicsResourceGetMappedMipmappedArray` (API name `cuGraphicsResourceGetMappedMipmappedArray`).
+    /// `cuGraphicsResourceGetMappedMipmappedArray` (API name `cuGraphicsResourceGetMappedMipmappedArray`, ABI of CUDA 5.0).
     pub type cuGraphicsResourceGetMappedMipmappedArray = unsafe extern "C" fn(
         pMipmappedArray: *mut CUmipmappedArray,
         resource: CUgraphicsResource,
     ) -> CUresult;
-    /// `cuGraphicsResourceGetMappedPointer_v2` (API name `cuGraphicsResourceGetMappedPointer`).
+    /// `cuGraphicsResourceGetMappedPointer_v2` (API name `cuGraphicsResourceGetMappedPointer`, ABI of CUDA 3.2).
     pub type cuGraphicsResourceGetMappedPointer = unsafe extern "C" fn(
         pDevPtr: *mut CUdeviceptr,
         pSize: *mut usize,
         resource: CUgraphicsResource,
     ) -> CUresult;
-    /// `cuGraphicsResourceSetMapFlags_v2` (API name `cuGraphicsResourceSetMapFlags`).
+    /// `cuGraphicsResourceSetMapFlags_v2` (API name `cuGraphicsResourceSetMapFlags`, ABI of CUDA 6.5).
     pub type cuGraphicsResourceSetMapFlags = unsafe extern "C" fn(
         resource: CUgraphicsResource,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuGraphicsSubResourceGetMappedArray` (API name `cuGraphicsSubResourceGetMappedArray`).
+    /// `cuGraphicsSubResourceGetMappedArray` (API name `cuGraphicsSubResourceGetMappedArray`, ABI of CUDA 3.0).
     pub type cuGraphicsSubResourceGetMappedArray = unsafe extern "C" fn(
         pArray: *mut CUarray,
         resource: CUgraphicsResource,
         arrayIndex: ::std::os::raw::c_uint,
         mipLevel: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuGraphicsUnmapResources` (API name `cuGraphicsUnmapResources`).
+    /// `cuGraphicsUnmapResources` (API name `cuGraphicsUnmapResources`, ABI of CUDA 3.0).
     pub type cuGraphicsUnmapResources = unsafe extern "C" fn(
         count: ::std::os::raw::c_uint,
         resources: *mut CUgraphicsResource,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuGraphicsUnregisterResource` (API name `cuGraphicsUnregisterResource`).
+    /// `cuGraphicsUnregisterResource` (API name `cuGraphicsUnregisterResource`, ABI of CUDA 3.0).
     pub type cuGraphicsUnregisterResource = unsafe extern "C" fn(
         resource: CUgraphicsResource,
     ) -> CUresult;
-    /// `cuGreenCtxCreate` (API name `cuGreenCtxCreate`).
+    /// `cuGreenCtxCreate` (API name `cuGreenCtxCreate`, ABI of CUDA 12.4).
     pub type cuGreenCtxCreate = unsafe extern "C" fn(
         phCtx: *mut CUgreenCtx,
         desc: CUdevResourceDesc,
         dev: CUdevice,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuGreenCtxDestroy` (API name `cuGreenCtxDestroy`).
+    /// `cuGreenCtxDestroy` (API name `cuGreenCtxDestroy`, ABI of CUDA 12.4).
     pub type cuGreenCtxDestroy = unsafe extern "C" fn(hCtx: CUgreenCtx) -> CUresult;
-    /// `cuGreenCtxGetDevResource` (API name `cuGreenCtxGetDevResource`).
+    /// `cuGreenCtxGetDevResource` (API name `cuGreenCtxGetDevResource`, ABI of CUDA 12.4).
     pub type cuGreenCtxGetDevResource = unsafe extern "C" fn(
         hCtx: CUgreenCtx,
         resource: *mut CUdevResource,
         type_: CUdevResourceType,
     ) -> CUresult;
-    /// `cuGreenCtxGetId` (API name `cuGreenCtxGetId`).
+    /// `cuGreenCtxGetId` (API name `cuGreenCtxGetId`, ABI of CUDA 12.9).
     pub type cuGreenCtxGetId = unsafe extern "C" fn(
         greenCtx: CUgreenCtx,
         greenCtxId: *mut ::std::os::raw::c_ulonglong,
     ) -> CUresult;
-    /// `cuGreenCtxRecordEvent` (API name `cuGreenCtxRecordEvent`).
+    /// `cuGreenCtxRecordEvent` (API name `cuGreenCtxRecordEvent`, ABI of CUDA 12.4).
     pub type cuGreenCtxRecordEvent = unsafe extern "C" fn(
         hCtx: CUgreenCtx,
         hEvent: CUevent,
     ) -> CUresult;
-    /// `cuGreenCtxStreamCreate` (API name `cuGreenCtxStreamCreate`).
+    /// `cuGreenCtxStreamCreate` (API name `cuGreenCtxStreamCreate`, ABI of CUDA 12.5).
     pub type cuGreenCtxStreamCreate = unsafe extern "C" fn(
         phStream: *mut CUstream,
         greenCtx: CUgreenCtx,
         flags: ::std::os::raw::c_uint,
         priority: ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuGreenCtxWaitEvent` (API name `cuGreenCtxWaitEvent`).
+    /// `cuGreenCtxWaitEvent` (API name `cuGreenCtxWaitEvent`, ABI of CUDA 12.4).
     pub type cuGreenCtxWaitEvent = unsafe extern "C" fn(
         hCtx: CUgreenCtx,
         hEvent: CUevent,
     ) -> CUresult;
-    /// `cuImportExternalMemory` (API name `cuImportExternalMemory`).
+    /// `cuImportExternalMemory` (API name `cuImportExternalMemory`, ABI of CUDA 10.0).
     pub type cuImportExternalMemory = unsafe extern "C" fn(
         extMem_out: *mut CUexternalMemory,
         memHandleDesc: *const CUDA_EXTERNAL_MEMORY_HANDLE_DESC,
     ) -> CUresult;
-    /// `cuImportExternalSemaphore` (API name `cuImportExternalSemaphore`).
+    /// `cuImportExternalSemaphore` (API name `cuImportExternalSemaphore`, ABI of CUDA 10.0).
     pub type cuImportExternalSemaphore = unsafe extern "C" fn(
         extSem_out: *mut CUexternalSemaphore,
         semHandleDesc: *const CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC,
     ) -> CUresult;
-    /// `cuInit` (API name `cuInit`).
+    /// `cuInit` (API name `cuInit`, ABI of CUDA 2.0).
     pub type cuInit = unsafe extern "C" fn(Flags: ::std::os::raw::c_uint) -> CUresult;
-    /// `cuIpcCloseMemHandle` (API name `cuIpcCloseMemHandle`).
+    /// `cuIpcCloseMemHandle` (API name `cuIpcCloseMemHandle`, ABI of CUDA 4.1).
     pub type cuIpcCloseMemHandle = unsafe extern "C" fn(dptr: CUdeviceptr) -> CUresult;
-    /// `cuIpcGetEventHandle` (API name `cuIpcGetEventHandle`).
+    /// `cuIpcGetEventHandle` (API name `cuIpcGetEventHandle`, ABI of CUDA 4.1).
     pub type cuIpcGetEventHandle = unsafe extern "C" fn(
         pHandle: *mut CUipcEventHandle,
         event: CUevent,
     ) -> CUresult;
-    /// `cuIpcGetMemHandle` (API name `cuIpcGetMemHandle`).
+    /// `cuIpcGetMemHandle` (API name `cuIpcGetMemHandle`, ABI of CUDA 4.1).
     pub type cuIpcGetMemHandle = unsafe extern "C" fn(
         pHandle: *mut CUipcMemHandle,
         dptr: CUdeviceptr,
     ) -> CUresult;
-    /// `cuIpcOpenEventHandle` (API name `cuIpcOpenEventHandle`).
+    /// `cuIpcOpenEventHandle` (API name `cuIpcOpenEventHandle`, ABI of CUDA 4.1).
     pub type cuIpcOpenEventHandle = unsafe extern "C" fn(
         phEvent: *mut CUevent,
         handle: CUipcEventHandle,
     ) -> CUresult;
-    /// `cuIpcOpenMemHandle_v2` (API name `cuIpcOpenMemHandle`).
+    /// `cuIpcOpenMemHandle_v2` (API name `cuIpcOpenMemHandle`, ABI of CUDA 11.0).
     pub type cuIpcOpenMemHandle = unsafe extern "C" fn(
         pdptr: *mut CUdeviceptr,
         handle: CUipcMemHandle,
         Flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuKernelGetAttribute` (API name `cuKernelGetAttribute`).
+    /// `cuKernelGetAttribute` (API name `cuKernelGetAttribute`, ABI of CUDA 12.0).
     pub type cuKernelGetAttribute = unsafe extern "C" fn(
         pi: *mut ::std::os::raw::c_int,
         attrib: CUfunction_attribute,
         kernel: CUkernel,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuKernelGetFunction` (API name `cuKernelGetFunction`).
+    /// `cuKernelGetFunction` (API name `cuKernelGetFunction`, ABI of CUDA 12.0).
     pub type cuKernelGetFunction = unsafe extern "C" fn(
         pFunc: *mut CUfunction,
         kernel: CUkernel,
     ) -> CUresult;
-    /// `cuKernelGetLibrary` (API name `cuKernelGetLibrary`).
+    /// `cuKernelGetLibrary` (API name `cuKernelGetLibrary`, ABI of CUDA 12.5).
     pub type cuKernelGetLibrary = unsafe extern "C" fn(
         pLib: *mut CUlibrary,
         kernel: CUkernel,
     ) -> CUresult;
-    /// `cuKernelGetName` (API name `cuKernelGetName`).
+    /// `cuKernelGetName` (API name `cuKernelGetName`, ABI of CUDA 12.3).
     pub type cuKernelGetName = unsafe extern "C" fn(
         name: *mut *const ::std::os::raw::c_char,
         hfunc: CUkernel,
     ) -> CUresult;
-    /// `cuKernelGetParamInfo` (API name `cuKernelGetParamInfo`).
+    /// `cuKernelGetParamInfo` (API name `cuKernelGetParamInfo`, ABI of CUDA 12.4).
     pub type cuKernelGetParamInfo = unsafe extern "C" fn(
         kernel: CUkernel,
         paramIndex: usize,
         paramOffset: *mut usize,
         paramSize: *mut usize,
     ) -> CUresult;
-    /// `cuKernelSetAttribute` (API name `cuKernelSetAttribute`).
+    /// `cuKernelSetAttribute` (API name `cuKernelSetAttribute`, ABI of CUDA 12.0).
     pub type cuKernelSetAttribute = unsafe extern "C" fn(
         attrib: CUfunction_attribute,
         val: ::std::os::raw::c_int,
         kernel: CUkernel,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuKernelSetCacheConfig` (API name `cuKernelSetCacheConfig`).
+    /// `cuKernelSetCacheConfig` (API name `cuKernelSetCacheConfig`, ABI of CUDA 12.0).
     pub type cuKernelSetCacheConfig = unsafe extern "C" fn(
         kernel: CUkernel,
         config: CUfunc_cache,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuLaunch` (API name `cuLaunch`).
+    /// `cuLaunch` (API name `cuLaunch`, ABI of CUDA 2.0).
     pub type cuLaunch = unsafe extern "C" fn(f: CUfunction) -> CUresult;
-    /// `cuLaunchCooperativeKernel` (API name `cuLaunchCooperativeKernel`).
+    /// `cuLaunchCooperativeKernel` (API name `cuLaunchCooperativeKernel`, ABI of CUDA 9.0).
     pub type cuLaunchCooperativeKernel = unsafe extern "C" fn(
         f: CUfunction,
         gridDimX: ::std::os::raw::c_uint,
@@ -6825,32 +6825,32 @@ pub mod pfn {
         hStream: CUstream,
         kernelParams: *mut *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuLaunchCooperativeKernelMultiDevice` (API name `cuLaunchCooperativeKernelMultiDevice`).
+    /// `cuLaunchCooperativeKernelMultiDevice` (API name `cuLaunchCooperativeKernelMultiDevice`, ABI of CUDA 9.0).
     pub type cuLaunchCooperativeKernelMultiDevice = unsafe extern "C" fn(
         launchParamsList: *mut CUDA_LAUNCH_PARAMS,
         numDevices: ::std::os::raw::c_uint,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuLaunchGrid` (API name `cuLaunchGrid`).
+    /// `cuLaunchGrid` (API name `cuLaunchGrid`, ABI of CUDA 2.0).
     pub type cuLaunchGrid = unsafe extern "C" fn(
         f: CUfunction,
         grid_width: ::std::os::raw::c_int,
         grid_height: ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuLaunchGridAsync` (API name `cuLaunchGridAsync`).
+    /// `cuLaunchGridAsync` (API name `cuLaunchGridAsync`, ABI of CUDA 2.0).
     pub type cuLaunchGridAsync = unsafe extern "C" fn(
         f: CUfunction,
         grid_width: ::std::os::raw::c_int,
         grid_height: ::std::os::raw::c_int,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuLaunchHostFunc` (API name `cuLaunchHostFunc`).
+    /// `cuLaunchHostFunc` (API name `cuLaunchHostFunc`, ABI of CUDA 10.0).
     pub type cuLaunchHostFunc = unsafe extern "C" fn(
         hStream: CUstream,
         fn_: CUhostFn,
         userData: *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuLaunchKernel` (API name `cuLaunchKernel`).
+    /// `cuLaunchKernel` (API name `cuLaunchKernel`, ABI of CUDA 4.0).
     pub type cuLaunchKernel = unsafe extern "C" fn(
         f: CUfunction,
         gridDimX: ::std::os::raw::c_uint,
@@ -6864,56 +6864,56 @@ pub mod pfn {
         kernelParams: *mut *mut ::std::os::raw::c_void,
         extra: *mut *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuLaunchKernelEx` (API name `cuLaunchKernelEx`).
+    /// `cuLaunchKernelEx` (API name `cuLaunchKernelEx`, ABI of CUDA 11.6).
     pub type cuLaunchKernelEx = unsafe extern "C" fn(
         config: *const CUlaunchConfig,
         f: CUfunction,
         kernelParams: *mut *mut ::std::os::raw::c_void,
         extra: *mut *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuLibraryEnumerateKernels` (API name `cuLibraryEnumerateKernels`).
+    /// `cuLibraryEnumerateKernels` (API name `cuLibraryEnumerateKernels`, ABI of CUDA 12.4).
     pub type cuLibraryEnumerateKernels = unsafe extern "C" fn(
         kernels: *mut CUkernel,
         numKernels: ::std::os::raw::c_uint,
         lib: CUlibrary,
     ) -> CUresult;
-    /// `cuLibraryGetGlobal` (API name `cuLibraryGetGlobal`).
+    /// `cuLibraryGetGlobal` (API name `cuLibraryGetGlobal`, ABI of CUDA 12.0).
     pub type cuLibraryGetGlobal = unsafe extern "C" fn(
         dptr: *mut CUdeviceptr,
         bytes: *mut usize,
         library: CUlibrary,
         name: *const ::std::os::raw::c_char,
     ) -> CUresult;
-    /// `cuLibraryGetKernel` (API name `cuLibraryGetKernel`).
+    /// `cuLibraryGetKernel` (API name `cuLibraryGetKernel`, ABI of CUDA 12.0).
     pub type cuLibraryGetKernel = unsafe extern "C" fn(
         pKernel: *mut CUkernel,
         library: CUlibrary,
         name: *const ::std::os::raw::c_char,
     ) -> CUresult;
-    /// `cuLibraryGetKernelCount` (API name `cuLibraryGetKernelCount`).
+    /// `cuLibraryGetKernelCount` (API name `cuLibraryGetKernelCount`, ABI of CUDA 12.4).
     pub type cuLibraryGetKernelCount = unsafe extern "C" fn(
         count: *mut ::std::os::raw::c_uint,
         lib: CUlibrary,
     ) -> CUresult;
-    /// `cuLibraryGetManaged` (API name `cuLibraryGetManaged`).
+    /// `cuLibraryGetManaged` (API name `cuLibraryGetManaged`, ABI of CUDA 12.0).
     pub type cuLibraryGetManaged = unsafe extern "C" fn(
         dptr: *mut CUdeviceptr,
         bytes: *mut usize,
         library: CUlibrary,
         name: *const ::std::os::raw::c_char,
     ) -> CUresult;
-    /// `cuLibraryGetModule` (API name `cuLibraryGetModule`).
+    /// `cuLibraryGetModule` (API name `cuLibraryGetModule`, ABI of CUDA 12.0).
     pub type cuLibraryGetModule = unsafe extern "C" fn(
         pMod: *mut CUmodule,
         library: CUlibrary,
     ) -> CUresult;
-    /// `cuLibraryGetUnifiedFunction` (API name `cuLibraryGetUnifiedFunction`).
+    /// `cuLibraryGetUnifiedFunction` (API name `cuLibraryGetUnifiedFunction`, ABI of CUDA 12.0).
     pub type cuLibraryGetUnifiedFunction = unsafe extern "C" fn(
         fptr: *mut *mut ::std::os::raw::c_void,
         library: CUlibrary,
         symbol: *const ::std::os::raw::c_char,
     ) -> CUresult;
-    /// `cuLibraryLoadData` (API name `cuLibraryLoadData`).
+    /// `cuLibraryLoadData` (API name `cuLibraryLoadData`, ABI of CUDA 12.0).
     pub type cuLibraryLoadData = unsafe extern "C" fn(
         library: *mut CUlibrary,
         code: *const ::std::os::raw::c_void,
@@ -6924,7 +6924,7 @@ pub mod pfn {
         libraryOptionValues: *mut *mut ::std::os::raw::c_void,
         numLibraryOptions: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuLibraryLoadFromFile` (API name `cuLibraryLoadFromFile`).
+    /// `cuLibraryLoadFromFile` (API name `cuLibraryLoadFromFile`, ABI of CUDA 12.0).
     pub type cuLibraryLoadFromFile = unsafe extern "C" fn(
         library: *mut CUlibrary,
         fileName: *const ::std::os::raw::c_char,
@@ -6935,9 +6935,9 @@ pub mod pfn {
         libraryOptionValues: *mut *mut ::std::os::raw::c_void,
         numLibraryOptions: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuLibraryUnload` (API name `cuLibraryUnload`).
+    /// `cuLibraryUnload` (API name `cuLibraryUnload`, ABI of CUDA 12.0).
     pub type cuLibraryUnload = unsafe extern "C" fn(library: CUlibrary) -> CUresult;
-    /// `cuLinkAddData_v2` (API name `cuLinkAddData`).
+    /// `cuLinkAddData_v2` (API name `cuLinkAddData`, ABI of CUDA 6.5).
     pub type cuLinkAddData = unsafe extern "C" fn(
         state: CUlinkState,
         type_: CUjitInputType,
@@ -6948,7 +6948,7 @@ pub mod pfn {
         options: *mut CUjit_option,
         optionValues: *mut *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuLinkAddFile_v2` (API name `cuLinkAddFile`).
+    /// `cuLinkAddFile_v2` (API name `cuLinkAddFile`, ABI of CUDA 6.5).
     pub type cuLinkAddFile = unsafe extern "C" fn(
         state: CUlinkState,
         type_: CUjitInputType,
@@ -6957,55 +6957,55 @@ pub mod pfn {
         options: *mut CUjit_option,
         optionValues: *mut *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuLinkComplete` (API name `cuLinkComplete`).
+    /// `cuLinkComplete` (API name `cuLinkComplete`, ABI of CUDA 5.5).
     pub type cuLinkComplete = unsafe extern "C" fn(
         state: CUlinkState,
         cubinOut: *mut *mut ::std::os::raw::c_void,
         sizeOut: *mut usize,
     ) -> CUresult;
-    /// `cuLinkCreate_v2` (API name `cuLinkCreate`).
+    /// `cuLinkCreate_v2` (API name `cuLinkCreate`, ABI of CUDA 6.5).
     pub type cuLinkCreate = unsafe extern "C" fn(
         numOptions: ::std::os::raw::c_uint,
         options: *mut CUjit_option,
         optionValues: *mut *mut ::std::os::raw::c_void,
         stateOut: *mut CUlinkState,
     ) -> CUresult;
-    /// `cuLinkDestroy` (API name `cuLinkDestroy`).
+    /// `cuLinkDestroy` (API name `cuLinkDestroy`, ABI of CUDA 5.5).
     pub type cuLinkDestroy = unsafe extern "C" fn(state: CUlinkState) -> CUresult;
-    /// `cuLogsCurrent` (API name `cuLogsCurrent`).
+    /// `cuLogsCurrent` (API name `cuLogsCurrent`, ABI of CUDA 12.9).
     pub type cuLogsCurrent = unsafe extern "C" fn(
         iterator_out: *mut CUlogIterator,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuLogsDumpToFile` (API name `cuLogsDumpToFile`).
+    /// `cuLogsDumpToFile` (API name `cuLogsDumpToFile`, ABI of CUDA 12.9).
     pub type cuLogsDumpToFile = unsafe extern "C" fn(
         iterator: *mut CUlogIterator,
         pathToFile: *const ::std::os::raw::c_char,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuLogsDumpToMemory` (API name `cuLogsDumpToMemory`).
+    /// `cuLogsDumpToMemory` (API name `cuLogsDumpToMemory`, ABI of CUDA 12.9).
     pub type cuLogsDumpToMemory = unsafe extern "C" fn(
         iterator: *mut CUlogIterator,
         buffer: *mut ::std::os::raw::c_char,
         size: *mut usize,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuLogsRegisterCallback` (API name `cuLogsRegisterCallback`).
+    /// `cuLogsRegisterCallback` (API name `cuLogsRegisterCallback`, ABI of CUDA 12.9).
     pub type cuLogsRegisterCallback = unsafe extern "C" fn(
         callbackFunc: CUlogsCallback,
         userData: *mut ::std::os::raw::c_void,
         callback_out: *mut CUlogsCallbackHandle,
     ) -> CUresult;
-    /// `cuLogsUnregisterCallback` (API name `cuLogsUnregisterCallback`).
+    /// `cuLogsUnregisterCallback` (API name `cuLogsUnregisterCallback`, ABI of CUDA 12.9).
     pub type cuLogsUnregisterCallback = unsafe extern "C" fn(
         callback: CUlogsCallbackHandle,
     ) -> CUresult;
-    /// `cuMemAddressFree` (API name `cuMemAddressFree`).
+    /// `cuMemAddressFree` (API name `cuMemAddressFree`, ABI of CUDA 10.2).
     pub type cuMemAddressFree = unsafe extern "C" fn(
         ptr: CUdeviceptr,
         size: usize,
     ) -> CUresult;
-    /// `cuMemAddressReserve` (API name `cuMemAddressReserve`).
+    /// `cuMemAddressReserve` (API name `cuMemAddressReserve`, ABI of CUDA 10.2).
     pub type cuMemAddressReserve = unsafe extern "C" fn(
         ptr: *mut CUdeviceptr,
         size: usize,
@@ -7013,38 +7013,38 @@ pub mod pfn {
         addr: CUdeviceptr,
         flags: ::std::os::raw::c_ulonglong,
     ) -> CUresult;
-    /// `cuMemAdvise_v2` (API name `cuMemAdvise`).
+    /// `cuMemAdvise_v2` (API name `cuMemAdvise`, ABI of CUDA 12.2).
     pub type cuMemAdvise = unsafe extern "C" fn(
         devPtr: CUdeviceptr,
         count: usize,
         advice: CUmem_advise,
         location: CUmemLocation,
     ) -> CUresult;
-    /// `cuMemAllocAsync` (API name `cuMemAllocAsync`).
+    /// `cuMemAllocAsync` (API name `cuMemAllocAsync`, ABI of CUDA 11.2).
     pub type cuMemAllocAsync = unsafe extern "C" fn(
         dptr: *mut CUdeviceptr,
         bytesize: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemAllocFromPoolAsync` (API name `cuMemAllocFromPoolAsync`).
+    /// `cuMemAllocFromPoolAsync` (API name `cuMemAllocFromPoolAsync`, ABI of CUDA 11.2).
     pub type cuMemAllocFromPoolAsync = unsafe extern "C" fn(
         dptr: *mut CUdeviceptr,
         bytesize: usize,
         pool: CUmemoryPool,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemAllocHost_v2` (API name `cuMemAllocHost`).
+    /// `cuMemAllocHost_v2` (API name `cuMemAllocHost`, ABI of CUDA 3.2).
     pub type cuMemAllocHost = unsafe extern "C" fn(
         pp: *mut *mut ::std::os::raw::c_void,
         bytesize: usize,
     ) -> CUresult;
-    /// `cuMemAllocManaged` (API name `cuMemAllocManaged`).
+    /// `cuMemAllocManaged` (API name `cuMemAllocManaged`, ABI of CUDA 6.0).
     pub type cuMemAllocManaged = unsafe extern "C" fn(
         dptr: *mut CUdeviceptr,
         bytesize: usize,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuMemAllocPitch_v2` (API name `cuMemAllocPitch`).
+    /// `cuMemAllocPitch_v2` (API name `cuMemAllocPitch`, ABI of CUDA 3.2).
     pub type cuMemAllocPitch = unsafe extern "C" fn(
         dptr: *mut CUdeviceptr,
         pPitch: *mut usize,
@@ -7052,12 +7052,12 @@ pub mod pfn {
         Height: usize,
         ElementSizeBytes: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuMemAlloc_v2` (API name `cuMemAlloc`).
+    /// `cuMemAlloc_v2` (API name `cuMemAlloc`, ABI of CUDA 3.2).
     pub type cuMemAlloc = unsafe extern "C" fn(
         dptr: *mut CUdeviceptr,
         bytesize: usize,
     ) -> CUresult;
-    /// `cuMemBatchDecompressAsync` (API name `cuMemBatchDecompressAsync`).
+    /// `cuMemBatchDecompressAsync` (API name `cuMemBatchDecompressAsync`, ABI of CUDA 12.6).
     pub type cuMemBatchDecompressAsync = unsafe extern "C" fn(
         paramsArray: *mut CUmemDecompressParams,
         count: usize,
@@ -7065,14 +7065,14 @@ pub mod pfn {
         errorIndex: *mut usize,
         stream: CUstream,
     ) -> CUresult;
-    /// `cuMemCreate` (API name `cuMemCreate`).
+    /// `cuMemCreate` (API name `cuMemCreate`, ABI of CUDA 10.2).
     pub type cuMemCreate = unsafe extern "C" fn(
         handle: *mut CUmemGenericAllocationHandle,
         size: usize,
         prop: *const CUmemAllocationProp,
         flags: ::std::os::raw::c_ulonglong,
     ) -> CUresult;
-    /// `cuMemDiscardAndPrefetchBatchAsync` (API name `cuMemDiscardAndPrefetchBatchAsync`).
+    /// `cuMemDiscardAndPrefetchBatchAsync` (API name `cuMemDiscardAndPrefetchBatchAsync`, ABI of CUDA 13.0).
     pub type cuMemDiscardAndPrefetchBatchAsync = unsafe extern "C" fn(
         dptrs: *mut CUdeviceptr,
         sizes: *mut usize,
@@ -7083,7 +7083,7 @@ pub mod pfn {
         flags: ::std::os::raw::c_ulonglong,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemDiscardBatchAsync` (API name `cuMemDiscardBatchAsync`).
+    /// `cuMemDiscardBatchAsync` (API name `cuMemDiscardBatchAsync`, ABI of CUDA 13.0).
     pub type cuMemDiscardBatchAsync = unsafe extern "C" fn(
         dptrs: *mut CUdeviceptr,
         sizes: *mut usize,
@@ -7091,54 +7091,54 @@ pub mod pfn {
         flags: ::std::os::raw::c_ulonglong,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemExportToShareableHandle` (API name `cuMemExportToShareableHandle`).
+    /// `cuMemExportToShareableHandle` (API name `cuMemExportToShareableHandle`, ABI of CUDA 10.2).
     pub type cuMemExportToShareableHandle = unsafe extern "C" fn(
         shareableHandle: *mut ::std::os::raw::c_void,
         handle: CUmemGenericAllocationHandle,
         handleType: CUmemAllocationHandleType,
         flags: ::std::os::raw::c_ulonglong,
     ) -> CUresult;
-    /// `cuMemFreeAsync` (API name `cuMemFreeAsync`).
+    /// `cuMemFreeAsync` (API name `cuMemFreeAsync`, ABI of CUDA 11.2).
     pub type cuMemFreeAsync = unsafe extern "C" fn(
         dptr: CUdeviceptr,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemFreeHost` (API name `cuMemFreeHost`).
+    /// `cuMemFreeHost` (API name `cuMemFreeHost`, ABI of CUDA 2.0).
     pub type cuMemFreeHost = unsafe extern "C" fn(
         p: *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuMemFree_v2` (API name `cuMemFree`).
+    /// `cuMemFree_v2` (API name `cuMemFree`, ABI of CUDA 3.2).
     pub type cuMemFree = unsafe extern "C" fn(dptr: CUdeviceptr) -> CUresult;
-    /// `cuMemGetAccess` (API name `cuMemGetAccess`).
+    /// `cuMemGetAccess` (API name `cuMemGetAccess`, ABI of CUDA 10.2).
     pub type cuMemGetAccess = unsafe extern "C" fn(
         flags: *mut ::std::os::raw::c_ulonglong,
         location: *const CUmemLocation,
         ptr: CUdeviceptr,
     ) -> CUresult;
-    /// `cuMemGetAddressRange_v2` (API name `cuMemGetAddressRange`).
+    /// `cuMemGetAddressRange_v2` (API name `cuMemGetAddressRange`, ABI of CUDA 3.2).
     pub type cuMemGetAddressRange = unsafe extern "C" fn(
         pbase: *mut CUdeviceptr,
         psize: *mut usize,
         dptr: CUdeviceptr,
     ) -> CUresult;
-    /// `cuMemGetAllocationGranularity` (API name `cuMemGetAllocationGranularity`).
+    /// `cuMemGetAllocationGranularity` (API name `cuMemGetAllocationGranularity`, ABI of CUDA 10.2).
     pub type cuMemGetAllocationGranularity = unsafe extern "C" fn(
         granularity: *mut usize,
         prop: *const CUmemAllocationProp,
         option: CUmemAllocationGranularity_flags,
     ) -> CUresult;
-    /// `cuMemGetAllocationPropertiesFromHandle` (API name `cuMemGetAllocationPropertiesFromHandle`).
+    /// `cuMemGetAllocationPropertiesFromHandle` (API name `cuMemGetAllocationPropertiesFromHandle`, ABI of CUDA 10.2).
     pub type cuMemGetAllocationPropertiesFromHandle = unsafe extern "C" fn(
         prop: *mut CUmemAllocationProp,
         handle: CUmemGenericAllocationHandle,
     ) -> CUresult;
-    /// `cuMemGetDefaultMemPool` (API name `cuMemGetDefaultMemPool`).
+    /// `cuMemGetDefaultMemPool` (API name `cuMemGetDefaultMemPool`, ABI of CUDA 13.0).
     pub type cuMemGetDefaultMemPool = unsafe extern "C" fn(
         pool_out: *mut CUmemoryPool,
         location: *mut CUmemLocation,
         type_: CUmemAllocationType,
     ) -> CUresult;
-    /// `cuMemGetHandleForAddressRange` (API name `cuMemGetHandleForAddressRange`).
+    /// `cuMemGetHandleForAddressRange` (API name `cuMemGetHandleForAddressRange`, ABI of CUDA 11.7).
     pub type cuMemGetHandleForAddressRange = unsafe extern "C" fn(
         handle: *mut ::std::os::raw::c_void,
         dptr: CUdeviceptr,
@@ -7146,51 +7146,51 @@ pub mod pfn {
         handleType: CUmemRangeHandleType,
         flags: ::std::os::raw::c_ulonglong,
     ) -> CUresult;
-    /// `cuMemGetInfo_v2` (API name `cuMemGetInfo`).
+    /// `cuMemGetInfo_v2` (API name `cuMemGetInfo`, ABI of CUDA 3.2).
     pub type cuMemGetInfo = unsafe extern "C" fn(
         free: *mut usize,
         total: *mut usize,
     ) -> CUresult;
-    /// `cuMemGetMemPool` (API name `cuMemGetMemPool`).
+    /// `cuMemGetMemPool` (API name `cuMemGetMemPool`, ABI of CUDA 13.0).
     pub type cuMemGetMemPool = unsafe extern "C" fn(
         pool: *mut CUmemoryPool,
         location: *mut CUmemLocation,
         type_: CUmemAllocationType,
     ) -> CUresult;
-    /// `cuMemHostAlloc` (API name `cuMemHostAlloc`).
+    /// `cuMemHostAlloc` (API name `cuMemHostAlloc`, ABI of CUDA 2.2).
     pub type cuMemHostAlloc = unsafe extern "C" fn(
         pp: *mut *mut ::std::os::raw::c_void,
         bytesize: usize,
         Flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuMemHostGetDevicePointer_v2` (API name `cuMemHostGetDevicePointer`).
+    /// `cuMemHostGetDevicePointer_v2` (API name `cuMemHostGetDevicePointer`, ABI of CUDA 3.2).
     pub type cuMemHostGetDevicePointer = unsafe extern "C" fn(
         pdptr: *mut CUdeviceptr,
         p: *mut ::std::os::raw::c_void,
         Flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuMemHostGetFlags` (API name `cuMemHostGetFlags`).
+    /// `cuMemHostGetFlags` (API name `cuMemHostGetFlags`, ABI of CUDA 2.3).
     pub type cuMemHostGetFlags = unsafe extern "C" fn(
         pFlags: *mut ::std::os::raw::c_uint,
         p: *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuMemHostRegister_v2` (API name `cuMemHostRegister`).
+    /// `cuMemHostRegister_v2` (API name `cuMemHostRegister`, ABI of CUDA 6.5).
     pub type cuMemHostRegister = unsafe extern "C" fn(
         p: *mut ::std::os::raw::c_void,
         bytesize: usize,
         Flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuMemHostUnregister` (API name `cuMemHostUnregister`).
+    /// `cuMemHostUnregister` (API name `cuMemHostUnregister`, ABI of CUDA 4.0).
     pub type cuMemHostUnregister = unsafe extern "C" fn(
         p: *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuMemImportFromShareableHandle` (API name `cuMemImportFromShareableHandle`).
+    /// `cuMemImportFromShareableHandle` (API name `cuMemImportFromShareableHandle`, ABI of CUDA 10.2).
     pub type cuMemImportFromShareableHandle = unsafe extern "C" fn(
         handle: *mut CUmemGenericAllocationHandle,
         osHandle: *mut ::std::os::raw::c_void,
         shHandleType: CUmemAllocationHandleType,
     ) -> CUresult;
-    /// `cuMemMap` (API name `cuMemMap`).
+    /// `cuMemMap` (API name `cuMemMap`, ABI of CUDA 10.2).
     pub type cuMemMap = unsafe extern "C" fn(
         ptr: CUdeviceptr,
         size: usize,
@@ -7198,74 +7198,74 @@ pub mod pfn {
         handle: CUmemGenericAllocationHandle,
         flags: ::std::os::raw::c_ulonglong,
     ) -> CUresult;
-    /// `cuMemMapArrayAsync` (API name `cuMemMapArrayAsync`).
+    /// `cuMemMapArrayAsync` (API name `cuMemMapArrayAsync`, ABI of CUDA 11.1).
     pub type cuMemMapArrayAsync = unsafe extern "C" fn(
         mapInfoList: *mut CUarrayMapInfo,
         count: ::std::os::raw::c_uint,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemPoolCreate` (API name `cuMemPoolCreate`).
+    /// `cuMemPoolCreate` (API name `cuMemPoolCreate`, ABI of CUDA 11.2).
     pub type cuMemPoolCreate = unsafe extern "C" fn(
         pool: *mut CUmemoryPool,
         poolProps: *const CUmemPoolProps,
     ) -> CUresult;
-    /// `cuMemPoolDestroy` (API name `cuMemPoolDestroy`).
+    /// `cuMemPoolDestroy` (API name `cuMemPoolDestroy`, ABI of CUDA 11.2).
     pub type cuMemPoolDestroy = unsafe extern "C" fn(pool: CUmemoryPool) -> CUresult;
-    /// `cuMemPoolExportPointer` (API name `cuMemPoolExportPointer`).
+    /// `cuMemPoolExportPointer` (API name `cuMemPoolExportPointer`, ABI of CUDA 11.2).
     pub type cuMemPoolExportPointer = unsafe extern "C" fn(
         shareData_out: *mut CUmemPoolPtrExportData,
         ptr: CUdeviceptr,
     ) -> CUresult;
-    /// `cuMemPoolExportToShareableHandle` (API name `cuMemPoolExportToShareableHandle`).
+    /// `cuMemPoolExportToShareableHandle` (API name `cuMemPoolExportToShareableHandle`, ABI of CUDA 11.2).
     pub type cuMemPoolExportToShareableHandle = unsafe extern "C" fn(
         handle_out: *mut ::std::os::raw::c_void,
         pool: CUmemoryPool,
         handleType: CUmemAllocationHandleType,
         flags: ::std::os::raw::c_ulonglong,
     ) -> CUresult;
-    /// `cuMemPoolGetAccess` (API name `cuMemPoolGetAccess`).
+    /// `cuMemPoolGetAccess` (API name `cuMemPoolGetAccess`, ABI of CUDA 11.2).
     pub type cuMemPoolGetAccess = unsafe extern "C" fn(
         flags: *mut CUmemAccess_flags,
         memPool: CUmemoryPool,
         location: *mut CUmemLocation,
     ) -> CUresult;
-    /// `cuMemPoolGetAttribute` (API name `cuMemPoolGetAttribute`).
+    /// `cuMemPoolGetAttribute` (API name `cuMemPoolGetAttribute`, ABI of CUDA 11.2).
     pub type cuMemPoolGetAttribute = unsafe extern "C" fn(
         pool: CUmemoryPool,
         attr: CUmemPool_attribute,
         value: *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuMemPoolImportFromShareableHandle` (API name `cuMemPoolImportFromShareableHandle`).
+    /// `cuMemPoolImportFromShareableHandle` (API name `cuMemPoolImportFromShareableHandle`, ABI of CUDA 11.2).
     pub type cuMemPoolImportFromShareableHandle = unsafe extern "C" fn(
         pool_out: *mut CUmemoryPool,
         handle: *mut ::std::os::raw::c_void,
         handleType: CUmemAllocationHandleType,
         flags: ::std::os::raw::c_ulonglong,
     ) -> CUresult;
-    /// `cuMemPoolImportPointer` (API name `cuMemPoolImportPointer`).
+    /// `cuMemPoolImportPointer` (API name `cuMemPoolImportPointer`, ABI of CUDA 11.2).
     pub type cuMemPoolImportPointer = unsafe extern "C" fn(
         ptr_out: *mut CUdeviceptr,
         pool: CUmemoryPool,
         shareData: *mut CUmemPoolPtrExportData,
     ) -> CUresult;
-    /// `cuMemPoolSetAccess` (API name `cuMemPoolSetAccess`).
+    /// `cuMemPoolSetAccess` (API name `cuMemPoolSetAccess`, ABI of CUDA 11.2).
     pub type cuMemPoolSetAccess = unsafe extern "C" fn(
         pool: CUmemoryPool,
         map: *const CUmemAccessDesc,
         count: usize,
     ) -> CUresult;
-    /// `cuMemPoolSetAttribute` (API name `cuMemPoolSetAttribute`).
+    /// `cuMemPoolSetAttribute` (API name `cuMemPoolSetAttribute`, ABI of CUDA 11.2).
     pub type cuMemPoolSetAttribute = unsafe extern "C" fn(
         pool: CUmemoryPool,
         attr: CUmemPool_attribute,
         value: *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuMemPoolTrimTo` (API name `cuMemPoolTrimTo`).
+    /// `cuMemPoolTrimTo` (API name `cuMemPoolTrimTo`, ABI of CUDA 11.2).
     pub type cuMemPoolTrimTo = unsafe extern "C" fn(
         pool: CUmemoryPool,
         minBytesToKeep: usize,
     ) -> CUresult;
-    /// `cuMemPrefetchAsync_v2` (API name `cuMemPrefetchAsync`).
+    /// `cuMemPrefetchAsync_v2` (API name `cuMemPrefetchAsync`, ABI of CUDA 12.2).
     pub type cuMemPrefetchAsync = unsafe extern "C" fn(
         devPtr: CUdeviceptr,
         count: usize,
@@ -7273,7 +7273,7 @@ pub mod pfn {
         flags: ::std::os::raw::c_uint,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemPrefetchBatchAsync` (API name `cuMemPrefetchBatchAsync`).
+    /// `cuMemPrefetchBatchAsync` (API name `cuMemPrefetchBatchAsync`, ABI of CUDA 13.0).
     pub type cuMemPrefetchBatchAsync = unsafe extern "C" fn(
         dptrs: *mut CUdeviceptr,
         sizes: *mut usize,
@@ -7284,7 +7284,7 @@ pub mod pfn {
         flags: ::std::os::raw::c_ulonglong,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemRangeGetAttribute` (API name `cuMemRangeGetAttribute`).
+    /// `cuMemRangeGetAttribute` (API name `cuMemRangeGetAttribute`, ABI of CUDA 8.0).
     pub type cuMemRangeGetAttribute = unsafe extern "C" fn(
         data: *mut ::std::os::raw::c_void,
         dataSize: usize,
@@ -7292,7 +7292,7 @@ pub mod pfn {
         devPtr: CUdeviceptr,
         count: usize,
     ) -> CUresult;
-    /// `cuMemRangeGetAttributes` (API name `cuMemRangeGetAttributes`).
+    /// `cuMemRangeGetAttributes` (API name `cuMemRangeGetAttributes`, ABI of CUDA 8.0).
     pub type cuMemRangeGetAttributes = unsafe extern "C" fn(
         data: *mut *mut ::std::os::raw::c_void,
         dataSizes: *mut usize,
@@ -7301,81 +7301,81 @@ pub mod pfn {
         devPtr: CUdeviceptr,
         count: usize,
     ) -> CUresult;
-    /// `cuMemRelease` (API name `cuMemRelease`).
+    /// `cuMemRelease` (API name `cuMemRelease`, ABI of CUDA 10.2).
     pub type cuMemRelease = unsafe extern "C" fn(
         handle: CUmemGenericAllocationHandle,
     ) -> CUresult;
-    /// `cuMemRetainAllocationHandle` (API name `cuMemRetainAllocationHandle`).
+    /// `cuMemRetainAllocationHandle` (API name `cuMemRetainAllocationHandle`, ABI of CUDA 11.0).
     pub type cuMemRetainAllocationHandle = unsafe extern "C" fn(
         handle: *mut CUmemGenericAllocationHandle,
         addr: *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuMemSetAccess` (API name `cuMemSetAccess`).
+    /// `cuMemSetAccess` (API name `cuMemSetAccess`, ABI of CUDA 10.2).
     pub type cuMemSetAccess = unsafe extern "C" fn(
         ptr: CUdeviceptr,
         size: usize,
         desc: *const CUmemAccessDesc,
         count: usize,
     ) -> CUresult;
-    /// `cuMemSetMemPool` (API name `cuMemSetMemPool`).
+    /// `cuMemSetMemPool` (API name `cuMemSetMemPool`, ABI of CUDA 13.0).
     pub type cuMemSetMemPool = unsafe extern "C" fn(
         location: *mut CUmemLocation,
         type_: CUmemAllocationType,
         pool: CUmemoryPool,
     ) -> CUresult;
-    /// `cuMemUnmap` (API name `cuMemUnmap`).
+    /// `cuMemUnmap` (API name `cuMemUnmap`, ABI of CUDA 10.2).
     pub type cuMemUnmap = unsafe extern "C" fn(
         ptr: CUdeviceptr,
         size: usize,
     ) -> CUresult;
-    /// `cuMemcpy` (API name `cuMemcpy`).
+    /// `cuMemcpy` (API name `cuMemcpy`, ABI of CUDA 4.0).
     pub type cuMemcpy = unsafe extern "C" fn(
         dst: CUdeviceptr,
         src: CUdeviceptr,
         ByteCount: usize,
     ) -> CUresult;
-    /// `cuMemcpy2DAsync_v2` (API name `cuMemcpy2DAsync`).
+    /// `cuMemcpy2DAsync_v2` (API name `cuMemcpy2DAsync`, ABI of CUDA 3.2).
     pub type cuMemcpy2DAsync = unsafe extern "C" fn(
         pCopy: *const CUDA_MEMCPY2D,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemcpy2DUnaligned_v2` (API name `cuMemcpy2DUnaligned`).
+    /// `cuMemcpy2DUnaligned_v2` (API name `cuMemcpy2DUnaligned`, ABI of CUDA 3.2).
     pub type cuMemcpy2DUnaligned = unsafe extern "C" fn(
         pCopy: *const CUDA_MEMCPY2D,
     ) -> CUresult;
-    /// `cuMemcpy2D_v2` (API name `cuMemcpy2D`).
+    /// `cuMemcpy2D_v2` (API name `cuMemcpy2D`, ABI of CUDA 3.2).
     pub type cuMemcpy2D = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY2D) -> CUresult;
-    /// `cuMemcpy3DAsync_v2` (API name `cuMemcpy3DAsync`).
+    /// `cuMemcpy3DAsync_v2` (API name `cuMemcpy3DAsync`, ABI of CUDA 3.2).
     pub type cuMemcpy3DAsync = unsafe extern "C" fn(
         pCopy: *const CUDA_MEMCPY3D,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemcpy3DBatchAsync_v2` (API name `cuMemcpy3DBatchAsync`).
+    /// `cuMemcpy3DBatchAsync_v2` (API name `cuMemcpy3DBatchAsync`, ABI of CUDA 13.0).
     pub type cuMemcpy3DBatchAsync = unsafe extern "C" fn(
         numOps: usize,
         opList: *mut CUDA_MEMCPY3D_BATCH_OP,
         flags: ::std::os::raw::c_ulonglong,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemcpy3DPeer` (API name `cuMemcpy3DPeer`).
+    /// `cuMemcpy3DPeer` (API name `cuMemcpy3DPeer`, ABI of CUDA 4.0).
     pub type cuMemcpy3DPeer = unsafe extern "C" fn(
         pCopy: *const CUDA_MEMCPY3D_PEER,
     ) -> CUresult;
-    /// `cuMemcpy3DPeerAsync` (API name `cuMemcpy3DPeerAsync`).
+    /// `cuMemcpy3DPeerAsync` (API name `cuMemcpy3DPeerAsync`, ABI of CUDA 4.0).
     pub type cuMemcpy3DPeerAsync = unsafe extern "C" fn(
         pCopy: *const CUDA_MEMCPY3D_PEER,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemcpy3D_v2` (API name `cuMemcpy3D`).
+    /// `cuMemcpy3D_v2` (API name `cuMemcpy3D`, ABI of CUDA 3.2).
     pub type cuMemcpy3D = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D) -> CUresult;
-    /// `cuMemcpyAsync` (API name `cuMemcpyAsync`).
+    /// `cuMemcpyAsync` (API name `cuMemcpyAsync`, ABI of CUDA 4.0).
     pub type cuMemcpyAsync = unsafe extern "C" fn(
         dst: CUdeviceptr,
         src: CUdeviceptr,
         ByteCount: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemcpyAtoA_v2` (API name `cuMemcpyAtoA`).
+    /// `cuMemcpyAtoA_v2` (API name `cuMemcpyAtoA`, ABI of CUDA 3.2).
     pub type cuMemcpyAtoA = unsafe extern "C" fn(
         dstArray: CUarray,
         dstOffset: usize,
@@ -7383,14 +7383,14 @@ pub mod pfn {
         srcOffset: usize,
         ByteCount: usize,
     ) -> CUresult;
-    /// `cuMemcpyAtoD_v2` (API name `cuMemcpyAtoD`).
+    /// `cuMemcpyAtoD_v2` (API name `cuMemcpyAtoD`, ABI of CUDA 3.2).
     pub type cuMemcpyAtoD = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         srcArray: CUarray,
         srcOffset: usize,
         ByteCount: usize,
     ) -> CUresult;
-    /// `cuMemcpyAtoHAsync_v2` (API name `cuMemcpyAtoHAsync`).
+    /// `cuMemcpyAtoHAsync_v2` (API name `cuMemcpyAtoHAsync`, ABI of CUDA 3.2).
     pub type cuMemcpyAtoHAsync = unsafe extern "C" fn(
         dstHost: *mut ::std::os::raw::c_void,
         srcArray: CUarray,
@@ -7398,14 +7398,14 @@ pub mod pfn {
         ByteCount: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemcpyAtoH_v2` (API name `cuMemcpyAtoH`).
+    /// `cuMemcpyAtoH_v2` (API name `cuMemcpyAtoH`, ABI of CUDA 3.2).
     pub type cuMemcpyAtoH = unsafe extern "C" fn(
         dstHost: *mut ::std::os::raw::c_void,
         srcArray: CUarray,
         srcOffset: usize,
         ByteCount: usize,
     ) -> CUresult;
-    /// `cuMemcpyBatchAsync_v2` (API name `cuMemcpyBatchAsync`).
+    /// `cuMemcpyBatchAsync_v2` (API name `cuMemcpyBatchAsync`, ABI of CUDA 13.0).
     pub type cuMemcpyBatchAsync = unsafe extern "C" fn(
         dsts: *mut CUdeviceptr,
         srcs: *mut CUdeviceptr,
@@ -7416,40 +7416,40 @@ pub mod pfn {
         numAttrs: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemcpyDtoA_v2` (API name `cuMemcpyDtoA`).
+    /// `cuMemcpyDtoA_v2` (API name `cuMemcpyDtoA`, ABI of CUDA 3.2).
     pub type cuMemcpyDtoA = unsafe extern "C" fn(
         dstArray: CUarray,
         dstOffset: usize,
         srcDevice: CUdeviceptr,
         ByteCount: usize,
     ) -> CUresult;
-    /// `cuMemcpyDtoDAsync_v2` (API name `cuMemcpyDtoDAsync`).
+    /// `cuMemcpyDtoDAsync_v2` (API name `cuMemcpyDtoDAsync`, ABI of CUDA 3.2).
     pub type cuMemcpyDtoDAsync = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         srcDevice: CUdeviceptr,
         ByteCount: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemcpyDtoD_v2` (API name `cuMemcpyDtoD`).
+    /// `cuMemcpyDtoD_v2` (API name `cuMemcpyDtoD`, ABI of CUDA 3.2).
     pub type cuMemcpyDtoD = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         srcDevice: CUdeviceptr,
         ByteCount: usize,
     ) -> CUresult;
-    /// `cuMemcpyDtoHAsync_v2` (API name `cuMemcpyDtoHAsync`).
+    /// `cuMemcpyDtoHAsync_v2` (API name `cuMemcpyDtoHAsync`, ABI of CUDA 3.2).
     pub type cuMemcpyDtoHAsync = unsafe extern "C" fn(
         dstHost: *mut ::std::os::raw::c_void,
         srcDevice: CUdeviceptr,
         ByteCount: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemcpyDtoH_v2` (API name `cuMemcpyDtoH`).
+    /// `cuMemcpyDtoH_v2` (API name `cuMemcpyDtoH`, ABI of CUDA 3.2).
     pub type cuMemcpyDtoH = unsafe extern "C" fn(
         dstHost: *mut ::std::os::raw::c_void,
         srcDevice: CUdeviceptr,
         ByteCount: usize,
     ) -> CUresult;
-    /// `cuMemcpyHtoAAsync_v2` (API name `cuMemcpyHtoAAsync`).
+    /// `cuMemcpyHtoAAsync_v2` (API name `cuMemcpyHtoAAsync`, ABI of CUDA 3.2).
     pub type cuMemcpyHtoAAsync = unsafe extern "C" fn(
         dstArray: CUarray,
         dstOffset: usize,
@@ -7457,27 +7457,27 @@ pub mod pfn {
         ByteCount: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemcpyHtoA_v2` (API name `cuMemcpyHtoA`).
+    /// `cuMemcpyHtoA_v2` (API name `cuMemcpyHtoA`, ABI of CUDA 3.2).
     pub type cuMemcpyHtoA = unsafe extern "C" fn(
         dstArray: CUarray,
         dstOffset: usize,
         srcHost: *const ::std::os::raw::c_void,
         ByteCount: usize,
     ) -> CUresult;
-    /// `cuMemcpyHtoDAsync_v2` (API name `cuMemcpyHtoDAsync`).
+    /// `cuMemcpyHtoDAsync_v2` (API name `cuMemcpyHtoDAsync`, ABI of CUDA 3.2).
     pub type cuMemcpyHtoDAsync = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         srcHost: *const ::std::os::raw::c_void,
         ByteCount: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemcpyHtoD_v2` (API name `cuMemcpyHtoD`).
+    /// `cuMemcpyHtoD_v2` (API name `cuMemcpyHtoD`, ABI of CUDA 3.2).
     pub type cuMemcpyHtoD = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         srcHost: *const ::std::os::raw::c_void,
         ByteCount: usize,
     ) -> CUresult;
-    /// `cuMemcpyPeer` (API name `cuMemcpyPeer`).
+    /// `cuMemcpyPeer` (API name `cuMemcpyPeer`, ABI of CUDA 4.0).
     pub type cuMemcpyPeer = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         dstContext: CUcontext,
@@ -7485,7 +7485,7 @@ pub mod pfn {
         srcContext: CUcontext,
         ByteCount: usize,
     ) -> CUresult;
-    /// `cuMemcpyPeerAsync` (API name `cuMemcpyPeerAsync`).
+    /// `cuMemcpyPeerAsync` (API name `cuMemcpyPeerAsync`, ABI of CUDA 4.0).
     pub type cuMemcpyPeerAsync = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         dstContext: CUcontext,
@@ -7494,20 +7494,20 @@ pub mod pfn {
         ByteCount: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemsetD16Async` (API name `cuMemsetD16Async`).
+    /// `cuMemsetD16Async` (API name `cuMemsetD16Async`, ABI of CUDA 3.2).
     pub type cuMemsetD16Async = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         us: ::std::os::raw::c_ushort,
         N: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemsetD16_v2` (API name `cuMemsetD16`).
+    /// `cuMemsetD16_v2` (API name `cuMemsetD16`, ABI of CUDA 3.2).
     pub type cuMemsetD16 = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         us: ::std::os::raw::c_ushort,
         N: usize,
     ) -> CUresult;
-    /// `cuMemsetD2D16Async` (API name `cuMemsetD2D16Async`).
+    /// `cuMemsetD2D16Async` (API name `cuMemsetD2D16Async`, ABI of CUDA 3.2).
     pub type cuMemsetD2D16Async = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         dstPitch: usize,
@@ -7516,7 +7516,7 @@ pub mod pfn {
         Height: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemsetD2D16_v2` (API name `cuMemsetD2D16`).
+    /// `cuMemsetD2D16_v2` (API name `cuMemsetD2D16`, ABI of CUDA 3.2).
     pub type cuMemsetD2D16 = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         dstPitch: usize,
@@ -7524,7 +7524,7 @@ pub mod pfn {
         Width: usize,
         Height: usize,
     ) -> CUresult;
-    /// `cuMemsetD2D32Async` (API name `cuMemsetD2D32Async`).
+    /// `cuMemsetD2D32Async` (API name `cuMemsetD2D32Async`, ABI of CUDA 3.2).
     pub type cuMemsetD2D32Async = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         dstPitch: usize,
@@ -7533,7 +7533,7 @@ pub mod pfn {
         Height: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemsetD2D32_v2` (API name `cuMemsetD2D32`).
+    /// `cuMemsetD2D32_v2` (API name `cuMemsetD2D32`, ABI of CUDA 3.2).
     pub type cuMemsetD2D32 = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         dstPitch: usize,
@@ -7541,7 +7541,7 @@ pub mod pfn {
         Width: usize,
         Height: usize,
     ) -> CUresult;
-    /// `cuMemsetD2D8Async` (API name `cuMemsetD2D8Async`).
+    /// `cuMemsetD2D8Async` (API name `cuMemsetD2D8Async`, ABI of CUDA 3.2).
     pub type cuMemsetD2D8Async = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         dstPitch: usize,
@@ -7550,7 +7550,7 @@ pub mod pfn {
         Height: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemsetD2D8_v2` (API name `cuMemsetD2D8`).
+    /// `cuMemsetD2D8_v2` (API name `cuMemsetD2D8`, ABI of CUDA 3.2).
     pub type cuMemsetD2D8 = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         dstPitch: usize,
@@ -7558,110 +7558,110 @@ pub mod pfn {
         Width: usize,
         Height: usize,
     ) -> CUresult;
-    /// `cuMemsetD32Async` (API name `cuMemsetD32Async`).
+    /// `cuMemsetD32Async` (API name `cuMemsetD32Async`, ABI of CUDA 3.2).
     pub type cuMemsetD32Async = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         ui: ::std::os::raw::c_uint,
         N: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemsetD32_v2` (API name `cuMemsetD32`).
+    /// `cuMemsetD32_v2` (API name `cuMemsetD32`, ABI of CUDA 3.2).
     pub type cuMemsetD32 = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         ui: ::std::os::raw::c_uint,
         N: usize,
     ) -> CUresult;
-    /// `cuMemsetD8Async` (API name `cuMemsetD8Async`).
+    /// `cuMemsetD8Async` (API name `cuMemsetD8Async`, ABI of CUDA 3.2).
     pub type cuMemsetD8Async = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         uc: ::std::os::raw::c_uchar,
         N: usize,
         hStream: CUstream,
     ) -> CUresult;
-    /// `cuMemsetD8_v2` (API name `cuMemsetD8`).
+    /// `cuMemsetD8_v2` (API name `cuMemsetD8`, ABI of CUDA 3.2).
     pub type cuMemsetD8 = unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         uc: ::std::os::raw::c_uchar,
         N: usize,
     ) -> CUresult;
-    /// `cuMipmappedArrayCreate` (API name `cuMipmappedArrayCreate`).
+    /// `cuMipmappedArrayCreate` (API name `cuMipmappedArrayCreate`, ABI of CUDA 5.0).
     pub type cuMipmappedArrayCreate = unsafe extern "C" fn(
         pHandle: *mut CUmipmappedArray,
         pMipmappedArrayDesc: *const CUDA_ARRAY3D_DESCRIPTOR,
         numMipmapLevels: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuMipmappedArrayDestroy` (API name `cuMipmappedArrayDestroy`).
+    /// `cuMipmappedArrayDestroy` (API name `cuMipmappedArrayDestroy`, ABI of CUDA 5.0).
     pub type cuMipmappedArrayDestroy = unsafe extern "C" fn(
         hMipmappedArray: CUmipmappedArray,
     ) -> CUresult;
-    /// `cuMipmappedArrayGetLevel` (API name `cuMipmappedArrayGetLevel`).
+    /// `cuMipmappedArrayGetLevel` (API name `cuMipmappedArrayGetLevel`, ABI of CUDA 5.0).
     pub type cuMipmappedArrayGetLevel = unsafe extern "C" fn(
         pLevelArray: *mut CUarray,
         hMipmappedArray: CUmipmappedArray,
         level: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuMipmappedArrayGetMemoryRequirements` (API name `cuMipmappedArrayGetMemoryRequirements`).
+    /// `cuMipmappedArrayGetMemoryRequirements` (API name `cuMipmappedArrayGetMemoryRequirements`, ABI of CUDA 11.6).
     pub type cuMipmappedArrayGetMemoryRequirements = unsafe extern "C" fn(
         memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS,
         mipmap: CUmipmappedArray,
         device: CUdevice,
     ) -> CUresult;
-    /// `cuMipmappedArrayGetSparseProperties` (API name `cuMipmappedArrayGetSparseProperties`).
+    /// `cuMipmappedArrayGetSparseProperties` (API name `cuMipmappedArrayGetSparseProperties`, ABI of CUDA 11.1).
     pub type cuMipmappedArrayGetSparseProperties = unsafe extern "C" fn(
         sparseProperties: *mut CUDA_ARRAY_SPARSE_PROPERTIES,
         mipmap: CUmipmappedArray,
     ) -> CUresult;
-    /// `cuModuleEnumerateFunctions` (API name `cuModuleEnumerateFunctions`).
+    /// `cuModuleEnumerateFunctions` (API name `cuModuleEnumerateFunctions`, ABI of CUDA 12.4).
     pub type cuModuleEnumerateFunctions = unsafe extern "C" fn(
         functions: *mut CUfunction,
         numFunctions: ::std::os::raw::c_uint,
         mod_: CUmodule,
     ) -> CUresult;
-    /// `cuModuleGetFunction` (API name `cuModuleGetFunction`).
+    /// `cuModuleGetFunction` (API name `cuModuleGetFunction`, ABI of CUDA 2.0).
     pub type cuModuleGetFunction = unsafe extern "C" fn(
         hfunc: *mut CUfunction,
         hmod: CUmodule,
         name: *const ::std::os::raw::c_char,
     ) -> CUresult;
-    /// `cuModuleGetFunctionCount` (API name `cuModuleGetFunctionCount`).
+    /// `cuModuleGetFunctionCount` (API name `cuModuleGetFunctionCount`, ABI of CUDA 12.4).
     pub type cuModuleGetFunctionCount = unsafe extern "C" fn(
         count: *mut ::std::os::raw::c_uint,
         mod_: CUmodule,
     ) -> CUresult;
-    /// `cuModuleGetGlobal_v2` (API name `cuModuleGetGlobal`).
+    /// `cuModuleGetGlobal_v2` (API name `cuModuleGetGlobal`, ABI of CUDA 3.2).
     pub type cuModuleGetGlobal = unsafe extern "C" fn(
         dptr: *mut CUdeviceptr,
         bytes: *mut usize,
         hmod: CUmodule,
         name: *const ::std::os::raw::c_char,
     ) -> CUresult;
-    /// `cuModuleGetLoadingMode` (API name `cuModuleGetLoadingMode`).
+    /// `cuModuleGetLoadingMode` (API name `cuModuleGetLoadingMode`, ABI of CUDA 11.7).
     pub type cuModuleGetLoadingMode = unsafe extern "C" fn(
         mode: *mut CUmoduleLoadingMode,
     ) -> CUresult;
-    /// `cuModuleGetSurfRef` (API name `cuModuleGetSurfRef`).
+    /// `cuModuleGetSurfRef` (API name `cuModuleGetSurfRef`, ABI of CUDA 3.0).
     pub type cuModuleGetSurfRef = unsafe extern "C" fn(
         pSurfRef: *mut CUsurfref,
         hmod: CUmodule,
         name: *const ::std::os::raw::c_char,
     ) -> CUresult;
-    /// `cuModuleGetTexRef` (API name `cuModuleGetTexRef`).
+    /// `cuModuleGetTexRef` (API name `cuModuleGetTexRef`, ABI of CUDA 2.0).
     pub type cuModuleGetTexRef = unsafe extern "C" fn(
         pTexRef: *mut CUtexref,
         hmod: CUmodule,
         name: *const ::std::os::raw::c_char,
     ) -> CUresult;
-    /// `cuModuleLoad` (API name `cuModuleLoad`).
+    /// `cuModuleLoad` (API name `cuModuleLoad`, ABI of CUDA 2.0).
     pub type cuModuleLoad = unsafe extern "C" fn(
         module: *mut CUmodule,
         fname: *const ::std::os::raw::c_char,
     ) -> CUresult;
-    /// `cuModuleLoadData` (API name `cuModuleLoadData`).
+    /// `cuModuleLoadData` (API name `cuModuleLoadData`, ABI of CUDA 2.0).
     pub type cuModuleLoadData = unsafe extern "C" fn(
         module: *mut CUmodule,
         image: *const ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuModuleLoadDataEx` (API name `cuModuleLoadDataEx`).
+    /// `cuModuleLoadDataEx` (API name `cuModuleLoadDataEx`, ABI of CUDA 2.1).
     pub type cuModuleLoadDataEx = unsafe extern "C" fn(
         module: *mut CUmodule,
         image: *const ::std::os::raw::c_void,
@@ -7669,19 +7669,19 @@ pub mod pfn {
         options: *mut CUjit_option,
         optionValues: *mut *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuModuleLoadFatBinary` (API name `cuModuleLoadFatBinary`).
+    /// `cuModuleLoadFatBinary` (API name `cuModuleLoadFatBinary`, ABI of CUDA 2.0).
     pub type cuModuleLoadFatBinary = unsafe extern "C" fn(
         module: *mut CUmodule,
         fatCubin: *const ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuModuleUnload` (API name `cuModuleUnload`).
+    /// `cuModuleUnload` (API name `cuModuleUnload`, ABI of CUDA 2.0).
     pub type cuModuleUnload = unsafe extern "C" fn(hmod: CUmodule) -> CUresult;
-    /// `cuMulticastAddDevice` (API name `cuMulticastAddDevice`).
+    /// `cuMulticastAddDevice` (API name `cuMulticastAddDevice`, ABI of CUDA 12.1).
     pub type cuMulticastAddDevice = unsafe extern "C" fn(
         mcHandle: CUmemGenericAllocationHandle,
         dev: CUdevice,
     ) -> CUresult;
-    /// `cuMulticastBindAddr` (API name `cuMulticastBindAddr`).
+    /// `cuMulticastBindAddr` (API name `cuMulticastBindAddr`, ABI of CUDA 12.1).
     pub type cuMulticastBindAddr = unsafe extern "C" fn(
         mcHandle: CUmemGenericAllocationHandle,
         mcOffset: usize,
@@ -7689,7 +7689,7 @@ pub mod pfn {
         size: usize,
         flags: ::std::os::raw::c_ulonglong,
     ) -> CUresult;
-    /// `cuMulticastBindMem` (API name `cuMulticastBindMem`).
+    /// `cuMulticastBindMem` (API name `cuMulticastBindMem`, ABI of CUDA 12.1).
     pub type cuMulticastBindMem = unsafe extern "C" fn(
         mcHandle: CUmemGenericAllocationHandle,
         mcOffset: usize,
@@ -7698,39 +7698,39 @@ pub mod pfn {
         size: usize,
         flags: ::std::os::raw::c_ulonglong,
     ) -> CUresult;
-    /// `cuMulticastCreate` (API name `cuMulticastCreate`).
+    /// `cuMulticastCreate` (API name `cuMulticastCreate`, ABI of CUDA 12.1).
     pub type cuMulticastCreate = unsafe extern "C" fn(
         mcHandle: *mut CUmemGenericAllocationHandle,
         prop: *const CUmulticastObjectProp,
     ) -> CUresult;
-    /// `cuMulticastGetGranularity` (API name `cuMulticastGetGranularity`).
+    /// `cuMulticastGetGranularity` (API name `cuMulticastGetGranularity`, ABI of CUDA 12.1).
     pub type cuMulticastGetGranularity = unsafe extern "C" fn(
         granularity: *mut usize,
         prop: *const CUmulticastObjectProp,
         option: CUmulticastGranularity_flags,
     ) -> CUresult;
-    /// `cuMulticastUnbind` (API name `cuMulticastUnbind`).
+    /// `cuMulticastUnbind` (API name `cuMulticastUnbind`, ABI of CUDA 12.1).
     pub type cuMulticastUnbind = unsafe extern "C" fn(
         mcHandle: CUmemGenericAllocationHandle,
         dev: CUdevice,
         mcOffset: usize,
         size: usize,
     ) -> CUresult;
-    /// `cuOccupancyAvailableDynamicSMemPerBlock` (API name `cuOccupancyAvailableDynamicSMemPerBlock`).
+    /// `cuOccupancyAvailableDynamicSMemPerBlock` (API name `cuOccupancyAvailableDynamicSMemPerBlock`, ABI of CUDA 10.2).
     pub type cuOccupancyAvailableDynamicSMemPerBlock = unsafe extern "C" fn(
         dynamicSmemSize: *mut usize,
         func: CUfunction,
         numBlocks: ::std::os::raw::c_int,
         blockSize: ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor` (API name `cuOccupancyMaxActiveBlocksPerMultiprocessor`).
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor` (API name `cuOccupancyMaxActiveBlocksPerMultiprocessor`, ABI of CUDA 6.5).
     pub type cuOccupancyMaxActiveBlocksPerMultiprocessor = unsafe extern "C" fn(
         numBlocks: *mut ::std::os::raw::c_int,
         func: CUfunction,
         blockSize: ::std::os::raw::c_int,
         dynamicSMemSize: usize,
     ) -> CUresult;
-    /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` (API name `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`).
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` (API name `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`, ABI of CUDA 7.0).
     pub type cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags = unsafe extern "C" fn(
         numBlocks: *mut ::std::os::raw::c_int,
         func: CUfunction,
@@ -7738,13 +7738,13 @@ pub mod pfn {
         dynamicSMemSize: usize,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuOccupancyMaxActiveClusters` (API name `cuOccupancyMaxActiveClusters`).
+    /// `cuOccupancyMaxActiveClusters` (API name `cuOccupancyMaxActiveClusters`, ABI of CUDA 11.7).
     pub type cuOccupancyMaxActiveClusters = unsafe extern "C" fn(
         numClusters: *mut ::std::os::raw::c_int,
         func: CUfunction,
         config: *const CUlaunchConfig,
     ) -> CUresult;
-    /// `cuOccupancyMaxPotentialBlockSize` (API name `cuOccupancyMaxPotentialBlockSize`).
+    /// `cuOccupancyMaxPotentialBlockSize` (API name `cuOccupancyMaxPotentialBlockSize`, ABI of CUDA 6.5).
     pub type cuOccupancyMaxPotentialBlockSize = unsafe extern "C" fn(
         minGridSize: *mut ::std::os::raw::c_int,
         blockSize: *mut ::std::os::raw::c_int,
@@ -7753,7 +7753,7 @@ pub mod pfn {
         dynamicSMemSize: usize,
         blockSizeLimit: ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuOccupancyMaxPotentialBlockSizeWithFlags` (API name `cuOccupancyMaxPotentialBlockSizeWithFlags`).
+    /// `cuOccupancyMaxPotentialBlockSizeWithFlags` (API name `cuOccupancyMaxPotentialBlockSizeWithFlags`, ABI of CUDA 7.0).
     pub type cuOccupancyMaxPotentialBlockSizeWithFlags = unsafe extern "C" fn(
         minGridSize: *mut ::std::os::raw::c_int,
         blockSize: *mut ::std::os::raw::c_int,
@@ -7763,56 +7763,56 @@ pub mod pfn {
         blockSizeLimit: ::std::os::raw::c_int,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuOccupancyMaxPotentialClusterSize` (API name `cuOccupancyMaxPotentialClusterSize`).
+    /// `cuOccupancyMaxPotentialClusterSize` (API name `cuOccupancyMaxPotentialClusterSize`, ABI of CUDA 11.7).
     pub type cuOccupancyMaxPotentialClusterSize = unsafe extern "C" fn(
         clusterSize: *mut ::std::os::raw::c_int,
         func: CUfunction,
         config: *const CUlaunchConfig,
     ) -> CUresult;
-    /// `cuParamSetSize` (API name `cuParamSetSize`).
+    /// `cuParamSetSize` (API name `cuParamSetSize`, ABI of CUDA 2.0).
     pub type cuParamSetSize = unsafe extern "C" fn(
         hfunc: CUfunction,
         numbytes: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuParamSetTexRef` (API name `cuParamSetTexRef`).
+    /// `cuParamSetTexRef` (API name `cuParamSetTexRef`, ABI of CUDA 2.0).
     pub type cuParamSetTexRef = unsafe extern "C" fn(
         hfunc: CUfunction,
         texunit: ::std::os::raw::c_int,
         hTexRef: CUtexref,
     ) -> CUresult;
-    /// `cuParamSetf` (API name `cuParamSetf`).
+    /// `cuParamSetf` (API name `cuParamSetf`, ABI of CUDA 2.0).
     pub type cuParamSetf = unsafe extern "C" fn(
         hfunc: CUfunction,
         offset: ::std::os::raw::c_int,
         value: f32,
     ) -> CUresult;
-    /// `cuParamSeti` (API name `cuParamSeti`).
+    /// `cuParamSeti` (API name `cuParamSeti`, ABI of CUDA 2.0).
     pub type cuParamSeti = unsafe extern "C" fn(
         hfunc: CUfunction,
         offset: ::std::os::raw::c_int,
         value: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuParamSetv` (API name `cuParamSetv`).
+    /// `cuParamSetv` (API name `cuParamSetv`, ABI of CUDA 2.0).
     pub type cuParamSetv = unsafe extern "C" fn(
         hfunc: CUfunction,
         offset: ::std::os::raw::c_int,
         ptr: *mut ::std::os::raw::c_void,
         numbytes: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuPointerGetAttribute` (API name `cuPointerGetAttribute`).
+    /// `cuPointerGetAttribute` (API name `cuPointerGetAttribute`, ABI of CUDA 4.0).
     pub type cuPointerGetAttribute = unsafe extern "C" fn(
         data: *mut ::std::os::raw::c_void,
         attribute: CUpointer_attribute,
         ptr: CUdeviceptr,
     ) -> CUresult;
-    /// `cuPointerGetAttributes` (API name `cuPointerGetAttributes`).
+    /// `cuPointerGetAttributes` (API name `cuPointerGetAttributes`, ABI of CUDA 7.0).
     pub type cuPointerGetAttributes = unsafe extern "C" fn(
         numAttributes: ::std::os::raw::c_uint,
         attributes: *mut CUpointer_attribute,
         data: *mut *mut ::std::os::raw::c_void,
         ptr: CUdeviceptr,
     ) -> CUresult;
-    /// `cuPointerSetAttribute` (API name `cuPointerSetAttribute`).
+    /// `cuPointerSetAttribute` (API name `cuPointerSetAttribute`, ABI of CUDA 6.0).
     pub type cuPointerSetAttribute = unsafe extern "C" fn(
         value: *const ::std::os::raw::c_void,
         attribute: CUpointer_attribute,
@@ -7822,35 +7822,35 @@ pub mod pfn {
     pub type cuProfilerStart = unsafe extern "C" fn() -> CUresult;
     /// `cuProfilerStop` (API name `cuProfilerStop`).
     pub type cuProfilerStop = unsafe extern "C" fn() -> CUresult;
-    /// `cuSignalExternalSemaphoresAsync` (API name `cuSignalExternalSemaphoresAsync`).
+    /// `cuSignalExternalSemaphoresAsync` (API name `cuSignalExternalSemaphoresAsync`, ABI of CUDA 10.0).
     pub type cuSignalExternalSemaphoresAsync = unsafe extern "C" fn(
         extSemArray: *const CUexternalSemaphore,
         paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS,
         numExtSems: ::std::os::raw::c_uint,
         stream: CUstream,
     ) -> CUresult;
-    /// `cuStreamAddCallback` (API name `cuStreamAddCallback`).
+    /// `cuStreamAddCallback` (API name `cuStreamAddCallback`, ABI of CUDA 5.0).
     pub type cuStreamAddCallback = unsafe extern "C" fn(
         hStream: CUstream,
         callback: CUstreamCallback,
         userData: *mut ::std::os::raw::c_void,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuStreamAttachMemAsync` (API name `cuStreamAttachMemAsync`).
+    /// `cuStreamAttachMemAsync` (API name `cuStreamAttachMemAsync`, ABI of CUDA 6.0).
     pub type cuStreamAttachMemAsync = unsafe extern "C" fn(
         hStream: CUstream,
         dptr: CUdeviceptr,
         length: usize,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuStreamBatchMemOp_v2` (API name `cuStreamBatchMemOp`).
+    /// `cuStreamBatchMemOp_v2` (API name `cuStreamBatchMemOp`, ABI of CUDA 11.7).
     pub type cuStreamBatchMemOp = unsafe extern "C" fn(
         stream: CUstream,
         count: ::std::os::raw::c_uint,
         paramArray: *mut CUstreamBatchMemOpParams,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuStreamBeginCaptureToGraph` (API name `cuStreamBeginCaptureToGraph`).
+    /// `cuStreamBeginCaptureToGraph` (API name `cuStreamBeginCaptureToGraph`, ABI of CUDA 12.3).
     pub type cuStreamBeginCaptureToGraph = unsafe extern "C" fn(
         hStream: CUstream,
         hGraph: CUgraph,
@@ -7859,41 +7859,41 @@ pub mod pfn {
         numDependencies: usize,
         mode: CUstreamCaptureMode,
     ) -> CUresult;
-    /// `cuStreamBeginCapture_v2` (API name `cuStreamBeginCapture`).
+    /// `cuStreamBeginCapture_v2` (API name `cuStreamBeginCapture`, ABI of CUDA 10.1).
     pub type cuStreamBeginCapture = unsafe extern "C" fn(
         hStream: CUstream,
         mode: CUstreamCaptureMode,
     ) -> CUresult;
-    /// `cuStreamCopyAttributes` (API name `cuStreamCopyAttributes`).
+    /// `cuStreamCopyAttributes` (API name `cuStreamCopyAttributes`, ABI of CUDA 11.0).
     pub type cuStreamCopyAttributes = unsafe extern "C" fn(
         dst: CUstream,
         src: CUstream,
     ) -> CUresult;
-    /// `cuStreamCreate` (API name `cuStreamCreate`).
+    /// `cuStreamCreate` (API name `cuStreamCreate`, ABI of CUDA 2.0).
     pub type cuStreamCreate = unsafe extern "C" fn(
         phStream: *mut CUstream,
         Flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuStreamCreateWithPriority` (API name `cuStreamCreateWithPriority`).
+    /// `cuStreamCreateWithPriority` (API name `cuStreamCreateWithPriority`, ABI of CUDA 5.5).
     pub type cuStreamCreateWithPriority = unsafe extern "C" fn(
         phStream: *mut CUstream,
         flags: ::std::os::raw::c_uint,
         priority: ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuStreamDestroy_v2` (API name `cuStreamDestroy`).
+    /// `cuStreamDestroy_v2` (API name `cuStreamDestroy`, ABI of CUDA 4.0).
     pub type cuStreamDestroy = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
-    /// `cuStreamEndCapture` (API name `cuStreamEndCapture`).
+    /// `cuStreamEndCapture` (API name `cuStreamEndCapture`, ABI of CUDA 10.0).
     pub type cuStreamEndCapture = unsafe extern "C" fn(
         hStream: CUstream,
         phGraph: *mut CUgraph,
     ) -> CUresult;
-    /// `cuStreamGetAttribute` (API name `cuStreamGetAttribute`).
+    /// `cuStreamGetAttribute` (API name `cuStreamGetAttribute`, ABI of CUDA 11.0).
     pub type cuStreamGetAttribute = unsafe extern "C" fn(
         hStream: CUstream,
         attr: CUstreamAttrID,
         value_out: *mut CUstreamAttrValue,
     ) -> CUresult;
-    /// `cuStreamGetCaptureInfo_v3` (API name `cuStreamGetCaptureInfo`).
+    /// `cuStreamGetCaptureInfo_v3` (API name `cuStreamGetCaptureInfo`, ABI of CUDA 12.3).
     pub type cuStreamGetCaptureInfo = unsafe extern "C" fn(
         hStream: CUstream,
         captureStatus_out: *mut CUstreamCaptureStatus,
@@ -7903,58 +7903,58 @@ pub mod pfn {
         edgeData_out: *mut *const CUgraphEdgeData,
         numDependencies_out: *mut usize,
     ) -> CUresult;
-    /// `cuStreamGetCtx` (API name `cuStreamGetCtx`).
+    /// `cuStreamGetCtx` (API name `cuStreamGetCtx`, ABI of CUDA 9.2).
     pub type cuStreamGetCtx = unsafe extern "C" fn(
         hStream: CUstream,
         pctx: *mut CUcontext,
     ) -> CUresult;
-    /// `cuStreamGetCtx_v2` (API name `cuStreamGetCtx_v2`).
+    /// `cuStreamGetCtx_v2` (API name `cuStreamGetCtx_v2`, ABI of CUDA 12.5).
     pub type cuStreamGetCtx_v2 = unsafe extern "C" fn(
         hStream: CUstream,
         pCtx: *mut CUcontext,
         pGreenCtx: *mut CUgreenCtx,
     ) -> CUresult;
-    /// `cuStreamGetDevice` (API name `cuStreamGetDevice`).
+    /// `cuStreamGetDevice` (API name `cuStreamGetDevice`, ABI of CUDA 12.8).
     pub type cuStreamGetDevice = unsafe extern "C" fn(
         hStream: CUstream,
         device: *mut CUdevice,
     ) -> CUresult;
-    /// `cuStreamGetFlags` (API name `cuStreamGetFlags`).
+    /// `cuStreamGetFlags` (API name `cuStreamGetFlags`, ABI of CUDA 5.5).
     pub type cuStreamGetFlags = unsafe extern "C" fn(
         hStream: CUstream,
         flags: *mut ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuStreamGetGreenCtx` (API name `cuStreamGetGreenCtx`).
+    /// `cuStreamGetGreenCtx` (API name `cuStreamGetGreenCtx`, ABI of CUDA 12.4).
     pub type cuStreamGetGreenCtx = unsafe extern "C" fn(
         hStream: CUstream,
         phCtx: *mut CUgreenCtx,
     ) -> CUresult;
-    /// `cuStreamGetId` (API name `cuStreamGetId`).
+    /// `cuStreamGetId` (API name `cuStreamGetId`, ABI of CUDA 12.0).
     pub type cuStreamGetId = unsafe extern "C" fn(
         hStream: CUstream,
         streamId: *mut ::std::os::raw::c_ulonglong,
     ) -> CUresult;
-    /// `cuStreamGetPriority` (API name `cuStreamGetPriority`).
+    /// `cuStreamGetPriority` (API name `cuStreamGetPriority`, ABI of CUDA 5.5).
     pub type cuStreamGetPriority = unsafe extern "C" fn(
         hStream: CUstream,
         priority: *mut ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuStreamIsCapturing` (API name `cuStreamIsCapturing`).
+    /// `cuStreamIsCapturing` (API name `cuStreamIsCapturing`, ABI of CUDA 10.0).
     pub type cuStreamIsCapturing = unsafe extern "C" fn(
         hStream: CUstream,
         captureStatus: *mut CUstreamCaptureStatus,
     ) -> CUresult;
-    /// `cuStreamQuery` (API name `cuStreamQuery`).
+    /// `cuStreamQuery` (API name `cuStreamQuery`, ABI of CUDA 2.0).
     pub type cuStreamQuery = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
-    /// `cuStreamSetAttribute` (API name `cuStreamSetAttribute`).
+    /// `cuStreamSetAttribute` (API name `cuStreamSetAttribute`, ABI of CUDA 11.0).
     pub type cuStreamSetAttribute = unsafe extern "C" fn(
         hStream: CUstream,
         attr: CUstreamAttrID,
         value: *const CUstreamAttrValue,
     ) -> CUresult;
-    /// `cuStreamSynchronize` (API name `cuStreamSynchronize`).
+    /// `cuStreamSynchronize` (API name `cuStreamSynchronize`, ABI of CUDA 2.0).
     pub type cuStreamSynchronize = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
-    /// `cuStreamUpdateCaptureDependencies_v2` (API name `cuStreamUpdateCaptureDependencies`).
+    /// `cuStreamUpdateCaptureDependencies_v2` (API name `cuStreamUpdateCaptureDependencies`, ABI of CUDA 12.3).
     pub type cuStreamUpdateCaptureDependencies = unsafe extern "C" fn(
         hStream: CUstream,
         dependencies: *mut CUgraphNode,
@@ -7962,66 +7962,66 @@ pub mod pfn {
         numDependencies: usize,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuStreamWaitEvent` (API name `cuStreamWaitEvent`).
+    /// `cuStreamWaitEvent` (API name `cuStreamWaitEvent`, ABI of CUDA 3.2).
     pub type cuStreamWaitEvent = unsafe extern "C" fn(
         hStream: CUstream,
         hEvent: CUevent,
         Flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuStreamWaitValue32_v2` (API name `cuStreamWaitValue32`).
+    /// `cuStreamWaitValue32_v2` (API name `cuStreamWaitValue32`, ABI of CUDA 11.7).
     pub type cuStreamWaitValue32 = unsafe extern "C" fn(
         stream: CUstream,
         addr: CUdeviceptr,
         value: cuuint32_t,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuStreamWaitValue64_v2` (API name `cuStreamWaitValue64`).
+    /// `cuStreamWaitValue64_v2` (API name `cuStreamWaitValue64`, ABI of CUDA 11.7).
     pub type cuStreamWaitValue64 = unsafe extern "C" fn(
         stream: CUstream,
         addr: CUdeviceptr,
         value: cuuint64_t,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuStreamWriteValue32_v2` (API name `cuStreamWriteValue32`).
+    /// `cuStreamWriteValue32_v2` (API name `cuStreamWriteValue32`, ABI of CUDA 11.7).
     pub type cuStreamWriteValue32 = unsafe extern "C" fn(
         stream: CUstream,
         addr: CUdeviceptr,
         value: cuuint32_t,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuStreamWriteValue64_v2` (API name `cuStreamWriteValue64`).
+    /// `cuStreamWriteValue64_v2` (API name `cuStreamWriteValue64`, ABI of CUDA 11.7).
     pub type cuStreamWriteValue64 = unsafe extern "C" fn(
         stream: CUstream,
         addr: CUdeviceptr,
         value: cuuint64_t,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuSurfObjectCreate` (API name `cuSurfObjectCreate`).
+    /// `cuSurfObjectCreate` (API name `cuSurfObjectCreate`, ABI of CUDA 5.0).
     pub type cuSurfObjectCreate = unsafe extern "C" fn(
         pSurfObject: *mut CUsurfObject,
         pResDesc: *const CUDA_RESOURCE_DESC,
     ) -> CUresult;
-    /// `cuSurfObjectDestroy` (API name `cuSurfObjectDestroy`).
+    /// `cuSurfObjectDestroy` (API name `cuSurfObjectDestroy`, ABI of CUDA 5.0).
     pub type cuSurfObjectDestroy = unsafe extern "C" fn(
         surfObject: CUsurfObject,
     ) -> CUresult;
-    /// `cuSurfObjectGetResourceDesc` (API name `cuSurfObjectGetResourceDesc`).
+    /// `cuSurfObjectGetResourceDesc` (API name `cuSurfObjectGetResourceDesc`, ABI of CUDA 5.0).
     pub type cuSurfObjectGetResourceDesc = unsafe extern "C" fn(
         pResDesc: *mut CUDA_RESOURCE_DESC,
         surfObject: CUsurfObject,
     ) -> CUresult;
-    /// `cuSurfRefGetArray` (API name `cuSurfRefGetArray`).
+    /// `cuSurfRefGetArray` (API name `cuSurfRefGetArray`, ABI of CUDA 3.0).
     pub type cuSurfRefGetArray = unsafe extern "C" fn(
         phArray: *mut CUarray,
         hSurfRef: CUsurfref,
     ) -> CUresult;
-    /// `cuSurfRefSetArray` (API name `cuSurfRefSetArray`).
+    /// `cuSurfRefSetArray` (API name `cuSurfRefSetArray`, ABI of CUDA 3.0).
     pub type cuSurfRefSetArray = unsafe extern "C" fn(
         hSurfRef: CUsurfref,
         hArray: CUarray,
         Flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuTensorMapEncodeIm2col` (API name `cuTensorMapEncodeIm2col`).
+    /// `cuTensorMapEncodeIm2col` (API name `cuTensorMapEncodeIm2col`, ABI of CUDA 12.0).
     pub type cuTensorMapEncodeIm2col = unsafe extern "C" fn(
         tensorMap: *mut CUtensorMap,
         tensorDataType: CUtensorMapDataType,
@@ -8039,7 +8039,7 @@ pub mod pfn {
         l2Promotion: CUtensorMapL2promotion,
         oobFill: CUtensorMapFloatOOBfill,
     ) -> CUresult;
-    /// `cuTensorMapEncodeIm2colWide` (API name `cuTensorMapEncodeIm2colWide`).
+    /// `cuTensorMapEncodeIm2colWide` (API name `cuTensorMapEncodeIm2colWide`, ABI of CUDA 12.8).
     pub type cuTensorMapEncodeIm2colWide = unsafe extern "C" fn(
         tensorMap: *mut CUtensorMap,
         tensorDataType: CUtensorMapDataType,
@@ -8058,7 +8058,7 @@ pub mod pfn {
         l2Promotion: CUtensorMapL2promotion,
         oobFill: CUtensorMapFloatOOBfill,
     ) -> CUresult;
-    /// `cuTensorMapEncodeTiled` (API name `cuTensorMapEncodeTiled`).
+    /// `cuTensorMapEncodeTiled` (API name `cuTensorMapEncodeTiled`, ABI of CUDA 12.0).
     pub type cuTensorMapEncodeTiled = unsafe extern "C" fn(
         tensorMap: *mut CUtensorMap,
         tensorDataType: CUtensorMapDataType,
@@ -8073,183 +8073,183 @@ pub mod pfn {
         l2Promotion: CUtensorMapL2promotion,
         oobFill: CUtensorMapFloatOOBfill,
     ) -> CUresult;
-    /// `cuTensorMapReplaceAddress` (API name `cuTensorMapReplaceAddress`).
+    /// `cuTensorMapReplaceAddress` (API name `cuTensorMapReplaceAddress`, ABI of CUDA 12.0).
     pub type cuTensorMapReplaceAddress = unsafe extern "C" fn(
         tensorMap: *mut CUtensorMap,
         globalAddress: *mut ::std::os::raw::c_void,
     ) -> CUresult;
-    /// `cuTexObjectCreate` (API name `cuTexObjectCreate`).
+    /// `cuTexObjectCreate` (API name `cuTexObjectCreate`, ABI of CUDA 5.0).
     pub type cuTexObjectCreate = unsafe extern "C" fn(
         pTexObject: *mut CUtexObject,
         pResDesc: *const CUDA_RESOURCE_DESC,
         pTexDesc: *const CUDA_TEXTURE_DESC,
         pResViewDesc: *const CUDA_RESOURCE_VIEW_DESC,
     ) -> CUresult;
-    /// `cuTexObjectDestroy` (API name `cuTexObjectDestroy`).
+    /// `cuTexObjectDestroy` (API name `cuTexObjectDestroy`, ABI of CUDA 5.0).
     pub type cuTexObjectDestroy = unsafe extern "C" fn(
         texObject: CUtexObject,
     ) -> CUresult;
-    /// `cuTexObjectGetResourceDesc` (API name `cuTexObjectGetResourceDesc`).
+    /// `cuTexObjectGetResourceDesc` (API name `cuTexObjectGetResourceDesc`, ABI of CUDA 5.0).
     pub type cuTexObjectGetResourceDesc = unsafe extern "C" fn(
         pResDesc: *mut CUDA_RESOURCE_DESC,
         texObject: CUtexObject,
     ) -> CUresult;
-    /// `cuTexObjectGetResourceViewDesc` (API name `cuTexObjectGetResourceViewDesc`).
+    /// `cuTexObjectGetResourceViewDesc` (API name `cuTexObjectGetResourceViewDesc`, ABI of CUDA 5.0).
     pub type cuTexObjectGetResourceViewDesc = unsafe extern "C" fn(
         pResViewDesc: *mut CUDA_RESOURCE_VIEW_DESC,
         texObject: CUtexObject,
     ) -> CUresult;
-    /// `cuTexObjectGetTextureDesc` (API name `cuTexObjectGetTextureDesc`).
+    /// `cuTexObjectGetTextureDesc` (API name `cuTexObjectGetTextureDesc`, ABI of CUDA 5.0).
     pub type cuTexObjectGetTextureDesc = unsafe extern "C" fn(
         pTexDesc: *mut CUDA_TEXTURE_DESC,
         texObject: CUtexObject,
     ) -> CUresult;
-    /// `cuTexRefCreate` (API name `cuTexRefCreate`).
+    /// `cuTexRefCreate` (API name `cuTexRefCreate`, ABI of CUDA 2.0).
     pub type cuTexRefCreate = unsafe extern "C" fn(pTexRef: *mut CUtexref) -> CUresult;
-    /// `cuTexRefDestroy` (API name `cuTexRefDestroy`).
+    /// `cuTexRefDestroy` (API name `cuTexRefDestroy`, ABI of CUDA 2.0).
     pub type cuTexRefDestroy = unsafe extern "C" fn(hTexRef: CUtexref) -> CUresult;
-    /// `cuTexRefGetAddressMode` (API name `cuTexRefGetAddressMode`).
+    /// `cuTexRefGetAddressMode` (API name `cuTexRefGetAddressMode`, ABI of CUDA 2.0).
     pub type cuTexRefGetAddressMode = unsafe extern "C" fn(
         pam: *mut CUaddress_mode,
         hTexRef: CUtexref,
         dim: ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuTexRefGetAddress_v2` (API name `cuTexRefGetAddress`).
+    /// `cuTexRefGetAddress_v2` (API name `cuTexRefGetAddress`, ABI of CUDA 3.2).
     pub type cuTexRefGetAddress = unsafe extern "C" fn(
         pdptr: *mut CUdeviceptr,
         hTexRef: CUtexref,
     ) -> CUresult;
-    /// `cuTexRefGetArray` (API name `cuTexRefGetArray`).
+    /// `cuTexRefGetArray` (API name `cuTexRefGetArray`, ABI of CUDA 2.0).
     pub type cuTexRefGetArray = unsafe extern "C" fn(
         phArray: *mut CUarray,
         hTexRef: CUtexref,
     ) -> CUresult;
-    /// `cuTexRefGetBorderColor` (API name `cuTexRefGetBorderColor`).
+    /// `cuTexRefGetBorderColor` (API name `cuTexRefGetBorderColor`, ABI of CUDA 8.0).
     pub type cuTexRefGetBorderColor = unsafe extern "C" fn(
         pBorderColor: *mut f32,
         hTexRef: CUtexref,
     ) -> CUresult;
-    /// `cuTexRefGetFilterMode` (API name `cuTexRefGetFilterMode`).
+    /// `cuTexRefGetFilterMode` (API name `cuTexRefGetFilterMode`, ABI of CUDA 2.0).
     pub type cuTexRefGetFilterMode = unsafe extern "C" fn(
         pfm: *mut CUfilter_mode,
         hTexRef: CUtexref,
     ) -> CUresult;
-    /// `cuTexRefGetFlags` (API name `cuTexRefGetFlags`).
+    /// `cuTexRefGetFlags` (API name `cuTexRefGetFlags`, ABI of CUDA 2.0).
     pub type cuTexRefGetFlags = unsafe extern "C" fn(
         pFlags: *mut ::std::os::raw::c_uint,
         hTexRef: CUtexref,
     ) -> CUresult;
-    /// `cuTexRefGetFormat` (API name `cuTexRefGetFormat`).
+    /// `cuTexRefGetFormat` (API name `cuTexRefGetFormat`, ABI of CUDA 2.0).
     pub type cuTexRefGetFormat = unsafe extern "C" fn(
         pFormat: *mut CUarray_format,
         pNumChannels: *mut ::std::os::raw::c_int,
         hTexRef: CUtexref,
     ) -> CUresult;
-    /// `cuTexRefGetMaxAnisotropy` (API name `cuTexRefGetMaxAnisotropy`).
+    /// `cuTexRefGetMaxAnisotropy` (API name `cuTexRefGetMaxAnisotropy`, ABI of CUDA 5.0).
     pub type cuTexRefGetMaxAnisotropy = unsafe extern "C" fn(
         pmaxAniso: *mut ::std::os::raw::c_int,
         hTexRef: CUtexref,
     ) -> CUresult;
-    /// `cuTexRefGetMipmapFilterMode` (API name `cuTexRefGetMipmapFilterMode`).
+    /// `cuTexRefGetMipmapFilterMode` (API name `cuTexRefGetMipmapFilterMode`, ABI of CUDA 5.0).
     pub type cuTexRefGetMipmapFilterMode = unsafe extern "C" fn(
         pfm: *mut CUfilter_mode,
         hTexRef: CUtexref,
     ) -> CUresult;
-    /// `cuTexRefGetMipmapLevelBias` (API name `cuTexRefGetMipmapLevelBias`).
+    /// `cuTexRefGetMipmapLevelBias` (API name `cuTexRefGetMipmapLevelBias`, ABI of CUDA 5.0).
     pub type cuTexRefGetMipmapLevelBias = unsafe extern "C" fn(
         pbias: *mut f32,
         hTexRef: CUtexref,
     ) -> CUresult;
-    /// `cuTexRefGetMipmapLevelClamp` (API name `cuTexRefGetMipmapLevelClamp`).
+    /// `cuTexRefGetMipmapLevelClamp` (API name `cuTexRefGetMipmapLevelClamp`, ABI of CUDA 5.0).
     pub type cuTexRefGetMipmapLevelClamp = unsafe extern "C" fn(
         pminMipmapLevelClamp: *mut f32,
         pmaxMipmapLevelClamp: *mut f32,
         hTexRef: CUtexref,
     ) -> CUresult;
-    /// `cuTexRefGetMipmappedArray` (API name `cuTexRefGetMipmappedArray`).
+    /// `cuTexRefGetMipmappedArray` (API name `cuTexRefGetMipmappedArray`, ABI of CUDA 5.0).
     pub type cuTexRefGetMipmappedArray = unsafe extern "C" fn(
         phMipmappedArray: *mut CUmipmappedArray,
         hTexRef: CUtexref,
     ) -> CUresult;
-    /// `cuTexRefSetAddress2D_v3` (API name `cuTexRefSetAddress2D`).
+    /// `cuTexRefSetAddress2D_v3` (API name `cuTexRefSetAddress2D`, ABI of CUDA 4.1).
     pub type cuTexRefSetAddress2D = unsafe extern "C" fn(
         hTexRef: CUtexref,
         desc: *const CUDA_ARRAY_DESCRIPTOR,
         dptr: CUdeviceptr,
         Pitch: usize,
     ) -> CUresult;
-    /// `cuTexRefSetAddressMode` (API name `cuTexRefSetAddressMode`).
+    /// `cuTexRefSetAddressMode` (API name `cuTexRefSetAddressMode`, ABI of CUDA 2.0).
     pub type cuTexRefSetAddressMode = unsafe extern "C" fn(
         hTexRef: CUtexref,
         dim: ::std::os::raw::c_int,
         am: CUaddress_mode,
     ) -> CUresult;
-    /// `cuTexRefSetAddress_v2` (API name `cuTexRefSetAddress`).
+    /// `cuTexRefSetAddress_v2` (API name `cuTexRefSetAddress`, ABI of CUDA 3.2).
     pub type cuTexRefSetAddress = unsafe extern "C" fn(
         ByteOffset: *mut usize,
         hTexRef: CUtexref,
         dptr: CUdeviceptr,
         bytes: usize,
     ) -> CUresult;
-    /// `cuTexRefSetArray` (API name `cuTexRefSetArray`).
+    /// `cuTexRefSetArray` (API name `cuTexRefSetArray`, ABI of CUDA 2.0).
     pub type cuTexRefSetArray = unsafe extern "C" fn(
         hTexRef: CUtexref,
         hArray: CUarray,
         Flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuTexRefSetBorderColor` (API name `cuTexRefSetBorderColor`).
+    /// `cuTexRefSetBorderColor` (API name `cuTexRefSetBorderColor`, ABI of CUDA 8.0).
     pub type cuTexRefSetBorderColor = unsafe extern "C" fn(
         hTexRef: CUtexref,
         pBorderColor: *mut f32,
     ) -> CUresult;
-    /// `cuTexRefSetFilterMode` (API name `cuTexRefSetFilterMode`).
+    /// `cuTexRefSetFilterMode` (API name `cuTexRefSetFilterMode`, ABI of CUDA 2.0).
     pub type cuTexRefSetFilterMode = unsafe extern "C" fn(
         hTexRef: CUtexref,
         fm: CUfilter_mode,
     ) -> CUresult;
-    /// `cuTexRefSetFlags` (API name `cuTexRefSetFlags`).
+    /// `cuTexRefSetFlags` (API name `cuTexRefSetFlags`, ABI of CUDA 2.0).
     pub type cuTexRefSetFlags = unsafe extern "C" fn(
         hTexRef: CUtexref,
         Flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuTexRefSetFormat` (API name `cuTexRefSetFormat`).
+    /// `cuTexRefSetFormat` (API name `cuTexRefSetFormat`, ABI of CUDA 2.0).
     pub type cuTexRefSetFormat = unsafe extern "C" fn(
         hTexRef: CUtexref,
         fmt: CUarray_format,
         NumPackedComponents: ::std::os::raw::c_int,
     ) -> CUresult;
-    /// `cuTexRefSetMaxAnisotropy` (API name `cuTexRefSetMaxAnisotropy`).
+    /// `cuTexRefSetMaxAnisotropy` (API name `cuTexRefSetMaxAnisotropy`, ABI of CUDA 5.0).
     pub type cuTexRefSetMaxAnisotropy = unsafe extern "C" fn(
         hTexRef: CUtexref,
         maxAniso: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuTexRefSetMipmapFilterMode` (API name `cuTexRefSetMipmapFilterMode`).
+    /// `cuTexRefSetMipmapFilterMode` (API name `cuTexRefSetMipmapFilterMode`, ABI of CUDA 5.0).
     pub type cuTexRefSetMipmapFilterMode = unsafe extern "C" fn(
         hTexRef: CUtexref,
         fm: CUfilter_mode,
     ) -> CUresult;
-    /// `cuTexRefSetMipmapLevelBias` (API name `cuTexRefSetMipmapLevelBias`).
+    /// `cuTexRefSetMipmapLevelBias` (API name `cuTexRefSetMipmapLevelBias`, ABI of CUDA 5.0).
     pub type cuTexRefSetMipmapLevelBias = unsafe extern "C" fn(
         hTexRef: CUtexref,
         bias: f32,
     ) -> CUresult;
-    /// `cuTexRefSetMipmapLevelClamp` (API name `cuTexRefSetMipmapLevelClamp`).
+    /// `cuTexRefSetMipmapLevelClamp` (API name `cuTexRefSetMipmapLevelClamp`, ABI of CUDA 5.0).
     pub type cuTexRefSetMipmapLevelClamp = unsafe extern "C" fn(
         hTexRef: CUtexref,
         minMipmapLevelClamp: f32,
         maxMipmapLevelClamp: f32,
     ) -> CUresult;
-    /// `cuTexRefSetMipmappedArray` (API name `cuTexRefSetMipmappedArray`).
+    /// `cuTexRefSetMipmappedArray` (API name `cuTexRefSetMipmappedArray`, ABI of CUDA 5.0).
     pub type cuTexRefSetMipmappedArray = unsafe extern "C" fn(
         hTexRef: CUtexref,
         hMipmappedArray: CUmipmappedArray,
         Flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuThreadExchangeStreamCaptureMode` (API name `cuThreadExchangeStreamCaptureMode`).
+    /// `cuThreadExchangeStreamCaptureMode` (API name `cuThreadExchangeStreamCaptureMode`, ABI of CUDA 10.1).
     pub type cuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(
         mode: *mut CUstreamCaptureMode,
     ) -> CUresult;
-    /// `cuUserObjectCreate` (API name `cuUserObjectCreate`).
+    /// `cuUserObjectCreate` (API name `cuUserObjectCreate`, ABI of CUDA 11.3).
     pub type cuUserObjectCreate = unsafe extern "C" fn(
         object_out: *mut CUuserObject,
         ptr: *mut ::std::os::raw::c_void,
@@ -8257,17 +8257,17 @@ pub mod pfn {
         initialRefcount: ::std::os::raw::c_uint,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuUserObjectRelease` (API name `cuUserObjectRelease`).
+    /// `cuUserObjectRelease` (API name `cuUserObjectRelease`, ABI of CUDA 11.3).
     pub type cuUserObjectRelease = unsafe extern "C" fn(
         object: CUuserObject,
         count: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuUserObjectRetain` (API name `cuUserObjectRetain`).
+    /// `cuUserObjectRetain` (API name `cuUserObjectRetain`, ABI of CUDA 11.3).
     pub type cuUserObjectRetain = unsafe extern "C" fn(
         object: CUuserObject,
         count: ::std::os::raw::c_uint,
     ) -> CUresult;
-    /// `cuWaitExternalSemaphoresAsync` (API name `cuWaitExternalSemaphoresAsync`).
+    /// `cuWaitExternalSemaphoresAsync` (API name `cuWaitExternalSemaphoresAsync`, ABI of CUDA 10.0).
     pub type cuWaitExternalSemaphoresAsync = unsafe extern "C" fn(
         extSemArray: *const CUexternalSemaphore,
         paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS,
@@ -8283,3229 +8283,3680 @@ pub static DRIVER_ENTRY_POINTS: [EntryPoint; 451usize] = [
         api: c"cuArray3DCreate",
         symbol: c"cuArray3DCreate_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuArray3DGetDescriptor",
         symbol: c"cuArray3DGetDescriptor_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuArrayCreate",
         symbol: c"cuArrayCreate_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuArrayDestroy",
         symbol: c"cuArrayDestroy",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuArrayGetDescriptor",
         symbol: c"cuArrayGetDescriptor_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuArrayGetMemoryRequirements",
         symbol: c"cuArrayGetMemoryRequirements",
         by_proc_address: true,
+        since: 11060,
     },
     EntryPoint {
         api: c"cuArrayGetPlane",
         symbol: c"cuArrayGetPlane",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuArrayGetSparseProperties",
         symbol: c"cuArrayGetSparseProperties",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuCheckpointProcessCheckpoint",
         symbol: c"cuCheckpointProcessCheckpoint",
         by_proc_address: true,
+        since: 12080,
     },
     EntryPoint {
         api: c"cuCheckpointProcessGetRestoreThreadId",
         symbol: c"cuCheckpointProcessGetRestoreThreadId",
         by_proc_address: true,
+        since: 12080,
     },
     EntryPoint {
         api: c"cuCheckpointProcessGetState",
         symbol: c"cuCheckpointProcessGetState",
         by_proc_address: true,
+        since: 12080,
     },
     EntryPoint {
         api: c"cuCheckpointProcessLock",
         symbol: c"cuCheckpointProcessLock",
         by_proc_address: true,
+        since: 12080,
     },
     EntryPoint {
         api: c"cuCheckpointProcessRestore",
         symbol: c"cuCheckpointProcessRestore",
         by_proc_address: true,
+        since: 12080,
     },
     EntryPoint {
         api: c"cuCheckpointProcessUnlock",
         symbol: c"cuCheckpointProcessUnlock",
         by_proc_address: true,
+        since: 12080,
     },
     EntryPoint {
         api: c"cuCoredumpGetAttribute",
         symbol: c"cuCoredumpGetAttribute",
         by_proc_address: true,
+        since: 12010,
     },
     EntryPoint {
         api: c"cuCoredumpGetAttributeGlobal",
         symbol: c"cuCoredumpGetAttributeGlobal",
         by_proc_address: true,
+        since: 12010,
     },
     EntryPoint {
         api: c"cuCoredumpSetAttribute",
         symbol: c"cuCoredumpSetAttribute",
         by_proc_address: true,
+        since: 12010,
     },
     EntryPoint {
         api: c"cuCoredumpSetAttributeGlobal",
         symbol: c"cuCoredumpSetAttributeGlobal",
         by_proc_address: true,
+        since: 12010,
     },
     EntryPoint {
         api: c"cuCtxAttach",
         symbol: c"cuCtxAttach",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuCtxCreate",
         symbol: c"cuCtxCreate_v4",
         by_proc_address: true,
+        since: 12050,
     },
     EntryPoint {
         api: c"cuCtxDestroy",
         symbol: c"cuCtxDestroy_v2",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuCtxDetach",
         symbol: c"cuCtxDetach",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuCtxDisablePeerAccess",
         symbol: c"cuCtxDisablePeerAccess",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuCtxEnablePeerAccess",
         symbol: c"cuCtxEnablePeerAccess",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuCtxFromGreenCtx",
         symbol: c"cuCtxFromGreenCtx",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuCtxGetApiVersion",
         symbol: c"cuCtxGetApiVersion",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuCtxGetCacheConfig",
         symbol: c"cuCtxGetCacheConfig",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuCtxGetCurrent",
         symbol: c"cuCtxGetCurrent",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuCtxGetDevResource",
         symbol: c"cuCtxGetDevResource",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuCtxGetDevice",
         symbol: c"cuCtxGetDevice",
         by_proc_address: false,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuCtxGetDevice_v2",
         symbol: c"cuCtxGetDevice_v2",
         by_proc_address: false,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuCtxGetExecAffinity",
         symbol: c"cuCtxGetExecAffinity",
         by_proc_address: true,
+        since: 11040,
     },
     EntryPoint {
         api: c"cuCtxGetFlags",
         symbol: c"cuCtxGetFlags",
         by_proc_address: true,
+        since: 7000,
     },
     EntryPoint {
         api: c"cuCtxGetId",
         symbol: c"cuCtxGetId",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuCtxGetLimit",
         symbol: c"cuCtxGetLimit",
         by_proc_address: true,
+        since: 3010,
     },
     EntryPoint {
         api: c"cuCtxGetSharedMemConfig",
         symbol: c"cuCtxGetSharedMemConfig",
         by_proc_address: true,
+        since: 4020,
     },
     EntryPoint {
         api: c"cuCtxGetStreamPriorityRange",
         symbol: c"cuCtxGetStreamPriorityRange",
         by_proc_address: true,
+        since: 5050,
     },
     EntryPoint {
         api: c"cuCtxPopCurrent",
         symbol: c"cuCtxPopCurrent_v2",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuCtxPushCurrent",
         symbol: c"cuCtxPushCurrent_v2",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuCtxRecordEvent",
         symbol: c"cuCtxRecordEvent",
         by_proc_address: true,
+        since: 12050,
     },
     EntryPoint {
         api: c"cuCtxResetPersistingL2Cache",
         symbol: c"cuCtxResetPersistingL2Cache",
         by_proc_address: true,
+        since: 11000,
     },
     EntryPoint {
         api: c"cuCtxSetCacheConfig",
         symbol: c"cuCtxSetCacheConfig",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuCtxSetCurrent",
         symbol: c"cuCtxSetCurrent",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuCtxSetFlags",
         symbol: c"cuCtxSetFlags",
         by_proc_address: true,
+        since: 12010,
     },
     EntryPoint {
         api: c"cuCtxSetLimit",
         symbol: c"cuCtxSetLimit",
         by_proc_address: true,
+        since: 3010,
     },
     EntryPoint {
         api: c"cuCtxSetSharedMemConfig",
         symbol: c"cuCtxSetSharedMemConfig",
         by_proc_address: true,
+        since: 4020,
     },
     EntryPoint {
         api: c"cuCtxSynchronize",
         symbol: c"cuCtxSynchronize",
         by_proc_address: false,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuCtxSynchronize_v2",
         symbol: c"cuCtxSynchronize_v2",
         by_proc_address: false,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuCtxWaitEvent",
         symbol: c"cuCtxWaitEvent",
         by_proc_address: true,
+        since: 12050,
     },
     EntryPoint {
         api: c"cuDestroyExternalMemory",
         symbol: c"cuDestroyExternalMemory",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuDestroyExternalSemaphore",
         symbol: c"cuDestroyExternalSemaphore",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuDevResourceGenerateDesc",
         symbol: c"cuDevResourceGenerateDesc",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuDevSmResourceSplitByCount",
         symbol: c"cuDevSmResourceSplitByCount",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuDeviceCanAccessPeer",
         symbol: c"cuDeviceCanAccessPeer",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuDeviceComputeCapability",
         symbol: c"cuDeviceComputeCapability",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuDeviceGet",
         symbol: c"cuDeviceGet",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuDeviceGetAttribute",
         symbol: c"cuDeviceGetAttribute",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuDeviceGetByPCIBusId",
         symbol: c"cuDeviceGetByPCIBusId",
         by_proc_address: true,
+        since: 4010,
     },
     EntryPoint {
         api: c"cuDeviceGetCount",
         symbol: c"cuDeviceGetCount",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuDeviceGetDefaultMemPool",
         symbol: c"cuDeviceGetDefaultMemPool",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuDeviceGetDevResource",
         symbol: c"cuDeviceGetDevResource",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuDeviceGetExecAffinitySupport",
         symbol: c"cuDeviceGetExecAffinitySupport",
         by_proc_address: true,
+        since: 11040,
     },
     EntryPoint {
         api: c"cuDeviceGetGraphMemAttribute",
         symbol: c"cuDeviceGetGraphMemAttribute",
         by_proc_address: true,
+        since: 11040,
     },
     EntryPoint {
         api: c"cuDeviceGetHostAtomicCapabilities",
         symbol: c"cuDeviceGetHostAtomicCapabilities",
         by_proc_address: true,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuDeviceGetLuid",
         symbol: c"cuDeviceGetLuid",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuDeviceGetMemPool",
         symbol: c"cuDeviceGetMemPool",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuDeviceGetName",
         symbol: c"cuDeviceGetName",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuDeviceGetNvSciSyncAttributes",
         symbol: c"cuDeviceGetNvSciSyncAttributes",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuDeviceGetP2PAtomicCapabilities",
         symbol: c"cuDeviceGetP2PAtomicCapabilities",
         by_proc_address: true,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuDeviceGetP2PAttribute",
         symbol: c"cuDeviceGetP2PAttribute",
         by_proc_address: true,
+        since: 8000,
     },
     EntryPoint {
         api: c"cuDeviceGetPCIBusId",
         symbol: c"cuDeviceGetPCIBusId",
         by_proc_address: true,
+        since: 4010,
     },
     EntryPoint {
         api: c"cuDeviceGetProperties",
         symbol: c"cuDeviceGetProperties",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuDeviceGetTexture1DLinearMaxWidth",
         symbol: c"cuDeviceGetTexture1DLinearMaxWidth",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuDeviceGetUuid",
         symbol: c"cuDeviceGetUuid_v2",
         by_proc_address: true,
+        since: 11040,
     },
     EntryPoint {
         api: c"cuDeviceGraphMemTrim",
         symbol: c"cuDeviceGraphMemTrim",
         by_proc_address: true,
+        since: 11040,
     },
     EntryPoint {
         api: c"cuDevicePrimaryCtxGetState",
         symbol: c"cuDevicePrimaryCtxGetState",
         by_proc_address: true,
+        since: 7000,
     },
     EntryPoint {
         api: c"cuDevicePrimaryCtxRelease",
         symbol: c"cuDevicePrimaryCtxRelease_v2",
         by_proc_address: true,
+        since: 11000,
     },
     EntryPoint {
         api: c"cuDevicePrimaryCtxReset",
         symbol: c"cuDevicePrimaryCtxReset_v2",
         by_proc_address: true,
+        since: 11000,
     },
     EntryPoint {
         api: c"cuDevicePrimaryCtxRetain",
         symbol: c"cuDevicePrimaryCtxRetain",
         by_proc_address: true,
+        since: 7000,
     },
     EntryPoint {
         api: c"cuDevicePrimaryCtxSetFlags",
         symbol: c"cuDevicePrimaryCtxSetFlags_v2",
         by_proc_address: true,
+        since: 11000,
     },
     EntryPoint {
         api: c"cuDeviceRegisterAsyncNotification",
         symbol: c"cuDeviceRegisterAsyncNotification",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuDeviceSetGraphMemAttribute",
         symbol: c"cuDeviceSetGraphMemAttribute",
         by_proc_address: true,
+        since: 11040,
     },
     EntryPoint {
         api: c"cuDeviceSetMemPool",
         symbol: c"cuDeviceSetMemPool",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuDeviceTotalMem",
         symbol: c"cuDeviceTotalMem_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuDeviceUnregisterAsyncNotification",
         symbol: c"cuDeviceUnregisterAsyncNotification",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuDriverGetVersion",
         symbol: c"cuDriverGetVersion",
         by_proc_address: true,
+        since: 2020,
     },
     EntryPoint {
         api: c"cuEventCreate",
         symbol: c"cuEventCreate",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuEventDestroy",
         symbol: c"cuEventDestroy_v2",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuEventElapsedTime",
         symbol: c"cuEventElapsedTime_v2",
         by_proc_address: true,
+        since: 12080,
     },
     EntryPoint {
         api: c"cuEventQuery",
         symbol: c"cuEventQuery",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuEventRecord",
         symbol: c"cuEventRecord",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuEventRecordWithFlags",
         symbol: c"cuEventRecordWithFlags",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuEventSynchronize",
         symbol: c"cuEventSynchronize",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuExternalMemoryGetMappedBuffer",
         symbol: c"cuExternalMemoryGetMappedBuffer",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuExternalMemoryGetMappedMipmappedArray",
         symbol: c"cuExternalMemoryGetMappedMipmappedArray",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuFlushGPUDirectRDMAWrites",
         symbol: c"cuFlushGPUDirectRDMAWrites",
         by_proc_address: true,
+        since: 11030,
     },
     EntryPoint {
         api: c"cuFuncGetAttribute",
         symbol: c"cuFuncGetAttribute",
         by_proc_address: true,
+        since: 2020,
     },
     EntryPoint {
         api: c"cuFuncGetModule",
         symbol: c"cuFuncGetModule",
         by_proc_address: true,
+        since: 11000,
     },
     EntryPoint {
         api: c"cuFuncGetName",
         symbol: c"cuFuncGetName",
         by_proc_address: true,
+        since: 12030,
     },
     EntryPoint {
         api: c"cuFuncGetParamInfo",
         symbol: c"cuFuncGetParamInfo",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuFuncIsLoaded",
         symbol: c"cuFuncIsLoaded",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuFuncLoad",
         symbol: c"cuFuncLoad",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuFuncSetAttribute",
         symbol: c"cuFuncSetAttribute",
         by_proc_address: true,
+        since: 9000,
     },
     EntryPoint {
         api: c"cuFuncSetBlockShape",
         symbol: c"cuFuncSetBlockShape",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuFuncSetCacheConfig",
         symbol: c"cuFuncSetCacheConfig",
         by_proc_address: true,
+        since: 3000,
     },
     EntryPoint {
         api: c"cuFuncSetSharedMemConfig",
         symbol: c"cuFuncSetSharedMemConfig",
         by_proc_address: true,
+        since: 4020,
     },
     EntryPoint {
         api: c"cuFuncSetSharedSize",
         symbol: c"cuFuncSetSharedSize",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuGetErrorName",
         symbol: c"cuGetErrorName",
         by_proc_address: true,
+        since: 6000,
     },
     EntryPoint {
         api: c"cuGetErrorString",
         symbol: c"cuGetErrorString",
         by_proc_address: true,
+        since: 6000,
     },
     EntryPoint {
         api: c"cuGetExportTable",
         symbol: c"cuGetExportTable",
         by_proc_address: true,
+        since: 3000,
     },
     EntryPoint {
         api: c"cuGetProcAddress",
         symbol: c"cuGetProcAddress_v2",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuGraphAddBatchMemOpNode",
         symbol: c"cuGraphAddBatchMemOpNode",
         by_proc_address: true,
+        since: 11070,
     },
     EntryPoint {
         api: c"cuGraphAddChildGraphNode",
         symbol: c"cuGraphAddChildGraphNode",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphAddDependencies",
         symbol: c"cuGraphAddDependencies_v2",
         by_proc_address: true,
+        since: 12030,
     },
     EntryPoint {
         api: c"cuGraphAddEmptyNode",
         symbol: c"cuGraphAddEmptyNode",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphAddEventRecordNode",
         symbol: c"cuGraphAddEventRecordNode",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuGraphAddEventWaitNode",
         symbol: c"cuGraphAddEventWaitNode",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuGraphAddExternalSemaphoresSignalNode",
         symbol: c"cuGraphAddExternalSemaphoresSignalNode",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuGraphAddExternalSemaphoresWaitNode",
         symbol: c"cuGraphAddExternalSemaphoresWaitNode",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuGraphAddHostNode",
         symbol: c"cuGraphAddHostNode",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphAddKernelNode",
         symbol: c"cuGraphAddKernelNode_v2",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuGraphAddMemAllocNode",
         symbol: c"cuGraphAddMemAllocNode",
         by_proc_address: true,
+        since: 11040,
     },
     EntryPoint {
         api: c"cuGraphAddMemFreeNode",
         symbol: c"cuGraphAddMemFreeNode",
         by_proc_address: true,
+        since: 11040,
     },
     EntryPoint {
         api: c"cuGraphAddMemcpyNode",
         symbol: c"cuGraphAddMemcpyNode",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphAddMemsetNode",
         symbol: c"cuGraphAddMemsetNode",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphAddNode",
         symbol: c"cuGraphAddNode_v2",
         by_proc_address: true,
+        since: 12030,
     },
     EntryPoint {
         api: c"cuGraphBatchMemOpNodeGetParams",
         symbol: c"cuGraphBatchMemOpNodeGetParams",
         by_proc_address: true,
+        since: 11070,
     },
     EntryPoint {
         api: c"cuGraphBatchMemOpNodeSetParams",
         symbol: c"cuGraphBatchMemOpNodeSetParams",
         by_proc_address: true,
+        since: 11070,
     },
     EntryPoint {
         api: c"cuGraphChildGraphNodeGetGraph",
         symbol: c"cuGraphChildGraphNodeGetGraph",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphClone",
         symbol: c"cuGraphClone",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphConditionalHandleCreate",
         symbol: c"cuGraphConditionalHandleCreate",
         by_proc_address: true,
+        since: 12030,
     },
     EntryPoint {
         api: c"cuGraphCreate",
         symbol: c"cuGraphCreate",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphDebugDotPrint",
         symbol: c"cuGraphDebugDotPrint",
         by_proc_address: true,
+        since: 11030,
     },
     EntryPoint {
         api: c"cuGraphDestroy",
         symbol: c"cuGraphDestroy",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphDestroyNode",
         symbol: c"cuGraphDestroyNode",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphEventRecordNodeGetEvent",
         symbol: c"cuGraphEventRecordNodeGetEvent",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuGraphEventRecordNodeSetEvent",
         symbol: c"cuGraphEventRecordNodeSetEvent",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuGraphEventWaitNodeGetEvent",
         symbol: c"cuGraphEventWaitNodeGetEvent",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuGraphEventWaitNodeSetEvent",
         symbol: c"cuGraphEventWaitNodeSetEvent",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuGraphExecBatchMemOpNodeSetParams",
         symbol: c"cuGraphExecBatchMemOpNodeSetParams",
         by_proc_address: true,
+        since: 11070,
     },
     EntryPoint {
         api: c"cuGraphExecChildGraphNodeSetParams",
         symbol: c"cuGraphExecChildGraphNodeSetParams",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuGraphExecDestroy",
         symbol: c"cuGraphExecDestroy",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphExecEventRecordNodeSetEvent",
         symbol: c"cuGraphExecEventRecordNodeSetEvent",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuGraphExecEventWaitNodeSetEvent",
         symbol: c"cuGraphExecEventWaitNodeSetEvent",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuGraphExecExternalSemaphoresSignalNodeSetParams",
         symbol: c"cuGraphExecExternalSemaphoresSignalNodeSetParams",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuGraphExecExternalSemaphoresWaitNodeSetParams",
         symbol: c"cuGraphExecExternalSemaphoresWaitNodeSetParams",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuGraphExecGetFlags",
         symbol: c"cuGraphExecGetFlags",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuGraphExecHostNodeSetParams",
         symbol: c"cuGraphExecHostNodeSetParams",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuGraphExecKernelNodeSetParams",
         symbol: c"cuGraphExecKernelNodeSetParams_v2",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuGraphExecMemcpyNodeSetParams",
         symbol: c"cuGraphExecMemcpyNodeSetParams",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuGraphExecMemsetNodeSetParams",
         symbol: c"cuGraphExecMemsetNodeSetParams",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuGraphExecNodeSetParams",
         symbol: c"cuGraphExecNodeSetParams",
         by_proc_address: true,
+        since: 12020,
     },
     EntryPoint {
         api: c"cuGraphExecUpdate",
         symbol: c"cuGraphExecUpdate_v2",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuGraphExternalSemaphoresSignalNodeGetParams",
         symbol: c"cuGraphExternalSemaphoresSignalNodeGetParams",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuGraphExternalSemaphoresSignalNodeSetParams",
         symbol: c"cuGraphExternalSemaphoresSignalNodeSetParams",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuGraphExternalSemaphoresWaitNodeGetParams",
         symbol: c"cuGraphExternalSemaphoresWaitNodeGetParams",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuGraphExternalSemaphoresWaitNodeSetParams",
         symbol: c"cuGraphExternalSemaphoresWaitNodeSetParams",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuGraphGetEdges",
         symbol: c"cuGraphGetEdges_v2",
         by_proc_address: true,
+        since: 12030,
     },
     EntryPoint {
         api: c"cuGraphGetNodes",
         symbol: c"cuGraphGetNodes",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphGetRootNodes",
         symbol: c"cuGraphGetRootNodes",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphHostNodeGetParams",
         symbol: c"cuGraphHostNodeGetParams",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphHostNodeSetParams",
         symbol: c"cuGraphHostNodeSetParams",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphInstantiateWithFlags",
         symbol: c"cuGraphInstantiateWithFlags",
         by_proc_address: true,
+        since: 11040,
     },
     EntryPoint {
         api: c"cuGraphInstantiateWithParams",
         symbol: c"cuGraphInstantiateWithParams",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuGraphKernelNodeCopyAttributes",
         symbol: c"cuGraphKernelNodeCopyAttributes",
         by_proc_address: true,
+        since: 11000,
     },
     EntryPoint {
         api: c"cuGraphKernelNodeGetAttribute",
         symbol: c"cuGraphKernelNodeGetAttribute",
         by_proc_address: true,
+        since: 11000,
     },
     EntryPoint {
         api: c"cuGraphKernelNodeGetParams",
         symbol: c"cuGraphKernelNodeGetParams_v2",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuGraphKernelNodeSetAttribute",
         symbol: c"cuGraphKernelNodeSetAttribute",
         by_proc_address: true,
+        since: 11000,
     },
     EntryPoint {
         api: c"cuGraphKernelNodeSetParams",
         symbol: c"cuGraphKernelNodeSetParams_v2",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuGraphLaunch",
         symbol: c"cuGraphLaunch",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphMemAllocNodeGetParams",
         symbol: c"cuGraphMemAllocNodeGetParams",
         by_proc_address: true,
+        since: 11040,
     },
     EntryPoint {
         api: c"cuGraphMemFreeNodeGetParams",
         symbol: c"cuGraphMemFreeNodeGetParams",
         by_proc_address: true,
+        since: 11040,
     },
     EntryPoint {
         api: c"cuGraphMemcpyNodeGetParams",
         symbol: c"cuGraphMemcpyNodeGetParams",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphMemcpyNodeSetParams",
         symbol: c"cuGraphMemcpyNodeSetParams",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphMemsetNodeGetParams",
         symbol: c"cuGraphMemsetNodeGetParams",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphMemsetNodeSetParams",
         symbol: c"cuGraphMemsetNodeSetParams",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphNodeFindInClone",
         symbol: c"cuGraphNodeFindInClone",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphNodeGetDependencies",
         symbol: c"cuGraphNodeGetDependencies_v2",
         by_proc_address: true,
+        since: 12030,
     },
     EntryPoint {
         api: c"cuGraphNodeGetDependentNodes",
         symbol: c"cuGraphNodeGetDependentNodes_v2",
         by_proc_address: true,
+        since: 12030,
     },
     EntryPoint {
         api: c"cuGraphNodeGetEnabled",
         symbol: c"cuGraphNodeGetEnabled",
         by_proc_address: true,
+        since: 11060,
     },
     EntryPoint {
         api: c"cuGraphNodeGetType",
         symbol: c"cuGraphNodeGetType",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuGraphNodeSetEnabled",
         symbol: c"cuGraphNodeSetEnabled",
         by_proc_address: true,
+        since: 11060,
     },
     EntryPoint {
         api: c"cuGraphNodeSetParams",
         symbol: c"cuGraphNodeSetParams",
         by_proc_address: true,
+        since: 12020,
     },
     EntryPoint {
         api: c"cuGraphReleaseUserObject",
         symbol: c"cuGraphReleaseUserObject",
         by_proc_address: true,
+        since: 11030,
     },
     EntryPoint {
         api: c"cuGraphRemoveDependencies",
         symbol: c"cuGraphRemoveDependencies_v2",
         by_proc_address: true,
+        since: 12030,
     },
     EntryPoint {
         api: c"cuGraphRetainUserObject",
         symbol: c"cuGraphRetainUserObject",
         by_proc_address: true,
+        since: 11030,
     },
     EntryPoint {
         api: c"cuGraphUpload",
         symbol: c"cuGraphUpload",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuGraphicsMapResources",
         symbol: c"cuGraphicsMapResources",
         by_proc_address: true,
+        since: 3000,
     },
     EntryPoint {
         api: c"cuGraphicsResourceGetMappedMipmappedArray",
         symbol: c"cuGraphicsResourceGetMappedMipmappedArray",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuGraphicsResourceGetMappedPointer",
         symbol: c"cuGraphicsResourceGetMappedPointer_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuGraphicsResourceSetMapFlags",
         symbol: c"cuGraphicsResourceSetMapFlags_v2",
         by_proc_address: true,
+        since: 6050,
     },
     EntryPoint {
         api: c"cuGraphicsSubResourceGetMappedArray",
         symbol: c"cuGraphicsSubResourceGetMappedArray",
         by_proc_address: true,
+        since: 3000,
     },
     EntryPoint {
         api: c"cuGraphicsUnmapResources",
         symbol: c"cuGraphicsUnmapResources",
         by_proc_address: true,
+        since: 3000,
     },
     EntryPoint {
         api: c"cuGraphicsUnregisterResource",
         symbol: c"cuGraphicsUnregisterResource",
         by_proc_address: true,
+        since: 3000,
     },
     EntryPoint {
         api: c"cuGreenCtxCreate",
         symbol: c"cuGreenCtxCreate",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuGreenCtxDestroy",
         symbol: c"cuGreenCtxDestroy",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuGreenCtxGetDevResource",
         symbol: c"cuGreenCtxGetDevResource",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuGreenCtxGetId",
         symbol: c"cuGreenCtxGetId",
         by_proc_address: true,
+        since: 12090,
     },
     EntryPoint {
         api: c"cuGreenCtxRecordEvent",
         symbol: c"cuGreenCtxRecordEvent",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuGreenCtxStreamCreate",
         symbol: c"cuGreenCtxStreamCreate",
         by_proc_address: true,
+        since: 12050,
     },
     EntryPoint {
         api: c"cuGreenCtxWaitEvent",
         symbol: c"cuGreenCtxWaitEvent",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuImportExternalMemory",
         symbol: c"cuImportExternalMemory",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuImportExternalSemaphore",
         symbol: c"cuImportExternalSemaphore",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuInit",
         symbol: c"cuInit",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuIpcCloseMemHandle",
         symbol: c"cuIpcCloseMemHandle",
         by_proc_address: true,
+        since: 4010,
     },
     EntryPoint {
         api: c"cuIpcGetEventHandle",
         symbol: c"cuIpcGetEventHandle",
         by_proc_address: true,
+        since: 4010,
     },
     EntryPoint {
         api: c"cuIpcGetMemHandle",
         symbol: c"cuIpcGetMemHandle",
         by_proc_address: true,
+        since: 4010,
     },
     EntryPoint {
         api: c"cuIpcOpenEventHandle",
         symbol: c"cuIpcOpenEventHandle",
         by_proc_address: true,
+        since: 4010,
     },
     EntryPoint {
         api: c"cuIpcOpenMemHandle",
         symbol: c"cuIpcOpenMemHandle_v2",
         by_proc_address: true,
+        since: 11000,
     },
     EntryPoint {
         api: c"cuKernelGetAttribute",
         symbol: c"cuKernelGetAttribute",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuKernelGetFunction",
         symbol: c"cuKernelGetFunction",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuKernelGetLibrary",
         symbol: c"cuKernelGetLibrary",
         by_proc_address: true,
+        since: 12050,
     },
     EntryPoint {
         api: c"cuKernelGetName",
         symbol: c"cuKernelGetName",
         by_proc_address: true,
+        since: 12030,
     },
     EntryPoint {
         api: c"cuKernelGetParamInfo",
         symbol: c"cuKernelGetParamInfo",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuKernelSetAttribute",
         symbol: c"cuKernelSetAttribute",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuKernelSetCacheConfig",
         symbol: c"cuKernelSetCacheConfig",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuLaunch",
         symbol: c"cuLaunch",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuLaunchCooperativeKernel",
         symbol: c"cuLaunchCooperativeKernel",
         by_proc_address: true,
+        since: 9000,
     },
     EntryPoint {
         api: c"cuLaunchCooperativeKernelMultiDevice",
         symbol: c"cuLaunchCooperativeKernelMultiDevice",
         by_proc_address: true,
+        since: 9000,
     },
     EntryPoint {
         api: c"cuLaunchGrid",
         symbol: c"cuLaunchGrid",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuLaunchGridAsync",
         symbol: c"cuLaunchGridAsync",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuLaunchHostFunc",
         symbol: c"cuLaunchHostFunc",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuLaunchKernel",
         symbol: c"cuLaunchKernel",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuLaunchKernelEx",
         symbol: c"cuLaunchKernelEx",
         by_proc_address: true,
+        since: 11060,
     },
     EntryPoint {
         api: c"cuLibraryEnumerateKernels",
         symbol: c"cuLibraryEnumerateKernels",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuLibraryGetGlobal",
         symbol: c"cuLibraryGetGlobal",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuLibraryGetKernel",
         symbol: c"cuLibraryGetKernel",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuLibraryGetKernelCount",
         symbol: c"cuLibraryGetKernelCount",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuLibraryGetManaged",
         symbol: c"cuLibraryGetManaged",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuLibraryGetModule",
         symbol: c"cuLibraryGetModule",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuLibraryGetUnifiedFunction",
         symbol: c"cuLibraryGetUnifiedFunction",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuLibraryLoadData",
         symbol: c"cuLibraryLoadData",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuLibraryLoadFromFile",
         symbol: c"cuLibraryLoadFromFile",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuLibraryUnload",
         symbol: c"cuLibraryUnload",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuLinkAddData",
         symbol: c"cuLinkAddData_v2",
         by_proc_address: true,
+        since: 6050,
     },
     EntryPoint {
         api: c"cuLinkAddFile",
         symbol: c"cuLinkAddFile_v2",
         by_proc_address: true,
+        since: 6050,
     },
     EntryPoint {
         api: c"cuLinkComplete",
         symbol: c"cuLinkComplete",
         by_proc_address: true,
+        since: 5050,
     },
     EntryPoint {
         api: c"cuLinkCreate",
         symbol: c"cuLinkCreate_v2",
         by_proc_address: true,
+        since: 6050,
     },
     EntryPoint {
         api: c"cuLinkDestroy",
         symbol: c"cuLinkDestroy",
         by_proc_address: true,
+        since: 5050,
     },
     EntryPoint {
         api: c"cuLogsCurrent",
         symbol: c"cuLogsCurrent",
         by_proc_address: true,
+        since: 12090,
     },
     EntryPoint {
         api: c"cuLogsDumpToFile",
         symbol: c"cuLogsDumpToFile",
         by_proc_address: true,
+        since: 12090,
     },
     EntryPoint {
         api: c"cuLogsDumpToMemory",
         symbol: c"cuLogsDumpToMemory",
         by_proc_address: true,
+        since: 12090,
     },
     EntryPoint {
         api: c"cuLogsRegisterCallback",
         symbol: c"cuLogsRegisterCallback",
         by_proc_address: true,
+        since: 12090,
     },
     EntryPoint {
         api: c"cuLogsUnregisterCallback",
         symbol: c"cuLogsUnregisterCallback",
         by_proc_address: true,
+        since: 12090,
     },
     EntryPoint {
         api: c"cuMemAddressFree",
         symbol: c"cuMemAddressFree",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuMemAddressReserve",
         symbol: c"cuMemAddressReserve",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuMemAdvise",
         symbol: c"cuMemAdvise_v2",
         by_proc_address: true,
+        since: 12020,
     },
     EntryPoint {
         api: c"cuMemAllocAsync",
         symbol: c"cuMemAllocAsync",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemAllocFromPoolAsync",
         symbol: c"cuMemAllocFromPoolAsync",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemAllocHost",
         symbol: c"cuMemAllocHost_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemAllocManaged",
         symbol: c"cuMemAllocManaged",
         by_proc_address: true,
+        since: 6000,
     },
     EntryPoint {
         api: c"cuMemAllocPitch",
         symbol: c"cuMemAllocPitch_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemAlloc",
         symbol: c"cuMemAlloc_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemBatchDecompressAsync",
         symbol: c"cuMemBatchDecompressAsync",
         by_proc_address: true,
+        since: 12060,
     },
     EntryPoint {
         api: c"cuMemCreate",
         symbol: c"cuMemCreate",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuMemDiscardAndPrefetchBatchAsync",
         symbol: c"cuMemDiscardAndPrefetchBatchAsync",
         by_proc_address: true,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuMemDiscardBatchAsync",
         symbol: c"cuMemDiscardBatchAsync",
         by_proc_address: true,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuMemExportToShareableHandle",
         symbol: c"cuMemExportToShareableHandle",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuMemFreeAsync",
         symbol: c"cuMemFreeAsync",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemFreeHost",
         symbol: c"cuMemFreeHost",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuMemFree",
         symbol: c"cuMemFree_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemGetAccess",
         symbol: c"cuMemGetAccess",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuMemGetAddressRange",
         symbol: c"cuMemGetAddressRange_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemGetAllocationGranularity",
         symbol: c"cuMemGetAllocationGranularity",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuMemGetAllocationPropertiesFromHandle",
         symbol: c"cuMemGetAllocationPropertiesFromHandle",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuMemGetDefaultMemPool",
         symbol: c"cuMemGetDefaultMemPool",
         by_proc_address: true,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuMemGetHandleForAddressRange",
         symbol: c"cuMemGetHandleForAddressRange",
         by_proc_address: true,
+        since: 11070,
     },
     EntryPoint {
         api: c"cuMemGetInfo",
         symbol: c"cuMemGetInfo_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemGetMemPool",
         symbol: c"cuMemGetMemPool",
         by_proc_address: true,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuMemHostAlloc",
         symbol: c"cuMemHostAlloc",
         by_proc_address: true,
+        since: 2020,
     },
     EntryPoint {
         api: c"cuMemHostGetDevicePointer",
         symbol: c"cuMemHostGetDevicePointer_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemHostGetFlags",
         symbol: c"cuMemHostGetFlags",
         by_proc_address: true,
+        since: 2030,
     },
     EntryPoint {
         api: c"cuMemHostRegister",
         symbol: c"cuMemHostRegister_v2",
         by_proc_address: true,
+        since: 6050,
     },
     EntryPoint {
         api: c"cuMemHostUnregister",
         symbol: c"cuMemHostUnregister",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuMemImportFromShareableHandle",
         symbol: c"cuMemImportFromShareableHandle",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuMemMap",
         symbol: c"cuMemMap",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuMemMapArrayAsync",
         symbol: c"cuMemMapArrayAsync",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuMemPoolCreate",
         symbol: c"cuMemPoolCreate",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemPoolDestroy",
         symbol: c"cuMemPoolDestroy",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemPoolExportPointer",
         symbol: c"cuMemPoolExportPointer",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemPoolExportToShareableHandle",
         symbol: c"cuMemPoolExportToShareableHandle",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemPoolGetAccess",
         symbol: c"cuMemPoolGetAccess",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemPoolGetAttribute",
         symbol: c"cuMemPoolGetAttribute",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemPoolImportFromShareableHandle",
         symbol: c"cuMemPoolImportFromShareableHandle",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemPoolImportPointer",
         symbol: c"cuMemPoolImportPointer",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemPoolSetAccess",
         symbol: c"cuMemPoolSetAccess",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemPoolSetAttribute",
         symbol: c"cuMemPoolSetAttribute",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemPoolTrimTo",
         symbol: c"cuMemPoolTrimTo",
         by_proc_address: true,
+        since: 11020,
     },
     EntryPoint {
         api: c"cuMemPrefetchAsync",
         symbol: c"cuMemPrefetchAsync_v2",
         by_proc_address: true,
+        since: 12020,
     },
     EntryPoint {
         api: c"cuMemPrefetchBatchAsync",
         symbol: c"cuMemPrefetchBatchAsync",
         by_proc_address: true,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuMemRangeGetAttribute",
         symbol: c"cuMemRangeGetAttribute",
         by_proc_address: true,
+        since: 8000,
     },
     EntryPoint {
         api: c"cuMemRangeGetAttributes",
         symbol: c"cuMemRangeGetAttributes",
         by_proc_address: true,
+        since: 8000,
     },
     EntryPoint {
         api: c"cuMemRelease",
         symbol: c"cuMemRelease",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuMemRetainAllocationHandle",
         symbol: c"cuMemRetainAllocationHandle",
         by_proc_address: true,
+        since: 11000,
     },
     EntryPoint {
         api: c"cuMemSetAccess",
         symbol: c"cuMemSetAccess",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuMemSetMemPool",
         symbol: c"cuMemSetMemPool",
         by_proc_address: true,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuMemUnmap",
         symbol: c"cuMemUnmap",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuMemcpy",
         symbol: c"cuMemcpy",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuMemcpy2DAsync",
         symbol: c"cuMemcpy2DAsync_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpy2DUnaligned",
         symbol: c"cuMemcpy2DUnaligned_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpy2D",
         symbol: c"cuMemcpy2D_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpy3DAsync",
         symbol: c"cuMemcpy3DAsync_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpy3DBatchAsync",
         symbol: c"cuMemcpy3DBatchAsync_v2",
         by_proc_address: true,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuMemcpy3DPeer",
         symbol: c"cuMemcpy3DPeer",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuMemcpy3DPeerAsync",
         symbol: c"cuMemcpy3DPeerAsync",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuMemcpy3D",
         symbol: c"cuMemcpy3D_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyAsync",
         symbol: c"cuMemcpyAsync",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuMemcpyAtoA",
         symbol: c"cuMemcpyAtoA_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyAtoD",
         symbol: c"cuMemcpyAtoD_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyAtoHAsync",
         symbol: c"cuMemcpyAtoHAsync_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyAtoH",
         symbol: c"cuMemcpyAtoH_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyBatchAsync",
         symbol: c"cuMemcpyBatchAsync_v2",
         by_proc_address: true,
+        since: 13000,
     },
     EntryPoint {
         api: c"cuMemcpyDtoA",
         symbol: c"cuMemcpyDtoA_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyDtoDAsync",
         symbol: c"cuMemcpyDtoDAsync_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyDtoD",
         symbol: c"cuMemcpyDtoD_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyDtoHAsync",
         symbol: c"cuMemcpyDtoHAsync_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyDtoH",
         symbol: c"cuMemcpyDtoH_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyHtoAAsync",
         symbol: c"cuMemcpyHtoAAsync_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyHtoA",
         symbol: c"cuMemcpyHtoA_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyHtoDAsync",
         symbol: c"cuMemcpyHtoDAsync_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyHtoD",
         symbol: c"cuMemcpyHtoD_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemcpyPeer",
         symbol: c"cuMemcpyPeer",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuMemcpyPeerAsync",
         symbol: c"cuMemcpyPeerAsync",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuMemsetD16Async",
         symbol: c"cuMemsetD16Async",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemsetD16",
         symbol: c"cuMemsetD16_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemsetD2D16Async",
         symbol: c"cuMemsetD2D16Async",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemsetD2D16",
         symbol: c"cuMemsetD2D16_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemsetD2D32Async",
         symbol: c"cuMemsetD2D32Async",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemsetD2D32",
         symbol: c"cuMemsetD2D32_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemsetD2D8Async",
         symbol: c"cuMemsetD2D8Async",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemsetD2D8",
         symbol: c"cuMemsetD2D8_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemsetD32Async",
         symbol: c"cuMemsetD32Async",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemsetD32",
         symbol: c"cuMemsetD32_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemsetD8Async",
         symbol: c"cuMemsetD8Async",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMemsetD8",
         symbol: c"cuMemsetD8_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuMipmappedArrayCreate",
         symbol: c"cuMipmappedArrayCreate",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuMipmappedArrayDestroy",
         symbol: c"cuMipmappedArrayDestroy",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuMipmappedArrayGetLevel",
         symbol: c"cuMipmappedArrayGetLevel",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuMipmappedArrayGetMemoryRequirements",
         symbol: c"cuMipmappedArrayGetMemoryRequirements",
         by_proc_address: true,
+        since: 11060,
     },
     EntryPoint {
         api: c"cuMipmappedArrayGetSparseProperties",
         symbol: c"cuMipmappedArrayGetSparseProperties",
         by_proc_address: true,
+        since: 11010,
     },
     EntryPoint {
         api: c"cuModuleEnumerateFunctions",
         symbol: c"cuModuleEnumerateFunctions",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuModuleGetFunction",
         symbol: c"cuModuleGetFunction",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuModuleGetFunctionCount",
         symbol: c"cuModuleGetFunctionCount",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuModuleGetGlobal",
         symbol: c"cuModuleGetGlobal_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuModuleGetLoadingMode",
         symbol: c"cuModuleGetLoadingMode",
         by_proc_address: true,
+        since: 11070,
     },
     EntryPoint {
         api: c"cuModuleGetSurfRef",
         symbol: c"cuModuleGetSurfRef",
         by_proc_address: true,
+        since: 3000,
     },
     EntryPoint {
         api: c"cuModuleGetTexRef",
         symbol: c"cuModuleGetTexRef",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuModuleLoad",
         symbol: c"cuModuleLoad",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuModuleLoadData",
         symbol: c"cuModuleLoadData",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuModuleLoadDataEx",
         symbol: c"cuModuleLoadDataEx",
         by_proc_address: true,
+        since: 2010,
     },
     EntryPoint {
         api: c"cuModuleLoadFatBinary",
         symbol: c"cuModuleLoadFatBinary",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuModuleUnload",
         symbol: c"cuModuleUnload",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuMulticastAddDevice",
         symbol: c"cuMulticastAddDevice",
         by_proc_address: true,
+        since: 12010,
     },
     EntryPoint {
         api: c"cuMulticastBindAddr",
         symbol: c"cuMulticastBindAddr",
         by_proc_address: true,
+        since: 12010,
     },
     EntryPoint {
         api: c"cuMulticastBindMem",
         symbol: c"cuMulticastBindMem",
         by_proc_address: true,
+        since: 12010,
     },
     EntryPoint {
         api: c"cuMulticastCreate",
         symbol: c"cuMulticastCreate",
         by_proc_address: true,
+        since: 12010,
     },
     EntryPoint {
         api: c"cuMulticastGetGranularity",
         symbol: c"cuMulticastGetGranularity",
         by_proc_address: true,
+        since: 12010,
     },
     EntryPoint {
         api: c"cuMulticastUnbind",
         symbol: c"cuMulticastUnbind",
         by_proc_address: true,
+        since: 12010,
     },
     EntryPoint {
         api: c"cuOccupancyAvailableDynamicSMemPerBlock",
         symbol: c"cuOccupancyAvailableDynamicSMemPerBlock",
         by_proc_address: true,
+        since: 10020,
     },
     EntryPoint {
         api: c"cuOccupancyMaxActiveBlocksPerMultiprocessor",
         symbol: c"cuOccupancyMaxActiveBlocksPerMultiprocessor",
         by_proc_address: true,
+        since: 6050,
     },
     EntryPoint {
         api: c"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
         symbol: c"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
         by_proc_address: true,
+        since: 7000,
     },
     EntryPoint {
         api: c"cuOccupancyMaxActiveClusters",
         symbol: c"cuOccupancyMaxActiveClusters",
         by_proc_address: true,
+        since: 11070,
     },
     EntryPoint {
         api: c"cuOccupancyMaxPotentialBlockSize",
         symbol: c"cuOccupancyMaxPotentialBlockSize",
         by_proc_address: true,
+        since: 6050,
     },
     EntryPoint {
         api: c"cuOccupancyMaxPotentialBlockSizeWithFlags",
         symbol: c"cuOccupancyMaxPotentialBlockSizeWithFlags",
         by_proc_address: true,
+        since: 7000,
     },
     EntryPoint {
         api: c"cuOccupancyMaxPotentialClusterSize",
         symbol: c"cuOccupancyMaxPotentialClusterSize",
         by_proc_address: true,
+        since: 11070,
     },
     EntryPoint {
         api: c"cuParamSetSize",
         symbol: c"cuParamSetSize",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuParamSetTexRef",
         symbol: c"cuParamSetTexRef",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuParamSetf",
         symbol: c"cuParamSetf",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuParamSeti",
         symbol: c"cuParamSeti",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuParamSetv",
         symbol: c"cuParamSetv",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuPointerGetAttribute",
         symbol: c"cuPointerGetAttribute",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuPointerGetAttributes",
         symbol: c"cuPointerGetAttributes",
         by_proc_address: true,
+        since: 7000,
     },
     EntryPoint {
         api: c"cuPointerSetAttribute",
         symbol: c"cuPointerSetAttribute",
         by_proc_address: true,
+        since: 6000,
     },
     EntryPoint {
         api: c"cuProfilerStart",
         symbol: c"cuProfilerStart",
         by_proc_address: true,
+        since: 0,
     },
     EntryPoint {
         api: c"cuProfilerStop",
         symbol: c"cuProfilerStop",
         by_proc_address: true,
+        since: 0,
     },
     EntryPoint {
         api: c"cuSignalExternalSemaphoresAsync",
         symbol: c"cuSignalExternalSemaphoresAsync",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuStreamAddCallback",
         symbol: c"cuStreamAddCallback",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuStreamAttachMemAsync",
         symbol: c"cuStreamAttachMemAsync",
         by_proc_address: true,
+        since: 6000,
     },
     EntryPoint {
         api: c"cuStreamBatchMemOp",
         symbol: c"cuStreamBatchMemOp_v2",
         by_proc_address: true,
+        since: 11070,
     },
     EntryPoint {
         api: c"cuStreamBeginCaptureToGraph",
         symbol: c"cuStreamBeginCaptureToGraph",
         by_proc_address: true,
+        since: 12030,
     },
     EntryPoint {
         api: c"cuStreamBeginCapture",
         symbol: c"cuStreamBeginCapture_v2",
         by_proc_address: true,
+        since: 10010,
     },
     EntryPoint {
         api: c"cuStreamCopyAttributes",
         symbol: c"cuStreamCopyAttributes",
         by_proc_address: true,
+        since: 11000,
     },
     EntryPoint {
         api: c"cuStreamCreate",
         symbol: c"cuStreamCreate",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuStreamCreateWithPriority",
         symbol: c"cuStreamCreateWithPriority",
         by_proc_address: true,
+        since: 5050,
     },
     EntryPoint {
         api: c"cuStreamDestroy",
         symbol: c"cuStreamDestroy_v2",
         by_proc_address: true,
+        since: 4000,
     },
     EntryPoint {
         api: c"cuStreamEndCapture",
         symbol: c"cuStreamEndCapture",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuStreamGetAttribute",
         symbol: c"cuStreamGetAttribute",
         by_proc_address: true,
+        since: 11000,
     },
     EntryPoint {
         api: c"cuStreamGetCaptureInfo",
         symbol: c"cuStreamGetCaptureInfo_v3",
         by_proc_address: true,
+        since: 12030,
     },
     EntryPoint {
         api: c"cuStreamGetCtx",
         symbol: c"cuStreamGetCtx",
         by_proc_address: false,
+        since: 9020,
     },
     EntryPoint {
         api: c"cuStreamGetCtx_v2",
         symbol: c"cuStreamGetCtx_v2",
         by_proc_address: false,
+        since: 12050,
     },
     EntryPoint {
         api: c"cuStreamGetDevice",
         symbol: c"cuStreamGetDevice",
         by_proc_address: true,
+        since: 12080,
     },
     EntryPoint {
         api: c"cuStreamGetFlags",
         symbol: c"cuStreamGetFlags",
         by_proc_address: true,
+        since: 5050,
     },
     EntryPoint {
         api: c"cuStreamGetGreenCtx",
         symbol: c"cuStreamGetGreenCtx",
         by_proc_address: true,
+        since: 12040,
     },
     EntryPoint {
         api: c"cuStreamGetId",
         symbol: c"cuStreamGetId",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuStreamGetPriority",
         symbol: c"cuStreamGetPriority",
         by_proc_address: true,
+        since: 5050,
     },
     EntryPoint {
         api: c"cuStreamIsCapturing",
         symbol: c"cuStreamIsCapturing",
         by_proc_address: true,
+        since: 10000,
     },
     EntryPoint {
         api: c"cuStreamQuery",
         symbol: c"cuStreamQuery",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuStreamSetAttribute",
         symbol: c"cuStreamSetAttribute",
         by_proc_address: true,
+        since: 11000,
     },
     EntryPoint {
         api: c"cuStreamSynchronize",
         symbol: c"cuStreamSynchronize",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuStreamUpdateCaptureDependencies",
         symbol: c"cuStreamUpdateCaptureDependencies_v2",
         by_proc_address: true,
+        since: 12030,
     },
     EntryPoint {
         api: c"cuStreamWaitEvent",
         symbol: c"cuStreamWaitEvent",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuStreamWaitValue32",
         symbol: c"cuStreamWaitValue32_v2",
         by_proc_address: true,
+        since: 11070,
     },
     EntryPoint {
         api: c"cuStreamWaitValue64",
         symbol: c"cuStreamWaitValue64_v2",
         by_proc_address: true,
+        since: 11070,
     },
     EntryPoint {
         api: c"cuStreamWriteValue32",
         symbol: c"cuStreamWriteValue32_v2",
         by_proc_address: true,
+        since: 11070,
     },
     EntryPoint {
         api: c"cuStreamWriteValue64",
         symbol: c"cuStreamWriteValue64_v2",
         by_proc_address: true,
+        since: 11070,
     },
     EntryPoint {
         api: c"cuSurfObjectCreate",
         symbol: c"cuSurfObjectCreate",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuSurfObjectDestroy",
         symbol: c"cuSurfObjectDestroy",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuSurfObjectGetResourceDesc",
         symbol: c"cuSurfObjectGetResourceDesc",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuSurfRefGetArray",
         symbol: c"cuSurfRefGetArray",
         by_proc_address: true,
+        since: 3000,
     },
     EntryPoint {
         api: c"cuSurfRefSetArray",
         symbol: c"cuSurfRefSetArray",
         by_proc_address: true,
+        since: 3000,
     },
     EntryPoint {
         api: c"cuTensorMapEncodeIm2col",
         symbol: c"cuTensorMapEncodeIm2col",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuTensorMapEncodeIm2colWide",
         symbol: c"cuTensorMapEncodeIm2colWide",
         by_proc_address: true,
+        since: 12080,
     },
     EntryPoint {
         api: c"cuTensorMapEncodeTiled",
         symbol: c"cuTensorMapEncodeTiled",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuTensorMapReplaceAddress",
         symbol: c"cuTensorMapReplaceAddress",
         by_proc_address: true,
+        since: 12000,
     },
     EntryPoint {
         api: c"cuTexObjectCreate",
         symbol: c"cuTexObjectCreate",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexObjectDestroy",
         symbol: c"cuTexObjectDestroy",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexObjectGetResourceDesc",
         symbol: c"cuTexObjectGetResourceDesc",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexObjectGetResourceViewDesc",
         symbol: c"cuTexObjectGetResourceViewDesc",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexObjectGetTextureDesc",
         symbol: c"cuTexObjectGetTextureDesc",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexRefCreate",
         symbol: c"cuTexRefCreate",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuTexRefDestroy",
         symbol: c"cuTexRefDestroy",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuTexRefGetAddressMode",
         symbol: c"cuTexRefGetAddressMode",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuTexRefGetAddress",
         symbol: c"cuTexRefGetAddress_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuTexRefGetArray",
         symbol: c"cuTexRefGetArray",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuTexRefGetBorderColor",
         symbol: c"cuTexRefGetBorderColor",
         by_proc_address: true,
+        since: 8000,
     },
     EntryPoint {
         api: c"cuTexRefGetFilterMode",
         symbol: c"cuTexRefGetFilterMode",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuTexRefGetFlags",
         symbol: c"cuTexRefGetFlags",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuTexRefGetFormat",
         symbol: c"cuTexRefGetFormat",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuTexRefGetMaxAnisotropy",
         symbol: c"cuTexRefGetMaxAnisotropy",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexRefGetMipmapFilterMode",
         symbol: c"cuTexRefGetMipmapFilterMode",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexRefGetMipmapLevelBias",
         symbol: c"cuTexRefGetMipmapLevelBias",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexRefGetMipmapLevelClamp",
         symbol: c"cuTexRefGetMipmapLevelClamp",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexRefGetMipmappedArray",
         symbol: c"cuTexRefGetMipmappedArray",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexRefSetAddress2D",
         symbol: c"cuTexRefSetAddress2D_v3",
         by_proc_address: true,
+        since: 4010,
     },
     EntryPoint {
         api: c"cuTexRefSetAddressMode",
         symbol: c"cuTexRefSetAddressMode",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuTexRefSetAddress",
         symbol: c"cuTexRefSetAddress_v2",
         by_proc_address: true,
+        since: 3020,
     },
     EntryPoint {
         api: c"cuTexRefSetArray",
         symbol: c"cuTexRefSetArray",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuTexRefSetBorderColor",
         symbol: c"cuTexRefSetBorderColor",
         by_proc_address: true,
+        since: 8000,
     },
     EntryPoint {
         api: c"cuTexRefSetFilterMode",
         symbol: c"cuTexRefSetFilterMode",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuTexRefSetFlags",
         symbol: c"cuTexRefSetFlags",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuTexRefSetFormat",
         symbol: c"cuTexRefSetFormat",
         by_proc_address: true,
+        since: 2000,
     },
     EntryPoint {
         api: c"cuTexRefSetMaxAnisotropy",
         symbol: c"cuTexRefSetMaxAnisotropy",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexRefSetMipmapFilterMode",
         symbol: c"cuTexRefSetMipmapFilterMode",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexRefSetMipmapLevelBias",
         symbol: c"cuTexRefSetMipmapLevelBias",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexRefSetMipmapLevelClamp",
         symbol: c"cuTexRefSetMipmapLevelClamp",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuTexRefSetMipmappedArray",
         symbol: c"cuTexRefSetMipmappedArray",
         by_proc_address: true,
+        since: 5000,
     },
     EntryPoint {
         api: c"cuThreadExchangeStreamCaptureMode",
         symbol: c"cuThreadExchangeStreamCaptureMode",
         by_proc_address: true,
+        since: 10010,
     },
     EntryPoint {
         api: c"cuUserObjectCreate",
         symbol: c"cuUserObjectCreate",
         by_proc_address: true,
+        since: 11030,
     },
     EntryPoint {
         api: c"cuUserObjectRelease",
         symbol: c"cuUserObjectRelease",
         by_proc_address: true,
+        since: 11030,
     },
     EntryPoint {
         api: c"cuUserObjectRetain",
         symbol: c"cuUserObjectRetain",
         by_proc_address: true,
+        since: 11030,
     },
     EntryPoint {
         api: c"cuWaitExternalSemaphoresAsync",
         symbol: c"cuWaitExternalSemaphoresAsync",
         by_proc_address: true,
+        since: 10000,
     },
 ];
 /// The driver's entry points, resolved once when the library is loaded. `None` marks
 /// one the loaded library does not have.
 #[derive(Clone, Copy)]
 pub struct DriverTable {
-    /// `cuArray3DCreate_v2` (API name `cuArray3DCreate`).
+    /// `cuArray3DCreate_v2` (API name `cuArray3DCreate`, ABI of CUDA 3.2).
     pub cuArray3DCreate: Option<pfn::cuArray3DCreate>,
-    /// `cuArray3DGetDescriptor_v2` (API name `cuArray3DGetDescriptor`).
+    /// `cuArray3DGetDescriptor_v2` (API name `cuArray3DGetDescriptor`, ABI of CUDA 3.2).
     pub cuArray3DGetDescriptor: Option<pfn::cuArray3DGetDescriptor>,
-    /// `cuArrayCreate_v2` (API name `cuArrayCreate`).
+    /// `cuArrayCreate_v2` (API name `cuArrayCreate`, ABI of CUDA 3.2).
     pub cuArrayCreate: Option<pfn::cuArrayCreate>,
-    /// `cuArrayDestroy` (API name `cuArrayDestroy`).
+    /// `cuArrayDestroy` (API name `cuArrayDestroy`, ABI of CUDA 2.0).
     pub cuArrayDestroy: Option<pfn::cuArrayDestroy>,
-    /// `cuArrayGetDescriptor_v2` (API name `cuArrayGetDescriptor`).
+    /// `cuArrayGetDescriptor_v2` (API name `cuArrayGetDescriptor`, ABI of CUDA 3.2).
     pub cuArrayGetDescriptor: Option<pfn::cuArrayGetDescriptor>,
-    /// `cuArrayGetMemoryRequirements` (API name `cuArrayGetMemoryRequirements`).
+    /// `cuArrayGetMemoryRequirements` (API name `cuArrayGetMemoryRequirements`, ABI of CUDA 11.6).
     pub cuArrayGetMemoryRequirements: Option<pfn::cuArrayGetMemoryRequirements>,
-    /// `cuArrayGetPlane` (API name `cuArrayGetPlane`).
+    /// `cuArrayGetPlane` (API name `cuArrayGetPlane`, ABI of CUDA 11.2).
     pub cuArrayGetPlane: Option<pfn::cuArrayGetPlane>,
-    /// `cuArrayGetSparseProperties` (API name `cuArrayGetSparseProperties`).
+    /// `cuArrayGetSparseProperties` (API name `cuArrayGetSparseProperties`, ABI of CUDA 11.1).
     pub cuArrayGetSparseProperties: Option<pfn::cuArrayGetSparseProperties>,
-    /// `cuCheckpointProcessCheckpoint` (API name `cuCheckpointProcessCheckpoint`).
+    /// `cuCheckpointProcessCheckpoint` (API name `cuCheckpointProcessCheckpoint`, ABI of CUDA 12.8).
     pub cuCheckpointProcessCheckpoint: Option<pfn::cuCheckpointProcessCheckpoint>,
-    /// `cuCheckpointProcessGetRestoreThreadId` (API name `cuCheckpointProcessGetRestoreThreadId`).
+    /// `cuCheckpointProcessGetRestoreThreadId` (API name `cuCheckpointProcessGetRestoreThreadId`, ABI of CUDA 12.8).
     pub cuCheckpointProcessGetRestoreThreadId: Option<
         pfn::cuCheckpointProcessGetRestoreThreadId,
     >,
-    /// `cuCheckpointProcessGetState` (API name `cuCheckpointProcessGetState`).
+    /// `cuCheckpointProcessGetState` (API name `cuCheckpointProcessGetState`, ABI of CUDA 12.8).
     pub cuCheckpointProcessGetState: Option<pfn::cuCheckpointProcessGetState>,
-    /// `cuCheckpointProcessLock` (API name `cuCheckpointProcessLock`).
+    /// `cuCheckpointProcessLock` (API name `cuCheckpointProcessLock`, ABI of CUDA 12.8).
     pub cuCheckpointProcessLock: Option<pfn::cuCheckpointProcessLock>,
-    /// `cuCheckpointProcessRestore` (API name `cuCheckpointProcessRestore`).
+    /// `cuCheckpointProcessRestore` (API name `cuCheckpointProcessRestore`, ABI of CUDA 12.8).
     pub cuCheckpointProcessRestore: Option<pfn::cuCheckpointProcessRestore>,
-    /// `cuCheckpointProcessUnlock` (API name `cuCheckpointProcessUnlock`).
+    /// `cuCheckpointProcessUnlock` (API name `cuCheckpointProcessUnlock`, ABI of CUDA 12.8).
     pub cuCheckpointProcessUnlock: Option<pfn::cuCheckpointProcessUnlock>,
-    /// `cuCoredumpGetAttribute` (API name `cuCoredumpGetAttribute`).
+    /// `cuCoredumpGetAttribute` (API name `cuCoredumpGetAttribute`, ABI of CUDA 12.1).
     pub cuCoredumpGetAttribute: Option<pfn::cuCoredumpGetAttribute>,
-    /// `cuCoredumpGetAttributeGlobal` (API name `cuCoredumpGetAttributeGlobal`).
+    /// `cuCoredumpGetAttributeGlobal` (API name `cuCoredumpGetAttributeGlobal`, ABI of CUDA 12.1).
     pub cuCoredumpGetAttributeGlobal: Option<pfn::cuCoredumpGetAttributeGlobal>,
-    /// `cuCoredumpSetAttribute` (API name `cuCoredumpSetAttribute`).
+    /// `cuCoredumpSetAttribute` (API name `cuCoredumpSetAttribute`, ABI of CUDA 12.1).
     pub cuCoredumpSetAttribute: Option<pfn::cuCoredumpSetAttribute>,
-    /// `cuCoredumpSetAttributeGlobal` (API name `cuCoredumpSetAttributeGlobal`).
+    /// `cuCoredumpSetAttributeGlobal` (API name `cuCoredumpSetAttributeGlobal`, ABI of CUDA 12.1).
     pub cuCoredumpSetAttributeGlobal: Option<pfn::cuCoredumpSetAttributeGlobal>,
-    /// `cuCtxAttach` (API name `cuCtxAttach`).
+    /// `cuCtxAttach` (API name `cuCtxAttach`, ABI of CUDA 2.0).
     pub cuCtxAttach: Option<pfn::cuCtxAttach>,
-    /// `cuCtxCreate_v4` (API name `cuCtxCreate`).
+    /// `cuCtxCreate_v4` (API name `cuCtxCreate`, ABI of CUDA 12.5).
     pub cuCtxCreate: Option<pfn::cuCtxCreate>,
-    /// `cuCtxDestroy_v2` (API name `cuCtxDestroy`).
+    /// `cuCtxDestroy_v2` (API name `cuCtxDestroy`, ABI of CUDA 4.0).
     pub cuCtxDestroy: Option<pfn::cuCtxDestroy>,
-    /// `cuCtxDetach` (API name `cuCtxDetach`).
+    /// `cuCtxDetach` (API name `cuCtxDetach`, ABI of CUDA 2.0).
     pub cuCtxDetach: Option<pfn::cuCtxDetach>,
-    /// `cuCtxDisablePeerAccess` (API name `cuCtxDisablePeerAccess`).
+    /// `cuCtxDisablePeerAccess` (API name `cuCtxDisablePeerAccess`, ABI of CUDA 4.0).
     pub cuCtxDisablePeerAccess: Option<pfn::cuCtxDisablePeerAccess>,
-    /// `cuCtxEnablePeerAccess` (API name `cuCtxEnablePeerAccess`).
+    /// `cuCtxEnablePeerAccess` (API name `cuCtxEnablePeerAccess`, ABI of CUDA 4.0).
     pub cuCtxEnablePeerAccess: Option<pfn::cuCtxEnablePeerAccess>,
-    /// `cuCtxFromGreenCtx` (API name `cuCtxFromGreenCtx`).
+    /// `cuCtxFromGreenCtx` (API name `cuCtxFromGreenCtx`, ABI of CUDA 12.4).
     pub cuCtxFromGreenCtx: Option<pfn::cuCtxFromGreenCtx>,
-    /// `cuCtxGetApiVersion` (API name `cuCtxGetApiVersion`).
+    /// `cuCtxGetApiVersion` (API name `cuCtxGetApiVersion`, ABI of CUDA 3.2).
     pub cuCtxGetApiVersion: Option<pfn::cuCtxGetApiVersion>,
-    /// `cuCtxGetCacheConfig` (API name `cuCtxGetCacheConfig`).
+    /// `cuCtxGetCacheConfig` (API name `cuCtxGetCacheConfig`, ABI of CUDA 3.2).
     pub cuCtxGetCacheConfig: Option<pfn::cuCtxGetCacheConfig>,
-    /// `cuCtxGetCurrent` (API name `cuCtxGetCurrent`).
+    /// `cuCtxGetCurrent` (API name `cuCtxGetCurrent`, ABI of CUDA 4.0).
     pub cuCtxGetCurrent: Option<pfn::cuCtxGetCurrent>,
-    /// `cuCtxGetDevResource` (API name `cuCtxGetDevResource`).
+    /// `cuCtxGetDevResource` (API name `cuCtxGetDevResource`, ABI of CUDA 12.4).
     pub cuCtxGetDevResource: Option<pfn::cuCtxGetDevResource>,
-    /// `cuCtxGetDevice` (API name `cuCtxGetDevice`).
+    /// `cuCtxGetDevice` (API name `cuCtxGetDevice`, ABI of CUDA 2.0).
     pub cuCtxGetDevice: Option<pfn::cuCtxGetDevice>,
-    /// `cuCtxGetDevice_v2` (API name `cuCtxGetDevice_v2`).
+    /// `cuCtxGetDevice_v2` (API name `cuCtxGetDevice_v2`, ABI of CUDA 13.0).
     pub cuCtxGetDevice_v2: Option<pfn::cuCtxGetDevice_v2>,
-    /// `cuCtxGetExecAffinity` (API name `cuCtxGetExecAffinity`).
+    /// `cuCtxGetExecAffinity` (API name `cuCtxGetExecAffinity`, ABI of CUDA 11.4).
     pub cuCtxGetExecAffinity: Option<pfn::cuCtxGetExecAffinity>,
-    /// `cuCtxGetFlags` (API name `cuCtxGetFlags`).
+    /// `cuCtxGetFlags` (API name `cuCtxGetFlags`, ABI of CUDA 7.0).
     pub cuCtxGetFlags: Option<pfn::cuCtxGetFlags>,
-    /// `cuCtxGetId` (API name `cuCtxGetId`).
+    /// `cuCtxGetId` (API name `cuCtxGetId`, ABI of CUDA 12.0).
     pub cuCtxGetId: Option<pfn::cuCtxGetId>,
-    /// `cuCtxGetLimit` (API name `cuCtxGetLimit`).
+    /// `cuCtxGetLimit` (API name `cuCtxGetLimit`, ABI of CUDA 3.1).
     pub cuCtxGetLimit: Option<pfn::cuCtxGetLimit>,
-    /// `cuCtxGetSharedMemConfig` (API name `cuCtxGetSharedMemConfig`).
+    /// `cuCtxGetSharedMemConfig` (API name `cuCtxGetSharedMemConfig`, ABI of CUDA 4.2).
     pub cuCtxGetSharedMemConfig: Option<pfn::cuCtxGetSharedMemConfig>,
-    /// `cuCtxGetStreamPriorityRange` (API name `cuCtxGetStreamPriorityRange`).
+    /// `cuCtxGetStreamPriorityRange` (API name `cuCtxGetStreamPriorityRange`, ABI of CUDA 5.5).
     pub cuCtxGetStreamPriorityRange: Option<pfn::cuCtxGetStreamPriorityRange>,
-    /// `cuCtxPopCurrent_v2` (API name `cuCtxPopCurrent`).
+    /// `cuCtxPopCurrent_v2` (API name `cuCtxPopCurrent`, ABI of CUDA 4.0).
     pub cuCtxPopCurrent: Option<pfn::cuCtxPopCurrent>,
-    /// `cuCtxPushCurrent_v2` (API name `cuCtxPushCurrent`).
+    /// `cuCtxPushCurrent_v2` (API name `cuCtxPushCurrent`, ABI of CUDA 4.0).
     pub cuCtxPushCurrent: Option<pfn::cuCtxPushCurrent>,
-    /// `cuCtxRecordEvent` (API name `cuCtxRecordEvent`).
+    /// `cuCtxRecordEvent` (API name `cuCtxRecordEvent`, ABI of CUDA 12.5).
     pub cuCtxRecordEvent: Option<pfn::cuCtxRecordEvent>,
-    /// `cuCtxResetPersistingL2Cache` (API name `cuCtxResetPersistingL2Cache`).
+    /// `cuCtxResetPersistingL2Cache` (API name `cuCtxResetPersistingL2Cache`, ABI of CUDA 11.0).
     pub cuCtxResetPersistingL2Cache: Option<pfn::cuCtxResetPersistingL2Cache>,
-    /// `cuCtxSetCacheConfig` (API name `cuCtxSetCacheConfig`).
+    /// `cuCtxSetCacheConfig` (API name `cuCtxSetCacheConfig`, ABI of CUDA 3.2).
     pub cuCtxSetCacheConfig: Option<pfn::cuCtxSetCacheConfig>,
-    /// `cuCtxSetCurrent` (API name `cuCtxSetCurrent`).
+    /// `cuCtxSetCurrent` (API name `cuCtxSetCurrent`, ABI of CUDA 4.0).
     pub cuCtxSetCurrent: Option<pfn::cuCtxSetCurrent>,
-    /// `cuCtxSetFlags` (API name `cuCtxSetFlags`).
+    /// `cuCtxSetFlags` (API name `cuCtxSetFlags`, ABI of CUDA 12.1).
     pub cuCtxSetFlags: Option<pfn::cuCtxSetFlags>,
-    /// `cuCtxSetLimit` (API name `cuCtxSetLimit`).
+    /// `cuCtxSetLimit` (API name `cuCtxSetLimit`, ABI of CUDA 3.1).
     pub cuCtxSetLimit: Option<pfn::cuCtxSetLimit>,
-    /// `cuCtxSetSharedMemConfig` (API name `cuCtxSetSharedMemConfig`).
+    /// `cuCtxSetSharedMemConfig` (API name `cuCtxSetSharedMemConfig`, ABI of CUDA 4.2).
     pub cuCtxSetSharedMemConfig: Option<pfn::cuCtxSetSharedMemConfig>,
-    /// `cuCtxSynchronize` (API name `cuCtxSynchronize`).
+    /// `cuCtxSynchronize` (API name `cuCtxSynchronize`, ABI of CUDA 2.0).
     pub cuCtxSynchronize: Option<pfn::cuCtxSynchronize>,
-    /// `cuCtxSynchronize_v2` (API name `cuCtxSynchronize_v2`).
+    /// `cuCtxSynchronize_v2` (API name `cuCtxSynchronize_v2`, ABI of CUDA 13.0).
     pub cuCtxSynchronize_v2: Option<pfn::cuCtxSynchronize_v2>,
-    /// `cuCtxWaitEvent` (API name `cuCtxWaitEvent`).
+    /// `cuCtxWaitEvent` (API name `cuCtxWaitEvent`, ABI of CUDA 12.5).
     pub cuCtxWaitEvent: Option<pfn::cuCtxWaitEvent>,
-    /// `cuDestroyExternalMemory` (API name `cuDestroyExternalMemory`).
+    /// `cuDestroyExternalMemory` (API name `cuDestroyExternalMemory`, ABI of CUDA 10.0).
     pub cuDestroyExternalMemory: Option<pfn::cuDestroyExternalMemory>,
-    /// `cuDestroyExternalSemaphore` (API name `cuDestroyExternalSemaphore`).
+    /// `cuDestroyExternalSemaphore` (API name `cuDestroyExternalSemaphore`, ABI of CUDA 10.0).
     pub cuDestroyExternalSemaphore: Option<pfn::cuDestroyExternalSemaphore>,
-    /// `cuDevResourceGenerateDesc` (API name `cuDevResourceGenerateDesc`).
+    /// `cuDevResourceGenerateDesc` (API name `cuDevResourceGenerateDesc`, ABI of CUDA 12.4).
     pub cuDevResourceGenerateDesc: Option<pfn::cuDevResourceGenerateDesc>,
-    /// `cuDevSmResourceSplitByCount` (API name `cuDevSmResourceSplitByCount`).
+    /// `cuDevSmResourceSplitByCount` (API name `cuDevSmResourceSplitByCount`, ABI of CUDA 12.4).
     pub cuDevSmResourceSplitByCount: Option<pfn::cuDevSmResourceSplitByCount>,
-    /// `cuDeviceCanAccessPeer` (API name `cuDeviceCanAccessPeer`).
+    /// `cuDeviceCanAccessPeer` (API name `cuDeviceCanAccessPeer`, ABI of CUDA 4.0).
     pub cuDeviceCanAccessPeer: Option<pfn::cuDeviceCanAccessPeer>,
-    /// `cuDeviceComputeCapability` (API name `cuDeviceComputeCapability`).
+    /// `cuDeviceComputeCapability` (API name `cuDeviceComputeCapability`, ABI of CUDA 2.0).
     pub cuDeviceComputeCapability: Option<pfn::cuDeviceComputeCapability>,
-    /// `cuDeviceGet` (API name `cuDeviceGet`).
+    /// `cuDeviceGet` (API name `cuDeviceGet`, ABI of CUDA 2.0).
     pub cuDeviceGet: Option<pfn::cuDeviceGet>,
-    /// `cuDeviceGetAttribute` (API name `cuDeviceGetAttribute`).
+    /// `cuDeviceGetAttribute` (API name `cuDeviceGetAttribute`, ABI of CUDA 2.0).
     pub cuDeviceGetAttribute: Option<pfn::cuDeviceGetAttribute>,
-    /// `cuDeviceGetByPCIBusId` (API name `cuDeviceGetByPCIBusId`).
+    /// `cuDeviceGetByPCIBusId` (API name `cuDeviceGetByPCIBusId`, ABI of CUDA 4.1).
     pub cuDeviceGetByPCIBusId: Option<pfn::cuDeviceGetByPCIBusId>,
-    /// `cuDeviceGetCount` (API name `cuDeviceGetCount`).
+    /// `cuDeviceGetCount` (API name `cuDeviceGetCount`, ABI of CUDA 2.0).
     pub cuDeviceGetCount: Option<pfn::cuDeviceGetCount>,
-    /// `cuDeviceGetDefaultMemPool` (API name `cuDeviceGetDefaultMemPool`).
+    /// `cuDeviceGetDefaultMemPool` (API name `cuDeviceGetDefaultMemPool`, ABI of CUDA 11.2).
     pub cuDeviceGetDefaultMemPool: Option<pfn::cuDeviceGetDefaultMemPool>,
-    /// `cuDeviceGetDevResource` (API name `cuDeviceGetDevResource`).
+    /// `cuDeviceGetDevResource` (API name `cuDeviceGetDevResource`, ABI of CUDA 12.4).
     pub cuDeviceGetDevResource: Option<pfn::cuDeviceGetDevResource>,
-    /// `cuDeviceGetExecAffinitySupport` (API name `cuDeviceGetExecAffinitySupport`).
+    /// `cuDeviceGetExecAffinitySupport` (API name `cuDeviceGetExecAffinitySupport`, ABI of CUDA 11.4).
     pub cuDeviceGetExecAffinitySupport: Option<pfn::cuDeviceGetExecAffinitySupport>,
-    /// `cuDeviceGetGraphMemAttribute` (API name `cuDeviceGetGraphMemAttribute`).
+    /// `cuDeviceGetGraphMemAttribute` (API name `cuDeviceGetGraphMemAttribute`, ABI of CUDA 11.4).
     pub cuDeviceGetGraphMemAttribute: Option<pfn::cuDeviceGetGraphMemAttribute>,
-    /// `cuDeviceGetHostAtomicCapabilities` (API name `cuDeviceGetHostAtomicCapabilities`).
+    /// `cuDeviceGetHostAtomicCapabilities` (API name `cuDeviceGetHostAtomicCapabilities`, ABI of CUDA 13.0).
     pub cuDeviceGetHostAtomicCapabilities: Option<
         pfn::cuDeviceGetHostAtomicCapabilities,
     >,
-    /// `cuDeviceGetLuid` (API name `cuDeviceGetLuid`).
+    /// `cuDeviceGetLuid` (API name `cuDeviceGetLuid`, ABI of CUDA 10.0).
     pub cuDeviceGetLuid: Option<pfn::cuDeviceGetLuid>,
-    /// `cuDeviceGetMemPool` (API name `cuDeviceGetMemPool`).
+    /// `cuDeviceGetMemPool` (API name `cuDeviceGetMemPool`, ABI of CUDA 11.2).
     pub cuDeviceGetMemPool: Option<pfn::cuDeviceGetMemPool>,
-    /// `cuDeviceGetName` (API name `cuDeviceGetName`).
+    /// `cuDeviceGetName` (API name `cuDeviceGetName`, ABI of CUDA 2.0).
     pub cuDeviceGetName: Option<pfn::cuDeviceGetName>,
-    /// `cuDeviceGetNvSciSyncAttributes` (API name `cuDeviceGetNvSciSyncAttributes`).
+    /// `cuDeviceGetNvSciSyncAttributes` (API name `cuDeviceGetNvSciSyncAttributes`, ABI of CUDA 10.2).
     pub cuDeviceGetNvSciSyncAttributes: Option<pfn::cuDeviceGetNvSciSyncAttributes>,
-    /// `cuDeviceGetP2PAtomicCapabilities` (API name `cuDeviceGetP2PAtomicCapabilities`).
+    /// `cuDeviceGetP2PAtomicCapabilities` (API name `cuDeviceGetP2PAtomicCapabilities`, ABI of CUDA 13.0).
     pub cuDeviceGetP2PAtomicCapabilities: Option<pfn::cuDeviceGetP2PAtomicCapabilities>,
-    /// `cuDeviceGetP2PAttribute` (API name `cuDeviceGetP2PAttribute`).
+    /// `cuDeviceGetP2PAttribute` (API name `cuDeviceGetP2PAttribute`, ABI of CUDA 8.0).
     pub cuDeviceGetP2PAttribute: Option<pfn::cuDeviceGetP2PAttribute>,
-    /// `cuDeviceGetPCIBusId` (API name `cuDeviceGetPCIBusId`).
+    /// `cuDeviceGetPCIBusId` (API name `cuDeviceGetPCIBusId`, ABI of CUDA 4.1).
     pub cuDeviceGetPCIBusId: Option<pfn::cuDeviceGetPCIBusId>,
-    /// `cuDeviceGetProperties` (API name `cuDeviceGetProperties`).
+    /// `cuDeviceGetProperties` (API name `cuDeviceGetProperties`, ABI of CUDA 2.0).
     pub cuDeviceGetProperties: Option<pfn::cuDeviceGetProperties>,
-    /// `cuDeviceGetTexture1DLinearMaxWidth` (API name `cuDeviceGetTexture1DLinearMaxWidth`).
+    /// `cuDeviceGetTexture1DLinearMaxWidth` (API name `cuDeviceGetTexture1DLinearMaxWidth`, ABI of CUDA 11.1).
     pub cuDeviceGetTexture1DLinearMaxWidth: Option<
         pfn::cuDeviceGetTexture1DLinearMaxWidth,
     >,
-    /// `cuDeviceGetUuid_v2` (API name `cuDeviceGetUuid`).
+    /// `cuDeviceGetUuid_v2` (API name `cuDeviceGetUuid`, ABI of CUDA 11.4).
     pub cuDeviceGetUuid: Option<pfn::cuDeviceGetUuid>,
-    /// `cuDeviceGraphMemTrim` (API name `cuDeviceGraphMemTrim`).
+    /// `cuDeviceGraphMemTrim` (API name `cuDeviceGraphMemTrim`, ABI of CUDA 11.4).
     pub cuDeviceGraphMemTrim: Option<pfn::cuDeviceGraphMemTrim>,
-    /// `cuDevicePrimaryCtxGetState` (API name `cuDevicePrimaryCtxGetState`).
+    /// `cuDevicePrimaryCtxGetState` (API name `cuDevicePrimaryCtxGetState`, ABI of CUDA 7.0).
     pub cuDevicePrimaryCtxGetState: Option<pfn::cuDevicePrimaryCtxGetState>,
-    /// `cuDevicePrimaryCtxRelease_v2` (API name `cuDevicePrimaryCtxRelease`).
+    /// `cuDevicePrimaryCtxRelease_v2` (API name `cuDevicePrimaryCtxRelease`, ABI of CUDA 11.0).
     pub cuDevicePrimaryCtxRelease: Option<pfn::cuDevicePrimaryCtxRelease>,
-    /// `cuDevicePrimaryCtxReset_v2` (API name `cuDevicePrimaryCtxReset`).
+    /// `cuDevicePrimaryCtxReset_v2` (API name `cuDevicePrimaryCtxReset`, ABI of CUDA 11.0).
     pub cuDevicePrimaryCtxReset: Option<pfn::cuDevicePrimaryCtxReset>,
-    /// `cuDevicePrimaryCtxRetain` (API name `cuDevicePrimaryCtxRetain`).
+    /// `cuDevicePrimaryCtxRetain` (API name `cuDevicePrimaryCtxRetain`, ABI of CUDA 7.0).
     pub cuDevicePrimaryCtxRetain: Option<pfn::cuDevicePrimaryCtxRetain>,
-    /// `cuDevicePrimaryCtxSetFlags_v2` (API name `cuDevicePrimaryCtxSetFlags`).
+    /// `cuDevicePrimaryCtxSetFlags_v2` (API name `cuDevicePrimaryCtxSetFlags`, ABI of CUDA 11.0).
     pub cuDevicePrimaryCtxSetFlags: Option<pfn::cuDevicePrimaryCtxSetFlags>,
-    /// `cuDeviceRegisterAsyncNotification` (API name `cuDeviceRegisterAsyncNotification`).
+    /// `cuDeviceRegisterAsyncNotification` (API name `cuDeviceRegisterAsyncNotification`, ABI of CUDA 12.4).
     pub cuDeviceRegisterAsyncNotification: Option<
         pfn::cuDeviceRegisterAsyncNotification,
     >,
-    /// `cuDeviceSetGraphMemAttribute` (API name `cuDeviceSetGraphMemAttribute`).
+    /// `cuDeviceSetGraphMemAttribute` (API name `cuDeviceSetGraphMemAttribute`, ABI of CUDA 11.4).
     pub cuDeviceSetGraphMemAttribute: Option<pfn::cuDeviceSetGraphMemAttribute>,
-    /// `cuDeviceSetMemPool` (API name `cuDeviceSetMemPool`).
+    /// `cuDeviceSetMemPool` (API name `cuDeviceSetMemPool`, ABI of CUDA 11.2).
     pub cuDeviceSetMemPool: Option<pfn::cuDeviceSetMemPool>,
-    /// `cuDeviceTotalMem_v2` (API name `cuDeviceTotalMem`).
+    /// `cuDeviceTotalMem_v2` (API name `cuDeviceTotalMem`, ABI of CUDA 3.2).
     pub cuDeviceTotalMem: Option<pfn::cuDeviceTotalMem>,
-    /// `cuDeviceUnregisterAsyncNotification` (API name `cuDeviceUnregisterAsyncNotification`).
+    /// `cuDeviceUnregisterAsyncNotification` (API name `cuDeviceUnregisterAsyncNotification`, ABI of CUDA 12.4).
     pub cuDeviceUnregisterAsyncNotification: Option<
         pfn::cuDeviceUnregisterAsyncNotification,
     >,
-    /// `cuDriverGetVersion` (API name `cuDriverGetVersion`).
+    /// `cuDriverGetVersion` (API name `cuDriverGetVersion`, ABI of CUDA 2.2).
     pub cuDriverGetVersion: Option<pfn::cuDriverGetVersion>,
-    /// `cuEventCreate` (API name `cuEventCreate`).
+    /// `cuEventCreate` (API name `cuEventCreate`, ABI of CUDA 2.0).
     pub cuEventCreate: Option<pfn::cuEventCreate>,
-    /// `cuEventDestroy_v2` (API name `cuEventDestroy`).
+    /// `cuEventDestroy_v2` (API name `cuEventDestroy`, ABI of CUDA 4.0).
     pub cuEventDestroy: Option<pfn::cuEventDestroy>,
-    /// `cuEventElapsedTime_v2` (API name `cuEventElapsedTime`).
+    /// `cuEventElapsedTime_v2` (API name `cuEventElapsedTime`, ABI of CUDA 12.8).
     pub cuEventElapsedTime: Option<pfn::cuEventElapsedTime>,
-    /// `cuEventQuery` (API name `cuEventQuery`).
+    /// `cuEventQuery` (API name `cuEventQuery`, ABI of CUDA 2.0).
     pub cuEventQuery: Option<pfn::cuEventQuery>,
-    /// `cuEventRecord` (API name `cuEventRecord`).
+    /// `cuEventRecord` (API name `cuEventRecord`, ABI of CUDA 2.0).
     pub cuEventRecord: Option<pfn::cuEventRecord>,
-    /// `cuEventRecordWithFlags` (API name `cuEventRecordWithFlags`).
+    /// `cuEventRecordWithFlags` (API name `cuEventRecordWithFlags`, ABI of CUDA 11.1).
     pub cuEventRecordWithFlags: Option<pfn::cuEventRecordWithFlags>,
-    /// `cuEventSynchronize` (API name `cuEventSynchronize`).
+    /// `cuEventSynchronize` (API name `cuEventSynchronize`, ABI of CUDA 2.0).
     pub cuEventSynchronize: Option<pfn::cuEventSynchronize>,
-    /// `cuExternalMemoryGetMappedBuffer` (API name `cuExternalMemoryGetMappedBuffer`).
+    /// `cuExternalMemoryGetMappedBuffer` (API name `cuExternalMemoryGetMappedBuffer`, ABI of CUDA 10.0).
     pub cuExternalMemoryGetMappedBuffer: Option<pfn::cuExternalMemoryGetMappedBuffer>,
-    /// `cuExternalMemoryGetMappedMipmappedArray` (API name `cuExternalMemoryGetMappedMipmappedArray`).
+    /// `cuExternalMemoryGetMappedMipmappedArray` (API name `cuExternalMemoryGetMappedMipmappedArray`, ABI of CUDA 10.0).
     pub cuExternalMemoryGetMappedMipmappedArray: Option<
         pfn::cuExternalMemoryGetMappedMipmappedArray,
     >,
-    /// `cuFlushGPUDirectRDMAWrites` (API name `cuFlushGPUDirectRDMAWrites`).
+    /// `cuFlushGPUDirectRDMAWrites` (API name `cuFlushGPUDirectRDMAWrites`, ABI of CUDA 11.3).
     pub cuFlushGPUDirectRDMAWrites: Option<pfn::cuFlushGPUDirectRDMAWrites>,
-    /// `cuFuncGetAttribute` (API name `cuFuncGetAttribute`).
+    /// `cuFuncGetAttribute` (API name `cuFuncGetAttribute`, ABI of CUDA 2.2).
     pub cuFuncGetAttribute: Option<pfn::cuFuncGetAttribute>,
-    /// `cuFuncGetModule` (API name `cuFuncGetModule`).
+    /// `cuFuncGetModule` (API name `cuFuncGetModule`, ABI of CUDA 11.0).
     pub cuFuncGetModule: Option<pfn::cuFuncGetModule>,
-    /// `cuFuncGetName` (API name `cuFuncGetName`).
+    /// `cuFuncGetName` (API name `cuFuncGetName`, ABI of CUDA 12.3).
     pub cuFuncGetName: Option<pfn::cuFuncGetName>,
-    /// `cuFuncGetParamInfo` (API name `cuFuncGetParamInfo`).
+    /// `cuFuncGetParamInfo` (API name `cuFuncGetParamInfo`, ABI of CUDA 12.4).
     pub cuFuncGetParamInfo: Option<pfn::cuFuncGetParamInfo>,
-    /// `cuFuncIsLoaded` (API name `cuFuncIsLoaded`).
+    /// `cuFuncIsLoaded` (API name `cuFuncIsLoaded`, ABI of CUDA 12.4).
     pub cuFuncIsLoaded: Option<pfn::cuFuncIsLoaded>,
-    /// `cuFuncLoad` (API name `cuFuncLoad`).
+    /// `cuFuncLoad` (API name `cuFuncLoad`, ABI of CUDA 12.4).
     pub cuFuncLoad: Option<pfn::cuFuncLoad>,
-    /// `cuFuncSetAttribute` (API name `cuFuncSetAttribute`).
+    /// `cuFuncSetAttribute` (API name `cuFuncSetAttribute`, ABI of CUDA 9.0).
     pub cuFuncSetAttribute: Option<pfn::cuFuncSetAttribute>,
-    /// `cuFuncSetBlockShape` (API name `cuFuncSetBlockShape`).
+    /// `cuFuncSetBlockShape` (API name `cuFuncSetBlockShape`, ABI of CUDA 2.0).
     pub cuFuncSetBlockShape: Option<pfn::cuFuncSetBlockShape>,
-    /// `cuFuncSetCacheConfig` (API name `cuFuncSetCacheConfig`).
+    /// `cuFuncSetCacheConfig` (API name `cuFuncSetCacheConfig`, ABI of CUDA 3.0).
     pub cuFuncSetCacheConfig: Option<pfn::cuFuncSetCacheConfig>,
-    /// `cuFuncSetSharedMemConfig` (API name `cuFuncSetSharedMemConfig`).
+    /// `cuFuncSetSharedMemConfig` (API name `cuFuncSetSharedMemConfig`, ABI of CUDA 4.2).
     pub cuFuncSetSharedMemConfig: Option<pfn::cuFuncSetSharedMemConfig>,
-    /// `cuFuncSetSharedSize` (API name `cuFuncSetSharedSize`).
+    /// `cuFuncSetSharedSize` (API name `cuFuncSetSharedSize`, ABI of CUDA 2.0).
     pub cuFuncSetSharedSize: Option<pfn::cuFuncSetSharedSize>,
-    /// `cuGetErrorName` (API name `cuGetErrorName`).
+    /// `cuGetErrorName` (API name `cuGetErrorName`, ABI of CUDA 6.0).
     pub cuGetErrorName: Option<pfn::cuGetErrorName>,
-    /// `cuGetErrorString` (API name `cuGetErrorString`).
+    /// `cuGetErrorString` (API name `cuGetErrorString`, ABI of CUDA 6.0).
     pub cuGetErrorString: Option<pfn::cuGetErrorString>,
-    /// `cuGetExportTable` (API name `cuGetExportTable`).
+    /// `cuGetExportTable` (API name `cuGetExportTable`, ABI of CUDA 3.0).
     pub cuGetExportTable: Option<pfn::cuGetExportTable>,
-    /// `cuGetProcAddress_v2` (API name `cuGetProcAddress`).
+    /// `cuGetProcAddress_v2` (API name `cuGetProcAddress`, ABI of CUDA 12.0).
     pub cuGetProcAddress: Option<pfn::cuGetProcAddress>,
-    /// `cuGraphAddBatchMemOpNode` (API name `cuGraphAddBatchMemOpNode`).
+    /// `cuGraphAddBatchMemOpNode` (API name `cuGraphAddBatchMemOpNode`, ABI of CUDA 11.7).
     pub cuGraphAddBatchMemOpNode: Option<pfn::cuGraphAddBatchMemOpNode>,
-    /// `cuGraphAddChildGraphNode` (API name `cuGraphAddChildGraphNode`).
+    /// `cuGraphAddChildGraphNode` (API name `cuGraphAddChildGraphNode`, ABI of CUDA 10.0).
     pub cuGraphAddChildGraphNode: Option<pfn::cuGraphAddChildGraphNode>,
-    /// `cuGraphAddDependencies_v2` (API name `cuGraphAddDependencies`).
+    /// `cuGraphAddDependencies_v2` (API name `cuGraphAddDependencies`, ABI of CUDA 12.3).
     pub cuGraphAddDependencies: Option<pfn::cuGraphAddDependencies>,
-    /// `cuGraphAddEmptyNode` (API name `cuGraphAddEmptyNode`).
+    /// `cuGraphAddEmptyNode` (API name `cuGraphAddEmptyNode`, ABI of CUDA 10.0).
     pub cuGraphAddEmptyNode: Option<pfn::cuGraphAddEmptyNode>,
-    /// `cuGraphAddEventRecordNode` (API name `cuGraphAddEventRecordNode`).
+    /// `cuGraphAddEventRecordNode` (API name `cuGraphAddEventRecordNode`, ABI of CUDA 11.1).
     pub cuGraphAddEventRecordNode: Option<pfn::cuGraphAddEventRecordNode>,
-    /// `cuGraphAddEventWaitNode` (API name `cuGraphAddEventWaitNode`).
+    /// `cuGraphAddEventWaitNode` (API name `cuGraphAddEventWaitNode`, ABI of CUDA 11.1).
     pub cuGraphAddEventWaitNode: Option<pfn::cuGraphAddEventWaitNode>,
-    /// `cuGraphAddExternalSemaphoresSignalNode` (API name `cuGraphAddExternalSemaphoresSignalNode`).
+    /// `cuGraphAddExternalSemaphoresSignalNode` (API name `cuGraphAddExternalSemaphoresSignalNode`, ABI of CUDA 11.2).
     pub cuGraphAddExternalSemaphoresSignalNode: Option<
         pfn::cuGraphAddExternalSemaphoresSignalNode,
     >,
-    /// `cuGraphAddExternalSemaphoresWaitNode` (API name `cuGraphAddExternalSemaphoresWaitNode`).
+    /// `cuGraphAddExternalSemaphoresWaitNode` (API name `cuGraphAddExternalSemaphoresWaitNode`, ABI of CUDA 11.2).
     pub cuGraphAddExternalSemaphoresWaitNode: Option<
         pfn::cuGraphAddExternalSemaphoresWaitNode,
     >,
-    /// `cuGraphAddHostNode` (API name `cuGraphAddHostNode`).
+    /// `cuGraphAddHostNode` (API name `cuGraphAddHostNode`, ABI of CUDA 10.0).
     pub cuGraphAddHostNode: Option<pfn::cuGraphAddHostNode>,
-    /// `cuGraphAddKernelNode_v2` (API name `cuGraphAddKernelNode`).
+    /// `cuGraphAddKernelNode_v2` (API name `cuGraphAddKernelNode`, ABI of CUDA 12.0).
     pub cuGraphAddKernelNode: Option<pfn::cuGraphAddKernelNode>,
-    /// `cuGraphAddMemAllocNode` (API name `cuGraphAddMemAllocNode`).
+    /// `cuGraphAddMemAllocNode` (API name `cuGraphAddMemAllocNode`, ABI of CUDA 11.4).
     pub cuGraphAddMemAllocNode: Option<pfn::cuGraphAddMemAllocNode>,
-    /// `cuGraphAddMemFreeNode` (API name `cuGraphAddMemFreeNode`).
+    /// `cuGraphAddMemFreeNode` (API name `cuGraphAddMemFreeNode`, ABI of CUDA 11.4).
     pub cuGraphAddMemFreeNode: Option<pfn::cuGraphAddMemFreeNode>,
-    /// `cuGraphAddMemcpyNode` (API name `cuGraphAddMemcpyNode`).
+    /// `cuGraphAddMemcpyNode` (API name `cuGraphAddMemcpyNode`, ABI of CUDA 10.0).
     pub cuGraphAddMemcpyNode: Option<pfn::cuGraphAddMemcpyNode>,
-    /// `cuGraphAddMemsetNode` (API name `cuGraphAddMemsetNode`).
+    /// `cuGraphAddMemsetNode` (API name `cuGraphAddMemsetNode`, ABI of CUDA 10.0).
     pub cuGraphAddMemsetNode: Option<pfn::cuGraphAddMemsetNode>,
-    /// `cuGraphAddNode_v2` (API name `cuGraphAddNode`).
+    /// `cuGraphAddNode_v2` (API name `cuGraphAddNode`, ABI of CUDA 12.3).
     pub cuGraphAddNode: Option<pfn::cuGraphAddNode>,
-    /// `cuGraphBatchMemOpNodeGetParams` (API name `cuGraphBatchMemOpNodeGetParams`).
+    /// `cuGraphBatchMemOpNodeGetParams` (API name `cuGraphBatchMemOpNodeGetParams`, ABI of CUDA 11.7).
     pub cuGraphBatchMemOpNodeGetParams: Option<pfn::cuGraphBatchMemOpNodeGetParams>,
-    /// `cuGraphBatchMemOpNodeSetParams` (API name `cuGraphBatchMemOpNodeSetParams`).
+    /// `cuGraphBatchMemOpNodeSetParams` (API name `cuGraphBatchMemOpNodeSetParams`, ABI of CUDA 11.7).
     pub cuGraphBatchMemOpNodeSetParams: Option<pfn::cuGraphBatchMemOpNodeSetParams>,
-    /// `cuGraphChildGraphNodeGetGraph` (API name `cuGraphChildGraphNodeGetGraph`).
+    /// `cuGraphChildGraphNodeGetGraph` (API name `cuGraphChildGraphNodeGetGraph`, ABI of CUDA 10.0).
     pub cuGraphChildGraphNodeGetGraph: Option<pfn::cuGraphChildGraphNodeGetGraph>,
-    /// `cuGraphClone` (API name `cuGraphClone`).
+    /// `cuGraphClone` (API name `cuGraphClone`, ABI of CUDA 10.0).
     pub cuGraphClone: Option<pfn::cuGraphClone>,
-    /// `cuGraphConditionalHandleCreate` (API name `cuGraphConditionalHandleCreate`).
+    /// `cuGraphConditionalHandleCreate` (API name `cuGraphConditionalHandleCreate`, ABI of CUDA 12.3).
     pub cuGraphConditionalHandleCreate: Option<pfn::cuGraphConditionalHandleCreate>,
-    /// `cuGraphCreate` (API name `cuGraphCreate`).
+    /// `cuGraphCreate` (API name `cuGraphCreate`, ABI of CUDA 10.0).
     pub cuGraphCreate: Option<pfn::cuGraphCreate>,
-    /// `cuGraphDebugDotPrint` (API name `cuGraphDebugDotPrint`).
+    /// `cuGraphDebugDotPrint` (API name `cuGraphDebugDotPrint`, ABI of CUDA 11.3).
     pub cuGraphDebugDotPrint: Option<pfn::cuGraphDebugDotPrint>,
-    /// `cuGraphDestroy` (API name `cuGraphDestroy`).
+    /// `cuGraphDestroy` (API name `cuGraphDestroy`, ABI of CUDA 10.0).
     pub cuGraphDestroy: Option<pfn::cuGraphDestroy>,
-    /// `cuGraphDestroyNode` (API name `cuGraphDestroyNode`).
+    /// `cuGraphDestroyNode` (API name `cuGraphDestroyNode`, ABI of CUDA 10.0).
     pub cuGraphDestroyNode: Option<pfn::cuGraphDestroyNode>,
-    /// `cuGraphEventRecordNodeGetEvent` (API name `cuGraphEventRecordNodeGetEvent`).
+    /// `cuGraphEventRecordNodeGetEvent` (API name `cuGraphEventRecordNodeGetEvent`, ABI of CUDA 11.1).
     pub cuGraphEventRecordNodeGetEvent: Option<pfn::cuGraphEventRecordNodeGetEvent>,
-    /// `cuGraphEventRecordNodeSetEvent` (API name `cuGraphEventRecordNodeSetEvent`).
+    /// `cuGraphEventRecordNodeSetEvent` (API name `cuGraphEventRecordNodeSetEvent`, ABI of CUDA 11.1).
     pub cuGraphEventRecordNodeSetEvent: Option<pfn::cuGraphEventRecordNodeSetEvent>,
-    /// `cuGraphEventWaitNodeGetEvent` (API name `cuGraphEventWaitNodeGetEvent`).
+    /// `cuGraphEventWaitNodeGetEvent` (API name `cuGraphEventWaitNodeGetEvent`, ABI of CUDA 11.1).
     pub cuGraphEventWaitNodeGetEvent: Option<pfn::cuGraphEventWaitNodeGetEvent>,
-    /// `cuGraphEventWaitNodeSetEvent` (API name `cuGraphEventWaitNodeSetEvent`).
+    /// `cuGraphEventWaitNodeSetEvent` (API name `cuGraphEventWaitNodeSetEvent`, ABI of CUDA 11.1).
     pub cuGraphEventWaitNodeSetEvent: Option<pfn::cuGraphEventWaitNodeSetEvent>,
-    /// `cuGraphExecBatchMemOpNodeSetParams` (API name `cuGraphExecBatchMemOpNodeSetParams`).
+    /// `cuGraphExecBatchMemOpNodeSetParams` (API name `cuGraphExecBatchMemOpNodeSetParams`, ABI of CUDA 11.7).
     pub cuGraphExecBatchMemOpNodeSetParams: Option<
         pfn::cuGraphExecBatchMemOpNodeSetParams,
     >,
-    /// `cuGraphExecChildGraphNodeSetParams` (API name `cuGraphExecChildGraphNodeSetParams`).
+    /// `cuGraphExecChildGraphNodeSetParams` (API name `cuGraphExecChildGraphNodeSetParams`, ABI of CUDA 11.1).
     pub cuGraphExecChildGraphNodeSetParams: Option<
         pfn::cuGraphExecChildGraphNodeSetParams,
     >,
-    /// `cuGraphExecDestroy` (API name `cuGraphExecDestroy`).
+    /// `cuGraphExecDestroy` (API name `cuGraphExecDestroy`, ABI of CUDA 10.0).
     pub cuGraphExecDestroy: Option<pfn::cuGraphExecDestroy>,
-    /// `cuGraphExecEventRecordNodeSetEvent` (API name `cuGraphExecEventRecordNodeSetEvent`).
+    /// `cuGraphExecEventRecordNodeSetEvent` (API name `cuGraphExecEventRecordNodeSetEvent`, ABI of CUDA 11.1).
     pub cuGraphExecEventRecordNodeSetEvent: Option<
         pfn::cuGraphExecEventRecordNodeSetEvent,
     >,
-    /// `cuGraphExecEventWaitNodeSetEvent` (API name `cuGraphExecEventWaitNodeSetEvent`).
+    /// `cuGraphExecEventWaitNodeSetEvent` (API name `cuGraphExecEventWaitNodeSetEvent`, ABI of CUDA 11.1).
     pub cuGraphExecEventWaitNodeSetEvent: Option<pfn::cuGraphExecEventWaitNodeSetEvent>,
-    /// `cuGraphExecExternalSemaphoresSignalNodeSetParams` (API name `cuGraphExecExternalSemaphoresSignalNodeSetParams`).
+    /// `cuGraphExecExternalSemaphoresSignalNodeSetParams` (API name `cuGraphExecExternalSemaphoresSignalNodeSetParams`, ABI of CUDA 11.2).
     pub cuGraphExecExternalSemaphoresSignalNodeSetParams: Option<
         pfn::cuGraphExecExternalSemaphoresSignalNodeSetParams,
     >,
-    /// `cuGraphExecExternalSemaphoresWaitNodeSetParams` (API name `cuGraphExecExternalSemaphoresWaitNodeSetParams`).
+    /// `cuGraphExecExternalSemaphoresWaitNodeSetParams` (API name `cuGraphExecExternalSemaphoresWaitNodeSetParams`, ABI of CUDA 11.2).
     pub cuGraphExecExternalSemaphoresWaitNodeSetParams: Option<
         pfn::cuGraphExecExternalSemaphoresWaitNodeSetParams,
     >,
-    /// `cuGraphExecGetFlags` (API name `cuGraphExecGetFlags`).
+    /// `cuGraphExecGetFlags` (API name `cuGraphExecGetFlags`, ABI of CUDA 12.0).
     pub cuGraphExecGetFlags: Option<pfn::cuGraphExecGetFlags>,
-    /// `cuGraphExecHostNodeSetParams` (API name `cuGraphExecHostNodeSetParams`).
+    /// `cuGraphExecHostNodeSetParams` (API name `cuGraphExecHostNodeSetParams`, ABI of CUDA 10.2).
     pub cuGraphExecHostNodeSetParams: Option<pfn::cuGraphExecHostNodeSetParams>,
-    /// `cuGraphExecKernelNodeSetParams_v2` (API name `cuGraphExecKernelNodeSetParams`).
+    /// `cuGraphExecKernelNodeSetParams_v2` (API name `cuGraphExecKernelNodeSetParams`, ABI of CUDA 12.0).
     pub cuGraphExecKernelNodeSetParams: Option<pfn::cuGraphExecKernelNodeSetParams>,
-    /// `cuGraphExecMemcpyNodeSetParams` (API name `cuGraphExecMemcpyNodeSetParams`).
+    /// `cuGraphExecMemcpyNodeSetParams` (API name `cuGraphExecMemcpyNodeSetParams`, ABI of CUDA 10.2).
     pub cuGraphExecMemcpyNodeSetParams: Option<pfn::cuGraphExecMemcpyNodeSetParams>,
-    /// `cuGraphExecMemsetNodeSetParams` (API name `cuGraphExecMemsetNodeSetParams`).
+    /// `cuGraphExecMemsetNodeSetParams` (API name `cuGraphExecMemsetNodeSetParams`, ABI of CUDA 10.2).
     pub cuGraphExecMemsetNodeSetParams: Option<pfn::cuGraphExecMemsetNodeSetParams>,
-    /// `cuGraphExecNodeSetParams` (API name `cuGraphExecNodeSetParams`).
+    /// `cuGraphExecNodeSetParams` (API name `cuGraphExecNodeSetParams`, ABI of CUDA 12.2).
     pub cuGraphExecNodeSetParams: Option<pfn::cuGraphExecNodeSetParams>,
-    /// `cuGraphExecUpdate_v2` (API name `cuGraphExecUpdate`).
+    /// `cuGraphExecUpdate_v2` (API name `cuGraphExecUpdate`, ABI of CUDA 12.0).
     pub cuGraphExecUpdate: Option<pfn::cuGraphExecUpdate>,
-    /// `cuGraphExternalSemaphoresSignalNodeGetParams` (API name `cuGraphExternalSemaphoresSignalNodeGetParams`).
+    /// `cuGraphExternalSemaphoresSignalNodeGetParams` (API name `cuGraphExternalSemaphoresSignalNodeGetParams`, ABI of CUDA 11.2).
     pub cuGraphExternalSemaphoresSignalNodeGetParams: Option<
         pfn::cuGraphExternalSemaphoresSignalNodeGetParams,
     >,
-    /// `cuGraphExternalSemaphoresSignalNodeSetParams` (API name `cuGraphExternalSemaphoresSignalNodeSetParams`).
+    /// `cuGraphExternalSemaphoresSignalNodeSetParams` (API name `cuGraphExternalSemaphoresSignalNodeSetParams`, ABI of CUDA 11.2).
     pub cuGraphExternalSemaphoresSignalNodeSetParams: Option<
         pfn::cuGraphExternalSemaphoresSignalNodeSetParams,
     >,
-    /// `cuGraphExternalSemaphoresWaitNodeGetParams` (API name `cuGraphExternalSemaphoresWaitNodeGetParams`).
+    /// `cuGraphExternalSemaphoresWaitNodeGetParams` (API name `cuGraphExternalSemaphoresWaitNodeGetParams`, ABI of CUDA 11.2).
     pub cuGraphExternalSemaphoresWaitNodeGetParams: Option<
         pfn::cuGraphExternalSemaphoresWaitNodeGetParams,
     >,
-    /// `cuGraphExternalSemaphoresWaitNodeSetParams` (API name `cuGraphExternalSemaphoresWaitNodeSetParams`).
+    /// `cuGraphExternalSemaphoresWaitNodeSetParams` (API name `cuGraphExternalSemaphoresWaitNodeSetParams`, ABI of CUDA 11.2).
     pub cuGraphExternalSemaphoresWaitNodeSetParams: Option<
         pfn::cuGraphExternalSemaphoresWaitNodeSetParams,
     >,
-    /// `cuGraphGetEdges_v2` (API name `cuGraphGetEdges`).
+    /// `cuGraphGetEdges_v2` (API name `cuGraphGetEdges`, ABI of CUDA 12.3).
     pub cuGraphGetEdges: Option<pfn::cuGraphGetEdges>,
-    /// `cuGraphGetNodes` (API name `cuGraphGetNodes`).
+    /// `cuGraphGetNodes` (API name `cuGraphGetNodes`, ABI of CUDA 10.0).
     pub cuGraphGetNodes: Option<pfn::cuGraphGetNodes>,
-    /// `cuGraphGetRootNodes` (API name `cuGraphGetRootNodes`).
+    /// `cuGraphGetRootNodes` (API name `cuGraphGetRootNodes`, ABI of CUDA 10.0).
     pub cuGraphGetRootNodes: Option<pfn::cuGraphGetRootNodes>,
-    /// `cuGraphHostNodeGetParams` (API name `cuGraphHostNodeGetParams`).
+    /// `cuGraphHostNodeGetParams` (API name `cuGraphHostNodeGetParams`, ABI of CUDA 10.0).
     pub cuGraphHostNodeGetParams: Option<pfn::cuGraphHostNodeGetParams>,
-    /// `cuGraphHostNodeSetParams` (API name `cuGraphHostNodeSetParams`).
+    /// `cuGraphHostNodeSetParams` (API name `cuGraphHostNodeSetParams`, ABI of CUDA 10.0).
     pub cuGraphHostNodeSetParams: Option<pfn::cuGraphHostNodeSetParams>,
-    /// `cuGraphInstantiateWithFlags` (API name `cuGraphInstantiateWithFlags`).
+    /// `cuGraphInstantiateWithFlags` (API name `cuGraphInstantiateWithFlags`, ABI of CUDA 11.4).
     pub cuGraphInstantiateWithFlags: Option<pfn::cuGraphInstantiateWithFlags>,
-    /// `cuGraphInstantiateWithParams` (API name `cuGraphInstantiateWithParams`).
+    /// `cuGraphInstantiateWithParams` (API name `cuGraphInstantiateWithParams`, ABI of CUDA 12.0).
     pub cuGraphInstantiateWithParams: Option<pfn::cuGraphInstantiateWithParams>,
-    /// `cuGraphKernelNodeCopyAttributes` (API name `cuGraphKernelNodeCopyAttributes`).
+    /// `cuGraphKernelNodeCopyAttributes` (API name `cuGraphKernelNodeCopyAttributes`, ABI of CUDA 11.0).
     pub cuGraphKernelNodeCopyAttributes: Option<pfn::cuGraphKernelNodeCopyAttributes>,
-    /// `cuGraphKernelNodeGetAttribute` (API name `cuGraphKernelNodeGetAttribute`).
+    /// `cuGraphKernelNodeGetAttribute` (API name `cuGraphKernelNodeGetAttribute`, ABI of CUDA 11.0).
     pub cuGraphKernelNodeGetAttribute: Option<pfn::cuGraphKernelNodeGetAttribute>,
-    /// `cuGraphKernelNodeGetParams_v2` (API name `cuGraphKernelNodeGetParams`).
+    /// `cuGraphKernelNodeGetParams_v2` (API name `cuGraphKernelNodeGetParams`, ABI of CUDA 12.0).
     pub cuGraphKernelNodeGetParams: Option<pfn::cuGraphKernelNodeGetParams>,
-    /// `cuGraphKernelNodeSetAttribute` (API name `cuGraphKernelNodeSetAttribute`).
+    /// `cuGraphKernelNodeSetAttribute` (API name `cuGraphKernelNodeSetAttribute`, ABI of CUDA 11.0).
     pub cuGraphKernelNodeSetAttribute: Option<pfn::cuGraphKernelNodeSetAttribute>,
-    /// `cuGraphKernelNodeSetParams_v2` (API name `cuGraphKernelNodeSetParams`).
+    /// `cuGraphKernelNodeSetParams_v2` (API name `cuGraphKernelNodeSetParams`, ABI of CUDA 12.0).
     pub cuGraphKernelNodeSetParams: Option<pfn::cuGraphKernelNodeSetParams>,
-    /// `cuGraphLaunch` (API name `cuGraphLaunch`).
+    /// `cuGraphLaunch` (API name `cuGraphLaunch`, ABI of CUDA 10.0).
     pub cuGraphLaunch: Option<pfn::cuGraphLaunch>,
-    /// `cuGraphMemAllocNodeGetParams` (API name `cuGraphMemAllocNodeGetParams`).
+    /// `cuGraphMemAllocNodeGetParams` (API name `cuGraphMemAllocNodeGetParams`, ABI of CUDA 11.4).
     pub cuGraphMemAllocNodeGetParams: Option<pfn::cuGraphMemAllocNodeGetParams>,
-    /// `cuGraphMemFreeNodeGetParams` (API name `cuGraphMemFreeNodeGetParams`).
+    /// `cuGraphMemFreeNodeGetParams` (API name `cuGraphMemFreeNodeGetParams`, ABI of CUDA 11.4).
     pub cuGraphMemFreeNodeGetParams: Option<pfn::cuGraphMemFreeNodeGetParams>,
-    /// `cuGraphMemcpyNodeGetParams` (API name `cuGraphMemcpyNodeGetParams`).
+    /// `cuGraphMemcpyNodeGetParams` (API name `cuGraphMemcpyNodeGetParams`, ABI of CUDA 10.0).
     pub cuGraphMemcpyNodeGetParams: Option<pfn::cuGraphMemcpyNodeGetParams>,
-    /// `cuGraphMemcpyNodeSetParams` (API name `cuGraphMemcpyNodeSetParams`).
+    /// `cuGraphMemcpyNodeSetParams` (API name `cuGraphMemcpyNodeSetParams`, ABI of CUDA 10.0).
     pub cuGraphMemcpyNodeSetParams: Option<pfn::cuGraphMemcpyNodeSetParams>,
-    /// `cuGraphMemsetNodeGetParams` (API name `cuGraphMemsetNodeGetParams`).
+    /// `cuGraphMemsetNodeGetParams` (API name `cuGraphMemsetNodeGetParams`, ABI of CUDA 10.0).
     pub cuGraphMemsetNodeGetParams: Option<pfn::cuGraphMemsetNodeGetParams>,
-    /// `cuGraphMemsetNodeSetParams` (API name `cuGraphMemsetNodeSetParams`).
+    /// `cuGraphMemsetNodeSetParams` (API name `cuGraphMemsetNodeSetParams`, ABI of CUDA 10.0).
     pub cuGraphMemsetNodeSetParams: Option<pfn::cuGraphMemsetNodeSetParams>,
-    /// `cuGraphNodeFindInClone` (API name `cuGraphNodeFindInClone`).
+    /// `cuGraphNodeFindInClone` (API name `cuGraphNodeFindInClone`, ABI of CUDA 10.0).
     pub cuGraphNodeFindInClone: Option<pfn::cuGraphNodeFindInClone>,
-    /// `cuGraphNodeGetDependencies_v2` (API name `cuGraphNodeGetDependencies`).
+    /// `cuGraphNodeGetDependencies_v2` (API name `cuGraphNodeGetDependencies`, ABI of CUDA 12.3).
     pub cuGraphNodeGetDependencies: Option<pfn::cuGraphNodeGetDependencies>,
-    /// `cuGraphNodeGetDependentNodes_v2` (API name `cuGraphNodeGetDependentNodes`).
+    /// `cuGraphNodeGetDependentNodes_v2` (API name `cuGraphNodeGetDependentNodes`, ABI of CUDA 12.3).
     pub cuGraphNodeGetDependentNodes: Option<pfn::cuGraphNodeGetDependentNodes>,
-    /// `cuGraphNodeGetEnabled` (API name `cuGraphNodeGetEnabled`).
+    /// `cuGraphNodeGetEnabled` (API name `cuGraphNodeGetEnabled`, ABI of CUDA 11.6).
     pub cuGraphNodeGetEnabled: Option<pfn::cuGraphNodeGetEnabled>,
-    /// `cuGraphNodeGetType` (API name `cuGraphNodeGetType`).
+    /// `cuGraphNodeGetType` (API name `cuGraphNodeGetType`, ABI of CUDA 10.0).
     pub cuGraphNodeGetType: Option<pfn::cuGraphNodeGetType>,
-    /// `cuGraphNodeSetEnabled` (API name `cuGraphNodeSetEnabled`).
+    /// `cuGraphNodeSetEnabled` (API name `cuGraphNodeSetEnabled`, ABI of CUDA 11.6).
     pub cuGraphNodeSetEnabled: Option<pfn::cuGraphNodeSetEnabled>,
-    /// `cuGraphNodeSetParams` (API name `cuGraphNodeSetParams`).
+    /// `cuGraphNodeSetParams` (API name `cuGraphNodeSetParams`, ABI of CUDA 12.2).
     pub cuGraphNodeSetParams: Option<pfn::cuGraphNodeSetParams>,
-    /// `cuGraphReleaseUserObject` (API name `cuGraphReleaseUserObject`).
+    /// `cuGraphReleaseUserObject` (API name `cuGraphReleaseUserObject`, ABI of CUDA 11.3).
     pub cuGraphReleaseUserObject: Option<pfn::cuGraphReleaseUserObject>,
-    /// `cuGraphRemoveDependencies_v2` (API name `cuGraphRemoveDependencies`).
+    /// `cuGraphRemoveDependencies_v2` (API name `cuGraphRemoveDependencies`, ABI of CUDA 12.3).
     pub cuGraphRemoveDependencies: Option<pfn::cuGraphRemoveDependencies>,
-    /// `cuGraphRetainUserObject` (API name `cuGraphRetainUserObject`).
+    /// `cuGraphRetainUserObject` (API name `cuGraphRetainUserObject`, ABI of CUDA 11.3).
     pub cuGraphRetainUserObject: Option<pfn::cuGraphRetainUserObject>,
-    /// `cuGraphUpload` (API name `cuGraphUpload`).
+    /// `cuGraphUpload` (API name `cuGraphUpload`, ABI of CUDA 11.1).
     pub cuGraphUpload: Option<pfn::cuGraphUpload>,
-    /// `cuGraphicsMapResources` (API name `cuGraphicsMapResources`).
+    /// `cuGraphicsMapResources` (API name `cuGraphicsMapResources`, ABI of CUDA 3.0).
     pub cuGraphicsMapResources: Option<pfn::cuGraphicsMapResources>,
-    /// `cuGraphicsResourceGetMappedMipmappedArray` (API name `cuGraphicsResourceGetMappedMipmappedArray`).
+    /// `cuGraphicsResourceGetMappedMipmappedArray` (API name `cuGraphicsResourceGetMappedMipmappedArray`, ABI of CUDA 5.0).
     pub cuGraphicsResourceGetMappedMipmappedArray: Option<
         pfn::cuGraphicsResourceGetMappedMipmappedArray,
     >,
-    /// `cuGraphicsResourceGetMappedPointer_v2` (API name `cuGraphicsResourceGetMappedPointer`).
+    /// `cuGraphicsResourceGetMappedPointer_v2` (API name `cuGraphicsResourceGetMappedPointer`, ABI of CUDA 3.2).
     pub cuGraphicsResourceGetMappedPointer: Option<
         pfn::cuGraphicsResourceGetMappedPointer,
     >,
-    /// `cuGraphicsResourceSetMapFlags_v2` (API name `cuGraphicsResourceSetMapFlags`).
+    /// `cuGraphicsResourceSetMapFlags_v2` (API name `cuGraphicsResourceSetMapFlags`, ABI of CUDA 6.5).
     pub cuGraphicsResourceSetMapFlags: Option<pfn::cuGraphicsResourceSetMapFlags>,
-    /// `cuGraphicsSubResourceGetMappedArray` (API name `cuGraphicsSubResourceGetMappedArray`).
+    /// `cuGraphicsSubResourceGetMappedArray` (API name `cuGraphicsSubResourceGetMappedArray`, ABI of CUDA 3.0).
     pub cuGraphicsSubResourceGetMappedArray: Option<
         pfn::cuGraphicsSubResourceGetMappedArray,
     >,
-    /// `cuGraphicsUnmapResources` (API name `cuGraphicsUnmapResources`).
+    /// `cuGraphicsUnmapResources` (API name `cuGraphicsUnmapResources`, ABI of CUDA 3.0).
     pub cuGraphicsUnmapResources: Option<pfn::cuGraphicsUnmapResources>,
-    /// `cuGraphicsUnregisterResource` (API name `cuGraphicsUnregisterResource`).
+    /// `cuGraphicsUnregisterResource` (API name `cuGraphicsUnregisterResource`, ABI of CUDA 3.0).
     pub cuGraphicsUnregisterResource: Option<pfn::cuGraphicsUnregisterResource>,
-    /// `cuGreenCtxCreate` (API name `cuGreenCtxCreate`).
+    /// `cuGreenCtxCreate` (API name `cuGreenCtxCreate`, ABI of CUDA 12.4).
     pub cuGreenCtxCreate: Option<pfn::cuGreenCtxCreate>,
-    /// `cuGreenCtxDestroy` (API name `cuGreenCtxDestroy`).
+    /// `cuGreenCtxDestroy` (API name `cuGreenCtxDestroy`, ABI of CUDA 12.4).
     pub cuGreenCtxDestroy: Option<pfn::cuGreenCtxDestroy>,
-    /// `cuGreenCtxGetDevResource` (API name `cuGreenCtxGetDevResource`).
+    /// `cuGreenCtxGetDevResource` (API name `cuGreenCtxGetDevResource`, ABI of CUDA 12.4).
     pub cuGreenCtxGetDevResource: Option<pfn::cuGreenCtxGetDevResource>,
-    /// `cuGreenCtxGetId` (API name `cuGreenCtxGetId`).
+    /// `cuGreenCtxGetId` (API name `cuGreenCtxGetId`, ABI of CUDA 12.9).
     pub cuGreenCtxGetId: Option<pfn::cuGreenCtxGetId>,
-    /// `cuGreenCtxRecordEvent` (API name `cuGreenCtxRecordEvent`).
+    /// `cuGreenCtxRecordEvent` (API name `cuGreenCtxRecordEvent`, ABI of CUDA 12.4).
     pub cuGreenCtxRecordEvent: Option<pfn::cuGreenCtxRecordEvent>,
-    /// `cuGreenCtxStreamCreate` (API name `cuGreenCtxStreamCreate`).
+    /// `cuGreenCtxStreamCreate` (API name `cuGreenCtxStreamCreate`, ABI of CUDA 12.5).
     pub cuGreenCtxStreamCreate: Option<pfn::cuGreenCtxStreamCreate>,
-    /// `cuGreenCtxWaitEvent` (API name `cuGreenCtxWaitEvent`).
+    /// `cuGreenCtxWaitEvent` (API name `cuGreenCtxWaitEvent`, ABI of CUDA 12.4).
     pub cuGreenCtxWaitEvent: Option<pfn::cuGreenCtxWaitEvent>,
-    /// `cuImportExternalMemory` (API name `cuImportExternalMemory`).
+    /// `cuImportExternalMemory` (API name `cuImportExternalMemory`, ABI of CUDA 10.0).
     pub cuImportExternalMemory: Option<pfn::cuImportExternalMemory>,
-    /// `cuImportExternalSemaphore` (API name `cuImportExternalSemaphore`).
+    /// `cuImportExternalSemaphore` (API name `cuImportExternalSemaphore`, ABI of CUDA 10.0).
     pub cuImportExternalSemaphore: Option<pfn::cuImportExternalSemaphore>,
-    /// `cuInit` (API name `cuInit`).
+    /// `cuInit` (API name `cuInit`, ABI of CUDA 2.0).
     pub cuInit: Option<pfn::cuInit>,
-    /// `cuIpcCloseMemHandle` (API name `cuIpcCloseMemHandle`).
+    /// `cuIpcCloseMemHandle` (API name `cuIpcCloseMemHandle`, ABI of CUDA 4.1).
     pub cuIpcCloseMemHandle: Option<pfn::cuIpcCloseMemHandle>,
-    /// `cuIpcGetEventHandle` (API name `cuIpcGetEventHandle`).
+    /// `cuIpcGetEventHandle` (API name `cuIpcGetEventHandle`, ABI of CUDA 4.1).
     pub cuIpcGetEventHandle: Option<pfn::cuIpcGetEventHandle>,
-    /// `cuIpcGetMemHandle` (API name `cuIpcGetMemHandle`).
+    /// `cuIpcGetMemHandle` (API name `cuIpcGetMemHandle`, ABI of CUDA 4.1).
     pub cuIpcGetMemHandle: Option<pfn::cuIpcGetMemHandle>,
-    /// `cuIpcOpenEventHandle` (API name `cuIpcOpenEventHandle`).
+    /// `cuIpcOpenEventHandle` (API name `cuIpcOpenEventHandle`, ABI of CUDA 4.1).
     pub cuIpcOpenEventHandle: Option<pfn::cuIpcOpenEventHandle>,
-    /// `cuIpcOpenMemHandle_v2` (API name `cuIpcOpenMemHandle`).
+    /// `cuIpcOpenMemHandle_v2` (API name `cuIpcOpenMemHandle`, ABI of CUDA 11.0).
     pub cuIpcOpenMemHandle: Option<pfn::cuIpcOpenMemHandle>,
-    /// `cuKernelGetAttribute` (API name `cuKernelGetAttribute`).
+    /// `cuKernelGetAttribute` (API name `cuKernelGetAttribute`, ABI of CUDA 12.0).
     pub cuKernelGetAttribute: Option<pfn::cuKernelGetAttribute>,
-    /// `cuKernelGetFunction` (API name `cuKernelGetFunction`).
+    /// `cuKernelGetFunction` (API name `cuKernelGetFunction`, ABI of CUDA 12.0).
     pub cuKernelGetFunction: Option<pfn::cuKernelGetFunction>,
-    /// `cuKernelGetLibrary` (API name `cuKernelGetLibrary`).
+    /// `cuKernelGetLibrary` (API name `cuKernelGetLibrary`, ABI of CUDA 12.5).
     pub cuKernelGetLibrary: Option<pfn::cuKernelGetLibrary>,
-    /// `cuKernelGetName` (API name `cuKernelGetName`).
+    /// `cuKernelGetName` (API name `cuKernelGetName`, ABI of CUDA 12.3).
     pub cuKernelGetName: Option<pfn::cuKernelGetName>,
-    /// `cuKernelGetParamInfo` (API name `cuKernelGetParamInfo`).
+    /// `cuKernelGetParamInfo` (API name `cuKernelGetParamInfo`, ABI of CUDA 12.4).
     pub cuKernelGetParamInfo: Option<pfn::cuKernelGetParamInfo>,
-    /// `cuKernelSetAttribute` (API name `cuKernelSetAttribute`).
+    /// `cuKernelSetAttribute` (API name `cuKernelSetAttribute`, ABI of CUDA 12.0).
     pub cuKernelSetAttribute: Option<pfn::cuKernelSetAttribute>,
-    /// `cuKernelSetCacheConfig` (API name `cuKernelSetCacheConfig`).
+    /// `cuKernelSetCacheConfig` (API name `cuKernelSetCacheConfig`, ABI of CUDA 12.0).
     pub cuKernelSetCacheConfig: Option<pfn::cuKernelSetCacheConfig>,
-    /// `cuLaunch` (API name `cuLaunch`).
+    /// `cuLaunch` (API name `cuLaunch`, ABI of CUDA 2.0).
     pub cuLaunch: Option<pfn::cuLaunch>,
-    /// `cuLaunchCooperativeKernel` (API name `cuLaunchCooperativeKernel`).
+    /// `cuLaunchCooperativeKernel` (API name `cuLaunchCooperativeKernel`, ABI of CUDA 9.0).
     pub cuLaunchCooperativeKernel: Option<pfn::cuLaunchCooperativeKernel>,
-    /// `cuLaunchCooperativeKernelMultiDevice` (API name `cuLaunchCooperativeKernelMultiDevice`).
+    /// `cuLaunchCooperativeKernelMultiDevice` (API name `cuLaunchCooperativeKernelMultiDevice`, ABI of CUDA 9.0).
     pub cuLaunchCooperativeKernelMultiDevice: Option<
         pfn::cuLaunchCooperativeKernelMultiDevice,
     >,
-    /// `cuLaunchGrid` (API name `cuLaunchGrid`).
+    /// `cuLaunchGrid` (API name `cuLaunchGrid`, ABI of CUDA 2.0).
     pub cuLaunchGrid: Option<pfn::cuLaunchGrid>,
-    /// `cuLaunchGridAsync` (API name `cuLaunchGridAsync`).
+    /// `cuLaunchGridAsync` (API name `cuLaunchGridAsync`, ABI of CUDA 2.0).
     pub cuLaunchGridAsync: Option<pfn::cuLaunchGridAsync>,
-    /// `cuLaunchHostFunc` (API name `cuLaunchHostFunc`).
+    /// `cuLaunchHostFunc` (API name `cuLaunchHostFunc`, ABI of CUDA 10.0).
     pub cuLaunchHostFunc: Option<pfn::cuLaunchHostFunc>,
-    /// `cuLaunchKernel` (API name `cuLaunchKernel`).
+    /// `cuLaunchKernel` (API name `cuLaunchKernel`, ABI of CUDA 4.0).
     pub cuLaunchKernel: Option<pfn::cuLaunchKernel>,
-    /// `cuLaunchKernelEx` (API name `cuLaunchKernelEx`).
+    /// `cuLaunchKernelEx` (API name `cuLaunchKernelEx`, ABI of CUDA 11.6).
     pub cuLaunchKernelEx: Option<pfn::cuLaunchKernelEx>,
-    /// `cuLibraryEnumerateKernels` (API name `cuLibraryEnumerateKernels`).
+    /// `cuLibraryEnumerateKernels` (API name `cuLibraryEnumerateKernels`, ABI of CUDA 12.4).
     pub cuLibraryEnumerateKernels: Option<pfn::cuLibraryEnumerateKernels>,
-    /// `cuLibraryGetGlobal` (API name `cuLibraryGetGlobal`).
+    /// `cuLibraryGetGlobal` (API name `cuLibraryGetGlobal`, ABI of CUDA 12.0).
     pub cuLibraryGetGlobal: Option<pfn::cuLibraryGetGlobal>,
-    /// `cuLibraryGetKernel` (API name `cuLibraryGetKernel`).
+    /// `cuLibraryGetKernel` (API name `cuLibraryGetKernel`, ABI of CUDA 12.0).
     pub cuLibraryGetKernel: Option<pfn::cuLibraryGetKernel>,
-    /// `cuLibraryGetKernelCount` (API name `cuLibraryGetKernelCount`).
+    /// `cuLibraryGetKernelCount` (API name `cuLibraryGetKernelCount`, ABI of CUDA 12.4).
     pub cuLibraryGetKernelCount: Option<pfn::cuLibraryGetKernelCount>,
-    /// `cuLibraryGetManaged` (API name `cuLibraryGetManaged`).
+    /// `cuLibraryGetManaged` (API name `cuLibraryGetManaged`, ABI of CUDA 12.0).
     pub cuLibraryGetManaged: Option<pfn::cuLibraryGetManaged>,
-    /// `cuLibraryGetModule` (API name `cuLibraryGetModule`).
+    /// `cuLibraryGetModule` (API name `cuLibraryGetModule`, ABI of CUDA 12.0).
     pub cuLibraryGetModule: Option<pfn::cuLibraryGetModule>,
-    /// `cuLibraryGetUnifiedFunction` (API name `cuLibraryGetUnifiedFunction`).
+    /// `cuLibraryGetUnifiedFunction` (API name `cuLibraryGetUnifiedFunction`, ABI of CUDA 12.0).
     pub cuLibraryGetUnifiedFunction: Option<pfn::cuLibraryGetUnifiedFunction>,
-    /// `cuLibraryLoadData` (API name `cuLibraryLoadData`).
+    /// `cuLibraryLoadData` (API name `cuLibraryLoadData`, ABI of CUDA 12.0).
     pub cuLibraryLoadData: Option<pfn::cuLibraryLoadData>,
-    /// `cuLibraryLoadFromFile` (API name `cuLibraryLoadFromFile`).
+    /// `cuLibraryLoadFromFile` (API name `cuLibraryLoadFromFile`, ABI of CUDA 12.0).
     pub cuLibraryLoadFromFile: Option<pfn::cuLibraryLoadFromFile>,
-    /// `cuLibraryUnload` (API name `cuLibraryUnload`).
+    /// `cuLibraryUnload` (API name `cuLibraryUnload`, ABI of CUDA 12.0).
     pub cuLibraryUnload: Option<pfn::cuLibraryUnload>,
-    /// `cuLinkAddData_v2` (API name `cuLinkAddData`).
+    /// `cuLinkAddData_v2` (API name `cuLinkAddData`, ABI of CUDA 6.5).
     pub cuLinkAddData: Option<pfn::cuLinkAddData>,
-    /// `cuLinkAddFile_v2` (API name `cuLinkAddFile`).
+    /// `cuLinkAddFile_v2` (API name `cuLinkAddFile`, ABI of CUDA 6.5).
     pub cuLinkAddFile: Option<pfn::cuLinkAddFile>,
-    /// `cuLinkComplete` (API name `cuLinkComplete`).
+    /// `cuLinkComplete` (API name `cuLinkComplete`, ABI of CUDA 5.5).
     pub cuLinkComplete: Option<pfn::cuLinkComplete>,
-    /// `cuLinkCreate_v2` (API name `cuLinkCreate`).
+    /// `cuLinkCreate_v2` (API name `cuLinkCreate`, ABI of CUDA 6.5).
     pub cuLinkCreate: Option<pfn::cuLinkCreate>,
-    /// `cuLinkDestroy` (API name `cuLinkDestroy`).
+    /// `cuLinkDestroy` (API name `cuLinkDestroy`, ABI of CUDA 5.5).
     pub cuLinkDestroy: Option<pfn::cuLinkDestroy>,
-    /// `cuLogsCurrent` (API name `cuLogsCurrent`).
+    /// `cuLogsCurrent` (API name `cuLogsCurrent`, ABI of CUDA 12.9).
     pub cuLogsCurrent: Option<pfn::cuLogsCurrent>,
-    /// `cuLogsDumpToFile` (API name `cuLogsDumpToFile`).
+    /// `cuLogsDumpToFile` (API name `cuLogsDumpToFile`, ABI of CUDA 12.9).
     pub cuLogsDumpToFile: Option<pfn::cuLogsDumpToFile>,
-    /// `cuLogsDumpToMemory` (API name `cuLogsDumpToMemory`).
+    /// `cuLogsDumpToMemory` (API name `cuLogsDumpToMemory`, ABI of CUDA 12.9).
     pub cuLogsDumpToMemory: Option<pfn::cuLogsDumpToMemory>,
-    /// `cuLogsRegisterCallback` (API name `cuLogsRegisterCallback`).
+    /// `cuLogsRegisterCallback` (API name `cuLogsRegisterCallback`, ABI of CUDA 12.9).
     pub cuLogsRegisterCallback: Option<pfn::cuLogsRegisterCallback>,
-    /// `cuLogsUnregisterCallback` (API name `cuLogsUnregisterCallback`).
+    /// `cuLogsUnregisterCallback` (API name `cuLogsUnregisterCallback`, ABI of CUDA 12.9).
     pub cuLogsUnregisterCallback: Option<pfn::cuLogsUnregisterCallback>,
-    /// `cuMemAddressFree` (API name `cuMemAddressFree`).
+    /// `cuMemAddressFree` (API name `cuMemAddressFree`, ABI of CUDA 10.2).
     pub cuMemAddressFree: Option<pfn::cuMemAddressFree>,
-    /// `cuMemAddressReserve` (API name `cuMemAddressReserve`).
+    /// `cuMemAddressReserve` (API name `cuMemAddressReserve`, ABI of CUDA 10.2).
     pub cuMemAddressReserve: Option<pfn::cuMemAddressReserve>,
-    /// `cuMemAdvise_v2` (API name `cuMemAdvise`).
+    /// `cuMemAdvise_v2` (API name `cuMemAdvise`, ABI of CUDA 12.2).
     pub cuMemAdvise: Option<pfn::cuMemAdvise>,
-    /// `cuMemAllocAsync` (API name `cuMemAllocAsync`).
+    /// `cuMemAllocAsync` (API name `cuMemAllocAsync`, ABI of CUDA 11.2).
     pub cuMemAllocAsync: Option<pfn::cuMemAllocAsync>,
-    /// `cuMemAllocFromPoolAsync` (API name `cuMemAllocFromPoolAsync`).
+    /// `cuMemAllocFromPoolAsync` (API name `cuMemAllocFromPoolAsync`, ABI of CUDA 11.2).
     pub cuMemAllocFromPoolAsync: Option<pfn::cuMemAllocFromPoolAsync>,
-    /// `cuMemAllocHost_v2` (API name `cuMemAllocHost`).
+    /// `cuMemAllocHost_v2` (API name `cuMemAllocHost`, ABI of CUDA 3.2).
     pub cuMemAllocHost: Option<pfn::cuMemAllocHost>,
-    /// `cuMemAllocManaged` (API name `cuMemAllocManaged`).
+    /// `cuMemAllocManaged` (API name `cuMemAllocManaged`, ABI of CUDA 6.0).
     pub cuMemAllocManaged: Option<pfn::cuMemAllocManaged>,
-    /// `cuMemAllocPitch_v2` (API name `cuMemAllocPitch`).
+    /// `cuMemAllocPitch_v2` (API name `cuMemAllocPitch`, ABI of CUDA 3.2).
     pub cuMemAllocPitch: Option<pfn::cuMemAllocPitch>,
-    /// `cuMemAlloc_v2` (API name `cuMemAlloc`).
+    /// `cuMemAlloc_v2` (API name `cuMemAlloc`, ABI of CUDA 3.2).
     pub cuMemAlloc: Option<pfn::cuMemAlloc>,
-    /// `cuMemBatchDecompressAsync` (API name `cuMemBatchDecompressAsync`).
+    /// `cuMemBatchDecompressAsync` (API name `cuMemBatchDecompressAsync`, ABI of CUDA 12.6).
     pub cuMemBatchDecompressAsync: Option<pfn::cuMemBatchDecompressAsync>,
-    /// `cuMemCreate` (API name `cuMemCreate`).
+    /// `cuMemCreate` (API name `cuMemCreate`, ABI of CUDA 10.2).
     pub cuMemCreate: Option<pfn::cuMemCreate>,
-    /// `cuMemDiscardAndPrefetchBatchAsync` (API name `cuMemDiscardAndPrefetchBatchAsync`).
+    /// `cuMemDiscardAndPrefetchBatchAsync` (API name `cuMemDiscardAndPrefetchBatchAsync`, ABI of CUDA 13.0).
     pub cuMemDiscardAndPrefetchBatchAsync: Option<
         pfn::cuMemDiscardAndPrefetchBatchAsync,
     >,
-    /// `cuMemDiscardBatchAsync` (API name `cuMemDiscardBatchAsync`).
+    /// `cuMemDiscardBatchAsync` (API name `cuMemDiscardBatchAsync`, ABI of CUDA 13.0).
     pub cuMemDiscardBatchAsync: Option<pfn::cuMemDiscardBatchAsync>,
-    /// `cuMemExportToShareableHandle` (API name `cuMemExportToShareableHandle`).
+    /// `cuMemExportToShareableHandle` (API name `cuMemExportToShareableHandle`, ABI of CUDA 10.2).
     pub cuMemExportToShareableHandle: Option<pfn::cuMemExportToShareableHandle>,
-    /// `cuMemFreeAsync` (API name `cuMemFreeAsync`).
+    /// `cuMemFreeAsync` (API name `cuMemFreeAsync`, ABI of CUDA 11.2).
     pub cuMemFreeAsync: Option<pfn::cuMemFreeAsync>,
-    /// `cuMemFreeHost` (API name `cuMemFreeHost`).
+    /// `cuMemFreeHost` (API name `cuMemFreeHost`, ABI of CUDA 2.0).
     pub cuMemFreeHost: Option<pfn::cuMemFreeHost>,
-    /// `cuMemFree_v2` (API name `cuMemFree`).
+    /// `cuMemFree_v2` (API name `cuMemFree`, ABI of CUDA 3.2).
     pub cuMemFree: Option<pfn::cuMemFree>,
-    /// `cuMemGetAccess` (API name `cuMemGetAccess`).
+    /// `cuMemGetAccess` (API name `cuMemGetAccess`, ABI of CUDA 10.2).
     pub cuMemGetAccess: Option<pfn::cuMemGetAccess>,
-    /// `cuMemGetAddressRange_v2` (API name `cuMemGetAddressRange`).
+    /// `cuMemGetAddressRange_v2` (API name `cuMemGetAddressRange`, ABI of CUDA 3.2).
     pub cuMemGetAddressRange: Option<pfn::cuMemGetAddressRange>,
-    /// `cuMemGetAllocationGranularity` (API name `cuMemGetAllocationGranularity`).
+    /// `cuMemGetAllocationGranularity` (API name `cuMemGetAllocationGranularity`, ABI of CUDA 10.2).
     pub cuMemGetAllocationGranularity: Option<pfn::cuMemGetAllocationGranularity>,
-    /// `cuMemGetAllocationPropertiesFromHandle` (API name `cuMemGetAllocationPropertiesFromHandle`).
+    /// `cuMemGetAllocationPropertiesFromHandle` (API name `cuMemGetAllocationPropertiesFromHandle`, ABI of CUDA 10.2).
     pub cuMemGetAllocationPropertiesFromHandle: Option<
         pfn::cuMemGetAllocationPropertiesFromHandle,
     >,
-    /// `cuMemGetDefaultMemPool` (API name `cuMemGetDefaultMemPool`).
+    /// `cuMemGetDefaultMemPool` (API name `cuMemGetDefaultMemPool`, ABI of CUDA 13.0).
     pub cuMemGetDefaultMemPool: Option<pfn::cuMemGetDefaultMemPool>,
-    /// `cuMemGetHandleForAddressRange` (API name `cuMemGetHandleForAddressRange`).
+    /// `cuMemGetHandleForAddressRange` (API name `cuMemGetHandleForAddressRange`, ABI of CUDA 11.7).
     pub cuMemGetHandleForAddressRange: Option<pfn::cuMemGetHandleForAddressRange>,
-    /// `cuMemGetInfo_v2` (API name `cuMemGetInfo`).
+    /// `cuMemGetInfo_v2` (API name `cuMemGetInfo`, ABI of CUDA 3.2).
     pub cuMemGetInfo: Option<pfn::cuMemGetInfo>,
-    /// `cuMemGetMemPool` (API name `cuMemGetMemPool`).
+    /// `cuMemGetMemPool` (API name `cuMemGetMemPool`, ABI of CUDA 13.0).
     pub cuMemGetMemPool: Option<pfn::cuMemGetMemPool>,
-    /// `cuMemHostAlloc` (API name `cuMemHostAlloc`).
+    /// `cuMemHostAlloc` (API name `cuMemHostAlloc`, ABI of CUDA 2.2).
     pub cuMemHostAlloc: Option<pfn::cuMemHostAlloc>,
-    /// `cuMemHostGetDevicePointer_v2` (API name `cuMemHostGetDevicePointer`).
+    /// `cuMemHostGetDevicePointer_v2` (API name `cuMemHostGetDevicePointer`, ABI of CUDA 3.2).
     pub cuMemHostGetDevicePointer: Option<pfn::cuMemHostGetDevicePointer>,
-    /// `cuMemHostGetFlags` (API name `cuMemHostGetFlags`).
+    /// `cuMemHostGetFlags` (API name `cuMemHostGetFlags`, ABI of CUDA 2.3).
     pub cuMemHostGetFlags: Option<pfn::cuMemHostGetFlags>,
-    /// `cuMemHostRegister_v2` (API name `cuMemHostRegister`).
+    /// `cuMemHostRegister_v2` (API name `cuMemHostRegister`, ABI of CUDA 6.5).
     pub cuMemHostRegister: Option<pfn::cuMemHostRegister>,
-    /// `cuMemHostUnregister` (API name `cuMemHostUnregister`).
+    /// `cuMemHostUnregister` (API name `cuMemHostUnregister`, ABI of CUDA 4.0).
     pub cuMemHostUnregister: Option<pfn::cuMemHostUnregister>,
-    /// `cuMemImportFromShareableHandle` (API name `cuMemImportFromShareableHandle`).
+    /// `cuMemImportFromShareableHandle` (API name `cuMemImportFromShareableHandle`, ABI of CUDA 10.2).
     pub cuMemImportFromShareableHandle: Option<pfn::cuMemImportFromShareableHandle>,
-    /// `cuMemMap` (API name `cuMemMap`).
+    /// `cuMemMap` (API name `cuMemMap`, ABI of CUDA 10.2).
     pub cuMemMap: Option<pfn::cuMemMap>,
-    /// `cuMemMapArrayAsync` (API name `cuMemMapArrayAsync`).
+    /// `cuMemMapArrayAsync` (API name `cuMemMapArrayAsync`, ABI of CUDA 11.1).
     pub cuMemMapArrayAsync: Option<pfn::cuMemMapArrayAsync>,
-    /// `cuMemPoolCreate` (API name `cuMemPoolCreate`).
+    /// `cuMemPoolCreate` (API name `cuMemPoolCreate`, ABI of CUDA 11.2).
     pub cuMemPoolCreate: Option<pfn::cuMemPoolCreate>,
-    /// `cuMemPoolDestroy` (API name `cuMemPoolDestroy`).
+    /// `cuMemPoolDestroy` (API name `cuMemPoolDestroy`, ABI of CUDA 11.2).
     pub cuMemPoolDestroy: Option<pfn::cuMemPoolDestroy>,
-    /// `cuMemPoolExportPointer` (API name `cuMemPoolExportPointer`).
+    /// `cuMemPoolExportPointer` (API name `cuMemPoolExportPointer`, ABI of CUDA 11.2).
     pub cuMemPoolExportPointer: Option<pfn::cuMemPoolExportPointer>,
-    /// `cuMemPoolExportToShareableHandle` (API name `cuMemPoolExportToShareableHandle`).
+    /// `cuMemPoolExportToShareableHandle` (API name `cuMemPoolExportToShareableHandle`, ABI of CUDA 11.2).
     pub cuMemPoolExportToShareableHandle: Option<pfn::cuMemPoolExportToShareableHandle>,
-    /// `cuMemPoolGetAccess` (API name `cuMemPoolGetAccess`).
+    /// `cuMemPoolGetAccess` (API name `cuMemPoolGetAccess`, ABI of CUDA 11.2).
     pub cuMemPoolGetAccess: Option<pfn::cuMemPoolGetAccess>,
-    /// `cuMemPoolGetAttribute` (API name `cuMemPoolGetAttribute`).
+    /// `cuMemPoolGetAttribute` (API name `cuMemPoolGetAttribute`, ABI of CUDA 11.2).
     pub cuMemPoolGetAttribute: Option<pfn::cuMemPoolGetAttribute>,
-    /// `cuMemPoolImportFromShareableHandle` (API name `cuMemPoolImportFromShareableHandle`).
+    /// `cuMemPoolImportFromShareableHandle` (API name `cuMemPoolImportFromShareableHandle`, ABI of CUDA 11.2).
     pub cuMemPoolImportFromShareableHandle: Option<
         pfn::cuMemPoolImportFromShareableHandle,
     >,
-    /// `cuMemPoolImportPointer` (API name `cuMemPoolImportPointer`).
+    /// `cuMemPoolImportPointer` (API name `cuMemPoolImportPointer`, ABI of CUDA 11.2).
     pub cuMemPoolImportPointer: Option<pfn::cuMemPoolImportPointer>,
-    /// `cuMemPoolSetAccess` (API name `cuMemPoolSetAccess`).
+    /// `cuMemPoolSetAccess` (API name `cuMemPoolSetAccess`, ABI of CUDA 11.2).
     pub cuMemPoolSetAccess: Option<pfn::cuMemPoolSetAccess>,
-    /// `cuMemPoolSetAttribute` (API name `cuMemPoolSetAttribute`).
+    /// `cuMemPoolSetAttribute` (API name `cuMemPoolSetAttribute`, ABI of CUDA 11.2).
     pub cuMemPoolSetAttribute: Option<pfn::cuMemPoolSetAttribute>,
-    /// `cuMemPoolTrimTo` (API name `cuMemPoolTrimTo`).
+    /// `cuMemPoolTrimTo` (API name `cuMemPoolTrimTo`, ABI of CUDA 11.2).
     pub cuMemPoolTrimTo: Option<pfn::cuMemPoolTrimTo>,
-    /// `cuMemPrefetchAsync_v2` (API name `cuMemPrefetchAsync`).
+    /// `cuMemPrefetchAsync_v2` (API name `cuMemPrefetchAsync`, ABI of CUDA 12.2).
     pub cuMemPrefetchAsync: Option<pfn::cuMemPrefetchAsync>,
-    /// `cuMemPrefetchBatchAsync` (API name `cuMemPrefetchBatchAsync`).
+    /// `cuMemPrefetchBatchAsync` (API name `cuMemPrefetchBatchAsync`, ABI of CUDA 13.0).
     pub cuMemPrefetchBatchAsync: Option<pfn::cuMemPrefetchBatchAsync>,
-    /// `cuMemRangeGetAttribute` (API name `cuMemRangeGetAttribute`).
+    /// `cuMemRangeGetAttribute` (API name `cuMemRangeGetAttribute`, ABI of CUDA 8.0).
     pub cuMemRangeGetAttribute: Option<pfn::cuMemRangeGetAttribute>,
-    /// `cuMemRangeGetAttributes` (API name `cuMemRangeGetAttributes`).
+    /// `cuMemRangeGetAttributes` (API name `cuMemRangeGetAttributes`, ABI of CUDA 8.0).
     pub cuMemRangeGetAttributes: Option<pfn::cuMemRangeGetAttributes>,
-    /// `cuMemRelease` (API name `cuMemRelease`).
+    /// `cuMemRelease` (API name `cuMemRelease`, ABI of CUDA 10.2).
     pub cuMemRelease: Option<pfn::cuMemRelease>,
-    /// `cuMemRetainAllocationHandle` (API name `cuMemRetainAllocationHandle`).
+    /// `cuMemRetainAllocationHandle` (API name `cuMemRetainAllocationHandle`, ABI of CUDA 11.0).
     pub cuMemRetainAllocationHandle: Option<pfn::cuMemRetainAllocationHandle>,
-    /// `cuMemSetAccess` (API name `cuMemSetAccess`).
+    /// `cuMemSetAccess` (API name `cuMemSetAccess`, ABI of CUDA 10.2).
     pub cuMemSetAccess: Option<pfn::cuMemSetAccess>,
-    /// `cuMemSetMemPool` (API name `cuMemSetMemPool`).
+    /// `cuMemSetMemPool` (API name `cuMemSetMemPool`, ABI of CUDA 13.0).
     pub cuMemSetMemPool: Option<pfn::cuMemSetMemPool>,
-    /// `cuMemUnmap` (API name `cuMemUnmap`).
+    /// `cuMemUnmap` (API name `cuMemUnmap`, ABI of CUDA 10.2).
     pub cuMemUnmap: Option<pfn::cuMemUnmap>,
-    /// `cuMemcpy` (API name `cuMemcpy`).
+    /// `cuMemcpy` (API name `cuMemcpy`, ABI of CUDA 4.0).
     pub cuMemcpy: Option<pfn::cuMemcpy>,
-    /// `cuMemcpy2DAsync_v2` (API name `cuMemcpy2DAsync`).
+    /// `cuMemcpy2DAsync_v2` (API name `cuMemcpy2DAsync`, ABI of CUDA 3.2).
     pub cuMemcpy2DAsync: Option<pfn::cuMemcpy2DAsync>,
-    /// `cuMemcpy2DUnaligned_v2` (API name `cuMemcpy2DUnaligned`).
+    /// `cuMemcpy2DUnaligned_v2` (API name `cuMemcpy2DUnaligned`, ABI of CUDA 3.2).
     pub cuMemcpy2DUnaligned: Option<pfn::cuMemcpy2DUnaligned>,
-    /// `cuMemcpy2D_v2` (API name `cuMemcpy2D`).
+    /// `cuMemcpy2D_v2` (API name `cuMemcpy2D`, ABI of CUDA 3.2).
     pub cuMemcpy2D: Option<pfn::cuMemcpy2D>,
-    /// `cuMemcpy3DAsync_v2` (API name `cuMemcpy3DAsync`).
+    /// `cuMemcpy3DAsync_v2` (API name `cuMemcpy3DAsync`, ABI of CUDA 3.2).
     pub cuMemcpy3DAsync: Option<pfn::cuMemcpy3DAsync>,
-    /// `cuMemcpy3DBatchAsync_v2` (API name `cuMemcpy3DBatchAsync`).
+    /// `cuMemcpy3DBatchAsync_v2` (API name `cuMemcpy3DBatchAsync`, ABI of CUDA 13.0).
     pub cuMemcpy3DBatchAsync: Option<pfn::cuMemcpy3DBatchAsync>,
-    /// `cuMemcpy3DPeer` (API name `cuMemcpy3DPeer`).
+    /// `cuMemcpy3DPeer` (API name `cuMemcpy3DPeer`, ABI of CUDA 4.0).
     pub cuMemcpy3DPeer: Option<pfn::cuMemcpy3DPeer>,
-    /// `cuMemcpy3DPeerAsync` (API name `cuMemcpy3DPeerAsync`).
+    /// `cuMemcpy3DPeerAsync` (API name `cuMemcpy3DPeerAsync`, ABI of CUDA 4.0).
     pub cuMemcpy3DPeerAsync: Option<pfn::cuMemcpy3DPeerAsync>,
-    /// `cuMemcpy3D_v2` (API name `cuMemcpy3D`).
+    /// `cuMemcpy3D_v2` (API name `cuMemcpy3D`, ABI of CUDA 3.2).
     pub cuMemcpy3D: Option<pfn::cuMemcpy3D>,
-    /// `cuMemcpyAsync` (API name `cuMemcpyAsync`).
+    /// `cuMemcpyAsync` (API name `cuMemcpyAsync`, ABI of CUDA 4.0).
     pub cuMemcpyAsync: Option<pfn::cuMemcpyAsync>,
-    /// `cuMemcpyAtoA_v2` (API name `cuMemcpyAtoA`).
+    /// `cuMemcpyAtoA_v2` (API name `cuMemcpyAtoA`, ABI of CUDA 3.2).
     pub cuMemcpyAtoA: Option<pfn::cuMemcpyAtoA>,
-    /// `cuMemcpyAtoD_v2` (API name `cuMemcpyAtoD`).
+    /// `cuMemcpyAtoD_v2` (API name `cuMemcpyAtoD`, ABI of CUDA 3.2).
     pub cuMemcpyAtoD: Option<pfn::cuMemcpyAtoD>,
-    /// `cuMemcpyAtoHAsync_v2` (API name `cuMemcpyAtoHAsync`).
+    /// `cuMemcpyAtoHAsync_v2` (API name `cuMemcpyAtoHAsync`, ABI of CUDA 3.2).
     pub cuMemcpyAtoHAsync: Option<pfn::cuMemcpyAtoHAsync>,
-    /// `cuMemcpyAtoH_v2` (API name `cuMemcpyAtoH`).
+    /// `cuMemcpyAtoH_v2` (API name `cuMemcpyAtoH`, ABI of CUDA 3.2).
     pub cuMemcpyAtoH: Option<pfn::cuMemcpyAtoH>,
-    /// `cuMemcpyBatchAsync_v2` (API name `cuMemcpyBatchAsync`).
+    /// `cuMemcpyBatchAsync_v2` (API name `cuMemcpyBatchAsync`, ABI of CUDA 13.0).
     pub cuMemcpyBatchAsync: Option<pfn::cuMemcpyBatchAsync>,
-    /// `cuMemcpyDtoA_v2` (API name `cuMemcpyDtoA`).
+    /// `cuMemcpyDtoA_v2` (API name `cuMemcpyDtoA`, ABI of CUDA 3.2).
     pub cuMemcpyDtoA: Option<pfn::cuMemcpyDtoA>,
-    /// `cuMemcpyDtoDAsync_v2` (API name `cuMemcpyDtoDAsync`).
+    /// `cuMemcpyDtoDAsync_v2` (API name `cuMemcpyDtoDAsync`, ABI of CUDA 3.2).
     pub cuMemcpyDtoDAsync: Option<pfn::cuMemcpyDtoDAsync>,
-    /// `cuMemcpyDtoD_v2` (API name `cuMemcpyDtoD`).
+    /// `cuMemcpyDtoD_v2` (API name `cuMemcpyDtoD`, ABI of CUDA 3.2).
     pub cuMemcpyDtoD: Option<pfn::cuMemcpyDtoD>,
-    /// `cuMemcpyDtoHAsync_v2` (API name `cuMemcpyDtoHAsync`).
+    /// `cuMemcpyDtoHAsync_v2` (API name `cuMemcpyDtoHAsync`, ABI of CUDA 3.2).
     pub cuMemcpyDtoHAsync: Option<pfn::cuMemcpyDtoHAsync>,
-    /// `cuMemcpyDtoH_v2` (API name `cuMemcpyDtoH`).
+    /// `cuMemcpyDtoH_v2` (API name `cuMemcpyDtoH`, ABI of CUDA 3.2).
     pub cuMemcpyDtoH: Option<pfn::cuMemcpyDtoH>,
-    /// `cuMemcpyHtoAAsync_v2` (API name `cuMemcpyHtoAAsync`).
+    /// `cuMemcpyHtoAAsync_v2` (API name `cuMemcpyHtoAAsync`, ABI of CUDA 3.2).
     pub cuMemcpyHtoAAsync: Option<pfn::cuMemcpyHtoAAsync>,
-    /// `cuMemcpyHtoA_v2` (API name `cuMemcpyHtoA`).
+    /// `cuMemcpyHtoA_v2` (API name `cuMemcpyHtoA`, ABI of CUDA 3.2).
     pub cuMemcpyHtoA: Option<pfn::cuMemcpyHtoA>,
-    /// `cuMemcpyHtoDAsync_v2` (API name `cuMemcpyHtoDAsync`).
+    /// `cuMemcpyHtoDAsync_v2` (API name `cuMemcpyHtoDAsync`, ABI of CUDA 3.2).
     pub cuMemcpyHtoDAsync: Option<pfn::cuMemcpyHtoDAsync>,
-    /// `cuMemcpyHtoD_v2` (API name `cuMemcpyHtoD`).
+    /// `cuMemcpyHtoD_v2` (API name `cuMemcpyHtoD`, ABI of CUDA 3.2).
     pub cuMemcpyHtoD: Option<pfn::cuMemcpyHtoD>,
-    /// `cuMemcpyPeer` (API name `cuMemcpyPeer`).
+    /// `cuMemcpyPeer` (API name `cuMemcpyPeer`, ABI of CUDA 4.0).
     pub cuMemcpyPeer: Option<pfn::cuMemcpyPeer>,
-    /// `cuMemcpyPeerAsync` (API name `cuMemcpyPeerAsync`).
+    /// `cuMemcpyPeerAsync` (API name `cuMemcpyPeerAsync`, ABI of CUDA 4.0).
     pub cuMemcpyPeerAsync: Option<pfn::cuMemcpyPeerAsync>,
-    /// `cuMemsetD16Async` (API name `cuMemsetD16Async`).
+    /// `cuMemsetD16Async` (API name `cuMemsetD16Async`, ABI of CUDA 3.2).
     pub cuMemsetD16Async: Option<pfn::cuMemsetD16Async>,
-    /// `cuMemsetD16_v2` (API name `cuMemsetD16`).
+    /// `cuMemsetD16_v2` (API name `cuMemsetD16`, ABI of CUDA 3.2).
     pub cuMemsetD16: Option<pfn::cuMemsetD16>,
-    /// `cuMemsetD2D16Async` (API name `cuMemsetD2D16Async`).
+    /// `cuMemsetD2D16Async` (API name `cuMemsetD2D16Async`, ABI of CUDA 3.2).
     pub cuMemsetD2D16Async: Option<pfn::cuMemsetD2D16Async>,
-    /// `cuMemsetD2D16_v2` (API name `cuMemsetD2D16`).
+    /// `cuMemsetD2D16_v2` (API name `cuMemsetD2D16`, ABI of CUDA 3.2).
     pub cuMemsetD2D16: Option<pfn::cuMemsetD2D16>,
-    /// `cuMemsetD2D32Async` (API name `cuMemsetD2D32Async`).
+    /// `cuMemsetD2D32Async` (API name `cuMemsetD2D32Async`, ABI of CUDA 3.2).
     pub cuMemsetD2D32Async: Option<pfn::cuMemsetD2D32Async>,
-    /// `cuMemsetD2D32_v2` (API name `cuMemsetD2D32`).
+    /// `cuMemsetD2D32_v2` (API name `cuMemsetD2D32`, ABI of CUDA 3.2).
     pub cuMemsetD2D32: Option<pfn::cuMemsetD2D32>,
-    /// `cuMemsetD2D8Async` (API name `cuMemsetD2D8Async`).
+    /// `cuMemsetD2D8Async` (API name `cuMemsetD2D8Async`, ABI of CUDA 3.2).
     pub cuMemsetD2D8Async: Option<pfn::cuMemsetD2D8Async>,
-    /// `cuMemsetD2D8_v2` (API name `cuMemsetD2D8`).
+    /// `cuMemsetD2D8_v2` (API name `cuMemsetD2D8`, ABI of CUDA 3.2).
     pub cuMemsetD2D8: Option<pfn::cuMemsetD2D8>,
-    /// `cuMemsetD32Async` (API name `cuMemsetD32Async`).
+    /// `cuMemsetD32Async` (API name `cuMemsetD32Async`, ABI of CUDA 3.2).
     pub cuMemsetD32Async: Option<pfn::cuMemsetD32Async>,
-    /// `cuMemsetD32_v2` (API name `cuMemsetD32`).
+    /// `cuMemsetD32_v2` (API name `cuMemsetD32`, ABI of CUDA 3.2).
     pub cuMemsetD32: Option<pfn::cuMemsetD32>,
-    /// `cuMemsetD8Async` (API name `cuMemsetD8Async`).
+    /// `cuMemsetD8Async` (API name `cuMemsetD8Async`, ABI of CUDA 3.2).
     pub cuMemsetD8Async: Option<pfn::cuMemsetD8Async>,
-    /// `cuMemsetD8_v2` (API name `cuMemsetD8`).
+    /// `cuMemsetD8_v2` (API name `cuMemsetD8`, ABI of CUDA 3.2).
     pub cuMemsetD8: Option<pfn::cuMemsetD8>,
-    /// `cuMipmappedArrayCreate` (API name `cuMipmappedArrayCreate`).
+    /// `cuMipmappedArrayCreate` (API name `cuMipmappedArrayCreate`, ABI of CUDA 5.0).
     pub cuMipmappedArrayCreate: Option<pfn::cuMipmappedArrayCreate>,
-    /// `cuMipmappedArrayDestroy` (API name `cuMipmappedArrayDestroy`).
+    /// `cuMipmappedArrayDestroy` (API name `cuMipmappedArrayDestroy`, ABI of CUDA 5.0).
     pub cuMipmappedArrayDestroy: Option<pfn::cuMipmappedArrayDestroy>,
-    /// `cuMipmappedArrayGetLevel` (API name `cuMipmappedArrayGetLevel`).
+    /// `cuMipmappedArrayGetLevel` (API name `cuMipmappedArrayGetLevel`, ABI of CUDA 5.0).
     pub cuMipmappedArrayGetLevel: Option<pfn::cuMipmappedArrayGetLevel>,
-    /// `cuMipmappedArrayGetMemoryRequirements` (API name `cuMipmappedArrayGetMemoryRequirements`).
+    /// `cuMipmappedArrayGetMemoryRequirements` (API name `cuMipmappedArrayGetMemoryRequirements`, ABI of CUDA 11.6).
     pub cuMipmappedArrayGetMemoryRequirements: Option<
         pfn::cuMipmappedArrayGetMemoryRequirements,
     >,
-    /// `cuMipmappedArrayGetSparseProperties` (API name `cuMipmappedArrayGetSparseProperties`).
+    /// `cuMipmappedArrayGetSparseProperties` (API name `cuMipmappedArrayGetSparseProperties`, ABI of CUDA 11.1).
     pub cuMipmappedArrayGetSparseProperties: Option<
         pfn::cuMipmappedArrayGetSparseProperties,
     >,
-    /// `cuModuleEnumerateFunctions` (API name `cuModuleEnumerateFunctions`).
+    /// `cuModuleEnumerateFunctions` (API name `cuModuleEnumerateFunctions`, ABI of CUDA 12.4).
     pub cuModuleEnumerateFunctions: Option<pfn::cuModuleEnumerateFunctions>,
-    /// `cuModuleGetFunction` (API name `cuModuleGetFunction`).
+    /// `cuModuleGetFunction` (API name `cuModuleGetFunction`, ABI of CUDA 2.0).
     pub cuModuleGetFunction: Option<pfn::cuModuleGetFunction>,
-    /// `cuModuleGetFunctionCount` (API name `cuModuleGetFunctionCount`).
+    /// `cuModuleGetFunctionCount` (API name `cuModuleGetFunctionCount`, ABI of CUDA 12.4).
     pub cuModuleGetFunctionCount: Option<pfn::cuModuleGetFunctionCount>,
-    /// `cuModuleGetGlobal_v2` (API name `cuModuleGetGlobal`).
+    /// `cuModuleGetGlobal_v2` (API name `cuModuleGetGlobal`, ABI of CUDA 3.2).
     pub cuModuleGetGlobal: Option<pfn::cuModuleGetGlobal>,
-    /// `cuModuleGetLoadingMode` (API name `cuModuleGetLoadingMode`).
+    /// `cuModuleGetLoadingMode` (API name `cuModuleGetLoadingMode`, ABI of CUDA 11.7).
     pub cuModuleGetLoadingMode: Option<pfn::cuModuleGetLoadingMode>,
-    /// `cuModuleGetSurfRef` (API name `cuModuleGetSurfRef`).
+    /// `cuModuleGetSurfRef` (API name `cuModuleGetSurfRef`, ABI of CUDA 3.0).
     pub cuModuleGetSurfRef: Option<pfn::cuModuleGetSurfRef>,
-    /// `cuModuleGetTexRef` (API name `cuModuleGetTexRef`).
+    /// `cuModuleGetTexRef` (API name `cuModuleGetTexRef`, ABI of CUDA 2.0).
     pub cuModuleGetTexRef: Option<pfn::cuModuleGetTexRef>,
-    /// `cuModuleLoad` (API name `cuModuleLoad`).
+    /// `cuModuleLoad` (API name `cuModuleLoad`, ABI of CUDA 2.0).
     pub cuModuleLoad: Option<pfn::cuModuleLoad>,
-    /// `cuModuleLoadData` (API name `cuModuleLoadData`).
+    /// `cuModuleLoadData` (API name `cuModuleLoadData`, ABI of CUDA 2.0).
     pub cuModuleLoadData: Option<pfn::cuModuleLoadData>,
-    /// `cuModuleLoadDataEx` (API name `cuModuleLoadDataEx`).
+    /// `cuModuleLoadDataEx` (API name `cuModuleLoadDataEx`, ABI of CUDA 2.1).
     pub cuModuleLoadDataEx: Option<pfn::cuModuleLoadDataEx>,
-    /// `cuModuleLoadFatBinary` (API name `cuModuleLoadFatBinary`).
+    /// `cuModuleLoadFatBinary` (API name `cuModuleLoadFatBinary`, ABI of CUDA 2.0).
     pub cuModuleLoadFatBinary: Option<pfn::cuModuleLoadFatBinary>,
-    /// `cuModuleUnload` (API name `cuModuleUnload`).
+    /// `cuModuleUnload` (API name `cuModuleUnload`, ABI of CUDA 2.0).
     pub cuModuleUnload: Option<pfn::cuModuleUnload>,
-    /// `cuMulticastAddDevice` (API name `cuMulticastAddDevice`).
+    /// `cuMulticastAddDevice` (API name `cuMulticastAddDevice`, ABI of CUDA 12.1).
     pub cuMulticastAddDevice: Option<pfn::cuMulticastAddDevice>,
-    /// `cuMulticastBindAddr` (API name `cuMulticastBindAddr`).
+    /// `cuMulticastBindAddr` (API name `cuMulticastBindAddr`, ABI of CUDA 12.1).
     pub cuMulticastBindAddr: Option<pfn::cuMulticastBindAddr>,
-    /// `cuMulticastBindMem` (API name `cuMulticastBindMem`).
+    /// `cuMulticastBindMem` (API name `cuMulticastBindMem`, ABI of CUDA 12.1).
     pub cuMulticastBindMem: Option<pfn::cuMulticastBindMem>,
-    /// `cuMulticastCreate` (API name `cuMulticastCreate`).
+    /// `cuMulticastCreate` (API name `cuMulticastCreate`, ABI of CUDA 12.1).
     pub cuMulticastCreate: Option<pfn::cuMulticastCreate>,
-    /// `cuMulticastGetGranularity` (API name `cuMulticastGetGranularity`).
+    /// `cuMulticastGetGranularity` (API name `cuMulticastGetGranularity`, ABI of CUDA 12.1).
     pub cuMulticastGetGranularity: Option<pfn::cuMulticastGetGranularity>,
-    /// `cuMulticastUnbind` (API name `cuMulticastUnbind`).
+    /// `cuMulticastUnbind` (API name `cuMulticastUnbind`, ABI of CUDA 12.1).
     pub cuMulticastUnbind: Option<pfn::cuMulticastUnbind>,
-    /// `cuOccupancyAvailableDynamicSMemPerBlock` (API name `cuOccupancyAvailableDynamicSMemPerBlock`).
+    /// `cuOccupancyAvailableDynamicSMemPerBlock` (API name `cuOccupancyAvailableDynamicSMemPerBlock`, ABI of CUDA 10.2).
     pub cuOccupancyAvailableDynamicSMemPerBlock: Option<
         pfn::cuOccupancyAvailableDynamicSMemPerBlock,
     >,
-    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor` (API name `cuOccupancyMaxActiveBlocksPerMultiprocessor`).
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor` (API name `cuOccupancyMaxActiveBlocksPerMultiprocessor`, ABI of CUDA 6.5).
     pub cuOccupancyMaxActiveBlocksPerMultiprocessor: Option<
         pfn::cuOccupancyMaxActiveBlocksPerMultiprocessor,
     >,
-    /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` (API name `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`).
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` (API name `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`, ABI of CUDA 7.0).
     pub cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: Option<
         pfn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
     >,
-    /// `cuOccupancyMaxActiveClusters` (API name `cuOccupancyMaxActiveClusters`).
+    /// `cuOccupancyMaxActiveClusters` (API name `cuOccupancyMaxActiveClusters`, ABI of CUDA 11.7).
     pub cuOccupancyMaxActiveClusters: Option<pfn::cuOccupancyMaxActiveClusters>,
-    /// `cuOccupancyMaxPotentialBlockSize` (API name `cuOccupancyMaxPotentialBlockSize`).
+    /// `cuOccupancyMaxPotentialBlockSize` (API name `cuOccupancyMaxPotentialBlockSize`, ABI of CUDA 6.5).
     pub cuOccupancyMaxPotentialBlockSize: Option<pfn::cuOccupancyMaxPotentialBlockSize>,
-    /// `cuOccupancyMaxPotentialBlockSizeWithFlags` (API name `cuOccupancyMaxPotentialBlockSizeWithFlags`).
+    /// `cuOccupancyMaxPotentialBlockSizeWithFlags` (API name `cuOccupancyMaxPotentialBlockSizeWithFlags`, ABI of CUDA 7.0).
     pub cuOccupancyMaxPotentialBlockSizeWithFlags: Option<
         pfn::cuOccupancyMaxPotentialBlockSizeWithFlags,
     >,
-    /// `cuOccupancyMaxPotentialClusterSize` (API name `cuOccupancyMaxPotentialClusterSize`).
+    /// `cuOccupancyMaxPotentialClusterSize` (API name `cuOccupancyMaxPotentialClusterSize`, ABI of CUDA 11.7).
     pub cuOccupancyMaxPotentialClusterSize: Option<
         pfn::cuOccupancyMaxPotentialClusterSize,
     >,
-    /// `cuParamSetSize` (API name `cuParamSetSize`).
+    /// `cuParamSetSize` (API name `cuParamSetSize`, ABI of CUDA 2.0).
     pub cuParamSetSize: Option<pfn::cuParamSetSize>,
-    /// `cuParamSetTexRef` (API name `cuParamSetTexRef`).
+    /// `cuParamSetTexRef` (API name `cuParamSetTexRef`, ABI of CUDA 2.0).
     pub cuParamSetTexRef: Option<pfn::cuParamSetTexRef>,
-    /// `cuParamSetf` (API name `cuParamSetf`).
+    /// `cuParamSetf` (API name `cuParamSetf`, ABI of CUDA 2.0).
     pub cuParamSetf: Option<pfn::cuParamSetf>,
-    /// `cuParamSeti` (API name `cuParamSeti`).
+    /// `cuParamSeti` (API name `cuParamSeti`, ABI of CUDA 2.0).
     pub cuParamSeti: Option<pfn::cuParamSeti>,
-    /// `cuParamSetv` (API name `cuParamSetv`).
+    /// `cuParamSetv` (API name `cuParamSetv`, ABI of CUDA 2.0).
     pub cuParamSetv: Option<pfn::cuParamSetv>,
-    /// `cuPointerGetAttribute` (API name `cuPointerGetAttribute`).
+    /// `cuPointerGetAttribute` (API name `cuPointerGetAttribute`, ABI of CUDA 4.0).
     pub cuPointerGetAttribute: Option<pfn::cuPointerGetAttribute>,
-    /// `cuPointerGetAttributes` (API name `cuPointerGetAttributes`).
+    /// `cuPointerGetAttributes` (API name `cuPointerGetAttributes`, ABI of CUDA 7.0).
     pub cuPointerGetAttributes: Option<pfn::cuPointerGetAttributes>,
-    /// `cuPointerSetAttribute` (API name `cuPointerSetAttribute`).
+    /// `cuPointerSetAttribute` (API name `cuPointerSetAttribute`, ABI of CUDA 6.0).
     pub cuPointerSetAttribute: Option<pfn::cuPointerSetAttribute>,
     /// `cuProfilerStart` (API name `cuProfilerStart`).
     pub cuProfilerStart: Option<pfn::cuProfilerStart>,
     /// `cuProfilerStop` (API name `cuProfilerStop`).
     pub cuProfilerStop: Option<pfn::cuProfilerStop>,
-    /// `cuSignalExternalSemaphoresAsync` (API name `cuSignalExternalSemaphoresAsync`).
+    /// `cuSignalExternalSemaphoresAsync` (API name `cuSignalExternalSemaphoresAsync`, ABI of CUDA 10.0).
     pub cuSignalExternalSemaphoresAsync: Option<pfn::cuSignalExternalSemaphoresAsync>,
-    /// `cuStreamAddCallback` (API name `cuStreamAddCallback`).
+    /// `cuStreamAddCallback` (API name `cuStreamAddCallback`, ABI of CUDA 5.0).
     pub cuStreamAddCallback: Option<pfn::cuStreamAddCallback>,
-    /// `cuStreamAttachMemAsync` (API name `cuStreamAttachMemAsync`).
+    /// `cuStreamAttachMemAsync` (API name `cuStreamAttachMemAsync`, ABI of CUDA 6.0).
     pub cuStreamAttachMemAsync: Option<pfn::cuStreamAttachMemAsync>,
-    /// `cuStreamBatchMemOp_v2` (API name `cuStreamBatchMemOp`).
+    /// `cuStreamBatchMemOp_v2` (API name `cuStreamBatchMemOp`, ABI of CUDA 11.7).
     pub cuStreamBatchMemOp: Option<pfn::cuStreamBatchMemOp>,
-    /// `cuStreamBeginCaptureToGraph` (API name `cuStreamBeginCaptureToGraph`).
+    /// `cuStreamBeginCaptureToGraph` (API name `cuStreamBeginCaptureToGraph`, ABI of CUDA 12.3).
     pub cuStreamBeginCaptureToGraph: Option<pfn::cuStreamBeginCaptureToGraph>,
-    /// `cuStreamBeginCapture_v2` (API name `cuStreamBeginCapture`).
+    /// `cuStreamBeginCapture_v2` (API name `cuStreamBeginCapture`, ABI of CUDA 10.1).
     pub cuStreamBeginCapture: Option<pfn::cuStreamBeginCapture>,
-    /// `cuStreamCopyAttributes` (API name `cuStreamCopyAttributes`).
+    /// `cuStreamCopyAttributes` (API name `cuStreamCopyAttributes`, ABI of CUDA 11.0).
     pub cuStreamCopyAttributes: Option<pfn::cuStreamCopyAttributes>,
-    /// `cuStreamCreate` (API name `cuStreamCreate`).
+    /// `cuStreamCreate` (API name `cuStreamCreate`, ABI of CUDA 2.0).
     pub cuStreamCreate: Option<pfn::cuStreamCreate>,
-    /// `cuStreamCreateWithPriority` (API name `cuStreamCreateWithPriority`).
+    /// `cuStreamCreateWithPriority` (API name `cuStreamCreateWithPriority`, ABI of CUDA 5.5).
     pub cuStreamCreateWithPriority: Option<pfn::cuStreamCreateWithPriority>,
-    /// `cuStreamDestroy_v2` (API name `cuStreamDestroy`).
+    /// `cuStreamDestroy_v2` (API name `cuStreamDestroy`, ABI of CUDA 4.0).
     pub cuStreamDestroy: Option<pfn::cuStreamDestroy>,
-    /// `cuStreamEndCapture` (API name `cuStreamEndCapture`).
+    /// `cuStreamEndCapture` (API name `cuStreamEndCapture`, ABI of CUDA 10.0).
     pub cuStreamEndCapture: Option<pfn::cuStreamEndCapture>,
-    /// `cuStreamGetAttribute` (API name `cuStreamGetAttribute`).
+    /// `cuStreamGetAttribute` (API name `cuStreamGetAttribute`, ABI of CUDA 11.0).
     pub cuStreamGetAttribute: Option<pfn::cuStreamGetAttribute>,
-    /// `cuStreamGetCaptureInfo_v3` (API name `cuStreamGetCaptureInfo`).
+    /// `cuStreamGetCaptureInfo_v3` (API name `cuStreamGetCaptureInfo`, ABI of CUDA 12.3).
     pub cuStreamGetCaptureInfo: Option<pfn::cuStreamGetCaptureInfo>,
-    /// `cuStreamGetCtx` (API name `cuStreamGetCtx`).
+    /// `cuStreamGetCtx` (API name `cuStreamGetCtx`, ABI of CUDA 9.2).
     pub cuStreamGetCtx: Option<pfn::cuStreamGetCtx>,
-    /// `cuStreamGetCtx_v2` (API name `cuStreamGetCtx_v2`).
+    /// `cuStreamGetCtx_v2` (API name `cuStreamGetCtx_v2`, ABI of CUDA 12.5).
     pub cuStreamGetCtx_v2: Option<pfn::cuStreamGetCtx_v2>,
-    /// `cuStreamGetDevice` (API name `cuStreamGetDevice`).
+    /// `cuStreamGetDevice` (API name `cuStreamGetDevice`, ABI of CUDA 12.8).
     pub cuStreamGetDevice: Option<pfn::cuStreamGetDevice>,
-    /// `cuStreamGetFlags` (API name `cuStreamGetFlags`).
+    /// `cuStreamGetFlags` (API name `cuStreamGetFlags`, ABI of CUDA 5.5).
     pub cuStreamGetFlags: Option<pfn::cuStreamGetFlags>,
-    /// `cuStreamGetGreenCtx` (API name `cuStreamGetGreenCtx`).
+    /// `cuStreamGetGreenCtx` (API name `cuStreamGetGreenCtx`, ABI of CUDA 12.4).
     pub cuStreamGetGreenCtx: Option<pfn::cuStreamGetGreenCtx>,
-    /// `cuStreamGetId` (API name `cuStreamGetId`).
+    /// `cuStreamGetId` (API name `cuStreamGetId`, ABI of CUDA 12.0).
     pub cuStreamGetId: Option<pfn::cuStreamGetId>,
-    /// `cuStreamGetPriority` (API name `cuStreamGetPriority`).
+    /// `cuStreamGetPriority` (API name `cuStreamGetPriority`, ABI of CUDA 5.5).
     pub cuStreamGetPriority: Option<pfn::cuStreamGetPriority>,
-    /// `cuStreamIsCapturing` (API name `cuStreamIsCapturing`).
+    /// `cuStreamIsCapturing` (API name `cuStreamIsCapturing`, ABI of CUDA 10.0).
     pub cuStreamIsCapturing: Option<pfn::cuStreamIsCapturing>,
-    /// `cuStreamQuery` (API name `cuStreamQuery`).
+    /// `cuStreamQuery` (API name `cuStreamQuery`, ABI of CUDA 2.0).
     pub cuStreamQuery: Option<pfn::cuStreamQuery>,
-    /// `cuStreamSetAttribute` (API name `cuStreamSetAttribute`).
+    /// `cuStreamSetAttribute` (API name `cuStreamSetAttribute`, ABI of CUDA 11.0).
     pub cuStreamSetAttribute: Option<pfn::cuStreamSetAttribute>,
-    /// `cuStreamSynchronize` (API name `cuStreamSynchronize`).
+    /// `cuStreamSynchronize` (API name `cuStreamSynchronize`, ABI of CUDA 2.0).
     pub cuStreamSynchronize: Option<pfn::cuStreamSynchronize>,
-    /// `cuStreamUpdateCaptureDependencies_v2` (API name `cuStreamUpdateCaptureDependencies`).
+    /// `cuStreamUpdateCaptureDependencies_v2` (API name `cuStreamUpdateCaptureDependencies`, ABI of CUDA 12.3).
     pub cuStreamUpdateCaptureDependencies: Option<
         pfn::cuStreamUpdateCaptureDependencies,
     >,
-    /// `cuStreamWaitEvent` (API name `cuStreamWaitEvent`).
+    /// `cuStreamWaitEvent` (API name `cuStreamWaitEvent`, ABI of CUDA 3.2).
     pub cuStreamWaitEvent: Option<pfn::cuStreamWaitEvent>,
-    /// `cuStreamWaitValue32_v2` (API name `cuStreamWaitValue32`).
+    /// `cuStreamWaitValue32_v2` (API name `cuStreamWaitValue32`, ABI of CUDA 11.7).
     pub cuStreamWaitValue32: Option<pfn::cuStreamWaitValue32>,
-    /// `cuStreamWaitValue64_v2` (API name `cuStreamWaitValue64`).
+    /// `cuStreamWaitValue64_v2` (API name `cuStreamWaitValue64`, ABI of CUDA 11.7).
     pub cuStreamWaitValue64: Option<pfn::cuStreamWaitValue64>,
-    /// `cuStreamWriteValue32_v2` (API name `cuStreamWriteValue32`).
+    /// `cuStreamWriteValue32_v2` (API name `cuStreamWriteValue32`, ABI of CUDA 11.7).
     pub cuStreamWriteValue32: Option<pfn::cuStreamWriteValue32>,
-    /// `cuStreamWriteValue64_v2` (API name `cuStreamWriteValue64`).
+    /// `cuStreamWriteValue64_v2` (API name `cuStreamWriteValue64`, ABI of CUDA 11.7).
     pub cuStreamWriteValue64: Option<pfn::cuStreamWriteValue64>,
-    /// `cuSurfObjectCreate` (API name `cuSurfObjectCreate`).
+    /// `cuSurfObjectCreate` (API name `cuSurfObjectCreate`, ABI of CUDA 5.0).
     pub cuSurfObjectCreate: Option<pfn::cuSurfObjectCreate>,
-    /// `cuSurfObjectDestroy` (API name `cuSurfObjectDestroy`).
+    /// `cuSurfObjectDestroy` (API name `cuSurfObjectDestroy`, ABI of CUDA 5.0).
     pub cuSurfObjectDestroy: Option<pfn::cuSurfObjectDestroy>,
-    /// `cuSurfObjectGetResourceDesc` (API name `cuSurfObjectGetResourceDesc`).
+    /// `cuSurfObjectGetResourceDesc` (API name `cuSurfObjectGetResourceDesc`, ABI of CUDA 5.0).
     pub cuSurfObjectGetResourceDesc: Option<pfn::cuSurfObjectGetResourceDesc>,
-    /// `cuSurfRefGetArray` (API name `cuSurfRefGetArray`).
+    /// `cuSurfRefGetArray` (API name `cuSurfRefGetArray`, ABI of CUDA 3.0).
     pub cuSurfRefGetArray: Option<pfn::cuSurfRefGetArray>,
-    /// `cuSurfRefSetArray` (API name `cuSurfRefSetArray`).
+    /// `cuSurfRefSetArray` (API name `cuSurfRefSetArray`, ABI of CUDA 3.0).
     pub cuSurfRefSetArray: Option<pfn::cuSurfRefSetArray>,
-    /// `cuTensorMapEncodeIm2col` (API name `cuTensorMapEncodeIm2col`).
+    /// `cuTensorMapEncodeIm2col` (API name `cuTensorMapEncodeIm2col`, ABI of CUDA 12.0).
     pub cuTensorMapEncodeIm2col: Option<pfn::cuTensorMapEncodeIm2col>,
-    /// `cuTensorMapEncodeIm2colWide` (API name `cuTensorMapEncodeIm2colWide`).
+    /// `cuTensorMapEncodeIm2colWide` (API name `cuTensorMapEncodeIm2colWide`, ABI of CUDA 12.8).
     pub cuTensorMapEncodeIm2colWide: Option<pfn::cuTensorMapEncodeIm2colWide>,
-    /// `cuTensorMapEncodeTiled` (API name `cuTensorMapEncodeTiled`).
+    /// `cuTensorMapEncodeTiled` (API name `cuTensorMapEncodeTiled`, ABI of CUDA 12.0).
     pub cuTensorMapEncodeTiled: Option<pfn::cuTensorMapEncodeTiled>,
-    /// `cuTensorMapReplaceAddress` (API name `cuTensorMapReplaceAddress`).
+    /// `cuTensorMapReplaceAddress` (API name `cuTensorMapReplaceAddress`, ABI of CUDA 12.0).
     pub cuTensorMapReplaceAddress: Option<pfn::cuTensorMapReplaceAddress>,
-    /// `cuTexObjectCreate` (API name `cuTexObjectCreate`).
+    /// `cuTexObjectCreate` (API name `cuTexObjectCreate`, ABI of CUDA 5.0).
     pub cuTexObjectCreate: Option<pfn::cuTexObjectCreate>,
-    /// `cuTexObjectDestroy` (API name `cuTexObjectDestroy`).
+    /// `cuTexObjectDestroy` (API name `cuTexObjectDestroy`, ABI of CUDA 5.0).
     pub cuTexObjectDestroy: Option<pfn::cuTexObjectDestroy>,
-    /// `cuTexObjectGetResourceDesc` (API name `cuTexObjectGetResourceDesc`).
+    /// `cuTexObjectGetResourceDesc` (API name `cuTexObjectGetResourceDesc`, ABI of CUDA 5.0).
     pub cuTexObjectGetResourceDesc: Option<pfn::cuTexObjectGetResourceDesc>,
-    /// `cuTexObjectGetResourceViewDesc` (API name `cuTexObjectGetResourceViewDesc`).
+    /// `cuTexObjectGetResourceViewDesc` (API name `cuTexObjectGetResourceViewDesc`, ABI of CUDA 5.0).
     pub cuTexObjectGetResourceViewDesc: Option<pfn::cuTexObjectGetResourceViewDesc>,
-    /// `cuTexObjectGetTextureDesc` (API name `cuTexObjectGetTextureDesc`).
+    /// `cuTexObjectGetTextureDesc` (API name `cuTexObjectGetTextureDesc`, ABI of CUDA 5.0).
     pub cuTexObjectGetTextureDesc: Option<pfn::cuTexObjectGetTextureDesc>,
-    /// `cuTexRefCreate` (API name `cuTexRefCreate`).
+    /// `cuTexRefCreate` (API name `cuTexRefCreate`, ABI of CUDA 2.0).
     pub cuTexRefCreate: Option<pfn::cuTexRefCreate>,
-    /// `cuTexRefDestroy` (API name `cuTexRefDestroy`).
+    /// `cuTexRefDestroy` (API name `cuTexRefDestroy`, ABI of CUDA 2.0).
     pub cuTexRefDestroy: Option<pfn::cuTexRefDestroy>,
-    /// `cuTexRefGetAddressMode` (API name `cuTexRefGetAddressMode`).
+    /// `cuTexRefGetAddressMode` (API name `cuTexRefGetAddressMode`, ABI of CUDA 2.0).
     pub cuTexRefGetAddressMode: Option<pfn::cuTexRefGetAddressMode>,
-    /// `cuTexRefGetAddress_v2` (API name `cuTexRefGetAddress`).
+    /// `cuTexRefGetAddress_v2` (API name `cuTexRefGetAddress`, ABI of CUDA 3.2).
     pub cuTexRefGetAddress: Option<pfn::cuTexRefGetAddress>,
-    /// `cuTexRefGetArray` (API name `cuTexRefGetArray`).
+    /// `cuTexRefGetArray` (API name `cuTexRefGetArray`, ABI of CUDA 2.0).
     pub cuTexRefGetArray: Option<pfn::cuTexRefGetArray>,
-    /// `cuTexRefGetBorderColor` (API name `cuTexRefGetBorderColor`).
+    /// `cuTexRefGetBorderColor` (API name `cuTexRefGetBorderColor`, ABI of CUDA 8.0).
     pub cuTexRefGetBorderColor: Option<pfn::cuTexRefGetBorderColor>,
-    /// `cuTexRefGetFilterMode` (API name `cuTexRefGetFilterMode`).
+    /// `cuTexRefGetFilterMode` (API name `cuTexRefGetFilterMode`, ABI of CUDA 2.0).
     pub cuTexRefGetFilterMode: Option<pfn::cuTexRefGetFilterMode>,
-    /// `cuTexRefGetFlags` (API name `cuTexRefGetFlags`).
+    /// `cuTexRefGetFlags` (API name `cuTexRefGetFlags`, ABI of CUDA 2.0).
     pub cuTexRefGetFlags: Option<pfn::cuTexRefGetFlags>,
-    /// `cuTexRefGetFormat` (API name `cuTexRefGetFormat`).
+    /// `cuTexRefGetFormat` (API name `cuTexRefGetFormat`, ABI of CUDA 2.0).
     pub cuTexRefGetFormat: Option<pfn::cuTexRefGetFormat>,
-    /// `cuTexRefGetMaxAnisotropy` (API name `cuTexRefGetMaxAnisotropy`).
+    /// `cuTexRefGetMaxAnisotropy` (API name `cuTexRefGetMaxAnisotropy`, ABI of CUDA 5.0).
     pub cuTexRefGetMaxAnisotropy: Option<pfn::cuTexRefGetMaxAnisotropy>,
-    /// `cuTexRefGetMipmapFilterMode` (API name `cuTexRefGetMipmapFilterMode`).
+    /// `cuTexRefGetMipmapFilterMode` (API name `cuTexRefGetMipmapFilterMode`, ABI of CUDA 5.0).
     pub cuTexRefGetMipmapFilterMode: Option<pfn::cuTexRefGetMipmapFilterMode>,
-    /// `cuTexRefGetMipmapLevelBias` (API name `cuTexRefGetMipmapLevelBias`).
+    /// `cuTexRefGetMipmapLevelBias` (API name `cuTexRefGetMipmapLevelBias`, ABI of CUDA 5.0).
     pub cuTexRefGetMipmapLevelBias: Option<pfn::cuTexRefGetMipmapLevelBias>,
-    /// `cuTexRefGetMipmapLevelClamp` (API name `cuTexRefGetMipmapLevelClamp`).
+    /// `cuTexRefGetMipmapLevelClamp` (API name `cuTexRefGetMipmapLevelClamp`, ABI of CUDA 5.0).
     pub cuTexRefGetMipmapLevelClamp: Option<pfn::cuTexRefGetMipmapLevelClamp>,
-    /// `cuTexRefGetMipmappedArray` (API name `cuTexRefGetMipmappedArray`).
+    /// `cuTexRefGetMipmappedArray` (API name `cuTexRefGetMipmappedArray`, ABI of CUDA 5.0).
     pub cuTexRefGetMipmappedArray: Option<pfn::cuTexRefGetMipmappedArray>,
-    /// `cuTexRefSetAddress2D_v3` (API name `cuTexRefSetAddress2D`).
+    /// `cuTexRefSetAddress2D_v3` (API name `cuTexRefSetAddress2D`, ABI of CUDA 4.1).
     pub cuTexRefSetAddress2D: Option<pfn::cuTexRefSetAddress2D>,
-    /// `cuTexRefSetAddressMode` (API name `cuTexRefSetAddressMode`).
+    /// `cuTexRefSetAddressMode` (API name `cuTexRefSetAddressMode`, ABI of CUDA 2.0).
     pub cuTexRefSetAddressMode: Option<pfn::cuTexRefSetAddressMode>,
-    /// `cuTexRefSetAddress_v2` (API name `cuTexRefSetAddress`).
+    /// `cuTexRefSetAddress_v2` (API name `cuTexRefSetAddress`, ABI of CUDA 3.2).
     pub cuTexRefSetAddress: Option<pfn::cuTexRefSetAddress>,
-    /// `cuTexRefSetArray` (API name `cuTexRefSetArray`).
+    /// `cuTexRefSetArray` (API name `cuTexRefSetArray`, ABI of CUDA 2.0).
     pub cuTexRefSetArray: Option<pfn::cuTexRefSetArray>,
-    /// `cuTexRefSetBorderColor` (API name `cuTexRefSetBorderColor`).
+    /// `cuTexRefSetBorderColor` (API name `cuTexRefSetBorderColor`, ABI of CUDA 8.0).
     pub cuTexRefSetBorderColor: Option<pfn::cuTexRefSetBorderColor>,
-    /// `cuTexRefSetFilterMode` (API name `cuTexRefSetFilterMode`).
+    /// `cuTexRefSetFilterMode` (API name `cuTexRefSetFilterMode`, ABI of CUDA 2.0).
     pub cuTexRefSetFilterMode: Option<pfn::cuTexRefSetFilterMode>,
-    /// `cuTexRefSetFlags` (API name `cuTexRefSetFlags`).
+    /// `cuTexRefSetFlags` (API name `cuTexRefSetFlags`, ABI of CUDA 2.0).
     pub cuTexRefSetFlags: Option<pfn::cuTexRefSetFlags>,
-    /// `cuTexRefSetFormat` (API name `cuTexRefSetFormat`).
+    /// `cuTexRefSetFormat` (API name `cuTexRefSetFormat`, ABI of CUDA 2.0).
     pub cuTexRefSetFormat: Option<pfn::cuTexRefSetFormat>,
-    /// `cuTexRefSetMaxAnisotropy` (API name `cuTexRefSetMaxAnisotropy`).
+    /// `cuTexRefSetMaxAnisotropy` (API name `cuTexRefSetMaxAnisotropy`, ABI of CUDA 5.0).
     pub cuTexRefSetMaxAnisotropy: Option<pfn::cuTexRefSetMaxAnisotropy>,
-    /// `cuTexRefSetMipmapFilterMode` (API name `cuTexRefSetMipmapFilterMode`).
+    /// `cuTexRefSetMipmapFilterMode` (API name `cuTexRefSetMipmapFilterMode`, ABI of CUDA 5.0).
     pub cuTexRefSetMipmapFilterMode: Option<pfn::cuTexRefSetMipmapFilterMode>,
-    /// `cuTexRefSetMipmapLevelBias` (API name `cuTexRefSetMipmapLevelBias`).
+    /// `cuTexRefSetMipmapLevelBias` (API name `cuTexRefSetMipmapLevelBias`, ABI of CUDA 5.0).
     pub cuTexRefSetMipmapLevelBias: Option<pfn::cuTexRefSetMipmapLevelBias>,
-    /// `cuTexRefSetMipmapLevelClamp` (API name `cuTexRefSetMipmapLevelClamp`).
+    /// `cuTexRefSetMipmapLevelClamp` (API name `cuTexRefSetMipmapLevelClamp`, ABI of CUDA 5.0).
     pub cuTexRefSetMipmapLevelClamp: Option<pfn::cuTexRefSetMipmapLevelClamp>,
-    /// `cuTexRefSetMipmappedArray` (API name `cuTexRefSetMipmappedArray`).
+    /// `cuTexRefSetMipmappedArray` (API name `cuTexRefSetMipmappedArray`, ABI of CUDA 5.0).
     pub cuTexRefSetMipmappedArray: Option<pfn::cuTexRefSetMipmappedArray>,
-    /// `cuThreadExchangeStreamCaptureMode` (API name `cuThreadExchangeStreamCaptureMode`).
+    /// `cuThreadExchangeStreamCaptureMode` (API name `cuThreadExchangeStreamCaptureMode`, ABI of CUDA 10.1).
     pub cuThreadExchangeStreamCaptureMode: Option<
         pfn::cuThreadExchangeStreamCaptureMode,
     >,
-    /// `cuUserObjectCreate` (API name `cuUserObjectCreate`).
+    /// `cuUserObjectCreate` (API name `cuUserObjectCreate`, ABI of CUDA 11.3).
     pub cuUserObjectCreate: Option<pfn::cuUserObjectCreate>,
-    /// `cuUserObjectRelease` (API name `cuUserObjectRelease`).
+    /// `cuUserObjectRelease` (API name `cuUserObjectRelease`, ABI of CUDA 11.3).
     pub cuUserObjectRelease: Option<pfn::cuUserObjectRelease>,
-    /// `cuUserObjectRetain` (API name `cuUserObjectRetain`).
+    /// `cuUserObjectRetain` (API name `cuUserObjectRetain`, ABI of CUDA 11.3).
     pub cuUserObjectRetain: Option<pfn::cuUserObjectRetain>,
-    /// `cuWaitExternalSemaphoresAsync` (API name `cuWaitExternalSemaphoresAsync`).
+    /// `cuWaitExternalSemaphoresAsync` (API name `cuWaitExternalSemaphoresAsync`, ABI of CUDA 10.0).
     pub cuWaitExternalSemaphoresAsync: Option<pfn::cuWaitExternalSemaphoresAsync>,
 }
 impl DriverTable {
@@ -14229,7 +14680,7 @@ impl DriverTable {
     }
 }
 impl Driver {
-    /** Calls `cuArray3DCreate_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuArray3DCreate_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14242,14 +14693,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuArray3DCreate {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pHandle, pAllocateArray) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuArray3DCreate",
-                })
-            }
+            None => Err(self.missing("cuArray3DCreate", 3020)),
         }
     }
-    /** Calls `cuArray3DGetDescriptor_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuArray3DGetDescriptor_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14262,14 +14709,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuArray3DGetDescriptor {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pArrayDescriptor, hArray) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuArray3DGetDescriptor",
-                })
-            }
+            None => Err(self.missing("cuArray3DGetDescriptor", 3020)),
         }
     }
-    /** Calls `cuArrayCreate_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuArrayCreate_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14282,14 +14725,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuArrayCreate {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pHandle, pAllocateArray) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuArrayCreate",
-                })
-            }
+            None => Err(self.missing("cuArrayCreate", 3020)),
         }
     }
-    /** Calls `cuArrayDestroy`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuArrayDestroy`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14301,14 +14740,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuArrayDestroy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hArray) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuArrayDestroy",
-                })
-            }
+            None => Err(self.missing("cuArrayDestroy", 2000)),
         }
     }
-    /** Calls `cuArrayGetDescriptor_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuArrayGetDescriptor_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14321,14 +14756,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuArrayGetDescriptor {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pArrayDescriptor, hArray) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuArrayGetDescriptor",
-                })
-            }
+            None => Err(self.missing("cuArrayGetDescriptor", 3020)),
         }
     }
-    /** Calls `cuArrayGetMemoryRequirements`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuArrayGetMemoryRequirements`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14344,14 +14775,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(memoryRequirements, array, device) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuArrayGetMemoryRequirements",
-                })
-            }
+            None => Err(self.missing("cuArrayGetMemoryRequirements", 11060)),
         }
     }
-    /** Calls `cuArrayGetPlane`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuArrayGetPlane`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14367,14 +14794,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(pPlaneArray, hArray, planeIdx) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuArrayGetPlane",
-                })
-            }
+            None => Err(self.missing("cuArrayGetPlane", 11020)),
         }
     }
-    /** Calls `cuArrayGetSparseProperties`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuArrayGetSparseProperties`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14387,14 +14810,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuArrayGetSparseProperties {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(sparseProperties, array) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuArrayGetSparseProperties",
-                })
-            }
+            None => Err(self.missing("cuArrayGetSparseProperties", 11010)),
         }
     }
-    /** Calls `cuCheckpointProcessCheckpoint`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCheckpointProcessCheckpoint`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14407,14 +14826,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCheckpointProcessCheckpoint {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pid, args) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCheckpointProcessCheckpoint",
-                })
-            }
+            None => Err(self.missing("cuCheckpointProcessCheckpoint", 12080)),
         }
     }
-    /** Calls `cuCheckpointProcessGetRestoreThreadId`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCheckpointProcessGetRestoreThreadId`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14427,14 +14842,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCheckpointProcessGetRestoreThreadId {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pid, tid) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCheckpointProcessGetRestoreThreadId",
-                })
-            }
+            None => Err(self.missing("cuCheckpointProcessGetRestoreThreadId", 12080)),
         }
     }
-    /** Calls `cuCheckpointProcessGetState`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCheckpointProcessGetState`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14447,14 +14858,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCheckpointProcessGetState {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pid, state) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCheckpointProcessGetState",
-                })
-            }
+            None => Err(self.missing("cuCheckpointProcessGetState", 12080)),
         }
     }
-    /** Calls `cuCheckpointProcessLock`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCheckpointProcessLock`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14467,14 +14874,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCheckpointProcessLock {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pid, args) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCheckpointProcessLock",
-                })
-            }
+            None => Err(self.missing("cuCheckpointProcessLock", 12080)),
         }
     }
-    /** Calls `cuCheckpointProcessRestore`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCheckpointProcessRestore`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14487,14 +14890,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCheckpointProcessRestore {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pid, args) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCheckpointProcessRestore",
-                })
-            }
+            None => Err(self.missing("cuCheckpointProcessRestore", 12080)),
         }
     }
-    /** Calls `cuCheckpointProcessUnlock`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCheckpointProcessUnlock`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14507,14 +14906,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCheckpointProcessUnlock {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pid, args) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCheckpointProcessUnlock",
-                })
-            }
+            None => Err(self.missing("cuCheckpointProcessUnlock", 12080)),
         }
     }
-    /** Calls `cuCoredumpGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCoredumpGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14528,14 +14923,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCoredumpGetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(attrib, value, size) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCoredumpGetAttribute",
-                })
-            }
+            None => Err(self.missing("cuCoredumpGetAttribute", 12010)),
         }
     }
-    /** Calls `cuCoredumpGetAttributeGlobal`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCoredumpGetAttributeGlobal`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14549,14 +14940,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCoredumpGetAttributeGlobal {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(attrib, value, size) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCoredumpGetAttributeGlobal",
-                })
-            }
+            None => Err(self.missing("cuCoredumpGetAttributeGlobal", 12010)),
         }
     }
-    /** Calls `cuCoredumpSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCoredumpSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14570,14 +14957,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCoredumpSetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(attrib, value, size) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCoredumpSetAttribute",
-                })
-            }
+            None => Err(self.missing("cuCoredumpSetAttribute", 12010)),
         }
     }
-    /** Calls `cuCoredumpSetAttributeGlobal`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCoredumpSetAttributeGlobal`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14591,14 +14974,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCoredumpSetAttributeGlobal {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(attrib, value, size) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCoredumpSetAttributeGlobal",
-                })
-            }
+            None => Err(self.missing("cuCoredumpSetAttributeGlobal", 12010)),
         }
     }
-    /** Calls `cuCtxAttach`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxAttach`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14611,14 +14990,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxAttach {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pctx, flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxAttach",
-                })
-            }
+            None => Err(self.missing("cuCtxAttach", 2000)),
         }
     }
-    /** Calls `cuCtxCreate_v4`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxCreate_v4`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14635,14 +15010,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(pctx, ctxCreateParams, flags, dev) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxCreate",
-                })
-            }
+            None => Err(self.missing("cuCtxCreate", 12050)),
         }
     }
-    /** Calls `cuCtxDestroy_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxDestroy_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14654,14 +15025,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxDestroy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(ctx) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxDestroy",
-                })
-            }
+            None => Err(self.missing("cuCtxDestroy", 4000)),
         }
     }
-    /** Calls `cuCtxDetach`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxDetach`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14670,14 +15037,10 @@ impl Driver {
     pub unsafe fn cuCtxDetach(&self, ctx: CUcontext) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxDetach {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(ctx) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxDetach",
-                })
-            }
+            None => Err(self.missing("cuCtxDetach", 2000)),
         }
     }
-    /** Calls `cuCtxDisablePeerAccess`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxDisablePeerAccess`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14689,14 +15052,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxDisablePeerAccess {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(peerContext) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxDisablePeerAccess",
-                })
-            }
+            None => Err(self.missing("cuCtxDisablePeerAccess", 4000)),
         }
     }
-    /** Calls `cuCtxEnablePeerAccess`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxEnablePeerAccess`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14709,14 +15068,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxEnablePeerAccess {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(peerContext, Flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxEnablePeerAccess",
-                })
-            }
+            None => Err(self.missing("cuCtxEnablePeerAccess", 4000)),
         }
     }
-    /** Calls `cuCtxFromGreenCtx`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxFromGreenCtx`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14729,14 +15084,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxFromGreenCtx {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pContext, hCtx) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxFromGreenCtx",
-                })
-            }
+            None => Err(self.missing("cuCtxFromGreenCtx", 12040)),
         }
     }
-    /** Calls `cuCtxGetApiVersion`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxGetApiVersion`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14749,14 +15100,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxGetApiVersion {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(ctx, version) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxGetApiVersion",
-                })
-            }
+            None => Err(self.missing("cuCtxGetApiVersion", 3020)),
         }
     }
-    /** Calls `cuCtxGetCacheConfig`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxGetCacheConfig`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14768,14 +15115,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxGetCacheConfig {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pconfig) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxGetCacheConfig",
-                })
-            }
+            None => Err(self.missing("cuCtxGetCacheConfig", 3020)),
         }
     }
-    /** Calls `cuCtxGetCurrent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxGetCurrent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14787,14 +15130,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxGetCurrent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pctx) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxGetCurrent",
-                })
-            }
+            None => Err(self.missing("cuCtxGetCurrent", 4000)),
         }
     }
-    /** Calls `cuCtxGetDevResource`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxGetDevResource`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14808,14 +15147,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxGetDevResource {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hCtx, resource, type_) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxGetDevResource",
-                })
-            }
+            None => Err(self.missing("cuCtxGetDevResource", 12040)),
         }
     }
-    /** Calls `cuCtxGetDevice`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxGetDevice`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14827,14 +15162,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxGetDevice {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(device) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxGetDevice",
-                })
-            }
+            None => Err(self.missing("cuCtxGetDevice", 2000)),
         }
     }
-    /** Calls `cuCtxGetDevice_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxGetDevice_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14847,14 +15178,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxGetDevice_v2 {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(device, ctx) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxGetDevice_v2",
-                })
-            }
+            None => Err(self.missing("cuCtxGetDevice_v2", 13000)),
         }
     }
-    /** Calls `cuCtxGetExecAffinity`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxGetExecAffinity`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14867,14 +15194,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxGetExecAffinity {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pExecAffinity, type_) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxGetExecAffinity",
-                })
-            }
+            None => Err(self.missing("cuCtxGetExecAffinity", 11040)),
         }
     }
-    /** Calls `cuCtxGetFlags`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxGetFlags`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14886,14 +15209,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxGetFlags {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxGetFlags",
-                })
-            }
+            None => Err(self.missing("cuCtxGetFlags", 7000)),
         }
     }
-    /** Calls `cuCtxGetId`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxGetId`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14906,14 +15225,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxGetId {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(ctx, ctxId) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxGetId",
-                })
-            }
+            None => Err(self.missing("cuCtxGetId", 12000)),
         }
     }
-    /** Calls `cuCtxGetLimit`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxGetLimit`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14926,14 +15241,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxGetLimit {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pvalue, limit) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxGetLimit",
-                })
-            }
+            None => Err(self.missing("cuCtxGetLimit", 3010)),
         }
     }
-    /** Calls `cuCtxGetSharedMemConfig`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxGetSharedMemConfig`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14945,14 +15256,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxGetSharedMemConfig {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pConfig) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxGetSharedMemConfig",
-                })
-            }
+            None => Err(self.missing("cuCtxGetSharedMemConfig", 4020)),
         }
     }
-    /** Calls `cuCtxGetStreamPriorityRange`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxGetStreamPriorityRange`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14967,14 +15274,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(leastPriority, greatestPriority) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxGetStreamPriorityRange",
-                })
-            }
+            None => Err(self.missing("cuCtxGetStreamPriorityRange", 5050)),
         }
     }
-    /** Calls `cuCtxPopCurrent_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxPopCurrent_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -14986,14 +15289,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxPopCurrent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pctx) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxPopCurrent",
-                })
-            }
+            None => Err(self.missing("cuCtxPopCurrent", 4000)),
         }
     }
-    /** Calls `cuCtxPushCurrent_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxPushCurrent_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15005,14 +15304,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxPushCurrent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(ctx) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxPushCurrent",
-                })
-            }
+            None => Err(self.missing("cuCtxPushCurrent", 4000)),
         }
     }
-    /** Calls `cuCtxRecordEvent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxRecordEvent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15025,14 +15320,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxRecordEvent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hCtx, hEvent) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxRecordEvent",
-                })
-            }
+            None => Err(self.missing("cuCtxRecordEvent", 12050)),
         }
     }
-    /** Calls `cuCtxResetPersistingL2Cache`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxResetPersistingL2Cache`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15041,14 +15332,10 @@ impl Driver {
     pub unsafe fn cuCtxResetPersistingL2Cache(&self) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxResetPersistingL2Cache {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn() }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxResetPersistingL2Cache",
-                })
-            }
+            None => Err(self.missing("cuCtxResetPersistingL2Cache", 11000)),
         }
     }
-    /** Calls `cuCtxSetCacheConfig`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxSetCacheConfig`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15060,14 +15347,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxSetCacheConfig {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(config) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxSetCacheConfig",
-                })
-            }
+            None => Err(self.missing("cuCtxSetCacheConfig", 3020)),
         }
     }
-    /** Calls `cuCtxSetCurrent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxSetCurrent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15079,14 +15362,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxSetCurrent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(ctx) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxSetCurrent",
-                })
-            }
+            None => Err(self.missing("cuCtxSetCurrent", 4000)),
         }
     }
-    /** Calls `cuCtxSetFlags`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxSetFlags`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15098,14 +15377,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxSetFlags {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxSetFlags",
-                })
-            }
+            None => Err(self.missing("cuCtxSetFlags", 12010)),
         }
     }
-    /** Calls `cuCtxSetLimit`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxSetLimit`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15118,14 +15393,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxSetLimit {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(limit, value) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxSetLimit",
-                })
-            }
+            None => Err(self.missing("cuCtxSetLimit", 3010)),
         }
     }
-    /** Calls `cuCtxSetSharedMemConfig`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxSetSharedMemConfig`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15137,14 +15408,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxSetSharedMemConfig {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(config) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxSetSharedMemConfig",
-                })
-            }
+            None => Err(self.missing("cuCtxSetSharedMemConfig", 4020)),
         }
     }
-    /** Calls `cuCtxSynchronize`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxSynchronize`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15153,14 +15420,10 @@ impl Driver {
     pub unsafe fn cuCtxSynchronize(&self) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxSynchronize {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn() }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxSynchronize",
-                })
-            }
+            None => Err(self.missing("cuCtxSynchronize", 2000)),
         }
     }
-    /** Calls `cuCtxSynchronize_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxSynchronize_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15172,14 +15435,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxSynchronize_v2 {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(ctx) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxSynchronize_v2",
-                })
-            }
+            None => Err(self.missing("cuCtxSynchronize_v2", 13000)),
         }
     }
-    /** Calls `cuCtxWaitEvent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuCtxWaitEvent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15192,14 +15451,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuCtxWaitEvent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hCtx, hEvent) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuCtxWaitEvent",
-                })
-            }
+            None => Err(self.missing("cuCtxWaitEvent", 12050)),
         }
     }
-    /** Calls `cuDestroyExternalMemory`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDestroyExternalMemory`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15211,14 +15466,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDestroyExternalMemory {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(extMem) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDestroyExternalMemory",
-                })
-            }
+            None => Err(self.missing("cuDestroyExternalMemory", 10000)),
         }
     }
-    /** Calls `cuDestroyExternalSemaphore`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDestroyExternalSemaphore`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15230,14 +15481,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDestroyExternalSemaphore {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(extSem) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDestroyExternalSemaphore",
-                })
-            }
+            None => Err(self.missing("cuDestroyExternalSemaphore", 10000)),
         }
     }
-    /** Calls `cuDevResourceGenerateDesc`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDevResourceGenerateDesc`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15253,14 +15500,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(phDesc, resources, nbResources) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDevResourceGenerateDesc",
-                })
-            }
+            None => Err(self.missing("cuDevResourceGenerateDesc", 12040)),
         }
     }
-    /** Calls `cuDevSmResourceSplitByCount`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDevSmResourceSplitByCount`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15281,14 +15524,10 @@ impl Driver {
                     __cuda_sys_fn(result, nbGroups, input, remaining, useFlags, minCount)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDevSmResourceSplitByCount",
-                })
-            }
+            None => Err(self.missing("cuDevSmResourceSplitByCount", 12040)),
         }
     }
-    /** Calls `cuDeviceCanAccessPeer`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceCanAccessPeer`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15304,14 +15543,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(canAccessPeer, dev, peerDev) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceCanAccessPeer",
-                })
-            }
+            None => Err(self.missing("cuDeviceCanAccessPeer", 4000)),
         }
     }
-    /** Calls `cuDeviceComputeCapability`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceComputeCapability`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15325,14 +15560,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceComputeCapability {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(major, minor, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceComputeCapability",
-                })
-            }
+            None => Err(self.missing("cuDeviceComputeCapability", 2000)),
         }
     }
-    /** Calls `cuDeviceGet`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGet`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15345,14 +15576,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGet {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(device, ordinal) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGet",
-                })
-            }
+            None => Err(self.missing("cuDeviceGet", 2000)),
         }
     }
-    /** Calls `cuDeviceGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15366,14 +15593,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pi, attrib, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetAttribute",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetAttribute", 2000)),
         }
     }
-    /** Calls `cuDeviceGetByPCIBusId`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetByPCIBusId`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15386,14 +15609,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGetByPCIBusId {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dev, pciBusId) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetByPCIBusId",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetByPCIBusId", 4010)),
         }
     }
-    /** Calls `cuDeviceGetCount`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetCount`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15405,14 +15624,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGetCount {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(count) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetCount",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetCount", 2000)),
         }
     }
-    /** Calls `cuDeviceGetDefaultMemPool`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetDefaultMemPool`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15425,14 +15640,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGetDefaultMemPool {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pool_out, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetDefaultMemPool",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetDefaultMemPool", 11020)),
         }
     }
-    /** Calls `cuDeviceGetDevResource`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetDevResource`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15446,14 +15657,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGetDevResource {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(device, resource, type_) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetDevResource",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetDevResource", 12040)),
         }
     }
-    /** Calls `cuDeviceGetExecAffinitySupport`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetExecAffinitySupport`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15467,14 +15674,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGetExecAffinitySupport {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pi, type_, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetExecAffinitySupport",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetExecAffinitySupport", 11040)),
         }
     }
-    /** Calls `cuDeviceGetGraphMemAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetGraphMemAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15488,14 +15691,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGetGraphMemAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(device, attr, value) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetGraphMemAttribute",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetGraphMemAttribute", 11040)),
         }
     }
-    /** Calls `cuDeviceGetHostAtomicCapabilities`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetHostAtomicCapabilities`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15512,14 +15711,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(capabilities, operations, count, dev) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetHostAtomicCapabilities",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetHostAtomicCapabilities", 13000)),
         }
     }
-    /** Calls `cuDeviceGetLuid`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetLuid`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15535,14 +15730,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(luid, deviceNodeMask, dev) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetLuid",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetLuid", 10000)),
         }
     }
-    /** Calls `cuDeviceGetMemPool`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetMemPool`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15555,14 +15746,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGetMemPool {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pool, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetMemPool",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetMemPool", 11020)),
         }
     }
-    /** Calls `cuDeviceGetName`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetName`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15576,14 +15763,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGetName {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(name, len, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetName",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetName", 2000)),
         }
     }
-    /** Calls `cuDeviceGetNvSciSyncAttributes`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetNvSciSyncAttributes`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15599,14 +15782,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(nvSciSyncAttrList, dev, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetNvSciSyncAttributes",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetNvSciSyncAttributes", 10020)),
         }
     }
-    /** Calls `cuDeviceGetP2PAtomicCapabilities`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetP2PAtomicCapabilities`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15626,14 +15805,10 @@ impl Driver {
                     __cuda_sys_fn(capabilities, operations, count, srcDevice, dstDevice)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetP2PAtomicCapabilities",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetP2PAtomicCapabilities", 13000)),
         }
     }
-    /** Calls `cuDeviceGetP2PAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetP2PAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15650,14 +15825,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(value, attrib, srcDevice, dstDevice) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetP2PAttribute",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetP2PAttribute", 8000)),
         }
     }
-    /** Calls `cuDeviceGetPCIBusId`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetPCIBusId`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15671,14 +15842,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGetPCIBusId {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pciBusId, len, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetPCIBusId",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetPCIBusId", 4010)),
         }
     }
-    /** Calls `cuDeviceGetProperties`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetProperties`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15691,14 +15858,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGetProperties {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(prop, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetProperties",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetProperties", 2000)),
         }
     }
-    /** Calls `cuDeviceGetTexture1DLinearMaxWidth`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetTexture1DLinearMaxWidth`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15717,14 +15880,10 @@ impl Driver {
                     __cuda_sys_fn(maxWidthInElements, format, numChannels, dev)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetTexture1DLinearMaxWidth",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetTexture1DLinearMaxWidth", 11010)),
         }
     }
-    /** Calls `cuDeviceGetUuid_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGetUuid_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15737,14 +15896,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGetUuid {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(uuid, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGetUuid",
-                })
-            }
+            None => Err(self.missing("cuDeviceGetUuid", 11040)),
         }
     }
-    /** Calls `cuDeviceGraphMemTrim`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceGraphMemTrim`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15756,14 +15911,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceGraphMemTrim {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(device) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceGraphMemTrim",
-                })
-            }
+            None => Err(self.missing("cuDeviceGraphMemTrim", 11040)),
         }
     }
-    /** Calls `cuDevicePrimaryCtxGetState`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDevicePrimaryCtxGetState`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15777,14 +15928,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDevicePrimaryCtxGetState {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dev, flags, active) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDevicePrimaryCtxGetState",
-                })
-            }
+            None => Err(self.missing("cuDevicePrimaryCtxGetState", 7000)),
         }
     }
-    /** Calls `cuDevicePrimaryCtxRelease_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDevicePrimaryCtxRelease_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15796,14 +15943,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDevicePrimaryCtxRelease {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDevicePrimaryCtxRelease",
-                })
-            }
+            None => Err(self.missing("cuDevicePrimaryCtxRelease", 11000)),
         }
     }
-    /** Calls `cuDevicePrimaryCtxReset_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDevicePrimaryCtxReset_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15815,14 +15958,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDevicePrimaryCtxReset {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDevicePrimaryCtxReset",
-                })
-            }
+            None => Err(self.missing("cuDevicePrimaryCtxReset", 11000)),
         }
     }
-    /** Calls `cuDevicePrimaryCtxRetain`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDevicePrimaryCtxRetain`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15835,14 +15974,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDevicePrimaryCtxRetain {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pctx, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDevicePrimaryCtxRetain",
-                })
-            }
+            None => Err(self.missing("cuDevicePrimaryCtxRetain", 7000)),
         }
     }
-    /** Calls `cuDevicePrimaryCtxSetFlags_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDevicePrimaryCtxSetFlags_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15855,14 +15990,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDevicePrimaryCtxSetFlags {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dev, flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDevicePrimaryCtxSetFlags",
-                })
-            }
+            None => Err(self.missing("cuDevicePrimaryCtxSetFlags", 11000)),
         }
     }
-    /** Calls `cuDeviceRegisterAsyncNotification`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceRegisterAsyncNotification`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15879,14 +16010,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(device, callbackFunc, userData, callback) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceRegisterAsyncNotification",
-                })
-            }
+            None => Err(self.missing("cuDeviceRegisterAsyncNotification", 12040)),
         }
     }
-    /** Calls `cuDeviceSetGraphMemAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceSetGraphMemAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15900,14 +16027,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceSetGraphMemAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(device, attr, value) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceSetGraphMemAttribute",
-                })
-            }
+            None => Err(self.missing("cuDeviceSetGraphMemAttribute", 11040)),
         }
     }
-    /** Calls `cuDeviceSetMemPool`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceSetMemPool`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15920,14 +16043,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceSetMemPool {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dev, pool) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceSetMemPool",
-                })
-            }
+            None => Err(self.missing("cuDeviceSetMemPool", 11020)),
         }
     }
-    /** Calls `cuDeviceTotalMem_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceTotalMem_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15940,14 +16059,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceTotalMem {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(bytes, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceTotalMem",
-                })
-            }
+            None => Err(self.missing("cuDeviceTotalMem", 3020)),
         }
     }
-    /** Calls `cuDeviceUnregisterAsyncNotification`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDeviceUnregisterAsyncNotification`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15960,14 +16075,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDeviceUnregisterAsyncNotification {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(device, callback) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDeviceUnregisterAsyncNotification",
-                })
-            }
+            None => Err(self.missing("cuDeviceUnregisterAsyncNotification", 12040)),
         }
     }
-    /** Calls `cuDriverGetVersion`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuDriverGetVersion`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15979,14 +16090,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuDriverGetVersion {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(driverVersion) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuDriverGetVersion",
-                })
-            }
+            None => Err(self.missing("cuDriverGetVersion", 2020)),
         }
     }
-    /** Calls `cuEventCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuEventCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -15999,14 +16106,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuEventCreate {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(phEvent, Flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuEventCreate",
-                })
-            }
+            None => Err(self.missing("cuEventCreate", 2000)),
         }
     }
-    /** Calls `cuEventDestroy_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuEventDestroy_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16018,14 +16121,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuEventDestroy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hEvent) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuEventDestroy",
-                })
-            }
+            None => Err(self.missing("cuEventDestroy", 4000)),
         }
     }
-    /** Calls `cuEventElapsedTime_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuEventElapsedTime_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16041,14 +16140,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(pMilliseconds, hStart, hEnd) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuEventElapsedTime",
-                })
-            }
+            None => Err(self.missing("cuEventElapsedTime", 12080)),
         }
     }
-    /** Calls `cuEventQuery`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuEventQuery`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16060,14 +16155,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuEventQuery {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hEvent) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuEventQuery",
-                })
-            }
+            None => Err(self.missing("cuEventQuery", 2000)),
         }
     }
-    /** Calls `cuEventRecord`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuEventRecord`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16080,14 +16171,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuEventRecord {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hEvent, hStream) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuEventRecord",
-                })
-            }
+            None => Err(self.missing("cuEventRecord", 2000)),
         }
     }
-    /** Calls `cuEventRecordWithFlags`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuEventRecordWithFlags`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16101,14 +16188,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuEventRecordWithFlags {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hEvent, hStream, flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuEventRecordWithFlags",
-                })
-            }
+            None => Err(self.missing("cuEventRecordWithFlags", 11010)),
         }
     }
-    /** Calls `cuEventSynchronize`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuEventSynchronize`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16120,14 +16203,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuEventSynchronize {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hEvent) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuEventSynchronize",
-                })
-            }
+            None => Err(self.missing("cuEventSynchronize", 2000)),
         }
     }
-    /** Calls `cuExternalMemoryGetMappedBuffer`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuExternalMemoryGetMappedBuffer`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16143,14 +16222,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(devPtr, extMem, bufferDesc) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuExternalMemoryGetMappedBuffer",
-                })
-            }
+            None => Err(self.missing("cuExternalMemoryGetMappedBuffer", 10000)),
         }
     }
-    /** Calls `cuExternalMemoryGetMappedMipmappedArray`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuExternalMemoryGetMappedMipmappedArray`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16166,14 +16241,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(mipmap, extMem, mipmapDesc) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuExternalMemoryGetMappedMipmappedArray",
-                })
-            }
+            None => Err(self.missing("cuExternalMemoryGetMappedMipmappedArray", 10000)),
         }
     }
-    /** Calls `cuFlushGPUDirectRDMAWrites`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuFlushGPUDirectRDMAWrites`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16186,14 +16257,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuFlushGPUDirectRDMAWrites {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(target, scope) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuFlushGPUDirectRDMAWrites",
-                })
-            }
+            None => Err(self.missing("cuFlushGPUDirectRDMAWrites", 11030)),
         }
     }
-    /** Calls `cuFuncGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuFuncGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16207,14 +16274,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuFuncGetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pi, attrib, hfunc) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuFuncGetAttribute",
-                })
-            }
+            None => Err(self.missing("cuFuncGetAttribute", 2020)),
         }
     }
-    /** Calls `cuFuncGetModule`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuFuncGetModule`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16227,14 +16290,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuFuncGetModule {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hmod, hfunc) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuFuncGetModule",
-                })
-            }
+            None => Err(self.missing("cuFuncGetModule", 11000)),
         }
     }
-    /** Calls `cuFuncGetName`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuFuncGetName`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16247,14 +16306,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuFuncGetName {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(name, hfunc) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuFuncGetName",
-                })
-            }
+            None => Err(self.missing("cuFuncGetName", 12030)),
         }
     }
-    /** Calls `cuFuncGetParamInfo`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuFuncGetParamInfo`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16271,14 +16326,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(func, paramIndex, paramOffset, paramSize) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuFuncGetParamInfo",
-                })
-            }
+            None => Err(self.missing("cuFuncGetParamInfo", 12040)),
         }
     }
-    /** Calls `cuFuncIsLoaded`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuFuncIsLoaded`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16291,14 +16342,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuFuncIsLoaded {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(state, function) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuFuncIsLoaded",
-                })
-            }
+            None => Err(self.missing("cuFuncIsLoaded", 12040)),
         }
     }
-    /** Calls `cuFuncLoad`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuFuncLoad`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16310,14 +16357,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuFuncLoad {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(function) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuFuncLoad",
-                })
-            }
+            None => Err(self.missing("cuFuncLoad", 12040)),
         }
     }
-    /** Calls `cuFuncSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuFuncSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16331,14 +16374,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuFuncSetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hfunc, attrib, value) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuFuncSetAttribute",
-                })
-            }
+            None => Err(self.missing("cuFuncSetAttribute", 9000)),
         }
     }
-    /** Calls `cuFuncSetBlockShape`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuFuncSetBlockShape`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16353,14 +16392,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuFuncSetBlockShape {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hfunc, x, y, z) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuFuncSetBlockShape",
-                })
-            }
+            None => Err(self.missing("cuFuncSetBlockShape", 2000)),
         }
     }
-    /** Calls `cuFuncSetCacheConfig`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuFuncSetCacheConfig`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16373,14 +16408,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuFuncSetCacheConfig {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hfunc, config) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuFuncSetCacheConfig",
-                })
-            }
+            None => Err(self.missing("cuFuncSetCacheConfig", 3000)),
         }
     }
-    /** Calls `cuFuncSetSharedMemConfig`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuFuncSetSharedMemConfig`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16393,14 +16424,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuFuncSetSharedMemConfig {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hfunc, config) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuFuncSetSharedMemConfig",
-                })
-            }
+            None => Err(self.missing("cuFuncSetSharedMemConfig", 4020)),
         }
     }
-    /** Calls `cuFuncSetSharedSize`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuFuncSetSharedSize`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16413,14 +16440,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuFuncSetSharedSize {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hfunc, bytes) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuFuncSetSharedSize",
-                })
-            }
+            None => Err(self.missing("cuFuncSetSharedSize", 2000)),
         }
     }
-    /** Calls `cuGetErrorName`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGetErrorName`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16433,14 +16456,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGetErrorName {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(error, pStr) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGetErrorName",
-                })
-            }
+            None => Err(self.missing("cuGetErrorName", 6000)),
         }
     }
-    /** Calls `cuGetErrorString`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGetErrorString`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16453,14 +16472,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGetErrorString {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(error, pStr) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGetErrorString",
-                })
-            }
+            None => Err(self.missing("cuGetErrorString", 6000)),
         }
     }
-    /** Calls `cuGetExportTable`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGetExportTable`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16475,14 +16490,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(ppExportTable, pExportTableId) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGetExportTable",
-                })
-            }
+            None => Err(self.missing("cuGetExportTable", 3000)),
         }
     }
-    /** Calls `cuGetProcAddress_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGetProcAddress_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16502,14 +16513,10 @@ impl Driver {
                     __cuda_sys_fn(symbol, pfn, cudaVersion, flags, symbolStatus)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGetProcAddress",
-                })
-            }
+            None => Err(self.missing("cuGetProcAddress", 12000)),
         }
     }
-    /** Calls `cuGraphAddBatchMemOpNode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddBatchMemOpNode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16535,14 +16542,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddBatchMemOpNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddBatchMemOpNode", 11070)),
         }
     }
-    /** Calls `cuGraphAddChildGraphNode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddChildGraphNode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16568,14 +16571,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddChildGraphNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddChildGraphNode", 10000)),
         }
     }
-    /** Calls `cuGraphAddDependencies_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddDependencies_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16593,14 +16592,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraph, from, to, edgeData, numDependencies) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddDependencies",
-                })
-            }
+            None => Err(self.missing("cuGraphAddDependencies", 12030)),
         }
     }
-    /** Calls `cuGraphAddEmptyNode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddEmptyNode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16619,14 +16614,10 @@ impl Driver {
                     __cuda_sys_fn(phGraphNode, hGraph, dependencies, numDependencies)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddEmptyNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddEmptyNode", 10000)),
         }
     }
-    /** Calls `cuGraphAddEventRecordNode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddEventRecordNode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16652,14 +16643,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddEventRecordNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddEventRecordNode", 11010)),
         }
     }
-    /** Calls `cuGraphAddEventWaitNode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddEventWaitNode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16685,14 +16672,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddEventWaitNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddEventWaitNode", 11010)),
         }
     }
-    /** Calls `cuGraphAddExternalSemaphoresSignalNode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddExternalSemaphoresSignalNode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16718,14 +16701,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddExternalSemaphoresSignalNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddExternalSemaphoresSignalNode", 11020)),
         }
     }
-    /** Calls `cuGraphAddExternalSemaphoresWaitNode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddExternalSemaphoresWaitNode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16751,14 +16730,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddExternalSemaphoresWaitNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddExternalSemaphoresWaitNode", 11020)),
         }
     }
-    /** Calls `cuGraphAddHostNode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddHostNode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16784,14 +16759,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddHostNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddHostNode", 10000)),
         }
     }
-    /** Calls `cuGraphAddKernelNode_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddKernelNode_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16817,14 +16788,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddKernelNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddKernelNode", 12000)),
         }
     }
-    /** Calls `cuGraphAddMemAllocNode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddMemAllocNode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16850,14 +16817,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddMemAllocNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddMemAllocNode", 11040)),
         }
     }
-    /** Calls `cuGraphAddMemFreeNode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddMemFreeNode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16883,14 +16846,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddMemFreeNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddMemFreeNode", 11040)),
         }
     }
-    /** Calls `cuGraphAddMemcpyNode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddMemcpyNode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16918,14 +16877,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddMemcpyNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddMemcpyNode", 10000)),
         }
     }
-    /** Calls `cuGraphAddMemsetNode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddMemsetNode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16953,14 +16908,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddMemsetNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddMemsetNode", 10000)),
         }
     }
-    /** Calls `cuGraphAddNode_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphAddNode_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -16988,14 +16939,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphAddNode",
-                })
-            }
+            None => Err(self.missing("cuGraphAddNode", 12030)),
         }
     }
-    /** Calls `cuGraphBatchMemOpNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphBatchMemOpNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17008,14 +16955,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphBatchMemOpNodeGetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, nodeParams_out) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphBatchMemOpNodeGetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphBatchMemOpNodeGetParams", 11070)),
         }
     }
-    /** Calls `cuGraphBatchMemOpNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphBatchMemOpNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17028,14 +16971,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphBatchMemOpNodeSetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, nodeParams) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphBatchMemOpNodeSetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphBatchMemOpNodeSetParams", 11070)),
         }
     }
-    /** Calls `cuGraphChildGraphNodeGetGraph`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphChildGraphNodeGetGraph`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17048,14 +16987,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphChildGraphNodeGetGraph {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, phGraph) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphChildGraphNodeGetGraph",
-                })
-            }
+            None => Err(self.missing("cuGraphChildGraphNodeGetGraph", 10000)),
         }
     }
-    /** Calls `cuGraphClone`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphClone`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17070,14 +17005,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(phGraphClone, originalGraph) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphClone",
-                })
-            }
+            None => Err(self.missing("cuGraphClone", 10000)),
         }
     }
-    /** Calls `cuGraphConditionalHandleCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphConditionalHandleCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17097,14 +17028,10 @@ impl Driver {
                     __cuda_sys_fn(pHandle_out, hGraph, ctx, defaultLaunchValue, flags)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphConditionalHandleCreate",
-                })
-            }
+            None => Err(self.missing("cuGraphConditionalHandleCreate", 12030)),
         }
     }
-    /** Calls `cuGraphCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17117,14 +17044,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphCreate {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(phGraph, flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphCreate",
-                })
-            }
+            None => Err(self.missing("cuGraphCreate", 10000)),
         }
     }
-    /** Calls `cuGraphDebugDotPrint`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphDebugDotPrint`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17138,14 +17061,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphDebugDotPrint {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hGraph, path, flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphDebugDotPrint",
-                })
-            }
+            None => Err(self.missing("cuGraphDebugDotPrint", 11030)),
         }
     }
-    /** Calls `cuGraphDestroy`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphDestroy`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17157,14 +17076,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphDestroy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hGraph) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphDestroy",
-                })
-            }
+            None => Err(self.missing("cuGraphDestroy", 10000)),
         }
     }
-    /** Calls `cuGraphDestroyNode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphDestroyNode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17176,14 +17091,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphDestroyNode {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphDestroyNode",
-                })
-            }
+            None => Err(self.missing("cuGraphDestroyNode", 10000)),
         }
     }
-    /** Calls `cuGraphEventRecordNodeGetEvent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphEventRecordNodeGetEvent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17196,14 +17107,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphEventRecordNodeGetEvent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, event_out) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphEventRecordNodeGetEvent",
-                })
-            }
+            None => Err(self.missing("cuGraphEventRecordNodeGetEvent", 11010)),
         }
     }
-    /** Calls `cuGraphEventRecordNodeSetEvent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphEventRecordNodeSetEvent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17216,14 +17123,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphEventRecordNodeSetEvent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, event) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphEventRecordNodeSetEvent",
-                })
-            }
+            None => Err(self.missing("cuGraphEventRecordNodeSetEvent", 11010)),
         }
     }
-    /** Calls `cuGraphEventWaitNodeGetEvent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphEventWaitNodeGetEvent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17236,14 +17139,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphEventWaitNodeGetEvent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, event_out) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphEventWaitNodeGetEvent",
-                })
-            }
+            None => Err(self.missing("cuGraphEventWaitNodeGetEvent", 11010)),
         }
     }
-    /** Calls `cuGraphEventWaitNodeSetEvent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphEventWaitNodeSetEvent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17256,14 +17155,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphEventWaitNodeSetEvent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, event) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphEventWaitNodeSetEvent",
-                })
-            }
+            None => Err(self.missing("cuGraphEventWaitNodeSetEvent", 11010)),
         }
     }
-    /** Calls `cuGraphExecBatchMemOpNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecBatchMemOpNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17279,14 +17174,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraphExec, hNode, nodeParams) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecBatchMemOpNodeSetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphExecBatchMemOpNodeSetParams", 11070)),
         }
     }
-    /** Calls `cuGraphExecChildGraphNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecChildGraphNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17302,14 +17193,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraphExec, hNode, childGraph) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecChildGraphNodeSetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphExecChildGraphNodeSetParams", 11010)),
         }
     }
-    /** Calls `cuGraphExecDestroy`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecDestroy`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17321,14 +17208,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphExecDestroy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hGraphExec) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecDestroy",
-                })
-            }
+            None => Err(self.missing("cuGraphExecDestroy", 10000)),
         }
     }
-    /** Calls `cuGraphExecEventRecordNodeSetEvent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecEventRecordNodeSetEvent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17342,14 +17225,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphExecEventRecordNodeSetEvent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hGraphExec, hNode, event) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecEventRecordNodeSetEvent",
-                })
-            }
+            None => Err(self.missing("cuGraphExecEventRecordNodeSetEvent", 11010)),
         }
     }
-    /** Calls `cuGraphExecEventWaitNodeSetEvent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecEventWaitNodeSetEvent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17363,14 +17242,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphExecEventWaitNodeSetEvent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hGraphExec, hNode, event) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecEventWaitNodeSetEvent",
-                })
-            }
+            None => Err(self.missing("cuGraphExecEventWaitNodeSetEvent", 11010)),
         }
     }
-    /** Calls `cuGraphExecExternalSemaphoresSignalNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecExternalSemaphoresSignalNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17387,13 +17262,17 @@ impl Driver {
                 Ok(unsafe { __cuda_sys_fn(hGraphExec, hNode, nodeParams) })
             }
             None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecExternalSemaphoresSignalNodeSetParams",
-                })
+                Err(
+                    self
+                        .missing(
+                            "cuGraphExecExternalSemaphoresSignalNodeSetParams",
+                            11020,
+                        ),
+                )
             }
         }
     }
-    /** Calls `cuGraphExecExternalSemaphoresWaitNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecExternalSemaphoresWaitNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17410,13 +17289,13 @@ impl Driver {
                 Ok(unsafe { __cuda_sys_fn(hGraphExec, hNode, nodeParams) })
             }
             None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecExternalSemaphoresWaitNodeSetParams",
-                })
+                Err(
+                    self.missing("cuGraphExecExternalSemaphoresWaitNodeSetParams", 11020),
+                )
             }
         }
     }
-    /** Calls `cuGraphExecGetFlags`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecGetFlags`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17429,14 +17308,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphExecGetFlags {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hGraphExec, flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecGetFlags",
-                })
-            }
+            None => Err(self.missing("cuGraphExecGetFlags", 12000)),
         }
     }
-    /** Calls `cuGraphExecHostNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecHostNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17452,14 +17327,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraphExec, hNode, nodeParams) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecHostNodeSetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphExecHostNodeSetParams", 10020)),
         }
     }
-    /** Calls `cuGraphExecKernelNodeSetParams_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecKernelNodeSetParams_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17475,14 +17346,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraphExec, hNode, nodeParams) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecKernelNodeSetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphExecKernelNodeSetParams", 12000)),
         }
     }
-    /** Calls `cuGraphExecMemcpyNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecMemcpyNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17499,14 +17366,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraphExec, hNode, copyParams, ctx) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecMemcpyNodeSetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphExecMemcpyNodeSetParams", 10020)),
         }
     }
-    /** Calls `cuGraphExecMemsetNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecMemsetNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17523,14 +17386,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraphExec, hNode, memsetParams, ctx) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecMemsetNodeSetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphExecMemsetNodeSetParams", 10020)),
         }
     }
-    /** Calls `cuGraphExecNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17546,14 +17405,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraphExec, hNode, nodeParams) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecNodeSetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphExecNodeSetParams", 12020)),
         }
     }
-    /** Calls `cuGraphExecUpdate_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExecUpdate_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17569,14 +17424,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraphExec, hGraph, resultInfo) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExecUpdate",
-                })
-            }
+            None => Err(self.missing("cuGraphExecUpdate", 12000)),
         }
     }
-    /** Calls `cuGraphExternalSemaphoresSignalNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExternalSemaphoresSignalNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17590,13 +17441,11 @@ impl Driver {
         match self.table.cuGraphExternalSemaphoresSignalNodeGetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, params_out) }),
             None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExternalSemaphoresSignalNodeGetParams",
-                })
+                Err(self.missing("cuGraphExternalSemaphoresSignalNodeGetParams", 11020))
             }
         }
     }
-    /** Calls `cuGraphExternalSemaphoresSignalNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExternalSemaphoresSignalNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17610,13 +17459,11 @@ impl Driver {
         match self.table.cuGraphExternalSemaphoresSignalNodeSetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, nodeParams) }),
             None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExternalSemaphoresSignalNodeSetParams",
-                })
+                Err(self.missing("cuGraphExternalSemaphoresSignalNodeSetParams", 11020))
             }
         }
     }
-    /** Calls `cuGraphExternalSemaphoresWaitNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExternalSemaphoresWaitNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17630,13 +17477,11 @@ impl Driver {
         match self.table.cuGraphExternalSemaphoresWaitNodeGetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, params_out) }),
             None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExternalSemaphoresWaitNodeGetParams",
-                })
+                Err(self.missing("cuGraphExternalSemaphoresWaitNodeGetParams", 11020))
             }
         }
     }
-    /** Calls `cuGraphExternalSemaphoresWaitNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphExternalSemaphoresWaitNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17650,13 +17495,11 @@ impl Driver {
         match self.table.cuGraphExternalSemaphoresWaitNodeSetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, nodeParams) }),
             None => {
-                Err(MissingSymbol {
-                    name: "cuGraphExternalSemaphoresWaitNodeSetParams",
-                })
+                Err(self.missing("cuGraphExternalSemaphoresWaitNodeSetParams", 11020))
             }
         }
     }
-    /** Calls `cuGraphGetEdges_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphGetEdges_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17674,14 +17517,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraph, from, to, edgeData, numEdges) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphGetEdges",
-                })
-            }
+            None => Err(self.missing("cuGraphGetEdges", 12030)),
         }
     }
-    /** Calls `cuGraphGetNodes`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphGetNodes`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17695,14 +17534,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphGetNodes {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hGraph, nodes, numNodes) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphGetNodes",
-                })
-            }
+            None => Err(self.missing("cuGraphGetNodes", 10000)),
         }
     }
-    /** Calls `cuGraphGetRootNodes`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphGetRootNodes`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17718,14 +17553,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraph, rootNodes, numRootNodes) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphGetRootNodes",
-                })
-            }
+            None => Err(self.missing("cuGraphGetRootNodes", 10000)),
         }
     }
-    /** Calls `cuGraphHostNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphHostNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17738,14 +17569,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphHostNodeGetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, nodeParams) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphHostNodeGetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphHostNodeGetParams", 10000)),
         }
     }
-    /** Calls `cuGraphHostNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphHostNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17758,14 +17585,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphHostNodeSetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, nodeParams) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphHostNodeSetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphHostNodeSetParams", 10000)),
         }
     }
-    /** Calls `cuGraphInstantiateWithFlags`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphInstantiateWithFlags`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17781,14 +17604,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(phGraphExec, hGraph, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphInstantiateWithFlags",
-                })
-            }
+            None => Err(self.missing("cuGraphInstantiateWithFlags", 11040)),
         }
     }
-    /** Calls `cuGraphInstantiateWithParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphInstantiateWithParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17804,14 +17623,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(phGraphExec, hGraph, instantiateParams) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphInstantiateWithParams",
-                })
-            }
+            None => Err(self.missing("cuGraphInstantiateWithParams", 12000)),
         }
     }
-    /** Calls `cuGraphKernelNodeCopyAttributes`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphKernelNodeCopyAttributes`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17824,14 +17639,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphKernelNodeCopyAttributes {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dst, src) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphKernelNodeCopyAttributes",
-                })
-            }
+            None => Err(self.missing("cuGraphKernelNodeCopyAttributes", 11000)),
         }
     }
-    /** Calls `cuGraphKernelNodeGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphKernelNodeGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17845,14 +17656,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphKernelNodeGetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, attr, value_out) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphKernelNodeGetAttribute",
-                })
-            }
+            None => Err(self.missing("cuGraphKernelNodeGetAttribute", 11000)),
         }
     }
-    /** Calls `cuGraphKernelNodeGetParams_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphKernelNodeGetParams_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17865,14 +17672,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphKernelNodeGetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, nodeParams) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphKernelNodeGetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphKernelNodeGetParams", 12000)),
         }
     }
-    /** Calls `cuGraphKernelNodeSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphKernelNodeSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17886,14 +17689,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphKernelNodeSetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, attr, value) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphKernelNodeSetAttribute",
-                })
-            }
+            None => Err(self.missing("cuGraphKernelNodeSetAttribute", 11000)),
         }
     }
-    /** Calls `cuGraphKernelNodeSetParams_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphKernelNodeSetParams_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17906,14 +17705,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphKernelNodeSetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, nodeParams) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphKernelNodeSetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphKernelNodeSetParams", 12000)),
         }
     }
-    /** Calls `cuGraphLaunch`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphLaunch`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17926,14 +17721,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphLaunch {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hGraphExec, hStream) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphLaunch",
-                })
-            }
+            None => Err(self.missing("cuGraphLaunch", 10000)),
         }
     }
-    /** Calls `cuGraphMemAllocNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphMemAllocNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17946,14 +17737,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphMemAllocNodeGetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, params_out) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphMemAllocNodeGetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphMemAllocNodeGetParams", 11040)),
         }
     }
-    /** Calls `cuGraphMemFreeNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphMemFreeNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17966,14 +17753,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphMemFreeNodeGetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, dptr_out) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphMemFreeNodeGetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphMemFreeNodeGetParams", 11040)),
         }
     }
-    /** Calls `cuGraphMemcpyNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphMemcpyNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -17986,14 +17769,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphMemcpyNodeGetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, nodeParams) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphMemcpyNodeGetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphMemcpyNodeGetParams", 10000)),
         }
     }
-    /** Calls `cuGraphMemcpyNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphMemcpyNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18006,14 +17785,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphMemcpyNodeSetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, nodeParams) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphMemcpyNodeSetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphMemcpyNodeSetParams", 10000)),
         }
     }
-    /** Calls `cuGraphMemsetNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphMemsetNodeGetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18026,14 +17801,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphMemsetNodeGetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, nodeParams) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphMemsetNodeGetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphMemsetNodeGetParams", 10000)),
         }
     }
-    /** Calls `cuGraphMemsetNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphMemsetNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18046,14 +17817,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphMemsetNodeSetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, nodeParams) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphMemsetNodeSetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphMemsetNodeSetParams", 10000)),
         }
     }
-    /** Calls `cuGraphNodeFindInClone`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphNodeFindInClone`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18069,14 +17836,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(phNode, hOriginalNode, hClonedGraph) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphNodeFindInClone",
-                })
-            }
+            None => Err(self.missing("cuGraphNodeFindInClone", 10000)),
         }
     }
-    /** Calls `cuGraphNodeGetDependencies_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphNodeGetDependencies_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18095,14 +17858,10 @@ impl Driver {
                     __cuda_sys_fn(hNode, dependencies, edgeData, numDependencies)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphNodeGetDependencies",
-                })
-            }
+            None => Err(self.missing("cuGraphNodeGetDependencies", 12030)),
         }
     }
-    /** Calls `cuGraphNodeGetDependentNodes_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphNodeGetDependentNodes_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18121,14 +17880,10 @@ impl Driver {
                     __cuda_sys_fn(hNode, dependentNodes, edgeData, numDependentNodes)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphNodeGetDependentNodes",
-                })
-            }
+            None => Err(self.missing("cuGraphNodeGetDependentNodes", 12030)),
         }
     }
-    /** Calls `cuGraphNodeGetEnabled`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphNodeGetEnabled`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18144,14 +17899,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraphExec, hNode, isEnabled) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphNodeGetEnabled",
-                })
-            }
+            None => Err(self.missing("cuGraphNodeGetEnabled", 11060)),
         }
     }
-    /** Calls `cuGraphNodeGetType`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphNodeGetType`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18164,14 +17915,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphNodeGetType {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, type_) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphNodeGetType",
-                })
-            }
+            None => Err(self.missing("cuGraphNodeGetType", 10000)),
         }
     }
-    /** Calls `cuGraphNodeSetEnabled`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphNodeSetEnabled`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18187,14 +17934,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraphExec, hNode, isEnabled) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphNodeSetEnabled",
-                })
-            }
+            None => Err(self.missing("cuGraphNodeSetEnabled", 11060)),
         }
     }
-    /** Calls `cuGraphNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphNodeSetParams`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18207,14 +17950,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphNodeSetParams {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hNode, nodeParams) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphNodeSetParams",
-                })
-            }
+            None => Err(self.missing("cuGraphNodeSetParams", 12020)),
         }
     }
-    /** Calls `cuGraphReleaseUserObject`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphReleaseUserObject`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18228,14 +17967,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphReleaseUserObject {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(graph, object, count) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphReleaseUserObject",
-                })
-            }
+            None => Err(self.missing("cuGraphReleaseUserObject", 11030)),
         }
     }
-    /** Calls `cuGraphRemoveDependencies_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphRemoveDependencies_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18253,14 +17988,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hGraph, from, to, edgeData, numDependencies) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphRemoveDependencies",
-                })
-            }
+            None => Err(self.missing("cuGraphRemoveDependencies", 12030)),
         }
     }
-    /** Calls `cuGraphRetainUserObject`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphRetainUserObject`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18277,14 +18008,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(graph, object, count, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphRetainUserObject",
-                })
-            }
+            None => Err(self.missing("cuGraphRetainUserObject", 11030)),
         }
     }
-    /** Calls `cuGraphUpload`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphUpload`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18297,14 +18024,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphUpload {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hGraphExec, hStream) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphUpload",
-                })
-            }
+            None => Err(self.missing("cuGraphUpload", 11010)),
         }
     }
-    /** Calls `cuGraphicsMapResources`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphicsMapResources`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18320,14 +18043,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(count, resources, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphicsMapResources",
-                })
-            }
+            None => Err(self.missing("cuGraphicsMapResources", 3000)),
         }
     }
-    /** Calls `cuGraphicsResourceGetMappedMipmappedArray`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphicsResourceGetMappedMipmappedArray`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18342,14 +18061,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(pMipmappedArray, resource) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphicsResourceGetMappedMipmappedArray",
-                })
-            }
+            None => Err(self.missing("cuGraphicsResourceGetMappedMipmappedArray", 5000)),
         }
     }
-    /** Calls `cuGraphicsResourceGetMappedPointer_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphicsResourceGetMappedPointer_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18363,14 +18078,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphicsResourceGetMappedPointer {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pDevPtr, pSize, resource) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphicsResourceGetMappedPointer",
-                })
-            }
+            None => Err(self.missing("cuGraphicsResourceGetMappedPointer", 3020)),
         }
     }
-    /** Calls `cuGraphicsResourceSetMapFlags_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphicsResourceSetMapFlags_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18383,14 +18094,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphicsResourceSetMapFlags {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(resource, flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphicsResourceSetMapFlags",
-                })
-            }
+            None => Err(self.missing("cuGraphicsResourceSetMapFlags", 6050)),
         }
     }
-    /** Calls `cuGraphicsSubResourceGetMappedArray`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphicsSubResourceGetMappedArray`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18407,14 +18114,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(pArray, resource, arrayIndex, mipLevel) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphicsSubResourceGetMappedArray",
-                })
-            }
+            None => Err(self.missing("cuGraphicsSubResourceGetMappedArray", 3000)),
         }
     }
-    /** Calls `cuGraphicsUnmapResources`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphicsUnmapResources`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18430,14 +18133,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(count, resources, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphicsUnmapResources",
-                })
-            }
+            None => Err(self.missing("cuGraphicsUnmapResources", 3000)),
         }
     }
-    /** Calls `cuGraphicsUnregisterResource`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGraphicsUnregisterResource`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18449,14 +18148,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGraphicsUnregisterResource {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(resource) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGraphicsUnregisterResource",
-                })
-            }
+            None => Err(self.missing("cuGraphicsUnregisterResource", 3000)),
         }
     }
-    /** Calls `cuGreenCtxCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGreenCtxCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18471,14 +18166,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGreenCtxCreate {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(phCtx, desc, dev, flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGreenCtxCreate",
-                })
-            }
+            None => Err(self.missing("cuGreenCtxCreate", 12040)),
         }
     }
-    /** Calls `cuGreenCtxDestroy`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGreenCtxDestroy`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18490,14 +18181,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGreenCtxDestroy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hCtx) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGreenCtxDestroy",
-                })
-            }
+            None => Err(self.missing("cuGreenCtxDestroy", 12040)),
         }
     }
-    /** Calls `cuGreenCtxGetDevResource`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGreenCtxGetDevResource`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18511,14 +18198,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGreenCtxGetDevResource {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hCtx, resource, type_) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGreenCtxGetDevResource",
-                })
-            }
+            None => Err(self.missing("cuGreenCtxGetDevResource", 12040)),
         }
     }
-    /** Calls `cuGreenCtxGetId`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGreenCtxGetId`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18531,14 +18214,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGreenCtxGetId {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(greenCtx, greenCtxId) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGreenCtxGetId",
-                })
-            }
+            None => Err(self.missing("cuGreenCtxGetId", 12090)),
         }
     }
-    /** Calls `cuGreenCtxRecordEvent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGreenCtxRecordEvent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18551,14 +18230,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGreenCtxRecordEvent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hCtx, hEvent) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGreenCtxRecordEvent",
-                })
-            }
+            None => Err(self.missing("cuGreenCtxRecordEvent", 12040)),
         }
     }
-    /** Calls `cuGreenCtxStreamCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGreenCtxStreamCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18575,14 +18250,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(phStream, greenCtx, flags, priority) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGreenCtxStreamCreate",
-                })
-            }
+            None => Err(self.missing("cuGreenCtxStreamCreate", 12050)),
         }
     }
-    /** Calls `cuGreenCtxWaitEvent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuGreenCtxWaitEvent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18595,14 +18266,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuGreenCtxWaitEvent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hCtx, hEvent) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuGreenCtxWaitEvent",
-                })
-            }
+            None => Err(self.missing("cuGreenCtxWaitEvent", 12040)),
         }
     }
-    /** Calls `cuImportExternalMemory`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuImportExternalMemory`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18617,14 +18284,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(extMem_out, memHandleDesc) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuImportExternalMemory",
-                })
-            }
+            None => Err(self.missing("cuImportExternalMemory", 10000)),
         }
     }
-    /** Calls `cuImportExternalSemaphore`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuImportExternalSemaphore`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18639,14 +18302,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(extSem_out, semHandleDesc) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuImportExternalSemaphore",
-                })
-            }
+            None => Err(self.missing("cuImportExternalSemaphore", 10000)),
         }
     }
-    /** Calls `cuInit`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuInit`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18658,10 +18317,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuInit {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(Flags) }),
-            None => Err(MissingSymbol { name: "cuInit" }),
+            None => Err(self.missing("cuInit", 2000)),
         }
     }
-    /** Calls `cuIpcCloseMemHandle`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuIpcCloseMemHandle`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18673,14 +18332,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuIpcCloseMemHandle {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dptr) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuIpcCloseMemHandle",
-                })
-            }
+            None => Err(self.missing("cuIpcCloseMemHandle", 4010)),
         }
     }
-    /** Calls `cuIpcGetEventHandle`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuIpcGetEventHandle`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18693,14 +18348,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuIpcGetEventHandle {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pHandle, event) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuIpcGetEventHandle",
-                })
-            }
+            None => Err(self.missing("cuIpcGetEventHandle", 4010)),
         }
     }
-    /** Calls `cuIpcGetMemHandle`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuIpcGetMemHandle`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18713,14 +18364,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuIpcGetMemHandle {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pHandle, dptr) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuIpcGetMemHandle",
-                })
-            }
+            None => Err(self.missing("cuIpcGetMemHandle", 4010)),
         }
     }
-    /** Calls `cuIpcOpenEventHandle`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuIpcOpenEventHandle`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18733,14 +18380,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuIpcOpenEventHandle {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(phEvent, handle) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuIpcOpenEventHandle",
-                })
-            }
+            None => Err(self.missing("cuIpcOpenEventHandle", 4010)),
         }
     }
-    /** Calls `cuIpcOpenMemHandle_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuIpcOpenMemHandle_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18754,14 +18397,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuIpcOpenMemHandle {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pdptr, handle, Flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuIpcOpenMemHandle",
-                })
-            }
+            None => Err(self.missing("cuIpcOpenMemHandle", 11000)),
         }
     }
-    /** Calls `cuKernelGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuKernelGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18776,14 +18415,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuKernelGetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pi, attrib, kernel, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuKernelGetAttribute",
-                })
-            }
+            None => Err(self.missing("cuKernelGetAttribute", 12000)),
         }
     }
-    /** Calls `cuKernelGetFunction`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuKernelGetFunction`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18796,14 +18431,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuKernelGetFunction {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pFunc, kernel) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuKernelGetFunction",
-                })
-            }
+            None => Err(self.missing("cuKernelGetFunction", 12000)),
         }
     }
-    /** Calls `cuKernelGetLibrary`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuKernelGetLibrary`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18816,14 +18447,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuKernelGetLibrary {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pLib, kernel) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuKernelGetLibrary",
-                })
-            }
+            None => Err(self.missing("cuKernelGetLibrary", 12050)),
         }
     }
-    /** Calls `cuKernelGetName`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuKernelGetName`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18836,14 +18463,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuKernelGetName {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(name, hfunc) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuKernelGetName",
-                })
-            }
+            None => Err(self.missing("cuKernelGetName", 12030)),
         }
     }
-    /** Calls `cuKernelGetParamInfo`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuKernelGetParamInfo`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18860,14 +18483,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(kernel, paramIndex, paramOffset, paramSize) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuKernelGetParamInfo",
-                })
-            }
+            None => Err(self.missing("cuKernelGetParamInfo", 12040)),
         }
     }
-    /** Calls `cuKernelSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuKernelSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18882,14 +18501,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuKernelSetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(attrib, val, kernel, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuKernelSetAttribute",
-                })
-            }
+            None => Err(self.missing("cuKernelSetAttribute", 12000)),
         }
     }
-    /** Calls `cuKernelSetCacheConfig`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuKernelSetCacheConfig`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18903,14 +18518,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuKernelSetCacheConfig {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(kernel, config, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuKernelSetCacheConfig",
-                })
-            }
+            None => Err(self.missing("cuKernelSetCacheConfig", 12000)),
         }
     }
-    /** Calls `cuLaunch`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLaunch`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18919,10 +18530,10 @@ impl Driver {
     pub unsafe fn cuLaunch(&self, f: CUfunction) -> Result<CUresult, MissingSymbol> {
         match self.table.cuLaunch {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(f) }),
-            None => Err(MissingSymbol { name: "cuLaunch" }),
+            None => Err(self.missing("cuLaunch", 2000)),
         }
     }
-    /** Calls `cuLaunchCooperativeKernel`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLaunchCooperativeKernel`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18958,14 +18569,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLaunchCooperativeKernel",
-                })
-            }
+            None => Err(self.missing("cuLaunchCooperativeKernel", 9000)),
         }
     }
-    /** Calls `cuLaunchCooperativeKernelMultiDevice`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLaunchCooperativeKernelMultiDevice`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -18981,14 +18588,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(launchParamsList, numDevices, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLaunchCooperativeKernelMultiDevice",
-                })
-            }
+            None => Err(self.missing("cuLaunchCooperativeKernelMultiDevice", 9000)),
         }
     }
-    /** Calls `cuLaunchGrid`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLaunchGrid`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19004,14 +18607,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(f, grid_width, grid_height) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLaunchGrid",
-                })
-            }
+            None => Err(self.missing("cuLaunchGrid", 2000)),
         }
     }
-    /** Calls `cuLaunchGridAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLaunchGridAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19028,14 +18627,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(f, grid_width, grid_height, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLaunchGridAsync",
-                })
-            }
+            None => Err(self.missing("cuLaunchGridAsync", 2000)),
         }
     }
-    /** Calls `cuLaunchHostFunc`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLaunchHostFunc`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19049,14 +18644,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuLaunchHostFunc {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, fn_, userData) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLaunchHostFunc",
-                })
-            }
+            None => Err(self.missing("cuLaunchHostFunc", 10000)),
         }
     }
-    /** Calls `cuLaunchKernel`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLaunchKernel`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19094,14 +18685,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLaunchKernel",
-                })
-            }
+            None => Err(self.missing("cuLaunchKernel", 4000)),
         }
     }
-    /** Calls `cuLaunchKernelEx`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLaunchKernelEx`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19118,14 +18705,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(config, f, kernelParams, extra) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLaunchKernelEx",
-                })
-            }
+            None => Err(self.missing("cuLaunchKernelEx", 11060)),
         }
     }
-    /** Calls `cuLibraryEnumerateKernels`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLibraryEnumerateKernels`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19139,14 +18722,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuLibraryEnumerateKernels {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(kernels, numKernels, lib) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLibraryEnumerateKernels",
-                })
-            }
+            None => Err(self.missing("cuLibraryEnumerateKernels", 12040)),
         }
     }
-    /** Calls `cuLibraryGetGlobal`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLibraryGetGlobal`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19163,14 +18742,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dptr, bytes, library, name) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLibraryGetGlobal",
-                })
-            }
+            None => Err(self.missing("cuLibraryGetGlobal", 12000)),
         }
     }
-    /** Calls `cuLibraryGetKernel`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLibraryGetKernel`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19184,14 +18759,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuLibraryGetKernel {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pKernel, library, name) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLibraryGetKernel",
-                })
-            }
+            None => Err(self.missing("cuLibraryGetKernel", 12000)),
         }
     }
-    /** Calls `cuLibraryGetKernelCount`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLibraryGetKernelCount`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19204,14 +18775,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuLibraryGetKernelCount {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(count, lib) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLibraryGetKernelCount",
-                })
-            }
+            None => Err(self.missing("cuLibraryGetKernelCount", 12040)),
         }
     }
-    /** Calls `cuLibraryGetManaged`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLibraryGetManaged`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19228,14 +18795,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dptr, bytes, library, name) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLibraryGetManaged",
-                })
-            }
+            None => Err(self.missing("cuLibraryGetManaged", 12000)),
         }
     }
-    /** Calls `cuLibraryGetModule`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLibraryGetModule`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19248,14 +18811,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuLibraryGetModule {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pMod, library) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLibraryGetModule",
-                })
-            }
+            None => Err(self.missing("cuLibraryGetModule", 12000)),
         }
     }
-    /** Calls `cuLibraryGetUnifiedFunction`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLibraryGetUnifiedFunction`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19269,14 +18828,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuLibraryGetUnifiedFunction {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(fptr, library, symbol) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLibraryGetUnifiedFunction",
-                })
-            }
+            None => Err(self.missing("cuLibraryGetUnifiedFunction", 12000)),
         }
     }
-    /** Calls `cuLibraryLoadData`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLibraryLoadData`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19308,14 +18863,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLibraryLoadData",
-                })
-            }
+            None => Err(self.missing("cuLibraryLoadData", 12000)),
         }
     }
-    /** Calls `cuLibraryLoadFromFile`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLibraryLoadFromFile`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19347,14 +18898,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLibraryLoadFromFile",
-                })
-            }
+            None => Err(self.missing("cuLibraryLoadFromFile", 12000)),
         }
     }
-    /** Calls `cuLibraryUnload`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLibraryUnload`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19366,14 +18913,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuLibraryUnload {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(library) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLibraryUnload",
-                })
-            }
+            None => Err(self.missing("cuLibraryUnload", 12000)),
         }
     }
-    /** Calls `cuLinkAddData_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLinkAddData_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19405,14 +18948,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLinkAddData",
-                })
-            }
+            None => Err(self.missing("cuLinkAddData", 6050)),
         }
     }
-    /** Calls `cuLinkAddFile_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLinkAddFile_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19433,14 +18972,10 @@ impl Driver {
                     __cuda_sys_fn(state, type_, path, numOptions, options, optionValues)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLinkAddFile",
-                })
-            }
+            None => Err(self.missing("cuLinkAddFile", 6050)),
         }
     }
-    /** Calls `cuLinkComplete`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLinkComplete`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19454,14 +18989,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuLinkComplete {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(state, cubinOut, sizeOut) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLinkComplete",
-                })
-            }
+            None => Err(self.missing("cuLinkComplete", 5050)),
         }
     }
-    /** Calls `cuLinkCreate_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLinkCreate_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19478,14 +19009,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(numOptions, options, optionValues, stateOut) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLinkCreate",
-                })
-            }
+            None => Err(self.missing("cuLinkCreate", 6050)),
         }
     }
-    /** Calls `cuLinkDestroy`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLinkDestroy`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19497,14 +19024,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuLinkDestroy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(state) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLinkDestroy",
-                })
-            }
+            None => Err(self.missing("cuLinkDestroy", 5050)),
         }
     }
-    /** Calls `cuLogsCurrent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLogsCurrent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19517,14 +19040,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuLogsCurrent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(iterator_out, flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLogsCurrent",
-                })
-            }
+            None => Err(self.missing("cuLogsCurrent", 12090)),
         }
     }
-    /** Calls `cuLogsDumpToFile`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLogsDumpToFile`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19540,14 +19059,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(iterator, pathToFile, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLogsDumpToFile",
-                })
-            }
+            None => Err(self.missing("cuLogsDumpToFile", 12090)),
         }
     }
-    /** Calls `cuLogsDumpToMemory`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLogsDumpToMemory`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19564,14 +19079,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(iterator, buffer, size, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLogsDumpToMemory",
-                })
-            }
+            None => Err(self.missing("cuLogsDumpToMemory", 12090)),
         }
     }
-    /** Calls `cuLogsRegisterCallback`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLogsRegisterCallback`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19587,14 +19098,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(callbackFunc, userData, callback_out) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLogsRegisterCallback",
-                })
-            }
+            None => Err(self.missing("cuLogsRegisterCallback", 12090)),
         }
     }
-    /** Calls `cuLogsUnregisterCallback`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuLogsUnregisterCallback`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19606,14 +19113,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuLogsUnregisterCallback {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(callback) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuLogsUnregisterCallback",
-                })
-            }
+            None => Err(self.missing("cuLogsUnregisterCallback", 12090)),
         }
     }
-    /** Calls `cuMemAddressFree`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemAddressFree`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19626,14 +19129,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemAddressFree {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(ptr, size) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemAddressFree",
-                })
-            }
+            None => Err(self.missing("cuMemAddressFree", 10020)),
         }
     }
-    /** Calls `cuMemAddressReserve`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemAddressReserve`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19651,14 +19150,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(ptr, size, alignment, addr, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemAddressReserve",
-                })
-            }
+            None => Err(self.missing("cuMemAddressReserve", 10020)),
         }
     }
-    /** Calls `cuMemAdvise_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemAdvise_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19675,14 +19170,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(devPtr, count, advice, location) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemAdvise",
-                })
-            }
+            None => Err(self.missing("cuMemAdvise", 12020)),
         }
     }
-    /** Calls `cuMemAllocAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemAllocAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19696,14 +19187,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemAllocAsync {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dptr, bytesize, hStream) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemAllocAsync",
-                })
-            }
+            None => Err(self.missing("cuMemAllocAsync", 11020)),
         }
     }
-    /** Calls `cuMemAllocFromPoolAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemAllocFromPoolAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19720,14 +19207,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dptr, bytesize, pool, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemAllocFromPoolAsync",
-                })
-            }
+            None => Err(self.missing("cuMemAllocFromPoolAsync", 11020)),
         }
     }
-    /** Calls `cuMemAllocHost_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemAllocHost_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19740,14 +19223,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemAllocHost {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pp, bytesize) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemAllocHost",
-                })
-            }
+            None => Err(self.missing("cuMemAllocHost", 3020)),
         }
     }
-    /** Calls `cuMemAllocManaged`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemAllocManaged`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19761,14 +19240,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemAllocManaged {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dptr, bytesize, flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemAllocManaged",
-                })
-            }
+            None => Err(self.missing("cuMemAllocManaged", 6000)),
         }
     }
-    /** Calls `cuMemAllocPitch_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemAllocPitch_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19788,14 +19263,10 @@ impl Driver {
                     __cuda_sys_fn(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemAllocPitch",
-                })
-            }
+            None => Err(self.missing("cuMemAllocPitch", 3020)),
         }
     }
-    /** Calls `cuMemAlloc_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemAlloc_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19808,14 +19279,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemAlloc {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dptr, bytesize) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemAlloc",
-                })
-            }
+            None => Err(self.missing("cuMemAlloc", 3020)),
         }
     }
-    /** Calls `cuMemBatchDecompressAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemBatchDecompressAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19835,14 +19302,10 @@ impl Driver {
                     __cuda_sys_fn(paramsArray, count, flags, errorIndex, stream)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemBatchDecompressAsync",
-                })
-            }
+            None => Err(self.missing("cuMemBatchDecompressAsync", 12060)),
         }
     }
-    /** Calls `cuMemCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19859,14 +19322,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(handle, size, prop, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemCreate",
-                })
-            }
+            None => Err(self.missing("cuMemCreate", 10020)),
         }
     }
-    /** Calls `cuMemDiscardAndPrefetchBatchAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemDiscardAndPrefetchBatchAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19898,14 +19357,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemDiscardAndPrefetchBatchAsync",
-                })
-            }
+            None => Err(self.missing("cuMemDiscardAndPrefetchBatchAsync", 13000)),
         }
     }
-    /** Calls `cuMemDiscardBatchAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemDiscardBatchAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19923,14 +19378,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dptrs, sizes, count, flags, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemDiscardBatchAsync",
-                })
-            }
+            None => Err(self.missing("cuMemDiscardBatchAsync", 13000)),
         }
     }
-    /** Calls `cuMemExportToShareableHandle`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemExportToShareableHandle`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19947,14 +19398,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(shareableHandle, handle, handleType, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemExportToShareableHandle",
-                })
-            }
+            None => Err(self.missing("cuMemExportToShareableHandle", 10020)),
         }
     }
-    /** Calls `cuMemFreeAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemFreeAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19967,14 +19414,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemFreeAsync {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dptr, hStream) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemFreeAsync",
-                })
-            }
+            None => Err(self.missing("cuMemFreeAsync", 11020)),
         }
     }
-    /** Calls `cuMemFreeHost`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemFreeHost`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -19986,14 +19429,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemFreeHost {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(p) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemFreeHost",
-                })
-            }
+            None => Err(self.missing("cuMemFreeHost", 2000)),
         }
     }
-    /** Calls `cuMemFree_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemFree_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20005,10 +19444,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemFree {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dptr) }),
-            None => Err(MissingSymbol { name: "cuMemFree" }),
+            None => Err(self.missing("cuMemFree", 3020)),
         }
     }
-    /** Calls `cuMemGetAccess`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemGetAccess`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20022,14 +19461,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemGetAccess {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(flags, location, ptr) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemGetAccess",
-                })
-            }
+            None => Err(self.missing("cuMemGetAccess", 10020)),
         }
     }
-    /** Calls `cuMemGetAddressRange_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemGetAddressRange_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20043,14 +19478,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemGetAddressRange {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pbase, psize, dptr) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemGetAddressRange",
-                })
-            }
+            None => Err(self.missing("cuMemGetAddressRange", 3020)),
         }
     }
-    /** Calls `cuMemGetAllocationGranularity`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemGetAllocationGranularity`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20066,14 +19497,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(granularity, prop, option) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemGetAllocationGranularity",
-                })
-            }
+            None => Err(self.missing("cuMemGetAllocationGranularity", 10020)),
         }
     }
-    /** Calls `cuMemGetAllocationPropertiesFromHandle`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemGetAllocationPropertiesFromHandle`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20086,14 +19513,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemGetAllocationPropertiesFromHandle {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(prop, handle) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemGetAllocationPropertiesFromHandle",
-                })
-            }
+            None => Err(self.missing("cuMemGetAllocationPropertiesFromHandle", 10020)),
         }
     }
-    /** Calls `cuMemGetDefaultMemPool`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemGetDefaultMemPool`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20109,14 +19532,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(pool_out, location, type_) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemGetDefaultMemPool",
-                })
-            }
+            None => Err(self.missing("cuMemGetDefaultMemPool", 13000)),
         }
     }
-    /** Calls `cuMemGetHandleForAddressRange`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemGetHandleForAddressRange`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20134,14 +19553,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(handle, dptr, size, handleType, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemGetHandleForAddressRange",
-                })
-            }
+            None => Err(self.missing("cuMemGetHandleForAddressRange", 11070)),
         }
     }
-    /** Calls `cuMemGetInfo_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemGetInfo_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20154,14 +19569,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemGetInfo {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(free, total) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemGetInfo",
-                })
-            }
+            None => Err(self.missing("cuMemGetInfo", 3020)),
         }
     }
-    /** Calls `cuMemGetMemPool`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemGetMemPool`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20175,14 +19586,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemGetMemPool {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pool, location, type_) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemGetMemPool",
-                })
-            }
+            None => Err(self.missing("cuMemGetMemPool", 13000)),
         }
     }
-    /** Calls `cuMemHostAlloc`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemHostAlloc`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20196,14 +19603,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemHostAlloc {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pp, bytesize, Flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemHostAlloc",
-                })
-            }
+            None => Err(self.missing("cuMemHostAlloc", 2020)),
         }
     }
-    /** Calls `cuMemHostGetDevicePointer_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemHostGetDevicePointer_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20217,14 +19620,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemHostGetDevicePointer {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pdptr, p, Flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemHostGetDevicePointer",
-                })
-            }
+            None => Err(self.missing("cuMemHostGetDevicePointer", 3020)),
         }
     }
-    /** Calls `cuMemHostGetFlags`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemHostGetFlags`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20237,14 +19636,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemHostGetFlags {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pFlags, p) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemHostGetFlags",
-                })
-            }
+            None => Err(self.missing("cuMemHostGetFlags", 2030)),
         }
     }
-    /** Calls `cuMemHostRegister_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemHostRegister_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20258,14 +19653,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemHostRegister {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(p, bytesize, Flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemHostRegister",
-                })
-            }
+            None => Err(self.missing("cuMemHostRegister", 6050)),
         }
     }
-    /** Calls `cuMemHostUnregister`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemHostUnregister`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20277,14 +19668,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemHostUnregister {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(p) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemHostUnregister",
-                })
-            }
+            None => Err(self.missing("cuMemHostUnregister", 4000)),
         }
     }
-    /** Calls `cuMemImportFromShareableHandle`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemImportFromShareableHandle`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20300,14 +19687,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(handle, osHandle, shHandleType) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemImportFromShareableHandle",
-                })
-            }
+            None => Err(self.missing("cuMemImportFromShareableHandle", 10020)),
         }
     }
-    /** Calls `cuMemMap`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemMap`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20325,10 +19708,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(ptr, size, offset, handle, flags) })
             }
-            None => Err(MissingSymbol { name: "cuMemMap" }),
+            None => Err(self.missing("cuMemMap", 10020)),
         }
     }
-    /** Calls `cuMemMapArrayAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemMapArrayAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20344,14 +19727,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(mapInfoList, count, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemMapArrayAsync",
-                })
-            }
+            None => Err(self.missing("cuMemMapArrayAsync", 11010)),
         }
     }
-    /** Calls `cuMemPoolCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemPoolCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20364,14 +19743,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemPoolCreate {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pool, poolProps) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemPoolCreate",
-                })
-            }
+            None => Err(self.missing("cuMemPoolCreate", 11020)),
         }
     }
-    /** Calls `cuMemPoolDestroy`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemPoolDestroy`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20383,14 +19758,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemPoolDestroy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pool) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemPoolDestroy",
-                })
-            }
+            None => Err(self.missing("cuMemPoolDestroy", 11020)),
         }
     }
-    /** Calls `cuMemPoolExportPointer`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemPoolExportPointer`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20403,14 +19774,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemPoolExportPointer {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(shareData_out, ptr) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemPoolExportPointer",
-                })
-            }
+            None => Err(self.missing("cuMemPoolExportPointer", 11020)),
         }
     }
-    /** Calls `cuMemPoolExportToShareableHandle`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemPoolExportToShareableHandle`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20427,14 +19794,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(handle_out, pool, handleType, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemPoolExportToShareableHandle",
-                })
-            }
+            None => Err(self.missing("cuMemPoolExportToShareableHandle", 11020)),
         }
     }
-    /** Calls `cuMemPoolGetAccess`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemPoolGetAccess`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20448,14 +19811,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemPoolGetAccess {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(flags, memPool, location) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemPoolGetAccess",
-                })
-            }
+            None => Err(self.missing("cuMemPoolGetAccess", 11020)),
         }
     }
-    /** Calls `cuMemPoolGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemPoolGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20469,14 +19828,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemPoolGetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pool, attr, value) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemPoolGetAttribute",
-                })
-            }
+            None => Err(self.missing("cuMemPoolGetAttribute", 11020)),
         }
     }
-    /** Calls `cuMemPoolImportFromShareableHandle`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemPoolImportFromShareableHandle`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20493,14 +19848,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(pool_out, handle, handleType, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemPoolImportFromShareableHandle",
-                })
-            }
+            None => Err(self.missing("cuMemPoolImportFromShareableHandle", 11020)),
         }
     }
-    /** Calls `cuMemPoolImportPointer`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemPoolImportPointer`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20514,14 +19865,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemPoolImportPointer {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(ptr_out, pool, shareData) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemPoolImportPointer",
-                })
-            }
+            None => Err(self.missing("cuMemPoolImportPointer", 11020)),
         }
     }
-    /** Calls `cuMemPoolSetAccess`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemPoolSetAccess`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20535,14 +19882,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemPoolSetAccess {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pool, map, count) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemPoolSetAccess",
-                })
-            }
+            None => Err(self.missing("cuMemPoolSetAccess", 11020)),
         }
     }
-    /** Calls `cuMemPoolSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemPoolSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20556,14 +19899,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemPoolSetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pool, attr, value) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemPoolSetAttribute",
-                })
-            }
+            None => Err(self.missing("cuMemPoolSetAttribute", 11020)),
         }
     }
-    /** Calls `cuMemPoolTrimTo`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemPoolTrimTo`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20576,14 +19915,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemPoolTrimTo {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pool, minBytesToKeep) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemPoolTrimTo",
-                })
-            }
+            None => Err(self.missing("cuMemPoolTrimTo", 11020)),
         }
     }
-    /** Calls `cuMemPrefetchAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemPrefetchAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20601,14 +19936,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(devPtr, count, location, flags, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemPrefetchAsync",
-                })
-            }
+            None => Err(self.missing("cuMemPrefetchAsync", 12020)),
         }
     }
-    /** Calls `cuMemPrefetchBatchAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemPrefetchBatchAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20640,14 +19971,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemPrefetchBatchAsync",
-                })
-            }
+            None => Err(self.missing("cuMemPrefetchBatchAsync", 13000)),
         }
     }
-    /** Calls `cuMemRangeGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemRangeGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20665,14 +19992,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(data, dataSize, attribute, devPtr, count) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemRangeGetAttribute",
-                })
-            }
+            None => Err(self.missing("cuMemRangeGetAttribute", 8000)),
         }
     }
-    /** Calls `cuMemRangeGetAttributes`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemRangeGetAttributes`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20700,14 +20023,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemRangeGetAttributes",
-                })
-            }
+            None => Err(self.missing("cuMemRangeGetAttributes", 8000)),
         }
     }
-    /** Calls `cuMemRelease`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemRelease`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20719,14 +20038,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemRelease {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(handle) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemRelease",
-                })
-            }
+            None => Err(self.missing("cuMemRelease", 10020)),
         }
     }
-    /** Calls `cuMemRetainAllocationHandle`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemRetainAllocationHandle`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20739,14 +20054,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemRetainAllocationHandle {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(handle, addr) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemRetainAllocationHandle",
-                })
-            }
+            None => Err(self.missing("cuMemRetainAllocationHandle", 11000)),
         }
     }
-    /** Calls `cuMemSetAccess`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemSetAccess`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20761,14 +20072,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemSetAccess {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(ptr, size, desc, count) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemSetAccess",
-                })
-            }
+            None => Err(self.missing("cuMemSetAccess", 10020)),
         }
     }
-    /** Calls `cuMemSetMemPool`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemSetMemPool`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20782,14 +20089,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemSetMemPool {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(location, type_, pool) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemSetMemPool",
-                })
-            }
+            None => Err(self.missing("cuMemSetMemPool", 13000)),
         }
     }
-    /** Calls `cuMemUnmap`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemUnmap`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20802,14 +20105,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemUnmap {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(ptr, size) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemUnmap",
-                })
-            }
+            None => Err(self.missing("cuMemUnmap", 10020)),
         }
     }
-    /** Calls `cuMemcpy`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpy`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20823,10 +20122,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemcpy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dst, src, ByteCount) }),
-            None => Err(MissingSymbol { name: "cuMemcpy" }),
+            None => Err(self.missing("cuMemcpy", 4000)),
         }
     }
-    /** Calls `cuMemcpy2DAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpy2DAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20839,14 +20138,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemcpy2DAsync {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pCopy, hStream) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpy2DAsync",
-                })
-            }
+            None => Err(self.missing("cuMemcpy2DAsync", 3020)),
         }
     }
-    /** Calls `cuMemcpy2DUnaligned_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpy2DUnaligned_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20858,14 +20153,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemcpy2DUnaligned {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pCopy) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpy2DUnaligned",
-                })
-            }
+            None => Err(self.missing("cuMemcpy2DUnaligned", 3020)),
         }
     }
-    /** Calls `cuMemcpy2D_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpy2D_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20877,14 +20168,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemcpy2D {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pCopy) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpy2D",
-                })
-            }
+            None => Err(self.missing("cuMemcpy2D", 3020)),
         }
     }
-    /** Calls `cuMemcpy3DAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpy3DAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20897,14 +20184,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemcpy3DAsync {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pCopy, hStream) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpy3DAsync",
-                })
-            }
+            None => Err(self.missing("cuMemcpy3DAsync", 3020)),
         }
     }
-    /** Calls `cuMemcpy3DBatchAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpy3DBatchAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20921,14 +20204,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(numOps, opList, flags, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpy3DBatchAsync",
-                })
-            }
+            None => Err(self.missing("cuMemcpy3DBatchAsync", 13000)),
         }
     }
-    /** Calls `cuMemcpy3DPeer`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpy3DPeer`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20940,14 +20219,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemcpy3DPeer {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pCopy) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpy3DPeer",
-                })
-            }
+            None => Err(self.missing("cuMemcpy3DPeer", 4000)),
         }
     }
-    /** Calls `cuMemcpy3DPeerAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpy3DPeerAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20960,14 +20235,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemcpy3DPeerAsync {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pCopy, hStream) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpy3DPeerAsync",
-                })
-            }
+            None => Err(self.missing("cuMemcpy3DPeerAsync", 4000)),
         }
     }
-    /** Calls `cuMemcpy3D_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpy3D_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -20979,14 +20250,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemcpy3D {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pCopy) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpy3D",
-                })
-            }
+            None => Err(self.missing("cuMemcpy3D", 3020)),
         }
     }
-    /** Calls `cuMemcpyAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21003,14 +20270,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dst, src, ByteCount, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyAsync",
-                })
-            }
+            None => Err(self.missing("cuMemcpyAsync", 4000)),
         }
     }
-    /** Calls `cuMemcpyAtoA_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyAtoA_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21030,14 +20293,10 @@ impl Driver {
                     __cuda_sys_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyAtoA",
-                })
-            }
+            None => Err(self.missing("cuMemcpyAtoA", 3020)),
         }
     }
-    /** Calls `cuMemcpyAtoD_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyAtoD_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21054,14 +20313,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstDevice, srcArray, srcOffset, ByteCount) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyAtoD",
-                })
-            }
+            None => Err(self.missing("cuMemcpyAtoD", 3020)),
         }
     }
-    /** Calls `cuMemcpyAtoHAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyAtoHAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21081,14 +20336,10 @@ impl Driver {
                     __cuda_sys_fn(dstHost, srcArray, srcOffset, ByteCount, hStream)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyAtoHAsync",
-                })
-            }
+            None => Err(self.missing("cuMemcpyAtoHAsync", 3020)),
         }
     }
-    /** Calls `cuMemcpyAtoH_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyAtoH_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21105,14 +20356,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstHost, srcArray, srcOffset, ByteCount) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyAtoH",
-                })
-            }
+            None => Err(self.missing("cuMemcpyAtoH", 3020)),
         }
     }
-    /** Calls `cuMemcpyBatchAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyBatchAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21144,14 +20391,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyBatchAsync",
-                })
-            }
+            None => Err(self.missing("cuMemcpyBatchAsync", 13000)),
         }
     }
-    /** Calls `cuMemcpyDtoA_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyDtoA_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21168,14 +20411,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstArray, dstOffset, srcDevice, ByteCount) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyDtoA",
-                })
-            }
+            None => Err(self.missing("cuMemcpyDtoA", 3020)),
         }
     }
-    /** Calls `cuMemcpyDtoDAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyDtoDAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21192,14 +20431,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstDevice, srcDevice, ByteCount, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyDtoDAsync",
-                })
-            }
+            None => Err(self.missing("cuMemcpyDtoDAsync", 3020)),
         }
     }
-    /** Calls `cuMemcpyDtoD_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyDtoD_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21215,14 +20450,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstDevice, srcDevice, ByteCount) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyDtoD",
-                })
-            }
+            None => Err(self.missing("cuMemcpyDtoD", 3020)),
         }
     }
-    /** Calls `cuMemcpyDtoHAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyDtoHAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21239,14 +20470,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstHost, srcDevice, ByteCount, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyDtoHAsync",
-                })
-            }
+            None => Err(self.missing("cuMemcpyDtoHAsync", 3020)),
         }
     }
-    /** Calls `cuMemcpyDtoH_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyDtoH_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21262,14 +20489,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstHost, srcDevice, ByteCount) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyDtoH",
-                })
-            }
+            None => Err(self.missing("cuMemcpyDtoH", 3020)),
         }
     }
-    /** Calls `cuMemcpyHtoAAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyHtoAAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21289,14 +20512,10 @@ impl Driver {
                     __cuda_sys_fn(dstArray, dstOffset, srcHost, ByteCount, hStream)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyHtoAAsync",
-                })
-            }
+            None => Err(self.missing("cuMemcpyHtoAAsync", 3020)),
         }
     }
-    /** Calls `cuMemcpyHtoA_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyHtoA_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21313,14 +20532,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstArray, dstOffset, srcHost, ByteCount) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyHtoA",
-                })
-            }
+            None => Err(self.missing("cuMemcpyHtoA", 3020)),
         }
     }
-    /** Calls `cuMemcpyHtoDAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyHtoDAsync_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21337,14 +20552,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstDevice, srcHost, ByteCount, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyHtoDAsync",
-                })
-            }
+            None => Err(self.missing("cuMemcpyHtoDAsync", 3020)),
         }
     }
-    /** Calls `cuMemcpyHtoD_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyHtoD_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21360,14 +20571,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstDevice, srcHost, ByteCount) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyHtoD",
-                })
-            }
+            None => Err(self.missing("cuMemcpyHtoD", 3020)),
         }
     }
-    /** Calls `cuMemcpyPeer`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyPeer`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21393,14 +20600,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyPeer",
-                })
-            }
+            None => Err(self.missing("cuMemcpyPeer", 4000)),
         }
     }
-    /** Calls `cuMemcpyPeerAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemcpyPeerAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21428,14 +20631,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemcpyPeerAsync",
-                })
-            }
+            None => Err(self.missing("cuMemcpyPeerAsync", 4000)),
         }
     }
-    /** Calls `cuMemsetD16Async`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemsetD16Async`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21452,14 +20651,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstDevice, us, N, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemsetD16Async",
-                })
-            }
+            None => Err(self.missing("cuMemsetD16Async", 3020)),
         }
     }
-    /** Calls `cuMemsetD16_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemsetD16_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21473,14 +20668,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemsetD16 {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dstDevice, us, N) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemsetD16",
-                })
-            }
+            None => Err(self.missing("cuMemsetD16", 3020)),
         }
     }
-    /** Calls `cuMemsetD2D16Async`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemsetD2D16Async`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21501,14 +20692,10 @@ impl Driver {
                     __cuda_sys_fn(dstDevice, dstPitch, us, Width, Height, hStream)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemsetD2D16Async",
-                })
-            }
+            None => Err(self.missing("cuMemsetD2D16Async", 3020)),
         }
     }
-    /** Calls `cuMemsetD2D16_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemsetD2D16_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21526,14 +20713,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstDevice, dstPitch, us, Width, Height) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemsetD2D16",
-                })
-            }
+            None => Err(self.missing("cuMemsetD2D16", 3020)),
         }
     }
-    /** Calls `cuMemsetD2D32Async`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemsetD2D32Async`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21554,14 +20737,10 @@ impl Driver {
                     __cuda_sys_fn(dstDevice, dstPitch, ui, Width, Height, hStream)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemsetD2D32Async",
-                })
-            }
+            None => Err(self.missing("cuMemsetD2D32Async", 3020)),
         }
     }
-    /** Calls `cuMemsetD2D32_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemsetD2D32_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21579,14 +20758,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstDevice, dstPitch, ui, Width, Height) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemsetD2D32",
-                })
-            }
+            None => Err(self.missing("cuMemsetD2D32", 3020)),
         }
     }
-    /** Calls `cuMemsetD2D8Async`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemsetD2D8Async`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21607,14 +20782,10 @@ impl Driver {
                     __cuda_sys_fn(dstDevice, dstPitch, uc, Width, Height, hStream)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemsetD2D8Async",
-                })
-            }
+            None => Err(self.missing("cuMemsetD2D8Async", 3020)),
         }
     }
-    /** Calls `cuMemsetD2D8_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemsetD2D8_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21632,14 +20803,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstDevice, dstPitch, uc, Width, Height) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemsetD2D8",
-                })
-            }
+            None => Err(self.missing("cuMemsetD2D8", 3020)),
         }
     }
-    /** Calls `cuMemsetD32Async`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemsetD32Async`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21656,14 +20823,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstDevice, ui, N, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemsetD32Async",
-                })
-            }
+            None => Err(self.missing("cuMemsetD32Async", 3020)),
         }
     }
-    /** Calls `cuMemsetD32_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemsetD32_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21677,14 +20840,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemsetD32 {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dstDevice, ui, N) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemsetD32",
-                })
-            }
+            None => Err(self.missing("cuMemsetD32", 3020)),
         }
     }
-    /** Calls `cuMemsetD8Async`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemsetD8Async`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21701,14 +20860,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dstDevice, uc, N, hStream) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemsetD8Async",
-                })
-            }
+            None => Err(self.missing("cuMemsetD8Async", 3020)),
         }
     }
-    /** Calls `cuMemsetD8_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMemsetD8_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21722,14 +20877,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMemsetD8 {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dstDevice, uc, N) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMemsetD8",
-                })
-            }
+            None => Err(self.missing("cuMemsetD8", 3020)),
         }
     }
-    /** Calls `cuMipmappedArrayCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMipmappedArrayCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21747,14 +20898,10 @@ impl Driver {
                     __cuda_sys_fn(pHandle, pMipmappedArrayDesc, numMipmapLevels)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMipmappedArrayCreate",
-                })
-            }
+            None => Err(self.missing("cuMipmappedArrayCreate", 5000)),
         }
     }
-    /** Calls `cuMipmappedArrayDestroy`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMipmappedArrayDestroy`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21766,14 +20913,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMipmappedArrayDestroy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hMipmappedArray) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMipmappedArrayDestroy",
-                })
-            }
+            None => Err(self.missing("cuMipmappedArrayDestroy", 5000)),
         }
     }
-    /** Calls `cuMipmappedArrayGetLevel`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMipmappedArrayGetLevel`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21789,14 +20932,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(pLevelArray, hMipmappedArray, level) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMipmappedArrayGetLevel",
-                })
-            }
+            None => Err(self.missing("cuMipmappedArrayGetLevel", 5000)),
         }
     }
-    /** Calls `cuMipmappedArrayGetMemoryRequirements`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMipmappedArrayGetMemoryRequirements`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21812,14 +20951,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(memoryRequirements, mipmap, device) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMipmappedArrayGetMemoryRequirements",
-                })
-            }
+            None => Err(self.missing("cuMipmappedArrayGetMemoryRequirements", 11060)),
         }
     }
-    /** Calls `cuMipmappedArrayGetSparseProperties`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMipmappedArrayGetSparseProperties`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21832,14 +20967,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMipmappedArrayGetSparseProperties {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(sparseProperties, mipmap) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMipmappedArrayGetSparseProperties",
-                })
-            }
+            None => Err(self.missing("cuMipmappedArrayGetSparseProperties", 11010)),
         }
     }
-    /** Calls `cuModuleEnumerateFunctions`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuModuleEnumerateFunctions`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21855,14 +20986,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(functions, numFunctions, mod_) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuModuleEnumerateFunctions",
-                })
-            }
+            None => Err(self.missing("cuModuleEnumerateFunctions", 12040)),
         }
     }
-    /** Calls `cuModuleGetFunction`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuModuleGetFunction`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21876,14 +21003,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuModuleGetFunction {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hfunc, hmod, name) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuModuleGetFunction",
-                })
-            }
+            None => Err(self.missing("cuModuleGetFunction", 2000)),
         }
     }
-    /** Calls `cuModuleGetFunctionCount`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuModuleGetFunctionCount`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21896,14 +21019,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuModuleGetFunctionCount {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(count, mod_) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuModuleGetFunctionCount",
-                })
-            }
+            None => Err(self.missing("cuModuleGetFunctionCount", 12040)),
         }
     }
-    /** Calls `cuModuleGetGlobal_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuModuleGetGlobal_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21918,14 +21037,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuModuleGetGlobal {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dptr, bytes, hmod, name) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuModuleGetGlobal",
-                })
-            }
+            None => Err(self.missing("cuModuleGetGlobal", 3020)),
         }
     }
-    /** Calls `cuModuleGetLoadingMode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuModuleGetLoadingMode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21937,14 +21052,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuModuleGetLoadingMode {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(mode) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuModuleGetLoadingMode",
-                })
-            }
+            None => Err(self.missing("cuModuleGetLoadingMode", 11070)),
         }
     }
-    /** Calls `cuModuleGetSurfRef`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuModuleGetSurfRef`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21958,14 +21069,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuModuleGetSurfRef {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pSurfRef, hmod, name) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuModuleGetSurfRef",
-                })
-            }
+            None => Err(self.missing("cuModuleGetSurfRef", 3000)),
         }
     }
-    /** Calls `cuModuleGetTexRef`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuModuleGetTexRef`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21979,14 +21086,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuModuleGetTexRef {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pTexRef, hmod, name) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuModuleGetTexRef",
-                })
-            }
+            None => Err(self.missing("cuModuleGetTexRef", 2000)),
         }
     }
-    /** Calls `cuModuleLoad`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuModuleLoad`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -21999,14 +21102,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuModuleLoad {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(module, fname) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuModuleLoad",
-                })
-            }
+            None => Err(self.missing("cuModuleLoad", 2000)),
         }
     }
-    /** Calls `cuModuleLoadData`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuModuleLoadData`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22019,14 +21118,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuModuleLoadData {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(module, image) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuModuleLoadData",
-                })
-            }
+            None => Err(self.missing("cuModuleLoadData", 2000)),
         }
     }
-    /** Calls `cuModuleLoadDataEx`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuModuleLoadDataEx`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22046,14 +21141,10 @@ impl Driver {
                     __cuda_sys_fn(module, image, numOptions, options, optionValues)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuModuleLoadDataEx",
-                })
-            }
+            None => Err(self.missing("cuModuleLoadDataEx", 2010)),
         }
     }
-    /** Calls `cuModuleLoadFatBinary`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuModuleLoadFatBinary`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22066,14 +21157,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuModuleLoadFatBinary {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(module, fatCubin) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuModuleLoadFatBinary",
-                })
-            }
+            None => Err(self.missing("cuModuleLoadFatBinary", 2000)),
         }
     }
-    /** Calls `cuModuleUnload`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuModuleUnload`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22085,14 +21172,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuModuleUnload {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hmod) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuModuleUnload",
-                })
-            }
+            None => Err(self.missing("cuModuleUnload", 2000)),
         }
     }
-    /** Calls `cuMulticastAddDevice`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMulticastAddDevice`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22105,14 +21188,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMulticastAddDevice {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(mcHandle, dev) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMulticastAddDevice",
-                })
-            }
+            None => Err(self.missing("cuMulticastAddDevice", 12010)),
         }
     }
-    /** Calls `cuMulticastBindAddr`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMulticastBindAddr`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22130,14 +21209,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(mcHandle, mcOffset, memptr, size, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMulticastBindAddr",
-                })
-            }
+            None => Err(self.missing("cuMulticastBindAddr", 12010)),
         }
     }
-    /** Calls `cuMulticastBindMem`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMulticastBindMem`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22158,14 +21233,10 @@ impl Driver {
                     __cuda_sys_fn(mcHandle, mcOffset, memHandle, memOffset, size, flags)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMulticastBindMem",
-                })
-            }
+            None => Err(self.missing("cuMulticastBindMem", 12010)),
         }
     }
-    /** Calls `cuMulticastCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMulticastCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22178,14 +21249,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuMulticastCreate {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(mcHandle, prop) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMulticastCreate",
-                })
-            }
+            None => Err(self.missing("cuMulticastCreate", 12010)),
         }
     }
-    /** Calls `cuMulticastGetGranularity`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMulticastGetGranularity`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22201,14 +21268,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(granularity, prop, option) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMulticastGetGranularity",
-                })
-            }
+            None => Err(self.missing("cuMulticastGetGranularity", 12010)),
         }
     }
-    /** Calls `cuMulticastUnbind`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuMulticastUnbind`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22225,14 +21288,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(mcHandle, dev, mcOffset, size) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuMulticastUnbind",
-                })
-            }
+            None => Err(self.missing("cuMulticastUnbind", 12010)),
         }
     }
-    /** Calls `cuOccupancyAvailableDynamicSMemPerBlock`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuOccupancyAvailableDynamicSMemPerBlock`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22249,14 +21308,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(dynamicSmemSize, func, numBlocks, blockSize) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuOccupancyAvailableDynamicSMemPerBlock",
-                })
-            }
+            None => Err(self.missing("cuOccupancyAvailableDynamicSMemPerBlock", 10020)),
         }
     }
-    /** Calls `cuOccupancyMaxActiveBlocksPerMultiprocessor`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuOccupancyMaxActiveBlocksPerMultiprocessor`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22274,13 +21329,11 @@ impl Driver {
                 Ok(unsafe { __cuda_sys_fn(numBlocks, func, blockSize, dynamicSMemSize) })
             }
             None => {
-                Err(MissingSymbol {
-                    name: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-                })
+                Err(self.missing("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050))
             }
         }
     }
-    /** Calls `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22301,13 +21354,17 @@ impl Driver {
                 })
             }
             None => {
-                Err(MissingSymbol {
-                    name: "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
-                })
+                Err(
+                    self
+                        .missing(
+                            "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+                            7000,
+                        ),
+                )
             }
         }
     }
-    /** Calls `cuOccupancyMaxActiveClusters`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuOccupancyMaxActiveClusters`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22323,14 +21380,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(numClusters, func, config) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuOccupancyMaxActiveClusters",
-                })
-            }
+            None => Err(self.missing("cuOccupancyMaxActiveClusters", 11070)),
         }
     }
-    /** Calls `cuOccupancyMaxPotentialBlockSize`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuOccupancyMaxPotentialBlockSize`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22358,14 +21411,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuOccupancyMaxPotentialBlockSize",
-                })
-            }
+            None => Err(self.missing("cuOccupancyMaxPotentialBlockSize", 6050)),
         }
     }
-    /** Calls `cuOccupancyMaxPotentialBlockSizeWithFlags`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuOccupancyMaxPotentialBlockSizeWithFlags`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22395,14 +21444,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuOccupancyMaxPotentialBlockSizeWithFlags",
-                })
-            }
+            None => Err(self.missing("cuOccupancyMaxPotentialBlockSizeWithFlags", 7000)),
         }
     }
-    /** Calls `cuOccupancyMaxPotentialClusterSize`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuOccupancyMaxPotentialClusterSize`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22418,14 +21463,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(clusterSize, func, config) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuOccupancyMaxPotentialClusterSize",
-                })
-            }
+            None => Err(self.missing("cuOccupancyMaxPotentialClusterSize", 11070)),
         }
     }
-    /** Calls `cuParamSetSize`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuParamSetSize`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22438,14 +21479,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuParamSetSize {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hfunc, numbytes) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuParamSetSize",
-                })
-            }
+            None => Err(self.missing("cuParamSetSize", 2000)),
         }
     }
-    /** Calls `cuParamSetTexRef`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuParamSetTexRef`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22459,14 +21496,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuParamSetTexRef {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hfunc, texunit, hTexRef) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuParamSetTexRef",
-                })
-            }
+            None => Err(self.missing("cuParamSetTexRef", 2000)),
         }
     }
-    /** Calls `cuParamSetf`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuParamSetf`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22480,14 +21513,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuParamSetf {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hfunc, offset, value) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuParamSetf",
-                })
-            }
+            None => Err(self.missing("cuParamSetf", 2000)),
         }
     }
-    /** Calls `cuParamSeti`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuParamSeti`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22501,14 +21530,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuParamSeti {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hfunc, offset, value) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuParamSeti",
-                })
-            }
+            None => Err(self.missing("cuParamSeti", 2000)),
         }
     }
-    /** Calls `cuParamSetv`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuParamSetv`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22525,14 +21550,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hfunc, offset, ptr, numbytes) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuParamSetv",
-                })
-            }
+            None => Err(self.missing("cuParamSetv", 2000)),
         }
     }
-    /** Calls `cuPointerGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuPointerGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22546,14 +21567,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuPointerGetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(data, attribute, ptr) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuPointerGetAttribute",
-                })
-            }
+            None => Err(self.missing("cuPointerGetAttribute", 4000)),
         }
     }
-    /** Calls `cuPointerGetAttributes`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuPointerGetAttributes`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22570,14 +21587,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(numAttributes, attributes, data, ptr) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuPointerGetAttributes",
-                })
-            }
+            None => Err(self.missing("cuPointerGetAttributes", 7000)),
         }
     }
-    /** Calls `cuPointerSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuPointerSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22591,14 +21604,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuPointerSetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(value, attribute, ptr) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuPointerSetAttribute",
-                })
-            }
+            None => Err(self.missing("cuPointerSetAttribute", 6000)),
         }
     }
-    /** Calls `cuProfilerStart`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuProfilerStart`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22607,14 +21616,10 @@ impl Driver {
     pub unsafe fn cuProfilerStart(&self) -> Result<CUresult, MissingSymbol> {
         match self.table.cuProfilerStart {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn() }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuProfilerStart",
-                })
-            }
+            None => Err(self.missing("cuProfilerStart", 0)),
         }
     }
-    /** Calls `cuProfilerStop`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuProfilerStop`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22623,14 +21628,10 @@ impl Driver {
     pub unsafe fn cuProfilerStop(&self) -> Result<CUresult, MissingSymbol> {
         match self.table.cuProfilerStop {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn() }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuProfilerStop",
-                })
-            }
+            None => Err(self.missing("cuProfilerStop", 0)),
         }
     }
-    /** Calls `cuSignalExternalSemaphoresAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuSignalExternalSemaphoresAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22649,14 +21650,10 @@ impl Driver {
                     __cuda_sys_fn(extSemArray, paramsArray, numExtSems, stream)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuSignalExternalSemaphoresAsync",
-                })
-            }
+            None => Err(self.missing("cuSignalExternalSemaphoresAsync", 10000)),
         }
     }
-    /** Calls `cuStreamAddCallback`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamAddCallback`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22673,14 +21670,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hStream, callback, userData, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamAddCallback",
-                })
-            }
+            None => Err(self.missing("cuStreamAddCallback", 5000)),
         }
     }
-    /** Calls `cuStreamAttachMemAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamAttachMemAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22697,14 +21690,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hStream, dptr, length, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamAttachMemAsync",
-                })
-            }
+            None => Err(self.missing("cuStreamAttachMemAsync", 6000)),
         }
     }
-    /** Calls `cuStreamBatchMemOp_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamBatchMemOp_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22721,14 +21710,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(stream, count, paramArray, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamBatchMemOp",
-                })
-            }
+            None => Err(self.missing("cuStreamBatchMemOp", 11070)),
         }
     }
-    /** Calls `cuStreamBeginCaptureToGraph`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamBeginCaptureToGraph`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22756,14 +21741,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamBeginCaptureToGraph",
-                })
-            }
+            None => Err(self.missing("cuStreamBeginCaptureToGraph", 12030)),
         }
     }
-    /** Calls `cuStreamBeginCapture_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamBeginCapture_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22776,14 +21757,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamBeginCapture {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, mode) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamBeginCapture",
-                })
-            }
+            None => Err(self.missing("cuStreamBeginCapture", 10010)),
         }
     }
-    /** Calls `cuStreamCopyAttributes`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamCopyAttributes`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22796,14 +21773,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamCopyAttributes {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(dst, src) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamCopyAttributes",
-                })
-            }
+            None => Err(self.missing("cuStreamCopyAttributes", 11000)),
         }
     }
-    /** Calls `cuStreamCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22816,14 +21789,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamCreate {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(phStream, Flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamCreate",
-                })
-            }
+            None => Err(self.missing("cuStreamCreate", 2000)),
         }
     }
-    /** Calls `cuStreamCreateWithPriority`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamCreateWithPriority`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22839,14 +21808,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(phStream, flags, priority) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamCreateWithPriority",
-                })
-            }
+            None => Err(self.missing("cuStreamCreateWithPriority", 5050)),
         }
     }
-    /** Calls `cuStreamDestroy_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamDestroy_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22858,14 +21823,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamDestroy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamDestroy",
-                })
-            }
+            None => Err(self.missing("cuStreamDestroy", 4000)),
         }
     }
-    /** Calls `cuStreamEndCapture`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamEndCapture`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22878,14 +21839,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamEndCapture {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, phGraph) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamEndCapture",
-                })
-            }
+            None => Err(self.missing("cuStreamEndCapture", 10000)),
         }
     }
-    /** Calls `cuStreamGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamGetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22899,14 +21856,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamGetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, attr, value_out) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamGetAttribute",
-                })
-            }
+            None => Err(self.missing("cuStreamGetAttribute", 11000)),
         }
     }
-    /** Calls `cuStreamGetCaptureInfo_v3`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamGetCaptureInfo_v3`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22936,14 +21889,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamGetCaptureInfo",
-                })
-            }
+            None => Err(self.missing("cuStreamGetCaptureInfo", 12030)),
         }
     }
-    /** Calls `cuStreamGetCtx`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamGetCtx`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22956,14 +21905,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamGetCtx {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, pctx) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamGetCtx",
-                })
-            }
+            None => Err(self.missing("cuStreamGetCtx", 9020)),
         }
     }
-    /** Calls `cuStreamGetCtx_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamGetCtx_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22977,14 +21922,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamGetCtx_v2 {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, pCtx, pGreenCtx) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamGetCtx_v2",
-                })
-            }
+            None => Err(self.missing("cuStreamGetCtx_v2", 12050)),
         }
     }
-    /** Calls `cuStreamGetDevice`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamGetDevice`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -22997,14 +21938,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamGetDevice {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, device) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamGetDevice",
-                })
-            }
+            None => Err(self.missing("cuStreamGetDevice", 12080)),
         }
     }
-    /** Calls `cuStreamGetFlags`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamGetFlags`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23017,14 +21954,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamGetFlags {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamGetFlags",
-                })
-            }
+            None => Err(self.missing("cuStreamGetFlags", 5050)),
         }
     }
-    /** Calls `cuStreamGetGreenCtx`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamGetGreenCtx`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23037,14 +21970,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamGetGreenCtx {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, phCtx) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamGetGreenCtx",
-                })
-            }
+            None => Err(self.missing("cuStreamGetGreenCtx", 12040)),
         }
     }
-    /** Calls `cuStreamGetId`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamGetId`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23057,14 +21986,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamGetId {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, streamId) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamGetId",
-                })
-            }
+            None => Err(self.missing("cuStreamGetId", 12000)),
         }
     }
-    /** Calls `cuStreamGetPriority`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamGetPriority`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23077,14 +22002,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamGetPriority {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, priority) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamGetPriority",
-                })
-            }
+            None => Err(self.missing("cuStreamGetPriority", 5050)),
         }
     }
-    /** Calls `cuStreamIsCapturing`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamIsCapturing`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23097,14 +22018,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamIsCapturing {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, captureStatus) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamIsCapturing",
-                })
-            }
+            None => Err(self.missing("cuStreamIsCapturing", 10000)),
         }
     }
-    /** Calls `cuStreamQuery`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamQuery`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23116,14 +22033,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamQuery {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamQuery",
-                })
-            }
+            None => Err(self.missing("cuStreamQuery", 2000)),
         }
     }
-    /** Calls `cuStreamSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamSetAttribute`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23137,14 +22050,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamSetAttribute {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, attr, value) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamSetAttribute",
-                })
-            }
+            None => Err(self.missing("cuStreamSetAttribute", 11000)),
         }
     }
-    /** Calls `cuStreamSynchronize`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamSynchronize`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23156,14 +22065,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamSynchronize {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamSynchronize",
-                })
-            }
+            None => Err(self.missing("cuStreamSynchronize", 2000)),
         }
     }
-    /** Calls `cuStreamUpdateCaptureDependencies_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamUpdateCaptureDependencies_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23189,14 +22094,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamUpdateCaptureDependencies",
-                })
-            }
+            None => Err(self.missing("cuStreamUpdateCaptureDependencies", 12030)),
         }
     }
-    /** Calls `cuStreamWaitEvent`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamWaitEvent`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23210,14 +22111,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuStreamWaitEvent {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hStream, hEvent, Flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamWaitEvent",
-                })
-            }
+            None => Err(self.missing("cuStreamWaitEvent", 3020)),
         }
     }
-    /** Calls `cuStreamWaitValue32_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamWaitValue32_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23234,14 +22131,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(stream, addr, value, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamWaitValue32",
-                })
-            }
+            None => Err(self.missing("cuStreamWaitValue32", 11070)),
         }
     }
-    /** Calls `cuStreamWaitValue64_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamWaitValue64_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23258,14 +22151,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(stream, addr, value, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamWaitValue64",
-                })
-            }
+            None => Err(self.missing("cuStreamWaitValue64", 11070)),
         }
     }
-    /** Calls `cuStreamWriteValue32_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamWriteValue32_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23282,14 +22171,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(stream, addr, value, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamWriteValue32",
-                })
-            }
+            None => Err(self.missing("cuStreamWriteValue32", 11070)),
         }
     }
-    /** Calls `cuStreamWriteValue64_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuStreamWriteValue64_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23306,14 +22191,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(stream, addr, value, flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuStreamWriteValue64",
-                })
-            }
+            None => Err(self.missing("cuStreamWriteValue64", 11070)),
         }
     }
-    /** Calls `cuSurfObjectCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuSurfObjectCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23326,14 +22207,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuSurfObjectCreate {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pSurfObject, pResDesc) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuSurfObjectCreate",
-                })
-            }
+            None => Err(self.missing("cuSurfObjectCreate", 5000)),
         }
     }
-    /** Calls `cuSurfObjectDestroy`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuSurfObjectDestroy`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23345,14 +22222,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuSurfObjectDestroy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(surfObject) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuSurfObjectDestroy",
-                })
-            }
+            None => Err(self.missing("cuSurfObjectDestroy", 5000)),
         }
     }
-    /** Calls `cuSurfObjectGetResourceDesc`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuSurfObjectGetResourceDesc`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23365,14 +22238,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuSurfObjectGetResourceDesc {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pResDesc, surfObject) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuSurfObjectGetResourceDesc",
-                })
-            }
+            None => Err(self.missing("cuSurfObjectGetResourceDesc", 5000)),
         }
     }
-    /** Calls `cuSurfRefGetArray`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuSurfRefGetArray`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23385,14 +22254,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuSurfRefGetArray {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(phArray, hSurfRef) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuSurfRefGetArray",
-                })
-            }
+            None => Err(self.missing("cuSurfRefGetArray", 3000)),
         }
     }
-    /** Calls `cuSurfRefSetArray`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuSurfRefSetArray`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23406,14 +22271,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuSurfRefSetArray {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hSurfRef, hArray, Flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuSurfRefSetArray",
-                })
-            }
+            None => Err(self.missing("cuSurfRefSetArray", 3000)),
         }
     }
-    /** Calls `cuTensorMapEncodeIm2col`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTensorMapEncodeIm2col`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23459,14 +22320,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTensorMapEncodeIm2col",
-                })
-            }
+            None => Err(self.missing("cuTensorMapEncodeIm2col", 12000)),
         }
     }
-    /** Calls `cuTensorMapEncodeIm2colWide`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTensorMapEncodeIm2colWide`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23514,14 +22371,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTensorMapEncodeIm2colWide",
-                })
-            }
+            None => Err(self.missing("cuTensorMapEncodeIm2colWide", 12080)),
         }
     }
-    /** Calls `cuTensorMapEncodeTiled`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTensorMapEncodeTiled`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23561,14 +22414,10 @@ impl Driver {
                     )
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTensorMapEncodeTiled",
-                })
-            }
+            None => Err(self.missing("cuTensorMapEncodeTiled", 12000)),
         }
     }
-    /** Calls `cuTensorMapReplaceAddress`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTensorMapReplaceAddress`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23581,14 +22430,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTensorMapReplaceAddress {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(tensorMap, globalAddress) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTensorMapReplaceAddress",
-                })
-            }
+            None => Err(self.missing("cuTensorMapReplaceAddress", 12000)),
         }
     }
-    /** Calls `cuTexObjectCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexObjectCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23607,14 +22452,10 @@ impl Driver {
                     __cuda_sys_fn(pTexObject, pResDesc, pTexDesc, pResViewDesc)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexObjectCreate",
-                })
-            }
+            None => Err(self.missing("cuTexObjectCreate", 5000)),
         }
     }
-    /** Calls `cuTexObjectDestroy`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexObjectDestroy`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23626,14 +22467,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexObjectDestroy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(texObject) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexObjectDestroy",
-                })
-            }
+            None => Err(self.missing("cuTexObjectDestroy", 5000)),
         }
     }
-    /** Calls `cuTexObjectGetResourceDesc`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexObjectGetResourceDesc`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23646,14 +22483,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexObjectGetResourceDesc {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pResDesc, texObject) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexObjectGetResourceDesc",
-                })
-            }
+            None => Err(self.missing("cuTexObjectGetResourceDesc", 5000)),
         }
     }
-    /** Calls `cuTexObjectGetResourceViewDesc`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexObjectGetResourceViewDesc`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23666,14 +22499,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexObjectGetResourceViewDesc {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pResViewDesc, texObject) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexObjectGetResourceViewDesc",
-                })
-            }
+            None => Err(self.missing("cuTexObjectGetResourceViewDesc", 5000)),
         }
     }
-    /** Calls `cuTexObjectGetTextureDesc`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexObjectGetTextureDesc`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23686,14 +22515,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexObjectGetTextureDesc {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pTexDesc, texObject) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexObjectGetTextureDesc",
-                })
-            }
+            None => Err(self.missing("cuTexObjectGetTextureDesc", 5000)),
         }
     }
-    /** Calls `cuTexRefCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23705,14 +22530,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefCreate {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pTexRef) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefCreate",
-                })
-            }
+            None => Err(self.missing("cuTexRefCreate", 2000)),
         }
     }
-    /** Calls `cuTexRefDestroy`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefDestroy`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23724,14 +22545,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefDestroy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hTexRef) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefDestroy",
-                })
-            }
+            None => Err(self.missing("cuTexRefDestroy", 2000)),
         }
     }
-    /** Calls `cuTexRefGetAddressMode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefGetAddressMode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23745,14 +22562,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefGetAddressMode {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pam, hTexRef, dim) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefGetAddressMode",
-                })
-            }
+            None => Err(self.missing("cuTexRefGetAddressMode", 2000)),
         }
     }
-    /** Calls `cuTexRefGetAddress_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefGetAddress_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23765,14 +22578,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefGetAddress {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pdptr, hTexRef) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefGetAddress",
-                })
-            }
+            None => Err(self.missing("cuTexRefGetAddress", 3020)),
         }
     }
-    /** Calls `cuTexRefGetArray`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefGetArray`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23785,14 +22594,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefGetArray {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(phArray, hTexRef) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefGetArray",
-                })
-            }
+            None => Err(self.missing("cuTexRefGetArray", 2000)),
         }
     }
-    /** Calls `cuTexRefGetBorderColor`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefGetBorderColor`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23805,14 +22610,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefGetBorderColor {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pBorderColor, hTexRef) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefGetBorderColor",
-                })
-            }
+            None => Err(self.missing("cuTexRefGetBorderColor", 8000)),
         }
     }
-    /** Calls `cuTexRefGetFilterMode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefGetFilterMode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23825,14 +22626,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefGetFilterMode {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pfm, hTexRef) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefGetFilterMode",
-                })
-            }
+            None => Err(self.missing("cuTexRefGetFilterMode", 2000)),
         }
     }
-    /** Calls `cuTexRefGetFlags`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefGetFlags`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23845,14 +22642,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefGetFlags {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pFlags, hTexRef) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefGetFlags",
-                })
-            }
+            None => Err(self.missing("cuTexRefGetFlags", 2000)),
         }
     }
-    /** Calls `cuTexRefGetFormat`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefGetFormat`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23868,14 +22661,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(pFormat, pNumChannels, hTexRef) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefGetFormat",
-                })
-            }
+            None => Err(self.missing("cuTexRefGetFormat", 2000)),
         }
     }
-    /** Calls `cuTexRefGetMaxAnisotropy`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefGetMaxAnisotropy`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23888,14 +22677,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefGetMaxAnisotropy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pmaxAniso, hTexRef) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefGetMaxAnisotropy",
-                })
-            }
+            None => Err(self.missing("cuTexRefGetMaxAnisotropy", 5000)),
         }
     }
-    /** Calls `cuTexRefGetMipmapFilterMode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefGetMipmapFilterMode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23908,14 +22693,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefGetMipmapFilterMode {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pfm, hTexRef) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefGetMipmapFilterMode",
-                })
-            }
+            None => Err(self.missing("cuTexRefGetMipmapFilterMode", 5000)),
         }
     }
-    /** Calls `cuTexRefGetMipmapLevelBias`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefGetMipmapLevelBias`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23928,14 +22709,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefGetMipmapLevelBias {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(pbias, hTexRef) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefGetMipmapLevelBias",
-                })
-            }
+            None => Err(self.missing("cuTexRefGetMipmapLevelBias", 5000)),
         }
     }
-    /** Calls `cuTexRefGetMipmapLevelClamp`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefGetMipmapLevelClamp`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23953,14 +22730,10 @@ impl Driver {
                     __cuda_sys_fn(pminMipmapLevelClamp, pmaxMipmapLevelClamp, hTexRef)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefGetMipmapLevelClamp",
-                })
-            }
+            None => Err(self.missing("cuTexRefGetMipmapLevelClamp", 5000)),
         }
     }
-    /** Calls `cuTexRefGetMipmappedArray`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefGetMipmappedArray`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23975,14 +22748,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(phMipmappedArray, hTexRef) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefGetMipmappedArray",
-                })
-            }
+            None => Err(self.missing("cuTexRefGetMipmappedArray", 5000)),
         }
     }
-    /** Calls `cuTexRefSetAddress2D_v3`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefSetAddress2D_v3`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -23999,14 +22768,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hTexRef, desc, dptr, Pitch) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefSetAddress2D",
-                })
-            }
+            None => Err(self.missing("cuTexRefSetAddress2D", 4010)),
         }
     }
-    /** Calls `cuTexRefSetAddressMode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefSetAddressMode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24020,14 +22785,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefSetAddressMode {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hTexRef, dim, am) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefSetAddressMode",
-                })
-            }
+            None => Err(self.missing("cuTexRefSetAddressMode", 2000)),
         }
     }
-    /** Calls `cuTexRefSetAddress_v2`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefSetAddress_v2`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24044,14 +22805,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(ByteOffset, hTexRef, dptr, bytes) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefSetAddress",
-                })
-            }
+            None => Err(self.missing("cuTexRefSetAddress", 3020)),
         }
     }
-    /** Calls `cuTexRefSetArray`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefSetArray`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24065,14 +22822,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefSetArray {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hTexRef, hArray, Flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefSetArray",
-                })
-            }
+            None => Err(self.missing("cuTexRefSetArray", 2000)),
         }
     }
-    /** Calls `cuTexRefSetBorderColor`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefSetBorderColor`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24085,14 +22838,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefSetBorderColor {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hTexRef, pBorderColor) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefSetBorderColor",
-                })
-            }
+            None => Err(self.missing("cuTexRefSetBorderColor", 8000)),
         }
     }
-    /** Calls `cuTexRefSetFilterMode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefSetFilterMode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24105,14 +22854,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefSetFilterMode {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hTexRef, fm) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefSetFilterMode",
-                })
-            }
+            None => Err(self.missing("cuTexRefSetFilterMode", 2000)),
         }
     }
-    /** Calls `cuTexRefSetFlags`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefSetFlags`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24125,14 +22870,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefSetFlags {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hTexRef, Flags) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefSetFlags",
-                })
-            }
+            None => Err(self.missing("cuTexRefSetFlags", 2000)),
         }
     }
-    /** Calls `cuTexRefSetFormat`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefSetFormat`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24148,14 +22889,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hTexRef, fmt, NumPackedComponents) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefSetFormat",
-                })
-            }
+            None => Err(self.missing("cuTexRefSetFormat", 2000)),
         }
     }
-    /** Calls `cuTexRefSetMaxAnisotropy`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefSetMaxAnisotropy`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24168,14 +22905,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefSetMaxAnisotropy {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hTexRef, maxAniso) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefSetMaxAnisotropy",
-                })
-            }
+            None => Err(self.missing("cuTexRefSetMaxAnisotropy", 5000)),
         }
     }
-    /** Calls `cuTexRefSetMipmapFilterMode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefSetMipmapFilterMode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24188,14 +22921,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefSetMipmapFilterMode {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hTexRef, fm) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefSetMipmapFilterMode",
-                })
-            }
+            None => Err(self.missing("cuTexRefSetMipmapFilterMode", 5000)),
         }
     }
-    /** Calls `cuTexRefSetMipmapLevelBias`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefSetMipmapLevelBias`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24208,14 +22937,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuTexRefSetMipmapLevelBias {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(hTexRef, bias) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefSetMipmapLevelBias",
-                })
-            }
+            None => Err(self.missing("cuTexRefSetMipmapLevelBias", 5000)),
         }
     }
-    /** Calls `cuTexRefSetMipmapLevelClamp`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefSetMipmapLevelClamp`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24233,14 +22958,10 @@ impl Driver {
                     __cuda_sys_fn(hTexRef, minMipmapLevelClamp, maxMipmapLevelClamp)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefSetMipmapLevelClamp",
-                })
-            }
+            None => Err(self.missing("cuTexRefSetMipmapLevelClamp", 5000)),
         }
     }
-    /** Calls `cuTexRefSetMipmappedArray`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuTexRefSetMipmappedArray`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24256,14 +22977,10 @@ impl Driver {
             Some(__cuda_sys_fn) => {
                 Ok(unsafe { __cuda_sys_fn(hTexRef, hMipmappedArray, Flags) })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuTexRefSetMipmappedArray",
-                })
-            }
+            None => Err(self.missing("cuTexRefSetMipmappedArray", 5000)),
         }
     }
-    /** Calls `cuThreadExchangeStreamCaptureMode`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuThreadExchangeStreamCaptureMode`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24275,14 +22992,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuThreadExchangeStreamCaptureMode {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(mode) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuThreadExchangeStreamCaptureMode",
-                })
-            }
+            None => Err(self.missing("cuThreadExchangeStreamCaptureMode", 10010)),
         }
     }
-    /** Calls `cuUserObjectCreate`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuUserObjectCreate`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24302,14 +23015,10 @@ impl Driver {
                     __cuda_sys_fn(object_out, ptr, destroy, initialRefcount, flags)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuUserObjectCreate",
-                })
-            }
+            None => Err(self.missing("cuUserObjectCreate", 11030)),
         }
     }
-    /** Calls `cuUserObjectRelease`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuUserObjectRelease`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24322,14 +23031,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuUserObjectRelease {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(object, count) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuUserObjectRelease",
-                })
-            }
+            None => Err(self.missing("cuUserObjectRelease", 11030)),
         }
     }
-    /** Calls `cuUserObjectRetain`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuUserObjectRetain`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24342,14 +23047,10 @@ impl Driver {
     ) -> Result<CUresult, MissingSymbol> {
         match self.table.cuUserObjectRetain {
             Some(__cuda_sys_fn) => Ok(unsafe { __cuda_sys_fn(object, count) }),
-            None => {
-                Err(MissingSymbol {
-                    name: "cuUserObjectRetain",
-                })
-            }
+            None => Err(self.missing("cuUserObjectRetain", 11030)),
         }
     }
-    /** Calls `cuWaitExternalSemaphoresAsync`; `Err(MissingSymbol)` when the loaded library lacks it.
+    /** Calls `cuWaitExternalSemaphoresAsync`; `Err(MissingSymbol)` when the loaded library lacks it or is older than the ABI of this binding.
 
  # Safety
 
@@ -24368,11 +23069,7 @@ impl Driver {
                     __cuda_sys_fn(extSemArray, paramsArray, numExtSems, stream)
                 })
             }
-            None => {
-                Err(MissingSymbol {
-                    name: "cuWaitExternalSemaphoresAsync",
-                })
-            }
+            None => Err(self.missing("cuWaitExternalSemaphoresAsync", 10000)),
         }
     }
 }

@@ -1,0 +1,390 @@
+//! One API over CUDA 12.0 through 13.x: the entry points whose shape changed between the two
+//! majors, with their CUDA 13.0 shapes, whatever headers the bindings came from and whatever
+//! driver is loaded.
+//!
+//! The generated [`Driver`] methods have the shapes of the headers the build found, and the
+//! loader hands each one out only when the driver has the ABI the binding declares (see
+//! [`EntryPoint::since`](crate::EntryPoint::since)). The methods here are written by hand and
+//! resolve every ABI they may need by its exact version, so `cuda-core` calls them the same way
+//! against 12.x and 13.x bindings and needs no `cfg`:
+//!
+//! | method | newest entry point | on an older driver |
+//! | --- | --- | --- |
+//! | [`Driver::mem_prefetch_async`] | `cuMemPrefetchAsync_v2` (12.2) | `cuMemPrefetchAsync` (8.0): a device or the host, flags 0; otherwise the typed error |
+//! | [`Driver::mem_advise`] | `cuMemAdvise_v2` (12.2) | `cuMemAdvise` (8.0): a device or the host; otherwise the typed error |
+//! | [`Driver::stream_get_capture_info`] | `cuStreamGetCaptureInfo_v3` (12.3) | `cuStreamGetCaptureInfo_v2` (11.3) when no edge data is asked for; otherwise the typed error |
+//! | [`Driver::stream_get_device`] | `cuStreamGetDevice` (12.8) | emulated exactly: `cuStreamGetCtx`, then `cuCtxGetDevice` with that context pushed |
+//! | [`Driver::event_elapsed_time`] | `cuEventElapsedTime_v2` (12.8) | `cuEventElapsedTime` (2.0), same arguments |
+//! | [`Driver::mem_pool_props`] | `CUmemPoolProps::maxSize` (12.2) | a size limit is the typed error; no limit works everywhere |
+//!
+//! "The typed error" is [`MissingSymbol`] with [`MissingSymbol::is_driver_too_old`] true: it
+//! names the entry point, the driver's version and the version needed.
+
+use std::ffi::{c_uint, c_void, CStr};
+
+use crate::{
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphNode, CUmemAllocationHandleType,
+    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmem_advise, CUresult,
+    CUstream, CUstreamCaptureStatus, Driver, MissingSymbol,
+};
+
+/// `CU_MEM_LOCATION_TYPE_HOST` (12.2+ headers; the value is part of the ABI).
+pub const MEM_LOCATION_TYPE_HOST: CUmemLocationType = CUmemLocationType(2);
+/// `CU_MEM_LOCATION_TYPE_HOST_NUMA` (12.2+ headers).
+pub const MEM_LOCATION_TYPE_HOST_NUMA: CUmemLocationType = CUmemLocationType(3);
+/// `CU_DEVICE_CPU`: the host, as the pre-12.2 entry points take it in place of a device.
+pub const DEVICE_CPU: CUdevice = -1;
+
+/// The CUDA version that introduced `cuMemPrefetchAsync_v2` and `cuMemAdvise_v2`, and
+/// `CUmemPoolProps::maxSize`.
+pub const CUDA_12_2: u32 = 12020;
+/// The CUDA version that introduced `cuStreamGetCaptureInfo_v3` (edge data).
+pub const CUDA_12_3: u32 = 12030;
+/// The CUDA version that introduced `cuStreamGetDevice` and `cuEventElapsedTime_v2`.
+pub const CUDA_12_8: u32 = 12080;
+
+type PrefetchV2 =
+    unsafe extern "C" fn(CUdeviceptr, usize, CUmemLocation, c_uint, CUstream) -> CUresult;
+type PrefetchV1 = unsafe extern "C" fn(CUdeviceptr, usize, CUdevice, CUstream) -> CUresult;
+type AdviseV2 = unsafe extern "C" fn(CUdeviceptr, usize, CUmem_advise, CUmemLocation) -> CUresult;
+type AdviseV1 = unsafe extern "C" fn(CUdeviceptr, usize, CUmem_advise, CUdevice) -> CUresult;
+type CaptureInfoV3 = unsafe extern "C" fn(
+    CUstream,
+    *mut CUstreamCaptureStatus,
+    *mut u64,
+    *mut CUgraph,
+    *mut *const CUgraphNode,
+    *mut *const c_void,
+    *mut usize,
+) -> CUresult;
+type CaptureInfoV2 = unsafe extern "C" fn(
+    CUstream,
+    *mut CUstreamCaptureStatus,
+    *mut u64,
+    *mut CUgraph,
+    *mut *const CUgraphNode,
+    *mut usize,
+) -> CUresult;
+type EventElapsed = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
+type StreamGetDevice = unsafe extern "C" fn(CUstream, *mut CUdevice) -> CUresult;
+type StreamGetCtx = unsafe extern "C" fn(CUstream, *mut CUcontext) -> CUresult;
+type CtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+type CtxPush = unsafe extern "C" fn(CUcontext) -> CUresult;
+type CtxPop = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+
+/// Every exact ABI the compat methods use: (API name, exported symbol, CUDA version of the ABI).
+pub const COMPAT_ENTRY_POINTS: [(&CStr, &CStr, u32); 13] = [
+    (c"cuMemPrefetchAsync", c"cuMemPrefetchAsync_v2", CUDA_12_2),
+    (c"cuMemPrefetchAsync", c"cuMemPrefetchAsync", 8000),
+    (c"cuMemAdvise", c"cuMemAdvise_v2", CUDA_12_2),
+    (c"cuMemAdvise", c"cuMemAdvise", 8000),
+    (
+        c"cuStreamGetCaptureInfo",
+        c"cuStreamGetCaptureInfo_v3",
+        CUDA_12_3,
+    ),
+    (
+        c"cuStreamGetCaptureInfo",
+        c"cuStreamGetCaptureInfo_v2",
+        11030,
+    ),
+    (c"cuStreamGetDevice", c"cuStreamGetDevice", CUDA_12_8),
+    (c"cuStreamGetCtx", c"cuStreamGetCtx", 9020),
+    (c"cuCtxGetDevice", c"cuCtxGetDevice", 2000),
+    (c"cuCtxPushCurrent", c"cuCtxPushCurrent_v2", 4000),
+    (c"cuCtxPopCurrent", c"cuCtxPopCurrent_v2", 4000),
+    (c"cuEventElapsedTime", c"cuEventElapsedTime_v2", CUDA_12_8),
+    (c"cuEventElapsedTime", c"cuEventElapsedTime", 2000),
+];
+
+/// The exact-version entry points behind the compat methods.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct CompatTable {
+    prefetch_v2: Option<PrefetchV2>,
+    prefetch_v1: Option<PrefetchV1>,
+    advise_v2: Option<AdviseV2>,
+    advise_v1: Option<AdviseV1>,
+    capture_info_v3: Option<CaptureInfoV3>,
+    capture_info_v2: Option<CaptureInfoV2>,
+    stream_get_device: Option<StreamGetDevice>,
+    stream_get_ctx: Option<StreamGetCtx>,
+    ctx_get_device: Option<CtxGetDevice>,
+    ctx_push: Option<CtxPush>,
+    ctx_pop: Option<CtxPop>,
+    elapsed_v2: Option<EventElapsed>,
+    elapsed_v1: Option<EventElapsed>,
+}
+
+/// Turns a looked-up address into a typed function pointer.
+///
+/// # Safety
+///
+/// `ptr` is null or a function of type `F`.
+unsafe fn cast<F: Copy>(ptr: *mut c_void) -> Option<F> {
+    if ptr.is_null() {
+        None
+    } else {
+        // SAFETY: `F` is a function pointer type of the size of a data pointer, and the caller
+        // vouches for the signature.
+        Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&ptr) })
+    }
+}
+
+impl CompatTable {
+    /// Asks `lookup(api, symbol, version)` for each of [`COMPAT_ENTRY_POINTS`].
+    ///
+    /// # Safety
+    ///
+    /// `lookup` returns null or the entry point at exactly that ABI version.
+    pub(crate) unsafe fn resolve(mut lookup: impl FnMut(&CStr, &CStr, u32) -> *mut c_void) -> Self {
+        let mut at = |i: usize| {
+            let (api, symbol, version) = COMPAT_ENTRY_POINTS[i];
+            lookup(api, symbol, version)
+        };
+        // SAFETY: each index names the ABI whose type the field has (see the table above).
+        unsafe {
+            CompatTable {
+                prefetch_v2: cast(at(0)),
+                prefetch_v1: cast(at(1)),
+                advise_v2: cast(at(2)),
+                advise_v1: cast(at(3)),
+                capture_info_v3: cast(at(4)),
+                capture_info_v2: cast(at(5)),
+                stream_get_device: cast(at(6)),
+                stream_get_ctx: cast(at(7)),
+                ctx_get_device: cast(at(8)),
+                ctx_push: cast(at(9)),
+                ctx_pop: cast(at(10)),
+                elapsed_v2: cast(at(11)),
+                elapsed_v1: cast(at(12)),
+            }
+        }
+    }
+}
+
+/// The pre-12.2 form of a location: a device ordinal, or [`DEVICE_CPU`] for the host.
+fn legacy_device(location: &CUmemLocation) -> Option<CUdevice> {
+    if location.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE {
+        Some(location.id)
+    } else if location.type_ == MEM_LOCATION_TYPE_HOST {
+        Some(DEVICE_CPU)
+    } else {
+        None
+    }
+}
+
+impl Driver {
+    /// `cuMemPrefetchAsync` with the CUDA 13.0 shape (a `CUmemLocation` and flags). On a driver
+    /// older than 12.2 it calls the 8.0 entry point with the device ordinal (or `CU_DEVICE_CPU`
+    /// for the host); other locations or nonzero flags are then the typed error.
+    ///
+    /// # Safety
+    ///
+    /// As the driver API's `cuMemPrefetchAsync`.
+    pub unsafe fn mem_prefetch_async(
+        &self,
+        dev_ptr: CUdeviceptr,
+        count: usize,
+        location: CUmemLocation,
+        flags: c_uint,
+        stream: CUstream,
+    ) -> Result<CUresult, MissingSymbol> {
+        if let Some(f) = self.compat.prefetch_v2 {
+            // SAFETY: the caller upholds the driver's contract; exact 12.2 ABI.
+            return Ok(unsafe { f(dev_ptr, count, location, flags, stream) });
+        }
+        match (self.compat.prefetch_v1, legacy_device(&location)) {
+            // SAFETY: as above; exact 8.0 ABI, same meaning for a device or the host.
+            (Some(f), Some(device)) if flags == 0 => {
+                Ok(unsafe { f(dev_ptr, count, device, stream) })
+            }
+            _ => Err(self.missing("cuMemPrefetchAsync", CUDA_12_2)),
+        }
+    }
+
+    /// `cuMemAdvise` with the CUDA 13.0 shape (a `CUmemLocation`). On a driver older than 12.2
+    /// it calls the 8.0 entry point with the device ordinal (or `CU_DEVICE_CPU` for the host);
+    /// other locations are then the typed error.
+    ///
+    /// # Safety
+    ///
+    /// As the driver API's `cuMemAdvise`.
+    pub unsafe fn mem_advise(
+        &self,
+        dev_ptr: CUdeviceptr,
+        count: usize,
+        advice: CUmem_advise,
+        location: CUmemLocation,
+    ) -> Result<CUresult, MissingSymbol> {
+        if let Some(f) = self.compat.advise_v2 {
+            // SAFETY: the caller upholds the driver's contract; exact 12.2 ABI.
+            return Ok(unsafe { f(dev_ptr, count, advice, location) });
+        }
+        match (self.compat.advise_v1, legacy_device(&location)) {
+            // SAFETY: as above; exact 8.0 ABI, same meaning for a device or the host.
+            (Some(f), Some(device)) => Ok(unsafe { f(dev_ptr, count, advice, device) }),
+            _ => Err(self.missing("cuMemAdvise", CUDA_12_2)),
+        }
+    }
+
+    /// `cuStreamGetCaptureInfo` with the CUDA 13.0 shape (`edge_data_out` before
+    /// `num_dependencies_out`; pass null for any output not wanted). On a driver older than
+    /// 12.3 it calls the 11.3 entry point, which has no edge data: asking for edge data there
+    /// is the typed error.
+    ///
+    /// # Safety
+    ///
+    /// As the driver API's `cuStreamGetCaptureInfo`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn stream_get_capture_info(
+        &self,
+        stream: CUstream,
+        status_out: *mut CUstreamCaptureStatus,
+        id_out: *mut u64,
+        graph_out: *mut CUgraph,
+        dependencies_out: *mut *const CUgraphNode,
+        edge_data_out: *mut *const c_void,
+        num_dependencies_out: *mut usize,
+    ) -> Result<CUresult, MissingSymbol> {
+        if let Some(f) = self.compat.capture_info_v3 {
+            // SAFETY: the caller upholds the driver's contract; exact 12.3 ABI.
+            return Ok(unsafe {
+                f(
+                    stream,
+                    status_out,
+                    id_out,
+                    graph_out,
+                    dependencies_out,
+                    edge_data_out,
+                    num_dependencies_out,
+                )
+            });
+        }
+        match self.compat.capture_info_v2 {
+            // SAFETY: as above; exact 11.3 ABI, the same outputs less edge data.
+            Some(f) if edge_data_out.is_null() => Ok(unsafe {
+                f(
+                    stream,
+                    status_out,
+                    id_out,
+                    graph_out,
+                    dependencies_out,
+                    num_dependencies_out,
+                )
+            }),
+            _ => Err(self.missing("cuStreamGetCaptureInfo", CUDA_12_3)),
+        }
+    }
+
+    /// `cuStreamGetDevice`: the device of `stream`. On a driver older than 12.8 it is emulated
+    /// exactly: the stream's context (`cuStreamGetCtx`) is pushed, `cuCtxGetDevice` asked, and
+    /// the context popped again. The null and per-thread streams answer for the current
+    /// context, as `cuStreamGetDevice` does.
+    ///
+    /// # Safety
+    ///
+    /// As the driver API's `cuStreamGetDevice`: `stream` is a live stream (or null) and
+    /// `device` a valid out-pointer.
+    pub unsafe fn stream_get_device(
+        &self,
+        stream: CUstream,
+        device: *mut CUdevice,
+    ) -> Result<CUresult, MissingSymbol> {
+        if let Some(f) = self.compat.stream_get_device {
+            // SAFETY: the caller upholds the driver's contract; exact 12.8 ABI.
+            return Ok(unsafe { f(stream, device) });
+        }
+        let c = &self.compat;
+        let (Some(get_ctx), Some(get_device), Some(push), Some(pop)) =
+            (c.stream_get_ctx, c.ctx_get_device, c.ctx_push, c.ctx_pop)
+        else {
+            return Err(self.missing("cuStreamGetDevice", CUDA_12_8));
+        };
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: the caller vouches for the stream; valid out-pointer.
+        let r = unsafe { get_ctx(stream, &mut ctx) };
+        if r != CUresult::CUDA_SUCCESS {
+            return Ok(r);
+        }
+        // SAFETY: a context the driver just named; pushed and popped on this thread only.
+        let r = unsafe { push(ctx) };
+        if r != CUresult::CUDA_SUCCESS {
+            return Ok(r);
+        }
+        // SAFETY: the caller's out-pointer; a context is current.
+        let asked = unsafe { get_device(device) };
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context pushed above.
+        let r = unsafe { pop(&mut popped) };
+        if asked != CUresult::CUDA_SUCCESS {
+            return Ok(asked);
+        }
+        Ok(r)
+    }
+
+    /// `cuEventElapsedTime`: milliseconds between two recorded events. The 12.8 entry point
+    /// where the driver has it, else the 2.0 one, which takes the same arguments.
+    ///
+    /// # Safety
+    ///
+    /// As the driver API's `cuEventElapsedTime`.
+    pub unsafe fn event_elapsed_time(
+        &self,
+        ms: *mut f32,
+        start: CUevent,
+        end: CUevent,
+    ) -> Result<CUresult, MissingSymbol> {
+        match self.compat.elapsed_v2.or(self.compat.elapsed_v1) {
+            // SAFETY: the caller upholds the driver's contract; both ABIs take these arguments.
+            Some(f) => Ok(unsafe { f(ms, start, end) }),
+            None => Err(self.missing("cuEventElapsedTime", 2000)),
+        }
+    }
+
+    /// `CUmemPoolProps` for `cuMemPoolCreate`, every field the headers may lack zeroed. A
+    /// nonzero `max_size` (`maxSize`, CUDA 12.2) goes where 12.2+ drivers read it, also when
+    /// the bindings come from 12.0/12.1 headers; on a driver older than 12.2 it is the typed
+    /// error (such a driver requires those bytes to be zero).
+    pub fn mem_pool_props(
+        &self,
+        alloc_type: CUmemAllocationType,
+        handle_types: CUmemAllocationHandleType,
+        location: CUmemLocation,
+        max_size: usize,
+    ) -> Result<CUmemPoolProps, MissingSymbol> {
+        if max_size != 0 && self.driver_version() != 0 && self.driver_version() < CUDA_12_2 {
+            return Err(self.missing("CUmemPoolProps::maxSize", CUDA_12_2));
+        }
+        Ok(pool_props(alloc_type, handle_types, location, max_size))
+    }
+}
+
+/// [`Driver::mem_pool_props`] without the driver check.
+pub fn pool_props(
+    alloc_type: CUmemAllocationType,
+    handle_types: CUmemAllocationHandleType,
+    location: CUmemLocation,
+    max_size: usize,
+) -> CUmemPoolProps {
+    let mut props = CUmemPoolProps {
+        allocType: alloc_type,
+        handleTypes: handle_types,
+        location,
+        win32SecurityAttributes: std::ptr::null_mut(),
+        ..Default::default()
+    };
+    set_max_size(&mut props, max_size);
+    props
+}
+
+#[cfg(cuda_sys_pool_max_size)]
+fn set_max_size(props: &mut CUmemPoolProps, max_size: usize) {
+    props.maxSize = max_size;
+}
+
+/// 12.0/12.1 headers: `maxSize` is the first 8 bytes of `reserved` (the layout 12.2 gave it).
+#[cfg(not(cuda_sys_pool_max_size))]
+fn set_max_size(props: &mut CUmemPoolProps, max_size: usize) {
+    let bytes = max_size.to_ne_bytes();
+    props.reserved[..bytes.len()].copy_from_slice(&bytes);
+}

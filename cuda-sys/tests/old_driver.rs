@@ -1,0 +1,491 @@
+//! A fake driver older (and one newer) than the bindings: the loader never asks for an entry
+//! point whose ABI the driver does not have, every such entry point returns the typed error,
+//! and the entry points that changed between CUDA 12 and 13 go through their adapters.
+
+use std::ffi::{c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use cuda_sys::compat::{self, MEM_LOCATION_TYPE_HOST, MEM_LOCATION_TYPE_HOST_NUMA};
+use cuda_sys::{
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphNode, CUmemAllocationHandleType,
+    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmem_advise, CUresult, CUstream,
+    CUstreamCaptureStatus, Driver, Resolution, CUDA_VERSION, DRIVER_ENTRY_POINTS,
+};
+
+/// One scenario at a time: the fakes record into statics.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Which fake ran last, and with what device argument.
+static LAST: AtomicUsize = AtomicUsize::new(0);
+static LAST_DEVICE: AtomicI32 = AtomicI32::new(i32::MIN);
+static PUSHED: AtomicI32 = AtomicI32::new(0);
+
+const PREFETCH_V1: usize = 1;
+const PREFETCH_V2: usize = 2;
+const ADVISE_V1: usize = 3;
+const ADVISE_V2: usize = 4;
+const CAPTURE_V2: usize = 5;
+const CAPTURE_V3: usize = 6;
+const STREAM_DEVICE: usize = 7;
+const ELAPSED_V1: usize = 8;
+const ELAPSED_V2: usize = 9;
+
+fn ran(which: usize, device: CUdevice) -> CUresult {
+    LAST.store(which, Ordering::SeqCst);
+    LAST_DEVICE.store(device, Ordering::SeqCst);
+    CUresult::CUDA_SUCCESS
+}
+
+extern "C" fn never_called() {}
+
+extern "C" fn prefetch_v1(_: CUdeviceptr, _: usize, device: CUdevice, _: CUstream) -> CUresult {
+    ran(PREFETCH_V1, device)
+}
+extern "C" fn prefetch_v2(
+    _: CUdeviceptr,
+    _: usize,
+    location: CUmemLocation,
+    _: c_uint,
+    _: CUstream,
+) -> CUresult {
+    ran(PREFETCH_V2, location.id)
+}
+extern "C" fn advise_v1(_: CUdeviceptr, _: usize, _: CUmem_advise, device: CUdevice) -> CUresult {
+    ran(ADVISE_V1, device)
+}
+extern "C" fn advise_v2(
+    _: CUdeviceptr,
+    _: usize,
+    _: CUmem_advise,
+    location: CUmemLocation,
+) -> CUresult {
+    ran(ADVISE_V2, location.id)
+}
+extern "C" fn capture_v2(
+    _: CUstream,
+    status: *mut CUstreamCaptureStatus,
+    id: *mut u64,
+    _: *mut CUgraph,
+    _: *mut *const CUgraphNode,
+    _: *mut usize,
+) -> CUresult {
+    // SAFETY: the test passes valid out-pointers.
+    unsafe {
+        *status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        *id = 42;
+    }
+    ran(CAPTURE_V2, 0)
+}
+extern "C" fn capture_v3(
+    _: CUstream,
+    status: *mut CUstreamCaptureStatus,
+    id: *mut u64,
+    _: *mut CUgraph,
+    _: *mut *const CUgraphNode,
+    _: *mut *const c_void,
+    _: *mut usize,
+) -> CUresult {
+    // SAFETY: the test passes valid out-pointers or null.
+    unsafe {
+        if !status.is_null() {
+            *status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        }
+        *id = 43;
+    }
+    ran(CAPTURE_V3, 0)
+}
+extern "C" fn stream_get_device(_: CUstream, device: *mut CUdevice) -> CUresult {
+    // SAFETY: the test passes a valid out-pointer.
+    unsafe { *device = 7 };
+    ran(STREAM_DEVICE, 7)
+}
+const FAKE_CTX: usize = 0x1000;
+extern "C" fn stream_get_ctx(_: CUstream, ctx: *mut CUcontext) -> CUresult {
+    // SAFETY: valid out-pointer.
+    unsafe { *ctx = FAKE_CTX as CUcontext };
+    CUresult::CUDA_SUCCESS
+}
+extern "C" fn ctx_push(ctx: CUcontext) -> CUresult {
+    assert_eq!(ctx as usize, FAKE_CTX);
+    PUSHED.fetch_add(1, Ordering::SeqCst);
+    CUresult::CUDA_SUCCESS
+}
+extern "C" fn ctx_pop(ctx: *mut CUcontext) -> CUresult {
+    // SAFETY: valid out-pointer.
+    unsafe { *ctx = FAKE_CTX as CUcontext };
+    PUSHED.fetch_sub(1, Ordering::SeqCst);
+    CUresult::CUDA_SUCCESS
+}
+extern "C" fn ctx_get_device(device: *mut CUdevice) -> CUresult {
+    assert_eq!(
+        PUSHED.load(Ordering::SeqCst),
+        1,
+        "the stream's context is current"
+    );
+    // SAFETY: valid out-pointer.
+    unsafe { *device = 3 };
+    CUresult::CUDA_SUCCESS
+}
+extern "C" fn elapsed_v1(ms: *mut f32, _: CUevent, _: CUevent) -> CUresult {
+    // SAFETY: valid out-pointer.
+    unsafe { *ms = 1.5 };
+    ran(ELAPSED_V1, 0)
+}
+extern "C" fn elapsed_v2(ms: *mut f32, _: CUevent, _: CUevent) -> CUresult {
+    // SAFETY: valid out-pointer.
+    unsafe { *ms = 2.5 };
+    ran(ELAPSED_V2, 0)
+}
+
+/// The exact-ABI entry points the fake driver exports: (symbol, ABI version, address).
+fn exact_symbols() -> Vec<(&'static str, u32, *mut c_void)> {
+    vec![
+        ("cuMemPrefetchAsync", 8000, prefetch_v1 as *mut c_void),
+        ("cuMemPrefetchAsync_v2", 12020, prefetch_v2 as *mut c_void),
+        ("cuMemAdvise", 8000, advise_v1 as *mut c_void),
+        ("cuMemAdvise_v2", 12020, advise_v2 as *mut c_void),
+        (
+            "cuStreamGetCaptureInfo_v2",
+            11030,
+            capture_v2 as *mut c_void,
+        ),
+        (
+            "cuStreamGetCaptureInfo_v3",
+            12030,
+            capture_v3 as *mut c_void,
+        ),
+        ("cuStreamGetDevice", 12080, stream_get_device as *mut c_void),
+        ("cuStreamGetCtx", 9020, stream_get_ctx as *mut c_void),
+        ("cuCtxPushCurrent_v2", 4000, ctx_push as *mut c_void),
+        ("cuCtxPopCurrent_v2", 4000, ctx_pop as *mut c_void),
+        ("cuCtxGetDevice", 2000, ctx_get_device as *mut c_void),
+        ("cuEventElapsedTime", 2000, elapsed_v1 as *mut c_void),
+        ("cuEventElapsedTime_v2", 12080, elapsed_v2 as *mut c_void),
+    ]
+}
+
+/// What the loader asked the fake driver for: (api, symbol, version).
+type Asked = Vec<(String, String, i32)>;
+
+/// A driver of version `version` built from fakes. Compat entry points are served by their
+/// exact symbol when the fake driver is new enough for that ABI; every other request gets a
+/// function that must never be called (as a real old driver would answer with an older ABI).
+fn fake_driver(version: u32) -> (Driver, Asked) {
+    let mut asked = Vec::new();
+    let exact = exact_symbols();
+    let compat: Vec<(&CStr, &CStr, u32)> = compat::COMPAT_ENTRY_POINTS.to_vec();
+    let lookup = |api: &CStr, symbol: &CStr, at: i32| -> *mut c_void {
+        let api = api.to_string_lossy().into_owned();
+        let symbol = symbol.to_string_lossy().into_owned();
+        asked.push((api.clone(), symbol.clone(), at));
+        let is_compat = compat.iter().any(|(a, s, v)| {
+            a.to_bytes() == api.as_bytes() && s.to_bytes() == symbol.as_bytes() && *v as i32 == at
+        });
+        if is_compat {
+            return exact
+                .iter()
+                .find(|(s, v, _)| *s == symbol && *v <= version)
+                .map_or(std::ptr::null_mut(), |(_, _, p)| *p);
+        }
+        never_called as *mut c_void
+    };
+    // SAFETY: the fakes have the signatures of the ABIs they are returned for; the others are
+    // never called (the test calls only compat methods and asks entry statuses).
+    let driver = unsafe {
+        Driver::with_resolver(
+            "fake".into(),
+            Resolution::ProcAddress,
+            version,
+            Some(CUresult::CUDA_SUCCESS),
+            lookup,
+        )
+    };
+    (driver, asked)
+}
+
+fn device(id: i32) -> CUmemLocation {
+    CUmemLocation {
+        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id,
+    }
+}
+
+fn host() -> CUmemLocation {
+    CUmemLocation {
+        type_: MEM_LOCATION_TYPE_HOST,
+        id: 0,
+    }
+}
+
+/// The entry points whose shape or ABI changed between CUDA 12.0 and 13.0 that the workspace
+/// calls, each with the compat method that covers it (checked below).
+const CHANGED: &[&str] = &[
+    "cuMemPrefetchAsync",
+    "cuMemAdvise",
+    "cuStreamGetCaptureInfo",
+    "cuStreamGetDevice",
+    "cuEventElapsedTime",
+];
+
+#[test]
+fn a_driver_older_than_the_bindings_is_never_handed_a_newer_abi() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let old = 12000;
+    let (driver, asked) = fake_driver(old);
+    assert_eq!(driver.driver_version(), old);
+
+    let mut refused = 0;
+    for entry in DRIVER_ENTRY_POINTS.iter() {
+        let api = entry.api.to_str().unwrap();
+        let status = driver.entry_status(api);
+        if entry.since > old {
+            refused += 1;
+            let err = status.expect_err(api);
+            assert!(err.is_driver_too_old(), "{api}: {err}");
+            assert_eq!((err.name, err.needed, err.driver), (api, entry.since, old));
+            assert!(err.to_string().contains("needs a CUDA"), "{err}");
+            let asked_main = asked.iter().any(|(a, s, v)| {
+                a == api
+                    && s.as_bytes() == entry.symbol.to_bytes()
+                    && !compat::COMPAT_ENTRY_POINTS.iter().any(|(ca, cs, cv)| {
+                        ca.to_bytes() == a.as_bytes()
+                            && cs.to_bytes() == s.as_bytes()
+                            && *cv as i32 == *v
+                    })
+            });
+            assert!(!asked_main, "{api}: asked an old driver for a newer ABI");
+        } else {
+            assert_eq!(status, Ok(()), "{api}");
+        }
+    }
+    if CUDA_VERSION >= 13000 {
+        // 13.0 bindings: at least the entry points the issue names are among the refused.
+        assert!(refused >= CHANGED.len(), "{refused} refused");
+        for name in [
+            "cuMemPrefetchAsync",
+            "cuMemAdvise",
+            "cuStreamGetCaptureInfo",
+        ] {
+            assert!(driver.entry_status(name).is_err(), "{name}");
+        }
+    }
+    for name in CHANGED {
+        // Present in the bindings: either an ABI a 12.0 driver has, or refused.
+        if let Some(entry) = DRIVER_ENTRY_POINTS
+            .iter()
+            .find(|e| e.api.to_bytes() == name.as_bytes())
+        {
+            assert_eq!(driver.entry_status(name).is_ok(), entry.since <= old);
+        }
+    }
+
+    // The adapters: the 12.0 entry points, with the arguments they take.
+    // SAFETY (all calls below): the fake driver's functions accept any arguments.
+    unsafe {
+        let r = driver.mem_prefetch_async(0x10, 64, device(2), 0, std::ptr::null_mut());
+        assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
+        assert_eq!(LAST.load(Ordering::SeqCst), PREFETCH_V1);
+        assert_eq!(LAST_DEVICE.load(Ordering::SeqCst), 2);
+        let r = driver.mem_prefetch_async(0x10, 64, host(), 0, std::ptr::null_mut());
+        assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
+        assert_eq!(LAST_DEVICE.load(Ordering::SeqCst), compat::DEVICE_CPU);
+        let numa = CUmemLocation {
+            type_: MEM_LOCATION_TYPE_HOST_NUMA,
+            id: 0,
+        };
+        let err = driver
+            .mem_prefetch_async(0x10, 64, numa, 0, std::ptr::null_mut())
+            .unwrap_err();
+        assert!(err.is_driver_too_old());
+        assert_eq!((err.name, err.needed), ("cuMemPrefetchAsync", 12020));
+        assert!(driver
+            .mem_prefetch_async(0x10, 64, device(0), 1, std::ptr::null_mut())
+            .is_err());
+
+        let advice = CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION;
+        assert_eq!(
+            driver.mem_advise(0x10, 64, advice, device(1)),
+            Ok(CUresult::CUDA_SUCCESS)
+        );
+        assert_eq!(LAST.load(Ordering::SeqCst), ADVISE_V1);
+        assert_eq!(LAST_DEVICE.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            driver.mem_advise(0x10, 64, advice, host()),
+            Ok(CUresult::CUDA_SUCCESS)
+        );
+        assert_eq!(LAST_DEVICE.load(Ordering::SeqCst), compat::DEVICE_CPU);
+        assert!(driver
+            .mem_advise(0x10, 64, advice, numa)
+            .unwrap_err()
+            .is_driver_too_old());
+
+        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut id = 0;
+        let r = driver.stream_get_capture_info(
+            std::ptr::null_mut(),
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
+        assert_eq!((LAST.load(Ordering::SeqCst), id), (CAPTURE_V2, 42));
+        assert_eq!(
+            status,
+            CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+        );
+        let mut edges: *const c_void = std::ptr::null();
+        let err = driver
+            .stream_get_capture_info(
+                std::ptr::null_mut(),
+                &mut status,
+                &mut id,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut edges,
+                std::ptr::null_mut(),
+            )
+            .unwrap_err();
+        assert_eq!(
+            (err.name, err.needed, err.driver),
+            ("cuStreamGetCaptureInfo", 12030, old)
+        );
+
+        LAST.store(0, Ordering::SeqCst);
+        let mut dev = -1;
+        let r = driver.stream_get_device(0x2000 as CUstream, &mut dev);
+        assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
+        assert_eq!(dev, 3, "emulated through the stream's context");
+        assert_eq!(PUSHED.load(Ordering::SeqCst), 0, "the context was popped");
+        assert_eq!(
+            LAST.load(Ordering::SeqCst),
+            0,
+            "cuStreamGetDevice not called"
+        );
+
+        let mut ms = 0.0;
+        let r = driver.event_elapsed_time(&mut ms, std::ptr::null_mut(), std::ptr::null_mut());
+        assert_eq!((r, ms), (Ok(CUresult::CUDA_SUCCESS), 1.5));
+        assert_eq!(LAST.load(Ordering::SeqCst), ELAPSED_V1);
+    }
+
+    let pinned = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    let none = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    let err = driver
+        .mem_pool_props(pinned, none, device(0), 1 << 20)
+        .unwrap_err();
+    assert_eq!((err.needed, err.driver), (12020, old));
+    let props = driver.mem_pool_props(pinned, none, device(0), 0).unwrap();
+    assert_eq!(props.location.id, 0);
+}
+
+#[test]
+fn each_entry_point_is_asked_for_at_the_version_of_its_declared_abi() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (_, asked) = fake_driver(CUDA_VERSION.max(13000));
+    for entry in DRIVER_ENTRY_POINTS.iter() {
+        let expected = match (entry.by_proc_address, entry.since) {
+            (false, _) => 0,
+            (true, 0) => CUDA_VERSION as i32,
+            (true, since) => since as i32,
+        };
+        let ok = asked.iter().any(|(a, s, v)| {
+            a.as_bytes() == entry.api.to_bytes()
+                && s.as_bytes() == entry.symbol.to_bytes()
+                && *v == expected
+        });
+        assert!(ok, "{entry:?} not asked at {expected}");
+        assert!(entry.since <= CUDA_VERSION, "{entry:?}");
+    }
+    // The declaration 12.3+ headers keep on the 11.3 ABI is asked for at 11.3, not at the
+    // headers' version (which would answer with `_v3`).
+    if let Some(e) = DRIVER_ENTRY_POINTS
+        .iter()
+        .find(|e| e.symbol.to_bytes() == b"cuStreamGetCaptureInfo_v2")
+    {
+        assert_eq!(e.since, 11030);
+    }
+    if let Some(e) = DRIVER_ENTRY_POINTS
+        .iter()
+        .find(|e| e.symbol.to_bytes() == b"cuStreamGetCaptureInfo_v3")
+    {
+        assert_eq!(e.since, 12030);
+    }
+    if let Some(e) = DRIVER_ENTRY_POINTS
+        .iter()
+        .find(|e| e.symbol.to_bytes() == b"cuCtxCreate_v2")
+    {
+        assert_eq!(e.since, 3020);
+    }
+}
+
+#[test]
+fn a_driver_as_new_as_the_bindings_gets_every_entry_point_and_the_new_abis() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (driver, _) = fake_driver(CUDA_VERSION.max(13000));
+    for entry in DRIVER_ENTRY_POINTS.iter() {
+        let api = entry.api.to_str().unwrap();
+        assert_eq!(driver.entry_status(api), Ok(()), "{api}");
+    }
+    // SAFETY (all calls below): the fake driver's functions accept any arguments.
+    unsafe {
+        let host_numa = CUmemLocation {
+            type_: MEM_LOCATION_TYPE_HOST_NUMA,
+            id: 5,
+        };
+        let r = driver.mem_prefetch_async(0x10, 64, host_numa, 0, std::ptr::null_mut());
+        assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
+        assert_eq!(LAST.load(Ordering::SeqCst), PREFETCH_V2);
+        assert_eq!(LAST_DEVICE.load(Ordering::SeqCst), 5);
+        let advice = CUmem_advise::CU_MEM_ADVISE_SET_ACCESSED_BY;
+        assert_eq!(
+            driver.mem_advise(0x10, 64, advice, device(1)),
+            Ok(CUresult::CUDA_SUCCESS)
+        );
+        assert_eq!(LAST.load(Ordering::SeqCst), ADVISE_V2);
+        let mut id = 0;
+        let mut edges: *const c_void = std::ptr::null();
+        let r = driver.stream_get_capture_info(
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut edges,
+            std::ptr::null_mut(),
+        );
+        assert_eq!((r, id), (Ok(CUresult::CUDA_SUCCESS), 43));
+        let mut dev = -1;
+        assert_eq!(
+            driver.stream_get_device(std::ptr::null_mut(), &mut dev),
+            Ok(CUresult::CUDA_SUCCESS)
+        );
+        assert_eq!((LAST.load(Ordering::SeqCst), dev), (STREAM_DEVICE, 7));
+        let mut ms = 0.0;
+        let r = driver.event_elapsed_time(&mut ms, std::ptr::null_mut(), std::ptr::null_mut());
+        assert_eq!((r, ms), (Ok(CUresult::CUDA_SUCCESS), 2.5));
+    }
+    let props = driver
+        .mem_pool_props(
+            CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            device(0),
+            1 << 20,
+        )
+        .unwrap();
+    // The limit sits where 12.2+ drivers read `maxSize`, whatever headers the bindings used.
+    // SAFETY: CUmemPoolProps is plain old data; reading its bytes is sound.
+    let bytes: &[u8] = unsafe {
+        std::slice::from_raw_parts(
+            (&props as *const cuda_sys::CUmemPoolProps).cast::<u8>(),
+            std::mem::size_of_val(&props),
+        )
+    };
+    let offset = std::mem::offset_of!(cuda_sys::CUmemPoolProps, win32SecurityAttributes)
+        + std::mem::size_of::<*mut c_void>();
+    let max_size = usize::from_ne_bytes(bytes[offset..offset + 8].try_into().unwrap());
+    assert_eq!(max_size, 1 << 20);
+}
