@@ -320,7 +320,7 @@ pub fn on_capture_graph_release(
     let mut graph: CUgraph = std::ptr::null_mut();
     // SAFETY: a live stream; valid out-pointers; the dependency outputs are null.
     unsafe {
-        drv!(cuStreamGetCaptureInfo(
+        drv!(stream_get_capture_info as "cuStreamGetCaptureInfo" (
             stream.raw(),
             &mut status,
             &mut id,

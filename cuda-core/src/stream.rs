@@ -619,7 +619,7 @@ fn is_capturing(device: Device, raw: CUstream) -> bool {
         // SAFETY: the caller of `external` vouches for the handle; valid out-pointers; the
         // optional outputs are null.
         unsafe {
-            drv!(cuStreamGetCaptureInfo(
+            drv!(stream_get_capture_info as "cuStreamGetCaptureInfo" (
                 raw,
                 &mut status,
                 &mut id,
