@@ -89,6 +89,11 @@ pub fn is_available() -> bool {
     sys::nccl().is_ok()
 }
 
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(test)]
 mod tests {
     #[test]
