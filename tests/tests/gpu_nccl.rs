@@ -414,7 +414,9 @@ fn fault_rank(comm: Communicator, stream: &Stream) {
     let timeout = Duration::from_secs(20);
     let t = Instant::now();
     let mut outcome = Ok(());
-    for _ in 0..20 {
+    // A few only: with the peer gone, NCCL's queue of pending work can fill and block the
+    // enqueue itself.
+    for _ in 0..3 {
         outcome = comm.all_reduce_in_place::<f32>(&buf, count, ReduceOp::Sum, stream);
         if outcome.is_err() {
             break;
