@@ -77,7 +77,7 @@ pub fn ci_bindings_check() -> Result<()> {
 }
 
 /// CI step on the no-header build (`env` selects the snapshot target dir): cuda-nccl-sys
-/// must take the snapshot path, and the NCCL crates' CPU tests pass on it.
+/// must take the snapshot path, and its tests pass on it.
 pub fn ci_snapshot_build(env: &[(&str, &str)]) -> Result<()> {
     let mut env = env.to_vec();
     env.push(("CUDA_NCCL_SYS_USE_SNAPSHOT", "1"));
@@ -85,9 +85,7 @@ pub fn ci_snapshot_build(env: &[(&str, &str)]) -> Result<()> {
     if !source.starts_with("snapshot") {
         return fail(&format!("expected the NCCL snapshot path, got: {source}"));
     }
-    cargo(&["test", "-p", "cudars-nccl-sys", "--lib"], &env)?;
-    cargo(
-        &["test", "-p", "cudars-nccl", "--lib", "--test", "cpu"],
-        &env,
-    )
+    // The safe crate's CPU tests ran on the bindgen build; here only what the snapshot
+    // changes: the raw crate (the safe crate is compiled by the loader test's build already).
+    cargo(&["test", "-p", "cudars-nccl-sys", "--lib"], &env)
 }

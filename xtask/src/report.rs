@@ -289,9 +289,18 @@ fn nccl_plot(
     if series.is_empty() {
         return Ok(());
     }
-    let svg = line_plot("NCCL all_reduce bus bandwidth", "bytes", "GB/s", &series, true);
+    let svg = line_plot(
+        "NCCL all_reduce bus bandwidth",
+        "bytes",
+        "GB/s",
+        &series,
+        true,
+    );
     fs::write(out.join("nccl_all_reduce_busbw.svg"), svg).map_err(|e| e.to_string())?;
-    let _ = writeln!(md, "![NCCL all_reduce bus bandwidth](nccl_all_reduce_busbw.svg)\n");
+    let _ = writeln!(
+        md,
+        "![NCCL all_reduce bus bandwidth](nccl_all_reduce_busbw.svg)\n"
+    );
     Ok(())
 }
 
