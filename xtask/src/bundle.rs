@@ -258,6 +258,7 @@ case "$mode" in
     echo "CUDA_NCCL_LIBRARY=${CUDA_NCCL_LIBRARY:-unset}; GPUs: ${gpus:-0}; NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
     only=gpu_nccl; test_timeout=1800; run_tests
     export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
+    [ -f "$BENCH_OUT/meta.txt" ] || { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1; } > "$BENCH_OUT/meta.txt"
     echo "=== bench_nccl"; "$here/bench/bench_nccl" || { echo "(exit $?)"; failed=$((failed + 1)); } ;;
   all) "$0" examples; run_tests; "$0" bench; ;;
   *) echo "usage: run.sh [tests|sanitize|bench|examples|nccl|all] [filter]"; exit 2 ;;
