@@ -186,7 +186,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   bench     every benchmark binary (their own output)
 #   examples  every example
 #   nccl      the cuda-nccl suite (single- and multi-process, socket transport, a rank killed
-#             mid-collective), then bench_nccl beside torch.distributed; needs >= 2 GPUs
+#             mid-collective), then bench_nccl beside torch.distributed; needs >= 2 GPUs.
+#             `run.sh nccl tests` / `run.sh nccl bench` run one part; another word filters tests
 # Test binaries run with --test-threads=1 so that memory-level checks see only their own work.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -255,11 +256,16 @@ case "$mode" in
     export CUDA_RS_TRACES="$here/traces"
     for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
   nccl)
+    # run.sh nccl [tests|bench|TEST-FILTER]: both parts by default.
+    part="${filter:-all}"; filter=""
+    case "$part" in all|tests|bench) ;; *) filter="$part"; part=tests ;; esac
     echo "CUDA_NCCL_LIBRARY=${CUDA_NCCL_LIBRARY:-unset}; GPUs: ${gpus:-0}; NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
-    only=gpu_nccl; test_timeout=1800; run_tests
-    export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
-    [ -f "$BENCH_OUT/meta.txt" ] || { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1; } > "$BENCH_OUT/meta.txt"
-    echo "=== bench_nccl"; "$here/bench/bench_nccl" || { echo "(exit $?)"; failed=$((failed + 1)); } ;;
+    if [ "$part" != bench ]; then only=gpu_nccl; test_timeout=1800; run_tests; fi
+    if [ "$part" != tests ]; then
+      export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
+      [ -f "$BENCH_OUT/meta.txt" ] || { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1; } > "$BENCH_OUT/meta.txt"
+      echo "=== bench_nccl"; "$here/bench/bench_nccl" || { echo "(exit $?)"; failed=$((failed + 1)); }
+    fi ;;
   all) "$0" examples; run_tests; "$0" bench; ;;
   *) echo "usage: run.sh [tests|sanitize|bench|examples|nccl|all] [filter]"; exit 2 ;;
 esac
