@@ -8,6 +8,8 @@ pub mod ptx;
 
 pub mod bench;
 
+pub mod nccl_check;
+
 /// The path of a C library that is not the CUDA driver, for loader tests.
 pub fn libc_path() -> &'static str {
     "libc.so.6"

@@ -193,26 +193,47 @@ fn make_executable(path: &Path) -> Result<()> {
 }
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
-# Runs the GPU bundle. Usage: run.sh [tests|sanitize|clients|clients-sanitize|bench|examples|all] [filter]
+# Runs the GPU bundle. Usage: run.sh [tests|sanitize|clients|clients-sanitize|bench|examples|nccl|all] [filter]
 #   tests     every test binary, one line each, then "N passed, N failed" (the default)
 #   sanitize  the same under compute-sanitizer --tool memcheck
 #   clients   the CuPy / PyTorch client tests (clients_*.py) through lib/, one line each
 #   clients-sanitize  the same, shorter, under compute-sanitizer --tool memcheck
 #   bench     every benchmark binary (their own output)
 #   examples  every example
+#   nccl      the cuda-nccl suite (single- and multi-process, socket transport, a rank killed
+#             mid-collective), then bench_nccl beside torch.distributed; needs >= 2 GPUs.
+#             `run.sh nccl tests` / `run.sh nccl bench` run one part; another word filters tests
 # Test binaries run with --test-threads=1 so that memory-level checks see only their own work.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 mode="${1:-tests}"
 filter="${2:-}"
 passed=0; failed=0
+# NVLink multicast stays off on the shared machines, in every process this script starts.
+export NCCL_NVLS_ENABLE=0
+export CUDA_RS_BUNDLE_DIR="$here"
+# cuda-nccl opens libnccl at run time: take the one of pip's nvidia-nccl-cu13 wheel (PyTorch's).
+if [ -z "${CUDA_NCCL_LIBRARY:-}" ] && command -v python3 >/dev/null; then
+  nccl_dir="$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)"
+  if [ -n "$nccl_dir" ] && [ -f "$nccl_dir/lib/libnccl.so.2" ]; then
+    export CUDA_NCCL_LIBRARY="$nccl_dir/lib/libnccl.so.2"
+  fi
+fi
+gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
+only=""
+test_timeout=600
 run_tests() {
   local wrap=("$@")
   for t in "$here"/tests/*; do
     [ -x "$t" ] || continue
     name="$(basename "$t")"
+    if [ -n "$only" ] && [ "$name" != "$only" ]; then continue; fi
+    if [ "$name" = gpu_nccl ] && [ -z "$only" ] && [ "${gpus:-0}" -lt 2 ]; then
+      printf '%-8s %-28s (needs >= 2 GPUs, %s here: run.sh nccl on a multi-GPU machine)\n' skipped "$name" "${gpus:-0}"
+      continue
+    fi
     start=$(date +%s%N)
-    out="$(timeout 600 "${wrap[@]}" "$t" --test-threads=1 $filter 2>&1)"; rc=$?
+    out="$(timeout "$test_timeout" "${wrap[@]}" "$t" --test-threads=1 $filter 2>&1)"; rc=$?
     ms=$(( ($(date +%s%N) - start) / 1000000 ))
     line="$(printf '%s\n' "$out" | grep -E '^test result:' | tail -n1)"
     p=$(printf '%s\n' "$line" | sed -nE 's/.* ([0-9]+) passed.*/\1/p'); p=${p:-0}
@@ -261,7 +282,11 @@ case "$mode" in
     export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
     export CUDA_RS_TRACES="$here/traces"
     { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1; } > "$BENCH_OUT/meta.txt"
-    for b in "$here"/bench/*; do [ -x "$b" ] || continue; echo "=== $(basename "$b")"; "$b" $filter || echo "(exit $?)"; done
+    for b in "$here"/bench/*; do
+      [ -x "$b" ] || continue
+      if [ "$(basename "$b")" = bench_nccl ] && [ "${gpus:-0}" -lt 2 ]; then echo "=== bench_nccl skipped (needs >= 2 GPUs)"; continue; fi
+      echo "=== $(basename "$b")"; "$b" $filter || echo "(exit $?)"
+    done
     if [ -z "$filter" ] && command -v python3 >/dev/null; then
       echo "=== peers (CuPy, PyTorch)"; python3 "$here/peers.py" --traces "$here/traces"
     fi
@@ -269,8 +294,19 @@ case "$mode" in
   examples)
     export CUDA_RS_TRACES="$here/traces"
     for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
+  nccl)
+    # run.sh nccl [tests|bench|TEST-FILTER]: both parts by default.
+    part="${filter:-all}"; filter=""
+    case "$part" in all|tests|bench) ;; *) filter="$part"; part=tests ;; esac
+    echo "CUDA_NCCL_LIBRARY=${CUDA_NCCL_LIBRARY:-unset}; GPUs: ${gpus:-0}; NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
+    if [ "$part" != bench ]; then only=gpu_nccl; test_timeout=1800; run_tests; fi
+    if [ "$part" != tests ]; then
+      export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
+      [ -f "$BENCH_OUT/meta.txt" ] || { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1; } > "$BENCH_OUT/meta.txt"
+      echo "=== bench_nccl"; "$here/bench/bench_nccl" || { echo "(exit $?)"; failed=$((failed + 1)); }
+    fi ;;
   all) "$0" examples; run_tests; "$0" bench; ;;
-  *) echo "usage: run.sh [tests|sanitize|clients|clients-sanitize|bench|examples|all] [filter]"; exit 2 ;;
+  *) echo "usage: run.sh [tests|sanitize|clients|clients-sanitize|bench|examples|nccl|all] [filter]"; exit 2 ;;
 esac
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -4,12 +4,14 @@
 //! | --- | --- |
 //! | `ci` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), the bindings snapshot check, the main example with and without headers; then the CUDA 12.0, 12.4 and 12.8 headers (fetched and cached): bindgen, `cargo check --workspace --all-targets`, cuda-sys tests |
 //! | `bindings` | regenerates `cuda-sys/src/generated/driver.rs` from the headers found |
+//! | `nccl-bindings` | regenerates `cuda-nccl-sys/src/generated/nccl.rs` from the `nccl.h` found |
 //! | `gpu-bundle [--headers SET]` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh`; with `--headers 12.4`, from those headers into `target/gpu-bundle-12.4/` |
 //! | `replay [TRACE...]` | replays allocation traces (default `../shared/traces/*.trace`) through MemoryPool on the simulated backend |
 //! | `bench-report DIR` | `results.csv` + `peers.csv` of one benchmark run -> `bench/results/REPORT.md` and SVG plots |
 
 mod bundle;
 mod headers;
+mod nccl;
 mod report;
 mod util;
 
@@ -22,6 +24,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("bindings") => bindings(),
+        Some("nccl-bindings") => nccl::bindings(),
         Some("gpu-bundle") => headers::gpu_bundle_args(&args[1..]),
         Some("replay") => replay(&args[1..]),
         Some("bench-report") => match args.get(1) {
@@ -32,7 +35,7 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci|bindings|gpu-bundle [--headers 12.4]|replay [TRACE...]|bench-report DIR>"
+                "usage: cargo xtask <ci|bindings|nccl-bindings|gpu-bundle [--headers 12.4]|replay [TRACE...]|bench-report DIR>"
             );
             return ExitCode::from(2);
         }
@@ -83,6 +86,8 @@ fn ci() -> Result<()> {
     } else {
         println!("xtask: no headers or libclang: the snapshot check needs them and is skipped");
     }
+    step("NCCL bindings");
+    nccl::ci_bindings_check()?;
     step("tests (CPU)");
     cargo(&["test", "--workspace"], &[])?;
     // Feature-gated CPU tests (library handles' missing-library errors, ndarray transfers);
@@ -116,6 +121,7 @@ fn ci() -> Result<()> {
         return fail(&format!("expected the snapshot path, got: {source}"));
     }
     cargo(&["test", "-p", "tests", "--test", "loader"], &env)?;
+    nccl::ci_snapshot_build(&env)?;
     example_check(&env)?;
     println!("xtask: ci passed");
     Ok(())

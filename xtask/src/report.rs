@@ -231,6 +231,7 @@ pub fn bench_report(dir: &Path) -> Result<()> {
         fs::write(out.join("pool_scaling.svg"), svg).map_err(|e| e.to_string())?;
         let _ = writeln!(md, "![pool scaling](pool_scaling.svg)\n");
     }
+    nccl_plot(&ours, &order, &out, &mut md)?;
     // Hand-written explanations of the misses, kept beside the generated report.
     if let Ok(notes) = fs::read_to_string(root().join("bench/NOTES.md")) {
         md.push('\n');
@@ -248,6 +249,61 @@ pub fn bench_report(dir: &Path) -> Result<()> {
 
 /// The key that joins our rows with the peers': lower case, units glued to their number,
 /// words joined by `_`, plus the few scenarios the two sides name differently.
+/// bench_nccl's rows (`nccl all_reduce <n>gpu <size> busbw`): bus bandwidth against size, ours
+/// and torch.distributed's, one line each per GPU count.
+fn nccl_plot(
+    ours: &BTreeMap<String, Ours>,
+    order: &[String],
+    out: &Path,
+    md: &mut String,
+) -> Result<()> {
+    let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for scenario in order {
+        let Some(rest) = scenario
+            .strip_prefix("nccl all_reduce ")
+            .and_then(|r| r.strip_suffix(" busbw"))
+        else {
+            continue;
+        };
+        let Some((gpus, size)) = rest.split_once(' ') else {
+            continue;
+        };
+        let (Some(bytes), Some(o)) = (parse_size(&size.replace(' ', "")), ours.get(scenario))
+        else {
+            continue;
+        };
+        let gpus = gpus.trim_end_matches("gpu");
+        if let Ok(v) = o.ours.parse::<f64>() {
+            series
+                .entry(format!("ours {gpus} GPUs"))
+                .or_default()
+                .push((bytes, v));
+        }
+        if let Ok(v) = o.raw.parse::<f64>() {
+            series
+                .entry(format!("torch {gpus} GPUs"))
+                .or_default()
+                .push((bytes, v));
+        }
+    }
+    if series.is_empty() {
+        return Ok(());
+    }
+    let svg = line_plot(
+        "NCCL all_reduce bus bandwidth",
+        "bytes",
+        "GB/s",
+        &series,
+        true,
+    );
+    fs::write(out.join("nccl_all_reduce_busbw.svg"), svg).map_err(|e| e.to_string())?;
+    let _ = writeln!(
+        md,
+        "![NCCL all_reduce bus bandwidth](nccl_all_reduce_busbw.svg)\n"
+    );
+    Ok(())
+}
+
 fn canonical(scenario: &str) -> String {
     let mut s = scenario.to_lowercase();
     for unit in ["kib", "mib", "gib"] {

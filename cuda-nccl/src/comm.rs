@@ -1,0 +1,487 @@
+//! [`Communicator`]: one rank of an NCCL communicator, on one GPU.
+
+use std::cell::Cell;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use cuda_core::{Device, Stream};
+use cuda_nccl_sys::{config_initializer, ncclComm_t, ncclResult_t, NCCL_SPLIT_NOCOLOR};
+
+use crate::error::{check, library, nccl_error, Error, NcclError, Result};
+use crate::group::{self, pause, settle_raw};
+use crate::id::UniqueId;
+
+/// How a communicator is created.
+///
+/// ```
+/// use std::time::Duration;
+/// use cuda_nccl::CommConfig;
+/// let config = CommConfig::default().nonblocking(true).timeout(Duration::from_secs(30));
+/// assert!(config.is_nonblocking());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommConfig {
+    nonblocking: bool,
+    timeout: Duration,
+}
+
+impl Default for CommConfig {
+    /// Blocking (NCCL's and PyTorch's default), 5 minutes for non-blocking waits.
+    fn default() -> Self {
+        CommConfig {
+            nonblocking: false,
+            timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+impl CommConfig {
+    /// Non-blocking mode (`blocking = 0`): initialisation returns at once and is polled, so a
+    /// peer that never joins ends in [`Error::Timeout`] instead of a hang. Calls that NCCL
+    /// answers with `ncclInProgress` are polled to completion before returning, bounded by
+    /// [`timeout`](Self::timeout).
+    pub fn nonblocking(mut self, nonblocking: bool) -> Self {
+        self.nonblocking = nonblocking;
+        self
+    }
+
+    /// The bound on non-blocking initialisation and on each non-blocking call's polling.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Whether non-blocking mode is on.
+    pub fn is_nonblocking(&self) -> bool {
+        self.nonblocking
+    }
+
+    /// The configured timeout.
+    pub fn get_timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+/// One rank of an NCCL communicator, bound to one GPU.
+///
+/// Created by [`init_rank`](Self::init_rank) (one rank per process or thread),
+/// [`init_all`](Self::init_all) (every GPU of this process) or [`split`](Self::split).
+/// Dropping it destroys it (`ncclCommDestroy`); a communicator that timed out or saw an
+/// asynchronous error was aborted (`ncclCommAbort`) and is only released.
+///
+/// `Send` but not `Sync`: NCCL lets a communicator move between threads but not be used by two
+/// at once. A program that drives several GPUs from one thread issues each collective inside a
+/// [`group`](crate::group::group).
+///
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<cuda_nccl::Communicator>();
+/// ```
+pub struct Communicator {
+    raw: ncclComm_t,
+    device: Device,
+    rank: usize,
+    size: usize,
+    config: CommConfig,
+    aborted: Cell<bool>,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread, one thread at a time (NCCL's
+// thread-safety rule); `Communicator` is not `Sync` (the `Cell` sees to that), so moving it is
+// the only way another thread gets to use it.
+unsafe impl Send for Communicator {}
+
+impl fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("device", &self.device.ordinal())
+            .field("nonblocking", &self.config.nonblocking)
+            .field("aborted", &self.aborted.get())
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// Rank `rank` of `nranks` on `device`, for the communicator named by `id` (the same on
+    /// every rank). Every rank must call it (from its own process or thread); in blocking mode
+    /// it returns when all have joined.
+    ///
+    /// ```no_run
+    /// use cuda_core::Device;
+    /// use cuda_nccl::{Communicator, UniqueId};
+    /// let id = UniqueId::new()?; // on rank 0, then sent to the others
+    /// let comm = Communicator::init_rank(&Device::new(0)?, 1, 0, &id)?;
+    /// assert_eq!(comm.size(), 1);
+    /// # Ok::<(), cuda_nccl::Error>(())
+    /// ```
+    pub fn init_rank(device: &Device, nranks: usize, rank: usize, id: &UniqueId) -> Result<Self> {
+        Self::init_rank_with(device, nranks, rank, id, &CommConfig::default())
+    }
+
+    /// [`init_rank`](Self::init_rank) with a [`CommConfig`] (`ncclCommInitRankConfig`).
+    pub fn init_rank_with(
+        device: &Device,
+        nranks: usize,
+        rank: usize,
+        id: &UniqueId,
+        config: &CommConfig,
+    ) -> Result<Self> {
+        if nranks == 0 || nranks > i32::MAX as usize || rank >= nranks {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank} of {nranks}: need 0 <= rank < nranks"
+            )));
+        }
+        let nccl = library()?;
+        let _scope = device.scope()?;
+        let mut raw_config = config_initializer();
+        raw_config.blocking = i32::from(!config.nonblocking);
+        let mut raw: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `raw` and `raw_config` are valid for the call; the id is passed by value;
+        // the device is current (NCCL binds the communicator to the current device).
+        let r = unsafe {
+            nccl.ncclCommInitRankConfig(
+                &mut raw,
+                nranks as i32,
+                id.to_raw(),
+                rank as i32,
+                &mut raw_config,
+            )
+        }?;
+        let comm = Communicator {
+            raw,
+            device: *device,
+            rank,
+            size: nranks,
+            config: config.clone(),
+            aborted: Cell::new(false),
+        };
+        if raw.is_null() {
+            check(r, "ncclCommInitRankConfig")?;
+            return Err(Error::InvalidArgument(
+                "ncclCommInitRankConfig returned no communicator".into(),
+            ));
+        }
+        // On error `comm` is dropped: aborted, since it never became usable.
+        comm.finish_init(r, "ncclCommInitRankConfig")?;
+        Ok(comm)
+    }
+
+    /// Every device of `devices` in this process, rank `i` on `devices[i]`
+    /// (`ncclCommInitAll`). Blocking; use the result inside a [`group`](crate::group::group)
+    /// when one thread drives them all.
+    ///
+    /// ```no_run
+    /// let comms = cuda_nccl::Communicator::init_all(&cuda_core::Device::all()?)?;
+    /// for c in &comms {
+    ///     println!("rank {} of {} on GPU {}", c.rank(), c.size(), c.device().ordinal());
+    /// }
+    /// # Ok::<(), cuda_nccl::Error>(())
+    /// ```
+    pub fn init_all(devices: &[Device]) -> Result<Vec<Communicator>> {
+        if devices.is_empty() {
+            return Err(Error::InvalidArgument(
+                "init_all needs at least one device".into(),
+            ));
+        }
+        for (i, d) in devices.iter().enumerate() {
+            if devices[..i].iter().any(|e| e.ordinal() == d.ordinal()) {
+                return Err(Error::InvalidArgument(format!(
+                    "device {} appears twice in init_all's list",
+                    d.ordinal()
+                )));
+            }
+        }
+        let nccl = library()?;
+        let ordinals: Vec<i32> = devices.iter().map(|d| d.ordinal() as i32).collect();
+        let mut raws: Vec<ncclComm_t> = vec![std::ptr::null_mut(); devices.len()];
+        // SAFETY: `raws` has room for one handle per device; `ordinals` lists them.
+        let r = unsafe {
+            nccl.ncclCommInitAll(raws.as_mut_ptr(), devices.len() as i32, ordinals.as_ptr())
+        }?;
+        check(r, "ncclCommInitAll")?;
+        Ok(raws
+            .into_iter()
+            .zip(devices)
+            .enumerate()
+            .map(|(rank, (raw, device))| Communicator {
+                raw,
+                device: *device,
+                rank,
+                size: devices.len(),
+                config: CommConfig::default(),
+                aborted: Cell::new(false),
+            })
+            .collect())
+    }
+
+    /// `ncclCommSplit`: every rank of this communicator calls it at the same time (from its
+    /// own thread or process); ranks with the same `color` form a new communicator, ordered by
+    /// `key` (ties by their rank here). `color: None` (`NCCL_SPLIT_NOCOLOR`) takes part without
+    /// joining one: the result is `Ok(None)`.
+    ///
+    /// ```no_run
+    /// # fn f(comm: &cuda_nccl::Communicator) -> cuda_nccl::Result<()> {
+    /// // Pairs: ranks {0,1}, {2,3}, ...
+    /// let pair = comm.split(Some((comm.rank() / 2) as u32), comm.rank() as i32)?;
+    /// if let Some(pair) = pair {
+    ///     assert!(pair.size() <= 2);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        self.check_usable()?;
+        let color = match color {
+            None => NCCL_SPLIT_NOCOLOR,
+            Some(c) => i32::try_from(c)
+                .map_err(|_| Error::InvalidArgument(format!("split color {c} is over i32::MAX")))?,
+        };
+        let nccl = library()?;
+        let _scope = self.device.scope()?;
+        let mut raw_config = config_initializer();
+        raw_config.blocking = i32::from(!self.config.nonblocking);
+        let mut raw: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `self.raw` is live; the out-pointer and config are valid for the call.
+        let r = unsafe { nccl.ncclCommSplit(self.raw, color, key, &mut raw, &mut raw_config) }?;
+        if raw.is_null() {
+            check(r, "ncclCommSplit")?;
+            if self.config.nonblocking {
+                self.settle(r, "ncclCommSplit")?;
+            }
+            return Ok(None);
+        }
+        let mut comm = Communicator {
+            raw,
+            device: self.device,
+            rank: 0,
+            size: 0,
+            config: self.config.clone(),
+            aborted: Cell::new(false),
+        };
+        comm.finish_init(r, "ncclCommSplit")?;
+        let (mut count, mut rank) = (0, 0);
+        // SAFETY: `comm.raw` is a live, initialised communicator; valid out-pointers.
+        check(
+            unsafe { nccl.ncclCommCount(comm.raw, &mut count) }?,
+            "ncclCommCount",
+        )?;
+        // SAFETY: as above.
+        check(
+            unsafe { nccl.ncclCommUserRank(comm.raw, &mut rank) }?,
+            "ncclCommUserRank",
+        )?;
+        comm.size = count.max(0) as usize;
+        comm.rank = rank.max(0) as usize;
+        Ok(Some(comm))
+    }
+
+    /// This rank, `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The GPU this rank runs on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The configuration it was created with.
+    pub fn config(&self) -> &CommConfig {
+        &self.config
+    }
+
+    /// The raw handle, for NCCL calls this crate does not wrap. Stays owned by `self`.
+    pub fn as_raw(&self) -> ncclComm_t {
+        self.raw
+    }
+
+    /// `true` once the communicator was aborted (after a timeout or an asynchronous error).
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.get()
+    }
+
+    /// `ncclCommGetAsyncError`: `Ok(None)` while healthy (or still initialising), the error
+    /// NCCL saw otherwise (a peer failed, a network error).
+    pub fn async_error(&self) -> Result<Option<NcclError>> {
+        self.check_usable()?;
+        let nccl = library()?;
+        let mut state = ncclResult_t::ncclSuccess;
+        // SAFETY: `self.raw` is live and not aborted; valid out-pointer.
+        check(
+            unsafe { nccl.ncclCommGetAsyncError(self.raw, &mut state) }?,
+            "ncclCommGetAsyncError",
+        )?;
+        if state.is_success() || state == ncclResult_t::ncclInProgress {
+            Ok(None)
+        } else {
+            Ok(Some(nccl_error(
+                state,
+                "ncclCommGetAsyncError",
+                Some(self.raw),
+            )))
+        }
+    }
+
+    /// Waits until `stream` has finished its work, at most `timeout`, watching NCCL's
+    /// asynchronous error. On a timeout or an asynchronous error the communicator is aborted
+    /// (`ncclCommAbort`, which also stops its kernels so the stream drains) and the error is
+    /// [`Error::Timeout`] or [`Error::AsyncError`]: a dead or hung peer never hangs the caller.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # fn f(comm: &cuda_nccl::Communicator, s: &cuda_core::Stream) -> cuda_nccl::Result<()> {
+    /// match comm.wait(s, Duration::from_secs(30)) {
+    ///     Ok(()) => {}
+    ///     Err(cuda_nccl::Error::Timeout { .. } | cuda_nccl::Error::AsyncError(_)) => {
+    ///         // `comm` is aborted: drop it, make a new one.
+    ///     }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn wait(&self, stream: &Stream, timeout: Duration) -> Result<()> {
+        self.check_usable()?;
+        self.check_stream(stream)?;
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if let Some(e) = self.async_error()? {
+                self.abort_now();
+                return Err(Error::AsyncError(e));
+            }
+            if stream.is_done()? {
+                return Ok(());
+            }
+            if start.elapsed() >= timeout {
+                self.abort_now();
+                return Err(Error::Timeout {
+                    what: "the communicator's work on the stream",
+                    waited: timeout,
+                });
+            }
+            pause(&mut spins);
+        }
+    }
+
+    /// Aborts the communicator now (`ncclCommAbort`): pending work is stopped, peers see an
+    /// error. Consumes it.
+    pub fn abort(self) -> Result<()> {
+        if self.aborted.replace(true) {
+            return Ok(());
+        }
+        let nccl = library()?;
+        group::forget(self.raw);
+        // SAFETY: `self.raw` is live and is not used again (the flag is set).
+        check(unsafe { nccl.ncclCommAbort(self.raw) }?, "ncclCommAbort")
+    }
+
+    /// Aborts in place (idempotent), for the error paths.
+    pub(crate) fn abort_now(&self) {
+        if self.aborted.replace(true) {
+            return;
+        }
+        group::forget(self.raw);
+        if let Ok(nccl) = library() {
+            // SAFETY: `self.raw` is live and is never used again once the flag is set.
+            let _ = unsafe { nccl.ncclCommAbort(self.raw) };
+        }
+    }
+
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        if self.aborted.get() {
+            Err(Error::Aborted)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub(crate) fn check_stream(&self, stream: &Stream) -> Result<()> {
+        let actual = stream.device().ordinal();
+        if actual != self.device.ordinal() {
+            return Err(Error::WrongDevice {
+                what: "the stream",
+                expected: self.device.ordinal(),
+                actual,
+            });
+        }
+        Ok(())
+    }
+
+    /// After an init-like call: checks `r`, and in non-blocking mode polls until the new
+    /// communicator is ready, aborting it on a timeout or error.
+    fn finish_init(&self, r: ncclResult_t, call: &'static str) -> Result<()> {
+        if r != ncclResult_t::ncclInProgress {
+            if let Err(e) = check(r, call) {
+                self.abort_now();
+                return Err(e);
+            }
+        }
+        if self.config.nonblocking {
+            if let Err(e) = settle_raw(self.raw, self.config.timeout, call) {
+                self.abort_now();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// After an NCCL call on this communicator: `Ok` on success; in non-blocking mode, polls an
+    /// `ncclInProgress` to its end (inside a group, the group's end does that).
+    pub(crate) fn settle(&self, r: ncclResult_t, call: &'static str) -> Result<()> {
+        if r == ncclResult_t::ncclInProgress && self.config.nonblocking {
+            if group::in_group() {
+                group::touch(self.raw, self.config.timeout);
+                return Ok(());
+            }
+            return match settle_raw(self.raw, self.config.timeout, call) {
+                Err(e @ Error::Timeout { .. }) => {
+                    self.abort_now();
+                    Err(e)
+                }
+                other => other,
+            };
+        }
+        if self.config.nonblocking && group::in_group() {
+            group::touch(self.raw, self.config.timeout);
+        }
+        if r.is_success() {
+            Ok(())
+        } else {
+            Err(Error::Nccl(nccl_error(r, call, Some(self.raw))))
+        }
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if self.aborted.get() {
+            return;
+        }
+        group::forget(self.raw);
+        let Ok(nccl) = library() else { return };
+        if self.config.nonblocking {
+            // SAFETY: `self.raw` is live; finalize flushes its pending work.
+            let finalized = unsafe { nccl.ncclCommFinalize(self.raw) }
+                .ok()
+                .filter(|r| r.is_success() || *r == ncclResult_t::ncclInProgress)
+                .is_some()
+                && settle_raw(self.raw, self.config.timeout, "ncclCommFinalize").is_ok();
+            if !finalized {
+                self.abort_now();
+                return;
+            }
+        }
+        // SAFETY: `self.raw` is live and not used after this.
+        let destroyed = unsafe { nccl.ncclCommDestroy(self.raw) };
+        if !matches!(destroyed, Ok(r) if r.is_success()) {
+            // SAFETY: destroy failed, so the handle is still live; abort frees it.
+            let _ = unsafe { nccl.ncclCommAbort(self.raw) };
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! The error type of `cuda-nccl`.
+
+use std::fmt;
+use std::time::Duration;
+
+use cuda_nccl_sys::{ncclResult_t, Nccl};
+
+use crate::rendezvous::RendezvousError;
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An NCCL call returned something other than `ncclSuccess`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NcclError {
+    /// The raw `ncclResult_t` value.
+    pub code: u32,
+    /// The NCCL entry point that returned it.
+    pub call: &'static str,
+    /// `ncclGetErrorString` of the code, plus `ncclGetLastError` when NCCL had more to say.
+    pub message: String,
+}
+
+impl NcclError {
+    /// The name of the code (`ncclSystemError`, ...).
+    pub fn name(&self) -> &'static str {
+        result_name(ncclResult_t(self.code))
+    }
+
+    /// `true` for `ncclRemoteError`: a peer failed or went away.
+    pub fn is_remote(&self) -> bool {
+        ncclResult_t(self.code) == ncclResult_t::ncclRemoteError
+    }
+}
+
+impl fmt::Display for NcclError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} failed: {} ({}): {}",
+            self.call,
+            self.name(),
+            self.code,
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for NcclError {}
+
+/// The name of an `ncclResult_t` value as `nccl.h` spells it.
+pub fn result_name(r: ncclResult_t) -> &'static str {
+    match r.0 {
+        0 => "ncclSuccess",
+        1 => "ncclUnhandledCudaError",
+        2 => "ncclSystemError",
+        3 => "ncclInternalError",
+        4 => "ncclInvalidArgument",
+        5 => "ncclInvalidUsage",
+        6 => "ncclRemoteError",
+        7 => "ncclInProgress",
+        8 => "ncclTimeout",
+        _ => "unknown ncclResult_t",
+    }
+}
+
+/// Everything that can go wrong in this crate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `libnccl` could not be opened (lists every path tried and the variable to set).
+    #[error(transparent)]
+    Load(#[from] cuda_nccl_sys::LoadError),
+    /// The loaded NCCL lacks an entry point the bindings know (it is older than the header).
+    #[error(transparent)]
+    MissingSymbol(#[from] cuda_nccl_sys::MissingSymbol),
+    /// An NCCL call failed.
+    #[error(transparent)]
+    Nccl(#[from] NcclError),
+    /// A CUDA call through `cuda-core` failed.
+    #[error(transparent)]
+    Cuda(#[from] cuda_core::Error),
+    /// A stream or buffer of another device than the communicator's.
+    #[error("{what} belongs to device {actual}, the communicator to device {expected}")]
+    WrongDevice {
+        /// What was passed.
+        what: &'static str,
+        /// The communicator's device.
+        expected: usize,
+        /// The device of what was passed.
+        actual: usize,
+    },
+    /// A buffer smaller than the call needs.
+    #[error("{what} holds {len} bytes, the call needs {needed}")]
+    BufferTooSmall {
+        /// Which buffer.
+        what: &'static str,
+        /// Bytes the call reads or writes.
+        needed: usize,
+        /// Bytes the buffer holds.
+        len: usize,
+    },
+    /// A buffer whose address is not aligned for the element type.
+    #[error("{what} at {address:#x} is not aligned to {align} bytes for the element type")]
+    Misaligned {
+        /// Which buffer.
+        what: &'static str,
+        /// Its device address.
+        address: u64,
+        /// The alignment the element type needs.
+        align: usize,
+    },
+    /// A size computation overflowed.
+    #[error("size overflow: {0}")]
+    SizeOverflow(&'static str),
+    /// A rank, root, peer, world size or device list NCCL cannot take.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The work did not finish within the timeout; the communicator was aborted.
+    #[error("{what} did not finish within {waited:?}; the communicator was aborted")]
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// How long.
+        waited: Duration,
+    },
+    /// NCCL reported an asynchronous error (a peer failed, a network error); the communicator
+    /// was aborted.
+    #[error("asynchronous NCCL error, communicator aborted: {0}")]
+    AsyncError(NcclError),
+    /// The communicator was aborted earlier (by a timeout or an async error) and cannot be used.
+    #[error("the communicator was aborted and cannot be used any more")]
+    Aborted,
+    /// An I/O operation of the launcher failed.
+    #[error("{during}: {source}")]
+    Io {
+        /// What was being done.
+        during: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The rendezvous that hands the unique id to every rank failed.
+    #[error(transparent)]
+    Rendezvous(#[from] RendezvousError),
+}
+
+impl From<&'static cuda_nccl_sys::LoadError> for Error {
+    fn from(e: &'static cuda_nccl_sys::LoadError) -> Self {
+        Error::Load(e.clone())
+    }
+}
+
+/// The process-wide NCCL library.
+pub(crate) fn library() -> Result<&'static Nccl> {
+    Ok(cuda_nccl_sys::nccl()?)
+}
+
+/// `Ok` for `ncclSuccess`; otherwise an [`NcclError`] for `call` with NCCL's message.
+pub(crate) fn check(r: ncclResult_t, call: &'static str) -> Result<()> {
+    if r.is_success() {
+        Ok(())
+    } else {
+        Err(Error::Nccl(nccl_error(r, call, None)))
+    }
+}
+
+/// Builds the error for `r`, asking NCCL for its message (and the communicator's last error).
+pub(crate) fn nccl_error(
+    r: ncclResult_t,
+    call: &'static str,
+    comm: Option<cuda_nccl_sys::ncclComm_t>,
+) -> NcclError {
+    let mut message = String::new();
+    if let Ok(nccl) = cuda_nccl_sys::nccl() {
+        // SAFETY: ncclGetErrorString takes any value and returns a static C string or null.
+        if let Ok(p) = unsafe { nccl.ncclGetErrorString(r) } {
+            message = c_text(p);
+        }
+        if let Some(comm) = comm {
+            // SAFETY: `comm` is a live communicator handle of the caller; the result is a
+            // C string owned by NCCL, copied at once.
+            if let Ok(p) = unsafe { nccl.ncclGetLastError(comm) } {
+                let last = c_text(p);
+                if !last.is_empty() {
+                    message = format!("{message} ({last})");
+                }
+            }
+        }
+    }
+    if message.is_empty() {
+        message = "no message from NCCL".into();
+    }
+    NcclError {
+        code: r.0,
+        call,
+        message,
+    }
+}
+
+fn c_text(p: *const std::os::raw::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: NCCL returns NUL-terminated strings that live at least until the next call.
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_names_follow_the_header() {
+        assert_eq!(result_name(ncclResult_t::ncclSuccess), "ncclSuccess");
+        assert_eq!(
+            result_name(ncclResult_t::ncclRemoteError),
+            "ncclRemoteError"
+        );
+        assert_eq!(result_name(ncclResult_t::ncclInProgress), "ncclInProgress");
+        assert_eq!(result_name(ncclResult_t(99)), "unknown ncclResult_t");
+    }
+
+    #[test]
+    fn nccl_error_display_names_call_and_code() {
+        let e = NcclError {
+            code: 6,
+            call: "ncclAllReduce",
+            message: "remote process exited".into(),
+        };
+        assert!(e.is_remote());
+        let s = e.to_string();
+        assert!(
+            s.contains("ncclAllReduce") && s.contains("ncclRemoteError"),
+            "{s}"
+        );
+    }
+}

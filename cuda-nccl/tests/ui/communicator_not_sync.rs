@@ -1,0 +1,8 @@
+// A communicator cannot be shared between threads: NCCL forbids concurrent use of one.
+fn shared<T: Sync>(_: &T) {}
+
+fn check(comm: &cuda_nccl::Communicator) {
+    shared(comm);
+}
+
+fn main() {}

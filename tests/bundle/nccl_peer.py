@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""torch.distributed (NCCL backend) all_reduce of float32, 8 B to 1 GiB, one process per GPU.
+
+The PyTorch column of bench_nccl: same sizes, same timing policy (5 warm-up operations, then
+the median of 3 batches of back-to-back in-place all_reduces, host clock around each batch and a
+synchronize; `iters_for` as in bench_nccl.rs). Rank 0 writes `bytes,seconds` rows to --out.
+NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+
+Usage: python3 nccl_peer.py --world N --out FILE
+"""
+import argparse
+import os
+import socket
+import statistics
+import time
+
+os.environ["NCCL_NVLS_ENABLE"] = "0"
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+MAX_BYTES = 1 << 30
+
+
+def sizes():
+    s = 8
+    while s <= MAX_BYTES:
+        yield s
+        s *= 2
+
+
+def iters_for(nbytes):
+    if nbytes <= 1 << 20:
+        return 200
+    return max(10, min(200, (4 << 30) // nbytes))
+
+
+def worker(rank, world, port, out):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    buf = torch.zeros(MAX_BYTES // 4, dtype=torch.float32, device=dev)
+    small = torch.zeros(1, dtype=torch.float32, device=dev)
+    rows = []
+    for nbytes in sizes():
+        t = buf[: nbytes // 4]
+        iters = iters_for(nbytes)
+        for _ in range(5):
+            dist.all_reduce(t)
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(3):
+            dist.all_reduce(small)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(t)
+            torch.cuda.synchronize()
+            samples.append((time.perf_counter() - start) / iters)
+        rows.append((nbytes, statistics.median(samples)))
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write("bytes,seconds\n")
+            for nbytes, secs in rows:
+                f.write(f"{nbytes},{secs}\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, default=torch.cuda.device_count())
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    print(f"nccl_peer: torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}, "
+          f"{args.world} GPUs", flush=True)
+    mp.spawn(worker, args=(args.world, port, args.out), nprocs=args.world, join=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+//! NCCL all_reduce of f32, 8 B to 1 GiB, on every GPU of the machine (one process per GPU,
+//! started by `cuda_nccl::Launcher`), beside `torch.distributed` on its NCCL backend in the
+//! same run (`nccl_peer.py`, one process per GPU through `torch.multiprocessing`).
+//!
+//! Figures follow nccl-tests: time per operation (median of 3 timed batches after warm-up, a
+//! batch being back-to-back in-place all_reduces on one stream, host clock around the batch
+//! and a stream synchronize), algbw = bytes / time, busbw = algbw * 2(n-1)/n. Rows: latency
+//! (µs) up to 64 KiB, bus bandwidth (GB/s) above; the raw column is PyTorch's figure.
+//! Targets: latency <= 1.05x PyTorch's at <= 64 KiB, busbw >= 0.98x at >= 64 MiB.
+//!
+//! `NCCL_NVLS_ENABLE=0` in every process. Usage: `bench_nccl [--no-peer]`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cuda_core::memory::DevicePtr;
+use cuda_core::Stream;
+use cuda_nccl::{CommConfig, Communicator, Launcher, ReduceOp};
+use tests::bench::{median, Report, Target};
+
+const MAX_BYTES: usize = 1 << 30;
+const OUT_VAR: &str = "CUDARS_NCCL_BENCH_OUT";
+
+fn sizes() -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut s = 8;
+    while s <= MAX_BYTES {
+        v.push(s);
+        s *= 2;
+    }
+    v
+}
+
+/// Same policy as nccl_peer.py's `iters_for`.
+fn iters_for(bytes: usize) -> usize {
+    if bytes <= 1 << 20 {
+        200
+    } else {
+        ((4usize << 30) / bytes).clamp(10, 200)
+    }
+}
+
+fn main() {
+    std::env::set_var("NCCL_NVLS_ENABLE", "0");
+    let code = if std::env::var_os("RANK").is_some() {
+        match rank_main() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("bench_nccl rank: {e}");
+                1
+            }
+        }
+    } else {
+        match launcher_main() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("bench_nccl: {e}");
+                1
+            }
+        }
+    };
+    std::process::exit(code);
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn rank_main() -> Res<()> {
+    let (comm, job) = Communicator::from_env(&CommConfig::default())?;
+    let dev = comm.device();
+    let stream = Stream::new(&dev)?;
+    let buf = DevicePtr::alloc(&dev, MAX_BYTES)?;
+    buf.memset(0)?;
+    let small = DevicePtr::alloc(&dev, 4)?;
+    let mut rows = String::from("bytes,seconds\n");
+    for bytes in sizes() {
+        let count = bytes / 4;
+        let iters = iters_for(bytes);
+        for _ in 0..5 {
+            comm.all_reduce_in_place::<f32>(&buf, count, ReduceOp::Sum, &stream)?;
+        }
+        comm.wait(&stream, Duration::from_secs(120))?;
+        let mut samples = Vec::new();
+        for _ in 0..3 {
+            // Line the ranks up before the clock starts.
+            comm.all_reduce_in_place::<f32>(&small, 1, ReduceOp::Sum, &stream)?;
+            stream.synchronize()?;
+            let t = Instant::now();
+            for _ in 0..iters {
+                comm.all_reduce_in_place::<f32>(&buf, count, ReduceOp::Sum, &stream)?;
+            }
+            stream.synchronize()?;
+            samples.push(t.elapsed().as_secs_f64() / iters as f64);
+        }
+        rows.push_str(&format!("{bytes},{}\n", median(&mut samples)));
+    }
+    if job.rank == 0 {
+        let out = std::env::var(OUT_VAR)?;
+        std::fs::write(out, rows)?;
+    }
+    Ok(())
+}
+
+fn read_csv(path: &Path) -> BTreeMap<usize, f64> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return BTreeMap::new();
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let (b, s) = l.split_once(',')?;
+            Some((b.trim().parse().ok()?, s.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn peer_script() -> Option<PathBuf> {
+    let mut candidates = Vec::new();
+    if let Some(dir) = std::env::var_os("CUDA_RS_BUNDLE_DIR") {
+        candidates.push(PathBuf::from(dir).join("nccl_peer.py"));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent().and_then(Path::parent) {
+            candidates.push(dir.join("nccl_peer.py"));
+        }
+    }
+    candidates.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bundle/nccl_peer.py"));
+    candidates.into_iter().find(|p| p.is_file())
+}
+
+fn human(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+fn launcher_main() -> Res<()> {
+    let n = cuda_core::device_count()?;
+    if n < 2 {
+        return Err(format!("needs at least 2 GPUs, found {n}").into());
+    }
+    let tmp = std::env::temp_dir().join(format!("cudars-nccl-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    let ours_csv = tmp.join("ours.csv");
+    let torch_csv = tmp.join("torch.csv");
+    println!("bench_nccl: all_reduce f32 in place, {n} GPUs, one process each");
+    let t = Instant::now();
+    let statuses = Launcher::new(n)
+        .args(Vec::<String>::new())
+        .env(OUT_VAR, &ours_csv)
+        .spawn()?
+        .wait(Duration::from_secs(900))?;
+    if !statuses.iter().all(|s| s.success()) {
+        return Err(format!("a rank failed: {statuses:?}").into());
+    }
+    println!(
+        "bench_nccl: ours done in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let peer = !std::env::args().any(|a| a == "--no-peer");
+    match (peer, peer_script()) {
+        (true, Some(script)) => {
+            let t = Instant::now();
+            let status = Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+                .arg(&script)
+                .arg("--world")
+                .arg(n.to_string())
+                .arg("--out")
+                .arg(&torch_csv)
+                .env("NCCL_NVLS_ENABLE", "0")
+                .status();
+            println!(
+                "bench_nccl: torch.distributed peer {:?} in {:.1} s",
+                status.map(|s| s.code()),
+                t.elapsed().as_secs_f64()
+            );
+        }
+        (true, None) => println!("bench_nccl: nccl_peer.py not found: no PyTorch column"),
+        (false, _) => {}
+    }
+    let ours = read_csv(&ours_csv);
+    let torch = read_csv(&torch_csv);
+    let factor = 2.0 * (n as f64 - 1.0) / n as f64;
+    println!(
+        "\n{:>8} | {:>10} {:>10} {:>10} | {:>10} {:>10} {:>10} | {:>6}",
+        "size", "ours us", "algbw", "busbw", "torch us", "algbw", "busbw", "t/ours"
+    );
+    for (&bytes, &secs) in &ours {
+        let alg = bytes as f64 / secs / 1e9;
+        let tt = torch.get(&bytes).copied();
+        let talg = tt.map(|s| bytes as f64 / s / 1e9);
+        let f = |v: Option<f64>, scale: f64| {
+            v.map(|v| format!("{:.2}", v * scale))
+                .unwrap_or_else(|| "-".into())
+        };
+        println!(
+            "{:>8} | {:>10.2} {:>10.2} {:>10.2} | {:>10} {:>10} {:>10} | {:>6}",
+            human(bytes),
+            secs * 1e6,
+            alg,
+            alg * factor,
+            f(tt, 1e6),
+            f(talg, 1.0),
+            f(talg, factor),
+            f(tt.map(|t| t / secs), 1.0)
+        );
+    }
+    println!();
+    let mut report = Report::new("bench_nccl");
+    for (&bytes, &secs) in &ours {
+        let tt = torch.get(&bytes).copied();
+        if bytes <= 64 << 10 {
+            report.row(
+                &format!("nccl all_reduce {n}gpu {} latency", human(bytes)),
+                "us",
+                secs * 1e6,
+                tt.map(|t| t * 1e6),
+                "torch.distributed",
+                Target::RatioAtMost(1.05),
+            );
+        } else {
+            let bus = |s: f64| bytes as f64 / s / 1e9 * factor;
+            report.row(
+                &format!("nccl all_reduce {n}gpu {} busbw", human(bytes)),
+                "GB/s",
+                bus(secs),
+                tt.map(bus),
+                "torch.distributed",
+                if bytes >= 64 << 20 {
+                    Target::RatioAtLeast(0.98)
+                } else {
+                    Target::None
+                },
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
