@@ -1,7 +1,10 @@
 //! "Advanced Memory Management", in Rust: a tracking allocator used for a scope, pinned
 //! host memory from the pinned pool, and stream-ordered (async) allocation.
 //!
-//! Run on a machine with a GPU: `cargo run -p cuda-mempool --example advanced_memory`.
+//! Run on a machine with a GPU: `cargo run -p cudars-mempool --example advanced_memory`.
+
+mod common;
+use common::println;
 
 use std::sync::Arc;
 

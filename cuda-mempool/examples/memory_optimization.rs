@@ -1,7 +1,10 @@
 //! "Memory Optimization Strategies", in Rust: watch the default pool's byte counts while
 //! a loop makes large temporaries, and return cached memory every 10 iterations.
 //!
-//! Run on a machine with a GPU: `cargo run -p cuda-mempool --example memory_optimization`.
+//! Run on a machine with a GPU: `cargo run -p cudars-mempool --example memory_optimization`.
+
+mod common;
+use common::println;
 
 use cuda_core::{Device, Stream};
 use cuda_mempool::default_pool;

@@ -5,6 +5,12 @@
 //!
 //! Every test takes `SERIAL`, so the ones that compare device memory levels
 //! (`Device::memory_info`) never see another test's allocations.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};

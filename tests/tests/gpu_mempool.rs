@@ -5,6 +5,12 @@
 //!
 //! Every test takes `SERIAL`, so the ones that compare device memory levels never see
 //! another test's allocations.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

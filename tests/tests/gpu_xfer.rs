@@ -6,6 +6,12 @@
 //!
 //! Every test takes `SERIAL` (the route counters and the staging configuration are
 //! process-wide); run with `--test-threads=1` anyway, the 1 GiB cases are large.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use std::sync::{Mutex, MutexGuard};
 

@@ -15,6 +15,15 @@
 //!   `$CUDA_RS_TRACES` (default `../shared/traces`).
 //! - `pinned_pool_pair`: ns per 4 KiB pinned malloc+free pair; raw: `cuMemHostAlloc` +
 //!   `cuMemFreeHost`. Target <= 100 ns.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
+
+mod common;
+use common::println;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
