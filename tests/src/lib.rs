@@ -31,3 +31,9 @@ pub fn test_child_path(built: &str) -> std::path::PathBuf {
     });
     bundled.unwrap_or_else(|| std::path::PathBuf::from(built))
 }
+
+/// The workspace README's Rust examples, compiled as doc tests so they stay true (here, not in
+/// a published crate, whose package does not contain the workspace README).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

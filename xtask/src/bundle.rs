@@ -26,6 +26,7 @@ pub const SUITE: &[&str] = &[
     "gpu_graph",
     "gpu_xfer",
     "gpu_misc",
+    "gpu_nvtx",
 ];
 
 /// Helper binaries that tests start as child processes; bundled in `helpers/`, never run as

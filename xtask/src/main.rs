@@ -111,6 +111,23 @@ fn cpu_steps() -> Result<()> {
     } else {
         println!("xtask: no headers or libclang: the snapshot check needs them and is skipped");
     }
+    if build.nvtx {
+        step("NVTX ranges reach a tool (tests/tests/gpu_nvtx.rs needs no GPU)");
+        cargo(
+            &[
+                "test",
+                "-p",
+                "tests",
+                "--features",
+                "gpu",
+                "--test",
+                "gpu_nvtx",
+            ],
+            &[],
+        )?;
+    } else {
+        println!("xtask: NVTX compiled out (no NVTX headers): the NVTX tool test is skipped");
+    }
     step("tests (CPU)");
     cargo(&["test", "--workspace"], &[])?;
     // Feature-gated CPU tests (library handles' missing-library errors, ndarray transfers);
