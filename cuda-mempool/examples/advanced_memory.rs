@@ -13,7 +13,15 @@ use cuda_mempool::allocator::{self, FnAllocator};
 use cuda_mempool::async_pool::{AsyncPool, AsyncPoolSource};
 use cuda_mempool::{default_pinned_pool, default_pool, PoolError};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// Runs [`run`]; an error ends the program with its message and status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("advanced_memory: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let device = Device::new(0)?;
 
     // A custom allocator that reports each allocation, then hands it to the default pool.

@@ -16,7 +16,15 @@ fn print_memory_info() -> Result<(), cuda_mempool::PoolError> {
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// Runs [`run`]; an error ends the program with its message and status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("memory_optimization: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let device = Device::new(0)?;
     let stream = Stream::new(&device)?;
     let pool = default_pool()?;

@@ -1,4 +1,3 @@
-#![cfg(feature = "gpu")]
 //! NVTX ranges reach a profiler: this binary is its own NVTX tool.
 //!
 //! NVTX3 looks for a tool when the first NVTX call is made: a library named by
@@ -10,6 +9,7 @@
 //!
 //! It fails, never passes, when the binary was built without the NVTX headers (NVTX calls are
 //! then no-ops): the GPU bundle is built with them (`CUDA_INCLUDE_DIR`, as CI has).
+#![cfg(feature = "gpu")]
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

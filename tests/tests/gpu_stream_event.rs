@@ -1,8 +1,8 @@
-#![cfg(feature = "gpu")]
 //! GPU tests of streams, events, host callbacks, current-stream and device scopes, and
 //! interprocess events (issue 3). Kernels are PTX text from `tests::ptx`.
 //!
 //! Run with `--test-threads=1`: several tests measure concurrency and timing.
+#![cfg(feature = "gpu")]
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

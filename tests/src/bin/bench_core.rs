@@ -79,7 +79,15 @@ fn compare(
     Ok((median(&mut o), median(&mut r)))
 }
 
-fn main() -> BoxResult<()> {
+/// Runs [`run`]; an error ends the program with its message and status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("bench_core: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> BoxResult<()> {
     let dev = Device::new(0)?;
     println!(
         "bench_core on {} (driver CUDA {}), median of {BATCHES} interleaved batches",
