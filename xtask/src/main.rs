@@ -193,15 +193,13 @@ fn package() -> Result<()> {
 /// `cargo xtask gpu-suite` with no driver (`CUDA_DRIVER_LIBRARY` names a missing file): exit 0
 /// and the `not run` line; with `--gpu`, a non-zero exit and the loader's reason.
 fn detection_check() -> Result<()> {
-    let exe = std::env::current_exe().map_err(|e| format!("xtask's own path: {e}"))?;
     let missing = "/nonexistent/xtask-ci/libcuda.so.1";
     for (flag, want_success) in [(None, true), (Some("--gpu"), false)] {
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.arg("gpu-suite").env("CUDA_DRIVER_LIBRARY", missing);
-        cmd.args(flag);
-        let out = cmd
-            .output()
-            .map_err(|e| format!("{}: {e}", exe.display()))?;
+        // Through cargo, not this process's own path: the build step above may have replaced
+        // the xtask binary that is running.
+        let mut args = vec!["run", "--quiet", "-p", "xtask", "--", "gpu-suite"];
+        args.extend(flag);
+        let out = util::cargo_output(&args, &[("CUDA_DRIVER_LIBRARY", missing)])?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let last = stdout.lines().last().unwrap_or_default();
