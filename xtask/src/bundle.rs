@@ -29,6 +29,10 @@ pub const SUITE: &[&str] = &[
     "gpu_nvtx",
 ];
 
+/// The tests that need two GPUs (`#[ignore = "needs two GPUs"]`), by name: the only ignored
+/// tests the suite may have, which `run.sh` runs by themselves (`run.sh two-gpu`).
+const TWO_GPU_TESTS: &[&str] = &["peer_copies_between_two_devices"];
+
 /// Helper binaries that tests start as child processes; bundled in `helpers/`, never run as
 /// tests or benchmarks.
 const HELPERS: &[&str] = &["test_child"];
@@ -101,6 +105,7 @@ pub fn suite_dir(dir: &Path) -> Result<u64> {
             return fail(&format!("SUITE names `{name}`, which cargo did not build"));
         };
         total += copy_exe(t, &dir.join("tests"), name)?;
+        check_ignored(t, name)?;
     }
     for name in HELPERS {
         let Some(h) = built
@@ -115,6 +120,29 @@ pub fn suite_dir(dir: &Path) -> Result<u64> {
     fs::write(&run_sh, run_sh_text()).map_err(|e| e.to_string())?;
     make_executable(&run_sh)?;
     Ok(total)
+}
+
+/// Fails when test binary `name` has an ignored test that is not a two-GPU test: such a test
+/// would run, and fail, in `run.sh two-gpu` (child-process helpers belong in `test_child`).
+fn check_ignored(t: &Artifact, name: &str) -> Result<()> {
+    let Some(exe) = &t.executable else {
+        return Ok(());
+    };
+    let out = std::process::Command::new(exe)
+        .args(["--list", "--ignored"])
+        .output()
+        .map_err(|e| format!("{} --list: {e}", exe.display()))?;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(test) = line.strip_suffix(": test") {
+            if !TWO_GPU_TESTS.contains(&test) {
+                return fail(&format!(
+                    "{name}: `{test}` is ignored but is not a two-GPU test (TWO_GPU_TESTS in \
+                     xtask/src/bundle.rs); only those may be ignored"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `run.sh` with the suite's list filled in.
@@ -359,3 +387,20 @@ esac
 echo "GPU suite: $passed passed, $failed failed on $device"
 [ "$failed" -eq 0 ]
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::{run_sh_text, SUITE};
+
+    #[test]
+    fn run_sh_runs_exactly_the_suite_list() {
+        let text = run_sh_text();
+        assert!(!text.contains("@SUITE@"));
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("suite=\""))
+            .expect("run.sh names its suite");
+        assert_eq!(line, format!("suite=\"{}\"", SUITE.join(" ")));
+        assert!(text.contains("echo \"GPU suite: $passed passed, $failed failed on $device\""));
+    }
+}

@@ -217,3 +217,28 @@ fn find_sanitizer() -> Result<PathBuf> {
         tried.len()
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Options, Want};
+
+    fn parse(args: &[&str]) -> Result<Options, String> {
+        Options::parse(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn flags_choose_what_happens_to_the_gpu_suite() {
+        assert_eq!(parse(&[]).unwrap().want, Want::Auto);
+        assert_eq!(parse(&["--gpu"]).unwrap().want, Want::Require);
+        assert_eq!(parse(&["--no-gpu"]).unwrap().want, Want::Skip);
+        let sanitize = parse(&["--sanitize"]).unwrap();
+        assert!(sanitize.sanitize);
+        assert_eq!(
+            sanitize.want,
+            Want::Require,
+            "--sanitize needs the GPU suite"
+        );
+        assert!(parse(&["--sanitize", "--no-gpu"]).is_err());
+        assert!(parse(&["--gpus"]).is_err());
+    }
+}
