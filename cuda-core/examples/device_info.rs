@@ -3,6 +3,9 @@
 //! `cargo run --release --example device_info`. With no driver it prints the loader's error,
 //! with every path it tried, and exits with status 1.
 
+mod common;
+use common::println;
+
 use std::process::ExitCode;
 
 use cuda_core::{Device, Result};

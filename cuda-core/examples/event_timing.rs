@@ -2,8 +2,11 @@
 //! `synchronize`, `get_elapsed_time`), the errors for events that cannot time, and an event
 //! used only for ordering between two streams.
 //!
-//! Run with `cargo run --release -p cuda-core --example event_timing`; exits 0 on a machine
+//! Run with `cargo run --release -p cudars-core --example event_timing`; exits 0 on a machine
 //! with a GPU, prints the error and exits 1 otherwise.
+
+mod common;
+use common::println;
 
 use std::process::ExitCode;
 

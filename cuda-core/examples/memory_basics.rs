@@ -6,8 +6,11 @@
 //! pool part uses the driver's own stream-ordered pool of the device, which `cuda-core`
 //! wraps.
 //!
-//! Run with `cargo run --release -p cuda-core --example memory_basics`; exits 0 on a machine
+//! Run with `cargo run --release -p cudars-core --example memory_basics`; exits 0 on a machine
 //! with a GPU, prints the error and exits 1 otherwise.
+
+mod common;
+use common::println;
 
 use std::process::ExitCode;
 use std::sync::Arc;

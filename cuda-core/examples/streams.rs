@@ -6,8 +6,11 @@
 //! stream runs a small PTX kernel (JIT-compiled by the driver, no `nvcc` needed) over a
 //! million-element buffer instead, then copies the result back asynchronously.
 //!
-//! Run with `cargo run --release -p cuda-core --example streams`; exits 0 on a machine with a
+//! Run with `cargo run --release -p cudars-core --example streams`; exits 0 on a machine with a
 //! GPU, prints the error and exits 1 otherwise.
+
+mod common;
+use common::println;
 
 use std::ffi::c_void;
 use std::process::ExitCode;

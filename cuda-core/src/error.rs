@@ -89,9 +89,9 @@ fn describe(result: CUresult) -> (&'static str, &'static str) {
     // SAFETY: as above.
     let msg_ok =
         unsafe { driver.cuGetErrorString(result, &mut message) }.is_ok_and(|r| r.is_success());
-    // SAFETY: on success both point to NUL-terminated strings with static storage in libcuda,
-    // which the process-wide driver keeps loaded for the life of the process.
     let to_str = |p: *const std::ffi::c_char| {
+        // SAFETY: on success both point to NUL-terminated strings with static storage in
+        // libcuda, which the process-wide driver keeps loaded for the life of the process.
         unsafe { CStr::from_ptr(p) }
             .to_str()
             .unwrap_or("(not UTF-8)")

@@ -55,6 +55,20 @@ impl Drop for EventInner {
 ///
 /// Cloning is cheap and shares the event (and its "recorded" state); the event is destroyed
 /// when the last clone drops. `Send` and `Sync`: the driver's event calls are thread-safe.
+///
+/// ```no_run
+/// use cuda_core::{Device, Event, Stream};
+/// let dev = Device::new(0)?;
+/// let producer = Stream::new(&dev)?;
+/// let consumer = Stream::new(&dev)?;
+/// let ready = Event::new(&dev)?; // no timing: the cheapest kind
+/// // ... queue work on `producer` ...
+/// ready.record(&producer)?;
+/// consumer.wait_event(&ready)?; // `consumer`'s later work waits for it, the host does not
+/// let _done: bool = ready.query()?; // asks without blocking
+/// ready.synchronize()?; // the host waits
+/// # Ok::<(), cuda_core::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Event {
     inner: Arc<EventInner>,

@@ -50,11 +50,13 @@ use crate::Device;
 /// What a graph keeps alive: the owners of the memory its captured operations use.
 type KeepAlive = Arc<Vec<Arc<dyn DeviceAlloc>>>;
 
+/// Owners registered per capture id.
+type CaptureOwners = Mutex<HashMap<u64, Vec<Arc<dyn DeviceAlloc>>>>;
+
 /// Owners of memory used by safe view operations issued into captures begun through this
 /// module, by capture id, until the capture ends and its graph takes them.
-fn capture_owners() -> &'static Mutex<HashMap<u64, Vec<Arc<dyn DeviceAlloc>>>> {
-    static OWNERS: std::sync::OnceLock<Mutex<HashMap<u64, Vec<Arc<dyn DeviceAlloc>>>>> =
-        std::sync::OnceLock::new();
+fn capture_owners() -> &'static CaptureOwners {
+    static OWNERS: std::sync::OnceLock<CaptureOwners> = std::sync::OnceLock::new();
     OWNERS.get_or_init(Default::default)
 }
 

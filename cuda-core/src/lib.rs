@@ -62,8 +62,3 @@ pub use memory::{
 pub use module::{Function, Module};
 pub use pointer::MemoryLocation;
 pub use stream::{Stream, StreamBuilder, StreamKind, StreamScope};
-
-/// The README's Rust examples, compiled as doc tests so they stay true.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;

@@ -665,8 +665,8 @@ pub(crate) fn with_context<T>(
         Some(device.bind()?)
     } else {
         let mut current: CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer.
         check(
+            // SAFETY: valid out-pointer.
             unsafe { d.cuCtxGetCurrent(&mut current) }?,
             "cuCtxGetCurrent",
         )?;

@@ -5,6 +5,9 @@
 //! The kernel is PTX text JIT-compiled by the driver, so nothing needs `nvcc`. Run with
 //! `cargo run --release --example capture_replay`.
 
+mod common;
+use common::println;
+
 use std::ffi::c_void;
 use std::time::Instant;
 

@@ -15,6 +15,9 @@
 //! which is instantiated once and launched as often as wanted. The closure form does the same
 //! and cannot forget the end. Run with `cargo run --example graph_basics`.
 
+mod common;
+use common::println;
+
 use cuda_core::{memory::DevicePtr, Device, Stream};
 use cuda_graph::{CaptureMode, CaptureStatus};
 
@@ -77,6 +80,10 @@ fn run() -> Result<(), cuda_graph::Error> {
     println!("graph written to {}", dot.display());
 
     // An illegal call inside a capture: the error names the capture, and the stream is usable.
+    #[allow(
+        clippy::expect_used,
+        reason = "the example shows a refusal; a success would be a bug to report loudly"
+    )]
     let err = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         a.memset_u32_async(1, s)?;
         s.synchronize()?; // not allowed while capturing

@@ -1,6 +1,12 @@
 //! `include/cuda_mempool.h` and the library agree: the header declares exactly the
 //! exported functions, each with the C types of its Rust signature, and the built shared
 //! library exports every one of them under its plain C name.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void};

@@ -1,7 +1,7 @@
 //! CPU benchmark of the pool's hot path on the simulated backend.
 //!
 //! ```text
-//! cargo bench -p cuda-mempool --bench hot_path
+//! cargo bench -p cudars-mempool --bench hot_path
 //! ```
 //!
 //! * same-size `malloc`+`free` pairs on one thread at 512 B, 1 MiB and 64 MiB
@@ -12,6 +12,15 @@
 //!
 //! The GPU bundle runs the same scenarios with the driver backend beside
 //! `cuMemAllocAsync`; these figures are for the CPU side only.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
+
+mod common;
+use common::println;
 
 use std::hint::black_box;
 use std::sync::Barrier;

@@ -1,7 +1,10 @@
 //! "Advanced Memory Management", in Rust: a tracking allocator used for a scope, pinned
 //! host memory from the pinned pool, and stream-ordered (async) allocation.
 //!
-//! Run on a machine with a GPU: `cargo run -p cuda-mempool --example advanced_memory`.
+//! Run on a machine with a GPU: `cargo run -p cudars-mempool --example advanced_memory`.
+
+mod common;
+use common::println;
 
 use std::sync::Arc;
 
@@ -10,7 +13,15 @@ use cuda_mempool::allocator::{self, FnAllocator};
 use cuda_mempool::async_pool::{AsyncPool, AsyncPoolSource};
 use cuda_mempool::{default_pinned_pool, default_pool, PoolError};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// Runs [`run`]; an error ends the program with its message and status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("advanced_memory: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let device = Device::new(0)?;
 
     // A custom allocator that reports each allocation, then hands it to the default pool.

@@ -1,7 +1,10 @@
 //! "Memory Optimization Strategies", in Rust: watch the default pool's byte counts while
 //! a loop makes large temporaries, and return cached memory every 10 iterations.
 //!
-//! Run on a machine with a GPU: `cargo run -p cuda-mempool --example memory_optimization`.
+//! Run on a machine with a GPU: `cargo run -p cudars-mempool --example memory_optimization`.
+
+mod common;
+use common::println;
 
 use cuda_core::{Device, Stream};
 use cuda_mempool::default_pool;
@@ -13,7 +16,15 @@ fn print_memory_info() -> Result<(), cuda_mempool::PoolError> {
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// Runs [`run`]; an error ends the program with its message and status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("memory_optimization: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let device = Device::new(0)?;
     let stream = Stream::new(&device)?;
     let pool = default_pool()?;

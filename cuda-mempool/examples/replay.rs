@@ -2,11 +2,14 @@
 //! trace: name, operations, peak requested, peak reserved, their ratio and ns/op.
 //!
 //! ```text
-//! cargo run -p cuda-mempool --release --example replay -- /work/shared/traces/*.trace
-//! cargo run -p cuda-mempool --release --example replay -- --all-rules TRACE...
+//! cargo run -p cudars-mempool --release --example replay -- /work/shared/traces/*.trace
+//! cargo run -p cudars-mempool --release --example replay -- --all-rules TRACE...
 //! ```
 //!
 //! `--all-rules` also prints the figures under the stricter fence rules.
+
+mod common;
+use common::println;
 
 use cuda_mempool::replay::{load_trace, replay, FenceRule, ReplayOptions};
 

@@ -337,9 +337,9 @@ impl Backend for DriverBackend {
                 .collect()
         };
         for (i, page) in pages.iter().enumerate() {
-            // SAFETY: the pool maps pages only at granularity-aligned addresses inside a
-            // range it reserved through this backend and where nothing is mapped.
             if let Err(error) =
+                // SAFETY: the pool maps pages only at granularity-aligned addresses inside a
+                // range it reserved through this backend and where nothing is mapped.
                 unsafe { vmm::map(base + (i * step) as CUdeviceptr, page, 0, page.size()) }
             {
                 let left_mapped = undo(i);

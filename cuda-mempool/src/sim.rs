@@ -713,7 +713,7 @@ impl Backend for SimulatedBackend {
         fault(&mut s, SimCall::ReserveAddressRange)?;
         let d = dev_mut(&mut s, device)?;
         let g = granularity(d, device)?;
-        if size == 0 || size % g != 0 {
+        if size == 0 || !size.is_multiple_of(g) {
             return Err(SimError::Misaligned {
                 what: "range size",
                 value: size,
@@ -803,7 +803,7 @@ impl Backend for SimulatedBackend {
         if va + g > base + size {
             return Err(SimError::NotReserved(va));
         }
-        if (va - base) % g != 0 {
+        if !(va - base).is_multiple_of(g) {
             return Err(SimError::Misaligned {
                 what: "map address",
                 value: va,

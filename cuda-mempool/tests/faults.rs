@@ -13,6 +13,13 @@
 //!   allocations;
 //! * and at the end, with failures off, the pool serves again and gives back everything.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
+
 use std::collections::HashMap;
 
 use cuda_mempool::sim::{SimCall, SimError};

@@ -20,6 +20,12 @@
 //!   or by a stream recorded with `record_stream`) is handed to stream B != A only if
 //!   A has completed that work or B was made to wait for it; a page is unmapped or a
 //!   plain segment returned only once every stream that used it has completed.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use std::collections::HashMap;
 

@@ -64,7 +64,7 @@ impl Communicator {
             });
         }
         let align = std::mem::align_of::<T>();
-        if buf.as_raw() % align as u64 != 0 {
+        if !buf.as_raw().is_multiple_of(align as u64) {
             return Err(Error::Misaligned {
                 what,
                 address: buf.as_raw(),

@@ -261,13 +261,13 @@ impl Communicator {
         };
         comm.finish_init(r, "ncclCommSplit")?;
         let (mut count, mut rank) = (0, 0);
-        // SAFETY: `comm.raw` is a live, initialised communicator; valid out-pointers.
         check(
+            // SAFETY: `comm.raw` is a live, initialised communicator; valid out-pointers.
             unsafe { nccl.ncclCommCount(comm.raw, &mut count) }?,
             "ncclCommCount",
         )?;
-        // SAFETY: as above.
         check(
+            // SAFETY: as above.
             unsafe { nccl.ncclCommUserRank(comm.raw, &mut rank) }?,
             "ncclCommUserRank",
         )?;
@@ -312,8 +312,8 @@ impl Communicator {
         self.check_usable()?;
         let nccl = library()?;
         let mut state = ncclResult_t::ncclSuccess;
-        // SAFETY: `self.raw` is live and not aborted; valid out-pointer.
         check(
+            // SAFETY: `self.raw` is live and not aborted; valid out-pointer.
             unsafe { nccl.ncclCommGetAsyncError(self.raw, &mut state) }?,
             "ncclCommGetAsyncError",
         )?;

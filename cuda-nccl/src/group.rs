@@ -85,9 +85,9 @@ pub(crate) fn settle_raw(comm: ncclComm_t, timeout: Duration, call: &'static str
     let mut spins = 0u32;
     loop {
         let mut state = ncclResult_t::ncclSuccess;
-        // SAFETY: `comm` is a live communicator (its owner is alive for the call) and `state`
-        // a valid out-pointer.
         check(
+            // SAFETY: `comm` is a live communicator (its owner is alive for the call) and `state`
+            // a valid out-pointer.
             unsafe { nccl.ncclCommGetAsyncError(comm, &mut state) }?,
             "ncclCommGetAsyncError",
         )?;

@@ -38,8 +38,8 @@ impl UniqueId {
     pub fn new() -> Result<UniqueId> {
         let nccl = library()?;
         let mut raw = ncclUniqueId::default();
-        // SAFETY: `raw` is a valid out-pointer to an ncclUniqueId.
         check(
+            // SAFETY: `raw` is a valid out-pointer to an ncclUniqueId.
             unsafe { nccl.ncclGetUniqueId(&mut raw) }?,
             "ncclGetUniqueId",
         )?;

@@ -1,6 +1,13 @@
 //! CPU tests: the rendezvous over loopback, the loader with no library, input checks that
 //! need no GPU.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
+
 use std::thread;
 use std::time::{Duration, Instant};
 

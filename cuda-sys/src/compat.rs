@@ -194,8 +194,8 @@ impl Driver {
             return Ok(unsafe { f(dev_ptr, count, location, flags, stream) });
         }
         match (self.compat.prefetch_v1, legacy_device(&location)) {
-            // SAFETY: as above; exact 8.0 ABI, same meaning for a device or the host.
             (Some(f), Some(device)) if flags == 0 => {
+                // SAFETY: as above; exact 8.0 ABI, same meaning for a device or the host.
                 Ok(unsafe { f(dev_ptr, count, device, stream) })
             }
             _ => Err(self.missing("cuMemPrefetchAsync", CUDA_12_2)),

@@ -281,7 +281,7 @@ fn a_driver_older_than_the_bindings_is_never_handed_a_newer_abi() {
     }
 
     // The adapters: the 12.0 entry points, with the arguments they take.
-    // SAFETY (all calls below): the fake driver's functions accept any arguments.
+    // SAFETY: (all calls below) the fake driver's functions accept any arguments.
     unsafe {
         let r = driver.mem_prefetch_async(0x10, 64, device(2), 0, std::ptr::null_mut());
         assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
@@ -430,7 +430,7 @@ fn a_driver_as_new_as_the_bindings_gets_every_entry_point_and_the_new_abis() {
         let api = entry.api.to_str().unwrap();
         assert_eq!(driver.entry_status(api), Ok(()), "{api}");
     }
-    // SAFETY (all calls below): the fake driver's functions accept any arguments.
+    // SAFETY: (all calls below) the fake driver's functions accept any arguments.
     unsafe {
         let host_numa = CUmemLocation {
             type_: MEM_LOCATION_TYPE_HOST_NUMA,

@@ -18,8 +18,11 @@
 //! result cannot be read too early), and the "computation" on the stream is a
 //! device-to-device copy and a column-major read-back, since this crate has no BLAS.
 //!
-//! Run with `cargo run --release -p cuda-xfer --example transfer_patterns`. Exits 0 on a
+//! Run with `cargo run --release -p cudars-xfer --example transfer_patterns`. Exits 0 on a
 //! machine with a GPU, 1 (with the driver's error) without.
+
+mod common;
+use common::println;
 
 use std::process::ExitCode;
 use std::time::Instant;

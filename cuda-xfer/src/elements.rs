@@ -35,7 +35,7 @@ pub fn element_count<T: Pod>(bytes: usize) -> Result<usize> {
     if size == 0 {
         return Err(Error::ZeroSizedElement);
     }
-    if bytes % size != 0 {
+    if !bytes.is_multiple_of(size) {
         return Err(Error::NotWholeElements {
             bytes,
             elem_size: size,
@@ -48,7 +48,7 @@ pub fn element_count<T: Pod>(bytes: usize) -> Result<usize> {
 /// slices `&[T]` are aligned by construction; device memory reinterpreted as `T` is not.
 pub fn check_device_alignment<T: Pod>(addr: u64) -> Result<()> {
     let align = std::mem::align_of::<T>();
-    if addr % align as u64 != 0 {
+    if !addr.is_multiple_of(align as u64) {
         return Err(Error::Misaligned { addr, align });
     }
     Ok(())

@@ -157,7 +157,7 @@ impl<T: Pod> PinnedBuffer<T> {
     /// aligned for `T` (pinned memory is page-aligned, so only for over-aligned types).
     pub fn from_memory(memory: PinnedMemory) -> Result<PinnedBuffer<T>> {
         let len = crate::elements::element_count::<T>(memory.len())?;
-        if len > 0 && (memory.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
+        if len > 0 && !(memory.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
             return Err(Error::Misaligned {
                 addr: memory.as_ptr() as u64,
                 align: std::mem::align_of::<T>(),

@@ -396,8 +396,8 @@ impl<'scope> Scope<'scope, '_> {
                 }
                 None
             }
-            // SAFETY: `src` holds the bytes and outlives the call.
             Route::Staged => {
+                // SAFETY: `src` holds the bytes and outlives the call.
                 Some(unsafe { staging::to_device(bytes.as_ptr(), &device_mem, stream, &cfg) }?)
             }
         };

@@ -4,6 +4,12 @@
 //! `BENCH_OUT` names a directory, appends the same rows to `$BENCH_OUT/results.csv`, which
 //! `cargo xtask bench-report` joins with the peers' figures (`peers.csv`, written by
 //! `peers.py` from CuPy and PyTorch in the same run).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use std::fs::OpenOptions;
 use std::io::Write;

@@ -3,6 +3,12 @@
 //! The GPU tests live in `tests/gpu_*.rs` behind the `gpu` feature, so `cargo test` on a
 //! machine without a GPU does not build them, and `cargo xtask gpu-bundle` does. A GPU test
 //! never passes without a GPU: it fails at its first driver call.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 pub mod ptx;
 
@@ -14,3 +20,22 @@ pub mod nccl_check;
 pub fn libc_path() -> &'static str {
     "libc.so.6"
 }
+
+/// The path of the `test_child` helper binary, which tests start as a child process.
+///
+/// In the GPU bundle it lies in `helpers/` beside the `tests/` directory of the running test
+/// binary; under cargo it is `built`, the test's `env!("CARGO_BIN_EXE_test_child")`.
+pub fn test_child_path(built: &str) -> std::path::PathBuf {
+    let bundled = std::env::current_exe().ok().and_then(|exe| {
+        let dir = exe.parent()?.parent()?;
+        let path = dir.join("helpers").join("test_child");
+        path.is_file().then_some(path)
+    });
+    bundled.unwrap_or_else(|| std::path::PathBuf::from(built))
+}
+
+/// The workspace README's Rust examples, compiled as doc tests so they stay true (here, not in
+/// a published crate, whose package does not contain the workspace README).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -27,6 +27,12 @@
 //! stream.synchronize()?;
 //! # Ok::<(), cuda_core::Error>(())
 //! ```
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use std::ffi::c_void;
 

@@ -1,5 +1,11 @@
 //! GPU: the loader against the real driver, and the basics of cuda-core.
 #![cfg(feature = "gpu")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use cuda_core::Device;
 use cuda_sys::Resolution;

@@ -1,10 +1,16 @@
-#![cfg(feature = "gpu")]
 //! GPU: cuda-core's memory primitives: device, managed, pinned, registered and unowned
 //! memory, `DevicePtr` views with their copies and memsets, pointer attributes, virtual
 //! memory and stream-ordered pools.
 //!
 //! Every test takes `SERIAL`, so the ones that compare device memory levels
 //! (`Device::memory_info`) never see another test's allocations.
+#![cfg(feature = "gpu")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,10 +1,16 @@
-#![cfg(feature = "gpu")]
 //! GPU: cuda-mempool on the real card: the driver backend's stream-ordered reuse (checked
 //! with a slow writer kernel), out of memory, limits, returning memory to the device,
 //! statistics, `cuda_core` views of pool blocks, the async pool and the pinned pool.
 //!
 //! Every test takes `SERIAL`, so the ones that compare device memory levels never see
 //! another test's allocations.
+#![cfg(feature = "gpu")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -1,6 +1,12 @@
 //! GPU: profiler control, NVTX annotations, and (with cuda-core's `library-handles` feature)
 //! the cuBLAS / cuSOLVER handles of a device.
 #![cfg(feature = "gpu")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use cuda_core::nvtx::{self, Color};
 use cuda_core::profiler::{self, OutputMode};

@@ -1,4 +1,3 @@
-#![cfg(feature = "gpu")]
 //! GPU: cuda-nccl on every GPU of the machine (at least 2; with fewer every test fails).
 //!
 //! * single process (`init_all`, one thread, groups): every collective in place and out of
@@ -14,6 +13,13 @@
 //!
 //! `NCCL_NVLS_ENABLE=0` everywhere. NCCL reads its environment once per process, so variants
 //! that change it run as separate processes.
+#![cfg(feature = "gpu")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use std::process::ExitStatus;
 use std::sync::{Mutex, MutexGuard, Once};

@@ -1,8 +1,14 @@
-#![cfg(feature = "gpu")]
 //! GPU tests of streams, events, host callbacks, current-stream and device scopes, and
 //! interprocess events (issue 3). Kernels are PTX text from `tests::ptx`.
 //!
 //! Run with `--test-threads=1`: several tests measure concurrency and timing.
+#![cfg(feature = "gpu")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use std::ffi::c_void;
 use std::io::{BufRead, BufReader};
@@ -589,9 +595,6 @@ fn event_timing_errors_are_clear() {
     );
 }
 
-const IPC_ENV: &str = "CUDA_RS_TEST_IPC_EVENT";
-const CHILD_TEST: &str = "ipc_child_waits_on_the_parents_event";
-
 #[test]
 fn interprocess_event_is_waited_on_in_a_child_process() {
     let dev = device();
@@ -610,16 +613,10 @@ fn interprocess_event_is_waited_on_in_a_child_process() {
     event.record(&stream).unwrap();
     let handle = event.ipc_handle().unwrap();
 
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
-        .args([
-            CHILD_TEST,
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(IPC_ENV, handle.to_hex())
+    // The child is the `test_child` helper binary (`ipc-event`), never a test of its own.
+    let helper = tests::test_child_path(env!("CARGO_BIN_EXE_test_child"));
+    let mut child = Command::new(&helper)
+        .args(["ipc-event", &handle.to_hex()])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -630,7 +627,6 @@ fn interprocess_event_is_waited_on_in_a_child_process() {
     for line in lines.by_ref() {
         let line = line.unwrap();
         println!("child: {line}");
-        // libtest prints "test NAME ... " before the test's own output, on the same line.
         if let Some(at) = line.find("IPC_CHILD pending=") {
             assert_eq!(
                 &line[at..],
@@ -655,29 +651,6 @@ fn interprocess_event_is_waited_on_in_a_child_process() {
     assert!(status.success(), "child failed: {status}");
     assert!(saw_pending && saw_complete);
     event.synchronize().unwrap();
-}
-
-/// Run only as the child of `interprocess_event_is_waited_on_in_a_child_process`; fails when
-/// run by hand (no handle in the environment).
-#[test]
-#[ignore = "run by interprocess_event_is_waited_on_in_a_child_process as a child process"]
-fn ipc_child_waits_on_the_parents_event() {
-    let hex = std::env::var(IPC_ENV).expect("run as the child of the IPC test");
-    let handle = IpcEventHandle::from_hex(&hex).unwrap();
-    let dev = device();
-    let event = Event::open_ipc(&dev, &handle).unwrap();
-    assert!(event.is_interprocess() && !event.timing_enabled());
-    let pending = !event.query().unwrap();
-    println!("IPC_CHILD pending={pending}");
-    assert!(pending);
-    // Wait through a stream of our own, then on the event itself.
-    let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
-    stream.wait_event(&event).unwrap();
-    let after = stream.record(None).unwrap();
-    after.synchronize().unwrap();
-    assert!(event.query().unwrap());
-    event.synchronize().unwrap();
-    println!("IPC_CHILD completed");
 }
 
 #[test]

@@ -1,4 +1,3 @@
-#![cfg(feature = "gpu")]
 //! GPU: cuda-xfer's typed transfers: round trips of every size from pageable, pinned and
 //! registered memory, aligned and not, sync and async; async transfers ordered against
 //! kernels on the same stream; 2-D transfers in both orders (and through ndarray); where
@@ -6,6 +5,13 @@
 //!
 //! Every test takes `SERIAL` (the route counters and the staging configuration are
 //! process-wide); run with `--test-threads=1` anyway, the 1 GiB cases are large.
+#![cfg(feature = "gpu")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
 
 use std::sync::{Mutex, MutexGuard};
 

@@ -1,13 +1,172 @@
 //! `cargo xtask gpu-bundle`: every GPU test, benchmark and example binary, release mode, in
 //! `target/gpu-bundle/`, with `run.sh` to run them on a machine that has a driver and no Rust.
+//!
+//! The GPU suite's test binaries are listed once, in [`SUITE`]; `run.sh` is generated from it,
+//! and `cargo xtask ci` runs the same binaries through the same `run.sh` (see [`suite_dir`]), so
+//! the two paths cannot drift apart.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::util::{cargo_json, fail, json_str, root, Result};
+use crate::util::{artifacts, cargo_json, cuda_sys_build, fail, root, Artifact, Result};
 
 /// The bundle must travel to the GPU machine, which takes 64 MiB.
 const MAX_BUNDLE_BYTES: u64 = 64 << 20;
+
+/// The GPU suite: the integration-test binaries of the `tests` crate (`tests/tests/*.rs`), in
+/// the order `run.sh` runs them. A test file missing here fails the build of the suite.
+/// Tests that need two GPUs are `#[ignore = "needs two GPUs"]` in them; nothing else is ignored.
+pub const SUITE: &[&str] = &[
+    "loader",
+    "no_driver",
+    "gpu_foundation",
+    "gpu_stream_event",
+    "gpu_memory",
+    "gpu_mempool",
+    "gpu_graph",
+    "gpu_xfer",
+    "gpu_misc",
+    "gpu_nvtx",
+    "gpu_pool_lifecycle",
+    "gpu_xfer_fault",
+];
+
+/// Test binaries bundled but run by their own mode, not by `run.sh tests`: the NCCL suite
+/// needs two or more GPUs and starts its own ranks (`run.sh nccl`).
+const OWN_MODE: &[&str] = &["gpu_nccl"];
+
+/// Test binaries of the `tests` crate that are not GPU tests and stay out of the bundle: the
+/// compile-fail suite (trybuild) compiles programs, which needs cargo and the sources.
+const NOT_BUNDLED: &[&str] = &["compile_fail"];
+
+/// The tests that need two GPUs (`#[ignore = "needs two GPUs"]`), by name: the only ignored
+/// tests the suite may have, which `run.sh` runs by themselves (`run.sh two-gpu`).
+const TWO_GPU_TESTS: &[&str] = &["peer_copies_between_two_devices"];
+
+/// Helper binaries that tests start as child processes; bundled in `helpers/`, never run as
+/// tests or benchmarks.
+const HELPERS: &[&str] = &["test_child"];
+
+/// The cargo arguments that build the GPU suite's test binaries (and their helpers).
+const SUITE_BUILD: &[&str] = &[
+    "test",
+    "-p",
+    "tests",
+    "--features",
+    "gpu,library-handles",
+    "--release",
+    "--no-run",
+    "--message-format=json",
+];
+
+/// Makes `cuda-sys` find the CUDA headers when `CUDA_INCLUDE_DIR` is not set but `.ci/run`
+/// left them in its cache, so NVTX ranges are live in what is built.
+pub fn headers_env() -> Vec<(&'static str, String)> {
+    if std::env::var_os("CUDA_INCLUDE_DIR").is_some() {
+        return Vec::new();
+    }
+    let cache = std::env::var_os("CUDA_HEADERS_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let base = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+            Some(base.join("cuda-rs/cuda-13.0-headers"))
+        });
+    match cache.map(|c| c.join("include")) {
+        Some(dir) if dir.join("cuda.h").is_file() => {
+            vec![("CUDA_INCLUDE_DIR", dir.to_string_lossy().into_owned())]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Builds the GPU suite's test binaries and writes them with `run.sh` into `dir`
+/// (`dir/tests/`, `dir/helpers/`, `dir/run.sh`); returns the bytes written.
+pub fn suite_dir(dir: &Path) -> Result<u64> {
+    let env = headers_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let messages = cargo_json(SUITE_BUILD, &env)?;
+    match cuda_sys_build(&messages) {
+        Some(b) if b.nvtx => println!("xtask: NVTX ranges are live (cuda-sys: {})", b.source),
+        Some(b) => println!(
+            "xtask: warning: NVTX ranges are no-ops in these binaries: no NVTX headers found \
+             (cuda-sys: {}); set CUDA_INCLUDE_DIR or run .ci/run once",
+            b.source
+        ),
+        None => println!("xtask: warning: cargo did not report cuda-sys's build script"),
+    }
+    let built = artifacts(&messages);
+    let tests: Vec<&Artifact> = built
+        .iter()
+        .filter(|a| a.test && a.kinds.iter().any(|k| k == "test"))
+        .collect();
+    let mut total = 0;
+    for t in &tests {
+        let name = t.name.as_str();
+        if OWN_MODE.contains(&name) {
+            total += copy_exe(t, &dir.join("tests"), name)?;
+            continue;
+        }
+        if NOT_BUNDLED.contains(&name) {
+            continue;
+        }
+        if !SUITE.contains(&name) {
+            return fail(&format!(
+                "test binary `{}` is not in xtask's SUITE list (xtask/src/bundle.rs): add it",
+                t.name
+            ));
+        }
+    }
+    for name in SUITE {
+        let Some(t) = tests.iter().find(|t| t.name == *name) else {
+            return fail(&format!("SUITE names `{name}`, which cargo did not build"));
+        };
+        total += copy_exe(t, &dir.join("tests"), name)?;
+        check_ignored(t, name)?;
+    }
+    for name in HELPERS {
+        let Some(h) = built
+            .iter()
+            .find(|a| a.name == *name && a.kinds.iter().any(|k| k == "bin"))
+        else {
+            return fail(&format!("cargo did not build the helper binary `{name}`"));
+        };
+        total += copy_exe(h, &dir.join("helpers"), name)?;
+    }
+    let run_sh = dir.join("run.sh");
+    fs::write(&run_sh, run_sh_text()).map_err(|e| e.to_string())?;
+    make_executable(&run_sh)?;
+    Ok(total)
+}
+
+/// Fails when test binary `name` has an ignored test that is not a two-GPU test: such a test
+/// would run, and fail, in `run.sh two-gpu` (child-process helpers belong in `test_child`).
+fn check_ignored(t: &Artifact, name: &str) -> Result<()> {
+    let Some(exe) = &t.executable else {
+        return Ok(());
+    };
+    let out = std::process::Command::new(exe)
+        .args(["--list", "--ignored"])
+        .output()
+        .map_err(|e| format!("{} --list: {e}", exe.display()))?;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(test) = line.strip_suffix(": test") {
+            if !TWO_GPU_TESTS.contains(&test) {
+                return fail(&format!(
+                    "{name}: `{test}` is ignored but is not a two-GPU test (TWO_GPU_TESTS in \
+                     xtask/src/bundle.rs); only those may be ignored"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `run.sh` with the suite's list filled in.
+fn run_sh_text() -> String {
+    RUN_SH.replace("@SUITE@", &SUITE.join(" "))
+}
 
 /// Builds the bundle into `dir` (`target/gpu-bundle`, or `target/gpu-bundle-<SET>` for
 /// another header set: see `headers::gpu_bundle_args`).
@@ -16,21 +175,9 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
     if dir.exists() {
         fs::remove_dir_all(&dir).map_err(|e| format!("clean {}: {e}", dir.display()))?;
     }
-    let mut total = 0;
-    let tests = cargo_json(
-        &[
-            "test",
-            "-p",
-            "tests",
-            "--features",
-            "gpu,library-handles",
-            "--release",
-            "--no-run",
-            "--message-format=json",
-        ],
-        &[],
-    )?;
-    total += copy_artifacts(&tests, "test", &dir.join("tests"))?;
+    let env = headers_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut total = suite_dir(&dir)?;
     let bins = cargo_json(
         &[
             "build",
@@ -42,9 +189,13 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
             "--bins",
             "--message-format=json",
         ],
-        &[],
+        &env,
     )?;
-    total += copy_artifacts(&bins, "bin", &dir.join("bench"))?;
+    for a in artifacts(&bins) {
+        if a.kinds.iter().any(|k| k == "bin") && !HELPERS.contains(&a.name.as_str()) {
+            total += copy_exe(&a, &dir.join("bench"), &a.name.clone())?;
+        }
+    }
     let examples = cargo_json(
         &[
             "build",
@@ -53,35 +204,38 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
             "--examples",
             "--message-format=json",
         ],
-        &[],
+        &env,
     )?;
-    total += copy_artifacts(&examples, "example", &dir.join("examples"))?;
+    for a in artifacts(&examples) {
+        if a.kinds.iter().any(|k| k == "example") {
+            total += copy_exe(&a, &dir.join("examples"), &a.name.clone())?;
+        }
+    }
     // The C ABI of MemoryPool, for the PyTorch / CuPy workloads (tests/bundle/*.py).
     let capi = cargo_json(
         &[
             "build",
             "-p",
-            "cuda-mempool-capi",
+            "cudars-mempool-capi",
             "--release",
             "--message-format=json",
         ],
-        &[],
+        &env,
     )?;
     fs::create_dir_all(dir.join("lib")).map_err(|e| e.to_string())?;
-    for line in &capi {
-        if !line.contains("\"reason\":\"compiler-artifact\"") || !line.contains("cuda-mempool-capi")
-        {
+    for a in artifacts(&capi) {
+        if a.name != "cuda_mempool_capi" {
             continue;
         }
-        for path in line.split('"').filter(|p| p.ends_with(".so")) {
-            let from = PathBuf::from(path);
+        for from in a
+            .filenames
+            .iter()
+            .filter(|p| p.extension().is_some_and(|x| x == "so"))
+        {
             if let Some(name) = from.file_name() {
                 let to = dir.join("lib").join(name);
-                fs::copy(&from, &to).map_err(|e| format!("copy {}: {e}", from.display()))?;
-                let _ = std::process::Command::new("strip")
-                    .arg("--strip-debug")
-                    .arg(&to)
-                    .status();
+                fs::copy(from, &to).map_err(|e| format!("copy {}: {e}", from.display()))?;
+                strip_debug(&to);
                 total += fs::metadata(&to).map_err(|e| e.to_string())?.len();
                 println!("xtask: bundled lib/{}", name.to_string_lossy());
             }
@@ -122,9 +276,6 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
             traces.display()
         );
     }
-    let run_sh = dir.join("run.sh");
-    fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;
-    make_executable(&run_sh)?;
     println!(
         "xtask: GPU bundle in {} ({:.1} MiB)",
         dir.display(),
@@ -144,45 +295,33 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Copies every executable artifact of `kind` from cargo's JSON messages into `to`; returns bytes.
-fn copy_artifacts(lines: &[String], kind: &str, to: &Path) -> Result<u64> {
+/// Copies `artifact`'s executable to `to/name`, without debug info; returns its bytes.
+fn copy_exe(artifact: &Artifact, to: &Path, name: &str) -> Result<u64> {
+    let Some(exe) = &artifact.executable else {
+        return fail(&format!(
+            "cargo built `{}` without an executable",
+            artifact.name
+        ));
+    };
     fs::create_dir_all(to).map_err(|e| e.to_string())?;
-    let mut bytes = 0;
-    for line in lines {
-        if !line.contains("\"reason\":\"compiler-artifact\"")
-            || !line.contains(&format!("\"kind\":[\"{kind}\"]"))
-        {
-            continue;
-        }
-        if kind == "test" && !line.contains("\"test\":true") {
-            continue;
-        }
-        let Some(exe) = json_str(line, "executable") else {
-            continue;
-        };
-        let exe = PathBuf::from(exe);
-        let name = json_str(line, "name").unwrap_or_default();
-        // Test binaries are named <target>-<hash>; keep the target name only.
-        let file = if kind == "test" {
-            name.clone()
-        } else {
-            exe.file_name()
-                .map(|f| f.to_string_lossy().into_owned())
-                .unwrap_or(name)
-        };
-        let dest = to.join(&file);
-        fs::copy(&exe, &dest).map_err(|e| format!("copy {}: {e}", exe.display()))?;
-        // Debug info is most of a binary's size and the bundle must stay under 64 MiB; the
-        // symbols stay, so backtraces still name functions. No `strip`: keep the debug info.
-        let _ = std::process::Command::new("strip")
-            .arg("--strip-debug")
-            .arg(&dest)
-            .status();
-        bytes += fs::metadata(&dest).map_err(|e| e.to_string())?.len();
-        make_executable(&dest)?;
-        println!("xtask: bundled {kind} {file}");
-    }
-    Ok(bytes)
+    let dest = to.join(name);
+    fs::copy(exe, &dest).map_err(|e| format!("copy {}: {e}", exe.display()))?;
+    strip_debug(&dest);
+    make_executable(&dest)?;
+    let dir = to.file_name().map(|d| d.to_string_lossy().into_owned());
+    println!("xtask: bundled {}/{name}", dir.unwrap_or_default());
+    fs::metadata(&dest)
+        .map(|m| m.len())
+        .map_err(|e| e.to_string())
+}
+
+/// Debug info is most of a binary's size and the bundle must stay under 64 MiB; the symbols
+/// stay, so backtraces still name functions. Best effort: without `strip` the file stays whole.
+fn strip_debug(path: &Path) {
+    let _ = std::process::Command::new("strip")
+        .arg("--strip-debug")
+        .arg(path)
+        .status();
 }
 
 fn make_executable(path: &Path) -> Result<()> {
@@ -192,23 +331,36 @@ fn make_executable(path: &Path) -> Result<()> {
     fs::set_permissions(path, perm).map_err(|e| e.to_string())
 }
 
+/// The runner of the GPU suite, here and in the bundle; `@SUITE@` becomes [`SUITE`].
 const RUN_SH: &str = r#"#!/usr/bin/env bash
-# Runs the GPU bundle. Usage: run.sh [tests|sanitize|clients|clients-sanitize|bench|examples|nccl|all] [filter]
-#   tests     every test binary, one line each, then "N passed, N failed" (the default)
-#   sanitize  the same under compute-sanitizer --tool memcheck
-#   clients   the CuPy / PyTorch client tests (clients_*.py) through lib/, one line each
+# Runs the GPU bundle (generated by `cargo xtask gpu-bundle`; `cargo xtask ci` runs its GPU
+# suite through this same script). Usage: run.sh [MODE] [ARGS for the test binaries...]
+#   tests     the GPU suite, one line per binary; on a machine with two or more GPUs the
+#             two-GPU tests too (the default)
+#   two-gpu   only the tests that need two GPUs (the `#[ignore = "needs two GPUs"]` ones)
+#   sanitize  the suite under compute-sanitizer --tool memcheck ($COMPUTE_SANITIZER, else PATH)
+#   clients   the CuPy / PyTorch client tests (clients_*.py) through lib/ (ARG: a name filter;
+#             $CLIENT_ARGS, e.g. "--seconds 10 --streams 1000", goes to each script)
 #   clients-sanitize  the same, shorter, under compute-sanitizer --tool memcheck
-#   bench     every benchmark binary (their own output)
-#   examples  every example
 #   nccl      the cuda-nccl suite (single- and multi-process, socket transport, a rank killed
 #             mid-collective), then bench_nccl beside torch.distributed; needs >= 2 GPUs.
 #             `run.sh nccl tests` / `run.sh nccl bench` run one part; another word filters tests
+#   bench     every benchmark binary (their own output)
+#   examples  every example
+# The test modes end with one line: "GPU suite: N passed, N failed on <device>".
 # Test binaries run with --test-threads=1 so that memory-level checks see only their own work.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 mode="${1:-tests}"
-filter="${2:-}"
+[ "$#" -gt 0 ] && shift
+extra=("$@")
+suite="@SUITE@"
 passed=0; failed=0
+gpus="${CUDA_RS_GPU_COUNT:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}"
+device="${CUDA_RS_GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)}"
+device="${device:-unknown device}"
+[ "${gpus:-0}" -ge 2 ] && device="$device (x$gpus)"
+sanitizer=()
 # NVLink multicast stays off on the shared machines, in every process this script starts.
 export NCCL_NVLS_ENABLE=0
 export CUDA_RS_BUNDLE_DIR="$here"
@@ -219,21 +371,16 @@ if [ -z "${CUDA_NCCL_LIBRARY:-}" ] && command -v python3 >/dev/null; then
     export CUDA_NCCL_LIBRARY="$nccl_dir/lib/libnccl.so.2"
   fi
 fi
-gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
-only=""
 test_timeout=600
 run_tests() {
   local wrap=("$@")
-  for t in "$here"/tests/*; do
-    [ -x "$t" ] || continue
-    name="$(basename "$t")"
-    if [ -n "$only" ] && [ "$name" != "$only" ]; then continue; fi
-    if [ "$name" = gpu_nccl ] && [ -z "$only" ] && [ "${gpus:-0}" -lt 2 ]; then
-      printf '%-8s %-28s (needs >= 2 GPUs, %s here: run.sh nccl on a multi-GPU machine)\n' skipped "$name" "${gpus:-0}"
-      continue
+  for name in ${names:-$suite}; do
+    t="$here/tests/$name"
+    if [ ! -x "$t" ]; then
+      printf '%-8s %-28s missing from the bundle\n' FAILED "$name"; failed=$((failed + 1)); continue
     fi
     start=$(date +%s%N)
-    out="$(timeout "$test_timeout" "${wrap[@]}" "$t" --test-threads=1 $filter 2>&1)"; rc=$?
+    out="$(timeout "$test_timeout" "${sanitizer[@]}" "$t" --test-threads=1 "${wrap[@]}" "${extra[@]}" 2>&1)"; rc=$?
     ms=$(( ($(date +%s%N) - start) / 1000000 ))
     line="$(printf '%s\n' "$out" | grep -E '^test result:' | tail -n1)"
     p=$(printf '%s\n' "$line" | sed -nE 's/.* ([0-9]+) passed.*/\1/p'); p=${p:-0}
@@ -242,7 +389,7 @@ run_tests() {
     # the first instrumented API call": nothing to check, so its own result line decides.
     if printf '%s\n' "$out" | grep -q 'terminated before first instrumented API call'; then rc=0; fi
     if [ -z "$line" ] || { [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; }; then f=$((f + 1)); fi
-    if [ "${wrap[0]:-}" = "compute-sanitizer" ] && printf '%s\n' "$out" | grep -qE 'ERROR SUMMARY: [1-9]'; then f=$((f + 1)); fi
+    if [ "${#sanitizer[@]}" -gt 0 ] && printf '%s\n' "$out" | grep -qE 'ERROR SUMMARY: [1-9]'; then f=$((f + 1)); fi
     passed=$((passed + p)); failed=$((failed + f))
     status=ok; [ "$f" -eq 0 ] || status=FAILED
     printf '%-8s %-28s %4d passed %4d failed  %6d ms\n' "$status" "$name" "$p" "$f" "$ms"
@@ -250,8 +397,8 @@ run_tests() {
   done
 }
 run_clients() {
-  # Each script prints PASS/FAIL lines and ends with "N passed, N failed"; $CLIENT_ARGS
-  # (e.g. "--seconds 10 --streams 1000") is passed to each.
+  # Each script prints PASS/FAIL lines and ends with "N passed, N failed".
+  local filter="${extra[0]:-}"
   for s in "$here"/clients_*.py; do
     [ -f "$s" ] || continue
     case "$s" in *_common.py) continue ;; esac
@@ -270,12 +417,25 @@ run_clients() {
     if [ "$f" -ne 0 ] || [ -n "${VERBOSE:-}" ]; then printf '%s\n' "$out" | sed 's/^/    | /'; fi
   done
 }
-export NCCL_NVLS_ENABLE=0
+two_gpu() {
+  if [ "${gpus:-0}" -ge 2 ]; then
+    echo "--- two-GPU tests ($gpus GPUs)"; run_tests --ignored
+  else
+    echo "--- two-GPU tests: not run (${gpus:-0} GPU)"
+  fi
+}
 case "$mode" in
-  tests) run_tests ;;
-  clients) run_clients ;;
-  clients-sanitize) run_clients --sanitize ;;
-  sanitize) run_tests compute-sanitizer --tool memcheck --report-api-errors no --target-processes all --error-exitcode 86 --print-limit 20 ;;
+  tests) run_tests; two_gpu ;;
+  two-gpu)
+    if [ "${gpus:-0}" -lt 2 ]; then echo "run.sh two-gpu: needs two GPUs, found ${gpus:-0}"; exit 1; fi
+    run_tests --ignored ;;
+  sanitize)
+    cs="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || true)}"
+    if [ -z "$cs" ] || [ ! -x "$cs" ]; then
+      echo "run.sh sanitize: compute-sanitizer not found (PATH, or COMPUTE_SANITIZER=/path/to/it)"; exit 2
+    fi
+    sanitizer=("$cs" --tool memcheck --report-api-errors no --target-processes all --error-exitcode 86 --print-limit 20)
+    run_tests; two_gpu ;;
   bench)
     # Rows go to $BENCH_OUT/results.csv (ours, raw) and peers.csv (CuPy, PyTorch);
     # `cargo xtask bench-report DIR` turns them into the report.
@@ -284,30 +444,50 @@ case "$mode" in
     { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1; } > "$BENCH_OUT/meta.txt"
     for b in "$here"/bench/*; do
       [ -x "$b" ] || continue
-      if [ "$(basename "$b")" = bench_nccl ] && [ "${gpus:-0}" -lt 2 ]; then echo "=== bench_nccl skipped (needs >= 2 GPUs)"; continue; fi
-      echo "=== $(basename "$b")"; "$b" $filter || echo "(exit $?)"
+      # bench_nccl needs two GPUs and its own mode (run.sh nccl bench).
+      [ "$(basename "$b")" = bench_nccl ] && continue
+      echo "=== $(basename "$b")"; "$b" "${extra[@]}" || echo "(exit $?)"
     done
-    if [ -z "$filter" ] && command -v python3 >/dev/null; then
+    if [ "${#extra[@]}" -eq 0 ] && command -v python3 >/dev/null; then
       echo "=== peers (CuPy, PyTorch)"; python3 "$here/peers.py" --traces "$here/traces"
     fi
     exit 0 ;;
-  examples)
-    export CUDA_RS_TRACES="$here/traces"
-    for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
+  clients) run_clients ;;
+  clients-sanitize) run_clients --sanitize ;;
   nccl)
     # run.sh nccl [tests|bench|TEST-FILTER]: both parts by default.
-    part="${filter:-all}"; filter=""
-    case "$part" in all|tests|bench) ;; *) filter="$part"; part=tests ;; esac
+    part="${extra[0]:-all}"; extra=()
+    case "$part" in all|tests|bench) ;; *) extra=("$part"); part=tests ;; esac
     echo "CUDA_NCCL_LIBRARY=${CUDA_NCCL_LIBRARY:-unset}; GPUs: ${gpus:-0}; NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
-    if [ "$part" != bench ]; then only=gpu_nccl; test_timeout=1800; run_tests; fi
+    if [ "$part" != bench ]; then names=gpu_nccl; test_timeout=1800; run_tests; fi
     if [ "$part" != tests ]; then
       export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
       [ -f "$BENCH_OUT/meta.txt" ] || { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1; } > "$BENCH_OUT/meta.txt"
       echo "=== bench_nccl"; "$here/bench/bench_nccl" || { echo "(exit $?)"; failed=$((failed + 1)); }
     fi ;;
-  all) "$0" examples; run_tests; "$0" bench; ;;
-  *) echo "usage: run.sh [tests|sanitize|clients|clients-sanitize|bench|examples|nccl|all] [filter]"; exit 2 ;;
+  examples)
+    export CUDA_RS_TRACES="$here/traces"
+    for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
+  all) "$0" examples; run_tests; two_gpu; "$0" bench; ;;
+  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|examples|all] [args]"; exit 2 ;;
 esac
-echo "$passed passed, $failed failed"
+echo "GPU suite: $passed passed, $failed failed on $device"
 [ "$failed" -eq 0 ]
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::{run_sh_text, SUITE};
+
+    #[test]
+    fn run_sh_runs_exactly_the_suite_list() {
+        let text = run_sh_text();
+        assert!(!text.contains("@SUITE@"));
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("suite=\""))
+            .expect("run.sh names its suite");
+        assert_eq!(line, format!("suite=\"{}\"", SUITE.join(" ")));
+        assert!(text.contains("echo \"GPU suite: $passed passed, $failed failed on $device\""));
+    }
+}

@@ -167,7 +167,7 @@ pub fn ci_set(set: &str) -> Result<()> {
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let (source, _) = cuda_sys_build_info(&env)?;
+    let source = cuda_sys_build_info(&env)?.source;
     println!("xtask: CUDA {set}: cuda-sys bindings: {source}");
     if !source.starts_with("bindgen") {
         return fail(&format!(
@@ -184,7 +184,7 @@ pub fn ci_set(set: &str) -> Result<()> {
         ],
         &env,
     )?;
-    cargo(&["test", "-p", "cuda-sys", "--quiet"], &env)
+    cargo(&["test", "-p", "cudars-sys", "--quiet"], &env)
 }
 
 /// `cargo xtask gpu-bundle [--headers SET]`: with a set, points the build at those headers
@@ -197,7 +197,7 @@ pub fn gpu_bundle_args(args: &[String]) -> Result<()> {
                 // Single-threaded here: every cargo the bundle runs inherits these.
                 std::env::set_var(key, value);
             }
-            let (source, _) = cuda_sys_build_info(&[])?;
+            let source = cuda_sys_build_info(&[])?.source;
             println!("xtask: CUDA {set}: cuda-sys bindings: {source}");
             if !source.starts_with("bindgen") {
                 return fail(&format!(

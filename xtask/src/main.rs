@@ -2,14 +2,19 @@
 //!
 //! | command | what |
 //! | --- | --- |
-//! | `ci` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), the bindings snapshot check, the main example with and without headers; then the CUDA 12.0, 12.4 and 12.8 headers (fetched and cached): bindgen, `cargo check --workspace --all-targets`, cuda-sys tests |
+//! | `ci [--gpu\|--no-gpu] [--sanitize]` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), packaging, the bindings snapshot check, the main example with and without headers, the CUDA 12.0/12.4/12.8 header sets (bindgen, `cargo check`, cuda-sys tests) and the NCCL bindings; then the GPU suite when a GPU is usable (`--gpu` requires it, `--no-gpu` skips it, `--sanitize` runs it under compute-sanitizer); ends with one `GPU suite: ...` line |
+//! | `gpu-suite [--gpu\|--no-gpu] [--sanitize]` | only the GPU part of `ci` |
 //! | `bindings` | regenerates `cuda-sys/src/generated/driver.rs` from the headers found |
 //! | `nccl-bindings` | regenerates `cuda-nccl-sys/src/generated/nccl.rs` from the `nccl.h` found |
 //! | `gpu-bundle [--headers SET]` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh`; with `--headers 12.4`, from those headers into `target/gpu-bundle-12.4/` |
 //! | `replay [TRACE...]` | replays allocation traces (default `../shared/traces/*.trace`) through MemoryPool on the simulated backend |
 //! | `bench-report DIR` | `results.csv` + `peers.csv` of one benchmark run -> `bench/results/REPORT.md` and SVG plots |
+//!
+//! Arguments are parsed by hand: five commands and three flags, where an argument parser would
+//! add a dozen crates to every `cargo xtask` build.
 
 mod bundle;
+mod gpu;
 mod headers;
 mod nccl;
 mod report;
@@ -19,10 +24,23 @@ use std::process::ExitCode;
 
 use util::{cargo, fail, Result};
 
+/// The library crates, in dependency order: each is packaged (`cargo package`) by CI.
+const LIBRARY_PACKAGES: &[&str] = &[
+    "cudars-sys",
+    "cudars-core",
+    "cudars-mempool",
+    "cudars-mempool-capi",
+    "cudars-graph",
+    "cudars-xfer",
+    "cudars-nccl-sys",
+    "cudars-nccl",
+];
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
-        Some("ci") => ci(),
+        Some("ci") => gpu::Options::parse(&args[1..]).and_then(ci),
+        Some("gpu-suite") => gpu::Options::parse(&args[1..]).and_then(|opts| gpu::run(opts).1),
         Some("bindings") => bindings(),
         Some("nccl-bindings") => nccl::bindings(),
         Some("gpu-bundle") => headers::gpu_bundle_args(&args[1..]),
@@ -35,7 +53,7 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci|bindings|nccl-bindings|gpu-bundle [--headers 12.4]|replay [TRACE...]|bench-report DIR>"
+                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|gpu-bundle [--headers 12.4]|replay [TRACE...]|bench-report DIR>"
             );
             return ExitCode::from(2);
         }
@@ -49,7 +67,19 @@ fn main() -> ExitCode {
     }
 }
 
-fn ci() -> Result<()> {
+/// The CPU steps, then the GPU suite; the last line printed is always the GPU suite's.
+fn ci(opts: gpu::Options) -> Result<()> {
+    if let Err(e) = cpu_steps() {
+        eprintln!("xtask: {e}");
+        println!("GPU suite: not run (the CPU steps failed)");
+        return Err("ci failed".into());
+    }
+    println!("xtask: CPU steps passed");
+    step("GPU suite");
+    gpu::run(opts).1
+}
+
+fn cpu_steps() -> Result<()> {
     step("cargo fmt --check");
     cargo(&["fmt", "--all", "--check"], &[])?;
     step("clippy, warnings denied");
@@ -71,10 +101,11 @@ fn ci() -> Result<()> {
         &[],
     )?;
     step("bindings");
-    let (source, out_dir) = util::cuda_sys_build_info(&[])?;
+    let build = util::cuda_sys_build_info(&[])?;
+    let source = build.source;
     println!("xtask: cuda-sys bindings: {source}");
     if source.starts_with("bindgen") {
-        let fresh = std::fs::read_to_string(out_dir.join("driver.rs"))
+        let fresh = std::fs::read_to_string(build.out_dir.join("driver.rs"))
             .map_err(|e| format!("read fresh bindings: {e}"))?;
         let snapshot =
             std::fs::read_to_string(util::root().join("cuda-sys/src/generated/driver.rs"))
@@ -88,6 +119,23 @@ fn ci() -> Result<()> {
     }
     step("NCCL bindings");
     nccl::ci_bindings_check()?;
+    if build.nvtx {
+        step("NVTX ranges reach a tool (tests/tests/gpu_nvtx.rs needs no GPU)");
+        cargo(
+            &[
+                "test",
+                "-p",
+                "tests",
+                "--features",
+                "gpu",
+                "--test",
+                "gpu_nvtx",
+            ],
+            &[],
+        )?;
+    } else {
+        println!("xtask: NVTX compiled out (no NVTX headers): the NVTX tool test is skipped");
+    }
     step("tests (CPU)");
     cargo(&["test", "--workspace"], &[])?;
     // Feature-gated CPU tests (library handles' missing-library errors, ndarray transfers);
@@ -96,9 +144,9 @@ fn ci() -> Result<()> {
         &[
             "test",
             "-p",
-            "cuda-core",
+            "cudars-core",
             "-p",
-            "cuda-xfer",
+            "cudars-xfer",
             "--all-features",
         ],
         &[],
@@ -108,6 +156,10 @@ fn ci() -> Result<()> {
         &["doc", "--workspace", "--no-deps", "--all-features"],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
+    step("packaging");
+    package()?;
+    step("GPU suite detection without a driver");
+    detection_check()?;
     step("main example");
     example_check(&[])?;
     ci_cuda12()?;
@@ -116,14 +168,71 @@ fn ci() -> Result<()> {
         ("CUDA_SYS_USE_SNAPSHOT", "1"),
         ("CARGO_TARGET_DIR", "target/snapshot"),
     ];
-    let (source, _) = util::cuda_sys_build_info(&env)?;
+    let source = util::cuda_sys_build_info(&env)?.source;
     if !source.starts_with("snapshot") {
         return fail(&format!("expected the snapshot path, got: {source}"));
     }
     cargo(&["test", "-p", "tests", "--test", "loader"], &env)?;
     nccl::ci_snapshot_build(&env)?;
     example_check(&env)?;
-    println!("xtask: ci passed");
+    Ok(())
+}
+
+/// `cargo package` for every library crate, in dependency order against a local overlay
+/// registry (`--workspace`). Verifying each package means building it again from its
+/// `.crate`, so only `cudars-sys` is verified, where it matters: its build script and bindings
+/// snapshot must work inside the packaged crate with no headers and no libclang, as on
+/// docs.rs (`DOCS_RS=1`). The others are checked for contents and manifest (`--no-verify`).
+fn package() -> Result<()> {
+    let mut args = vec!["package", "--allow-dirty", "--no-verify", "--quiet"];
+    for p in LIBRARY_PACKAGES {
+        args.extend(["-p", p]);
+    }
+    cargo(&args, &[])?;
+    cargo(
+        &["package", "--allow-dirty", "--quiet", "-p", "cudars-sys"],
+        &[("DOCS_RS", "1"), ("CUDA_INCLUDE_DIR", "/nonexistent")],
+    )?;
+    println!(
+        "xtask: packaged {}; cudars-sys verified (built from its .crate with DOCS_RS=1)",
+        LIBRARY_PACKAGES.join(", ")
+    );
+    Ok(())
+}
+
+/// `cargo xtask gpu-suite` with no driver (`CUDA_DRIVER_LIBRARY` names a missing file): exit 0
+/// and the `not run` line; with `--gpu`, a non-zero exit and the loader's reason.
+fn detection_check() -> Result<()> {
+    let missing = "/nonexistent/xtask-ci/libcuda.so.1";
+    for (flag, want_success) in [(None, true), (Some("--gpu"), false)] {
+        // Through cargo, not this process's own path: the build step above may have replaced
+        // the xtask binary that is running.
+        let mut args = vec!["run", "--quiet", "-p", "xtask", "--", "gpu-suite"];
+        args.extend(flag);
+        let out = util::cargo_output(&args, &[("CUDA_DRIVER_LIBRARY", missing)])?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = stdout.lines().last().unwrap_or_default();
+        let shown = format!("xtask gpu-suite {}", flag.unwrap_or_default());
+        if out.status.success() != want_success
+            || !last.starts_with("GPU suite: not run (")
+            || !last.contains(missing)
+        {
+            return fail(&format!(
+                "`{shown}` with no driver: exit {}, stdout:\n{stdout}\nstderr:\n{stderr}",
+                out.status
+            ));
+        }
+        println!(
+            "xtask: `{}` with no driver: {} | {}",
+            shown.trim(),
+            out.status,
+            last
+        );
+        if !want_success && !stderr.contains(missing) {
+            return fail(&format!("`{shown}` did not give the reason:\n{stderr}"));
+        }
+    }
     Ok(())
 }
 
@@ -157,7 +266,8 @@ fn example_check(env: &[(&str, &str)]) -> Result<()> {
 }
 
 fn bindings() -> Result<()> {
-    let (source, out_dir) = util::cuda_sys_build_info(&[])?;
+    let build = util::cuda_sys_build_info(&[])?;
+    let (source, out_dir) = (build.source, build.out_dir);
     if !source.starts_with("bindgen") {
         return fail(&format!("bindings were not generated ({source}); install libclang and point CUDA_INCLUDE_DIR at cuda.h"));
     }
@@ -186,7 +296,7 @@ fn replay(traces: &[String]) -> Result<()> {
         "--quiet",
         "--release",
         "-p",
-        "cuda-mempool",
+        "cudars-mempool",
         "--example",
         "replay",
         "--",

@@ -9,37 +9,31 @@ const SNAPSHOT: &str = "cuda-nccl-sys/src/generated/nccl.rs";
 
 /// Builds cuda-nccl-sys; returns where its bindings came from and its OUT_DIR.
 fn build_info(env: &[(&str, &str)]) -> Result<(String, PathBuf)> {
-    let lines = cargo_json(
+    let messages = cargo_json(
         &["build", "-p", "cudars-nccl-sys", "--message-format=json"],
         env,
     )?;
-    for line in lines {
-        if !line.contains("\"reason\":\"build-script-executed\"")
-            || !line.contains("cudars-nccl-sys")
-        {
-            continue;
-        }
-        let out_dir = field(&line, "\"out_dir\":\"").ok_or("no out_dir in cargo's message")?;
-        let source = field(&line, "[\"CUDA_NCCL_SYS_BINDINGS_SOURCE\",\"")
-            .unwrap_or_else(|| "unknown".into());
-        return Ok((source, PathBuf::from(out_dir)));
-    }
-    fail("cargo did not report cuda-nccl-sys's build script")
-}
-
-/// The JSON string that follows `prefix` in `line` (cargo's messages; `\\` and `\"` only).
-fn field(line: &str, prefix: &str) -> Option<String> {
-    let rest = &line[line.find(prefix)? + prefix.len()..];
-    let mut out = String::new();
-    let mut chars = rest.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => out.push(chars.next()?),
-            '"' => return Some(out),
-            c => out.push(c),
-        }
-    }
-    None
+    let m = messages.iter().find(|m| {
+        m["reason"] == "build-script-executed"
+            && m["package_id"]
+                .as_str()
+                .is_some_and(|id| id.contains("cudars-nccl-sys"))
+    });
+    let Some(m) = m else {
+        return fail("cargo did not report cuda-nccl-sys's build script");
+    };
+    let out_dir = m["out_dir"]
+        .as_str()
+        .ok_or("no out_dir in cargo's message")?;
+    let source = m["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|kv| kv[0] == "CUDA_NCCL_SYS_BINDINGS_SOURCE")
+        .and_then(|kv| kv[1].as_str())
+        .unwrap_or("unknown")
+        .to_string();
+    Ok((source, PathBuf::from(out_dir)))
 }
 
 /// `cargo xtask nccl-bindings`: regenerates the snapshot from the header found.

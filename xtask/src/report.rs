@@ -1,5 +1,10 @@
 //! `cargo xtask bench-report DIR`: turns what the benchmark binaries (`results.csv`) and the
 //! peers script (`peers.csv`) wrote in one run into `bench/results/REPORT.md` and SVG plots.
+//!
+//! Kept by hand: the CSV files are written by our own benchmarks and `peers.py` with fields
+//! that hold no commas or quotes, so splitting lines is exact (the `csv` crate would add
+//! nothing); the plots are a few lines of SVG text, where a plotting crate would add dozens of
+//! dependencies to every `cargo xtask` build.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

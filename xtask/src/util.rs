@@ -1,7 +1,9 @@
-//! Running cargo and reading its JSON messages without extra dependencies.
+//! Running cargo and reading its JSON messages (with `serde_json`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
 
 pub type Result<T> = std::result::Result<T, String>;
 
@@ -47,9 +49,9 @@ pub fn cargo_output(args: &[&str], env: &[(&str, &str)]) -> Result<Output> {
         .map_err(|e| format!("cargo {}: {e}", args.join(" ")))
 }
 
-/// Runs cargo with `--message-format=json` (already in `args`) and returns its stdout lines;
-/// stderr is passed through.
-pub fn cargo_json(args: &[&str], env: &[(&str, &str)]) -> Result<Vec<String>> {
+/// Runs cargo with `--message-format=json` (already in `args`) and returns its messages, one
+/// JSON value per stdout line; stderr is passed through.
+pub fn cargo_json(args: &[&str], env: &[(&str, &str)]) -> Result<Vec<Value>> {
     let out = command(args, env)
         .stderr(Stdio::inherit())
         .output()
@@ -61,47 +63,92 @@ pub fn cargo_json(args: &[&str], env: &[(&str, &str)]) -> Result<Vec<String>> {
             out.status
         ));
     }
-    Ok(String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout)
         .lines()
-        .map(str::to_string)
-        .collect())
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| {
+            serde_json::from_str(line).map_err(|e| format!("cargo's message `{line}`: {e}"))
+        })
+        .collect()
 }
 
-/// The string value of `"key":"..."` in one JSON line (cargo escapes only `\\` and `"` in
-/// paths and messages we read).
-pub fn json_str(line: &str, key: &str) -> Option<String> {
-    let pat = format!("\"{key}\":\"");
-    let start = line.find(&pat)? + pat.len();
-    read_string(&line[start..])
+/// One `compiler-artifact` message of cargo: the target it built and what came out.
+pub struct Artifact {
+    /// The target's name (`gpu_memory`, `device_info`, `cuda_mempool_capi`).
+    pub name: String,
+    /// The target's kinds (`test`, `bin`, `example`, `lib`, `cdylib`, ...).
+    pub kinds: Vec<String>,
+    /// Built with the test harness (`profile.test`).
+    pub test: bool,
+    /// The executable, for binaries, tests and examples.
+    pub executable: Option<PathBuf>,
+    /// Every file written.
+    pub filenames: Vec<PathBuf>,
 }
 
-/// Reads a JSON string body up to its closing quote.
-fn read_string(s: &str) -> Option<String> {
-    let mut out = String::new();
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => out.push(chars.next()?),
-            '"' => return Some(out),
-            c => out.push(c),
-        }
-    }
-    None
+/// The `compiler-artifact` messages among `messages`.
+pub fn artifacts(messages: &[Value]) -> Vec<Artifact> {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    messages
+        .iter()
+        .filter(|m| m["reason"] == "compiler-artifact")
+        .map(|m| Artifact {
+            name: m["target"]["name"].as_str().unwrap_or_default().to_string(),
+            kinds: strings(&m["target"]["kind"]),
+            test: m["profile"]["test"].as_bool().unwrap_or(false),
+            executable: m["executable"].as_str().map(PathBuf::from),
+            filenames: strings(&m["filenames"])
+                .into_iter()
+                .map(PathBuf::from)
+                .collect(),
+        })
+        .collect()
 }
 
-/// Builds cuda-sys and reports where its bindings came from and its OUT_DIR.
-pub fn cuda_sys_build_info(env: &[(&str, &str)]) -> Result<(String, PathBuf)> {
-    let lines = cargo_json(&["build", "-p", "cuda-sys", "--message-format=json"], env)?;
-    for line in lines {
-        if line.contains("\"reason\":\"build-script-executed\"") && line.contains("cuda-sys") {
-            let out_dir = json_str(&line, "out_dir").ok_or("no out_dir in cargo's message")?;
-            let pat = "[\"CUDA_SYS_BINDINGS_SOURCE\",\"";
-            let source = line
-                .find(pat)
-                .and_then(|i| read_string(&line[i + pat.len()..]))
-                .unwrap_or_else(|| "unknown".into());
-            return Ok((source, PathBuf::from(out_dir)));
-        }
-    }
-    fail("cargo did not report cuda-sys's build script")
+/// What cuda-sys's build script reported: where the bindings came from, its `OUT_DIR`, and
+/// whether NVTX was compiled from headers (`cfg(cuda_sys_nvtx)`).
+pub struct CudaSysBuild {
+    pub source: String,
+    pub out_dir: PathBuf,
+    pub nvtx: bool,
+}
+
+/// cuda-sys's build-script message among `messages`, if cargo ran or replayed it.
+pub fn cuda_sys_build(messages: &[Value]) -> Option<CudaSysBuild> {
+    let m = messages.iter().find(|m| {
+        m["reason"] == "build-script-executed"
+            && m["package_id"]
+                .as_str()
+                .is_some_and(|id| id.contains("cudars-sys@") || id.contains("cudars-sys "))
+    })?;
+    let source = m["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|kv| kv[0] == "CUDA_SYS_BINDINGS_SOURCE")
+        .and_then(|kv| kv[1].as_str())
+        .unwrap_or("unknown")
+        .to_string();
+    let nvtx = m["cfgs"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c == "cuda_sys_nvtx"));
+    Some(CudaSysBuild {
+        source,
+        out_dir: PathBuf::from(m["out_dir"].as_str().unwrap_or_default()),
+        nvtx,
+    })
+}
+
+/// Builds cuda-sys and reports what its build script did.
+pub fn cuda_sys_build_info(env: &[(&str, &str)]) -> Result<CudaSysBuild> {
+    let messages = cargo_json(&["build", "-p", "cudars-sys", "--message-format=json"], env)?;
+    cuda_sys_build(&messages).ok_or_else(|| "cargo did not report cuda-sys's build script".into())
 }

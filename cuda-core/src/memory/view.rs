@@ -326,7 +326,7 @@ impl DevicePtr {
 
     /// The number of `width`-byte elements, checking address and length alignment.
     fn elements(&self, width: usize, op: &'static str) -> Result<usize> {
-        if self.addr % width as CUdeviceptr != 0 || self.len % width != 0 {
+        if !self.addr.is_multiple_of(width as CUdeviceptr) || !self.len.is_multiple_of(width) {
             return Err(Error::InvalidArgument(format!(
                 "{op}: view at {:#x} of {} bytes is not a whole number of aligned {width}-byte \
                  elements",

@@ -174,6 +174,9 @@ struct PrivateState {
     shards: HashMap<StreamId, StreamId>,
 }
 
+/// What the slow path hands back: the block id and (address, generation).
+type Served = (u32, (u64, u64));
+
 /// The id of a private pool: memory that only allocations into the same private pool
 /// reuse, released as a whole. The driver layer gives each graph capture its own (the
 /// capture's id), or one that several captures share (PyTorch's `graph_pool_handle`).
@@ -570,7 +573,7 @@ impl<B: Backend> MemoryPool<B> {
         stream: &B::Stream,
         size: u64,
         rounded: u64,
-    ) -> Result<Option<(u32, (u64, u64))>, PoolError> {
+    ) -> Result<Option<Served>, PoolError> {
         self.collect_private_pools(dev);
         let mut g = lock(&dev.global);
         let mut st = shard.state.lock();

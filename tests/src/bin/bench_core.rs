@@ -12,6 +12,15 @@
 //! batches of the two sides interleaved (alternating which goes first) so clock and queue
 //! drift hit both equally. Asynchronous work is drained between batches, outside the timing.
 //! Run on the GPU machine: `bench_core`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
+
+mod common;
+use common::println;
 
 use std::ffi::c_void;
 use std::time::Instant;
@@ -70,7 +79,15 @@ fn compare(
     Ok((median(&mut o), median(&mut r)))
 }
 
-fn main() -> BoxResult<()> {
+/// Runs [`run`]; an error ends the program with its message and status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("bench_core: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> BoxResult<()> {
     let dev = Device::new(0)?;
     println!(
         "bench_core on {} (driver CUDA {}), median of {BATCHES} interleaved batches",
@@ -87,8 +104,8 @@ fn main() -> BoxResult<()> {
     let stream = Stream::builder(&dev).non_blocking(true).build()?;
     let raw_stream = {
         let mut s: CUstream = std::ptr::null_mut();
-        // SAFETY: context current; valid out-pointer.
         raw_ok(
+            // SAFETY: context current; valid out-pointer.
             unsafe { d.cuStreamCreate(&mut s, CUstream_flags::CU_STREAM_NON_BLOCKING.0) },
             "cuStreamCreate",
         )?;
@@ -136,8 +153,8 @@ fn main() -> BoxResult<()> {
     {
         let event = Event::new(&dev)?;
         let mut raw_event: CUevent = std::ptr::null_mut();
-        // SAFETY: context current; valid out-pointer.
         raw_ok(
+            // SAFETY: context current; valid out-pointer.
             unsafe { d.cuEventCreate(&mut raw_event, CUevent_flags::CU_EVENT_DISABLE_TIMING.0) },
             "cuEventCreate",
         )?;
@@ -149,8 +166,8 @@ fn main() -> BoxResult<()> {
                 Ok(())
             },
             || {
-                // SAFETY: live event and stream of the current context.
                 raw_ok(
+                    // SAFETY: live event and stream of the current context.
                     unsafe { d.cuEventRecord(raw_event, raw_stream) },
                     "cuEventRecord",
                 )?;

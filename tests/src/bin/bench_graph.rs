@@ -9,6 +9,15 @@
 //!
 //! Each figure is the median over many repetitions after a warm-up. Run on the GPU machine:
 //! `bench_graph` (or through `run.sh bench`).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
+
+mod common;
+use common::println;
 
 use std::time::Instant;
 
@@ -263,8 +272,8 @@ fn run() -> Result<(), cuda_graph::Error> {
         Ok(median(&mut samples))
     };
     let ours = per_launch(&|| one.launch(&stream).is_ok())?;
-    // SAFETY: a live executable graph and stream of the same device.
     let raw = per_launch(&|| {
+        // SAFETY: a live executable graph and stream of the same device.
         unsafe { driver.cuGraphLaunch(raw_exec, raw_stream) }.is_ok_and(|r| r.is_success())
     })?;
     report.row(

@@ -15,6 +15,15 @@
 //!   `$CUDA_RS_TRACES` (default `../shared/traces`).
 //! - `pinned_pool_pair`: ns per 4 KiB pinned malloc+free pair; raw: `cuMemHostAlloc` +
 //!   `cuMemFreeHost`. Target <= 100 ns.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
+
+mod common;
+use common::println;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -45,7 +54,15 @@ fn raw_async_pair(pool: &MemPool, stream: &Stream, size: usize) -> f64 {
     })
 }
 
-fn main() -> Result<(), BoxError> {
+/// Runs [`run`]; an error ends the program with its message and status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("bench_pool: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), BoxError> {
     let dev = Device::new(0)?;
     let id = device_id(&dev);
     let mut report = Report::new("bench_pool");

@@ -15,6 +15,15 @@
 //! target summary in the shared format of `tests::bench`, from which `cargo xtask
 //! bench-report` draws the bandwidth-against-size plots. `--no-sweep` skips the staging
 //! configuration sweep at the end.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
+
+mod common;
+use common::println;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -163,9 +172,9 @@ fn bench_kind(
                 Ok(())
             },
             || {
-                // SAFETY: `src` holds `n` bytes, `dptr` `n` bytes of device memory; the
-                // device's context is current (main's scope).
                 check(
+                    // SAFETY: `src` holds `n` bytes, `dptr` `n` bytes of device memory; the
+                    // device's context is current (main's scope).
                     unsafe { driver.cuMemcpyHtoD(dptr, src.as_ptr().cast(), n) },
                     "cuMemcpyHtoD",
                 )?;

@@ -1,0 +1,75 @@
+//! Child processes that integration tests start; never a test of its own.
+//!
+//! `test_child no-driver`: with `CUDA_DRIVER_LIBRARY` naming a missing library, every call is
+//! a clear error (started by `no_driver.rs`).
+//! `test_child ipc-event <HEX>`: opens the parent's interprocess event, reports that it is
+//! pending, waits on it and reports completion (started by `gpu_stream_event.rs`).
+//!
+//! Exit status 0 when every check holds; a failed check panics with its message (exit 101),
+//! and the parent test fails on that status.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test helper: a failed check is a panic the parent test reports"
+)]
+
+mod common;
+use common::println;
+
+use std::io::Write as _;
+
+use cuda_core::event::IpcEventHandle;
+use cuda_core::{Device, Event, Stream};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["no-driver", missing] => no_driver(missing),
+        ["ipc-event", hex] => ipc_event(hex),
+        _ => {
+            eprintln!("usage: test_child no-driver <MISSING PATH> | ipc-event <HEX>");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn no_driver(missing: &str) {
+    assert_eq!(std::env::var("CUDA_DRIVER_LIBRARY").as_deref(), Ok(missing));
+    assert!(!cuda_core::is_available());
+    let err = cuda_core::device_count().unwrap_err();
+    assert!(matches!(err, cuda_core::Error::Load(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains(missing), "{text}");
+    assert!(matches!(
+        cuda_core::Device::new(0),
+        Err(cuda_core::Error::Load(_))
+    ));
+    assert!(cuda_core::driver_version().is_err());
+    assert!(cuda_core::Device::current().is_err());
+    println!("NO_DRIVER ok");
+}
+
+fn ipc_event(hex: &str) {
+    let handle = IpcEventHandle::from_hex(hex).unwrap();
+    let dev = Device::new(0).expect("a CUDA device is required");
+    let event = Event::open_ipc(&dev, &handle).unwrap();
+    assert!(event.is_interprocess() && !event.timing_enabled());
+    let pending = !event.query().unwrap();
+    println!("IPC_CHILD pending={pending}");
+    std::io::stdout().flush().unwrap();
+    assert!(pending);
+    // Wait through a stream of our own, then on the event itself.
+    let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
+    stream.wait_event(&event).unwrap();
+    let after = stream.record(None).unwrap();
+    after.synchronize().unwrap();
+    assert!(event.query().unwrap());
+    event.synchronize().unwrap();
+    println!("IPC_CHILD completed");
+}
