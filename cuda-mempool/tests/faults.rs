@@ -88,6 +88,12 @@ struct Run<'p> {
 }
 
 fn check_error(e: &PoolError) {
+    if std::env::var_os("FAULTS_DEBUG").is_some() {
+        eprintln!(
+            "error: {e:?}\n{}",
+            std::backtrace::Backtrace::force_capture()
+        );
+    }
     match e {
         PoolError::OutOfMemory { .. } => {}
         PoolError::Backend { source, .. } => match source.downcast_ref::<SimError>() {

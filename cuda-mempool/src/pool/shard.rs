@@ -473,8 +473,11 @@ impl<B: Backend> ShardState<B> {
         self.stats.requested.sub(requested);
         self.stats.active_blocks.sub(1);
         self.stats.frees += 1;
+        // A failed fence record on another stream still frees the block (safely, see
+        // `release_shared`); the stream of this shard must be let go of all the same.
+        let mut result = Ok(());
         if shared {
-            self.release_shared(backend, id)?;
+            result = self.release_shared(backend, id);
         } else {
             self.epoch += 1;
             let b = &mut self.blocks[id as usize];
@@ -485,9 +488,10 @@ impl<B: Backend> ShardState<B> {
             }
         }
         if self.stats.active_blocks.current == 0 {
-            self.detach_if_released(backend)?;
+            let detached = self.detach_if_released(backend);
+            result = result.and(detached);
         }
-        Ok(())
+        result
     }
 
     /// Detaches the stream if the backend says its owner may now destroy it (see

@@ -67,7 +67,6 @@ fn run() -> Result<(), BoxError> {
     let id = device_id(&dev);
     let mut report = Report::new("bench_pool");
     let stream = Stream::new(&dev)?;
-    // The streams outlive every use of them by the pool (it records fences lazily).
     let all_streams: Vec<Stream> = (0..16)
         .map(|_| Stream::new(&dev))
         .collect::<Result<_, _>>()?;
@@ -90,6 +89,36 @@ fn run() -> Result<(), BoxError> {
             "cuMemAllocAsync",
             Target::AtMost(50.0),
         );
+        // The same pair without the capture check and hooks of `malloc_stream` (the generic
+        // `MemoryPool::malloc`): the detection's cost is the difference, in the same run.
+        let plain = ns_per_call(10_000, 21, 100_000, || {
+            drop(pool.malloc(id, &stream, size as u64).expect("pool malloc"));
+        });
+        report.row(
+            &format!("pool_pair_without_capture_check_{name}"),
+            "ns",
+            plain,
+            Some(ours),
+            "malloc_stream (with the check)",
+            Target::None,
+        );
+        if size == MIB {
+            // A foreign stream (what the C ABI gets from PyTorch / CuPy): each allocation asks
+            // the driver whether the stream is being captured (cuStreamGetCaptureInfo).
+            // SAFETY: `stream` outlives the wrapper and every block made on it here.
+            let foreign = unsafe { Stream::external(&dev, stream.raw()) }?;
+            let ext = ns_per_call(10_000, 21, 100_000, || {
+                drop(pool.malloc_stream(&foreign, size).expect("pool malloc"));
+            });
+            report.row(
+                "pool_pair_external_stream_1MiB",
+                "ns",
+                ext,
+                Some(raw),
+                "cuMemAllocAsync",
+                Target::None,
+            );
+        }
         let asy = ns_per_call(2_000, 15, 20_000, || {
             drop(apool.malloc(&astream, size).expect("async malloc"));
         });
