@@ -228,8 +228,8 @@ run_tests() {
     [ -x "$t" ] || continue
     name="$(basename "$t")"
     if [ -n "$only" ] && [ "$name" != "$only" ]; then continue; fi
-    if [ "$name" = gpu_nccl ] && [ -z "$only" ] && [ "${gpus:-0}" -lt 2 ]; then
-      printf '%-8s %-28s (needs >= 2 GPUs, %s here: run.sh nccl on a multi-GPU machine)\n' skipped "$name" "${gpus:-0}"
+    if { [ "$name" = gpu_nccl ] || [ "$name" = gpu_ipc_two_gpus ]; } && [ -z "$only" ] && [ "${gpus:-0}" -lt 2 ]; then
+      printf '%-8s %-28s (needs >= 2 GPUs, %s here: run it on a multi-GPU machine)\n' skipped "$name" "${gpus:-0}"
       continue
     fi
     start=$(date +%s%N)
