@@ -324,9 +324,35 @@ fn exported() -> MutexGuard<'static, HashSet<[u8; IPC_MEM_HANDLE_BYTES]>> {
         .unwrap_or_else(PoisonError::into_inner)
 }
 
+/// `false` when the driver says `addr` has no legacy IPC handle
+/// (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`: virtual-memory and managed memory);
+/// `true` when it says yes or cannot say (then `cuIpcGetMemHandle` decides).
+fn legacy_ipc_capable(device: &Device, addr: CUdeviceptr) -> Result<bool> {
+    let _ctx = device.bind()?;
+    let mut value: u64 = 0;
+    // SAFETY: the attribute is a boolean, written into the first bytes of an 8-byte,
+    // zeroed, aligned out-value.
+    let r = unsafe {
+        drv!(cuPointerGetAttribute(
+            (&mut value as *mut u64).cast(),
+            cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+            addr
+        ))
+    };
+    Ok(r.is_err() || value != 0)
+}
+
 /// `cuIpcGetMemHandle` of the allocation holding `addr` (its base must be a `cuMemAlloc`
 /// allocation of `device`).
 fn get_handle(device: &Device, addr: CUdeviceptr) -> Result<IpcMemHandle> {
+    if !legacy_ipc_capable(device, addr)? {
+        return Err(IpcError::NotExportable(
+            "the driver reports no legacy IPC handle for this memory: only cuMemAlloc memory \
+             has one (virtual-memory allocations export file descriptors instead)"
+                .into(),
+        )
+        .into());
+    }
     let mut raw = CUipcMemHandle {
         reserved: [0; IPC_MEM_HANDLE_BYTES],
     };
@@ -385,6 +411,14 @@ pub fn export_view(view: &DevicePtr) -> Result<IpcRegion> {
         return Err(IpcError::NotExportable("an empty view".into()).into());
     }
     let device = view.device();
+    if !legacy_ipc_capable(&device, view.as_raw())? {
+        return Err(IpcError::NotExportable(
+            "the view is not cuMemAlloc memory (the driver reports no legacy IPC handle for \
+             it; virtual-memory pool segments cannot export this way)"
+                .into(),
+        )
+        .into());
+    }
     let (base, _size) = address_range(&device, view.as_raw())?;
     let handle = get_handle(&device, base)?;
     Ok(IpcRegion {

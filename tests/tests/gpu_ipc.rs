@@ -318,7 +318,7 @@ fn shareable_fds_share_exact_bytes_ordered_by_an_ipc_event() {
 
 const BLOCK: usize = 1 << 20;
 const PATTERN: u32 = 0x5EED_1234;
-const IMPORTER_PATTERN: u32 = 0x0DDB_A11;
+const IMPORTER_PATTERN: u32 = 0x00DD_BA11;
 
 fn overlaps(a: &DevicePtr, base: u64, len: usize) -> bool {
     a.as_raw() < base + len as u64 && base < a.as_raw() + a.len() as u64
