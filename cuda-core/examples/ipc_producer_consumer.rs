@@ -113,9 +113,7 @@ fn open_legacy(dev: &Device, hex: &str, size: usize, seed: u64) -> Res<()> {
 fn main() -> Res<()> {
     let dev = Device::new(0)?;
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let num = |i: usize| -> Res<u64> {
-        Ok(args.get(i).ok_or("missing argument")?.parse::<u64>()?)
-    };
+    let num = |i: usize| -> Res<u64> { Ok(args.get(i).ok_or("missing argument")?.parse::<u64>()?) };
     match args.first().map(String::as_str) {
         Some("--export-legacy") => export_legacy(&dev, num(1)? as usize, num(2)?),
         Some("--open-legacy") => open_legacy(

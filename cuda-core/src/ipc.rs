@@ -178,13 +178,7 @@ fn to_hex(bytes: &[u8]) -> String {
 
 fn from_hex<const N: usize>(what: &str, text: &str) -> Result<[u8; N]> {
     let text = text.trim();
-    let bad = || {
-        Error::InvalidArgument(format!(
-            "{what} is {} hex digits, got {:?}",
-            2 * N,
-            text
-        ))
-    };
+    let bad = || Error::InvalidArgument(format!("{what} is {} hex digits, got {:?}", 2 * N, text));
     if text.len() != 2 * N || !text.is_ascii() {
         return Err(bad());
     }
@@ -697,7 +691,10 @@ impl PhysicalAllocation {
         let mut prop = MaybeUninit::<CUmemAllocationProp>::zeroed();
         // SAFETY: a live handle; valid out-pointer to a zeroed property struct.
         let props = unsafe {
-            drv!(cuMemGetAllocationPropertiesFromHandle(prop.as_mut_ptr(), handle))
+            drv!(cuMemGetAllocationPropertiesFromHandle(
+                prop.as_mut_ptr(),
+                handle
+            ))
         };
         let device = match props {
             // SAFETY: the driver filled the struct; zeroed is a valid value of it anyway.
@@ -992,12 +989,14 @@ mod tests {
 
     #[test]
     fn open_errors_are_classified() {
-        let d = |r| Error::Driver(DriverError {
-            code: CUresult(r).0,
-            name: "X",
-            message: "y",
-            call: "cuIpcOpenMemHandle",
-        });
+        let d = |r| {
+            Error::Driver(DriverError {
+                code: CUresult(r).0,
+                name: "X",
+                message: "y",
+                call: "cuIpcOpenMemHandle",
+            })
+        };
         assert!(matches!(
             classify_open_error(d(CUresult::CUDA_ERROR_INVALID_CONTEXT.0)),
             Error::Ipc(IpcError::SameProcess { driver: Some(_) })

@@ -40,10 +40,10 @@ pub mod error;
 pub mod event;
 pub mod features;
 pub mod graph;
-#[cfg(unix)]
-pub mod ipc;
 #[cfg(feature = "library-handles")]
 pub mod handles;
+#[cfg(unix)]
+pub mod ipc;
 pub mod memory;
 pub mod module;
 pub mod nvtx;

@@ -43,14 +43,17 @@ impl MemoryPool<DriverBackend> {
             return Ok(());
         }
         let fail = PoolError::backend;
-        if !peer.can_access_peer(&owner).map_err(fail("cuDeviceCanAccessPeer"))? {
-            return Err(fail("cuDeviceCanAccessPeer")(cuda_core::Error::InvalidArgument(
-                format!(
+        if !peer
+            .can_access_peer(&owner)
+            .map_err(fail("cuDeviceCanAccessPeer"))?
+        {
+            return Err(fail("cuDeviceCanAccessPeer")(
+                cuda_core::Error::InvalidArgument(format!(
                     "device {} has no peer access to device {}",
                     peer.ordinal(),
                     owner.ordinal()
-                ),
-            )));
+                )),
+            ));
         }
         if self.uses_virtual_memory(device_id(&owner))? {
             let page = vmm::granularity(&owner, Granularity::Minimum)

@@ -26,9 +26,7 @@ use std::os::unix::net::UnixStream;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cuda_core::ipc::{
-    self, IpcError, IpcMapping, IpcMemHandle, IpcRegion, SharedMapping,
-};
+use cuda_core::ipc::{self, IpcError, IpcMapping, IpcMemHandle, IpcRegion, SharedMapping};
 use cuda_core::memory::{DeviceMemory, DevicePtr, PinnedFlags, PinnedMemory};
 use cuda_core::sys::CUdevice_attribute;
 use cuda_core::vmm::{self, PhysicalAllocation};
@@ -72,7 +70,11 @@ fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
 /// Spawns this binary as the child of test `test` in role `role`, with `arg` in the
 /// environment and a socket as its stdin. Returns the child, our end of the socket, and the
 /// child's stdout lines.
-fn spawn(test: &str, role: &str, arg: &str) -> (Child, UnixStream, std::io::Lines<BufReader<ChildStdout>>) {
+fn spawn(
+    test: &str,
+    role: &str,
+    arg: &str,
+) -> (Child, UnixStream, std::io::Lines<BufReader<ChildStdout>>) {
     let (ours, theirs) = UnixStream::pair().unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([test, "--exact", "--nocapture", "--test-threads=1"])
@@ -127,8 +129,8 @@ struct Flag {
 
 impl Flag {
     fn new(dev: &Device) -> Flag {
-        let mut mem = PinnedMemory::new(dev, 4, PinnedFlags::DEVICE_MAP | PinnedFlags::PORTABLE)
-            .unwrap();
+        let mut mem =
+            PinnedMemory::new(dev, 4, PinnedFlags::DEVICE_MAP | PinnedFlags::PORTABLE).unwrap();
         mem.as_mut_slice().fill(0);
         Flag { mem, dev: *dev }
     }
@@ -224,7 +226,10 @@ fn producer(test: &str, kind: Kind) {
         ipc::send_fd(&socket, fd.as_fd(), *full as u64).unwrap();
     }
     let pending = expect_line(&mut lines, "opened pending=");
-    assert_eq!(pending, "true", "the consumer saw the event complete before the flag");
+    assert_eq!(
+        pending, "true",
+        "the consumer saw the event complete before the flag"
+    );
     assert!(!event.query().unwrap());
     flag.set();
     socket.write_all(&[1]).unwrap();
@@ -239,8 +244,11 @@ fn consumer(kind: Kind) {
     let dev = device();
     let arg = std::env::var(ARG).unwrap();
     let mut parts = arg.split(',');
-    let event = Event::open_ipc(&dev, &IpcEventHandle::from_hex(parts.next().unwrap()).unwrap())
-        .unwrap();
+    let event = Event::open_ipc(
+        &dev,
+        &IpcEventHandle::from_hex(parts.next().unwrap()).unwrap(),
+    )
+    .unwrap();
     let socket = child_socket();
     let mut views = Vec::new();
     for part in parts {
@@ -256,7 +264,8 @@ fn consumer(kind: Kind) {
             Kind::Shareable => {
                 let (fd, full) = ipc::recv_fd(&socket).unwrap();
                 assert_eq!(full, rest.parse::<u64>().unwrap());
-                let physical = PhysicalAllocation::import_fd(&dev, fd.as_fd(), full as usize).unwrap();
+                let physical =
+                    PhysicalAllocation::import_fd(&dev, fd.as_fd(), full as usize).unwrap();
                 SharedMapping::map(&dev, physical)
                     .unwrap()
                     .into_ptr()
@@ -379,7 +388,10 @@ fn pool_block_stays_out_of_reuse_while_imported_and_is_reused_after() {
     let mut others = Vec::new();
     for _ in 0..64 {
         let other: DevicePtr = pool.malloc_shared(&stream, BLOCK).unwrap().into();
-        assert!(!overlaps(&other, base, len), "an allocation got the exported block");
+        assert!(
+            !overlaps(&other, base, len),
+            "an allocation got the exported block"
+        );
         other.memset_async(0xFF, &stream).unwrap();
         others.push(other);
     }
@@ -417,7 +429,10 @@ fn pool_block_stays_out_of_reuse_while_imported_and_is_reused_after() {
 fn a_vmm_pool_cannot_export_and_says_so() {
     let _g = serial();
     let dev = device();
-    assert!(vmm::is_supported(&dev).unwrap(), "the device must support VMM");
+    assert!(
+        vmm::is_supported(&dev).unwrap(),
+        "the device must support VMM"
+    );
     let stream = Stream::new(&dev).unwrap();
     let pool = Arc::new(DevicePool::new_driver().unwrap());
     assert!(!pool.can_export(&dev).unwrap());
@@ -428,7 +443,10 @@ fn a_vmm_pool_cannot_export_and_says_so() {
     let view: DevicePtr = pool.malloc_shared(&stream, 4096).unwrap().into();
     let err = ipc::export_view(&view).unwrap_err();
     println!("{err}");
-    assert!(matches!(err, Error::Ipc(IpcError::NotExportable(_))), "{err}");
+    assert!(
+        matches!(err, Error::Ipc(IpcError::NotExportable(_))),
+        "{err}"
+    );
     // An IPC pool refuses empty blocks.
     let ipc_pool = Arc::new(DevicePool::new_ipc().unwrap());
     assert!(matches!(
@@ -458,7 +476,10 @@ fn corrupted_handles_are_typed_errors() {
     for bytes in [[0u8; 64], [0xAB; 64]] {
         let err = IpcMapping::open(&dev, &IpcMemHandle(bytes)).unwrap_err();
         println!("{err}");
-        assert!(matches!(err, Error::Ipc(IpcError::InvalidHandle { .. })), "{err}");
+        assert!(
+            matches!(err, Error::Ipc(IpcError::InvalidHandle { .. })),
+            "{err}"
+        );
     }
     let mut random = [0u8; 64];
     random.copy_from_slice(&random_bytes(99, 64));
@@ -469,7 +490,10 @@ fn corrupted_handles_are_typed_errors() {
     }
     .open(&dev)
     .unwrap_err();
-    assert!(matches!(err, Error::Ipc(IpcError::InvalidHandle { .. })), "{err}");
+    assert!(
+        matches!(err, Error::Ipc(IpcError::InvalidHandle { .. })),
+        "{err}"
+    );
     still_works(&dev);
 }
 
@@ -481,7 +505,10 @@ fn a_handle_of_this_process_is_refused_with_a_clear_error() {
     let handle = mem.ipc_handle().unwrap();
     let err = IpcMapping::open(&dev, &handle).unwrap_err();
     println!("{err}");
-    assert!(matches!(err, Error::Ipc(IpcError::SameProcess { .. })), "{err}");
+    assert!(
+        matches!(err, Error::Ipc(IpcError::SameProcess { .. })),
+        "{err}"
+    );
     assert!(err.to_string().contains("this process"));
     // Empty memory has nothing to export.
     let empty = DeviceMemory::new(&dev, 0).unwrap();
@@ -532,7 +559,10 @@ fn a_handle_opened_twice_and_an_exporter_that_exits_first() {
     finish(child, lines);
     let err = IpcMapping::open(&dev, &handle).unwrap_err();
     println!("stale handle: {err}");
-    assert!(matches!(err, Error::Ipc(IpcError::InvalidHandle { .. })), "{err}");
+    assert!(
+        matches!(err, Error::Ipc(IpcError::InvalidHandle { .. })),
+        "{err}"
+    );
     still_works(&dev);
 }
 
@@ -540,18 +570,27 @@ fn a_handle_opened_twice_and_an_exporter_that_exits_first() {
 fn shareable_handles_refuse_bad_input() {
     let _g = serial();
     let dev = device();
-    assert!(vmm::is_supported(&dev).unwrap(), "the device must support VMM");
+    assert!(
+        vmm::is_supported(&dev).unwrap(),
+        "the device must support VMM"
+    );
     let page = vmm::granularity(&dev, vmm::Granularity::Minimum).unwrap();
     // Made without the POSIX handle type: nothing to export.
     let plain = PhysicalAllocation::new(&dev, page).unwrap();
     let err = plain.export_fd().unwrap_err();
     println!("{err}");
-    assert!(matches!(err, Error::Ipc(IpcError::NotExportable(_))), "{err}");
+    assert!(
+        matches!(err, Error::Ipc(IpcError::NotExportable(_))),
+        "{err}"
+    );
     // A descriptor that is not CUDA memory.
     let null = std::fs::File::open("/dev/null").unwrap();
     let err = PhysicalAllocation::import_fd(&dev, null.as_fd(), page).unwrap_err();
     println!("{err}");
-    assert!(matches!(err, Error::Ipc(IpcError::InvalidHandle { .. })), "{err}");
+    assert!(
+        matches!(err, Error::Ipc(IpcError::InvalidHandle { .. })),
+        "{err}"
+    );
     // In one process, an exported descriptor imports and maps (the same memory twice).
     let mapping = SharedMapping::new(&dev, 3).unwrap();
     let fd = mapping.physical().export_fd().unwrap();

@@ -60,7 +60,10 @@ fn kernel_on_device0_uses_a_block_of_device1(pool: Arc<DevicePool>) {
     block.copy_to_host(&mut host).unwrap();
     assert!(host[..1000].iter().all(|&x| x == 0xABCD));
     let bad = host[1000..].iter().position(|&x| x != 15);
-    assert_eq!(bad, None, "device 0's kernel did not update device 1's block");
+    assert_eq!(
+        bad, None,
+        "device 0's kernel did not update device 1's block"
+    );
     // The same device is a no-op.
     pool.grant_peer_access(&block, &d1).unwrap();
 }

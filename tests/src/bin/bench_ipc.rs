@@ -66,7 +66,10 @@ fn importer() -> BoxResult<()> {
     for h in &handles {
         drop(IpcMapping::open(&dev, h)?);
     }
-    println!("RESULT legacy_open_close_us {}", t.elapsed().as_secs_f64() * 1e6 / N as f64);
+    println!(
+        "RESULT legacy_open_close_us {}",
+        t.elapsed().as_secs_f64() * 1e6 / N as f64
+    );
     // Shareable import + map + unmap.
     let mut fds: Vec<(OwnedFd, u64)> = Vec::with_capacity(N);
     for _ in 0..N {
@@ -77,7 +80,10 @@ fn importer() -> BoxResult<()> {
         let physical = PhysicalAllocation::import_fd(&dev, fd.as_fd(), *size as usize)?;
         drop(SharedMapping::map(&dev, physical)?);
     }
-    println!("RESULT shareable_import_map_unmap_us {}", t.elapsed().as_secs_f64() * 1e6 / N as f64);
+    println!(
+        "RESULT shareable_import_map_unmap_us {}",
+        t.elapsed().as_secs_f64() * 1e6 / N as f64
+    );
     // Read bandwidth: imported vs local.
     let big = IpcMemHandle::from_hex(&std::env::var(BIG_HANDLE)?)?;
     let imported = DevicePtr::from_arc(IpcMapping::open(&dev, &big)?).slice(..BIG)?;
@@ -150,10 +156,36 @@ fn main() -> BoxResult<()> {
     if !status.success() {
         return Err(format!("importer failed: {status}").into());
     }
-    let get = |k: &str| results.get(k).copied().ok_or(format!("importer gave no {k}"));
-    report.row("legacy export (2 MiB)", "us", export_us, None, "-", Target::None);
-    report.row("legacy open+close (2 MiB)", "us", get("legacy_open_close_us")?, None, "-", Target::None);
-    report.row("shareable export fd (2 MiB)", "us", export_fd_us, None, "-", Target::None);
+    let get = |k: &str| {
+        results
+            .get(k)
+            .copied()
+            .ok_or(format!("importer gave no {k}"))
+    };
+    report.row(
+        "legacy export (2 MiB)",
+        "us",
+        export_us,
+        None,
+        "-",
+        Target::None,
+    );
+    report.row(
+        "legacy open+close (2 MiB)",
+        "us",
+        get("legacy_open_close_us")?,
+        None,
+        "-",
+        Target::None,
+    );
+    report.row(
+        "shareable export fd (2 MiB)",
+        "us",
+        export_fd_us,
+        None,
+        "-",
+        Target::None,
+    );
     report.row(
         "shareable import+map+unmap (2 MiB)",
         "us",
