@@ -9,9 +9,10 @@
 //!
 //! * legacy handles and VMM shareable file descriptors: random data of 1 B, odd sizes and
 //!   1 GiB; the producer's copy into the shared buffer is queued behind a kernel that waits
-//!   for a host flag, and the flag is set only after the consumer has opened everything and
-//!   seen the IPC event pending, so the consumer reads the right bytes only if its stream
-//!   really waits on the event. The buffer never passes through the host on its way;
+//!   for a host flag, and the flag is set only after the consumer has queued its reads (device
+//!   copies out of the mapping, behind a wait on the IPC event) and seen the event pending,
+//!   so the consumer reads the right bytes only if its stream really waits on the event. The
+//!   buffer never passes through the host on its way (the consumer checks a device copy);
 //! * pool IPC: a block exported from an IPC pool is not handed to other allocations while
 //!   the importer holds it (and the importer's view of it is untouched by them); after the
 //!   importer records an IPC event and the exporter releases the block after it, the block
@@ -221,7 +222,7 @@ fn producer(test: &str, kind: Kind) {
     event.record(&stream).unwrap();
     assert!(!event.query().unwrap(), "the copies ran before the flag");
 
-    let (child, mut socket, mut lines) = spawn(test, "consumer", &arg);
+    let (child, socket, mut lines) = spawn(test, "consumer", &arg);
     for (fd, full) in &fds {
         ipc::send_fd(&socket, fd.as_fd(), *full as u64).unwrap();
     }
@@ -232,8 +233,8 @@ fn producer(test: &str, kind: Kind) {
     );
     assert!(!event.query().unwrap());
     flag.set();
-    socket.write_all(&[1]).unwrap();
     expect_line(&mut lines, "verified");
+    drop(socket);
     finish(child, lines);
     stream.synchronize().unwrap();
 }
@@ -275,20 +276,25 @@ fn consumer(kind: Kind) {
         };
         views.push(view);
     }
-    let pending = !event.query().unwrap();
-    println!("IPC_CHILD opened pending={pending}");
-    let mut socket = socket;
-    wait_byte(&mut socket);
+    // Queue the reads now, behind the event, while the producer's copies are still held
+    // back by its kernel: a stream that did not really wait would copy the zeros.
     let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
     stream.wait_event(&event).unwrap();
-    for (i, view) in views.iter().enumerate() {
-        let mut host = vec![0u8; view.len()];
-        // SAFETY: `host` lives and is untouched until the stream is synchronised below.
-        unsafe { view.copy_to_host_async(&mut host, &stream) }.unwrap();
-        stream.synchronize().unwrap();
-        let expected = random_bytes(i as u64 + 1, view.len());
+    let mut local = Vec::new();
+    for view in &views {
+        let copy = DevicePtr::alloc(&dev, view.len()).unwrap();
+        copy.copy_from_device_async(view, &stream).unwrap();
+        local.push(copy);
+    }
+    let pending = !event.query().unwrap();
+    println!("IPC_CHILD opened pending={pending}");
+    stream.synchronize().unwrap(); // returns once the producer has released its copies
+    for (i, copy) in local.iter().enumerate() {
+        let mut host = vec![0u8; copy.len()];
+        copy.copy_to_host(&mut host).unwrap();
+        let expected = random_bytes(i as u64 + 1, copy.len());
         let first_bad = host.iter().zip(&expected).position(|(a, b)| a != b);
-        assert_eq!(first_bad, None, "buffer {i} ({} bytes) differs", view.len());
+        assert_eq!(first_bad, None, "buffer {i} ({} bytes) differs", copy.len());
     }
     println!("IPC_CHILD verified");
 }
