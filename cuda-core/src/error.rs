@@ -191,6 +191,11 @@ pub enum Error {
     /// A host callback panicked; the panic was caught and did not unwind into the driver.
     #[error("host callback panicked: {0}")]
     CallbackPanicked(String),
+    /// Sharing memory between processes failed ([`crate::ipc`]); the
+    /// [`IpcError`](crate::ipc::IpcError) names the likely cause.
+    #[cfg(unix)]
+    #[error(transparent)]
+    Ipc(#[from] crate::ipc::IpcError),
     /// An optional library (cuBLAS, cuSOLVER, ...) could not be opened.
     #[error("{library} could not be opened; tried {tried}")]
     LibraryNotFound {

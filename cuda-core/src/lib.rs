@@ -12,6 +12,7 @@
 //! | [`memory`] | [`DeviceMemory`], [`ManagedMemory`], [`PinnedMemory`], [`HostRegistration`], [`UnownedMemory`], the [`DevicePtr`] view | `Memory`, `ManagedMemory`, `PinnedMemory`, `UnownedMemory`, `MemoryPointer` |
 //! | [`pointer`](mod@pointer) | [`MemoryLocation`] of any address | `get_array_module` |
 //! | [`vmm`] | virtual address ranges, physical allocations, map/unmap | - |
+//! | [`ipc`] | sharing device memory between processes: legacy IPC handles, VMM file descriptors over Unix sockets | `runtime.ipcGetMemHandle`, `ipcOpenMemHandle` |
 //! | [`async_pool`] | the driver's stream-ordered pools (`cuMemPool*`) | `MemoryAsyncPool`, `MemoryAsync` |
 //! | [`graph`] | thin capture / instantiate / launch wrappers (the `cuda-graph` crate builds on them) | `Graph` |
 //! | [`profiler`] | start/stop and a guard; `initialize` is unsupported since CUDA 12 | `cuda.profile()`, `profiler` |
@@ -41,6 +42,8 @@ pub mod features;
 pub mod graph;
 #[cfg(feature = "library-handles")]
 pub mod handles;
+#[cfg(unix)]
+pub mod ipc;
 pub mod memory;
 pub mod module;
 pub mod nvtx;

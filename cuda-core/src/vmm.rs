@@ -69,9 +69,14 @@ pub enum Granularity {
 
 /// The properties of pinned device memory on `device`, as `cuMemCreate` takes them.
 fn device_prop(device: &Device) -> CUmemAllocationProp {
+    device_prop_with(device, CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE)
+}
+
+/// As [`device_prop`], requesting the shareable handle types `handles`.
+fn device_prop_with(device: &Device, handles: CUmemAllocationHandleType) -> CUmemAllocationProp {
     CUmemAllocationProp {
         type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        requestedHandleTypes: handles,
         location: Location::Device(*device).to_raw(),
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: Default::default(),
@@ -239,12 +244,30 @@ impl PhysicalAllocation {
     /// Creates `size` bytes (a non-zero multiple of the [`granularity`]) of device memory on
     /// `device`. A size of 0 is an [`Error::InvalidArgument`] (there is no empty handle).
     pub fn new(device: &Device, size: usize) -> Result<PhysicalAllocation> {
+        Self::create(device, size, device_prop(device))
+    }
+
+    /// As [`new`](Self::new), and exportable to other processes as a POSIX file descriptor
+    /// (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, which must be asked for at creation):
+    /// see [`PhysicalAllocation::export_fd`] in [`crate::ipc`]. Linux only.
+    pub fn new_shareable(device: &Device, size: usize) -> Result<PhysicalAllocation> {
+        let prop = device_prop_with(
+            device,
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        );
+        Self::create(device, size, prop)
+    }
+
+    fn create(
+        device: &Device,
+        size: usize,
+        prop: CUmemAllocationProp,
+    ) -> Result<PhysicalAllocation> {
         if size == 0 {
             return Err(Error::InvalidArgument(
                 "a physical allocation of 0 bytes".into(),
             ));
         }
-        let prop = device_prop(device);
         let mut handle: CUmemGenericAllocationHandle = 0;
         let _ctx = device.bind()?;
         // SAFETY: valid out-pointer and property struct; flags must be 0.

@@ -122,6 +122,14 @@ pub enum PoolError {
         ptr: u64,
     },
 
+    /// A block that cannot be shared with another process (a pool with virtual-memory
+    /// segments, an empty block): see `cuda_mempool::ipc`.
+    #[error("pool block cannot be exported: {reason}")]
+    NotExportable {
+        /// Why.
+        reason: String,
+    },
+
     /// The backend failed (a driver error for the driver backend).
     #[error("backend call {op} failed: {source}")]
     Backend {

@@ -13,6 +13,8 @@
 //! | module | what it holds |
 //! | --- | --- |
 //! | [`backend`] | the [`Backend`] trait and the id types [`DeviceId`], [`StreamId`], [`DevicePtr`], [`DeviceInfo`] |
+//! | [`ipc`] | pool blocks shared with other processes: [`DevicePool::new_ipc`], [`DevicePool::malloc_ipc`], [`ipc::ExportedBlock`], [`ipc::import_block`] |
+//! | [`peer`] | several GPUs: [`DevicePool::grant_peer_access`] to a block from another device |
 //! | [`policy`] | every policy constant (rounding, size classes, segment sizes, address ranges) with its reason |
 //! | [`pool`] | [`MemoryPool`], its RAII handle [`Allocation`], [`RawAllocation`], [`Limit`], [`PoolConfig`] |
 //! | [`stats`] | [`Stats`] and [`Stat`]: used, requested, reserved, active blocks with peaks; allocations, retries, OOMs, fragmentation |
@@ -82,6 +84,9 @@ pub mod backend;
 pub mod driver;
 pub mod error;
 pub mod hooks;
+#[cfg(unix)]
+pub mod ipc;
+pub mod peer;
 pub mod pinned;
 pub mod policy;
 pub mod pool;

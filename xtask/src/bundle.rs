@@ -29,11 +29,14 @@ pub const SUITE: &[&str] = &[
     "gpu_nvtx",
     "gpu_pool_lifecycle",
     "gpu_xfer_fault",
+    "gpu_ipc",
 ];
 
-/// Test binaries bundled but run by their own mode, not by `run.sh tests`: the NCCL suite
-/// needs two or more GPUs and starts its own ranks (`run.sh nccl`).
-const OWN_MODE: &[&str] = &["gpu_nccl"];
+/// Test binaries bundled but run by their own mode, not by `run.sh tests` on one GPU: the
+/// NCCL suite needs two or more GPUs and starts its own ranks (`run.sh nccl`); the two-GPU
+/// IPC and peer tests run with the two-GPU tests (`run.sh two-gpu`, or after `tests` on a
+/// machine with two GPUs).
+const OWN_MODE: &[&str] = &["gpu_nccl", "gpu_ipc_two_gpus"];
 
 /// Test binaries of the `tests` crate that are not GPU tests and stay out of the bundle: the
 /// compile-fail suite (trybuild) compiles programs, which needs cargo and the sources.
@@ -420,6 +423,7 @@ run_clients() {
 two_gpu() {
   if [ "${gpus:-0}" -ge 2 ]; then
     echo "--- two-GPU tests ($gpus GPUs)"; run_tests --ignored
+    names=gpu_ipc_two_gpus; run_tests; names=""
   else
     echo "--- two-GPU tests: not run (${gpus:-0} GPU)"
   fi
@@ -428,7 +432,7 @@ case "$mode" in
   tests) run_tests; two_gpu ;;
   two-gpu)
     if [ "${gpus:-0}" -lt 2 ]; then echo "run.sh two-gpu: needs two GPUs, found ${gpus:-0}"; exit 1; fi
-    run_tests --ignored ;;
+    two_gpu ;;
   sanitize)
     cs="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || true)}"
     if [ -z "$cs" ] || [ ! -x "$cs" ]; then

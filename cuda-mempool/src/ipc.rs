@@ -1,0 +1,192 @@
+//! Sharing pool blocks with other processes (CUDA legacy IPC).
+//!
+//! A pool made for IPC ([`DevicePool::new_ipc`]) builds its segments with plain
+//! `cuMemAlloc`, which has legacy IPC handles; a block is then exported as its segment's
+//! handle plus the block's offset and length ([`IpcRegion`]). A pool with virtual-memory
+//! segments cannot export blocks this way and says so with [`PoolError::NotExportable`]
+//! (its segments are many physical pages; exporting them as file descriptors is left to
+//! `cuda_core::ipc::SharedMapping`).
+//!
+//! # Who keeps the block
+//!
+//! [`DevicePool::malloc_ipc`] returns an [`ExportedBlock`], which owns the block: while it
+//! lives, the pool never hands the block's memory to another allocation. The exporter must
+//! keep it until the importer has finished with the memory, and then release it in one of
+//! two ways:
+//!
+//! * [`ExportedBlock::release_after`]: the importer records an interprocess event after its
+//!   last use and sends its handle; the exporter's stream waits on that event, and the
+//!   block's reuse is ordered after it (the block stays out of reuse until the importer's
+//!   work is done, without the exporter's host waiting);
+//! * [`ExportedBlock::release`]: the importer said (out of band) that it has closed its
+//!   mapping and its work is done.
+//!
+//! The segment itself stays allocated until [`MemoryPool::free_all_blocks`] or the pool's
+//! drop; an importer whose mapping outlives the segment keeps reading the old memory (the
+//! driver keeps it alive while it is open), never another allocation's.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use cuda_core::{Device, Event, Stream};
+//! use cuda_mempool::{ipc, DevicePool};
+//!
+//! let dev = Device::new(0)?;
+//! let stream = Stream::new(&dev)?;
+//! let pool = Arc::new(DevicePool::new_ipc()?);
+//! let block = pool.malloc_ipc(&stream, 1 << 20)?;
+//! block.view().memset_async(7, &stream)?;
+//! let text = block.region().to_hex(); // send to the importer, with an event handle
+//! // importer, in another process:
+//! //   let view = ipc::import_block(&dev, &cuda_core::ipc::IpcRegion::from_hex(&text)?)?;
+//! // ... and when it is done it records an interprocess event `done` and sends its handle:
+//! # let done = Event::new(&dev)?;
+//! block.release_after(&stream, &done)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::sync::Arc;
+
+use cuda_core::ipc::{self as core_ipc, IpcRegion};
+use cuda_core::memory::DevicePtr as CoreDevicePtr;
+use cuda_core::{Device, Event, Stream};
+
+use crate::driver::{device_id, DevicePool, DriverBackend};
+use crate::error::PoolError;
+use crate::pool::{MemoryPool, PoolConfig};
+
+impl MemoryPool<DriverBackend> {
+    /// A pool over every device whose blocks can be exported to other processes
+    /// ([`malloc_ipc`](Self::malloc_ipc)): plain `cuMemAlloc` segments
+    /// (`PoolConfig { virtual_memory: false, .. }`), the limit from the environment.
+    pub fn new_ipc() -> Result<DevicePool, PoolError> {
+        let backend = DriverBackend::new().map_err(PoolError::backend("DriverBackend::new"))?;
+        let config = PoolConfig {
+            virtual_memory: false,
+            ..PoolConfig::from_env()?
+        };
+        MemoryPool::with_config(backend, config)
+    }
+
+    /// Whether blocks of `device` can be exported ([`export_block`](Self::export_block)):
+    /// `true` when its segments are plain `cuMemAlloc` memory.
+    pub fn can_export(&self, device: &Device) -> Result<bool, PoolError> {
+        Ok(!self.uses_virtual_memory(device_id(device))?)
+    }
+
+    /// Allocates `size` bytes on `stream` and exports the block: the [`ExportedBlock`] owns
+    /// it until released (see the [module documentation](self)). A pool with
+    /// virtual-memory segments is [`PoolError::NotExportable`] (make it with
+    /// [`new_ipc`](Self::new_ipc)); size 0 too (nothing to share).
+    #[track_caller]
+    pub fn malloc_ipc(
+        self: &Arc<Self>,
+        stream: &Stream,
+        size: usize,
+    ) -> Result<ExportedBlock, PoolError> {
+        self.check_exportable(&stream.device(), size)?;
+        let view: CoreDevicePtr = self.malloc_shared(stream, size)?.into();
+        export_view(view, stream)
+    }
+
+    /// Exports a block this pool allocated (a view of a [`PoolMemory`](crate::PoolMemory),
+    /// made on `stream`), as [`malloc_ipc`](Self::malloc_ipc). The [`ExportedBlock`] takes
+    /// the view; other clones of it keep the block alive too.
+    pub fn export_block(
+        &self,
+        view: CoreDevicePtr,
+        stream: &Stream,
+    ) -> Result<ExportedBlock, PoolError> {
+        self.check_exportable(&view.device(), view.len())?;
+        export_view(view, stream)
+    }
+
+    fn check_exportable(&self, device: &Device, size: usize) -> Result<(), PoolError> {
+        if size == 0 {
+            return Err(PoolError::NotExportable {
+                reason: "an empty block has no memory to share".into(),
+            });
+        }
+        if !self.can_export(device)? {
+            return Err(PoolError::NotExportable {
+                reason: format!(
+                    "device {} uses virtual-memory segments, which have no legacy IPC handle: \
+                     build the pool with DevicePool::new_ipc()",
+                    device.ordinal()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn export_view(view: CoreDevicePtr, stream: &Stream) -> Result<ExportedBlock, PoolError> {
+    let region = core_ipc::export_view(&view).map_err(|e| match e {
+        cuda_core::Error::Ipc(core_ipc::IpcError::NotExportable(reason)) => {
+            PoolError::NotExportable { reason }
+        }
+        e => PoolError::backend("cuIpcGetMemHandle")(e),
+    })?;
+    Ok(ExportedBlock {
+        view,
+        region,
+        stream: stream.clone(),
+    })
+}
+
+/// A pool block exported to other processes: owns the block, which the pool does not reuse
+/// while this value lives. Release it with [`release_after`](Self::release_after) or
+/// [`release`](Self::release) once the importer is done (dropping it is
+/// [`release`](Self::release)).
+#[derive(Debug)]
+pub struct ExportedBlock {
+    view: CoreDevicePtr,
+    region: IpcRegion,
+    stream: Stream,
+}
+
+impl ExportedBlock {
+    /// What the importer needs: the segment's handle, the block's offset and length
+    /// (bytes and hex forms on [`IpcRegion`]).
+    pub fn region(&self) -> IpcRegion {
+        self.region
+    }
+
+    /// A view of the block, for the exporter's own work.
+    pub fn view(&self) -> &CoreDevicePtr {
+        &self.view
+    }
+
+    /// Releases the block once `importer_done` (an event the importer recorded after its
+    /// last use, opened here with `Event::open_ipc`) has completed: `stream` waits on the
+    /// event, the block is marked as used on `stream`, and dropped, so the pool reuses it
+    /// only after the importer's work. Returns at once.
+    pub fn release_after(self, stream: &Stream, importer_done: &Event) -> Result<(), PoolError> {
+        stream
+            .wait_event(importer_done)
+            .map_err(PoolError::backend("cuStreamWaitEvent"))?;
+        self.view
+            .record_stream(stream)
+            .map_err(PoolError::backend("record_stream"))?;
+        Ok(())
+    }
+
+    /// Releases the block now: the importer has told you it is done with the memory (its
+    /// work finished and its mapping closed).
+    pub fn release(self) {}
+
+    /// The stream the block was allocated on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+}
+
+/// Opens a block another process exported ([`ExportedBlock::region`]) on `device`: a view
+/// of exactly the block. Blocks of one segment share one mapping
+/// ([`IpcMapping::open_shared`](cuda_core::ipc::IpcMapping::open_shared)), closed when
+/// the last view drops. The driver's refusals are `PoolError::Backend` carrying a
+/// `cuda_core::Error::Ipc` with the cause.
+pub fn import_block(device: &Device, region: &IpcRegion) -> Result<CoreDevicePtr, PoolError> {
+    region
+        .open(device)
+        .map_err(PoolError::backend("cuIpcOpenMemHandle"))
+}
