@@ -443,10 +443,26 @@ impl MemoryPool<DriverBackend> {
     /// private pool (see the [module documentation](self)). The per-thread default stream is
     /// refused with [`PoolError::PerThreadStream`].
     #[track_caller]
+    #[inline]
     pub fn malloc_stream(
         &self,
         stream: &Stream,
         size: usize,
+    ) -> Result<Allocation<'_, DriverBackend>, PoolError> {
+        // The hot path: no hooks, and no capture to ask about (one atomic load each).
+        if !hooks::any_installed() && !may_be_capturing(stream) {
+            return self.malloc(device_id(&stream.device()), stream, size as u64);
+        }
+        self.malloc_stream_checked(stream, size, std::panic::Location::caller())
+    }
+
+    /// [`malloc_stream`](Self::malloc_stream) with hooks or a possible capture.
+    #[inline(never)]
+    fn malloc_stream_checked(
+        &self,
+        stream: &Stream,
+        size: usize,
+        location: &'static std::panic::Location<'static>,
     ) -> Result<Allocation<'_, DriverBackend>, PoolError> {
         let dev = device_id(&stream.device());
         let hooked = hooks::any_installed();
@@ -455,7 +471,7 @@ impl MemoryPool<DriverBackend> {
             size: size as u64,
             ptr: 0,
             stream: stream.identity(),
-            location: Some(std::panic::Location::caller()),
+            location: Some(location),
         };
         if hooked {
             hooks::each(|h| h.malloc_pre(&ev));
@@ -689,17 +705,23 @@ pub fn malloc(stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError> 
     Ok(default_pool()?.malloc_shared(stream, size)?.into())
 }
 
-/// The id of the capture `stream` is part of, if it is being captured. Streams this crate
-/// created are asked only while a capture begun through `cuda-core` runs (one atomic load
-/// otherwise); external streams are always asked, since foreign code captures them.
+/// Whether `stream` may be being captured: streams this crate created only while a capture
+/// begun through `cuda-core` runs (one atomic load); external streams always, since foreign
+/// code captures them; the legacy stream never.
 #[inline]
-fn capture_of(stream: &Stream) -> Result<Option<u64>, PoolError> {
-    let ask = match stream.kind() {
+fn may_be_capturing(stream: &Stream) -> bool {
+    match stream.kind() {
         StreamKind::LegacyNull => false,
         StreamKind::External => !stream.is_implicit(),
         StreamKind::Owned | StreamKind::PerThread => cuda_core::graph::captures_in_progress(),
-    };
-    if !ask {
+    }
+}
+
+/// The id of the capture `stream` is part of, if it is being captured (see
+/// [`may_be_capturing`] for when the driver is asked).
+#[inline]
+fn capture_of(stream: &Stream) -> Result<Option<u64>, PoolError> {
+    if !may_be_capturing(stream) {
         return Ok(None);
     }
     let info =

@@ -131,7 +131,7 @@ pub fn suite_dir(dir: &Path) -> Result<u64> {
     for name in HELPERS {
         let Some(h) = built
             .iter()
-            .find(|a| a.name == *name && a.kinds.iter().any(|k| k == "bin"))
+            .find(|a| a.name == *name && !a.test && a.kinds.iter().any(|k| k == "bin"))
         else {
             return fail(&format!("cargo did not build the helper binary `{name}`"));
         };
@@ -440,8 +440,9 @@ case "$mode" in
     fi
     sanitizer=("$cs" --tool memcheck --report-api-errors no --target-processes all --error-exitcode 86 --print-limit 20)
     export CUDA_RS_STREAMS="${CUDA_RS_STREAMS:-2000}"  # the stream-churn test, shorter under the tool
-    # gpu_xfer_fault provokes a kernel fault on purpose: memcheck would report it, rightly.
-    names="$(printf '%s\n' $suite | grep -vx gpu_xfer_fault | tr '\n' ' ')"
+    # gpu_xfer_fault provokes a kernel fault on purpose: memcheck would report it, rightly;
+    # gpu_nvtx installs itself as the NVTX tool, which compute-sanitizer already is.
+    names="$(printf '%s\n' $suite | grep -vxE 'gpu_xfer_fault|gpu_nvtx' | tr '\n' ' ')"
     run_tests; names=""; two_gpu ;;
   bench)
     # Rows go to $BENCH_OUT/results.csv (ours, raw) and peers.csv (CuPy, PyTorch);
