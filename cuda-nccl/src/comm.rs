@@ -247,9 +247,15 @@ impl Communicator {
         if raw.is_null() {
             check(r, "ncclCommSplit")?;
             if self.config.nonblocking {
+                // A non-blocking split writes the new communicator into `raw` (which lives in
+                // this frame until then) once the parent's operation completes.
                 self.settle(r, "ncclCommSplit")?;
             }
-            return Ok(None);
+            // SAFETY: a plain read of our own local, which NCCL has finished writing (the
+            // parent's operation is settled, or the call was blocking).
+            if unsafe { std::ptr::read_volatile(&raw) }.is_null() {
+                return Ok(None);
+            }
         }
         let mut comm = Communicator {
             raw,
