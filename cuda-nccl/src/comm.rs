@@ -241,22 +241,36 @@ impl Communicator {
         let _scope = self.device.scope()?;
         let mut raw_config = config_initializer();
         raw_config.blocking = i32::from(!self.config.nonblocking);
-        let mut raw: ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `self.raw` is live; the out-pointer and config are valid for the call.
-        let r = unsafe { nccl.ncclCommSplit(self.raw, color, key, &mut raw, &mut raw_config) }?;
-        if raw.is_null() {
-            check(r, "ncclCommSplit")?;
-            if self.config.nonblocking {
-                // A non-blocking split writes the new communicator into `raw` (which lives in
-                // this frame until then) once the parent's operation completes.
-                self.settle(r, "ncclCommSplit")?;
-            }
-            // SAFETY: a plain read of our own local, which NCCL has finished writing (the
-            // parent's operation is settled, or the call was blocking).
-            if unsafe { std::ptr::read_volatile(&raw) }.is_null() {
-                return Ok(None);
-            }
+        // A non-blocking split may write the new communicator some time after the call
+        // returns: the out-slot is leaked (8 bytes), never freed while NCCL may write it.
+        let slot: &'static mut ncclComm_t = Box::leak(Box::new(std::ptr::null_mut()));
+        let out: *mut ncclComm_t = slot;
+        // SAFETY: `self.raw` is live; `out` stays valid forever; the config is valid for the call.
+        let r = unsafe { nccl.ncclCommSplit(self.raw, color, key, out, &mut raw_config) }?;
+        check_split(r)?;
+        if self.config.nonblocking {
+            self.settle(r, "ncclCommSplit")?;
         }
+        if color == NCCL_SPLIT_NOCOLOR {
+            return Ok(None);
+        }
+        // Wait (bounded by the timeout) for NCCL to fill the slot.
+        let deadline = std::time::Instant::now() + self.config.timeout;
+        let raw = loop {
+            // SAFETY: `out` is the leaked slot, always valid; a volatile read sees NCCL's write.
+            let v = unsafe { std::ptr::read_volatile(out) };
+            if !v.is_null() {
+                break v;
+            }
+            if std::time::Instant::now() > deadline {
+                self.abort_now();
+                return Err(Error::Timeout {
+                    what: "ncclCommSplit",
+                    waited: self.config.timeout,
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
         let mut comm = Communicator {
             raw,
             device: self.device,
@@ -462,6 +476,14 @@ impl Communicator {
             Err(Error::Nccl(nccl_error(r, call, Some(self.raw))))
         }
     }
+}
+
+/// `ncclInProgress` is not a failure of a split; anything else but success is.
+fn check_split(r: ncclResult_t) -> Result<()> {
+    if r == ncclResult_t::ncclInProgress {
+        return Ok(());
+    }
+    check(r, "ncclCommSplit")
 }
 
 impl Drop for Communicator {

@@ -13,6 +13,7 @@ for round in $(seq 1 "$rounds"); do
   for side in A B; do
     dir="$a"; [ "$side" = B ] && dir="$b"
     for bench in bench_pool bench_core; do
+      mkdir -p "$out/$side-$round"
       BENCH_OUT="$out/$side-$round" "$dir/bench/$bench" > "$out/$side-$round-$bench.txt" 2>&1 \
         || echo "($side round $round: $bench exited $?)"
     done
