@@ -658,6 +658,11 @@ impl GraphExecHandle {
     /// stream included; a stream of another device is [`Error::WrongDevice`].
     pub fn launch(&self, stream: &Stream) -> Result<()> {
         self.check_stream(stream)?;
+        // The memory the graph uses is used on `stream` now: its owners' frees (after the
+        // last graph holding them is dropped) wait for this launch too.
+        for owner in self.keep.iter() {
+            owner.record_stream(stream)?;
+        }
         // The device's context is current for every stream: the null and per-thread handles
         // (0, 1, 2) mean "of the current context", and the crate's rule is that every driver
         // call runs inside the context it works on.

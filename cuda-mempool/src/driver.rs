@@ -505,6 +505,8 @@ impl MemoryPool<DriverBackend> {
             .insert((dev.0, capture));
         if first {
             let hold = self.retain_private_pool(dev, pool_id)?;
+            // If the graph cannot take the hold, it is released here instead.
+            let fallback = hold.clone();
             let registry2 = Arc::clone(registry);
             let tied = cuda_core::graph::on_capture_graph_release(
                 stream,
@@ -517,6 +519,7 @@ impl MemoryPool<DriverBackend> {
                 }),
             );
             if !matches!(tied, Ok(true)) {
+                fallback.release();
                 registry
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)

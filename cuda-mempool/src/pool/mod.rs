@@ -487,7 +487,11 @@ impl<B: Backend> MemoryPool<B> {
             Inserted::Created(shard) | Inserted::Adopted(shard) => {
                 let mut st = shard.state.lock();
                 st.private = private;
-                st.attach(backend, stream, key)
+                // A request on the same key may have attached it since `insert` returned.
+                if st.key == key && st.stream.is_none() {
+                    st.attach(backend, stream, key)?;
+                }
+                Ok(())
             }
         }
     }
@@ -1068,24 +1072,27 @@ impl<B: Backend> MemoryPool<B> {
                 .values()
                 .filter_map(|k| dev.private.get(*k))
                 .collect();
-            if shards.iter().any(|s| !s.state.lock().is_idle()) {
+            let mut g = lock(&dev.global);
+            // Every shard of the pool stays locked from the idle check to its release, so no
+            // allocation can slip in between.
+            let mut locked: Vec<_> = shards.iter().map(|s| s.state.lock()).collect();
+            if locked.iter().any(|st| !st.is_idle()) {
                 continue;
             }
             // Graph replays are over (the graph's release says so); eager work on the pool's
             // blocks after the capture is covered by the fences of the shards' detaches.
-            if shards
-                .iter()
-                .any(|sh| sh.state.lock().wait_fences(&self.backend).is_err())
+            if locked
+                .iter_mut()
+                .any(|st| st.wait_fences(&self.backend).is_err())
             {
                 continue;
             }
-            let mut g = lock(&dev.global);
             let mut spare = std::mem::take(&mut g.spare);
-            for shard in &shards {
-                let mut st = shard.state.lock();
+            for st in locked.iter_mut() {
                 let released = st.release_everything(&self.backend, &mut spare);
                 g.reserved.sub(released);
             }
+            drop(locked);
             g.spare = spare;
             {
                 p.pools.remove(&id);

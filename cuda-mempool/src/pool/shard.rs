@@ -508,8 +508,13 @@ impl<B: Backend> ShardState<B> {
 
     #[inline(never)]
     fn release_shared(&mut self, backend: &B, id: u32) -> Result<(), PoolError> {
+        // The block's own stream used it too: its free takes an epoch like any other, so
+        // this stream's fences (and a detach fence) cover that work.
+        self.epoch += 1;
+        let epoch = self.epoch;
         let b = &mut self.blocks[id as usize];
         b.state = BlockState::Pending;
+        b.freed_epoch = epoch;
         let streams = std::mem::take(&mut b.extra_streams);
         if self.private {
             // Used on several streams of a capture: without a graph dependency between them
@@ -875,7 +880,9 @@ impl<B: Backend> ShardState<B> {
         if self.epoch > self.safe_epoch && !covered && self.fences.len() < MAX_OUTSTANDING_FENCES {
             // A detached shard has no stream to record on, and needs none: its detach
             // fence covers every free it holds.
-            if let Some(stream) = &self.stream {
+            // Nor is a fence recorded on a stream being captured (it would be a node of the
+            // graph, not a point of the stream's work): its frees wait for a later fence.
+            if let Some(stream) = self.stream.as_ref().filter(|s| !backend.is_capturing(s)) {
                 let f = backend
                     .record_fence(self.device, stream)
                     .map_err(PoolError::backend("record_fence"))?;
@@ -906,15 +913,21 @@ impl<B: Backend> ShardState<B> {
         if self.stream.is_none() {
             return Ok(());
         }
-        if self.private
-            && self
-                .stream
-                .as_ref()
-                .is_some_and(|st| backend.is_capturing(st))
+        if self
+            .stream
+            .as_ref()
+            .is_some_and(|st| backend.is_capturing(st))
         {
-            // A private shard's stream may be capturing now: a fence would become a node of
-            // the graph. Nothing ran on the memory since the capture began (captured work
-            // runs only in replays, which the graph's release covers), so none is needed.
+            // The stream is being captured: a fence would become a node of the graph. A
+            // private shard needs none (nothing ran on its memory since the capture began:
+            // captured work runs only in replays, which the graph's release covers). An
+            // ordinary shard with frees no completed fence covers gives that memory up
+            // (retired: never reused, still counted) rather than keep a handle its owner
+            // may destroy once this last block is freed.
+            self.poll_fences(backend)?;
+            if !self.private && self.epoch > self.safe_epoch {
+                self.retired = true;
+            }
             if let Some(stream) = self.stream.take() {
                 backend.stream_released(stream);
             }
@@ -977,7 +990,10 @@ impl<B: Backend> ShardState<B> {
     /// Whether a detached shard's memory is all covered by completed fences, so that
     /// adopting it costs the new stream no wait (polls the fences).
     pub(crate) fn is_settled(&mut self, backend: &B) -> bool {
-        !self.retired && self.poll_fences(backend).is_ok() && self.epoch <= self.safe_epoch
+        !self.retired
+            && self.pending.is_empty()
+            && self.poll_fences(backend).is_ok()
+            && self.epoch <= self.safe_epoch
     }
 
     /// Whether an idle, detached shard may be adopted at all (see [`is_settled`](Self::is_settled)).
@@ -1067,7 +1083,7 @@ impl<B: Backend> ShardState<B> {
             }
             if done {
                 let p = self.pending.swap_remove(i);
-                self.finish_pending(p.block);
+                self.finish_pending(p.block, false);
             } else {
                 i += 1;
             }
@@ -1075,16 +1091,23 @@ impl<B: Backend> ShardState<B> {
         Ok(())
     }
 
-    fn finish_pending(&mut self, id: u32) {
-        self.epoch += 1;
-        self.blocks[id as usize].freed_epoch = self.epoch;
+    /// A pending free joins the free set. When its other streams' fences have completed,
+    /// the epoch stamped at its free stands (its own stream's work is covered by this
+    /// stream's fences). When instead this stream was made to wait for them on the device
+    /// (`ordered_after`), only a fence recorded on this stream from now on covers that work,
+    /// so the block takes a new epoch.
+    fn finish_pending(&mut self, id: u32, ordered_after: bool) {
+        if ordered_after {
+            self.epoch += 1;
+            self.blocks[id as usize].freed_epoch = self.epoch;
+        }
         self.coalesce_insert(id);
     }
 
     /// Blocks the host until every pending free's fences have completed, then frees
     /// those blocks.
     fn wait_pending(&mut self, backend: &B) -> Result<(), PoolError> {
-        self.settle_pending(backend, |backend, _, f| {
+        self.settle_pending(backend, false, |backend, _, f| {
             backend
                 .wait_fence(f)
                 .map_err(PoolError::backend("wait_fence"))
@@ -1100,7 +1123,7 @@ impl<B: Backend> ShardState<B> {
             return Ok(false);
         };
         let any = !self.pending.is_empty();
-        self.settle_pending(backend, |backend, device, f| {
+        self.settle_pending(backend, true, |backend, device, f| {
             backend
                 .stream_wait_fence(device, &stream, f)
                 .map_err(PoolError::backend("stream_wait_fence"))
@@ -1111,6 +1134,7 @@ impl<B: Backend> ShardState<B> {
     fn settle_pending(
         &mut self,
         backend: &B,
+        ordered_after: bool,
         settle: impl Fn(&B, DeviceId, &B::Fence) -> Result<(), PoolError>,
     ) -> Result<(), PoolError> {
         let mut i = 0;
@@ -1129,7 +1153,7 @@ impl<B: Backend> ShardState<B> {
                 i += 1;
             } else {
                 let p = self.pending.swap_remove(i);
-                self.finish_pending(p.block);
+                self.finish_pending(p.block, ordered_after);
             }
         }
         Ok(())

@@ -754,3 +754,30 @@ fn a_private_pool_with_a_live_block_outlives_its_holds() {
     pool.free_raw(out).unwrap();
     assert!(!pool.has_private_pool(D0, p).unwrap());
 }
+
+#[test]
+fn a_record_stream_free_is_covered_by_its_own_streams_detach_fence() {
+    // Review finding: a free with record_stream marks used to take no epoch, so the detach
+    // recorded no fence for the owning stream's work on that block.
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let (a, c) = (StreamId(0x100), StreamId(0x200));
+    sim.borrow_stream(a);
+    let x = pool.malloc(D0, &a, MIB).unwrap();
+    sim.submit_work(D0, a); // a kernel on A writes the block
+    x.record_stream(&c).unwrap();
+    let fences = sim.calls().record_fence;
+    drop(x); // last block of A: fence on C for the mark, and A's detach fence
+    assert_eq!(sim.calls().record_fence, fences + 2);
+    sim.destroy_stream(a);
+    sim.create_stream(a); // a new stream with A's handle value
+    sim.complete_stream(D0, c);
+    let waits = sim.calls().stream_wait_fence;
+    let y = pool.malloc(D0, &a, MIB).unwrap();
+    assert_eq!(
+        sim.calls().stream_wait_fence,
+        waits + 1,
+        "the new stream waits for the old stream's work before reusing its cache"
+    );
+    drop(y);
+}
