@@ -610,12 +610,12 @@ impl<B: Backend> MemoryPool<B> {
             Ok(Err(cause)) => {
                 // Give back whatever this attempt reserved or mapped and is not in use; the
                 // attempt leaves no trace in the peak either.
-                let _ = self.roll_back(dev, &mut g, shard, &mut st);
+                let _ = self.roll_back(dev, &mut g, &mut st);
                 g.reserved.peak = peak_before.max(g.reserved.current);
                 Err(self.out_of_memory(dev, &mut g, shard, &st, size, cause))
             }
             Err(e) => {
-                let _ = self.roll_back(dev, &mut g, shard, &mut st);
+                let _ = self.roll_back(dev, &mut g, &mut st);
                 g.reserved.peak = peak_before.max(g.reserved.current);
                 Err(e)
             }
@@ -653,20 +653,26 @@ impl<B: Backend> MemoryPool<B> {
         &self,
         dev: &Device<B>,
         g: &mut Global<B>,
-        shard: &Shard<B>,
         st: &mut ShardState<B>,
     ) -> Result<(), PoolError> {
-        let _ = shard;
         let released = st.release_cached(&self.backend, &mut g.spare, &mut g.reserved.current);
-        if let Some(page) = dev.page {
-            while let Some(p) = g.spare.pop() {
-                if let Err(e) = self.backend.release_physical(dev.id, p) {
-                    return Err(PoolError::backend("release_physical")(e));
-                }
-                g.reserved.sub(page);
-            }
-        }
+        self.release_spare(dev, g)?;
         released
+    }
+
+    /// Returns every spare (unmapped) page of `dev` to the backend, counting each one off
+    /// `reserved` as it goes; a page whose release fails is leaked and stays counted.
+    fn release_spare(&self, dev: &Device<B>, g: &mut Global<B>) -> Result<(), PoolError> {
+        let Some(page) = dev.page else {
+            return Ok(());
+        };
+        while let Some(p) = g.spare.pop() {
+            self.backend
+                .release_physical(dev.id, p)
+                .map_err(PoolError::backend("release_physical"))?;
+            g.reserved.sub(page);
+        }
+        Ok(())
     }
 
     fn out_of_memory(
@@ -1096,14 +1102,8 @@ impl<B: Backend> MemoryPool<B> {
             g.spare = spare;
             {
                 p.pools.remove(&id);
-                if let Some(page) = dev.page {
-                    while let Some(pg) = g.spare.pop() {
-                        if self.backend.release_physical(dev.id, pg).is_err() {
-                            break;
-                        }
-                        g.reserved.sub(page);
-                    }
-                }
+                // A failed release leaves the page leaked and counted; nothing to report here.
+                let _ = self.release_spare(dev, &mut g);
             }
         }
     }
@@ -1131,15 +1131,7 @@ impl<B: Backend> MemoryPool<B> {
             st.wait_fences(&self.backend)?;
             st.release_cached(&self.backend, &mut g.spare, &mut g.reserved.current)?;
         }
-        if let Some(page) = dev.page {
-            while let Some(p) = g.spare.pop() {
-                self.backend
-                    .release_physical(dev.id, p)
-                    .map_err(PoolError::backend("release_physical"))?;
-                g.reserved.sub(page);
-            }
-        }
-        Ok(())
+        self.release_spare(dev, g)
     }
 
     /// The same as [`free_all_blocks`](Self::free_all_blocks) (CuPy keeps both names).
