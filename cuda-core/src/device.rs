@@ -121,6 +121,7 @@ impl Device {
     /// Makes this device current on the calling thread (CuPy's `Device.use()`).
     pub fn make_current(&self) -> Result<()> {
         let ctx = self.primary_context()?;
+        crate::stream::forget_context();
         // SAFETY: a retained primary context.
         unsafe { drv!(cuCtxSetCurrent(ctx)) }
     }
@@ -322,6 +323,7 @@ impl Drop for DeviceScope {
         // SAFETY: `previous` was current on this thread (or null) when the scope began.
         // A failure here cannot be reported from Drop; the driver keeps its state.
         let _ = unsafe { drv!(cuCtxSetCurrent(self.previous)) };
+        crate::stream::forget_context();
     }
 }
 
@@ -339,6 +341,7 @@ impl Drop for ContextBinding {
             let mut popped: CUcontext = std::ptr::null_mut();
             // SAFETY: we pushed exactly one context on this thread.
             let _ = unsafe { drv!(cuCtxPopCurrent(&mut popped)) };
+            crate::stream::forget_context();
         }
     }
 }

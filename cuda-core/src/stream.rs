@@ -75,7 +75,8 @@ struct Owner {
     raw: CUstream,
     device: Device,
     destroy: bool,
-    panics: Arc<PanicSlot>,
+    /// Made at the first host callback: most streams never get one.
+    panics: OnceLock<Arc<PanicSlot>>,
     _keep_alive: Option<Box<dyn Any + Send + Sync>>,
 }
 
@@ -242,7 +243,7 @@ impl Stream {
                 raw,
                 device,
                 destroy: true,
-                panics: Arc::default(),
+                panics: OnceLock::new(),
                 _keep_alive: None,
             })),
         }
@@ -370,7 +371,7 @@ impl Stream {
                     raw,
                     device: *device,
                     destroy: false,
-                    panics: Arc::default(),
+                    panics: OnceLock::new(),
                     _keep_alive: Some(k),
                 })
             }),
@@ -549,7 +550,7 @@ impl Stream {
     /// [`Error::CallbackPanicked`] (the oldest first), without synchronising.
     pub fn take_callback_panic(&self) -> Option<Error> {
         let slot = match &self.owner {
-            Some(owner) => Some(Arc::clone(&owner.panics)),
+            Some(owner) => owner.panics.get().cloned(),
             None if SHARED_SLOTS_USED.load(Ordering::Acquire) => {
                 let map = shared_slots()
                     .lock()
@@ -569,7 +570,7 @@ impl Stream {
     /// slot per (device, handle) for streams without an owner.
     fn panic_slot(&self) -> Arc<PanicSlot> {
         if let Some(owner) = &self.owner {
-            return Arc::clone(&owner.panics);
+            return Arc::clone(owner.panics.get_or_init(Arc::default));
         }
         let mut map = shared_slots()
             .lock()
@@ -650,10 +651,22 @@ fn is_invalid_context(e: &Error) -> bool {
 /// The driver must never be called on a thread with no current context (some entry points
 /// crash there instead of failing). An implicit stream handle (`implicit`) means "the current
 /// context's stream", so `device`'s context is made current for it. Explicit streams and
-/// events carry their context: any current context will do, so the hot path costs one
-/// `cuCtxGetCurrent` and pushes nothing; only a thread with no context at all gets `device`'s
-/// pushed for the call. Should the driver still answer `CUDA_ERROR_INVALID_CONTEXT`, the call
-/// is retried once with `device`'s context current.
+/// events carry their context: any current context will do. Should the driver still answer
+/// `CUDA_ERROR_INVALID_CONTEXT`, the call is retried once with `device`'s context current.
+///
+/// # The per-thread cache
+///
+/// Asking the driver (`cuCtxGetCurrent`, 15-20 ns) before every call on an explicit handle
+/// cost 5-8% of an event record+query pair. So each thread remembers that it has seen a
+/// context current ([`context_seen`]) and skips the question while that holds. The cache is
+/// cleared whenever this crate pops or replaces the current context ([`forget_context`]), so
+/// only foreign code (a `cuCtxPopCurrent` or `cuCtxSetCurrent(NULL)` of its own) can leave it
+/// stale. For that case the cache is revalidated by the driver's own answer: the calls made
+/// through this function on explicit handles answer `CUDA_ERROR_INVALID_CONTEXT` on a thread
+/// without a context (they do not crash: the GPU test
+/// `explicit_handles_survive_a_foreign_context_pop` pops the context behind the cache's back
+/// and runs every one of them), and that answer clears the cache and retries with `device`'s
+/// context pushed.
 #[inline]
 pub(crate) fn with_context<T>(
     device: Device,
@@ -663,6 +676,8 @@ pub(crate) fn with_context<T>(
     let d = api()?;
     let binding = if implicit {
         Some(device.bind()?)
+    } else if context_seen() {
+        None
     } else {
         let mut current: CUcontext = std::ptr::null_mut();
         check(
@@ -673,17 +688,45 @@ pub(crate) fn with_context<T>(
         if current.is_null() {
             Some(device.bind()?)
         } else {
+            remember_context();
             None
         }
     };
     match call(d) {
         Err(e) if !implicit && is_invalid_context(&e) => {
+            forget_context();
             drop(binding);
             let _ctx = device.bind()?;
             call(d)
         }
         other => other,
     }
+}
+
+thread_local! {
+    /// `true` once this thread was seen with a context current, until this crate pops or
+    /// replaces it (see [`with_context`]).
+    static CONTEXT_SEEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread was seen with a context current (see [`with_context`]). `false`
+/// while the thread is being torn down.
+#[inline]
+fn context_seen() -> bool {
+    CONTEXT_SEEN.try_with(std::cell::Cell::get).unwrap_or(false)
+}
+
+/// Notes that a context is current on this thread.
+#[inline]
+pub(crate) fn remember_context() {
+    let _ = CONTEXT_SEEN.try_with(|c| c.set(true));
+}
+
+/// Clears the note: this crate popped or replaced the thread's current context, so the next
+/// call asks the driver again.
+#[inline]
+pub(crate) fn forget_context() {
+    let _ = CONTEXT_SEEN.try_with(|c| c.set(false));
 }
 
 /// The thread's current stream for `device`; shorthand for [`Stream::current`] (CuPy's

@@ -675,3 +675,84 @@ fn module_errors_are_clear() {
     unsafe { f.launch(&stream, (1, 1, 1), (1, 1, 1), 0, &mut params) }.unwrap();
     stream.synchronize().unwrap();
 }
+
+/// Foreign code pops the context behind cuda-core's per-thread "a context is current" cache
+/// (`with_context` in cuda-core's stream module): every call on explicit handles that skips
+/// the question must still succeed, through the driver's `CUDA_ERROR_INVALID_CONTEXT` answer
+/// and a retry with the device's context pushed, and must leave the thread as it found it (no
+/// context). A driver that crashed here instead of answering would kill this test.
+#[test]
+fn explicit_handles_survive_a_foreign_context_pop() {
+    std::thread::spawn(|| {
+        let dev = device();
+        let d = sys::driver().unwrap();
+        let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
+        let other = Stream::builder(&dev).non_blocking(true).build().unwrap();
+        let start = stream.record(None).unwrap();
+        let end = stream.record(None).unwrap();
+        // Makes the cache say "a context is current" (a call that asks the driver with the
+        // device current), then pops it as foreign code would.
+        let arm_and_pop = || {
+            dev.make_current().unwrap();
+            assert!(end.query().unwrap());
+            // SAFETY: plain driver call; NULL unsets the thread's context.
+            ok(
+                unsafe { d.cuCtxSetCurrent(std::ptr::null_mut()) },
+                "cuCtxSetCurrent",
+            );
+        };
+        let no_context_left = |what: &str| {
+            let mut current: CUcontext = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            ok(
+                unsafe { d.cuCtxGetCurrent(&mut current) },
+                "cuCtxGetCurrent",
+            );
+            assert!(current.is_null(), "{what} left a context current");
+        };
+        let mut checked = 0;
+        let mut check = |what: &str, r: Result<(), Error>| {
+            r.unwrap_or_else(|e| panic!("{what} after a foreign pop: {e}"));
+            no_context_left(what);
+            checked += 1;
+        };
+
+        arm_and_pop();
+        check("Event::record", start.record(&stream));
+        arm_and_pop();
+        check("Event::record (end)", end.record(&stream));
+        arm_and_pop();
+        check("Event::query", end.query().map(|_| ()));
+        arm_and_pop();
+        check("Event::synchronize", end.synchronize());
+        arm_and_pop();
+        check(
+            "Event::elapsed_ms",
+            Event::elapsed_ms(&start, &end).map(|_| ()),
+        );
+        arm_and_pop();
+        check("Stream::synchronize", stream.synchronize());
+        arm_and_pop();
+        check("Stream::is_done", stream.is_done().map(|_| ()));
+        arm_and_pop();
+        check("Stream::wait_event", other.wait_event(&end));
+        arm_and_pop();
+        check("Stream::record", other.record(None).map(|_| ()));
+        arm_and_pop();
+        check("Event drop", {
+            drop(start);
+            Ok(())
+        });
+        arm_and_pop();
+        check("Stream drop (destroy)", {
+            drop(other);
+            Ok(())
+        });
+        assert_eq!(checked, 11);
+        // The stream still works afterwards, from a thread with no context.
+        stream.synchronize().unwrap();
+        no_context_left("the last synchronize");
+    })
+    .join()
+    .unwrap();
+}
