@@ -694,7 +694,7 @@ fn explicit_handles_survive_a_foreign_context_pop() {
         // device current), then pops it as foreign code would.
         let arm_and_pop = || {
             dev.make_current().unwrap();
-            assert!(end.query().unwrap());
+            end.synchronize().unwrap();
             // SAFETY: plain driver call; NULL unsets the thread's context.
             ok(
                 unsafe { d.cuCtxSetCurrent(std::ptr::null_mut()) },

@@ -387,7 +387,7 @@ fn run() -> Result<(), cuda_graph::Error> {
         ours,
         Some(raw),
         "cuGraphLaunch",
-        Target::RatioAtMost(1.05),
+        Target::RatioAtMost(1.03),
     );
     Ok(())
 }
