@@ -24,7 +24,8 @@ use cuda_core::Device;
 use crate::buffer::DeviceBuffer;
 use crate::error::Result;
 use crate::layout::{check_same_shape, relayout, Layout2, Order};
-use crate::transfer::{copy_to_device, to_host, to_host_into};
+use crate::host::HostMemoryKind;
+use crate::transfer::{copy_to_device, h2d_unlanded, land, to_host, to_host_into};
 
 /// A matrix in device memory: a buffer and the layout of its elements.
 ///
@@ -123,13 +124,19 @@ pub fn copy_matrix_to_device<T: Pod>(
     let packed = dl.to_contiguous(dl.order());
     let mut staged = bytemuck::zeroed_vec::<T>(packed.span()?);
     relayout(src, src_layout, &mut staged, packed)?;
+    // One landing wait for all the runs (see `transfer`'s docs), not one each.
     let inner = dl.inner();
+    let mut unlanded = false;
     for run in 0..dl.outer() {
         let at = run * dl.leading_dimension();
-        copy_to_device(
-            &staged[run * inner..(run + 1) * inner],
-            &dst.buffer.slice(at..at + inner)?,
+        unlanded |= h2d_unlanded(
+            bytemuck::cast_slice(&staged[run * inner..(run + 1) * inner]),
+            dst.buffer.slice(at..at + inner)?.as_ptr(),
+            HostMemoryKind::Unknown,
         )?;
+    }
+    if unlanded {
+        land(&dst.buffer.device())?;
     }
     Ok(())
 }

@@ -26,6 +26,7 @@ pub(crate) mod lease;
 pub(crate) mod pipeline;
 pub(crate) mod plan;
 pub(crate) mod pool;
+pub mod probe;
 
 #[cfg(test)]
 mod sim;
@@ -60,6 +61,11 @@ pub struct StagingConfig {
     /// than `chunk_bytes` (down to `part_bytes`), so that mid-sized transfers fill and drain
     /// the pipeline faster; 1 always uses `chunk_bytes` (default 8).
     pub min_chunks: usize,
+    /// How long an idle helper thread keeps watching for the next transfer (spinning and
+    /// yielding its core) before it sleeps, in microseconds (default 1000). Transfers that
+    /// follow each other closer than this find their helpers awake; a sleeping helper takes
+    /// tens of microseconds to wake. Applies to every helper of the process.
+    pub helper_linger_us: u64,
 }
 
 impl Default for StagingConfig {
@@ -72,6 +78,7 @@ impl Default for StagingConfig {
             min_staged_bytes: 1 << 20,
             helpers: cores.saturating_sub(1).min(11),
             min_chunks: 8,
+            helper_linger_us: 1000,
         }
     }
 }
@@ -116,6 +123,7 @@ struct SharedConfig {
     min_staged_bytes: AtomicUsize,
     helpers: AtomicUsize,
     min_chunks: AtomicUsize,
+    helper_linger_us: AtomicU64,
     writer: Mutex<()>,
 }
 
@@ -130,6 +138,7 @@ fn shared_config() -> &'static SharedConfig {
             min_staged_bytes: AtomicUsize::new(c.min_staged_bytes),
             helpers: AtomicUsize::new(c.helpers),
             min_chunks: AtomicUsize::new(c.min_chunks),
+            helper_linger_us: AtomicU64::new(c.helper_linger_us),
             writer: Mutex::new(()),
         }
     })
@@ -145,6 +154,7 @@ pub fn config() -> StagingConfig {
         min_staged_bytes: c.min_staged_bytes.load(Ordering::Relaxed),
         helpers: c.helpers.load(Ordering::Relaxed),
         min_chunks: c.min_chunks.load(Ordering::Relaxed),
+        helper_linger_us: c.helper_linger_us.load(Ordering::Relaxed),
     }
 }
 
@@ -162,6 +172,9 @@ pub fn set_config(config: StagingConfig) -> Result<StagingConfig> {
         .store(config.min_staged_bytes, Ordering::Relaxed);
     c.helpers.store(config.helpers, Ordering::Relaxed);
     c.min_chunks.store(config.min_chunks, Ordering::Relaxed);
+    c.helper_linger_us
+        .store(config.helper_linger_us, Ordering::Relaxed);
+    pool::set_linger_us(config.helper_linger_us);
     Ok(previous)
 }
 
@@ -210,7 +223,10 @@ pub(crate) struct Staging {
     device: Device,
     chunk: usize,
     slots: Vec<PinnedMemory>,
+    /// One fence per ring position (see `lay_out`).
     events: Vec<Event>,
+    /// Ring positions the latest transfer used (their fences cover all its DMAs).
+    used: usize,
 }
 
 /// Most idle staging sets kept for reuse (each is `slots * chunk_bytes` of pinned memory).
@@ -257,12 +273,13 @@ fn checkout(device: &Device, cfg: &StagingConfig) -> Result<Lease> {
                     cfg.chunk_bytes,
                     PinnedFlags::PORTABLE,
                 )?);
-                events.push(Event::new(device)?);
+                events.push(fence_event(device)?);
             }
             Ok(Staging {
                 device: *device,
                 chunk: cfg.chunk_bytes,
                 slots,
+                used: events.len(),
                 events,
             })
         },
@@ -332,13 +349,7 @@ pub(crate) unsafe fn to_device(
     let Some(staging) = lease.set_mut() else {
         return Err(Error::InvalidConfig("staging lease without buffers".into()));
     };
-    let plan = Plan::ramped(
-        dst.len(),
-        chunk_for(dst.len(), cfg),
-        cfg.part_bytes,
-        cfg.slots,
-    )?;
-    let slots = slot_memory(staging);
+    let (plan, slots) = lay_out(staging, dst.len(), cfg)?;
     let engine = DriverEngine {
         device_mem: dst,
         stream,
@@ -365,7 +376,9 @@ pub(crate) unsafe fn to_device(
 /// read the slots).
 pub(crate) fn finish(lease: Lease) -> Result<()> {
     let waited = match lease.set() {
-        Some(staging) => staging.events.iter().try_for_each(Event::synchronize),
+        Some(staging) => staging.events[..staging.used.min(staging.events.len())]
+            .iter()
+            .try_for_each(Event::synchronize),
         None => Ok(()),
     };
     match waited {
@@ -395,13 +408,7 @@ pub(crate) unsafe fn to_host(
     let Some(staging) = lease.set_mut() else {
         return Err(Error::InvalidConfig("staging lease without buffers".into()));
     };
-    let plan = Plan::ramped(
-        src.len(),
-        chunk_for(src.len(), cfg),
-        cfg.part_bytes,
-        cfg.slots,
-    )?;
-    let slots = slot_memory(staging);
+    let (plan, slots) = lay_out(staging, src.len(), cfg)?;
     let engine = DriverEngine {
         device_mem: src,
         stream,
@@ -429,10 +436,47 @@ pub(crate) fn chunk_for(total: usize, cfg: &StagingConfig) -> usize {
     want.max(cfg.part_bytes).min(cfg.chunk_bytes).max(1)
 }
 
-fn slot_memory(staging: &mut Staging) -> Vec<SlotMemory> {
-    staging
+/// Most ring positions (virtual slots, one fence each) a staging set is cut into.
+const MAX_RING: usize = 64;
+
+/// How many chunks of `chunk` bytes the staging set's memory holds at once: each slot of
+/// `slot_bytes` holds `slot_bytes / chunk` of them (at least one), up to [`MAX_RING`].
+pub(crate) fn ring_positions(slots: usize, slot_bytes: usize, chunk: usize) -> usize {
+    let per_slot = (slot_bytes / chunk.max(1)).max(1);
+    slots.saturating_mul(per_slot).clamp(1, MAX_RING.max(slots))
+}
+
+/// The plan of a `total`-byte transfer through `staging`, and the memory of its ring
+/// positions. Chunks smaller than a slot share slots: every slot is cut into as many
+/// chunk-sized positions as it holds, so a mid-sized transfer (up to `slots * chunk_bytes`)
+/// never waits for a position to come free. Makes the fences the positions need.
+fn lay_out(
+    staging: &mut Staging,
+    total: usize,
+    cfg: &StagingConfig,
+) -> Result<(Plan, Vec<SlotMemory>)> {
+    let chunk = chunk_for(total, cfg).min(staging.chunk);
+    let per_slot = (staging.chunk / chunk).max(1);
+    let positions = ring_positions(staging.slots.len(), staging.chunk, chunk);
+    let plan = Plan::ramped(total, chunk, cfg.part_bytes, positions)?;
+    while staging.events.len() < positions {
+        staging.events.push(fence_event(&staging.device)?);
+    }
+    let memory = staging
         .slots
         .iter_mut()
-        .map(|m| SlotMemory(m.as_mut_ptr()))
-        .collect()
+        .flat_map(|m| {
+            let base = m.as_mut_ptr();
+            // Inside the slot: `j * chunk + chunk <= per_slot * chunk <= slot bytes`.
+            (0..per_slot).map(move |j| SlotMemory(base.wrapping_add(j * chunk)))
+        })
+        .take(positions)
+        .collect();
+    staging.used = plan.chunks().min(positions);
+    Ok((plan, memory))
+}
+
+/// A fence for one ring position (no timing: cheaper to record).
+fn fence_event(device: &Device) -> Result<Event> {
+    Ok(Event::builder(device).disable_timing(true).build()?)
 }

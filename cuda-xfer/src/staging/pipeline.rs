@@ -22,6 +22,7 @@ use std::sync::{Mutex, PoisonError};
 
 use super::plan::Plan;
 use super::pool::{self, Backoff};
+use super::probe::{self, StepKind};
 use crate::error::{Error, Result};
 
 /// Which way a staged transfer goes.
@@ -181,9 +182,15 @@ impl<E: DmaEngine> Pipeline<'_, E> {
         let len = unit.range.len();
         match self.direction {
             Direction::ToDevice => {
-                if unit.round > 0 && !self.wait_done(unit.slot, unit.round)? {
-                    return Ok(());
+                if unit.round > 0 {
+                    probe::mark(StepKind::WaitStart, u);
+                    let go_on = self.wait_done(unit.slot, unit.round)?;
+                    probe::mark(StepKind::WaitEnd, u);
+                    if !go_on {
+                        return Ok(());
+                    }
                 }
+                probe::mark(StepKind::CopyStart, u);
                 // SAFETY: the source holds `plan.total()` bytes (`run`'s contract) and the
                 // range lies inside it; the slot's previous DMA is complete and no other unit
                 // writes these slot bytes; the regions cannot overlap (staging is ours).
@@ -194,14 +201,19 @@ impl<E: DmaEngine> Pipeline<'_, E> {
                         len,
                     );
                 }
+                probe::mark(StepKind::CopyEnd, len);
                 if self.remaining[unit.chunk].fetch_sub(1, Ordering::AcqRel) == 1 {
                     self.submit(unit.chunk)?;
                 }
             }
             Direction::ToHost => {
-                if !self.wait_done(unit.slot, unit.round + 1)? {
+                probe::mark(StepKind::WaitStart, u);
+                let go_on = self.wait_done(unit.slot, unit.round + 1)?;
+                probe::mark(StepKind::WaitEnd, u);
+                if !go_on {
                     return Ok(());
                 }
+                probe::mark(StepKind::CopyStart, u);
                 // SAFETY: the chunk's DMA into the slot is complete and the slot is not
                 // re-armed before this unit is done; the destination range is ours alone.
                 unsafe {
@@ -211,6 +223,7 @@ impl<E: DmaEngine> Pipeline<'_, E> {
                         len,
                     );
                 }
+                probe::mark(StepKind::CopyEnd, len);
                 if self.remaining[unit.chunk].fetch_sub(1, Ordering::AcqRel) == 1 {
                     let next = unit.chunk + self.plan.slots();
                     if next < self.plan.chunks() {
@@ -228,6 +241,7 @@ impl<E: DmaEngine> Pipeline<'_, E> {
         let slot = self.plan.slot_of(k);
         // Before the call: a submission that fails part-way may still have queued the copy.
         self.dma_issued.store(true, Ordering::Release);
+        probe::mark(StepKind::SubmitStart, k);
         // SAFETY: to the device, every part of chunk `k` is in the slot and nobody touches the
         // slot until its fence is waited for (the next round's units wait for it); to the
         // host, every reader of the previous chunk in the slot is done.
@@ -240,6 +254,7 @@ impl<E: DmaEngine> Pipeline<'_, E> {
                 range.len(),
             )
         }?;
+        probe::mark(StepKind::SubmitEnd, k);
         self.submitted[slot].fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
@@ -310,6 +325,7 @@ pub(crate) unsafe fn run<E: DmaEngine>(
         abort: AtomicBool::new(false),
         error: Mutex::new(None),
     };
+    probe::mark(StepKind::Start, plan.units());
     if direction == Direction::ToHost {
         for k in 0..plan.chunks().min(plan.slots()) {
             if let Err(e) = pipeline.submit(k) {
@@ -321,6 +337,7 @@ pub(crate) unsafe fn run<E: DmaEngine>(
     // Not worth waking more helpers than there are units besides the caller's.
     let helpers = helpers.min(plan.units().saturating_sub(1));
     pool::run(helpers, &|| pipeline.work());
+    probe::mark(StepKind::End, 0);
     let error = pipeline
         .error
         .lock()
