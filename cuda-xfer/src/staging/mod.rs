@@ -11,6 +11,12 @@
 //! Transfers below [`StagingConfig::min_staged_bytes`], and transfers from or to pinned,
 //! registered or managed memory, go straight to the driver.
 //!
+//! Chunks are submitted in order by one thread at a time. A transfer whose chunks are smaller
+//! than a slot packs several into each (a ring of up to 64 positions, one fence each), so a
+//! mid-sized transfer never waits for a slot to come free; mid-sized transfers also copy in
+//! smaller parts with fewer helpers ([`MID_PART_BYTES`], [`MID_HELPERS`]). [`probe`] records
+//! where a transfer's time goes (for benchmarks).
+//!
 //! The slots and their events are cached per device and reused; [`release_cached`] frees
 //! them. Helper threads are started on first use and live as long as the process.
 //!
@@ -50,12 +56,14 @@ pub struct StagingConfig {
     pub chunk_bytes: usize,
     /// Number of slots: how many chunks can be in flight at once (default 4).
     pub slots: usize,
-    /// Bytes one thread copies at a time (default 512 KiB).
+    /// Bytes one thread copies at a time (default 512 KiB; transfers below
+    /// `chunk_bytes * min_chunks` use at most [`MID_PART_BYTES`]).
     pub part_bytes: usize,
     /// Pageable transfers smaller than this go straight to the driver (default 1 MiB).
     pub min_staged_bytes: usize,
     /// Most helper threads one transfer uses besides the calling thread (default: one less
-    /// than the available cores, at most 11).
+    /// than the available cores, at most 11; transfers below `chunk_bytes * min_chunks` use
+    /// at most [`MID_HELPERS`]).
     pub helpers: usize,
     /// A staged transfer is cut into at least this many chunks when that makes them smaller
     /// than `chunk_bytes` (down to `part_bytes`), so that mid-sized transfers fill and drain
@@ -349,7 +357,7 @@ pub(crate) unsafe fn to_device(
     let Some(staging) = lease.set_mut() else {
         return Err(Error::InvalidConfig("staging lease without buffers".into()));
     };
-    let (plan, slots) = lay_out(staging, dst.len(), cfg)?;
+    let (plan, slots, helpers) = lay_out(staging, dst.len(), cfg)?;
     let engine = DriverEngine {
         device_mem: dst,
         stream,
@@ -365,7 +373,7 @@ pub(crate) unsafe fn to_device(
             src as *mut u8,
             &plan,
             &slots,
-            cfg.helpers,
+            helpers,
         )
     };
     lease.settle(outcome)
@@ -408,7 +416,7 @@ pub(crate) unsafe fn to_host(
     let Some(staging) = lease.set_mut() else {
         return Err(Error::InvalidConfig("staging lease without buffers".into()));
     };
-    let (plan, slots) = lay_out(staging, src.len(), cfg)?;
+    let (plan, slots, helpers) = lay_out(staging, src.len(), cfg)?;
     let engine = DriverEngine {
         device_mem: src,
         stream,
@@ -418,7 +426,7 @@ pub(crate) unsafe fn to_host(
     // On success every DMA has completed; on failure `settle` leaks the slots if a DMA was
     // issued (its wait may have failed), so no DMA can reach reused memory.
     let outcome =
-        unsafe { pipeline::run(&engine, Direction::ToHost, dst, &plan, &slots, cfg.helpers) };
+        unsafe { pipeline::run(&engine, Direction::ToHost, dst, &plan, &slots, helpers) };
     lease.settle(outcome).map(drop)
 }
 
@@ -426,14 +434,63 @@ pub(crate) unsafe fn to_host(
 const CHUNK_GRAIN: usize = 64 << 10;
 
 /// The chunk size for a transfer of `total` bytes: `chunk_bytes`, or less so that there are
-/// at least `min_chunks` chunks, in whole 64 KiB, never below `part_bytes` (nor above the
-/// slot size).
+/// at least `min_chunks` chunks, in whole 64 KiB, never below the part size [`cut_for`]
+/// picks (nor above the slot size).
+#[cfg(test)]
 pub(crate) fn chunk_for(total: usize, cfg: &StagingConfig) -> usize {
+    cut_for(total, cfg).chunk
+}
+
+/// Host-copy parts of a mid-sized transfer (one whose chunks [`chunk_for`] makes smaller than
+/// `chunk_bytes`, below `chunk_bytes * min_chunks`: 64 MiB by default): at most this many
+/// bytes. Smaller parts start the first DMA sooner and share the last chunks among more
+/// threads. bench_xfer's sweep on the H200 (16 cores), 4 MiB / 16 MiB to the device, 7
+/// helpers: 512 KiB parts 17.4 / 29.5 GB/s, 256 KiB 18.6 / 31.1, 128 KiB 19.9 / 32.3.
+pub const MID_PART_BYTES: usize = 128 << 10;
+
+/// Most helper threads a mid-sized transfer uses: with more, the host copies crowd the
+/// memory bus that the copy engine reads from, and the transfer gets slower. The same
+/// sweep, 16 MiB to the device / to the host, 128 KiB parts: 7 helpers 32.3 / 39.6 GB/s, 15
+/// helpers 27.0 / 35.4 (large transfers gain from more: 64 MiB to the device, 11 helpers
+/// 43.0 GB/s, 7 helpers 38.1).
+pub const MID_HELPERS: usize = 7;
+
+/// How one transfer is cut: chunk and part sizes, and how many helpers it uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cut {
+    /// Bytes of one chunk (one DMA).
+    pub chunk: usize,
+    /// Bytes of one part (one host copy).
+    pub part: usize,
+    /// Most helper threads.
+    pub helpers: usize,
+}
+
+/// The cut of a `total`-byte transfer under `cfg`: full chunks, `part_bytes` parts and
+/// `helpers` helpers for large transfers; for mid-sized ones (fewer than `min_chunks` full
+/// chunks), chunks of `total / min_chunks` (in whole 64 KiB), parts of at most
+/// [`MID_PART_BYTES`] and at most [`MID_HELPERS`] helpers.
+pub(crate) fn cut_for(total: usize, cfg: &StagingConfig) -> Cut {
     let want = total
         .div_ceil(cfg.min_chunks.max(1))
         .div_ceil(CHUNK_GRAIN)
         .saturating_mul(CHUNK_GRAIN);
-    want.max(cfg.part_bytes).min(cfg.chunk_bytes).max(1)
+    let mid = want < cfg.chunk_bytes;
+    let part = if mid {
+        cfg.part_bytes.min(MID_PART_BYTES)
+    } else {
+        cfg.part_bytes
+    }
+    .max(1);
+    Cut {
+        chunk: want.max(part).min(cfg.chunk_bytes).max(1),
+        part,
+        helpers: if mid {
+            cfg.helpers.min(MID_HELPERS)
+        } else {
+            cfg.helpers
+        },
+    }
 }
 
 /// Most ring positions (virtual slots, one fence each) a staging set is cut into.
@@ -454,11 +511,12 @@ fn lay_out(
     staging: &mut Staging,
     total: usize,
     cfg: &StagingConfig,
-) -> Result<(Plan, Vec<SlotMemory>)> {
-    let chunk = chunk_for(total, cfg).min(staging.chunk);
+) -> Result<(Plan, Vec<SlotMemory>, usize)> {
+    let cut = cut_for(total, cfg);
+    let chunk = cut.chunk.min(staging.chunk);
     let per_slot = (staging.chunk / chunk).max(1);
     let positions = ring_positions(staging.slots.len(), staging.chunk, chunk);
-    let plan = Plan::ramped(total, chunk, cfg.part_bytes, positions)?;
+    let plan = Plan::ramped(total, chunk, cut.part, positions)?;
     while staging.events.len() < positions {
         staging.events.push(fence_event(&staging.device)?);
     }
@@ -473,7 +531,7 @@ fn lay_out(
         .take(positions)
         .collect();
     staging.used = plan.chunks().min(positions);
-    Ok((plan, memory))
+    Ok((plan, memory, cut.helpers))
 }
 
 /// A fence for one ring position (no timing: cheaper to record).

@@ -358,25 +358,34 @@ fn landing_cost(dev: &Device, device: &DeviceBuffer<u8>, host: &Host) -> Result<
         let d = device.slice(..n)?;
         let dptr = d.as_raw();
         let src = &host.src[..n];
-        let reps = 300;
         let bare = || {
             // SAFETY: `src` holds `n` bytes, `dptr` `n` bytes of device memory; the device's
             // context is current (run's scope).
             check(unsafe { driver.cuMemcpyHtoD(dptr, src.as_ptr().cast(), n) }, "cuMemcpyHtoD")
         };
-        let (done, raw) = measure(reps, || Ok(copy_to_device(src, &d)?), bare)?;
-        // Let the bare copies land before the next measurement.
-        null.synchronize()?;
-        let (ordered, raw_sync) = measure(
-            reps,
-            || Ok(copy_to_device_on_stream(src, &d, &nb)?),
-            || {
+        // Each call timed alone, every stream idle before it (the waits are not timed).
+        let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        for rep in 0..330 {
+            let mut time = |i: usize, f: &mut dyn FnMut() -> Result<(), BoxError>| {
+                null.synchronize()?;
+                nb.synchronize()?;
+                let at = Instant::now();
+                f()?;
+                if rep >= 30 {
+                    t[i].push(at.elapsed().as_secs_f64());
+                }
+                Ok::<(), BoxError>(())
+            };
+            time(0, &mut || Ok(copy_to_device(src, &d)?))?;
+            time(1, &mut || bare())?;
+            time(2, &mut || Ok(copy_to_device_on_stream(src, &d, &nb)?))?;
+            time(3, &mut || {
                 bare()?;
                 null.synchronize()?;
                 Ok(())
-            },
-        )?;
-        nb.synchronize()?;
+            })?;
+        }
+        let [done, raw, ordered, raw_sync] = t.map(|mut v| median(&mut v));
         println!(
             "{:>8} | {:>9.2} | {:>9.2} | {:>9.2} | {:>9.2} | {:>8.2}",
             size_label(n),
@@ -390,17 +399,22 @@ fn landing_cost(dev: &Device, device: &DeviceBuffer<u8>, host: &Host) -> Result<
     for n in [4 * KIB, 64 * MIB] {
         let a = device.slice(..n)?;
         let b = device.slice(n..2 * n)?;
-        let (ours, raw) = measure(
-            100,
-            || Ok(copy_device(&a, &b)?),
-            || {
-                // SAFETY: two disjoint ranges of `n` bytes of live device memory.
-                check(
-                    unsafe { driver.cuMemcpyDtoD(b.as_raw(), a.as_raw(), n) },
-                    "cuMemcpyDtoD",
-                )
-            },
-        )?;
+        let (mut o, mut r) = (Vec::new(), Vec::new());
+        for _ in 0..100 {
+            null.synchronize()?;
+            let at = Instant::now();
+            copy_device(&a, &b)?;
+            o.push(at.elapsed().as_secs_f64());
+            null.synchronize()?;
+            let at = Instant::now();
+            // SAFETY: two disjoint ranges of `n` bytes of live device memory.
+            check(
+                unsafe { driver.cuMemcpyDtoD(b.as_raw(), a.as_raw(), n) },
+                "cuMemcpyDtoD",
+            )?;
+            r.push(at.elapsed().as_secs_f64());
+        }
+        let (ours, raw) = (median(&mut o), median(&mut r));
         null.synchronize()?;
         println!(
             "copy_device {:>8}: done {:.2} us, bare cuMemcpyDtoD {:.2} us (returns before the copy ran)",
@@ -576,19 +590,16 @@ fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result
     );
     let probe_cfgs: Vec<(&str, StagingConfig)> = vec![
         ("default", base),
-        ("part 128K", StagingConfig { part_bytes: 128 * KIB, ..base }),
-        ("part 256K", StagingConfig { part_bytes: 256 * KIB, ..base }),
-        ("part 128K min 16", StagingConfig { part_bytes: 128 * KIB, min_chunks: 16, ..base }),
-        ("part 256K helpers 15", StagingConfig { part_bytes: 256 * KIB, helpers: 15, ..base }),
-        ("helpers 3", StagingConfig { helpers: 3, ..base }),
-        ("helpers 0", StagingConfig { helpers: 0, ..base }),
+        ("part 64K", StagingConfig { part_bytes: 64 * KIB, ..base }),
+        ("helpers 5", StagingConfig { helpers: 5, ..base }),
+        ("linger 5000", StagingConfig { helper_linger_us: 5000, ..base }),
     ];
     for (name, cfg) in &probe_cfgs {
         staging::set_config(*cfg)?;
         for n in [4 * MIB, 16 * MIB] {
             for dir in [Dir::H2D, Dir::D2H] {
                 for gap_ms in [0u64, 3] {
-                    if gap_ms > 0 && *name != "default" && *name != "part 256K" {
+                    if gap_ms > 0 && *name != "default" && *name != "linger 5000" {
                         continue;
                     }
                     let d = device.slice(..n)?;
@@ -676,15 +687,15 @@ fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result
         "part / min_chunks / helpers / linger us", "H 4M", "D 4M", "H 16M", "D 16M"
     );
     let mut grid = Vec::new();
-    for part in [64 * KIB, 128 * KIB, 256 * KIB, 512 * KIB] {
-        for min_chunks in [4, 8, 16, 32] {
-            for helpers in [7, 15] {
+    for part in [64 * KIB, 128 * KIB] {
+        for min_chunks in [4, 8] {
+            for helpers in [3, 5, 7] {
                 grid.push((part, min_chunks, helpers, base.helper_linger_us));
             }
         }
     }
-    grid.push((256 * KIB, 8, base.helpers, 0));
-    grid.push((256 * KIB, 8, base.helpers, 5000));
+    grid.push((128 * KIB, 8, 7, 0));
+    grid.push((128 * KIB, 8, 7, 5000));
     for (part, min_chunks, helpers, linger) in grid {
         staging::set_config(StagingConfig {
             part_bytes: part,
