@@ -68,7 +68,8 @@ impl<T: Pod> DeviceBuffer<T> {
     ///
     /// Done when it returns, like the synchronous transfers: the zeros are there for work on
     /// any stream. (`cuMemsetD8` returns before the device has run it, so this waits for the
-    /// legacy default stream afterwards: COST_SYNC, plus the memset's own time on the device.)
+    /// legacy default stream afterwards: one `cuStreamSynchronize`, about 5 us on an H200,
+    /// plus the memset's own time on the device.)
     pub fn zeroed(device: &Device, len: usize) -> Result<DeviceBuffer<T>> {
         let buf = DeviceBuffer::alloc(device, len)?;
         if !buf.is_empty() {

@@ -54,17 +54,17 @@ pub(crate) fn route(
     kind: HostMemoryKind,
     cfg: &StagingConfig,
 ) -> Result<Route> {
-    let route = if kind == HostMemoryKind::Pinned || crate::host::known::contains(host as usize, bytes)
-    {
-        Route::Direct(HostDma::Pinned)
-    } else if bytes < cfg.min_staged_bytes {
-        Route::Direct(HostDma::Pageable)
-    } else {
-        match host_dma(host, bytes)? {
-            HostDma::Pageable => Route::Staged,
-            dma => Route::Direct(dma),
-        }
-    };
+    let route =
+        if kind == HostMemoryKind::Pinned || crate::host::known::contains(host as usize, bytes) {
+            Route::Direct(HostDma::Pinned)
+        } else if bytes < cfg.min_staged_bytes {
+            Route::Direct(HostDma::Pageable)
+        } else {
+            match host_dma(host, bytes)? {
+                HostDma::Pageable => Route::Staged,
+                dma => Route::Direct(dma),
+            }
+        };
     staging::count_route(route == Route::Staged, bytes);
     Ok(route)
 }
@@ -139,7 +139,15 @@ pub(crate) fn d2h(src: &DevicePtr, dst: &mut [u8], kind: HostMemoryKind) -> Resu
 /// array). An empty slice gives an empty buffer without a driver call.
 ///
 /// Done when it returns: the data is on the device for work on any stream (see the
-/// [module docs](self)). Cost of that promise: COST_H2D
+/// [module docs](self)). Cost of that promise: from pageable memory below
+/// [`StagingConfig::min_staged_bytes`](crate::staging::StagingConfig::min_staged_bytes)
+/// (1 MiB), a wait for the last DMA. On an H200 (bench_xfer, medians per call, against the
+/// bare `cuMemcpyHtoD` that returns before the data lands): 4 KiB 8.2 us against 3.2,
+/// 64 KiB 16.5 against 7.0, 256 KiB 26.7 against 15.8, 1023 KiB 82.5 against 57.4; the
+/// same as the bare call followed by a stream synchronisation (8.0, 16.3, 27.3, 83.1 us).
+/// From pinned or registered memory nothing (the driver's copy is complete when it
+/// returns); from larger pageable memory nothing either (the staging pipeline already waits
+/// for its DMAs: 4 MiB in 220 us, the bare driver call 262 us).
 ///
 /// ```no_run
 /// let dev = cuda_core::Device::new(0)?;
@@ -157,7 +165,9 @@ pub fn to_device<T: Pod>(device: &Device, src: &[T]) -> Result<DeviceBuffer<T>> 
 /// ([`Error::LengthMismatch`](crate::Error::LengthMismatch) otherwise, before any copy).
 ///
 /// Done when it returns: the data is in `dst` for work on any stream (see the
-/// [module docs](self)). Cost of that promise: COST_H2D
+/// [module docs](self)). Cost of that promise, as for [`to_device`]: from small pageable
+/// memory a wait for the last DMA (4 KiB: 8.2 us against 3.2 us for the bare driver call
+/// on an H200), nothing from pinned memory or for staged copies.
 /// [`copy_to_device_on_stream`] is the stream-ordered form without that wait.
 ///
 /// ```no_run
@@ -198,7 +208,7 @@ pub fn to_device_on_stream<T: Pod>(src: &[T], stream: &Stream) -> Result<DeviceB
 ///
 /// The form to use for many small copies from pageable memory that feed work on one
 /// stream: below [`StagingConfig::min_staged_bytes`](crate::staging::StagingConfig) it does
-/// not wait for the DMA to land, which [`copy_to_device`] does (COST_ORDERED). From
+/// not wait for the DMA to land, which [`copy_to_device`] does (on an H200: 4 KiB in 2.9 us against 8.2 us, 256 KiB in 15.6 us against 26.7 us). From
 /// pinned, registered or managed memory, and for staged (large pageable) sources, it waits
 /// for the copy before it returns anyway (the source is borrowed), so it is done then, as
 /// [`copy_to_device`] is.
@@ -256,8 +266,8 @@ pub fn copy_to_device_on_stream<T: Pod>(
 
 /// Copies a device buffer into a new `Vec` (CuPy's `asnumpy`).
 ///
-/// Done when it returns (the driver's device-to-host copies are complete when they return).
-/// It starts after the work queued on the legacy default stream and on blocking streams;
+/// Done when it returns, at no extra cost (the driver's device-to-host copies are complete
+/// when they return into pageable or pinned memory). It starts after the work queued on the legacy default stream and on blocking streams;
 /// work on a non-blocking stream that writes `src` must be waited for first.
 ///
 /// ```no_run
@@ -279,7 +289,8 @@ pub fn to_host<T: Pod>(src: &DeviceBuffer<T>) -> Result<Vec<T>> {
 /// before any copy).
 ///
 /// Done when it returns, as [`to_host`] is; into managed memory it waits for the legacy
-/// stream as well (the driver's copy may return early there), which costs about COST_SYNC.
+/// stream as well (the driver's copy may return early there), which costs one `cuStreamSynchronize` (about 5 us on an H200
+/// after a small copy).
 ///
 /// ```no_run
 /// let dev = cuda_core::Device::new(0)?;
@@ -306,7 +317,8 @@ pub fn to_host_into<T: Pod>(src: &DeviceBuffer<T>, dst: &mut [T]) -> Result<()> 
 /// of `dst`'s device (and on its blocking streams), and the call waits for that stream (of
 /// both devices, for a peer copy) before it returns, so work on any stream sees the result.
 /// The driver's copy alone would return at once; the wait costs the copy's own time on the
-/// device (about 1 ms a GiB on an H200) plus COST_SYNC. [`copy_device_async`] is the
+/// device. On an H200 (bench_xfer): 4 KiB in 10.5 us against 5.1 us for the bare
+/// `cuMemcpyDtoD`, 64 MiB in 43 us against 5.7 us. [`copy_device_async`] is the
 /// stream-ordered form that returns at once.
 ///
 /// ```no_run

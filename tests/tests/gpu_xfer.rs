@@ -29,9 +29,9 @@ use cuda_xfer::matrix::{
 use cuda_xfer::ndarray::{s, Array2, ShapeBuilder};
 use cuda_xfer::staging::{self, route_stats, StagingConfig};
 use cuda_xfer::{
-    copy_device, copy_device_async, copy_to_device, copy_to_device_async,
-    copy_to_device_on_stream, register, scope, to_device, to_device_async, to_device_of, to_host,
-    to_host_async, to_host_into, DeviceBuffer, Error, PinnedBuffer,
+    copy_device, copy_device_async, copy_to_device, copy_to_device_async, copy_to_device_on_stream,
+    register, scope, to_device, to_device_async, to_device_of, to_host, to_host_async,
+    to_host_into, DeviceBuffer, Error, PinnedBuffer,
 };
 use tests::ptx::TestKernels;
 
@@ -826,7 +826,11 @@ fn to_device_is_done_for_work_on_a_non_blocking_stream() {
         copy_device_async(&d, &out, &stream).unwrap();
         stream.synchronize().unwrap();
         to_host_into(&out, &mut back[..n]).unwrap();
-        same(&back[..n], src, &format!("to_device, round {round}, {n} bytes"));
+        same(
+            &back[..n],
+            src,
+            &format!("to_device, round {round}, {n} bytes"),
+        );
         if round % 8 != 7 {
             continue;
         }
@@ -860,7 +864,11 @@ fn to_device_is_done_for_work_on_a_non_blocking_stream() {
         };
         stream.synchronize().unwrap();
         to_host_into(&out, &mut back[..n]).unwrap();
-        same(&back[..n], src, &format!("{what}, round {round}, {n} bytes"));
+        same(
+            &back[..n],
+            src,
+            &format!("{what}, round {round}, {n} bytes"),
+        );
     }
 }
 
@@ -887,7 +895,11 @@ fn to_host_after_a_non_blocking_stream_and_stream_ordered_uploads() {
         copy_device_async(&d, &out, &stream).unwrap();
         stream.synchronize().unwrap();
         if round % 2 == 0 {
-            same(&to_host(&out).unwrap(), src, &format!("to_host, round {round}"));
+            same(
+                &to_host(&out).unwrap(),
+                src,
+                &format!("to_host, round {round}"),
+            );
         } else {
             to_host_into(&out, &mut back[..n]).unwrap();
             same(&back[..n], src, &format!("to_host_into, round {round}"));
@@ -899,9 +911,16 @@ fn to_host_after_a_non_blocking_stream_and_stream_ordered_uploads() {
         copy_device_async(&dst, &out, &stream).unwrap();
         stream.synchronize().unwrap();
         to_host_into(&out, &mut back[..n]).unwrap();
-        same(&back[..n], src, &format!("copy_to_device_on_stream, round {round}"));
+        same(
+            &back[..n],
+            src,
+            &format!("copy_to_device_on_stream, round {round}"),
+        );
     }
     let other = Stream::new(&Device::new(0).unwrap()).unwrap();
     let dst = DeviceBuffer::<u8>::alloc(&dev, 4).unwrap();
-    assert!(copy_to_device_on_stream(&[1u8, 2, 3], &dst, &other).is_err(), "lengths");
+    assert!(
+        copy_to_device_on_stream(&[1u8, 2, 3], &dst, &other).is_err(),
+        "lengths"
+    );
 }

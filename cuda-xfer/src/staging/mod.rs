@@ -425,8 +425,7 @@ pub(crate) unsafe fn to_host(
     // SAFETY: `dst` is writable for `plan.total()` bytes (our contract); the slots are ours.
     // On success every DMA has completed; on failure `settle` leaks the slots if a DMA was
     // issued (its wait may have failed), so no DMA can reach reused memory.
-    let outcome =
-        unsafe { pipeline::run(&engine, Direction::ToHost, dst, &plan, &slots, helpers) };
+    let outcome = unsafe { pipeline::run(&engine, Direction::ToHost, dst, &plan, &slots, helpers) };
     lease.settle(outcome).map(drop)
 }
 

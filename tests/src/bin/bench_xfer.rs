@@ -15,6 +15,16 @@
 //! target summary in the shared format of `tests::bench`, from which `cargo xtask
 //! bench-report` draws the bandwidth-against-size plots. `--no-sweep` skips the staging
 //! configuration sweep at the end.
+//!
+//! Before the rows (issue 25 and issue 14's mid sizes): the landing cost (what "done when
+//! it returns" costs `copy_to_device` against the bare driver call, and the stream-ordered
+//! `copy_to_device_on_stream`); the landing race (how many of 10,000 pageable uploads are
+//! not yet on the device for a non-blocking stream after the bare `cuMemcpyHtoD`, and after
+//! `copy_to_device`); the mid-size probe (4 and 16 MiB through the staging pipeline with
+//! `staging::probe` on: wall and pipeline time, first submission, helpers joined and when,
+//! host-copy rate per thread, time spent waiting for slots and submitting, back to back and
+//! with 3 ms gaps); raw pinned DMAs cut in eight; and a sweep of part size, chunk count,
+//! helpers and helper linger at 4 and 16 MiB. `--mid-only` stops after these.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -31,8 +41,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use cuda_core::{Device, Stream};
-use cuda_xfer::staging::{self, StagingConfig};
 use cuda_xfer::staging::probe::{self, Step, StepKind};
+use cuda_xfer::staging::{self, StagingConfig};
 use cuda_xfer::{
     copy_device, copy_device_async, copy_to_device, copy_to_device_on_stream, register,
     to_host_into, DeviceBuffer, PinnedBuffer, Registered,
@@ -361,7 +371,10 @@ fn landing_cost(dev: &Device, device: &DeviceBuffer<u8>, host: &Host) -> Result<
         let bare = || {
             // SAFETY: `src` holds `n` bytes, `dptr` `n` bytes of device memory; the device's
             // context is current (run's scope).
-            check(unsafe { driver.cuMemcpyHtoD(dptr, src.as_ptr().cast(), n) }, "cuMemcpyHtoD")
+            check(
+                unsafe { driver.cuMemcpyHtoD(dptr, src.as_ptr().cast(), n) },
+                "cuMemcpyHtoD",
+            )
         };
         // Each call timed alone, every stream idle before it (the waits are not timed).
         let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
@@ -408,10 +421,8 @@ fn landing_cost(dev: &Device, device: &DeviceBuffer<u8>, host: &Host) -> Result<
             null.synchronize()?;
             let at = Instant::now();
             // SAFETY: two disjoint ranges of `n` bytes of live device memory.
-            check(
-                unsafe { driver.cuMemcpyDtoD(b.as_raw(), a.as_raw(), n) },
-                "cuMemcpyDtoD",
-            )?;
+            let r0 = unsafe { driver.cuMemcpyDtoD(b.as_raw(), a.as_raw(), n) };
+            check(r0, "cuMemcpyDtoD")?;
             r.push(at.elapsed().as_secs_f64());
         }
         let (ours, raw) = (median(&mut o), median(&mut r));
@@ -441,17 +452,17 @@ fn landing_race(dev: &Device, iterations: usize) -> Result<(usize, usize), BoxEr
     let mut seed = 0x2525u64;
     let mut stale = [0usize; 2];
     for i in 0..iterations * 2 {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let n = 1 + (seed >> 33) as usize % max;
         let fill = (seed >> 13) as u8 | 1;
         src[..n].fill(fill);
         let (t, o) = (target.slice(..n)?, out.slice(..n)?);
         if i % 2 == 0 {
             // SAFETY: `src` holds `n` bytes, `t` is `n` bytes of device memory.
-            check(
-                unsafe { driver.cuMemcpyHtoD(t.as_raw(), src.as_ptr().cast(), n) },
-                "cuMemcpyHtoD",
-            )?;
+            let r0 = unsafe { driver.cuMemcpyHtoD(t.as_raw(), src.as_ptr().cast(), n) };
+            check(r0, "cuMemcpyHtoD")?;
         } else {
             copy_to_device(&src[..n], &t)?;
         }
@@ -550,7 +561,11 @@ fn analyse(steps: &[Step]) -> Vec<Probed> {
         }
         if j < steps.len() {
             p.run = steps[j].at.as_secs_f64() - t0;
-            p.copy_gbps = if copy_t > 0.0 { copy_b / copy_t / 1e9 } else { 0.0 };
+            p.copy_gbps = if copy_t > 0.0 {
+                copy_b / copy_t / 1e9
+            } else {
+                0.0
+            };
             out.push(p);
         }
         i = j + 1;
@@ -590,9 +605,21 @@ fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result
     );
     let probe_cfgs: Vec<(&str, StagingConfig)> = vec![
         ("default", base),
-        ("part 64K", StagingConfig { part_bytes: 64 * KIB, ..base }),
+        (
+            "part 64K",
+            StagingConfig {
+                part_bytes: 64 * KIB,
+                ..base
+            },
+        ),
         ("helpers 5", StagingConfig { helpers: 5, ..base }),
-        ("linger 5000", StagingConfig { helper_linger_us: 5000, ..base }),
+        (
+            "linger 5000",
+            StagingConfig {
+                helper_linger_us: 5000,
+                ..base
+            },
+        ),
     ];
     for (name, cfg) in &probe_cfgs {
         staging::set_config(*cfg)?;
@@ -651,14 +678,19 @@ fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result
     {
         let pinned = PinnedBuffer::<u8>::zeroed(dev, 16 * MIB)?;
         let nb = Stream::builder(dev).non_blocking(true).build()?;
-        let ev = cuda_core::Event::builder(dev).disable_timing(true).build()?;
+        let ev = cuda_core::Event::builder(dev)
+            .disable_timing(true)
+            .build()?;
         for n in [512 * KIB, 4 * MIB, 16 * MIB] {
             let d = device.slice(..n)?;
             let (one, eight) = measure(
                 50,
                 || {
                     // SAFETY: pinned source of `n` bytes, live device range.
-                    check(unsafe { driver.cuMemcpyHtoDAsync(d.as_raw(), pinned.as_ptr().cast(), n, nb.raw()) }, "HtoDAsync")?;
+                    let r0 = unsafe {
+                        driver.cuMemcpyHtoDAsync(d.as_raw(), pinned.as_ptr().cast(), n, nb.raw())
+                    };
+                    check(r0, "HtoDAsync")?;
                     nb.synchronize()?;
                     Ok(())
                 },
@@ -666,7 +698,15 @@ fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result
                     for k in 0..8 {
                         let c = n / 8;
                         // SAFETY: as above, the k-th eighth.
-                        check(unsafe { driver.cuMemcpyHtoDAsync(d.as_raw() + (k * c) as u64, pinned.as_ptr().add(k * c).cast(), c, nb.raw()) }, "HtoDAsync")?;
+                        let r0 = unsafe {
+                            driver.cuMemcpyHtoDAsync(
+                                d.as_raw() + (k * c) as u64,
+                                pinned.as_ptr().add(k * c).cast(),
+                                c,
+                                nb.raw(),
+                            )
+                        };
+                        check(r0, "HtoDAsync")?;
                         ev.record(&nb)?;
                     }
                     ev.synchronize()?;
@@ -722,7 +762,12 @@ fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result
             )?;
             let dst = &mut host.dst[..n];
             let (d2h, _) = measure(60, || Ok(to_host_into(&d, &mut *dst)?), || Ok(()))?;
-            let _ = write!(line, " {:>6.1} {:>6.1} |", n as f64 / h2d / 1e9, n as f64 / d2h / 1e9);
+            let _ = write!(
+                line,
+                " {:>6.1} {:>6.1} |",
+                n as f64 / h2d / 1e9,
+                n as f64 / d2h / 1e9
+            );
         }
         println!("{line}");
     }
