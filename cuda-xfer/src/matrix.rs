@@ -149,7 +149,7 @@ pub fn copy_matrix_to_device<T: Pod>(
 /// Copies the device matrix `src` to a new contiguous host matrix in `order`
 /// (CuPy's `asnumpy(a, order=...)`).
 /// Done when it returns, with no extra cost (the driver's copies to the host are complete
-/// when they return), like [`to_host`](crate::to_host).
+/// when they return), like [`to_host`].
 pub fn matrix_to_host<T: Pod>(src: &DeviceMatrix<T>, order: Order) -> Result<Vec<T>> {
     let layout = src.layout.to_contiguous(order);
     let mut out = bytemuck::zeroed_vec::<T>(layout.span()?);
@@ -160,7 +160,7 @@ pub fn matrix_to_host<T: Pod>(src: &DeviceMatrix<T>, order: Order) -> Result<Vec
 /// Copies the device matrix `src` into the host matrix `dst` laid out as `dst_layout`
 /// (same shape; CuPy's `asnumpy(a, out=dst)`). Gaps of a pitched `dst` are left untouched.
 /// Done when it returns, with no extra cost (the driver's copies to the host are complete
-/// when they return), like [`to_host`](crate::to_host).
+/// when they return), like [`to_host`].
 pub fn matrix_to_host_into<T: Pod>(
     src: &DeviceMatrix<T>,
     dst: &mut [T],

@@ -440,7 +440,7 @@ pub(crate) fn chunk_for(total: usize, cfg: &StagingConfig) -> usize {
     cut_for(total, cfg).chunk
 }
 
-/// Host-copy parts of a mid-sized transfer (one whose chunks [`chunk_for`] makes smaller than
+/// Host-copy parts of a mid-sized transfer (one whose chunks the cut makes smaller than
 /// `chunk_bytes`, below `chunk_bytes * min_chunks`: 64 MiB by default): at most this many
 /// bytes. Smaller parts start the first DMA sooner and share the last chunks among more
 /// threads. bench_xfer's sweep on the H200 (16 cores), 4 MiB / 16 MiB to the device, 7
