@@ -42,6 +42,8 @@ fn contiguous<'a, T>(view: &ArrayView2<'a, T>) -> Option<(&'a [T], Layout2)> {
 
 /// Copies a 2-D array to a new contiguous device matrix in `device_order`. Arrays with
 /// other strides are gathered on the host first.
+/// Done when it returns, for work on any stream, at the cost [`to_device`]
+/// states (a wait for the last DMA from small pageable memory; nothing otherwise).
 pub fn array_to_device<T: Pod>(
     device: &Device,
     array: ArrayView2<'_, T>,
@@ -62,6 +64,8 @@ pub fn array_to_device<T: Pod>(
 
 /// Copies a device matrix to a new array in `order` (C order for [`Order::RowMajor`],
 /// Fortran order for [`Order::ColumnMajor`]).
+/// Done when it returns, with no extra cost (the driver's copies to the host are complete
+/// when they return), like [`to_host`].
 pub fn matrix_to_array<T: Pod>(matrix: &DeviceMatrix<T>, order: Order) -> Result<Array2<T>> {
     let (rows, cols) = (matrix.rows(), matrix.cols());
     let data = matrix_to_host(matrix, order)?;
@@ -77,6 +81,8 @@ pub fn matrix_to_array<T: Pod>(matrix: &DeviceMatrix<T>, order: Order) -> Result
 
 /// Copies a device matrix into an existing array of the same shape, whatever its strides
 /// (CuPy's `asnumpy(a, out=...)`).
+/// Done when it returns, with no extra cost (the driver's copies to the host are complete
+/// when they return), like [`to_host`].
 pub fn matrix_to_array_into<T: Pod>(
     matrix: &DeviceMatrix<T>,
     mut out: ArrayViewMut2<'_, T>,
@@ -110,6 +116,8 @@ pub fn matrix_to_array_into<T: Pod>(
 }
 
 /// Copies a 1-D array to a new device buffer (gathering strided arrays first).
+/// Done when it returns, for work on any stream, at the cost [`to_device`]
+/// states (a wait for the last DMA from small pageable memory; nothing otherwise).
 pub fn array1_to_device<T: Pod>(
     device: &Device,
     array: ArrayView1<'_, T>,
@@ -121,6 +129,8 @@ pub fn array1_to_device<T: Pod>(
 }
 
 /// Copies a device buffer to a new 1-D array.
+/// Done when it returns, with no extra cost (the driver's copies to the host are complete
+/// when they return), like [`to_host`].
 pub fn buffer_to_array1<T: Pod>(buffer: &DeviceBuffer<T>) -> Result<Array1<T>> {
     Ok(Array1::from_vec(to_host(buffer)?))
 }

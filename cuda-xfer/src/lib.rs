@@ -3,7 +3,7 @@
 //!
 //! | module | what | CuPy |
 //! | --- | --- | --- |
-//! | [`transfer`] | [`to_device`], [`copy_to_device`], [`to_host`], [`to_host_into`], [`copy_device`], [`to_device_of`] (peer) | `asarray`, `asnumpy(a, out=)` |
+//! | [`transfer`] | [`to_device`], [`copy_to_device`], [`to_host`], [`to_host_into`], [`copy_device`], [`to_device_of`] (peer): done when they return, for every stream; [`copy_to_device_on_stream`], [`copy_device_async`]: ordered on a stream | `asarray`, `asnumpy(a, out=)` |
 //! | [`pending`] | [`to_device_async`], [`copy_to_device_async`], [`to_host_async`] and their [`Pending`] handle; [`scope`] for borrowed slices | `asnumpy(a, stream, blocking=False)` |
 //! | [`matrix`], [`layout`] | 2-D transfers in row-major or column-major order, pitched layouts | `asnumpy(a, order=)` |
 //! | `array` (feature `ndarray`) | `ndarray` arrays in and out | `numpy.ndarray` |
@@ -71,5 +71,6 @@ pub use location::{locate, locate_range, locate_slice, Location};
 pub use matrix::DeviceMatrix;
 pub use pending::{copy_to_device_async, scope, to_device_async, to_host_async, Pending, Scope};
 pub use transfer::{
-    copy_device, copy_device_async, copy_to_device, to_device, to_device_of, to_host, to_host_into,
+    copy_device, copy_device_async, copy_to_device, copy_to_device_on_stream, to_device,
+    to_device_of, to_device_on_stream, to_host, to_host_into,
 };

@@ -123,24 +123,57 @@ pub fn locate_buffer<T: bytemuck::Pod>(buffer: &DeviceBuffer<T>) -> Result<Locat
     locate_device_address(buffer.as_raw())
 }
 
-/// `true` when the driver can copy `bytes` bytes at `host` by DMA directly: pinned,
-/// registered or managed memory covering the whole range. The transfers' routing test; it
-/// skips building a [`Device`] for the answer.
-pub(crate) fn is_dma_ready(host: *const u8, bytes: usize) -> Result<bool> {
+/// What kind of host memory a range is, for routing a transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HostDma {
+    /// Ordinary pageable memory (or a range only partly known to the driver).
+    Pageable,
+    /// Page-locked (allocated pinned or registered): the driver copies it by DMA directly,
+    /// and its synchronous copies to the device are complete when they return.
+    Pinned,
+    /// Managed memory (or any other driver memory): copied by DMA directly, but a
+    /// synchronous copy may return before it has landed.
+    Managed,
+}
+
+/// How the driver can copy `bytes > 0` bytes at `host`: pinned, registered or managed
+/// memory covering the whole range, or pageable. The transfers' routing test; it skips
+/// building a [`Device`] for the answer.
+pub(crate) fn host_dma(host: *const u8, bytes: usize) -> Result<HostDma> {
+    let class = |l: MemoryLocation| match l {
+        MemoryLocation::PageableHost => HostDma::Pageable,
+        MemoryLocation::PinnedHost => HostDma::Pinned,
+        _ => HostDma::Managed,
+    };
     if bytes == 0 {
-        return Ok(true);
+        return Ok(HostDma::Pinned);
     }
     let start = host as usize as u64;
     let head = pointer::attributes(start as CUdeviceptr)?;
     if !head.location.is_driver_memory() {
-        return Ok(false);
+        return Ok(HostDma::Pageable);
     }
     let end = start.saturating_add(bytes as u64);
     if let Some((range_start, range_len)) = head.range {
         if range_start <= start && end <= range_start.saturating_add(range_len as u64) {
-            return Ok(true);
+            return Ok(class(head.location));
         }
     }
     let tail = pointer::attributes((end - 1) as CUdeviceptr)?;
-    Ok(tail.location.is_driver_memory())
+    Ok(if tail.location.is_driver_memory() {
+        class(head.location).max_wait(class(tail.location))
+    } else {
+        HostDma::Pageable
+    })
+}
+
+impl HostDma {
+    /// Of two driver-memory classes, the one that needs the landing wait.
+    fn max_wait(self, other: HostDma) -> HostDma {
+        if self == HostDma::Pinned {
+            other
+        } else {
+            self
+        }
+    }
 }

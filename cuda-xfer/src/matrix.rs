@@ -23,8 +23,9 @@ use cuda_core::Device;
 
 use crate::buffer::DeviceBuffer;
 use crate::error::Result;
+use crate::host::HostMemoryKind;
 use crate::layout::{check_same_shape, relayout, Layout2, Order};
-use crate::transfer::{copy_to_device, to_host, to_host_into};
+use crate::transfer::{copy_to_device, h2d_unlanded, land, to_host, to_host_into};
 
 /// A matrix in device memory: a buffer and the layout of its elements.
 ///
@@ -43,7 +44,8 @@ impl<T: Pod> DeviceMatrix<T> {
         Ok(DeviceMatrix { buffer, layout })
     }
 
-    /// A new contiguous `rows x cols` matrix in `order` on `device`, zero-filled.
+    /// A new contiguous `rows x cols` matrix in `order` on `device`, zero-filled; done when
+    /// it returns, as [`DeviceBuffer::zeroed`] is.
     pub fn zeroed(device: &Device, rows: usize, cols: usize, order: Order) -> Result<Self> {
         let layout = Layout2::contiguous(rows, cols, order);
         let buffer = DeviceBuffer::zeroed(device, layout.span()?)?;
@@ -83,6 +85,8 @@ impl<T: Pod> DeviceMatrix<T> {
 
 /// Copies the host matrix `src` (laid out as `src_layout`) to a new contiguous device
 /// matrix in `device_order`.
+/// Done when it returns, for work on any stream, at the cost [`to_device`](crate::to_device)
+/// states (a wait for the last DMA from small pageable memory; nothing otherwise).
 pub fn matrix_to_device<T: Pod>(
     device: &Device,
     src: &[T],
@@ -100,6 +104,8 @@ pub fn matrix_to_device<T: Pod>(
 /// Copies the host matrix `src` (laid out as `src_layout`) into the device matrix `dst`,
 /// which must have the same shape. Elements in the gaps of a pitched `dst` are left as they
 /// were.
+/// Done when it returns, for work on any stream, at the cost [`to_device`](crate::to_device)
+/// states; a pitched `dst` is written run by run with one wait at the end, not one a run.
 pub fn copy_matrix_to_device<T: Pod>(
     src: &[T],
     src_layout: Layout2,
@@ -123,19 +129,27 @@ pub fn copy_matrix_to_device<T: Pod>(
     let packed = dl.to_contiguous(dl.order());
     let mut staged = bytemuck::zeroed_vec::<T>(packed.span()?);
     relayout(src, src_layout, &mut staged, packed)?;
+    // One landing wait for all the runs (see `transfer`'s docs), not one each.
     let inner = dl.inner();
+    let mut unlanded = false;
     for run in 0..dl.outer() {
         let at = run * dl.leading_dimension();
-        copy_to_device(
-            &staged[run * inner..(run + 1) * inner],
-            &dst.buffer.slice(at..at + inner)?,
+        unlanded |= h2d_unlanded(
+            bytemuck::cast_slice(&staged[run * inner..(run + 1) * inner]),
+            dst.buffer.slice(at..at + inner)?.as_ptr(),
+            HostMemoryKind::Unknown,
         )?;
+    }
+    if unlanded {
+        land(&dst.buffer.device())?;
     }
     Ok(())
 }
 
 /// Copies the device matrix `src` to a new contiguous host matrix in `order`
 /// (CuPy's `asnumpy(a, order=...)`).
+/// Done when it returns, with no extra cost (the driver's copies to the host are complete
+/// when they return), like [`to_host`].
 pub fn matrix_to_host<T: Pod>(src: &DeviceMatrix<T>, order: Order) -> Result<Vec<T>> {
     let layout = src.layout.to_contiguous(order);
     let mut out = bytemuck::zeroed_vec::<T>(layout.span()?);
@@ -145,6 +159,8 @@ pub fn matrix_to_host<T: Pod>(src: &DeviceMatrix<T>, order: Order) -> Result<Vec
 
 /// Copies the device matrix `src` into the host matrix `dst` laid out as `dst_layout`
 /// (same shape; CuPy's `asnumpy(a, out=dst)`). Gaps of a pitched `dst` are left untouched.
+/// Done when it returns, with no extra cost (the driver's copies to the host are complete
+/// when they return), like [`to_host`].
 pub fn matrix_to_host_into<T: Pod>(
     src: &DeviceMatrix<T>,
     dst: &mut [T],

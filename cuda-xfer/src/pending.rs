@@ -181,7 +181,7 @@ pub fn copy_to_device_async<B: TransferBuffer>(
     }
     let cfg = staging::config();
     let lease = match route(bytes.as_ptr(), bytes.len(), src.kind(), &cfg)? {
-        Route::Direct => {
+        Route::Direct(_) => {
             // SAFETY: `src` is owned by the Pending returned below (or settled on error) and
             // is not reachable by anyone until the event recorded after the copy completes.
             let issued = unsafe { device_mem.copy_from_host_async(bytes, stream) };
@@ -224,7 +224,7 @@ pub fn to_host_async<B: TransferBuffer>(
     }
     let cfg = staging::config();
     match route(bytes.as_ptr(), bytes.len(), kind, &cfg)? {
-        Route::Direct => {
+        Route::Direct(_) => {
             // SAFETY: `dst` is owned by the Pending returned below (or settled on error) and
             // is not reachable by anyone until the event recorded after the copy completes.
             let issued = unsafe { device_mem.copy_to_host_async(bytes, stream) };
@@ -386,7 +386,7 @@ impl<'scope> Scope<'scope, '_> {
         let device_mem = dst.as_ptr().clone();
         let cfg = staging::config();
         let lease = match route(bytes.as_ptr(), bytes.len(), HostMemoryKind::Unknown, &cfg)? {
-            Route::Direct => {
+            Route::Direct(_) => {
                 // SAFETY: `src` is borrowed until the scope ends, which waits for the event
                 // recorded after this copy (or for the stream, if recording fails).
                 let issued = unsafe { device_mem.copy_from_host_async(bytes, stream) };
@@ -421,7 +421,7 @@ impl<'scope> Scope<'scope, '_> {
         let device_mem = src.as_ptr().clone();
         let cfg = staging::config();
         match route(bytes.as_ptr(), bytes.len(), HostMemoryKind::Unknown, &cfg)? {
-            Route::Direct => {
+            Route::Direct(_) => {
                 // SAFETY: `dst` is borrowed until the scope ends, which waits for the event
                 // recorded after this copy (or for the stream, if recording fails).
                 let issued = unsafe { device_mem.copy_to_host_async(bytes, stream) };

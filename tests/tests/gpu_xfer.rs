@@ -1,7 +1,8 @@
 //! GPU: cuda-xfer's typed transfers: round trips of every size from pageable, pinned and
 //! registered memory, aligned and not, sync and async; async transfers ordered against
 //! kernels on the same stream; 2-D transfers in both orders (and through ndarray); where
-//! memory lives; peer copies (two GPUs).
+//! memory lives; peer copies (two GPUs); synchronous transfers done for non-blocking
+//! streams the moment they return (issue 25).
 //!
 //! Every test takes `SERIAL` (the route counters and the staging configuration are
 //! process-wide); run with `--test-threads=1` anyway, the 1 GiB cases are large.
@@ -28,9 +29,9 @@ use cuda_xfer::matrix::{
 use cuda_xfer::ndarray::{s, Array2, ShapeBuilder};
 use cuda_xfer::staging::{self, route_stats, StagingConfig};
 use cuda_xfer::{
-    copy_device, copy_device_async, copy_to_device, copy_to_device_async, register, scope,
-    to_device, to_device_async, to_device_of, to_host, to_host_async, to_host_into, DeviceBuffer,
-    Error, PinnedBuffer,
+    copy_device, copy_device_async, copy_to_device, copy_to_device_async, copy_to_device_on_stream,
+    register, scope, to_device, to_device_async, to_device_of, to_host, to_host_async,
+    to_host_into, DeviceBuffer, Error, PinnedBuffer,
 };
 use tests::ptx::TestKernels;
 
@@ -512,6 +513,7 @@ fn small_staging_chunks_and_one_thread_still_move_everything() {
         min_staged_bytes: 1,
         helpers: 0,
         min_chunks: 1,
+        ..StagingConfig::default()
     })
     .unwrap();
     let result = std::panic::catch_unwind(|| {
@@ -754,4 +756,171 @@ fn peer_copies_between_two_devices() {
         to_host_async(&src, vec![0u8; src.len()], &s1),
         Err(Error::Cuda(cuda_core::Error::WrongDevice { .. }))
     ));
+}
+
+/// splitmix64: the random sizes and contents of the landing tests (seeded: reproducible).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A size from 1 byte to `max`, log-uniform (as many tiny copies as large ones).
+    fn size(&mut self, max: usize) -> usize {
+        let bits = (self.next() % (max.ilog2() as u64 + 1)) as u32;
+        let n = (1usize << bits) + (self.next() as usize & ((1usize << bits) - 1));
+        n.clamp(1, max)
+    }
+
+    fn fill(&mut self, buf: &mut [u8]) {
+        let mut chunks = buf.chunks_exact_mut(8);
+        for c in &mut chunks {
+            c.copy_from_slice(&self.next().to_le_bytes());
+        }
+        let tail = self.next().to_le_bytes();
+        let rest = chunks.into_remainder();
+        let n = rest.len();
+        rest.copy_from_slice(&tail[..n]);
+    }
+}
+
+/// Issue 25: a synchronous `to_device` means done. 10,000 rounds, each a pageable
+/// `to_device` of a random size (1 byte to 3 MiB, log-uniform) and random contents,
+/// followed at once by a device-to-device copy on a NON-BLOCKING stream; the copy is read
+/// back and compared byte for byte. Every eighth round also checks a sibling the same way:
+/// `copy_to_device` into a reused buffer, `to_device` from a pinned slice, `copy_device`,
+/// `DeviceBuffer::zeroed`.
+///
+/// This fails on the old code: there a pageable copy below the staging threshold (1 MiB) was
+/// a bare `cuMemcpyHtoD`, which returns once the driver holds the source in its bounce
+/// buffer, before the last DMA has landed. The legacy stream orders later work on itself
+/// and on blocking streams after that DMA, but a non-blocking stream is not ordered with
+/// it, so its copy could read the destination before the bytes arrived (issue 25's stress
+/// run: 3 of 134 copies saw stale zeros; bench_xfer's landing check counts the same race on
+/// the bare driver call). `copy_device` (`cuMemcpyDtoD`) and `zeroed` (`cuMemsetD8`) returned
+/// before the device had even started.
+#[test]
+fn to_device_is_done_for_work_on_a_non_blocking_stream() {
+    let _s = serial();
+    let dev = dev0();
+    let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
+    const MAX: usize = 3 * MIB;
+    let scratch = DeviceBuffer::<u8>::alloc(&dev, MAX).unwrap();
+    let reused = DeviceBuffer::<u8>::alloc(&dev, MAX).unwrap();
+    let mut pinned = PinnedBuffer::<u8>::zeroed(&dev, MAX).unwrap();
+    let mut back = vec![0u8; MAX];
+    let mut rng = Rng(0x25_2025);
+    let mut src = vec![0u8; MAX];
+    for round in 0..10_000 {
+        let n = rng.size(MAX);
+        let src = &mut src[..n];
+        rng.fill(src);
+        let out = scratch.slice(..n).unwrap();
+        // The issue's case: `to_device`, then at once a copy on the non-blocking stream.
+        let d = to_device(&dev, src).unwrap();
+        copy_device_async(&d, &out, &stream).unwrap();
+        stream.synchronize().unwrap();
+        to_host_into(&out, &mut back[..n]).unwrap();
+        same(
+            &back[..n],
+            src,
+            &format!("to_device, round {round}, {n} bytes"),
+        );
+        if round % 8 != 7 {
+            continue;
+        }
+        // Siblings, each followed at once by the non-blocking stream's copy.
+        // Each arm gives back the buffers the stream's copy reads, alive until it is done.
+        let (what, _alive) = match round / 8 % 4 {
+            0 => {
+                let dst = reused.slice(..n).unwrap();
+                copy_to_device(src, &dst).unwrap();
+                copy_device_async(&dst, &out, &stream).unwrap();
+                ("copy_to_device", dst)
+            }
+            1 => {
+                pinned[..n].copy_from_slice(src);
+                let d = to_device(&dev, &pinned[..n]).unwrap();
+                copy_device_async(&d, &out, &stream).unwrap();
+                ("to_device from pinned memory", d)
+            }
+            2 => {
+                let dst = reused.slice(..n).unwrap();
+                copy_device(&d, &dst).unwrap();
+                copy_device_async(&dst, &out, &stream).unwrap();
+                ("copy_device", dst)
+            }
+            _ => {
+                let z = DeviceBuffer::<u8>::zeroed(&dev, n).unwrap();
+                copy_device_async(&z, &out, &stream).unwrap();
+                src.fill(0);
+                ("zeroed", z)
+            }
+        };
+        stream.synchronize().unwrap();
+        to_host_into(&out, &mut back[..n]).unwrap();
+        same(
+            &back[..n],
+            src,
+            &format!("{what}, round {round}, {n} bytes"),
+        );
+    }
+}
+
+/// The other direction of issue 25: a copy on a non-blocking stream writes a buffer, that
+/// stream is synchronised, and `to_host` (or `to_host_into`) returns every byte of it.
+/// Then the stream-ordered form: `copy_to_device_on_stream` followed by a copy on the same
+/// non-blocking stream (stream order alone, no wait).
+#[test]
+fn to_host_after_a_non_blocking_stream_and_stream_ordered_uploads() {
+    let _s = serial();
+    let dev = dev0();
+    let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
+    const MAX: usize = 3 * MIB;
+    let scratch = DeviceBuffer::<u8>::alloc(&dev, MAX).unwrap();
+    let mut rng = Rng(0x25_0002);
+    let mut src = vec![0u8; MAX];
+    let mut back = vec![0u8; MAX];
+    for round in 0..2_000 {
+        let n = rng.size(MAX);
+        let src = &mut src[..n];
+        rng.fill(src);
+        let d = to_device(&dev, src).unwrap();
+        let out = scratch.slice(..n).unwrap();
+        copy_device_async(&d, &out, &stream).unwrap();
+        stream.synchronize().unwrap();
+        if round % 2 == 0 {
+            same(
+                &to_host(&out).unwrap(),
+                src,
+                &format!("to_host, round {round}"),
+            );
+        } else {
+            to_host_into(&out, &mut back[..n]).unwrap();
+            same(&back[..n], src, &format!("to_host_into, round {round}"));
+        }
+        // Stream-ordered upload, then work on the same stream.
+        rng.fill(src);
+        let dst = DeviceBuffer::<u8>::alloc(&dev, n).unwrap();
+        copy_to_device_on_stream(src, &dst, &stream).unwrap();
+        copy_device_async(&dst, &out, &stream).unwrap();
+        stream.synchronize().unwrap();
+        to_host_into(&out, &mut back[..n]).unwrap();
+        same(
+            &back[..n],
+            src,
+            &format!("copy_to_device_on_stream, round {round}"),
+        );
+    }
+    let other = Stream::new(&Device::new(0).unwrap()).unwrap();
+    let dst = DeviceBuffer::<u8>::alloc(&dev, 4).unwrap();
+    assert!(
+        copy_to_device_on_stream(&[1u8, 2, 3], &dst, &other).is_err(),
+        "lengths"
+    );
 }

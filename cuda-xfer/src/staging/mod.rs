@@ -11,6 +11,12 @@
 //! Transfers below [`StagingConfig::min_staged_bytes`], and transfers from or to pinned,
 //! registered or managed memory, go straight to the driver.
 //!
+//! Chunks are submitted in order by one thread at a time. A transfer whose chunks are smaller
+//! than a slot packs several into each (a ring of up to 64 positions, one fence each), so a
+//! mid-sized transfer never waits for a slot to come free; mid-sized transfers also copy in
+//! smaller parts with fewer helpers ([`MID_PART_BYTES`], [`MID_HELPERS`]). [`probe`] records
+//! where a transfer's time goes (for benchmarks).
+//!
 //! The slots and their events are cached per device and reused; [`release_cached`] frees
 //! them. Helper threads are started on first use and live as long as the process.
 //!
@@ -26,6 +32,7 @@ pub(crate) mod lease;
 pub(crate) mod pipeline;
 pub(crate) mod plan;
 pub(crate) mod pool;
+pub mod probe;
 
 #[cfg(test)]
 mod sim;
@@ -49,17 +56,24 @@ pub struct StagingConfig {
     pub chunk_bytes: usize,
     /// Number of slots: how many chunks can be in flight at once (default 4).
     pub slots: usize,
-    /// Bytes one thread copies at a time (default 512 KiB).
+    /// Bytes one thread copies at a time (default 512 KiB; transfers below
+    /// `chunk_bytes * min_chunks` use at most [`MID_PART_BYTES`]).
     pub part_bytes: usize,
     /// Pageable transfers smaller than this go straight to the driver (default 1 MiB).
     pub min_staged_bytes: usize,
     /// Most helper threads one transfer uses besides the calling thread (default: one less
-    /// than the available cores, at most 11).
+    /// than the available cores, at most 11; transfers below `chunk_bytes * min_chunks` use
+    /// at most [`MID_HELPERS`]).
     pub helpers: usize,
     /// A staged transfer is cut into at least this many chunks when that makes them smaller
     /// than `chunk_bytes` (down to `part_bytes`), so that mid-sized transfers fill and drain
     /// the pipeline faster; 1 always uses `chunk_bytes` (default 8).
     pub min_chunks: usize,
+    /// How long an idle helper thread keeps watching for the next transfer (spinning and
+    /// yielding its core) before it sleeps, in microseconds (default 1000). Transfers that
+    /// follow each other closer than this find their helpers awake; a sleeping helper takes
+    /// tens of microseconds to wake. Applies to every helper of the process.
+    pub helper_linger_us: u64,
 }
 
 impl Default for StagingConfig {
@@ -72,6 +86,7 @@ impl Default for StagingConfig {
             min_staged_bytes: 1 << 20,
             helpers: cores.saturating_sub(1).min(11),
             min_chunks: 8,
+            helper_linger_us: 1000,
         }
     }
 }
@@ -116,6 +131,7 @@ struct SharedConfig {
     min_staged_bytes: AtomicUsize,
     helpers: AtomicUsize,
     min_chunks: AtomicUsize,
+    helper_linger_us: AtomicU64,
     writer: Mutex<()>,
 }
 
@@ -130,6 +146,7 @@ fn shared_config() -> &'static SharedConfig {
             min_staged_bytes: AtomicUsize::new(c.min_staged_bytes),
             helpers: AtomicUsize::new(c.helpers),
             min_chunks: AtomicUsize::new(c.min_chunks),
+            helper_linger_us: AtomicU64::new(c.helper_linger_us),
             writer: Mutex::new(()),
         }
     })
@@ -145,6 +162,7 @@ pub fn config() -> StagingConfig {
         min_staged_bytes: c.min_staged_bytes.load(Ordering::Relaxed),
         helpers: c.helpers.load(Ordering::Relaxed),
         min_chunks: c.min_chunks.load(Ordering::Relaxed),
+        helper_linger_us: c.helper_linger_us.load(Ordering::Relaxed),
     }
 }
 
@@ -162,6 +180,9 @@ pub fn set_config(config: StagingConfig) -> Result<StagingConfig> {
         .store(config.min_staged_bytes, Ordering::Relaxed);
     c.helpers.store(config.helpers, Ordering::Relaxed);
     c.min_chunks.store(config.min_chunks, Ordering::Relaxed);
+    c.helper_linger_us
+        .store(config.helper_linger_us, Ordering::Relaxed);
+    pool::set_linger_us(config.helper_linger_us);
     Ok(previous)
 }
 
@@ -210,7 +231,10 @@ pub(crate) struct Staging {
     device: Device,
     chunk: usize,
     slots: Vec<PinnedMemory>,
+    /// One fence per ring position (see `lay_out`).
     events: Vec<Event>,
+    /// Ring positions the latest transfer used (their fences cover all its DMAs).
+    used: usize,
 }
 
 /// Most idle staging sets kept for reuse (each is `slots * chunk_bytes` of pinned memory).
@@ -257,12 +281,13 @@ fn checkout(device: &Device, cfg: &StagingConfig) -> Result<Lease> {
                     cfg.chunk_bytes,
                     PinnedFlags::PORTABLE,
                 )?);
-                events.push(Event::new(device)?);
+                events.push(fence_event(device)?);
             }
             Ok(Staging {
                 device: *device,
                 chunk: cfg.chunk_bytes,
                 slots,
+                used: events.len(),
                 events,
             })
         },
@@ -332,13 +357,7 @@ pub(crate) unsafe fn to_device(
     let Some(staging) = lease.set_mut() else {
         return Err(Error::InvalidConfig("staging lease without buffers".into()));
     };
-    let plan = Plan::ramped(
-        dst.len(),
-        chunk_for(dst.len(), cfg),
-        cfg.part_bytes,
-        cfg.slots,
-    )?;
-    let slots = slot_memory(staging);
+    let (plan, slots, helpers) = lay_out(staging, dst.len(), cfg)?;
     let engine = DriverEngine {
         device_mem: dst,
         stream,
@@ -354,7 +373,7 @@ pub(crate) unsafe fn to_device(
             src as *mut u8,
             &plan,
             &slots,
-            cfg.helpers,
+            helpers,
         )
     };
     lease.settle(outcome)
@@ -365,7 +384,9 @@ pub(crate) unsafe fn to_device(
 /// read the slots).
 pub(crate) fn finish(lease: Lease) -> Result<()> {
     let waited = match lease.set() {
-        Some(staging) => staging.events.iter().try_for_each(Event::synchronize),
+        Some(staging) => staging.events[..staging.used.min(staging.events.len())]
+            .iter()
+            .try_for_each(Event::synchronize),
         None => Ok(()),
     };
     match waited {
@@ -395,13 +416,7 @@ pub(crate) unsafe fn to_host(
     let Some(staging) = lease.set_mut() else {
         return Err(Error::InvalidConfig("staging lease without buffers".into()));
     };
-    let plan = Plan::ramped(
-        src.len(),
-        chunk_for(src.len(), cfg),
-        cfg.part_bytes,
-        cfg.slots,
-    )?;
-    let slots = slot_memory(staging);
+    let (plan, slots, helpers) = lay_out(staging, src.len(), cfg)?;
     let engine = DriverEngine {
         device_mem: src,
         stream,
@@ -410,8 +425,7 @@ pub(crate) unsafe fn to_host(
     // SAFETY: `dst` is writable for `plan.total()` bytes (our contract); the slots are ours.
     // On success every DMA has completed; on failure `settle` leaks the slots if a DMA was
     // issued (its wait may have failed), so no DMA can reach reused memory.
-    let outcome =
-        unsafe { pipeline::run(&engine, Direction::ToHost, dst, &plan, &slots, cfg.helpers) };
+    let outcome = unsafe { pipeline::run(&engine, Direction::ToHost, dst, &plan, &slots, helpers) };
     lease.settle(outcome).map(drop)
 }
 
@@ -419,20 +433,107 @@ pub(crate) unsafe fn to_host(
 const CHUNK_GRAIN: usize = 64 << 10;
 
 /// The chunk size for a transfer of `total` bytes: `chunk_bytes`, or less so that there are
-/// at least `min_chunks` chunks, in whole 64 KiB, never below `part_bytes` (nor above the
-/// slot size).
+/// at least `min_chunks` chunks, in whole 64 KiB, never below the part size [`cut_for`]
+/// picks (nor above the slot size).
+#[cfg(test)]
 pub(crate) fn chunk_for(total: usize, cfg: &StagingConfig) -> usize {
+    cut_for(total, cfg).chunk
+}
+
+/// Host-copy parts of a mid-sized transfer (one whose chunks the cut makes smaller than
+/// `chunk_bytes`, below `chunk_bytes * min_chunks`: 64 MiB by default): at most this many
+/// bytes. Smaller parts start the first DMA sooner and share the last chunks among more
+/// threads. bench_xfer's sweep on the H200 (16 cores), 4 MiB / 16 MiB to the device, 7
+/// helpers: 512 KiB parts 17.4 / 29.5 GB/s, 256 KiB 18.6 / 31.1, 128 KiB 19.9 / 32.3.
+pub const MID_PART_BYTES: usize = 128 << 10;
+
+/// Most helper threads a mid-sized transfer uses: with more, the host copies crowd the
+/// memory bus that the copy engine reads from, and the transfer gets slower. The same
+/// sweep, 16 MiB to the device / to the host, 128 KiB parts: 7 helpers 32.3 / 39.6 GB/s, 15
+/// helpers 27.0 / 35.4 (large transfers gain from more: 64 MiB to the device, 11 helpers
+/// 43.0 GB/s, 7 helpers 38.1).
+pub const MID_HELPERS: usize = 7;
+
+/// How one transfer is cut: chunk and part sizes, and how many helpers it uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cut {
+    /// Bytes of one chunk (one DMA).
+    pub chunk: usize,
+    /// Bytes of one part (one host copy).
+    pub part: usize,
+    /// Most helper threads.
+    pub helpers: usize,
+}
+
+/// The cut of a `total`-byte transfer under `cfg`: full chunks, `part_bytes` parts and
+/// `helpers` helpers for large transfers; for mid-sized ones (fewer than `min_chunks` full
+/// chunks), chunks of `total / min_chunks` (in whole 64 KiB), parts of at most
+/// [`MID_PART_BYTES`] and at most [`MID_HELPERS`] helpers.
+pub(crate) fn cut_for(total: usize, cfg: &StagingConfig) -> Cut {
     let want = total
         .div_ceil(cfg.min_chunks.max(1))
         .div_ceil(CHUNK_GRAIN)
         .saturating_mul(CHUNK_GRAIN);
-    want.max(cfg.part_bytes).min(cfg.chunk_bytes).max(1)
+    let mid = want < cfg.chunk_bytes;
+    let part = if mid {
+        cfg.part_bytes.min(MID_PART_BYTES)
+    } else {
+        cfg.part_bytes
+    }
+    .max(1);
+    Cut {
+        chunk: want.max(part).min(cfg.chunk_bytes).max(1),
+        part,
+        helpers: if mid {
+            cfg.helpers.min(MID_HELPERS)
+        } else {
+            cfg.helpers
+        },
+    }
 }
 
-fn slot_memory(staging: &mut Staging) -> Vec<SlotMemory> {
-    staging
+/// Most ring positions (virtual slots, one fence each) a staging set is cut into.
+const MAX_RING: usize = 64;
+
+/// How many chunks of `chunk` bytes the staging set's memory holds at once: each slot of
+/// `slot_bytes` holds `slot_bytes / chunk` of them (at least one), up to [`MAX_RING`].
+pub(crate) fn ring_positions(slots: usize, slot_bytes: usize, chunk: usize) -> usize {
+    let per_slot = (slot_bytes / chunk.max(1)).max(1);
+    slots.saturating_mul(per_slot).clamp(1, MAX_RING.max(slots))
+}
+
+/// The plan of a `total`-byte transfer through `staging`, and the memory of its ring
+/// positions. Chunks smaller than a slot share slots: every slot is cut into as many
+/// chunk-sized positions as it holds, so a mid-sized transfer (up to `slots * chunk_bytes`)
+/// never waits for a position to come free. Makes the fences the positions need.
+fn lay_out(
+    staging: &mut Staging,
+    total: usize,
+    cfg: &StagingConfig,
+) -> Result<(Plan, Vec<SlotMemory>, usize)> {
+    let cut = cut_for(total, cfg);
+    let chunk = cut.chunk.min(staging.chunk);
+    let per_slot = (staging.chunk / chunk).max(1);
+    let positions = ring_positions(staging.slots.len(), staging.chunk, chunk);
+    let plan = Plan::ramped(total, chunk, cut.part, positions)?;
+    while staging.events.len() < positions {
+        staging.events.push(fence_event(&staging.device)?);
+    }
+    let memory = staging
         .slots
         .iter_mut()
-        .map(|m| SlotMemory(m.as_mut_ptr()))
-        .collect()
+        .flat_map(|m| {
+            let base = m.as_mut_ptr();
+            // Inside the slot: `j * chunk + chunk <= per_slot * chunk <= slot bytes`.
+            (0..per_slot).map(move |j| SlotMemory(base.wrapping_add(j * chunk)))
+        })
+        .take(positions)
+        .collect();
+    staging.used = plan.chunks().min(positions);
+    Ok((plan, memory, cut.helpers))
+}
+
+/// A fence for one ring position (no timing: cheaper to record).
+fn fence_event(device: &Device) -> Result<Event> {
+    Ok(Event::builder(device).disable_timing(true).build()?)
 }

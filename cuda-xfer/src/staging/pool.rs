@@ -45,6 +45,7 @@ impl Job {
             self.active.fetch_sub(1, SeqCst);
             return;
         }
+        super::probe::mark(super::probe::StepKind::Join, 0);
         // SAFETY: the job is open and we are counted in `active`: the caller has not returned
         // and will not before we decrement (module docs). A panic is caught: it must not
         // kill the helper thread (the work function reports its own panics anyway).
@@ -57,7 +58,13 @@ impl Job {
 /// How long an idle helper keeps looking for the next job before it sleeps on the condition
 /// variable: transfers issued back to back (a loop of copies, or copies between short kernels)
 /// then find their helpers awake instead of paying a wake-up each.
-const LINGER: std::time::Duration = std::time::Duration::from_millis(1);
+/// (Set from [`StagingConfig::helper_linger_us`](super::StagingConfig::helper_linger_us).)
+static LINGER_US: AtomicU64 = AtomicU64::new(1000);
+
+/// Sets how long idle helpers linger, in microseconds.
+pub(crate) fn set_linger_us(us: u64) {
+    LINGER_US.store(us, SeqCst);
+}
 
 struct Shared {
     jobs: Mutex<Vec<Arc<Job>>>,
@@ -99,7 +106,10 @@ fn ensure_threads(n: usize) {
         let for_thread = Arc::clone(shared);
         let spawned = std::thread::Builder::new()
             .name(format!("cuda-xfer-staging-{index}"))
-            .spawn(move || helper_loop(&for_thread));
+            .spawn(move || {
+                super::probe::set_helper(index);
+                helper_loop(&for_thread)
+            });
         if spawned.is_err() {
             break;
         }
@@ -118,7 +128,8 @@ fn helper_loop(shared: &Shared) {
     loop {
         // Linger: yield while watching for a newer job, then fall back to the condvar.
         let idle = std::time::Instant::now();
-        while shared.latest.load(SeqCst) <= last_tried && idle.elapsed() < LINGER {
+        let linger = std::time::Duration::from_micros(LINGER_US.load(SeqCst));
+        while shared.latest.load(SeqCst) <= last_tried && idle.elapsed() < linger {
             std::thread::yield_now();
         }
         let job = {

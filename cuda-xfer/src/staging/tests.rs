@@ -35,6 +35,13 @@ fn slots(plan: &Plan) -> Slots {
 fn check_log(sim: &SimDevice, plan: &Plan, device_base: usize) {
     let mut log = sim.log();
     assert_eq!(log.len(), plan.chunks());
+    // The sim runs DMAs in submission order: chunks are submitted in chunk order, whichever
+    // thread finished them first.
+    assert!(
+        log.windows(2)
+            .all(|w| w[0].device_offset < w[1].device_offset),
+        "DMAs out of chunk order: {log:?}"
+    );
     log.sort_by_key(|l| l.device_offset);
     for (k, l) in log.iter().enumerate() {
         let r = plan.chunk_range(k);
@@ -494,7 +501,12 @@ fn mid_sized_transfers_get_smaller_chunks() {
         (4 << 20) + (64 << 10),
         "whole 64 KiB"
     );
-    assert_eq!(chunk_for(1 << 20, &cfg), 512 << 10, "never below a part");
+    assert_eq!(
+        chunk_for(1 << 20, &cfg),
+        128 << 10,
+        "at least min_chunks, in whole 64 KiB"
+    );
+    assert_eq!(chunk_for(64 << 10, &cfg), 128 << 10, "never below a part");
     let one = StagingConfig {
         min_chunks: 1,
         ..cfg
@@ -510,4 +522,56 @@ fn mid_sized_transfers_get_smaller_chunks() {
         1000,
         "never above the slot size"
     );
+}
+
+#[test]
+fn mid_sized_transfers_get_smaller_parts_and_fewer_helpers() {
+    use super::{cut_for, ring_positions, Cut, StagingConfig, MID_HELPERS, MID_PART_BYTES};
+    const MIB: usize = 1 << 20;
+    let cfg = StagingConfig {
+        chunk_bytes: 8 * MIB,
+        part_bytes: 512 << 10,
+        min_chunks: 8,
+        helpers: 11,
+        ..StagingConfig::default()
+    };
+    let large = Cut {
+        chunk: 8 * MIB,
+        part: 512 << 10,
+        helpers: 11,
+    };
+    assert_eq!(cut_for(64 * MIB, &cfg), large, "64 MiB: eight full chunks");
+    assert_eq!(cut_for(1 << 30, &cfg), large);
+    let mid = |chunk| Cut {
+        chunk,
+        part: MID_PART_BYTES,
+        helpers: MID_HELPERS,
+    };
+    assert_eq!(cut_for(4 * MIB, &cfg), mid(512 << 10));
+    assert_eq!(cut_for(16 * MIB, &cfg), mid(2 * MIB));
+    assert_eq!(
+        cut_for(56 * MIB + 1, &cfg),
+        mid(7 * MIB + (64 << 10)),
+        "rounded up to 64 KiB"
+    );
+    // Configured smaller parts and fewer helpers are kept.
+    let small = StagingConfig {
+        part_bytes: 4096,
+        helpers: 2,
+        ..cfg
+    };
+    assert_eq!(
+        cut_for(4 * MIB, &small),
+        Cut {
+            chunk: 512 << 10,
+            part: 4096,
+            helpers: 2
+        }
+    );
+    // The ring: slots cut into chunk-sized positions, at most 64 (at least one per slot).
+    assert_eq!(ring_positions(4, 8 * MIB, 512 << 10), 64);
+    assert_eq!(ring_positions(4, 8 * MIB, 2 * MIB), 16);
+    assert_eq!(ring_positions(4, 8 * MIB, 8 * MIB), 4);
+    assert_eq!(ring_positions(4, 8 * MIB, 3 * MIB), 8, "whole chunks only");
+    assert_eq!(ring_positions(3, 1000, 5000), 3);
 }

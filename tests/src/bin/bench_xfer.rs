@@ -15,6 +15,16 @@
 //! target summary in the shared format of `tests::bench`, from which `cargo xtask
 //! bench-report` draws the bandwidth-against-size plots. `--no-sweep` skips the staging
 //! configuration sweep at the end.
+//!
+//! Before the rows (issue 25 and issue 14's mid sizes): the landing cost (what "done when
+//! it returns" costs `copy_to_device` against the bare driver call, and the stream-ordered
+//! `copy_to_device_on_stream`); the landing race (how many of 10,000 pageable uploads are
+//! not yet on the device for a non-blocking stream after the bare `cuMemcpyHtoD`, and after
+//! `copy_to_device`); the mid-size probe (4 and 16 MiB through the staging pipeline with
+//! `staging::probe` on: wall and pipeline time, first submission, helpers joined and when,
+//! host-copy rate per thread, time spent waiting for slots and submitting, back to back and
+//! with 3 ms gaps); raw pinned DMAs cut in eight; and a sweep of part size, chunk count,
+//! helpers and helper linger at 4 and 16 MiB. `--mid-only` stops after these.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -31,8 +41,12 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use cuda_core::{Device, Stream};
+use cuda_xfer::staging::probe::{self, Step, StepKind};
 use cuda_xfer::staging::{self, StagingConfig};
-use cuda_xfer::{copy_to_device, register, to_host_into, DeviceBuffer, PinnedBuffer, Registered};
+use cuda_xfer::{
+    copy_device, copy_device_async, copy_to_device, copy_to_device_on_stream, register,
+    to_host_into, DeviceBuffer, PinnedBuffer, Registered,
+};
 use tests::bench::{median, Report, Target};
 
 const KIB: usize = 1 << 10;
@@ -67,12 +81,14 @@ struct Row {
 struct Args {
     csv: Option<PathBuf>,
     sweep: bool,
+    main: bool,
 }
 
 fn args() -> Args {
     let mut a = Args {
         csv: std::env::var_os("BENCH_XFER_CSV").map(PathBuf::from),
         sweep: true,
+        main: true,
     };
     let out = std::env::var_os("BENCH_OUT").map(PathBuf::from);
     if a.csv.is_none() {
@@ -83,6 +99,7 @@ fn args() -> Args {
         match arg.as_str() {
             "--csv" => a.csv = it.next().map(PathBuf::from),
             "--no-sweep" => a.sweep = false,
+            "--mid-only" => a.main = false,
             _ => eprintln!("bench_xfer: ignoring argument {arg}"),
         }
     }
@@ -331,6 +348,433 @@ fn sweep(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result<(),
     Ok(())
 }
 
+/// Issue 25: what "done when it returns" costs. Per call, median microseconds, pageable
+/// source: `copy_to_device` (waits until the data has landed), the bare `cuMemcpyHtoD` (what
+/// the old code did below the staging threshold: returns before the last DMA lands),
+/// `copy_to_device_on_stream` on a non-blocking stream (stream-ordered, no wait), and the
+/// bare call followed by a legacy-stream sync. Then `copy_device` against the bare
+/// `cuMemcpyDtoD` (which returns before the device has run it).
+fn landing_cost(dev: &Device, device: &DeviceBuffer<u8>, host: &Host) -> Result<(), BoxError> {
+    let driver = cuda_core::sys::driver()?;
+    let null = Stream::null(dev);
+    let nb = Stream::builder(dev).non_blocking(true).build()?;
+    println!();
+    println!("landing cost (issue 25), pageable H2D, us per call (medians):");
+    println!(
+        "{:>8} | {:>9} | {:>9} | {:>9} | {:>9} | {:>8}",
+        "size", "done", "bare", "on_stream", "bare+sync", "cost"
+    );
+    for n in [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1023 * KIB, 4 * MIB] {
+        let d = device.slice(..n)?;
+        let dptr = d.as_raw();
+        let src = &host.src[..n];
+        let bare = || {
+            // SAFETY: `src` holds `n` bytes, `dptr` `n` bytes of device memory; the device's
+            // context is current (run's scope).
+            check(
+                unsafe { driver.cuMemcpyHtoD(dptr, src.as_ptr().cast(), n) },
+                "cuMemcpyHtoD",
+            )
+        };
+        // Each call timed alone, every stream idle before it (the waits are not timed).
+        let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        for rep in 0..330 {
+            let mut time = |i: usize, f: &mut dyn FnMut() -> Result<(), BoxError>| {
+                null.synchronize()?;
+                nb.synchronize()?;
+                let at = Instant::now();
+                f()?;
+                if rep >= 30 {
+                    t[i].push(at.elapsed().as_secs_f64());
+                }
+                Ok::<(), BoxError>(())
+            };
+            time(0, &mut || Ok(copy_to_device(src, &d)?))?;
+            time(1, &mut || bare())?;
+            time(2, &mut || Ok(copy_to_device_on_stream(src, &d, &nb)?))?;
+            time(3, &mut || {
+                bare()?;
+                null.synchronize()?;
+                Ok(())
+            })?;
+        }
+        let [done, raw, ordered, raw_sync] = t.map(|mut v| median(&mut v));
+        println!(
+            "{:>8} | {:>9.2} | {:>9.2} | {:>9.2} | {:>9.2} | {:>8.2}",
+            size_label(n),
+            done * 1e6,
+            raw * 1e6,
+            ordered * 1e6,
+            raw_sync * 1e6,
+            (done - raw) * 1e6
+        );
+    }
+    for n in [4 * KIB, 64 * MIB] {
+        let a = device.slice(..n)?;
+        let b = device.slice(n..2 * n)?;
+        let (mut o, mut r) = (Vec::new(), Vec::new());
+        for _ in 0..100 {
+            null.synchronize()?;
+            let at = Instant::now();
+            copy_device(&a, &b)?;
+            o.push(at.elapsed().as_secs_f64());
+            null.synchronize()?;
+            let at = Instant::now();
+            // SAFETY: two disjoint ranges of `n` bytes of live device memory.
+            let r0 = unsafe { driver.cuMemcpyDtoD(b.as_raw(), a.as_raw(), n) };
+            check(r0, "cuMemcpyDtoD")?;
+            r.push(at.elapsed().as_secs_f64());
+        }
+        let (ours, raw) = (median(&mut o), median(&mut r));
+        null.synchronize()?;
+        println!(
+            "copy_device {:>8}: done {:.2} us, bare cuMemcpyDtoD {:.2} us (returns before the copy ran)",
+            size_label(n),
+            ours * 1e6,
+            raw * 1e6
+        );
+    }
+    Ok(())
+}
+
+/// Issue 25's race, counted: `iterations` pageable uploads of random sizes below the staging
+/// threshold, each followed at once by a device-to-device copy on a non-blocking stream, read
+/// back; returns how many copies saw stale bytes, for the bare `cuMemcpyHtoD` (the old path)
+/// and for `copy_to_device`.
+fn landing_race(dev: &Device, iterations: usize) -> Result<(usize, usize), BoxError> {
+    let driver = cuda_core::sys::driver()?;
+    let nb = Stream::builder(dev).non_blocking(true).build()?;
+    let max = MIB - 1;
+    let target = DeviceBuffer::<u8>::alloc(dev, max)?;
+    let out = DeviceBuffer::<u8>::alloc(dev, max)?;
+    let mut src = vec![0u8; max];
+    let mut back = vec![0u8; max];
+    let mut seed = 0x2525u64;
+    let mut stale = [0usize; 2];
+    for i in 0..iterations * 2 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let n = 1 + (seed >> 33) as usize % max;
+        let fill = (seed >> 13) as u8 | 1;
+        src[..n].fill(fill);
+        let (t, o) = (target.slice(..n)?, out.slice(..n)?);
+        if i % 2 == 0 {
+            // SAFETY: `src` holds `n` bytes, `t` is `n` bytes of device memory.
+            let r0 = unsafe { driver.cuMemcpyHtoD(t.as_raw(), src.as_ptr().cast(), n) };
+            check(r0, "cuMemcpyHtoD")?;
+        } else {
+            copy_to_device(&src[..n], &t)?;
+        }
+        copy_device_async(&t, &o, &nb)?;
+        nb.synchronize()?;
+        to_host_into(&o, &mut back[..n])?;
+        if back[..n] != src[..n] {
+            stale[i % 2] += 1;
+        }
+        // Clear the target so a stale read shows.
+        t.as_ptr().memset(0)?;
+        Stream::null(dev).synchronize()?;
+    }
+    Ok((stale[0], stale[1]))
+}
+
+/// Per-transfer figures from the probe's steps of one staged transfer.
+#[derive(Default, Clone, Copy)]
+struct Probed {
+    run: f64,
+    first_submit: f64,
+    first_copy_end: f64,
+    joined: f64,
+    first_join: f64,
+    last_join: f64,
+    copy_gbps: f64,
+    wait: f64,
+    submit: f64,
+    submits: f64,
+}
+
+fn analyse(steps: &[Step]) -> Vec<Probed> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < steps.len() {
+        if !(steps[i].kind == StepKind::Start && steps[i].thread == 0) {
+            i += 1;
+            continue;
+        }
+        let t0 = steps[i].at.as_secs_f64();
+        let mut p = Probed {
+            first_submit: f64::NAN,
+            first_copy_end: f64::NAN,
+            first_join: f64::NAN,
+            ..Probed::default()
+        };
+        let mut open: std::collections::HashMap<(usize, u8), f64> = Default::default();
+        let (mut copy_t, mut copy_b) = (0.0, 0.0);
+        let mut j = i + 1;
+        while j < steps.len() && !(steps[j].kind == StepKind::End && steps[j].thread == 0) {
+            let s = steps[j];
+            let t = s.at.as_secs_f64() - t0;
+            match s.kind {
+                StepKind::Join => {
+                    p.joined += 1.0;
+                    if p.first_join.is_nan() {
+                        p.first_join = t;
+                    }
+                    p.last_join = t;
+                }
+                StepKind::CopyStart => {
+                    open.insert((s.thread, 0), t);
+                }
+                StepKind::CopyEnd => {
+                    if let Some(st) = open.remove(&(s.thread, 0)) {
+                        copy_t += t - st;
+                        copy_b += s.index as f64;
+                    }
+                    if p.first_copy_end.is_nan() {
+                        p.first_copy_end = t;
+                    }
+                }
+                StepKind::WaitStart => {
+                    open.insert((s.thread, 1), t);
+                }
+                StepKind::WaitEnd => {
+                    if let Some(st) = open.remove(&(s.thread, 1)) {
+                        p.wait += t - st;
+                    }
+                }
+                StepKind::SubmitStart => {
+                    if p.first_submit.is_nan() {
+                        p.first_submit = t;
+                    }
+                    open.insert((s.thread, 2), t);
+                }
+                StepKind::SubmitEnd => {
+                    if let Some(st) = open.remove(&(s.thread, 2)) {
+                        p.submit += t - st;
+                        p.submits += 1.0;
+                    }
+                }
+                _ => {}
+            }
+            j += 1;
+        }
+        if j < steps.len() {
+            p.run = steps[j].at.as_secs_f64() - t0;
+            p.copy_gbps = if copy_t > 0.0 {
+                copy_b / copy_t / 1e9
+            } else {
+                0.0
+            };
+            out.push(p);
+        }
+        i = j + 1;
+    }
+    out
+}
+
+fn med(v: &[Probed], f: impl Fn(&Probed) -> f64) -> f64 {
+    let mut x: Vec<f64> = v.iter().map(f).filter(|x| !x.is_nan()).collect();
+    if x.is_empty() {
+        return f64::NAN;
+    }
+    median(&mut x)
+}
+
+/// Mid-sized pageable transfers (issue 14: >= 25 GB/s at 4 MiB, >= 40 GB/s at 16 MiB):
+/// where the time goes (the staging probe), then a sweep of the plan's knobs.
+fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result<(), BoxError> {
+    let base = staging::config();
+    let null = Stream::null(dev);
+    let driver = cuda_core::sys::driver()?;
+    println!();
+    println!("mid-size probe, pageable (medians over 40 transfers; times in us from the pipeline's start):");
+    println!(
+        "{:<44} | {:>6} | {:>6} {:>6} | {:>6} | {:>5} {:>6} {:>6} | {:>6} | {:>6} | {:>7}",
+        "config / dir / size / gap",
+        "GB/s",
+        "wall",
+        "run",
+        "1st sub",
+        "join",
+        "1st j",
+        "last j",
+        "copy/t",
+        "wait",
+        "sub(n)"
+    );
+    let probe_cfgs: Vec<(&str, StagingConfig)> = vec![
+        ("default", base),
+        (
+            "part 64K",
+            StagingConfig {
+                part_bytes: 64 * KIB,
+                ..base
+            },
+        ),
+        ("helpers 5", StagingConfig { helpers: 5, ..base }),
+        (
+            "linger 5000",
+            StagingConfig {
+                helper_linger_us: 5000,
+                ..base
+            },
+        ),
+    ];
+    for (name, cfg) in &probe_cfgs {
+        staging::set_config(*cfg)?;
+        for n in [4 * MIB, 16 * MIB] {
+            for dir in [Dir::H2D, Dir::D2H] {
+                for gap_ms in [0u64, 3] {
+                    if gap_ms > 0 && *name != "default" && *name != "linger 5000" {
+                        continue;
+                    }
+                    let d = device.slice(..n)?;
+                    // Warm up (helpers started, staging set cached, pages touched).
+                    for _ in 0..5 {
+                        match dir {
+                            Dir::H2D => copy_to_device(&host.src[..n], &d)?,
+                            Dir::D2H => to_host_into(&d, &mut host.dst[..n])?,
+                        }
+                    }
+                    let mut walls = Vec::new();
+                    probe::set_enabled(true);
+                    for _ in 0..40 {
+                        if gap_ms > 0 {
+                            std::thread::sleep(std::time::Duration::from_millis(gap_ms));
+                        }
+                        let t = Instant::now();
+                        match dir {
+                            Dir::H2D => copy_to_device(&host.src[..n], &d)?,
+                            Dir::D2H => to_host_into(&d, &mut host.dst[..n])?,
+                        }
+                        walls.push(t.elapsed().as_secs_f64());
+                    }
+                    probe::set_enabled(false);
+                    let p = analyse(&probe::take());
+                    let wall = median(&mut walls);
+                    println!(
+                        "{:<44} | {:>6.1} | {:>6.0} {:>6.0} | {:>6.0} | {:>5.1} {:>6.0} {:>6.0} | {:>6.1} | {:>6.0} | {:>4.0}({:.0})",
+                        format!("{name} / {} / {} / gap {gap_ms} ms", dir.name(), size_label(n)),
+                        n as f64 / wall / 1e9,
+                        wall * 1e6,
+                        med(&p, |x| x.run) * 1e6,
+                        med(&p, |x| if dir == Dir::H2D { x.first_submit } else { x.first_copy_end }) * 1e6,
+                        med(&p, |x| x.joined),
+                        med(&p, |x| x.first_join) * 1e6,
+                        med(&p, |x| x.last_join) * 1e6,
+                        med(&p, |x| x.copy_gbps),
+                        med(&p, |x| x.wait) * 1e6,
+                        med(&p, |x| x.submit) * 1e6,
+                        med(&p, |x| x.submits),
+                    );
+                }
+            }
+        }
+    }
+    staging::set_config(base)?;
+
+    // Raw pieces: one pinned DMA of n bytes; n bytes cut in 8 async DMAs with an event each.
+    {
+        let pinned = PinnedBuffer::<u8>::zeroed(dev, 16 * MIB)?;
+        let nb = Stream::builder(dev).non_blocking(true).build()?;
+        let ev = cuda_core::Event::builder(dev)
+            .disable_timing(true)
+            .build()?;
+        for n in [512 * KIB, 4 * MIB, 16 * MIB] {
+            let d = device.slice(..n)?;
+            let (one, eight) = measure(
+                50,
+                || {
+                    // SAFETY: pinned source of `n` bytes, live device range.
+                    let r0 = unsafe {
+                        driver.cuMemcpyHtoDAsync(d.as_raw(), pinned.as_ptr().cast(), n, nb.raw())
+                    };
+                    check(r0, "HtoDAsync")?;
+                    nb.synchronize()?;
+                    Ok(())
+                },
+                || {
+                    for k in 0..8 {
+                        let c = n / 8;
+                        // SAFETY: as above, the k-th eighth.
+                        let r0 = unsafe {
+                            driver.cuMemcpyHtoDAsync(
+                                d.as_raw() + (k * c) as u64,
+                                pinned.as_ptr().add(k * c).cast(),
+                                c,
+                                nb.raw(),
+                            )
+                        };
+                        check(r0, "HtoDAsync")?;
+                        ev.record(&nb)?;
+                    }
+                    ev.synchronize()?;
+                    Ok(())
+                },
+            )?;
+            println!(
+                "raw pinned DMA {:>7}: one copy {:.0} us ({:.1} GB/s), 8 copies + 8 events {:.0} us ({:.1} GB/s)",
+                size_label(n), one * 1e6, n as f64 / one / 1e9, eight * 1e6, n as f64 / eight / 1e9
+            );
+        }
+    }
+
+    println!();
+    println!("mid-size sweep, pageable GB/s (medians of 60, back to back):");
+    println!(
+        "{:<40} | {:>6} {:>6} | {:>6} {:>6}",
+        "part / min_chunks / helpers / linger us", "H 4M", "D 4M", "H 16M", "D 16M"
+    );
+    let mut grid = Vec::new();
+    for part in [64 * KIB, 128 * KIB] {
+        for min_chunks in [4, 8] {
+            for helpers in [3, 5, 7] {
+                grid.push((part, min_chunks, helpers, base.helper_linger_us));
+            }
+        }
+    }
+    grid.push((128 * KIB, 8, 7, 0));
+    grid.push((128 * KIB, 8, 7, 5000));
+    for (part, min_chunks, helpers, linger) in grid {
+        staging::set_config(StagingConfig {
+            part_bytes: part,
+            min_chunks,
+            helpers,
+            helper_linger_us: linger,
+            ..base
+        })?;
+        let mut line = format!(
+            "{:<40} |",
+            format!("{} / {min_chunks} / {helpers} / {linger}", size_label(part))
+        );
+        for n in [4 * MIB, 16 * MIB] {
+            let d = device.slice(..n)?;
+            let src = &host.src[..n];
+            let (h2d, _) = measure(
+                60,
+                || {
+                    copy_to_device(src, &d)?;
+                    null.synchronize()?;
+                    Ok(())
+                },
+                || Ok(()),
+            )?;
+            let dst = &mut host.dst[..n];
+            let (d2h, _) = measure(60, || Ok(to_host_into(&d, &mut *dst)?), || Ok(()))?;
+            let _ = write!(
+                line,
+                " {:>6.1} {:>6.1} |",
+                n as f64 / h2d / 1e9,
+                n as f64 / d2h / 1e9
+            );
+        }
+        println!("{line}");
+    }
+    staging::set_config(base)?;
+    Ok(())
+}
+
 fn write_outputs(args: &Args, rows: &[Row]) -> Result<(), BoxError> {
     if let Some(path) = &args.csv {
         let mut csv = String::from("direction,memory,bytes,ours_gbps,raw_gbps,ratio\n");
@@ -435,6 +879,16 @@ fn run() -> Result<(), BoxError> {
         );
     }
 
+    landing_cost(&dev, &device, &kinds[0])?;
+    let (bare, ours) = landing_race(&dev, 10_000)?;
+    println!(
+        "landing race, 10000 pageable uploads < 1 MiB then a non-blocking-stream copy each: stale after bare cuMemcpyHtoD {bare}, after copy_to_device {ours}"
+    );
+    mid_sizes(&dev, &device, &mut kinds[0])?;
+    if !args.main {
+        println!("bench_xfer: {:.1} s", started.elapsed().as_secs_f64());
+        return Ok(());
+    }
     println!();
     println!(
         "{:<16} | {:>8} | {:>9} | {:>9} | {:>6}",
