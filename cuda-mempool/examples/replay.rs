@@ -86,13 +86,7 @@ fn main() -> std::process::ExitCode {
             match replay(&trace, &options) {
                 Ok(r) => println!(
                     "{:<14} {:<26} {:>8} {:>16} {:>16} {:>7.4} {:>8.1}",
-                    r.name,
-                    label,
-                    r.ops,
-                    r.peak_requested,
-                    r.peak_reserved,
-                    r.ratio,
-                    r.ns_per_op
+                    r.name, label, r.ops, r.peak_requested, r.peak_reserved, r.ratio, r.ns_per_op
                 ),
                 Err(e) => {
                     eprintln!("{}: {e}", trace.name);

@@ -218,6 +218,13 @@ impl SimPage {
     }
 }
 
+/// A point in one stream's work ([`SimulatedBackend::point`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimPoint {
+    timeline: u64,
+    value: u64,
+}
+
 /// A fence of the simulated device: a stream and the submitted count at recording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SimFence {
@@ -484,8 +491,31 @@ impl SimulatedBackend {
         on: StreamId,
         value: u64,
     ) -> bool {
+        let point = self.point(device, on);
+        self.is_ordered_after_point(device, waiter, SimPoint { value, ..point })
+    }
+
+    /// The current end of `stream`'s work (its submitted count), on the stream's current
+    /// timeline: it stays the same point if the stream is destroyed and its id reused.
+    pub fn point(&self, device: DeviceId, stream: StreamId) -> SimPoint {
         let s = self.lock();
-        let (w, o) = (timeline(&s, waiter.0), timeline(&s, on.0));
+        let t = timeline(&s, stream.0);
+        SimPoint {
+            timeline: t,
+            value: s.clocks.get(&(device.0, t)).map_or(0, |c| c.submitted),
+        }
+    }
+
+    /// [`is_ordered_after`](Self::is_ordered_after) for a point taken with
+    /// [`point`](Self::point).
+    pub fn is_ordered_after_point(
+        &self,
+        device: DeviceId,
+        waiter: StreamId,
+        point: SimPoint,
+    ) -> bool {
+        let s = self.lock();
+        let (w, o, value) = (timeline(&s, waiter.0), point.timeline, point.value);
         let done = s.clocks.get(&(device.0, o)).map_or(0, |c| c.completed);
         if done >= value || w == o {
             return true;

@@ -339,9 +339,7 @@ impl<'p> Model<'p> {
                         if h.dev != dev.0 || h.phys != phys || h.end <= start || h.start >= end {
                             continue;
                         }
-                                let ordered =
-                            self.sim()
-                                .is_ordered_after(dev, stream, h.stream, h.value);
+                        let ordered = self.sim().is_ordered_after(dev, stream, h.stream, h.value);
                         assert!(
                             h.stream == stream || ordered,
                             "memory last used by {:?} (work {}) handed to {:?} before that work completed",

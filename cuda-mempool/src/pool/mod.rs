@@ -617,7 +617,17 @@ impl<B: Backend> MemoryPool<B> {
             return Ok(Some((shard, key, id, st.mark_live(id, size))));
         }
         if self.steal && !st.private && !self.backend.is_capturing(stream) {
-            if let Some(served) = self.steal(dev, &mut g, shard, &mut st, key, stream, size, rounded)? {
+            if let Some(served) =
+                self.steal(dev, &mut g, shard, &mut st, key, stream, size, rounded)?
+            {
+                if st.stream_idle() {
+                    // Served from another stream's cache: this shard holds no block made on
+                    // the stream, so it must not keep a stream its owner may now destroy.
+                    let _ = st.detach_if_released(&self.backend);
+                    if st.retired {
+                        shard.retire(&mut st);
+                    }
+                }
                 return Ok(Some(served));
             }
         }

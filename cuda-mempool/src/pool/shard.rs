@@ -125,6 +125,9 @@ pub(crate) struct ShardState<B: Backend> {
     /// The stream, while attached (see the crate's `backend` module): fences are recorded
     /// on it and it is made to wait only while this is `Some`.
     pub(crate) stream: Option<B::Stream>,
+    /// The key of `stream` while attached: `key`, except for a private shard, whose `key`
+    /// is a private shard key that may equal some stream's key.
+    stream_key: StreamId,
     /// Page size of virtual-memory segments; `0` in plain-segment mode.
     page: u64,
     /// A shard of a private pool (graph capture): its free memory is never given to other
@@ -237,6 +240,7 @@ impl<B: Backend> ShardState<B> {
             device,
             key,
             stream: None,
+            stream_key: key,
             page: page.unwrap_or(0),
             private: false,
             retired: false,
@@ -457,11 +461,13 @@ impl<B: Backend> ShardState<B> {
         stream: &B::Stream,
         key: StreamId,
     ) -> Result<(), PoolError> {
-        let own = self.key;
+        // The stream the block's own fences are recorded on (not the shard key: a private
+        // shard's key may equal another stream's key). Detached, there is none.
+        let own = self.stream.as_ref().map(|_| self.stream_key);
         let b = self.live_block(id, generation)?;
         // A lent block's own stream is its borrower: this shard's stream, if it uses the
         // block too, needs a fence at the free like any other.
-        if (key != own || b.lent) && !b.extra_streams.iter().any(|(k, _)| *k == key) {
+        if (Some(key) != own || b.lent) && !b.extra_streams.iter().any(|(k, _)| *k == key) {
             b.extra_streams.push((key, backend.retain_stream(stream)));
         }
         Ok(())
@@ -968,19 +974,22 @@ impl<B: Backend> ShardState<B> {
             // ordinary shard with frees no completed fence covers gives that memory up
             // (retired: never reused, still counted) rather than keep a handle its owner
             // may destroy once this last block is freed.
-            self.poll_fences(backend)?;
+            // A failed poll counts as pending: the stream is let go of all the same (its
+            // owner may destroy it once this call returns), and the error reported.
+            let polled = self.poll_fences(backend);
             if !self.private && self.epoch > self.safe_epoch {
                 self.retired = true;
             }
             if let Some(stream) = self.stream.take() {
                 backend.stream_released(stream);
             }
-            return Ok(());
+            return polled;
         }
         self.flush_recent();
-        self.poll_fences(backend)?;
+        // A failed poll only means a new fence is recorded below when an outstanding one
+        // might have done; the stream must be let go of all the same.
+        let mut result = self.poll_fences(backend);
         let covered = self.fences.back().is_some_and(|(e, _)| *e >= self.epoch);
-        let mut result = Ok(());
         if let (true, Some(stream)) = (self.epoch > self.safe_epoch && !covered, &self.stream) {
             match backend.record_fence(self.device, stream) {
                 Ok(f) => self.fences.push_back((self.epoch, f)),
@@ -1026,6 +1035,7 @@ impl<B: Backend> ShardState<B> {
                 // reuse by `stream` is safe. Other streams still go by the fences.
             }
         }
+        self.stream_key = backend.stream_key(stream)?;
         self.key = key;
         self.stream = Some(backend.retain_stream(stream));
         Ok(())
@@ -1266,7 +1276,11 @@ impl<B: Backend> ShardState<B> {
             }
             self.fences.push_back((self.epoch, f));
         }
-        Ok(self.fences.iter().find(|(e, _)| *e >= epoch).map(|(_, f)| f))
+        Ok(self
+            .fences
+            .iter()
+            .find(|(e, _)| *e >= epoch)
+            .map(|(_, f)| f))
     }
 
     /// Lends a free block of this shard to a request of `rounded` bytes (`requested` asked

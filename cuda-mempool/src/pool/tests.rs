@@ -901,3 +901,23 @@ fn a_record_stream_free_is_covered_by_its_own_streams_detach_fence() {
     );
     drop(y);
 }
+
+#[test]
+fn record_stream_on_a_private_block_is_not_taken_for_its_own_stream() {
+    // Private shard keys are small numbers (1, 2, ...) that real stream keys may equal: a
+    // block of private shard 1 marked as used on stream 1 must still wait for stream 1.
+    let pool = plain_pool(64 * MIB);
+    let _hold = pool.retain_private_pool(D0, PrivatePoolId(1)).unwrap();
+    let a = pool.malloc_private(D0, PrivatePoolId(1), &S2, 1).unwrap();
+    assert_eq!(
+        a.stream(),
+        StreamId(1),
+        "the private shard key this test is about"
+    );
+    let p = a.ptr();
+    pool.backend().submit_work(D0, StreamId(1));
+    a.record_stream(&StreamId(1)).unwrap();
+    a.free().unwrap();
+    let b = pool.malloc_private(D0, PrivatePoolId(1), &S2, 1).unwrap();
+    assert_ne!(b.ptr(), p, "stream 1 may still use the block");
+}
