@@ -105,6 +105,9 @@ struct PendingFree<F> {
     returned: bool,
 }
 
+/// A block [`ShardState::lend`] handed out: its id and (address, generation).
+pub(crate) type LentBlock = (u32, (u64, u64));
+
 /// What [`ShardState::choose_block`] found for a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Choice {
@@ -1306,7 +1309,7 @@ impl<B: Backend> ShardState<B> {
         requested: u64,
         borrower: &B::Stream,
         borrower_key: StreamId,
-    ) -> Result<Option<(u32, (u64, u64))>, PoolError> {
+    ) -> Result<Option<LentBlock>, PoolError> {
         if self.private || self.retired {
             return Ok(None);
         }
