@@ -12,13 +12,19 @@
 //! # Stream ordering
 //!
 //! A block freed on stream A is cached in A's shard and reused by A at once: A's own
-//! order makes that safe. Other streams never receive A's blocks directly. In
-//! virtual-memory mode they receive A's *pages*: when B needs memory and A holds free
-//! pages whose frees a completed fence covers, the pages are unmapped from A's range
-//! and mapped into B's. In plain-segment mode, wholly free segments whose fences have
-//! completed are returned to the backend and allocated anew. Either way cross-stream
-//! reuse happens only after a fence recorded after the free has completed (or, for
-//! `record_stream` frees, after the owning stream was made to wait on the fences).
+//! order makes that safe. Before the pool grows for a request on stream B, B may take
+//! a free block of A's cache as it is, by waiting for A's fence on the device
+//! ([`policy::STEAL_BEFORE_GROWING`]): the block is *lent* (it stays in A's shard; its
+//! free records a fence on B, and A waits for that fence on the device before using it
+//! again). Otherwise, in virtual-memory mode other streams receive A's *pages*: when B
+//! needs memory and A holds free pages whose frees a completed fence covers, the pages
+//! are unmapped from A's range and mapped into B's. In plain-segment mode, wholly free
+//! segments whose fences have completed are returned to the backend and allocated anew.
+//! Every cross-stream reuse thus happens after a fence recorded after the free has
+//! completed, or after the receiving stream was made to wait for it.
+//!
+//! Lending takes the lender's shard lock while the borrower's is held; it happens only
+//! on the slow path, under the device lock, so the lock rule below still holds.
 //!
 //! # Out of memory
 //!

@@ -315,8 +315,10 @@ impl<B: Backend> ShardState<B> {
     ///    whichever end of it needs fewer pages mapped (start on a tie);
     /// 3. otherwise none: the caller needs a new segment.
     ///
-    /// Every block here belongs to this shard's stream, so no fence is needed to reuse
-    /// it; cross-stream reuse happens only by moving pages, under the fence rule.
+    /// Every free block here was last used by this shard's stream (or by a borrower or
+    /// `record_stream` stream this stream has waited for), so no fence is needed to reuse
+    /// it; other streams get it by moving pages under a completed fence, or by waiting for
+    /// a fence when it is lent ([`lend`](Self::lend)).
     #[inline]
     pub(crate) fn choose_block(&mut self, rounded: u64) -> Choice {
         if let Some(id) = self.take_recent(rounded) {
