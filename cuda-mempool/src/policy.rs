@@ -117,7 +117,17 @@ pub const ADOPT_BUSY_SHARDS_ABOVE: usize = SHARDS_PER_TABLE;
 ///    stream waits for that fence, on the device, the next time A needs it).
 ///
 /// Nothing is taken when spare pages already cover what B's own cache lacks: growing then
-/// costs no new memory.
+/// costs no new memory. Two limits keep it from turning every request into a steal:
+///
+/// * B borrows only from streams the same host thread drives (the thread that last took
+///   the slow path on that stream's cache). Streams one thread drives take turns on the
+///   host (one Python thread and four streams recorded the `multistream` trace); streams of
+///   different threads are concurrent pipelines by design, each cycling its own memory.
+///   Measured on the H200 before this limit, 2 threads each looping on its own stream fell
+///   from 43 to 1.4 million pairs per second: each request of one borrowed the block the
+///   other had just freed.
+/// * B does not borrow again from a cache that still holds, unused since, a block B
+///   borrowed and gave back: B is looping, and a cache of its own is cheaper.
 ///
 /// **When it beats growing.** Growing costs memory the program may never give back (the
 /// footprint is the peak of what each stream ever held, summed over streams: a trace

@@ -54,6 +54,15 @@ use table::{Inserted, Shard, ShardTable};
 /// device, in the syntax of [`Limit::parse`] (for example `8589934592` or `50%`).
 pub const LIMIT_ENV_VAR: &str = "CUDA_MEMPOOL_LIMIT";
 
+/// A number that identifies the calling thread while it lives (the address of a
+/// thread-local): which host thread drives a stream, for [`policy::STEAL_BEFORE_GROWING`].
+fn thread_token() -> usize {
+    thread_local! {
+        static TOKEN: u8 = const { 0 };
+    }
+    TOKEN.with(|t| std::ptr::from_ref(t) as usize)
+}
+
 /// Locks a mutex, ignoring poisoning: no code of this crate panics while holding a
 /// lock, and the state is consistent between statements that could.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -619,13 +628,15 @@ impl<B: Backend> MemoryPool<B> {
         if st.stream.is_none() {
             st.attach(&self.backend, stream, key)?;
         }
+        let thread = thread_token();
+        st.thread = thread;
         if let Some(id) = self.take_cached(&mut st, rounded)? {
             return Ok(Some((shard, key, id, st.mark_live(id, size))));
         }
         if self.steal && !st.private && !self.backend.is_capturing(stream) {
-            if let Some(served) =
-                self.steal(dev, &mut g, shard, &mut st, key, stream, size, rounded)?
-            {
+            if let Some(served) = self.steal(
+                dev, &mut g, shard, &mut st, key, stream, size, rounded, thread,
+            )? {
                 if st.stream_idle() {
                     // Served from another stream's cache: this shard holds no block made on
                     // the stream, so it must not keep a stream its owner may now destroy.
@@ -672,7 +683,8 @@ impl<B: Backend> MemoryPool<B> {
     /// Serves a request, before the pool grows, with memory other streams' work may still
     /// be using, by making `stream` wait for it on the device (see
     /// [`policy::STEAL_BEFORE_GROWING`]): first this shard's frees pending on other
-    /// streams' fences, then mapped free blocks of the device's other shards. Nothing is
+    /// streams' fences, then mapped free blocks of the device's other shards whose streams
+    /// this thread drives (`thread`, see the policy). Nothing is
     /// taken when spare pages already cover what this shard's own cache lacks (growing
     /// then costs no new memory). Device lock and shard lock held.
     #[allow(clippy::too_many_arguments)]
@@ -686,6 +698,7 @@ impl<B: Backend> MemoryPool<B> {
         stream: &B::Stream,
         size: u64,
         rounded: u64,
+        thread: usize,
     ) -> Result<Option<Served<'p, B>>, PoolError> {
         if st.has_waitable_pending(&self.backend) {
             st.stream_wait_pending(&self.backend)?;
@@ -703,7 +716,7 @@ impl<B: Backend> MemoryPool<B> {
                 continue;
             }
             let mut o = other.state.lock();
-            if let Some((id, served)) = o.lend(&self.backend, rounded, size, stream, key)? {
+            if let Some((id, served)) = o.lend(&self.backend, rounded, size, stream, key, thread)? {
                 return Ok(Some((other, o.key, id, served)));
             }
         }

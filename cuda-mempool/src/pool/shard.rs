@@ -101,8 +101,8 @@ enum FenceSlot<F> {
 struct PendingFree<F> {
     block: u32,
     fences: Vec<FenceSlot<F>>,
-    /// A lent block its borrower gave back ([`ShardState::lend`]).
-    returned: bool,
+    /// A lent block given back ([`ShardState::lend`]): the borrower's key.
+    returned: Option<StreamId>,
 }
 
 /// A block [`ShardState::lend`] handed out: its id and (address, generation).
@@ -156,6 +156,9 @@ pub(crate) struct ShardState<B: Backend> {
     lent: u64,
     /// Pending frees that are lent blocks given back.
     returned: usize,
+    /// The host thread that last took the slow path on this shard (a token of
+    /// `pool::thread_token`): only requests of that thread may borrow from it.
+    pub(crate) thread: usize,
     pub(crate) stats: Stats,
 }
 
@@ -258,6 +261,7 @@ impl<B: Backend> ShardState<B> {
             fences: VecDeque::new(),
             lent: 0,
             returned: 0,
+            thread: 0,
             stats: Stats::default(),
         }
     }
@@ -542,7 +546,10 @@ impl<B: Backend> ShardState<B> {
     fn release_shared(&mut self, backend: &B, id: u32) -> Result<(), PoolError> {
         let b = &mut self.blocks[id as usize];
         b.state = BlockState::Pending;
-        let returned = b.lent;
+        let returned = b
+            .lent
+            .then(|| b.extra_streams.first().map(|(k, _)| *k))
+            .flatten();
         if b.lent {
             // A lent block comes back: this shard's stream never used it, so it keeps the
             // epoch of its last free here (which the borrower waited for); the borrower's
@@ -590,7 +597,7 @@ impl<B: Backend> ShardState<B> {
             fences,
             returned,
         });
-        self.returned += usize::from(returned);
+        self.returned += usize::from(returned.is_some());
         match first_error {
             None => Ok(()),
             Some(e) => Err(PoolError::backend("record_fence")(e)),
@@ -1142,7 +1149,7 @@ impl<B: Backend> ShardState<B> {
             }
             if done {
                 let p = self.pending.swap_remove(i);
-                self.returned -= usize::from(p.returned);
+                self.returned -= usize::from(p.returned.is_some());
                 self.finish_pending(p.block, false);
             } else {
                 i += 1;
@@ -1222,7 +1229,7 @@ impl<B: Backend> ShardState<B> {
     ) -> Result<(), PoolError> {
         let mut i = 0;
         while i < self.pending.len() {
-            if only_returned && !self.pending[i].returned {
+            if only_returned && self.pending[i].returned.is_none() {
                 i += 1;
                 continue;
             }
@@ -1240,7 +1247,7 @@ impl<B: Backend> ShardState<B> {
                 i += 1;
             } else {
                 let p = self.pending.swap_remove(i);
-                self.returned -= usize::from(p.returned);
+                self.returned -= usize::from(p.returned.is_some());
                 self.finish_pending(p.block, ordered_after);
             }
         }
@@ -1302,7 +1309,10 @@ impl<B: Backend> ShardState<B> {
     /// 3. The block goes live, lent: the borrower is its first extra stream, so its free
     ///    records a fence there and the block waits as a pending free for it.
     ///
-    /// `Ok(None)` when nothing fits or no fence can be had. A failed wait hands out
+    /// `Ok(None)` when another host thread drives this shard's stream, nothing fits, no
+    /// fence can be had, or the borrower's own earlier
+    /// loan from this shard is still waiting here, unused since (it borrows in a loop:
+    /// growing once is then cheaper than a steal per request). A failed wait hands out
     /// nothing and is returned.
     pub(crate) fn lend(
         &mut self,
@@ -1311,8 +1321,20 @@ impl<B: Backend> ShardState<B> {
         requested: u64,
         borrower: &B::Stream,
         borrower_key: StreamId,
+        borrower_thread: usize,
     ) -> Result<Option<LentBlock>, PoolError> {
-        if self.private || self.retired {
+        if self.private || self.retired || self.thread != borrower_thread {
+            // Another host thread drives this stream: see `policy::STEAL_BEFORE_GROWING`.
+            return Ok(None);
+        }
+        if self
+            .pending
+            .iter()
+            .any(|p| p.returned == Some(borrower_key))
+        {
+            // The borrower gave back memory of this shard that nobody has used since: it
+            // borrows again and again (a steady loop, not streams taking turns), so it grows
+            // a cache of its own instead of paying a steal on every request.
             return Ok(None);
         }
         self.flush_recent();
