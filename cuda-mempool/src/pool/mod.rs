@@ -1320,7 +1320,8 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     /// Statistics of one (device, stream) shard, with exact peaks. All zero for a
-    /// stream the pool has not seen.
+    /// stream the pool has not seen. A block another stream borrowed from this stream's
+    /// cache counts here, in the lender's figures ([`Allocation::held_by`]).
     pub fn stream_stats(&self, device: DeviceId, stream: StreamId) -> Result<Stats, PoolError> {
         let dev = self.device(device)?;
         Ok(dev
