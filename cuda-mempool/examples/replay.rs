@@ -6,7 +6,9 @@
 //! cargo run -p cudars-mempool --release --example replay -- --all-rules TRACE...
 //! ```
 //!
-//! `--all-rules` also prints the figures under the stricter fence rules.
+//! The default fence rule is `never-sync` (no forced synchronisation, as the GPU replay);
+//! `--all-rules` also prints the figures under the rules that synchronise, and each rule
+//! again with cross-stream stealing off (`PoolConfig::steal_before_growing = false`).
 
 mod common;
 use common::println;
@@ -48,19 +50,16 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::FAILURE;
     }
     let rules: &[FenceRule] = if all_rules {
-        &[
-            FenceRule::SynchronizeBeforeEachAllocation,
-            FenceRule::SynchronizeEvery(64),
-            FenceRule::Never,
-        ]
+        &FenceRule::ALL
     } else {
-        &[FenceRule::SynchronizeBeforeEachAllocation]
+        &[FenceRule::Never]
     };
     println!(
-        "{:<14} {:<18} {:>8} {:>16} {:>16} {:>7} {:>8}",
+        "{:<14} {:<26} {:>8} {:>16} {:>16} {:>7} {:>8}",
         "trace", "fence rule", "ops", "peak requested", "peak reserved", "ratio", "ns/op"
     );
     let mut failed = false;
+    let steal_modes: &[bool] = if all_rules { &[true, false] } else { &[true] };
     for path in &paths {
         let trace = match load_trace(path) {
             Ok(t) => t,
@@ -70,21 +69,24 @@ fn main() -> std::process::ExitCode {
                 continue;
             }
         };
-        for &rule in rules {
-            let options = ReplayOptions {
+        for (&rule, &steal) in rules
+            .iter()
+            .flat_map(|r| steal_modes.iter().map(move |s| (r, s)))
+        {
+            let mut options = ReplayOptions {
                 fence_rule: rule,
                 ..ReplayOptions::default()
             };
+            options.config.steal_before_growing = steal;
+            let label = if steal {
+                rule.to_string()
+            } else {
+                format!("{rule},no-steal")
+            };
             match replay(&trace, &options) {
                 Ok(r) => println!(
-                    "{:<14} {:<18} {:>8} {:>16} {:>16} {:>7.4} {:>8.1}",
-                    r.name,
-                    r.fence_rule.to_string(),
-                    r.ops,
-                    r.peak_requested,
-                    r.peak_reserved,
-                    r.ratio,
-                    r.ns_per_op
+                    "{:<14} {:<26} {:>8} {:>16} {:>16} {:>7.4} {:>8.1}",
+                    r.name, label, r.ops, r.peak_requested, r.peak_reserved, r.ratio, r.ns_per_op
                 ),
                 Err(e) => {
                     eprintln!("{}: {e}", trace.name);

@@ -104,6 +104,49 @@ pub const SHARDS_PER_TABLE: usize = 64;
 /// reserve, when a program creates streams faster than the GPU finishes their work.
 pub const ADOPT_BUSY_SHARDS_ABOVE: usize = SHARDS_PER_TABLE;
 
+/// Before the pool grows (maps pages it must create, or reserves a new segment) for a
+/// request on stream B, it serves the request with free memory whose last user may still
+/// be running, by making B wait for that work on the device (`cuStreamWaitEvent`, as RMM's
+/// stream-ordered resource does), never on the host. In order:
+///
+/// 1. B's own frees that wait for other streams' fences (`record_stream`, or blocks B
+///    lent out and got back): B waits for those fences;
+/// 2. a free block of another stream A's cache with every page it needs mapped: B waits
+///    for a fence of A covering the block's free, and the block is *lent* to B (it stays
+///    in A's cache, live; its free records a fence on B and returns it to A, where A's
+///    stream waits for that fence, on the device, the next time A needs it).
+///
+/// Nothing is taken when spare pages already cover what B's own cache lacks: growing then
+/// costs no new memory. Two limits keep it from turning every request into a steal:
+///
+/// * B borrows only from streams the same host thread drives (the thread that last took
+///   the slow path on that stream's cache). Streams one thread drives take turns on the
+///   host (one Python thread and four streams recorded the `multistream` trace); streams of
+///   different threads are concurrent pipelines by design, each cycling its own memory.
+///   Measured on the H200 before this limit, 2 threads each looping on its own stream fell
+///   from 43 to 1.4 million pairs per second: each request of one borrowed the block the
+///   other had just freed.
+/// * B does not borrow again from a cache that still holds, unused since, a block B
+///   borrowed and gave back: B is looping, and a cache of its own is cheaper.
+///
+/// **When it beats growing.** Growing costs memory the program may never give back (the
+/// footprint is the peak of what each stream ever held, summed over streams: a trace
+/// whose streams take turns holding 128 MiB reserves 4 x 128 MiB on four streams), and
+/// on the GPU a `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per page, tens of
+/// microseconds each. Stealing costs one `cuStreamWaitEvent` (about a microsecond, no
+/// host wait) and no memory. Moving pages instead (rule 4 of the page policy) needs the
+/// fence *completed*: unmapping is not stream-ordered, so a device that lags its host
+/// (every real program) would grow before it could move anything.
+///
+/// **Its cost to concurrency.** B's work issued after the request runs only after the
+/// work A had issued before its fence: where A and B were meant to overlap, they now
+/// overlap less (A, when it later takes lent blocks back, likewise waits for B). With
+/// `false` the pool keeps streams independent and grows instead, as PyTorch's caching
+/// allocator does; cross-stream reuse then happens only after completed fences.
+/// [`PoolConfig::steal_before_growing`](crate::PoolConfig::steal_before_growing) sets it
+/// per pool.
+pub const STEAL_BEFORE_GROWING: bool = true;
+
 /// The two kinds of segment a block can live in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SizeClass {

@@ -218,6 +218,13 @@ impl SimPage {
     }
 }
 
+/// A point in one stream's work ([`SimulatedBackend::point`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimPoint {
+    timeline: u64,
+    value: u64,
+}
+
 /// A fence of the simulated device: a stream and the submitted count at recording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SimFence {
@@ -246,6 +253,9 @@ struct Clock {
     waits: Vec<(u64, u64, u64)>,
     /// The highest value this stream waited for, per other stream.
     waited: HashMap<u64, u64>,
+    /// Every wait ever made, as `waits` (kept after completion, for
+    /// [`SimulatedBackend::is_ordered_after`]).
+    log: Vec<(u64, u64, u64)>,
 }
 
 struct DevState {
@@ -468,6 +478,69 @@ impl SimulatedBackend {
             .get(&(device.0, timeline(&s, waiter.0)))
             .and_then(|c| c.waited.get(&timeline(&s, on.0)).copied())
             .unwrap_or(0)
+    }
+
+    /// Whether work submitted to `waiter` from now on runs after the first `value` work
+    /// items of stream `on`: they have completed, or `waiter` is `on` (stream order), or
+    /// `waiter` was made to wait ([`Backend::stream_wait_fence`]) for a point of some
+    /// stream that is itself ordered after them, directly or through a chain of waits.
+    pub fn is_ordered_after(
+        &self,
+        device: DeviceId,
+        waiter: StreamId,
+        on: StreamId,
+        value: u64,
+    ) -> bool {
+        let point = self.point(device, on);
+        self.is_ordered_after_point(device, waiter, SimPoint { value, ..point })
+    }
+
+    /// The current end of `stream`'s work (its submitted count), on the stream's current
+    /// timeline: it stays the same point if the stream is destroyed and its id reused.
+    pub fn point(&self, device: DeviceId, stream: StreamId) -> SimPoint {
+        let s = self.lock();
+        let t = timeline(&s, stream.0);
+        SimPoint {
+            timeline: t,
+            value: s.clocks.get(&(device.0, t)).map_or(0, |c| c.submitted),
+        }
+    }
+
+    /// [`is_ordered_after`](Self::is_ordered_after) for a point taken with
+    /// [`point`](Self::point).
+    pub fn is_ordered_after_point(
+        &self,
+        device: DeviceId,
+        waiter: StreamId,
+        point: SimPoint,
+    ) -> bool {
+        let s = self.lock();
+        let (w, o, value) = (timeline(&s, waiter.0), point.timeline, point.value);
+        let done = s.clocks.get(&(device.0, o)).map_or(0, |c| c.completed);
+        if done >= value || w == o {
+            return true;
+        }
+        // Depth-first over (timeline, position): the waiter sees everything its waits up to
+        // `position` ordered it after.
+        let mut best: HashMap<u64, u64> = HashMap::new();
+        let mut stack = vec![(w, u64::MAX)];
+        while let Some((t, pos)) = stack.pop() {
+            if t == o && pos >= value {
+                return true;
+            }
+            if best.get(&t).is_some_and(|&p| p >= pos) {
+                continue;
+            }
+            best.insert(t, pos);
+            if let Some(c) = s.clocks.get(&(device.0, t)) {
+                for &(at, other, ov) in &c.log {
+                    if at <= pos {
+                        stack.push((other, ov));
+                    }
+                }
+            }
+        }
+        false
     }
 
     /// Physical bytes held on a device: pages created plus plain allocations.
@@ -927,6 +1000,7 @@ impl Backend for SimulatedBackend {
         c.submitted += 1;
         let at = c.submitted;
         c.waits.push((at, fence.stream, fence.value));
+        c.log.push((at, fence.stream, fence.value));
         let w = c.waited.entry(fence.stream).or_insert(0);
         *w = (*w).max(fence.value);
         Ok(())

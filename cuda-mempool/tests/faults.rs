@@ -7,6 +7,11 @@
 //!   is the injected failure), never a panic, never another kind of error;
 //! * the pool never uses a stream it let go of (the simulator fails such calls, so it
 //!   would show as a `DestroyedStream` error);
+//! * memory reaches another stream only with the wait on its last users: a byte last used
+//!   by stream A (its own stream, or one marked with `record_stream`, up to A's work at the
+//!   free) is handed to stream B != A only once that work completed or B was made to wait
+//!   for it, directly or through a chain of waits (blocks stolen from another stream's
+//!   cache); a failed wait (`stream_wait_fence` fails under injection) hands nothing out;
 //! * nothing is lost or double-counted: the pool's reserved bytes equal the simulator's
 //!   physical bytes; `used` and active blocks equal what the test holds; live blocks never
 //!   overlap; memory a live private pool handed out is never handed out by ordinary
@@ -22,7 +27,7 @@
 
 use std::collections::HashMap;
 
-use cuda_mempool::sim::{SimCall, SimError};
+use cuda_mempool::sim::{SimCall, SimError, SimPoint};
 use cuda_mempool::{
     Allocation, DeviceId, MemoryPool, PoolError, PrivateHold, PrivatePoolId, SimDevice,
     SimulatedBackend, StreamId,
@@ -85,6 +90,11 @@ struct Run<'p> {
     holds: HashMap<u64, PrivateHold>,
     /// Address ranges handed out by each private pool while it exists.
     private_ranges: HashMap<u64, Vec<(u64, u64)>>,
+    /// Freed address ranges with the point each user's work had reached at the free:
+    /// another stream may get that memory only ordered after it.
+    hazards: Vec<(u64, u64, u64, SimPoint)>,
+    /// Handouts of memory last used by another stream (the new path was exercised).
+    cross_stream: u64,
 }
 
 fn check_error(e: &PoolError) {
@@ -122,13 +132,32 @@ impl<'p> Run<'p> {
         Some(StreamId(stream))
     }
 
+    /// Memory handed to stream `s` at `[start, end)` that another stream used must come
+    /// ordered after that use.
+    fn check_hazards(&mut self, s: StreamId, start: u64, end: u64) {
+        for &(hs, he, user, point) in &self.hazards {
+            if he <= start || hs >= end || user == s.0 {
+                continue;
+            }
+            self.cross_stream += 1;
+            assert!(
+                self.sim().is_ordered_after_point(D0, s, point),
+                "memory last used by stream {user} handed to stream {} without a completed \
+                 fence or a wait on it",
+                s.0
+            );
+        }
+    }
+
     fn apply(&mut self, op: &Op) {
         match *op {
             Op::Malloc { stream, size } => {
                 let Some(s) = self.usable(stream) else { return };
+                let waits = self.sim().calls().stream_wait_fence;
                 match self.pool.malloc(D0, &s, size) {
                     Ok(a) => {
                         let (start, end) = (a.ptr().0, a.ptr().0 + size);
+                        self.check_hazards(s, start, end);
                         for (pool, ranges) in &self.private_ranges {
                             for &(ps, pe) in ranges {
                                 assert!(
@@ -144,7 +173,20 @@ impl<'p> Run<'p> {
                             private: None,
                         });
                     }
-                    Err(e) => check_error(&e),
+                    Err(e) => {
+                        check_error(&e);
+                        if matches!(
+                            e,
+                            PoolError::Backend {
+                                op: "stream_wait_fence",
+                                ..
+                            }
+                        ) {
+                            // A failed wait: the request failed as a whole, nothing live was
+                            // added (checked by `check`), whatever the wait was for.
+                            assert!(self.sim().calls().stream_wait_fence > waits);
+                        }
+                    }
                 }
             }
             Op::MallocPrivate { pool, stream, size } => {
@@ -159,6 +201,7 @@ impl<'p> Run<'p> {
                 }
                 match self.pool.malloc_private(D0, PrivatePoolId(pool), &s, size) {
                     Ok(a) => {
+                        self.check_hazards(s, a.ptr().0, a.ptr().0 + size);
                         self.private_ranges
                             .entry(pool)
                             .or_default()
@@ -178,6 +221,11 @@ impl<'p> Run<'p> {
                     return;
                 }
                 let e = self.live.swap_remove(pick % self.live.len());
+                let (start, end) = (e.alloc.ptr().0, e.alloc.ptr().0 + e.alloc.size());
+                for user in std::iter::once(e.stream).chain(e.extra.iter().copied()) {
+                    let point = self.sim().point(D0, StreamId(user));
+                    self.hazards.push((start, end, user, point));
+                }
                 if let Err(err) = e.alloc.free() {
                     check_error(&err);
                 }
@@ -312,7 +360,8 @@ impl<'p> Run<'p> {
     }
 }
 
-fn run(ops: &[Op], page: Option<u64>) {
+/// Runs `ops`; returns how many handouts reused memory another stream had used.
+fn run(ops: &[Op], page: Option<u64>) -> u64 {
     let sim = SimulatedBackend::new(vec![SimDevice {
         total_memory: 64 * MIB,
         granularity: page,
@@ -328,11 +377,15 @@ fn run(ops: &[Op], page: Option<u64>) {
         destroyed: Vec::new(),
         holds: HashMap::new(),
         private_ranges: HashMap::new(),
+        hazards: Vec::new(),
+        cross_stream: 0,
     };
     for op in ops {
         r.apply(op);
     }
+    let cross = r.cross_stream;
     r.finish();
+    cross
 }
 
 proptest! {
@@ -384,6 +437,51 @@ fn every_call_kind_can_fail() {
             ];
             run(&ops, page);
             let _ = kind;
+        }
+    }
+}
+
+#[test]
+fn stolen_memory_comes_with_the_wait_and_a_failed_wait_hands_out_nothing() {
+    for page in [Some(2 * MIB), None] {
+        let steal = vec![
+            Op::Malloc {
+                stream: 1,
+                size: 8 * MIB,
+            },
+            Op::Submit { stream: 1 },
+            Op::Free { pick: 0 },
+            // Stream 2 takes stream 1's block, waiting for stream 1 on the device.
+            Op::Malloc {
+                stream: 2,
+                size: 8 * MIB,
+            },
+            Op::Submit { stream: 2 },
+            Op::Free { pick: 0 },
+            // Back to stream 1 (it waits for stream 2), then to foreign stream 3 through
+            // stream 1's fence, which follows its wait on stream 2.
+            Op::Malloc {
+                stream: 1,
+                size: 8 * MIB,
+            },
+            Op::Submit { stream: 1 },
+            Op::Free { pick: 0 },
+            Op::Malloc {
+                stream: 3,
+                size: 8 * MIB,
+            },
+        ];
+        assert!(run(&steal, page) >= 3, "the steal path was not exercised");
+        // The same with every wait failing once: each failure is typed, hands nothing out,
+        // and the checks above still hold for what is handed out.
+        let kind = SimCall::ALL
+            .iter()
+            .position(|&k| k == SimCall::StreamWaitFence)
+            .unwrap();
+        for nth in 1..=4 {
+            let mut ops = vec![Op::Inject { kind, nth }];
+            ops.extend(steal.iter().cloned());
+            run(&ops, page);
         }
     }
 }

@@ -18,7 +18,8 @@
 //! * memory reaches another stream only after the work that used it is known done: a
 //!   physical byte last used by stream A (up to A's submitted work count at the free,
 //!   or by a stream recorded with `record_stream`) is handed to stream B != A only if
-//!   A has completed that work or B was made to wait for it; a page is unmapped or a
+//!   A has completed that work or B was made to wait for it (directly, or through a
+//!   chain of waits: stolen memory, see `policy::STEAL_BEFORE_GROWING`); a page is unmapped or a
 //!   plain segment returned only once every stream that used it has completed.
 #![allow(
     clippy::unwrap_used,
@@ -248,7 +249,8 @@ impl<'p> Model<'p> {
                         });
                     }
                 }
-                let m = self.shards.entry((dev.0, stream)).or_default();
+                // Statistics go to the cache holding the block (the lender's for a lent block).
+                let m = self.shards.entry((dev.0, e.alloc.held_by())).or_default();
                 m.used.sub(e.rounded);
                 m.requested.sub(e.alloc.size());
                 m.active.sub(1);
@@ -337,10 +339,9 @@ impl<'p> Model<'p> {
                         if h.dev != dev.0 || h.phys != phys || h.end <= start || h.start >= end {
                             continue;
                         }
-                        let done = self.sim().completed(dev, h.stream) >= h.value;
-                        let waited = self.sim().waited(dev, stream, h.stream) >= h.value;
+                        let ordered = self.sim().is_ordered_after(dev, stream, h.stream, h.value);
                         assert!(
-                            h.stream == stream || done || waited,
+                            h.stream == stream || ordered,
                             "memory last used by {:?} (work {}) handed to {:?} before that work completed",
                             h.stream,
                             h.value,
@@ -348,7 +349,7 @@ impl<'p> Model<'p> {
                         );
                     }
                 }
-                let m = self.shards.entry((dev.0, stream)).or_default();
+                let m = self.shards.entry((dev.0, a.held_by())).or_default();
                 m.used.add(rounded);
                 m.requested.add(size);
                 m.active.add(1);

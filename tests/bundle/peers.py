@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
 """The benchmark scenarios of the Rust suite, run through CuPy and PyTorch on the same GPU.
 
-Usage: python3 peers.py [--traces DIR]   (BENCH_OUT=DIR appends rows to DIR/peers.csv)
+Usage: python3 peers.py [--traces DIR] [--replay-only]   (BENCH_OUT=DIR appends rows to DIR/peers.csv)
+
+`--replay-only` runs only the trace replays. The replays run twice, each in a fresh process
+(the allocator's settings are read when torch is first imported): peer "PyTorch" with the
+default settings, and peer "PyTorch-expandable" with
+`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`; `cargo xtask bench-report` shows the
+second as its own column.
 
 Each row: scenario, peer, value, unit -- the scenario names match the Rust benchmarks' rows, so
 `cargo xtask bench-report` can put ours, the raw driver's, CuPy's and PyTorch's figures side by
@@ -11,6 +17,7 @@ the host clock is read.
 import csv
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -193,7 +200,7 @@ def torch_rows(_trace_dir):
 
 
 
-def torch_traces(trace_dir):
+def torch_traces(trace_dir, peer="PyTorch"):
     import torch
 
     # The recorded traces through PyTorch's caching allocator: peak reserved / peak requested.
@@ -229,18 +236,44 @@ def torch_traces(trace_dir):
         live.clear()
         ratio = torch.cuda.max_memory_reserved() / max(peak_requested, 1)
         name = trace[: -len(".trace")]
-        row(f"replay_{name}", "PyTorch", ratio, "x")
-        row(f"replay_{name}_ns_per_op", "PyTorch", ns_op, "ns")
+        row(f"replay_{name}", peer, ratio, "x")
+        row(f"replay_{name}_ns_per_op", peer, ns_op, "ns")
         torch.cuda.empty_cache()
+
+
+# The allocator settings of each replay process: (peer name, PYTORCH_CUDA_ALLOC_CONF or None).
+REPLAY_PEERS = [("PyTorch", None), ("PyTorch-expandable", "expandable_segments:True")]
+
+
+def replay_in_fresh_processes(trace_dir):
+    """Each replay in its own process, the allocator configured before torch is imported."""
+    for peer, conf in REPLAY_PEERS:
+        env = dict(os.environ)
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        if conf:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        cmd = [sys.executable, os.path.abspath(__file__), "--replay-child", peer]
+        if trace_dir:
+            cmd += ["--traces", trace_dir]
+        r = subprocess.run(cmd, env=env)
+        if r.returncode != 0:
+            print(f"peers: replay as {peer} exited with {r.returncode}", flush=True)
 
 
 def main():
     trace_dir = None
     if "--traces" in sys.argv:
         trace_dir = sys.argv[sys.argv.index("--traces") + 1]
-    guarded("CuPy", cupy_rows)
-    guarded("PyTorch", lambda: torch_rows(trace_dir))
-    guarded("PyTorch traces", lambda: torch_traces(trace_dir))
+    if "--replay-child" in sys.argv:
+        # A child of `replay_in_fresh_processes`: its rows go to peers.csv like the parent's.
+        peer = sys.argv[sys.argv.index("--replay-child") + 1]
+        guarded(f"{peer} traces", lambda: torch_traces(trace_dir, peer))
+    elif "--replay-only" in sys.argv:
+        replay_in_fresh_processes(trace_dir)
+    else:
+        guarded("CuPy", cupy_rows)
+        guarded("PyTorch", lambda: torch_rows(trace_dir))
+        replay_in_fresh_processes(trace_dir)
     out = os.environ.get("BENCH_OUT")
     if out:
         path = os.path.join(out, "peers.csv")

@@ -19,7 +19,7 @@ use cuda_core::{Device, Stream};
 use cuda_mempool::async_pool::{AsyncPool, AsyncPoolSource};
 use cuda_mempool::driver::{device_id, stream_id};
 use cuda_mempool::pinned::PinnedMemoryPool;
-use cuda_mempool::{DevicePool, Limit, PoolError};
+use cuda_mempool::{DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
 use tests::ptx::TestKernels;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -66,17 +66,24 @@ fn read_u32(ptr: u64, n: usize) -> Vec<u32> {
 
 /// A block freed on A while a slow kernel on A still writes it must not be handed to B
 /// before that kernel is done: B's own writes must survive. Run without a limit (the pool
-/// may hand out fresh memory) and with a limit that leaves no room for fresh memory (the
-/// pool must reuse A's pages, after the fence).
+/// may hand out fresh memory, or lend A's block with B waiting for A on the device) and
+/// with a limit that leaves no room for fresh memory: with stealing (the default) the pool
+/// lends A's block and B waits on the device, the host does not; without stealing it must
+/// reuse A's pages after the fence completed, which the host waits for.
 #[test]
 fn cross_stream_reuse_waits_for_slow_kernel() {
     let _s = serial();
     let dev = dev0();
     let k = TestKernels::load(&dev).expect("kernels");
-    for limited in [false, true] {
+    for (limited, steal) in [(false, true), (true, true), (true, false)] {
         let a = Stream::new(&dev).unwrap();
         let b = Stream::new(&dev).unwrap();
-        let pool = DevicePool::new_driver().expect("pool");
+        let config = PoolConfig {
+            steal_before_growing: steal,
+            ..PoolConfig::default()
+        };
+        let pool =
+            DevicePool::with_config(DriverBackend::new().expect("driver"), config).expect("pool");
         let size = 4 * MIB;
         if limited {
             pool.set_limit(device_id(&dev), Limit::Bytes(size as u64))
@@ -89,11 +96,14 @@ fn cross_stream_reuse_waits_for_slow_kernel() {
         unsafe { k.spin_then_fill(&a, x_addr, 0xAAAA_AAAA, n as u64, SLOW) }.unwrap();
         drop(x);
         let y = pool.malloc_stream(&b, size).expect("y");
-        if !limited {
+        if steal {
             assert!(
                 !a.is_done().unwrap(),
-                "the slow kernel finished before the reuse test ran"
+                "the slow kernel finished before the reuse test ran (or the host waited)"
             );
+            if limited {
+                assert_eq!(y.ptr().0, x_addr, "A's block lent to B");
+            }
         } else {
             // The limit leaves no room for fresh memory: the pool had to wait for A's
             // fence and reuse A's pages (possibly remapped at another address).
@@ -110,7 +120,8 @@ fn cross_stream_reuse_waits_for_slow_kernel() {
         let bad = host.iter().filter(|&&v| v != 0xBBBB_BBBB).count();
         assert_eq!(
             bad, 0,
-            "limited={limited}: {bad} words of B's block were overwritten by A's kernel"
+            "limited={limited} steal={steal}: {bad} words of B's block were overwritten by \
+             A's kernel"
         );
         drop(y);
         pool.free_all_blocks().unwrap();

@@ -13,6 +13,9 @@ use std::path::Path;
 
 use crate::util::{fail, root, Result};
 
+/// The peer name of peers.py's trace replays under `expandable_segments:True`.
+const EXPANDABLE: &str = "PyTorch-expandable";
+
 struct Ours {
     bench: String,
     unit: String,
@@ -88,17 +91,34 @@ pub fn bench_report(dir: &Path) -> Result<()> {
         md,
         "the same run. `raw` is the raw driver call named in the `raw is` column.\n"
     );
+    // PyTorch with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (peers.py's trace
+    // replays, peer "PyTorch-expandable"): a column of its own when the run has it.
+    let expandable = peer.keys().any(|(_, who)| who == EXPANDABLE);
     let _ = writeln!(
         md,
-        "| scenario | ours | raw driver | raw is | CuPy | PyTorch | target | met |"
+        "| scenario | ours | raw driver | raw is | CuPy | PyTorch |{} target | met |",
+        if expandable {
+            " PyTorch expandable |"
+        } else {
+            ""
+        }
     );
-    let _ = writeln!(md, "| --- | ---: | ---: | --- | ---: | ---: | --- | --- |");
+    let _ = writeln!(
+        md,
+        "| --- | ---: | ---: | --- | ---: | ---: |{} --- | --- |",
+        if expandable { " ---: |" } else { "" }
+    );
     let (mut n_met, mut n_missed, mut n_none) = (0, 0, 0);
     for scenario in &order {
         let p = |who: &str| {
             peer.get(&(canonical(scenario), who.to_string()))
                 .map(|(v, u)| show(v, u))
                 .unwrap_or_else(|| "-".into())
+        };
+        let torch = if expandable {
+            format!("{} | {}", p("PyTorch"), p(EXPANDABLE))
+        } else {
+            p("PyTorch")
         };
         match ours.get(scenario) {
             Some(o) => {
@@ -120,7 +140,7 @@ pub fn bench_report(dir: &Path) -> Result<()> {
                     show(&o.raw, &o.unit),
                     if o.raw.is_empty() { "-" } else { &o.raw_label },
                     p("CuPy"),
-                    p("PyTorch"),
+                    torch,
                     o.target
                 );
             }
@@ -129,7 +149,7 @@ pub fn bench_report(dir: &Path) -> Result<()> {
                     md,
                     "| {scenario} (peers only) | not measured | - | - | {} | {} | - | - |",
                     p("CuPy"),
-                    p("PyTorch")
+                    torch
                 );
             }
         }

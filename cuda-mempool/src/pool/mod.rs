@@ -12,13 +12,19 @@
 //! # Stream ordering
 //!
 //! A block freed on stream A is cached in A's shard and reused by A at once: A's own
-//! order makes that safe. Other streams never receive A's blocks directly. In
-//! virtual-memory mode they receive A's *pages*: when B needs memory and A holds free
-//! pages whose frees a completed fence covers, the pages are unmapped from A's range
-//! and mapped into B's. In plain-segment mode, wholly free segments whose fences have
-//! completed are returned to the backend and allocated anew. Either way cross-stream
-//! reuse happens only after a fence recorded after the free has completed (or, for
-//! `record_stream` frees, after the owning stream was made to wait on the fences).
+//! order makes that safe. Before the pool grows for a request on stream B, B may take
+//! a free block of A's cache as it is, by waiting for A's fence on the device
+//! ([`policy::STEAL_BEFORE_GROWING`]): the block is *lent* (it stays in A's shard; its
+//! free records a fence on B, and A waits for that fence on the device before using it
+//! again). Otherwise, in virtual-memory mode other streams receive A's *pages*: when B
+//! needs memory and A holds free pages whose frees a completed fence covers, the pages
+//! are unmapped from A's range and mapped into B's. In plain-segment mode, wholly free
+//! segments whose fences have completed are returned to the backend and allocated anew.
+//! Every cross-stream reuse thus happens after a fence recorded after the free has
+//! completed, or after the receiving stream was made to wait for it.
+//!
+//! Lending takes the lender's shard lock while the borrower's is held; it happens only
+//! on the slow path, under the device lock, so the lock rule below still holds.
 //!
 //! # Out of memory
 //!
@@ -47,6 +53,15 @@ use table::{Inserted, Shard, ShardTable};
 /// Environment variable read by [`PoolConfig::from_env`]: a limit applied to every
 /// device, in the syntax of [`Limit::parse`] (for example `8589934592` or `50%`).
 pub const LIMIT_ENV_VAR: &str = "CUDA_MEMPOOL_LIMIT";
+
+/// A number that identifies the calling thread while it lives (the address of a
+/// thread-local): which host thread drives a stream, for [`policy::STEAL_BEFORE_GROWING`].
+fn thread_token() -> usize {
+    thread_local! {
+        static TOKEN: u8 = const { 0 };
+    }
+    TOKEN.with(|t| std::ptr::from_ref(t) as usize)
+}
 
 /// Locks a mutex, ignoring poisoning: no code of this crate panics while holding a
 /// lock, and the state is consistent between statements that could.
@@ -108,6 +123,10 @@ pub struct PoolConfig {
     pub virtual_memory: bool,
     /// A limit applied to every device when the pool is built.
     pub limit: Limit,
+    /// Before growing, serve a request with free memory other streams' work may still be
+    /// using, by making the requesting stream wait for that work on the device (default
+    /// [`policy::STEAL_BEFORE_GROWING`], which explains the trade).
+    pub steal_before_growing: bool,
 }
 
 impl Default for PoolConfig {
@@ -115,6 +134,7 @@ impl Default for PoolConfig {
         PoolConfig {
             virtual_memory: true,
             limit: Limit::Unlimited,
+            steal_before_growing: policy::STEAL_BEFORE_GROWING,
         }
     }
 }
@@ -174,8 +194,9 @@ struct PrivateState {
     shards: HashMap<StreamId, StreamId>,
 }
 
-/// What the slow path hands back: the block id and (address, generation).
-type Served = (u32, (u64, u64));
+/// What the slow path hands back: the shard holding the block (the requesting stream's,
+/// or the lender's), that shard's key, the block id and (address, generation).
+type Served<'p, B> = (&'p Shard<B>, StreamId, u32, (u64, u64));
 
 /// The id of a private pool: memory that only allocations into the same private pool
 /// reuse, released as a whole. The driver layer gives each graph capture its own (the
@@ -220,6 +241,8 @@ impl PrivateHold {
 pub struct MemoryPool<B: Backend> {
     backend: B,
     devices: Box<[Device<B>]>,
+    /// [`PoolConfig::steal_before_growing`].
+    steal: bool,
 }
 
 /// A block of device memory from a [`MemoryPool`]; dropping it frees the block.
@@ -238,6 +261,8 @@ pub struct Allocation<'p, B: Backend> {
     size: u64,
     device: DeviceId,
     key: StreamId,
+    /// The key of the shard holding the block: `key`, or the lender's for a lent block.
+    shard_key: StreamId,
     private: bool,
 }
 
@@ -254,6 +279,8 @@ pub struct RawAllocation {
     size: u64,
     device: DeviceId,
     key: StreamId,
+    /// The key of the shard holding the block (see [`Allocation::held_by`]).
+    shard_key: StreamId,
     private: bool,
     id: u32,
     generation: u64,
@@ -329,6 +356,7 @@ impl<B: Backend> MemoryPool<B> {
         Ok(MemoryPool {
             backend,
             devices: devices.into_boxed_slice(),
+            steal: config.steal_before_growing,
         })
     }
 
@@ -384,6 +412,7 @@ impl<B: Backend> MemoryPool<B> {
                 size: 0,
                 device,
                 key: StreamId(0),
+                shard_key: StreamId(0),
                 private: false,
             });
         }
@@ -412,6 +441,7 @@ impl<B: Backend> MemoryPool<B> {
                 size: 0,
                 device: dev.id,
                 key: StreamId(0),
+                shard_key: StreamId(0),
                 private: false,
             });
         }
@@ -440,8 +470,9 @@ impl<B: Backend> MemoryPool<B> {
                 self.take_cached(&mut st, rounded)?
                     .map(|id| (id, st.mark_live(id, size)))
             };
-            let (id, (addr, generation)) = match fast {
-                Some(x) => x,
+            let stream_key_of_alloc = key;
+            let (shard, shard_key, id, (addr, generation)) = match fast {
+                Some((id, served)) => (shard, key, id, served),
                 None => match self.malloc_slow(dev, shard, key, stream, size, rounded)? {
                     Some(x) => x,
                     None => continue,
@@ -455,7 +486,8 @@ impl<B: Backend> MemoryPool<B> {
                 ptr: DevicePtr(addr),
                 size,
                 device: dev.id,
-                key,
+                key: stream_key_of_alloc,
+                shard_key,
                 private: false,
             });
         }
@@ -501,7 +533,7 @@ impl<B: Backend> MemoryPool<B> {
     fn detach_released(&self, table: &ShardTable<B>) {
         for shard in table.iter() {
             let mut st = shard.state.lock();
-            if st.is_attached() && st.is_idle() {
+            if st.is_attached() && st.stream_idle() {
                 let _ = st.detach_if_released(&self.backend);
                 if st.retired {
                     shard.retire(&mut st);
@@ -519,7 +551,7 @@ impl<B: Backend> MemoryPool<B> {
         let key = self.backend.stream_key(stream)?;
         if let Some(shard) = dev.shards.get(key) {
             let mut st = shard.state.lock();
-            if st.key == key && st.is_idle() {
+            if st.key == key && st.stream_idle() {
                 let r = st.detach(&self.backend);
                 if st.retired {
                     shard.retire(&mut st);
@@ -533,7 +565,16 @@ impl<B: Backend> MemoryPool<B> {
     /// Serves a request from the shard's cache without mapping anything, if possible.
     #[inline]
     fn take_cached(&self, st: &mut ShardState<B>, rounded: u64) -> Result<Option<u32>, PoolError> {
-        match st.choose_block(rounded) {
+        if let Some(id) = st.take_recent(rounded) {
+            return Ok(Some(id));
+        }
+        if st.has_returns() {
+            // Blocks this stream lent out and got back: it waits for their borrowers (on
+            // the device) before choosing, so that they coalesce with the free memory
+            // around them (see `policy::STEAL_BEFORE_GROWING`).
+            st.stream_wait_returns(&self.backend);
+        }
+        match st.choose_free(rounded) {
             Choice::Ready(id) => Ok(Some(id)),
             Choice::Fit {
                 id,
@@ -569,15 +610,15 @@ impl<B: Backend> MemoryPool<B> {
     /// out of memory after rolling back what it reserved. `Ok(None)` when the shard was
     /// adopted by another key or detached while the lock was dropped: start again.
     #[inline(never)]
-    fn malloc_slow(
+    fn malloc_slow<'p>(
         &self,
-        dev: &Device<B>,
-        shard: &Shard<B>,
+        dev: &'p Device<B>,
+        shard: &'p Shard<B>,
         key: StreamId,
         stream: &B::Stream,
         size: u64,
         rounded: u64,
-    ) -> Result<Option<Served>, PoolError> {
+    ) -> Result<Option<Served<'p, B>>, PoolError> {
         self.collect_private_pools(dev);
         let mut g = lock(&dev.global);
         let mut st = shard.state.lock();
@@ -587,8 +628,25 @@ impl<B: Backend> MemoryPool<B> {
         if st.stream.is_none() {
             st.attach(&self.backend, stream, key)?;
         }
+        let thread = thread_token();
+        st.thread = thread;
         if let Some(id) = self.take_cached(&mut st, rounded)? {
-            return Ok(Some((id, st.mark_live(id, size))));
+            return Ok(Some((shard, key, id, st.mark_live(id, size))));
+        }
+        if self.steal && !st.private && !self.backend.is_capturing(stream) {
+            if let Some(served) = self.steal(
+                dev, &mut g, shard, &mut st, key, stream, size, rounded, thread,
+            )? {
+                if st.stream_idle() {
+                    // Served from another stream's cache: this shard holds no block made on
+                    // the stream, so it must not keep a stream its owner may now destroy.
+                    let _ = st.detach_if_released(&self.backend);
+                    if st.retired {
+                        shard.retire(&mut st);
+                    }
+                }
+                return Ok(Some(served));
+            }
         }
         // A request the device (or its limit) could never hold fails at once, before
         // anything is reserved or released.
@@ -606,7 +664,7 @@ impl<B: Backend> MemoryPool<B> {
         let peak_before = g.reserved.peak;
         let outcome = self.grow_with_recovery(dev, &mut g, shard, &mut st, rounded);
         match outcome {
-            Ok(Ok(id)) => Ok(Some((id, st.mark_live(id, size)))),
+            Ok(Ok(id)) => Ok(Some((shard, key, id, st.mark_live(id, size)))),
             Ok(Err(cause)) => {
                 // Give back whatever this attempt reserved or mapped and is not in use; the
                 // attempt leaves no trace in the peak either.
@@ -620,6 +678,49 @@ impl<B: Backend> MemoryPool<B> {
                 Err(e)
             }
         }
+    }
+
+    /// Serves a request, before the pool grows, with memory other streams' work may still
+    /// be using, by making `stream` wait for it on the device (see
+    /// [`policy::STEAL_BEFORE_GROWING`]): first this shard's frees pending on other
+    /// streams' fences, then mapped free blocks of the device's other shards whose streams
+    /// this thread drives (`thread`, see the policy). Nothing is
+    /// taken when spare pages already cover what this shard's own cache lacks (growing
+    /// then costs no new memory). Device lock and shard lock held.
+    #[allow(clippy::too_many_arguments)]
+    fn steal<'p>(
+        &self,
+        dev: &'p Device<B>,
+        g: &mut Global<B>,
+        shard: &'p Shard<B>,
+        st: &mut ShardState<B>,
+        key: StreamId,
+        stream: &B::Stream,
+        size: u64,
+        rounded: u64,
+        thread: usize,
+    ) -> Result<Option<Served<'p, B>>, PoolError> {
+        if st.has_waitable_pending(&self.backend) {
+            st.stream_wait_pending(&self.backend)?;
+            if let Some(id) = self.take_cached(st, rounded)? {
+                return Ok(Some((shard, key, id, st.mark_live(id, size))));
+            }
+        }
+        if let Choice::Fit { unmapped, .. } = st.choose_block(rounded) {
+            if unmapped <= g.spare.len() {
+                return Ok(None);
+            }
+        }
+        for other in dev.shards.iter() {
+            if std::ptr::eq(other, shard) {
+                continue;
+            }
+            let mut o = other.state.lock();
+            if let Some((id, served)) = o.lend(&self.backend, rounded, size, stream, key, thread)? {
+                return Ok(Some((other, o.key, id, served)));
+            }
+        }
+        Ok(None)
     }
 
     /// Grows, then recovers (waits for record_stream frees, waits for every fence and
@@ -933,10 +1034,10 @@ impl<B: Backend> MemoryPool<B> {
             &dev.shards
         };
         let shard = table
-            .get(raw.key)
+            .get(raw.shard_key)
             .ok_or(PoolError::InvalidHandle { ptr: raw.ptr.0 })?;
         let st = shard.state.lock();
-        if st.key != raw.key
+        if st.key != raw.shard_key
             || st.live_range(raw.id, raw.generation).map(|r| r.0) != Some(raw.ptr.0)
         {
             return Err(PoolError::InvalidHandle { ptr: raw.ptr.0 });
@@ -957,10 +1058,10 @@ impl<B: Backend> MemoryPool<B> {
             &dev.shards
         };
         let shard = table
-            .get(raw.key)
+            .get(raw.shard_key)
             .ok_or(PoolError::InvalidHandle { ptr: raw.ptr.0 })?;
         let mut st = shard.state.lock();
-        if st.key != raw.key
+        if st.key != raw.shard_key
             || st.live_range(raw.id, raw.generation).map(|r| r.0) != Some(raw.ptr.0)
         {
             return Err(PoolError::InvalidHandle { ptr: raw.ptr.0 });
@@ -1219,7 +1320,8 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     /// Statistics of one (device, stream) shard, with exact peaks. All zero for a
-    /// stream the pool has not seen.
+    /// stream the pool has not seen. A block another stream borrowed from this stream's
+    /// cache counts here, in the lender's figures ([`Allocation::held_by`]).
     pub fn stream_stats(&self, device: DeviceId, stream: StreamId) -> Result<Stats, PoolError> {
         let dev = self.device(device)?;
         Ok(dev
@@ -1359,6 +1461,14 @@ impl<'p, B: Backend> Allocation<'p, B> {
         self.key
     }
 
+    /// The key of the stream whose cache holds the block, and whose statistics
+    /// ([`MemoryPool::stream_stats`]) count it: [`stream`](Self::stream), or, for a block
+    /// another stream's cache lent to this request (see
+    /// [`policy::STEAL_BEFORE_GROWING`]), the lender's.
+    pub fn held_by(&self) -> StreamId {
+        self.shard_key
+    }
+
     /// The pool the block came from.
     pub fn pool(&self) -> &'p MemoryPool<B> {
         self.pool
@@ -1400,6 +1510,7 @@ impl<'p, B: Backend> Allocation<'p, B> {
             size: self.size,
             device: self.device,
             key: self.key,
+            shard_key: self.shard_key,
             private: self.private,
             id: self.id,
             generation: self.generation,

@@ -67,6 +67,9 @@ pub(crate) struct Block<S> {
     requested: u64,
     /// Other streams the live block is used on (`record_stream`), kept until its free.
     extra_streams: Vec<(StreamId, S)>,
+    /// Lent to another stream's request ([`ShardState::lend`]): the borrower is the first
+    /// of `extra_streams`, and this shard's own stream did not use the block.
+    lent: bool,
 }
 
 pub(crate) enum Backing<P> {
@@ -98,7 +101,12 @@ enum FenceSlot<F> {
 struct PendingFree<F> {
     block: u32,
     fences: Vec<FenceSlot<F>>,
+    /// A lent block given back ([`ShardState::lend`]): the borrower's key.
+    returned: Option<StreamId>,
 }
+
+/// A block [`ShardState::lend`] handed out: its id and (address, generation).
+pub(crate) type LentBlock = (u32, (u64, u64));
 
 /// What [`ShardState::choose_block`] found for a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,6 +128,9 @@ pub(crate) struct ShardState<B: Backend> {
     /// The stream, while attached (see the crate's `backend` module): fences are recorded
     /// on it and it is made to wait only while this is `Some`.
     pub(crate) stream: Option<B::Stream>,
+    /// The key of `stream` while attached: `key`, except for a private shard, whose `key`
+    /// is a private shard key that may equal some stream's key.
+    stream_key: StreamId,
     /// Page size of virtual-memory segments; `0` in plain-segment mode.
     page: u64,
     /// A shard of a private pool (graph capture): its free memory is never given to other
@@ -141,6 +152,13 @@ pub(crate) struct ShardState<B: Backend> {
     epoch: u64,
     safe_epoch: u64,
     fences: VecDeque<(u64, B::Fence)>,
+    /// Live blocks lent to other streams' requests (counted in `stats.active_blocks` too).
+    lent: u64,
+    /// Pending frees that are lent blocks given back.
+    returned: usize,
+    /// The host thread that last took the slow path on this shard (a token of
+    /// `pool::thread_token`): only requests of that thread may borrow from it.
+    pub(crate) thread: usize,
     pub(crate) stats: Stats,
 }
 
@@ -228,6 +246,7 @@ impl<B: Backend> ShardState<B> {
             device,
             key,
             stream: None,
+            stream_key: key,
             page: page.unwrap_or(0),
             private: false,
             retired: false,
@@ -240,6 +259,9 @@ impl<B: Backend> ShardState<B> {
             epoch: 0,
             safe_epoch: 0,
             fences: VecDeque::new(),
+            lent: 0,
+            returned: 0,
+            thread: 0,
             stats: Stats::default(),
         }
     }
@@ -265,6 +287,7 @@ impl<B: Backend> ShardState<B> {
     fn drop_block(&mut self, id: u32) {
         let b = &mut self.blocks[id as usize];
         b.state = BlockState::Vacant;
+        b.lent = false;
         b.extra_streams = Vec::new();
         self.vacant.push(id);
     }
@@ -296,18 +319,27 @@ impl<B: Backend> ShardState<B> {
     ///    whichever end of it needs fewer pages mapped (start on a tie);
     /// 3. otherwise none: the caller needs a new segment.
     ///
-    /// Every block here belongs to this shard's stream, so no fence is needed to reuse
-    /// it; cross-stream reuse happens only by moving pages, under the fence rule.
+    /// Every free block here was last used by this shard's stream (or by a borrower or
+    /// `record_stream` stream this stream has waited for), so no fence is needed to reuse
+    /// it; other streams get it by moving pages under a completed fence, or by waiting for
+    /// a fence when it is lent ([`lend`](Self::lend)).
     #[inline]
     pub(crate) fn choose_block(&mut self, rounded: u64) -> Choice {
-        if let Some(id) = self.recent.take(rounded) {
+        if let Some(id) = self.take_recent(rounded) {
             return Choice::Ready(id);
         }
         self.choose_free(rounded)
     }
 
+    /// Step 1 of [`choose_block`](Self::choose_block) alone.
+    #[inline]
+    pub(crate) fn take_recent(&mut self, rounded: u64) -> Option<u32> {
+        self.recent.take(rounded)
+    }
+
+    /// Steps 2 and 3 of [`choose_block`](Self::choose_block).
     #[inline(never)]
-    fn choose_free(&mut self, rounded: u64) -> Choice {
+    pub(crate) fn choose_free(&mut self, rounded: u64) -> Choice {
         self.flush_recent();
         let class = policy::size_class(rounded).index();
         let found = self.free[class]
@@ -438,9 +470,13 @@ impl<B: Backend> ShardState<B> {
         stream: &B::Stream,
         key: StreamId,
     ) -> Result<(), PoolError> {
-        let own = self.key;
+        // The stream the block's own fences are recorded on (not the shard key: a private
+        // shard's key may equal another stream's key). Detached, there is none.
+        let own = self.stream.as_ref().map(|_| self.stream_key);
         let b = self.live_block(id, generation)?;
-        if key != own && !b.extra_streams.iter().any(|(k, _)| *k == key) {
+        // A lent block's own stream is its borrower: this shard's stream, if it uses the
+        // block too, needs a fence at the free like any other.
+        if (Some(key) != own || b.lent) && !b.extra_streams.iter().any(|(k, _)| *k == key) {
             b.extra_streams.push((key, backend.retain_stream(stream)));
         }
         Ok(())
@@ -487,7 +523,7 @@ impl<B: Backend> ShardState<B> {
                 self.coalesce_insert(oldest);
             }
         }
-        if self.stats.active_blocks.current == 0 {
+        if self.stream_idle() {
             let detached = self.detach_if_released(backend);
             result = result.and(detached);
         }
@@ -508,13 +544,24 @@ impl<B: Backend> ShardState<B> {
 
     #[inline(never)]
     fn release_shared(&mut self, backend: &B, id: u32) -> Result<(), PoolError> {
-        // The block's own stream used it too: its free takes an epoch like any other, so
-        // this stream's fences (and a detach fence) cover that work.
-        self.epoch += 1;
-        let epoch = self.epoch;
         let b = &mut self.blocks[id as usize];
         b.state = BlockState::Pending;
-        b.freed_epoch = epoch;
+        let returned = b
+            .lent
+            .then(|| b.extra_streams.first().map(|(k, _)| *k))
+            .flatten();
+        if b.lent {
+            // A lent block comes back: this shard's stream never used it, so it keeps the
+            // epoch of its last free here (which the borrower waited for); the borrower's
+            // work on it is covered by the fence recorded below on the borrower's stream.
+            b.lent = false;
+            self.lent -= 1;
+        } else {
+            // The block's own stream used it too: its free takes an epoch like any other,
+            // so this stream's fences (and a detach fence) cover that work.
+            self.epoch += 1;
+            b.freed_epoch = self.epoch;
+        }
         let streams = std::mem::take(&mut b.extra_streams);
         if self.private {
             // Used on several streams of a capture: without a graph dependency between them
@@ -545,7 +592,12 @@ impl<B: Backend> ShardState<B> {
                 slot
             })
             .collect();
-        self.pending.push(PendingFree { block: id, fences });
+        self.pending.push(PendingFree {
+            block: id,
+            fences,
+            returned,
+        });
+        self.returned += usize::from(returned.is_some());
         match first_error {
             None => Ok(()),
             Some(e) => Err(PoolError::backend("record_fence")(e)),
@@ -620,6 +672,7 @@ impl<B: Backend> ShardState<B> {
             freed_epoch: 0,
             requested: 0,
             extra_streams: Vec::new(),
+            lent: false,
         });
         let backing = if self.page == 0 {
             Backing::Plain
@@ -838,6 +891,7 @@ impl<B: Backend> ShardState<B> {
         for (_, f) in self.fences.drain(..) {
             backend.release_fence(f);
         }
+        self.returned = 0;
         for p in self.pending.drain(..) {
             for slot in p.fences {
                 match slot {
@@ -892,9 +946,17 @@ impl<B: Backend> ShardState<B> {
         self.poll_fences(backend)
     }
 
-    /// Whether no block made on this shard is live (the condition to [`detach`](Self::detach)).
+    /// Whether no block of this shard is live, lent blocks included (the condition to
+    /// adopt the shard for another stream, or to release a private pool).
     pub(crate) fn is_idle(&self) -> bool {
         self.stats.active_blocks.current == 0
+    }
+
+    /// Whether no block made on this shard's own stream is live (the condition to
+    /// [`detach`](Self::detach)): blocks lent to other streams do not keep the stream.
+    #[inline]
+    pub(crate) fn stream_idle(&self) -> bool {
+        self.stats.active_blocks.current == self.lent
     }
 
     /// Whether the shard holds its stream.
@@ -907,7 +969,7 @@ impl<B: Backend> ShardState<B> {
     /// backend. If the fence cannot be recorded the shard stays attached (the stream is
     /// kept, so nothing it cached is reused unfenced) and the error is returned.
     pub(crate) fn detach(&mut self, backend: &B) -> Result<(), PoolError> {
-        if !self.is_idle() {
+        if !self.stream_idle() {
             return Ok(());
         }
         if self.stream.is_none() {
@@ -924,19 +986,22 @@ impl<B: Backend> ShardState<B> {
             // ordinary shard with frees no completed fence covers gives that memory up
             // (retired: never reused, still counted) rather than keep a handle its owner
             // may destroy once this last block is freed.
-            self.poll_fences(backend)?;
+            // A failed poll counts as pending: the stream is let go of all the same (its
+            // owner may destroy it once this call returns), and the error reported.
+            let polled = self.poll_fences(backend);
             if !self.private && self.epoch > self.safe_epoch {
                 self.retired = true;
             }
             if let Some(stream) = self.stream.take() {
                 backend.stream_released(stream);
             }
-            return Ok(());
+            return polled;
         }
         self.flush_recent();
-        self.poll_fences(backend)?;
+        // A failed poll only means a new fence is recorded below when an outstanding one
+        // might have done; the stream must be let go of all the same.
+        let mut result = self.poll_fences(backend);
         let covered = self.fences.back().is_some_and(|(e, _)| *e >= self.epoch);
-        let mut result = Ok(());
         if let (true, Some(stream)) = (self.epoch > self.safe_epoch && !covered, &self.stream) {
             match backend.record_fence(self.device, stream) {
                 Ok(f) => self.fences.push_back((self.epoch, f)),
@@ -982,6 +1047,7 @@ impl<B: Backend> ShardState<B> {
                 // reuse by `stream` is safe. Other streams still go by the fences.
             }
         }
+        self.stream_key = backend.stream_key(stream)?;
         self.key = key;
         self.stream = Some(backend.retain_stream(stream));
         Ok(())
@@ -1083,6 +1149,7 @@ impl<B: Backend> ShardState<B> {
             }
             if done {
                 let p = self.pending.swap_remove(i);
+                self.returned -= usize::from(p.returned.is_some());
                 self.finish_pending(p.block, false);
             } else {
                 i += 1;
@@ -1107,7 +1174,7 @@ impl<B: Backend> ShardState<B> {
     /// Blocks the host until every pending free's fences have completed, then frees
     /// those blocks.
     fn wait_pending(&mut self, backend: &B) -> Result<(), PoolError> {
-        self.settle_pending(backend, false, |backend, _, f| {
+        self.settle_pending(backend, false, false, |backend, _, f| {
             backend
                 .wait_fence(f)
                 .map_err(PoolError::backend("wait_fence"))
@@ -1123,7 +1190,7 @@ impl<B: Backend> ShardState<B> {
             return Ok(false);
         };
         let any = !self.pending.is_empty();
-        self.settle_pending(backend, true, |backend, device, f| {
+        self.settle_pending(backend, true, false, |backend, device, f| {
             backend
                 .stream_wait_fence(device, &stream, f)
                 .map_err(PoolError::backend("stream_wait_fence"))
@@ -1131,14 +1198,41 @@ impl<B: Backend> ShardState<B> {
         Ok(any)
     }
 
+    /// Makes this shard's stream wait (on the device) for the fences of the lent blocks
+    /// given back, which then join the free set (see [`stream_wait_pending`](Self::stream_wait_pending)).
+    /// Best effort: a failed wait leaves the rest pending, where they stay safe.
+    #[inline(never)]
+    pub(crate) fn stream_wait_returns(&mut self, backend: &B) {
+        let Some(stream) = self.stream.clone().filter(|s| !backend.is_capturing(s)) else {
+            return;
+        };
+        let _ = self.poll_pending(backend);
+        let _ = self.settle_pending(backend, true, true, |backend, device, f| {
+            backend
+                .stream_wait_fence(device, &stream, f)
+                .map_err(PoolError::backend("stream_wait_fence"))
+        });
+    }
+
+    /// Whether lent blocks given back wait for their borrowers' fences.
+    #[inline]
+    pub(crate) fn has_returns(&self) -> bool {
+        self.returned != 0
+    }
+
     fn settle_pending(
         &mut self,
         backend: &B,
         ordered_after: bool,
+        only_returned: bool,
         settle: impl Fn(&B, DeviceId, &B::Fence) -> Result<(), PoolError>,
     ) -> Result<(), PoolError> {
         let mut i = 0;
         while i < self.pending.len() {
+            if only_returned && self.pending[i].returned.is_none() {
+                i += 1;
+                continue;
+            }
             let mut never = false;
             for slot in self.pending[i].fences.iter_mut() {
                 if let FenceSlot::Recorded(f) = slot {
@@ -1153,10 +1247,135 @@ impl<B: Backend> ShardState<B> {
                 i += 1;
             } else {
                 let p = self.pending.swap_remove(i);
+                self.returned -= usize::from(p.returned.is_some());
                 self.finish_pending(p.block, ordered_after);
             }
         }
         Ok(())
+    }
+
+    // ----- lending to other streams -----------------------------------------------
+
+    /// The first free block (best fit first) where a request of `rounded` bytes finds
+    /// every page it touches mapped; `(id, addr)`.
+    fn mapped_fit(&self, rounded: u64) -> Option<(u32, u64)> {
+        let class = policy::size_class(rounded).index();
+        self.free[class]
+            .range((rounded, 0, 0)..)
+            .filter(|k| policy::block_fits(k.0, rounded))
+            .find_map(|&(_, _, id)| match self.placement(id, rounded) {
+                (addr, 0) => Some((id, addr)),
+                _ => None,
+            })
+    }
+
+    /// A fence of this shard's stream covering every free stamped `<= epoch`: an
+    /// outstanding one, or one recorded now (never on a detached or capturing stream).
+    /// `None` when there is none to be had. Recording one beyond
+    /// [`MAX_OUTSTANDING_FENCES`] gives the older ones up: the new one covers all they do.
+    fn fence_covering(&mut self, backend: &B, epoch: u64) -> Result<Option<&B::Fence>, PoolError> {
+        if !self.fences.iter().any(|(e, _)| *e >= epoch) {
+            let Some(stream) = self.stream.as_ref().filter(|s| !backend.is_capturing(s)) else {
+                return Ok(None);
+            };
+            let f = backend
+                .record_fence(self.device, stream)
+                .map_err(PoolError::backend("record_fence"))?;
+            while self.fences.len() >= MAX_OUTSTANDING_FENCES {
+                if let Some((_, old)) = self.fences.pop_front() {
+                    backend.release_fence(old);
+                }
+            }
+            self.fences.push_back((self.epoch, f));
+        }
+        Ok(self
+            .fences
+            .iter()
+            .find(|(e, _)| *e >= epoch)
+            .map(|(_, f)| f))
+    }
+
+    /// Lends a free block of this shard to a request of `rounded` bytes (`requested` asked
+    /// for) on another stream, `borrower` (key `borrower_key`), without any host wait: see
+    /// [`policy::STEAL_BEFORE_GROWING`]. The block must have every page it needs mapped
+    /// (pages are moved only under a completed fence, rule 4 of the page policy).
+    ///
+    /// 1. Frees returned by earlier borrowers (and other frees pending on other streams'
+    ///    fences) join the free set: at once where their fences completed, and otherwise
+    ///    after this shard's stream is made to wait for them on the device. Coalesced
+    ///    first, they leave the borrower one contiguous range rather than fragments.
+    /// 2. `borrower` is made to wait (on the device) for a fence of this shard's stream
+    ///    covering the block's last free here, unless a completed one does already.
+    /// 3. The block goes live, lent: the borrower is its first extra stream, so its free
+    ///    records a fence there and the block waits as a pending free for it.
+    ///
+    /// `Ok(None)` when another host thread drives this shard's stream, nothing fits, no
+    /// fence can be had, or the borrower's own earlier
+    /// loan from this shard is still waiting here, unused since (it borrows in a loop:
+    /// growing once is then cheaper than a steal per request). A failed wait hands out
+    /// nothing and is returned.
+    pub(crate) fn lend(
+        &mut self,
+        backend: &B,
+        rounded: u64,
+        requested: u64,
+        borrower: &B::Stream,
+        borrower_key: StreamId,
+        borrower_thread: usize,
+    ) -> Result<Option<LentBlock>, PoolError> {
+        if self.private || self.retired || self.thread != borrower_thread {
+            // Another host thread drives this stream: see `policy::STEAL_BEFORE_GROWING`.
+            return Ok(None);
+        }
+        if self
+            .pending
+            .iter()
+            .any(|p| p.returned == Some(borrower_key))
+        {
+            // The borrower gave back memory of this shard that nobody has used since: it
+            // borrows again and again (a steady loop, not streams taking turns), so it grows
+            // a cache of its own instead of paying a steal on every request.
+            return Ok(None);
+        }
+        self.flush_recent();
+        self.poll_pending(backend)?;
+        if self.has_waitable_pending(backend) {
+            // Before choosing: returned blocks coalesce with their free neighbours, so the
+            // borrower is placed in one contiguous free range instead of beside them.
+            self.stream_wait_pending(backend)?;
+        }
+        let Some((id, addr)) = self.mapped_fit(rounded) else {
+            return Ok(None);
+        };
+        let epoch = self.blocks[id as usize].freed_epoch;
+        self.poll_fences(backend)?;
+        if epoch > self.safe_epoch {
+            let device = self.device;
+            let Some(fence) = self.fence_covering(backend, epoch)? else {
+                return Ok(None);
+            };
+            backend
+                .stream_wait_fence(device, borrower, fence)
+                .map_err(PoolError::backend("stream_wait_fence"))?;
+        }
+        let id = self.claim(id, addr, rounded);
+        let served = self.mark_live(id, requested);
+        let b = &mut self.blocks[id as usize];
+        b.lent = true;
+        b.extra_streams
+            .push((borrower_key, backend.retain_stream(borrower)));
+        self.lent += 1;
+        Ok(Some((id, served)))
+    }
+
+    /// Whether the shard has frees waiting for other streams' fences that its own stream
+    /// could wait for on the device (attached, not capturing).
+    pub(crate) fn has_waitable_pending(&self, backend: &B) -> bool {
+        self.has_pending()
+            && self
+                .stream
+                .as_ref()
+                .is_some_and(|s| !backend.is_capturing(s))
     }
 
     // ----- accounting ----------------------------------------------------------------

@@ -15,6 +15,23 @@ fn vm_pool(capacity: u64, page: u64) -> MemoryPool<SimulatedBackend> {
     .expect("pool")
 }
 
+/// A pool that never steals ([`PoolConfig::steal_before_growing`] off): cross-stream reuse
+/// only after completed fences.
+fn vm_pool_no_steal(capacity: u64, page: u64) -> MemoryPool<SimulatedBackend> {
+    let config = PoolConfig {
+        steal_before_growing: false,
+        ..PoolConfig::default()
+    };
+    MemoryPool::with_config(
+        SimulatedBackend::new(vec![SimDevice {
+            total_memory: capacity,
+            granularity: Some(page),
+        }]),
+        config,
+    )
+    .expect("pool")
+}
+
 fn plain_pool(capacity: u64) -> MemoryPool<SimulatedBackend> {
     MemoryPool::new(SimulatedBackend::new(vec![SimDevice {
         total_memory: capacity,
@@ -187,7 +204,7 @@ fn same_stream_reuse_is_immediate_and_calls_nothing() {
 
 #[test]
 fn other_streams_get_memory_only_after_the_fence() {
-    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let pool = vm_pool_no_steal(64 * MIB, 2 * MIB);
     let sim = pool.backend();
     let a = pool.malloc(D0, &S0, 8 * MIB).unwrap();
     let a_page = sim.translate(D0, a.ptr().0).unwrap().0;
@@ -214,7 +231,7 @@ fn other_streams_get_memory_only_after_the_fence() {
 
 #[test]
 fn out_of_memory_waits_for_fences_before_failing() {
-    let pool = vm_pool(8 * MIB, 2 * MIB);
+    let pool = vm_pool_no_steal(8 * MIB, 2 * MIB);
     let sim = pool.backend();
     let a = pool.malloc(D0, &S0, 8 * MIB).unwrap();
     sim.submit_work(D0, S0);
@@ -374,7 +391,7 @@ fn plain_mode_falls_back_to_an_exact_segment_under_the_limit() {
 
 #[test]
 fn record_stream_delays_reuse_until_that_stream_is_done() {
-    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let pool = vm_pool_no_steal(64 * MIB, 2 * MIB);
     let sim = pool.backend();
     let a = pool.malloc(D0, &S0, 2 * MIB).unwrap();
     let p = a.ptr();
@@ -392,6 +409,109 @@ fn record_stream_delays_reuse_until_that_stream_is_done() {
     let c = pool.malloc(D0, &S0, 2 * MIB).unwrap();
     assert_eq!(c.ptr(), p, "reused once S2's fence completed");
     drop((b, c));
+}
+
+#[test]
+fn a_stream_steals_before_growing_by_waiting_on_the_device() {
+    for page in [Some(2 * MIB), None] {
+        let pool = MemoryPool::new(SimulatedBackend::new(vec![SimDevice {
+            total_memory: 256 * MIB,
+            granularity: page,
+        }]))
+        .unwrap();
+        let sim = pool.backend();
+        let a = pool.malloc(D0, &S0, 8 * MIB).unwrap();
+        let p = a.ptr();
+        let v0 = sim.submit_work(D0, S0); // a kernel on S0 uses `a`
+        drop(a);
+        let reserved = pool.total_bytes();
+
+        // S1 takes S0's free memory instead of growing: it waits for S0 on the device.
+        let b = pool.malloc(D0, &S1, 8 * MIB).unwrap();
+        assert_eq!(b.ptr(), p, "S0's block lent to S1 ({page:?})");
+        assert_eq!(pool.total_bytes(), reserved, "no growth ({page:?})");
+        assert!(sim.waited(D0, S1, S0) >= v0, "S1 waits for S0's use");
+        assert_eq!(sim.completed(D0, S0), 0, "no host wait");
+        assert_eq!(pool.stats(D0).unwrap().active_blocks.current, 1);
+
+        // S1's free gives it back; S0 waits for S1 on the device and reuses it.
+        let v1 = sim.submit_work(D0, S1);
+        drop(b);
+        let c = pool.malloc(D0, &S0, 8 * MIB).unwrap();
+        assert_eq!(c.ptr(), p, "the block came back to S0 ({page:?})");
+        assert!(sim.waited(D0, S0, S1) >= v1, "S0 waits for S1's use");
+        assert_eq!(sim.completed(D0, S1), 0, "no host wait");
+        assert_eq!(pool.total_bytes(), reserved);
+        drop(c);
+    }
+}
+
+#[test]
+fn stealing_off_keeps_streams_independent() {
+    let pool = vm_pool_no_steal(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let a = pool.malloc(D0, &S0, 8 * MIB).unwrap();
+    sim.submit_work(D0, S0);
+    drop(a);
+    let b = pool.malloc(D0, &S1, 8 * MIB).unwrap();
+    assert_eq!(sim.waited(D0, S1, S0), 0);
+    assert_eq!(pool.total_bytes(), 16 * MIB, "grown instead");
+    drop(b);
+}
+
+#[test]
+fn a_failed_wait_hands_out_no_stolen_block() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let a = pool.malloc(D0, &S0, 8 * MIB).unwrap();
+    let p = a.ptr();
+    sim.submit_work(D0, S0);
+    drop(a);
+    sim.inject_failure(crate::sim::SimCall::StreamWaitFence, 1);
+    assert!(matches!(
+        pool.malloc(D0, &S1, 8 * MIB),
+        Err(PoolError::Backend {
+            op: "stream_wait_fence",
+            ..
+        })
+    ));
+    let st = pool.stats(D0).unwrap();
+    assert_eq!(st.active_blocks.current, 0, "nothing handed out");
+    assert_eq!(st.used.current, 0);
+    // The block is still S0's and still free: S0 takes it back at once, and S1 can steal
+    // once the wait succeeds.
+    let c = pool.malloc(D0, &S0, 8 * MIB).unwrap();
+    assert_eq!(c.ptr(), p);
+    drop(c);
+    let d = pool.malloc(D0, &S1, 8 * MIB).unwrap();
+    assert_eq!(d.ptr(), p);
+    drop(d);
+}
+
+#[test]
+fn a_lender_stream_can_go_while_its_block_is_lent() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    sim.borrow_stream(S0);
+    let a = pool.malloc(D0, &S0, 8 * MIB).unwrap();
+    sim.submit_work(D0, S0);
+    drop(a);
+    let b = pool.malloc(D0, &S1, 8 * MIB).unwrap();
+    let p = b.ptr();
+    // S0 has no block of its own live: the pool lets go of it (the lent block does not keep
+    // it), and its owner destroys it; the simulator fails any later use of S0.
+    pool.release_stream(D0, &S0).unwrap();
+    sim.destroy_stream(S0);
+    let v1 = sim.submit_work(D0, S1);
+    b.free().unwrap();
+    let c = pool.malloc(D0, &S2, 8 * MIB).unwrap();
+    if c.ptr() == p {
+        assert!(sim.waited(D0, S2, S1) >= v1 || sim.completed(D0, S1) >= v1);
+    }
+    drop(c);
+    sim.complete_all();
+    pool.free_all_blocks().unwrap();
+    assert_eq!(pool.total_bytes(), 0);
 }
 
 #[test]
@@ -780,4 +900,44 @@ fn a_record_stream_free_is_covered_by_its_own_streams_detach_fence() {
         "the new stream waits for the old stream's work before reusing its cache"
     );
     drop(y);
+}
+
+#[test]
+fn record_stream_on_a_private_block_is_not_taken_for_its_own_stream() {
+    // Private shard keys are small numbers (1, 2, ...) that real stream keys may equal: a
+    // block of private shard 1 marked as used on stream 1 must still wait for stream 1.
+    let pool = plain_pool(64 * MIB);
+    let _hold = pool.retain_private_pool(D0, PrivatePoolId(1)).unwrap();
+    let a = pool.malloc_private(D0, PrivatePoolId(1), &S2, 1).unwrap();
+    assert_eq!(
+        a.stream(),
+        StreamId(1),
+        "the private shard key this test is about"
+    );
+    let p = a.ptr();
+    pool.backend().submit_work(D0, StreamId(1));
+    a.record_stream(&StreamId(1)).unwrap();
+    a.free().unwrap();
+    let b = pool.malloc_private(D0, PrivatePoolId(1), &S2, 1).unwrap();
+    assert_ne!(b.ptr(), p, "stream 1 may still use the block");
+}
+
+#[test]
+fn streams_of_other_threads_are_not_stolen_from() {
+    // A stream another host thread drives runs concurrently by design: the pool grows
+    // rather than make it wait (a steal per request between two looping threads cost 30x
+    // in throughput on the H200).
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let a = pool.malloc(D0, &S0, 8 * MIB).unwrap();
+    sim.submit_work(D0, S0);
+    drop(a);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let b = pool.malloc(D0, &S1, 8 * MIB).unwrap();
+            assert_eq!(b.held_by(), S1, "not lent");
+            assert_eq!(pool.backend().waited(D0, S1, S0), 0);
+        });
+    });
+    assert_eq!(pool.total_bytes(), 16 * MIB, "grown instead");
 }

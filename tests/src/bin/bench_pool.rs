@@ -8,11 +8,19 @@
 //! - `raw_cumemalloc_pair_1MiB`: `cuMemAlloc` + `cuMemFree`, for context.
 //! - `async_pool_pair_{512B,1MiB,64MiB}`: cuda-mempool's `AsyncPool`, raw column as above.
 //! - `pool_scaling_{1,2,4,8,16}t`: million 1 MiB pairs per second, each thread on its own
-//!   stream; 16 threads >= 12x one thread.
+//!   stream, threads released together by a barrier; 16 threads >= 14x one thread. Raw
+//!   column: a CPU-bound loop that shares nothing, on the same threads, scaled to the
+//!   pool's one-thread figure (the machine's own scaling: turbo, SMT). Beside it, to find
+//!   where the pool loses: `pool_scaling_generic_malloc_*` (`MemoryPool::malloc`, no capture
+//!   check or hooks), `pool_scaling_pool_per_thread_*` (one pool per thread: nothing of the
+//!   pool shared) and `pool_scaling_cpu_loop_*` (the loop itself).
 //! - `replay_<trace>`: peak reserved / peak requested of the trace replayed through the
-//!   driver backend on the GPU; raw column: the same replay on the simulated backend (the
-//!   two must agree). Target <= 1.05. Plus `replay_<trace>_ns_per_op`. Traces are read from
-//!   `$CUDA_RS_TRACES` (default `../shared/traces`).
+//!   driver backend on the GPU with no forced synchronisation (`FenceRule::Never`: fences
+//!   complete when the GPU completes them); raw column: the same replay on the simulated
+//!   backend, whose device completes nothing by itself. Target <= 1.05. Plus
+//!   `replay_<trace>_ns_per_op` (the replay loop's host time per operation) and
+//!   `replay_<trace>_no_steal` (the same with `PoolConfig::steal_before_growing` off).
+//!   Traces are read from `$CUDA_RS_TRACES` (default `../shared/traces`).
 //! - `pinned_pool_pair`: ns per 4 KiB pinned malloc+free pair; raw: `cuMemHostAlloc` +
 //!   `cuMemFreeHost`. Target <= 100 ns.
 #![allow(
@@ -27,7 +35,8 @@ use common::println;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 use cuda_core::async_pool::{self, MemPool};
@@ -52,6 +61,47 @@ fn raw_async_pair(pool: &MemPool, stream: &Stream, size: usize) -> f64 {
         // SAFETY: p was just allocated from the pool on `stream` and nothing uses it.
         unsafe { async_pool::free_async(p, stream) }.expect("cuMemFreeAsync");
     })
+}
+
+/// Million calls per second of `threads` threads together, each calling its own `make(i)`
+/// closure `SCALING_CALLS` times: the median of 5 runs. The threads are started first and
+/// released together by a barrier; the clock runs from the release to the last thread's
+/// end, so neither thread creation nor a late start counts.
+fn scaling<F: FnMut() + Send>(threads: usize, mut make: impl FnMut(usize) -> F) -> f64 {
+    const SCALING_CALLS: usize = 1_000_000;
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let fs: Vec<F> = (0..threads).map(&mut make).collect();
+        let barrier = Barrier::new(threads + 1);
+        let secs = std::thread::scope(|sc| {
+            let handles: Vec<_> = fs
+                .into_iter()
+                .map(|mut f| {
+                    let barrier = &barrier;
+                    sc.spawn(move || {
+                        for _ in 0..1_000 {
+                            f();
+                        }
+                        barrier.wait();
+                        for _ in 0..SCALING_CALLS {
+                            f();
+                        }
+                        Instant::now()
+                    })
+                })
+                .collect();
+            barrier.wait();
+            let t = Instant::now();
+            let end = handles
+                .into_iter()
+                .map(|h| h.join().expect("scaling thread"))
+                .max()
+                .unwrap_or(t);
+            end.duration_since(t).as_secs_f64()
+        });
+        runs.push((threads * SCALING_CALLS) as f64 / secs / 1e6);
+    }
+    median(&mut runs)
 }
 
 /// Runs [`run`]; an error ends the program with its message and status 1.
@@ -145,43 +195,84 @@ fn run() -> Result<(), BoxError> {
         Target::None,
     );
 
-    // Scaling: each thread its own stream, 1 MiB pairs.
-    let pairs_per_thread = 200_000usize;
-    let mut one_thread = 0.0;
+    // Scaling: each thread its own stream, 1 MiB pairs (see `scaling`).
+    let mut one = [0.0f64; 4];
     for threads in [1usize, 2, 4, 8, 16] {
         let streams = &all_streams[..threads];
-        let mut runs = Vec::new();
-        for _ in 0..5 {
-            let t = Instant::now();
-            std::thread::scope(|sc| {
-                for s in streams {
-                    let pool = &pool;
-                    sc.spawn(move || {
-                        for _ in 0..pairs_per_thread {
-                            drop(pool.malloc_stream(s, MIB).expect("pool malloc"));
-                        }
-                    });
+        let shared = scaling(threads, |i| {
+            let s = &streams[i];
+            let pool = &pool;
+            move || drop(pool.malloc_stream(s, MIB).expect("pool malloc"))
+        });
+        let generic = scaling(threads, |i| {
+            let s = &streams[i];
+            let pool = &pool;
+            move || drop(pool.malloc(id, s, MIB as u64).expect("pool malloc"))
+        });
+        // One pool per thread: nothing of the pool is shared between the threads.
+        let own_pools: Vec<DevicePool> = (0..threads)
+            .map(|_| DevicePool::new_driver())
+            .collect::<Result<_, _>>()?;
+        let separate = scaling(threads, |i| {
+            let s = &streams[i];
+            let pool = &own_pools[i];
+            move || drop(pool.malloc_stream(s, MIB).expect("pool malloc"))
+        });
+        drop(own_pools);
+        // The machine's own scaling: a loop of about a pair's cost that shares nothing (a
+        // lock word of its own, a block of arithmetic), so turbo and SMT show alone.
+        let cpu = scaling(threads, |_| {
+            let word = Box::new(std::sync::atomic::AtomicU64::new(0));
+            let mut x = 0x9E37_79B9_7F4A_7C15u64;
+            move || {
+                for _ in 0..24 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
                 }
-            });
-            let secs = t.elapsed().as_secs_f64();
-            runs.push((threads * pairs_per_thread) as f64 / secs / 1e6);
-        }
-        let rate = median(&mut runs);
+                let _ = word.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed);
+                word.store(0, Ordering::Release);
+                std::hint::black_box(x);
+            }
+        });
+        let rates = [shared, generic, separate, cpu];
         if threads == 1 {
-            one_thread = rate;
+            one = rates;
         }
         let target = if threads == 16 {
-            Target::AtLeast(12.0 * one_thread)
+            Target::AtLeast(14.0 * one[0])
         } else {
             Target::None
         };
         report.row(
             &format!("pool_scaling_{threads}t"),
             "Mpairs/s",
-            rate,
-            None,
-            "-",
+            shared,
+            Some(cpu * one[0] / one[3]),
+            "CPU-bound loop, same threads, scaled to 1t",
             target,
+        );
+        for (name, rate) in [
+            ("generic_malloc", generic),
+            ("pool_per_thread", separate),
+            ("cpu_loop", cpu),
+        ] {
+            report.row(
+                &format!("pool_scaling_{name}_{threads}t"),
+                "Mpairs/s",
+                rate,
+                None,
+                "-",
+                Target::None,
+            );
+        }
+        println!(
+            "  {threads} threads, speed-up over 1 thread: pool {:.2}x, generic malloc {:.2}x, \
+             pool per thread {:.2}x, CPU-bound loop {:.2}x",
+            shared / one[0],
+            generic / one[1],
+            separate / one[2],
+            cpu / one[3]
         );
     }
     pool.free_all_blocks()?;
@@ -198,51 +289,63 @@ fn run() -> Result<(), BoxError> {
     files.sort();
     for path in files {
         let trace = replay::load_trace(&path)?;
-        let options = ReplayOptions::default();
-        let sim = replay::replay(&trace, &options)?;
-        // Map the trace's stream numbers onto real streams.
-        let mut real: HashMap<u64, Stream> = HashMap::new();
-        for op in &trace.ops {
-            if let TraceOp::Alloc { stream, .. } = op {
-                if let std::collections::hash_map::Entry::Vacant(e) = real.entry(stream.0) {
-                    e.insert(Stream::new(&dev)?);
+        for steal in [true, false] {
+            let mut options = ReplayOptions::default();
+            options.config.steal_before_growing = steal;
+            let suffix = if steal { "" } else { "_no_steal" };
+            let sim = replay::replay(&trace, &options)?;
+            // Map the trace's stream numbers onto real streams.
+            let mut real: HashMap<u64, Stream> = HashMap::new();
+            for op in &trace.ops {
+                if let TraceOp::Alloc { stream, .. } = op {
+                    if let std::collections::hash_map::Entry::Vacant(e) = real.entry(stream.0) {
+                        e.insert(Stream::new(&dev)?);
+                    }
                 }
             }
+            let gpu_pool =
+                DevicePool::with_config(cuda_mempool::DriverBackend::new()?, options.config)?;
+            let null = Stream::null(&dev);
+            let gpu = replay::replay_on(
+                &gpu_pool,
+                id,
+                &trace,
+                options.fence_rule,
+                |s| real.get(&s.0).cloned().unwrap_or_else(|| null.clone()),
+                |_| {},
+            )?;
+            report.row(
+                &format!("replay_{}{suffix}", trace.name),
+                "x",
+                gpu.ratio,
+                Some(sim.ratio),
+                "simulated backend",
+                if steal {
+                    Target::AtMost(1.05)
+                } else {
+                    Target::None
+                },
+            );
+            report.row(
+                &format!("replay_{}{suffix}_ns_per_op", trace.name),
+                "ns",
+                gpu.ns_per_op,
+                Some(sim.ns_per_op),
+                "simulated backend",
+                Target::None,
+            );
+            println!(
+                "  {}{suffix} ({}): peak requested {} B, reserved {} B on the GPU, {} B simulated",
+                trace.name,
+                gpu.fence_rule,
+                gpu.peak_requested,
+                gpu.peak_reserved,
+                sim.peak_reserved
+            );
+            gpu_pool.free_all_blocks()?;
+            drop(gpu_pool);
+            drop(real);
         }
-        let gpu_pool =
-            DevicePool::with_config(cuda_mempool::DriverBackend::new()?, options.config)?;
-        let null = Stream::null(&dev);
-        let gpu = replay::replay_on(
-            &gpu_pool,
-            id,
-            &trace,
-            options.fence_rule,
-            |s| real.get(&s.0).cloned().unwrap_or_else(|| null.clone()),
-            |_| {},
-        )?;
-        report.row(
-            &format!("replay_{}", trace.name),
-            "x",
-            gpu.ratio,
-            Some(sim.ratio),
-            "simulated backend",
-            Target::AtMost(1.05),
-        );
-        report.row(
-            &format!("replay_{}_ns_per_op", trace.name),
-            "ns",
-            gpu.ns_per_op,
-            Some(sim.ns_per_op),
-            "simulated backend",
-            Target::None,
-        );
-        println!(
-            "  {}: peak requested {} B, reserved {} B on the GPU, {} B simulated",
-            trace.name, gpu.peak_requested, gpu.peak_reserved, sim.peak_reserved
-        );
-        gpu_pool.free_all_blocks()?;
-        drop(gpu_pool);
-        drop(real);
     }
 
     // Pinned pool.
