@@ -140,6 +140,41 @@ void cuda_mempool_cupy_free(void *param, void *ptr, int device);
  * above apply to it. Returns 0, or -1 on failure. */
 int cuda_mempool_set_current_stream(int device, cuda_mempool_stream_t stream);
 
+/* ---- CuPy on its own current stream: the allocator python/cuda_mempool_cupy.py installs.
+ *      CuPy's CFunctionAllocator calls cuda_mempool_cupy_stream_malloc and
+ *      cuda_mempool_cupy_free directly (one C call an allocation, no Python frame); the
+ *      stream comes from CuPy through a registered function, and CuPy's Stream object is
+ *      kept alive, once a stream, while the stream has live blocks of this path. ---- */
+
+/* CuPy's C-level get_current_stream_ptr (cupy.cuda.stream.__pyx_capi__): the calling
+ * thread's current CuPy stream, or -1 with a Python exception set. Needs the GIL. */
+typedef intptr_t (*cuda_mempool_cupy_stream_fn)(void);
+/* Keeps the calling thread's current stream object of `device` (handle `stream`) alive;
+ * returns 0 on success. Holds are counted: each is matched by one release. */
+typedef int (*cuda_mempool_cupy_hold_fn)(int device, cuda_mempool_stream_t stream);
+/* Lets go of one hold of `stream`. */
+typedef void (*cuda_mempool_cupy_release_fn)(cuda_mempool_stream_t stream);
+
+/* Registers the three functions (current_stream NULL: unregisters; release NULL: holds are
+ * never released, for interpreter exit). They are called on the allocating or freeing thread
+ * with no lock of the library held, and must stay callable for the rest of the process.
+ * Returns 0, or -1 when current_stream is given without hold. */
+int cuda_mempool_cupy_set_stream_hooks(cuda_mempool_cupy_stream_fn current_stream,
+                                       cuda_mempool_cupy_hold_fn hold,
+                                       cuda_mempool_cupy_release_fn release);
+
+/* CFunctionAllocator's malloc: `size` bytes on `device` for use on CuPy's current stream of
+ * the calling thread (the registered current_stream function). A stream other than the
+ * implicit ones (NULL, cudaStreamLegacy, cudaStreamPerThread) is held through the hold hook
+ * when it gets its first live block of this path and released after its last is freed
+ * (with cuda_mempool_cupy_free or cuda_mempool_free). `param` is not used. NULL on failure
+ * (no hooks, CuPy's lookup failed, out of memory: see cuda_mempool_last_oom), NULL without
+ * an error for size 0. */
+void *cuda_mempool_cupy_stream_malloc(void *param, size_t size, int device);
+
+/* The number of streams held now by cuda_mempool_cupy_stream_malloc. */
+int64_t cuda_mempool_cupy_held_streams(void);
+
 /* ---- statistics: a value >= 0, or -1 on failure ---- */
 
 /* Bytes in live blocks on `device`, at the pool's 512-byte rounding. */

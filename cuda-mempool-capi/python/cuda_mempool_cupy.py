@@ -10,27 +10,35 @@ The library is found, in this order: the ``lib`` argument of :func:`load`/:func:
 the ``CUDA_MEMPOOL_CAPI_LIB`` environment variable, ``libcuda_mempool_capi.so`` in this
 file's folder.
 
-Why not ``cupy.cuda.memory.CFunctionAllocator`` over ``cuda_mempool_cupy_malloc``: CuPy
-gives such an allocator only a size and a device, so every block lands on one stream, and
-CuPy does not check the returned pointer, so out of memory gives an array at address 0. This
-module allocates on CuPy's *current* stream and raises.
+How an allocation runs (the C path, used when CuPy exports what it needs): CuPy's own
+``cupy.cuda.memory.CFunctionAllocator`` calls the library's ``cuda_mempool_cupy_stream_malloc``
+and ``cuda_mempool_cupy_free`` directly, from CuPy's Cython code, with no Python frame of ours
+in between except a check of the returned pointer (CuPy does not check it: a failed allocation
+would give an array at address 0, so this module raises ``OutOfMemoryError`` instead).
 
-How the current stream is learnt (CuPy 14): CuPy keeps the current stream per thread and per
-device in ``cupy.cuda.stream``; the C-level ``get_current_stream_ptr`` there (and in
-``cupy_backends.cuda.stream``) is ``cdef``, not reachable from Python. The cheapest
-Python-reachable call is ``cupy.cuda.stream.get_current_stream(device_id)`` (a ``cpdef``):
-given the device id, it is a thread-local lookup plus a list index and makes no CUDA call
-(without the id it first calls ``cudaGetDevice``). The allocator needs the device anyway, so
-it calls ``cupy.cuda.runtime.getDevice()`` once and passes the id. It also returns the Stream
-*object*, which is what we need: the block's owner keeps a reference to it until the block is
-freed, so a CuPy ``Stream`` cannot be destroyed (its handle released and possibly reused)
-while a block allocated on it is live, which is exactly the library's stream rule.
+How the library learns CuPy's *current* stream (a ``CFunctionAllocator`` gets only a size and a
+device): CuPy 14's ``cupy.cuda.stream`` exports its C-level ``get_current_stream_ptr``
+(``intptr_t (void)``, a thread-local read, no CUDA call) in its ``__pyx_capi__`` table; this
+module hands that function pointer to the library (``cuda_mempool_cupy_set_stream_hooks``),
+which calls it at each allocation (CuPy holds the GIL then).
 
-Frees: the allocation is returned to CuPy as ``MemoryPointer(UnownedMemory(ptr, size,
-owner, device), 0)``; the owner is a tiny ``__slots__`` object whose finaliser calls
-``cuda_mempool_free`` when CuPy drops the last reference to the memory. Blocks freed on one
-stream are reused on another only after the work issued before the free completes (the
-library records the fence at the free).
+The stream rule (the library uses a stream handle until the last block allocated on it is
+freed, so the CuPy ``Stream`` object must live that long) is kept once a stream, not once a
+block: when a stream gets its first live block of this path, the library calls this module's
+``hold`` hook, which keeps a reference to CuPy's current ``Stream`` object; when the stream's
+last block is freed (after the pool has recorded its fence), it calls ``release``, which drops
+it. The implicit streams (null, legacy, per-thread) are never held.
+``MemoryPool.held_streams()`` says how many streams are held now. At interpreter exit the held
+streams are kept (never destroyed), since the order in which Python then drops arrays and
+streams is not known.
+
+Set ``CUDA_MEMPOOL_CUPY_PATH=python`` to use the older all-Python allocator instead (each block
+owned by a small Python object that keeps its stream; ctypes calls both ways); it is also used
+when CuPy does not export ``get_current_stream_ptr``. ``MemoryPool.path`` says which is in use
+(``"c"`` or ``"python"``).
+
+Blocks freed on one stream are reused on another only after the work issued before the free
+completes (the library records the fence at the free).
 
 Limits: with CuPy's per-thread default stream (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``)
 every thread's default stream has the same handle value (``cudaStreamPerThread``), which the
@@ -45,6 +53,7 @@ memory. CuPy's own ``MemoryPool`` would otherwise report zeros while our pool ho
 :func:`uninstall` restores both.
 """
 
+import atexit
 import ctypes
 import os
 
@@ -118,6 +127,8 @@ def load(lib=None):
         "cuda_mempool_last_error": (ctypes.c_char_p, []),
         "cuda_mempool_clear_error": (None, []),
         "cuda_mempool_set_current_stream": (cint, [cint, vp]),
+        "cuda_mempool_cupy_set_stream_hooks": (cint, [vp, vp, vp]),
+        "cuda_mempool_cupy_held_streams": (i64, []),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(so, name)
@@ -167,7 +178,9 @@ class _Block:
         self.stream = None
 
 
-def _make_malloc(so):
+def _make_python_malloc(so):
+    """The all-Python allocator (``CUDA_MEMPOOL_CUPY_PATH=python``, or CuPy without the C API
+    this module needs): ctypes calls, one owner object a block."""
     alloc = so.cuda_mempool_alloc
     free = so.cuda_mempool_free
     get_device = _runtime.getDevice
@@ -188,6 +201,113 @@ def _make_malloc(so):
     return malloc
 
 
+# The C path's held streams: handle -> [CuPy Stream object, number of holds]. The library
+# holds a stream once while it has live blocks (a second hold can come from a race between
+# threads, and is released at once).
+_held = {}
+_exiting = False
+_hooks = None  # the ctypes callbacks: referenced for the life of the process
+
+
+def _hold(device, handle):
+    try:
+        stream = _cupy_stream.get_current_stream(device)
+        if stream.ptr != handle:
+            return 1
+        entry = _held.get(handle)
+        if entry is None:
+            _held[handle] = [stream, 1]
+            if _exiting:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(stream))
+        else:
+            entry[1] += 1
+        return 0
+    except BaseException:  # an exception must not cross into C
+        return 1
+
+
+def _release(handle):
+    try:
+        entry = _held.get(handle)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _held[handle]  # CuPy may now destroy the stream
+    except BaseException:
+        pass
+
+
+def _current_stream_fn():
+    """The address of CuPy's C-level ``get_current_stream_ptr``, or None."""
+    try:
+        capsule = _cupy_stream.__pyx_capi__["get_current_stream_ptr"]
+        api = ctypes.pythonapi
+        api.PyCapsule_GetName.restype = ctypes.c_char_p
+        api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+        api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+        api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        name = api.PyCapsule_GetName(capsule)
+        if name is None or name.split(b" except")[0].strip() != b"intptr_t (void)":
+            return None
+        return api.PyCapsule_GetPointer(capsule, name) or None
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _at_exit():
+    """Interpreter exit: holds are no longer released, and the held streams are kept for
+    good (arrays and streams are then dropped in no known order)."""
+    global _exiting
+    _exiting = True
+    if _hooks is not None and _lib is not None:
+        current, hold, _ = _hooks
+        _lib.cuda_mempool_cupy_set_stream_hooks(current, ctypes.cast(hold, ctypes.c_void_p), None)
+    for stream, _ in list(_held.values()):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(stream))
+
+
+def _make_c_malloc(so, lib_owner):
+    """The C path: CuPy's CFunctionAllocator over the library, on CuPy's current stream, or
+    None when CuPy does not export ``get_current_stream_ptr``."""
+    global _hooks
+    current = _current_stream_fn()
+    if current is None:
+        return None
+    if _hooks is None:
+        hold = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p)(_hold)
+        release = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_release)
+        _hooks = (current, hold, release)
+        atexit.register(_at_exit)
+    current, hold, release = _hooks
+    cast = ctypes.cast
+    if so.cuda_mempool_cupy_set_stream_hooks(
+            current, cast(hold, ctypes.c_void_p), cast(release, ctypes.c_void_p)) != 0:
+        raise RuntimeError(f"cuda_mempool_cupy_set_stream_hooks: {_last_error(so)}")
+    addr = lambda f: cast(f, ctypes.c_void_p).value  # noqa: E731
+    cfa = _cupy_memory.CFunctionAllocator(
+        0, addr(so.cuda_mempool_cupy_stream_malloc), addr(so.cuda_mempool_cupy_free), lib_owner)
+    cfa_malloc = cfa.malloc
+    get_device = _runtime.getDevice
+
+    def malloc(size):
+        mem = cfa_malloc(size)
+        if mem.ptr or not size:
+            return mem
+        _raise_failure(so, size, get_device())
+
+    return malloc
+
+
+def _make_malloc(so):
+    """The allocator and the name of its path (``"c"`` or ``"python"``)."""
+    if os.environ.get("CUDA_MEMPOOL_CUPY_PATH", "").strip().lower() != "python":
+        malloc = _make_c_malloc(so, so)
+        if malloc is not None:
+            return malloc, "c"
+    return _make_python_malloc(so), "python"
+
+
 class MemoryPool:
     """The cuda-mempool pool, shaped like ``cupy.cuda.MemoryPool``. The per-device figures
     are for the current device, as CuPy's are. One pool serves the whole process, so every
@@ -195,7 +315,7 @@ class MemoryPool:
 
     def __init__(self, lib=None):
         self._so = load(lib)
-        self.malloc = _make_malloc(self._so)
+        self.malloc, self.path = _make_malloc(self._so)
 
     def _dev(self):
         return _runtime.getDevice()
@@ -251,6 +371,10 @@ class MemoryPool:
 
     def get_limit(self):
         return self._value(self._so.cuda_mempool_get_limit(self._dev()), "get_limit")
+
+    def held_streams(self):
+        """Streams the C path keeps alive now (they have live blocks); 0 on the Python path."""
+        return self._value(self._so.cuda_mempool_cupy_held_streams(), "cupy_held_streams")
 
     def live_allocations(self):
         return self._value(self._so.cuda_mempool_live_allocations(), "live_allocations")

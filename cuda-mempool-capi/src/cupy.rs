@@ -1,0 +1,303 @@
+//! CuPy's `CFunctionAllocator` on CuPy's own current stream, with the stream kept alive in C.
+//!
+//! CuPy calls a `CFunctionAllocator`'s functions as `void* malloc(void* param, size_t size, int
+//! device_id)` and `void free(void* param, void* ptr, int device_id)`, with the GIL held and
+//! no stream. [`cuda_mempool_cupy_stream_malloc`] learns the stream by calling back into CuPy
+//! through a function pointer the Python module registers with
+//! [`cuda_mempool_cupy_set_stream_hooks`]: CuPy's C-level `get_current_stream_ptr` (exported
+//! by `cupy.cuda.stream` in its `__pyx_capi__`), a thread-local read with no CUDA call. So one
+//! allocation is one C call from CuPy's Cython code, with no Python frame of ours.
+//!
+//! # The stream rule, per stream instead of per block
+//!
+//! The library uses a stream handle until the last block allocated on it is freed (see the
+//! crate documentation), so the CuPy `Stream` object must live that long. This module counts
+//! the live blocks of this path per stream handle. When a stream's count leaves zero it calls
+//! the `hold` hook (the Python module keeps a reference to CuPy's current `Stream` object in
+//! a dictionary); when the count returns to zero, after the pool has recorded its fence on the
+//! stream, it calls the `release` hook (the module drops that reference, and CuPy may then
+//! destroy the stream). The implicit streams (null, `cudaStreamLegacy`,
+//! `cudaStreamPerThread`) live for the whole process and are never held.
+//!
+//! While a stream has live blocks, its validated [`Stream`] wrapper is kept here too, so later
+//! allocations on it make no driver call to check the handle (the handle cannot be destroyed
+//! meanwhile, by the rule above).
+//!
+//! Hooks are never called with a lock of this module held: they run Python code, which may
+//! let another thread take the GIL, and that thread may be waiting for the same lock. The
+//! hooks count holds (a hold that turns out to be a second one for a stream is released at
+//! once), so the order in which two threads' hooks run does not matter.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{LazyLock, Mutex, PoisonError};
+
+use cuda_core::Stream;
+
+use crate::{alloc, device_id, fail, run, wrap_stream, CallError};
+
+/// CuPy's `get_current_stream_ptr` (C signature `intptr_t (void)`): the calling thread's
+/// current CuPy stream handle; -1 with a Python exception set on failure. Needs the GIL.
+pub type CurrentStreamFn = unsafe extern "C" fn() -> isize;
+
+/// Keeps the caller's current stream object for `device` alive (its handle is `stream`);
+/// returns 0 on success. Called with the GIL held, on the allocating thread.
+pub type HoldStreamFn = unsafe extern "C" fn(device: c_int, stream: *mut c_void) -> c_int;
+
+/// Lets go of one hold taken by [`HoldStreamFn`] for `stream`. Called with the GIL held.
+pub type ReleaseStreamFn = unsafe extern "C" fn(stream: *mut c_void);
+
+/// The registered callbacks.
+#[derive(Clone, Copy)]
+struct Hooks {
+    current: CurrentStreamFn,
+    hold: HoldStreamFn,
+    release: Option<ReleaseStreamFn>,
+}
+
+/// The registered hooks: null, or a leaked `Box<Hooks>` (never freed: another thread may be
+/// reading an older value while a new one is stored; a few words a registration).
+static HOOKS: AtomicPtr<Hooks> = AtomicPtr::new(std::ptr::null_mut());
+
+fn hooks() -> Option<Hooks> {
+    let p = HOOKS.load(Ordering::Acquire);
+    // SAFETY: a non-null value is a leaked box, never freed, written before it was stored.
+    (!p.is_null()).then(|| unsafe { *p })
+}
+
+/// A held stream: its live blocks on this path and its validated wrapper.
+struct Held {
+    blocks: u64,
+    stream: Stream,
+}
+
+/// Streams with live blocks of this path, by handle.
+static HELD: LazyLock<Mutex<HashMap<usize, Held>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+fn held() -> std::sync::MutexGuard<'static, HashMap<usize, Held>> {
+    // Only map operations run under the lock: a poisoned lock still guards a consistent map.
+    HELD.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The implicit handles (null, `CU_STREAM_LEGACY` = 1, `CU_STREAM_PER_THREAD` = 2) name
+/// streams that live as long as the context: they are never held.
+fn is_implicit(handle: usize) -> bool {
+    handle <= 2
+}
+
+/// Counts one more block on `handle`: returns the stream's wrapper, taking a hold on it
+/// through the hook first when the stream had no live block of this path.
+fn acquire(call: &str, hooks: &Hooks, device: c_int, handle: usize) -> Result<Stream, CallError> {
+    if let Some(h) = held().get_mut(&handle) {
+        h.blocks += 1;
+        return Ok(h.stream.clone());
+    }
+    let id = device_id(call, device)?;
+    // SAFETY: `handle` is CuPy's current stream of this thread, alive during this call (its
+    // Stream object is the thread's current one); it is held below before the block is
+    // handed out, so it stays valid while blocks allocated on it are live.
+    let stream = unsafe { wrap_stream(call, id, handle as *mut c_void) }?;
+    // SAFETY: the hook's registration contract (cuda_mempool_cupy_set_stream_hooks); this
+    // thread holds the GIL (CuPy calls its allocator with it); no lock of ours is held.
+    if unsafe { (hooks.hold)(device, handle as *mut c_void) } != 0 {
+        return Err(fail(
+            call,
+            format!("could not keep CuPy's stream {handle:#x} alive (the hold hook failed)"),
+        ));
+    }
+    let extra = {
+        let mut map = held();
+        let h = map.entry(handle).or_insert(Held {
+            blocks: 0,
+            stream: stream.clone(),
+        });
+        h.blocks += 1;
+        h.blocks > 1
+    };
+    if extra {
+        // Another thread took the stream's hold meanwhile: this one is one too many.
+        if let Some(release) = hooks.release {
+            // SAFETY: as for hold above.
+            unsafe { release(handle as *mut c_void) };
+        }
+    }
+    Ok(stream)
+}
+
+/// One block fewer on `handle`; after the last, the hold is released through the hook.
+pub(crate) fn unhold(handle: usize) {
+    let last = {
+        let mut map = held();
+        match map.get_mut(&handle) {
+            Some(h) if h.blocks > 1 => {
+                h.blocks -= 1;
+                false
+            }
+            Some(_) => {
+                map.remove(&handle);
+                true
+            }
+            None => false,
+        }
+    };
+    if last {
+        if let Some(release) = hooks().and_then(|h| h.release) {
+            // SAFETY: the hook's registration contract; frees of this path come from CuPy's
+            // memory objects being deallocated, with the GIL held; no lock of ours is held.
+            unsafe { release(handle as *mut c_void) };
+        }
+    }
+}
+
+/// Registers CuPy's current-stream function and the hold/release hooks used by
+/// [`cuda_mempool_cupy_stream_malloc`]; `current_stream` null unregisters (that allocator then
+/// fails). `release` may be null: holds are then never released (for interpreter exit, where
+/// the streams may as well outlive the process's last frees). Returns 0, or -1 when
+/// `current_stream` is set without `hold`.
+///
+/// # Safety
+///
+/// The functions stay callable for the rest of the process. They are called on the thread
+/// that calls [`cuda_mempool_cupy_stream_malloc`] or frees a block of it, with whatever they
+/// need held by that thread (for CuPy's and Python's functions: the GIL, which CuPy holds
+/// when it calls its allocator).
+#[no_mangle]
+pub unsafe extern "C" fn cuda_mempool_cupy_set_stream_hooks(
+    current_stream: Option<CurrentStreamFn>,
+    hold: Option<HoldStreamFn>,
+    release: Option<ReleaseStreamFn>,
+) -> c_int {
+    const CALL: &str = "cuda_mempool_cupy_set_stream_hooks";
+    run(-1, || {
+        let new = match (current_stream, hold) {
+            (None, _) => std::ptr::null_mut(),
+            (Some(current), Some(hold)) => Box::into_raw(Box::new(Hooks {
+                current,
+                hold,
+                release,
+            })),
+            (Some(_), None) => {
+                return Err(fail(CALL, "a current-stream function needs a hold hook"))
+            }
+        };
+        HOOKS.store(new, Ordering::Release);
+        Ok(0)
+    })
+}
+
+/// CuPy's `CFunctionAllocator` `malloc`: `size` bytes on `device` for use on CuPy's current
+/// stream of the calling thread, learnt through the registered hooks (see the module
+/// documentation). `param` is not used. Free with [`crate::cuda_mempool_cupy_free`].
+///
+/// Returns null with a last-error message on failure (hooks not registered, CuPy's stream
+/// lookup failed, out of memory: see [`crate::cuda_mempool_last_oom`]); null without one for
+/// size 0. CuPy does not check the pointer: the Python module checks it and raises.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_cupy_stream_malloc(
+    param: *mut c_void,
+    size: usize,
+    device: c_int,
+) -> *mut c_void {
+    const CALL: &str = "cuda_mempool_cupy_stream_malloc";
+    let _ = param;
+    run(std::ptr::null_mut(), || {
+        if size == 0 {
+            return Ok(std::ptr::null_mut());
+        }
+        let hooks = hooks().ok_or_else(|| {
+            fail(
+                CALL,
+                "no stream hooks registered (cuda_mempool_cupy_set_stream_hooks)",
+            )
+        })?;
+        // SAFETY: the registration contract: callable on this thread, which holds the GIL.
+        let handle = unsafe { (hooks.current)() };
+        if handle == -1 {
+            return Err(fail(
+                CALL,
+                "CuPy's get_current_stream_ptr failed (its Python exception is pending)",
+            ));
+        }
+        let handle = handle as usize;
+        if is_implicit(handle) {
+            let id = device_id(CALL, device)?;
+            // SAFETY: an implicit handle (null, legacy, per-thread).
+            let stream = unsafe { wrap_stream(CALL, id, handle as *mut c_void) }?;
+            return alloc(CALL, &stream, size as u64, None);
+        }
+        let stream = acquire(CALL, &hooks, device, handle)?;
+        let ptr = alloc(CALL, &stream, size as u64, Some(handle));
+        if ptr.is_err() {
+            unhold(handle);
+        }
+        ptr
+    })
+}
+
+/// The number of CuPy streams this path holds alive now (streams with live blocks of
+/// [`cuda_mempool_cupy_stream_malloc`]). Never fails and touches no driver.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_cupy_held_streams() -> i64 {
+    run(-1, || {
+        i64::try_from(held().len()).map_err(|_| fail("cuda_mempool_cupy_held_streams", "overflow"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{clear_last_error, last_error_message};
+
+    unsafe extern "C" fn current() -> isize {
+        -1
+    }
+    unsafe extern "C" fn hold(_: c_int, _: *mut c_void) -> c_int {
+        0
+    }
+
+    /// One test, since the hooks are process-wide.
+    #[test]
+    fn the_stream_malloc_needs_registered_hooks_and_a_stream() {
+        // SAFETY: unregistering needs no function.
+        assert_eq!(
+            unsafe { cuda_mempool_cupy_set_stream_hooks(None, None, None) },
+            0
+        );
+        clear_last_error();
+        assert!(cuda_mempool_cupy_stream_malloc(std::ptr::null_mut(), 0, 0).is_null());
+        assert_eq!(last_error_message(), None, "size 0 is no error");
+        assert!(cuda_mempool_cupy_stream_malloc(std::ptr::null_mut(), 512, 0).is_null());
+        let msg = last_error_message().unwrap_or_default();
+        assert!(msg.contains("no stream hooks registered"), "{msg}");
+
+        clear_last_error();
+        // SAFETY: the functions above are plain and callable from any thread.
+        let r = unsafe { cuda_mempool_cupy_set_stream_hooks(Some(current), None, None) };
+        assert_eq!(r, -1);
+        assert!(last_error_message()
+            .unwrap_or_default()
+            .contains("needs a hold hook"));
+        // SAFETY: as above.
+        let r = unsafe { cuda_mempool_cupy_set_stream_hooks(Some(current), Some(hold), None) };
+        assert_eq!(r, 0);
+        clear_last_error();
+        // CuPy's lookup failing (-1) fails the allocation before any driver call.
+        assert!(cuda_mempool_cupy_stream_malloc(std::ptr::null_mut(), 512, 0).is_null());
+        let msg = last_error_message().unwrap_or_default();
+        assert!(msg.contains("get_current_stream_ptr failed"), "{msg}");
+        // SAFETY: unregistering.
+        assert_eq!(
+            unsafe { cuda_mempool_cupy_set_stream_hooks(None, None, None) },
+            0
+        );
+        assert_eq!(cuda_mempool_cupy_held_streams(), 0);
+    }
+
+    #[test]
+    fn unhold_of_an_unknown_stream_changes_nothing() {
+        let before = cuda_mempool_cupy_held_streams();
+        unhold(0xdead_beef);
+        assert_eq!(cuda_mempool_cupy_held_streams(), before);
+    }
+}
