@@ -13,14 +13,19 @@ file's folder.
 How an allocation runs (the C path, used when CuPy exports what it needs): CuPy's own
 ``cupy.cuda.memory.CFunctionAllocator`` calls the library's ``cuda_mempool_cupy_stream_malloc``
 and ``cuda_mempool_cupy_free`` directly, from CuPy's Cython code, with no Python frame of ours
-in between except a check of the returned pointer (CuPy does not check it: a failed allocation
-would give an array at address 0, so this module raises ``OutOfMemoryError`` instead).
+in between. A failed allocation raises ``OutOfMemoryError`` (this module's subclass of CuPy's,
+with the pool's numbers): CuPy 14.1 and later check for a pending Python exception after the
+allocator's ``malloc`` returns, and the library leaves one there (it asks this module's
+``make_error`` hook for the exception and sets it with ``PyErr_SetObject``). With an older CuPy,
+which does not check, a small Python function checks the returned pointer and raises
+(``MemoryPool.path`` is then ``"c+check"``; CuPy would otherwise hand out an array at address 0).
 
 How the library learns CuPy's *current* stream (a ``CFunctionAllocator`` gets only a size and a
-device): CuPy 14's ``cupy.cuda.stream`` exports its C-level ``get_current_stream_ptr``
-(``intptr_t (void)``, a thread-local read, no CUDA call) in its ``__pyx_capi__`` table; this
-module hands that function pointer to the library (``cuda_mempool_cupy_set_stream_hooks``),
-which calls it at each allocation (CuPy holds the GIL then).
+device): CuPy 14's ``cupy_backends.cuda.stream`` exports its C-level ``get_stream_ptr(device)``
+(``intptr_t (int)``, a thread-local read, no CUDA call) in its ``__pyx_capi__`` table, and
+``cupy.cuda.stream`` exports ``get_current_stream_ptr()``; this module hands the first it finds to
+the library (``cuda_mempool_cupy_set_stream_hooks``), which calls it at each allocation (CuPy
+holds the GIL then). It is the same lookup CuPy's own pool makes.
 
 The stream rule (the library uses a stream handle until the last block allocated on it is
 freed, so the CuPy ``Stream`` object must live that long) is kept once a stream, not once a
@@ -35,7 +40,7 @@ streams is not known.
 Set ``CUDA_MEMPOOL_CUPY_PATH=python`` to use the older all-Python allocator instead (each block
 owned by a small Python object that keeps its stream; ctypes calls both ways); it is also used
 when CuPy does not export ``get_current_stream_ptr``. ``MemoryPool.path`` says which is in use
-(``"c"`` or ``"python"``).
+(``"c"``, ``"c+check"`` or ``"python"``).
 
 Blocks freed on one stream are reused on another only after the work issued before the free
 completes (the library records the fence at the free).
@@ -56,11 +61,17 @@ memory. CuPy's own ``MemoryPool`` would otherwise report zeros while our pool ho
 import atexit
 import ctypes
 import os
+import threading
 
 import cupy
 from cupy.cuda import memory as _cupy_memory
 from cupy.cuda import runtime as _runtime
 from cupy.cuda import stream as _cupy_stream
+
+try:
+    from cupy_backends.cuda import stream as _backends_stream
+except ImportError:  # not CuPy 14's layout: the cupy.cuda.stream lookup is used
+    _backends_stream = None
 
 __all__ = ["load", "install", "uninstall", "MemoryPool", "OutOfMemoryError", "library"]
 
@@ -127,7 +138,7 @@ def load(lib=None):
         "cuda_mempool_last_error": (ctypes.c_char_p, []),
         "cuda_mempool_clear_error": (None, []),
         "cuda_mempool_set_current_stream": (cint, [cint, vp]),
-        "cuda_mempool_cupy_set_stream_hooks": (cint, [vp, vp, vp]),
+        "cuda_mempool_cupy_set_stream_hooks": (cint, [vp] * 6),
         "cuda_mempool_cupy_held_streams": (i64, []),
     }
     for name, (restype, argtypes) in sigs.items():
@@ -148,13 +159,19 @@ def _last_error(so):
     return err.decode(errors="replace") if err else "no error message recorded"
 
 
-def _raise_failure(so, size, device):
+def _failure(so, size, device):
+    """The exception for this thread's failed allocation: ``OutOfMemoryError`` with the
+    pool's numbers, or ``RuntimeError`` with the library's message."""
     vals = [ctypes.c_int64() for _ in range(4)]
     if so.cuda_mempool_last_oom(*[ctypes.byref(v) for v in vals]) == 1:
         requested, used, reserved, limit = (v.value for v in vals)
-        raise OutOfMemoryError(requested, used, reserved, limit)
-    raise RuntimeError(
-        f"cuda_mempool_alloc of {size} bytes on device {device} failed: {_last_error(so)}")
+        return OutOfMemoryError(requested, used, reserved, limit)
+    return RuntimeError(
+        f"cuda-mempool allocation of {size} bytes on device {device} failed: {_last_error(so)}")
+
+
+def _raise_failure(so, size, device):
+    raise _failure(so, size, device)
 
 
 class _Block:
@@ -206,7 +223,9 @@ def _make_python_malloc(so):
 # threads, and is released at once).
 _held = {}
 _exiting = False
-_hooks = None  # the ctypes callbacks: referenced for the life of the process
+# (current_stream, device_stream, hold, release, make_error, set_error): the registered
+# functions; the ctypes callbacks among them stay referenced for the life of the process.
+_hooks = None
 
 
 def _hold(device, handle):
@@ -238,21 +257,56 @@ def _release(handle):
         pass
 
 
-def _current_stream_fn():
-    """The address of CuPy's C-level ``get_current_stream_ptr``, or None."""
+def _capi_function(module, name, signature):
+    """The address of the C function ``name`` that the Cython ``module`` exports in its
+    ``__pyx_capi__`` table, if its C signature is ``signature``; else None."""
     try:
-        capsule = _cupy_stream.__pyx_capi__["get_current_stream_ptr"]
+        capsule = module.__pyx_capi__[name]
         api = ctypes.pythonapi
         api.PyCapsule_GetName.restype = ctypes.c_char_p
         api.PyCapsule_GetName.argtypes = [ctypes.py_object]
         api.PyCapsule_GetPointer.restype = ctypes.c_void_p
         api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-        name = api.PyCapsule_GetName(capsule)
-        if name is None or name.split(b" except")[0].strip() != b"intptr_t (void)":
+        got = api.PyCapsule_GetName(capsule)
+        if got is None or got.split(b" except")[0].strip() != signature:
             return None
-        return api.PyCapsule_GetPointer(capsule, name) or None
+        return api.PyCapsule_GetPointer(capsule, got) or None
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
+
+
+def _cupy_checks_malloc_errors():
+    """Whether CuPy's CFunctionAllocator raises a Python exception its malloc left pending
+    (CuPy 14.1 and later: ``_call_malloc(...) except *``)."""
+    try:
+        major, minor = (int(x) for x in cupy.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (14, 1)
+
+
+# The exception each thread's last failed allocation raised, kept alive until the library has
+# set it (PyErr_SetObject takes its own references).
+_errors = {}
+
+
+def _make_error(size, device, out):
+    try:
+        exc = _failure(_lib, size, device)
+        _errors[threading.get_ident()] = exc
+        out[0] = id(type(exc))
+        out[1] = id(exc)
+        return 0
+    except BaseException:  # an exception must not cross into C
+        return 1
+
+
+def _register(so, release=True):
+    current, device_stream, hold, rel, make_error, set_error = _hooks
+    vp = lambda f: None if f is None else ctypes.cast(f, ctypes.c_void_p)  # noqa: E731
+    return so.cuda_mempool_cupy_set_stream_hooks(
+        current, device_stream, vp(hold), vp(rel) if release else None, vp(make_error),
+        set_error)
 
 
 def _at_exit():
@@ -261,32 +315,41 @@ def _at_exit():
     global _exiting
     _exiting = True
     if _hooks is not None and _lib is not None:
-        current, hold, _ = _hooks
-        _lib.cuda_mempool_cupy_set_stream_hooks(current, ctypes.cast(hold, ctypes.c_void_p), None)
+        _register(_lib, release=False)
     for stream, _ in list(_held.values()):
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(stream))
 
 
 def _make_c_malloc(so, lib_owner):
-    """The C path: CuPy's CFunctionAllocator over the library, on CuPy's current stream, or
-    None when CuPy does not export ``get_current_stream_ptr``."""
+    """The C path: CuPy's CFunctionAllocator over the library, on CuPy's current stream; with
+    the path's name (``"c"``: failures raised through CuPy, ``"c+check"``: through a Python
+    check of the pointer). None when CuPy exports no stream lookup."""
     global _hooks
-    current = _current_stream_fn()
-    if current is None:
-        return None
     if _hooks is None:
+        device_stream = None
+        if _backends_stream is not None:
+            device_stream = _capi_function(_backends_stream, "get_stream_ptr", b"intptr_t (int)")
+        current = None
+        if device_stream is None:
+            current = _capi_function(_cupy_stream, "get_current_stream_ptr", b"intptr_t (void)")
+            if current is None:
+                return None
+        make_error = set_error = None
+        if _cupy_checks_malloc_errors():
+            make_error = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_size_t, ctypes.c_int,
+                                          ctypes.POINTER(ctypes.c_ssize_t))(_make_error)
+            set_error = ctypes.cast(ctypes.pythonapi.PyErr_SetObject, ctypes.c_void_p).value
         hold = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p)(_hold)
         release = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_release)
-        _hooks = (current, hold, release)
+        _hooks = (current, device_stream, hold, release, make_error, set_error)
         atexit.register(_at_exit)
-    current, hold, release = _hooks
-    cast = ctypes.cast
-    if so.cuda_mempool_cupy_set_stream_hooks(
-            current, cast(hold, ctypes.c_void_p), cast(release, ctypes.c_void_p)) != 0:
+    if _register(so) != 0:
         raise RuntimeError(f"cuda_mempool_cupy_set_stream_hooks: {_last_error(so)}")
-    addr = lambda f: cast(f, ctypes.c_void_p).value  # noqa: E731
+    addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
     cfa = _cupy_memory.CFunctionAllocator(
         0, addr(so.cuda_mempool_cupy_stream_malloc), addr(so.cuda_mempool_cupy_free), lib_owner)
+    if _hooks[4] is not None:
+        return cfa.malloc, "c"
     cfa_malloc = cfa.malloc
     get_device = _runtime.getDevice
 
@@ -296,15 +359,15 @@ def _make_c_malloc(so, lib_owner):
             return mem
         _raise_failure(so, size, get_device())
 
-    return malloc
+    return malloc, "c+check"
 
 
 def _make_malloc(so):
-    """The allocator and the name of its path (``"c"`` or ``"python"``)."""
+    """The allocator and the name of its path (``"c"``, ``"c+check"`` or ``"python"``)."""
     if os.environ.get("CUDA_MEMPOOL_CUPY_PATH", "").strip().lower() != "python":
-        malloc = _make_c_malloc(so, so)
-        if malloc is not None:
-            return malloc, "c"
+        made = _make_c_malloc(so, so)
+        if made is not None:
+            return made
     return _make_python_malloc(so), "python"
 
 

@@ -4,9 +4,19 @@
 //! device_id)` and `void free(void* param, void* ptr, int device_id)`, with the GIL held and
 //! no stream. [`cuda_mempool_cupy_stream_malloc`] learns the stream by calling back into CuPy
 //! through a function pointer the Python module registers with
-//! [`cuda_mempool_cupy_set_stream_hooks`]: CuPy's C-level `get_current_stream_ptr` (exported
-//! by `cupy.cuda.stream` in its `__pyx_capi__`), a thread-local read with no CUDA call. So one
-//! allocation is one C call from CuPy's Cython code, with no Python frame of ours.
+//! [`cuda_mempool_cupy_set_stream_hooks`]: CuPy's C-level `get_stream_ptr(device)` (exported by
+//! `cupy_backends.cuda.stream` in its `__pyx_capi__`; CuPy 14) or `get_current_stream_ptr()`
+//! (`cupy.cuda.stream`), a thread-local read with no CUDA call. So one allocation is one C
+//! call from CuPy's Cython code, with no Python frame of ours.
+//!
+//! # Failures as Python exceptions
+//!
+//! CuPy (from 14.1) checks for a pending Python exception after its allocator's `malloc`
+//! returns. With the optional `make_error` and `set_error` hooks registered, a failed
+//! allocation asks `make_error` for the exception to raise (the module builds CuPy's
+//! `OutOfMemoryError` with the pool's numbers, from [`crate::cuda_mempool_last_oom`]) and sets
+//! it with `set_error` (Python's `PyErr_SetObject`), then returns null: CuPy raises it. Without
+//! them, a failure returns null only, and the caller must check the pointer.
 //!
 //! # The stream rule, per stream instead of per block
 //!
@@ -38,8 +48,13 @@ use cuda_core::Stream;
 use crate::{alloc, device_id, fail, run, wrap_stream, CallError};
 
 /// CuPy's `get_current_stream_ptr` (C signature `intptr_t (void)`): the calling thread's
-/// current CuPy stream handle; -1 with a Python exception set on failure. Needs the GIL.
+/// current CuPy stream handle for the current device; -1 with a Python exception set on
+/// failure. Needs the GIL.
 pub type CurrentStreamFn = unsafe extern "C" fn() -> isize;
+
+/// CuPy's `get_stream_ptr` (C signature `intptr_t (int)`): the calling thread's current CuPy
+/// stream handle for `device`; -1 with a Python exception set on failure. Needs the GIL.
+pub type DeviceStreamFn = unsafe extern "C" fn(device: c_int) -> isize;
 
 /// Keeps the caller's current stream object for `device` alive (its handle is `stream`);
 /// returns 0 on success. Called with the GIL held, on the allocating thread.
@@ -48,12 +63,28 @@ pub type HoldStreamFn = unsafe extern "C" fn(device: c_int, stream: *mut c_void)
 /// Lets go of one hold taken by [`HoldStreamFn`] for `stream`. Called with the GIL held.
 pub type ReleaseStreamFn = unsafe extern "C" fn(stream: *mut c_void);
 
+/// Builds the exception for the calling thread's failed allocation of `size` bytes on
+/// `device` and writes its type and value (`PyObject*`, kept alive by the hook) to `out[0]`
+/// and `out[1]`; returns 0 on success.
+pub type MakeErrorFn = unsafe extern "C" fn(size: usize, device: c_int, out: *mut isize) -> c_int;
+
+/// Sets the calling thread's Python exception (`PyErr_SetObject(type, value)`).
+pub type SetErrorFn = unsafe extern "C" fn(kind: *mut c_void, value: *mut c_void);
+
+/// How the current stream is learnt.
+#[derive(Clone, Copy)]
+enum Lookup {
+    Current(CurrentStreamFn),
+    ForDevice(DeviceStreamFn),
+}
+
 /// The registered callbacks.
 #[derive(Clone, Copy)]
 struct Hooks {
-    current: CurrentStreamFn,
+    lookup: Lookup,
     hold: HoldStreamFn,
     release: Option<ReleaseStreamFn>,
+    error: Option<(MakeErrorFn, SetErrorFn)>,
 }
 
 /// The registered hooks: null, or a leaked `Box<Hooks>` (never freed: another thread may be
@@ -150,37 +181,53 @@ pub(crate) fn unhold(handle: usize) {
     }
 }
 
-/// Registers CuPy's current-stream function and the hold/release hooks used by
-/// [`cuda_mempool_cupy_stream_malloc`]; `current_stream` null unregisters (that allocator then
-/// fails). `release` may be null: holds are then never released (for interpreter exit, where
-/// the streams may as well outlive the process's last frees). Returns 0, or -1 when
-/// `current_stream` is set without `hold`.
+/// Registers CuPy's stream lookup and the hooks used by [`cuda_mempool_cupy_stream_malloc`]:
+/// `device_stream` (preferred) or `current_stream` learns CuPy's current stream, `hold` and
+/// `release` keep a stream object alive while it has live blocks of this path, and the
+/// optional pair `make_error`/`set_error` turns a failed allocation into a pending Python
+/// exception (see the module documentation). With neither lookup function, the hooks are
+/// unregistered (that allocator then fails). `release` may be null: holds are then never
+/// released (for interpreter exit, where the streams may as well outlive the process's last
+/// frees). Returns 0, or -1 when a lookup is given without `hold`, or only one of
+/// `make_error` and `set_error` is given.
 ///
 /// # Safety
 ///
 /// The functions stay callable for the rest of the process. They are called on the thread
 /// that calls [`cuda_mempool_cupy_stream_malloc`] or frees a block of it, with whatever they
 /// need held by that thread (for CuPy's and Python's functions: the GIL, which CuPy holds
-/// when it calls its allocator).
+/// when it calls its allocator). `set_error` receives the two pointers `make_error` wrote.
 #[no_mangle]
 pub unsafe extern "C" fn cuda_mempool_cupy_set_stream_hooks(
     current_stream: Option<CurrentStreamFn>,
+    device_stream: Option<DeviceStreamFn>,
     hold: Option<HoldStreamFn>,
     release: Option<ReleaseStreamFn>,
+    make_error: Option<MakeErrorFn>,
+    set_error: Option<SetErrorFn>,
 ) -> c_int {
     const CALL: &str = "cuda_mempool_cupy_set_stream_hooks";
     run(-1, || {
-        let new = match (current_stream, hold) {
-            (None, _) => std::ptr::null_mut(),
-            (Some(current), Some(hold)) => Box::into_raw(Box::new(Hooks {
-                current,
-                hold,
-                release,
-            })),
-            (Some(_), None) => {
-                return Err(fail(CALL, "a current-stream function needs a hold hook"))
+        let lookup = match (device_stream, current_stream) {
+            (Some(f), _) => Lookup::ForDevice(f),
+            (None, Some(f)) => Lookup::Current(f),
+            (None, None) => {
+                HOOKS.store(std::ptr::null_mut(), Ordering::Release);
+                return Ok(0);
             }
         };
+        let hold = hold.ok_or_else(|| fail(CALL, "a stream lookup needs a hold hook"))?;
+        let error = match (make_error, set_error) {
+            (Some(m), Some(s)) => Some((m, s)),
+            (None, None) => None,
+            _ => return Err(fail(CALL, "make_error and set_error go together")),
+        };
+        let new = Box::into_raw(Box::new(Hooks {
+            lookup,
+            hold,
+            release,
+            error,
+        }));
         HOOKS.store(new, Ordering::Release);
         Ok(0)
     })
@@ -191,8 +238,8 @@ pub unsafe extern "C" fn cuda_mempool_cupy_set_stream_hooks(
 /// documentation). `param` is not used. Free with [`crate::cuda_mempool_cupy_free`].
 ///
 /// Returns null with a last-error message on failure (hooks not registered, CuPy's stream
-/// lookup failed, out of memory: see [`crate::cuda_mempool_last_oom`]); null without one for
-/// size 0. CuPy does not check the pointer: the Python module checks it and raises.
+/// lookup failed, out of memory: see [`crate::cuda_mempool_last_oom`]), and with the error
+/// hooks registered a pending Python exception too; null without either for size 0.
 #[no_mangle]
 pub extern "C" fn cuda_mempool_cupy_stream_malloc(
     param: *mut c_void,
@@ -201,22 +248,31 @@ pub extern "C" fn cuda_mempool_cupy_stream_malloc(
 ) -> *mut c_void {
     const CALL: &str = "cuda_mempool_cupy_stream_malloc";
     let _ = param;
-    run(std::ptr::null_mut(), || {
-        if size == 0 {
-            return Ok(std::ptr::null_mut());
-        }
-        let hooks = hooks().ok_or_else(|| {
+    if size == 0 {
+        return std::ptr::null_mut();
+    }
+    let hooks = hooks();
+    // Whether CuPy's lookup failed: its Python exception is then already pending.
+    let mut cupy_failed = false;
+    let ptr = run(std::ptr::null_mut(), || {
+        let hooks = hooks.as_ref().ok_or_else(|| {
             fail(
                 CALL,
                 "no stream hooks registered (cuda_mempool_cupy_set_stream_hooks)",
             )
         })?;
         // SAFETY: the registration contract: callable on this thread, which holds the GIL.
-        let handle = unsafe { (hooks.current)() };
+        let handle = unsafe {
+            match hooks.lookup {
+                Lookup::ForDevice(f) => f(device),
+                Lookup::Current(f) => f(),
+            }
+        };
         if handle == -1 {
+            cupy_failed = true;
             return Err(fail(
                 CALL,
-                "CuPy's get_current_stream_ptr failed (its Python exception is pending)",
+                "CuPy's current-stream lookup failed (its Python exception is pending)",
             ));
         }
         let handle = handle as usize;
@@ -226,13 +282,28 @@ pub extern "C" fn cuda_mempool_cupy_stream_malloc(
             let stream = unsafe { wrap_stream(CALL, id, handle as *mut c_void) }?;
             return alloc(CALL, &stream, size as u64, None);
         }
-        let stream = acquire(CALL, &hooks, device, handle)?;
+        let stream = acquire(CALL, hooks, device, handle)?;
         let ptr = alloc(CALL, &stream, size as u64, Some(handle));
         if ptr.is_err() {
             unhold(handle);
         }
         ptr
-    })
+    });
+    if ptr.is_null() && !cupy_failed {
+        if let Some((make_error, set_error)) = hooks.and_then(|h| h.error) {
+            let mut out = [0isize; 2];
+            // SAFETY: the registration contract; `out` has the two slots the hook writes; no
+            // lock of ours is held; the last error and out-of-memory figures are recorded.
+            if unsafe { make_error(size, device, out.as_mut_ptr()) } == 0
+                && out[0] != 0
+                && out[1] != 0
+            {
+                // SAFETY: the two objects make_error produced (and keeps alive).
+                unsafe { set_error(out[0] as *mut c_void, out[1] as *mut c_void) };
+            }
+        }
+    }
+    ptr
 }
 
 /// The number of CuPy streams this path holds alive now (streams with live blocks of
@@ -252,18 +323,24 @@ mod tests {
     unsafe extern "C" fn current() -> isize {
         -1
     }
+    unsafe extern "C" fn for_device(_: c_int) -> isize {
+        -1
+    }
     unsafe extern "C" fn hold(_: c_int, _: *mut c_void) -> c_int {
         0
+    }
+    unsafe extern "C" fn make_error(_: usize, _: c_int, _: *mut isize) -> c_int {
+        1
     }
 
     /// One test, since the hooks are process-wide.
     #[test]
     fn the_stream_malloc_needs_registered_hooks_and_a_stream() {
-        // SAFETY: unregistering needs no function.
-        assert_eq!(
-            unsafe { cuda_mempool_cupy_set_stream_hooks(None, None, None) },
-            0
-        );
+        let none = || {
+            // SAFETY: unregistering needs no function.
+            unsafe { cuda_mempool_cupy_set_stream_hooks(None, None, None, None, None, None) }
+        };
+        assert_eq!(none(), 0);
         clear_last_error();
         assert!(cuda_mempool_cupy_stream_malloc(std::ptr::null_mut(), 0, 0).is_null());
         assert_eq!(last_error_message(), None, "size 0 is no error");
@@ -273,24 +350,41 @@ mod tests {
 
         clear_last_error();
         // SAFETY: the functions above are plain and callable from any thread.
-        let r = unsafe { cuda_mempool_cupy_set_stream_hooks(Some(current), None, None) };
+        let r = unsafe {
+            cuda_mempool_cupy_set_stream_hooks(Some(current), None, None, None, None, None)
+        };
         assert_eq!(r, -1);
         assert!(last_error_message()
             .unwrap_or_default()
             .contains("needs a hold hook"));
         // SAFETY: as above.
-        let r = unsafe { cuda_mempool_cupy_set_stream_hooks(Some(current), Some(hold), None) };
-        assert_eq!(r, 0);
-        clear_last_error();
-        // CuPy's lookup failing (-1) fails the allocation before any driver call.
-        assert!(cuda_mempool_cupy_stream_malloc(std::ptr::null_mut(), 512, 0).is_null());
-        let msg = last_error_message().unwrap_or_default();
-        assert!(msg.contains("get_current_stream_ptr failed"), "{msg}");
-        // SAFETY: unregistering.
-        assert_eq!(
-            unsafe { cuda_mempool_cupy_set_stream_hooks(None, None, None) },
-            0
-        );
+        let r = unsafe {
+            cuda_mempool_cupy_set_stream_hooks(
+                None,
+                Some(for_device),
+                Some(hold),
+                None,
+                Some(make_error),
+                None,
+            )
+        };
+        assert_eq!(r, -1, "make_error without set_error");
+        for (cur, dev) in [
+            (Some(current as CurrentStreamFn), None),
+            (None, Some(for_device as DeviceStreamFn)),
+        ] {
+            // SAFETY: as above.
+            let r = unsafe {
+                cuda_mempool_cupy_set_stream_hooks(cur, dev, Some(hold), None, None, None)
+            };
+            assert_eq!(r, 0);
+            clear_last_error();
+            // CuPy's lookup failing (-1) fails the allocation before any driver call.
+            assert!(cuda_mempool_cupy_stream_malloc(std::ptr::null_mut(), 512, 0).is_null());
+            let msg = last_error_message().unwrap_or_default();
+            assert!(msg.contains("lookup failed"), "{msg}");
+        }
+        assert_eq!(none(), 0);
         assert_eq!(cuda_mempool_cupy_held_streams(), 0);
     }
 

@@ -31,7 +31,10 @@ $BENCH_OUT/workloads.json.
 Usage: python3 workload_bench.py [--lib PATH] [--runs 8] [--torch-steps 40] [--cupy-steps 60]
            [--warmup 10] [--only torch|cupy] [--budget SECONDS]
 --budget stops starting new rounds once that much time has passed (the rows then say how many
-runs they have). Wall time on an H200: about 4.5 s a PyTorch run, 2.5 s a CuPy run.
+runs they have). Every run is pinned to the same CPUs (--cpus), so that runs do not differ by
+where the scheduler put them. PyTorch runs are forked from this process after it imported torch
+(CUDA untouched, so each child still picks its allocator before CUDA starts; --spawn starts a new
+interpreter instead): a spawned run spent most of its ~10 s importing torch on the H200 machine.
 """
 
 import argparse
@@ -55,23 +58,91 @@ def quartiles(xs):
     return q[0], q[1], q[2]
 
 
-def run_child(cmd, env_extra):
-    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONHASHSEED="0",
-               NCCL_NVLS_ENABLE="0")
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # only the runs that ask for it get it
-    env.update(env_extra)
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+CPUS = None  # the CPU set every run is pinned to (main sets it)
+
+
+def parse_output(stdout):
     result, path = None, None
-    for line in out.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("RESULT "):
             result = json.loads(line[len("RESULT "):])
         elif line.startswith("MODULE_PATH "):
             path = line.split()[1]
+    if result is not None and path:
+        result["module_path"] = path
+    return result
+
+
+def child_env(env_extra):
+    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONHASHSEED="0",
+               NCCL_NVLS_ENABLE="0")
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # only the runs that ask for it get it
+    env.update(env_extra)
+    return env
+
+
+def pin():
+    if CPUS:
+        os.sched_setaffinity(0, CPUS)
+
+
+def run_child(cmd, env_extra):
+    out = subprocess.run(cmd, env=child_env(env_extra), capture_output=True, text=True,
+                         preexec_fn=pin)
+    result = parse_output(out.stdout)
     if out.returncode != 0 or result is None:
         sys.stdout.write(out.stdout[-3000:] + out.stderr[-3000:])
         return None
-    if path:
-        result["module_path"] = path
+    return result
+
+
+def _forked_torch_run(conn, mode, env_extra, lib, steps):
+    """A PyTorch run in a child forked from this process, which imported torch (without
+    initialising CUDA): the import, the larger part of a run's start, is paid once."""
+    import contextlib
+    import io
+    import traceback
+
+    buf = io.StringIO()
+    try:
+        pin()
+        os.environ.clear()
+        os.environ.update(child_env(env_extra))
+        import torch
+        import torch_workload
+
+        conf = env_extra.get("PYTORCH_CUDA_ALLOC_CONF")
+        setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+        if conf and setter is not None:
+            # The caching allocator may have read its settings at import, in the parent.
+            setter(conf)
+        with contextlib.redirect_stdout(buf):
+            torch_workload.child(mode, lib, steps)
+        conn.send(buf.getvalue())
+    except BaseException:
+        conn.send(buf.getvalue() + "\nERROR " + traceback.format_exc())
+    finally:
+        conn.close()
+
+
+def run_torch_forked(name, lib, steps):
+    import multiprocessing as mp
+
+    mode, env = TORCH[name]
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_forked_torch_run, args=(child, mode, env, lib, steps))
+    p.start()
+    child.close()
+    try:
+        text = parent.recv()
+    except EOFError:
+        text = ""
+    p.join()
+    result = parse_output(text)
+    if p.exitcode != 0 or result is None:
+        sys.stdout.write(text[-4000:] + f"\n(exit {p.exitcode})\n")
+        return None
     return result
 
 
@@ -89,6 +160,11 @@ def torch_cmd(name, lib, steps):
             "--steps", str(steps)], env
 
 
+def torch_forked(name, lib, steps):
+    """A run's result (forked from this process), not a command."""
+    return run_torch_forked(name, lib, steps)
+
+
 def cupy_cmd(name, lib, steps):
     return [sys.executable, os.path.join(HERE, "cupy_alloc_bench.py"), "--workload-child",
             CUPY[name], "--lib", lib, "--steps", str(steps)], {}
@@ -103,9 +179,9 @@ def interleave(label, names, make_cmd, args, steps, deadline):
             break
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            cmd, env = make_cmd(name, args.lib, steps)
             t0 = time.time()
-            res = run_child(cmd, env)
+            made = make_cmd(name, args.lib, steps)
+            res = made if isinstance(made, dict) or made is None else run_child(*made)
             if res is None:
                 print(f"{label}: run {r + 1} of '{name}' failed", flush=True)
                 continue
@@ -178,7 +254,22 @@ def main():
     ap.add_argument("--budget", type=float, default=240.0,
                     help="seconds after which no new round starts (each part gets its share)")
     ap.add_argument("--pair-iters", type=int, default=50000)
+    ap.add_argument("--spawn", action="store_true",
+                    help="start each PyTorch run as a new interpreter (default: fork it from "
+                         "this one after importing torch, without CUDA)")
+    ap.add_argument("--cpus", default="auto",
+                    help="CPU list every run is pinned to (e.g. 4-7), 'auto' (4 CPUs from the "
+                         "middle of the allowed set), or 'none'")
     args = ap.parse_args()
+    global CPUS
+    allowed = sorted(os.sched_getaffinity(0))
+    if args.cpus == "auto":
+        CPUS = set(allowed[len(allowed) // 2:len(allowed) // 2 + 4]) if len(allowed) >= 8 else None
+    elif args.cpus != "none":
+        lo, _, hi = args.cpus.partition("-")
+        CPUS = set(range(int(lo), int(hi or lo) + 1))
+    print(f"workload_bench: runs pinned to CPUs {sorted(CPUS) if CPUS else 'none (all allowed)'}; "
+          f"PyTorch runs {'spawned' if args.spawn else 'forked after import torch'}", flush=True)
     if not os.path.exists(args.lib):
         print(f"workload_bench: {args.lib} not found")
         return 1
@@ -223,7 +314,16 @@ def main():
                       "CuPy MemoryPool", 0.95, n)
     if args.only != "cupy":
         deadline = start + args.budget
-        torch_runs = interleave("torch", list(TORCH), torch_cmd, args, args.torch_steps, deadline)
+        make = torch_cmd
+        if not args.spawn:
+            try:
+                sys.path.insert(0, HERE)
+                import torch  # noqa: F401  (no CUDA call: the children choose their allocator)
+
+                make = torch_forked
+            except ImportError as e:
+                print(f"torch import failed ({e}); spawning runs instead")
+        torch_runs = interleave("torch", list(TORCH), make, args, args.torch_steps, deadline)
         record["torch"] = torch_runs
         table("PyTorch workload", torch_runs, list(TORCH))
         if all(torch_runs[n] for n in TORCH):
