@@ -145,7 +145,7 @@ int cuda_mempool_set_current_stream(int device, cuda_mempool_stream_t stream);
  *      cuda_mempool_cupy_free directly (one C call an allocation, no Python frame); the
  *      stream comes from CuPy through a registered function, CuPy's Stream object is kept
  *      alive, once a stream, while the stream has live blocks of this path, and a failure can
- *      become a pending Python exception (CuPy >= 14.1 raises it). ---- */
+ *      become a Python exception (CuPy >= 14.1 raises it). ---- */
 
 /* CuPy's C-level get_current_stream_ptr (cupy.cuda.stream.__pyx_capi__): the calling
  * thread's current CuPy stream for the current device, or -1 with a Python exception set.
@@ -168,8 +168,10 @@ typedef void (*cuda_mempool_cupy_set_error_fn)(void *type, void *value);
 
 /* Registers the functions: device_stream (preferred) or current_stream to learn CuPy's
  * stream (both NULL: unregisters), hold and release (release NULL: holds are never released,
- * for interpreter exit), and optionally make_error with set_error (a failed
- * cuda_mempool_cupy_stream_malloc then leaves that exception pending). They are called on the
+ * for interpreter exit), and optionally make_error with set_error: a failed
+ * cuda_mempool_cupy_stream_malloc then leaves that exception pending AND THROWS a C++
+ * std::runtime_error, for callers that catch it (CuPy >= 14.1 declares its allocator's malloc
+ * `except +`, and Cython raises the pending Python exception). They are called on the
  * allocating or freeing thread with no lock of the library held, and must stay callable for
  * the rest of the process. Returns 0, or -1 when a lookup is given without hold, or only one
  * of make_error and set_error. */
@@ -185,8 +187,8 @@ int cuda_mempool_cupy_set_stream_hooks(cuda_mempool_cupy_stream_fn current_strea
  * implicit ones (NULL, cudaStreamLegacy, cudaStreamPerThread) is held through the hold hook
  * when it gets its first live block of this path and released after its last is freed
  * (with cuda_mempool_cupy_free or cuda_mempool_free). `param` is not used. NULL on failure
- * (no hooks, CuPy's lookup failed, out of memory: see cuda_mempool_last_oom), with the
- * error hooks also a pending Python exception; NULL without an error for size 0. */
+ * (no hooks, CuPy's lookup failed, out of memory: see cuda_mempool_last_oom); NULL without an
+ * error for size 0. With the error hooks registered, a failure throws instead (see above). */
 void *cuda_mempool_cupy_stream_malloc(void *param, size_t size, int device);
 
 /* The number of streams held now by cuda_mempool_cupy_stream_malloc. */

@@ -14,11 +14,13 @@ How an allocation runs (the C path, used when CuPy exports what it needs): CuPy'
 ``cupy.cuda.memory.CFunctionAllocator`` calls the library's ``cuda_mempool_cupy_stream_malloc``
 and ``cuda_mempool_cupy_free`` directly, from CuPy's Cython code, with no Python frame of ours
 in between. A failed allocation raises ``OutOfMemoryError`` (this module's subclass of CuPy's,
-with the pool's numbers): CuPy 14.1 and later check for a pending Python exception after the
-allocator's ``malloc`` returns, and the library leaves one there (it asks this module's
-``make_error`` hook for the exception and sets it with ``PyErr_SetObject``). With an older CuPy,
-which does not check, a small Python function checks the returned pointer and raises
-(``MemoryPool.path`` is then ``"c+check"``; CuPy would otherwise hand out an array at address 0).
+with the pool's numbers): CuPy 14.1 and later declare the allocator's ``malloc`` ``except +``,
+so their Cython code catches a C++ exception from it and raises the Python exception that is
+pending; the library sets that exception (it asks this module's ``make_error`` hook for it and
+sets it with ``PyErr_SetObject``) and throws. With an older CuPy, which would not catch the
+C++ exception, the library only returns NULL, and a small Python function checks the pointer
+and raises (``MemoryPool.path`` is then ``"c+check"``; CuPy would otherwise hand out an array
+at address 0).
 
 How the library learns CuPy's *current* stream (a ``CFunctionAllocator`` gets only a size and a
 device): CuPy 14's ``cupy_backends.cuda.stream`` exports its C-level ``get_stream_ptr(device)``
@@ -276,8 +278,9 @@ def _capi_function(module, name, signature):
 
 
 def _cupy_checks_malloc_errors():
-    """Whether CuPy's CFunctionAllocator raises a Python exception its malloc left pending
-    (CuPy 14.1 and later: ``_call_malloc(...) except *``)."""
+    """Whether CuPy's CFunctionAllocator catches a C++ exception thrown by its malloc and
+    raises the pending Python exception (CuPy 14.1 and later: the malloc function type is
+    declared ``except +``). An older CuPy would let the C++ exception end the process."""
     try:
         major, minor = (int(x) for x in cupy.__version__.split(".")[:2])
     except ValueError:

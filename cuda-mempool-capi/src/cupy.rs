@@ -11,12 +11,15 @@
 //!
 //! # Failures as Python exceptions
 //!
-//! CuPy (from 14.1) checks for a pending Python exception after its allocator's `malloc`
-//! returns. With the optional `make_error` and `set_error` hooks registered, a failed
-//! allocation asks `make_error` for the exception to raise (the module builds CuPy's
-//! `OutOfMemoryError` with the pool's numbers, from [`crate::cuda_mempool_last_oom`]) and sets
-//! it with `set_error` (Python's `PyErr_SetObject`), then returns null: CuPy raises it. Without
-//! them, a failure returns null only, and the caller must check the pointer.
+//! CuPy (from 14.1) declares its allocator's `malloc` type `except +`: its Cython code catches
+//! a C++ exception thrown by `malloc`, and then raises the Python exception that is pending,
+//! or translates the C++ one. (A pending Python exception alone, without a throw, is not
+//! noticed: CuPy 14.2 returns the memory object and Python reports a `SystemError`.) With
+//! the optional `make_error` and `set_error` hooks registered, a failed allocation asks
+//! `make_error` for the exception to raise (the module builds CuPy's `OutOfMemoryError` with
+//! the pool's numbers, from [`crate::cuda_mempool_last_oom`]), sets it with `set_error`
+//! (Python's `PyErr_SetObject`) and throws `std::runtime_error` (`src/cupy_error.cpp`).
+//! Without them, a failure returns null only, and the caller must check the pointer.
 //!
 //! # The stream rule, per stream instead of per block
 //!
@@ -238,10 +241,13 @@ pub unsafe extern "C" fn cuda_mempool_cupy_set_stream_hooks(
 /// documentation). `param` is not used. Free with [`crate::cuda_mempool_cupy_free`].
 ///
 /// Returns null with a last-error message on failure (hooks not registered, CuPy's stream
-/// lookup failed, out of memory: see [`crate::cuda_mempool_last_oom`]), and with the error
-/// hooks registered a pending Python exception too; null without either for size 0.
+/// lookup failed, out of memory: see [`crate::cuda_mempool_last_oom`]); null without one for
+/// size 0. With the error hooks registered, a failure instead leaves a Python exception
+/// pending and throws a C++ `std::runtime_error` (hence `"C-unwind"`): CuPy 14.1 and later
+/// declare their allocator's `malloc` `except +`, and Cython then raises the pending Python
+/// exception (or, with none, a `RuntimeError` carrying the message).
 #[no_mangle]
-pub extern "C" fn cuda_mempool_cupy_stream_malloc(
+pub extern "C-unwind" fn cuda_mempool_cupy_stream_malloc(
     param: *mut c_void,
     size: usize,
     device: c_int,
@@ -289,21 +295,33 @@ pub extern "C" fn cuda_mempool_cupy_stream_malloc(
         }
         ptr
     });
-    if ptr.is_null() && !cupy_failed {
+    if ptr.is_null() {
         if let Some((make_error, set_error)) = hooks.and_then(|h| h.error) {
-            let mut out = [0isize; 2];
-            // SAFETY: the registration contract; `out` has the two slots the hook writes; no
-            // lock of ours is held; the last error and out-of-memory figures are recorded.
-            if unsafe { make_error(size, device, out.as_mut_ptr()) } == 0
-                && out[0] != 0
-                && out[1] != 0
-            {
-                // SAFETY: the two objects make_error produced (and keeps alive).
-                unsafe { set_error(out[0] as *mut c_void, out[1] as *mut c_void) };
+            if !cupy_failed {
+                let mut out = [0isize; 2];
+                // SAFETY: the registration contract; `out` has the two slots the hook writes;
+                // no lock of ours is held; the last error and out-of-memory figures are
+                // recorded.
+                let made = unsafe { make_error(size, device, out.as_mut_ptr()) };
+                if made == 0 && out[0] != 0 && out[1] != 0 {
+                    // SAFETY: the two objects make_error produced (and keeps alive).
+                    unsafe { set_error(out[0] as *mut c_void, out[1] as *mut c_void) };
+                }
             }
+            // Nothing of this frame needs dropping. The C++ exception tells CuPy's Cython
+            // code (`except +`) to raise: the pending Python exception if there is one, else a
+            // RuntimeError with the last-error message.
+            // SAFETY: the registration contract of the error hooks: the caller catches C++
+            // exceptions; the message is the thread's last error (or null), copied by C++.
+            unsafe { cuda_mempool_throw_runtime_error(crate::error::last_error_ptr()) }
         }
     }
     ptr
+}
+
+unsafe extern "C-unwind" {
+    /// `src/cupy_error.cpp`: throws `std::runtime_error(what)` (a null `what`: a fixed text).
+    fn cuda_mempool_throw_runtime_error(what: *const std::ffi::c_char) -> !;
 }
 
 /// The number of CuPy streams this path holds alive now (streams with live blocks of

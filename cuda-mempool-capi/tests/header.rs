@@ -58,8 +58,9 @@ exports! {
             Option<cuda_mempool_capi::cupy::MakeErrorFn>,
             Option<cuda_mempool_capi::cupy::SetErrorFn>,
         ) -> c_int;
+    // May throw a C++ exception (with the error hooks registered): "C-unwind".
     cuda_mempool_cupy_stream_malloc = "void*(void*,size_t,int)":
-        extern "C" fn(*mut c_void, usize, c_int) -> *mut c_void;
+        extern "C-unwind" fn(*mut c_void, usize, c_int) -> *mut c_void;
     cuda_mempool_cupy_held_streams = "int64_t(void)":
         extern "C" fn() -> i64;
     cuda_mempool_used_bytes = "int64_t(int)":

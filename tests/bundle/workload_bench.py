@@ -11,6 +11,8 @@ CuPy (cupy_workload.py's loop: matmuls, FFTs, sorts, reductions of varying sizes
   ours        lib/cuda_mempool_cupy.py installed (its C path: CuPy's CFunctionAllocator calling
               the library, CuPy's current stream learnt in C)
   cupy        CuPy's own MemoryPool
+With --with-plain, both also run "ours-plain": ours on the C API's own pool of plain cuMemAlloc
+segments (CUDA_MEMPOOL_CAPI_SEGMENTS=plain) instead of the default pool's virtual-memory ones.
 
 --runs rounds; each round runs every allocator once, in an order rotated from round to round
 (so no allocator always runs first or last). Per run: the median step time of the steps after
@@ -151,7 +153,10 @@ TORCH = {
     "default": ("torch", {}),
     "expandable": ("torch", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
 }
-CUPY = {"ours": "module", "cupy": "cupy"}
+CUPY = {"ours": ("module", {}), "cupy": ("cupy", {})}
+# --with-plain: ours once more, on the C API's own pool of plain cuMemAlloc segments (instead of
+# the default pool's virtual-memory segments), to tell the segment kind's share of a gap.
+PLAIN = {"CUDA_MEMPOOL_CAPI_SEGMENTS": "plain"}
 
 
 def torch_cmd(name, lib, steps):
@@ -166,8 +171,9 @@ def torch_forked(name, lib, steps):
 
 
 def cupy_cmd(name, lib, steps):
+    mode, env = CUPY[name]
     return [sys.executable, os.path.join(HERE, "cupy_alloc_bench.py"), "--workload-child",
-            CUPY[name], "--lib", lib, "--steps", str(steps)], {}
+            mode, "--lib", lib, "--steps", str(steps)], env
 
 
 def interleave(label, names, make_cmd, args, steps, deadline):
@@ -254,6 +260,8 @@ def main():
     ap.add_argument("--budget", type=float, default=240.0,
                     help="seconds after which no new round starts (each part gets its share)")
     ap.add_argument("--pair-iters", type=int, default=50000)
+    ap.add_argument("--with-plain", action="store_true",
+                    help="also run ours with CUDA_MEMPOOL_CAPI_SEGMENTS=plain ('ours-plain')")
     ap.add_argument("--spawn", action="store_true",
                     help="start each PyTorch run as a new interpreter (default: fork it from "
                          "this one after importing torch, without CUDA)")
@@ -262,6 +270,9 @@ def main():
                          "middle of the allowed set), or 'none'")
     args = ap.parse_args()
     global CPUS
+    if args.with_plain:
+        TORCH["ours-plain"] = ("pool", PLAIN)
+        CUPY["ours-plain"] = ("module", PLAIN)
     allowed = sorted(os.sched_getaffinity(0))
     if args.cpus == "auto":
         CPUS = set(allowed[len(allowed) // 2:len(allowed) // 2 + 4]) if len(allowed) >= 8 else None
@@ -312,6 +323,11 @@ def main():
             o, c = stats(cupy_runs["ours"], "peak_mib"), stats(cupy_runs["cupy"], "peak_mib")
             write_row(rows, "workload_cupy", "cupy workload peak reserved", "MiB", o, c,
                       "CuPy MemoryPool", 0.95, n)
+            if "ours-plain" in cupy_runs:
+                for key, unit, what in (("step_ms", "ms", "step time"), ("peak_mib", "MiB", "peak reserved")):
+                    write_row(rows, "workload_cupy", f"cupy workload {what} ours plain segments",
+                              unit, stats(cupy_runs["ours-plain"], key), stats(cupy_runs["cupy"], key),
+                              "CuPy MemoryPool", None, n)
     if args.only != "cupy":
         deadline = start + args.budget
         make = torch_cmd
@@ -339,6 +355,11 @@ def main():
                           ours_t, pt, label, k_time, n)
                 write_row(rows, "workload_torch", f"torch workload peak reserved vs {peer}", "MiB",
                           ours_m, pm, label, k_mem, n)
+            if "ours-plain" in torch_runs:
+                for key, unit, what in (("step_ms", "ms", "step time"), ("peak_mib", "MiB", "peak reserved")):
+                    write_row(rows, "workload_torch", f"torch workload {what} ours plain segments",
+                              unit, stats(torch_runs["ours-plain"], key),
+                              stats(torch_runs["default"], key), "PyTorch default", None, n)
             pairs = {k: statistics.median([r["pair_ns"] for r in v]) for k, v in torch_runs.items()}
             print("torch.empty(1 MiB) + del, ns a pair (median over runs): "
                   + ", ".join(f"{k} {v:.0f}" for k, v in pairs.items()))
