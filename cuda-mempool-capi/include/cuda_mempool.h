@@ -140,6 +140,60 @@ void cuda_mempool_cupy_free(void *param, void *ptr, int device);
  * above apply to it. Returns 0, or -1 on failure. */
 int cuda_mempool_set_current_stream(int device, cuda_mempool_stream_t stream);
 
+/* ---- CuPy on its own current stream: the allocator python/cuda_mempool_cupy.py installs.
+ *      CuPy's CFunctionAllocator calls cuda_mempool_cupy_stream_malloc and
+ *      cuda_mempool_cupy_free directly (one C call an allocation, no Python frame); the
+ *      stream comes from CuPy through a registered function, CuPy's Stream object is kept
+ *      alive, once a stream, while the stream has live blocks of this path, and a failure can
+ *      become a Python exception (CuPy >= 14.1 raises it). ---- */
+
+/* CuPy's C-level get_current_stream_ptr (cupy.cuda.stream.__pyx_capi__): the calling
+ * thread's current CuPy stream for the current device, or -1 with a Python exception set.
+ * Needs the GIL. */
+typedef intptr_t (*cuda_mempool_cupy_stream_fn)(void);
+/* CuPy's C-level get_stream_ptr (cupy_backends.cuda.stream.__pyx_capi__): the same for
+ * `device`. */
+typedef intptr_t (*cuda_mempool_cupy_device_stream_fn)(int device);
+/* Keeps the calling thread's current stream object of `device` (handle `stream`) alive;
+ * returns 0 on success. Holds are counted: each is matched by one release. */
+typedef int (*cuda_mempool_cupy_hold_fn)(int device, cuda_mempool_stream_t stream);
+/* Lets go of one hold of `stream`. */
+typedef void (*cuda_mempool_cupy_release_fn)(cuda_mempool_stream_t stream);
+/* Builds the exception for this thread's failed allocation of `size` bytes on `device`
+ * (from cuda_mempool_last_oom / cuda_mempool_last_error), keeps it alive, and writes its type
+ * and value (PyObject*) to out[0] and out[1]; returns 0 on success. */
+typedef int (*cuda_mempool_cupy_make_error_fn)(size_t size, int device, intptr_t *out);
+/* Sets the calling thread's Python exception: Python's PyErr_SetObject(type, value). */
+typedef void (*cuda_mempool_cupy_set_error_fn)(void *type, void *value);
+
+/* Registers the functions: device_stream (preferred) or current_stream to learn CuPy's
+ * stream (both NULL: unregisters), hold and release (release NULL: holds are never released,
+ * for interpreter exit), and optionally make_error with set_error: a failed
+ * cuda_mempool_cupy_stream_malloc then leaves that exception pending AND THROWS a C++
+ * std::runtime_error, for callers that catch it (CuPy >= 14.1 declares its allocator's malloc
+ * `except +`, and Cython raises the pending Python exception). They are called on the
+ * allocating or freeing thread with no lock of the library held, and must stay callable for
+ * the rest of the process. Returns 0, or -1 when a lookup is given without hold, or only one
+ * of make_error and set_error. */
+int cuda_mempool_cupy_set_stream_hooks(cuda_mempool_cupy_stream_fn current_stream,
+                                       cuda_mempool_cupy_device_stream_fn device_stream,
+                                       cuda_mempool_cupy_hold_fn hold,
+                                       cuda_mempool_cupy_release_fn release,
+                                       cuda_mempool_cupy_make_error_fn make_error,
+                                       cuda_mempool_cupy_set_error_fn set_error);
+
+/* CFunctionAllocator's malloc: `size` bytes on `device` for use on CuPy's current stream of
+ * the calling thread (the registered lookup function). A stream other than the
+ * implicit ones (NULL, cudaStreamLegacy, cudaStreamPerThread) is held through the hold hook
+ * when it gets its first live block of this path and released after its last is freed
+ * (with cuda_mempool_cupy_free or cuda_mempool_free). `param` is not used. NULL on failure
+ * (no hooks, CuPy's lookup failed, out of memory: see cuda_mempool_last_oom); NULL without an
+ * error for size 0. With the error hooks registered, a failure throws instead (see above). */
+void *cuda_mempool_cupy_stream_malloc(void *param, size_t size, int device);
+
+/* The number of streams held now by cuda_mempool_cupy_stream_malloc. */
+int64_t cuda_mempool_cupy_held_streams(void);
+
 /* ---- statistics: a value >= 0, or -1 on failure ---- */
 
 /* Bytes in live blocks on `device`, at the pool's 512-byte rounding. */

@@ -10,27 +10,42 @@ The library is found, in this order: the ``lib`` argument of :func:`load`/:func:
 the ``CUDA_MEMPOOL_CAPI_LIB`` environment variable, ``libcuda_mempool_capi.so`` in this
 file's folder.
 
-Why not ``cupy.cuda.memory.CFunctionAllocator`` over ``cuda_mempool_cupy_malloc``: CuPy
-gives such an allocator only a size and a device, so every block lands on one stream, and
-CuPy does not check the returned pointer, so out of memory gives an array at address 0. This
-module allocates on CuPy's *current* stream and raises.
+How an allocation runs (the C path, used when CuPy exports what it needs): CuPy's own
+``cupy.cuda.memory.CFunctionAllocator`` calls the library's ``cuda_mempool_cupy_stream_malloc``
+and ``cuda_mempool_cupy_free`` directly, from CuPy's Cython code, with no Python frame of ours
+in between. A failed allocation raises ``OutOfMemoryError`` (this module's subclass of CuPy's,
+with the pool's numbers): CuPy 14.1 and later declare the allocator's ``malloc`` ``except +``,
+so their Cython code catches a C++ exception from it and raises the Python exception that is
+pending; the library sets that exception (it asks this module's ``make_error`` hook for it and
+sets it with ``PyErr_SetObject``) and throws. With an older CuPy, which would not catch the
+C++ exception, the library only returns NULL, and a small Python function checks the pointer
+and raises (``MemoryPool.path`` is then ``"c+check"``; CuPy would otherwise hand out an array
+at address 0).
 
-How the current stream is learnt (CuPy 14): CuPy keeps the current stream per thread and per
-device in ``cupy.cuda.stream``; the C-level ``get_current_stream_ptr`` there (and in
-``cupy_backends.cuda.stream``) is ``cdef``, not reachable from Python. The cheapest
-Python-reachable call is ``cupy.cuda.stream.get_current_stream(device_id)`` (a ``cpdef``):
-given the device id, it is a thread-local lookup plus a list index and makes no CUDA call
-(without the id it first calls ``cudaGetDevice``). The allocator needs the device anyway, so
-it calls ``cupy.cuda.runtime.getDevice()`` once and passes the id. It also returns the Stream
-*object*, which is what we need: the block's owner keeps a reference to it until the block is
-freed, so a CuPy ``Stream`` cannot be destroyed (its handle released and possibly reused)
-while a block allocated on it is live, which is exactly the library's stream rule.
+How the library learns CuPy's *current* stream (a ``CFunctionAllocator`` gets only a size and a
+device): CuPy 14's ``cupy_backends.cuda.stream`` exports its C-level ``get_stream_ptr(device)``
+(``intptr_t (int)``, a thread-local read, no CUDA call) in its ``__pyx_capi__`` table, and
+``cupy.cuda.stream`` exports ``get_current_stream_ptr()``; this module hands the first it finds to
+the library (``cuda_mempool_cupy_set_stream_hooks``), which calls it at each allocation (CuPy
+holds the GIL then). It is the same lookup CuPy's own pool makes.
 
-Frees: the allocation is returned to CuPy as ``MemoryPointer(UnownedMemory(ptr, size,
-owner, device), 0)``; the owner is a tiny ``__slots__`` object whose finaliser calls
-``cuda_mempool_free`` when CuPy drops the last reference to the memory. Blocks freed on one
-stream are reused on another only after the work issued before the free completes (the
-library records the fence at the free).
+The stream rule (the library uses a stream handle until the last block allocated on it is
+freed, so the CuPy ``Stream`` object must live that long) is kept once a stream, not once a
+block: when a stream gets its first live block of this path, the library calls this module's
+``hold`` hook, which keeps a reference to CuPy's current ``Stream`` object; when the stream's
+last block is freed (after the pool has recorded its fence), it calls ``release``, which drops
+it. The implicit streams (null, legacy, per-thread) are never held.
+``MemoryPool.held_streams()`` says how many streams are held now. At interpreter exit the held
+streams are kept (never destroyed), since the order in which Python then drops arrays and
+streams is not known.
+
+Set ``CUDA_MEMPOOL_CUPY_PATH=python`` to use the older all-Python allocator instead (each block
+owned by a small Python object that keeps its stream; ctypes calls both ways); it is also used
+when CuPy does not export ``get_current_stream_ptr``. ``MemoryPool.path`` says which is in use
+(``"c"``, ``"c+check"`` or ``"python"``).
+
+Blocks freed on one stream are reused on another only after the work issued before the free
+completes (the library records the fence at the free).
 
 Limits: with CuPy's per-thread default stream (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``)
 every thread's default stream has the same handle value (``cudaStreamPerThread``), which the
@@ -45,13 +60,20 @@ memory. CuPy's own ``MemoryPool`` would otherwise report zeros while our pool ho
 :func:`uninstall` restores both.
 """
 
+import atexit
 import ctypes
 import os
+import threading
 
 import cupy
 from cupy.cuda import memory as _cupy_memory
 from cupy.cuda import runtime as _runtime
 from cupy.cuda import stream as _cupy_stream
+
+try:
+    from cupy_backends.cuda import stream as _backends_stream
+except ImportError:  # not CuPy 14's layout: the cupy.cuda.stream lookup is used
+    _backends_stream = None
 
 __all__ = ["load", "install", "uninstall", "MemoryPool", "OutOfMemoryError", "library"]
 
@@ -118,6 +140,8 @@ def load(lib=None):
         "cuda_mempool_last_error": (ctypes.c_char_p, []),
         "cuda_mempool_clear_error": (None, []),
         "cuda_mempool_set_current_stream": (cint, [cint, vp]),
+        "cuda_mempool_cupy_set_stream_hooks": (cint, [vp] * 6),
+        "cuda_mempool_cupy_held_streams": (i64, []),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(so, name)
@@ -137,13 +161,19 @@ def _last_error(so):
     return err.decode(errors="replace") if err else "no error message recorded"
 
 
-def _raise_failure(so, size, device):
+def _failure(so, size, device):
+    """The exception for this thread's failed allocation: ``OutOfMemoryError`` with the
+    pool's numbers, or ``RuntimeError`` with the library's message."""
     vals = [ctypes.c_int64() for _ in range(4)]
     if so.cuda_mempool_last_oom(*[ctypes.byref(v) for v in vals]) == 1:
         requested, used, reserved, limit = (v.value for v in vals)
-        raise OutOfMemoryError(requested, used, reserved, limit)
-    raise RuntimeError(
-        f"cuda_mempool_alloc of {size} bytes on device {device} failed: {_last_error(so)}")
+        return OutOfMemoryError(requested, used, reserved, limit)
+    return RuntimeError(
+        f"cuda-mempool allocation of {size} bytes on device {device} failed: {_last_error(so)}")
+
+
+def _raise_failure(so, size, device):
+    raise _failure(so, size, device)
 
 
 class _Block:
@@ -167,7 +197,9 @@ class _Block:
         self.stream = None
 
 
-def _make_malloc(so):
+def _make_python_malloc(so):
+    """The all-Python allocator (``CUDA_MEMPOOL_CUPY_PATH=python``, or CuPy without the C API
+    this module needs): ctypes calls, one owner object a block."""
     alloc = so.cuda_mempool_alloc
     free = so.cuda_mempool_free
     get_device = _runtime.getDevice
@@ -188,6 +220,160 @@ def _make_malloc(so):
     return malloc
 
 
+# The C path's held streams: handle -> [CuPy Stream object, number of holds]. The library
+# holds a stream once while it has live blocks (a second hold can come from a race between
+# threads, and is released at once).
+_held = {}
+_exiting = False
+# (current_stream, device_stream, hold, release, make_error, set_error): the registered
+# functions; the ctypes callbacks among them stay referenced for the life of the process.
+_hooks = None
+
+
+def _hold(device, handle):
+    try:
+        stream = _cupy_stream.get_current_stream(device)
+        if stream.ptr != handle:
+            return 1
+        entry = _held.get(handle)
+        if entry is None:
+            _held[handle] = [stream, 1]
+            if _exiting:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(stream))
+        else:
+            entry[1] += 1
+        return 0
+    except BaseException:  # an exception must not cross into C
+        return 1
+
+
+def _release(handle):
+    try:
+        entry = _held.get(handle)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _held[handle]  # CuPy may now destroy the stream
+    except BaseException:
+        pass
+
+
+def _capi_function(module, name, signature):
+    """The address of the C function ``name`` that the Cython ``module`` exports in its
+    ``__pyx_capi__`` table, if its C signature is ``signature``; else None."""
+    try:
+        capsule = module.__pyx_capi__[name]
+        api = ctypes.pythonapi
+        api.PyCapsule_GetName.restype = ctypes.c_char_p
+        api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+        api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+        api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        got = api.PyCapsule_GetName(capsule)
+        if got is None or got.split(b" except")[0].strip() != signature:
+            return None
+        return api.PyCapsule_GetPointer(capsule, got) or None
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _cupy_checks_malloc_errors():
+    """Whether CuPy's CFunctionAllocator catches a C++ exception thrown by its malloc and
+    raises the pending Python exception (CuPy 14.1 and later: the malloc function type is
+    declared ``except +``). An older CuPy would let the C++ exception end the process."""
+    try:
+        major, minor = (int(x) for x in cupy.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (14, 1)
+
+
+# The exception each thread's last failed allocation raised, kept alive until the library has
+# set it (PyErr_SetObject takes its own references).
+_errors = {}
+
+
+def _make_error(size, device, out):
+    try:
+        exc = _failure(_lib, size, device)
+        _errors[threading.get_ident()] = exc
+        out[0] = id(type(exc))
+        out[1] = id(exc)
+        return 0
+    except BaseException:  # an exception must not cross into C
+        return 1
+
+
+def _register(so, release=True):
+    current, device_stream, hold, rel, make_error, set_error = _hooks
+    vp = lambda f: None if f is None else ctypes.cast(f, ctypes.c_void_p)  # noqa: E731
+    return so.cuda_mempool_cupy_set_stream_hooks(
+        current, device_stream, vp(hold), vp(rel) if release else None, vp(make_error),
+        set_error)
+
+
+def _at_exit():
+    """Interpreter exit: holds are no longer released, and the held streams are kept for
+    good (arrays and streams are then dropped in no known order)."""
+    global _exiting
+    _exiting = True
+    if _hooks is not None and _lib is not None:
+        _register(_lib, release=False)
+    for stream, _ in list(_held.values()):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(stream))
+
+
+def _make_c_malloc(so, lib_owner):
+    """The C path: CuPy's CFunctionAllocator over the library, on CuPy's current stream; with
+    the path's name (``"c"``: failures raised through CuPy, ``"c+check"``: through a Python
+    check of the pointer). None when CuPy exports no stream lookup."""
+    global _hooks
+    if _hooks is None:
+        device_stream = None
+        if _backends_stream is not None:
+            device_stream = _capi_function(_backends_stream, "get_stream_ptr", b"intptr_t (int)")
+        current = None
+        if device_stream is None:
+            current = _capi_function(_cupy_stream, "get_current_stream_ptr", b"intptr_t (void)")
+            if current is None:
+                return None
+        make_error = set_error = None
+        if _cupy_checks_malloc_errors():
+            make_error = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_size_t, ctypes.c_int,
+                                          ctypes.POINTER(ctypes.c_ssize_t))(_make_error)
+            set_error = ctypes.cast(ctypes.pythonapi.PyErr_SetObject, ctypes.c_void_p).value
+        hold = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p)(_hold)
+        release = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_release)
+        _hooks = (current, device_stream, hold, release, make_error, set_error)
+        atexit.register(_at_exit)
+    if _register(so) != 0:
+        raise RuntimeError(f"cuda_mempool_cupy_set_stream_hooks: {_last_error(so)}")
+    addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+    cfa = _cupy_memory.CFunctionAllocator(
+        0, addr(so.cuda_mempool_cupy_stream_malloc), addr(so.cuda_mempool_cupy_free), lib_owner)
+    if _hooks[4] is not None:
+        return cfa.malloc, "c"
+    cfa_malloc = cfa.malloc
+    get_device = _runtime.getDevice
+
+    def malloc(size):
+        mem = cfa_malloc(size)
+        if mem.ptr or not size:
+            return mem
+        _raise_failure(so, size, get_device())
+
+    return malloc, "c+check"
+
+
+def _make_malloc(so):
+    """The allocator and the name of its path (``"c"``, ``"c+check"`` or ``"python"``)."""
+    if os.environ.get("CUDA_MEMPOOL_CUPY_PATH", "").strip().lower() != "python":
+        made = _make_c_malloc(so, so)
+        if made is not None:
+            return made
+    return _make_python_malloc(so), "python"
+
+
 class MemoryPool:
     """The cuda-mempool pool, shaped like ``cupy.cuda.MemoryPool``. The per-device figures
     are for the current device, as CuPy's are. One pool serves the whole process, so every
@@ -195,7 +381,7 @@ class MemoryPool:
 
     def __init__(self, lib=None):
         self._so = load(lib)
-        self.malloc = _make_malloc(self._so)
+        self.malloc, self.path = _make_malloc(self._so)
 
     def _dev(self):
         return _runtime.getDevice()
@@ -251,6 +437,10 @@ class MemoryPool:
 
     def get_limit(self):
         return self._value(self._so.cuda_mempool_get_limit(self._dev()), "get_limit")
+
+    def held_streams(self):
+        """Streams the C path keeps alive now (they have live blocks); 0 on the Python path."""
+        return self._value(self._so.cuda_mempool_cupy_held_streams(), "cupy_held_streams")
 
     def live_allocations(self):
         return self._value(self._so.cuda_mempool_live_allocations(), "live_allocations")

@@ -14,6 +14,7 @@
 //! | --- | --- |
 //! | [`cuda_mempool_alloc`], [`cuda_mempool_free`] | C code, and the CuPy module `python/cuda_mempool_cupy.py` (allocations on CuPy's current stream) |
 //! | `cuda_mempool_torch_alloc` (C++, throws on failure), [`cuda_mempool_torch_free`] | PyTorch's `torch.cuda.memory.CUDAPluggableAllocator(path, "cuda_mempool_torch_alloc", "cuda_mempool_torch_free")` |
+//! | [`cuda_mempool_cupy_stream_malloc`], [`cuda_mempool_cupy_set_stream_hooks`], [`cuda_mempool_cupy_held_streams`] (module [`cupy`]) | the CuPy module's allocator: CuPy's `CFunctionAllocator` on CuPy's current stream, the stream kept alive per stream |
 //! | [`cuda_mempool_cupy_malloc`], [`cuda_mempool_cupy_free`], [`cuda_mempool_set_current_stream`] | CuPy's plain `cupy.cuda.memory.CFunctionAllocator(param, malloc, free, owner)` (one stream, no exception) |
 //! | [`cuda_mempool_record_stream`] | marking a block as used on another stream (PyTorch's `record_stream`) |
 //! | [`cuda_mempool_used_bytes`], [`cuda_mempool_reserved_bytes`], [`cuda_mempool_free_bytes`], [`cuda_mempool_peak_reserved_bytes`], [`cuda_mempool_n_free_blocks`], [`cuda_mempool_live_allocations`] | statistics |
@@ -21,7 +22,8 @@
 //! | [`cuda_mempool_last_error`], [`cuda_mempool_last_oom`], [`cuda_mempool_clear_error`] | errors |
 //!
 //! Modules: [`error`] (the last-error slot and the panic guard every export runs in),
-//! [`registry`] (device pointer to pool allocation).
+//! [`registry`] (device pointer to pool allocation), [`cupy`] (CuPy's current stream and the
+//! per-stream hold behind [`cuda_mempool_cupy_stream_malloc`]).
 //!
 //! # Errors
 //!
@@ -42,7 +44,8 @@
 //!   never touches the handle again. So the caller must keep a stream valid until every
 //!   block allocated on it (or marked with [`cuda_mempool_record_stream`]) has been freed,
 //!   and may destroy it afterwards. PyTorch's streams live for the whole process; the CuPy
-//!   module keeps CuPy's stream object alive from each block.
+//!   module keeps CuPy's stream object alive while the stream has live blocks (module
+//!   [`cupy`]).
 //! * A new stream that gets a destroyed stream's handle value never reuses that stream's
 //!   cache before the old stream's fence: its first allocation makes it wait for the fence.
 //! * An allocation on a stream that is being captured into a CUDA graph (also by PyTorch's
@@ -67,10 +70,15 @@
 
 #![deny(missing_docs)]
 
+pub mod cupy;
 pub mod error;
 pub mod registry;
 mod torch_alloc;
 
+pub use cupy::{
+    cuda_mempool_cupy_held_streams, cuda_mempool_cupy_set_stream_hooks,
+    cuda_mempool_cupy_stream_malloc,
+};
 pub use torch_alloc::cuda_mempool_torch_alloc;
 
 use std::ffi::{c_char, c_int, c_void};
@@ -97,6 +105,9 @@ pub const EXPORTED_FUNCTIONS: &[&str] = &[
     "cuda_mempool_cupy_malloc",
     "cuda_mempool_cupy_free",
     "cuda_mempool_set_current_stream",
+    "cuda_mempool_cupy_set_stream_hooks",
+    "cuda_mempool_cupy_stream_malloc",
+    "cuda_mempool_cupy_held_streams",
     "cuda_mempool_used_bytes",
     "cuda_mempool_reserved_bytes",
     "cuda_mempool_free_bytes",
@@ -220,8 +231,14 @@ unsafe fn wrap_stream(
     unsafe { Stream::external(&dev, stream as CUstream) }.map_err(|e| fail(call, e))
 }
 
-/// Allocates from the pool on `stream` and records the block; null for size 0.
-fn alloc(call: &str, stream: &Stream, size: u64) -> Result<*mut c_void, CallError> {
+/// Allocates from the pool on `stream` and records the block (with `hold`, the stream handle
+/// the [`cupy`] module holds for it); null for size 0.
+fn alloc(
+    call: &str,
+    stream: &Stream,
+    size: u64,
+    hold: Option<usize>,
+) -> Result<*mut c_void, CallError> {
     LAST_OOM.with(|c| c.set(None));
     if size == 0 {
         return Ok(std::ptr::null_mut());
@@ -252,7 +269,7 @@ fn alloc(call: &str, stream: &Stream, size: u64) -> Result<*mut c_void, CallErro
         }
     };
     let addr = raw.ptr().0;
-    if let Some(stale) = LIVE.insert(raw) {
+    if let Some(stale) = LIVE.insert_held(raw, hold) {
         // The pool handed out an address the registry still holds: the pool and the
         // registry disagree. Keep the new block recorded, report, and leave the stale
         // entry's memory to the pool.
@@ -268,25 +285,61 @@ fn alloc(call: &str, stream: &Stream, size: u64) -> Result<*mut c_void, CallErro
     Ok(to_c_ptr(addr))
 }
 
-/// Frees the block at `ptr`; with `stream`, the block is first marked as used on it
-/// (when it is not the block's own), so its reuse also waits for it.
-fn free(call: &str, ptr: *mut c_void, stream: Option<&Stream>) -> Result<(), CallError> {
+/// The pool's key for a stream handle, as `Stream::identity` gives it: the legacy null
+/// stream under either name (null, `CU_STREAM_LEGACY`) is 0, any other handle its value.
+fn identity_of(handle: *mut c_void) -> u64 {
+    match handle as usize {
+        cuda_core::stream::LEGACY_HANDLE => 0,
+        h => h as u64,
+    }
+}
+
+/// Frees the block at `ptr`. With `stream` (a device and a stream handle, valid for this
+/// call), the block is first marked as used on that stream when it is not the block's own,
+/// so its reuse also waits for it; a handle equal to the block's own stream is not touched
+/// (no wrapper, no driver call).
+fn free(
+    call: &str,
+    ptr: *mut c_void,
+    stream: Option<(DeviceId, *mut c_void)>,
+) -> Result<(), CallError> {
     if ptr.is_null() {
         return Ok(());
     }
     let addr = ptr as usize as u64;
-    let raw = LIVE.remove(addr).ok_or_else(|| {
+    let (raw, hold) = LIVE.remove_held(addr).ok_or_else(|| {
         fail(
             call,
             format!("{addr:#x} is not a live allocation of this pool (double free, or another allocator's pointer)"),
         )
     })?;
+    let other = match stream {
+        Some((device, handle)) if identity_of(handle) != raw.stream().0 => {
+            // SAFETY: the caller's contract: `handle` is valid during this call; the wrapper
+            // (and a record_stream mark's clone of it) is dropped by the free below.
+            match unsafe { wrap_stream(call, device, handle) } {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    // The block stays live (and recorded): freeing it unmarked could hand it
+                    // out while the other stream still uses it.
+                    LIVE.insert_held(raw, hold);
+                    return Err(e);
+                }
+            }
+        }
+        _ => None,
+    };
     let pool = pool(call)?;
     let mut marked = Ok(());
-    if let Some(s) = stream.filter(|s| s.identity() != raw.stream().0) {
+    if let Some(s) = &other {
         marked = pool.record_stream_raw(&raw, s);
     }
     pool.free_raw(raw).map_err(|e| fail(call, e))?;
+    // After the free: the pool has recorded its fence on the stream, and never touches the
+    // handle again once it was the stream's last block. (A failed free keeps the hold.)
+    if let Some(handle) = hold {
+        cupy::unhold(handle);
+    }
     marked.map_err(|e| fail(call, e))
 }
 
@@ -315,7 +368,7 @@ pub unsafe extern "C" fn cuda_mempool_alloc(
         let id = device_id(CALL, device)?;
         // SAFETY: the caller's contract is wrap_stream's.
         let s = unsafe { wrap_stream(CALL, id, stream) }?;
-        alloc(CALL, &s, size as u64)
+        alloc(CALL, &s, size as u64, None)
     })
 }
 
@@ -349,10 +402,9 @@ pub unsafe extern "C" fn cuda_mempool_torch_free(
             return Ok(());
         }
         let id = device_id(CALL, device)?;
-        // SAFETY: the caller's contract; the wrapper is dropped at the end of this call,
-        // and a record_stream mark keeps a clone only until the block's free below.
-        let s = unsafe { wrap_stream(CALL, id, stream) }?;
-        free(CALL, ptr, Some(&s))
+        // The stream is used during this call only (the caller's contract), and only when
+        // it is not the block's own (PyTorch passes the block's own stream).
+        free(CALL, ptr, Some((id, stream)))
     });
 }
 
@@ -381,7 +433,7 @@ pub extern "C" fn cuda_mempool_cupy_malloc(
             .backend()
             .device(id)
             .map_err(|e| fail(CALL, e))?;
-        alloc(CALL, &Stream::current(&dev), size as u64)
+        alloc(CALL, &Stream::current(&dev), size as u64, None)
     })
 }
 

@@ -5,6 +5,9 @@
 //! It is split into [`SHARDS`] independently locked hash maps, chosen by the pointer, so
 //! threads allocating concurrently rarely meet on a lock, and each lock is held for one
 //! hash-map insert or remove only.
+//!
+//! Each entry may also carry a *stream hold*: the handle of a caller's stream that the C
+//! layer keeps alive for the block (see the `cupy` module), released when the block is freed.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -35,7 +38,14 @@ impl Hasher for PtrHasher {
     }
 }
 
-type Map = HashMap<u64, RawAllocation, BuildHasherDefault<PtrHasher>>;
+/// A recorded allocation and the stream hold taken for it, if any.
+#[derive(Debug)]
+struct Entry {
+    raw: RawAllocation,
+    hold: Option<usize>,
+}
+
+type Map = HashMap<u64, Entry, BuildHasherDefault<PtrHasher>>;
 
 /// Live allocations handed out through the C API, by device address.
 ///
@@ -75,19 +85,32 @@ impl Registry {
     /// Records a live allocation under its address. Returns the allocation previously
     /// recorded at that address, which means a free was missed (it should be `None`).
     pub fn insert(&self, raw: RawAllocation) -> Option<RawAllocation> {
+        self.insert_held(raw, None)
+    }
+
+    /// [`Registry::insert`], noting `hold`: the stream handle kept alive for this block
+    /// (returned by [`Registry::remove_held`] when the block is removed).
+    pub fn insert_held(&self, raw: RawAllocation, hold: Option<usize>) -> Option<RawAllocation> {
         let ptr = raw.ptr().0;
-        self.map(ptr).insert(ptr, raw)
+        self.map(ptr)
+            .insert(ptr, Entry { raw, hold })
+            .map(|e| e.raw)
     }
 
     /// Removes and returns the allocation at `ptr`, if one is recorded.
     pub fn remove(&self, ptr: u64) -> Option<RawAllocation> {
-        self.map(ptr).remove(&ptr)
+        self.remove_held(ptr).map(|(raw, _)| raw)
+    }
+
+    /// Removes and returns the allocation at `ptr` with the stream hold noted for it.
+    pub fn remove_held(&self, ptr: u64) -> Option<(RawAllocation, Option<usize>)> {
+        self.map(ptr).remove(&ptr).map(|e| (e.raw, e.hold))
     }
 
     /// Runs `f` on the allocation at `ptr`, if one is recorded, left in place (under the
     /// registry part's lock, so a concurrent free of the same pointer waits).
     pub fn with<R>(&self, ptr: u64, f: impl FnOnce(&RawAllocation) -> R) -> Option<R> {
-        self.map(ptr).get(&ptr).map(f)
+        self.map(ptr).get(&ptr).map(|e| f(&e.raw))
     }
 
     /// The number of recorded allocations.
@@ -145,5 +168,29 @@ mod tests {
         }
         assert!(reg.is_empty());
         assert_eq!(pool.used_bytes(), 0);
+    }
+
+    #[test]
+    fn a_stream_hold_comes_back_with_its_block() {
+        let pool = MemoryPool::new(SimulatedBackend::h200(1)).expect("pool");
+        let reg = Registry::new();
+        let a = pool
+            .malloc(DeviceId(0), &StreamId(7), 4096)
+            .expect("malloc")
+            .into_raw();
+        let b = pool
+            .malloc(DeviceId(0), &StreamId(7), 4096)
+            .expect("malloc")
+            .into_raw();
+        let (pa, pb) = (a.ptr().0, b.ptr().0);
+        assert!(reg.insert_held(a, Some(0x5000)).is_none());
+        assert!(reg.insert(b).is_none());
+        let (ra, ha) = reg.remove_held(pa).expect("recorded");
+        assert_eq!(ha, Some(0x5000));
+        let (rb, hb) = reg.remove_held(pb).expect("recorded");
+        assert_eq!(hb, None);
+        pool.free_raw(ra).expect("free");
+        pool.free_raw(rb).expect("free");
+        assert!(reg.is_empty());
     }
 }

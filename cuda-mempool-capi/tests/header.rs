@@ -49,6 +49,20 @@ exports! {
         extern "C" fn(*mut c_void, *mut c_void, c_int);
     cuda_mempool_set_current_stream = "int(int,cuda_mempool_stream_t)":
         unsafe extern "C" fn(c_int, Stream) -> c_int;
+    cuda_mempool_cupy_set_stream_hooks = "int(cuda_mempool_cupy_stream_fn,cuda_mempool_cupy_device_stream_fn,cuda_mempool_cupy_hold_fn,cuda_mempool_cupy_release_fn,cuda_mempool_cupy_make_error_fn,cuda_mempool_cupy_set_error_fn)":
+        unsafe extern "C" fn(
+            Option<cuda_mempool_capi::cupy::CurrentStreamFn>,
+            Option<cuda_mempool_capi::cupy::DeviceStreamFn>,
+            Option<cuda_mempool_capi::cupy::HoldStreamFn>,
+            Option<cuda_mempool_capi::cupy::ReleaseStreamFn>,
+            Option<cuda_mempool_capi::cupy::MakeErrorFn>,
+            Option<cuda_mempool_capi::cupy::SetErrorFn>,
+        ) -> c_int;
+    // May throw a C++ exception (with the error hooks registered): "C-unwind".
+    cuda_mempool_cupy_stream_malloc = "void*(void*,size_t,int)":
+        extern "C-unwind" fn(*mut c_void, usize, c_int) -> *mut c_void;
+    cuda_mempool_cupy_held_streams = "int64_t(void)":
+        extern "C" fn() -> i64;
     cuda_mempool_used_bytes = "int64_t(int)":
         extern "C" fn(c_int) -> i64;
     cuda_mempool_reserved_bytes = "int64_t(int)":

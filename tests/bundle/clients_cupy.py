@@ -17,6 +17,10 @@ Scenarios (each in its own process; --only NAME runs a subset):
                      cuFFT work afterwards.
   graph              cupy.cuda.Graph capture allocating (and freeing) inside the capture,
                      replayed with new inputs; data checked, graph memory not reused outside.
+  stream_hold        the module's C path (CuPy's CFunctionAllocator calling the library, the
+                     stream learnt from CuPy) keeps a stream object alive exactly while the
+                     stream has live blocks, once a stream; the default stream is never held;
+                     an out of memory on a stream leaves nothing held.
 
 Usage: python3 clients_cupy.py [--lib PATH] [--seconds S] [--streams N] [--sanitize] [--only X]
 Prints PASS/FAIL lines and "N passed, N failed"; exit status 1 on any failure.
@@ -172,6 +176,8 @@ def threads_scenario(args, rep):
     rep.check(not crashes, "no thread raised" + ("" if not crashes else ": " + "; ".join(crashes[:5])))
     rep.check(not errors, "no live buffer corrupted" + ("" if not errors else ": " + "; ".join(errors[:5])))
     rep.check(min(iters) > 0, "every thread made progress")
+    rep.check(pool.held_streams() == 0,
+              f"no stream held once the threads' arrays are gone ({pool.held_streams()})")
 
 
 def churn(args, rep):
@@ -207,6 +213,7 @@ def churn(args, rep):
                      f"MiB, free blocks {pool.n_free_blocks()}")
     bound = 64 * MIB
     last = samples[-1]
+    rep.check(pool.held_streams() == 0, f"no stream held after the churn ({pool.held_streams()})")
     rep.check(bad_data == 0, f"{n} streams: data read back correctly")
     rep.check(last[1] - base[0] <= bound,
               f"pool reserved flat: {base[0] / MIB:.1f} MiB after {warm} streams, "
@@ -214,6 +221,72 @@ def churn(args, rep):
     rep.check(last[2] - base[1] <= bound,
               f"device memory flat: {base[1] / MIB:.1f} MiB used after {warm} streams, "
               f"{last[2] / MIB:.1f} MiB after {n} (bound +{bound // MIB} MiB)")
+
+
+def stream_hold(args, rep):
+    import gc
+    import weakref
+
+    cp, cmp, pool, kern, khz = setup(args)
+    import cupy
+
+    # CuPy 14.1 and later raise the exception the library leaves pending ("c"); older ones
+    # need the module's pointer check ("c+check").
+    want = "c" if tuple(int(x) for x in cupy.__version__.split(".")[:2]) >= (14, 1) else "c+check"
+    rep.check(pool.path == want, f"the module allocates through its C path (path: {pool.path}, "
+                                 f"CuPy {cupy.__version__})")
+    base = pool.held_streams()
+    rep.check(base == 0, f"no stream held at the start ({base})")
+    x = cp.empty(MIB, dtype=cp.float32)
+    rep.check(pool.held_streams() == 0, "a block on the default stream holds no stream")
+    s = cp.cuda.Stream(non_blocking=True)
+    ref = weakref.ref(s)
+    with s:
+        a = cp.empty(MIB, dtype=cp.float32)
+        b = cp.empty(MIB, dtype=cp.float32)
+    rep.check(pool.held_streams() == 1, f"one hold for two blocks ({pool.held_streams()})")
+    del s
+    gc.collect()
+    rep.check(ref() is not None, "the stream object lives while blocks allocated on it do")
+    launch(cp, kern, a, 3.0, 1000)
+    del a
+    gc.collect()
+    rep.check(ref() is not None and pool.held_streams() == 1,
+              "still held after the first of its two blocks is freed")
+    del b
+    gc.collect()
+    rep.check(ref() is None, "the stream object is let go after its last block is freed")
+    rep.check(pool.held_streams() == 0, f"no stream held afterwards ({pool.held_streams()})")
+    # Out of memory on a stream: nothing stays held.
+    s = cp.cuda.Stream(non_blocking=True)
+    ref = weakref.ref(s)
+    _, total = cp.cuda.runtime.memGetInfo()
+    try:
+        with s:
+            cp.empty(2 * total, dtype=cp.uint8)
+        rep.check(False, "a request for twice the card raised")
+    except cp.cuda.memory.OutOfMemoryError:
+        rep.check(True, "a request for twice the card on a stream raised OutOfMemoryError")
+    del s
+    gc.collect()
+    rep.check(ref() is None and pool.held_streams() == 0,
+              "after the out of memory the stream is not held")
+    # Many streams at once, then all freed.
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(32)]
+    arrays = []
+    for st in streams:
+        with st:
+            arrays.append(cp.full(1000, 5.0, dtype=cp.float32))
+    rep.check(pool.held_streams() == 32, f"32 streams with live blocks held ({pool.held_streams()})")
+    refs = [weakref.ref(st) for st in streams]
+    del streams, st
+    cp.cuda.Device(0).synchronize()
+    rep.check(all(float(v[-1]) == 5.0 for v in arrays), "their data read back")
+    del arrays
+    gc.collect()
+    rep.check(pool.held_streams() == 0 and all(r() is None for r in refs),
+              "all 32 let go after their blocks are freed")
+    del x
 
 
 def after_oom_work(cp, rep, label):
@@ -252,6 +325,7 @@ def oom(args, rep, with_limit):
     del junk  # cached
     cp.cuda.Device(0).synchronize()
     label = "limit" if with_limit else "card"
+    rep.info(f"{label}: the module's allocation path is {pool.path}")
     if with_limit:
         limit = pool.total_bytes() + 1024 * MIB
         pool.set_limit(size=limit)
@@ -362,7 +436,7 @@ def graph(args, rep):
 
 
 SCENARIOS = ["cross_nonblocking", "cross_blocking", "cross_default", "destroyed_stream",
-             "threads", "churn", "oom", "oom_limit", "graph"]
+             "threads", "churn", "oom", "oom_limit", "graph", "stream_hold"]
 
 
 def child(args):
@@ -386,6 +460,8 @@ def child(args):
             oom(args, rep, True)
         elif name == "graph":
             graph(args, rep)
+        elif name == "stream_hold":
+            stream_hold(args, rep)
         else:
             rep.check(False, f"unknown scenario {name}")
     except Exception as e:  # noqa: BLE001

@@ -10,6 +10,8 @@
    medians and interquartile range. A verdict only where the difference exceeds the spread.
 
 Usage: python3 cupy_alloc_bench.py [--lib PATH] [--iters N] [--repeats N] [--runs N] [--steps N]
+       [--pairs-only]
+(workload_bench.py runs part 1 with --pairs-only and part 2 itself, beside the PyTorch runs.)
 """
 
 import argparse
@@ -49,8 +51,9 @@ def pair_costs(args):
         ctypes.cast(so.cuda_mempool_cupy_free, ctypes.c_void_p).value, so)
     cupy_pool = cp.cuda.MemoryPool()
     allocs = {
-        "module (cuda_mempool_cupy)": module_pool.malloc,
-        "CFunctionAllocator": cfa.malloc,
+        f"module ({module_pool.path} path)": module_pool.malloc,
+        "module (python path)": cmp._make_python_malloc(so),
+        "plain CFunctionAllocator": cfa.malloc,
         "CuPy MemoryPool": cupy_pool.malloc,
     }
     size = MIB
@@ -68,9 +71,12 @@ def pair_costs(args):
     print(f"\nmalloc + free of 1 MiB, {args.iters} pairs x {args.repeats} repeats (ns a pair)")
     print(f"{'allocator':<30} {'median':>9} {'q1':>9} {'q3':>9} {'vs CuPy':>8}")
     ref = statistics.median(times["CuPy MemoryPool"])
+    out = {}
     for name, ts in times.items():
         q1, med, q3 = quartiles(ts)
+        out[name] = (q1, med, q3)
         print(f"{name:<30} {med:9.1f} {q1:9.1f} {q3:9.1f} {med / ref:7.2f}x")
+    return out
 
 
 def workload_child(mode, lib, steps):
@@ -82,7 +88,8 @@ def workload_child(mode, lib, steps):
     if mode == "module":
         import cuda_mempool_cupy as cmp
 
-        cmp.install(lib)
+        pool = cmp.install(lib)
+        print(f"MODULE_PATH {pool.path}", flush=True)
     import cupy_workload
 
     # cupy_workload.child installs the CFunctionAllocator only for mode "pool"; "cupy" leaves
@@ -142,11 +149,16 @@ def main():
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--workload-child")
+    ap.add_argument("--pairs-only", action="store_true",
+                    help="only part 1; ends with a line 'PAIRS <json>' (q1, median, q3 in ns)")
     args = ap.parse_args()
     if args.workload_child:
         workload_child(args.workload_child, args.lib, args.steps)
         return 0
-    pair_costs(args)
+    pairs = pair_costs(args)
+    if args.pairs_only:
+        print("PAIRS " + json.dumps(pairs), flush=True)
+        return 0
     workload(args)
     return 0
 

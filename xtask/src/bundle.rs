@@ -348,7 +348,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   nccl      the cuda-nccl suite (single- and multi-process, socket transport, a rank killed
 #             mid-collective), then bench_nccl beside torch.distributed; needs >= 2 GPUs.
 #             `run.sh nccl tests` / `run.sh nccl bench` run one part; another word filters tests
-#   bench     every benchmark binary (their own output)
+#   bench     every benchmark binary (their own output), then peers.py and workload_bench.py
+#   workloads the PyTorch / CuPy workload benchmark alone (workload_bench.py; ~4 min on an H200)
 #   examples  every example
 # The test modes end with one line: "GPU suite: N passed, N failed on <device>".
 # Test binaries run with --test-threads=1 so that memory-level checks see only their own work.
@@ -458,8 +459,16 @@ case "$mode" in
     done
     if [ "${#extra[@]}" -eq 0 ] && command -v python3 >/dev/null; then
       echo "=== peers (CuPy, PyTorch)"; python3 "$here/peers.py" --traces "$here/traces"
+      echo "=== workloads (PyTorch, CuPy through the C ABI)"
+      python3 "$here/workload_bench.py" --lib "$here/lib/libcuda_mempool_capi.so" || echo "(exit $?)"
     fi
     exit 0 ;;
+  workloads)
+    # Only the workload benchmark (ARGS go to workload_bench.py); rows to $BENCH_OUT as in bench.
+    export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
+    [ -f "$BENCH_OUT/meta.txt" ] || { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1; } > "$BENCH_OUT/meta.txt"
+    python3 "$here/workload_bench.py" --lib "$here/lib/libcuda_mempool_capi.so" "${extra[@]}"
+    exit $? ;;
   clients) run_clients ;;
   clients-sanitize) run_clients --sanitize ;;
   nccl)
@@ -477,7 +486,7 @@ case "$mode" in
     export CUDA_RS_TRACES="$here/traces"
     for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
   all) "$0" examples; run_tests; two_gpu; "$0" bench; ;;
-  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|examples|all] [args]"; exit 2 ;;
+  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|workloads|examples|all] [args]"; exit 2 ;;
 esac
 echo "GPU suite: $passed passed, $failed failed on $device"
 [ "$failed" -eq 0 ]

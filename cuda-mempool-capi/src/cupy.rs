@@ -1,0 +1,415 @@
+//! CuPy's `CFunctionAllocator` on CuPy's own current stream, with the stream kept alive in C.
+//!
+//! CuPy calls a `CFunctionAllocator`'s functions as `void* malloc(void* param, size_t size, int
+//! device_id)` and `void free(void* param, void* ptr, int device_id)`, with the GIL held and
+//! no stream. [`cuda_mempool_cupy_stream_malloc`] learns the stream by calling back into CuPy
+//! through a function pointer the Python module registers with
+//! [`cuda_mempool_cupy_set_stream_hooks`]: CuPy's C-level `get_stream_ptr(device)` (exported by
+//! `cupy_backends.cuda.stream` in its `__pyx_capi__`; CuPy 14) or `get_current_stream_ptr()`
+//! (`cupy.cuda.stream`), a thread-local read with no CUDA call. So one allocation is one C
+//! call from CuPy's Cython code, with no Python frame of ours.
+//!
+//! # Failures as Python exceptions
+//!
+//! CuPy (from 14.1) declares its allocator's `malloc` type `except +`: its Cython code catches
+//! a C++ exception thrown by `malloc`, and then raises the Python exception that is pending,
+//! or translates the C++ one. (A pending Python exception alone, without a throw, is not
+//! noticed: CuPy 14.2 returns the memory object and Python reports a `SystemError`.) With
+//! the optional `make_error` and `set_error` hooks registered, a failed allocation asks
+//! `make_error` for the exception to raise (the module builds CuPy's `OutOfMemoryError` with
+//! the pool's numbers, from [`crate::cuda_mempool_last_oom`]), sets it with `set_error`
+//! (Python's `PyErr_SetObject`) and throws `std::runtime_error` (`src/cupy_error.cpp`).
+//! Without them, a failure returns null only, and the caller must check the pointer.
+//!
+//! # The stream rule, per stream instead of per block
+//!
+//! The library uses a stream handle until the last block allocated on it is freed (see the
+//! crate documentation), so the CuPy `Stream` object must live that long. This module counts
+//! the live blocks of this path per stream handle. When a stream's count leaves zero it calls
+//! the `hold` hook (the Python module keeps a reference to CuPy's current `Stream` object in
+//! a dictionary); when the count returns to zero, after the pool has recorded its fence on the
+//! stream, it calls the `release` hook (the module drops that reference, and CuPy may then
+//! destroy the stream). The implicit streams (null, `cudaStreamLegacy`,
+//! `cudaStreamPerThread`) live for the whole process and are never held.
+//!
+//! While a stream has live blocks, its validated [`Stream`] wrapper is kept here too, so later
+//! allocations on it make no driver call to check the handle (the handle cannot be destroyed
+//! meanwhile, by the rule above).
+//!
+//! Hooks are never called with a lock of this module held: they run Python code, which may
+//! let another thread take the GIL, and that thread may be waiting for the same lock. The
+//! hooks count holds (a hold that turns out to be a second one for a stream is released at
+//! once), so the order in which two threads' hooks run does not matter.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{LazyLock, Mutex, PoisonError};
+
+use cuda_core::Stream;
+
+use crate::{alloc, device_id, fail, run, wrap_stream, CallError};
+
+/// CuPy's `get_current_stream_ptr` (C signature `intptr_t (void)`): the calling thread's
+/// current CuPy stream handle for the current device; -1 with a Python exception set on
+/// failure. Needs the GIL.
+pub type CurrentStreamFn = unsafe extern "C" fn() -> isize;
+
+/// CuPy's `get_stream_ptr` (C signature `intptr_t (int)`): the calling thread's current CuPy
+/// stream handle for `device`; -1 with a Python exception set on failure. Needs the GIL.
+pub type DeviceStreamFn = unsafe extern "C" fn(device: c_int) -> isize;
+
+/// Keeps the caller's current stream object for `device` alive (its handle is `stream`);
+/// returns 0 on success. Called with the GIL held, on the allocating thread.
+pub type HoldStreamFn = unsafe extern "C" fn(device: c_int, stream: *mut c_void) -> c_int;
+
+/// Lets go of one hold taken by [`HoldStreamFn`] for `stream`. Called with the GIL held.
+pub type ReleaseStreamFn = unsafe extern "C" fn(stream: *mut c_void);
+
+/// Builds the exception for the calling thread's failed allocation of `size` bytes on
+/// `device` and writes its type and value (`PyObject*`, kept alive by the hook) to `out[0]`
+/// and `out[1]`; returns 0 on success.
+pub type MakeErrorFn = unsafe extern "C" fn(size: usize, device: c_int, out: *mut isize) -> c_int;
+
+/// Sets the calling thread's Python exception (`PyErr_SetObject(type, value)`).
+pub type SetErrorFn = unsafe extern "C" fn(kind: *mut c_void, value: *mut c_void);
+
+/// How the current stream is learnt.
+#[derive(Clone, Copy)]
+enum Lookup {
+    Current(CurrentStreamFn),
+    ForDevice(DeviceStreamFn),
+}
+
+/// The registered callbacks.
+#[derive(Clone, Copy)]
+struct Hooks {
+    lookup: Lookup,
+    hold: HoldStreamFn,
+    release: Option<ReleaseStreamFn>,
+    error: Option<(MakeErrorFn, SetErrorFn)>,
+}
+
+/// The registered hooks: null, or a leaked `Box<Hooks>` (never freed: another thread may be
+/// reading an older value while a new one is stored; a few words a registration).
+static HOOKS: AtomicPtr<Hooks> = AtomicPtr::new(std::ptr::null_mut());
+
+fn hooks() -> Option<Hooks> {
+    let p = HOOKS.load(Ordering::Acquire);
+    // SAFETY: a non-null value is a leaked box, never freed, written before it was stored.
+    (!p.is_null()).then(|| unsafe { *p })
+}
+
+/// A held stream: its live blocks on this path and its validated wrapper.
+struct Held {
+    blocks: u64,
+    stream: Stream,
+}
+
+/// Streams with live blocks of this path, by handle.
+static HELD: LazyLock<Mutex<HashMap<usize, Held>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+fn held() -> std::sync::MutexGuard<'static, HashMap<usize, Held>> {
+    // Only map operations run under the lock: a poisoned lock still guards a consistent map.
+    HELD.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The implicit handles (null, `CU_STREAM_LEGACY` = 1, `CU_STREAM_PER_THREAD` = 2) name
+/// streams that live as long as the context: they are never held.
+fn is_implicit(handle: usize) -> bool {
+    handle <= 2
+}
+
+/// Counts one more block on `handle`: returns the stream's wrapper, taking a hold on it
+/// through the hook first when the stream had no live block of this path.
+fn acquire(call: &str, hooks: &Hooks, device: c_int, handle: usize) -> Result<Stream, CallError> {
+    if let Some(h) = held().get_mut(&handle) {
+        h.blocks += 1;
+        return Ok(h.stream.clone());
+    }
+    let id = device_id(call, device)?;
+    // SAFETY: `handle` is CuPy's current stream of this thread, alive during this call (its
+    // Stream object is the thread's current one); it is held below before the block is
+    // handed out, so it stays valid while blocks allocated on it are live.
+    let stream = unsafe { wrap_stream(call, id, handle as *mut c_void) }?;
+    // SAFETY: the hook's registration contract (cuda_mempool_cupy_set_stream_hooks); this
+    // thread holds the GIL (CuPy calls its allocator with it); no lock of ours is held.
+    if unsafe { (hooks.hold)(device, handle as *mut c_void) } != 0 {
+        return Err(fail(
+            call,
+            format!("could not keep CuPy's stream {handle:#x} alive (the hold hook failed)"),
+        ));
+    }
+    let extra = {
+        let mut map = held();
+        let h = map.entry(handle).or_insert(Held {
+            blocks: 0,
+            stream: stream.clone(),
+        });
+        h.blocks += 1;
+        h.blocks > 1
+    };
+    if extra {
+        // Another thread took the stream's hold meanwhile: this one is one too many.
+        if let Some(release) = hooks.release {
+            // SAFETY: as for hold above.
+            unsafe { release(handle as *mut c_void) };
+        }
+    }
+    Ok(stream)
+}
+
+/// One block fewer on `handle`; after the last, the hold is released through the hook.
+pub(crate) fn unhold(handle: usize) {
+    let last = {
+        let mut map = held();
+        match map.get_mut(&handle) {
+            Some(h) if h.blocks > 1 => {
+                h.blocks -= 1;
+                false
+            }
+            Some(_) => {
+                map.remove(&handle);
+                true
+            }
+            None => false,
+        }
+    };
+    if last {
+        if let Some(release) = hooks().and_then(|h| h.release) {
+            // SAFETY: the hook's registration contract; frees of this path come from CuPy's
+            // memory objects being deallocated, with the GIL held; no lock of ours is held.
+            unsafe { release(handle as *mut c_void) };
+        }
+    }
+}
+
+/// Registers CuPy's stream lookup and the hooks used by [`cuda_mempool_cupy_stream_malloc`]:
+/// `device_stream` (preferred) or `current_stream` learns CuPy's current stream, `hold` and
+/// `release` keep a stream object alive while it has live blocks of this path, and the
+/// optional pair `make_error`/`set_error` turns a failed allocation into a pending Python
+/// exception (see the module documentation). With neither lookup function, the hooks are
+/// unregistered (that allocator then fails). `release` may be null: holds are then never
+/// released (for interpreter exit, where the streams may as well outlive the process's last
+/// frees). Returns 0, or -1 when a lookup is given without `hold`, or only one of
+/// `make_error` and `set_error` is given.
+///
+/// # Safety
+///
+/// The functions stay callable for the rest of the process. They are called on the thread
+/// that calls [`cuda_mempool_cupy_stream_malloc`] or frees a block of it, with whatever they
+/// need held by that thread (for CuPy's and Python's functions: the GIL, which CuPy holds
+/// when it calls its allocator). `set_error` receives the two pointers `make_error` wrote.
+#[no_mangle]
+pub unsafe extern "C" fn cuda_mempool_cupy_set_stream_hooks(
+    current_stream: Option<CurrentStreamFn>,
+    device_stream: Option<DeviceStreamFn>,
+    hold: Option<HoldStreamFn>,
+    release: Option<ReleaseStreamFn>,
+    make_error: Option<MakeErrorFn>,
+    set_error: Option<SetErrorFn>,
+) -> c_int {
+    const CALL: &str = "cuda_mempool_cupy_set_stream_hooks";
+    run(-1, || {
+        let lookup = match (device_stream, current_stream) {
+            (Some(f), _) => Lookup::ForDevice(f),
+            (None, Some(f)) => Lookup::Current(f),
+            (None, None) => {
+                HOOKS.store(std::ptr::null_mut(), Ordering::Release);
+                return Ok(0);
+            }
+        };
+        let hold = hold.ok_or_else(|| fail(CALL, "a stream lookup needs a hold hook"))?;
+        let error = match (make_error, set_error) {
+            (Some(m), Some(s)) => Some((m, s)),
+            (None, None) => None,
+            _ => return Err(fail(CALL, "make_error and set_error go together")),
+        };
+        let new = Box::into_raw(Box::new(Hooks {
+            lookup,
+            hold,
+            release,
+            error,
+        }));
+        HOOKS.store(new, Ordering::Release);
+        Ok(0)
+    })
+}
+
+/// CuPy's `CFunctionAllocator` `malloc`: `size` bytes on `device` for use on CuPy's current
+/// stream of the calling thread, learnt through the registered hooks (see the module
+/// documentation). `param` is not used. Free with [`crate::cuda_mempool_cupy_free`].
+///
+/// Returns null with a last-error message on failure (hooks not registered, CuPy's stream
+/// lookup failed, out of memory: see [`crate::cuda_mempool_last_oom`]); null without one for
+/// size 0. With the error hooks registered, a failure instead leaves a Python exception
+/// pending and throws a C++ `std::runtime_error` (hence `"C-unwind"`): CuPy 14.1 and later
+/// declare their allocator's `malloc` `except +`, and Cython then raises the pending Python
+/// exception (or, with none, a `RuntimeError` carrying the message).
+#[no_mangle]
+pub extern "C-unwind" fn cuda_mempool_cupy_stream_malloc(
+    param: *mut c_void,
+    size: usize,
+    device: c_int,
+) -> *mut c_void {
+    const CALL: &str = "cuda_mempool_cupy_stream_malloc";
+    let _ = param;
+    if size == 0 {
+        return std::ptr::null_mut();
+    }
+    let hooks = hooks();
+    // Whether CuPy's lookup failed: its Python exception is then already pending.
+    let mut cupy_failed = false;
+    let ptr = run(std::ptr::null_mut(), || {
+        let hooks = hooks.as_ref().ok_or_else(|| {
+            fail(
+                CALL,
+                "no stream hooks registered (cuda_mempool_cupy_set_stream_hooks)",
+            )
+        })?;
+        // SAFETY: the registration contract: callable on this thread, which holds the GIL.
+        let handle = unsafe {
+            match hooks.lookup {
+                Lookup::ForDevice(f) => f(device),
+                Lookup::Current(f) => f(),
+            }
+        };
+        if handle == -1 {
+            cupy_failed = true;
+            return Err(fail(
+                CALL,
+                "CuPy's current-stream lookup failed (its Python exception is pending)",
+            ));
+        }
+        let handle = handle as usize;
+        if is_implicit(handle) {
+            let id = device_id(CALL, device)?;
+            // SAFETY: an implicit handle (null, legacy, per-thread).
+            let stream = unsafe { wrap_stream(CALL, id, handle as *mut c_void) }?;
+            return alloc(CALL, &stream, size as u64, None);
+        }
+        let stream = acquire(CALL, hooks, device, handle)?;
+        let ptr = alloc(CALL, &stream, size as u64, Some(handle));
+        if ptr.is_err() {
+            unhold(handle);
+        }
+        ptr
+    });
+    if ptr.is_null() {
+        if let Some((make_error, set_error)) = hooks.and_then(|h| h.error) {
+            if !cupy_failed {
+                let mut out = [0isize; 2];
+                // SAFETY: the registration contract; `out` has the two slots the hook writes;
+                // no lock of ours is held; the last error and out-of-memory figures are
+                // recorded.
+                let made = unsafe { make_error(size, device, out.as_mut_ptr()) };
+                if made == 0 && out[0] != 0 && out[1] != 0 {
+                    // SAFETY: the two objects make_error produced (and keeps alive).
+                    unsafe { set_error(out[0] as *mut c_void, out[1] as *mut c_void) };
+                }
+            }
+            // Nothing of this frame needs dropping. The C++ exception tells CuPy's Cython
+            // code (`except +`) to raise: the pending Python exception if there is one, else a
+            // RuntimeError with the last-error message.
+            // SAFETY: the registration contract of the error hooks: the caller catches C++
+            // exceptions; the message is the thread's last error (or null), copied by C++.
+            unsafe { cuda_mempool_throw_runtime_error(crate::error::last_error_ptr()) }
+        }
+    }
+    ptr
+}
+
+unsafe extern "C-unwind" {
+    /// `src/cupy_error.cpp`: throws `std::runtime_error(what)` (a null `what`: a fixed text).
+    fn cuda_mempool_throw_runtime_error(what: *const std::ffi::c_char) -> !;
+}
+
+/// The number of CuPy streams this path holds alive now (streams with live blocks of
+/// [`cuda_mempool_cupy_stream_malloc`]). Never fails and touches no driver.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_cupy_held_streams() -> i64 {
+    run(-1, || {
+        i64::try_from(held().len()).map_err(|_| fail("cuda_mempool_cupy_held_streams", "overflow"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{clear_last_error, last_error_message};
+
+    unsafe extern "C" fn current() -> isize {
+        -1
+    }
+    unsafe extern "C" fn for_device(_: c_int) -> isize {
+        -1
+    }
+    unsafe extern "C" fn hold(_: c_int, _: *mut c_void) -> c_int {
+        0
+    }
+    unsafe extern "C" fn make_error(_: usize, _: c_int, _: *mut isize) -> c_int {
+        1
+    }
+
+    /// One test, since the hooks are process-wide.
+    #[test]
+    fn the_stream_malloc_needs_registered_hooks_and_a_stream() {
+        let none = || {
+            // SAFETY: unregistering needs no function.
+            unsafe { cuda_mempool_cupy_set_stream_hooks(None, None, None, None, None, None) }
+        };
+        assert_eq!(none(), 0);
+        clear_last_error();
+        assert!(cuda_mempool_cupy_stream_malloc(std::ptr::null_mut(), 0, 0).is_null());
+        assert_eq!(last_error_message(), None, "size 0 is no error");
+        assert!(cuda_mempool_cupy_stream_malloc(std::ptr::null_mut(), 512, 0).is_null());
+        let msg = last_error_message().unwrap_or_default();
+        assert!(msg.contains("no stream hooks registered"), "{msg}");
+
+        clear_last_error();
+        // SAFETY: the functions above are plain and callable from any thread.
+        let r = unsafe {
+            cuda_mempool_cupy_set_stream_hooks(Some(current), None, None, None, None, None)
+        };
+        assert_eq!(r, -1);
+        assert!(last_error_message()
+            .unwrap_or_default()
+            .contains("needs a hold hook"));
+        // SAFETY: as above.
+        let r = unsafe {
+            cuda_mempool_cupy_set_stream_hooks(
+                None,
+                Some(for_device),
+                Some(hold),
+                None,
+                Some(make_error),
+                None,
+            )
+        };
+        assert_eq!(r, -1, "make_error without set_error");
+        for (cur, dev) in [
+            (Some(current as CurrentStreamFn), None),
+            (None, Some(for_device as DeviceStreamFn)),
+        ] {
+            // SAFETY: as above.
+            let r = unsafe {
+                cuda_mempool_cupy_set_stream_hooks(cur, dev, Some(hold), None, None, None)
+            };
+            assert_eq!(r, 0);
+            clear_last_error();
+            // CuPy's lookup failing (-1) fails the allocation before any driver call.
+            assert!(cuda_mempool_cupy_stream_malloc(std::ptr::null_mut(), 512, 0).is_null());
+            let msg = last_error_message().unwrap_or_default();
+            assert!(msg.contains("lookup failed"), "{msg}");
+        }
+        assert_eq!(none(), 0);
+        assert_eq!(cuda_mempool_cupy_held_streams(), 0);
+    }
+
+    #[test]
+    fn unhold_of_an_unknown_stream_changes_nothing() {
+        let before = cuda_mempool_cupy_held_streams();
+        unhold(0xdead_beef);
+        assert_eq!(cuda_mempool_cupy_held_streams(), before);
+    }
+}
