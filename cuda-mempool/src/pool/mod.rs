@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::backend::{Backend, DeviceId, DeviceInfo, DevicePtr, StreamId};
+use crate::backend::{Backend, DeviceId, DeviceInfo, DeviceAddress, StreamId};
 use crate::error::{OomCause, PoolError};
 use crate::policy::{self, size_class};
 use crate::stats::{Stat, Stats};
@@ -234,7 +234,7 @@ pub struct Allocation<'p, B: Backend> {
     shard: Option<&'p Shard<B>>,
     id: u32,
     generation: u64,
-    ptr: DevicePtr,
+    ptr: DeviceAddress,
     size: u64,
     device: DeviceId,
     key: StreamId,
@@ -250,7 +250,7 @@ pub struct Allocation<'p, B: Backend> {
 /// that cannot wrap in practice.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct RawAllocation {
-    ptr: DevicePtr,
+    ptr: DeviceAddress,
     size: u64,
     device: DeviceId,
     key: StreamId,
@@ -261,7 +261,7 @@ pub struct RawAllocation {
 
 impl RawAllocation {
     /// The device address.
-    pub fn ptr(&self) -> DevicePtr {
+    pub fn ptr(&self) -> DeviceAddress {
         self.ptr
     }
     /// The size asked for.
@@ -380,7 +380,7 @@ impl<B: Backend> MemoryPool<B> {
                 shard: None,
                 id: 0,
                 generation: 0,
-                ptr: DevicePtr::NULL,
+                ptr: DeviceAddress::NULL,
                 size: 0,
                 device,
                 key: StreamId(0),
@@ -408,7 +408,7 @@ impl<B: Backend> MemoryPool<B> {
                 shard: None,
                 id: 0,
                 generation: 0,
-                ptr: DevicePtr::NULL,
+                ptr: DeviceAddress::NULL,
                 size: 0,
                 device: dev.id,
                 key: StreamId(0),
@@ -452,7 +452,7 @@ impl<B: Backend> MemoryPool<B> {
                 shard: Some(shard),
                 id,
                 generation,
-                ptr: DevicePtr(addr),
+                ptr: DeviceAddress(addr),
                 size,
                 device: dev.id,
                 key,
@@ -822,7 +822,7 @@ impl<B: Backend> MemoryPool<B> {
         shard: &Shard<B>,
         st: &mut ShardState<B>,
         size: u64,
-    ) -> Result<Result<DevicePtr, OomCause>, PoolError> {
+    ) -> Result<Result<DeviceAddress, OomCause>, PoolError> {
         let fits = |g: &Global<B>| {
             g.limit
                 .is_none_or(|l| g.reserved.current.saturating_add(size) <= l)
@@ -1334,7 +1334,7 @@ impl<B: Backend> MemoryPool<B> {
 
 impl<'p, B: Backend> Allocation<'p, B> {
     /// The device address (null for a zero-sized allocation).
-    pub fn ptr(&self) -> DevicePtr {
+    pub fn ptr(&self) -> DeviceAddress {
         self.ptr
     }
 
