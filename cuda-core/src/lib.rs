@@ -18,7 +18,7 @@
 //! | [`profiler`] | start/stop and a guard; `initialize` is unsupported since CUDA 12 | `cuda.profile()`, `profiler` |
 //! | [`nvtx`] | marks, ranges and range guards with optional colour | `nvtx` |
 //! | `handles` (feature `library-handles`) | per-device cuBLAS / cuSOLVER handles, libraries opened at run time | `get_cublas_handle` |
-//! | [`error`] | [`Error`], [`DriverError`] | `CUDARuntimeError` |
+//! | [`error`] | [`Error`], [`DriverError`], [`CrateError`]: the error every crate of the workspace converts into, so `?` works across crates | `CUDARuntimeError` |
 //!
 //! Nothing here panics on a machine without a driver: every call returns an [`Error`]
 //! (`Error::Load` lists each library path that was tried).
@@ -55,7 +55,7 @@ pub mod vmm;
 pub use cuda_sys as sys;
 pub use device::{ContextBinding, Device, DeviceScope, Uuid};
 pub use driver::{bindings_version, device_count, driver_version, is_available, CudaVersion};
-pub use error::{DriverError, Error, Result};
+pub use error::{CrateError, DriverError, Error, Result};
 pub use event::{Event, EventBuilder, IpcEventHandle};
 pub use features::Feature;
 pub use memory::{

@@ -535,6 +535,13 @@ fn event_timing_errors_are_clear() {
     let timed_b = Event::timed(&dev).unwrap();
     let untimed = Event::new(&dev).unwrap();
     assert!(!untimed.timing_enabled());
+    // One timing rule for every way of making an event: off unless the name says timed.
+    assert!(!Event::builder(&dev).build().unwrap().timing_enabled());
+    assert!(!stream.record(None).unwrap().timing_enabled());
+    assert!(timed_a.timing_enabled());
+    assert!(Event::builder(&dev).timing(true).build().unwrap().timing_enabled());
+    let stamped = stream.record_timed().unwrap();
+    assert!(stamped.timing_enabled() && stamped.is_recorded());
     assert_eq!(
         Event::elapsed(&timed_a, &timed_b),
         Err(Error::EventNotRecorded)
@@ -567,7 +574,7 @@ fn event_timing_errors_are_clear() {
 
     // Builder validation and interprocess rules.
     assert!(matches!(
-        Event::builder(&dev).interprocess(true).build(),
+        Event::builder(&dev).timing(true).interprocess(true).build(),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
