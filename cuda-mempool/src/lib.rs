@@ -17,7 +17,7 @@
 //! | [`peer`] | several GPUs: [`DevicePool::grant_peer_access`] to a block from another device |
 //! | [`policy`] | every policy constant (rounding, size classes, segment sizes, address ranges) with its reason |
 //! | [`pool`] | [`MemoryPool`], its RAII handle [`Allocation`], [`RawAllocation`], [`Limit`], [`PoolConfig`] |
-//! | [`stats`] | [`Stats`] and [`Stat`]: used, requested, reserved, active blocks with peaks; allocations, retries, OOMs, fragmentation |
+//! | [`stats`] | [`Stats`], [`Stat`], [`OomCounts`]: used, requested, reserved, active blocks with peaks; allocations, retries, OOMs by cause, fragmentation; shards and streams held; address space reserved and mapped |
 //! | [`error`] | [`PoolError`], the crate's one error type |
 //! | [`sim`] | [`SimulatedBackend`]: fake addresses, capacity, granularity, a virtual clock for fences, call counts |
 //! | [`replay`] | parsing and replaying allocation traces ([`replay::replay_file`]) into a [`replay::ReplayReport`] |
@@ -104,4 +104,4 @@ pub use pool::{
     LIMIT_ENV_VAR,
 };
 pub use sim::{SimCall, SimDevice, SimulatedBackend};
-pub use stats::{Stat, Stats};
+pub use stats::{OomCounts, Stat, Stats};

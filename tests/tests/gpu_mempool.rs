@@ -14,7 +14,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cuda_core::memory::{raw, DevicePtr as CoreDevicePtr};
+use cuda_core::memory::{raw, DevicePtr};
 use cuda_core::{Device, Stream};
 use cuda_mempool::async_pool::{AsyncPool, AsyncPoolSource};
 use cuda_mempool::driver::{device_id, stream_id};
@@ -175,6 +175,18 @@ fn oom_on_the_card_is_typed_and_recoverable() {
     unsafe { raw::copy_htod(&dev, again.ptr().0, view_bytes.as_ptr(), 64 * MIB) }.unwrap();
     let stats = pool.stats(device_id(&dev)).unwrap();
     assert_eq!(stats.ooms, 1);
+    assert_eq!(stats.oom_causes.device_memory, 1);
+    assert_eq!(stats.last_oom, Some(cuda_mempool::OomCause::DeviceMemory));
+    assert!(stats.mapped >= 72 * MIB as u64 && stats.mapped <= stats.reserved.current);
+    // Through `?` into cuda_core::Error, the pool's error and its cause are still there.
+    let err: cuda_core::Error = pool.malloc_stream(&s, huge).unwrap_err().into();
+    assert!(matches!(
+        err.downcast_ref::<PoolError>(),
+        Some(PoolError::OutOfMemory {
+            cause: cuda_mempool::OomCause::DeviceMemory,
+            ..
+        })
+    ));
     drop((keep, again));
 }
 
@@ -267,7 +279,7 @@ fn views_and_default_pool() {
     let pool = Arc::new(DevicePool::new_driver().unwrap());
     let m = pool.malloc_shared(&s, 4096).unwrap();
     assert_eq!(m.stream(), stream_id(&s));
-    let view: CoreDevicePtr = m.into();
+    let view: DevicePtr = m.into();
     // `s` lives to the end of the test, after the pools' last use of it.
     let data: Vec<u32> = (0..1024).collect();
     view.copy_from_host(&data).unwrap();

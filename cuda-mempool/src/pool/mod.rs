@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use crate::backend::{Backend, DeviceId, DeviceInfo, DeviceAddress, StreamId};
 use crate::error::{OomCause, PoolError};
 use crate::policy::{self, size_class};
-use crate::stats::{Stat, Stats};
+use crate::stats::{OomCounts, Stat, Stats};
 
 use shard::{Choice, ShardState};
 use table::{Inserted, Shard, ShardTable};
@@ -142,6 +142,8 @@ struct Global<B: Backend> {
     spare: Vec<B::Physical>,
     retries: u64,
     ooms: u64,
+    oom_causes: OomCounts,
+    last_oom: Option<OomCause>,
 }
 
 struct Device<B: Backend> {
@@ -320,6 +322,8 @@ impl<B: Backend> MemoryPool<B> {
                     spare: Vec::new(),
                     retries: 0,
                     ooms: 0,
+                    oom_causes: OomCounts::default(),
+                    last_oom: None,
                 }),
                 shards: ShardTable::new(),
                 private: ShardTable::new(),
@@ -685,6 +689,8 @@ impl<B: Backend> MemoryPool<B> {
         cause: OomCause,
     ) -> PoolError {
         g.ooms += 1;
+        g.oom_causes.count(cause);
+        g.last_oom = Some(cause);
         let used = self.device_used(dev, shard, st);
         PoolError::OutOfMemory {
             device: dev.id,
@@ -1200,10 +1206,14 @@ impl<B: Backend> MemoryPool<B> {
     pub fn stats(&self, device: DeviceId) -> Result<Stats, PoolError> {
         let dev = self.device(device)?;
         let g = lock(&dev.global);
+        let spare_bytes = (g.spare.len() as u64).saturating_mul(dev.page.unwrap_or(0));
         let mut s = Stats {
             reserved: g.reserved,
             retries: g.retries,
             ooms: g.ooms,
+            oom_causes: g.oom_causes,
+            last_oom: g.last_oom,
+            mapped: g.reserved.current.saturating_sub(spare_bytes),
             ..Stats::default()
         };
         drop(g);
