@@ -54,7 +54,7 @@ fn run() -> cuda_core::Result<()> {
     let host = PinnedMemory::new(&dev, copy_bytes, PinnedFlags::NONE)?;
     let dst = buf.slice(..copy_bytes)?;
     let start = stream.record_timed()?; // a new timed event, like CuPy's `stream.record()`
-                                      // SAFETY: `host` is pinned and not modified until the stream is synchronised below.
+                                        // SAFETY: `host` is pinned and not modified until the stream is synchronised below.
     unsafe { dst.copy_from_host_async(&host[..], &stream) }?;
     let end = stream.record_timed()?;
     stream.synchronize()?;

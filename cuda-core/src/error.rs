@@ -290,10 +290,15 @@ impl Error {
 /// [`source`](std::error::Error::source) chain, and keeps the driver error at the root of
 /// the original, if there is one ([`CrateError::driver`]). Clones share the original; two
 /// `CrateError`s are equal when they share it.
+///
+/// One pointer wide, so it does not make [`Error`] (and every `Result` of the workspace)
+/// larger.
 #[derive(Clone)]
-pub struct CrateError {
+pub struct CrateError(Arc<CrateErrorInner>);
+
+struct CrateErrorInner {
     crate_name: &'static str,
-    error: Arc<dyn std::error::Error + Send + Sync + 'static>,
+    error: Box<dyn std::error::Error + Send + Sync + 'static>,
     driver: Option<DriverError>,
 }
 
@@ -305,58 +310,58 @@ impl CrateError {
         error: E,
         driver: Option<DriverError>,
     ) -> Self {
-        CrateError {
+        CrateError(Arc::new(CrateErrorInner {
             crate_name,
-            error: Arc::new(error),
+            error: Box::new(error),
             driver,
-        }
+        }))
     }
 
     /// The crate the error came from.
     pub fn crate_name(&self) -> &'static str {
-        self.crate_name
+        self.0.crate_name
     }
 
     /// The original error.
     pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-        &*self.error
+        &*self.0.error
     }
 
     /// The original error as its own type, if it is an `E`.
     pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
-        self.error.downcast_ref::<E>()
+        self.0.error.downcast_ref::<E>()
     }
 
     /// The driver error at the root of the original error, if any.
     pub fn driver(&self) -> Option<&DriverError> {
-        self.driver.as_ref()
+        self.0.driver.as_ref()
     }
 }
 
 impl fmt::Debug for CrateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CrateError")
-            .field("crate", &self.crate_name)
-            .field("error", &self.error)
+            .field("crate", &self.0.crate_name)
+            .field("error", &self.0.error)
             .finish()
     }
 }
 
 impl fmt::Display for CrateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.error, f)
+        fmt::Display::fmt(&self.0.error, f)
     }
 }
 
 impl std::error::Error for CrateError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.error.source()
+        self.0.error.source()
     }
 }
 
 impl PartialEq for CrateError {
     fn eq(&self, other: &Self) -> bool {
-        std::ptr::addr_eq(Arc::as_ptr(&self.error), Arc::as_ptr(&other.error))
+        Arc::ptr_eq(&self.0, &other.0)
     }
 }
 
@@ -375,5 +380,17 @@ impl From<cuda_sys::MissingSymbol> for Error {
         } else {
             Error::MissingSymbol(missing)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_converted_error_does_not_make_error_larger() {
+        assert_eq!(std::mem::size_of::<CrateError>(), std::mem::size_of::<usize>());
+        // The largest variants before `Crate` existed hold a `String` and a `&str`.
+        assert!(std::mem::size_of::<Error>() <= 64, "{}", std::mem::size_of::<Error>());
     }
 }

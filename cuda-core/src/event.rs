@@ -495,7 +495,10 @@ mod tests {
         let off = CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
         assert_eq!(flags(Event::builder(&dev)).unwrap(), off);
         assert_eq!(flags(Event::builder(&dev).timing(true)).unwrap(), 0);
-        assert_eq!(flags(Event::builder(&dev).disable_timing(false)).unwrap(), 0);
+        assert_eq!(
+            flags(Event::builder(&dev).disable_timing(false)).unwrap(),
+            0
+        );
         assert_eq!(
             flags(Event::builder(&dev).interprocess(true)).unwrap(),
             off | CUevent_flags::CU_EVENT_INTERPROCESS.0

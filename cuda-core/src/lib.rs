@@ -9,6 +9,7 @@
 //! | [`stream`] | [`Stream`], builder, current stream per thread, host callbacks | `Stream`, `ExternalStream`, `get_current_stream` |
 //! | [`event`] | [`Event`], builder, timing, interprocess handles | `Event`, `get_elapsed_time` |
 //! | [`module`] | [`Module`] from PTX text, [`Function`] launch | `RawModule` |
+//! | [`kernels`] | ready-made PTX kernels to try the workspace: fill, add, copy, checksum, spin, a slow writer for ordering tests | - |
 //! | [`memory`] | [`DeviceMemory`], [`ManagedMemory`], [`PinnedMemory`], [`HostRegistration`], [`UnownedMemory`], the [`DevicePtr`] view | `Memory`, `ManagedMemory`, `PinnedMemory`, `UnownedMemory`, `MemoryPointer` |
 //! | [`pointer`](mod@pointer) | [`MemoryLocation`] of any address | `get_array_module` |
 //! | [`vmm`] | virtual address ranges, physical allocations, map/unmap | - |
@@ -44,6 +45,7 @@ pub mod graph;
 pub mod handles;
 #[cfg(unix)]
 pub mod ipc;
+pub mod kernels;
 pub mod memory;
 pub mod module;
 pub mod nvtx;

@@ -131,11 +131,7 @@ impl AsyncPool {
     }
 
     /// As [`malloc`](Self::malloc), as a `cuda_core` `DevicePtr` view.
-    pub fn malloc_ptr(
-        &self,
-        stream: &Arc<Stream>,
-        size: usize,
-    ) -> Result<DevicePtr, PoolError> {
+    pub fn malloc_ptr(&self, stream: &Arc<Stream>, size: usize) -> Result<DevicePtr, PoolError> {
         Ok(self.malloc(stream, size)?.into())
     }
 

@@ -147,7 +147,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Returns a plain segment (`cuMemFree`). The pool calls it only once every fence
     /// covering work on the segment has completed.
-    fn deallocate(&self, device: DeviceId, ptr: DeviceAddress, size: u64) -> Result<(), Self::Error>;
+    fn deallocate(
+        &self,
+        device: DeviceId,
+        ptr: DeviceAddress,
+        size: u64,
+    ) -> Result<(), Self::Error>;
 
     /// Reserves `size` bytes of address space, aligned to the granularity, with no
     /// memory behind it (`cuMemAddressReserve`). `Ok(None)` when the address space is
@@ -203,11 +208,16 @@ pub trait Backend: Send + Sync + 'static {
         pages: &[&Self::Physical],
     ) -> Result<(), MapRunFailure<Self::Error>> {
         for (i, page) in pages.iter().enumerate() {
-            if let Err(error) = self.map(device, DeviceAddress(addr.0 + i as u64 * page_size), page) {
+            if let Err(error) = self.map(device, DeviceAddress(addr.0 + i as u64 * page_size), page)
+            {
                 let left_mapped = (0..i)
                     .filter(|&j| {
-                        self.unmap(device, DeviceAddress(addr.0 + j as u64 * page_size), page_size)
-                            .is_err()
+                        self.unmap(
+                            device,
+                            DeviceAddress(addr.0 + j as u64 * page_size),
+                            page_size,
+                        )
+                        .is_err()
                     })
                     .collect();
                 return Err(MapRunFailure { error, left_mapped });

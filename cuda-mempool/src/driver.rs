@@ -50,7 +50,7 @@ use cuda_core::sys::CUdeviceptr;
 use cuda_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
 use cuda_core::{Device, Event, Stream, StreamKind};
 
-use crate::backend::{Backend, DeviceId, DeviceInfo, DeviceAddress, MapRunFailure, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamId};
 use crate::error::PoolError;
 use crate::hooks::{self, MemoryEvent};
 use crate::pool::{Allocation, MemoryPool, PrivatePoolId, RawAllocation};
@@ -229,7 +229,12 @@ impl Backend for DriverBackend {
         Ok(ptr)
     }
 
-    fn deallocate(&self, device: DeviceId, ptr: DeviceAddress, size: u64) -> Result<(), Self::Error> {
+    fn deallocate(
+        &self,
+        device: DeviceId,
+        ptr: DeviceAddress,
+        size: u64,
+    ) -> Result<(), Self::Error> {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         // SAFETY: the pool hands back exactly a segment that `allocate` made with cuMemAlloc

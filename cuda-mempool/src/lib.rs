@@ -95,7 +95,7 @@ pub mod sim;
 pub mod stats;
 
 pub use async_pool::{AsyncPool, AsyncPoolSource};
-pub use backend::{Backend, DeviceId, DeviceAddress, DeviceInfo, MapRunFailure, StreamId};
+pub use backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamId};
 pub use driver::{default_pool, DevicePool, DriverBackend, DriverFence, PoolMemory};
 pub use error::{OomCause, PoolError};
 pub use pinned::{default_pinned_pool, PinnedBlock, PinnedMemoryPool};

@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::backend::{Backend, DeviceId, DeviceInfo, DeviceAddress, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamId};
 
 /// Total memory of an NVIDIA H200 as the driver reports it (143,771 MiB).
 pub const H200_TOTAL_MEMORY: u64 = 150_754_820_096;

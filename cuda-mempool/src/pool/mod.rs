@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::backend::{Backend, DeviceId, DeviceInfo, DeviceAddress, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamId};
 use crate::error::{OomCause, PoolError};
 use crate::policy::{self, size_class};
 use crate::stats::{OomCounts, Stat, Stats};

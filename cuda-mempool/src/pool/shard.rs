@@ -34,7 +34,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use crate::backend::{Backend, DeviceId, DeviceAddress, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, StreamId};
 use crate::error::PoolError;
 use crate::policy::{self, SizeClass, MAX_OUTSTANDING_FENCES, RECENT_CAPACITY};
 use crate::stats::Stats;
@@ -830,8 +830,11 @@ impl<B: Backend> ShardState<B> {
                             }
                         }
                     }
-                    let _ =
-                        backend.release_address_range(self.device, DeviceAddress(seg.base), seg.size);
+                    let _ = backend.release_address_range(
+                        self.device,
+                        DeviceAddress(seg.base),
+                        seg.size,
+                    );
                 }
             }
         }
@@ -1254,7 +1257,12 @@ fn map_run<B: Backend>(
         return Ok(());
     };
     let refs: Vec<&B::Physical> = run.iter().map(|(_, p)| p).collect();
-    let result = backend.map_run(device, DeviceAddress(base + first as u64 * page), page, &refs);
+    let result = backend.map_run(
+        device,
+        DeviceAddress(base + first as u64 * page),
+        page,
+        &refs,
+    );
     drop(refs);
     if let Err(failure) = result {
         for (k, (i, phys)) in run.drain(..).enumerate() {

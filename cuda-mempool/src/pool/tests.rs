@@ -794,7 +794,12 @@ fn stats_count_streams_shards_and_address_space_reserved_and_mapped() {
     let pool = vm_pool(256 * MIB, 2 * MIB);
     let empty = pool.stats(D0).unwrap();
     assert_eq!(
-        (empty.shards, empty.attached_streams, empty.address_space, empty.mapped),
+        (
+            empty.shards,
+            empty.attached_streams,
+            empty.address_space,
+            empty.mapped
+        ),
         (0, 0, 0, 0)
     );
     assert_eq!((empty.last_oom, empty.oom_causes.total()), (None, 0));
