@@ -389,8 +389,15 @@ mod tests {
 
     #[test]
     fn a_converted_error_does_not_make_error_larger() {
-        assert_eq!(std::mem::size_of::<CrateError>(), std::mem::size_of::<usize>());
+        assert_eq!(
+            std::mem::size_of::<CrateError>(),
+            std::mem::size_of::<usize>()
+        );
         // The largest variants before `Crate` existed hold a `String` and a `&str`.
-        assert!(std::mem::size_of::<Error>() <= 64, "{}", std::mem::size_of::<Error>());
+        assert!(
+            std::mem::size_of::<Error>() <= 64,
+            "{}",
+            std::mem::size_of::<Error>()
+        );
     }
 }
