@@ -226,8 +226,9 @@ pub enum Error {
     /// An argument the driver would reject, caught before calling it.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// Elapsed time asked of an event created with timing disabled.
-    #[error("event was created with timing disabled; elapsed time is not available")]
+    /// Elapsed time asked of an event created with timing disabled (the default of every
+    /// way of making one but `Event::timed`, `.timing(true)` and `Stream::record_timed`).
+    #[error("event was created with timing disabled (the default); elapsed time needs events made with Event::timed, Stream::record_timed or .timing(true)")]
     TimingDisabled,
     /// An event was used before it was recorded.
     #[error("event has not been recorded")]
