@@ -182,6 +182,22 @@ impl Error {
     }
 }
 
+impl From<Error> for cuda_core::Error {
+    /// A wrapped `cuda-core` error ([`Error::Core`]) comes back as itself; any other failure
+    /// is carried as `cuda_core::Error::Crate` (same message, same `source` chain, the driver
+    /// error at its root in `cuda_core::Error::driver`), so `?` works in a function that
+    /// returns `cuda_core::Result` (see the module documentation).
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Core(core) => core,
+            other => {
+                let driver = other.driver().copied();
+                cuda_core::Error::Crate(cuda_core::CrateError::new("cuda-graph", other, driver))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,25 +234,28 @@ mod tests {
     }
 
     #[test]
+    fn converts_into_cuda_core_error_keeping_the_capture_error() {
+        let root = cuda_core::Error::InvalidArgument("x".into());
+        assert_eq!(cuda_core::Error::from(Error::Core(root.clone())), root);
+        let e = Error::End {
+            capture: id(),
+            source: root.clone(),
+        };
+        let text = e.to_string();
+        let core = cuda_core::Error::from(e);
+        assert_eq!(core.to_string(), text);
+        assert!(matches!(
+            core.downcast_ref::<Error>(),
+            Some(Error::End { capture, .. }) if *capture == id()
+        ));
+        let source = std::error::Error::source(&core).map(ToString::to_string);
+        assert_eq!(source, Some(root.to_string()));
+    }
+
+    #[test]
     fn other_errors_wrap_anything() {
         let e = Error::other(std::io::Error::other("disk"));
         assert_eq!(e.to_string(), "disk");
         assert!(e.core().is_none() && e.capture().is_none());
-    }
-}
-
-impl From<Error> for cuda_core::Error {
-    /// A wrapped `cuda-core` error ([`Error::Core`]) comes back as itself; any other failure
-    /// is carried as `cuda_core::Error::Crate` (same message, same `source` chain, the driver
-    /// error at its root in `cuda_core::Error::driver`), so `?` works in a function that
-    /// returns `cuda_core::Result` (see the module documentation).
-    fn from(error: Error) -> Self {
-        match error {
-            Error::Core(core) => core,
-            other => {
-                let driver = other.driver().copied();
-                cuda_core::Error::Crate(cuda_core::CrateError::new("cuda-graph", other, driver))
-            }
-        }
     }
 }
