@@ -9,29 +9,24 @@
 //! the workspace depends on a sibling for it (`cuda_core::error` explains the choice).
 //!
 //! ```no_run
-//! use cuda_core::{Device, Stream};
-//! use cuda_graph::CaptureMode;
+//! use cuda_core::{Device, DevicePtr, Stream};
 //! use cuda_mempool::{DevicePool, PoolError};
 //! use std::sync::Arc;
 //!
-//! fn step(pool: &Arc<DevicePool>, data: &[f32]) -> cuda_core::Result<Vec<f32>> {
-//!     let dev = Device::new(0)?;                                   // cuda-core
+//! // `?` on cuda-core and cuda-mempool calls alike (cuda-xfer and cuda-graph too: see the
+//! // example in `cuda_graph::error`, which chains all four).
+//! fn zeroed(pool: &Arc<DevicePool>, bytes: usize) -> cuda_core::Result<DevicePtr> {
+//!     let dev = Device::new(0)?;                                     // cuda-core
 //!     let stream = Stream::new(&dev)?;
-//!     let scratch: cuda_core::DevicePtr =
-//!         pool.malloc_shared(&stream, data.len() * 4)?.into();     // cuda-mempool
-//!     let input = cuda_xfer::to_device(&dev, data)?;               // cuda-xfer
-//!     let graph = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
-//!         scratch.copy_from_device_async(input.as_ptr(), s)?;
-//!         Ok(())
-//!     })?;                                                         // cuda-graph
-//!     graph.instantiate()?.launch(&stream)?;
+//!     let block: DevicePtr = pool.malloc_shared(&stream, bytes)?.into(); // cuda-mempool
+//!     block.memset_async(0, &stream)?;
 //!     stream.synchronize()?;
-//!     Ok(cuda_xfer::to_host(&input)?)
+//!     Ok(block)
 //! }
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = Arc::new(DevicePool::new_driver()?);
-//! match step(&pool, &[1.0; 1024]) {
+//! match zeroed(&pool, 1 << 40) {
 //!     Ok(_) => {}
 //!     Err(e) => {
 //!         // The pool's own error is still there, and so is the driver's code.

@@ -6,24 +6,19 @@
 //! a sibling for it (`cuda_core::error` explains the choice).
 //!
 //! ```no_run
-//! use cuda_core::{Device, DevicePtr, Stream};
-//! use cuda_graph::CaptureMode;
+//! use cuda_core::{Device, Stream};
 //!
-//! fn double_buffered(data: &[u32]) -> cuda_core::Result<Vec<u32>> {
-//!     let dev = Device::new(0)?;                                          // cuda-core
+//! // `?` on cuda-core and cuda-xfer calls alike (cuda-mempool and cuda-graph too: see the
+//! // example in `cuda_graph::error`, which chains all four).
+//! fn round_trip(data: &[u32]) -> cuda_core::Result<Vec<u32>> {
+//!     let dev = Device::new(0)?;                     // cuda-core
 //!     let stream = Stream::new(&dev)?;
-//!     let block: DevicePtr = cuda_mempool::driver::malloc(&stream, data.len() * 4)?; // cuda-mempool
-//!     let input = cuda_xfer::to_device(&dev, data)?;                      // cuda-xfer
-//!     let exec = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
-//!         block.copy_from_device_async(input.as_ptr(), s)?;
-//!         Ok(())
-//!     })?                                                                 // cuda-graph
-//!     .instantiate()?;
-//!     exec.launch(&stream)?;
+//!     let on_device = cuda_xfer::to_device(&dev, data)?; // cuda-xfer
+//!     on_device.as_ptr().memset_async(0, &stream)?;  // cuda-core
 //!     stream.synchronize()?;
-//!     Ok(cuda_xfer::to_host(&input)?)
+//!     Ok(cuda_xfer::to_host(&on_device)?)            // cuda-xfer
 //! }
-//! # fn main() -> cuda_core::Result<()> { double_buffered(&[1, 2, 3]).map(drop) }
+//! # fn main() -> cuda_core::Result<()> { round_trip(&[1, 2, 3]).map(drop) }
 //! ```
 
 /// `Result` with [`Error`].
