@@ -53,10 +53,10 @@ fn run() -> cuda_core::Result<()> {
     let copy_bytes = 64 << 20;
     let host = PinnedMemory::new(&dev, copy_bytes, PinnedFlags::NONE)?;
     let dst = buf.slice(..copy_bytes)?;
-    let start = stream.record(None)?; // a new timed event, like CuPy's `stream.record()`
-                                      // SAFETY: `host` is pinned and not modified until the stream is synchronised below.
+    let start = stream.record_timed()?; // a new timed event, like CuPy's `stream.record()`
+                                        // SAFETY: `host` is pinned and not modified until the stream is synchronised below.
     unsafe { dst.copy_from_host_async(&host[..], &stream) }?;
-    let end = stream.record(None)?;
+    let end = stream.record_timed()?;
     stream.synchronize()?;
     let ms = Event::elapsed_ms(&start, &end)?;
     println!(

@@ -38,6 +38,15 @@ pub struct Device {
 }
 
 impl Device {
+    /// A device value for unit tests that never reach the driver.
+    #[cfg(test)]
+    pub(crate) fn test_only(ordinal: i32) -> Device {
+        Device {
+            ordinal,
+            raw: ordinal,
+        }
+    }
+
     /// The device with this ordinal; [`Error::InvalidDevice`] when it does not exist.
     pub fn new(ordinal: usize) -> Result<Device> {
         let count = crate::device_count()?;

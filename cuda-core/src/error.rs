@@ -1,7 +1,54 @@
-//! The error type of `cuda-core`.
+//! The error type of `cuda-core`, and the error every crate of the workspace converts into.
+//!
+//! # One error for a program that uses several crates
+//!
+//! Each crate keeps its own precise error type (`cuda_mempool::PoolError`,
+//! `cuda_xfer::Error`, `cuda_graph::Error`, `cuda_nccl::Error`), and each of them converts into
+//! this crate's [`Error`] with `From`. So a function that calls `cuda-core`, `cuda-mempool`,
+//! `cuda-xfer` and `cuda-graph` returns [`cuda_core::Result`](Result) and uses `?` on all of
+//! them, whichever of those crates the program depends on.
+//!
+//! Why this shape rather than conversions between every pair of crates: every crate already
+//! depends on `cuda-core` and on nothing else of the workspace, so the conversions live in
+//! the crate that owns the error (`impl From<PoolError> for cuda_core::Error` is in
+//! `cuda-mempool`), and no crate gains a dependency on a sibling. Pairwise conversions
+//! (`PoolError` into `cuda_graph::Error`, and so on) would need each crate to depend on the
+//! others, or a feature per pair that users must know to turn on.
+//!
+//! What a conversion keeps:
+//! - A wrapped `cuda-core` error comes back as itself (`cuda_xfer::Error::Cuda(e)` and
+//!   `cuda_graph::Error::Core(e)` become `e`), so matching on [`Error::Driver`] works as before.
+//! - Anything else becomes [`Error::Crate`]: a [`CrateError`] naming the crate, holding the
+//!   original error (get it back with [`Error::downcast_ref`]), displaying exactly as it does,
+//!   with the same [`source`](std::error::Error::source) chain, and with the driver error
+//!   (its `CUresult`) at its root, if any, in [`Error::driver`].
+//!
+//! Code that has a crate's error type fixed (the body of a `cuda_graph::capture` returns
+//! `cuda_graph::Result`) converts a sibling's error through this one:
+//! `pool.malloc(..).map_err(cuda_core::Error::from)?`.
+//!
+//! ```
+//! use cuda_core::{CrateError, DriverError, Error};
+//!
+//! // What an upper crate does in its `From` impl: keep the error and its driver root.
+//! #[derive(Debug)]
+//! struct MyError;
+//! impl std::fmt::Display for MyError {
+//!     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+//!         f.write_str("my crate failed")
+//!     }
+//! }
+//! impl std::error::Error for MyError {}
+//!
+//! let e = Error::Crate(CrateError::new("my-crate", MyError, None));
+//! assert_eq!(e.to_string(), "my crate failed");
+//! assert!(e.downcast_ref::<MyError>().is_some());
+//! assert!(e.driver().is_none());
+//! ```
 
 use std::ffi::CStr;
 use std::fmt;
+use std::sync::Arc;
 
 use cuda_sys::CUresult;
 
@@ -179,8 +226,9 @@ pub enum Error {
     /// An argument the driver would reject, caught before calling it.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// Elapsed time asked of an event created with timing disabled.
-    #[error("event was created with timing disabled; elapsed time is not available")]
+    /// Elapsed time asked of an event created with timing disabled (the default of every
+    /// way of making one but `Event::timed`, `.timing(true)` and `Stream::record_timed`).
+    #[error("event was created with timing disabled (the default); elapsed time needs events made with Event::timed, Stream::record_timed or .timing(true)")]
     TimingDisabled,
     /// An event was used before it was recorded.
     #[error("event has not been recorded")]
@@ -196,6 +244,11 @@ pub enum Error {
     #[cfg(unix)]
     #[error(transparent)]
     Ipc(#[from] crate::ipc::IpcError),
+    /// An error of a crate built on `cuda-core` (`cuda_mempool::PoolError`, `cuda_xfer::Error`,
+    /// `cuda_graph::Error`, ...), converted with `From` so that `?` works across crates
+    /// (see the [module documentation](self)). Displays as the original error does.
+    #[error(transparent)]
+    Crate(CrateError),
     /// An optional library (cuBLAS, cuSOLVER, ...) could not be opened.
     #[error("{library} could not be opened; tried {tried}")]
     LibraryNotFound {
@@ -207,10 +260,21 @@ pub enum Error {
 }
 
 impl Error {
-    /// The driver error inside, if this is one.
+    /// The driver error inside, if this is one, or the driver error at the root of a
+    /// converted [`Error::Crate`] (its `CUresult` is [`DriverError::result`]).
     pub fn driver(&self) -> Option<&DriverError> {
         match self {
             Error::Driver(d) => Some(d),
+            Error::Crate(c) => c.driver(),
+            _ => None,
+        }
+    }
+
+    /// The error of another crate that this one was converted from ([`Error::Crate`]), as
+    /// its own type: `err.downcast_ref::<cuda_mempool::PoolError>()`.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            Error::Crate(c) => c.downcast_ref(),
             _ => None,
         }
     }
@@ -220,6 +284,89 @@ impl Error {
         self.driver().is_some_and(DriverError::is_out_of_memory)
     }
 }
+
+/// The error of a crate built on `cuda-core`, carried in [`Error::Crate`].
+///
+/// It displays as the original error, has the same
+/// [`source`](std::error::Error::source) chain, and keeps the driver error at the root of
+/// the original, if there is one ([`CrateError::driver`]). Clones share the original; two
+/// `CrateError`s are equal when they share it.
+///
+/// One pointer wide, so it does not make [`Error`] (and every `Result` of the workspace)
+/// larger.
+#[derive(Clone)]
+pub struct CrateError(Arc<CrateErrorInner>);
+
+struct CrateErrorInner {
+    crate_name: &'static str,
+    error: Box<dyn std::error::Error + Send + Sync + 'static>,
+    driver: Option<DriverError>,
+}
+
+impl CrateError {
+    /// Wraps `error` of the crate `crate_name` (`"cuda-mempool"`, ...); `driver` is the
+    /// driver error at its root, if any.
+    pub fn new<E: std::error::Error + Send + Sync + 'static>(
+        crate_name: &'static str,
+        error: E,
+        driver: Option<DriverError>,
+    ) -> Self {
+        CrateError(Arc::new(CrateErrorInner {
+            crate_name,
+            error: Box::new(error),
+            driver,
+        }))
+    }
+
+    /// The crate the error came from.
+    pub fn crate_name(&self) -> &'static str {
+        self.0.crate_name
+    }
+
+    /// The original error.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0.error
+    }
+
+    /// The original error as its own type, if it is an `E`.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.0.error.downcast_ref::<E>()
+    }
+
+    /// The driver error at the root of the original error, if any.
+    pub fn driver(&self) -> Option<&DriverError> {
+        self.0.driver.as_ref()
+    }
+}
+
+impl fmt::Debug for CrateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CrateError")
+            .field("crate", &self.0.crate_name)
+            .field("error", &self.0.error)
+            .finish()
+    }
+}
+
+impl fmt::Display for CrateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0.error, f)
+    }
+}
+
+impl std::error::Error for CrateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.error.source()
+    }
+}
+
+impl PartialEq for CrateError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for CrateError {}
 
 impl From<cuda_sys::MissingSymbol> for Error {
     /// [`Error::DriverTooOld`] when the driver is older than the entry point's ABI, else
@@ -234,5 +381,24 @@ impl From<cuda_sys::MissingSymbol> for Error {
         } else {
             Error::MissingSymbol(missing)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_converted_error_does_not_make_error_larger() {
+        assert_eq!(
+            std::mem::size_of::<CrateError>(),
+            std::mem::size_of::<usize>()
+        );
+        // The largest variants before `Crate` existed hold a `String` and a `&str`.
+        assert!(
+            std::mem::size_of::<Error>() <= 64,
+            "{}",
+            std::mem::size_of::<Error>()
+        );
     }
 }

@@ -1,5 +1,23 @@
 //! Events: markers in a stream's work (CuPy's `Event` and `get_elapsed_time`).
 //!
+//! # The timing rule
+//!
+//! **Every event is made with timing disabled unless the way it is made says "timed"**:
+//!
+//! | way of making it | timing |
+//! | --- | --- |
+//! | [`Event::new`] | off |
+//! | [`Event::builder`] … `.build()` | off unless `.timing(true)` |
+//! | [`Stream::record(None)`](crate::Stream::record) | off |
+//! | [`Event::timed`], [`Stream::record_timed`](crate::Stream::record_timed) | on |
+//! | [`Event::open_ipc`] | off (CUDA: interprocess events cannot time) |
+//!
+//! Most events order work (a stream waits on another, a pool fences a free) and an untimed
+//! event is the cheaper kind to record, wait on and query, so that is the default. CuPy's
+//! `Event()` and `Stream.record()` make timed events: their Rust spellings are
+//! [`Event::timed`] and [`Stream::record_timed`](crate::Stream::record_timed). Asking an
+//! untimed event for elapsed time is [`Error::TimingDisabled`], never a wrong number.
+//!
 //! ```no_run
 //! use cuda_core::{Device, Event, Stream};
 //! let dev = Device::new(0)?;
@@ -61,7 +79,7 @@ impl Drop for EventInner {
 /// let dev = Device::new(0)?;
 /// let producer = Stream::new(&dev)?;
 /// let consumer = Stream::new(&dev)?;
-/// let ready = Event::new(&dev)?; // no timing: the cheapest kind
+/// let ready = Event::new(&dev)?; // timing off (the default): the cheapest kind
 /// // ... queue work on `producer` ...
 /// ready.record(&producer)?;
 /// consumer.wait_event(&ready)?; // `consumer`'s later work waits for it, the host does not
@@ -87,15 +105,17 @@ impl fmt::Debug for Event {
     }
 }
 
-/// Builds an [`Event`] (CuPy's `Event(block=False, disable_timing=False,
-/// interprocess=False)`; the defaults are the same: timing enabled, spin-waiting, local).
+/// Builds an [`Event`] (CuPy's `Event(block, disable_timing, interprocess)`). Defaults:
+/// **timing off** (the workspace's one rule, see the [module documentation](self); CuPy's
+/// default is on: add `.timing(true)`), spin-waiting, local.
 ///
 /// ```no_run
 /// use cuda_core::{Device, Event};
 /// let dev = Device::new(0)?;
-/// let shared = Event::builder(&dev).disable_timing(true).interprocess(true).build()?;
+/// let shared = Event::builder(&dev).interprocess(true).build()?;
+/// let timed = Event::builder(&dev).timing(true).blocking_sync(true).build()?;
 /// // interprocess events cannot time: this is a clear error, no event is created
-/// assert!(Event::builder(&dev).interprocess(true).build().is_err());
+/// assert!(Event::builder(&dev).timing(true).interprocess(true).build().is_err());
 /// # Ok::<(), cuda_core::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy)]
@@ -115,15 +135,22 @@ impl EventBuilder {
         self
     }
 
-    /// `true`: no timestamps (`CU_EVENT_DISABLE_TIMING`); cheaper, for ordering only.
-    /// Default `false`.
+    /// `true`: the event records timestamps, so [`Event::elapsed`] works. Default `false`
+    /// (`CU_EVENT_DISABLE_TIMING`: cheaper, for ordering only).
+    pub fn timing(mut self, timing: bool) -> Self {
+        self.disable_timing = !timing;
+        self
+    }
+
+    /// CuPy's spelling of [`timing`](Self::timing)`(!disable)`. Default `true` (timing off).
     pub fn disable_timing(mut self, disable: bool) -> Self {
         self.disable_timing = disable;
         self
     }
 
     /// `true`: the event can be shared with other processes through
-    /// [`Event::ipc_handle`] (`CU_EVENT_INTERPROCESS`); requires timing disabled.
+    /// [`Event::ipc_handle`] (`CU_EVENT_INTERPROCESS`); requires timing off (the default).
+    /// Default `false`.
     pub fn interprocess(mut self, interprocess: bool) -> Self {
         self.interprocess = interprocess;
         self
@@ -152,23 +179,24 @@ impl Event {
         }
     }
 
-    /// A new event on `device` with timing disabled (the cheapest kind, for ordering).
-    /// [`Event::timed`] makes one that can time; [`Event::builder`] gives every option.
+    /// A new event on `device` with **timing off** (the default: the cheapest kind, for
+    /// ordering). [`Event::timed`] makes one that can time; [`Event::builder`] gives every
+    /// option.
     pub fn new(device: &Device) -> Result<Event> {
-        Event::builder(device).disable_timing(true).build()
-    }
-
-    /// A new event on `device` with timing enabled (CuPy's `Event()`).
-    pub fn timed(device: &Device) -> Result<Event> {
         Event::builder(device).build()
     }
 
-    /// A builder for an event on `device`; defaults as CuPy's `Event()`.
+    /// A new event on `device` with **timing on** (CuPy's `Event()`).
+    pub fn timed(device: &Device) -> Result<Event> {
+        Event::builder(device).timing(true).build()
+    }
+
+    /// A builder for an event on `device`. Defaults: **timing off**, spin-waiting, local.
     pub fn builder(device: &Device) -> EventBuilder {
         EventBuilder {
             device: *device,
             blocking_sync: false,
-            disable_timing: false,
+            disable_timing: true,
             interprocess: false,
         }
     }
@@ -323,7 +351,7 @@ impl Event {
 
     /// Opens an event another process exported with [`Event::ipc_handle`]
     /// (`cuIpcOpenEventHandle`; Linux only, as CUDA IPC). The event is interprocess with
-    /// timing disabled, counts as recorded, and is closed on drop. Handles exported by the
+    /// **timing off** (CUDA's rule for interprocess events), counts as recorded, and is closed on drop. Handles exported by the
     /// same process cannot be opened (the driver's rule).
     pub fn open_ipc(device: &Device, handle: &IpcEventHandle) -> Result<Event> {
         let raw_handle = CUipcEventHandle {
@@ -457,6 +485,25 @@ mod tests {
             flags,
             CUevent_flags::CU_EVENT_INTERPROCESS.0 | CUevent_flags::CU_EVENT_DISABLE_TIMING.0
         );
+    }
+
+    #[test]
+    fn timing_is_off_unless_asked_for() {
+        // No driver needed: the builder's settings are plain data until build().
+        let dev = crate::device::Device::test_only(0);
+        let flags = |b: EventBuilder| flags_of(b.blocking_sync, b.disable_timing, b.interprocess);
+        let off = CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
+        assert_eq!(flags(Event::builder(&dev)).unwrap(), off);
+        assert_eq!(flags(Event::builder(&dev).timing(true)).unwrap(), 0);
+        assert_eq!(
+            flags(Event::builder(&dev).disable_timing(false)).unwrap(),
+            0
+        );
+        assert_eq!(
+            flags(Event::builder(&dev).interprocess(true)).unwrap(),
+            off | CUevent_flags::CU_EVENT_INTERPROCESS.0
+        );
+        assert!(flags(Event::builder(&dev).timing(true).interprocess(true)).is_err());
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! | [`stream`] | [`Stream`], builder, current stream per thread, host callbacks | `Stream`, `ExternalStream`, `get_current_stream` |
 //! | [`event`] | [`Event`], builder, timing, interprocess handles | `Event`, `get_elapsed_time` |
 //! | [`module`] | [`Module`] from PTX text, [`Function`] launch | `RawModule` |
+//! | [`kernels`] | ready-made PTX kernels to try the workspace: fill, add, copy, checksum, spin, a slow writer for ordering tests | - |
 //! | [`memory`] | [`DeviceMemory`], [`ManagedMemory`], [`PinnedMemory`], [`HostRegistration`], [`UnownedMemory`], the [`DevicePtr`] view | `Memory`, `ManagedMemory`, `PinnedMemory`, `UnownedMemory`, `MemoryPointer` |
 //! | [`pointer`](mod@pointer) | [`MemoryLocation`] of any address | `get_array_module` |
 //! | [`vmm`] | virtual address ranges, physical allocations, map/unmap | - |
@@ -18,7 +19,7 @@
 //! | [`profiler`] | start/stop and a guard; `initialize` is unsupported since CUDA 12 | `cuda.profile()`, `profiler` |
 //! | [`nvtx`] | marks, ranges and range guards with optional colour | `nvtx` |
 //! | `handles` (feature `library-handles`) | per-device cuBLAS / cuSOLVER handles, libraries opened at run time | `get_cublas_handle` |
-//! | [`error`] | [`Error`], [`DriverError`] | `CUDARuntimeError` |
+//! | [`error`] | [`Error`], [`DriverError`], [`CrateError`]: the error every crate of the workspace converts into, so `?` works across crates | `CUDARuntimeError` |
 //!
 //! Nothing here panics on a machine without a driver: every call returns an [`Error`]
 //! (`Error::Load` lists each library path that was tried).
@@ -44,6 +45,7 @@ pub mod graph;
 pub mod handles;
 #[cfg(unix)]
 pub mod ipc;
+pub mod kernels;
 pub mod memory;
 pub mod module;
 pub mod nvtx;
@@ -55,7 +57,7 @@ pub mod vmm;
 pub use cuda_sys as sys;
 pub use device::{ContextBinding, Device, DeviceScope, Uuid};
 pub use driver::{bindings_version, device_count, driver_version, is_available, CudaVersion};
-pub use error::{DriverError, Error, Result};
+pub use error::{CrateError, DriverError, Error, Result};
 pub use event::{Event, EventBuilder, IpcEventHandle};
 pub use features::Feature;
 pub use memory::{

@@ -459,12 +459,34 @@ impl Stream {
 
     /// Records an event at the current end of the stream's work and returns it (CuPy's
     /// `Stream.record(event=None)`): `event` when given (a clone sharing it), else a new
-    /// event with timing enabled, as CuPy's `Event()`.
+    /// event with **timing off**, as [`Event::new`] (the workspace's one timing rule, see
+    /// [`crate::event`]; CuPy's `record()` makes a timed one: that is
+    /// [`record_timed`](Self::record_timed)).
     pub fn record(&self, event: Option<&Event>) -> Result<Event> {
         let event = match event {
             Some(e) => e.clone(),
-            None => Event::builder(&self.device).build()?,
+            None => Event::new(&self.device)?,
         };
+        event.record(self)?;
+        Ok(event)
+    }
+
+    /// Records a new event with **timing on** ([`Event::timed`]) at the current end of the
+    /// stream's work and returns it, for [`Event::elapsed`].
+    ///
+    /// ```no_run
+    /// use cuda_core::{Device, Event, Stream};
+    /// let dev = Device::new(0)?;
+    /// let stream = Stream::new(&dev)?;
+    /// let start = stream.record_timed()?;
+    /// // ... queue work on `stream` ...
+    /// let end = stream.record_timed()?;
+    /// end.synchronize()?;
+    /// println!("{:?}", Event::elapsed(&start, &end)?);
+    /// # Ok::<(), cuda_core::Error>(())
+    /// ```
+    pub fn record_timed(&self) -> Result<Event> {
+        let event = Event::timed(&self.device)?;
         event.record(self)?;
         Ok(event)
     }

@@ -2,70 +2,26 @@
 //! replayed many times, with its parameter changed between epochs by updating the executable
 //! graph in place instead of re-capturing from scratch.
 //!
-//! The kernel is PTX text JIT-compiled by the driver, so nothing needs `nvcc`. Run with
+//! The kernel is `add_u32` from `cuda_core::kernels` (PTX JIT-compiled by the driver, so
+//! nothing needs `nvcc`). Run with
 //! `cargo run --release --example capture_replay`.
 
 mod common;
 use common::println;
 
-use std::ffi::c_void;
 use std::time::Instant;
 
-use cuda_core::module::{Function, Module};
+use cuda_core::kernels::Kernels;
 use cuda_core::{memory::DevicePtr, Device, Stream};
 use cuda_graph::{CaptureMode, Graph, UpdateOutcome};
-
-/// `add_u32(u32* p, u32 v, u64 n)`: `p[i] += v` for `i < n`, one element per thread.
-const PTX: &str = r#"
-.version 7.0
-.target sm_70
-.address_size 64
-.visible .entry add_u32(.param .u64 p, .param .u32 v, .param .u64 n)
-{
-    .reg .pred %q;
-    .reg .b32 %r<6>;
-    .reg .b64 %d<6>;
-    ld.param.u64 %d1, [p];
-    ld.param.u32 %r1, [v];
-    ld.param.u64 %d2, [n];
-    mov.u32 %r2, %ctaid.x;
-    mov.u32 %r3, %ntid.x;
-    mov.u32 %r4, %tid.x;
-    mad.lo.s32 %r5, %r2, %r3, %r4;
-    cvt.u64.u32 %d3, %r5;
-    setp.ge.u64 %q, %d3, %d2;
-    @%q bra DONE;
-    cvta.to.global.u64 %d1, %d1;
-    shl.b64 %d4, %d3, 2;
-    add.s64 %d5, %d1, %d4;
-    ld.global.u32 %r2, [%d5];
-    add.s32 %r2, %r2, %r1;
-    st.global.u32 [%d5], %r2;
-DONE:
-    ret;
-}
-"#;
 
 const N: usize = 4096;
 const KERNELS_PER_STEP: u32 = 8;
 const STEPS: usize = 1000;
 
-fn add(kernel: &Function, stream: &Stream, buf: &DevicePtr, value: u32) -> cuda_core::Result<()> {
-    let (mut p, mut v, mut n) = (buf.as_raw(), value, N as u64);
-    let mut params = [
-        &mut p as *mut _ as *mut c_void,
-        &mut v as *mut _ as *mut c_void,
-        &mut n as *mut _ as *mut c_void,
-    ];
-    let blocks = N.div_ceil(256) as u32;
-    // SAFETY: the parameters match add_u32's (u64, u32, u64); `buf` holds N u32s and lives
-    // until the stream has run the kernel (the caller synchronises before dropping it).
-    unsafe { kernel.launch(stream, (blocks, 1, 1), (256, 1, 1), 0, &mut params) }
-}
-
 /// One step: reset `work` to `seed`, add 1 to it KERNELS_PER_STEP times, copy it to `out`.
 fn step(
-    kernel: &Function,
+    kernel: &Kernels,
     stream: &Stream,
     work: &DevicePtr,
     out: &DevicePtr,
@@ -73,13 +29,13 @@ fn step(
 ) -> cuda_core::Result<()> {
     work.memset_u32_async(seed, stream)?;
     for _ in 0..KERNELS_PER_STEP {
-        add(kernel, stream, work, 1)?;
+        kernel.add(stream, work, 1)?;
     }
     out.copy_from_device_async(work, stream)
 }
 
 fn capture_step(
-    kernel: &Function,
+    kernel: &Kernels,
     stream: &Stream,
     work: &DevicePtr,
     out: &DevicePtr,
@@ -100,7 +56,7 @@ fn main() {
 fn run() -> Result<(), cuda_graph::Error> {
     let dev = Device::new(0)?;
     let stream = Stream::new(&dev)?;
-    let kernel = Module::from_ptx(&dev, PTX)?.function("add_u32")?;
+    let kernel = Kernels::load(&dev)?;
     let work = DevicePtr::alloc(&dev, N * 4)?;
     let out = DevicePtr::alloc(&dev, N * 4)?;
 

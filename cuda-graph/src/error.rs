@@ -1,4 +1,42 @@
 //! The error type of `cuda-graph`.
+//!
+//! [`Error`] converts into `cuda_core::Error` ([`Error::Core`] as itself, any other as
+//! `cuda_core::Error::Crate` keeping the driver error at its root), as the errors of
+//! `cuda-mempool` and `cuda-xfer` do: a function returning `cuda_core::Result` uses `?` on
+//! all four crates, and no crate depends on a sibling for it (`cuda_core::error` explains
+//! the choice). Inside a capture body, whose type is `cuda_graph::Result`, a sibling's error
+//! goes through `cuda_core::Error`: `.map_err(cuda_core::Error::from)?`.
+//!
+//! ```no_run
+//! use cuda_core::{Device, DevicePtr, Stream};
+//! use cuda_graph::CaptureMode;
+//! use std::sync::Arc;
+//!
+//! fn replay_twice(pool: &Arc<cuda_mempool::DevicePool>) -> cuda_core::Result<Vec<u8>> {
+//!     let dev = Device::new(0)?;                                       // cuda-core
+//!     let stream = Stream::new(&dev)?;
+//!     let a: DevicePtr = pool.malloc_shared(&stream, 4096)?.into();    // cuda-mempool
+//!     let b = cuda_xfer::to_device(&dev, &[7u8; 4096])?;               // cuda-xfer
+//!     let exec = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+//!         // a sibling's error inside a body: through cuda_core::Error
+//!         let tmp: DevicePtr = pool
+//!             .malloc_shared(&stream, 4096)
+//!             .map_err(cuda_core::Error::from)?
+//!             .into();
+//!         drop(tmp);
+//!         a.copy_from_device_async(b.as_ptr(), s)?;
+//!         Ok(())
+//!     })?                                                              // cuda-graph
+//!     .instantiate()?;
+//!     exec.launch(&stream)?;
+//!     exec.launch(&stream)?;
+//!     let mut out = vec![0u8; 4096];
+//!     a.copy_to_host(&mut out)?;
+//!     Ok(out)
+//! }
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # replay_twice(&Arc::new(cuda_mempool::DevicePool::new_driver()?))?; Ok(()) }
+//! ```
 
 use std::fmt;
 
@@ -144,6 +182,22 @@ impl Error {
     }
 }
 
+impl From<Error> for cuda_core::Error {
+    /// A wrapped `cuda-core` error ([`Error::Core`]) comes back as itself; any other failure
+    /// is carried as `cuda_core::Error::Crate` (same message, same `source` chain, the driver
+    /// error at its root in `cuda_core::Error::driver`), so `?` works in a function that
+    /// returns `cuda_core::Result` (see the module documentation).
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Core(core) => core,
+            other => {
+                let driver = other.driver().copied();
+                cuda_core::Error::Crate(cuda_core::CrateError::new("cuda-graph", other, driver))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +231,25 @@ mod tests {
         assert_eq!(e.core(), Some(&root));
         assert_eq!(e.capture(), Some(id()));
         assert!(e.driver().is_none());
+    }
+
+    #[test]
+    fn converts_into_cuda_core_error_keeping_the_capture_error() {
+        let root = cuda_core::Error::InvalidArgument("x".into());
+        assert_eq!(cuda_core::Error::from(Error::Core(root.clone())), root);
+        let e = Error::End {
+            capture: id(),
+            source: root.clone(),
+        };
+        let text = e.to_string();
+        let core = cuda_core::Error::from(e);
+        assert_eq!(core.to_string(), text);
+        assert!(matches!(
+            core.downcast_ref::<Error>(),
+            Some(Error::End { capture, .. }) if *capture == id()
+        ));
+        let source = std::error::Error::source(&core).map(ToString::to_string);
+        assert_eq!(source, Some(root.to_string()));
     }
 
     #[test]

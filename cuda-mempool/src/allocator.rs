@@ -19,7 +19,7 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use cuda_core::memory::{DeviceAlloc, DeviceMemory, DevicePtr as CoreDevicePtr};
+use cuda_core::memory::{DeviceAlloc, DeviceMemory, DevicePtr};
 use cuda_core::sys::{CUdeviceptr, CUstream};
 use cuda_core::{Device, Stream};
 
@@ -31,7 +31,7 @@ use crate::hooks::{self, MemoryEvent};
 /// view. `Send + Sync`: allocators are shared between threads through `Arc`.
 pub trait Allocator: Send + Sync {
     /// Allocates `size` bytes for `stream`.
-    fn allocate(&self, stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError>;
+    fn allocate(&self, stream: &Stream, size: usize) -> Result<DevicePtr, PoolError>;
 }
 
 /// `cuMemAlloc` for every request and `cuMemFree` when the last view drops; no caching.
@@ -39,7 +39,7 @@ pub trait Allocator: Send + Sync {
 pub struct DirectAllocator;
 
 impl Allocator for DirectAllocator {
-    fn allocate(&self, stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError> {
+    fn allocate(&self, stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
         let dev = stream.device();
         match DeviceMemory::new(&dev, size) {
             Ok(m) => Ok(m.into_ptr()),
@@ -62,7 +62,7 @@ pub struct PoolAllocator(pub Arc<DevicePool>);
 
 impl Allocator for PoolAllocator {
     #[track_caller]
-    fn allocate(&self, stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError> {
+    fn allocate(&self, stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
         Ok(self.0.malloc_shared(stream, size)?.into())
     }
 }
@@ -80,7 +80,7 @@ pub struct FnAllocator<F>(F);
 
 impl<F> FnAllocator<F>
 where
-    F: Fn(&Stream, usize) -> Result<CoreDevicePtr, PoolError> + Send + Sync,
+    F: Fn(&Stream, usize) -> Result<DevicePtr, PoolError> + Send + Sync,
 {
     /// Wraps `f`.
     pub fn new(f: F) -> Self {
@@ -96,9 +96,9 @@ impl<F> std::fmt::Debug for FnAllocator<F> {
 
 impl<F> Allocator for FnAllocator<F>
 where
-    F: Fn(&Stream, usize) -> Result<CoreDevicePtr, PoolError> + Send + Sync,
+    F: Fn(&Stream, usize) -> Result<DevicePtr, PoolError> + Send + Sync,
 {
-    fn allocate(&self, stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError> {
+    fn allocate(&self, stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
         (self.0)(stream, size)
     }
 }
@@ -212,7 +212,7 @@ impl Drop for CMemory {
 }
 
 impl Allocator for CFunctionAllocator {
-    fn allocate(&self, stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError> {
+    fn allocate(&self, stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
         let device = stream.device();
         let ptr = if size == 0 {
             0
@@ -232,7 +232,7 @@ impl Allocator for CFunctionAllocator {
             }
             p
         };
-        Ok(CoreDevicePtr::new(CMemory {
+        Ok(DevicePtr::new(CMemory {
             ptr,
             size,
             device,
@@ -306,14 +306,14 @@ pub fn using_allocator(allocator: Arc<dyn Allocator>) -> AllocatorGuard {
 /// current stream ([`Stream::current`]). Runs the `malloc` hooks ([`crate::hooks`]) with the
 /// caller's location (the default pool's own hooks see the same location).
 #[track_caller]
-pub fn alloc(size: usize) -> Result<CoreDevicePtr, PoolError> {
+pub fn alloc(size: usize) -> Result<DevicePtr, PoolError> {
     let device = Device::current().map_err(PoolError::backend("Device::current"))?;
     alloc_on(&Stream::current(&device), size)
 }
 
 /// As [`alloc`], on `stream`.
 #[track_caller]
-pub fn alloc_on(stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError> {
+pub fn alloc_on(stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
     match get_allocator() {
         None => Ok(default_pool()?.malloc_shared(stream, size)?.into()),
         Some(a) => {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cuda_core::async_pool::{MemPool, StreamOrderedMemory};
-use cuda_core::memory::DevicePtr as CoreDevicePtr;
+use cuda_core::memory::DevicePtr;
 use cuda_core::{Device, Stream};
 
 use crate::backend::DeviceId;
@@ -131,11 +131,7 @@ impl AsyncPool {
     }
 
     /// As [`malloc`](Self::malloc), as a `cuda_core` `DevicePtr` view.
-    pub fn malloc_ptr(
-        &self,
-        stream: &Arc<Stream>,
-        size: usize,
-    ) -> Result<CoreDevicePtr, PoolError> {
+    pub fn malloc_ptr(&self, stream: &Arc<Stream>, size: usize) -> Result<DevicePtr, PoolError> {
         Ok(self.malloc(stream, size)?.into())
     }
 

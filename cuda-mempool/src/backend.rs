@@ -73,14 +73,16 @@ impl fmt::Display for StreamId {
     }
 }
 
-/// A device address (`CUdeviceptr`). `DevicePtr(0)` is the null pointer that
-/// zero-sized allocations carry.
+/// A bare device address (`CUdeviceptr`): what the pool's algorithm hands out and what
+/// [`Allocation::ptr`](crate::Allocation::ptr) returns. It owns nothing; the view that owns
+/// its memory is `cuda_core::DevicePtr` (see [`PoolMemory`](crate::PoolMemory)).
+/// `DeviceAddress(0)` is the null address that zero-sized allocations carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct DevicePtr(pub u64);
+pub struct DeviceAddress(pub u64);
 
-impl DevicePtr {
+impl DeviceAddress {
     /// The null device pointer.
-    pub const NULL: DevicePtr = DevicePtr(0);
+    pub const NULL: DeviceAddress = DeviceAddress(0);
 
     /// The address as an integer.
     pub fn addr(self) -> u64 {
@@ -93,7 +95,7 @@ impl DevicePtr {
     }
 }
 
-impl fmt::Display for DevicePtr {
+impl fmt::Display for DeviceAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:#x}", self.0)
     }
@@ -141,11 +143,16 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Allocates a plain segment of `size` bytes (`cuMemAlloc`), aligned to at least
     /// 512 bytes. `Ok(None)` when the device is out of memory.
-    fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DevicePtr>, Self::Error>;
+    fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DeviceAddress>, Self::Error>;
 
     /// Returns a plain segment (`cuMemFree`). The pool calls it only once every fence
     /// covering work on the segment has completed.
-    fn deallocate(&self, device: DeviceId, ptr: DevicePtr, size: u64) -> Result<(), Self::Error>;
+    fn deallocate(
+        &self,
+        device: DeviceId,
+        ptr: DeviceAddress,
+        size: u64,
+    ) -> Result<(), Self::Error>;
 
     /// Reserves `size` bytes of address space, aligned to the granularity, with no
     /// memory behind it (`cuMemAddressReserve`). `Ok(None)` when the address space is
@@ -154,14 +161,14 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         device: DeviceId,
         size: u64,
-    ) -> Result<Option<DevicePtr>, Self::Error>;
+    ) -> Result<Option<DeviceAddress>, Self::Error>;
 
     /// Gives back an address range from [`reserve_address_range`](Self::reserve_address_range)
     /// (`cuMemAddressFree`); nothing is mapped in it any more.
     fn release_address_range(
         &self,
         device: DeviceId,
-        base: DevicePtr,
+        base: DeviceAddress,
         size: u64,
     ) -> Result<(), Self::Error>;
 
@@ -181,7 +188,7 @@ pub trait Backend: Send + Sync + 'static {
     fn map(
         &self,
         device: DeviceId,
-        addr: DevicePtr,
+        addr: DeviceAddress,
         page: &Self::Physical,
     ) -> Result<(), Self::Error>;
 
@@ -196,16 +203,21 @@ pub trait Backend: Send + Sync + 'static {
     fn map_run(
         &self,
         device: DeviceId,
-        addr: DevicePtr,
+        addr: DeviceAddress,
         page_size: u64,
         pages: &[&Self::Physical],
     ) -> Result<(), MapRunFailure<Self::Error>> {
         for (i, page) in pages.iter().enumerate() {
-            if let Err(error) = self.map(device, DevicePtr(addr.0 + i as u64 * page_size), page) {
+            if let Err(error) = self.map(device, DeviceAddress(addr.0 + i as u64 * page_size), page)
+            {
                 let left_mapped = (0..i)
                     .filter(|&j| {
-                        self.unmap(device, DevicePtr(addr.0 + j as u64 * page_size), page_size)
-                            .is_err()
+                        self.unmap(
+                            device,
+                            DeviceAddress(addr.0 + j as u64 * page_size),
+                            page_size,
+                        )
+                        .is_err()
                     })
                     .collect();
                 return Err(MapRunFailure { error, left_mapped });
@@ -217,7 +229,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Unmaps the one page mapped at `addr` (`cuMemUnmap`). The pool calls it only
     /// when every fence covering work on that page has completed on the host side:
     /// unmapping is not stream-ordered.
-    fn unmap(&self, device: DeviceId, addr: DevicePtr, size: u64) -> Result<(), Self::Error>;
+    fn unmap(&self, device: DeviceId, addr: DeviceAddress, size: u64) -> Result<(), Self::Error>;
 
     /// The key of `stream`'s cache. Errors for a stream the pool must not cache on (the
     /// driver backend refuses the per-thread default stream, which names a different

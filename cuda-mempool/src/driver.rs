@@ -35,23 +35,22 @@
 //! created are not seen: allocate on such streams through the C ABI or an external
 //! wrapper.
 //!
-//! # Name clash
+//! # Names
 //!
-//! This crate's [`crate::DevicePtr`] is a bare address; `cuda_core::DevicePtr` is a view
-//! owning its memory. This module calls the latter `CoreDevicePtr`; [`PoolMemory`]
-//! converts into it.
+//! [`crate::DeviceAddress`] is a bare address, what the pool's algorithm hands out;
+//! `cuda_core::DevicePtr` is a view owning its memory, and [`PoolMemory`] converts into it.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cuda_core::graph::CaptureStatus;
-use cuda_core::memory::DevicePtr as CoreDevicePtr;
+use cuda_core::memory::DevicePtr;
 use cuda_core::memory::{DeviceAlloc, DeviceMemory};
 use cuda_core::sys::CUdeviceptr;
 use cuda_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
 use cuda_core::{Device, Event, Stream, StreamKind};
 
-use crate::backend::{Backend, DeviceId, DeviceInfo, DevicePtr, MapRunFailure, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamId};
 use crate::error::PoolError;
 use crate::hooks::{self, MemoryEvent};
 use crate::pool::{Allocation, MemoryPool, PrivatePoolId, RawAllocation};
@@ -213,7 +212,7 @@ impl Backend for DriverBackend {
         })
     }
 
-    fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DevicePtr>, Self::Error> {
+    fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DeviceAddress>, Self::Error> {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         let hooked = hooks::any_installed();
@@ -222,7 +221,7 @@ impl Backend for DriverBackend {
             hooks::each(|h| h.alloc_pre(&ev));
         }
         let mem = oom_to_none(DeviceMemory::new(&dev, to_usize(size)?))?;
-        let ptr = mem.map(|m| DevicePtr(m.into_raw()));
+        let ptr = mem.map(|m| DeviceAddress(m.into_raw()));
         if hooked {
             ev.ptr = ptr.map_or(0, |p| p.0);
             hooks::each(|h| h.alloc_post(&ev));
@@ -230,7 +229,12 @@ impl Backend for DriverBackend {
         Ok(ptr)
     }
 
-    fn deallocate(&self, device: DeviceId, ptr: DevicePtr, size: u64) -> Result<(), Self::Error> {
+    fn deallocate(
+        &self,
+        device: DeviceId,
+        ptr: DeviceAddress,
+        size: u64,
+    ) -> Result<(), Self::Error> {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         // SAFETY: the pool hands back exactly a segment that `allocate` made with cuMemAlloc
@@ -243,17 +247,17 @@ impl Backend for DriverBackend {
         &self,
         device: DeviceId,
         size: u64,
-    ) -> Result<Option<DevicePtr>, Self::Error> {
+    ) -> Result<Option<DeviceAddress>, Self::Error> {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         let range = oom_to_none(VirtualRange::reserve(&dev, to_usize(size)?, 0))?;
-        Ok(range.map(|r| DevicePtr(r.into_raw().0)))
+        Ok(range.map(|r| DeviceAddress(r.into_raw().0)))
     }
 
     fn release_address_range(
         &self,
         device: DeviceId,
-        base: DevicePtr,
+        base: DeviceAddress,
         size: u64,
     ) -> Result<(), Self::Error> {
         let _relaxed = relaxed()?;
@@ -293,7 +297,7 @@ impl Backend for DriverBackend {
     fn map(
         &self,
         device: DeviceId,
-        addr: DevicePtr,
+        addr: DeviceAddress,
         page: &Self::Physical,
     ) -> Result<(), Self::Error> {
         let _relaxed = relaxed()?;
@@ -314,7 +318,7 @@ impl Backend for DriverBackend {
     fn map_run(
         &self,
         device: DeviceId,
-        addr: DevicePtr,
+        addr: DeviceAddress,
         page_size: u64,
         pages: &[&Self::Physical],
     ) -> Result<(), MapRunFailure<Self::Error>> {
@@ -354,7 +358,7 @@ impl Backend for DriverBackend {
         Ok(())
     }
 
-    fn unmap(&self, device: DeviceId, addr: DevicePtr, size: u64) -> Result<(), Self::Error> {
+    fn unmap(&self, device: DeviceId, addr: DeviceAddress, size: u64) -> Result<(), Self::Error> {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         let _ctx = dev.bind()?;
@@ -663,9 +667,9 @@ impl Drop for PoolMemory {
     }
 }
 
-impl From<PoolMemory> for CoreDevicePtr {
-    fn from(m: PoolMemory) -> CoreDevicePtr {
-        CoreDevicePtr::new(m)
+impl From<PoolMemory> for DevicePtr {
+    fn from(m: PoolMemory) -> DevicePtr {
+        DevicePtr::new(m)
     }
 }
 
@@ -704,7 +708,7 @@ pub fn default_pool() -> Result<&'static Arc<DevicePool>, PoolError> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[track_caller]
-pub fn malloc(stream: &Stream, size: usize) -> Result<CoreDevicePtr, PoolError> {
+pub fn malloc(stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
     Ok(default_pool()?.malloc_shared(stream, size)?.into())
 }
 

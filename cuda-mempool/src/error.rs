@@ -1,4 +1,46 @@
 //! [`PoolError`], the crate's one error type.
+//!
+//! # Across crates
+//!
+//! `PoolError` converts into `cuda_core::Error` (as `cuda_core::Error::Crate`, displaying the
+//! same, with the same `source` chain and the `CUresult` of a driver failure in
+//! `cuda_core::Error::driver`), as `cuda_xfer::Error` and `cuda_graph::Error` do. So one
+//! function can use `?` on all four crates by returning `cuda_core::Result`; no crate of
+//! the workspace depends on a sibling for it (`cuda_core::error` explains the choice).
+//!
+//! ```no_run
+//! use cuda_core::{Device, DevicePtr, Stream};
+//! use cuda_mempool::{DevicePool, PoolError};
+//! use std::sync::Arc;
+//!
+//! // `?` on cuda-core and cuda-mempool calls alike (cuda-xfer and cuda-graph too: see the
+//! // example in `cuda_graph::error`, which chains all four).
+//! fn zeroed(pool: &Arc<DevicePool>, bytes: usize) -> cuda_core::Result<DevicePtr> {
+//!     let dev = Device::new(0)?;                                     // cuda-core
+//!     let stream = Stream::new(&dev)?;
+//!     let block: DevicePtr = pool.malloc_shared(&stream, bytes)?.into(); // cuda-mempool
+//!     block.memset_async(0, &stream)?;
+//!     stream.synchronize()?;
+//!     Ok(block)
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = Arc::new(DevicePool::new_driver()?);
+//! match zeroed(&pool, 1 << 40) {
+//!     Ok(_) => {}
+//!     Err(e) => {
+//!         // The pool's own error is still there, and so is the driver's code.
+//!         if let Some(PoolError::OutOfMemory { cause, .. }) = e.downcast_ref::<PoolError>() {
+//!             eprintln!("out of memory: {cause}");
+//!         }
+//!         if let Some(driver) = e.driver() {
+//!             eprintln!("CUresult {}", driver.code);
+//!         }
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 use crate::backend::DeviceId;
 
@@ -142,6 +184,18 @@ pub enum PoolError {
 }
 
 impl PoolError {
+    /// The driver error at the root of this one, if any (a [`PoolError::Backend`] failure of
+    /// the driver backend): its `CUresult` is `DriverError::result`.
+    pub fn driver(&self) -> Option<&cuda_core::DriverError> {
+        let PoolError::Backend { source, .. } = self else {
+            return None;
+        };
+        if let Some(core) = source.downcast_ref::<cuda_core::Error>() {
+            return core.driver();
+        }
+        source.downcast_ref::<cuda_core::DriverError>()
+    }
+
     /// Wraps a backend error, naming the backend method that failed.
     pub(crate) fn backend<E: std::error::Error + Send + Sync + 'static>(
         op: &'static str,
@@ -150,5 +204,63 @@ impl PoolError {
             op,
             source: Box::new(e),
         }
+    }
+}
+
+impl From<PoolError> for cuda_core::Error {
+    /// Carries the pool's error as `cuda_core::Error::Crate` (see the module documentation).
+    fn from(error: PoolError) -> Self {
+        let driver = error.driver().copied();
+        cuda_core::Error::Crate(cuda_core::CrateError::new("cuda-mempool", error, driver))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn converts_into_cuda_core_error_keeping_source_and_driver_code() {
+        let driver = cuda_core::DriverError {
+            code: 2,
+            name: "CUDA_ERROR_OUT_OF_MEMORY",
+            message: "out of memory",
+            call: "cuMemCreate",
+        };
+        let pool = PoolError::Backend {
+            op: "create_physical",
+            source: Box::new(cuda_core::Error::Driver(driver)),
+        };
+        let text = pool.to_string();
+        let core: cuda_core::Error = pool.into();
+        assert_eq!(core.to_string(), text);
+        assert_eq!(core.driver(), Some(&driver));
+        assert!(matches!(
+            core.downcast_ref::<PoolError>(),
+            Some(PoolError::Backend {
+                op: "create_physical",
+                ..
+            })
+        ));
+        let source = std::error::Error::source(&core).map(ToString::to_string);
+        assert_eq!(source, Some(cuda_core::Error::Driver(driver).to_string()));
+
+        let oom: cuda_core::Error = PoolError::OutOfMemory {
+            device: DeviceId(0),
+            requested: 1,
+            used: 0,
+            reserved: 0,
+            limit: Some(0),
+            cause: OomCause::Limit,
+        }
+        .into();
+        assert!(oom.driver().is_none());
+        assert!(matches!(
+            oom.downcast_ref::<PoolError>(),
+            Some(PoolError::OutOfMemory {
+                cause: OomCause::Limit,
+                ..
+            })
+        ));
     }
 }

@@ -47,7 +47,7 @@
 use std::sync::Arc;
 
 use cuda_core::ipc::{self as core_ipc, IpcRegion};
-use cuda_core::memory::DevicePtr as CoreDevicePtr;
+use cuda_core::memory::DevicePtr;
 use cuda_core::{Device, Event, Stream};
 
 use crate::driver::{device_id, DevicePool, DriverBackend};
@@ -84,7 +84,7 @@ impl MemoryPool<DriverBackend> {
         size: usize,
     ) -> Result<ExportedBlock, PoolError> {
         self.check_exportable(&stream.device(), size)?;
-        let view: CoreDevicePtr = self.malloc_shared(stream, size)?.into();
+        let view: DevicePtr = self.malloc_shared(stream, size)?.into();
         export_view(view, stream)
     }
 
@@ -93,7 +93,7 @@ impl MemoryPool<DriverBackend> {
     /// the view; other clones of it keep the block alive too.
     pub fn export_block(
         &self,
-        view: CoreDevicePtr,
+        view: DevicePtr,
         stream: &Stream,
     ) -> Result<ExportedBlock, PoolError> {
         self.check_exportable(&view.device(), view.len())?;
@@ -119,7 +119,7 @@ impl MemoryPool<DriverBackend> {
     }
 }
 
-fn export_view(view: CoreDevicePtr, stream: &Stream) -> Result<ExportedBlock, PoolError> {
+fn export_view(view: DevicePtr, stream: &Stream) -> Result<ExportedBlock, PoolError> {
     let region = core_ipc::export_view(&view).map_err(|e| match e {
         cuda_core::Error::Ipc(core_ipc::IpcError::NotExportable(reason)) => {
             PoolError::NotExportable { reason }
@@ -139,7 +139,7 @@ fn export_view(view: CoreDevicePtr, stream: &Stream) -> Result<ExportedBlock, Po
 /// [`release`](Self::release)).
 #[derive(Debug)]
 pub struct ExportedBlock {
-    view: CoreDevicePtr,
+    view: DevicePtr,
     region: IpcRegion,
     stream: Stream,
 }
@@ -152,7 +152,7 @@ impl ExportedBlock {
     }
 
     /// A view of the block, for the exporter's own work.
-    pub fn view(&self) -> &CoreDevicePtr {
+    pub fn view(&self) -> &DevicePtr {
         &self.view
     }
 
@@ -185,7 +185,7 @@ impl ExportedBlock {
 /// ([`IpcMapping::open_shared`](cuda_core::ipc::IpcMapping::open_shared)), closed when
 /// the last view drops. The driver's refusals are `PoolError::Backend` carrying a
 /// `cuda_core::Error::Ipc` with the cause.
-pub fn import_block(device: &Device, region: &IpcRegion) -> Result<CoreDevicePtr, PoolError> {
+pub fn import_block(device: &Device, region: &IpcRegion) -> Result<DevicePtr, PoolError> {
     region
         .open(device)
         .map_err(PoolError::backend("cuIpcOpenMemHandle"))

@@ -12,12 +12,12 @@
 //!
 //! | module | what it holds |
 //! | --- | --- |
-//! | [`backend`] | the [`Backend`] trait and the id types [`DeviceId`], [`StreamId`], [`DevicePtr`], [`DeviceInfo`] |
+//! | [`backend`] | the [`Backend`] trait and the id types [`DeviceId`], [`StreamId`], [`DeviceAddress`], [`DeviceInfo`] |
 //! | [`ipc`] | pool blocks shared with other processes: [`DevicePool::new_ipc`], [`DevicePool::malloc_ipc`], [`ipc::ExportedBlock`], [`ipc::import_block`] |
 //! | [`peer`] | several GPUs: [`DevicePool::grant_peer_access`] to a block from another device |
 //! | [`policy`] | every policy constant (rounding, size classes, segment sizes, address ranges) with its reason |
 //! | [`pool`] | [`MemoryPool`], its RAII handle [`Allocation`], [`RawAllocation`], [`Limit`], [`PoolConfig`] |
-//! | [`stats`] | [`Stats`] and [`Stat`]: used, requested, reserved, active blocks with peaks; allocations, retries, OOMs, fragmentation |
+//! | [`stats`] | [`Stats`], [`Stat`], [`OomCounts`]: used, requested, reserved, active blocks with peaks; allocations, retries, OOMs by cause, fragmentation; shards and streams held; address space reserved and mapped |
 //! | [`error`] | [`PoolError`], the crate's one error type |
 //! | [`sim`] | [`SimulatedBackend`]: fake addresses, capacity, granularity, a virtual clock for fences, call counts |
 //! | [`replay`] | parsing and replaying allocation traces ([`replay::replay_file`]) into a [`replay::ReplayReport`] |
@@ -30,7 +30,7 @@
 //! * A block freed on stream A is reused on A at once. Its memory goes to stream B only
 //!   after a fence recorded on A after the free has completed; with
 //!   [`Allocation::record_stream`] (or any `cuda_core` view's asynchronous operation, or
-//!   `DevicePtr::record_stream`), a block's free also waits for the listed streams.
+//!   `cuda_core::DevicePtr::record_stream`), a block's free also waits for the listed streams.
 //!   Fences are recorded lazily on the slow path, so the hot path never calls the
 //!   backend and never blocks the host (the one exception: freeing a block marked
 //!   with `record_stream` records a fence on each of its other streams).
@@ -95,7 +95,7 @@ pub mod sim;
 pub mod stats;
 
 pub use async_pool::{AsyncPool, AsyncPoolSource};
-pub use backend::{Backend, DeviceId, DeviceInfo, DevicePtr, MapRunFailure, StreamId};
+pub use backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamId};
 pub use driver::{default_pool, DevicePool, DriverBackend, DriverFence, PoolMemory};
 pub use error::{OomCause, PoolError};
 pub use pinned::{default_pinned_pool, PinnedBlock, PinnedMemoryPool};
@@ -104,4 +104,4 @@ pub use pool::{
     LIMIT_ENV_VAR,
 };
 pub use sim::{SimCall, SimDevice, SimulatedBackend};
-pub use stats::{Stat, Stats};
+pub use stats::{OomCounts, Stat, Stats};

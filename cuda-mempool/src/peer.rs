@@ -13,7 +13,7 @@
 //!
 //! What the pool does not do: grant peers access to every future segment automatically.
 
-use cuda_core::memory::DevicePtr as CoreDevicePtr;
+use cuda_core::memory::DevicePtr;
 use cuda_core::vmm::{self, Granularity};
 use cuda_core::Device;
 
@@ -37,7 +37,7 @@ impl MemoryPool<DriverBackend> {
     /// pool.grant_peer_access(&on_d1, &d0)?; // a kernel on d0 may now use on_d1
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn grant_peer_access(&self, block: &CoreDevicePtr, peer: &Device) -> Result<(), PoolError> {
+    pub fn grant_peer_access(&self, block: &DevicePtr, peer: &Device) -> Result<(), PoolError> {
         let owner = block.device();
         if *peer == owner || block.is_empty() {
             return Ok(());

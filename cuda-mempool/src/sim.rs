@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::backend::{Backend, DeviceId, DeviceInfo, DevicePtr, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamId};
 
 /// Total memory of an NVIDIA H200 as the driver reports it (143,771 MiB).
 pub const H200_TOTAL_MEMORY: u64 = 150_754_820_096;
@@ -736,7 +736,7 @@ impl Backend for SimulatedBackend {
         }
     }
 
-    fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DevicePtr>, SimError> {
+    fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DeviceAddress>, SimError> {
         let mut s = self.lock();
         s.calls.allocate += 1;
         fault(&mut s, SimCall::Allocate)?;
@@ -751,10 +751,10 @@ impl Backend for SimulatedBackend {
         d.physical += size;
         d.plain.insert(base, (size, id));
         s.next_id += 1;
-        Ok(Some(DevicePtr(base)))
+        Ok(Some(DeviceAddress(base)))
     }
 
-    fn deallocate(&self, device: DeviceId, ptr: DevicePtr, size: u64) -> Result<(), SimError> {
+    fn deallocate(&self, device: DeviceId, ptr: DeviceAddress, size: u64) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.deallocate += 1;
         fault(&mut s, SimCall::Deallocate)?;
@@ -780,7 +780,7 @@ impl Backend for SimulatedBackend {
         &self,
         device: DeviceId,
         size: u64,
-    ) -> Result<Option<DevicePtr>, SimError> {
+    ) -> Result<Option<DeviceAddress>, SimError> {
         let mut s = self.lock();
         s.calls.reserve_address_range += 1;
         fault(&mut s, SimCall::ReserveAddressRange)?;
@@ -796,13 +796,13 @@ impl Backend for SimulatedBackend {
             return Ok(None);
         };
         d.ranges.insert(base, size);
-        Ok(Some(DevicePtr(base)))
+        Ok(Some(DeviceAddress(base)))
     }
 
     fn release_address_range(
         &self,
         device: DeviceId,
-        base: DevicePtr,
+        base: DeviceAddress,
         size: u64,
     ) -> Result<(), SimError> {
         let mut s = self.lock();
@@ -861,7 +861,7 @@ impl Backend for SimulatedBackend {
         }
     }
 
-    fn map(&self, device: DeviceId, addr: DevicePtr, page: &SimPage) -> Result<(), SimError> {
+    fn map(&self, device: DeviceId, addr: DeviceAddress, page: &SimPage) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.map += 1;
         fault(&mut s, SimCall::Map)?;
@@ -901,7 +901,7 @@ impl Backend for SimulatedBackend {
         Ok(())
     }
 
-    fn unmap(&self, device: DeviceId, addr: DevicePtr, size: u64) -> Result<(), SimError> {
+    fn unmap(&self, device: DeviceId, addr: DeviceAddress, size: u64) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.unmap += 1;
         fault(&mut s, SimCall::Unmap)?;

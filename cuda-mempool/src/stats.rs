@@ -15,6 +15,44 @@
 //! one shared atomic written by every `malloc` and `free` of every thread, which is what
 //! the sharding avoids. [`Stats::reserved`]'s peak is always exact.
 
+use crate::error::OomCause;
+
+/// Out-of-memory failures counted by what ran out ([`OomCause`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OomCounts {
+    /// The device's limit could not take the request ([`OomCause::Limit`]).
+    pub limit: u64,
+    /// The device had no more memory ([`OomCause::DeviceMemory`]).
+    pub device_memory: u64,
+    /// No address range could be reserved ([`OomCause::AddressSpace`]).
+    pub address_space: u64,
+}
+
+impl OomCounts {
+    /// The count for `cause`.
+    pub fn get(&self, cause: OomCause) -> u64 {
+        match cause {
+            OomCause::Limit => self.limit,
+            OomCause::DeviceMemory => self.device_memory,
+            OomCause::AddressSpace => self.address_space,
+        }
+    }
+
+    /// Counts one failure of `cause`.
+    pub(crate) fn count(&mut self, cause: OomCause) {
+        match cause {
+            OomCause::Limit => self.limit += 1,
+            OomCause::DeviceMemory => self.device_memory += 1,
+            OomCause::AddressSpace => self.address_space += 1,
+        }
+    }
+
+    /// All failures: the sum of the three.
+    pub fn total(&self) -> u64 {
+        self.limit + self.device_memory + self.address_space
+    }
+}
+
 /// A counter with its high-water mark.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stat {
@@ -43,6 +81,12 @@ impl Stat {
 }
 
 /// Statistics of one device of the pool, or of one (device, stream) shard.
+///
+/// What the device holds: [`shards`](Self::shards) (stream caches) and
+/// [`attached_streams`](Self::attached_streams) (streams held), address space
+/// [`reserved`](Self::address_space) and [`mapped`](Self::mapped), physical memory
+/// [`reserved`](Self::reserved); what went wrong: [`ooms`](Self::ooms) by
+/// [cause](Self::oom_causes) and the [latest cause](Self::last_oom).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Stats {
     /// Bytes in live blocks, at the pool's rounding (CuPy's `used_bytes`).
@@ -64,6 +108,13 @@ pub struct Stats {
     pub retries: u64,
     /// Requests that failed with [`PoolError::OutOfMemory`](crate::PoolError::OutOfMemory).
     pub ooms: u64,
+    /// The same failures by what ran out: the limit, device memory or address space (the
+    /// `cause` field of each [`PoolError::OutOfMemory`](crate::PoolError::OutOfMemory));
+    /// `oom_causes.total() == ooms` (device statistics only).
+    pub oom_causes: OomCounts,
+    /// What ran out in the latest out-of-memory failure, if there was one (device
+    /// statistics only).
+    pub last_oom: Option<OomCause>,
     /// Stream caches (shards) the device holds, attached or not (device statistics only).
     pub shards: u64,
     /// Shards holding their stream (see the crate's `backend` module): streams the pool
@@ -73,8 +124,13 @@ pub struct Stats {
     /// Private pools of graph captures not yet released (device statistics only).
     pub private_pools: u64,
     /// Address space reserved for virtual-memory segments, in bytes (device statistics
-    /// only).
+    /// only). Zero with plain segments.
     pub address_space: u64,
+    /// Physical bytes mapped into the pool's address space (device statistics only):
+    /// with virtual-memory segments, the pages mapped into them (at most
+    /// `address_space`); with plain segments, every segment. `reserved.current - mapped`
+    /// is held as spare pages, mapped nowhere, ready to be mapped where needed.
+    pub mapped: u64,
 }
 
 impl Stats {

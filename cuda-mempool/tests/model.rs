@@ -476,6 +476,19 @@ impl<'p> Model<'p> {
             assert_eq!(st.allocations, sum(&|m| m.allocations));
             assert_eq!(st.frees, sum(&|m| m.frees));
             assert_eq!(st.ooms, self.ooms[d as usize]);
+            assert_eq!(st.oom_causes.total(), st.ooms);
+            assert_eq!(st.last_oom.is_some(), st.ooms > 0);
+            // Address space reserved and physical bytes mapped, as the simulator sees them.
+            let backend = self.pool.backend();
+            assert_eq!(st.address_space, backend.reserved_address_space(dev));
+            match self.setup.page {
+                Some(page) => {
+                    assert_eq!(st.mapped, backend.mapped_pages(dev) as u64 * page);
+                    assert!(st.mapped <= st.address_space);
+                }
+                None => assert_eq!(st.mapped, reserved),
+            }
+            assert!(st.mapped >= self.footprint(dev));
             // (No `retries >= ooms`: a request larger than the limit or the device fails at
             // once, without releasing anything or retrying.)
             for (s, m) in shards {

@@ -208,6 +208,19 @@ fn c_text(p: *const std::os::raw::c_char) -> String {
         .into_owned()
 }
 
+impl From<Error> for cuda_core::Error {
+    /// A wrapped `cuda-core` error ([`Error::Cuda`]) comes back as itself; any other failure
+    /// is carried as `cuda_core::Error::Crate` (same message, same `source` chain), as the
+    /// errors of `cuda-mempool`, `cuda-xfer` and `cuda-graph` are: a function returning
+    /// `cuda_core::Result` uses `?` on all of them.
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Cuda(core) => core,
+            other => cuda_core::Error::Crate(cuda_core::CrateError::new("cuda-nccl", other, None)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

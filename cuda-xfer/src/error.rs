@@ -1,4 +1,25 @@
 //! The error type of `cuda-xfer`.
+//!
+//! [`Error`] converts into `cuda_core::Error` (a wrapped `cuda-core` error as itself, any
+//! other as `cuda_core::Error::Crate`), as the errors of `cuda-mempool` and `cuda-graph` do:
+//! a function returning `cuda_core::Result` uses `?` on all of them, and no crate depends on
+//! a sibling for it (`cuda_core::error` explains the choice).
+//!
+//! ```no_run
+//! use cuda_core::{Device, Stream};
+//!
+//! // `?` on cuda-core and cuda-xfer calls alike (cuda-mempool and cuda-graph too: see the
+//! // example in `cuda_graph::error`, which chains all four).
+//! fn round_trip(data: &[u32]) -> cuda_core::Result<Vec<u32>> {
+//!     let dev = Device::new(0)?;                     // cuda-core
+//!     let stream = Stream::new(&dev)?;
+//!     let on_device = cuda_xfer::to_device(&dev, data)?; // cuda-xfer
+//!     on_device.as_ptr().memset_async(0, &stream)?;  // cuda-core
+//!     stream.synchronize()?;
+//!     Ok(cuda_xfer::to_host(&on_device)?)            // cuda-xfer
+//! }
+//! # fn main() -> cuda_core::Result<()> { round_trip(&[1, 2, 3]).map(drop) }
+//! ```
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -85,5 +106,40 @@ impl Error {
             Error::Cuda(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+impl From<Error> for cuda_core::Error {
+    /// A wrapped `cuda-core` error comes back as itself; any other failure is carried as
+    /// `cuda_core::Error::Crate` (same message, same `source` chain), so `?` works in a
+    /// function that returns `cuda_core::Result` (see the module documentation).
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Cuda(core) => core,
+            other => cuda_core::Error::Crate(cuda_core::CrateError::new("cuda-xfer", other, None)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn converts_into_cuda_core_error() {
+        let root = cuda_core::Error::InvalidArgument("x".into());
+        assert_eq!(cuda_core::Error::from(Error::Cuda(root.clone())), root);
+        let e = Error::LengthMismatch {
+            op: "copy",
+            dst: 1,
+            src: 2,
+        };
+        let text = e.to_string();
+        let core = cuda_core::Error::from(e);
+        assert_eq!(core.to_string(), text);
+        assert!(matches!(
+            core.downcast_ref::<Error>(),
+            Some(Error::LengthMismatch { dst: 1, .. })
+        ));
     }
 }

@@ -9,7 +9,7 @@ fn main() {
             granularity: None,
         }]))
         .unwrap();
-        allocation = pool.malloc(DeviceId(0), StreamId(0), 512).unwrap();
+        allocation = pool.malloc(DeviceId(0), &StreamId(0), 512).unwrap();
     }
     drop(allocation);
 }

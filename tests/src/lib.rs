@@ -3,14 +3,14 @@
 //! The GPU tests live in `tests/gpu_*.rs` behind the `gpu` feature, so `cargo test` on a
 //! machine without a GPU does not build them, and `cargo xtask gpu-bundle` does. A GPU test
 //! never passes without a GPU: it fails at its first driver call.
+//!
+//! The kernels the tests and benchmarks launch are the public `cuda_core::kernels`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
     reason = "test code: a failed check panics with its message"
 )]
-
-pub mod ptx;
 
 pub mod bench;
 

@@ -10,10 +10,10 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+use cuda_core::kernels::Kernels;
 use cuda_core::memory::DevicePtr;
 use cuda_core::{Device, Event, Stream};
 use cuda_graph::{CaptureMode, CaptureStatus, Error, UpdateOutcome, UpdateRefusal};
-use tests::ptx::TestKernels;
 
 /// Elements in the test buffers: not a multiple of the kernels' block size.
 const N: usize = (1 << 16) + 3;
@@ -25,10 +25,10 @@ fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn setup() -> (Device, Stream, TestKernels) {
+fn setup() -> (Device, Stream, Kernels) {
     let dev = Device::new(0).expect("device 0");
     let stream = Stream::new(&dev).unwrap();
-    let kernels = TestKernels::load(&dev).unwrap();
+    let kernels = Kernels::load(&dev).unwrap();
     (dev, stream, kernels)
 }
 
@@ -58,7 +58,7 @@ fn status(stream: &Stream) -> CaptureStatus {
 /// The sequence under test: memsets, a device copy and kernels, ending with an accumulator.
 /// Returns nothing; the effect on the buffers is modelled by `expected_after`.
 fn sequence(
-    k: &TestKernels,
+    k: &Kernels,
     s: &Stream,
     a: &DevicePtr,
     b: &DevicePtr,
@@ -69,12 +69,12 @@ fn sequence(
     // SAFETY: a, b, c and acc hold N u32s each and outlive the work (every test synchronises
     // before dropping them); nothing else touches them meanwhile.
     unsafe {
-        k.add_u32(s, a.as_raw(), 3, N as u64)?;
+        k.add_u32_raw(s, a.as_raw(), 3, N as u64)?;
         b.copy_from_device_async(a, s)?;
-        k.add_u32(s, b.as_raw(), 1, N as u64)?;
-        k.fill_u32(s, c.as_raw(), 9, N as u64)?;
+        k.add_u32_raw(s, b.as_raw(), 1, N as u64)?;
+        k.fill_u32_raw(s, c.as_raw(), 9, N as u64)?;
         c.slice(0..16)?.memset_u32_async(2, s)?;
-        k.add_u32(s, acc.as_raw(), 1, N as u64)?;
+        k.add_u32_raw(s, acc.as_raw(), 1, N as u64)?;
     }
     Ok(())
 }
@@ -209,8 +209,8 @@ fn a_fork_join_capture_over_three_streams_replays_correctly() {
         y.memset_u32_async(2, &s2)?;
         // SAFETY: x, y, z hold N u32s and live until the test's final synchronize.
         unsafe {
-            k.add_u32(&s1, x.as_raw(), 10, n)?;
-            k.add_u32(&s2, y.as_raw(), 20, n)?;
+            k.add_u32_raw(&s1, x.as_raw(), 10, n)?;
+            k.add_u32_raw(&s2, y.as_raw(), 20, n)?;
         }
         cap.join(&s1)?;
         let back = Event::new(&dev)?;
@@ -220,7 +220,7 @@ fn a_fork_join_capture_over_three_streams_replays_correctly() {
         z.copy_from_device_async(&x, cap)?;
         w.copy_from_device_async(&y, cap)?;
         // SAFETY: as above.
-        unsafe { k.add_u32(cap, z.as_raw(), 100, n)? };
+        unsafe { k.add_u32_raw(cap, z.as_raw(), 100, n)? };
         Ok(())
     })
     .unwrap();
@@ -445,7 +445,7 @@ fn update_with_a_new_memset_value_changes_what_the_next_launch_writes() {
         cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
             buf.memset_u32_async(value, s)?;
             // SAFETY: buf holds N u32s and lives until the final synchronize.
-            unsafe { k.add_u32(s, buf.as_raw(), 1, N as u64)? };
+            unsafe { k.add_u32_raw(s, buf.as_raw(), 1, N as u64)? };
             Ok(())
         })
         .unwrap()
@@ -465,7 +465,7 @@ fn update_with_a_new_memset_value_changes_what_the_next_launch_writes() {
     let bigger = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         buf.memset_u32_async(29, s)?;
         // SAFETY: as above.
-        unsafe { k.add_u32(s, buf.as_raw(), 1, N as u64)? };
+        unsafe { k.add_u32_raw(s, buf.as_raw(), 1, N as u64)? };
         other.memset_u32_async(31, s)?;
         Ok(())
     })
@@ -490,7 +490,7 @@ fn a_graph_launches_on_other_streams_than_the_captured_one() {
     let buf = buffer(&dev, 0);
     let graph = cuda_graph::capture(&captured, CaptureMode::ThreadLocal, |s| {
         // SAFETY: buf holds N u32s and lives until the final synchronize.
-        unsafe { k.add_u32(s, buf.as_raw(), 1, N as u64)? };
+        unsafe { k.add_u32_raw(s, buf.as_raw(), 1, N as u64)? };
         Ok(())
     })
     .unwrap();
@@ -560,8 +560,8 @@ fn stream_ordered_allocations_inside_a_capture_become_memory_nodes() {
         assert!(r.is_success(), "{r:?}");
         // SAFETY: tmp addresses N u32s during the graph's execution.
         unsafe {
-            k.fill_u32(s, tmp, 40, N as u64)?;
-            k.add_u32(s, tmp, 2, N as u64)?;
+            k.fill_u32_raw(s, tmp, 40, N as u64)?;
+            k.add_u32_raw(s, tmp, 2, N as u64)?;
             let r = driver
                 .cuMemcpyDtoDAsync(out.as_raw(), tmp, N * 4, s.raw())
                 .unwrap();

@@ -34,13 +34,13 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cuda_core::ipc::{self, IpcError, IpcMapping, IpcMemHandle, IpcRegion, SharedMapping};
+use cuda_core::kernels::Kernels;
 use cuda_core::memory::{DeviceMemory, DevicePtr, PinnedFlags, PinnedMemory};
 use cuda_core::sys::CUdevice_attribute;
 use cuda_core::vmm::{self, PhysicalAllocation};
 use cuda_core::{Device, Error, Event, IpcEventHandle, Stream};
 use cuda_mempool::ipc::import_block;
 use cuda_mempool::{DevicePool, PoolError};
-use tests::ptx::TestKernels;
 
 const ROLE: &str = "CUDA_RS_IPC_ROLE";
 const ARG: &str = "CUDA_RS_IPC_ARG";
@@ -182,7 +182,7 @@ enum Kind {
 fn producer(test: &str, kind: Kind) {
     let _g = serial();
     let dev = device();
-    let k = TestKernels::load(&dev).unwrap();
+    let k = Kernels::load(&dev).unwrap();
     let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
     let mut flag = Flag::new(&dev);
     let event = Event::builder(&dev)
@@ -221,7 +221,7 @@ fn producer(test: &str, kind: Kind) {
     // Queue: wait for the flag, then the copies into the shared buffers, then the event.
     // SAFETY: the flag is mapped pinned memory that outlives the kernel (Flag's Drop sets it
     // and synchronises).
-    unsafe { k.wait_flag(&stream, flag.dev_ptr(), cycles_for_ms(&dev, 60_000.0)) }.unwrap();
+    unsafe { k.wait_flag_raw(&stream, flag.dev_ptr(), cycles_for_ms(&dev, 60_000.0)) }.unwrap();
     for (target, s) in targets.iter().zip(&staging) {
         target.copy_from_device_async(s, &stream).unwrap();
     }

@@ -16,11 +16,11 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use cuda_core::kernels::Kernels;
 use cuda_core::memory::DevicePtr;
 use cuda_core::{Device, Stream};
 use cuda_mempool::driver::device_id;
 use cuda_mempool::{DevicePool, Limit, PoolError};
-use tests::ptx::TestKernels;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -48,7 +48,7 @@ fn kernel_on_device0_uses_a_block_of_device1(pool: Arc<DevicePool>) {
     let (d0, d1) = two_devices();
     let s0 = Stream::new(&d0).unwrap();
     let s1 = Stream::new(&d1).unwrap();
-    let k0 = TestKernels::load(&d0).unwrap();
+    let k0 = Kernels::load(&d0).unwrap();
     let n = (3 << 20) + 7; // u32s: a block over several 2 MiB pages, odd length
     let block: DevicePtr = pool.malloc_shared(&s1, n * 4).unwrap().into();
     assert_eq!(block.device(), d1);
@@ -58,9 +58,9 @@ fn kernel_on_device0_uses_a_block_of_device1(pool: Arc<DevicePool>) {
     // Device 0 reads and writes device 1's block: += 10, then fill a prefix.
     block.record_stream(&s0).unwrap();
     // SAFETY: the block lives until after s0 is synchronised; nothing else uses it meanwhile.
-    unsafe { k0.add_u32(&s0, block.as_raw(), 10, n as u64) }.unwrap();
+    unsafe { k0.add_u32_raw(&s0, block.as_raw(), 10, n as u64) }.unwrap();
     // SAFETY: as above.
-    unsafe { k0.fill_u32(&s0, block.as_raw(), 0xABCD, 1000) }.unwrap();
+    unsafe { k0.fill_u32_raw(&s0, block.as_raw(), 0xABCD, 1000) }.unwrap();
     s0.synchronize().unwrap();
     let mut host = vec![0u32; n];
     block.copy_to_host(&mut host).unwrap();

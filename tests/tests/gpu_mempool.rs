@@ -1,6 +1,7 @@
 //! GPU: cuda-mempool on the real card: the driver backend's stream-ordered reuse (checked
 //! with a slow writer kernel), out of memory, limits, returning memory to the device,
-//! statistics, `cuda_core` views of pool blocks, the async pool and the pinned pool.
+//! statistics, `cuda_core` views of pool blocks (and `record_stream` through them), the
+//! async pool and the pinned pool.
 //!
 //! Every test takes `SERIAL`, so the ones that compare device memory levels never see
 //! another test's allocations.
@@ -14,13 +15,13 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cuda_core::memory::{raw, DevicePtr as CoreDevicePtr};
+use cuda_core::kernels::Kernels;
+use cuda_core::memory::{raw, DevicePtr};
 use cuda_core::{Device, Stream};
 use cuda_mempool::async_pool::{AsyncPool, AsyncPoolSource};
 use cuda_mempool::driver::{device_id, stream_id};
 use cuda_mempool::pinned::PinnedMemoryPool;
 use cuda_mempool::{DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
-use tests::ptx::TestKernels;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -74,7 +75,7 @@ fn read_u32(ptr: u64, n: usize) -> Vec<u32> {
 fn cross_stream_reuse_waits_for_slow_kernel() {
     let _s = serial();
     let dev = dev0();
-    let k = TestKernels::load(&dev).expect("kernels");
+    let k = Kernels::load(&dev).expect("kernels");
     for (limited, steal) in [(false, true), (true, true), (true, false)] {
         let a = Stream::new(&dev).unwrap();
         let b = Stream::new(&dev).unwrap();
@@ -93,7 +94,7 @@ fn cross_stream_reuse_waits_for_slow_kernel() {
         let x = pool.malloc_stream(&a, size).expect("x");
         let x_addr = x.ptr().0;
         // SAFETY: x holds n u32s and stays allocated (in the pool) until the kernel is done.
-        unsafe { k.spin_then_fill(&a, x_addr, 0xAAAA_AAAA, n as u64, SLOW) }.unwrap();
+        unsafe { k.spin_then_fill_raw(&a, x_addr, 0xAAAA_AAAA, n as u64, SLOW) }.unwrap();
         drop(x);
         let y = pool.malloc_stream(&b, size).expect("y");
         if steal {
@@ -113,7 +114,7 @@ fn cross_stream_reuse_waits_for_slow_kernel() {
             );
         }
         // SAFETY: y holds n u32s, live until after the synchronising read below.
-        unsafe { k.fill_u32(&b, y.ptr().0, 0xBBBB_BBBB, n as u64) }.unwrap();
+        unsafe { k.fill_u32_raw(&b, y.ptr().0, 0xBBBB_BBBB, n as u64) }.unwrap();
         b.synchronize().unwrap();
         a.synchronize().unwrap();
         let host = read_u32(y.ptr().0, n);
@@ -128,12 +129,78 @@ fn cross_stream_reuse_waits_for_slow_kernel() {
     }
 }
 
+/// `record_stream` reached through a `cuda_core` view of a pool block: the block is made on
+/// stream A, turned into a `DevicePtr` view, written by a slow kernel on stream B (launched
+/// through its bare address, so only the explicit `record_stream(&b)` on the view tells
+/// the pool about B), and the view is dropped, freeing the block on A while B still runs.
+/// The next owner, on A itself or on another stream C, must not get the block before B's
+/// kernel is done: its own writes must survive B's late fill. With a limit that leaves room
+/// for one block only, the pool has no choice but to reuse that block, so a `record_stream`
+/// that did nothing would let A (same-stream reuse is immediate) or C (A's fence is already
+/// passed) write it under B's kernel, and B's fill would overwrite them.
+#[test]
+fn record_stream_through_a_core_view_delays_reuse_until_that_streams_work_is_done() {
+    let _s = serial();
+    let dev = dev0();
+    let k = Kernels::load(&dev).expect("kernels");
+    let size = 4 * MIB;
+    let n = size / 4;
+    for limited in [true, false] {
+        for next_on_a in [true, false] {
+            let a = Stream::new(&dev).unwrap();
+            let b = Stream::new(&dev).unwrap();
+            let c = Stream::new(&dev).unwrap();
+            let pool = Arc::new(DevicePool::new_driver().expect("pool"));
+            if limited {
+                pool.set_limit(device_id(&dev), Limit::Bytes(size as u64))
+                    .expect("limit");
+            }
+            let view: DevicePtr = pool.malloc_shared(&a, size).expect("block").into();
+            let old = view.as_raw();
+            // The only mark of B: on the view.
+            view.record_stream(&b).expect("record_stream on the view");
+            // SAFETY: the view holds n u32s; the pool keeps the block out of reuse until B's
+            // work is done because of the record_stream above (what this test checks), and
+            // the test synchronises B before the pool is dropped.
+            unsafe { k.spin_then_fill_raw(&b, old, 0xAAAA_AAAA, n as u64, SLOW) }.unwrap();
+            drop(view); // freed on A, with B's mark
+            let next = if next_on_a { &a } else { &c };
+            let new: DevicePtr = pool
+                .malloc_shared(next, size)
+                .expect("the next block")
+                .into();
+            let overlaps = new.as_raw() < old + size as u64 && old < new.as_raw() + size as u64;
+            if limited {
+                assert!(
+                    overlaps,
+                    "under the limit the pool can only reuse the block"
+                );
+            }
+            // If the block came back while B still runs, the pool must have made `next` wait
+            // for B on the device; the data check below decides either way.
+            k.fill(next, &new, 0xBBBB_BBBB).unwrap();
+            next.synchronize().unwrap();
+            b.synchronize().unwrap();
+            let mut host = vec![0u32; n];
+            new.copy_to_host(&mut host).unwrap();
+            let bad = host.iter().filter(|&&v| v != 0xBBBB_BBBB).count();
+            assert_eq!(
+                bad, 0,
+                "limited={limited} next_on_a={next_on_a}: {bad} words of the next owner's \
+                 block were overwritten by B's kernel: the view's record_stream was not honoured"
+            );
+            drop(new);
+            pool.free_all_blocks().unwrap();
+        }
+    }
+}
+
 /// On the same stream, a freed block is reused at once, without waiting for the kernel.
 #[test]
 fn same_stream_reuse_is_immediate() {
     let _s = serial();
     let dev = dev0();
-    let k = TestKernels::load(&dev).expect("kernels");
+    let k = Kernels::load(&dev).expect("kernels");
     let a = Stream::new(&dev).unwrap();
     let pool = DevicePool::new_driver().unwrap();
     let x = pool.malloc_stream(&a, MIB).unwrap();
@@ -186,6 +253,18 @@ fn oom_on_the_card_is_typed_and_recoverable() {
     unsafe { raw::copy_htod(&dev, again.ptr().0, view_bytes.as_ptr(), 64 * MIB) }.unwrap();
     let stats = pool.stats(device_id(&dev)).unwrap();
     assert_eq!(stats.ooms, 1);
+    assert_eq!(stats.oom_causes.device_memory, 1);
+    assert_eq!(stats.last_oom, Some(cuda_mempool::OomCause::DeviceMemory));
+    assert!(stats.mapped >= 72 * MIB as u64 && stats.mapped <= stats.reserved.current);
+    // Through `?` into cuda_core::Error, the pool's error and its cause are still there.
+    let err: cuda_core::Error = pool.malloc_stream(&s, huge).unwrap_err().into();
+    assert!(matches!(
+        err.downcast_ref::<PoolError>(),
+        Some(PoolError::OutOfMemory {
+            cause: cuda_mempool::OomCause::DeviceMemory,
+            ..
+        })
+    ));
     drop((keep, again));
 }
 
@@ -278,7 +357,7 @@ fn views_and_default_pool() {
     let pool = Arc::new(DevicePool::new_driver().unwrap());
     let m = pool.malloc_shared(&s, 4096).unwrap();
     assert_eq!(m.stream(), stream_id(&s));
-    let view: CoreDevicePtr = m.into();
+    let view: DevicePtr = m.into();
     // `s` lives to the end of the test, after the pools' last use of it.
     let data: Vec<u32> = (0..1024).collect();
     view.copy_from_host(&data).unwrap();
@@ -368,7 +447,7 @@ fn pinned_record_stream_refuses_the_per_thread_stream() {
 fn pinned_reuse_waits_for_slow_copy() {
     let _s = serial();
     let dev = dev0();
-    let k = TestKernels::load(&dev).expect("kernels");
+    let k = Kernels::load(&dev).expect("kernels");
     let s = Stream::new(&dev).unwrap();
     let pool = PinnedMemoryPool::new();
     let size = 4 * MIB;
@@ -379,7 +458,7 @@ fn pinned_reuse_waits_for_slow_copy() {
     // SAFETY: d holds n u32s, live until the synchronisation below; p stays cached (not
     // freed to the OS) and is not handed out while the copy is pending.
     unsafe {
-        k.spin_then_fill(&s, d.as_raw(), 0xC0FFEE, n as u64, SLOW)
+        k.spin_then_fill_raw(&s, d.as_raw(), 0xC0FFEE, n as u64, SLOW)
             .unwrap();
         raw::copy_dtoh_async(&dev, p.as_mut_ptr(), d.as_raw(), size, &s).unwrap();
     }

@@ -25,11 +25,11 @@ use std::time::{Duration, Instant};
 
 use cuda_core::async_pool::StreamOrderedMemory;
 use cuda_core::graph::CaptureMode;
+use cuda_core::kernels::Kernels;
 use cuda_core::memory::{raw, DevicePtr};
 use cuda_core::{Device, Stream};
 use cuda_mempool::driver::device_id;
 use cuda_mempool::{DevicePool, Limit, PoolError};
-use tests::ptx::TestKernels;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -77,7 +77,7 @@ fn random_u32s(seed: &mut u64, n: usize) -> Vec<u32> {
 fn capture_with_private_pool_replays_correctly_and_returns_its_memory() {
     let _s = serial();
     let dev = dev0();
-    let k = TestKernels::load(&dev).expect("kernels");
+    let k = Kernels::load(&dev).expect("kernels");
     let s = Stream::builder(&dev).non_blocking(true).build().unwrap();
     let pool = DevicePool::new_driver().unwrap();
     let id = device_id(&dev);
@@ -93,19 +93,19 @@ fn capture_with_private_pool_replays_correctly_and_returns_its_memory() {
         addrs.push(t1.ptr().0);
         t1_from(&s, &input, t1.ptr().0, bytes)?;
         // SAFETY: t1 is n u32s of private-pool memory, kept until the graph is gone.
-        unsafe { k.add_u32(&s, t1.ptr().0, 1, n as u64) }?;
+        unsafe { k.add_u32_raw(&s, t1.ptr().0, 1, n as u64) }?;
         // t2 = t1 + 2
         let t2 = pool.malloc_stream(&s, bytes).expect("malloc in capture");
         addrs.push(t2.ptr().0);
         t1_from_raw(&s, t2.ptr().0, t1.ptr().0, bytes)?;
         // SAFETY: as above.
-        unsafe { k.add_u32(&s, t2.ptr().0, 2, n as u64) }?;
+        unsafe { k.add_u32_raw(&s, t2.ptr().0, 2, n as u64) }?;
         drop(t1); // freed inside the capture...
         let t3 = pool.malloc_stream(&s, bytes).expect("malloc in capture"); // ...and reused by it, in capture order
         addrs.push(t3.ptr().0);
         t1_from_raw(&s, t3.ptr().0, t2.ptr().0, bytes)?;
         // SAFETY: as above.
-        unsafe { k.add_u32(&s, t3.ptr().0, 3, n as u64) }?;
+        unsafe { k.add_u32_raw(&s, t3.ptr().0, 3, n as u64) }?;
         output.copy_from_device_async(
             &DevicePtr::from_arc(Arc::new(Borrowed(t3.ptr().0, bytes, dev))),
             &s,
@@ -200,7 +200,7 @@ fn t1_from_raw(s: &Stream, dst: u64, src: u64, bytes: usize) -> cuda_graph::Resu
 fn one_hundred_thousand_short_lived_streams_stay_flat() {
     let _s = serial();
     let dev = dev0();
-    let k = TestKernels::load(&dev).expect("kernels");
+    let k = Kernels::load(&dev).expect("kernels");
     let pool = DevicePool::new_driver().unwrap();
     let id = device_id(&dev);
     let (free_start, _) = dev.memory_info().unwrap();
@@ -217,7 +217,7 @@ fn one_hundred_thousand_short_lived_streams_stay_flat() {
         let a = pool.malloc_stream(&s, 3 * MIB).unwrap();
         let b = pool.malloc_stream(&s, 4096).unwrap();
         // SAFETY: a holds 3 MiB, freed on `s` after the kernel in stream order.
-        unsafe { k.fill_u32(&s, a.ptr().0, i, 1024) }.unwrap();
+        unsafe { k.fill_u32_raw(&s, a.ptr().0, i, 1024) }.unwrap();
         drop((a, b));
         drop(s);
         if i % every == every - 1 {
@@ -260,7 +260,7 @@ fn one_hundred_thousand_short_lived_streams_stay_flat() {
 fn a_block_of_a_destroyed_stream_is_not_reused_before_its_kernel_ends() {
     let _s = serial();
     let dev = dev0();
-    let k = TestKernels::load(&dev).expect("kernels");
+    let k = Kernels::load(&dev).expect("kernels");
     let pool = DevicePool::new_driver().unwrap();
     let size = 8 * MIB;
     pool.set_limit(device_id(&dev), Limit::Bytes(size as u64))
@@ -269,13 +269,13 @@ fn a_block_of_a_destroyed_stream_is_not_reused_before_its_kernel_ends() {
     let a = Stream::builder(&dev).non_blocking(true).build().unwrap();
     let x = pool.malloc_stream(&a, size).unwrap();
     // SAFETY: x holds n u32s, freed in stream order after the kernel.
-    unsafe { k.spin_then_fill(&a, x.ptr().0, 0xAAAA_AAAA, n as u64, SLOW) }.unwrap();
+    unsafe { k.spin_then_fill_raw(&a, x.ptr().0, 0xAAAA_AAAA, n as u64, SLOW) }.unwrap();
     drop(x);
     drop(a); // the user destroys the stream while its kernel runs
     let b = Stream::builder(&dev).non_blocking(true).build().unwrap();
     let y = pool.malloc_stream(&b, size).unwrap();
     // SAFETY: y holds n u32s, alive until after the read.
-    unsafe { k.fill_u32(&b, y.ptr().0, 0xBBBB_BBBB, n as u64) }.unwrap();
+    unsafe { k.fill_u32_raw(&b, y.ptr().0, 0xBBBB_BBBB, n as u64) }.unwrap();
     b.synchronize().unwrap();
     dev.synchronize().unwrap();
     let host = read_u32(y.ptr().0, n);
@@ -292,7 +292,7 @@ fn a_block_of_a_destroyed_stream_is_not_reused_before_its_kernel_ends() {
 fn a_view_used_on_another_stream_is_not_reused_before_that_work_ends() {
     let _s = serial();
     let dev = dev0();
-    let k = TestKernels::load(&dev).expect("kernels");
+    let k = Kernels::load(&dev).expect("kernels");
     let pool = Arc::new(DevicePool::new_driver().unwrap());
     let size = 8 * MIB;
     pool.set_limit(device_id(&dev), Limit::Bytes(size as u64))
@@ -306,7 +306,7 @@ fn a_view_used_on_another_stream_is_not_reused_before_that_work_ends() {
     drop(v);
     let w = pool.malloc_stream(&s1, size).unwrap();
     // SAFETY: w holds n u32s, alive until after the read.
-    unsafe { k.fill_u32(&s1, w.ptr().0, 0xBBBB_BBBB, n as u64) }.unwrap();
+    unsafe { k.fill_u32_raw(&s1, w.ptr().0, 0xBBBB_BBBB, n as u64) }.unwrap();
     s1.synchronize().unwrap();
     s2.synchronize().unwrap();
     let host = read_u32(w.ptr().0, n);
@@ -321,11 +321,11 @@ fn a_view_used_on_another_stream_is_not_reused_before_that_work_ends() {
     let v: DevicePtr = pool.malloc_shared(&s1, size).unwrap().into();
     v.record_stream(&s2).unwrap();
     // SAFETY: v holds n u32s; the owner waits for s2 before any reuse.
-    unsafe { k.spin_then_fill(&s2, v.as_raw(), 0xDEAD_DEAD, n as u64, SLOW) }.unwrap();
+    unsafe { k.spin_then_fill_raw(&s2, v.as_raw(), 0xDEAD_DEAD, n as u64, SLOW) }.unwrap();
     drop(v);
     let w = pool.malloc_stream(&s1, size).unwrap();
     // SAFETY: as above.
-    unsafe { k.fill_u32(&s1, w.ptr().0, 0xCCCC_CCCC, n as u64) }.unwrap();
+    unsafe { k.fill_u32_raw(&s1, w.ptr().0, 0xCCCC_CCCC, n as u64) }.unwrap();
     s1.synchronize().unwrap();
     s2.synchronize().unwrap();
     let host = read_u32(w.ptr().0, n);

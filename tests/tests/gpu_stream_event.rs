@@ -1,5 +1,5 @@
 //! GPU tests of streams, events, host callbacks, current-stream and device scopes, and
-//! interprocess events (issue 3). Kernels are PTX text from `tests::ptx`.
+//! interprocess events (issue 3). Kernels are PTX text from `cuda_core::kernels`.
 //!
 //! Run with `--test-threads=1`: several tests measure concurrency and timing.
 #![cfg(feature = "gpu")]
@@ -18,10 +18,10 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use cuda_core::event::IpcEventHandle;
+use cuda_core::kernels::Kernels;
 use cuda_core::stream::StreamKind;
 use cuda_core::sys::{self, CUcontext, CUdevice_attribute, CUdeviceptr, CUresult, CUstream};
 use cuda_core::{Device, Error, Event, Stream};
-use tests::ptx::TestKernels;
 
 fn device() -> Device {
     Device::new(0).expect("a CUDA device is required for the GPU tests")
@@ -154,7 +154,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Milliseconds the spin kernel takes for `cycles`, timed by events around it (median of 3).
-fn spin_ms(k: &TestKernels, stream: &Stream, cycles: u64) -> f64 {
+fn spin_ms(k: &Kernels, stream: &Stream, cycles: u64) -> f64 {
     let dev = stream.device();
     let runs = (0..3)
         .map(|_| {
@@ -176,7 +176,7 @@ fn spin_ms(k: &TestKernels, stream: &Stream, cycles: u64) -> f64 {
 #[test]
 fn spin_kernel_time_is_linear_in_cycles_and_matches_the_clock_rate() {
     let dev = device();
-    let k = TestKernels::load(&dev).unwrap();
+    let k = Kernels::load(&dev).unwrap();
     let stream = Stream::new(&dev).unwrap();
     // Warm up: JIT, clocks ramping up.
     k.spin(&stream, cycles_for_ms(&dev, 50.0)).unwrap();
@@ -207,7 +207,7 @@ fn spin_kernel_time_is_linear_in_cycles_and_matches_the_clock_rate() {
 #[test]
 fn non_blocking_stream_overlaps_the_legacy_null_stream_and_a_blocking_one_does_not() {
     let dev = device();
-    let k = TestKernels::load(&dev).unwrap();
+    let k = Kernels::load(&dev).unwrap();
     let null = Stream::null(&dev);
     let cycles = cycles_for_ms(&dev, 40.0);
     k.spin(&null, cycles / 4).unwrap(); // warm-up
@@ -271,15 +271,15 @@ fn non_blocking_stream_overlaps_the_legacy_null_stream_and_a_blocking_one_does_n
 #[test]
 fn host_callback_runs_after_the_kernel_and_sees_its_status() {
     let dev = device();
-    let k = TestKernels::load(&dev).unwrap();
+    let k = Kernels::load(&dev).unwrap();
     let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
     let n = 1 << 16;
     let mem = Managed::new(&dev, n);
     let (ptr, len) = (mem.ptr, mem.n);
     // SAFETY: `mem` holds n u32 and outlives the kernel (synchronised below).
-    unsafe { k.fill_u32(&stream, ptr, 0, n as u64) }.unwrap();
+    unsafe { k.fill_u32_raw(&stream, ptr, 0, n as u64) }.unwrap();
     // SAFETY: as above.
-    unsafe { k.spin_then_fill(&stream, ptr, 7, n as u64, cycles_for_ms(&dev, 30.0)) }.unwrap();
+    unsafe { k.spin_then_fill_raw(&stream, ptr, 7, n as u64, cycles_for_ms(&dev, 30.0)) }.unwrap();
     let (tx, rx) = mpsc::channel();
     stream
         .add_callback(move |status| {
@@ -313,7 +313,7 @@ fn host_callback_runs_after_the_kernel_and_sees_its_status() {
 #[test]
 fn a_panicking_callback_is_reported_and_the_process_goes_on() {
     let dev = device();
-    let k = TestKernels::load(&dev).unwrap();
+    let k = Kernels::load(&dev).unwrap();
     for stream in [Stream::new(&dev).unwrap(), Stream::null(&dev)] {
         let ran_after = Arc::new(AtomicBool::new(false));
         let r = Arc::clone(&ran_after);
@@ -361,7 +361,7 @@ fn current_stream_is_per_thread_and_scopes_nest_and_restore() {
         }
         assert_eq!(Stream::current(&dev), s1);
         // An event recorded on "the current stream" lands on s1.
-        let k = TestKernels::load(&dev).unwrap();
+        let k = Kernels::load(&dev).unwrap();
         k.spin(&s1, cycles_for_ms(&dev, 50.0)).unwrap();
         let e = Event::new(&dev).unwrap();
         e.record_current().unwrap();
@@ -449,7 +449,7 @@ fn stream_builder_priorities_kinds_and_queries() {
     assert!(urgent.is_done().unwrap());
 
     // is_done follows the work.
-    let k = TestKernels::load(&dev).unwrap();
+    let k = Kernels::load(&dev).unwrap();
     k.spin(&urgent, cycles_for_ms(&dev, 30.0)).unwrap();
     assert!(!urgent.is_done().unwrap());
     urgent.synchronize().unwrap();
@@ -505,7 +505,7 @@ fn external_stream_is_used_but_not_destroyed() {
             unsafe { Stream::external_with_owner(&dev, raw, Flag(Arc::clone(&dropped))) }.unwrap();
         assert_eq!(ext.kind(), StreamKind::External);
         assert_eq!(ext.raw(), raw);
-        let k = TestKernels::load(&dev).unwrap();
+        let k = Kernels::load(&dev).unwrap();
         k.spin(&ext, 1000).unwrap();
         let clone = ext.clone();
         drop(ext);
@@ -535,6 +535,17 @@ fn event_timing_errors_are_clear() {
     let timed_b = Event::timed(&dev).unwrap();
     let untimed = Event::new(&dev).unwrap();
     assert!(!untimed.timing_enabled());
+    // One timing rule for every way of making an event: off unless the name says timed.
+    assert!(!Event::builder(&dev).build().unwrap().timing_enabled());
+    assert!(!stream.record(None).unwrap().timing_enabled());
+    assert!(timed_a.timing_enabled());
+    assert!(Event::builder(&dev)
+        .timing(true)
+        .build()
+        .unwrap()
+        .timing_enabled());
+    let stamped = stream.record_timed().unwrap();
+    assert!(stamped.timing_enabled() && stamped.is_recorded());
     assert_eq!(
         Event::elapsed(&timed_a, &timed_b),
         Err(Error::EventNotRecorded)
@@ -553,7 +564,7 @@ fn event_timing_errors_are_clear() {
         Event::elapsed_ms(&untimed, &timed_a),
         Err(Error::TimingDisabled)
     );
-    let k = TestKernels::load(&dev).unwrap();
+    let k = Kernels::load(&dev).unwrap();
     k.spin(&stream, cycles_for_ms(&dev, 2.0)).unwrap();
     timed_b.record(&stream).unwrap();
     timed_b.synchronize().unwrap();
@@ -567,7 +578,7 @@ fn event_timing_errors_are_clear() {
 
     // Builder validation and interprocess rules.
     assert!(matches!(
-        Event::builder(&dev).interprocess(true).build(),
+        Event::builder(&dev).timing(true).interprocess(true).build(),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
@@ -598,7 +609,7 @@ fn event_timing_errors_are_clear() {
 #[test]
 fn interprocess_event_is_waited_on_in_a_child_process() {
     let dev = device();
-    let k = TestKernels::load(&dev).unwrap();
+    let k = Kernels::load(&dev).unwrap();
     let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
     let flag = MappedFlag::new(&dev);
     let event = Event::builder(&dev)
@@ -609,7 +620,7 @@ fn interprocess_event_is_waited_on_in_a_child_process() {
     // A kernel that runs until the host sets the flag (at most ~20 s), then the event.
     // SAFETY: `flag` is mapped pinned memory that outlives the kernel (its Drop sets it and
     // synchronises).
-    unsafe { k.wait_flag(&stream, flag.dev_ptr, cycles_for_ms(&dev, 20_000.0)) }.unwrap();
+    unsafe { k.wait_flag_raw(&stream, flag.dev_ptr, cycles_for_ms(&dev, 20_000.0)) }.unwrap();
     event.record(&stream).unwrap();
     let handle = event.ipc_handle().unwrap();
 
@@ -662,9 +673,9 @@ fn module_errors_are_clear() {
     println!("bad PTX error: {text}");
     assert!(matches!(err, Error::InvalidArgument(_)));
     assert!(text.contains("cuModuleLoadDataEx"), "{text}");
-    let k = TestKernels::load(&dev).unwrap();
+    let k = Kernels::load(&dev).unwrap();
     assert!(k.module().function("no_such_kernel").is_err());
-    let f = k.module().function(tests::ptx::SPIN).unwrap();
+    let f = k.module().function(cuda_core::kernels::SPIN).unwrap();
     let stream = Stream::new(&dev).unwrap();
     let mut c = 1u64;
     let mut params = [&mut c as *mut u64 as *mut c_void];
@@ -688,8 +699,8 @@ fn explicit_handles_survive_a_foreign_context_pop() {
         let d = sys::driver().unwrap();
         let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
         let other = Stream::builder(&dev).non_blocking(true).build().unwrap();
-        let start = stream.record(None).unwrap();
-        let end = stream.record(None).unwrap();
+        let start = stream.record_timed().unwrap();
+        let end = stream.record_timed().unwrap();
         // Makes the cache say "a context is current" (a call that asks the driver with the
         // device current), then pops it as foreign code would.
         let arm_and_pop = || {
@@ -755,4 +766,55 @@ fn explicit_handles_survive_a_foreign_context_pop() {
     })
     .join()
     .unwrap();
+}
+
+/// The public kernels (`cuda_core::kernels`) do what their table says: fill, add, copy,
+/// checksum on views, and their checks refuse bad views before launching anything.
+#[test]
+fn public_kernels_fill_copy_and_checksum() {
+    use cuda_core::kernels::checksum_host;
+    use cuda_core::DevicePtr;
+    let dev = device();
+    let stream = Stream::new(&dev).unwrap();
+    let k = Kernels::load(&dev).unwrap();
+    let n = 1 << 20;
+    let a = DevicePtr::alloc(&dev, n * 4).unwrap();
+    let b = DevicePtr::alloc(&dev, n * 4).unwrap();
+    let sum = DevicePtr::alloc(&dev, 8).unwrap();
+    k.spin(&stream, k.cycles_for(Duration::from_millis(1)))
+        .unwrap();
+    k.fill(&stream, &a, 7).unwrap();
+    k.add(&stream, &a, 3).unwrap();
+    k.copy(&stream, &b, &a).unwrap();
+    k.checksum(&stream, &b, &sum).unwrap();
+    stream.synchronize().unwrap();
+    let mut host = vec![0u32; n];
+    b.copy_to_host(&mut host).unwrap();
+    assert!(host.iter().all(|&v| v == 10));
+    let mut out = [0u64];
+    sum.copy_to_host(&mut out).unwrap();
+    assert_eq!(out[0], checksum_host(&host));
+    assert_eq!(out[0], 10 * n as u64);
+    // A varied pattern, so a checksum that skipped or repeated elements would differ.
+    let pattern: Vec<u32> = (0..n as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    a.copy_from_host(&pattern).unwrap();
+    k.checksum(&stream, &a, &sum).unwrap();
+    stream.synchronize().unwrap();
+    sum.copy_to_host(&mut out).unwrap();
+    assert_eq!(out[0], checksum_host(&pattern));
+    // Bad views are refused before any launch.
+    assert!(matches!(
+        k.copy(&stream, &b.slice(4..).unwrap(), &a.slice(8..).unwrap()),
+        Err(Error::SizeMismatch { .. })
+    ));
+    assert!(matches!(
+        k.fill(&stream, &a.slice(1..5).unwrap(), 0),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        k.checksum(&stream, &a, &sum.slice(..4).unwrap()),
+        Err(Error::InvalidArgument(_))
+    ));
 }

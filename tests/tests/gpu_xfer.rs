@@ -16,6 +16,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+use cuda_core::kernels::Kernels;
 use cuda_core::memory::{AttachFlags, DevicePtr, ManagedMemory};
 use cuda_core::{Device, Stream};
 use cuda_xfer::half::{bf16, f16};
@@ -33,7 +34,6 @@ use cuda_xfer::{
     register, scope, to_device, to_device_async, to_device_of, to_host, to_host_async,
     to_host_into, DeviceBuffer, Error, PinnedBuffer,
 };
-use tests::ptx::TestKernels;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -267,16 +267,16 @@ fn scoped_async_round_trips_from_unaligned_borrowed_slices() {
 fn async_copies_to_the_device_are_ordered_with_kernels_on_the_stream() {
     let _s = serial();
     let dev = dev0();
-    let kernels = TestKernels::load(&dev).unwrap();
+    let kernels = Kernels::load(&dev).unwrap();
     let stream = Stream::new(&dev).unwrap();
     for n in [1024usize, 16 * MIB + 1] {
         let buf = DeviceBuffer::<u32>::zeroed(&dev, n).unwrap();
         // A slow kernel writes 1 everywhere; the copy must overwrite it with 5, then +1.
         // SAFETY: `buf` holds `n` u32 and outlives the stream work (synchronised below).
-        unsafe { kernels.spin_then_fill(&stream, buf.as_raw(), 1, n as u64, SLOW) }.unwrap();
+        unsafe { kernels.spin_then_fill_raw(&stream, buf.as_raw(), 1, n as u64, SLOW) }.unwrap();
         let pending = copy_to_device_async(vec![5u32; n], &buf, &stream).unwrap();
         // SAFETY: as above.
-        unsafe { kernels.add_u32(&stream, buf.as_raw(), 1, n as u64) }.unwrap();
+        unsafe { kernels.add_u32_raw(&stream, buf.as_raw(), 1, n as u64) }.unwrap();
         let out = to_host_async(&buf, vec![0u32; n], &stream)
             .unwrap()
             .wait()
@@ -290,14 +290,14 @@ fn async_copies_to_the_device_are_ordered_with_kernels_on_the_stream() {
 
         let src = PinnedBuffer::from_slice(&dev, &vec![9u32; n]).unwrap();
         // SAFETY: as above.
-        unsafe { kernels.spin_then_fill(&stream, buf.as_raw(), 1, n as u64, SLOW) }.unwrap();
+        unsafe { kernels.spin_then_fill_raw(&stream, buf.as_raw(), 1, n as u64, SLOW) }.unwrap();
         let pending = copy_to_device_async(src, &buf, &stream).unwrap();
         assert!(
             !pending.is_complete().unwrap(),
             "a pinned copy queued behind a slow kernel is still pending"
         );
         // SAFETY: as above.
-        unsafe { kernels.add_u32(&stream, buf.as_raw(), 1, n as u64) }.unwrap();
+        unsafe { kernels.add_u32_raw(&stream, buf.as_raw(), 1, n as u64) }.unwrap();
         let out = PinnedBuffer::<u32>::zeroed(&dev, n).unwrap();
         let out = to_host_async(&buf, out, &stream).unwrap().wait().unwrap();
         assert!(
@@ -315,12 +315,12 @@ fn async_copies_to_the_device_are_ordered_with_kernels_on_the_stream() {
 fn async_copies_to_the_host_see_earlier_kernels() {
     let _s = serial();
     let dev = dev0();
-    let kernels = TestKernels::load(&dev).unwrap();
+    let kernels = Kernels::load(&dev).unwrap();
     let stream = Stream::new(&dev).unwrap();
     for n in [1024usize, 16 * MIB + 1] {
         let buf = DeviceBuffer::<u32>::zeroed(&dev, n).unwrap();
         // SAFETY: `buf` holds `n` u32 and outlives the stream work.
-        unsafe { kernels.spin_then_fill(&stream, buf.as_raw(), 7, n as u64, SLOW) }.unwrap();
+        unsafe { kernels.spin_then_fill_raw(&stream, buf.as_raw(), 7, n as u64, SLOW) }.unwrap();
         let pinned = PinnedBuffer::<u32>::zeroed(&dev, n).unwrap();
         let pending = to_host_async(&buf, pinned, &stream).unwrap();
         assert!(
@@ -331,7 +331,7 @@ fn async_copies_to_the_host_see_earlier_kernels() {
         assert!(out.iter().all(|&x| x == 7), "pinned {n}");
 
         // SAFETY: as above.
-        unsafe { kernels.spin_then_fill(&stream, buf.as_raw(), 8, n as u64, SLOW) }.unwrap();
+        unsafe { kernels.spin_then_fill_raw(&stream, buf.as_raw(), 8, n as u64, SLOW) }.unwrap();
         let out = to_host_async(&buf, vec![0u32; n], &stream)
             .unwrap()
             .wait()
@@ -339,7 +339,7 @@ fn async_copies_to_the_host_see_earlier_kernels() {
         assert!(out.iter().all(|&x| x == 8), "pageable {n}");
 
         // SAFETY: as above.
-        unsafe { kernels.spin_then_fill(&stream, buf.as_raw(), 9, n as u64, SLOW) }.unwrap();
+        unsafe { kernels.spin_then_fill_raw(&stream, buf.as_raw(), 9, n as u64, SLOW) }.unwrap();
         let mut borrowed = vec![0u32; n];
         scope(|s| s.to_host(&buf, &mut borrowed, &stream))
             .unwrap()
@@ -348,7 +348,7 @@ fn async_copies_to_the_host_see_earlier_kernels() {
 
         // The synchronous copy is ordered after blocking streams' work too.
         // SAFETY: as above.
-        unsafe { kernels.spin_then_fill(&stream, buf.as_raw(), 10, n as u64, SLOW) }.unwrap();
+        unsafe { kernels.spin_then_fill_raw(&stream, buf.as_raw(), 10, n as u64, SLOW) }.unwrap();
         assert!(
             to_host(&buf).unwrap().iter().all(|&x| x == 10),
             "sync after a blocking stream {n}"
@@ -360,12 +360,12 @@ fn async_copies_to_the_host_see_earlier_kernels() {
 fn a_dropped_pending_transfer_waits_and_a_forgotten_one_leaks_safely() {
     let _s = serial();
     let dev = dev0();
-    let kernels = TestKernels::load(&dev).unwrap();
+    let kernels = Kernels::load(&dev).unwrap();
     let stream = Stream::new(&dev).unwrap();
     let n = 4096;
     let buf = DeviceBuffer::<u32>::zeroed(&dev, n).unwrap();
     // SAFETY: `buf` holds `n` u32 and outlives the stream work.
-    unsafe { kernels.spin_then_fill(&stream, buf.as_raw(), 3, n as u64, SLOW) }.unwrap();
+    unsafe { kernels.spin_then_fill_raw(&stream, buf.as_raw(), 3, n as u64, SLOW) }.unwrap();
     let pending =
         to_host_async(&buf, PinnedBuffer::<u32>::zeroed(&dev, n).unwrap(), &stream).unwrap();
     drop(pending);
@@ -375,7 +375,7 @@ fn a_dropped_pending_transfer_waits_and_a_forgotten_one_leaks_safely() {
     );
 
     // SAFETY: as above.
-    unsafe { kernels.spin_then_fill(&stream, buf.as_raw(), 4, n as u64, SLOW) }.unwrap();
+    unsafe { kernels.spin_then_fill_raw(&stream, buf.as_raw(), 4, n as u64, SLOW) }.unwrap();
     let pending = to_host_async(&buf, vec![0u32; n], &stream).unwrap();
     std::mem::forget(pending); // the Vec is leaked with it, never freed under the DMA
     stream.synchronize().unwrap();

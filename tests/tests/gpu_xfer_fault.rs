@@ -13,10 +13,10 @@
     reason = "test code: a failed check panics with its message"
 )]
 
+use cuda_core::kernels::Kernels;
 use cuda_core::{Device, Stream};
 use cuda_xfer::staging::{self, route_stats};
 use cuda_xfer::DeviceBuffer;
-use tests::ptx::TestKernels;
 
 /// About 0.5 s of SM clocks: the transfer's DMAs are queued well before the fault.
 const SLOW: u64 = 1_000_000_000;
@@ -24,7 +24,7 @@ const SLOW: u64 = 1_000_000_000;
 #[test]
 fn a_staged_transfer_whose_wait_fails_leaks_its_slots() {
     let dev = Device::new(0).expect("device 0");
-    let k = TestKernels::load(&dev).expect("kernels");
+    let k = Kernels::load(&dev).expect("kernels");
     let stream = Stream::new(&dev).unwrap();
     let len = 64 << 20;
     let src = DeviceBuffer::<u8>::zeroed(&dev, len).unwrap();
@@ -36,7 +36,7 @@ fn a_staged_transfer_whose_wait_fails_leaks_its_slots() {
 
     // SAFETY: deliberately invalid: the kernel faults, which is what this test is about; it
     // touches no host memory and nothing of this process's but the (then dead) context.
-    unsafe { k.spin_then_fill(&stream, 0x10, 7, 1, SLOW) }.unwrap();
+    unsafe { k.spin_then_fill_raw(&stream, 0x10, 7, 1, SLOW) }.unwrap();
     let result = cuda_xfer::to_host_async(&src, vec![0u8; len], &stream);
 
     assert_eq!(route_stats().staged, staged_before + 1, "the staged route");

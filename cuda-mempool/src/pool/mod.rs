@@ -42,10 +42,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::backend::{Backend, DeviceId, DeviceInfo, DevicePtr, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamId};
 use crate::error::{OomCause, PoolError};
 use crate::policy::{self, size_class};
-use crate::stats::{Stat, Stats};
+use crate::stats::{OomCounts, Stat, Stats};
 
 use shard::{Choice, ShardState};
 use table::{Inserted, Shard, ShardTable};
@@ -162,6 +162,8 @@ struct Global<B: Backend> {
     spare: Vec<B::Physical>,
     retries: u64,
     ooms: u64,
+    oom_causes: OomCounts,
+    last_oom: Option<OomCause>,
 }
 
 struct Device<B: Backend> {
@@ -257,7 +259,7 @@ pub struct Allocation<'p, B: Backend> {
     shard: Option<&'p Shard<B>>,
     id: u32,
     generation: u64,
-    ptr: DevicePtr,
+    ptr: DeviceAddress,
     size: u64,
     device: DeviceId,
     key: StreamId,
@@ -275,7 +277,7 @@ pub struct Allocation<'p, B: Backend> {
 /// that cannot wrap in practice.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct RawAllocation {
-    ptr: DevicePtr,
+    ptr: DeviceAddress,
     size: u64,
     device: DeviceId,
     key: StreamId,
@@ -288,7 +290,7 @@ pub struct RawAllocation {
 
 impl RawAllocation {
     /// The device address.
-    pub fn ptr(&self) -> DevicePtr {
+    pub fn ptr(&self) -> DeviceAddress {
         self.ptr
     }
     /// The size asked for.
@@ -347,6 +349,8 @@ impl<B: Backend> MemoryPool<B> {
                     spare: Vec::new(),
                     retries: 0,
                     ooms: 0,
+                    oom_causes: OomCounts::default(),
+                    last_oom: None,
                 }),
                 shards: ShardTable::new(),
                 private: ShardTable::new(),
@@ -408,7 +412,7 @@ impl<B: Backend> MemoryPool<B> {
                 shard: None,
                 id: 0,
                 generation: 0,
-                ptr: DevicePtr::NULL,
+                ptr: DeviceAddress::NULL,
                 size: 0,
                 device,
                 key: StreamId(0),
@@ -437,7 +441,7 @@ impl<B: Backend> MemoryPool<B> {
                 shard: None,
                 id: 0,
                 generation: 0,
-                ptr: DevicePtr::NULL,
+                ptr: DeviceAddress::NULL,
                 size: 0,
                 device: dev.id,
                 key: StreamId(0),
@@ -483,7 +487,7 @@ impl<B: Backend> MemoryPool<B> {
                 shard: Some(shard),
                 id,
                 generation,
-                ptr: DevicePtr(addr),
+                ptr: DeviceAddress(addr),
                 size,
                 device: dev.id,
                 key: stream_key_of_alloc,
@@ -786,6 +790,8 @@ impl<B: Backend> MemoryPool<B> {
         cause: OomCause,
     ) -> PoolError {
         g.ooms += 1;
+        g.oom_causes.count(cause);
+        g.last_oom = Some(cause);
         let used = self.device_used(dev, shard, st);
         PoolError::OutOfMemory {
             device: dev.id,
@@ -923,7 +929,7 @@ impl<B: Backend> MemoryPool<B> {
         shard: &Shard<B>,
         st: &mut ShardState<B>,
         size: u64,
-    ) -> Result<Result<DevicePtr, OomCause>, PoolError> {
+    ) -> Result<Result<DeviceAddress, OomCause>, PoolError> {
         let fits = |g: &Global<B>| {
             g.limit
                 .is_none_or(|l| g.reserved.current.saturating_add(size) <= l)
@@ -1301,10 +1307,14 @@ impl<B: Backend> MemoryPool<B> {
     pub fn stats(&self, device: DeviceId) -> Result<Stats, PoolError> {
         let dev = self.device(device)?;
         let g = lock(&dev.global);
+        let spare_bytes = (g.spare.len() as u64).saturating_mul(dev.page.unwrap_or(0));
         let mut s = Stats {
             reserved: g.reserved,
             retries: g.retries,
             ooms: g.ooms,
+            oom_causes: g.oom_causes,
+            last_oom: g.last_oom,
+            mapped: g.reserved.current.saturating_sub(spare_bytes),
             ..Stats::default()
         };
         drop(g);
@@ -1436,7 +1446,7 @@ impl<B: Backend> MemoryPool<B> {
 
 impl<'p, B: Backend> Allocation<'p, B> {
     /// The device address (null for a zero-sized allocation).
-    pub fn ptr(&self) -> DevicePtr {
+    pub fn ptr(&self) -> DeviceAddress {
         self.ptr
     }
 

@@ -34,7 +34,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use crate::backend::{Backend, DeviceId, DevicePtr, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, StreamId};
 use crate::error::PoolError;
 use crate::policy::{self, SizeClass, MAX_OUTSTANDING_FENCES, RECENT_CAPACITY};
 use crate::stats::Stats;
@@ -787,7 +787,7 @@ impl<B: Backend> ShardState<B> {
                 let Some(phys) = slot.take() else {
                     continue;
                 };
-                let va = DevicePtr(base + i as u64 * page);
+                let va = DeviceAddress(base + i as u64 * page);
                 if let Err(e) = backend.unmap(self.device, va, page) {
                     *slot = Some(phys);
                     return Err(PoolError::backend("unmap")(e));
@@ -839,13 +839,13 @@ impl<B: Backend> ShardState<B> {
             match seg.backing {
                 Backing::Plain => {
                     backend
-                        .deallocate(self.device, DevicePtr(base), size)
+                        .deallocate(self.device, DeviceAddress(base), size)
                         .map_err(PoolError::backend("deallocate"))?;
                     *reserved = reserved.saturating_sub(size);
                 }
                 Backing::Virtual { .. } => {
                     backend
-                        .release_address_range(self.device, DevicePtr(base), size)
+                        .release_address_range(self.device, DeviceAddress(base), size)
                         .map_err(PoolError::backend("release_address_range"))?;
                 }
             }
@@ -867,7 +867,7 @@ impl<B: Backend> ShardState<B> {
                     // A segment that cannot be returned is leaked, and stays counted: the
                     // device still holds it.
                     if backend
-                        .deallocate(self.device, DevicePtr(seg.base), seg.size)
+                        .deallocate(self.device, DeviceAddress(seg.base), seg.size)
                         .is_ok()
                     {
                         released += seg.size;
@@ -876,15 +876,18 @@ impl<B: Backend> ShardState<B> {
                 Backing::Virtual { pages, .. } => {
                     for (i, p) in pages.into_iter().enumerate() {
                         if let Some(p) = p {
-                            let va = DevicePtr(seg.base + i as u64 * self.page);
+                            let va = DeviceAddress(seg.base + i as u64 * self.page);
                             // A page that cannot be unmapped is leaked (still counted).
                             if backend.unmap(self.device, va, self.page).is_ok() {
                                 spare.push(p);
                             }
                         }
                     }
-                    let _ =
-                        backend.release_address_range(self.device, DevicePtr(seg.base), seg.size);
+                    let _ = backend.release_address_range(
+                        self.device,
+                        DeviceAddress(seg.base),
+                        seg.size,
+                    );
                 }
             }
         }
@@ -1473,7 +1476,12 @@ fn map_run<B: Backend>(
         return Ok(());
     };
     let refs: Vec<&B::Physical> = run.iter().map(|(_, p)| p).collect();
-    let result = backend.map_run(device, DevicePtr(base + first as u64 * page), page, &refs);
+    let result = backend.map_run(
+        device,
+        DeviceAddress(base + first as u64 * page),
+        page,
+        &refs,
+    );
     drop(refs);
     if let Err(failure) = result {
         for (k, (i, phys)) in run.drain(..).enumerate() {

@@ -271,6 +271,9 @@ fn out_of_memory_error_carries_the_figures_and_the_pool_keeps_working() {
     }
     let st = pool.stats(D0).unwrap();
     assert_eq!(st.ooms, 1);
+    assert_eq!(st.oom_causes.limit, 1);
+    assert_eq!(st.oom_causes.total(), st.ooms);
+    assert_eq!(st.last_oom, Some(crate::OomCause::Limit));
     assert!(st.reserved.peak <= 8 * MIB);
     let b = pool.malloc(D0, &S0, 2 * MIB).unwrap();
     assert_eq!(pool.used_bytes(), 8 * MIB);
@@ -794,7 +797,11 @@ fn out_of_memory_leaves_reserved_bytes_as_they_were() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(pool.stats(D0).unwrap().reserved, before.reserved);
+    let st = pool.stats(D0).unwrap();
+    assert_eq!(st.reserved, before.reserved);
+    assert_eq!(st.oom_causes.device_memory, 1);
+    assert_eq!(st.oom_causes.get(crate::OomCause::DeviceMemory), 1);
+    assert_eq!(st.last_oom, Some(crate::OomCause::DeviceMemory));
     assert_eq!(
         pool.backend().calls().create_physical,
         calls.create_physical
@@ -940,4 +947,50 @@ fn streams_of_other_threads_are_not_stolen_from() {
         });
     });
     assert_eq!(pool.total_bytes(), 16 * MIB, "grown instead");
+}
+
+#[test]
+fn stats_count_streams_shards_and_address_space_reserved_and_mapped() {
+    let pool = vm_pool(256 * MIB, 2 * MIB);
+    let empty = pool.stats(D0).unwrap();
+    assert_eq!(
+        (
+            empty.shards,
+            empty.attached_streams,
+            empty.address_space,
+            empty.mapped
+        ),
+        (0, 0, 0, 0)
+    );
+    assert_eq!((empty.last_oom, empty.oom_causes.total()), (None, 0));
+
+    let a = pool.malloc(D0, &S0, 3 * MIB).unwrap();
+    let b = pool.malloc(D0, &S1, 5 * MIB).unwrap();
+    let st = pool.stats(D0).unwrap();
+    assert_eq!(st.shards, 2);
+    assert_eq!(st.attached_streams, 2);
+    let backend = pool.backend();
+    assert_eq!(st.address_space, backend.reserved_address_space(D0));
+    assert_eq!(st.mapped, backend.mapped_pages(D0) as u64 * 2 * MIB);
+    // 3 MiB and 5 MiB touch two and three 2 MiB pages.
+    assert_eq!(st.mapped, 10 * MIB);
+    assert!(st.mapped <= st.reserved.current && st.mapped <= st.address_space);
+
+    // Freed blocks keep their pages mapped in the cache until released.
+    drop((a, b));
+    let cached = pool.stats(D0).unwrap();
+    assert_eq!(cached.mapped, backend.mapped_pages(D0) as u64 * 2 * MIB);
+    pool.free_all_blocks().unwrap();
+    let released = pool.stats(D0).unwrap();
+    assert_eq!(released.mapped, 0);
+    assert_eq!(released.reserved.current, 0);
+
+    // Plain segments: everything reserved is mapped, no address space is reserved.
+    let plain = plain_pool(64 * MIB);
+    let c = plain.malloc(D0, &S0, 3 * MIB).unwrap();
+    let st = plain.stats(D0).unwrap();
+    assert_eq!(st.mapped, st.reserved.current);
+    assert!(st.mapped >= 3 * MIB);
+    assert_eq!(st.address_space, 0);
+    drop(c);
 }

@@ -25,11 +25,11 @@ use common::println;
 use std::ffi::c_void;
 use std::time::Instant;
 
+use cuda_core::kernels::Kernels;
 use cuda_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
 use cuda_core::sys::{self, CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags};
 use cuda_core::{Device, Event, Stream};
 use tests::bench::{median, Report, Target};
-use tests::ptx::TestKernels;
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -292,8 +292,8 @@ fn run() -> BoxResult<()> {
 
     // 5. Kernel launch issue.
     {
-        let kernels = TestKernels::load(&dev)?;
-        let spin = kernels.module().function(tests::ptx::SPIN)?;
+        let kernels = Kernels::load(&dev)?;
+        let spin = kernels.module().function(cuda_core::kernels::SPIN)?;
         let raw_fn = spin.raw();
         let (ours, raw) = compare(
             200,

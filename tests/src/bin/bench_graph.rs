@@ -36,11 +36,11 @@ use common::println;
 
 use std::time::Instant;
 
+use cuda_core::kernels::Kernels;
 use cuda_core::memory::DevicePtr;
 use cuda_core::{Device, Event, Stream};
 use cuda_graph::{CaptureMode, GraphExec};
 use tests::bench::{median, Report, Target};
-use tests::ptx::TestKernels;
 
 const OPS: usize = 100;
 const WARMUP: usize = 30;
@@ -175,7 +175,7 @@ fn run() -> Result<(), cuda_graph::Error> {
     // binding its context.
     dev.make_current()?;
     let stream = Stream::new(&dev)?;
-    let kernels = TestKernels::load(&dev)?;
+    let kernels = Kernels::load(&dev)?;
     let mut report = Report::new("bench_graph");
 
     // 100 memsets of 4 KiB, each into its own slice of one buffer.
@@ -209,7 +209,7 @@ fn run() -> Result<(), cuda_graph::Error> {
             // SAFETY: each slice holds MEMSET_BYTES / 4 u32s and outlives the work (the
             // benchmark synchronises before it ends); only this stream touches it.
             unsafe {
-                kernels.fill_u32(
+                kernels.fill_u32_raw(
                     s,
                     slice.as_raw(),
                     (OPS + i) as u32,
@@ -257,7 +257,7 @@ fn run() -> Result<(), cuda_graph::Error> {
         for _ in 0..OPS {
             // SAFETY: `data` holds KERNEL_ELEMS u32s and outlives every launch (the benchmark
             // synchronises before it ends); only this stream touches it.
-            unsafe { kernels.add_u32(s, data.as_raw(), 1, KERNEL_ELEMS)? };
+            unsafe { kernels.add_u32_raw(s, data.as_raw(), 1, KERNEL_ELEMS)? };
         }
         Ok(())
     };
@@ -317,7 +317,7 @@ fn run() -> Result<(), cuda_graph::Error> {
             };
             // SAFETY: each part holds KERNEL_ELEMS u32s, is written by one kernel per issue,
             // and outlives the work; the joins below order everything before `main`'s later work.
-            unsafe { kernels.add_u32(s, part.as_raw(), 1, KERNEL_ELEMS)? };
+            unsafe { kernels.add_u32_raw(s, part.as_raw(), 1, KERNEL_ELEMS)? };
         }
         for (side, join) in sides.iter().zip(&joins) {
             join.record(side)?;
@@ -351,7 +351,7 @@ fn run() -> Result<(), cuda_graph::Error> {
     // Our launch wrapper against the raw driver call, per launch (a one-node graph).
     let one = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         // SAFETY: as above.
-        unsafe { kernels.add_u32(s, data.as_raw(), 1, 1)? };
+        unsafe { kernels.add_u32_raw(s, data.as_raw(), 1, 1)? };
         Ok(())
     })?;
     let one = one.instantiate()?;

@@ -1,0 +1,6 @@
+// A `ContextBinding` keeps a context current on the thread that made it: it is not `Send`.
+fn assert_send<T: Send>() {}
+
+fn main() {
+    assert_send::<cuda_core::ContextBinding>();
+}

@@ -1,0 +1,6 @@
+// An executable graph may not be launched from two threads at once: `GraphExecHandle` is not `Sync`.
+fn assert_sync<T: Sync>() {}
+
+fn main() {
+    assert_sync::<cuda_core::graph::GraphExecHandle>();
+}

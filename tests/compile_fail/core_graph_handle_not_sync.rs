@@ -1,0 +1,6 @@
+// A recorded graph may move between threads but not be used by two at once: `GraphHandle` is `Send`, not `Sync`.
+fn assert_sync<T: Sync>() {}
+
+fn main() {
+    assert_sync::<cuda_core::graph::GraphHandle>();
+}

@@ -1,0 +1,6 @@
+// An NVTX range belongs to the thread that pushed it: `Range` is not `Sync` either.
+fn assert_sync<T: Sync>() {}
+
+fn main() {
+    assert_sync::<cuda_core::nvtx::Range>();
+}

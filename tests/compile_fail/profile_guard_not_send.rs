@@ -1,0 +1,6 @@
+// A `ProfileGuard` stops the profiler of the thread's context on drop: it is not `Send`.
+fn assert_send<T: Send>() {}
+
+fn main() {
+    assert_send::<cuda_core::profiler::ProfileGuard>();
+}

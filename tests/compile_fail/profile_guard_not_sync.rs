@@ -1,0 +1,7 @@
+// The profiler guard stops collection on the thread that created it: `ProfileGuard` is not
+// `Sync` either.
+fn assert_sync<T: Sync>() {}
+
+fn main() {
+    assert_sync::<cuda_core::profiler::ProfileGuard>();
+}
