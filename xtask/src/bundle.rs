@@ -460,7 +460,7 @@ case "$mode" in
     if [ "${#extra[@]}" -eq 0 ] && command -v python3 >/dev/null; then
       echo "=== peers (CuPy, PyTorch)"; python3 "$here/peers.py" --traces "$here/traces"
       echo "=== workloads (PyTorch, CuPy through the C ABI)"
-      python3 "$here/workload_bench.py" --lib "$here/lib/libcuda_mempool_capi.so" || echo "(exit $?)"
+      python3 "$here/workload_bench.py" --lib "$here/lib/libcuda_mempool_capi.so" --with-plain --budget 330 || echo "(exit $?)"
     fi
     exit 0 ;;
   workloads)
