@@ -468,8 +468,11 @@ fn stream_builder_priorities_kinds_and_queries() {
     let back = low.record(Some(&e)).unwrap();
     assert_eq!(back.raw(), e.raw());
     assert!(e.is_recorded());
+    // One timing rule: off unless the name says timed.
     let fresh = low.record(None).unwrap();
-    assert!(fresh.timing_enabled() && fresh.is_recorded());
+    assert!(!fresh.timing_enabled() && fresh.is_recorded());
+    let timed = low.record_timed().unwrap();
+    assert!(timed.timing_enabled() && timed.is_recorded());
 
     // wait_event orders a stream behind another one's work.
     let waiter = Stream::builder(&dev).non_blocking(true).build().unwrap();
