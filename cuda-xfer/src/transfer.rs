@@ -122,6 +122,13 @@ pub(crate) fn d2h(src: &DevicePtr, dst: &mut [u8], kind: HostMemoryKind) -> Resu
             // `cuMemcpyDtoH` to pageable or pinned memory returns once the bytes are there;
             // managed memory is device-visible memory, whose copies may return early.
             src.copy_to_host(dst)?;
+            // `route` does not ask the driver about small buffers (it says pageable): ask
+            // here, so that a small managed destination lands too.
+            let dma = if dma == HostDma::Pageable {
+                host_dma(dst.as_ptr(), dst.len())?
+            } else {
+                dma
+            };
             if dma == HostDma::Managed {
                 land(&src.device())?;
             }
@@ -242,7 +249,11 @@ pub fn copy_to_device_on_stream<T: Pod>(
     let device_mem = dst.as_ptr();
     let cfg = staging::config();
     match route(bytes.as_ptr(), bytes.len(), HostMemoryKind::Unknown, &cfg)? {
-        Route::Direct(HostDma::Pageable) => {
+        // `route` does not ask the driver about small buffers; here the answer decides
+        // whether the borrow may end before the DMA, so ask (a pointer-attribute query).
+        Route::Direct(HostDma::Pageable)
+            if host_dma(bytes.as_ptr(), bytes.len())? == HostDma::Pageable =>
+        {
             // SAFETY: from pageable memory the driver copies `bytes` into its own staging
             // memory before `cuMemcpyHtoDAsync` returns, so the borrow may end then.
             unsafe { device_mem.copy_from_host_async(bytes, stream) }?;

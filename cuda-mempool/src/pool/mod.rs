@@ -48,7 +48,7 @@ use crate::policy::{self, size_class};
 use crate::stats::{OomCounts, Stat, Stats};
 
 use shard::{Choice, ShardState};
-use table::{Inserted, Shard, ShardTable};
+use table::{Inserted, Shard, ShardTable, RETIRED};
 
 /// Environment variable read by [`PoolConfig::from_env`]: a limit applied to every
 /// device, in the syntax of [`Limit::parse`] (for example `8589934592` or `50%`).
@@ -632,21 +632,47 @@ impl<B: Backend> MemoryPool<B> {
         if st.stream.is_none() {
             st.attach(&self.backend, stream, key)?;
         }
+        let served = self.serve_slow(dev, &mut g, shard, &mut st, key, stream, size, rounded);
+        if served.is_err() && st.is_attached() && st.stream_idle() {
+            // A failed request leaves no block made on the stream: the shard must not keep
+            // a stream its owner may destroy once this call returns (a C caller may).
+            let _ = st.detach_if_released(&self.backend);
+            if st.retired {
+                shard.retire(&mut st);
+            }
+        }
+        served
+    }
+
+    /// [`malloc_slow`](Self::malloc_slow) once the shard is attached: the cache, stealing,
+    /// growth, out of memory. Device lock and shard lock held.
+    #[allow(clippy::too_many_arguments)]
+    fn serve_slow<'p>(
+        &self,
+        dev: &'p Device<B>,
+        g: &mut Global<B>,
+        shard: &'p Shard<B>,
+        st: &mut ShardState<B>,
+        key: StreamId,
+        stream: &B::Stream,
+        size: u64,
+        rounded: u64,
+    ) -> Result<Option<Served<'p, B>>, PoolError> {
         let thread = thread_token();
         st.thread = thread;
-        if let Some(id) = self.take_cached(&mut st, rounded)? {
+        if let Some(id) = self.take_cached(st, rounded)? {
             return Ok(Some((shard, key, id, st.mark_live(id, size))));
         }
         if self.steal && !st.private && !self.backend.is_capturing(stream) {
-            if let Some(served) = self.steal(
-                dev, &mut g, shard, &mut st, key, stream, size, rounded, thread,
-            )? {
+            if let Some(served) =
+                self.steal(dev, g, shard, st, key, stream, size, rounded, thread)?
+            {
                 if st.stream_idle() {
                     // Served from another stream's cache: this shard holds no block made on
                     // the stream, so it must not keep a stream its owner may now destroy.
                     let _ = st.detach_if_released(&self.backend);
                     if st.retired {
-                        shard.retire(&mut st);
+                        shard.retire(st);
                     }
                 }
                 return Ok(Some(served));
@@ -663,21 +689,21 @@ impl<B: Backend> MemoryPool<B> {
             None
         };
         if let Some(cause) = cause {
-            return Err(self.out_of_memory(dev, &mut g, shard, &st, size, cause));
+            return Err(self.out_of_memory(dev, g, shard, st, size, cause));
         }
         let peak_before = g.reserved.peak;
-        let outcome = self.grow_with_recovery(dev, &mut g, shard, &mut st, rounded);
+        let outcome = self.grow_with_recovery(dev, g, shard, st, rounded);
         match outcome {
             Ok(Ok(id)) => Ok(Some((shard, key, id, st.mark_live(id, size)))),
             Ok(Err(cause)) => {
                 // Give back whatever this attempt reserved or mapped and is not in use; the
                 // attempt leaves no trace in the peak either.
-                let _ = self.roll_back(dev, &mut g, &mut st);
+                let _ = self.roll_back(dev, g, st);
                 g.reserved.peak = peak_before.max(g.reserved.current);
-                Err(self.out_of_memory(dev, &mut g, shard, &st, size, cause))
+                Err(self.out_of_memory(dev, g, shard, st, size, cause))
             }
             Err(e) => {
-                let _ = self.roll_back(dev, &mut g, &mut st);
+                let _ = self.roll_back(dev, g, st);
                 g.reserved.peak = peak_before.max(g.reserved.current);
                 Err(e)
             }
@@ -1033,22 +1059,45 @@ impl<B: Backend> MemoryPool<B> {
         &self,
         raw: &RawAllocation,
     ) -> Result<lock::ShardGuard<'_, ShardState<B>>, PoolError> {
+        self.raw_shard_and_guard(raw).map(|(_, st)| st)
+    }
+
+    /// The shard a raw handle names and its guard, checked live under the shard's lock.
+    ///
+    /// A block lent to another stream ([`policy::STEAL_BEFORE_GROWING`]) stays in its
+    /// lender's shard, which may retire (taken out of the key lookup) while the block is
+    /// lent. Such a block is still found: on a miss the device's retired shards are searched
+    /// for the live block at the handle's address (one live block per address, so at most
+    /// one matches). This path runs only for handles the key lookup cannot place.
+    fn raw_shard_and_guard(
+        &self,
+        raw: &RawAllocation,
+    ) -> Result<(&Shard<B>, lock::ShardGuard<'_, ShardState<B>>), PoolError> {
         let dev = self.device(raw.device)?;
         let table = if raw.private {
             &dev.private
         } else {
             &dev.shards
         };
-        let shard = table
-            .get(raw.shard_key)
-            .ok_or(PoolError::InvalidHandle { ptr: raw.ptr.0 })?;
-        let st = shard.state.lock();
-        if st.key != raw.shard_key
-            || st.live_range(raw.id, raw.generation).map(|r| r.0) != Some(raw.ptr.0)
-        {
-            return Err(PoolError::InvalidHandle { ptr: raw.ptr.0 });
+        let is_it = |st: &ShardState<B>| {
+            st.live_range(raw.id, raw.generation).map(|r| r.0) == Some(raw.ptr.0)
+        };
+        if let Some(shard) = table.get(raw.shard_key) {
+            let st = shard.state.lock();
+            if st.key == raw.shard_key && is_it(&st) {
+                return Ok((shard, st));
+            }
         }
-        Ok(st)
+        for shard in table.iter() {
+            if shard.key() != RETIRED {
+                continue;
+            }
+            let st = shard.state.lock();
+            if st.key == RETIRED && st.retired && is_it(&st) {
+                return Ok((shard, st));
+            }
+        }
+        Err(PoolError::InvalidHandle { ptr: raw.ptr.0 })
     }
 
     /// Frees an allocation detached with [`Allocation::into_raw`]. Fails with
@@ -1057,21 +1106,7 @@ impl<B: Backend> MemoryPool<B> {
         if raw.size == 0 {
             return Ok(());
         }
-        let dev = self.device(raw.device)?;
-        let table = if raw.private {
-            &dev.private
-        } else {
-            &dev.shards
-        };
-        let shard = table
-            .get(raw.shard_key)
-            .ok_or(PoolError::InvalidHandle { ptr: raw.ptr.0 })?;
-        let mut st = shard.state.lock();
-        if st.key != raw.shard_key
-            || st.live_range(raw.id, raw.generation).map(|r| r.0) != Some(raw.ptr.0)
-        {
-            return Err(PoolError::InvalidHandle { ptr: raw.ptr.0 });
-        }
+        let (shard, mut st) = self.raw_shard_and_guard(&raw)?;
         let r = st.release(&self.backend, raw.id, raw.generation);
         if st.retired {
             shard.retire(&mut st);

@@ -575,6 +575,14 @@ impl<B: Backend> ShardState<B> {
         let fences = streams
             .into_iter()
             .map(|(_, s)| {
+                if backend.is_capturing(&s) {
+                    // A fence recorded there would be a node of the capture, and a stream
+                    // that waited for it would join the capture. Work captured there runs
+                    // only in replays: the block is given up (never reused, still counted),
+                    // as a capturing stream's unfenced cache is at detach.
+                    backend.stream_released(s);
+                    return FenceSlot::Never;
+                }
                 let slot = match backend.record_fence(self.device, &s) {
                     Ok(f) => FenceSlot::Recorded(f),
                     Err(e) => {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::sim::{SimDevice, SimulatedBackend};
+use crate::sim::{SimCall, SimDevice, SimulatedBackend};
 
 const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId(10);
@@ -993,4 +993,59 @@ fn stats_count_streams_shards_and_address_space_reserved_and_mapped() {
     assert!(st.mapped >= 3 * MIB);
     assert_eq!(st.address_space, 0);
     drop(c);
+}
+
+#[test]
+fn a_block_lent_by_a_shard_that_retires_is_still_freed_through_its_raw_handle() {
+    // S0 lends a block to S1, then S0's shard retires (its last own block is freed while
+    // neither a fence nor a synchronisation of S0 works): the lent block stays in the
+    // retired shard, taken out of the key lookup, and S1's raw handle must still free it.
+    let pool = vm_pool(256 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    sim.borrow_stream(S0);
+    let keep = pool.malloc(D0, &S0, 8 * MIB).unwrap();
+    let x = pool.malloc(D0, &S0, 8 * MIB).unwrap();
+    sim.submit_work(D0, S0);
+    drop(x);
+    let lent = pool.malloc(D0, &S1, 8 * MIB).unwrap();
+    assert_eq!(lent.held_by(), S0, "lent by S0");
+    let raw = lent.into_raw();
+    sim.inject_failure(SimCall::RecordFence, 1);
+    sim.inject_failure(SimCall::SynchronizeStream, 1);
+    let _ = keep.free();
+    sim.clear_failures();
+    sim.submit_work(D0, S1);
+    pool.free_raw(raw).unwrap();
+    assert_eq!(pool.stats(D0).unwrap().active_blocks.current, 0);
+}
+
+#[test]
+fn a_failed_request_lets_go_of_a_borrowed_stream_with_no_live_block() {
+    // S1 (a foreign stream, as through the C ABI) has no live block once its huge request
+    // fails: its owner may destroy it, so the pool must not touch it afterwards.
+    let pool = vm_pool(256 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    sim.borrow_stream(S1);
+    let y = pool.malloc(D0, &S1, 8 * MIB).unwrap();
+    sim.submit_work(D0, S1);
+    drop(y);
+    let lent = pool.malloc(D0, &S0, 8 * MIB).unwrap();
+    assert_eq!(lent.held_by(), S1, "S1's block lent to S0");
+    assert!(matches!(
+        pool.malloc(D0, &S1, 1024 * MIB),
+        Err(PoolError::OutOfMemory { .. })
+    ));
+    assert_eq!(
+        pool.stats(D0).unwrap().attached_streams,
+        1,
+        "only S0 (its borrowed block is live) is still held"
+    );
+    sim.destroy_stream(S1);
+    sim.submit_work(D0, S0);
+    lent.free().unwrap();
+    let z = pool.malloc(D0, &S2, 8 * MIB).unwrap();
+    drop(z);
+    let again = pool.malloc(D0, &S0, 8 * MIB).unwrap();
+    drop(again);
+    pool.free_all_blocks().unwrap();
 }
