@@ -28,6 +28,7 @@
 //! # Ok::<(), cuda_xfer::Error>(())
 //! ```
 
+pub(crate) mod copy;
 pub(crate) mod lease;
 pub(crate) mod pipeline;
 pub(crate) mod plan;
@@ -39,14 +40,14 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use cuda_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
 use cuda_core::{Device, Event, Stream};
 
 use crate::error::{Error, Result};
-use pipeline::{Direction, DmaEngine, SlotMemory};
+use pipeline::{Direction, DmaEngine, SlotMemory, Tuning};
 use plan::Plan;
 
 /// How large pageable transfers are staged. Read with [`config`], change with [`set_config`].
@@ -74,6 +75,18 @@ pub struct StagingConfig {
     /// follow each other closer than this find their helpers awake; a sleeping helper takes
     /// tens of microseconds to wake. Applies to every helper of the process.
     pub helper_linger_us: u64,
+    /// Host copies into the slots use streaming (non-temporal) stores, on x86_64: the
+    /// copy engine then reads the staged bytes from memory rather than out of the copying
+    /// cores' caches (default false).
+    pub streaming_to_device: bool,
+    /// Host copies out of the slots into the destination use streaming stores, on x86_64:
+    /// the destination's lines are not read before they are overwritten, and do not stay
+    /// in the cache (default false).
+    pub streaming_to_host: bool,
+    /// To the host: how many chunks the calling thread queues before it calls the helper
+    /// threads; the threads that wait for the other chunks queue them (default
+    /// `usize::MAX`: every chunk that has a free slot).
+    pub early_submits: usize,
 }
 
 impl Default for StagingConfig {
@@ -87,6 +100,9 @@ impl Default for StagingConfig {
             helpers: cores.saturating_sub(1).min(11),
             min_chunks: 8,
             helper_linger_us: 1000,
+            streaming_to_device: false,
+            streaming_to_host: false,
+            early_submits: usize::MAX,
         }
     }
 }
@@ -132,6 +148,9 @@ struct SharedConfig {
     helpers: AtomicUsize,
     min_chunks: AtomicUsize,
     helper_linger_us: AtomicU64,
+    streaming_to_device: AtomicBool,
+    streaming_to_host: AtomicBool,
+    early_submits: AtomicUsize,
     writer: Mutex<()>,
 }
 
@@ -147,6 +166,9 @@ fn shared_config() -> &'static SharedConfig {
             helpers: AtomicUsize::new(c.helpers),
             min_chunks: AtomicUsize::new(c.min_chunks),
             helper_linger_us: AtomicU64::new(c.helper_linger_us),
+            streaming_to_device: AtomicBool::new(c.streaming_to_device),
+            streaming_to_host: AtomicBool::new(c.streaming_to_host),
+            early_submits: AtomicUsize::new(c.early_submits),
             writer: Mutex::new(()),
         }
     })
@@ -163,6 +185,9 @@ pub fn config() -> StagingConfig {
         helpers: c.helpers.load(Ordering::Relaxed),
         min_chunks: c.min_chunks.load(Ordering::Relaxed),
         helper_linger_us: c.helper_linger_us.load(Ordering::Relaxed),
+        streaming_to_device: c.streaming_to_device.load(Ordering::Relaxed),
+        streaming_to_host: c.streaming_to_host.load(Ordering::Relaxed),
+        early_submits: c.early_submits.load(Ordering::Relaxed),
     }
 }
 
@@ -182,6 +207,12 @@ pub fn set_config(config: StagingConfig) -> Result<StagingConfig> {
     c.min_chunks.store(config.min_chunks, Ordering::Relaxed);
     c.helper_linger_us
         .store(config.helper_linger_us, Ordering::Relaxed);
+    c.streaming_to_device
+        .store(config.streaming_to_device, Ordering::Relaxed);
+    c.streaming_to_host
+        .store(config.streaming_to_host, Ordering::Relaxed);
+    c.early_submits
+        .store(config.early_submits, Ordering::Relaxed);
     pool::set_linger_us(config.helper_linger_us);
     Ok(previous)
 }
@@ -357,7 +388,8 @@ pub(crate) unsafe fn to_device(
     let Some(staging) = lease.set_mut() else {
         return Err(Error::InvalidConfig("staging lease without buffers".into()));
     };
-    let (plan, slots, helpers) = lay_out(staging, dst.len(), cfg)?;
+    let (plan, slots, mut tuning) = lay_out(staging, dst.len(), cfg)?;
+    tuning.streaming = cfg.streaming_to_device;
     let engine = DriverEngine {
         device_mem: dst,
         stream,
@@ -373,7 +405,7 @@ pub(crate) unsafe fn to_device(
             src as *mut u8,
             &plan,
             &slots,
-            helpers,
+            tuning,
         )
     };
     lease.settle(outcome)
@@ -416,7 +448,8 @@ pub(crate) unsafe fn to_host(
     let Some(staging) = lease.set_mut() else {
         return Err(Error::InvalidConfig("staging lease without buffers".into()));
     };
-    let (plan, slots, helpers) = lay_out(staging, src.len(), cfg)?;
+    let (plan, slots, mut tuning) = lay_out(staging, src.len(), cfg)?;
+    tuning.streaming = cfg.streaming_to_host;
     let engine = DriverEngine {
         device_mem: src,
         stream,
@@ -425,7 +458,7 @@ pub(crate) unsafe fn to_host(
     // SAFETY: `dst` is writable for `plan.total()` bytes (our contract); the slots are ours.
     // On success every DMA has completed; on failure `settle` leaks the slots if a DMA was
     // issued (its wait may have failed), so no DMA can reach reused memory.
-    let outcome = unsafe { pipeline::run(&engine, Direction::ToHost, dst, &plan, &slots, helpers) };
+    let outcome = unsafe { pipeline::run(&engine, Direction::ToHost, dst, &plan, &slots, tuning) };
     lease.settle(outcome).map(drop)
 }
 
@@ -510,7 +543,7 @@ fn lay_out(
     staging: &mut Staging,
     total: usize,
     cfg: &StagingConfig,
-) -> Result<(Plan, Vec<SlotMemory>, usize)> {
+) -> Result<(Plan, Vec<SlotMemory>, Tuning)> {
     let cut = cut_for(total, cfg);
     let chunk = cut.chunk.min(staging.chunk);
     let per_slot = (staging.chunk / chunk).max(1);
@@ -530,7 +563,12 @@ fn lay_out(
         .take(positions)
         .collect();
     staging.used = plan.chunks().min(positions);
-    Ok((plan, memory, cut.helpers))
+    let tuning = Tuning {
+        helpers: cut.helpers,
+        streaming: false,
+        early_submits: cfg.early_submits,
+    };
+    Ok((plan, memory, tuning))
 }
 
 /// A fence for one ring position (no timing: cheaper to record).
