@@ -77,15 +77,16 @@ pub struct StagingConfig {
     pub helper_linger_us: u64,
     /// Host copies into the slots use streaming (non-temporal) stores, on x86_64: the
     /// copy engine then reads the staged bytes from memory rather than out of the copying
-    /// cores' caches (default false).
+    /// cores' caches (default true).
     pub streaming_to_device: bool,
     /// Host copies out of the slots into the destination use streaming stores, on x86_64:
     /// the destination's lines are not read before they are overwritten, and do not stay
     /// in the cache (default false).
     pub streaming_to_host: bool,
     /// To the host: how many chunks the calling thread queues before it calls the helper
-    /// threads; the threads that wait for the other chunks queue them (default
-    /// `usize::MAX`: every chunk that has a free slot).
+    /// threads; the threads that wait for the other chunks queue them (default 1, so the
+    /// helpers start copying while the later chunks are queued; `usize::MAX` queues every
+    /// chunk that has a free slot first).
     pub early_submits: usize,
 }
 
@@ -100,9 +101,9 @@ impl Default for StagingConfig {
             helpers: cores.saturating_sub(1).min(11),
             min_chunks: 8,
             helper_linger_us: 1000,
-            streaming_to_device: false,
+            streaming_to_device: true,
             streaming_to_host: false,
-            early_submits: usize::MAX,
+            early_submits: 1,
         }
     }
 }

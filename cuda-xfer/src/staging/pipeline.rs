@@ -285,7 +285,9 @@ impl<E: DmaEngine> Pipeline<'_, E> {
             let mut result = Ok(());
             loop {
                 let k = self.next_submit.load(Ordering::SeqCst);
-                if k >= limit || !self.ready[k].load(Ordering::SeqCst) || self.abort.load(Ordering::Acquire)
+                if k >= limit
+                    || !self.ready[k].load(Ordering::SeqCst)
+                    || self.abort.load(Ordering::Acquire)
                 {
                     break;
                 }
@@ -298,7 +300,9 @@ impl<E: DmaEngine> Pipeline<'_, E> {
             self.submitting.store(false, Ordering::SeqCst);
             result?;
             let k = self.next_submit.load(Ordering::SeqCst);
-            if k >= limit || !self.ready[k].load(Ordering::SeqCst) || self.abort.load(Ordering::Acquire)
+            if k >= limit
+                || !self.ready[k].load(Ordering::SeqCst)
+                || self.abort.load(Ordering::Acquire)
             {
                 return Ok(());
             }
