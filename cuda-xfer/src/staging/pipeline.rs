@@ -432,7 +432,7 @@ pub(crate) unsafe fn run<E: DmaEngine>(
     };
     probe::mark(StepKind::Start, plan.units());
     if direction == Direction::ToHost {
-        // The first of the first round's DMAs, before any helper starts.
+        // The first round's DMAs (up to `early_submits` of them), before any helper starts.
         if let Err(e) = pipeline.pump_upto(tuning.early_submits) {
             pipeline.fail(e);
         }

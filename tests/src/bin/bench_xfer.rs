@@ -604,8 +604,9 @@ fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result
         "wait",
         "sub(n)"
     );
-    // The configuration before streaming copies and early submits (issue 14, first attempt).
+    // The configuration before streaming copies (issue 14, first attempt).
     let old = StagingConfig {
+        min_chunks: 8,
         streaming_to_device: false,
         streaming_to_host: false,
         early_submits: usize::MAX,
@@ -636,9 +637,9 @@ fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result
             },
         ),
         (
-            "default + min_chunks 4",
+            "default + min_chunks 8",
             StagingConfig {
-                min_chunks: 4,
+                min_chunks: 8,
                 ..base
             },
         ),
