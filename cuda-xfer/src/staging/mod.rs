@@ -14,7 +14,10 @@
 //! Chunks are submitted in order by one thread at a time. A transfer whose chunks are smaller
 //! than a slot packs several into each (a ring of up to 64 positions, one fence each), so a
 //! mid-sized transfer never waits for a slot to come free; mid-sized transfers also copy in
-//! smaller parts with fewer helpers ([`MID_PART_BYTES`], [`MID_HELPERS`]). [`probe`] records
+//! smaller parts with fewer helpers ([`MID_PART_BYTES`], [`MID_HELPERS`]). On x86_64 the
+//! copies into the slots use streaming stores ([`StagingConfig::streaming_to_device`]), so
+//! that the copy engine reads the slots from memory, not from the copying cores' caches,
+//! which had halved its speed while the copies ran. [`probe`] records
 //! where a transfer's time goes (for benchmarks).
 //!
 //! The slots and their events are cached per device and reused; [`release_cached`] frees
@@ -28,6 +31,7 @@
 //! # Ok::<(), cuda_xfer::Error>(())
 //! ```
 
+pub(crate) mod copy;
 pub(crate) mod lease;
 pub(crate) mod pipeline;
 pub(crate) mod plan;
@@ -39,14 +43,14 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use cuda_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
 use cuda_core::{Device, Event, Stream};
 
 use crate::error::{Error, Result};
-use pipeline::{Direction, DmaEngine, SlotMemory};
+use pipeline::{Direction, DmaEngine, SlotMemory, Tuning};
 use plan::Plan;
 
 /// How large pageable transfers are staged. Read with [`config`], change with [`set_config`].
@@ -67,13 +71,33 @@ pub struct StagingConfig {
     pub helpers: usize,
     /// A staged transfer is cut into at least this many chunks when that makes them smaller
     /// than `chunk_bytes` (down to `part_bytes`), so that mid-sized transfers fill and drain
-    /// the pipeline faster; 1 always uses `chunk_bytes` (default 8).
+    /// the pipeline faster; 1 always uses `chunk_bytes` (default 4: with streaming copies,
+    /// bench_xfer on the H200 gave 16 MiB to the device 42-43 GB/s against 40-41.5 with 8,
+    /// and 4 MiB 33-35 against 32-33).
     pub min_chunks: usize,
     /// How long an idle helper thread keeps watching for the next transfer (spinning and
     /// yielding its core) before it sleeps, in microseconds (default 1000). Transfers that
     /// follow each other closer than this find their helpers awake; a sleeping helper takes
     /// tens of microseconds to wake. Applies to every helper of the process.
     pub helper_linger_us: u64,
+    /// Host copies into the slots use streaming (non-temporal) stores, on x86_64: the
+    /// copy engine then reads the staged bytes from memory rather than out of the copying
+    /// cores' caches (default true). On the H200 (bench_xfer's mid-size probe) this took
+    /// the copy engine from about 20 GB/s to over 40 GB/s while the host copies run, and
+    /// each thread's copy rate from 6-7 to 13-15 GB/s: 4 MiB to the device 18.5 -> 30-33
+    /// GB/s, 16 MiB 26 -> 40-42.
+    pub streaming_to_device: bool,
+    /// Host copies out of the slots into the destination use streaming stores, on x86_64:
+    /// the destination's lines are not read before they are overwritten, and do not stay
+    /// in the cache (default false: on the H200, 16 MiB to the host fell from about 43 to
+    /// 32-39 GB/s with them).
+    pub streaming_to_host: bool,
+    /// To the host: how many chunks the calling thread queues before it calls the helper
+    /// threads; the threads that wait for the other chunks queue them (default
+    /// `usize::MAX`: every chunk that has a free slot. With 1, the helpers join sooner, but
+    /// the queueing then competes with their copies: on the H200, 4 MiB to the host went
+    /// from 20 to 18 GB/s).
+    pub early_submits: usize,
 }
 
 impl Default for StagingConfig {
@@ -85,8 +109,11 @@ impl Default for StagingConfig {
             part_bytes: 512 << 10,
             min_staged_bytes: 1 << 20,
             helpers: cores.saturating_sub(1).min(11),
-            min_chunks: 8,
+            min_chunks: 4,
             helper_linger_us: 1000,
+            streaming_to_device: true,
+            streaming_to_host: false,
+            early_submits: usize::MAX,
         }
     }
 }
@@ -132,6 +159,9 @@ struct SharedConfig {
     helpers: AtomicUsize,
     min_chunks: AtomicUsize,
     helper_linger_us: AtomicU64,
+    streaming_to_device: AtomicBool,
+    streaming_to_host: AtomicBool,
+    early_submits: AtomicUsize,
     writer: Mutex<()>,
 }
 
@@ -147,6 +177,9 @@ fn shared_config() -> &'static SharedConfig {
             helpers: AtomicUsize::new(c.helpers),
             min_chunks: AtomicUsize::new(c.min_chunks),
             helper_linger_us: AtomicU64::new(c.helper_linger_us),
+            streaming_to_device: AtomicBool::new(c.streaming_to_device),
+            streaming_to_host: AtomicBool::new(c.streaming_to_host),
+            early_submits: AtomicUsize::new(c.early_submits),
             writer: Mutex::new(()),
         }
     })
@@ -163,6 +196,9 @@ pub fn config() -> StagingConfig {
         helpers: c.helpers.load(Ordering::Relaxed),
         min_chunks: c.min_chunks.load(Ordering::Relaxed),
         helper_linger_us: c.helper_linger_us.load(Ordering::Relaxed),
+        streaming_to_device: c.streaming_to_device.load(Ordering::Relaxed),
+        streaming_to_host: c.streaming_to_host.load(Ordering::Relaxed),
+        early_submits: c.early_submits.load(Ordering::Relaxed),
     }
 }
 
@@ -182,6 +218,12 @@ pub fn set_config(config: StagingConfig) -> Result<StagingConfig> {
     c.min_chunks.store(config.min_chunks, Ordering::Relaxed);
     c.helper_linger_us
         .store(config.helper_linger_us, Ordering::Relaxed);
+    c.streaming_to_device
+        .store(config.streaming_to_device, Ordering::Relaxed);
+    c.streaming_to_host
+        .store(config.streaming_to_host, Ordering::Relaxed);
+    c.early_submits
+        .store(config.early_submits, Ordering::Relaxed);
     pool::set_linger_us(config.helper_linger_us);
     Ok(previous)
 }
@@ -357,7 +399,8 @@ pub(crate) unsafe fn to_device(
     let Some(staging) = lease.set_mut() else {
         return Err(Error::InvalidConfig("staging lease without buffers".into()));
     };
-    let (plan, slots, helpers) = lay_out(staging, dst.len(), cfg)?;
+    let (plan, slots, mut tuning) = lay_out(staging, dst.len(), cfg)?;
+    tuning.streaming = cfg.streaming_to_device;
     let engine = DriverEngine {
         device_mem: dst,
         stream,
@@ -373,7 +416,7 @@ pub(crate) unsafe fn to_device(
             src as *mut u8,
             &plan,
             &slots,
-            helpers,
+            tuning,
         )
     };
     lease.settle(outcome)
@@ -416,7 +459,8 @@ pub(crate) unsafe fn to_host(
     let Some(staging) = lease.set_mut() else {
         return Err(Error::InvalidConfig("staging lease without buffers".into()));
     };
-    let (plan, slots, helpers) = lay_out(staging, src.len(), cfg)?;
+    let (plan, slots, mut tuning) = lay_out(staging, src.len(), cfg)?;
+    tuning.streaming = cfg.streaming_to_host;
     let engine = DriverEngine {
         device_mem: src,
         stream,
@@ -425,7 +469,7 @@ pub(crate) unsafe fn to_host(
     // SAFETY: `dst` is writable for `plan.total()` bytes (our contract); the slots are ours.
     // On success every DMA has completed; on failure `settle` leaks the slots if a DMA was
     // issued (its wait may have failed), so no DMA can reach reused memory.
-    let outcome = unsafe { pipeline::run(&engine, Direction::ToHost, dst, &plan, &slots, helpers) };
+    let outcome = unsafe { pipeline::run(&engine, Direction::ToHost, dst, &plan, &slots, tuning) };
     lease.settle(outcome).map(drop)
 }
 
@@ -441,15 +485,15 @@ pub(crate) fn chunk_for(total: usize, cfg: &StagingConfig) -> usize {
 }
 
 /// Host-copy parts of a mid-sized transfer (one whose chunks the cut makes smaller than
-/// `chunk_bytes`, below `chunk_bytes * min_chunks`: 64 MiB by default): at most this many
+/// `chunk_bytes`, below `chunk_bytes * min_chunks`: 32 MiB by default): at most this many
 /// bytes. Smaller parts start the first DMA sooner and share the last chunks among more
 /// threads. bench_xfer's sweep on the H200 (16 cores), 4 MiB / 16 MiB to the device, 7
-/// helpers: 512 KiB parts 17.4 / 29.5 GB/s, 256 KiB 18.6 / 31.1, 128 KiB 19.9 / 32.3.
+/// helpers, before streaming copies: 512 KiB parts 17.4 / 29.5 GB/s, 256 KiB 18.6 / 31.1, 128 KiB 19.9 / 32.3.
 pub const MID_PART_BYTES: usize = 128 << 10;
 
 /// Most helper threads a mid-sized transfer uses: with more, the host copies crowd the
 /// memory bus that the copy engine reads from, and the transfer gets slower. The same
-/// sweep, 16 MiB to the device / to the host, 128 KiB parts: 7 helpers 32.3 / 39.6 GB/s, 15
+/// sweep (before streaming copies), 16 MiB to the device / to the host, 128 KiB parts: 7 helpers 32.3 / 39.6 GB/s, 15
 /// helpers 27.0 / 35.4 (large transfers gain from more: 64 MiB to the device, 11 helpers
 /// 43.0 GB/s, 7 helpers 38.1).
 pub const MID_HELPERS: usize = 7;
@@ -510,7 +554,7 @@ fn lay_out(
     staging: &mut Staging,
     total: usize,
     cfg: &StagingConfig,
-) -> Result<(Plan, Vec<SlotMemory>, usize)> {
+) -> Result<(Plan, Vec<SlotMemory>, Tuning)> {
     let cut = cut_for(total, cfg);
     let chunk = cut.chunk.min(staging.chunk);
     let per_slot = (staging.chunk / chunk).max(1);
@@ -530,7 +574,12 @@ fn lay_out(
         .take(positions)
         .collect();
     staging.used = plan.chunks().min(positions);
-    Ok((plan, memory, cut.helpers))
+    let tuning = Tuning {
+        helpers: cut.helpers,
+        streaming: false,
+        early_submits: cfg.early_submits,
+    };
+    Ok((plan, memory, tuning))
 }
 
 /// A fence for one ring position (no timing: cheaper to record).

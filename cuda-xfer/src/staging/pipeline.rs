@@ -27,6 +27,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use super::copy;
 use super::plan::Plan;
 use super::pool::{self, Backoff};
 use super::probe::{self, StepKind};
@@ -100,6 +101,8 @@ struct Pipeline<'a, E: DmaEngine> {
     plan: &'a Plan,
     slots: &'a [SlotMemory],
     host: HostMemory,
+    /// Host copies with streaming stores (see [`copy`]).
+    streaming: bool,
     next_unit: AtomicUsize,
     /// Units of each chunk not yet done.
     remaining: Box<[AtomicUsize]>,
@@ -212,10 +215,11 @@ impl<E: DmaEngine> Pipeline<'_, E> {
                 // range lies inside it; the slot's previous DMA is complete and no other unit
                 // writes these slot bytes; the regions cannot overlap (staging is ours).
                 unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        self.host.0.add(unit.range.start),
+                    copy::copy(
                         slot.add(unit.slot_offset),
+                        self.host.0.add(unit.range.start),
                         len,
+                        self.streaming,
                     );
                 }
                 probe::mark(StepKind::CopyEnd, len);
@@ -234,10 +238,11 @@ impl<E: DmaEngine> Pipeline<'_, E> {
                 // SAFETY: the chunk's DMA into the slot is complete and the slot is not
                 // re-armed before this unit is done; the destination range is ours alone.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        slot.add(unit.slot_offset),
+                    copy::copy(
                         self.host.0.add(unit.range.start),
+                        slot.add(unit.slot_offset),
                         len,
+                        self.streaming,
                     );
                 }
                 probe::mark(StepKind::CopyEnd, len);
@@ -263,6 +268,12 @@ impl<E: DmaEngine> Pipeline<'_, E> {
     /// after dropping it (`SeqCst` on both sides), so a chunk made ready meanwhile by a
     /// thread that found the role taken is never left behind.
     fn pump(&self) -> Result<()> {
+        self.pump_upto(usize::MAX)
+    }
+
+    /// [`Pipeline::pump`], submitting no chunk from `limit` on.
+    fn pump_upto(&self, limit: usize) -> Result<()> {
+        let limit = limit.min(self.plan.chunks());
         loop {
             if self
                 .submitting
@@ -274,7 +285,7 @@ impl<E: DmaEngine> Pipeline<'_, E> {
             let mut result = Ok(());
             loop {
                 let k = self.next_submit.load(Ordering::SeqCst);
-                if k >= self.plan.chunks()
+                if k >= limit
                     || !self.ready[k].load(Ordering::SeqCst)
                     || self.abort.load(Ordering::Acquire)
                 {
@@ -289,7 +300,7 @@ impl<E: DmaEngine> Pipeline<'_, E> {
             self.submitting.store(false, Ordering::SeqCst);
             result?;
             let k = self.next_submit.load(Ordering::SeqCst);
-            if k >= self.plan.chunks()
+            if k >= limit
                 || !self.ready[k].load(Ordering::SeqCst)
                 || self.abort.load(Ordering::Acquire)
             {
@@ -333,8 +344,33 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// How one staged transfer runs, besides its plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tuning {
+    /// Most helper threads besides the calling thread.
+    pub helpers: usize,
+    /// Host copies with streaming stores (see [`copy`]).
+    pub streaming: bool,
+    /// To the host: how many of the chunks ready from the start the calling thread submits
+    /// before it calls the helpers (the threads waiting for the others submit them).
+    pub early_submits: usize,
+}
+
+impl Tuning {
+    /// `helpers` helpers, ordinary copies, every ready chunk submitted before the helpers
+    /// are called.
+    #[cfg(test)]
+    pub fn new(helpers: usize) -> Tuning {
+        Tuning {
+            helpers,
+            streaming: false,
+            early_submits: usize::MAX,
+        }
+    }
+}
+
 /// Runs a staged transfer of `plan.total()` bytes between `host` and the device through
-/// `slots`, on the calling thread and up to `helpers` helper threads.
+/// `slots`, on the calling thread and up to `tuning.helpers` helper threads.
 ///
 /// On success, to the host: every byte is in `host`, every DMA is done. To the device: every
 /// chunk has been copied into a slot and submitted; the last DMAs may still be running (wait
@@ -356,7 +392,7 @@ pub(crate) unsafe fn run<E: DmaEngine>(
     host: *mut u8,
     plan: &Plan,
     slots: &[SlotMemory],
-    helpers: usize,
+    tuning: Tuning,
 ) -> std::result::Result<(), Failed> {
     if slots.len() != plan.slots() {
         return Err(Failed {
@@ -377,6 +413,7 @@ pub(crate) unsafe fn run<E: DmaEngine>(
         plan,
         slots,
         host: HostMemory(host),
+        streaming: tuning.streaming,
         next_unit: AtomicUsize::new(0),
         remaining: (0..plan.chunks())
             .map(|k| AtomicUsize::new(plan.parts_of(k)))
@@ -395,13 +432,13 @@ pub(crate) unsafe fn run<E: DmaEngine>(
     };
     probe::mark(StepKind::Start, plan.units());
     if direction == Direction::ToHost {
-        // The first round's DMAs, before any helper starts.
-        if let Err(e) = pipeline.pump() {
+        // The first round's DMAs (up to `early_submits` of them), before any helper starts.
+        if let Err(e) = pipeline.pump_upto(tuning.early_submits) {
             pipeline.fail(e);
         }
     }
     // Not worth waking more helpers than there are units besides the caller's.
-    let helpers = helpers.min(plan.units().saturating_sub(1));
+    let helpers = tuning.helpers.min(plan.units().saturating_sub(1));
     pool::run(helpers, &|| pipeline.work());
     probe::mark(StepKind::End, 0);
     let error = pipeline

@@ -7,9 +7,44 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::lease::Cache;
-use super::pipeline::{run, wait_all, Direction, Failed, SlotMemory};
+use super::pipeline::{self, wait_all, Direction, DmaEngine, Failed, SlotMemory, Tuning};
 use super::plan::Plan;
 use super::sim::{injected, SimDevice};
+
+/// The pipeline with default tuning and `helpers` helpers.
+///
+/// # Safety
+///
+/// As for [`pipeline::run`].
+unsafe fn run<E: DmaEngine>(
+    engine: &E,
+    direction: Direction,
+    host: *mut u8,
+    plan: &Plan,
+    slots: &[SlotMemory],
+    helpers: usize,
+) -> Result<(), Failed> {
+    // SAFETY: the caller's contract.
+    unsafe { pipeline::run(engine, direction, host, plan, slots, Tuning::new(helpers)) }
+}
+
+/// The tunings every data test runs under: the default, and streaming copies with only the
+/// first chunk submitted early (none, too, to the host).
+fn tunings(helpers: usize) -> [Tuning; 3] {
+    let streaming = Tuning {
+        streaming: true,
+        early_submits: 1,
+        ..Tuning::new(helpers)
+    };
+    [
+        Tuning::new(helpers),
+        streaming,
+        Tuning {
+            early_submits: 0,
+            ..streaming
+        },
+    ]
+}
 
 fn pattern(i: usize) -> u8 {
     (i.wrapping_mul(31) ^ (i >> 8) ^ (i >> 16)) as u8
@@ -72,6 +107,13 @@ fn plan(total: usize, chunk: usize, part: usize, nslots: usize, ramp: bool) -> P
 }
 
 fn to_device_with(total: usize, skew: usize, plan: Plan, helpers: usize) {
+    for tuning in tunings(helpers) {
+        to_device_tuned(total, skew, &plan, tuning);
+    }
+}
+
+fn to_device_tuned(total: usize, skew: usize, plan: &Plan, tuning: Tuning) {
+    let plan = plan.clone();
     let nslots = plan.slots();
     let src: Vec<u8> = (0..total + skew).map(pattern).collect();
     let src = &src[skew..]; // unaligned when skew is odd
@@ -79,13 +121,13 @@ fn to_device_with(total: usize, skew: usize, plan: Plan, helpers: usize) {
     let sim = SimDevice::new(total, |_| 0, nslots, 20);
     // SAFETY: `src` holds `total` bytes, the slots `chunk` bytes each, all ours.
     unsafe {
-        run(
+        pipeline::run(
             &sim,
             Direction::ToDevice,
             src.as_ptr() as *mut u8,
             &plan,
             &s.ptrs,
-            helpers,
+            tuning,
         )
     }
     .unwrap();
@@ -108,19 +150,26 @@ fn to_host(total: usize, skew: usize, chunk: usize, part: usize, nslots: usize, 
 }
 
 fn to_host_with(total: usize, skew: usize, plan: Plan, helpers: usize) {
+    for tuning in tunings(helpers) {
+        to_host_tuned(total, skew, &plan, tuning);
+    }
+}
+
+fn to_host_tuned(total: usize, skew: usize, plan: &Plan, tuning: Tuning) {
+    let plan = plan.clone();
     let nslots = plan.slots();
     let mut s = slots(&plan);
     let sim = SimDevice::new(total, pattern, nslots, 20);
     let mut dst = vec![0u8; total + skew];
     // SAFETY: as in `to_device`.
     unsafe {
-        run(
+        pipeline::run(
             &sim,
             Direction::ToHost,
             dst[skew..].as_mut_ptr(),
             &plan,
             &s.ptrs,
-            helpers,
+            tuning,
         )
     }
     .unwrap();

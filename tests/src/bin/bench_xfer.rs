@@ -23,8 +23,9 @@
 //! `copy_to_device`); the mid-size probe (4 and 16 MiB through the staging pipeline with
 //! `staging::probe` on: wall and pipeline time, first submission, helpers joined and when,
 //! host-copy rate per thread, time spent waiting for slots and submitting, back to back and
-//! with 3 ms gaps); raw pinned DMAs cut in eight; and a sweep of part size, chunk count,
-//! helpers and helper linger at 4 and 16 MiB. `--mid-only` stops after these.
+//! with 3 ms gaps; the configuration before streaming copies and early submits too); raw
+//! pinned DMAs cut in eight; and a sweep of chunk count, helpers, streaming copies and early
+//! submits at 4 and 16 MiB. `--mid-only` stops after these.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -603,20 +604,42 @@ fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result
         "wait",
         "sub(n)"
     );
+    // The configuration before streaming copies (issue 14, first attempt).
+    let old = StagingConfig {
+        min_chunks: 8,
+        streaming_to_device: false,
+        streaming_to_host: false,
+        early_submits: usize::MAX,
+        ..base
+    };
     let probe_cfgs: Vec<(&str, StagingConfig)> = vec![
         ("default", base),
+        ("old", old),
         (
-            "part 64K",
+            "old + stream H2D",
             StagingConfig {
-                part_bytes: 64 * KIB,
+                streaming_to_device: true,
+                ..old
+            },
+        ),
+        (
+            "old + early 1",
+            StagingConfig {
+                early_submits: 1,
+                ..old
+            },
+        ),
+        (
+            "default + stream D2H",
+            StagingConfig {
+                streaming_to_host: true,
                 ..base
             },
         ),
-        ("helpers 5", StagingConfig { helpers: 5, ..base }),
         (
-            "linger 5000",
+            "default + min_chunks 8",
             StagingConfig {
-                helper_linger_us: 5000,
+                min_chunks: 8,
                 ..base
             },
         ),
@@ -626,7 +649,7 @@ fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result
         for n in [4 * MIB, 16 * MIB] {
             for dir in [Dir::H2D, Dir::D2H] {
                 for gap_ms in [0u64, 3] {
-                    if gap_ms > 0 && *name != "default" && *name != "linger 5000" {
+                    if gap_ms > 0 && *name != "default" && *name != "old" {
                         continue;
                     }
                     let d = device.slice(..n)?;
@@ -721,33 +744,50 @@ fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result
     }
 
     println!();
-    println!("mid-size sweep, pageable GB/s (medians of 60, back to back):");
+    println!("mid-size sweep, pageable GB/s (medians of 60, back to back); S = streaming stores (H2D, D2H), E = early submits (D2H):");
     println!(
         "{:<40} | {:>6} {:>6} | {:>6} {:>6}",
-        "part / min_chunks / helpers / linger us", "H 4M", "D 4M", "H 16M", "D 16M"
+        "part / min_chunks / helpers / S / E", "H 4M", "D 4M", "H 16M", "D 16M"
     );
     let mut grid = Vec::new();
-    for part in [64 * KIB, 128 * KIB] {
+    // Mid-sized parts are at most `MID_PART_BYTES` (128 KiB) whatever `part_bytes` says.
+    for part in [128 * KIB] {
         for min_chunks in [4, 8] {
-            for helpers in [3, 5, 7] {
-                grid.push((part, min_chunks, helpers, base.helper_linger_us));
+            for helpers in [4, 5, 7] {
+                for (sh, sd, early) in [
+                    (false, false, usize::MAX),
+                    (true, false, usize::MAX),
+                    (false, false, 1),
+                    (true, true, 1),
+                    (true, false, 0),
+                ] {
+                    grid.push((part, min_chunks, helpers, sh, sd, early));
+                }
             }
         }
     }
-    grid.push((128 * KIB, 8, 7, 0));
-    grid.push((128 * KIB, 8, 7, 5000));
-    for (part, min_chunks, helpers, linger) in grid {
+    for (part, min_chunks, helpers, sh, sd, early) in grid {
         staging::set_config(StagingConfig {
             part_bytes: part,
             min_chunks,
             helpers,
-            helper_linger_us: linger,
+            streaming_to_device: sh,
+            streaming_to_host: sd,
+            early_submits: early,
             ..base
         })?;
-        let mut line = format!(
-            "{:<40} |",
-            format!("{} / {min_chunks} / {helpers} / {linger}", size_label(part))
+        let early = if early == usize::MAX {
+            "all".to_string()
+        } else {
+            early.to_string()
+        };
+        let line0 = format!(
+            "{} / {min_chunks} / {helpers} / {}{} / {early}",
+            size_label(part),
+            u8::from(sh),
+            u8::from(sd)
         );
+        let mut line = format!("{line0:<40} |");
         for n in [4 * MIB, 16 * MIB] {
             let d = device.slice(..n)?;
             let src = &host.src[..n];
