@@ -161,9 +161,7 @@ typedef int (*cuda_mempool_cupy_hold_fn)(int device, cuda_mempool_stream_t strea
 typedef void (*cuda_mempool_cupy_release_fn)(cuda_mempool_stream_t stream);
 /* Builds the exception for this thread's failed allocation of `size` bytes on `device`
  * (from cuda_mempool_last_oom / cuda_mempool_last_error), keeps it alive, and writes its type
- * and value (PyObject*) to out[0] and out[1]; returns 0 on success. Called again with
- * device -1 and out NULL once the exception is set: what it kept alive may go (a raised
- * exception's traceback keeps the frames, and their arrays, alive). */
+ * and value (PyObject*) to out[0] and out[1]; returns 0 on success. */
 typedef int (*cuda_mempool_cupy_make_error_fn)(size_t size, int device, intptr_t *out);
 /* Sets the calling thread's Python exception: Python's PyErr_SetObject(type, value). */
 typedef void (*cuda_mempool_cupy_set_error_fn)(void *type, void *value);

@@ -295,11 +295,6 @@ _errors = {}
 
 def _make_error(size, device, out):
     try:
-        if device < 0:
-            # The library has set the exception: keeping it here would keep its traceback,
-            # and the frames' arrays, alive after the caller handled it.
-            _errors.pop(threading.get_ident(), None)
-            return 0
         exc = _failure(_lib, size, device)
         _errors[threading.get_ident()] = exc
         out[0] = id(type(exc))

@@ -307,11 +307,6 @@ pub extern "C-unwind" fn cuda_mempool_cupy_stream_malloc(
                     // SAFETY: the two objects make_error produced (and keeps alive).
                     unsafe { set_error(out[0] as *mut c_void, out[1] as *mut c_void) };
                 }
-                // The exception is set (PyErr_SetObject took its own references), or was
-                // not made: the hook may drop what it kept.
-                // SAFETY: the registration contract; device -1 with a null `out` is the
-                // "done" call the header documents.
-                let _ = unsafe { make_error(0, -1, std::ptr::null_mut()) };
             }
             // Nothing of this frame needs dropping. The C++ exception tells CuPy's Cython
             // code (`except +`) to raise: the pending Python exception if there is one, else a
