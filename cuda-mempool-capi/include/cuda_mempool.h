@@ -182,6 +182,16 @@ int cuda_mempool_cupy_set_stream_hooks(cuda_mempool_cupy_stream_fn current_strea
                                        cuda_mempool_cupy_make_error_fn make_error,
                                        cuda_mempool_cupy_set_error_fn set_error);
 
+/* Releases one reference to a Python object: Python's Py_DecRef. */
+typedef void (*cuda_mempool_cupy_decref_fn)(void *object);
+
+/* Registers decref (NULL unregisters). While one is registered, make_error hands over OWNED
+ * references to the type and value it writes, and the library releases both with decref right
+ * after set_error (which takes references of its own), so nothing keeps a raised exception,
+ * its traceback and the arrays of its frames alive once the caller has handled it. Without
+ * one, make_error keeps the objects alive itself. Returns 0. */
+int cuda_mempool_cupy_set_error_release(cuda_mempool_cupy_decref_fn decref);
+
 /* CFunctionAllocator's malloc: `size` bytes on `device` for use on CuPy's current stream of
  * the calling thread (the registered lookup function). A stream other than the
  * implicit ones (NULL, cudaStreamLegacy, cudaStreamPerThread) is held through the hold hook

@@ -288,15 +288,23 @@ def _cupy_checks_malloc_errors():
     return (major, minor) >= (14, 1)
 
 
-# The exception each thread's last failed allocation raised, kept alive until the library has
-# set it (PyErr_SetObject takes its own references).
+# Whether the library releases the references _make_error hands over
+# (cuda_mempool_cupy_set_error_release registered with Py_DecRef). Otherwise the exception each
+# thread's last failed allocation raised is kept here until that thread's next failure.
+_owned_errors = False
 _errors = {}
 
 
 def _make_error(size, device, out):
     try:
         exc = _failure(_lib, size, device)
-        _errors[threading.get_ident()] = exc
+        if _owned_errors:
+            # Owned references for the library, which releases them once the exception is set:
+            # nothing of ours keeps the exception (its traceback, its frames' arrays) alive.
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(type(exc)))
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(exc))
+        else:
+            _errors[threading.get_ident()] = exc
         out[0] = id(type(exc))
         out[1] = id(exc)
         return 0
@@ -346,6 +354,11 @@ def _make_c_malloc(so, lib_owner):
         release = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_release)
         _hooks = (current, device_stream, hold, release, make_error, set_error)
         atexit.register(_at_exit)
+    global _owned_errors
+    if _hooks[4] is not None and hasattr(so, "cuda_mempool_cupy_set_error_release"):
+        decref = ctypes.cast(ctypes.pythonapi.Py_DecRef, ctypes.c_void_p)
+        so.cuda_mempool_cupy_set_error_release.argtypes = [ctypes.c_void_p]
+        _owned_errors = so.cuda_mempool_cupy_set_error_release(decref) == 0
     if _register(so) != 0:
         raise RuntimeError(f"cuda_mempool_cupy_set_stream_hooks: {_last_error(so)}")
     addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731

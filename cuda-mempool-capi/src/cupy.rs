@@ -74,6 +74,39 @@ pub type MakeErrorFn = unsafe extern "C" fn(size: usize, device: c_int, out: *mu
 /// Sets the calling thread's Python exception (`PyErr_SetObject(type, value)`).
 pub type SetErrorFn = unsafe extern "C" fn(kind: *mut c_void, value: *mut c_void);
 
+/// Releases one reference to a Python object (`Py_DecRef`). See
+/// [`cuda_mempool_cupy_set_error_release`].
+pub type DecRefFn = unsafe extern "C" fn(object: *mut c_void);
+
+/// The registered [`DecRefFn`] as an address (0: none).
+static ERROR_RELEASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Registers `decref` (Python's `Py_DecRef`), or unregisters it (null). While one is
+/// registered, the `make_error` hook of [`cuda_mempool_cupy_set_stream_hooks`] hands over
+/// *owned* references to the type and value it writes, and the library releases both with
+/// `decref` once `set_error` has set the exception (which takes references of its own).
+/// Nothing then keeps a raised exception, and with it its traceback and the arrays of its
+/// frames, alive after the caller has handled it. Without one the objects are the hook's to
+/// keep alive. Returns 0.
+///
+/// # Safety
+///
+/// `decref` stays callable for the rest of the process and is called with the GIL held, on
+/// the allocating thread, right after `set_error`; `make_error` must hand over owned
+/// references from the moment this is registered.
+#[no_mangle]
+pub unsafe extern "C" fn cuda_mempool_cupy_set_error_release(decref: Option<DecRefFn>) -> c_int {
+    ERROR_RELEASE.store(decref.map_or(0, |f| f as usize), Ordering::Release);
+    0
+}
+
+/// The registered [`DecRefFn`], if any.
+fn error_release() -> Option<DecRefFn> {
+    let f = ERROR_RELEASE.load(Ordering::Acquire);
+    // SAFETY: a non-zero value was stored from a `DecRefFn` by the function above.
+    (f != 0).then(|| unsafe { std::mem::transmute::<usize, DecRefFn>(f) })
+}
+
 /// How the current stream is learnt.
 #[derive(Clone, Copy)]
 enum Lookup {
@@ -299,13 +332,21 @@ pub extern "C-unwind" fn cuda_mempool_cupy_stream_malloc(
         if let Some((make_error, set_error)) = hooks.and_then(|h| h.error) {
             if !cupy_failed {
                 let mut out = [0isize; 2];
+                let release = error_release();
                 // SAFETY: the registration contract; `out` has the two slots the hook writes;
                 // no lock of ours is held; the last error and out-of-memory figures are
                 // recorded.
                 let made = unsafe { make_error(size, device, out.as_mut_ptr()) };
                 if made == 0 && out[0] != 0 && out[1] != 0 {
-                    // SAFETY: the two objects make_error produced (and keeps alive).
+                    // SAFETY: the two objects make_error produced (owned or kept alive).
                     unsafe { set_error(out[0] as *mut c_void, out[1] as *mut c_void) };
+                }
+                if let (0, Some(decref)) = (made, release) {
+                    for object in out.into_iter().filter(|&o| o != 0) {
+                        // SAFETY: with a release function registered, make_error handed over
+                        // one owned reference per object it wrote; set_error took its own.
+                        unsafe { decref(object as *mut c_void) };
+                    }
                 }
             }
             // Nothing of this frame needs dropping. The C++ exception tells CuPy's Cython

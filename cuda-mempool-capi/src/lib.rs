@@ -76,8 +76,8 @@ pub mod registry;
 mod torch_alloc;
 
 pub use cupy::{
-    cuda_mempool_cupy_held_streams, cuda_mempool_cupy_set_stream_hooks,
-    cuda_mempool_cupy_stream_malloc,
+    cuda_mempool_cupy_held_streams, cuda_mempool_cupy_set_error_release,
+    cuda_mempool_cupy_set_stream_hooks, cuda_mempool_cupy_stream_malloc,
 };
 pub use torch_alloc::cuda_mempool_torch_alloc;
 
@@ -106,6 +106,7 @@ pub const EXPORTED_FUNCTIONS: &[&str] = &[
     "cuda_mempool_cupy_free",
     "cuda_mempool_set_current_stream",
     "cuda_mempool_cupy_set_stream_hooks",
+    "cuda_mempool_cupy_set_error_release",
     "cuda_mempool_cupy_stream_malloc",
     "cuda_mempool_cupy_held_streams",
     "cuda_mempool_used_bytes",

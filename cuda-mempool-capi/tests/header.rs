@@ -58,6 +58,8 @@ exports! {
             Option<cuda_mempool_capi::cupy::MakeErrorFn>,
             Option<cuda_mempool_capi::cupy::SetErrorFn>,
         ) -> c_int;
+    cuda_mempool_cupy_set_error_release = "int(cuda_mempool_cupy_decref_fn)":
+        unsafe extern "C" fn(Option<cuda_mempool_capi::cupy::DecRefFn>) -> c_int;
     // May throw a C++ exception (with the error hooks registered): "C-unwind".
     cuda_mempool_cupy_stream_malloc = "void*(void*,size_t,int)":
         extern "C-unwind" fn(*mut c_void, usize, c_int) -> *mut c_void;

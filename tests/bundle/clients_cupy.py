@@ -317,6 +317,11 @@ def after_oom_work(cp, rep, label):
         rep.check(False, f"{label}: cuFFT ({type(e).__name__}: {e})")
 
 
+def _oom_in_a_frame(cp, request):
+    local = cp.ones(64 * MIB, dtype=cp.uint8)  # noqa: F841  lives in the raising frame
+    cp.empty(request, dtype=cp.uint8)
+
+
 def oom(args, rep, with_limit):
     cp, cmp, pool, kern, khz = setup(args)
     free, total = cp.cuda.runtime.memGetInfo()
@@ -366,6 +371,16 @@ def oom(args, rep, with_limit):
     free2, _ = cp.cuda.runtime.memGetInfo()
     rep.info(f"{label}: device free {free / MIB:.0f} MiB at start, {free2 / MIB:.0f} MiB after")
     after_oom_work(cp, rep, label)
+    # "Catch OOM, free, retry": once the exception is handled, nothing may keep it (its
+    # traceback holds the raising frames and their arrays) alive.
+    used_before = pool.used_bytes()
+    try:
+        _oom_in_a_frame(cp, request)
+    except cp.cuda.memory.OutOfMemoryError:
+        pass
+    rep.check(pool.used_bytes() == used_before,
+              f"{label}: the array of the frame that raised is freed once the OOM is handled "
+              f"({used_before} -> {pool.used_bytes()} bytes used)")
     if with_limit:
         try:
             x = cp.empty(512 * MIB, dtype=cp.uint8)
