@@ -53,6 +53,10 @@ def child(mode, lib, steps):
     host_rng = np.random.default_rng(SEED)
     rs = cp.random.RandomState(SEED)
     results, scans, times, shapes, peak = [], [], [], [], 0
+    # Per step: the host's issue time (until the last operation is queued, before the final
+    # copy that waits) and the GPU's span of the step (events around the same operations).
+    issue_times, gpu_times = [], []
+    ev0, ev1 = cp.cuda.Event(), cp.cuda.Event()
     for step in range(steps):
         n = int(host_rng.integers(128, 2049))
         m = int(host_rng.integers(1 << 14, 1 << 21))
@@ -60,6 +64,7 @@ def child(mode, lib, steps):
         shapes.append([n, m, k])
         cp.cuda.Device(0).synchronize()
         start = time.perf_counter()
+        ev0.record()
         a = rs.standard_normal((n, n), dtype=cp.float32)
         b = rs.standard_normal((n, n // 2 + 1), dtype=cp.float32)
         c = a @ b
@@ -79,11 +84,14 @@ def child(mode, lib, steps):
         # Not compared: CuPy's cumsum of a large float array goes through CUB's
         # decoupled look-back scan, whose rounding may vary from run to run.
         scan = cp.cumsum(v)[-1]
+        ev1.record()
+        issue_times.append(time.perf_counter() - start)
         values = cp.asnumpy(parts)  # synchronises
         scan_value = float(scan)
         del a, b, c, v, spec, power, w, parts, scan
         cp.cuda.Device(0).synchronize()
         times.append(time.perf_counter() - start)
+        gpu_times.append(cp.cuda.get_elapsed_time(ev0, ev1) / 1e3)
         results.append([float(x).hex() for x in values])
         scans.append(scan_value.hex())
         free_now, _ = cp.cuda.runtime.memGetInfo()
@@ -116,6 +124,7 @@ def child(mode, lib, steps):
         extra["cupy_pool_used_bytes"] = pool.used_bytes()
     print("RESULT " + json.dumps({
         "mode": mode, "results": results, "scans": scans, "times": times, "shapes": shapes,
+        "issue_times": issue_times, "gpu_times": gpu_times,
         "peak_reserved": peak, "baseline": baseline, **extra,
     }), flush=True)
 

@@ -199,6 +199,10 @@ def interleave(label, names, make_cmd, args, steps, deadline):
                 "wall_s": time.time() - t0,
                 "results": res.get("losses") or res.get("results"),
             }
+            # CuPy runs: the host's issue time and the GPU's span of each step (medians).
+            for k, key in (("issue_times", "issue_ms"), ("gpu_times", "gpu_ms")):
+                if res.get(k):
+                    summary[key] = statistics.median(res[k][args.warmup:]) * 1e3
             for k in ("module_path", "torch_max_memory_reserved", "pool_peak_reserved_bytes",
                       "pool_last_error"):
                 if k in res:
@@ -206,7 +210,9 @@ def interleave(label, names, make_cmd, args, steps, deadline):
             runs[name].append(summary)
             print(f"{label} round {r + 1} {name:<10} step {summary['step_ms']:8.3f} ms  peak "
                   f"{summary['peak_mib']:8.1f} MiB  pair {summary['pair_ns'] or 0:8.0f} ns  "
-                  f"({summary['wall_s']:.1f} s)", flush=True)
+                  f"({summary['wall_s']:.1f} s)"
+                  + (f"  issue {summary['issue_ms']:.3f} ms  GPU span {summary['gpu_ms']:.3f} ms"
+                     if "gpu_ms" in summary else ""), flush=True)
     return runs
 
 
@@ -235,6 +241,10 @@ def table(label, runs, names):
         pair = statistics.median([r["pair_ns"] for r in rs if r["pair_ns"] is not None] or [0])
         print(f"{n:<12} {len(rs):>4} {t[0]:10.3f} {t[1]:9.3f} {t[2]:9.3f} {t[2] - t[0]:7.3f} "
               f"{m[0]:11.1f} {m[1]:8.1f} {m[2]:8.1f} {m[2] - m[0]:6.1f} {pair:8.0f}")
+        if all("gpu_ms" in r for r in rs):
+            i, g = stats(rs, "issue_ms"), stats(rs, "gpu_ms")
+            print(f"{'':<12} {'':>4} host issue ms q1/median/q3 {i[0]:.3f} / {i[1]:.3f} / "
+                  f"{i[2]:.3f}; GPU span ms {g[0]:.3f} / {g[1]:.3f} / {g[2]:.3f}")
 
 
 def write_row(rows, bench, scenario, unit, ours, peer, peer_label, k, n_runs):
