@@ -633,15 +633,23 @@ impl<B: Backend> MemoryPool<B> {
             st.attach(&self.backend, stream, key)?;
         }
         let served = self.serve_slow(dev, &mut g, shard, &mut st, key, stream, size, rounded);
-        if served.is_err() && st.is_attached() && st.stream_idle() {
-            // A failed request leaves no block made on the stream: the shard must not keep
-            // a stream its owner may destroy once this call returns (a C caller may).
-            let _ = st.detach_if_released(&self.backend);
-            if st.retired {
-                shard.retire(&mut st);
-            }
+        if served.is_err() {
+            // A failed request may leave no block made on the stream: the shard must not
+            // keep a stream its owner may destroy once this call returns (a C caller may).
+            self.let_go_if_idle(shard, &mut st);
         }
         served
+    }
+
+    /// Lets go of the shard's stream when no block made on it is live and the backend says
+    /// it may go (retiring the shard if that fails in a way that leaves its cache unusable).
+    fn let_go_if_idle(&self, shard: &Shard<B>, st: &mut ShardState<B>) {
+        if st.is_attached() && st.stream_idle() {
+            let _ = st.detach_if_released(&self.backend);
+            if st.retired {
+                shard.retire(st);
+            }
+        }
     }
 
     /// [`malloc_slow`](Self::malloc_slow) once the shard is attached: the cache, stealing,
@@ -667,14 +675,9 @@ impl<B: Backend> MemoryPool<B> {
             if let Some(served) =
                 self.steal(dev, g, shard, st, key, stream, size, rounded, thread)?
             {
-                if st.stream_idle() {
-                    // Served from another stream's cache: this shard holds no block made on
-                    // the stream, so it must not keep a stream its owner may now destroy.
-                    let _ = st.detach_if_released(&self.backend);
-                    if st.retired {
-                        shard.retire(st);
-                    }
-                }
+                // Served from another stream's cache: this shard holds no block made on the
+                // stream, so it must not keep a stream its owner may now destroy.
+                self.let_go_if_idle(shard, st);
                 return Ok(Some(served));
             }
         }
