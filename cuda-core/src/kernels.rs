@@ -453,6 +453,50 @@ impl Kernels {
         blocks.min(u64::from(cap.max(1))) as u32
     }
 
+    /// Launches `f` in `BLOCK`-thread blocks, enough for `n` elements and at most `cap`.
+    ///
+    /// # Safety
+    ///
+    /// `params` match `f`'s signature, and the memory they name is valid for the launch (the
+    /// public launchers' contracts).
+    unsafe fn launch_1d(
+        f: &Function,
+        stream: &Stream,
+        n: u64,
+        cap: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        let grid = Self::grid(n, cap);
+        // SAFETY: the caller's contract.
+        unsafe { f.launch(stream, (grid, 1, 1), (BLOCK, 1, 1), 0, params) }
+    }
+
+    /// `f(ptr, value, n)` for the fill and add kernels; nothing when `n` is 0.
+    ///
+    /// # Safety
+    ///
+    /// As [`Kernels::fill_u32_raw`]; `f` takes `(u64 ptr, u32 value, u64 n)`.
+    unsafe fn ptr_value_n(
+        &self,
+        f: &Function,
+        stream: &Stream,
+        ptr: CUdeviceptr,
+        value: u32,
+        n: u64,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let (mut p, mut v, mut n_) = (ptr, value, n);
+        let mut params = [
+            &mut p as *mut CUdeviceptr as *mut c_void,
+            &mut v as *mut u32 as *mut c_void,
+            &mut n_ as *mut u64 as *mut c_void,
+        ];
+        // SAFETY: the parameters match `f`'s signature; the caller vouches for the memory.
+        unsafe { Self::launch_1d(f, stream, n, self.sm_count * 8, &mut params) }
+    }
+
     /// Queues `spin(cycles)` on `stream` as one thread: the kernel takes about `cycles` SM
     /// clocks and touches no memory.
     pub fn spin(&self, stream: &Stream, cycles: u64) -> Result<()> {
@@ -571,21 +615,8 @@ impl Kernels {
         value: u32,
         n: u64,
     ) -> Result<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        let (mut p, mut v, mut n_) = (ptr, value, n);
-        let mut params = [
-            &mut p as *mut CUdeviceptr as *mut c_void,
-            &mut v as *mut u32 as *mut c_void,
-            &mut n_ as *mut u64 as *mut c_void,
-        ];
-        let grid = Self::grid(n, self.sm_count * 8);
-        // SAFETY: parameters match the kernel's signature; the caller vouches for the memory.
-        unsafe {
-            self.fill
-                .launch(stream, (grid, 1, 1), (BLOCK, 1, 1), 0, &mut params)
-        }
+        // SAFETY: `fill_u32` takes (ptr, value, n); the caller's contract covers the memory.
+        unsafe { self.ptr_value_n(&self.fill, stream, ptr, value, n) }
     }
 
     /// Queues `add_u32(ptr, value, n)` on `stream`. Does nothing when `n` is 0.
@@ -600,21 +631,8 @@ impl Kernels {
         value: u32,
         n: u64,
     ) -> Result<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        let (mut p, mut v, mut n_) = (ptr, value, n);
-        let mut params = [
-            &mut p as *mut CUdeviceptr as *mut c_void,
-            &mut v as *mut u32 as *mut c_void,
-            &mut n_ as *mut u64 as *mut c_void,
-        ];
-        let grid = Self::grid(n, self.sm_count * 8);
-        // SAFETY: parameters match the kernel's signature; the caller vouches for the memory.
-        unsafe {
-            self.add
-                .launch(stream, (grid, 1, 1), (BLOCK, 1, 1), 0, &mut params)
-        }
+        // SAFETY: `add_u32` takes (ptr, value, n); the caller's contract covers the memory.
+        unsafe { self.ptr_value_n(&self.add, stream, ptr, value, n) }
     }
 
     /// Queues `copy_u32(dst, src, n)` on `stream`. Does nothing when `n` is 0.
@@ -640,12 +658,8 @@ impl Kernels {
             &mut s as *mut CUdeviceptr as *mut c_void,
             &mut n_ as *mut u64 as *mut c_void,
         ];
-        let grid = Self::grid(n, self.sm_count * 8);
         // SAFETY: parameters match the kernel's signature; the caller vouches for the memory.
-        unsafe {
-            self.copy
-                .launch(stream, (grid, 1, 1), (BLOCK, 1, 1), 0, &mut params)
-        }
+        unsafe { Self::launch_1d(&self.copy, stream, n, self.sm_count * 8, &mut params) }
     }
 
     /// Queues `checksum_u32(src, n, out)` on `stream`: adds the wrapping sum of the `n`
@@ -669,11 +683,15 @@ impl Kernels {
             &mut n_ as *mut u64 as *mut c_void,
             &mut o as *mut CUdeviceptr as *mut c_void,
         ];
-        let grid = Self::grid(n.max(1), self.sm_count * 8);
         // SAFETY: parameters match the kernel's signature; the caller vouches for the memory.
         unsafe {
-            self.checksum
-                .launch(stream, (grid, 1, 1), (BLOCK, 1, 1), 0, &mut params)
+            Self::launch_1d(
+                &self.checksum,
+                stream,
+                n.max(1),
+                self.sm_count * 8,
+                &mut params,
+            )
         }
     }
 
@@ -699,11 +717,15 @@ impl Kernels {
             &mut n_ as *mut u64 as *mut c_void,
             &mut c as *mut u64 as *mut c_void,
         ];
-        let grid = Self::grid(n.max(1), self.sm_count);
         // SAFETY: parameters match the kernel's signature; the caller vouches for the memory.
         unsafe {
-            self.spin_then_fill
-                .launch(stream, (grid, 1, 1), (BLOCK, 1, 1), 0, &mut params)
+            Self::launch_1d(
+                &self.spin_then_fill,
+                stream,
+                n.max(1),
+                self.sm_count,
+                &mut params,
+            )
         }
     }
 

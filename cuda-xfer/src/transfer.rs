@@ -110,21 +110,23 @@ pub(crate) fn h2d(src: &[u8], dst: &DevicePtr, kind: HostMemoryKind) -> Result<(
     Ok(())
 }
 
-/// Copies `src` into `dst` (same length), synchronously, done on return.
-pub(crate) fn d2h(src: &DevicePtr, dst: &mut [u8], kind: HostMemoryKind) -> Result<()> {
+/// Copies `src` into `dst` (same length), synchronously, done on return. `fresh`: `dst` is
+/// a heap buffer just allocated for the copy, so pageable (no need to ask the driver whether
+/// a small one is managed memory).
+pub(crate) fn d2h(src: &DevicePtr, dst: &mut [u8], fresh: bool) -> Result<()> {
     check_same_len("to_host_into", dst.len(), src.len())?;
     if dst.is_empty() {
         return Ok(());
     }
     let cfg = staging::config();
-    match route(dst.as_ptr(), dst.len(), kind, &cfg)? {
+    match route(dst.as_ptr(), dst.len(), HostMemoryKind::Unknown, &cfg)? {
         Route::Direct(dma) => {
             // `cuMemcpyDtoH` to pageable or pinned memory returns once the bytes are there;
             // managed memory is device-visible memory, whose copies may return early.
             src.copy_to_host(dst)?;
             // `route` does not ask the driver about small buffers (it says pageable): ask
             // here, so that a small managed destination lands too.
-            let dma = if dma == HostDma::Pageable {
+            let dma = if dma == HostDma::Pageable && !fresh {
                 host_dma(dst.as_ptr(), dst.len())?
             } else {
                 dma
@@ -291,7 +293,7 @@ pub fn copy_to_device_on_stream<T: Pod>(
 pub fn to_host<T: Pod>(src: &DeviceBuffer<T>) -> Result<Vec<T>> {
     // Zeroed memory from the allocator costs nothing up front for large sizes (fresh pages).
     let mut out: Vec<T> = bytemuck::zeroed_vec(src.len());
-    to_host_into(src, &mut out)?;
+    d2h(src.as_ptr(), bytemuck::cast_slice_mut(&mut out), true)?;
     Ok(out)
 }
 
@@ -313,11 +315,7 @@ pub fn to_host<T: Pod>(src: &DeviceBuffer<T>) -> Result<Vec<T>> {
 /// ```
 pub fn to_host_into<T: Pod>(src: &DeviceBuffer<T>, dst: &mut [T]) -> Result<()> {
     check_same_len("to_host_into", dst.len(), src.len())?;
-    d2h(
-        src.as_ptr(),
-        bytemuck::cast_slice_mut(dst),
-        HostMemoryKind::Unknown,
-    )
+    d2h(src.as_ptr(), bytemuck::cast_slice_mut(dst), false)
 }
 
 /// Copies device buffer `src` into `dst` (same length; either device): `cuMemcpyDtoD` on one

@@ -407,21 +407,26 @@ impl<B: Backend> MemoryPool<B> {
     ) -> Result<Allocation<'_, B>, PoolError> {
         if size == 0 {
             // As CuPy's empty pointer: nothing is looked at, not even the device.
-            return Ok(Allocation {
-                pool: self,
-                shard: None,
-                id: 0,
-                generation: 0,
-                ptr: DeviceAddress::NULL,
-                size: 0,
-                device,
-                key: StreamId(0),
-                shard_key: StreamId(0),
-                private: false,
-            });
+            return Ok(self.empty_allocation(device));
         }
         let dev = self.device(device)?;
         self.malloc_in(dev, &dev.shards, None, stream, size)
+    }
+
+    /// The allocation of 0 bytes: the null address, owned by no shard.
+    fn empty_allocation(&self, device: DeviceId) -> Allocation<'_, B> {
+        Allocation {
+            pool: self,
+            shard: None,
+            id: 0,
+            generation: 0,
+            ptr: DeviceAddress::NULL,
+            size: 0,
+            device,
+            key: StreamId(0),
+            shard_key: StreamId(0),
+            private: false,
+        }
     }
 
     /// The allocation path of [`malloc`](Self::malloc) and
@@ -436,18 +441,7 @@ impl<B: Backend> MemoryPool<B> {
         size: u64,
     ) -> Result<Allocation<'p, B>, PoolError> {
         if size == 0 {
-            return Ok(Allocation {
-                pool: self,
-                shard: None,
-                id: 0,
-                generation: 0,
-                ptr: DeviceAddress::NULL,
-                size: 0,
-                device: dev.id,
-                key: StreamId(0),
-                shard_key: StreamId(0),
-                private: false,
-            });
+            return Ok(self.empty_allocation(dev.id));
         }
         let rounded = policy::round_size(size).ok_or(PoolError::SizeOverflow { size })?;
         let stream_key = self.backend.stream_key(stream)?;
