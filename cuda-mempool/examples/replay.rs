@@ -7,8 +7,11 @@
 //! ```
 //!
 //! The default fence rule is `never-sync` (no forced synchronisation, as the GPU replay);
-//! `--all-rules` also prints the figures under the rules that synchronise, and each rule
-//! again with cross-stream stealing off (`PoolConfig::steal_before_growing = false`).
+//! `--all-rules` also prints the figures under the rules that synchronise, each rule
+//! again with cross-stream stealing off (`PoolConfig::steal_before_growing = false`), and
+//! the default rule on a simulated device that completes work at once (`keeps-up`, as the
+//! GPU replay's device does). `moved`: pages the pool unmapped from free memory to map
+//! elsewhere (`Stats::pages_moved`).
 
 mod common;
 use common::println;
@@ -55,8 +58,8 @@ fn main() -> std::process::ExitCode {
         &[FenceRule::Never]
     };
     println!(
-        "{:<14} {:<26} {:>8} {:>16} {:>16} {:>7} {:>8}",
-        "trace", "fence rule", "ops", "peak requested", "peak reserved", "ratio", "ns/op"
+        "{:<14} {:<26} {:>8} {:>16} {:>16} {:>7} {:>8} {:>7}",
+        "trace", "fence rule", "ops", "peak requested", "peak reserved", "ratio", "ns/op", "moved"
     );
     let mut failed = false;
     let steal_modes: &[bool] = if all_rules { &[true, false] } else { &[true] };
@@ -69,24 +72,42 @@ fn main() -> std::process::ExitCode {
                 continue;
             }
         };
-        for (&rule, &steal) in rules
+        let keeps_up: &[(FenceRule, bool, bool)] = if all_rules {
+            &[(FenceRule::Never, true, true)]
+        } else {
+            &[]
+        };
+        for &(rule, steal, device_keeps_up) in rules
             .iter()
-            .flat_map(|r| steal_modes.iter().map(move |s| (r, s)))
+            .flat_map(|&r| steal_modes.iter().map(move |&s| (r, s, false)))
+            .collect::<Vec<_>>()
+            .iter()
+            .chain(keeps_up)
         {
             let mut options = ReplayOptions {
                 fence_rule: rule,
+                device_keeps_up,
                 ..ReplayOptions::default()
             };
             options.config.steal_before_growing = steal;
-            let label = if steal {
-                rule.to_string()
-            } else {
-                format!("{rule},no-steal")
-            };
+            let mut label = rule.to_string();
+            if !steal {
+                label.push_str(",no-steal");
+            }
+            if device_keeps_up {
+                label.push_str(",keeps-up");
+            }
             match replay(&trace, &options) {
                 Ok(r) => println!(
-                    "{:<14} {:<26} {:>8} {:>16} {:>16} {:>7.4} {:>8.1}",
-                    r.name, label, r.ops, r.peak_requested, r.peak_reserved, r.ratio, r.ns_per_op
+                    "{:<14} {:<26} {:>8} {:>16} {:>16} {:>7.4} {:>8.1} {:>7}",
+                    r.name,
+                    label,
+                    r.ops,
+                    r.peak_requested,
+                    r.peak_reserved,
+                    r.ratio,
+                    r.ns_per_op,
+                    r.stats.pages_moved
                 ),
                 Err(e) => {
                     eprintln!("{}: {e}", trace.name);

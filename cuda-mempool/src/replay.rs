@@ -134,6 +134,13 @@ pub struct ReplayOptions {
     pub fence_rule: FenceRule,
     /// The pool's configuration (virtual-memory segments by default).
     pub config: PoolConfig,
+    /// Simulated replay only: the device completes each allocation's work at once, as the
+    /// GPU replay's device does (the replay issues no kernels, so every fence the pool
+    /// records is complete by the time it asks). Off by default: the device then
+    /// completes nothing on its own, the case that decides the footprint. On, free memory
+    /// is always safe to move, and the figure to watch is [`Stats::pages_moved`]: how
+    /// often the pool moves pages instead of reusing mapped memory where it lies.
+    pub device_keeps_up: bool,
 }
 
 impl Default for ReplayOptions {
@@ -141,6 +148,7 @@ impl Default for ReplayOptions {
         ReplayOptions {
             fence_rule: FenceRule::Never,
             config: PoolConfig::default(),
+            device_keeps_up: false,
         }
     }
 }
@@ -367,6 +375,9 @@ pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport, Re
         |s| s,
         |stream| {
             sim.submit_work(device, stream);
+            if options.device_keeps_up {
+                sim.complete_stream(device, stream);
+            }
         },
     )
 }

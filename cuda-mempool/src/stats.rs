@@ -103,6 +103,11 @@ pub struct Stats {
     pub allocations: u64,
     /// Frees of non-empty allocations.
     pub frees: u64,
+    /// Pages the pool unmapped from free memory to map under another request
+    /// (virtual-memory segments; device statistics only): each costs a `cuMemUnmap`, a
+    /// `cuMemMap` and a `cuMemSetAccess`, the price of keeping the footprint at what live
+    /// blocks touch instead of creating new pages.
+    pub pages_moved: u64,
     /// Times the pool ran its out-of-memory recovery (waiting for fences and releasing
     /// cached memory) before retrying a request.
     pub retries: u64,

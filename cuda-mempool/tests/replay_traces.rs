@@ -120,3 +120,29 @@ fn without_stealing_a_lagging_device_costs_memory_across_streams() {
     let single_steal = replay(&trace("lm_varlen"), &ReplayOptions::default()).expect("replay");
     assert_eq!(single.peak_reserved, single_steal.peak_reserved);
 }
+
+#[test]
+fn with_a_device_that_keeps_up_pages_stay_where_they_are_mapped() {
+    // Every free is safe at once, so the pool could move pages on every request; it should
+    // reuse mapped memory where it lies instead (placement on mapped runs, smallest runs
+    // moved first). Before that, lm_varlen moved 29,031 pages in 58,277 operations and
+    // multistream 9,709 in 7,200.
+    let options = ReplayOptions {
+        device_keeps_up: true,
+        ..ReplayOptions::default()
+    };
+    for name in ["lm_varlen", "multistream"] {
+        let r = replay(&trace(name), &options).expect("replay");
+        println!(
+            "{name}: ratio {:.4}, pages moved {} in {} operations",
+            r.ratio, r.stats.pages_moved, r.ops
+        );
+        assert!(r.ratio <= TARGET_RATIO, "{name}: ratio {:.4}", r.ratio);
+        assert!(
+            r.stats.pages_moved * 25 <= r.ops,
+            "{name}: {} pages moved in {} operations",
+            r.stats.pages_moved,
+            r.ops
+        );
+    }
+}

@@ -35,6 +35,7 @@
 //! this path, never when a request can be served.
 
 mod lock;
+mod pages;
 mod shard;
 mod table;
 
@@ -160,6 +161,8 @@ struct Global<B: Backend> {
     reserved: Stat,
     /// Physical pages held but mapped nowhere (virtual-memory mode).
     spare: Vec<B::Physical>,
+    /// Pages unmapped from free memory to be mapped under another request.
+    pages_moved: u64,
     retries: u64,
     ooms: u64,
     oom_causes: OomCounts,
@@ -347,6 +350,7 @@ impl<B: Backend> MemoryPool<B> {
                     limit,
                     reserved: Stat::default(),
                     spare: Vec::new(),
+                    pages_moved: 0,
                     retries: 0,
                     ooms: 0,
                     oom_causes: OomCounts::default(),
@@ -902,21 +906,10 @@ impl<B: Backend> MemoryPool<B> {
         let Some(page) = dev.page else {
             return Ok(Ok(()));
         };
-        if g.spare.len() < want {
-            st.reclaim_pages(&self.backend, &mut g.spare, want)?;
-        }
-        for other in dev.shards.iter() {
-            if g.spare.len() >= want {
-                break;
-            }
-            if std::ptr::eq(other, shard) {
-                continue;
-            }
-            other
-                .state
-                .lock()
-                .reclaim_pages(&self.backend, &mut g.spare, want)?;
-        }
+        let before = g.spare.len();
+        let reclaimed = self.reclaim_for(dev, &mut g.spare, shard, st, want);
+        g.pages_moved += g.spare.len().saturating_sub(before) as u64;
+        reclaimed?;
         // Create nothing when the limit cannot take every missing page: pages created
         // for a request that fails anyway would only inflate the footprint.
         let missing = (want.saturating_sub(g.spare.len()) as u64).saturating_mul(page);
@@ -941,6 +934,31 @@ impl<B: Backend> MemoryPool<B> {
         } else {
             Ok(Err(OomCause::DeviceMemory))
         }
+    }
+
+    /// Unmaps fenced free pages into `spare` until it holds `want`: this shard's, then
+    /// the device's other shards'.
+    fn reclaim_for(
+        &self,
+        dev: &Device<B>,
+        spare: &mut Vec<B::Physical>,
+        shard: &Shard<B>,
+        st: &mut ShardState<B>,
+        want: usize,
+    ) -> Result<(), PoolError> {
+        st.reclaim_pages(&self.backend, spare, want)?;
+        for other in dev.shards.iter() {
+            if spare.len() >= want {
+                break;
+            }
+            if !std::ptr::eq(other, shard) {
+                other
+                    .state
+                    .lock()
+                    .reclaim_pages(&self.backend, spare, want)?;
+            }
+        }
+        Ok(())
     }
 
     /// Allocates a plain segment of `size` bytes within the limit, releasing wholly
@@ -1343,6 +1361,7 @@ impl<B: Backend> MemoryPool<B> {
         let mut s = Stats {
             reserved: g.reserved,
             retries: g.retries,
+            pages_moved: g.pages_moved,
             ooms: g.ooms,
             oom_causes: g.oom_causes,
             last_oom: g.last_oom,

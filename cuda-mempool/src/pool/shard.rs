@@ -39,6 +39,8 @@ use crate::error::PoolError;
 use crate::policy::{self, SizeClass, MAX_OUTSTANDING_FENCES, RECENT_CAPACITY};
 use crate::stats::Stats;
 
+use super::pages::PageTable;
+
 /// No block (end of a neighbour list).
 pub(crate) const NIL: u32 = u32::MAX;
 
@@ -76,10 +78,7 @@ pub(crate) enum Backing<P> {
     /// One plain allocation covering the whole segment.
     Plain,
     /// An address range with pages mapped where needed.
-    Virtual {
-        pages: Vec<Option<P>>,
-        mapped: usize,
-    },
+    Virtual(PageTable<P>),
 }
 
 pub(crate) struct Segment<P> {
@@ -315,9 +314,19 @@ impl<B: Backend> ShardState<B> {
     /// 1. the most recently freed block of exactly that size, if any (the best possible
     ///    fit, found without touching the ordered free set);
     /// 2. otherwise, after coalescing the recent list, the smallest free block that
-    ///    fits ([`policy::block_fits`]), lowest address first; the request is placed at
-    ///    whichever end of it needs fewer pages mapped (start on a tie);
-    /// 3. otherwise none: the caller needs a new segment.
+    ///    fits ([`policy::block_fits`]), lowest address first, where the request finds
+    ///    every page it touches mapped ([`placement`](Self::placement));
+    /// 3. otherwise the smallest free block that fits, the request placed where it needs
+    ///    the fewest pages mapped;
+    /// 4. otherwise none: the caller needs a new segment.
+    ///
+    /// Step 2 before step 3 is what keeps pages where they are: in a virtual-memory
+    /// segment, taking a larger block whose pages are mapped costs no memory (the rest
+    /// stays free and mapped), while the best fit with unmapped pages would take pages
+    /// from elsewhere (`cuMemUnmap`, `cuMemMap`, `cuMemSetAccess`: tens of microseconds
+    /// each) or create new ones. Measured on the recorded traces with fences completing
+    /// as fast as the device allows, it cut the mapping calls of `lm_varlen` by 5x and of
+    /// `multistream` by 80x at the same peak reserved (see bench/NOTES.md).
     ///
     /// Every free block here was last used by this shard's stream (or by a borrower or
     /// `record_stream` stream this stream has waited for), so no fence is needed to reuse
@@ -337,10 +346,19 @@ impl<B: Backend> ShardState<B> {
         self.recent.take(rounded)
     }
 
-    /// Steps 2 and 3 of [`choose_block`](Self::choose_block).
+    /// Steps 2 to 4 of [`choose_block`](Self::choose_block).
     #[inline(never)]
     pub(crate) fn choose_free(&mut self, rounded: u64) -> Choice {
         self.flush_recent();
+        if self.page != 0 {
+            if let Some((id, addr)) = self.mapped_fit(rounded) {
+                return Choice::Fit {
+                    id,
+                    addr,
+                    unmapped: 0,
+                };
+            }
+        }
         let class = policy::size_class(rounded).index();
         let found = self.free[class]
             .range((rounded, 0, 0)..)
@@ -355,24 +373,53 @@ impl<B: Backend> ShardState<B> {
     }
 
     /// Where in free block `id` a request of `rounded` bytes goes, and how many pages
-    /// must be mapped for it there.
+    /// must be mapped for it there: its start if every page is mapped there, else the
+    /// start of the first run of mapped pages inside it that holds the whole request (a
+    /// coalesced free block of a virtual-memory segment may span the whole range with
+    /// islands of mapped pages inside), else whichever end needs fewer pages mapped.
     fn placement(&self, id: u32, rounded: u64) -> (u64, usize) {
         let b = &self.blocks[id as usize];
         let start = b.addr;
         if self.page == 0 || b.size == rounded {
             return (start, self.unmapped_pages(b.segment, start, rounded));
         }
-        let end = b.addr + b.size - rounded;
         let at_start = self.unmapped_pages(b.segment, start, rounded);
         if at_start == 0 {
             return (start, 0);
         }
+        if let Some((_, addr)) = self.mapped_island(b.segment, start, b.size, rounded) {
+            return (addr, 0);
+        }
+        let end = b.addr + b.size - rounded;
         let at_end = self.unmapped_pages(b.segment, end, rounded);
         if at_end < at_start {
             (end, at_end)
         } else {
             (start, at_start)
         }
+    }
+
+    /// The smallest range of mapped pages inside `[addr, addr + size)` of `segment` that
+    /// holds `len` bytes, as `(its length, its start)` (lowest address among equals).
+    fn mapped_island(&self, segment: u32, addr: u64, size: u64, len: u64) -> Option<(u64, u64)> {
+        let Some(Some(seg)) = self.segments.get(segment as usize) else {
+            return None;
+        };
+        let Backing::Virtual(pages) = &seg.backing else {
+            return None;
+        };
+        let (first, end) = touched_pages(seg.base, self.page, addr, size);
+        pages
+            .runs_within(first, end)
+            .filter_map(|(s, e)| {
+                // The run's bytes inside the block: a run clipped at `first` starts at the
+                // block's own start, which may lie inside that page.
+                let lo = (seg.base + s as u64 * self.page).max(addr);
+                let hi = (seg.base + e as u64 * self.page).min(addr + size);
+                let room = hi.saturating_sub(lo);
+                (room >= len).then_some((room, lo))
+            })
+            .min()
     }
 
     /// Number of unmapped pages under `[addr, addr + len)` in `segment`.
@@ -382,12 +429,9 @@ impl<B: Backend> ShardState<B> {
         };
         match &seg.backing {
             Backing::Plain => 0,
-            Backing::Virtual { pages, .. } => {
+            Backing::Virtual(pages) => {
                 let (first, end) = touched_pages(seg.base, self.page, addr, len);
-                let mapped = pages
-                    .get(first..end.min(pages.len()))
-                    .map_or(0, |s| s.iter().filter(|p| p.is_some()).count());
-                (end - first) - mapped
+                (end - first) - pages.mapped_within(first, end)
             }
         }
     }
@@ -685,10 +729,7 @@ impl<B: Backend> ShardState<B> {
         let backing = if self.page == 0 {
             Backing::Plain
         } else {
-            Backing::Virtual {
-                pages: Vec::new(),
-                mapped: 0,
-            }
+            Backing::Virtual(PageTable::new())
         };
         self.segments[seg_id] = Some(Segment {
             base,
@@ -720,19 +761,16 @@ impl<B: Backend> ShardState<B> {
             return Ok(false);
         };
         let base = seg.base;
-        let Backing::Virtual { pages, mapped } = &mut seg.backing else {
+        let Backing::Virtual(pages) = &mut seg.backing else {
             return Ok(true);
         };
         let (first, end) = touched_pages(base, page, addr, size);
-        if pages.len() < end {
-            pages.resize_with(end, || None);
-        }
         // Unmapped pages are mapped in runs of consecutive slots, one backend call a run.
         let mut run: Vec<(usize, B::Physical)> = Vec::new();
         let mut enough = true;
         for i in first..end {
-            if pages[i].is_some() {
-                map_run(backend, device, base, page, pages, mapped, &mut run, spare)?;
+            if pages.is_mapped(i) {
+                map_run(backend, device, base, page, pages, &mut run, spare)?;
                 continue;
             }
             let Some(phys) = spare.pop() else {
@@ -741,14 +779,16 @@ impl<B: Backend> ShardState<B> {
             };
             run.push((i, phys));
         }
-        map_run(backend, device, base, page, pages, mapped, &mut run, spare)?;
+        map_run(backend, device, base, page, pages, &mut run, spare)?;
         Ok(enough)
     }
 
     /// Unmaps pages lying wholly inside free blocks whose frees a completed fence
     /// covers, moving them to `spare`, until `spare` holds `want` pages or nothing is
-    /// left. Largest free blocks are stripped first: they are the least likely to be
-    /// reused whole soon.
+    /// left. The smallest runs of mapped pages go first: they are the fragments least
+    /// able to serve a request without mapping, while the long runs stay for the
+    /// requests that need them (on the `lm_varlen` trace, stripping the largest free
+    /// blocks first moved 8x more pages at the same peak).
     pub(crate) fn reclaim_pages(
         &mut self,
         backend: &B,
@@ -762,45 +802,49 @@ impl<B: Backend> ShardState<B> {
         self.poll_pending(backend)?;
         self.refresh_fences(backend)?;
         let safe = self.safe_epoch;
-        let mut candidates: Vec<(u64, u32)> = self
-            .free
-            .iter()
-            .flat_map(|set| set.iter())
-            .map(|&(size, _, id)| (size, id))
-            .filter(|&(_, id)| self.blocks[id as usize].freed_epoch <= safe)
-            .collect();
-        candidates.sort_unstable_by(|a, b| b.cmp(a));
         let page = self.page;
-        for (_, id) in candidates {
-            if spare.len() >= want {
-                break;
-            }
+        // The runs of mapped pages lying wholly inside fenced free blocks.
+        let mut islands: Vec<(usize, u32, usize)> = Vec::new();
+        for &(size, addr, id) in self.free.iter().flat_map(|set| set.iter()) {
             let b = &self.blocks[id as usize];
-            let (addr, size, segment) = (b.addr, b.size, b.segment);
+            if b.freed_epoch > safe {
+                continue;
+            }
+            let Some(Some(seg)) = self.segments.get(b.segment as usize) else {
+                continue;
+            };
+            let Backing::Virtual(pages) = &seg.backing else {
+                continue;
+            };
+            let (first, end) = inner_pages(seg.base, page, addr, size);
+            islands.extend(
+                pages
+                    .runs_within(first, end)
+                    .map(|(s, e)| (e - s, b.segment, s)),
+            );
+        }
+        islands.sort_unstable();
+        for (len, segment, first) in islands {
             let Some(Some(seg)) = self.segments.get_mut(segment as usize) else {
                 continue;
             };
             let base = seg.base;
-            let Backing::Virtual { pages, mapped } = &mut seg.backing else {
+            let Backing::Virtual(pages) = &mut seg.backing else {
                 continue;
             };
-            if *mapped == 0 {
-                continue;
-            }
-            let (first, end) = inner_pages(base, page, addr, size);
-            for (i, slot) in pages.iter_mut().enumerate().take(end).skip(first) {
+            for i in first..first + len {
                 if spare.len() >= want {
-                    break;
+                    return Ok(());
                 }
-                let Some(phys) = slot.take() else {
+                let Some(phys) = pages.take(i) else {
                     continue;
                 };
                 let va = DeviceAddress(base + i as u64 * page);
                 if let Err(e) = backend.unmap(self.device, va, page) {
-                    *slot = Some(phys);
+                    // Still mapped: back where it was (the slot was just emptied).
+                    let _ = pages.put(i, phys);
                     return Err(PoolError::backend("unmap")(e));
                 }
-                *mapped -= 1;
                 spare.push(phys);
             }
         }
@@ -838,7 +882,7 @@ impl<B: Backend> ShardState<B> {
                 && first.freed_epoch <= safe;
             let unmapped = match &seg.backing {
                 Backing::Plain => true,
-                Backing::Virtual { mapped, .. } => *mapped == 0,
+                Backing::Virtual(pages) => pages.mapped() == 0,
             };
             if !(wholly_free && unmapped) {
                 continue;
@@ -851,7 +895,7 @@ impl<B: Backend> ShardState<B> {
                         .map_err(PoolError::backend("deallocate"))?;
                     *reserved = reserved.saturating_sub(size);
                 }
-                Backing::Virtual { .. } => {
+                Backing::Virtual(_) => {
                     backend
                         .release_address_range(self.device, DeviceAddress(base), size)
                         .map_err(PoolError::backend("release_address_range"))?;
@@ -881,14 +925,12 @@ impl<B: Backend> ShardState<B> {
                         released += seg.size;
                     }
                 }
-                Backing::Virtual { pages, .. } => {
-                    for (i, p) in pages.into_iter().enumerate() {
-                        if let Some(p) = p {
-                            let va = DeviceAddress(seg.base + i as u64 * self.page);
-                            // A page that cannot be unmapped is leaked (still counted).
-                            if backend.unmap(self.device, va, self.page).is_ok() {
-                                spare.push(p);
-                            }
+                Backing::Virtual(mut pages) => {
+                    for (i, p) in pages.drain() {
+                        let va = DeviceAddress(seg.base + i as u64 * self.page);
+                        // A page that cannot be unmapped is leaked (still counted).
+                        if backend.unmap(self.device, va, self.page).is_ok() {
+                            spare.push(p);
                         }
                     }
                     let _ = backend.release_address_range(
@@ -1268,7 +1310,13 @@ impl<B: Backend> ShardState<B> {
     // ----- lending to other streams -----------------------------------------------
 
     /// The first free block (best fit first) where a request of `rounded` bytes finds
-    /// every page it touches mapped; `(id, addr)`.
+    /// every page it touches mapped, and where in it; `(id, addr)`.
+    ///
+    /// Blocks are taken in best-fit order, but the mapped range inside a block is the
+    /// smallest that holds the request. Best fit over every mapped range of every block
+    /// instead (one coalesced free block may hold many) was measured and not taken: on the
+    /// `lm_varlen` trace with a device that lags, it raised peak reserved / peak requested
+    /// from 1.008 to 1.075.
     fn mapped_fit(&self, rounded: u64) -> Option<(u32, u64)> {
         let class = policy::size_class(rounded).index();
         self.free[class]
@@ -1433,11 +1481,9 @@ impl<B: Backend> ShardState<B> {
                 let backed = match self.segments.get(b.segment as usize) {
                     Some(Some(seg)) => match &seg.backing {
                         Backing::Plain => true,
-                        Backing::Virtual { pages, .. } => {
+                        Backing::Virtual(pages) => {
                             let (first, end) = touched_pages(seg.base, self.page, addr, size);
-                            pages
-                                .get(first..end.min(pages.len()))
-                                .is_some_and(|s| s.iter().any(Option::is_some))
+                            pages.mapped_within(first, end) > 0
                         }
                     },
                     _ => false,
@@ -1475,8 +1521,7 @@ fn map_run<B: Backend>(
     device: DeviceId,
     base: u64,
     page: u64,
-    pages: &mut [Option<B::Physical>],
-    mapped: &mut usize,
+    pages: &mut PageTable<B::Physical>,
     run: &mut Vec<(usize, B::Physical)>,
     spare: &mut Vec<B::Physical>,
 ) -> Result<(), PoolError> {
@@ -1494,9 +1539,9 @@ fn map_run<B: Backend>(
     if let Err(failure) = result {
         for (k, (i, phys)) in run.drain(..).enumerate() {
             if failure.left_mapped.contains(&k) {
-                // Still mapped where it was put: cached memory of the free range.
-                pages[i] = Some(phys);
-                *mapped += 1;
+                // Still mapped where it was put: cached memory of the free range. The
+                // slot was unmapped when the run was formed, so `put` cannot refuse it.
+                let _ = pages.put(i, phys);
             } else {
                 spare.push(phys);
             }
@@ -1504,8 +1549,7 @@ fn map_run<B: Backend>(
         return Err(PoolError::backend("map")(failure.error));
     }
     for (i, phys) in run.drain(..) {
-        pages[i] = Some(phys);
-        *mapped += 1;
+        let _ = pages.put(i, phys);
     }
     Ok(())
 }

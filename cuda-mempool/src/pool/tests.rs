@@ -367,6 +367,59 @@ fn free_all_blocks_returns_free_pages_inside_segments() {
 }
 
 #[test]
+fn a_request_goes_where_pages_are_still_mapped_inside_a_free_range() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let p = pool.malloc(D0, &S0, 4 * MIB).unwrap(); // pages 0-1
+    let q = pool.malloc(D0, &S0, 4 * MIB).unwrap(); // pages 2-3
+    let q_ptr = q.ptr();
+    sim.submit_work(D0, S0);
+    drop(p);
+    pool.free_all_blocks().unwrap(); // pages 0-1 unmapped and released
+    assert_eq!(sim.mapped_pages(D0), 2);
+    drop(q);
+    // One free range over the whole segment, mapped only at pages 2-3: both of its ends
+    // would need pages, its middle needs none.
+    let calls = sim.calls();
+    let r = pool.malloc(D0, &S0, 3 * MIB).unwrap();
+    assert_eq!(r.ptr(), q_ptr, "placed on the mapped pages");
+    assert_eq!(sim.calls().map, calls.map, "nothing mapped");
+    assert_eq!(sim.calls().create_physical, calls.create_physical);
+    assert_eq!(pool.total_bytes(), 4 * MIB);
+    // A request that no mapped run can hold still gets pages, and moves none: the free
+    // pages under `r`'s range are not free.
+    let big = pool.malloc(D0, &S0, 6 * MIB).unwrap();
+    assert_eq!(pool.stats(D0).unwrap().pages_moved, 0);
+    assert_eq!(pool.total_bytes(), 4 * MIB + 6 * MIB);
+    drop((r, big));
+}
+
+#[test]
+fn pages_move_from_the_smallest_mapped_runs_first() {
+    // No stealing: the other stream's request must move pages.
+    let pool = vm_pool_no_steal(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    // Live blocks separate a one-page run (page 1) and a three-page run (pages 5-7).
+    let a = pool.malloc(D0, &S0, 2 * MIB).unwrap(); // page 0
+    let one = pool.malloc(D0, &S0, 2 * MIB).unwrap(); // page 1
+    let b = pool.malloc(D0, &S0, 6 * MIB).unwrap(); // pages 2-4
+    let three = pool.malloc(D0, &S0, 6 * MIB).unwrap(); // pages 5-7
+    let c = pool.malloc(D0, &S0, 2 * MIB).unwrap(); // page 8
+    let three_ptr = three.ptr();
+    drop((one, three));
+    sim.complete_all();
+    // Another stream needs one page: it takes the lone page, not one of the run that
+    // can still serve a 6 MiB request whole.
+    let other = pool.malloc(D0, &S1, 2 * MIB).unwrap();
+    assert_eq!(pool.stats(D0).unwrap().pages_moved, 1);
+    let maps = sim.calls().map;
+    let again = pool.malloc(D0, &S0, 6 * MIB).unwrap();
+    assert_eq!(again.ptr(), three_ptr);
+    assert_eq!(sim.calls().map, maps, "the three-page run is intact");
+    drop((a, b, c, other, again));
+}
+
+#[test]
 fn free_all_blocks_returns_free_plain_segments() {
     let pool = plain_pool(256 * MIB);
     let a = pool.malloc(D0, &S0, 512).unwrap();

@@ -335,12 +335,13 @@ fn run() -> Result<(), BoxError> {
                 Target::None,
             );
             println!(
-                "  {}{suffix} ({}): peak requested {} B, reserved {} B on the GPU, {} B simulated",
+                "  {}{suffix} ({}): peak requested {} B, reserved {} B on the GPU, {} B simulated; pages moved {} on the GPU",
                 trace.name,
                 gpu.fence_rule,
                 gpu.peak_requested,
                 gpu.peak_reserved,
-                sim.peak_reserved
+                sim.peak_reserved,
+                gpu.stats.pages_moved
             );
             gpu_pool.free_all_blocks()?;
             drop(gpu_pool);
