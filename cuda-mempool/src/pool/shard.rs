@@ -11,6 +11,8 @@
 //!   its size class;
 //! * `Pending`: freed, but used on other streams (`record_stream`) whose fences have not
 //!   completed yet; not reusable by anyone;
+//! * `Claimed`: cut out of the free set for a request whose pages are being mapped; it
+//!   goes live, or back to the free set if the request fails;
 //! * `Vacant`: a slot of the block arena not in use.
 //!
 //! In a virtual-memory segment a block is an address range only; the physical pages
@@ -48,6 +50,9 @@ pub(crate) const NIL: u32 = u32::MAX;
 pub(crate) enum BlockState {
     Vacant,
     Free,
+    /// Cut out of the free set for a request that is being served (pages mapped under it):
+    /// never coalesced with a neighbour that becomes free meanwhile.
+    Claimed,
     Recent,
     Live,
     Pending,
@@ -437,8 +442,9 @@ impl<B: Backend> ShardState<B> {
     }
 
     /// Takes free block `id` out of the free set and cuts `[addr, addr + len)` out of it
-    /// as a block of its own, returning that block's id (state `Free`, in no set). The
-    /// pieces before and after go back into the free set.
+    /// as a block of its own, returning that block's id (state `Claimed`, in no set: a
+    /// pending free that completes while pages are found for it cannot coalesce with it).
+    /// The pieces before and after go back into the free set.
     pub(crate) fn claim(&mut self, id: u32, addr: u64, len: u64) -> u32 {
         self.remove_free(id);
         let b = self.blocks[id as usize].clone();
@@ -481,6 +487,7 @@ impl<B: Backend> ShardState<B> {
             mid.next = rest;
             self.insert_free(rest);
         }
+        self.blocks[target as usize].state = BlockState::Claimed;
         target
     }
 

@@ -1102,3 +1102,156 @@ fn a_failed_request_lets_go_of_a_borrowed_stream_with_no_live_block() {
     drop(again);
     pool.free_all_blocks().unwrap();
 }
+
+/// A backend whose device completes all work at the k-th `fence_completed` poll after being
+/// armed: a real GPU finishing work between two polls made for one request.
+struct LateSim {
+    inner: SimulatedBackend,
+    countdown: std::sync::atomic::AtomicI64,
+}
+impl crate::backend::Backend for LateSim {
+    type Stream = StreamId;
+    type Fence = crate::sim::SimFence;
+    type Physical = crate::sim::SimPage;
+    type Error = crate::sim::SimError;
+    fn device_count(&self) -> Result<u32, Self::Error> {
+        self.inner.device_count()
+    }
+    fn device_info(&self, d: DeviceId) -> Result<DeviceInfo, Self::Error> {
+        self.inner.device_info(d)
+    }
+    fn allocate(&self, d: DeviceId, s: u64) -> Result<Option<DeviceAddress>, Self::Error> {
+        self.inner.allocate(d, s)
+    }
+    fn deallocate(&self, d: DeviceId, p: DeviceAddress, s: u64) -> Result<(), Self::Error> {
+        self.inner.deallocate(d, p, s)
+    }
+    fn reserve_address_range(
+        &self,
+        d: DeviceId,
+        s: u64,
+    ) -> Result<Option<DeviceAddress>, Self::Error> {
+        self.inner.reserve_address_range(d, s)
+    }
+    fn release_address_range(
+        &self,
+        d: DeviceId,
+        b: DeviceAddress,
+        s: u64,
+    ) -> Result<(), Self::Error> {
+        self.inner.release_address_range(d, b, s)
+    }
+    fn create_physical(&self, d: DeviceId, s: u64) -> Result<Option<Self::Physical>, Self::Error> {
+        self.inner.create_physical(d, s)
+    }
+    fn release_physical(&self, d: DeviceId, p: Self::Physical) -> Result<(), Self::Error> {
+        self.inner.release_physical(d, p)
+    }
+    fn map(&self, d: DeviceId, a: DeviceAddress, p: &Self::Physical) -> Result<(), Self::Error> {
+        self.inner.map(d, a, p)
+    }
+    fn map_run(
+        &self,
+        d: DeviceId,
+        a: DeviceAddress,
+        ps: u64,
+        pages: &[&Self::Physical],
+    ) -> Result<(), crate::backend::MapRunFailure<Self::Error>> {
+        self.inner.map_run(d, a, ps, pages)
+    }
+    fn unmap(&self, d: DeviceId, a: DeviceAddress, s: u64) -> Result<(), Self::Error> {
+        self.inner.unmap(d, a, s)
+    }
+    fn stream_key(&self, s: &StreamId) -> Result<StreamId, PoolError> {
+        self.inner.stream_key(s)
+    }
+    fn may_release_stream(&self, s: &StreamId) -> bool {
+        self.inner.may_release_stream(s)
+    }
+    fn retain_stream(&self, s: &StreamId) -> StreamId {
+        self.inner.retain_stream(s)
+    }
+    fn stream_released(&self, s: StreamId) {
+        self.inner.stream_released(s)
+    }
+    fn record_fence(&self, d: DeviceId, s: &StreamId) -> Result<Self::Fence, Self::Error> {
+        self.inner.record_fence(d, s)
+    }
+    fn synchronize_stream(&self, s: &StreamId) -> Result<(), Self::Error> {
+        self.inner.synchronize_stream(s)
+    }
+    fn fence_completed(&self, f: &Self::Fence) -> Result<bool, Self::Error> {
+        if self
+            .countdown
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.inner.complete_all();
+        }
+        self.inner.fence_completed(f)
+    }
+    fn wait_fence(&self, f: &Self::Fence) -> Result<(), Self::Error> {
+        self.inner.wait_fence(f)
+    }
+    fn stream_wait_fence(
+        &self,
+        d: DeviceId,
+        s: &StreamId,
+        f: &Self::Fence,
+    ) -> Result<(), Self::Error> {
+        self.inner.stream_wait_fence(d, s, f)
+    }
+    fn is_capturing(&self, s: &StreamId) -> bool {
+        self.inner.is_capturing(s)
+    }
+    fn release_fence(&self, f: Self::Fence) {
+        self.inner.release_fence(f)
+    }
+}
+
+/// A pending free that completes between two polls of one request (after the block for the
+/// request was claimed, while pages are being found for it) must not coalesce with the
+/// claimed block: it did, and the claimed block was then handed out inside a free range
+/// (found by an independent review; two live blocks overlapped at k = 3).
+#[test]
+fn a_pending_free_completing_while_pages_are_found_leaves_the_claimed_block_alone() {
+    for k in 1..8 {
+        let config = PoolConfig {
+            steal_before_growing: false,
+            ..PoolConfig::default()
+        };
+        let pool = MemoryPool::with_config(
+            LateSim {
+                inner: SimulatedBackend::new(vec![SimDevice {
+                    total_memory: 64 * MIB,
+                    granularity: Some(2 * MIB),
+                }]),
+                countdown: std::sync::atomic::AtomicI64::new(i64::MAX),
+            },
+            config,
+        )
+        .unwrap();
+        let sim = &pool.backend().inner;
+        let a = pool.malloc(D0, &S0, 2 * MIB).unwrap(); // page 0
+        let b = pool.malloc(D0, &S0, 4 * MIB).unwrap(); // pages 1-2
+        let c = pool.malloc(D0, &S0, 2 * MIB).unwrap(); // page 3
+        drop(b);
+        sim.complete_all();
+        pool.free_all_blocks().unwrap(); // pages 1-2 unmapped
+        a.record_stream(&S1).unwrap();
+        sim.submit_work(D0, S1);
+        drop(a); // pending on S1
+        pool.backend()
+            .countdown
+            .store(k, std::sync::atomic::Ordering::SeqCst);
+        let r = pool.malloc(D0, &S0, 4 * MIB).unwrap();
+        pool.backend()
+            .countdown
+            .store(i64::MAX, std::sync::atomic::Ordering::SeqCst);
+        let big = pool.malloc(D0, &S0, 6 * MIB).unwrap();
+        let (r0, r1) = (r.ptr().addr(), r.ptr().addr() + 4 * MIB);
+        let (b0, b1) = (big.ptr().addr(), big.ptr().addr() + 6 * MIB);
+        assert!(r1 <= b0 || b1 <= r0, "k={k}: live blocks overlap");
+        drop((r, big, c));
+    }
+}
