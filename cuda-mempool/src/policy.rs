@@ -84,6 +84,15 @@ pub const LARGE_ADDRESS_RANGE_DEVICE_MULTIPLE: u64 = 1;
 /// it stays within one or two cache lines.
 pub const RECENT_CAPACITY: usize = 16;
 
+/// In virtual-memory mode a request first looks for a free block where every page it
+/// touches is already mapped (no `cuMemMap`, nothing moved), taking the fitting blocks in
+/// best-fit order; it looks at no more than this many before it falls back to the best fit
+/// and maps what is missing. The bound keeps a cache of many unmapped free blocks (after
+/// `free_all_blocks`, say) from costing a scan of all of them on every request: measured on
+/// the simulated backend with 1,000 unmapped 4 MiB free blocks, an unbounded scan took
+/// 225 us a request against 12 us without it.
+pub const MAPPED_FIT_SCAN: usize = 32;
+
 /// At most this many fences are outstanding per stream. A fence is recorded on the slow
 /// path (a miss that needs memory from elsewhere) to learn when the stream's frees so
 /// far are done; while earlier fences are still pending, later misses poll them instead

@@ -907,9 +907,10 @@ impl<B: Backend> MemoryPool<B> {
             return Ok(Ok(()));
         };
         let before = g.spare.len();
-        let reclaimed = self.reclaim_for(dev, &mut g.spare, shard, st, want);
-        g.pages_moved += g.spare.len().saturating_sub(before) as u64;
-        reclaimed?;
+        self.reclaim_for(dev, &mut g.spare, shard, st, want)?;
+        // Counted as moved once the request has every page it needs (a failed request's
+        // reclaimed pages are released by the roll-back, not mapped elsewhere).
+        let moved = g.spare.len().saturating_sub(before) as u64;
         // Create nothing when the limit cannot take every missing page: pages created
         // for a request that fails anyway would only inflate the footprint.
         let missing = (want.saturating_sub(g.spare.len()) as u64).saturating_mul(page);
@@ -930,6 +931,7 @@ impl<B: Backend> MemoryPool<B> {
             g.reserved.add(page);
         }
         if g.spare.len() >= want {
+            g.pages_moved += moved;
             Ok(Ok(()))
         } else {
             Ok(Err(OomCause::DeviceMemory))

@@ -427,6 +427,21 @@ impl<B: Backend> ShardState<B> {
             .min()
     }
 
+    /// Whether any page under `[addr, addr + len)` in `segment` is mapped (always, in a
+    /// plain segment).
+    fn any_mapped(&self, segment: u32, addr: u64, len: u64) -> bool {
+        match self.segments.get(segment as usize) {
+            Some(Some(seg)) => match &seg.backing {
+                Backing::Plain => true,
+                Backing::Virtual(pages) => {
+                    let (first, end) = touched_pages(seg.base, self.page, addr, len);
+                    pages.runs_within(first, end).next().is_some()
+                }
+            },
+            _ => false,
+        }
+    }
+
     /// Number of unmapped pages under `[addr, addr + len)` in `segment`.
     fn unmapped_pages(&self, segment: u32, addr: u64, len: u64) -> usize {
         let Some(Some(seg)) = self.segments.get(segment as usize) else {
@@ -1316,8 +1331,9 @@ impl<B: Backend> ShardState<B> {
 
     // ----- lending to other streams -----------------------------------------------
 
-    /// The first free block (best fit first) where a request of `rounded` bytes finds
-    /// every page it touches mapped, and where in it; `(id, addr)`.
+    /// The first free block (best fit first, among the first
+    /// [`MAPPED_FIT_SCAN`](policy::MAPPED_FIT_SCAN) that fit) where a request of `rounded`
+    /// bytes finds every page it touches mapped, and where in it; `(id, addr)`.
     ///
     /// Blocks are taken in best-fit order, but the mapped range inside a block is the
     /// smallest that holds the request. Best fit over every mapped range of every block
@@ -1329,6 +1345,10 @@ impl<B: Backend> ShardState<B> {
         self.free[class]
             .range((rounded, 0, 0)..)
             .filter(|k| policy::block_fits(k.0, rounded))
+            .take(policy::MAPPED_FIT_SCAN)
+            .filter(|&&(size, addr, id)| {
+                self.any_mapped(self.blocks[id as usize].segment, addr, size)
+            })
             .find_map(|&(_, _, id)| match self.placement(id, rounded) {
                 (addr, 0) => Some((id, addr)),
                 _ => None,
