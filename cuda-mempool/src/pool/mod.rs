@@ -163,6 +163,9 @@ struct Global<B: Backend> {
     spare: Vec<B::Physical>,
     /// Pages unmapped from free memory to be mapped under another request.
     pages_moved: u64,
+    /// The most live bytes (with the request being served) seen when pages were needed:
+    /// the base of [`policy::move_slack_budget`].
+    live_high: u64,
     retries: u64,
     ooms: u64,
     oom_causes: OomCounts,
@@ -351,6 +354,7 @@ impl<B: Backend> MemoryPool<B> {
                     reserved: Stat::default(),
                     spare: Vec::new(),
                     pages_moved: 0,
+                    live_high: 0,
                     retries: 0,
                     ooms: 0,
                     oom_causes: OomCounts::default(),
@@ -891,10 +895,12 @@ impl<B: Backend> MemoryPool<B> {
         }
     }
 
-    /// Makes `g.spare` hold at least `want` pages: reclaims fenced free pages of this
-    /// shard, then of the device's other shards, then creates new pages within the
-    /// limit. Reclaiming before creating is what keeps the footprint at the pages that
-    /// live blocks touch.
+    /// Makes `g.spare` hold at least `want` pages, within the limit: by reclaiming fenced
+    /// free pages (this shard's, then the device's other shards'), or by creating new ones.
+    /// Reclaiming comes first, which keeps the footprint at the pages live blocks touch,
+    /// unless the pool holds less than [`policy::MOVE_SLACK`] allows above the most live
+    /// memory the device has had: then new pages are created first, and pages are
+    /// reclaimed only if creating falls short.
     fn provide_pages(
         &self,
         dev: &Device<B>,
@@ -906,14 +912,22 @@ impl<B: Backend> MemoryPool<B> {
         let Some(page) = dev.page else {
             return Ok(Ok(()));
         };
-        let before = g.spare.len();
-        self.reclaim_for(dev, &mut g.spare, shard, st, want)?;
-        // Counted as moved once the request has every page it needs (a failed request's
-        // reclaimed pages are released by the roll-back, not mapped elsewhere).
-        let moved = g.spare.len().saturating_sub(before) as u64;
+        let bytes = |pages: usize| (pages as u64).saturating_mul(page);
+        let live = self.device_used(dev, shard, st).saturating_add(bytes(want));
+        g.live_high = g.live_high.max(live);
+        let after = g
+            .reserved
+            .current
+            .saturating_add(bytes(want.saturating_sub(g.spare.len())));
+        let create_first =
+            after <= policy::move_slack_budget(g.live_high) && g.limit.is_none_or(|l| after <= l);
+        let mut moved = 0;
+        if !create_first {
+            moved += self.reclaim_for(dev, &mut g.spare, shard, st, want)?;
+        }
         // Create nothing when the limit cannot take every missing page: pages created
         // for a request that fails anyway would only inflate the footprint.
-        let missing = (want.saturating_sub(g.spare.len()) as u64).saturating_mul(page);
+        let missing = bytes(want.saturating_sub(g.spare.len()));
         if g.limit
             .is_some_and(|l| g.reserved.current.saturating_add(missing) > l)
         {
@@ -930,7 +944,12 @@ impl<B: Backend> MemoryPool<B> {
             g.spare.push(p);
             g.reserved.add(page);
         }
+        if g.spare.len() < want && create_first {
+            moved += self.reclaim_for(dev, &mut g.spare, shard, st, want)?;
+        }
         if g.spare.len() >= want {
+            // Counted once the request has every page it needs: a failed request's
+            // reclaimed pages are released by the roll-back, not mapped elsewhere.
             g.pages_moved += moved;
             Ok(Ok(()))
         } else {
@@ -939,7 +958,7 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     /// Unmaps fenced free pages into `spare` until it holds `want`: this shard's, then
-    /// the device's other shards'.
+    /// the device's other shards'. Returns the number of pages it added.
     fn reclaim_for(
         &self,
         dev: &Device<B>,
@@ -947,7 +966,8 @@ impl<B: Backend> MemoryPool<B> {
         shard: &Shard<B>,
         st: &mut ShardState<B>,
         want: usize,
-    ) -> Result<(), PoolError> {
+    ) -> Result<u64, PoolError> {
+        let before = spare.len();
         st.reclaim_pages(&self.backend, spare, want)?;
         for other in dev.shards.iter() {
             if spare.len() >= want {
@@ -960,7 +980,7 @@ impl<B: Backend> MemoryPool<B> {
                     .reclaim_pages(&self.backend, spare, want)?;
             }
         }
-        Ok(())
+        Ok(spare.len().saturating_sub(before) as u64)
     }
 
     /// Allocates a plain segment of `size` bytes within the limit, releasing wholly

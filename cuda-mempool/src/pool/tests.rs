@@ -420,6 +420,27 @@ fn pages_move_from_the_smallest_mapped_runs_first() {
 }
 
 #[test]
+fn pages_are_created_rather_than_moved_within_the_slack_above_the_live_peak() {
+    let pool = vm_pool_no_steal(1 << 30, 2 * MIB);
+    let sim = pool.backend();
+    let a = pool.malloc(D0, &S0, 64 * MIB).unwrap(); // the live peak: 64 MiB
+    drop(a);
+    sim.complete_all(); // its 32 pages are free and fenced: they could move
+    let slack = 64 * MIB / policy::MOVE_SLACK; // 4 MiB
+    // Another stream needs a page: the pool holds 64 MiB, 66 MiB is within the budget of
+    // 64 + 4 MiB, so a new page is created and nothing moves.
+    let b = pool.malloc(D0, &S1, 2 * MIB).unwrap();
+    assert_eq!(pool.stats(D0).unwrap().pages_moved, 0);
+    assert_eq!(pool.total_bytes(), 66 * MIB);
+    // Two more pages would make 70 MiB, beyond 64 + 4: they are taken from the free pages.
+    assert!(66 * MIB + 4 * MIB > 64 * MIB + slack);
+    let c = pool.malloc(D0, &S1, 4 * MIB).unwrap();
+    assert_eq!(pool.stats(D0).unwrap().pages_moved, 2);
+    assert_eq!(pool.total_bytes(), 66 * MIB);
+    drop((b, c));
+}
+
+#[test]
 fn free_all_blocks_returns_free_plain_segments() {
     let pool = plain_pool(256 * MIB);
     let a = pool.malloc(D0, &S0, 512).unwrap();
