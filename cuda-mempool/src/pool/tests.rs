@@ -426,7 +426,8 @@ fn pages_are_created_rather_than_moved_within_the_slack_above_the_live_peak() {
     let a = pool.malloc(D0, &S0, 64 * MIB).unwrap(); // the live peak: 64 MiB
     drop(a);
     sim.complete_all(); // its 32 pages are free and fenced: they could move
-    let slack = 64 * MIB / policy::MOVE_SLACK; // 4 MiB
+                        // 1/16 of the live peak: 4 MiB.
+    let slack = 64 * MIB / policy::MOVE_SLACK;
     // Another stream needs a page: the pool holds 64 MiB, 66 MiB is within the budget of
     // 64 + 4 MiB, so a new page is created and nothing moves.
     let b = pool.malloc(D0, &S1, 2 * MIB).unwrap();
