@@ -163,8 +163,9 @@ struct Global<B: Backend> {
     spare: Vec<B::Physical>,
     /// Pages unmapped from free memory to be mapped under another request.
     pages_moved: u64,
-    /// The most live bytes (with the request being served) seen when pages were needed:
-    /// the base of [`policy::move_slack_budget`].
+    /// The most live bytes (with the request served) seen when pages were needed, since the
+    /// cache was last released (`free_all_blocks`, out-of-memory recovery): the base of
+    /// [`policy::move_slack_budget`].
     live_high: u64,
     retries: u64,
     ooms: u64,
@@ -898,9 +899,10 @@ impl<B: Backend> MemoryPool<B> {
     /// Makes `g.spare` hold at least `want` pages, within the limit: by reclaiming fenced
     /// free pages (this shard's, then the device's other shards'), or by creating new ones.
     /// Reclaiming comes first, which keeps the footprint at the pages live blocks touch,
-    /// unless the pool holds less than [`policy::MOVE_SLACK`] allows above the most live
-    /// memory the device has had: then new pages are created first, and pages are
-    /// reclaimed only if creating falls short.
+    /// unless the device has no limit and the pool holds less than [`policy::MOVE_SLACK`]
+    /// allows above the most live memory the device has served: then new pages are created
+    /// first; if creating falls short (the device is full), those pages go back and the
+    /// request reclaims as it would without the slack.
     fn provide_pages(
         &self,
         dev: &Device<B>,
@@ -913,14 +915,15 @@ impl<B: Backend> MemoryPool<B> {
             return Ok(Ok(()));
         };
         let bytes = |pages: usize| (pages as u64).saturating_mul(page);
-        let live = self.device_used(dev, shard, st).saturating_add(bytes(want));
-        g.live_high = g.live_high.max(live);
+        // Recorded only once the request is served: a request that fails does not raise it.
+        let live_high = g
+            .live_high
+            .max(self.device_used(dev, shard, st).saturating_add(bytes(want)));
         let after = g
             .reserved
             .current
             .saturating_add(bytes(want.saturating_sub(g.spare.len())));
-        let create_first =
-            after <= policy::move_slack_budget(g.live_high) && g.limit.is_none_or(|l| after <= l);
+        let create_first = g.limit.is_none() && after <= policy::move_slack_budget(live_high);
         let mut moved = 0;
         if !create_first {
             moved += self.reclaim_for(dev, &mut g.spare, shard, st, want)?;
@@ -933,28 +936,61 @@ impl<B: Backend> MemoryPool<B> {
         {
             return Ok(Err(OomCause::Limit));
         }
-        while g.spare.len() < want {
-            let created = self
-                .backend
-                .create_physical(dev.id, page)
-                .map_err(PoolError::backend("create_physical"))?;
-            let Some(p) = created else {
-                break;
-            };
-            g.spare.push(p);
-            g.reserved.add(page);
-        }
+        let peak_before = g.reserved.peak;
+        let created = self.create_pages(dev, g, want)?;
         if g.spare.len() < want && create_first {
+            // The device is full: the pages created for this request go back (they are the
+            // last pushed), for the device's other users (cuBLAS, NCCL, other processes), and
+            // the request moves pages as it would without the slack.
+            for _ in 0..created {
+                if let Some(p) = g.spare.pop() {
+                    self.backend
+                        .release_physical(dev.id, p)
+                        .map_err(PoolError::backend("release_physical"))?;
+                    g.reserved.sub(page);
+                }
+            }
+            // Pages held only for a moment leave no trace in the peak.
+            g.reserved.peak = peak_before.max(g.reserved.current);
             moved += self.reclaim_for(dev, &mut g.spare, shard, st, want)?;
+            self.create_pages(dev, g, want)?;
         }
         if g.spare.len() >= want {
             // Counted once the request has every page it needs: a failed request's
             // reclaimed pages are released by the roll-back, not mapped elsewhere.
             g.pages_moved += moved;
+            g.live_high = live_high;
             Ok(Ok(()))
         } else {
             Ok(Err(OomCause::DeviceMemory))
         }
+    }
+
+    /// Creates pages into `g.spare` until it holds `want` or the device has no more;
+    /// returns how many it created.
+    fn create_pages(
+        &self,
+        dev: &Device<B>,
+        g: &mut Global<B>,
+        want: usize,
+    ) -> Result<usize, PoolError> {
+        let Some(page) = dev.page else {
+            return Ok(0);
+        };
+        let mut created = 0;
+        while g.spare.len() < want {
+            let made = self
+                .backend
+                .create_physical(dev.id, page)
+                .map_err(PoolError::backend("create_physical"))?;
+            let Some(p) = made else {
+                break;
+            };
+            g.spare.push(p);
+            g.reserved.add(page);
+            created += 1;
+        }
+        Ok(created)
     }
 
     /// Unmaps fenced free pages into `spare` until it holds `want`: this shard's, then
@@ -1030,6 +1066,8 @@ impl<B: Backend> MemoryPool<B> {
         shard: &Shard<B>,
         st: &mut ShardState<B>,
     ) -> Result<(), PoolError> {
+        // Memory is short: the slack above the live peak restarts from what is live now.
+        g.live_high = 0;
         // Counts are updated call by call, so an error midway leaves them exact.
         st.release_cached(&self.backend, &mut g.spare, &mut g.reserved.current)?;
         for other in dev.shards.iter() {
@@ -1304,6 +1342,10 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     fn free_device_blocks(&self, dev: &Device<B>, g: &mut Global<B>) -> Result<(), PoolError> {
+        // The slack above the live peak restarts from what is live after this
+        // (`policy::MOVE_SLACK`): a program that empties its cache after a transient peak gets
+        // a footprint that follows its memory from then on.
+        g.live_high = 0;
         for shard in dev.shards.iter() {
             let mut st = shard.state.lock();
             st.flush_recent();

@@ -442,6 +442,74 @@ fn pages_are_created_rather_than_moved_within_the_slack_above_the_live_peak() {
 }
 
 #[test]
+fn a_limit_turns_the_move_slack_off() {
+    for limit_after_peak in [false, true] {
+        let pool = vm_pool_no_steal(1 << 30, 2 * MIB);
+        let sim = pool.backend();
+        if !limit_after_peak {
+            pool.set_limit(D0, Limit::Bytes(512 * MIB)).unwrap();
+        }
+        drop(pool.malloc(D0, &S0, 64 * MIB).unwrap());
+        sim.complete_all();
+        if limit_after_peak {
+            pool.set_limit(D0, Limit::Bytes(100 * MIB)).unwrap();
+        }
+        let b = pool.malloc(D0, &S1, 2 * MIB).unwrap();
+        assert_eq!(
+            pool.total_bytes(),
+            64 * MIB,
+            "limit set after the peak: {limit_after_peak}"
+        );
+        assert_eq!(pool.stats(D0).unwrap().pages_moved, 1);
+        drop(b);
+    }
+}
+
+#[test]
+fn the_move_slack_restarts_after_free_all_blocks_and_ignores_failed_requests() {
+    let pool = vm_pool_no_steal(128 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let live = pool.malloc(D0, &S0, 64 * MIB).unwrap();
+    // Never served: it must not raise the live peak the slack is measured from.
+    assert!(pool.malloc(D0, &S1, 96 * MIB).is_err());
+    drop(live);
+    sim.complete_all();
+    pool.free_all_blocks().unwrap();
+    assert_eq!(pool.total_bytes(), 0);
+    // 8 MiB live at a time, on one stream after another: the pool follows what is live.
+    for k in 0..12u64 {
+        drop(pool.malloc(D0, &StreamId(100 + k), 8 * MIB).unwrap());
+        sim.complete_all();
+    }
+    assert!(
+        pool.total_bytes() <= 8 * MIB + 8 * MIB / policy::MOVE_SLACK + 2 * MIB,
+        "holds {} MiB for 8 MiB live",
+        pool.total_bytes() / MIB
+    );
+}
+
+#[test]
+fn on_a_full_device_the_move_slack_gives_its_pages_back_and_moves_instead() {
+    let pool = vm_pool_no_steal(66 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    drop(pool.malloc(D0, &S0, 64 * MIB).unwrap());
+    sim.complete_all();
+    // Two pages wanted, one left on the device: it is not kept, two pages move.
+    let b = pool.malloc(D0, &S1, 4 * MIB).unwrap();
+    assert_eq!(pool.total_bytes(), 64 * MIB);
+    assert_eq!(sim.physical_bytes(D0), 64 * MIB);
+    assert_eq!(pool.stats(D0).unwrap().pages_moved, 2);
+    assert_eq!(
+        pool.stats(D0).unwrap().reserved.peak,
+        64 * MIB,
+        "the moment leaves no peak"
+    );
+    // The device's last page is there for its other users.
+    assert!(sim.allocate(D0, 2 * MIB).unwrap().is_some());
+    drop(b);
+}
+
+#[test]
 fn free_all_blocks_returns_free_plain_segments() {
     let pool = plain_pool(256 * MIB);
     let a = pool.malloc(D0, &S0, 512).unwrap();
