@@ -3,8 +3,9 @@
 //! and events timing a span of work), plus a host callback.
 //!
 //! The CuPy example multiplies random matrices; `cuda-core` has no array library, so each
-//! stream runs a small PTX kernel (JIT-compiled by the driver, no `nvcc` needed) over a
-//! million-element buffer instead, then copies the result back asynchronously.
+//! stream runs the fill kernel of `cuda_core::kernels` (PTX JIT-compiled by the driver, no
+//! `nvcc` needed) over a million-element buffer instead, then copies the result back
+//! asynchronously.
 //!
 //! Run with `cargo run --release -p cudars-core --example streams`; exits 0 on a machine with a
 //! GPU, prints the error and exits 1 otherwise.
@@ -12,48 +13,12 @@
 mod common;
 use common::println;
 
-use std::ffi::c_void;
 use std::process::ExitCode;
 use std::sync::mpsc;
 
+use cuda_core::kernels::Kernels;
 use cuda_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
-use cuda_core::module::{Function, Module};
 use cuda_core::{Device, Event, Stream};
-
-/// `fill_u32(u32* ptr, u32 value, u64 n)`: `ptr[i] = value` for `i < n`, grid-stride.
-const PTX: &str = r#"
-.version 7.0
-.target sm_70
-.address_size 64
-.visible .entry fill_u32(.param .u64 p_ptr, .param .u32 p_value, .param .u64 p_n)
-{
-    .reg .pred  %p<2>;
-    .reg .b32   %r<6>;
-    .reg .b64   %rd<8>;
-    ld.param.u64        %rd1, [p_ptr];
-    cvta.to.global.u64  %rd1, %rd1;
-    ld.param.u32        %r1, [p_value];
-    ld.param.u64        %rd2, [p_n];
-    mov.u32             %r2, %ctaid.x;
-    mov.u32             %r3, %ntid.x;
-    mov.u32             %r4, %tid.x;
-    mov.u32             %r5, %nctaid.x;
-    mul.wide.u32        %rd3, %r2, %r3;
-    cvt.u64.u32         %rd4, %r4;
-    add.u64             %rd3, %rd3, %rd4;
-    mul.wide.u32        %rd5, %r5, %r3;
-LOOP:
-    setp.ge.u64         %p1, %rd3, %rd2;
-    @%p1 bra            DONE;
-    shl.b64             %rd6, %rd3, 2;
-    add.u64             %rd7, %rd1, %rd6;
-    st.global.u32       [%rd7], %r1;
-    add.u64             %rd3, %rd3, %rd5;
-    bra.uni             LOOP;
-DONE:
-    ret;
-}
-"#;
 
 const N: usize = 1000 * 1000;
 
@@ -67,23 +32,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// Queues `fill_u32(buf, value, N)` on the thread's current stream of the buffer's device.
-fn fill_on_current_stream(fill: &Function, buf: &DevicePtr, value: u32) -> cuda_core::Result<()> {
-    let stream = Stream::current(&buf.device());
-    let (mut ptr, mut value, mut n) = (buf.as_raw(), value, N as u64);
-    let mut params = [
-        &mut ptr as *mut _ as *mut c_void,
-        &mut value as *mut u32 as *mut c_void,
-        &mut n as *mut u64 as *mut c_void,
-    ];
-    // SAFETY: the parameters match `fill_u32(u32*, u32, u64)`; `buf` holds N u32 and is kept
-    // alive by the caller until the stream is synchronised.
-    unsafe { fill.launch(&stream, (256, 1, 1), (256, 1, 1), 0, &mut params) }
+/// Queues `fill_u32(buf, value)` on the thread's current stream of the buffer's device.
+fn fill_on_current_stream(kernels: &Kernels, buf: &DevicePtr, value: u32) -> cuda_core::Result<()> {
+    kernels.fill(&Stream::current(&buf.device()), buf, value)
 }
 
 fn run() -> cuda_core::Result<()> {
     let dev = Device::new(0)?;
-    let fill = Module::from_ptx(&dev, PTX)?.function("fill_u32")?;
+    let fill = Kernels::load(&dev)?;
 
     // Create streams for concurrent execution.
     let stream1 = Stream::new(&dev)?;

@@ -59,7 +59,7 @@ use std::time::Duration;
 use cuda_sys::{CUdevice_attribute, CUdeviceptr};
 
 use crate::error::{Error, Result};
-use crate::memory::DevicePtr;
+use crate::memory::{check_stream, DevicePtr};
 use crate::module::{Function, Module};
 use crate::{Device, Stream};
 
@@ -375,20 +375,6 @@ fn words(view: &DevicePtr, what: &str) -> Result<u64> {
     Ok(view.len() as u64 / 4)
 }
 
-/// [`Error::WrongDevice`] unless `stream` belongs to `device` (checked before any view is
-/// marked with the stream).
-fn stream_of(stream: &Stream, device: Device) -> Result<()> {
-    if stream.device() == device {
-        Ok(())
-    } else {
-        Err(Error::WrongDevice {
-            what: "stream",
-            expected: device.ordinal() as i32,
-            actual: stream.device().ordinal() as i32,
-        })
-    }
-}
-
 /// [`Error::WrongDevice`] unless `view` is memory of `device`.
 fn same_device(view: &DevicePtr, device: Device, what: &'static str) -> Result<()> {
     if view.device() == device {
@@ -516,7 +502,7 @@ impl Kernels {
     pub fn fill(&self, stream: &Stream, view: &DevicePtr, value: u32) -> Result<()> {
         let n = words(view, "fill")?;
         same_device(view, self.device(), "view")?;
-        stream_of(stream, self.device())?;
+        check_stream(stream, self.device())?;
         view.record_stream(stream)?;
         // SAFETY: the view is live device memory of the module's device, `n` aligned u32s,
         // kept from being freed or reused before the kernel is done by `record_stream`
@@ -529,7 +515,7 @@ impl Kernels {
     pub fn add(&self, stream: &Stream, view: &DevicePtr, value: u32) -> Result<()> {
         let n = words(view, "add")?;
         same_device(view, self.device(), "view")?;
-        stream_of(stream, self.device())?;
+        check_stream(stream, self.device())?;
         view.record_stream(stream)?;
         // SAFETY: as in `fill`.
         unsafe { self.add_u32_raw(stream, view.as_raw(), value, n) }
@@ -550,7 +536,7 @@ impl Kernels {
         }
         same_device(dst, self.device(), "destination")?;
         same_device(src, self.device(), "source")?;
-        stream_of(stream, self.device())?;
+        check_stream(stream, self.device())?;
         dst.record_stream(stream)?;
         src.record_stream(stream)?;
         // SAFETY: both views are live device memory of the module's device, `n` aligned u32s
@@ -573,7 +559,7 @@ impl Kernels {
         }
         same_device(src, self.device(), "source")?;
         same_device(out, self.device(), "output")?;
-        stream_of(stream, self.device())?;
+        check_stream(stream, self.device())?;
         let out8 = out.slice(..8)?;
         out8.memset_async(0, stream)?;
         src.record_stream(stream)?;
@@ -595,7 +581,7 @@ impl Kernels {
     ) -> Result<()> {
         let n = words(view, "fill_after_spin")?;
         same_device(view, self.device(), "view")?;
-        stream_of(stream, self.device())?;
+        check_stream(stream, self.device())?;
         view.record_stream(stream)?;
         // SAFETY: as in `fill`.
         unsafe { self.spin_then_fill_raw(stream, view.as_raw(), value, n, cycles) }

@@ -74,6 +74,13 @@ impl Stat {
         self.current = self.current.saturating_sub(n);
     }
 
+    /// Forgets any peak reached since the peak was `before` (memory held only for a
+    /// moment, or by an attempt that was rolled back): the peak becomes `before`, or the
+    /// current value if that is higher.
+    pub(crate) fn restore_peak(&mut self, before: u64) {
+        self.peak = before.max(self.current);
+    }
+
     pub(crate) fn merge(&mut self, other: &Stat) {
         self.current += other.current;
         self.peak += other.peak;

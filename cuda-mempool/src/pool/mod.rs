@@ -705,12 +705,12 @@ impl<B: Backend> MemoryPool<B> {
                 // Give back whatever this attempt reserved or mapped and is not in use; the
                 // attempt leaves no trace in the peak either.
                 let _ = self.roll_back(dev, g, st);
-                g.reserved.peak = peak_before.max(g.reserved.current);
+                g.reserved.restore_peak(peak_before);
                 Err(self.out_of_memory(dev, g, shard, st, size, cause))
             }
             Err(e) => {
                 let _ = self.roll_back(dev, g, st);
-                g.reserved.peak = peak_before.max(g.reserved.current);
+                g.reserved.restore_peak(peak_before);
                 Err(e)
             }
         }
@@ -914,6 +914,9 @@ impl<B: Backend> MemoryPool<B> {
         let Some(page) = dev.page else {
             return Ok(Ok(()));
         };
+        if g.spare.len() >= want {
+            return Ok(Ok(()));
+        }
         let bytes = |pages: usize| (pages as u64).saturating_mul(page);
         // Recorded only once the request is served: a request that fails does not raise it.
         let live_high = g
@@ -951,7 +954,7 @@ impl<B: Backend> MemoryPool<B> {
                 }
             }
             // Pages held only for a moment leave no trace in the peak.
-            g.reserved.peak = peak_before.max(g.reserved.current);
+            g.reserved.restore_peak(peak_before);
             moved += self.reclaim_for(dev, &mut g.spare, shard, st, want)?;
             self.create_pages(dev, g, want)?;
         }

@@ -267,6 +267,38 @@ fn memcpy_gbps(src: &[u8], dst: &mut [u8], threads: usize) -> f64 {
     median(&mut samples)
 }
 
+/// Appends to `line` the pageable H2D and D2H figures of the first `n` bytes through the
+/// staging path, in GB/s (median of `reps`).
+fn pageable_pair(
+    line: &mut String,
+    device: &DeviceBuffer<u8>,
+    host: &mut Host,
+    null: &Stream,
+    n: usize,
+    reps: usize,
+) -> Result<(), BoxError> {
+    let d = device.slice(..n)?;
+    let src = &host.src[..n];
+    let (h2d, _) = measure(
+        reps,
+        || {
+            copy_to_device(src, &d)?;
+            null.synchronize()?;
+            Ok(())
+        },
+        || Ok(()),
+    )?;
+    let dst = &mut host.dst[..n];
+    let (d2h, _) = measure(reps, || Ok(to_host_into(&d, &mut *dst)?), || Ok(()))?;
+    let _ = write!(
+        line,
+        " {:>6.1} {:>6.1} |",
+        n as f64 / h2d / 1e9,
+        n as f64 / d2h / 1e9
+    );
+    Ok(())
+}
+
 fn sweep(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result<(), BoxError> {
     let base = staging::config();
     let sizes = [64 * MIB, 256 * MIB, GIB];
@@ -321,26 +353,8 @@ fn sweep(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result<(),
             )
         );
         for &n in &sizes {
-            let d = device.slice(..n)?;
             let reps = if n >= GIB { 5 } else { 9 };
-            let src = &host.src[..n];
-            let (h2d, _) = measure(
-                reps,
-                || {
-                    copy_to_device(src, &d)?;
-                    null.synchronize()?;
-                    Ok(())
-                },
-                || Ok(()),
-            )?;
-            let dst = &mut host.dst[..n];
-            let (d2h, _) = measure(reps, || Ok(to_host_into(&d, &mut *dst)?), || Ok(()))?;
-            let _ = write!(
-                line,
-                " {:>6.1} {:>6.1} |",
-                n as f64 / h2d / 1e9,
-                n as f64 / d2h / 1e9
-            );
+            pageable_pair(&mut line, device, host, &null, n, reps)?;
         }
         println!("{line}");
         staging::release_cached();
@@ -789,25 +803,7 @@ fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result
         );
         let mut line = format!("{line0:<40} |");
         for n in [4 * MIB, 16 * MIB] {
-            let d = device.slice(..n)?;
-            let src = &host.src[..n];
-            let (h2d, _) = measure(
-                60,
-                || {
-                    copy_to_device(src, &d)?;
-                    null.synchronize()?;
-                    Ok(())
-                },
-                || Ok(()),
-            )?;
-            let dst = &mut host.dst[..n];
-            let (d2h, _) = measure(60, || Ok(to_host_into(&d, &mut *dst)?), || Ok(()))?;
-            let _ = write!(
-                line,
-                " {:>6.1} {:>6.1} |",
-                n as f64 / h2d / 1e9,
-                n as f64 / d2h / 1e9
-            );
+            pageable_pair(&mut line, device, host, &null, n, 60)?;
         }
         println!("{line}");
     }
