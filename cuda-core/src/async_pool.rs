@@ -405,6 +405,28 @@ pub struct StreamOrderedMemory {
     /// Other streams that used the memory ([`DeviceAlloc::record_stream`]): the free waits
     /// for their work too. Clones keep them alive until then.
     used_on: std::sync::Mutex<Vec<Stream>>,
+    /// The driver's pool reuses memory in stream order (and across streams through internal
+    /// dependencies): uses outside `stream` wait for the earlier owner's work through it.
+    handover: crate::memory::Handover,
+}
+
+/// A stream being captured gets graph memory from `cuMemAllocAsync`: an address backed only
+/// while the graph runs, which no eager owner may hand out.
+fn refuse_capture(stream: &Stream) -> Result<()> {
+    let may = match stream.kind() {
+        crate::StreamKind::LegacyNull => false,
+        crate::StreamKind::External => true,
+        crate::StreamKind::Owned | crate::StreamKind::PerThread => {
+            crate::graph::captures_in_progress()
+        }
+    };
+    if may && crate::graph::capture_info(stream)?.status != crate::graph::CaptureStatus::None {
+        return Err(Error::InvalidArgument(
+            "stream-ordered memory cannot be allocated on a stream being captured: the driver              would hand out graph memory, backed only while the graph runs; allocate before              the capture, or use a pool that serves captures (cuda_mempool)"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The per-thread default stream names a different stream on every thread, so memory freed
@@ -424,14 +446,20 @@ fn refuse_per_thread(stream: &Stream) -> Result<()> {
 impl StreamOrderedMemory {
     /// Allocates `size` bytes from the current pool of `stream`'s device (`cuMemAllocAsync`).
     /// The per-thread default stream is refused ([`Error::InvalidArgument`]).
+    ///
+    /// A stream being captured into a graph is refused too ([`Error::InvalidArgument`]): the
+    /// driver would return graph memory, which exists only while the graph runs.
     pub fn new(size: usize, stream: &Arc<Stream>) -> Result<StreamOrderedMemory> {
         refuse_per_thread(stream)?;
+        refuse_capture(stream)?;
+        let handover = crate::memory::Handover::new(stream)?;
         let ptr = alloc_async(size, stream)?;
         Ok(StreamOrderedMemory {
             ptr,
             size,
             stream: stream.clone(),
             used_on: std::sync::Mutex::new(Vec::new()),
+            handover,
         })
     }
 
@@ -442,12 +470,15 @@ impl StreamOrderedMemory {
         stream: &Arc<Stream>,
     ) -> Result<StreamOrderedMemory> {
         refuse_per_thread(stream)?;
+        refuse_capture(stream)?;
+        let handover = crate::memory::Handover::new(stream)?;
         let ptr = pool.alloc_async(size, stream)?;
         Ok(StreamOrderedMemory {
             ptr,
             size,
             stream: stream.clone(),
             used_on: std::sync::Mutex::new(Vec::new()),
+            handover,
         })
     }
 
@@ -520,6 +551,7 @@ unsafe impl DeviceAlloc for StreamOrderedMemory {
             return Ok(());
         }
         refuse_per_thread(stream)?;
+        self.handover.order_stream(stream)?;
         let mut used = self
             .used_on
             .lock()
@@ -528,6 +560,9 @@ unsafe impl DeviceAlloc for StreamOrderedMemory {
             used.push(stream.clone());
         }
         Ok(())
+    }
+    fn prepare_synchronous_use(&self) -> Result<()> {
+        self.handover.wait_host()
     }
 }
 

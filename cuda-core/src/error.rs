@@ -239,6 +239,10 @@ pub enum Error {
     /// A host callback panicked; the panic was caught and did not unwind into the driver.
     #[error("host callback panicked: {0}")]
     CallbackPanicked(String),
+    /// A use of reused memory could not be ordered after its earlier owner's work (see
+    /// [`memory::Handover`](crate::memory::Handover)); nothing was issued.
+    #[error("cannot order this use of the memory after its earlier owner's work: {0}")]
+    Unordered(String),
     /// Sharing memory between processes failed ([`crate::ipc`]); the
     /// [`IpcError`](crate::ipc::IpcError) names the likely cause.
     #[cfg(unix)]

@@ -45,7 +45,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cuda_core::graph::CaptureStatus;
 use cuda_core::memory::DevicePtr;
-use cuda_core::memory::{DeviceAlloc, DeviceMemory};
+use cuda_core::memory::{DeviceAlloc, DeviceMemory, Handover};
 use cuda_core::sys::CUdeviceptr;
 use cuda_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
 use cuda_core::{Device, Event, Stream, StreamKind};
@@ -559,6 +559,7 @@ impl MemoryPool<DriverBackend> {
         stream: &Stream,
         size: usize,
     ) -> Result<PoolMemory, PoolError> {
+        let handover = Handover::new(stream).map_err(PoolError::backend("Handover::new"))?;
         let raw = self.malloc_stream(stream, size)?.into_raw();
         Ok(PoolMemory {
             pool: Arc::clone(self),
@@ -567,6 +568,7 @@ impl MemoryPool<DriverBackend> {
             key: raw.stream(),
             raw: Some(raw),
             device: stream.device(),
+            handover: Some(handover),
         })
     }
 }
@@ -576,6 +578,25 @@ impl MemoryPool<DriverBackend> {
 /// [`DeviceAlloc`], so it converts into a `cuda_core::memory::DevicePtr` view (the same
 /// view type as `cuda-core`'s own memory). Dropping it (or the last view of it) frees the
 /// block on the stream it was allocated on.
+///
+/// # Ordering
+///
+/// A block may come from the cache with an earlier owner's work still running on it
+/// (ordered before the allocation on its stream only). Every safe use through a `DevicePtr`
+/// comes after that work, by the one rule of `cuda_core::memory::Handover`:
+/// - on the allocation stream: stream order, nothing more;
+/// - on another stream (every asynchronous view operation, `cuda-xfer`, the safe kernel
+///   launchers, NCCL collectives, [`record_stream`](Self::record_stream)): that stream first
+///   waits on the device for a fence on the allocation stream, once, and is marked so the
+///   block's free waits for it;
+/// - a synchronous call (the view's `memset`, `copy_from_host`, `copy_to_host`,
+///   `copy_from_device`, and anything that calls `DevicePtr::prepare_synchronous_use`):
+///   the host waits for that fence, once.
+///
+/// Once the fence is seen complete, later uses cost one atomic load. Code that takes the
+/// bare address ([`as_raw`](Self::as_raw)) into its own unsafe calls must do the same:
+/// `record_stream` before work on another stream, `prepare_synchronous_use` before a
+/// synchronous call.
 ///
 /// `Send` and `Sync`: an address and an `Arc` of a `Sync` pool.
 #[derive(Debug)]
@@ -588,6 +609,9 @@ pub struct PoolMemory {
     size: u64,
     key: StreamId,
     device: Device,
+    /// `Some` until dropped: taken out before the free, so the pool sees the stream's
+    /// clones as they are without this one.
+    handover: Option<Handover>,
 }
 
 impl PoolMemory {
@@ -613,9 +637,28 @@ impl PoolMemory {
 
     /// Marks the block as used on `stream` too, so its reuse also waits for that stream's
     /// work issued before the free (CuPy's `record_stream`-like behaviour).
+    ///
+    /// It first orders `stream` after the block's earlier owner's work, when `stream` is not
+    /// the allocation stream (see the type's Ordering): call it before issuing the work.
     pub fn record_stream(&self, stream: &Stream) -> Result<(), PoolError> {
-        match &self.raw {
-            Some(raw) => self.pool.record_stream_raw(raw, stream),
+        match (&self.raw, &self.handover) {
+            (Some(raw), Some(handover)) => {
+                handover
+                    .order_stream(stream)
+                    .map_err(PoolError::backend("order_stream"))?;
+                self.pool.record_stream_raw(raw, stream)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Blocks the host until the block's earlier owner's work is done (see the type's
+    /// Ordering): call it before a synchronous call of your own on the address.
+    pub fn prepare_synchronous_use(&self) -> Result<(), PoolError> {
+        match &self.handover {
+            Some(h) => h
+                .wait_host()
+                .map_err(PoolError::backend("prepare_synchronous_use")),
             None => Ok(()),
         }
     }
@@ -637,14 +680,19 @@ unsafe impl DeviceAlloc for PoolMemory {
         self.size as usize
     }
     fn record_stream(&self, stream: &Stream) -> cuda_core::Result<()> {
-        PoolMemory::record_stream(self, stream)
-            .map_err(|e| cuda_core::Error::InvalidArgument(format!("record_stream: {e}")))
+        PoolMemory::record_stream(self, stream).map_err(cuda_core::Error::from)
+    }
+    fn prepare_synchronous_use(&self) -> cuda_core::Result<()> {
+        PoolMemory::prepare_synchronous_use(self).map_err(cuda_core::Error::from)
     }
 }
 
 impl Drop for PoolMemory {
     fn drop(&mut self) {
         let hooked = hooks::any_installed();
+        // The hand-over's clone of the stream goes first: the free decides whether the pool
+        // may let go of the stream by counting its clones.
+        drop(self.handover.take());
         let Some(raw) = self.raw.take() else {
             return;
         };

@@ -31,6 +31,7 @@
 use std::collections::HashMap;
 
 use cuda_mempool::sim::SimEvent;
+use cuda_mempool::Backend;
 use cuda_mempool::{
     Allocation, DeviceId, Limit, MemoryPool, PoolError, SimDevice, SimulatedBackend, StreamId,
 };
@@ -43,13 +44,37 @@ const STREAMS: u8 = 3;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Malloc { dev: u8, stream: u8, size: u64 },
-    Free { pick: usize },
-    RecordStream { pick: usize, stream: u8 },
+    Malloc {
+        dev: u8,
+        stream: u8,
+        size: u64,
+    },
+    Free {
+        pick: usize,
+    },
+    RecordStream {
+        pick: usize,
+        stream: u8,
+    },
+    /// A use of a live block on another stream than its allocation stream, ordered by the
+    /// hand-over rule of `cuda_core::memory::Handover`.
+    UseElsewhere {
+        pick: usize,
+        stream: u8,
+    },
     FreeAllBlocks,
-    SetLimit { dev: u8, limit: Option<u64> },
-    Submit { dev: u8, stream: u8 },
-    Complete { dev: u8, stream: u8 },
+    SetLimit {
+        dev: u8,
+        limit: Option<u64>,
+    },
+    Submit {
+        dev: u8,
+        stream: u8,
+    },
+    Complete {
+        dev: u8,
+        stream: u8,
+    },
     CompleteAll,
     SynchronizeFreeBlocks,
 }
@@ -73,6 +98,7 @@ fn op_strategy(capacity: u64) -> impl Strategy<Value = Op> {
             .prop_map(|(dev, stream, size)| Op::Malloc { dev, stream, size }),
         8 => any::<usize>().prop_map(|pick| Op::Free { pick }),
         2 => (any::<usize>(), stream.clone()).prop_map(|(pick, stream)| Op::RecordStream { pick, stream }),
+        2 => (any::<usize>(), stream.clone()).prop_map(|(pick, stream)| Op::UseElsewhere { pick, stream }),
         1 => Just(Op::FreeAllBlocks),
         1 => (dev.clone(), prop::option::of(0..=capacity + 2 * MIB))
             .prop_map(|(dev, limit)| Op::SetLimit { dev, limit }),
@@ -267,6 +293,52 @@ impl<'p> Model<'p> {
                 if sid(stream) != e.alloc.stream() && !e.extra.contains(&sid(stream)) {
                     e.extra.push(sid(stream));
                 }
+            }
+            Op::UseElsewhere { pick, stream } => {
+                if self.live.is_empty() {
+                    return;
+                }
+                let n = self.live.len();
+                let (dev, own, ptr, rounded) = {
+                    let e = &self.live[pick % n];
+                    (
+                        e.alloc.device(),
+                        e.alloc.stream(),
+                        e.alloc.ptr().0,
+                        e.rounded,
+                    )
+                };
+                let other = sid(stream);
+                if other == own {
+                    return;
+                }
+                // The hand-over rule: a fence recorded on the allocation stream now, waited
+                // for by the other stream, orders the use after every earlier owner of the
+                // block's memory, however the block came (own cache, a steal, moved pages).
+                let sim = self.sim();
+                let fence = sim.record_fence(dev, &own).expect("record_fence");
+                sim.stream_wait_fence(dev, &other, &fence)
+                    .expect("stream_wait_fence");
+                sim.release_fence(fence);
+                for (phys, start, end) in self.pieces(dev, ptr, rounded) {
+                    for h in &self.hazards {
+                        if h.dev != dev.0 || h.phys != phys || h.end <= start || h.start >= end {
+                            continue;
+                        }
+                        assert!(
+                            h.stream == other || sim.is_ordered_after(dev, other, h.stream, h.value),
+                            "a use on {other:?} of a block allocated on {own:?} is not ordered after \
+                             {:?} (work {}), an earlier owner of its memory",
+                            h.stream,
+                            h.value
+                        );
+                    }
+                }
+                self.live[pick % n].extra.push(other);
+                self.live[pick % n]
+                    .alloc
+                    .record_stream(&other)
+                    .expect("record_stream");
             }
             Op::FreeAllBlocks => {
                 self.pool.free_all_blocks().expect("free_all_blocks");

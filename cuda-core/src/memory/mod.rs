@@ -9,6 +9,7 @@
 //! | [`HostRegistration`] | `cuMemHostRegister` of an existing buffer | (`cudaHostRegister`) |
 //! | [`DevicePtr`] | shared owner + offset + length: copies and memsets | `MemoryPointer` |
 //! | [`DeviceAlloc`] | what every owner of device memory implements | (`BaseMemory`) |
+//! | [`Handover`] | orders every use of reused memory after its earlier owner's work | |
 //! | [`raw`] | `unsafe` copies and memsets on raw addresses | (`cupy.cuda.runtime`) |
 //!
 //! Every owner is RAII: the memory is returned to the driver when the owner drops. A size of
@@ -40,12 +41,14 @@ use crate::stream::Stream;
 use crate::Device;
 
 mod device;
+mod handover;
 mod managed;
 mod pinned;
 pub mod raw;
 mod view;
 
 pub use device::{DeviceMemory, UnownedMemory};
+pub use handover::Handover;
 pub use managed::{Advice, AttachFlags, ManagedMemory};
 pub use pinned::{HostBuffer, HostRegistration, PinnedFlags, PinnedMemory, RegisterFlags};
 pub use view::DevicePtr;
@@ -70,8 +73,14 @@ pub use view::DevicePtr;
 ///   uses it (a stream-ordered free, a pool that reuses blocks by stream order),
 ///   [`record_stream`](DeviceAlloc::record_stream) makes that free, and any reuse of the
 ///   memory, wait for the work issued to the given stream before the drop. The default does
-///   nothing, which is right only for memory whose free waits for the device
-///   (`cuMemFree`).
+///   nothing, which is right only for memory whose free waits for every device that used
+///   it (`cuMemFree`, for its own device's streams);
+/// - if the memory may still be used by an earlier owner's work when the value is made (a
+///   block reused in stream order), [`record_stream`](DeviceAlloc::record_stream) also
+///   orders the given stream after that work, and
+///   [`prepare_synchronous_use`](DeviceAlloc::prepare_synchronous_use) makes the host wait
+///   for it ([`Handover`] does both). The defaults do nothing, which is right only for
+///   memory that no earlier owner's work can touch.
 ///
 /// Views write through `&self`: device memory is not Rust memory, and every access to it goes
 /// through the driver.
@@ -88,9 +97,23 @@ pub unsafe trait DeviceAlloc: Send + Sync {
     /// [`DevicePtr::record_stream`] calls it on demand. An error means the use could not be
     /// recorded: the operation is then not issued.
     ///
-    /// The default does nothing: right for memory whose free waits for the device.
+    /// It also orders `stream` after any work of the memory's earlier owners (a reused pool
+    /// block, see [`Handover`]), so the use comes after it.
+    ///
+    /// The default does nothing: right for memory whose free waits for the device and that
+    /// no earlier owner's work can touch.
     fn record_stream(&self, stream: &Stream) -> Result<()> {
         let _ = stream;
+        Ok(())
+    }
+
+    /// Blocks the host until no earlier owner's work can touch the memory any more: every
+    /// synchronous operation of a [`DevicePtr`] calls it before it issues (synchronous calls
+    /// run on the legacy default stream, which the memory's allocation stream need not
+    /// order). An error means the wait could not be made: the operation is then not issued.
+    ///
+    /// The default does nothing: right for memory that no earlier owner's work can touch.
+    fn prepare_synchronous_use(&self) -> Result<()> {
         Ok(())
     }
 }

@@ -29,12 +29,21 @@ use crate::Device;
 /// | [`copy_from_device`](Self::copy_from_device) (+ `_async`) | `cuMemcpyDtoD`, or `cuMemcpyPeer` between devices |
 /// | [`memset`](Self::memset), [`memset_u16`](Self::memset_u16), [`memset_u32`](Self::memset_u32) (+ `_async`) | `cuMemsetD8/16/32` |
 ///
-/// The synchronous forms run on the device's legacy default stream. As in the driver (and
-/// CuPy), copies to the host return when the data is there, while device-to-device copies and
-/// memsets of device memory may return before the device has finished: later work on the
-/// legacy stream (and on blocking streams) is ordered after them; synchronise before reading
-/// managed or mapped memory on the host. The `_async` forms are ordered on the given stream,
-/// which must belong to the view's device ([`Error::WrongDevice`] otherwise).
+/// # Ordering
+///
+/// Every operation, synchronous or not, comes after the work of the memory's earlier owners
+/// (a pool block reused in stream order: see [`Handover`](super::Handover)):
+///
+/// - The synchronous forms first wait on the host for that work
+///   ([`DeviceAlloc::prepare_synchronous_use`]), run on the device's legacy default stream,
+///   and return once the operation has completed on the device (also device-to-device
+///   copies and memsets, which the driver alone would leave running). So a synchronous call
+///   never races the previous owner of a reused block, and a block freed after it is never
+///   reused under it.
+/// - The `_async` forms are ordered on the given stream, which must belong to the view's
+///   device ([`Error::WrongDevice`] otherwise); they mark the stream on the owner
+///   ([`record_stream`](Self::record_stream)), which also makes that stream wait for the
+///   earlier owner's work when it is not the memory's allocation stream.
 ///
 /// Sizes must match exactly ([`Error::SizeMismatch`]); a zero-byte operation succeeds without
 /// calling the driver.
@@ -112,9 +121,28 @@ impl DevicePtr {
     /// buf.record_stream(&other)?; // before launching a kernel on `other` that uses `buf`
     /// # Ok::<(), cuda_core::Error>(())
     /// ```
+    ///
+    /// It also orders `stream` after the work of the memory's earlier owners when `stream` is
+    /// not the memory's allocation stream (see [`Handover`](super::Handover)): call it
+    /// *before* issuing the work, and issue nothing if it fails.
     pub fn record_stream(&self, stream: &Stream) -> Result<()> {
         self.owner.record_stream(stream)?;
         crate::graph::keep_alive_in_capture(stream, &self.owner)
+    }
+
+    /// Blocks the host until no earlier owner's work can touch the memory (a reused pool
+    /// block: see [`Handover`](super::Handover)). Every synchronous operation of the view
+    /// calls it; call it before you use the address in a synchronous call of your own (a
+    /// library call on the legacy stream, a host read of mapped memory).
+    pub fn prepare_synchronous_use(&self) -> Result<()> {
+        self.owner.prepare_synchronous_use()
+    }
+
+    /// Waits until the synchronous operation just issued on the legacy default stream has
+    /// completed, so that it is over when the call returns (see the type's Ordering).
+    fn finish_synchronous(&self, issued: Result<()>) -> Result<()> {
+        issued?;
+        Stream::null(&self.device).synchronize()
     }
 
     /// The device of the memory.
@@ -185,10 +213,16 @@ impl DevicePtr {
     pub fn copy_from_host<T: bytemuck::Pod>(&self, src: &[T]) -> Result<()> {
         let src: &[u8] = bytemuck::cast_slice(src);
         self.check_len("copy_from_host", src.len())?;
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.prepare_synchronous_use()?;
         // SAFETY: the view's range is live device memory of its device (DeviceAlloc's
-        // contract); `src` holds `len` readable bytes for the duration of the call, which
-        // does not return before it has read them.
-        unsafe { raw::copy_htod(&self.device, self.addr, src.as_ptr(), self.len) }
+        // contract) that no earlier owner's work touches any more (just waited for); `src`
+        // holds `len` readable bytes for the duration of the call, which does not return
+        // before it has read them.
+        let issued = unsafe { raw::copy_htod(&self.device, self.addr, src.as_ptr(), self.len) };
+        self.finish_synchronous(issued)
     }
 
     /// Queues a copy of `src` into the view on `stream`, and returns at once.
@@ -219,8 +253,13 @@ impl DevicePtr {
     pub fn copy_to_host<T: bytemuck::Pod>(&self, dst: &mut [T]) -> Result<()> {
         let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
         self.check_len("copy_to_host", dst.len())?;
-        // SAFETY: live device range; `dst` is exclusively borrowed, holds `len` bytes, and
-        // cuMemcpyDtoH returns only after writing them.
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.prepare_synchronous_use()?;
+        // SAFETY: live device range that no earlier owner's work touches any more; `dst` is
+        // exclusively borrowed, holds `len` bytes, and cuMemcpyDtoH returns only after
+        // writing them.
         unsafe { raw::copy_dtoh(&self.device, dst.as_mut_ptr(), self.addr, self.len) }
     }
 
@@ -273,14 +312,26 @@ impl DevicePtr {
     /// [`Error::InvalidArgument`].
     pub fn copy_from_device(&self, src: &DevicePtr) -> Result<()> {
         self.check_device_copy("copy_from_device", src)?;
-        if src.device == self.device {
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.prepare_synchronous_use()?;
+        src.prepare_synchronous_use()?;
+        let issued = if src.device == self.device {
             // SAFETY: both ranges are live device memory of this device, `len` bytes each,
-            // not overlapping.
+            // not overlapping, and no earlier owner's work touches them any more.
             unsafe { raw::copy_dtod(&self.device, self.addr, src.addr, self.len) }
         } else {
-            // SAFETY: each range is live device memory of its device, `len` bytes.
+            // SAFETY: each range is live device memory of its device, `len` bytes, that no
+            // earlier owner's work touches any more.
             unsafe { raw::copy_peer(&self.device, self.addr, &src.device, src.addr, self.len) }
+        };
+        self.finish_synchronous(issued)?;
+        if src.device != self.device {
+            // The peer copy may also run on the source's device.
+            Stream::null(&src.device).synchronize()?;
         }
+        Ok(())
     }
 
     /// Queues a copy of `src` into the view on `stream` (a stream of the view's device);
@@ -312,8 +363,14 @@ impl DevicePtr {
 
     /// Sets every byte of the view to `value` (`cuMemsetD8`).
     pub fn memset(&self, value: u8) -> Result<()> {
-        // SAFETY: live device range of this device, `len` bytes.
-        unsafe { raw::memset_d8(&self.device, self.addr, value, self.len) }
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.prepare_synchronous_use()?;
+        // SAFETY: live device range of this device, `len` bytes, that no earlier owner's
+        // work touches any more.
+        let issued = unsafe { raw::memset_d8(&self.device, self.addr, value, self.len) };
+        self.finish_synchronous(issued)
     }
 
     /// Queues setting every byte of the view to `value` on `stream` (`cuMemsetD8Async`).
@@ -340,8 +397,14 @@ impl DevicePtr {
     /// and length must be multiples of 2 ([`Error::InvalidArgument`] otherwise).
     pub fn memset_u16(&self, value: u16) -> Result<()> {
         let n = self.elements(2, "memset_u16")?;
-        // SAFETY: live device range; `n` aligned 16-bit elements fill it.
-        unsafe { raw::memset_d16(&self.device, self.addr, value, n) }
+        if n == 0 {
+            return Ok(());
+        }
+        self.prepare_synchronous_use()?;
+        // SAFETY: live device range that no earlier owner's work touches any more; `n`
+        // aligned 16-bit elements fill it.
+        let issued = unsafe { raw::memset_d16(&self.device, self.addr, value, n) };
+        self.finish_synchronous(issued)
     }
 
     /// Queues [`memset_u16`](Self::memset_u16) on `stream` (`cuMemsetD16Async`).
@@ -357,8 +420,14 @@ impl DevicePtr {
     /// and length must be multiples of 4 ([`Error::InvalidArgument`] otherwise).
     pub fn memset_u32(&self, value: u32) -> Result<()> {
         let n = self.elements(4, "memset_u32")?;
-        // SAFETY: live device range; `n` aligned 32-bit elements fill it.
-        unsafe { raw::memset_d32(&self.device, self.addr, value, n) }
+        if n == 0 {
+            return Ok(());
+        }
+        self.prepare_synchronous_use()?;
+        // SAFETY: live device range that no earlier owner's work touches any more; `n`
+        // aligned 32-bit elements fill it.
+        let issued = unsafe { raw::memset_d32(&self.device, self.addr, value, n) };
+        self.finish_synchronous(issued)
     }
 
     /// Queues [`memset_u32`](Self::memset_u32) on `stream` (`cuMemsetD32Async`).
