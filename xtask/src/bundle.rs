@@ -30,6 +30,7 @@ pub const SUITE: &[&str] = &[
     "gpu_pool_lifecycle",
     "gpu_xfer_fault",
     "gpu_ipc",
+    "gpu_handover",
 ];
 
 /// Test binaries bundled but run by their own mode, not by `run.sh tests` on one GPU: the
