@@ -294,6 +294,15 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// Blocks the host until all work issued to `device` so far, on every stream, has
+    /// completed (`cuCtxSynchronize`): what releasing a graph's private pool falls back to
+    /// when some eager work on its memory is covered by no fence. The default does nothing,
+    /// which is right only for a backend whose work is always complete.
+    fn synchronize_device(&self, device: DeviceId) -> Result<(), Self::Error> {
+        let _ = device;
+        Ok(())
+    }
+
     /// Gives a fence back once the pool no longer needs it (`cuEventDestroy`, or back
     /// into the backend's own cache of events). Cannot fail from the pool's point of view.
     fn release_fence(&self, fence: Self::Fence);

@@ -409,6 +409,11 @@ impl Backend for DriverBackend {
         stream.wait_event(&fence.event)
     }
 
+    fn synchronize_device(&self, device: DeviceId) -> Result<(), Self::Error> {
+        let _relaxed = relaxed()?;
+        self.device(device)?.synchronize()
+    }
+
     fn is_capturing(&self, stream: &Stream) -> bool {
         !matches!(capture_of(stream), Ok(None))
     }

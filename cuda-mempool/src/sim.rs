@@ -282,6 +282,8 @@ struct State {
     borrowed: std::collections::HashSet<u64>,
     /// Streams that no longer exist.
     destroyed: std::collections::HashSet<u64>,
+    /// Streams being captured into a graph ([`SimulatedBackend::set_capturing`]).
+    capturing: std::collections::HashSet<u64>,
     /// Clones of each stream the pool holds ([`Backend::retain_stream`]).
     pool_refs: HashMap<u64, u64>,
     /// Injected failures: (kind, countdown); the call that brings the countdown to 0 fails.
@@ -339,6 +341,7 @@ impl SimulatedBackend {
                 dropped: Default::default(),
                 borrowed: Default::default(),
                 destroyed: Default::default(),
+                capturing: Default::default(),
                 pool_refs: HashMap::new(),
                 faults: Vec::new(),
                 next_id: 1,
@@ -395,6 +398,17 @@ impl SimulatedBackend {
     /// and fails with [`SimError::DestroyedStream`]. Its work still completes.
     pub fn destroy_stream(&self, stream: StreamId) {
         self.lock().destroyed.insert(stream.0);
+    }
+
+    /// Marks `stream` as being captured into a graph, or not: what
+    /// [`Backend::is_capturing`] answers for it.
+    pub fn set_capturing(&self, stream: StreamId, capturing: bool) {
+        let mut s = self.lock();
+        if capturing {
+            s.capturing.insert(stream.0);
+        } else {
+            s.capturing.remove(&stream.0);
+        }
     }
 
     /// Creates a stream under an id that may have been used by a destroyed stream (a
@@ -973,6 +987,24 @@ impl Backend for SimulatedBackend {
             .get(&(fence.device, fence.stream))
             .map_or(fence.value == 0, |c| c.completed >= fence.value);
         Ok(done)
+    }
+
+    fn is_capturing(&self, stream: &StreamId) -> bool {
+        self.lock().capturing.contains(&stream.0)
+    }
+
+    fn synchronize_device(&self, device: DeviceId) -> Result<(), SimError> {
+        let mut s = self.lock();
+        let all: Vec<((u32, u64), u64)> = s
+            .clocks
+            .iter()
+            .filter(|(k, _)| k.0 == device.0)
+            .map(|(k, c)| (*k, c.submitted))
+            .collect();
+        for ((d, st), to) in all {
+            complete_to(&mut s, d, st, to);
+        }
+        Ok(())
     }
 
     fn wait_fence(&self, fence: &SimFence) -> Result<(), SimError> {

@@ -156,6 +156,13 @@ pub(crate) struct ShardState<B: Backend> {
     epoch: u64,
     safe_epoch: u64,
     fences: VecDeque<(u64, B::Fence)>,
+    /// A private shard's fences on other streams that used its blocks (recorded at their
+    /// frees): the private pool is released only once they have completed.
+    held_fences: Vec<B::Fence>,
+    /// A private shard that let go of its stream while it was captured into another graph
+    /// (or could not fence another stream's use): eager work on its memory may be
+    /// uncovered, so its release first waits for the whole device.
+    sync_before_release: bool,
     /// Live blocks lent to other streams' requests (counted in `stats.active_blocks` too).
     lent: u64,
     /// Pending frees that are lent blocks given back.
@@ -263,6 +270,8 @@ impl<B: Backend> ShardState<B> {
             epoch: 0,
             safe_epoch: 0,
             fences: VecDeque::new(),
+            held_fences: Vec::new(),
+            sync_before_release: false,
             lent: 0,
             returned: 0,
             thread: 0,
@@ -631,11 +640,29 @@ impl<B: Backend> ShardState<B> {
         let streams = std::mem::take(&mut b.extra_streams);
         if self.private {
             // Used on several streams of a capture: without a graph dependency between them
-            // a reuse could race in replay. It stays out of use until the private pool goes.
+            // a reuse could race in replay. It stays out of use until the private pool goes,
+            // and the pool goes only once the eager work of those streams is done: a fence
+            // on each (a stream being captured gets none: its work runs only in replays,
+            // which the graph's release covers).
+            let mut first_error = None;
             for (_, s) in streams {
+                if !backend.is_capturing(&s) {
+                    match backend.record_fence(self.device, &s) {
+                        Ok(f) => self.held_fences.push(f),
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                            if backend.synchronize_stream(&s).is_err() {
+                                self.sync_before_release = true;
+                            }
+                        }
+                    }
+                }
                 backend.stream_released(s);
             }
-            return Ok(());
+            return match first_error {
+                None => Ok(()),
+                Some(e) => Err(PoolError::backend("record_fence")(e)),
+            };
         }
         let mut first_error = None;
         let fences = streams
@@ -935,6 +962,9 @@ impl<B: Backend> ShardState<B> {
     /// `spare`.
     pub(crate) fn release_everything(&mut self, backend: &B, spare: &mut Vec<B::Physical>) -> u64 {
         let mut released = 0;
+        for f in self.held_fences.drain(..) {
+            backend.release_fence(f);
+        }
         for seg in self.segments.drain(..).flatten() {
             match seg.backing {
                 Backing::Plain => {
@@ -1067,6 +1097,12 @@ impl<B: Backend> ShardState<B> {
             if !self.private && self.epoch > self.safe_epoch {
                 self.retired = true;
             }
+            if self.private && self.epoch > self.safe_epoch {
+                // Captured into a graph now, perhaps another one than this pool's: eager
+                // work issued between the captures is covered by no fence, so the pool's
+                // release waits for the whole device first.
+                self.sync_before_release = true;
+            }
             if let Some(stream) = self.stream.take() {
                 backend.stream_released(stream);
             }
@@ -1172,6 +1208,20 @@ impl<B: Backend> ShardState<B> {
     /// fence, and every pending free's fences have completed.
     pub(crate) fn wait_fences(&mut self, backend: &B) -> Result<(), PoolError> {
         self.wait_pending(backend)?;
+        while let Some(f) = self.held_fences.last() {
+            backend
+                .wait_fence(f)
+                .map_err(PoolError::backend("wait_fence"))?;
+            if let Some(f) = self.held_fences.pop() {
+                backend.release_fence(f);
+            }
+        }
+        if self.sync_before_release {
+            backend
+                .synchronize_device(self.device)
+                .map_err(PoolError::backend("synchronize_device"))?;
+            self.sync_before_release = false;
+        }
         if self.epoch > self.safe_epoch {
             let covered = self.fences.back().is_some_and(|(e, _)| *e >= self.epoch);
             if !covered {

@@ -1345,3 +1345,49 @@ fn a_pending_free_completing_while_pages_are_found_leaves_the_claimed_block_alon
         drop((r, big, c));
     }
 }
+
+#[test]
+fn a_private_pool_is_released_only_after_another_streams_work_on_its_blocks() {
+    // A private block used on another stream (record_stream) and freed while that stream's
+    // kernel still runs: the private pool must not give its memory back before that work
+    // completes (it used to drop the other stream with no fence at the free).
+    let pool = vm_pool(256 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let p = PrivatePoolId(9);
+    let hold = pool.retain_private_pool(D0, p).unwrap();
+    let a = pool.malloc_private(D0, p, &S0, 4 * MIB).unwrap();
+    a.record_stream(&S1).unwrap();
+    let work = sim.submit_work(D0, S1);
+    drop(a);
+    hold.release();
+    // The release happens at the next collection; whenever the pool's pages go back, the
+    // other stream's kernel must be done.
+    pool.free_all_blocks().unwrap();
+    assert!(
+        sim.completed(D0, S1) >= work,
+        "private pool released while stream 1's work on its block was pending"
+    );
+    assert!(!pool.has_private_pool(D0, p).unwrap());
+}
+
+#[test]
+fn a_private_shard_let_go_of_during_another_capture_waits_for_the_device_before_release() {
+    // The block of capture 1's pool is used eagerly on its stream after capture 1, then
+    // freed while the same stream is captured into graph 2: no fence can cover the eager
+    // work, so the pool's release waits for the device.
+    let pool = vm_pool(256 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let p = PrivatePoolId(11);
+    let hold = pool.retain_private_pool(D0, p).unwrap();
+    let a = pool.malloc_private(D0, p, &S0, 4 * MIB).unwrap();
+    let eager = sim.submit_work(D0, S0);
+    sim.set_capturing(S0, true);
+    drop(a);
+    sim.set_capturing(S0, false);
+    hold.release();
+    pool.free_all_blocks().unwrap();
+    assert!(
+        sim.completed(D0, S0) >= eager,
+        "private pool released while eager work on its block was pending"
+    );
+}
