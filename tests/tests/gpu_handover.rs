@@ -270,3 +270,47 @@ fn stream_ordered_memory_refuses_a_capturing_stream() {
     );
     assert!(graph.is_ok(), "the refusal leaves the capture valid");
 }
+
+/// A block of a capture's private pool, used after the capture by a slow kernel on another
+/// stream and dropped at once with its graph: the private pool's memory goes back only
+/// after that kernel, so the next owner of the memory keeps its own data.
+#[test]
+fn private_pool_release_waits_for_other_streams_work() {
+    let _s = serial();
+    let dev = dev0();
+    let k = Kernels::load(&dev).unwrap();
+    let pool = Arc::new(DevicePool::new_driver().unwrap());
+    let size = 64 << 20;
+    let s = non_blocking(&dev);
+    let mut block: Option<DevicePtr> = None;
+    let graph = cuda_graph::capture(&s, cuda_graph::CaptureMode::ThreadLocal, |c| {
+        let b: DevicePtr = pool
+            .malloc_shared(c, size)
+            .map_err(cuda_core::Error::from)?
+            .into();
+        k.fill(c, &b, 1)?;
+        block = Some(b);
+        Ok(())
+    })
+    .unwrap();
+    let block = block.unwrap();
+    let other = non_blocking(&dev);
+    k.fill_after_spin(&other, &block, OLD, SLOW).unwrap();
+    drop(block);
+    drop(graph);
+    let reserved_before = pool.total_bytes();
+    let t = non_blocking(&dev);
+    let fresh: DevicePtr = pool.malloc_shared(&t, size).unwrap().into();
+    fresh.memset_u32(NEW).unwrap();
+    other.synchronize().unwrap();
+    dev.synchronize().unwrap();
+    let mut host = vec![0u32; size / 4];
+    fresh.copy_to_host(&mut host).unwrap();
+    let bad = wrong(&host, NEW);
+    println!(
+        "private pool released (reserved {reserved_before} -> {} bytes); {bad} of {} elements of the next owner wrong",
+        pool.total_bytes(),
+        host.len()
+    );
+    assert_eq!(bad, 0);
+}
