@@ -2,9 +2,11 @@
 
 use std::cell::Cell;
 use std::fmt;
+use std::sync::Arc;
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use cuda_core::{Device, Stream};
+use cuda_core::{Device, Stream, StreamKind};
 use cuda_nccl_sys::{config_initializer, ncclComm_t, ncclResult_t, NCCL_SPLIT_NOCOLOR};
 
 use crate::error::{check, library, nccl_error, Error, NcclError, Result};
@@ -73,6 +75,11 @@ impl CommConfig {
 /// at once. A program that drives several GPUs from one thread issues each collective inside a
 /// [`group`](crate::group::group).
 ///
+/// Moving it to another thread while a [group](crate::group) of this thread still holds it
+/// (it was used in the open group) is allowed, but the other thread cannot use it until that
+/// group ends ([`Error::HeldByGroup`]), and dropping or aborting it there is deferred to the
+/// group's end: the group never meets a destroyed communicator.
+///
 /// ```compile_fail
 /// fn shared<T: Sync>() {}
 /// shared::<cuda_nccl::Communicator>();
@@ -84,6 +91,11 @@ pub struct Communicator {
     size: usize,
     config: CommConfig,
     aborted: Cell<bool>,
+    /// The open group, if any, that holds the communicator (see [`crate::group`]).
+    hold: Arc<group::Hold>,
+    /// Threads that issued work of this communicator on their per-thread default stream,
+    /// not yet waited for there (see [`Communicator::wait`]).
+    per_thread_issuers: Cell<Vec<ThreadId>>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one thread at a time (NCCL's
@@ -104,6 +116,25 @@ impl fmt::Debug for Communicator {
 }
 
 impl Communicator {
+    fn from_raw(
+        raw: ncclComm_t,
+        device: Device,
+        rank: usize,
+        size: usize,
+        config: CommConfig,
+    ) -> Communicator {
+        Communicator {
+            raw,
+            device,
+            rank,
+            size,
+            config,
+            aborted: Cell::new(false),
+            hold: Arc::default(),
+            per_thread_issuers: Cell::new(Vec::new()),
+        }
+    }
+
     /// Rank `rank` of `nranks` on `device`, for the communicator named by `id` (the same on
     /// every rank). Every rank must call it (from its own process or thread); in blocking mode
     /// it returns when all have joined.
@@ -149,14 +180,7 @@ impl Communicator {
                 &mut raw_config,
             )
         }?;
-        let comm = Communicator {
-            raw,
-            device: *device,
-            rank,
-            size: nranks,
-            config: config.clone(),
-            aborted: Cell::new(false),
-        };
+        let comm = Communicator::from_raw(raw, *device, rank, nranks, config.clone());
         if raw.is_null() {
             check(r, "ncclCommInitRankConfig")?;
             return Err(Error::InvalidArgument(
@@ -205,13 +229,8 @@ impl Communicator {
             .into_iter()
             .zip(devices)
             .enumerate()
-            .map(|(rank, (raw, device))| Communicator {
-                raw,
-                device: *device,
-                rank,
-                size: devices.len(),
-                config: CommConfig::default(),
-                aborted: Cell::new(false),
+            .map(|(rank, (raw, device))| {
+                Communicator::from_raw(raw, *device, rank, devices.len(), CommConfig::default())
             })
             .collect())
     }
@@ -232,6 +251,7 @@ impl Communicator {
     /// ```
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
         self.check_usable()?;
+        self.hold.check_here("split")?;
         let color = match color {
             None => NCCL_SPLIT_NOCOLOR,
             Some(c) => i32::try_from(c)
@@ -271,14 +291,7 @@ impl Communicator {
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         };
-        let mut comm = Communicator {
-            raw,
-            device: self.device,
-            rank: 0,
-            size: 0,
-            config: self.config.clone(),
-            aborted: Cell::new(false),
-        };
+        let mut comm = Communicator::from_raw(raw, self.device, 0, 0, self.config.clone());
         comm.finish_init(r, "ncclCommSplit")?;
         let (mut count, mut rank) = (0, 0);
         check(
@@ -330,6 +343,7 @@ impl Communicator {
     /// NCCL saw otherwise (a peer failed, a network error).
     pub fn async_error(&self) -> Result<Option<NcclError>> {
         self.check_usable()?;
+        self.hold.check_here("async_error")?;
         let nccl = library()?;
         let mut state = ncclResult_t::ncclSuccess;
         check(
@@ -353,6 +367,16 @@ impl Communicator {
     /// (`ncclCommAbort`, which also stops its kernels so the stream drains) and the error is
     /// [`Error::Timeout`] or [`Error::AsyncError`]: a dead or hung peer never hangs the caller.
     ///
+    /// Refused, doing nothing:
+    ///
+    /// * while an open group holds the communicator (its calls there are not issued yet, so
+    ///   there is nothing to wait for): [`Error::HeldByGroup`];
+    /// * on the per-thread default stream ([`Stream::per_thread`]) when this communicator
+    ///   issued work on the per-thread stream of another thread and it was not waited for
+    ///   there: that handle names the calling thread's own stream, not the one the work is
+    ///   on ([`Error::ForeignPerThreadStream`]). Wait on the issuing thread before moving the
+    ///   communicator, or use explicit streams.
+    ///
     /// ```no_run
     /// # use std::time::Duration;
     /// # fn f(comm: &cuda_nccl::Communicator, s: &cuda_core::Stream) -> cuda_nccl::Result<()> {
@@ -368,6 +392,14 @@ impl Communicator {
     pub fn wait(&self, stream: &Stream, timeout: Duration) -> Result<()> {
         self.check_usable()?;
         self.check_stream(stream)?;
+        if self.hold.holder().is_some() {
+            return Err(Error::HeldByGroup { what: "wait" });
+        }
+        let per_thread = stream.kind() == StreamKind::PerThread;
+        let me = std::thread::current().id();
+        if per_thread && self.per_thread_issuers_any(|t| t != me) {
+            return Err(Error::ForeignPerThreadStream);
+        }
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
@@ -376,6 +408,10 @@ impl Communicator {
                 return Err(Error::AsyncError(e));
             }
             if stream.is_done()? {
+                if per_thread {
+                    // This thread's per-thread stream has drained.
+                    self.per_thread_issuers_update(|v| v.retain(|t| *t != me));
+                }
                 return Ok(());
             }
             if start.elapsed() >= timeout {
@@ -390,27 +426,61 @@ impl Communicator {
     }
 
     /// Aborts the communicator now (`ncclCommAbort`): pending work is stopped, peers see an
-    /// error. Consumes it.
+    /// error. Consumes it. While an open group holds it (see [`crate::group`]), the abort
+    /// happens when that group ends, and this returns `Ok`.
     pub fn abort(self) -> Result<()> {
         if self.aborted.replace(true) {
             return Ok(());
         }
+        let raw = self.raw as usize;
+        if self.hold.defer(move || abort_raw(raw as ncclComm_t)) {
+            return Ok(());
+        }
         let nccl = library()?;
-        group::forget(self.raw);
-        // SAFETY: `self.raw` is live and is not used again (the flag is set).
+        // SAFETY: `self.raw` is live, no open group holds it, and it is not used again (the
+        // flag is set).
         check(unsafe { nccl.ncclCommAbort(self.raw) }?, "ncclCommAbort")
     }
 
-    /// Aborts in place (idempotent), for the error paths.
+    /// Aborts in place (idempotent), for the error paths; deferred to the end of the open
+    /// group that holds the communicator, if any.
     pub(crate) fn abort_now(&self) {
         if self.aborted.replace(true) {
             return;
         }
-        group::forget(self.raw);
-        if let Ok(nccl) = library() {
-            // SAFETY: `self.raw` is live and is never used again once the flag is set.
-            let _ = unsafe { nccl.ncclCommAbort(self.raw) };
+        let raw = self.raw as usize;
+        if !self.hold.defer(move || abort_raw(raw as ncclComm_t)) {
+            abort_raw(self.raw);
         }
+    }
+
+    /// The communicator's side of the group hold.
+    pub(crate) fn hold(&self) -> &Arc<group::Hold> {
+        &self.hold
+    }
+
+    /// Notes that the calling thread issues work of this communicator on its per-thread
+    /// default stream.
+    pub(crate) fn note_per_thread_issue(&self) {
+        let me = std::thread::current().id();
+        self.per_thread_issuers_update(|v| {
+            if !v.contains(&me) {
+                v.push(me);
+            }
+        });
+    }
+
+    fn per_thread_issuers_update(&self, f: impl FnOnce(&mut Vec<ThreadId>)) {
+        let mut v = self.per_thread_issuers.take();
+        f(&mut v);
+        self.per_thread_issuers.set(v);
+    }
+
+    fn per_thread_issuers_any(&self, f: impl Fn(ThreadId) -> bool) -> bool {
+        let v = self.per_thread_issuers.take();
+        let any = v.iter().any(|t| f(*t));
+        self.per_thread_issuers.set(v);
+        any
     }
 
     pub(crate) fn check_usable(&self) -> Result<()> {
@@ -456,7 +526,7 @@ impl Communicator {
     pub(crate) fn settle(&self, r: ncclResult_t, call: &'static str) -> Result<()> {
         if r == ncclResult_t::ncclInProgress && self.config.nonblocking {
             if group::in_group() {
-                group::touch(self.raw, self.config.timeout);
+                // The group holds this communicator and settles it after its end.
                 return Ok(());
             }
             return match settle_raw(self.raw, self.config.timeout, call) {
@@ -466,9 +536,6 @@ impl Communicator {
                 }
                 other => other,
             };
-        }
-        if self.config.nonblocking && group::in_group() {
-            group::touch(self.raw, self.config.timeout);
         }
         if r.is_success() {
             Ok(())
@@ -491,25 +558,47 @@ impl Drop for Communicator {
         if self.aborted.get() {
             return;
         }
-        group::forget(self.raw);
-        let Ok(nccl) = library() else { return };
-        if self.config.nonblocking {
-            // SAFETY: `self.raw` is live; finalize flushes its pending work.
-            let finalized = unsafe { nccl.ncclCommFinalize(self.raw) }
-                .ok()
-                .filter(|r| r.is_success() || *r == ncclResult_t::ncclInProgress)
-                .is_some()
-                && settle_raw(self.raw, self.config.timeout, "ncclCommFinalize").is_ok();
-            if !finalized {
-                self.abort_now();
-                return;
-            }
+        let raw = self.raw as usize;
+        let config = self.config.clone();
+        // Still used in an open group (of this thread or another): destroyed at its end.
+        if !self
+            .hold
+            .defer(move || destroy_raw(raw as ncclComm_t, &config))
+        {
+            destroy_raw(self.raw, &self.config);
         }
-        // SAFETY: `self.raw` is live and not used after this.
-        let destroyed = unsafe { nccl.ncclCommDestroy(self.raw) };
-        if !matches!(destroyed, Ok(r) if r.is_success()) {
-            // SAFETY: destroy failed, so the handle is still live; abort frees it.
-            let _ = unsafe { nccl.ncclCommAbort(self.raw) };
+    }
+}
+
+/// `ncclCommAbort`, its error dropped (error paths and deferred aborts).
+fn abort_raw(raw: ncclComm_t) {
+    if let Ok(nccl) = library() {
+        // SAFETY: callers pass a live handle that nothing uses afterwards: its communicator
+        // is marked aborted and no open group holds it any more.
+        let _ = unsafe { nccl.ncclCommAbort(raw) };
+    }
+}
+
+/// Destroys a live communicator: `ncclCommFinalize` and its polling first in non-blocking
+/// mode; an abort when that or `ncclCommDestroy` fails.
+fn destroy_raw(raw: ncclComm_t, config: &CommConfig) {
+    let Ok(nccl) = library() else { return };
+    if config.nonblocking {
+        // SAFETY: `raw` is live (its owner is being dropped, no open group holds it);
+        // finalize flushes its pending work.
+        let finalized = unsafe { nccl.ncclCommFinalize(raw) }
+            .ok()
+            .filter(|r| r.is_success() || *r == ncclResult_t::ncclInProgress)
+            .is_some()
+            && settle_raw(raw, config.timeout, "ncclCommFinalize").is_ok();
+        if !finalized {
+            abort_raw(raw);
+            return;
         }
+    }
+    // SAFETY: `raw` is live and not used after this.
+    let destroyed = unsafe { nccl.ncclCommDestroy(raw) };
+    if !matches!(destroyed, Ok(r) if r.is_success()) {
+        abort_raw(raw);
     }
 }

@@ -110,6 +110,45 @@ pub enum Error {
         /// The alignment the element type needs.
         align: usize,
     },
+    /// A collective's send and receive ranges overlap without being NCCL's in-place form
+    /// (the same address, or for `all_gather` / `reduce_scatter` this rank's block of the
+    /// larger buffer). NCCL leaves partial overlap undefined; nothing was issued.
+    #[error(
+        "the send range {send:#x}+{send_len} and the receive range {recv:#x}+{recv_len} overlap \
+         without being the in-place form; NCCL forbids partial overlap"
+    )]
+    Overlap {
+        /// Device address of the bytes the call reads.
+        send: u64,
+        /// How many bytes it reads.
+        send_len: usize,
+        /// Device address of the bytes the call writes.
+        recv: u64,
+        /// How many bytes it writes.
+        recv_len: usize,
+    },
+    /// The communicator has calls in an NCCL group that is still open (on another thread,
+    /// or, for [`Communicator::wait`](crate::Communicator::wait), on this one): NCCL issues
+    /// them when that group ends, and the communicator cannot be used meanwhile. Nothing was
+    /// done.
+    #[error(
+        "{what}: the communicator has calls in an NCCL group that is still open (on another \
+         thread, or for `wait` on this one); end that group first"
+    )]
+    HeldByGroup {
+        /// What was refused.
+        what: &'static str,
+    },
+    /// [`Communicator::wait`](crate::Communicator::wait) on the per-thread default stream,
+    /// while the communicator has work on the per-thread default stream of another thread:
+    /// that handle names the calling thread's own stream, which is not where the work is.
+    /// Wait on the thread that issued it (before moving the communicator), or use an
+    /// explicit [`Stream`](cuda_core::Stream).
+    #[error(
+        "the per-thread default stream names each thread's own stream, and this \
+         communicator's work is on another thread's; wait for it on that thread"
+    )]
+    ForeignPerThreadStream,
     /// A size computation overflowed.
     #[error("size overflow: {0}")]
     SizeOverflow(&'static str),

@@ -4,9 +4,32 @@
 //! part of a collective inside a group, and send/recv pairs that depend on each other must be
 //! grouped too. [`GroupGuard`] ends the group when dropped, so an early return with `?` or a
 //! panic never leaves the thread inside a group; [`group`] is the closure form.
+//!
+//! # What a group holds
+//!
+//! NCCL issues the calls of a group at the outermost `ncclGroupEnd`, not when they are made.
+//! Until then the thread's open group keeps, for every call made in it:
+//!
+//! * a clone of each buffer view (so a buffer dropped inside the group is not freed, nor its
+//!   pool block handed to anyone else, before NCCL has queued the work that writes it; every
+//!   view was also marked on the call's stream before the call, so once the work is queued
+//!   the owner's reuse waits for it);
+//! * the communicator. While a group of one thread holds a communicator, using it from any
+//!   other thread (a collective, `wait`, `split`, `async_error`) is refused with
+//!   [`Error::HeldByGroup`], and destroying or aborting it (drop, `abort`, a `wait` that
+//!   times out) is deferred until that group has ended: the group never meets a destroyed
+//!   communicator, whichever thread the communicator was moved to.
+//!
+//! Both are let go after the outermost `ncclGroupEnd` has returned (and, for non-blocking
+//! communicators, after their queued work is issued). If the end fails, the views are kept
+//! for good (leaked): NCCL may have queued part of the group's work, and leaking the memory
+//! is the only way to be sure nobody else gets it while that work may still write it.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use cuda_nccl_sys::{ncclComm_t, ncclResult_t};
@@ -16,7 +39,9 @@ use crate::error::{check, library, nccl_error, Error, Result};
 /// What a group guard calls; NCCL's `ncclGroupStart`/`End` in the crate, a fake in tests.
 pub(crate) trait GroupApi {
     fn start(&self) -> Result<()>;
-    fn end(&self) -> Result<()>;
+    /// Ends one level of grouping. At the outermost end, `settle` lists the non-blocking
+    /// communicators used in the group (handle, timeout), whose queued work is waited for.
+    fn end(&self, settle: &[(usize, Duration)]) -> Result<()>;
 }
 
 /// The real group calls.
@@ -29,22 +54,18 @@ impl GroupApi for NcclGroup {
         check(unsafe { nccl.ncclGroupStart() }?, "ncclGroupStart")
     }
 
-    fn end(&self) -> Result<()> {
+    fn end(&self, settle: &[(usize, Duration)]) -> Result<()> {
         let nccl = library()?;
         // SAFETY: called once per successful ncclGroupStart on this thread (the guard's rule).
         let r = unsafe { nccl.ncclGroupEnd() }?;
-        let outermost = DEPTH.with(|d| *d.borrow() == 0);
-        if r == ncclResult_t::ncclInProgress && outermost {
+        if r == ncclResult_t::ncclInProgress {
             // Non-blocking communicators: the group's work is being issued in the background;
-            // wait until each one touched in the group says it is done.
-            let touched = TOUCHED.with(|t| std::mem::take(&mut *t.borrow_mut()));
-            for (comm, timeout) in touched {
+            // wait until each one used in the group says it is done. They are alive: the
+            // group holds them, so their destruction waits for this end.
+            for &(comm, timeout) in settle {
                 settle_raw(comm as ncclComm_t, timeout, "ncclGroupEnd")?;
             }
             return Ok(());
-        }
-        if outermost {
-            TOUCHED.with(|t| t.borrow_mut().clear());
         }
         check(r, "ncclGroupEnd")
     }
@@ -53,8 +74,9 @@ impl GroupApi for NcclGroup {
 thread_local! {
     /// Open groups on this thread.
     static DEPTH: RefCell<usize> = const { RefCell::new(0) };
-    /// Non-blocking communicators used in the open group: handle address and timeout.
-    static TOUCHED: RefCell<Vec<(usize, Duration)>> = const { RefCell::new(Vec::new()) };
+    /// What the open group of this thread holds until its outermost end: one entry per
+    /// communicator used in it.
+    static HELD: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `true` while this thread is inside a group.
@@ -62,19 +84,100 @@ pub fn in_group() -> bool {
     DEPTH.with(|d| *d.borrow() > 0)
 }
 
-/// Notes that a non-blocking communicator was used inside the open group.
-pub(crate) fn touch(comm: ncclComm_t, timeout: Duration) {
-    TOUCHED.with(|t| {
-        let mut t = t.borrow_mut();
-        if !t.iter().any(|(c, _)| *c == comm as usize) {
-            t.push((comm as usize, timeout));
-        }
-    })
+/// One communicator used in the open group, and what its calls there use.
+struct Held {
+    /// The communicator's side of the hold.
+    hold: Arc<Hold>,
+    /// Handle and timeout of a non-blocking communicator, to settle after the end.
+    settle: Option<(usize, Duration)>,
+    /// Clones of the views and streams of its calls (kept alive until the end).
+    keep: Vec<Box<dyn Any>>,
 }
 
-/// Forgets a communicator that is being destroyed inside a group.
-pub(crate) fn forget(comm: ncclComm_t) {
-    TOUCHED.with(|t| t.borrow_mut().retain(|(c, _)| *c != comm as usize));
+/// A deferred destruction of a communicator (its handle travels as an address).
+type Deferred = Box<dyn FnOnce() + Send>;
+
+/// A communicator's link to the open group, if any, that holds it: shared between the
+/// communicator and that group's record, whichever threads they are on.
+#[derive(Default)]
+pub(crate) struct Hold {
+    state: Mutex<HoldState>,
+}
+
+#[derive(Default)]
+struct HoldState {
+    /// The thread whose open group holds the communicator.
+    thread: Option<ThreadId>,
+    /// What the communicator left to that group's end (its destruction).
+    deferred: Option<Deferred>,
+}
+
+impl Hold {
+    fn lock(&self) -> MutexGuard<'_, HoldState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The thread whose open group holds the communicator, if any.
+    pub(crate) fn holder(&self) -> Option<ThreadId> {
+        self.lock().thread
+    }
+
+    /// [`Error::HeldByGroup`] when an open group of another thread holds the communicator.
+    pub(crate) fn check_here(&self, what: &'static str) -> Result<()> {
+        match self.holder() {
+            Some(t) if t != std::thread::current().id() => Err(Error::HeldByGroup { what }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Leaves `f` to the end of the open group that holds the communicator and returns
+    /// `true`; returns `false` (dropping `f` unrun) when no group holds it.
+    ///
+    /// No race: only the communicator's owner can make a group take it, and it is the one
+    /// asking; a group can only let go meanwhile, which leaves `f` to the caller.
+    pub(crate) fn defer(&self, f: impl FnOnce() + Send + 'static) -> bool {
+        let mut st = self.lock();
+        if st.thread.is_none() {
+            return false;
+        }
+        st.deferred = Some(match st.deferred.take() {
+            Some(first) => Box::new(move || {
+                first();
+                f();
+            }),
+            None => Box::new(f),
+        });
+        true
+    }
+
+    /// The group ended: lets go of the communicator and runs what it deferred.
+    fn release(&self) {
+        let deferred = {
+            let mut st = self.lock();
+            st.thread = None;
+            st.deferred.take()
+        };
+        if let Some(f) = deferred {
+            f();
+        }
+    }
+}
+
+/// Called by a collective inside an open group, before it calls NCCL: until the group's
+/// outermost end, the group holds the communicator (`hold`) and keeps `keep` alive.
+pub(crate) fn hold(hold: &Arc<Hold>, settle: Option<(usize, Duration)>, keep: Vec<Box<dyn Any>>) {
+    hold.lock().thread = Some(std::thread::current().id());
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        match h.iter_mut().find(|e| Arc::ptr_eq(&e.hold, hold)) {
+            Some(e) => e.keep.extend(keep),
+            None => h.push(Held {
+                hold: Arc::clone(hold),
+                settle,
+                keep,
+            }),
+        }
+    });
 }
 
 /// Polls `ncclCommGetAsyncError` until the communicator's pending work is issued
@@ -140,11 +243,26 @@ impl<A: GroupApi> Guard<A> {
             return Ok(());
         }
         self.ended = true;
-        DEPTH.with(|d| {
+        let outermost = DEPTH.with(|d| {
             let mut d = d.borrow_mut();
             *d = d.saturating_sub(1);
+            *d == 0
         });
-        self.api.end()
+        if !outermost {
+            return self.api.end(&[]);
+        }
+        // NCCL issues the whole group now: what its calls use is let go only afterwards.
+        let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
+        let settle: Vec<(usize, Duration)> = held.iter().filter_map(|e| e.settle).collect();
+        let ended = self.api.end(&settle);
+        for Held { hold, keep, .. } in held {
+            hold.release();
+            if ended.is_err() {
+                // Part of the group's work may be queued: its memory is never handed out again.
+                std::mem::forget(keep);
+            }
+        }
+        ended
     }
 }
 
@@ -236,6 +354,7 @@ mod tests {
         log: Rc<RefCell<Vec<&'static str>>>,
         fail_start: bool,
         fail_end: Rc<Cell<bool>>,
+        settled: Rc<RefCell<Vec<(usize, Duration)>>>,
     }
 
     impl GroupApi for Fake {
@@ -246,8 +365,9 @@ mod tests {
             self.log.borrow_mut().push("start");
             Ok(())
         }
-        fn end(&self) -> Result<()> {
+        fn end(&self, settle: &[(usize, Duration)]) -> Result<()> {
             self.log.borrow_mut().push("end");
+            self.settled.borrow_mut().extend_from_slice(settle);
             if self.fail_end.get() {
                 return Err(Error::InvalidArgument("end failed".into()));
             }
@@ -337,5 +457,140 @@ mod tests {
         outer.end().unwrap();
         assert!(!in_group());
         assert_eq!(log(&fake), ["start", "start", "end", "end"]);
+    }
+
+    /// Logs its drop into the fake's log: stands for a held buffer view.
+    struct Sentinel(Rc<RefCell<Vec<&'static str>>>, &'static str);
+
+    impl Drop for Sentinel {
+        fn drop(&mut self) {
+            self.0.borrow_mut().push(self.1);
+        }
+    }
+
+    fn keep(fake: &Fake, what: &'static str) -> Vec<Box<dyn Any>> {
+        vec![Box::new(Sentinel(fake.log.clone(), what))]
+    }
+
+    #[test]
+    fn held_views_are_released_only_after_the_outermost_end() {
+        let fake = Fake::default();
+        let comm = Arc::new(Hold::default());
+        let outer = Guard::begin(fake.clone()).unwrap();
+        hold(&comm, None, keep(&fake, "view a dropped"));
+        {
+            let inner = Guard::begin(fake.clone()).unwrap();
+            hold(&comm, None, keep(&fake, "view b dropped"));
+            inner.end().unwrap();
+        }
+        // The inner end issues nothing in NCCL: both views are still held.
+        assert_eq!(log(&fake), ["start", "start", "end"]);
+        assert_eq!(comm.holder(), Some(std::thread::current().id()));
+        outer.end().unwrap();
+        assert_eq!(
+            log(&fake),
+            [
+                "start",
+                "start",
+                "end",
+                "end",
+                "view a dropped",
+                "view b dropped"
+            ]
+        );
+        assert_eq!(comm.holder(), None);
+    }
+
+    #[test]
+    fn a_group_ended_by_a_panic_releases_its_views_after_the_end() {
+        let fake = Fake::default();
+        let f2 = fake.clone();
+        let comm = Arc::new(Hold::default());
+        let c2 = comm.clone();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _g = Guard::begin(f2.clone()).unwrap();
+            hold(&c2, None, keep(&f2, "view dropped"));
+            panic!("boom");
+        }));
+        assert!(caught.is_err());
+        assert_eq!(log(&fake), ["start", "end", "view dropped"]);
+        assert_eq!(comm.holder(), None);
+    }
+
+    #[test]
+    fn a_failed_end_keeps_the_views_for_good_but_lets_the_communicator_go() {
+        let fake = Fake::default();
+        fake.fail_end.set(true);
+        let comm = Arc::new(Hold::default());
+        let g = Guard::begin(fake.clone()).unwrap();
+        hold(&comm, None, keep(&fake, "view dropped"));
+        assert!(g.end().is_err());
+        // Leaked: NCCL may have queued part of the group's work on that memory.
+        assert_eq!(log(&fake), ["start", "end"]);
+        assert_eq!(comm.holder(), None);
+    }
+
+    #[test]
+    fn non_blocking_communicators_are_settled_once_at_the_outermost_end() {
+        let fake = Fake::default();
+        let (a, b) = (Arc::new(Hold::default()), Arc::new(Hold::default()));
+        let secs = Duration::from_secs(1);
+        let g = Guard::begin(fake.clone()).unwrap();
+        hold(&a, Some((0xa, secs)), Vec::new());
+        hold(&b, None, Vec::new());
+        hold(&a, Some((0xa, secs)), Vec::new());
+        g.end().unwrap();
+        assert_eq!(*fake.settled.borrow(), [(0xa, secs)]);
+    }
+
+    #[test]
+    fn a_destruction_deferred_by_a_held_communicator_runs_after_the_end() {
+        let fake = Fake::default();
+        let comm = Arc::new(Hold::default());
+        // Not held: nothing is deferred, the caller destroys it itself.
+        assert!(!comm.defer(|| panic!("must not run")));
+        let g = Guard::begin(fake.clone()).unwrap();
+        hold(&comm, None, Vec::new());
+        let destroyed = Arc::new(Mutex::new(Vec::new()));
+        let d = destroyed.clone();
+        assert!(comm.defer(move || d.lock().unwrap().push("abort")));
+        let d = destroyed.clone();
+        assert!(comm.defer(move || d.lock().unwrap().push("destroy")));
+        assert!(destroyed.lock().unwrap().is_empty());
+        g.end().unwrap();
+        assert_eq!(*destroyed.lock().unwrap(), ["abort", "destroy"]);
+        assert!(!comm.defer(|| panic!("must not run")));
+    }
+
+    #[test]
+    fn another_thread_cannot_use_a_communicator_held_by_this_threads_group() {
+        let fake = Fake::default();
+        let comm = Arc::new(Hold::default());
+        comm.check_here("x").unwrap();
+        let g = Guard::begin(fake.clone()).unwrap();
+        hold(&comm, None, Vec::new());
+        // This thread (the group's) may go on using it.
+        comm.check_here("x").unwrap();
+        let c2 = comm.clone();
+        let there = std::thread::spawn(move || {
+            let refused = c2.check_here("ncclAllReduce");
+            // Dropped there: deferred to the group's end, on this thread.
+            let deferred = c2.defer(|| {});
+            (refused, deferred)
+        })
+        .join()
+        .unwrap();
+        assert!(matches!(
+            there.0,
+            Err(Error::HeldByGroup {
+                what: "ncclAllReduce"
+            })
+        ));
+        assert!(there.1);
+        g.end().unwrap();
+        let c2 = comm.clone();
+        std::thread::spawn(move || c2.check_here("x").unwrap())
+            .join()
+            .unwrap();
     }
 }

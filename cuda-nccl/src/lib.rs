@@ -8,9 +8,9 @@
 //! | --- | --- |
 //! | [`id`] | [`UniqueId`]: the 128-byte token that names a communicator, as bytes or text |
 //! | [`comm`] | [`Communicator`]: one rank on one GPU; `init_rank`, `init_all`, `split`, accessors, RAII destroy, [`Communicator::wait`] with a timeout that aborts |
-//! | [`collectives`] | typed collectives on a cuda-core [`Stream`](cuda_core::Stream): all_reduce, broadcast, reduce, all_gather, reduce_scatter, send/recv, all_to_all, in-place forms |
+//! | [`collectives`] | typed collectives on a cuda-core [`Stream`](cuda_core::Stream): all_reduce, broadcast, reduce, all_gather, reduce_scatter, send/recv, all_to_all, in-place forms; checked, marked on the stream, then issued |
 //! | [`dtype`] | [`NcclType`]: the element types NCCL reduces (i8 ... f64, `half::f16`, `half::bf16`); [`ReduceOp`] |
-//! | [`group`] | [`GroupGuard`] / [`group`](group::group): `ncclGroupStart`/`End` that always ends |
+//! | [`group`] | [`GroupGuard`] / [`group`](group::group): `ncclGroupStart`/`End` that always ends, holding the buffers and communicators of its calls until then |
 //! | [`rendezvous`] | [`JobEnv`] from torchrun / Slurm / Open MPI variables; rank 0 hands the id to the others over TCP |
 //! | [`launch`] | [`Launcher`]: starts N local processes with the torchrun variables set |
 //! | [`error`] | [`Error`], one type for the crate |

@@ -5,6 +5,11 @@
 //!   CPU computation on random data; `split` into communicators of 2; bad input rejected with
 //!   typed errors before anything is issued; a receive nobody sends to times out, aborts, and
 //!   the GPU stays usable;
+//! * the soundness round 2 holes: a pool block dropped inside a group is not reused before the
+//!   group ends; a buffer that cannot be marked on the stream issues nothing; partial overlap
+//!   of send and receive ranges is refused while NCCL's in-place forms work; a communicator
+//!   moved out of (or dropped inside) an open group is held until the group ends; `wait` on the
+//!   per-thread stream of a thread that did not issue the work is refused;
 //! * multi process (this test binary re-executed once per GPU by `cuda_nccl::Launcher`, each
 //!   copy running the ignored `rank_worker` test): the same suite over NCCL's default
 //!   transports, then over sockets only (`NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1`, the path
@@ -27,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use cuda_core::memory::DevicePtr;
 use cuda_core::{Device, Stream};
-use cuda_nccl::{CommConfig, Communicator, Error, Launcher, ReduceOp, UniqueId};
-use tests::nccl_check::{every_type, large, run_case, Kind, Local};
+use cuda_nccl::{group, CommConfig, Communicator, Error, GroupGuard, Launcher, ReduceOp, UniqueId};
+use tests::nccl_check::{every_type, large, run_case, Kind, Local, WAIT};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -278,6 +283,329 @@ fn an_unmatched_receive_times_out_aborts_and_the_gpu_stays_usable() {
     gpu_still_works(&dev);
     for c in comms {
         c.abort().expect("abort the others");
+    }
+}
+
+// ---- soundness round 2 --------------------------------------------------------------------
+
+/// `count` u32 of `value` in fresh device memory of `dev` (written synchronously).
+fn filled(dev: &Device, count: usize, value: u32) -> DevicePtr {
+    let buf = DevicePtr::alloc(dev, count * 4).unwrap();
+    buf.copy_from_host(&vec![value; count]).unwrap();
+    buf
+}
+
+fn read(buf: &DevicePtr) -> Vec<u32> {
+    let mut host = vec![0u32; buf.len() / 4];
+    buf.copy_to_host(&mut host).unwrap();
+    host
+}
+
+/// Aborts every communicator (their kernels stop, nothing hangs at drop), then panics.
+fn abort_and_panic(comms: Vec<Communicator>, why: String) -> ! {
+    for c in comms {
+        let _ = c.abort();
+    }
+    panic!("{why}");
+}
+
+/// Hole 3: NCCL issues grouped calls at `ncclGroupEnd`. A pool block dropped inside the group
+/// must stay held until then: otherwise the pool hands it to the next allocation on the same
+/// stream, whose memset runs before the all-reduce that then reads (and writes) it.
+#[test]
+fn a_pool_block_dropped_inside_a_group_is_not_reused_before_the_group_ends() {
+    let _s = serial();
+    let world = World::new();
+    let n = world.comms.len();
+    let count = 1 << 16;
+    let s0 = &world.streams[0];
+    let block = cuda_mempool::driver::malloc(s0, count * 4).expect("pool block");
+    block.memset_u32_async(1, s0).unwrap();
+    s0.synchronize().unwrap();
+    let dropped_at = block.as_raw();
+    let others: Vec<DevicePtr> = world.comms[1..]
+        .iter()
+        .map(|c| filled(&c.device(), count, 1))
+        .collect();
+    let next = group::group(|| {
+        world.comms[0].all_reduce_in_place::<u32>(&block, count, ReduceOp::Sum, s0)?;
+        drop(block);
+        for ((c, s), b) in world.comms[1..]
+            .iter()
+            .zip(&world.streams[1..])
+            .zip(&others)
+        {
+            c.all_reduce_in_place::<u32>(b, count, ReduceOp::Sum, s)?;
+        }
+        // The same size on the same stream: without the hold, the block just dropped.
+        let next = cuda_mempool::driver::malloc(s0, count * 4).expect("next pool block");
+        next.memset_u32_async(7, s0)?;
+        Ok(next)
+    })
+    .expect("group");
+    for (c, s) in world.comms.iter().zip(&world.streams) {
+        c.wait(s, WAIT).expect("wait");
+    }
+    let got = read(&next);
+    assert!(
+        got.iter().all(|&x| x == 7),
+        "the block allocated inside the group was written by the all-reduce of the block          dropped there (first element {:#x}; same address: {})",
+        got[0],
+        next.as_raw() == dropped_at
+    );
+    for b in &others {
+        let got = read(b);
+        assert!(got.iter().all(|&x| x == n as u32), "first {}", got[0]);
+    }
+}
+
+/// Hole 4: a buffer that cannot be marked on the stream (a pool block and the per-thread
+/// stream, which the pool refuses) is an error with nothing issued: a lone rank-0 all-reduce
+/// would otherwise sit on the stream waiting for its peers.
+#[test]
+fn a_buffer_that_cannot_be_marked_on_the_stream_issues_nothing() {
+    let _s = serial();
+    let World { comms, streams } = World::new();
+    let dev = comms[0].device();
+    let block = cuda_mempool::driver::malloc(&streams[0], 4096).expect("pool block");
+    let ptds = Stream::per_thread(&dev);
+    for in_group in [false, true] {
+        let r = if in_group {
+            group::group(|| comms[0].all_reduce_in_place::<f32>(&block, 1024, ReduceOp::Sum, &ptds))
+        } else {
+            comms[0].all_reduce_in_place::<f32>(&block, 1024, ReduceOp::Sum, &ptds)
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let idle = ptds.is_done().unwrap();
+        match r {
+            Err(Error::Cuda(_)) if idle => {}
+            other => abort_and_panic(
+                comms,
+                format!("in group: {in_group}: {other:?}, per-thread stream idle: {idle}"),
+            ),
+        }
+        assert!(comms[0].async_error().unwrap().is_none());
+    }
+}
+
+/// Hole 8: send and receive ranges that partly overlap are refused before anything is issued;
+/// the out-of-place calls given NCCL's in-place layout (the same view, this rank's block)
+/// still work.
+#[test]
+fn partial_overlap_is_refused_and_the_in_place_layouts_still_work() {
+    let _s = serial();
+    let World { comms, streams } = World::new();
+    let n = comms.len();
+    let (c0, s0) = (&comms[0], &streams[0]);
+    let d0 = c0.device();
+    let count = 1024;
+    let buf = DevicePtr::alloc(&d0, count * 4 * (n + 1)).unwrap();
+    let a = buf.slice(0..count * 4).unwrap();
+    let b = buf.slice(4..4 + count * 4).unwrap();
+    let whole = buf.slice(0..count * 4 * n).unwrap();
+    let cases: Vec<(&str, Result<(), Error>)> = vec![
+        (
+            "all_reduce",
+            c0.all_reduce::<u32>(&a, &b, count, ReduceOp::Sum, s0),
+        ),
+        ("broadcast", c0.broadcast::<u32>(&b, &a, count, 0, s0)),
+        (
+            "reduce",
+            c0.reduce::<u32>(&a, &b, count, ReduceOp::Sum, 0, s0),
+        ),
+        // Rank 0's in-place send is block 0 of the receive buffer; one element off is not.
+        ("all_gather", c0.all_gather::<u32>(&b, &whole, count, s0)),
+        (
+            "reduce_scatter",
+            c0.reduce_scatter::<u32>(&whole, &b, count, ReduceOp::Sum, s0),
+        ),
+        // all_to_all has no in-place form: even the same view is refused.
+        (
+            "all_to_all",
+            c0.all_to_all::<u32>(&whole, &whole, count, s0),
+        ),
+    ];
+    let wrong: Vec<String> = cases
+        .into_iter()
+        .filter(|(_, r)| !matches!(r, Err(Error::Overlap { .. })))
+        .map(|(what, r)| format!("{what}: {r:?}"))
+        .collect();
+    if !wrong.is_empty() {
+        abort_and_panic(comms, format!("partial overlap not refused: {wrong:?}"));
+    }
+    assert!(s0.is_done().unwrap(), "nothing was issued");
+    assert!(c0.async_error().unwrap().is_none());
+    // The in-place layouts through the out-of-place calls, on every rank.
+    let bufs: Vec<DevicePtr> = comms
+        .iter()
+        .map(|c| {
+            let b = filled(&c.device(), count * n, 0);
+            let own = b
+                .slice(c.rank() * count * 4..(c.rank() + 1) * count * 4)
+                .unwrap();
+            own.copy_from_host(&vec![c.rank() as u32 + 1; count])
+                .unwrap();
+            b
+        })
+        .collect();
+    group::group(|| {
+        for ((c, s), b) in comms.iter().zip(&streams).zip(&bufs) {
+            let own = b.slice(c.rank() * count * 4..(c.rank() + 1) * count * 4)?;
+            c.all_gather::<u32>(&own, b, count, s)?;
+        }
+        Ok(())
+    })
+    .expect("all_gather with send = own block of recv");
+    for (c, s) in comms.iter().zip(&streams) {
+        c.wait(s, WAIT).unwrap();
+    }
+    let want: Vec<u32> = (0..n)
+        .flat_map(|r| std::iter::repeat_n(r as u32 + 1, count))
+        .collect();
+    for b in &bufs {
+        assert_eq!(read(b), want);
+    }
+    group::group(|| {
+        for ((c, s), b) in comms.iter().zip(&streams).zip(&bufs) {
+            c.all_reduce::<u32>(b, b, count * n, ReduceOp::Sum, s)?;
+        }
+        Ok(())
+    })
+    .expect("all_reduce with send = recv");
+    for (c, s) in comms.iter().zip(&streams) {
+        c.wait(s, WAIT).unwrap();
+    }
+    let want: Vec<u32> = want.iter().map(|x| x * n as u32).collect();
+    for b in &bufs {
+        assert_eq!(read(b), want);
+    }
+}
+
+/// Hole 9: a communicator used in an open group and moved to another thread cannot be used
+/// there until the group ends, and dropping it there is deferred to the group's end: the
+/// group ends `Ok`, with every rank's result right.
+#[test]
+fn a_communicator_moved_out_of_an_open_group_is_held_until_the_group_ends() {
+    let _s = serial();
+    let World { mut comms, streams } = World::new();
+    let n = comms.len();
+    let count = 4096;
+    let bufs: Vec<DevicePtr> = comms
+        .iter()
+        .map(|c| filled(&c.device(), count, c.rank() as u32 + 1))
+        .collect();
+    let g = GroupGuard::begin().unwrap();
+    for ((c, s), b) in comms.iter().zip(&streams).zip(&bufs) {
+        c.all_reduce_in_place::<u32>(b, count, ReduceOp::Sum, s)
+            .unwrap();
+    }
+    let last = comms.pop().unwrap();
+    let (b, s) = (bufs[n - 1].clone(), streams[n - 1].clone());
+    let refused = std::thread::spawn(move || {
+        let refused = [
+            last.all_reduce_in_place::<u32>(&b, count, ReduceOp::Sum, &s),
+            last.async_error().map(|_| ()),
+            last.wait(&s, Duration::from_secs(1)),
+            last.split(Some(0), 0).map(|_| ()),
+        ];
+        drop(last); // destroyed when the group ends, on the group's thread
+        refused
+    })
+    .join()
+    .unwrap();
+    for r in refused {
+        if !matches!(r, Err(Error::HeldByGroup { .. })) {
+            drop(g);
+            abort_and_panic(comms, format!("expected HeldByGroup, got {r:?}"));
+        }
+    }
+    g.end()
+        .expect("the group ends with the moved communicator alive");
+    for (c, s) in comms.iter().zip(&streams) {
+        c.wait(s, WAIT).unwrap();
+    }
+    streams[n - 1].synchronize().unwrap();
+    let sum = (n * (n + 1) / 2) as u32;
+    for b in &bufs {
+        assert_eq!(read(b), vec![sum; count]);
+    }
+}
+
+/// Hole 9, on one thread: a communicator dropped inside the group it was used in is destroyed
+/// after the group's end, which issues its call.
+#[test]
+fn a_communicator_dropped_inside_its_group_is_destroyed_after_the_end() {
+    let _s = serial();
+    let World { mut comms, streams } = World::new();
+    let n = comms.len();
+    let count = 4096;
+    let bufs: Vec<DevicePtr> = comms
+        .iter()
+        .map(|c| filled(&c.device(), count, c.rank() as u32 + 1))
+        .collect();
+    group::group(|| {
+        for ((c, s), b) in comms.iter().zip(&streams).zip(&bufs) {
+            c.all_reduce_in_place::<u32>(b, count, ReduceOp::Sum, s)?;
+        }
+        drop(comms.pop());
+        Ok(())
+    })
+    .expect("group");
+    for (c, s) in comms.iter().zip(&streams) {
+        c.wait(s, WAIT).unwrap();
+    }
+    streams[n - 1].synchronize().unwrap();
+    let sum = (n * (n + 1) / 2) as u32;
+    for b in &bufs {
+        assert_eq!(read(b), vec![sum; count]);
+    }
+}
+
+/// Hole 10: the per-thread default stream names each thread's own stream. Work issued on it
+/// by this thread cannot be waited for on another: that `wait` is refused (before, it watched
+/// the other thread's idle stream and said `Ok` at once); on this thread it works.
+#[test]
+fn wait_refuses_the_per_thread_stream_of_another_thread() {
+    let _s = serial();
+    let World { mut comms, .. } = World::new();
+    let n = comms.len();
+    let count = 1 << 20;
+    let ptds: Vec<Stream> = comms
+        .iter()
+        .map(|c| Stream::per_thread(&c.device()))
+        .collect();
+    let bufs: Vec<DevicePtr> = comms
+        .iter()
+        .map(|c| filled(&c.device(), count, c.rank() as u32 + 1))
+        .collect();
+    group::group(|| {
+        for ((c, s), b) in comms.iter().zip(&ptds).zip(&bufs) {
+            for _ in 0..8 {
+                c.all_reduce_in_place::<u32>(b, count, ReduceOp::Max, s)?;
+            }
+        }
+        Ok(())
+    })
+    .expect("group");
+    let c0 = comms.remove(0);
+    let dev0 = c0.device();
+    let (c0, there) = std::thread::spawn(move || {
+        let r = c0.wait(&Stream::per_thread(&dev0), Duration::from_secs(5));
+        (c0, r)
+    })
+    .join()
+    .unwrap();
+    assert!(
+        matches!(there, Err(Error::ForeignPerThreadStream)),
+        "{there:?}"
+    );
+    assert!(!c0.is_aborted());
+    comms.insert(0, c0);
+    for (c, s) in comms.iter().zip(&ptds) {
+        c.wait(s, WAIT).expect("wait on the issuing thread");
+    }
+    for b in &bufs {
+        assert_eq!(read(b), vec![n as u32; count]);
     }
 }
 
