@@ -383,6 +383,11 @@ pub unsafe extern "C" fn cuda_mempool_alloc(
 /// call uses it (work issued before it on the block's streams is waited for by the pool),
 /// and no copy of the pointer is used or freed again. (An address that is no block of this
 /// library is refused, but one that is someone else's live block would free *their* block.)
+/// A safe Rust program cannot call it:
+///
+/// ```compile_fail,E0133
+/// cuda_mempool_capi::cuda_mempool_free(std::ptr::null_mut());
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn cuda_mempool_free(ptr: *mut c_void) {
     run((), || free("cuda_mempool_free", ptr, None));
@@ -454,7 +459,11 @@ pub extern "C" fn cuda_mempool_cupy_malloc(
 /// # Safety
 ///
 /// As [`cuda_mempool_free`]: `ptr` is null or a live block of this library, freed once,
-/// and not used after this call.
+/// and not used after this call. A safe Rust program cannot call it:
+///
+/// ```compile_fail,E0133
+/// cuda_mempool_capi::cuda_mempool_cupy_free(std::ptr::null_mut(), std::ptr::null_mut(), 0);
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn cuda_mempool_cupy_free(
     param: *mut c_void,

@@ -11,7 +11,8 @@
 //!   `#[track_caller]` on the allocating entry points (CuPy's `LineProfileHook`).
 //!
 //! Where they fire: `alloc` hooks in the [`DriverBackend`](crate::DriverBackend) (plain
-//! segments and virtual-memory pages); `malloc` hooks in
+//! segments and virtual-memory pages; the [`SimulatedBackend`](crate::SimulatedBackend) runs
+//! them too); `malloc` hooks in
 //! [`DevicePool::malloc_stream`](crate::DevicePool::malloc_stream),
 //! [`DevicePool::malloc_shared`](crate::DevicePool::malloc_shared) and
 //! [`allocator::alloc`](crate::allocator::alloc); `free` hooks when a
