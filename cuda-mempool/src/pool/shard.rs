@@ -954,7 +954,8 @@ impl<B: Backend> ShardState<B> {
                     // SAFETY: a plain segment of this shard (from `backend.allocate`), drained
                     // from it so never given back twice; the caller (the pool's drop, or a
                     // private pool found idle) has waited for every fence covering its
-                    // blocks, and no block of it is used any more.
+                    // blocks, and no block of it is used any more. (The pool's drop goes on
+                    // after a failed wait, a driver failure it cannot report: a known gap.)
                     if unsafe { backend.deallocate(self.device, DeviceAddress(seg.base), seg.size) }
                         .is_ok()
                     {
