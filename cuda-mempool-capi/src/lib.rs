@@ -64,7 +64,8 @@
 //! let p = unsafe { cuda_mempool_alloc(1 << 20, 0, std::ptr::null_mut()) };
 //! assert!(!p.is_null());
 //! assert!(cuda_mempool_used_bytes(0) >= 1 << 20);
-//! cuda_mempool_free(p);
+//! // SAFETY: `p` is a live block of this library, freed once and not used afterwards.
+//! unsafe { cuda_mempool_free(p) };
 //! assert_eq!(cuda_mempool_free_all_blocks(), 0);
 //! ```
 
@@ -375,8 +376,20 @@ pub unsafe extern "C" fn cuda_mempool_alloc(
 
 /// Gives back a block from any allocating function of this library. Null is ignored; an
 /// unknown pointer changes nothing and records a last-error message.
+///
+/// # Safety
+///
+/// `ptr` is null or a live block of this library, freed once: no work issued after this
+/// call uses it (work issued before it on the block's streams is waited for by the pool),
+/// and no copy of the pointer is used or freed again. (An address that is no block of this
+/// library is refused, but one that is someone else's live block would free *their* block.)
+/// A safe Rust program cannot call it:
+///
+/// ```compile_fail,E0133
+/// cuda_mempool_capi::cuda_mempool_free(std::ptr::null_mut());
+/// ```
 #[no_mangle]
-pub extern "C" fn cuda_mempool_free(ptr: *mut c_void) {
+pub unsafe extern "C" fn cuda_mempool_free(ptr: *mut c_void) {
     run((), || free("cuda_mempool_free", ptr, None));
 }
 
@@ -442,8 +455,21 @@ pub extern "C" fn cuda_mempool_cupy_malloc(
 /// device_id)`): gives back a block from [`cuda_mempool_cupy_malloc`] to the stream it
 /// was allocated on. `param` and `device` are not needed; null is ignored; an unknown
 /// pointer changes nothing and records a last-error message.
+///
+/// # Safety
+///
+/// As [`cuda_mempool_free`]: `ptr` is null or a live block of this library, freed once,
+/// and not used after this call. A safe Rust program cannot call it:
+///
+/// ```compile_fail,E0133
+/// cuda_mempool_capi::cuda_mempool_cupy_free(std::ptr::null_mut(), std::ptr::null_mut(), 0);
+/// ```
 #[no_mangle]
-pub extern "C" fn cuda_mempool_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
+pub unsafe extern "C" fn cuda_mempool_cupy_free(
+    param: *mut c_void,
+    ptr: *mut c_void,
+    device: c_int,
+) {
     const CALL: &str = "cuda_mempool_cupy_free";
     let _ = (param, device);
     run((), || free(CALL, ptr, None));
@@ -702,10 +728,12 @@ mod tests {
     fn size_zero_and_null_are_no_ops_without_an_error() {
         clear_last_error();
         assert!(cuda_mempool_cupy_malloc(std::ptr::null_mut(), 0, 0).is_null());
-        cuda_mempool_free(std::ptr::null_mut());
+        // SAFETY: null is allowed.
+        unsafe { cuda_mempool_free(std::ptr::null_mut()) };
         // SAFETY: null pointer and null stream.
         unsafe { cuda_mempool_torch_free(std::ptr::null_mut(), 0, 0, std::ptr::null_mut()) };
-        cuda_mempool_cupy_free(std::ptr::null_mut(), std::ptr::null_mut(), 0);
+        // SAFETY: null is allowed.
+        unsafe { cuda_mempool_cupy_free(std::ptr::null_mut(), std::ptr::null_mut(), 0) };
         assert_eq!(last_error_message(), None);
         assert!(cuda_mempool_last_error().is_null());
     }
@@ -714,14 +742,17 @@ mod tests {
     fn freeing_an_unknown_pointer_is_reported_and_changes_nothing() {
         clear_last_error();
         let before = cuda_mempool_live_allocations();
-        cuda_mempool_cupy_free(std::ptr::null_mut(), 0xdead_0000 as *mut c_void, 0);
+        // SAFETY: an address that is no block at all (the process has no live allocation
+        // there): refused, nothing freed.
+        unsafe { cuda_mempool_cupy_free(std::ptr::null_mut(), 0xdead_0000 as *mut c_void, 0) };
         let msg = last_error_message().unwrap_or_default();
         assert!(
             msg.contains("0xdead0000") && msg.contains("not a live allocation"),
             "{msg}"
         );
         clear_last_error();
-        cuda_mempool_free(0xbeef_0200 as *mut c_void);
+        // SAFETY: as above, an address that is no block: refused, nothing freed.
+        unsafe { cuda_mempool_free(0xbeef_0200 as *mut c_void) };
         assert!(last_error_message()
             .unwrap_or_default()
             .contains("0xbeef0200"));

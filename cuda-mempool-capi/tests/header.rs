@@ -33,7 +33,7 @@ exports! {
     cuda_mempool_alloc = "void*(size_t,int,cuda_mempool_stream_t)":
         unsafe extern "C" fn(usize, c_int, Stream) -> *mut c_void;
     cuda_mempool_free = "void(void*)":
-        extern "C" fn(*mut c_void);
+        unsafe extern "C" fn(*mut c_void);
     cuda_mempool_record_stream = "int(void*,cuda_mempool_stream_t)":
         unsafe extern "C" fn(*mut c_void, Stream) -> c_int;
     cuda_mempool_last_oom = "int(int64_t*,int64_t*,int64_t*,int64_t*)":
@@ -46,7 +46,7 @@ exports! {
     cuda_mempool_cupy_malloc = "void*(void*,size_t,int)":
         extern "C" fn(*mut c_void, usize, c_int) -> *mut c_void;
     cuda_mempool_cupy_free = "void(void*,void*,int)":
-        extern "C" fn(*mut c_void, *mut c_void, c_int);
+        unsafe extern "C" fn(*mut c_void, *mut c_void, c_int);
     cuda_mempool_set_current_stream = "int(int,cuda_mempool_stream_t)":
         unsafe extern "C" fn(c_int, Stream) -> c_int;
     cuda_mempool_cupy_set_stream_hooks = "int(cuda_mempool_cupy_stream_fn,cuda_mempool_cupy_device_stream_fn,cuda_mempool_cupy_hold_fn,cuda_mempool_cupy_release_fn,cuda_mempool_cupy_make_error_fn,cuda_mempool_cupy_set_error_fn)":

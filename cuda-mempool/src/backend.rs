@@ -122,7 +122,52 @@ pub struct DeviceInfo {
 /// Errors: a method returns `Err` for a failure of the backend itself (a driver
 /// error). Running out of memory is not an error: the allocating methods return
 /// `Ok(None)`, so the pool can release cached memory and retry.
-pub trait Backend: Send + Sync + 'static {
+///
+/// # Who may call what
+///
+/// [`MemoryPool::backend`](crate::MemoryPool::backend) hands the pool's backend to anyone,
+/// so every *safe* method of this trait can be called by any code, with any arguments, at
+/// any time, also while the pool serves blocks. The methods that act on an address or a
+/// page handed in ([`deallocate`](Self::deallocate),
+/// [`release_address_range`](Self::release_address_range),
+/// [`release_physical`](Self::release_physical), [`map`](Self::map),
+/// [`map_run`](Self::map_run), [`unmap`](Self::unmap)) are `unsafe fn`: each one's
+/// `# Safety` section says what its caller promises, and the pool's calls keep it (each
+/// call carries a `SAFETY` comment saying why).
+///
+/// # Safety
+///
+/// The pool turns what a backend tells it into memory it hands out as owned (for the driver
+/// backend, `cuda_core::DevicePtr` views), so an implementation must keep these promises:
+///
+/// * **Memory.** [`allocate`](Self::allocate) returns a range of at least `size` bytes that
+///   no other live allocation of the device overlaps and that stays valid until it is given
+///   to [`deallocate`](Self::deallocate); [`reserve_address_range`](Self::reserve_address_range)
+///   returns address space nothing else uses until
+///   [`release_address_range`](Self::release_address_range);
+///   [`create_physical`](Self::create_physical) returns a page of exactly `size` bytes that
+///   only its holder can map; [`map`](Self::map) / [`map_run`](Self::map_run) make the pages
+///   readable and writable by the device at exactly the addresses asked for, or report that
+///   they did not ([`MapRunFailure::left_mapped`] is exact).
+/// * **Fences.** A fence returned by [`record_fence`](Self::record_fence) completes
+///   ([`fence_completed`](Self::fence_completed), [`wait_fence`](Self::wait_fence),
+///   [`stream_wait_fence`](Self::stream_wait_fence)) only after all work issued to the
+///   stream before the call; [`synchronize_stream`](Self::synchronize_stream) returns only
+///   after all of it. Nothing safe code can do from outside the backend can make a fence the
+///   pool holds complete earlier: [`Self::Fence`] values cannot be forged, and whatever a
+///   fence stands on (the driver backend's cached events) cannot be reached, cloned or
+///   recorded again from outside; [`release_fence`](Self::release_fence) accepts any
+///   `Self::Fence` value, so every such value must be one the backend made.
+/// * **Streams.** [`stream_key`](Self::stream_key) gives equal keys only to streams whose
+///   work is ordered (the same stream, or one that took a destroyed one's handle value, which
+///   the pool orders after the old one's fence); [`is_capturing`](Self::is_capturing) is
+///   `true` whenever work issued to the stream is recorded into a graph rather than run.
+/// * **Safe methods are harmless.** Calling any safe method from outside the pool, with any
+///   arguments, changes nothing the pool relies on: it neither frees, unmaps nor remaps
+///   memory or address space the pool holds, nor changes the meaning of a fence the pool
+///   holds. (Leaking what it returns is fine.)
+/// * `Send`/`Sync` types are honest: the pool calls every method from any thread.
+pub unsafe trait Backend: Send + Sync + 'static {
     /// A stream the pool may record fences on and make wait: what a request hands in and
     /// what the pool keeps (cloned) while it needs it (a `cuda_core::Stream` for the
     /// driver backend, a [`StreamId`] for the simulated one).
@@ -147,7 +192,13 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Returns a plain segment (`cuMemFree`). The pool calls it only once every fence
     /// covering work on the segment has completed.
-    fn deallocate(
+    ///
+    /// # Safety
+    ///
+    /// `ptr` and `size` are exactly a segment that [`allocate`](Self::allocate) of this
+    /// backend returned for `device` and that was not deallocated since; nothing uses its
+    /// memory any more (no live block, no pending device work), and nothing will.
+    unsafe fn deallocate(
         &self,
         device: DeviceId,
         ptr: DeviceAddress,
@@ -165,7 +216,14 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Gives back an address range from [`reserve_address_range`](Self::reserve_address_range)
     /// (`cuMemAddressFree`); nothing is mapped in it any more.
-    fn release_address_range(
+    ///
+    /// # Safety
+    ///
+    /// `base` and `size` are exactly a range that
+    /// [`reserve_address_range`](Self::reserve_address_range) of this backend returned for
+    /// `device` and that was not released since; no page is mapped in it, and nothing uses
+    /// an address of it any more.
+    unsafe fn release_address_range(
         &self,
         device: DeviceId,
         base: DeviceAddress,
@@ -181,11 +239,27 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Option<Self::Physical>, Self::Error>;
 
     /// Releases a physical page that is mapped nowhere (`cuMemRelease`).
-    fn release_physical(&self, device: DeviceId, page: Self::Physical) -> Result<(), Self::Error>;
+    ///
+    /// # Safety
+    ///
+    /// `page` was made by [`create_physical`](Self::create_physical) of this backend for
+    /// `device`, and is mapped nowhere.
+    unsafe fn release_physical(
+        &self,
+        device: DeviceId,
+        page: Self::Physical,
+    ) -> Result<(), Self::Error>;
 
     /// Maps `page` at `addr` (granularity-aligned, inside a reserved range) and makes it
     /// readable and writable by the device (`cuMemMap` + `cuMemSetAccess`).
-    fn map(
+    ///
+    /// # Safety
+    ///
+    /// `addr` is granularity-aligned, inside a range the caller reserved through
+    /// [`reserve_address_range`](Self::reserve_address_range) of this backend for `device`
+    /// and still holds, and nothing is mapped at it; `page` is a page of this backend for
+    /// `device` that is mapped nowhere.
+    unsafe fn map(
         &self,
         device: DeviceId,
         addr: DeviceAddress,
@@ -200,7 +274,14 @@ pub trait Backend: Send + Sync + 'static {
     /// The default maps one page at a time with [`map`](Self::map); the driver backend
     /// overrides it to grant access once over the whole run (one `cuMemSetAccess` instead
     /// of one per page, which is what makes growing a segment expensive).
-    fn map_run(
+    ///
+    /// # Safety
+    ///
+    /// As [`map`](Self::map), for every page of the run: the whole run
+    /// `addr..addr + pages.len() * page_size` lies in one range the caller holds, nothing is
+    /// mapped in it, `page_size` is the device's granularity, and every page is mapped
+    /// nowhere.
+    unsafe fn map_run(
         &self,
         device: DeviceId,
         addr: DeviceAddress,
@@ -208,15 +289,21 @@ pub trait Backend: Send + Sync + 'static {
         pages: &[&Self::Physical],
     ) -> Result<(), MapRunFailure<Self::Error>> {
         for (i, page) in pages.iter().enumerate() {
-            if let Err(error) = self.map(device, DeviceAddress(addr.0 + i as u64 * page_size), page)
-            {
+            // SAFETY: page `i` of the run, at its address: the caller's contract covers it.
+            let mapped =
+                unsafe { self.map(device, DeviceAddress(addr.0 + i as u64 * page_size), page) };
+            if let Err(error) = mapped {
                 let left_mapped = (0..i)
                     .filter(|&j| {
-                        self.unmap(
-                            device,
-                            DeviceAddress(addr.0 + j as u64 * page_size),
-                            page_size,
-                        )
+                        // SAFETY: page `j` was mapped just above, at this address, and
+                        // nothing uses it yet: the run is not handed to the pool.
+                        unsafe {
+                            self.unmap(
+                                device,
+                                DeviceAddress(addr.0 + j as u64 * page_size),
+                                page_size,
+                            )
+                        }
                         .is_err()
                     })
                     .collect();
@@ -229,7 +316,18 @@ pub trait Backend: Send + Sync + 'static {
     /// Unmaps the one page mapped at `addr` (`cuMemUnmap`). The pool calls it only
     /// when every fence covering work on that page has completed on the host side:
     /// unmapping is not stream-ordered.
-    fn unmap(&self, device: DeviceId, addr: DeviceAddress, size: u64) -> Result<(), Self::Error>;
+    ///
+    /// # Safety
+    ///
+    /// A page of `size` bytes (the device's granularity) that the caller mapped at `addr`
+    /// through this backend is mapped there; no live block touches it and every fence
+    /// covering work on it has completed, so nothing uses it any more.
+    unsafe fn unmap(
+        &self,
+        device: DeviceId,
+        addr: DeviceAddress,
+        size: u64,
+    ) -> Result<(), Self::Error>;
 
     /// The key of `stream`'s cache. Errors for a stream the pool must not cache on (the
     /// driver backend refuses the per-thread default stream, which names a different
@@ -305,6 +403,8 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Gives a fence back once the pool no longer needs it (`cuEventDestroy`, or back
     /// into the backend's own cache of events). Cannot fail from the pool's point of view.
+    /// Safe: a `Self::Fence` value is always one the backend made (see the trait's
+    /// `# Safety`), and once given back nothing outside the backend can reach it.
     fn release_fence(&self, fence: Self::Fence);
 }
 

@@ -70,17 +70,16 @@ pub fn device_id(device: &Device) -> DeviceId {
 
 /// A fence of the driver backend: an event (timing disabled) recorded on a stream.
 ///
+/// Opaque: only [`DriverBackend`]'s `record_fence` makes one, it is not `Clone`, and its
+/// event cannot be taken out. The backend caches these events and records them again for
+/// later fences, so a clone of one held outside would let safe code re-record it and make
+/// the pool believe earlier work had completed (a block lent while its last owner's kernel
+/// still writes it).
+///
 /// `Send` and `Sync`, like [`Event`].
 #[derive(Debug)]
 pub struct DriverFence {
     event: Event,
-}
-
-impl DriverFence {
-    /// The recorded event.
-    pub fn event(&self) -> &Event {
-        &self.event
-    }
 }
 
 /// [`Backend`] over the CUDA driver, through `cuda-core`:
@@ -103,6 +102,12 @@ impl DriverFence {
 /// `Send` and `Sync`: it holds device handles and a mutex-protected event cache. See the
 /// [module documentation](self) for how streams map to [`StreamId`]s and how long they
 /// must live.
+///
+/// Building one is safe, and so is [`MemoryPool::backend`] handing out the pool's: the
+/// methods that act on an address or a page (`deallocate`, `release_address_range`,
+/// `release_physical`, `map`, `map_run`, `unmap`) are `unsafe fn` of [`Backend`], and the
+/// safe ones only make new memory (which the caller may leak) or work on fences and
+/// streams without reaching the pool's events.
 #[derive(Debug)]
 pub struct DriverBackend {
     devices: Vec<Device>,
@@ -169,7 +174,14 @@ fn to_usize(size: u64) -> cuda_core::Result<usize> {
     usize::try_from(size).map_err(|_| cuda_core::Error::SizeOverflow("pool segment size"))
 }
 
-impl Backend for DriverBackend {
+// SAFETY: the contract of `Backend` (its `# Safety`) holds: memory, ranges and pages come
+// from cuMemAlloc / cuMemAddressReserve / cuMemCreate and are given back only through the
+// unsafe methods; fences are cuEventRecord on the stream asked for, on events that never
+// leave the backend (`DriverFence` is opaque, not `Clone`, constructible only here, and
+// `release_fence` therefore only receives events this backend created); `stream_key` is
+// `Stream::identity`; `is_capturing` asks the driver (errors count as capturing); the safe
+// methods free, unmap or re-record nothing a caller hands in.
+unsafe impl Backend for DriverBackend {
     type Stream = Stream;
     type Fence = DriverFence;
     type Physical = PhysicalAllocation;
@@ -229,7 +241,7 @@ impl Backend for DriverBackend {
         Ok(ptr)
     }
 
-    fn deallocate(
+    unsafe fn deallocate(
         &self,
         device: DeviceId,
         ptr: DeviceAddress,
@@ -237,8 +249,9 @@ impl Backend for DriverBackend {
     ) -> Result<(), Self::Error> {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
-        // SAFETY: the pool hands back exactly a segment that `allocate` made with cuMemAlloc
-        // and detached with `into_raw`; nobody else owns it. Dropping frees it.
+        // SAFETY: the caller's contract: exactly a segment that `allocate` made with
+        // cuMemAlloc and detached with `into_raw`, which nothing uses any more. Dropping
+        // frees it.
         drop(unsafe { DeviceMemory::from_raw(dev, ptr.0 as CUdeviceptr, to_usize(size)?) });
         Ok(())
     }
@@ -254,7 +267,7 @@ impl Backend for DriverBackend {
         Ok(range.map(|r| DeviceAddress(r.into_raw().0)))
     }
 
-    fn release_address_range(
+    unsafe fn release_address_range(
         &self,
         device: DeviceId,
         base: DeviceAddress,
@@ -262,7 +275,7 @@ impl Backend for DriverBackend {
     ) -> Result<(), Self::Error> {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
-        // SAFETY: the pool hands back exactly one reservation made by
+        // SAFETY: the caller's contract: exactly one reservation made by
         // `reserve_address_range` (detached with `into_raw`); nothing is mapped in it.
         drop(unsafe { VirtualRange::from_raw(dev, base.0 as CUdeviceptr, to_usize(size)?) });
         Ok(())
@@ -288,13 +301,17 @@ impl Backend for DriverBackend {
         Ok(page)
     }
 
-    fn release_physical(&self, _device: DeviceId, page: Self::Physical) -> Result<(), Self::Error> {
+    unsafe fn release_physical(
+        &self,
+        _device: DeviceId,
+        page: Self::Physical,
+    ) -> Result<(), Self::Error> {
         let _relaxed = relaxed()?;
         drop(page);
         Ok(())
     }
 
-    fn map(
+    unsafe fn map(
         &self,
         device: DeviceId,
         addr: DeviceAddress,
@@ -303,8 +320,8 @@ impl Backend for DriverBackend {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         let addr = addr.0 as CUdeviceptr;
-        // SAFETY: the pool maps a page only at a granularity-aligned address inside a range
-        // it reserved through this backend and where nothing is mapped.
+        // SAFETY: the caller's contract: a granularity-aligned address inside a range it
+        // reserved through this backend and holds, where nothing is mapped.
         unsafe { vmm::map(addr, page, 0, page.size()) }?;
         if let Err(e) = vmm::set_access(addr, page.size(), &dev) {
             let _ctx = dev.bind();
@@ -315,7 +332,7 @@ impl Backend for DriverBackend {
         Ok(())
     }
 
-    fn map_run(
+    unsafe fn map_run(
         &self,
         device: DeviceId,
         addr: DeviceAddress,
@@ -342,8 +359,8 @@ impl Backend for DriverBackend {
         };
         for (i, page) in pages.iter().enumerate() {
             if let Err(error) =
-                // SAFETY: the pool maps pages only at granularity-aligned addresses inside a
-                // range it reserved through this backend and where nothing is mapped.
+                // SAFETY: the caller's contract: granularity-aligned addresses inside a range
+                // it reserved through this backend and holds, where nothing is mapped.
                 unsafe { vmm::map(base + (i * step) as CUdeviceptr, page, 0, page.size()) }
             {
                 let left_mapped = undo(i);
@@ -358,12 +375,17 @@ impl Backend for DriverBackend {
         Ok(())
     }
 
-    fn unmap(&self, device: DeviceId, addr: DeviceAddress, size: u64) -> Result<(), Self::Error> {
+    unsafe fn unmap(
+        &self,
+        device: DeviceId,
+        addr: DeviceAddress,
+        size: u64,
+    ) -> Result<(), Self::Error> {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         let _ctx = dev.bind()?;
-        // SAFETY: the pool unmaps exactly one page it mapped, after every fence covering
-        // work on it has completed, and no live block touches it.
+        // SAFETY: the caller's contract: exactly one page it mapped, every fence covering
+        // work on it completed, no live block touching it.
         unsafe { vmm::unmap(addr.0 as CUdeviceptr, to_usize(size)?) }
     }
 
@@ -506,16 +528,19 @@ impl MemoryPool<DriverBackend> {
         size: u64,
     ) -> Result<Allocation<'_, DriverBackend>, PoolError> {
         let dev = device_id(&stream.device());
-        let pool_id = PrivatePoolId(capture);
+        let pool_id = PrivatePoolId::of_capture(capture);
         let registry = &self.backend().captures;
         let first = registry
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert((dev.0, capture));
         if first {
-            let hold = self.retain_private_pool(dev, pool_id)?;
-            // If the graph cannot take the hold, it is released here instead.
-            let fallback = hold.clone();
+            // One hold, released once: by the graph's release callback, or here if the graph
+            // cannot take it (the callback then never runs).
+            let hold = Arc::new(Mutex::new(Some(
+                self.retain_any_private_pool(dev, pool_id)?,
+            )));
+            let graph_hold = Arc::clone(&hold);
             let registry2 = Arc::clone(registry);
             let tied = cuda_core::graph::on_capture_graph_release(
                 stream,
@@ -524,11 +549,20 @@ impl MemoryPool<DriverBackend> {
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .remove(&(dev.0, capture));
-                    hold.release();
+                    let taken = graph_hold
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .take();
+                    if let Some(h) = taken {
+                        h.release();
+                    }
                 }),
             );
             if !matches!(tied, Ok(true)) {
-                fallback.release();
+                let taken = hold.lock().unwrap_or_else(PoisonError::into_inner).take();
+                if let Some(h) = taken {
+                    h.release();
+                }
                 registry
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -541,7 +575,7 @@ impl MemoryPool<DriverBackend> {
                 });
             }
         }
-        self.malloc_private(dev, pool_id, stream, size)
+        self.malloc_in_private(dev, pool_id, stream, size)
     }
 
     /// Allocates `size` bytes on `stream`'s device as a [`PoolMemory`] that keeps the pool

@@ -172,6 +172,20 @@ pub enum PoolError {
         reason: String,
     },
 
+    /// A private pool id reserved for graph captures
+    /// ([`PrivatePoolId::CAPTURE_BIT`](crate::PrivatePoolId::CAPTURE_BIT)) handed to a
+    /// public private-pool call: only the capture's own allocations use or hold that pool.
+    #[error("private pool {pool:#x} belongs to a graph capture: only the capture allocates from or holds it")]
+    CapturePrivatePool {
+        /// The id passed in.
+        pool: u64,
+    },
+
+    /// `ExportedBlock::release_after` was given an event that is not interprocess, so not
+    /// one the importer recorded (see `cuda_mempool::ipc`). The block stays out of reuse.
+    #[error("release_after needs the importer's interprocess event (opened with Event::open_ipc); the block was not released")]
+    NotInterprocessEvent,
+
     /// The backend failed (a driver error for the driver backend).
     #[error("backend call {op} failed: {source}")]
     Backend {

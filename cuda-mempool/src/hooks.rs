@@ -11,12 +11,21 @@
 //!   `#[track_caller]` on the allocating entry points (CuPy's `LineProfileHook`).
 //!
 //! Where they fire: `alloc` hooks in the [`DriverBackend`](crate::DriverBackend) (plain
-//! segments and virtual-memory pages); `malloc` hooks in
+//! segments and virtual-memory pages; the [`SimulatedBackend`](crate::SimulatedBackend) runs
+//! them too); `malloc` hooks in
 //! [`DevicePool::malloc_stream`](crate::DevicePool::malloc_stream),
 //! [`DevicePool::malloc_shared`](crate::DevicePool::malloc_shared) and
 //! [`allocator::alloc`](crate::allocator::alloc); `free` hooks when a
 //! [`PoolMemory`](crate::PoolMemory) (or memory from `allocator::alloc`) is dropped. With no
 //! hook installed the cost is one thread-local read.
+//!
+//! # Panicking hooks
+//!
+//! `alloc` hooks run inside the pool's slow path, with its locks held. A hook that panics
+//! does not unwind into the pool: each hook call is run under `catch_unwind`, the panic is
+//! reported (a `tracing` WARN event, target `cuda_mempool::hooks`, after the panic hook's
+//! own message) and dropped, and the operation goes on as if the hook had returned. The
+//! pool's state is never left half-changed by a hook.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -106,7 +115,9 @@ pub fn any_installed() -> bool {
 }
 
 /// Runs `f` on every hook installed on the current thread (a snapshot, so a hook may
-/// install or remove hooks without a borrow conflict).
+/// install or remove hooks without a borrow conflict). A hook that panics is caught here:
+/// the panic is reported and dropped, and the next hook runs (see the
+/// [module documentation](self)).
 pub(crate) fn each(f: impl Fn(&dyn MemoryHook)) {
     let hooks: Vec<Arc<dyn MemoryHook>> = HOOKS.with(|h| {
         let h = h.borrow();
@@ -117,7 +128,15 @@ pub(crate) fn each(f: impl Fn(&dyn MemoryHook)) {
         }
     });
     for hook in &hooks {
-        f(hook.as_ref());
+        // The hook's own state may be left half-changed by its panic; the pool's is not
+        // touched by the call, so unwind safety is asserted for the hook only.
+        let call = std::panic::AssertUnwindSafe(|| f(hook.as_ref()));
+        if std::panic::catch_unwind(call).is_err() {
+            tracing::warn!(
+                target: "cuda_mempool::hooks",
+                "a memory hook panicked; the panic was dropped and the operation goes on"
+            );
+        }
     }
 }
 
@@ -273,6 +292,35 @@ mod tests {
         assert!(!any_installed());
         assert_eq!(a.0.lock().unwrap().len(), 2);
         assert_eq!(b.0.lock().unwrap().len(), 1);
+    }
+
+    struct Panics;
+    impl MemoryHook for Panics {
+        fn malloc_pre(&self, _: &MemoryEvent) {
+            panic!("a hook that panics");
+        }
+    }
+
+    #[test]
+    fn a_panicking_hook_does_not_unwind_and_later_hooks_still_run() {
+        let counted = Arc::new(Count::default());
+        let e = MemoryEvent {
+            device: 0,
+            size: 1,
+            ptr: 0,
+            stream: 0,
+            location: None,
+        };
+        let _gp = install(Arc::new(Panics));
+        let _gc = install(counted.clone());
+        // Before the fix the panic unwound out of `each` (and through the caller's locks).
+        let r = std::panic::catch_unwind(|| each(|h| h.malloc_pre(&e)));
+        assert!(r.is_ok(), "a hook's panic escaped `each`");
+        assert_eq!(
+            counted.0.lock().unwrap().len(),
+            1,
+            "the next hook did not run"
+        );
     }
 
     #[test]

@@ -10,20 +10,27 @@
 //! # Who keeps the block
 //!
 //! [`DevicePool::malloc_ipc`] returns an [`ExportedBlock`], which owns the block: while it
-//! lives, the pool never hands the block's memory to another allocation. The exporter must
-//! keep it until the importer has finished with the memory, and then release it in one of
-//! two ways:
+//! lives, and after it is dropped without a release, the pool never hands the block's
+//! memory to another allocation. The exporter cannot see the importer's work, so only
+//! the importer's word lets the block go back to the pool, in one of two ways:
 //!
-//! * [`ExportedBlock::release_after`]: the importer records an interprocess event after its
-//!   last use and sends its handle; the exporter's stream waits on that event, and the
-//!   block's reuse is ordered after it (the block stays out of reuse until the importer's
-//!   work is done, without the exporter's host waiting);
-//! * [`ExportedBlock::release`]: the importer said (out of band) that it has closed its
-//!   mapping and its work is done.
+//! * [`ExportedBlock::release_after`] (safe): the importer records an interprocess event
+//!   after its last use and sends its handle; the exporter opens it
+//!   ([`Event::open_ipc`]), its stream waits on that event, and the block's reuse is
+//!   ordered after it (the block stays out of reuse until the importer's work is done,
+//!   without the exporter's host waiting). An event that is not interprocess is refused.
+//! * [`ExportedBlock::release`] (`unsafe`): the caller asserts that the importer has
+//!   finished its work on the memory and will issue no more (it said so out of band).
 //!
-//! The segment itself stays allocated until [`MemoryPool::free_all_blocks`] or the pool's
-//! drop; an importer whose mapping outlives the segment keeps reading the old memory (the
-//! driver keeps it alive while it is open), never another allocation's.
+//! Dropping an [`ExportedBlock`] without either keeps the block out of reuse for good: it is
+//! leaked, with a reference to its pool (which is then never dropped), since nothing says
+//! the importer is done. So is a block whose `release_after` fails.
+//!
+//! What no type can check: another process holding the handle can write the memory
+//! whenever its mapping is open. The pool's promise is that it lends the block to no other
+//! allocation before the importer's event (or the caller's `unsafe` assertion); an importer
+//! that records its event and then keeps writing breaks the protocol, as any process that
+//! writes memory shared with it does.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -39,7 +46,7 @@
 //! // importer, in another process:
 //! //   let view = ipc::import_block(&dev, &cuda_core::ipc::IpcRegion::from_hex(&text)?)?;
 //! // ... and when it is done it records an interprocess event `done` and sends its handle:
-//! # let done = Event::new(&dev)?;
+//! # let done = Event::builder(&dev).interprocess(true).build()?;
 //! block.release_after(&stream, &done)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -130,18 +137,31 @@ fn export_view(view: DevicePtr, stream: &Stream) -> Result<ExportedBlock, PoolEr
         view,
         region,
         stream: stream.clone(),
+        released: false,
     })
 }
 
 /// A pool block exported to other processes: owns the block, which the pool does not reuse
 /// while this value lives. Release it with [`release_after`](Self::release_after) or
-/// [`release`](Self::release) once the importer is done (dropping it is
-/// [`release`](Self::release)).
+/// [`release`](Self::release) once the importer is done; dropping it without a release
+/// leaks the block (it never returns to the pool), see the [module documentation](self).
 #[derive(Debug)]
 pub struct ExportedBlock {
     view: DevicePtr,
     region: IpcRegion,
     stream: Stream,
+    /// Set by the releasing methods; unset at drop, the block is leaked.
+    released: bool,
+}
+
+impl Drop for ExportedBlock {
+    fn drop(&mut self) {
+        if !self.released {
+            // Nothing says the importer is done: keep the block out of reuse for good (one
+            // reference of the view, and so the block and its pool, is never dropped).
+            std::mem::forget(self.view.clone());
+        }
+    }
 }
 
 impl ExportedBlock {
@@ -160,19 +180,39 @@ impl ExportedBlock {
     /// last use, opened here with `Event::open_ipc`) has completed: `stream` waits on the
     /// event, the block is marked as used on `stream`, and dropped, so the pool reuses it
     /// only after the importer's work. Returns at once.
-    pub fn release_after(self, stream: &Stream, importer_done: &Event) -> Result<(), PoolError> {
+    ///
+    /// An event that is not interprocess cannot be the importer's and is refused with
+    /// [`PoolError::NotInterprocessEvent`]. On any error the block is not released: it stays
+    /// out of reuse for good (leaked), since nothing then says the importer is done.
+    pub fn release_after(
+        mut self,
+        stream: &Stream,
+        importer_done: &Event,
+    ) -> Result<(), PoolError> {
+        if !importer_done.is_interprocess() {
+            return Err(PoolError::NotInterprocessEvent);
+        }
         stream
             .wait_event(importer_done)
             .map_err(PoolError::backend("cuStreamWaitEvent"))?;
         self.view
             .record_stream(stream)
             .map_err(PoolError::backend("record_stream"))?;
+        self.released = true;
         Ok(())
     }
 
-    /// Releases the block now: the importer has told you it is done with the memory (its
-    /// work finished and its mapping closed).
-    pub fn release(self) {}
+    /// Releases the block now: it goes back to the pool, which may lend its memory to the
+    /// next allocation at once.
+    ///
+    /// # Safety
+    ///
+    /// The importer has finished with the memory: all its work on the block has completed
+    /// and it will issue no more (it told you so out of band, for example after closing its
+    /// mapping). Otherwise its writes land in whatever allocation gets the memory next.
+    pub unsafe fn release(mut self) {
+        self.released = true;
+    }
 
     /// The stream the block was allocated on.
     pub fn stream(&self) -> &Stream {

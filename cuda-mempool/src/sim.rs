@@ -16,11 +16,15 @@
 //!   cannot complete past that wait before the other stream reaches the fence.
 //! * **Accounting**: every backend call is counted ([`SimCalls`]); optionally every
 //!   mapping change is logged ([`SimEvent`]) for tests to inspect.
+//! * **Hooks**: `allocate` and `create_physical` run the `alloc` memory hooks
+//!   ([`crate::hooks`]) as the driver backend does (with the pool's locks held), so hook
+//!   behaviour can be tested without a GPU.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamId};
+use crate::hooks::{self, MemoryEvent};
 
 /// Total memory of an NVIDIA H200 as the driver reports it (143,771 MiB).
 pub const H200_TOTAL_MEMORY: u64 = 150_754_820_096;
@@ -707,7 +711,72 @@ fn take_va(d: &mut DevState, size: u64, align: u64) -> Option<u64> {
     Some(base)
 }
 
-impl Backend for SimulatedBackend {
+impl SimulatedBackend {
+    /// `allocate` without the hooks.
+    fn allocate_plain(
+        &self,
+        device: DeviceId,
+        size: u64,
+    ) -> Result<Option<DeviceAddress>, SimError> {
+        let mut s = self.lock();
+        s.calls.allocate += 1;
+        fault(&mut s, SimCall::Allocate)?;
+        let id = s.next_id;
+        let d = dev_mut(&mut s, device)?;
+        if d.physical.saturating_add(size) > d.cfg.total_memory {
+            return Ok(None);
+        }
+        let Some(base) = take_va(d, size, 512) else {
+            return Ok(None);
+        };
+        d.physical += size;
+        d.plain.insert(base, (size, id));
+        s.next_id += 1;
+        Ok(Some(DeviceAddress(base)))
+    }
+
+    /// `create_physical` without the hooks.
+    fn create_page(&self, device: DeviceId, size: u64) -> Result<Option<SimPage>, SimError> {
+        let mut s = self.lock();
+        s.calls.create_physical += 1;
+        fault(&mut s, SimCall::CreatePhysical)?;
+        let id = s.next_id;
+        let d = dev_mut(&mut s, device)?;
+        let g = granularity(d, device)?;
+        if size != g {
+            return Err(SimError::Misaligned {
+                what: "page size",
+                value: size,
+            });
+        }
+        if d.physical.saturating_add(size) > d.cfg.total_memory {
+            return Ok(None);
+        }
+        d.physical += size;
+        d.pages.insert(id, None);
+        s.next_id += 1;
+        Ok(Some(SimPage { id }))
+    }
+}
+
+/// An `alloc` hook event for `size` bytes on `device`.
+fn alloc_event(device: DeviceId, size: u64) -> MemoryEvent {
+    MemoryEvent {
+        device: device.0,
+        size,
+        ptr: 0,
+        stream: 0,
+        location: None,
+    }
+}
+
+// SAFETY: the simulated device's memory is fake (addresses in a private window that nothing
+// dereferences), so no call can cause undefined behaviour; beyond that the contract of
+// `Backend` holds as a model: ranges, pages and plain segments never overlap, misuse of the
+// unsafe methods (unknown, mapped or double-freed ranges and pages) is refused with an error,
+// a fence is a value (stream, submitted count) that completes only once the stream's clock
+// reaches it whatever else is done with copies of it, and `release_fence` only counts.
+unsafe impl Backend for SimulatedBackend {
     type Stream = StreamId;
     type Fence = SimFence;
     type Physical = SimPage;
@@ -751,24 +820,25 @@ impl Backend for SimulatedBackend {
     }
 
     fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DeviceAddress>, SimError> {
-        let mut s = self.lock();
-        s.calls.allocate += 1;
-        fault(&mut s, SimCall::Allocate)?;
-        let id = s.next_id;
-        let d = dev_mut(&mut s, device)?;
-        if d.physical.saturating_add(size) > d.cfg.total_memory {
-            return Ok(None);
+        let hooked = hooks::any_installed();
+        let mut ev = alloc_event(device, size);
+        if hooked {
+            hooks::each(|h| h.alloc_pre(&ev));
         }
-        let Some(base) = take_va(d, size, 512) else {
-            return Ok(None);
-        };
-        d.physical += size;
-        d.plain.insert(base, (size, id));
-        s.next_id += 1;
-        Ok(Some(DeviceAddress(base)))
+        let ptr = self.allocate_plain(device, size)?;
+        if hooked {
+            ev.ptr = ptr.map_or(0, |p| p.0);
+            hooks::each(|h| h.alloc_post(&ev));
+        }
+        Ok(ptr)
     }
 
-    fn deallocate(&self, device: DeviceId, ptr: DeviceAddress, size: u64) -> Result<(), SimError> {
+    unsafe fn deallocate(
+        &self,
+        device: DeviceId,
+        ptr: DeviceAddress,
+        size: u64,
+    ) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.deallocate += 1;
         fault(&mut s, SimCall::Deallocate)?;
@@ -813,7 +883,7 @@ impl Backend for SimulatedBackend {
         Ok(Some(DeviceAddress(base)))
     }
 
-    fn release_address_range(
+    unsafe fn release_address_range(
         &self,
         device: DeviceId,
         base: DeviceAddress,
@@ -837,28 +907,20 @@ impl Backend for SimulatedBackend {
     }
 
     fn create_physical(&self, device: DeviceId, size: u64) -> Result<Option<SimPage>, SimError> {
-        let mut s = self.lock();
-        s.calls.create_physical += 1;
-        fault(&mut s, SimCall::CreatePhysical)?;
-        let id = s.next_id;
-        let d = dev_mut(&mut s, device)?;
-        let g = granularity(d, device)?;
-        if size != g {
-            return Err(SimError::Misaligned {
-                what: "page size",
-                value: size,
-            });
+        let hooked = hooks::any_installed();
+        let mut ev = alloc_event(device, size);
+        if hooked {
+            hooks::each(|h| h.alloc_pre(&ev));
         }
-        if d.physical.saturating_add(size) > d.cfg.total_memory {
-            return Ok(None);
+        let page = self.create_page(device, size)?;
+        if hooked {
+            ev.ptr = page.as_ref().map_or(0, |p| p.id);
+            hooks::each(|h| h.alloc_post(&ev));
         }
-        d.physical += size;
-        d.pages.insert(id, None);
-        s.next_id += 1;
-        Ok(Some(SimPage { id }))
+        Ok(page)
     }
 
-    fn release_physical(&self, device: DeviceId, page: SimPage) -> Result<(), SimError> {
+    unsafe fn release_physical(&self, device: DeviceId, page: SimPage) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.release_physical += 1;
         fault(&mut s, SimCall::ReleasePhysical)?;
@@ -875,7 +937,12 @@ impl Backend for SimulatedBackend {
         }
     }
 
-    fn map(&self, device: DeviceId, addr: DeviceAddress, page: &SimPage) -> Result<(), SimError> {
+    unsafe fn map(
+        &self,
+        device: DeviceId,
+        addr: DeviceAddress,
+        page: &SimPage,
+    ) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.map += 1;
         fault(&mut s, SimCall::Map)?;
@@ -915,7 +982,12 @@ impl Backend for SimulatedBackend {
         Ok(())
     }
 
-    fn unmap(&self, device: DeviceId, addr: DeviceAddress, size: u64) -> Result<(), SimError> {
+    unsafe fn unmap(
+        &self,
+        device: DeviceId,
+        addr: DeviceAddress,
+        size: u64,
+    ) -> Result<(), SimError> {
         let mut s = self.lock();
         s.calls.unmap += 1;
         fault(&mut s, SimCall::Unmap)?;

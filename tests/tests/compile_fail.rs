@@ -14,6 +14,10 @@
 //! | a non-`Sync` type cannot be shared between threads | `graph_capture_not_sync`, `graph_exec_not_sync`, `core_graph_handle_not_sync`, `core_graph_exec_handle_not_sync`, `nvtx_range_not_sync`, `profile_guard_not_sync` |
 //! | a host callback cannot borrow from its caller | `add_callback_rejects_borrow` |
 //! | a raw pool allocation cannot be freed twice | `raw_allocation_double_free` |
+//! | safe code cannot free, unmap or release pool memory through the pool's backend | `pool_backend_free_needs_unsafe` |
+//! | a pool fence's event cannot be taken out, and a fence cannot be cloned or forged | `pool_fence_event_private`, `pool_fence_not_clone`, `pool_fence_not_constructible` |
+//! | a private pool's hold is released once | `pool_private_hold_not_clone` |
+//! | an IPC-exported block goes back to the pool at once only on an `unsafe` word | `pool_exported_block_release_needs_unsafe` |
 //!
 //! (`cuda-nccl` keeps its own suite, `cuda-nccl/tests/ui`: a communicator cannot be shared
 //! between threads, a group guard cannot cross them.)

@@ -208,15 +208,39 @@ struct PrivateState {
 type Served<'p, B> = (&'p Shard<B>, StreamId, u32, (u64, u64));
 
 /// The id of a private pool: memory that only allocations into the same private pool
-/// reuse, released as a whole. The driver layer gives each graph capture its own (the
-/// capture's id), or one that several captures share (PyTorch's `graph_pool_handle`).
+/// reuse, released as a whole. The driver layer gives each graph capture its own, in a
+/// range of ids reserved for it (those with [`PrivatePoolId::CAPTURE_BIT`] set), which the
+/// public [`MemoryPool::retain_private_pool`] and [`MemoryPool::malloc_private`] refuse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PrivatePoolId(pub u64);
+
+impl PrivatePoolId {
+    /// The bit that marks the private pools of graph captures (the driver layer's, id
+    /// `CAPTURE_BIT | capture id`). A capture's graph replays into its pool's memory until
+    /// the graph is destroyed, so only the capture's own allocations may use or hold it:
+    /// an outside hold released twice, or an outside allocation reusing a block the capture
+    /// freed, would let the pool lend memory a graph still writes.
+    pub const CAPTURE_BIT: u64 = 1 << 63;
+
+    /// The private pool of graph capture `capture`.
+    pub(crate) fn of_capture(capture: u64) -> PrivatePoolId {
+        PrivatePoolId(capture | Self::CAPTURE_BIT)
+    }
+
+    /// Whether this id is in the range reserved for graph captures.
+    pub fn is_capture_pool(self) -> bool {
+        self.0 & Self::CAPTURE_BIT != 0
+    }
+}
 
 /// A holder's counter of a private pool: decrement it (once) when the holder is gone.
 /// Safe to use from any thread, including a driver callback thread (it only decrements an
 /// atomic); the pool releases the private pool on its next call that looks at private pools.
-#[derive(Debug, Clone)]
+///
+/// Not `Clone`: one hold is released once ([`release`](Self::release) takes it by value),
+/// so no holder can release another's hold. Dropping it without `release` keeps the hold
+/// (the private pool stays reserved).
+#[derive(Debug)]
 pub struct PrivateHold(Arc<AtomicUsize>);
 
 impl PrivateHold {
@@ -804,8 +828,9 @@ impl<B: Backend> MemoryPool<B> {
             return Ok(());
         };
         while let Some(p) = g.spare.pop() {
-            self.backend
-                .release_physical(dev.id, p)
+            // SAFETY: spare pages were made by `create_physical` for this device and are
+            // mapped nowhere (they go to the spare list only unmapped).
+            unsafe { self.backend.release_physical(dev.id, p) }
                 .map_err(PoolError::backend("release_physical"))?;
             g.reserved.sub(page);
         }
@@ -947,8 +972,9 @@ impl<B: Backend> MemoryPool<B> {
             // the request moves pages as it would without the slack.
             for _ in 0..created {
                 if let Some(p) = g.spare.pop() {
-                    self.backend
-                        .release_physical(dev.id, p)
+                    // SAFETY: a spare page, made by `create_physical` for this device just
+                    // above and mapped nowhere.
+                    unsafe { self.backend.release_physical(dev.id, p) }
                         .map_err(PoolError::backend("release_physical"))?;
                     g.reserved.sub(page);
                 }
@@ -1218,7 +1244,25 @@ impl<B: Backend> MemoryPool<B> {
     /// not go to anyone else while the graph lives. The driver layer
     /// ([`DevicePool::malloc_stream`](crate::DevicePool::malloc_stream) and the C ABI)
     /// does this by itself for streams being captured.
+    ///
+    /// Ids with [`PrivatePoolId::CAPTURE_BIT`] set belong to graph captures and are refused
+    /// with [`PoolError::CapturePrivatePool`].
     pub fn malloc_private(
+        &self,
+        device: DeviceId,
+        pool: PrivatePoolId,
+        stream: &B::Stream,
+        size: u64,
+    ) -> Result<Allocation<'_, B>, PoolError> {
+        if pool.is_capture_pool() {
+            return Err(PoolError::CapturePrivatePool { pool: pool.0 });
+        }
+        self.malloc_in_private(device, pool, stream, size)
+    }
+
+    /// [`malloc_private`](Self::malloc_private) without the check of the id: the driver
+    /// layer's allocations of a capture into the capture's own pool.
+    pub(crate) fn malloc_in_private(
         &self,
         device: DeviceId,
         pool: PrivatePoolId,
@@ -1249,7 +1293,23 @@ impl<B: Backend> MemoryPool<B> {
 
     /// Adds a hold on private pool `pool` of `device` (creating it if needed), released
     /// with [`PrivateHold::release`]: the pool's memory stays reserved at least until then.
+    ///
+    /// Ids with [`PrivatePoolId::CAPTURE_BIT`] set belong to graph captures and are refused
+    /// with [`PoolError::CapturePrivatePool`]: only the capture's graph holds its pool.
     pub fn retain_private_pool(
+        &self,
+        device: DeviceId,
+        pool: PrivatePoolId,
+    ) -> Result<PrivateHold, PoolError> {
+        if pool.is_capture_pool() {
+            return Err(PoolError::CapturePrivatePool { pool: pool.0 });
+        }
+        self.retain_any_private_pool(device, pool)
+    }
+
+    /// [`retain_private_pool`](Self::retain_private_pool) without the check of the id: the
+    /// driver layer's hold of a capture's pool, given to the capture's graph.
+    pub(crate) fn retain_any_private_pool(
         &self,
         device: DeviceId,
         pool: PrivatePoolId,
@@ -1523,7 +1583,8 @@ impl<B: Backend> Drop for MemoryPool<B> {
                 g.reserved.sub(released);
             }
             for p in spare {
-                let _ = self.backend.release_physical(dev.id, p);
+                // SAFETY: spare pages are this device's, from `create_physical`, unmapped.
+                let _ = unsafe { self.backend.release_physical(dev.id, p) };
                 if let Some(page) = dev.page {
                     g.reserved.sub(page);
                 }

@@ -889,7 +889,11 @@ impl<B: Backend> ShardState<B> {
                     continue;
                 };
                 let va = DeviceAddress(base + i as u64 * page);
-                if let Err(e) = backend.unmap(self.device, va, page) {
+                // SAFETY: page `i` of this segment was mapped at `va` (the table held it) by
+                // this shard through `backend`; it lies wholly inside a free block whose
+                // frees a completed fence covers (`freed_epoch <= safe_epoch`), so no live
+                // block touches it and no work uses it any more.
+                if let Err(e) = unsafe { backend.unmap(self.device, va, page) } {
                     // Still mapped: back where it was (the slot was just emptied).
                     let _ = pages.put(i, phys);
                     return Err(PoolError::backend("unmap")(e));
@@ -939,15 +943,22 @@ impl<B: Backend> ShardState<B> {
             let (base, size, first_id) = (seg.base, seg.size, seg.first);
             match seg.backing {
                 Backing::Plain => {
-                    backend
-                        .deallocate(self.device, DeviceAddress(base), size)
+                    // SAFETY: a plain segment this shard got from `backend.allocate` (base and
+                    // size as recorded), wholly one free block whose frees a completed fence
+                    // covers, so nothing uses it; it is forgotten just below (or stays
+                    // recorded if the call fails).
+                    unsafe { backend.deallocate(self.device, DeviceAddress(base), size) }
                         .map_err(PoolError::backend("deallocate"))?;
                     *reserved = reserved.saturating_sub(size);
                 }
                 Backing::Virtual(_) => {
-                    backend
-                        .release_address_range(self.device, DeviceAddress(base), size)
-                        .map_err(PoolError::backend("release_address_range"))?;
+                    // SAFETY: a range this shard reserved through `backend` (base and size as
+                    // recorded), with no page mapped in it and wholly one fenced free block,
+                    // so no address of it is in use; it is forgotten just below.
+                    unsafe {
+                        backend.release_address_range(self.device, DeviceAddress(base), size)
+                    }
+                    .map_err(PoolError::backend("release_address_range"))?;
                 }
             }
             self.remove_free(first_id);
@@ -970,26 +981,43 @@ impl<B: Backend> ShardState<B> {
                 Backing::Plain => {
                     // A segment that cannot be returned is leaked, and stays counted: the
                     // device still holds it.
-                    if backend
-                        .deallocate(self.device, DeviceAddress(seg.base), seg.size)
+                    // SAFETY: a plain segment of this shard (from `backend.allocate`), drained
+                    // from it so never given back twice; the caller (the pool's drop, or a
+                    // private pool found idle) has waited for every fence covering its
+                    // blocks, and no block of it is used any more. (The pool's drop goes on
+                    // after a failed wait, a driver failure it cannot report: a known gap.)
+                    if unsafe { backend.deallocate(self.device, DeviceAddress(seg.base), seg.size) }
                         .is_ok()
                     {
                         released += seg.size;
                     }
                 }
                 Backing::Virtual(mut pages) => {
+                    let mut all_unmapped = true;
                     for (i, p) in pages.drain() {
                         let va = DeviceAddress(seg.base + i as u64 * self.page);
                         // A page that cannot be unmapped is leaked (still counted).
-                        if backend.unmap(self.device, va, self.page).is_ok() {
+                        // SAFETY: page `i` of this segment, mapped at `va` by this shard and
+                        // drained from its table; the caller waited for every fence and no
+                        // block of the segment is used any more (as for the segment above).
+                        if unsafe { backend.unmap(self.device, va, self.page) }.is_ok() {
                             spare.push(p);
+                        } else {
+                            all_unmapped = false;
                         }
                     }
-                    let _ = backend.release_address_range(
-                        self.device,
-                        DeviceAddress(seg.base),
-                        seg.size,
-                    );
+                    // A range with a page left mapped in it is leaked.
+                    if all_unmapped {
+                        // SAFETY: the segment's range, reserved by this shard and drained
+                        // from it; every page of it was unmapped just above.
+                        let _ = unsafe {
+                            backend.release_address_range(
+                                self.device,
+                                DeviceAddress(seg.base),
+                                seg.size,
+                            )
+                        };
+                    }
                 }
             }
         }
@@ -1606,12 +1634,17 @@ fn map_run<B: Backend>(
         return Ok(());
     };
     let refs: Vec<&B::Physical> = run.iter().map(|(_, p)| p).collect();
-    let result = backend.map_run(
-        device,
-        DeviceAddress(base + first as u64 * page),
-        page,
-        &refs,
-    );
+    // SAFETY: the run's slots are consecutive unmapped slots of one segment's range, which
+    // the calling shard reserved through `backend` and holds; `page` is the device's
+    // granularity; every page comes from the spare list, so it is mapped nowhere.
+    let result = unsafe {
+        backend.map_run(
+            device,
+            DeviceAddress(base + first as u64 * page),
+            page,
+            &refs,
+        )
+    };
     drop(refs);
     if let Err(failure) = result {
         for (k, (i, phys)) in run.drain(..).enumerate() {

@@ -1199,7 +1199,9 @@ struct LateSim {
     inner: SimulatedBackend,
     countdown: std::sync::atomic::AtomicI64,
 }
-impl crate::backend::Backend for LateSim {
+// SAFETY: every method forwards to the simulated backend, which keeps the contract; the
+// extra `complete_all` only completes work early in the model, which no fence outlives.
+unsafe impl crate::backend::Backend for LateSim {
     type Stream = StreamId;
     type Fence = crate::sim::SimFence;
     type Physical = crate::sim::SimPage;
@@ -1213,8 +1215,9 @@ impl crate::backend::Backend for LateSim {
     fn allocate(&self, d: DeviceId, s: u64) -> Result<Option<DeviceAddress>, Self::Error> {
         self.inner.allocate(d, s)
     }
-    fn deallocate(&self, d: DeviceId, p: DeviceAddress, s: u64) -> Result<(), Self::Error> {
-        self.inner.deallocate(d, p, s)
+    unsafe fn deallocate(&self, d: DeviceId, p: DeviceAddress, s: u64) -> Result<(), Self::Error> {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.deallocate(d, p, s) }
     }
     fn reserve_address_range(
         &self,
@@ -1223,34 +1226,44 @@ impl crate::backend::Backend for LateSim {
     ) -> Result<Option<DeviceAddress>, Self::Error> {
         self.inner.reserve_address_range(d, s)
     }
-    fn release_address_range(
+    unsafe fn release_address_range(
         &self,
         d: DeviceId,
         b: DeviceAddress,
         s: u64,
     ) -> Result<(), Self::Error> {
-        self.inner.release_address_range(d, b, s)
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.release_address_range(d, b, s) }
     }
     fn create_physical(&self, d: DeviceId, s: u64) -> Result<Option<Self::Physical>, Self::Error> {
         self.inner.create_physical(d, s)
     }
-    fn release_physical(&self, d: DeviceId, p: Self::Physical) -> Result<(), Self::Error> {
-        self.inner.release_physical(d, p)
+    unsafe fn release_physical(&self, d: DeviceId, p: Self::Physical) -> Result<(), Self::Error> {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.release_physical(d, p) }
     }
-    fn map(&self, d: DeviceId, a: DeviceAddress, p: &Self::Physical) -> Result<(), Self::Error> {
-        self.inner.map(d, a, p)
+    unsafe fn map(
+        &self,
+        d: DeviceId,
+        a: DeviceAddress,
+        p: &Self::Physical,
+    ) -> Result<(), Self::Error> {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.map(d, a, p) }
     }
-    fn map_run(
+    unsafe fn map_run(
         &self,
         d: DeviceId,
         a: DeviceAddress,
         ps: u64,
         pages: &[&Self::Physical],
     ) -> Result<(), crate::backend::MapRunFailure<Self::Error>> {
-        self.inner.map_run(d, a, ps, pages)
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.map_run(d, a, ps, pages) }
     }
-    fn unmap(&self, d: DeviceId, a: DeviceAddress, s: u64) -> Result<(), Self::Error> {
-        self.inner.unmap(d, a, s)
+    unsafe fn unmap(&self, d: DeviceId, a: DeviceAddress, s: u64) -> Result<(), Self::Error> {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.unmap(d, a, s) }
     }
     fn stream_key(&self, s: &StreamId) -> Result<StreamId, PoolError> {
         self.inner.stream_key(s)
