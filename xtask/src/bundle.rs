@@ -31,6 +31,7 @@ pub const SUITE: &[&str] = &[
     "gpu_xfer_fault",
     "gpu_ipc",
     "gpu_handover",
+    "gpu_soundness_pool",
 ];
 
 /// Test binaries bundled but run by their own mode, not by `run.sh tests` on one GPU: the
