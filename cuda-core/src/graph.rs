@@ -275,6 +275,111 @@ pub fn capture_info(stream: &Stream) -> Result<CaptureInfo> {
     })
 }
 
+/// `true` while `stream` is being captured into a graph (status active or invalidated),
+/// whoever began the capture (this crate, `cuda-graph`, the CUDA runtime, PyTorch): work
+/// issued to it now is recorded, to run at every launch of the graph made from it, not now.
+/// The legacy null stream is never captured: `false` without a driver call.
+///
+/// Functions that hand the driver an address whose lifetime they do not control past the
+/// call (a borrowed host slice, say) use this to refuse a capturing stream: the graph would
+/// read or write that address at each replay, long after the borrow ended.
+pub fn is_capturing(stream: &Stream) -> Result<bool> {
+    if (stream.raw() as usize) <= 1 {
+        return Ok(false);
+    }
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: cuda_sys::cuuint64_t = 0;
+    stream.with_context(|_| {
+        // SAFETY: a live stream (an implicit handle has its device's context current);
+        // valid out-pointers for status and id; the optional outputs are null.
+        unsafe {
+            drv!(stream_get_capture_info as "cuStreamGetCaptureInfo" (
+                stream.raw(),
+                &mut status,
+                &mut id,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            ))
+        }
+    })?;
+    Ok(status_from_raw(status) != CaptureStatus::None)
+}
+
+/// Work that streams of *other* devices queued on one allocation: what an owner whose free
+/// is only ordered with its own device must wait for before it frees the memory.
+///
+/// `cuMemFree` (and `cuIpcCloseMemHandle`, `cuMemUnmap` after a device synchronisation) wait
+/// at most for the work of the memory's own device: the driver documents only that
+/// `cuMemFree` "may perform implicit synchronization", nothing about other devices. A peer
+/// copy queued on device 1's stream that reads device 0's memory is device 1's work, so the
+/// owners of such memory ([`DeviceMemory`](crate::memory::DeviceMemory),
+/// [`ManagedMemory`](crate::memory::ManagedMemory),
+/// [`UnownedMemory`](crate::memory::UnownedMemory) and the IPC mappings) keep one event per
+/// such use here, from their [`DeviceAlloc::record_stream`], and wait for all of them in
+/// `Drop` before freeing. Uses by streams of the memory's own device record nothing (their
+/// free already waits for that device), so the common case costs one comparison.
+///
+/// Events that are done are dropped when the next one is noted, and a newer event on the
+/// same created (or legacy) stream replaces an older one (stream order), so the list holds
+/// only work still in flight.
+#[derive(Default)]
+pub(crate) struct CrossDeviceUses {
+    events: Mutex<Vec<CrossDeviceUse>>,
+}
+
+/// One use noted by [`CrossDeviceUses`]: the stream's (device, identity) when that names one
+/// stream for good, and the event recorded on it.
+type CrossDeviceUse = (Option<(Device, u64)>, crate::event::Event);
+
+impl CrossDeviceUses {
+    /// Notes that work queued on `stream` from now on uses memory of `device`: nothing when
+    /// `stream` belongs to `device`, or when it is being captured (the work then runs at
+    /// the graph's launches, and [`GraphExecHandle::launch`] notes each of them; graphs of
+    /// captures begun through this module keep the memory's owner alive meanwhile).
+    pub(crate) fn record(&self, device: Device, stream: &Stream) -> Result<()> {
+        if stream.device() == device || is_capturing(stream)? {
+            return Ok(());
+        }
+        let event = crate::event::Event::new(&stream.device())?;
+        event.record(stream)?;
+        let key = match stream.kind() {
+            crate::stream::StreamKind::Owned | crate::stream::StreamKind::LegacyNull => {
+                Some((stream.device(), stream.identity()))
+            }
+            // The per-thread handle names another stream on every thread, and an external
+            // handle's value may name a new stream once the old one is destroyed.
+            crate::stream::StreamKind::PerThread | crate::stream::StreamKind::External => None,
+        };
+        let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        events.retain(|(k, e)| (key.is_none() || *k != key) && !matches!(e.query(), Ok(true)));
+        events.push((key, event));
+        Ok(())
+    }
+
+    /// Waits for every noted use. `false` when a wait failed: the work may still run (a
+    /// lost context says nothing about it), so the caller must leak the memory rather than
+    /// free it.
+    pub(crate) fn wait_all(&self) -> bool {
+        let events =
+            std::mem::take(&mut *self.events.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut all = true;
+        for (_, event) in events {
+            all &= event.synchronize().is_ok();
+        }
+        all
+    }
+
+    /// How many uses are noted (for `Debug`).
+    pub(crate) fn len(&self) -> usize {
+        self.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
 /// What [`on_capture_graph_release`] keeps with the graph: the callback and whether it is
 /// armed (it runs only if the graph took its reference).
 struct ReleaseHook {
@@ -656,8 +761,21 @@ impl GraphExecHandle {
     /// Runs the graph on `stream`, after the stream's earlier work and the graph's previous
     /// launches (`cuGraphLaunch`). Any stream of the graph's device works, the legacy null
     /// stream included; a stream of another device is [`Error::WrongDevice`].
+    ///
+    /// A stream that is being captured is refused with [`Error::Unsupported`], before
+    /// anything is issued (the capture goes on unharmed): the launch would become a node of
+    /// the graph being captured, and that graph keeps neither this executable graph nor the
+    /// memory it uses alive. (The driver refuses it too, today: `cuGraphLaunch` on a
+    /// capturing stream is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` on driver 580, and
+    /// invalidates the capture.)
     pub fn launch(&self, stream: &Stream) -> Result<()> {
         self.check_stream(stream)?;
+        if is_capturing(stream)? {
+            return Err(Error::Unsupported(
+                "launching an executable graph on a stream that is being captured (the \
+                 captured graph would keep neither it nor its memory alive)",
+            ));
+        }
         // The memory the graph uses is used on `stream` now: its owners' frees (after the
         // last graph holding them is dropped) wait for this launch too.
         for owner in self.keep.iter() {
