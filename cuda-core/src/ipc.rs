@@ -621,10 +621,10 @@ unsafe impl DeviceAlloc for IpcMapping {
         self.size
     }
     /// A stream of the importing device: nothing, `Drop` synchronises that device before it
-    /// closes the mapping. A stream of another device (a peer copy queued there): an event is
-    /// recorded on it, and `Drop` waits for it first, since synchronising the importing
-    /// device does not wait for other devices. Nothing while `stream` is captured (the
-    /// graph's launches note their own use).
+    /// closes the mapping. A stream of another device (a peer copy queued there) is noted
+    /// (as for [`DeviceMemory`]), and `Drop` first waits for the work queued on it by then,
+    /// since synchronising the importing device does not wait for other devices. Nothing
+    /// while `stream` is captured (the graph's launches note their own use).
     fn record_stream(&self, stream: &Stream) -> Result<()> {
         self.cross.record(self.device, stream)
     }
@@ -897,9 +897,10 @@ unsafe impl DeviceAlloc for SharedMapping {
     }
     /// A stream of the mapping's device: nothing, `Drop` synchronises that device before it
     /// unmaps. A stream of another device (one granted access with
-    /// [`grant_access`](SharedMapping::grant_access)): an event is recorded on it, and `Drop`
-    /// waits for it first, since synchronising the mapping's device does not wait for other
-    /// devices. Nothing while `stream` is captured (the graph's launches note their own use).
+    /// [`grant_access`](SharedMapping::grant_access)) is noted (as for [`DeviceMemory`]), and
+    /// `Drop` first waits for the work queued on it by then, since synchronising the
+    /// mapping's device does not wait for other devices. Nothing while `stream` is captured
+    /// (the graph's launches note their own use).
     fn record_stream(&self, stream: &Stream) -> Result<()> {
         self.cross.record(self.device, stream)
     }

@@ -155,10 +155,12 @@ unsafe impl DeviceAlloc for DeviceMemory {
     }
     /// A stream of the memory's own device: nothing to do, `cuMemFree` in `Drop` waits for
     /// that device's work (the driver's implicit synchronisation of a free). A stream of
-    /// another device (a peer copy queued there, a kernel using peer memory): an event is
-    /// recorded on it and `Drop` waits for it before `cuMemFree`, which does not wait for
-    /// other devices. Nothing while `stream` is captured: the work runs at the graph's
-    /// launches, which note their own use.
+    /// another device (a peer copy queued there, a kernel using peer memory): the stream is
+    /// noted (a clone of it; the device, for the per-thread and external streams) and `Drop`
+    /// waits for the work queued on it by then before `cuMemFree`, which does not wait for
+    /// other devices; a noted stream being captured at the drop leaks the memory instead.
+    /// Nothing while `stream` is captured: the work runs at the graph's launches, which note
+    /// their own use.
     fn record_stream(&self, stream: &Stream) -> Result<()> {
         self.cross.record(self.device, stream)
     }
@@ -282,10 +284,10 @@ unsafe impl DeviceAlloc for UnownedMemory {
     }
     /// A stream of the memory's own device: nothing, as the trait's default (the owner's
     /// free is taken to wait for that device, the constructor's contract). A stream of
-    /// another device: an event is recorded on it, and dropping this value waits for it
-    /// before the keep-alive owner is dropped, since no free is known to wait for other
-    /// devices' work. Nothing while `stream` is captured (the graph's launches note their
-    /// own use).
+    /// another device: the stream is noted (as for [`DeviceMemory`]), and dropping this value
+    /// waits for the work queued on it by then before the keep-alive owner is dropped, since
+    /// no free is known to wait for other devices' work. Nothing while `stream` is captured
+    /// (the graph's launches note their own use).
     fn record_stream(&self, stream: &Stream) -> Result<()> {
         self.cross.record(self.device, stream)
     }

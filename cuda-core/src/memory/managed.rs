@@ -269,9 +269,10 @@ unsafe impl DeviceAlloc for ManagedMemory {
     }
     /// A stream of the allocating device: nothing, `cuMemFree` in `Drop` waits for that
     /// device's work. Managed memory is reachable from every device, and `cuMemFree` does not
-    /// wait for the others: for a stream of another device an event is recorded on it, and
-    /// `Drop` waits for it before freeing. Nothing while `stream` is captured (the graph's
-    /// launches note their own use).
+    /// wait for the others: a stream of another device is noted (as for
+    /// [`DeviceMemory`](super::DeviceMemory)), and `Drop` waits for the work queued on it by
+    /// then before freeing. Nothing while `stream` is captured (the graph's launches note
+    /// their own use).
     fn record_stream(&self, stream: &Stream) -> Result<()> {
         self.cross.record(self.device, stream)
     }
