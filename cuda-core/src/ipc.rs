@@ -14,7 +14,8 @@
 //! a `UnixStream` (`SCM_RIGHTS`, through `rustix`'s safe `sendmsg`/`recvmsg`).
 //!
 //! Mappings are RAII and implement [`DeviceAlloc`], so an imported buffer is a [`DevicePtr`]
-//! like any other. Dropping a mapping synchronises its device first (the driver's unmap and
+//! like any other. Dropping a mapping waits for the work that other devices' streams queued
+//! on it through views (peer copies), synchronises its own device (the driver's unmap and
 //! close calls are not stream-ordered), then closes or unmaps it.
 //!
 //! Ordering between the processes is the caller's: record an interprocess
@@ -49,7 +50,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io::{IoSlice, IoSliceMut};
-use std::mem::MaybeUninit;
+use std::mem::{ManuallyDrop, MaybeUninit};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
@@ -61,7 +62,9 @@ use cuda_sys::{
 
 use crate::driver::drv;
 use crate::error::{DriverError, Error, Result};
+use crate::graph::CrossDeviceUses;
 use crate::memory::{DeviceAlloc, DeviceMemory, DevicePtr};
+use crate::stream::Stream;
 use crate::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
 use crate::Device;
 
@@ -448,6 +451,8 @@ pub struct IpcMapping {
     size: usize,
     device: Device,
     handle: IpcMemHandle,
+    /// Work of other devices' streams on the mapping, waited for before it is closed.
+    cross: CrossDeviceUses,
 }
 
 impl IpcMapping {
@@ -516,6 +521,7 @@ impl IpcMapping {
             size,
             device: *device,
             handle: *handle,
+            cross: CrossDeviceUses::default(),
         });
         registry.retain(|_, w| w.strong_count() > 0);
         registry.insert(handle.0, Arc::downgrade(&mapping));
@@ -573,6 +579,7 @@ impl fmt::Debug for IpcMapping {
             .field("device", &self.device.ordinal())
             .field("ptr", &format_args!("{:#x}", self.ptr))
             .field("size", &self.size)
+            .field("cross_device_uses", &self.cross.len())
             .finish()
     }
 }
@@ -580,12 +587,19 @@ impl fmt::Debug for IpcMapping {
 impl Drop for IpcMapping {
     fn drop(&mut self) {
         let mut registry = open_registry();
-        if let Ok(_ctx) = self.device.bind() {
-            // cuIpcCloseMemHandle is not stream-ordered: let queued work that reads or
-            // writes the mapping finish first. Failures cannot be reported from Drop.
-            let _ = self.device.synchronize();
-            // SAFETY: we opened this mapping and this is its last user; no work uses it.
-            let _ = unsafe { drv!(cuIpcCloseMemHandle(self.ptr)) };
+        // Work that other devices' streams queued on the mapping (peer copies, kernels of a
+        // peer): the device synchronisation below does not cover it. If a wait fails that
+        // work may still run: the mapping is left open (leaked), never closed under it.
+        let others_done = self.cross.wait_all();
+        if others_done {
+            if let Ok(_ctx) = self.device.bind() {
+                // cuIpcCloseMemHandle is not stream-ordered: let queued work of this device
+                // that reads or writes the mapping finish first. Failures cannot be reported
+                // from Drop.
+                let _ = self.device.synchronize();
+                // SAFETY: we opened this mapping and this is its last user; no work uses it.
+                let _ = unsafe { drv!(cuIpcCloseMemHandle(self.ptr)) };
+            }
         }
         registry.retain(|_, w| w.strong_count() > 0);
     }
@@ -593,8 +607,9 @@ impl Drop for IpcMapping {
 
 // SAFETY: `ptr..ptr + size` is the whole opened allocation, mapped in `device`'s context and
 // readable and writable by it until Drop closes it; the fields never change; no host
-// reference aliases device memory. Drop synchronises the device before closing, so work
-// queued on any stream finishes first (the default `record_stream` is then right).
+// reference aliases device memory. Drop waits for the uses by other devices' streams that
+// `record_stream` noted, then synchronises the device before closing, so work queued on
+// any stream that uses the mapping finishes first.
 unsafe impl DeviceAlloc for IpcMapping {
     fn device(&self) -> Device {
         self.device
@@ -604,6 +619,14 @@ unsafe impl DeviceAlloc for IpcMapping {
     }
     fn size(&self) -> usize {
         self.size
+    }
+    /// A stream of the importing device: nothing, `Drop` synchronises that device before it
+    /// closes the mapping. A stream of another device (a peer copy queued there) is noted
+    /// (as for [`DeviceMemory`]), and `Drop` first waits for the work queued on it by then,
+    /// since synchronising the importing device does not wait for other devices. Nothing
+    /// while `stream` is captured (the graph's launches note their own use).
+    fn record_stream(&self, stream: &Stream) -> Result<()> {
+        self.cross.record(self.device, stream)
     }
 }
 
@@ -741,9 +764,13 @@ impl PhysicalAllocation {
 /// # Ok::<(), cuda_core::Error>(())
 /// ```
 pub struct SharedMapping {
-    range: VirtualRange,
-    physical: PhysicalAllocation,
+    /// Dropped by hand in `Drop` (after the unmap), or leaked.
+    range: ManuallyDrop<VirtualRange>,
+    /// Dropped by hand in `Drop` (after the range), or leaked.
+    physical: ManuallyDrop<PhysicalAllocation>,
     device: Device,
+    /// Work of other devices' streams on the mapping, waited for before it is unmapped.
+    cross: CrossDeviceUses,
 }
 
 impl SharedMapping {
@@ -782,9 +809,10 @@ impl SharedMapping {
             return Err(e);
         }
         Ok(SharedMapping {
-            range,
-            physical,
+            range: ManuallyDrop::new(range),
+            physical: ManuallyDrop::new(physical),
             device: *device,
+            cross: CrossDeviceUses::default(),
         })
     }
 
@@ -824,26 +852,39 @@ impl fmt::Debug for SharedMapping {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedMapping")
             .field("device", &self.device.ordinal())
-            .field("range", &self.range)
-            .field("physical", &self.physical)
+            .field("range", &*self.range)
+            .field("physical", &*self.physical)
+            .field("cross_device_uses", &self.cross.len())
             .finish()
     }
 }
 
 impl Drop for SharedMapping {
     fn drop(&mut self) {
+        // Work that other devices' streams queued on the mapping (a peer granted access with
+        // `grant_access`): the device synchronisation below does not cover it. If a wait
+        // fails that work may still run: everything is leaked, never unmapped under it.
+        if !self.cross.wait_all() {
+            return;
+        }
         // cuMemUnmap is not stream-ordered: let queued work on the memory finish first.
         let _ = self.device.synchronize();
-        // SAFETY: the mapping is ours, made in `map`; the device is idle, and no view of it
-        // outlives this value (views own it through an Arc). The range and the physical
-        // memory are dropped after this, in field order.
+        // SAFETY: the mapping is ours, made in `map`; the device is idle and other devices'
+        // uses are done, and no view of it outlives this value (views own it through an
+        // Arc).
         let _ = unsafe { self.range.unmap(0, self.physical.size()) };
+        // SAFETY: neither field is used again; the range goes first, then the physical
+        // memory (the order of the fields before they were wrapped).
+        unsafe {
+            ManuallyDrop::drop(&mut self.range);
+            ManuallyDrop::drop(&mut self.physical);
+        }
     }
 }
 
 // SAFETY: the range is mapped to `physical` with read-write access for `device` from `map`
-// until Drop; the fields never change; Drop synchronises the device before unmapping, so
-// the default `record_stream` is right.
+// until Drop; the fields never change; Drop waits for the uses by other devices' streams
+// that `record_stream` noted, then synchronises the device before unmapping.
 unsafe impl DeviceAlloc for SharedMapping {
     fn device(&self) -> Device {
         self.device
@@ -853,6 +894,15 @@ unsafe impl DeviceAlloc for SharedMapping {
     }
     fn size(&self) -> usize {
         self.physical.size()
+    }
+    /// A stream of the mapping's device: nothing, `Drop` synchronises that device before it
+    /// unmaps. A stream of another device (one granted access with
+    /// [`grant_access`](SharedMapping::grant_access)) is noted (as for [`DeviceMemory`]), and
+    /// `Drop` first waits for the work queued on it by then, since synchronising the
+    /// mapping's device does not wait for other devices. Nothing while `stream` is captured
+    /// (the graph's launches note their own use).
+    fn record_stream(&self, stream: &Stream) -> Result<()> {
+        self.cross.record(self.device, stream)
     }
 }
 

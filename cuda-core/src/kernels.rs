@@ -21,7 +21,9 @@
 //!
 //! [`Kernels`] loads the module on a device and launches each kernel with a sensible grid.
 //! The launchers that take [`DevicePtr`] views are safe, as the views' own asynchronous
-//! operations are: they check the device, the stream and the sizes, and mark the view's
+//! operations are: they check the device, the stream and the sizes, refuse views that
+//! overlap where a kernel reads one and writes the other (`copy`, `checksum`; `fill`, `add`
+//! and `fill_after_spin` take one view), and mark the view's
 //! memory as used by the stream ([`DevicePtr::record_stream`]), so a pool block is not
 //! reused before the kernel is done. The `*_raw` launchers take bare addresses and are
 //! `unsafe`.
@@ -388,6 +390,32 @@ fn same_device(view: &DevicePtr, device: Device, what: &'static str) -> Result<(
     }
 }
 
+/// `true` when the byte ranges `a..a + a_len` and `b..b + b_len` share a byte (empty ranges
+/// share none).
+fn ranges_overlap(a: CUdeviceptr, a_len: usize, b: CUdeviceptr, b_len: usize) -> bool {
+    a_len != 0
+        && b_len != 0
+        && b < a.saturating_add(a_len as CUdeviceptr)
+        && a < b.saturating_add(b_len as CUdeviceptr)
+}
+
+/// [`Error::InvalidArgument`] when two views of the module's device overlap: what the raw
+/// kernels forbid, refused as [`DevicePtr::copy_from_device`] refuses it. Views of different
+/// devices never overlap (each device's addresses are its own); the launchers reject them
+/// anyway.
+fn disjoint(op: &str, a_what: &str, a: &DevicePtr, b_what: &str, b: &DevicePtr) -> Result<()> {
+    if a.device() == b.device() && ranges_overlap(a.as_raw(), a.len(), b.as_raw(), b.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: {a_what} {:#x}+{} and {b_what} {:#x}+{} overlap",
+            a.as_raw(),
+            a.len(),
+            b.as_raw(),
+            b.len()
+        )));
+    }
+    Ok(())
+}
+
 impl Kernels {
     /// JIT-compiles [`PTX`] for `device`.
     pub fn load(device: &Device) -> Result<Kernels> {
@@ -523,7 +551,9 @@ impl Kernels {
 
     /// Queues `copy_u32` from `src` into `dst` on `stream`. Both must be whole numbers of
     /// aligned `u32`s of the module's device, of the same length
-    /// ([`Error::SizeMismatch`]).
+    /// ([`Error::SizeMismatch`]), and must not overlap ([`Error::InvalidArgument`], as
+    /// [`DevicePtr::copy_from_device`]: the kernel's threads would read elements that others
+    /// have already overwritten).
     pub fn copy(&self, stream: &Stream, dst: &DevicePtr, src: &DevicePtr) -> Result<()> {
         let n = words(dst, "copy")?;
         words(src, "copy")?;
@@ -536,18 +566,21 @@ impl Kernels {
         }
         same_device(dst, self.device(), "destination")?;
         same_device(src, self.device(), "source")?;
+        disjoint("copy", "destination", dst, "source", src)?;
         check_stream(stream, self.device())?;
         dst.record_stream(stream)?;
         src.record_stream(stream)?;
         // SAFETY: both views are live device memory of the module's device, `n` aligned u32s
-        // each, marked as used by `stream` above; `launch` checks the stream.
+        // each, not overlapping (checked above), marked as used by `stream` above; `launch`
+        // checks the stream.
         unsafe { self.copy_u32_raw(stream, dst.as_raw(), src.as_raw(), n) }
     }
 
     /// Queues zeroing `out` and then `checksum_u32` over `src` on `stream`: once the stream
     /// reaches this point, the first 8 bytes of `out` hold [`checksum_host`] of `src`'s
     /// elements. `out` must be at least 8 bytes, 8-aligned; `src` a whole number of aligned
-    /// `u32`s; both of the module's device.
+    /// `u32`s; both of the module's device; and those 8 bytes of `out` must not overlap `src`
+    /// ([`Error::InvalidArgument`]: the kernel would sum elements it is adding into).
     pub fn checksum(&self, stream: &Stream, src: &DevicePtr, out: &DevicePtr) -> Result<()> {
         let n = words(src, "checksum")?;
         if out.len() < 8 || !out.as_raw().is_multiple_of(8) {
@@ -559,13 +592,14 @@ impl Kernels {
         }
         same_device(src, self.device(), "source")?;
         same_device(out, self.device(), "output")?;
-        check_stream(stream, self.device())?;
         let out8 = out.slice(..8)?;
-        out8.memset_async(0, stream)?;
+        disjoint("checksum", "output", &out8, "source", src)?;
+        check_stream(stream, self.device())?;
         src.record_stream(stream)?;
+        out8.memset_async(0, stream)?;
         // SAFETY: `src` is `n` aligned u32s and `out8` 8 aligned bytes of live device memory
-        // of the module's device, marked as used by `stream` (memset_async did it for
-        // `out8`); `launch` checks the stream.
+        // of the module's device, not overlapping (checked above), marked as used by `stream`
+        // (memset_async did it for `out8`); `launch` checks the stream.
         unsafe { self.checksum_u32_raw(stream, src.as_raw(), n, out8.as_raw()) }
     }
 
@@ -771,6 +805,83 @@ mod tests {
     fn checksum_host_wraps() {
         assert_eq!(checksum_host(&[]), 0);
         assert_eq!(checksum_host(&[u32::MAX, 1]), u64::from(u32::MAX) + 1);
+    }
+
+    #[test]
+    fn overlapping_ranges_are_detected() {
+        // Disjoint, touching at the boundary, and far apart.
+        assert!(!ranges_overlap(0x1000, 16, 0x1010, 16));
+        assert!(!ranges_overlap(0x1010, 16, 0x1000, 16));
+        assert!(!ranges_overlap(0x1000, 16, 0x9000, 16));
+        // One byte in common, either way round.
+        assert!(ranges_overlap(0x1000, 17, 0x1010, 16));
+        assert!(ranges_overlap(0x1010, 16, 0x1000, 17));
+        // The same range, and one inside the other.
+        assert!(ranges_overlap(0x1000, 16, 0x1000, 16));
+        assert!(ranges_overlap(0x1000, 64, 0x1008, 8));
+        assert!(ranges_overlap(0x1008, 8, 0x1000, 64));
+        // Empty ranges overlap nothing, even at the same address.
+        assert!(!ranges_overlap(0x1000, 0, 0x1000, 16));
+        assert!(!ranges_overlap(0x1000, 16, 0x1008, 0));
+        // Ranges reaching the top of the address space do not wrap.
+        assert!(ranges_overlap(u64::MAX - 8, 8, u64::MAX - 4, 4));
+        assert!(!ranges_overlap(u64::MAX - 8, 4, 0, 16));
+    }
+
+    /// Device memory that is never touched: an address range for checks that never reach
+    /// the driver.
+    struct Fake {
+        device: Device,
+        addr: CUdeviceptr,
+        size: usize,
+    }
+
+    // SAFETY: no test hands these views to the driver; they only feed the argument checks.
+    unsafe impl crate::memory::DeviceAlloc for Fake {
+        fn device(&self) -> Device {
+            self.device
+        }
+        fn as_raw(&self) -> CUdeviceptr {
+            self.addr
+        }
+        fn size(&self) -> usize {
+            self.size
+        }
+    }
+
+    fn fake(device: i32, addr: CUdeviceptr, size: usize) -> DevicePtr {
+        DevicePtr::new(Fake {
+            device: Device::test_only(device),
+            addr,
+            size,
+        })
+    }
+
+    #[test]
+    fn overlapping_views_of_one_device_are_refused() {
+        let buf = fake(0, 0x10_0000, 4096);
+        let (lo, hi) = buf.split_at(2048).unwrap();
+        // Halves of one buffer are disjoint; a view against itself, or shifted by one
+        // element, overlaps.
+        assert!(disjoint("copy", "destination", &lo, "source", &hi).is_ok());
+        assert!(disjoint("copy", "destination", &hi, "source", &lo).is_ok());
+        let shifted = buf.slice(4..2052).unwrap();
+        for (a, b) in [(&lo, &lo), (&lo, &shifted), (&shifted, &lo), (&buf, &hi)] {
+            match disjoint("copy", "destination", a, "source", b) {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains("overlap"), "{m}"),
+                other => panic!("expected InvalidArgument, got {other:?}"),
+            }
+        }
+        // Another allocation at the same addresses on another device is no overlap; an
+        // alias on the same device (two owners of one range) is.
+        let other_device = fake(1, 0x10_0000, 4096);
+        assert!(disjoint("copy", "destination", &buf, "source", &other_device).is_ok());
+        let alias = fake(0, 0x10_0800, 8);
+        assert!(disjoint("checksum", "output", &alias, "source", &hi).is_err());
+        assert!(disjoint("checksum", "output", &alias, "source", &lo).is_ok());
+        // Empty views overlap nothing.
+        let empty = buf.slice(100..100).unwrap();
+        assert!(disjoint("copy", "destination", &empty, "source", &buf).is_ok());
     }
 
     #[test]

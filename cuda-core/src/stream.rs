@@ -32,6 +32,16 @@
 //! there (it never unwinds into the driver) and kept for the stream: the next
 //! [`Stream::synchronize`] on that stream returns [`Error::CallbackPanicked`] with the panic
 //! message, or [`Stream::take_callback_panic`] collects it without synchronising.
+//!
+//! # What a host callback captures is dropped off the driver's thread
+//!
+//! CUDA forbids CUDA calls inside a host function, and dropping a captured value can make
+//! some: the last [`DevicePtr`](crate::DevicePtr) of pool memory records an event and frees,
+//! the last clone of a [`Stream`] destroys it. So the closure is an `FnMut` called once, which
+//! cannot move its captures out, and after it returns the closure, with everything it
+//! captured (and a panic's payload), is handed to one cleanup thread of this crate, started
+//! at the first [`Stream::add_callback`], which drops it there. Values are therefore dropped
+//! a little after the callback ran, never inside it.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -536,6 +546,15 @@ impl Stream {
     /// is caught and reported by the next [`Stream::synchronize`] (or
     /// [`Stream::take_callback_panic`]) on this stream; it never unwinds into the driver.
     ///
+    /// It is called exactly once, and is an `FnMut` so that it cannot move what it captured
+    /// out and drop it in the callback: the closure and its captures are dropped after it
+    /// returns, on a cleanup thread of this crate (see the
+    /// [module documentation](self#what-a-host-callback-captures-is-dropped-off-the-drivers-thread)),
+    /// so capturing a [`DevicePtr`](crate::DevicePtr) of pool memory, an event or a stream,
+    /// whose drop calls the driver, is fine. (Taking such a value out with `Option::take`
+    /// and dropping it inside is a CUDA call in the callback, which the rule above forbids.)
+    /// Should that thread fail to start, the closures are leaked instead.
+    ///
     /// ```no_run
     /// use std::sync::mpsc;
     /// use cuda_core::{Device, Stream};
@@ -548,8 +567,10 @@ impl Stream {
     /// ```
     pub fn add_callback<F>(&self, callback: F) -> Result<()>
     where
-        F: FnOnce(Result<()>) + Send + 'static,
+        F: FnMut(Result<()>) + Send + 'static,
     {
+        // Start the cleanup thread here, on the caller's thread, not inside the callback.
+        let _ = cleanup_thread();
         let payload = Box::new(CallbackPayload {
             callback: Box::new(callback),
             panics: self.panic_slot(),
@@ -845,32 +866,73 @@ fn shared_slots() -> &'static SlotMap {
 }
 
 struct CallbackPayload {
-    callback: Box<dyn FnOnce(Result<()>) + Send>,
+    callback: Box<dyn FnMut(Result<()>) + Send>,
     panics: Arc<PanicSlot>,
 }
 
+/// Something to drop on the cleanup thread.
+type Deferred = Box<dyn Send>;
+
+/// The cleanup thread's channel: started once (see [`Stream::add_callback`]); `None` when the
+/// thread could not be started.
+fn cleanup_thread() -> Option<&'static std::sync::mpsc::Sender<Deferred>> {
+    static CLEANUP: OnceLock<Option<std::sync::mpsc::Sender<Deferred>>> = OnceLock::new();
+    CLEANUP
+        .get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<Deferred>();
+            std::thread::Builder::new()
+                .name("cuda-core-callback-drops".into())
+                .spawn(move || {
+                    for value in rx {
+                        // A panicking Drop must not end the thread (later values would leak).
+                        let _ = catch_unwind(AssertUnwindSafe(move || drop(value)));
+                    }
+                })
+                .ok()
+                .map(|_| tx)
+        })
+        .as_ref()
+}
+
+/// Drops `value` on the cleanup thread, never on the calling (driver) thread; leaks it when
+/// that thread is not running.
+fn drop_off_thread(value: Deferred) {
+    match cleanup_thread() {
+        Some(tx) => {
+            if let Err(std::sync::mpsc::SendError(value)) = tx.send(value) {
+                std::mem::forget(value);
+            }
+        }
+        None => std::mem::forget(value),
+    }
+}
+
 /// The `CUstreamCallback` every host callback goes through: reclaims the payload, runs the
-/// closure under `catch_unwind`, and keeps a panic's message for the stream.
+/// closure under `catch_unwind`, keeps a panic's message for the stream, and hands the
+/// closure (with its captures) and any panic payload to the cleanup thread, so that no
+/// captured value is dropped inside the driver's callback (see the module documentation).
 unsafe extern "C" fn trampoline(_stream: CUstream, status: CUresult, data: *mut c_void) {
     // SAFETY: `data` came from Box::into_raw in add_callback and the driver calls each
     // callback exactly once.
     let payload = unsafe { Box::from_raw(data as *mut CallbackPayload) };
-    let CallbackPayload { callback, panics } = *payload;
-    let outcome = catch_unwind(AssertUnwindSafe(move || {
-        let status = if status == CUresult::CUDA_SUCCESS {
-            Ok(())
-        } else {
-            Err(Error::Driver(DriverError::new(
-                status,
-                "stream work before a callback",
-            )))
-        };
-        callback(status);
-    }));
+    let CallbackPayload {
+        mut callback,
+        panics,
+    } = *payload;
+    let status = if status == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Driver(DriverError::new(
+            status,
+            "stream work before a callback",
+        )))
+    };
+    // Called through `&mut`: the closure's captures outlive the call, whatever it does.
+    let outcome = catch_unwind(AssertUnwindSafe(|| callback(status)));
+    drop_off_thread(Box::new(callback));
     if let Err(panic) = outcome {
         let message = panic_message(&*panic);
-        // Dropping the payload runs foreign code too: keep it from unwinding.
-        let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
+        drop_off_thread(Box::new(panic));
         let _ = catch_unwind(AssertUnwindSafe(|| panics.push(message)));
     }
 }
@@ -949,6 +1011,76 @@ mod tests {
             )
         };
         assert_eq!(slot.take().as_deref(), Some("boom in callback"));
+    }
+
+    /// Sends the id of the thread that drops it.
+    struct DropProbe(mpsc::Sender<std::thread::ThreadId>);
+
+    impl Drop for DropProbe {
+        fn drop(&mut self) {
+            let _ = self.0.send(std::thread::current().id());
+        }
+    }
+
+    use std::sync::mpsc;
+
+    #[test]
+    fn trampoline_drops_captures_and_panic_payloads_off_its_thread() {
+        let slot = Arc::new(PanicSlot::default());
+        let (tx, rx) = mpsc::channel();
+        let (ran_tx, ran_rx) = mpsc::channel();
+        let probe = DropProbe(tx.clone());
+        let payload = Box::new(CallbackPayload {
+            callback: Box::new(move |_| {
+                // The capture is alive inside the call ...
+                let _ = &probe;
+                let _ = ran_tx.send(std::thread::current().id());
+            }),
+            panics: Arc::clone(&slot),
+        });
+        let _ = cleanup_thread();
+        // SAFETY: the payload comes from Box::into_raw, as the driver would pass it.
+        unsafe {
+            trampoline(
+                std::ptr::null_mut(),
+                CUresult::CUDA_SUCCESS,
+                Box::into_raw(payload) as *mut c_void,
+            )
+        };
+        let here = std::thread::current().id();
+        assert_eq!(
+            ran_rx.recv().unwrap(),
+            here,
+            "the closure runs in the callback"
+        );
+        let dropped_on = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
+        assert_ne!(dropped_on, here, "a capture was dropped in the callback");
+
+        // A panic's payload is dropped off the callback's thread too.
+        let payload = Box::new(CallbackPayload {
+            callback: Box::new(move |_| std::panic::panic_any(DropProbe(tx.clone()))),
+            panics: Arc::clone(&slot),
+        });
+        // SAFETY: as above.
+        unsafe {
+            trampoline(
+                std::ptr::null_mut(),
+                CUresult::CUDA_SUCCESS,
+                Box::into_raw(payload) as *mut c_void,
+            )
+        };
+        assert_eq!(
+            slot.take().as_deref(),
+            Some("(non-string panic payload)"),
+            "the panic is still reported"
+        );
+        let dropped_on = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
+        assert_ne!(
+            dropped_on, here,
+            "a panic payload was dropped in the callback"
+        );
+        // Every sender is gone then: the second closure (holding `tx`) was dropped too.
+        assert!(rx.recv_timeout(std::time::Duration::from_secs(10)).is_err());
     }
 
     #[test]

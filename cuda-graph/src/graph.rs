@@ -124,6 +124,11 @@ impl GraphExec {
     /// work and after this graph's earlier launches. Any stream of the graph's device works,
     /// not only the one that was captured; a stream of another device is a `WrongDevice`
     /// error.
+    ///
+    /// A stream that is being captured (into another graph) is refused, before anything is
+    /// issued, with `cuda_core::Error::Unsupported` (in [`Error::Core`](crate::Error::Core)):
+    /// the graph being captured would keep neither this executable graph nor the memory it
+    /// uses alive. The capture goes on unharmed.
     pub fn launch(&self, stream: &Stream) -> Result<()> {
         Ok(self.handle.launch(stream)?)
     }

@@ -97,6 +97,16 @@ pub enum Error {
     /// A staging worker panicked; the panic was caught and the transfer abandoned safely.
     #[error("a staging worker panicked: {0}")]
     WorkerPanicked(String),
+    /// A transfer between host memory and the device on a stream that is being captured
+    /// into a graph. The capture would record the host address, and every launch of the
+    /// graph would read (or write) it long after this call gave the buffer back; so nothing
+    /// is issued, and the capture goes on unharmed. Copy through device memory inside
+    /// captures (`DevicePtr::copy_from_device_async`), whose owners the graph keeps alive.
+    #[error("{op}: the stream is being captured into a graph, whose launches would use the host buffer after the transfer gave it back; nothing was issued")]
+    Capturing {
+        /// The transfer.
+        op: &'static str,
+    },
 }
 
 impl Error {
@@ -124,6 +134,24 @@ impl From<Error> for cuda_core::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_capturing_stream_is_its_own_error() {
+        let e = Error::Capturing {
+            op: "copy_to_device_on_stream",
+        };
+        let text = e.to_string();
+        assert!(text.starts_with("copy_to_device_on_stream: "), "{text}");
+        assert!(text.contains("captured"), "{text}");
+        assert!(e.cuda().is_none());
+        let core = cuda_core::Error::from(e);
+        assert!(matches!(
+            core.downcast_ref::<Error>(),
+            Some(Error::Capturing {
+                op: "copy_to_device_on_stream"
+            })
+        ));
+    }
 
     #[test]
     fn converts_into_cuda_core_error() {

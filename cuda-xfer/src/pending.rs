@@ -13,6 +13,12 @@
 //!   after every transfer it started is complete, even when the closure panics, so the
 //!   borrows cannot end early (as with `std::thread::scope`).
 //!
+//! A stream that is being captured into a graph is refused by every transfer here, with
+//! [`Error::Capturing`](crate::Error::Capturing) and before anything is allocated or issued:
+//! the graph would keep the host buffer's address, not the buffer (waiting on an event
+//! recorded only into a capture does not wait for any launch, and a scope's borrows end
+//! whatever), so each launch would read or write memory given back long before.
+//!
 //! Asynchronous copies of pinned or registered memory overlap with host work. A pageable
 //! source larger than the staging threshold is staged before the call returns (its bytes are
 //! read; the last DMAs run on); a pageable destination that large is filled before the call
@@ -45,7 +51,7 @@ use crate::elements::check_same_len;
 use crate::error::Result;
 use crate::host::{HostMemoryKind, TransferBuffer};
 use crate::staging::{self, Lease};
-use crate::transfer::{route, Route};
+use crate::transfer::{refuse_capture, route, Route};
 
 /// A transfer queued on a stream, holding its host buffer until the copy is complete.
 ///
@@ -160,6 +166,8 @@ pub fn to_device_async<B: TransferBuffer>(
     src: B,
     stream: &Stream,
 ) -> Result<(DeviceBuffer<B::Elem>, Pending<B>)> {
+    // Before the allocation, which a capture would refuse too (and be invalidated by).
+    refuse_capture(stream, "to_device_async")?;
     let dst = DeviceBuffer::alloc(&stream.device(), src.as_slice().len())?;
     let pending = copy_to_device_async(src, &dst, stream)?;
     Ok((dst, pending))
@@ -174,6 +182,7 @@ pub fn copy_to_device_async<B: TransferBuffer>(
 ) -> Result<Pending<B>> {
     check_same_len("copy_to_device_async", dst.len(), src.as_slice().len())?;
     check_stream(stream, dst)?;
+    refuse_capture(stream, "copy_to_device_async")?;
     let device_mem = dst.as_ptr().clone();
     let bytes: &[u8] = bytemuck::cast_slice(src.as_slice());
     if bytes.is_empty() {
@@ -216,6 +225,7 @@ pub fn to_host_async<B: TransferBuffer>(
 ) -> Result<Pending<B>> {
     check_same_len("to_host_async", dst.as_slice().len(), src.len())?;
     check_stream(stream, src)?;
+    refuse_capture(stream, "to_host_async")?;
     let device_mem = src.as_ptr().clone();
     let kind = dst.kind();
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst.as_mut_slice());
@@ -379,6 +389,7 @@ impl<'scope> Scope<'scope, '_> {
     ) -> Result<()> {
         check_same_len("copy_to_device", dst.len(), src.len())?;
         check_stream(stream, dst)?;
+        refuse_capture(stream, "Scope::copy_to_device")?;
         let bytes: &[u8] = bytemuck::cast_slice(src);
         if bytes.is_empty() {
             return Ok(());
@@ -414,6 +425,7 @@ impl<'scope> Scope<'scope, '_> {
     ) -> Result<()> {
         check_same_len("to_host", dst.len(), src.len())?;
         check_stream(stream, src)?;
+        refuse_capture(stream, "Scope::to_host")?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
         if bytes.is_empty() {
             return Ok(());

@@ -25,6 +25,15 @@
 //! landed). The cost is stated on each function; where it matters, a stream-ordered form
 //! takes the stream and says so in its name ([`copy_to_device_on_stream`],
 //! [`copy_device_async`]).
+//!
+//! # Streams being captured
+//!
+//! The transfers that take host memory and a stream ([`copy_to_device_on_stream`],
+//! [`to_device_on_stream`], and those of [`pending`](crate::pending)) refuse a stream that is
+//! being captured into a graph with [`Error::Capturing`](crate::Error::Capturing), before
+//! anything is allocated or issued: the graph would record the host address and use it at
+//! every launch, after the transfer gave the buffer back. Device-to-device copies
+//! ([`copy_device_async`]) are captured as usual (the graph keeps their memory alive).
 
 use bytemuck::Pod;
 use cuda_core::memory::DevicePtr;
@@ -67,6 +76,18 @@ pub(crate) fn route(
         };
     staging::count_route(route == Route::Staged, bytes);
     Ok(route)
+}
+
+/// [`Error::Capturing`](crate::Error::Capturing) when `stream` is being captured into a
+/// graph: every transfer that takes host memory and a stream calls it before it allocates
+/// or issues anything. A capture would record the host address, and each launch of the
+/// graph would read (or write) it after the transfer gave the buffer back: freed, or reused
+/// heap memory. (Asked of the driver each time, so captures begun by foreign code count too.)
+pub(crate) fn refuse_capture(stream: &Stream, op: &'static str) -> Result<()> {
+    if cuda_core::graph::is_capturing(stream)? {
+        return Err(crate::Error::Capturing { op });
+    }
+    Ok(())
 }
 
 /// Waits until the work queued so far on `device`'s legacy default stream is done: what a
@@ -205,6 +226,8 @@ pub fn copy_to_device<T: Pod>(src: &[T], dst: &DeviceBuffer<T>) -> Result<()> {
 /// # Ok::<(), cuda_xfer::Error>(())
 /// ```
 pub fn to_device_on_stream<T: Pod>(src: &[T], stream: &Stream) -> Result<DeviceBuffer<T>> {
+    // Before the allocation, which a capture would refuse too (and be invalidated by).
+    refuse_capture(stream, "to_device_on_stream")?;
     let dst = DeviceBuffer::alloc(&stream.device(), src.len())?;
     copy_to_device_on_stream(src, &dst, stream)?;
     Ok(dst)
@@ -221,6 +244,11 @@ pub fn to_device_on_stream<T: Pod>(src: &[T], stream: &Stream) -> Result<DeviceB
 /// pinned, registered or managed memory, and for staged (large pageable) sources, it waits
 /// for the copy before it returns anyway (the source is borrowed), so it is done then, as
 /// [`copy_to_device`] is.
+///
+/// A stream that is being captured into a graph is refused with
+/// [`Error::Capturing`](crate::Error::Capturing), before anything is issued: the graph would
+/// read `src`'s address at every launch, after the borrow ended (the driver captures a
+/// pageable copy as a memcpy node from the host address).
 ///
 /// ```no_run
 /// let dev = cuda_core::Device::new(0)?;
@@ -244,6 +272,7 @@ pub fn copy_to_device_on_stream<T: Pod>(
         }
         .into());
     }
+    refuse_capture(stream, "copy_to_device_on_stream")?;
     let bytes: &[u8] = bytemuck::cast_slice(src);
     if bytes.is_empty() {
         return Ok(());

@@ -5,7 +5,10 @@
 //!   `DevicePool::grant_peer_access` has granted it (virtual-memory segments: `cuMemSetAccess`
 //!   on the block's pages; plain segments: peer context access);
 //! * per-device limits and statistics: a limit on device 1 stops device 1 only, and each
-//!   device's statistics count only its own blocks.
+//!   device's statistics count only its own blocks;
+//! * a peer copy queued on device 1's stream from memory of device 0 keeps reading that
+//!   memory, not its next owner's, when the source is dropped at once (the free of device 0's
+//!   memory waits for device 1's work, which `cuMemFree` alone does not).
 #![cfg(feature = "gpu")]
 #![allow(
     clippy::unwrap_used,
@@ -15,9 +18,10 @@
 )]
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use cuda_core::kernels::Kernels;
-use cuda_core::memory::DevicePtr;
+use cuda_core::memory::{AttachFlags, DevicePtr, ManagedMemory};
 use cuda_core::{Device, Stream};
 use cuda_mempool::driver::device_id;
 use cuda_mempool::{DevicePool, Limit, PoolError};
@@ -133,4 +137,78 @@ fn per_device_limits_and_stats_hold() {
     ));
     drop(held);
     pool.free_all_blocks().unwrap();
+}
+
+/// Device 0's memory, filled with `value` and landed (the fill is done for every stream).
+fn filled_on(dev: &Device, bytes: usize, value: u32) -> DevicePtr {
+    let buf = DevicePtr::alloc(dev, bytes).unwrap();
+    buf.copy_from_host(&vec![value; bytes / 4]).unwrap();
+    Stream::null(dev).synchronize().unwrap();
+    buf
+}
+
+fn all_equal(buf: &DevicePtr, expected: u32, what: &str) {
+    let mut host = vec![0u32; buf.len() / 4];
+    buf.copy_to_host(&mut host).unwrap();
+    if let Some(i) = host.iter().position(|&x| x != expected) {
+        let wrong = host.iter().filter(|&&x| x != expected).count();
+        panic!(
+            "{what}: {wrong} of {} elements wrong, the first at {i}: {:#x}, expected {expected:#x}",
+            host.len(),
+            host[i]
+        );
+    }
+}
+
+/// A peer copy queued behind a slow kernel on `s1` (device 1) from `src` (device 0), with
+/// `src` dropped at once and a new owner on device 0 writing its own data at once: the
+/// copy must still read the source's data.
+fn peer_copy_outlives_its_dropped_source(src: DevicePtr, bytes: usize) {
+    let (d0, d1) = two_devices();
+    let s1 = Stream::new(&d1).unwrap();
+    let k1 = Kernels::load(&d1).unwrap();
+    let dst = DevicePtr::alloc(&d1, bytes).unwrap();
+    dst.memset(0).unwrap();
+    Stream::null(&d1).synchronize().unwrap();
+    let slow = Duration::from_millis(300);
+    k1.spin(&s1, k1.cycles_for(slow)).unwrap();
+    dst.copy_from_device_async(&src, &s1).unwrap();
+    let old_addr = src.as_raw();
+    let start = Instant::now();
+    drop(src);
+    let dropped_after = start.elapsed();
+    let next = filled_on(&d0, bytes, 0x5A5A_0002);
+    eprintln!(
+        "source dropped in {dropped_after:?}; its next owner {} its address",
+        if next.as_raw() == old_addr {
+            "reuses"
+        } else {
+            "does not reuse"
+        }
+    );
+    s1.synchronize().unwrap();
+    all_equal(&dst, 0xA5A5_0001, "the peer copy's destination");
+    all_equal(&next, 0x5A5A_0002, "the source's next owner");
+}
+
+#[test]
+fn a_peer_copy_reads_its_dropped_source_not_the_next_owner() {
+    let _g = serial();
+    let (d0, _) = two_devices();
+    let bytes = 64 << 20;
+    peer_copy_outlives_its_dropped_source(filled_on(&d0, bytes, 0xA5A5_0001), bytes);
+}
+
+#[test]
+fn a_peer_copy_reads_its_dropped_managed_source_not_the_next_owner() {
+    let _g = serial();
+    let (d0, _) = two_devices();
+    let bytes = 64 << 20;
+    let src = ManagedMemory::new(&d0, bytes, AttachFlags::GLOBAL)
+        .unwrap()
+        .into_ptr();
+    src.copy_from_host(&vec![0xA5A5_0001u32; bytes / 4])
+        .unwrap();
+    Stream::null(&d0).synchronize().unwrap();
+    peer_copy_outlives_its_dropped_source(src, bytes);
 }

@@ -10,6 +10,8 @@ use cuda_sys::CUdeviceptr;
 use super::{DeviceAlloc, DevicePtr};
 use crate::driver::drv;
 use crate::error::Result;
+use crate::graph::CrossDeviceUses;
+use crate::stream::Stream;
 use crate::Device;
 
 /// Device memory from `cuMemAlloc`, freed with `cuMemFree` on drop (CuPy's `Memory`).
@@ -33,6 +35,8 @@ pub struct DeviceMemory {
     ptr: CUdeviceptr,
     size: usize,
     device: Device,
+    /// Work of other devices' streams on the memory, waited for before the free.
+    cross: CrossDeviceUses,
 }
 
 impl DeviceMemory {
@@ -49,6 +53,7 @@ impl DeviceMemory {
             ptr,
             size,
             device: *device,
+            cross: CrossDeviceUses::default(),
         })
     }
 
@@ -59,13 +64,24 @@ impl DeviceMemory {
     /// `ptr` must come from `cuMemAlloc` (or be 0 with `size` 0), hold at least `size` bytes,
     /// and be owned by nobody else: it is freed when the value drops.
     pub unsafe fn from_raw(device: Device, ptr: CUdeviceptr, size: usize) -> DeviceMemory {
-        DeviceMemory { ptr, size, device }
+        DeviceMemory {
+            ptr,
+            size,
+            device,
+            cross: CrossDeviceUses::default(),
+        }
     }
 
     /// Gives up ownership: returns the address, which the caller must free with `cuMemFree`
-    /// (or hand back to [`from_raw`](Self::from_raw)).
+    /// (or hand back to [`from_raw`](Self::from_raw)). Waits first for the work that streams
+    /// of other devices queued on the memory through [`DevicePtr`] views (see
+    /// [`DeviceAlloc::record_stream`]), as dropping the value does.
     pub fn into_raw(self) -> CUdeviceptr {
-        ManuallyDrop::new(self).ptr
+        let me = ManuallyDrop::new(self);
+        // A failed wait cannot be reported here; freeing the address is the caller's
+        // `unsafe` business from now on.
+        let _ = me.cross.wait_all();
+        me.ptr
     }
 
     /// The device the memory is on.
@@ -100,6 +116,7 @@ impl fmt::Debug for DeviceMemory {
             .field("device", &self.device.ordinal())
             .field("ptr", &format_args!("{:#x}", self.ptr))
             .field("size", &self.size)
+            .field("cross_device_uses", &self.cross.len())
             .finish()
     }
 }
@@ -107,6 +124,11 @@ impl fmt::Debug for DeviceMemory {
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
         if self.size == 0 || self.ptr == 0 {
+            return;
+        }
+        // Other devices' work first: `cuMemFree` waits for this device's work only. If a
+        // wait fails that work may still run: the memory is leaked, never freed under it.
+        if !self.cross.wait_all() {
             return;
         }
         // A failure cannot be reported from Drop; the memory then stays allocated.
@@ -119,7 +141,8 @@ impl Drop for DeviceMemory {
 }
 
 // SAFETY: `as_raw()..+size()` is a cuMemAlloc allocation of `device`, owned by this value,
-// never aliased by host references; the fields never change.
+// never aliased by host references; the fields never change. The free waits for all work
+// that uses the memory (see `record_stream`).
 unsafe impl DeviceAlloc for DeviceMemory {
     fn device(&self) -> Device {
         self.device
@@ -129,6 +152,17 @@ unsafe impl DeviceAlloc for DeviceMemory {
     }
     fn size(&self) -> usize {
         self.size
+    }
+    /// A stream of the memory's own device: nothing to do, `cuMemFree` in `Drop` waits for
+    /// that device's work (the driver's implicit synchronisation of a free). A stream of
+    /// another device (a peer copy queued there, a kernel using peer memory): the stream is
+    /// noted (a clone of it; the device, for the per-thread and external streams) and `Drop`
+    /// waits for the work queued on it by then before `cuMemFree`, which does not wait for
+    /// other devices; a noted stream being captured at the drop leaks the memory instead.
+    /// Nothing while `stream` is captured: the work runs at the graph's launches, which note
+    /// their own use.
+    fn record_stream(&self, stream: &Stream) -> Result<()> {
+        self.cross.record(self.device, stream)
     }
 }
 
@@ -158,6 +192,8 @@ pub struct UnownedMemory {
     size: usize,
     device: Device,
     owner: Option<Arc<dyn Any + Send + Sync>>,
+    /// Work of other devices' streams on the memory, waited for before the owner drops.
+    cross: CrossDeviceUses,
 }
 
 impl UnownedMemory {
@@ -180,6 +216,7 @@ impl UnownedMemory {
             size,
             device,
             owner,
+            cross: CrossDeviceUses::default(),
         }
     }
 
@@ -216,11 +253,25 @@ impl fmt::Debug for UnownedMemory {
             .field("ptr", &format_args!("{:#x}", self.ptr))
             .field("size", &self.size)
             .field("has_owner", &self.owner.is_some())
+            .field("cross_device_uses", &self.cross.len())
             .finish()
     }
 }
 
+impl Drop for UnownedMemory {
+    fn drop(&mut self) {
+        // The owner's free (whatever it is) is not known to wait for other devices' work:
+        // wait for it before the owner may go. If a wait fails, that work may still run:
+        // the owner is leaked, never dropped under it.
+        if !self.cross.wait_all() {
+            std::mem::forget(self.owner.take());
+        }
+    }
+}
+
 // SAFETY: the constructor's contract is this trait's contract; the fields never change.
+// Uses by streams of other devices are waited for before the owner drops (see
+// `record_stream`).
 unsafe impl DeviceAlloc for UnownedMemory {
     fn device(&self) -> Device {
         self.device
@@ -230,5 +281,14 @@ unsafe impl DeviceAlloc for UnownedMemory {
     }
     fn size(&self) -> usize {
         self.size
+    }
+    /// A stream of the memory's own device: nothing, as the trait's default (the owner's
+    /// free is taken to wait for that device, the constructor's contract). A stream of
+    /// another device: the stream is noted (as for [`DeviceMemory`]), and dropping this value
+    /// waits for the work queued on it by then before the keep-alive owner is dropped, since
+    /// no free is known to wait for other devices' work. Nothing while `stream` is captured
+    /// (the graph's launches note their own use).
+    fn record_stream(&self, stream: &Stream) -> Result<()> {
+        self.cross.record(self.device, stream)
     }
 }

@@ -8,6 +8,7 @@ use cuda_sys::{CUdeviceptr, CUmemAttach_flags, CUmem_advise};
 use super::{DeviceAlloc, DevicePtr, Location};
 use crate::driver::drv;
 use crate::error::Result;
+use crate::graph::CrossDeviceUses;
 use crate::stream::Stream;
 use crate::Device;
 
@@ -128,6 +129,8 @@ pub struct ManagedMemory {
     ptr: CUdeviceptr,
     size: usize,
     device: Device,
+    /// Work of other devices' streams on the memory, waited for before the free.
+    cross: CrossDeviceUses,
 }
 
 impl ManagedMemory {
@@ -144,6 +147,7 @@ impl ManagedMemory {
             ptr,
             size,
             device: *device,
+            cross: CrossDeviceUses::default(),
         })
     }
 
@@ -204,6 +208,8 @@ impl ManagedMemory {
     /// Migrates the whole allocation to `to` (a device or the host), ordered on `stream`
     /// (`cuMemPrefetchAsync`). Needs a device with concurrent managed access.
     pub fn prefetch(&self, to: Location, stream: &Stream) -> Result<()> {
+        // A stream of another device: the free waits for the prefetch too.
+        self.cross.record(self.device, stream)?;
         prefetch_range(self.ptr, self.size, to, stream)
     }
 
@@ -225,6 +231,7 @@ impl fmt::Debug for ManagedMemory {
             .field("device", &self.device.ordinal())
             .field("ptr", &format_args!("{:#x}", self.ptr))
             .field("size", &self.size)
+            .field("cross_device_uses", &self.cross.len())
             .finish()
     }
 }
@@ -232,6 +239,11 @@ impl fmt::Debug for ManagedMemory {
 impl Drop for ManagedMemory {
     fn drop(&mut self) {
         if self.size == 0 || self.ptr == 0 {
+            return;
+        }
+        // Other devices' work first (`cuMemFree` waits for this device's only); leaked if a
+        // wait fails, since that work may still run.
+        if !self.cross.wait_all() {
             return;
         }
         if let Ok(_ctx) = self.device.bind() {
@@ -244,6 +256,7 @@ impl Drop for ManagedMemory {
 
 // SAFETY: a managed allocation of `size` bytes owned by this value; host references to it
 // only come from the `unsafe` accessors, whose contract excludes concurrent device access.
+// The free waits for all work that uses the memory (see `record_stream`).
 unsafe impl DeviceAlloc for ManagedMemory {
     fn device(&self) -> Device {
         self.device
@@ -253,5 +266,14 @@ unsafe impl DeviceAlloc for ManagedMemory {
     }
     fn size(&self) -> usize {
         self.size
+    }
+    /// A stream of the allocating device: nothing, `cuMemFree` in `Drop` waits for that
+    /// device's work. Managed memory is reachable from every device, and `cuMemFree` does not
+    /// wait for the others: a stream of another device is noted (as for
+    /// [`DeviceMemory`](super::DeviceMemory)), and `Drop` waits for the work queued on it by
+    /// then before freeing. Nothing while `stream` is captured (the graph's launches note
+    /// their own use).
+    fn record_stream(&self, stream: &Stream) -> Result<()> {
+        self.cross.record(self.device, stream)
     }
 }
