@@ -32,6 +32,7 @@ pub const SUITE: &[&str] = &[
     "gpu_ipc",
     "gpu_handover",
     "gpu_soundness_pool",
+    "gpu_soundness_core",
 ];
 
 /// Test binaries bundled but run by their own mode, not by `run.sh tests` on one GPU: the
