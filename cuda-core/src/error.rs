@@ -174,9 +174,9 @@ pub enum Error {
         /// The entry point or feature.
         symbol: &'static str,
         /// The driver's version.
-        driver: crate::CudaVersion,
+        driver: crate::version::CudaVersion,
         /// The version needed.
-        needed: crate::CudaVersion,
+        needed: crate::version::CudaVersion,
     },
     /// A driver call failed.
     #[error(transparent)]
@@ -244,10 +244,10 @@ pub enum Error {
     #[error("cannot order this use of the memory after its earlier owner's work: {0}")]
     Unordered(String),
     /// Sharing memory between processes failed ([`crate::ipc`]); the
-    /// [`IpcError`](crate::ipc::IpcError) names the likely cause.
+    /// [`IpcError`] names the likely cause.
     #[cfg(unix)]
     #[error(transparent)]
-    Ipc(#[from] crate::ipc::IpcError),
+    Ipc(#[from] IpcError),
     /// An error of a crate built on `cuda-core` (`cuda_mempool::PoolError`, `cuda_xfer::Error`,
     /// `cuda_graph::Error`, ...), converted with `From` so that `?` works across crates
     /// (see the [module documentation](self)). Displays as the original error does.
@@ -379,12 +379,89 @@ impl From<cuda_sys::MissingSymbol> for Error {
         if missing.is_driver_too_old() {
             Error::DriverTooOld {
                 symbol: missing.name,
-                driver: crate::CudaVersion(missing.driver),
-                needed: crate::CudaVersion(missing.needed),
+                driver: crate::version::CudaVersion(missing.driver),
+                needed: crate::version::CudaVersion(missing.needed),
             }
         } else {
             Error::MissingSymbol(missing)
         }
+    }
+}
+
+/// Why an IPC operation failed: [`Error::Ipc`].
+#[cfg(unix)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IpcError {
+    /// The handle was exported by this process: the driver opens handles of other
+    /// processes only (inside one process, use the memory directly).
+    #[error("IPC handle was exported by this process; the driver only opens handles of other processes (use the memory directly){}", driver_suffix(.driver))]
+    SameProcess {
+        /// The driver's refusal, when the driver was asked (`None`: caught before).
+        driver: Option<DriverError>,
+    },
+    /// The handle is already open in this process ([`IpcMapping::open`](crate::ipc::IpcMapping::open)); the driver maps a
+    /// handle once per process. Use [`IpcMapping::open_shared`](crate::ipc::IpcMapping::open_shared) to share the open mapping.
+    #[error("IPC handle is already open in this process; the driver maps a handle once per process (use IpcMapping::open_shared)")]
+    AlreadyOpen,
+    /// The driver refused the handle: it is corrupted, or stale (the exporter freed the
+    /// memory or exited).
+    #[error("IPC handle refused: corrupted, or stale (the exporter freed the memory or exited): {driver}")]
+    InvalidHandle {
+        /// The driver's error.
+        driver: DriverError,
+    },
+    /// The memory lives on a device the importing device cannot access (no peer access
+    /// between them).
+    #[error("IPC memory is on a device the importing device cannot reach (peer access): {driver}")]
+    PeerAccess {
+        /// The driver's error.
+        driver: DriverError,
+    },
+    /// Shareable memory of one device mapped for a device that cannot access it.
+    #[error("shareable memory is on device {memory}; device {requested} has no peer access to it")]
+    WrongDevice {
+        /// The device holding the memory.
+        memory: i32,
+        /// The device asked to map it.
+        requested: i32,
+    },
+    /// The memory cannot be exported this way (says why).
+    #[error("memory cannot be exported: {0}")]
+    NotExportable(String),
+    /// Sending or receiving over the Unix socket failed.
+    #[error("IPC socket: {message} ({kind:?})")]
+    Socket {
+        /// The I/O error's kind.
+        kind: std::io::ErrorKind,
+        /// The I/O error's text.
+        message: String,
+    },
+    /// The peer sent something other than what was expected (no descriptor, a short
+    /// message).
+    #[error("IPC protocol: {0}")]
+    Protocol(String),
+}
+
+#[cfg(unix)]
+fn driver_suffix(driver: &Option<DriverError>) -> String {
+    driver.map(|d| format!(": {d}")).unwrap_or_default()
+}
+
+#[cfg(unix)]
+impl From<std::io::Error> for IpcError {
+    fn from(e: std::io::Error) -> Self {
+        IpcError::Socket {
+            kind: e.kind(),
+            message: e.to_string(),
+        }
+    }
+}
+
+#[cfg(unix)]
+impl From<rustix::io::Errno> for IpcError {
+    fn from(e: rustix::io::Errno) -> Self {
+        IpcError::from(std::io::Error::from(e))
     }
 }
 

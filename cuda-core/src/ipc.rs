@@ -61,7 +61,7 @@ use cuda_sys::{
 };
 
 use crate::driver::drv;
-use crate::error::{DriverError, Error, Result};
+use crate::error::{Error, Result};
 use crate::graph::CrossDeviceUses;
 use crate::memory::{DeviceAlloc, DeviceMemory, DevicePtr};
 use crate::stream::Stream;
@@ -75,78 +75,7 @@ pub const IPC_MEM_HANDLE_BYTES: usize = CU_IPC_HANDLE_SIZE as usize;
 /// `u64`s).
 pub const IPC_REGION_BYTES: usize = IPC_MEM_HANDLE_BYTES + 16;
 
-/// Why an IPC operation failed: [`Error::Ipc`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum IpcError {
-    /// The handle was exported by this process: the driver opens handles of other
-    /// processes only (inside one process, use the memory directly).
-    #[error("IPC handle was exported by this process; the driver only opens handles of other processes (use the memory directly){}", driver_suffix(.driver))]
-    SameProcess {
-        /// The driver's refusal, when the driver was asked (`None`: caught before).
-        driver: Option<DriverError>,
-    },
-    /// The handle is already open in this process ([`IpcMapping::open`]); the driver maps a
-    /// handle once per process. Use [`IpcMapping::open_shared`] to share the open mapping.
-    #[error("IPC handle is already open in this process; the driver maps a handle once per process (use IpcMapping::open_shared)")]
-    AlreadyOpen,
-    /// The driver refused the handle: it is corrupted, or stale (the exporter freed the
-    /// memory or exited).
-    #[error("IPC handle refused: corrupted, or stale (the exporter freed the memory or exited): {driver}")]
-    InvalidHandle {
-        /// The driver's error.
-        driver: DriverError,
-    },
-    /// The memory lives on a device the importing device cannot access (no peer access
-    /// between them).
-    #[error("IPC memory is on a device the importing device cannot reach (peer access): {driver}")]
-    PeerAccess {
-        /// The driver's error.
-        driver: DriverError,
-    },
-    /// Shareable memory of one device mapped for a device that cannot access it.
-    #[error("shareable memory is on device {memory}; device {requested} has no peer access to it")]
-    WrongDevice {
-        /// The device holding the memory.
-        memory: i32,
-        /// The device asked to map it.
-        requested: i32,
-    },
-    /// The memory cannot be exported this way (says why).
-    #[error("memory cannot be exported: {0}")]
-    NotExportable(String),
-    /// Sending or receiving over the Unix socket failed.
-    #[error("IPC socket: {message} ({kind:?})")]
-    Socket {
-        /// The I/O error's kind.
-        kind: std::io::ErrorKind,
-        /// The I/O error's text.
-        message: String,
-    },
-    /// The peer sent something other than what was expected (no descriptor, a short
-    /// message).
-    #[error("IPC protocol: {0}")]
-    Protocol(String),
-}
-
-fn driver_suffix(driver: &Option<DriverError>) -> String {
-    driver.map(|d| format!(": {d}")).unwrap_or_default()
-}
-
-impl From<std::io::Error> for IpcError {
-    fn from(e: std::io::Error) -> Self {
-        IpcError::Socket {
-            kind: e.kind(),
-            message: e.to_string(),
-        }
-    }
-}
-
-impl From<rustix::io::Errno> for IpcError {
-    fn from(e: rustix::io::Errno) -> Self {
-        IpcError::from(std::io::Error::from(e))
-    }
-}
+pub use crate::error::IpcError;
 
 // ---------------------------------------------------------------------------------------
 // Handles and their text forms
@@ -973,6 +902,7 @@ pub fn recv_fd(socket: &UnixStream) -> Result<(OwnedFd, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::DriverError;
 
     #[test]
     fn mem_handle_round_trips() {

@@ -34,6 +34,7 @@
 #![warn(missing_docs)]
 
 mod driver;
+mod version;
 
 pub mod async_pool;
 pub mod device;

@@ -5,8 +5,6 @@ use std::time::Duration;
 
 use cuda_nccl_sys::{ncclResult_t, Nccl};
 
-use crate::rendezvous::RendezvousError;
-
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -258,6 +256,92 @@ impl From<Error> for cuda_core::Error {
             other => cuda_core::Error::Crate(cuda_core::CrateError::new("cuda-nccl", other, None)),
         }
     }
+}
+
+/// The rendezvous failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RendezvousError {
+    /// A variable the job needs is not set.
+    #[error("{name} is not set ({hint})")]
+    MissingVar {
+        /// The variable.
+        name: &'static str,
+        /// What sets it.
+        hint: &'static str,
+    },
+    /// A variable is set to something unusable.
+    #[error("{name}={value:?}: {why}")]
+    BadVar {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// Rank 0 could not listen on the port.
+    #[error("rank 0 could not listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Some ranks did not check in before the deadline.
+    #[error("ranks {missing:?} of {world_size} never reached the rendezvous within {waited:?}")]
+    PeerNeverCame {
+        /// The ranks that did not come.
+        missing: Vec<usize>,
+        /// The world size.
+        world_size: usize,
+        /// How long rank 0 waited.
+        waited: Duration,
+    },
+    /// A rank believes in another world size.
+    #[error("rank {rank} says the world has {got} ranks, rank 0 says {expected}")]
+    WrongWorldSize {
+        /// The rank that disagrees.
+        rank: usize,
+        /// Rank 0's world size.
+        expected: usize,
+        /// The other rank's.
+        got: usize,
+    },
+    /// Two processes claim one rank.
+    #[error("two processes claim rank {rank}")]
+    DuplicateRank {
+        /// The rank.
+        rank: usize,
+    },
+    /// A rank outside `1..world_size` checked in.
+    #[error("a peer claims rank {rank}, outside 1..{world_size}")]
+    RankOutOfRange {
+        /// The rank claimed.
+        rank: usize,
+        /// The world size.
+        world_size: usize,
+    },
+    /// Rank 0 could not be reached, or did not answer, before the deadline.
+    #[error("rank 0 at {addr} did not answer within {waited:?} (last error: {last})")]
+    RootUnreachable {
+        /// `MASTER_ADDR:MASTER_PORT`.
+        addr: String,
+        /// How long this rank tried.
+        waited: Duration,
+        /// The last connection error.
+        last: String,
+    },
+    /// Rank 0 refused this rank; its reason.
+    #[error("rank 0 refused the rendezvous: {reason}")]
+    Rejected {
+        /// What rank 0 said.
+        reason: String,
+    },
+    /// A peer spoke something other than this protocol.
+    #[error("rendezvous protocol error: {0}")]
+    Protocol(String),
 }
 
 #[cfg(test)]
