@@ -31,7 +31,6 @@
 //! # Ok::<(), cuda_core::Error>(())
 //! ```
 
-#![warn(missing_docs)]
 
 mod driver;
 mod version;

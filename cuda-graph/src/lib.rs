@@ -71,7 +71,6 @@
 //! # Ok::<(), cuda_graph::Error>(())
 //! ```
 
-#![warn(missing_docs)]
 
 mod capture;
 mod error;

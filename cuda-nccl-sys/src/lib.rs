@@ -23,7 +23,6 @@
 //! assert_eq!(status, cuda_nccl_sys::ncclResult_t::ncclSuccess);
 //! ```
 
-#![warn(missing_docs)]
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 #![allow(
     clippy::missing_safety_doc,

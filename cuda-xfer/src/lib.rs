@@ -43,7 +43,6 @@
 //! # Ok::<(), cuda_xfer::Error>(())
 //! ```
 
-#![warn(missing_docs)]
 
 #[cfg(feature = "ndarray")]
 pub mod array;

@@ -14,6 +14,8 @@
 
 pub mod bench;
 
+pub mod gpu;
+
 pub mod nccl_check;
 
 /// The path of a C library that is not the CUDA driver, for loader tests.

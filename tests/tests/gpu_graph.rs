@@ -8,22 +8,17 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use std::sync::{Mutex, MutexGuard};
-
 use cuda_core::kernels::Kernels;
 use cuda_core::memory::DevicePtr;
 use cuda_core::{Device, Event, Stream};
 use cuda_graph::{CaptureMode, CaptureStatus, Error, UpdateOutcome, UpdateRefusal};
+use tests::gpu::serial;
 
 /// Elements in the test buffers: not a multiple of the kernels' block size.
 const N: usize = (1 << 16) + 3;
 
-/// A global-mode capture refuses other threads' allocations: the tests of this file run one
-/// at a time even when the harness runs tests in parallel.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
+// A global-mode capture refuses other threads' allocations: the tests of this file run one
+// at a time (`tests::gpu::serial`) even when the harness runs tests in parallel.
 
 fn setup() -> (Device, Stream, Kernels) {
     let dev = Device::new(0).expect("device 0");

@@ -16,23 +16,14 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use cuda_core::async_pool::StreamOrderedMemory;
 use cuda_core::kernels::Kernels;
 use cuda_core::memory::DevicePtr;
 use cuda_core::{Device, Stream};
 use cuda_mempool::DevicePool;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn dev0() -> Device {
-    Device::new(0).expect("device 0")
-}
+use tests::gpu::{dev0, serial};
 
 /// About 0.1 s of SM clocks: the host runs far ahead of the old owner's kernel.
 const SLOW: u64 = 200_000_000;

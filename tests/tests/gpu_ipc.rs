@@ -31,7 +31,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use cuda_core::ipc::{self, IpcError, IpcMapping, IpcMemHandle, IpcRegion, SharedMapping};
 use cuda_core::kernels::Kernels;
@@ -41,15 +41,10 @@ use cuda_core::vmm::{self, PhysicalAllocation};
 use cuda_core::{Device, Error, Event, IpcEventHandle, Stream};
 use cuda_mempool::ipc::import_block;
 use cuda_mempool::{DevicePool, PoolError};
+use tests::gpu::serial;
 
 const ROLE: &str = "CUDA_RS_IPC_ROLE";
 const ARG: &str = "CUDA_RS_IPC_ARG";
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn device() -> Device {
     Device::new(0).expect("a CUDA device is required for the GPU tests")

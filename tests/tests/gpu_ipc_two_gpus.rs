@@ -17,7 +17,7 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cuda_core::kernels::Kernels;
@@ -25,12 +25,7 @@ use cuda_core::memory::{AttachFlags, DevicePtr, ManagedMemory};
 use cuda_core::{Device, Stream};
 use cuda_mempool::driver::device_id;
 use cuda_mempool::{DevicePool, Limit, PoolError};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+use tests::gpu::serial;
 
 /// Devices 0 and 1; fails clearly with fewer than two, or without peer access between them.
 fn two_devices() -> (Device, Device) {

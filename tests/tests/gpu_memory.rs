@@ -14,7 +14,7 @@
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use cuda_core::async_pool::{self, MemPool, PoolAttribute, StreamOrderedMemory};
 use cuda_core::memory::{
@@ -24,16 +24,7 @@ use cuda_core::memory::{
 use cuda_core::pointer::{self, MemoryLocation};
 use cuda_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
 use cuda_core::{Device, Error, Stream};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn dev0() -> Device {
-    Device::new(0).expect("device 0")
-}
+use tests::gpu::{dev0, serial};
 
 const MIB: usize = 1 << 20;
 /// The sizes issue 3 asks for: 0, 1, 511, 4 KiB, 1 MiB + 3 bytes and 256 MiB.

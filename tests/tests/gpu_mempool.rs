@@ -13,7 +13,7 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use cuda_core::kernels::Kernels;
 use cuda_core::memory::{raw, DevicePtr};
@@ -22,12 +22,11 @@ use cuda_mempool::async_pool::{AsyncPool, AsyncPoolSource};
 use cuda_mempool::driver::{device_id, stream_id};
 use cuda_mempool::pinned::PinnedMemoryPool;
 use cuda_mempool::{DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
+use tests::gpu::dev0;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
+fn serial() -> std::sync::MutexGuard<'static, ()> {
     install_segv_backtrace();
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    tests::gpu::serial()
 }
 
 /// Prints a backtrace on SIGSEGV (diagnostics for a crash inside a driver call).
@@ -47,10 +46,6 @@ fn install_segv_backtrace() {
     ONCE.call_once(|| unsafe {
         signal(11, on_segv);
     });
-}
-
-fn dev0() -> Device {
-    Device::new(0).expect("device 0")
 }
 
 const MIB: usize = 1 << 20;

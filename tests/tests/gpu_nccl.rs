@@ -27,19 +27,14 @@
 )]
 
 use std::process::ExitStatus;
-use std::sync::{Mutex, MutexGuard, Once};
+use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use cuda_core::memory::DevicePtr;
 use cuda_core::{Device, Stream};
 use cuda_nccl::{group, CommConfig, Communicator, Error, GroupGuard, Launcher, ReduceOp, UniqueId};
+use tests::gpu::serial;
 use tests::nccl_check::{every_type, large, run_case, Kind, Local, WAIT};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Every GPU; fails with fewer than two.
 fn devices() -> Vec<Device> {

@@ -20,7 +20,7 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cuda_core::async_pool::StreamOrderedMemory;
@@ -30,16 +30,7 @@ use cuda_core::memory::{raw, DevicePtr};
 use cuda_core::{Device, Stream};
 use cuda_mempool::driver::device_id;
 use cuda_mempool::{DevicePool, Limit, PoolError};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn dev0() -> Device {
-    Device::new(0).expect("device 0")
-}
+use tests::gpu::{dev0, serial};
 
 const MIB: usize = 1 << 20;
 /// About 0.1 s of SM clocks.

@@ -20,7 +20,7 @@
 )]
 
 use std::sync::mpsc;
-use std::sync::{Mutex, MutexGuard};
+
 use std::thread::ThreadId;
 use std::time::Duration;
 
@@ -31,12 +31,9 @@ use cuda_core::sys::{CUdeviceptr, CUresult};
 use cuda_core::{Device, Error, Stream};
 use cuda_graph::CaptureStatus;
 use cuda_xfer::{DeviceBuffer, PinnedBuffer};
-
-/// Captures refuse some calls of other threads: the tests of this file run one at a time.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
+// Captures refuse some calls of other threads: the tests of this file run one at a time
+// (`tests::gpu::serial`).
+use tests::gpu::serial;
 
 fn device() -> Device {
     Device::new(0).expect("a CUDA device is required for the GPU tests")

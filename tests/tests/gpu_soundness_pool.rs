@@ -20,7 +20,7 @@
 )]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use cuda_core::kernels::Kernels;
 use cuda_core::memory::{raw, DevicePtr};
@@ -28,12 +28,7 @@ use cuda_core::{Device, Event, Stream};
 use cuda_mempool::driver::device_id;
 use cuda_mempool::hooks::{self, MemoryEvent, MemoryHook};
 use cuda_mempool::{Backend, DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+use tests::gpu::serial;
 
 fn device() -> Device {
     Device::new(0).expect("a CUDA device is required for the GPU tests")

@@ -14,8 +14,6 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use std::sync::{Mutex, MutexGuard};
-
 use cuda_core::kernels::Kernels;
 use cuda_core::memory::{AttachFlags, DevicePtr, ManagedMemory};
 use cuda_core::{Device, Stream};
@@ -34,16 +32,7 @@ use cuda_xfer::{
     register, scope, to_device, to_device_async, to_device_of, to_host, to_host_async,
     to_host_into, DeviceBuffer, Error, PinnedBuffer,
 };
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn dev0() -> Device {
-    Device::new(0).expect("device 0")
-}
+use tests::gpu::{dev0, serial};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
