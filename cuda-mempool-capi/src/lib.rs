@@ -55,6 +55,15 @@
 //!   from it are destroyed.
 //! * Out of memory leaves the pool as it was before the request: what it reserved while
 //!   trying is given back.
+//! * The per-thread default stream (`CU_STREAM_PER_THREAD`, CuPy's `Stream.ptds`) has a cache
+//!   per thread, fenced and waited on only from its own thread; a block freed on another
+//!   thread is reused by other streams only after its thread has fenced it. It cannot mark
+//!   another stream's block ([`cuda_mempool_record_stream`] refuses it).
+//! * The contract for frameworks: a block is used on the stream it was allocated on, and
+//!   [`cuda_mempool_record_stream`] declares use on others; the framework's own work on the
+//!   allocating stream (copies from and to the host included) is then ordered after the
+//!   memory's previous owner, even when the pool handed over another stream's block, ordered
+//!   on the device.
 //!
 //! # Example (Rust view of the C calls)
 //!
