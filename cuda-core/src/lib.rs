@@ -31,7 +31,6 @@
 //! # Ok::<(), cuda_core::Error>(())
 //! ```
 
-
 mod driver;
 mod version;
 

@@ -71,7 +71,6 @@
 //! # Ok::<(), cuda_graph::Error>(())
 //! ```
 
-
 mod capture;
 mod error;
 mod graph;

@@ -25,8 +25,17 @@
  *
  * A block belongs to the stream it was allocated on. After cuda_mempool_free it is
  * reused on that same stream at once (stream order makes that safe), and on any other
- * stream only once the work issued to its stream (and to every stream named through
- * cuda_mempool_record_stream) before the free has completed.
+ * stream only once that stream is ordered after the work issued to its stream (and to every
+ * stream named through cuda_mempool_record_stream) before the free: the work has completed,
+ * or the new stream was made to wait for it on the device (cuStreamWaitEvent) before the
+ * block is handed over.
+ *
+ * The contract for frameworks, in one sentence: a block is used on the stream it was
+ * allocated on, and use on any other stream is declared with cuda_mempool_record_stream
+ * (PyTorch's record_stream) after ordering that stream after the allocating one. Work a
+ * framework issues on the allocating stream (PyTorch's tensor.copy_(cpu_tensor) and .cpu(),
+ * CuPy's ndarray.set / get and cupy.asarray on its current stream) is then ordered after
+ * the memory's previous owner, whichever stream that was.
  *
  * The library guarantees:
  *  - it passes a stream handle to the driver only during the calls that hand it in
@@ -52,9 +61,21 @@
  *    block allocated on it, or marked with it through cuda_mempool_record_stream, has
  *    been freed;
  *  - pass a stream of the device it names;
- *  - with the per-thread default stream (CU_STREAM_PER_THREAD, CuPy's PTDS mode), know
- *    that its handle value is the same in every thread: the library cannot tell one
- *    thread's per-thread stream from another's.
+ *  - not mark another stream's block with the per-thread default stream
+ *    (cuda_mempool_record_stream refuses it: its handle names the calling thread's stream,
+ *    and the block's free may come from any thread).
+ *
+ * The per-thread default stream (CU_STREAM_PER_THREAD, CuPy's Stream.ptds and
+ * CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1) works: its handle names the calling thread's own
+ * stream, so the library keeps a cache per thread and records fences on it, or makes it
+ * wait, only from that thread. A block freed from another thread (a garbage collector) is
+ * reused at once by its own thread's stream, and by other streams only after its thread has
+ * fenced it (at that thread's next free of its last live block); until then it stays out of
+ * cross-stream reuse. Such a stream never takes memory other streams still use.
+ *
+ * Graph captures: while a stream is captured, the library never records a fence on it or
+ * makes it wait; blocks whose fence would be due there stay out of cross-stream reuse until
+ * a later call can record one.
  */
 #ifndef CUDA_MEMPOOL_H
 #define CUDA_MEMPOOL_H
@@ -85,9 +106,10 @@ void *cuda_mempool_alloc(size_t size, int device, cuda_mempool_stream_t stream);
 void cuda_mempool_free(void *ptr);
 
 /* Marks the live block at `ptr` as used on `stream` too (PyTorch's record_stream): after
- * its free, no other stream reuses it before the work issued to `stream` up to the free
- * has completed. `stream` must stay valid until the block is freed. Returns 0, or -1 on
- * failure (unknown pointer). */
+ * its free, no other stream reuses it before it is ordered after the work issued to
+ * `stream` up to the free. `stream` must stay valid until the block is freed. Returns 0, or
+ * -1 on failure (unknown pointer; the per-thread default stream on another stream's
+ * block). */
 int cuda_mempool_record_stream(void *ptr, cuda_mempool_stream_t stream);
 
 /* If the calling thread's most recent failure was an out of memory, returns 1 and stores
@@ -119,25 +141,33 @@ void cuda_mempool_torch_free(void *ptr, ssize_t size, int device, cuda_mempool_s
 
 /* ---- CuPy: cupy.cuda.memory.CFunctionAllocator(param, malloc, free, owner), whose
  *      functions CuPy calls as void* malloc(void* param, size_t size, int device_id)
- *      and void free(void* param, void* ptr, int device_id). This plain route has two
- *      limits: every block goes on the one stream set with
- *      cuda_mempool_set_current_stream (not CuPy's current stream), and CuPy does not
- *      check the result, so an out of memory gives an array at address 0 instead of an
- *      exception. python/cuda_mempool_cupy.py (beside the library) has neither limit. ---- */
+ *      and void free(void* param, void* ptr, int device_id). This plain route is the same
+ *      allocator as python/cuda_mempool_cupy.py's: each block on CuPy's current stream of
+ *      the calling thread, CuPy's OutOfMemoryError on failure. ---- */
 
-/* Allocates `size` bytes on `device` for use on the calling thread's current stream
- * (see cuda_mempool_set_current_stream; the legacy NULL stream by default). `param` is
- * not used. NULL on failure (see cuda_mempool_last_error), and NULL without an error for
- * size 0. */
+/* Allocates `size` bytes on `device` for use on CuPy's current stream of the calling thread.
+ * The first call registers the CuPy module's hooks (as cuda_mempool_cupy_set_stream_hooks)
+ * when nobody has: through the process's Python interpreter it imports cuda_mempool_cupy (or
+ * runs the copy embedded in this library) and calls its _plain_route, which learns CuPy's
+ * C-level current-stream lookup. `param` is not used. On failure, called by CuPy >= 14.1
+ * with the GIL held (CuPy declares this function `except +`): a Python exception is left
+ * pending (OutOfMemoryError, a subclass of cupy.cuda.memory.OutOfMemoryError, for an out of
+ * memory) and a C++ std::runtime_error THROWN, which CuPy raises as that exception.
+ * Otherwise (an older CuPy, a caller without the GIL such as ctypes.CDLL) NULL with a
+ * last-error message. Without a Python interpreter, or when CuPy's stream cannot be learnt,
+ * it refuses (NULL): it never hands out memory it cannot order on the stream CuPy will use.
+ * NULL without an error for size 0. */
 void *cuda_mempool_cupy_malloc(void *param, size_t size, int device);
 
-/* Frees a block of cuda_mempool_cupy_malloc. `param` and `device` are not needed; NULL is
- * ignored; an unknown pointer changes nothing and records an error. */
+/* Frees a block of cuda_mempool_cupy_malloc or cuda_mempool_cupy_stream_malloc. `param`
+ * and `device` are not needed; NULL is ignored; an unknown pointer changes nothing and
+ * records an error. */
 void cuda_mempool_cupy_free(void *param, void *ptr, int device);
 
-/* Makes `stream` the calling thread's current stream for `device` (NULL: the legacy
- * default stream), the stream cuda_mempool_cupy_malloc allocates on. The stream rules
- * above apply to it. Returns 0, or -1 on failure. */
+/* Makes `stream` the calling thread's current stream of cuda-core for `device` (NULL: the
+ * legacy default stream): the stream Rust code of the process allocates on by default. The
+ * CuPy functions do not use it. The stream rules above apply to it. Returns 0, or -1 on
+ * failure. */
 int cuda_mempool_set_current_stream(int device, cuda_mempool_stream_t stream);
 
 /* ---- CuPy on its own current stream: the allocator python/cuda_mempool_cupy.py installs.

@@ -44,12 +44,25 @@ owned by a small Python object that keeps its stream; ctypes calls both ways); i
 when CuPy does not export ``get_current_stream_ptr``. ``MemoryPool.path`` says which is in use
 (``"c"``, ``"c+check"`` or ``"python"``).
 
-Blocks freed on one stream are reused on another only after the work issued before the free
-completes (the library records the fence at the free).
+Blocks freed on one stream are reused on another only once that stream is ordered after the
+work issued before the free: after a fence has completed, or with the other stream made to
+wait for it on the device. A block is used on the stream it was allocated on (CuPy's current
+stream at the allocation, which CuPy's own calls such as ``ndarray.set``/``get`` and
+``cupy.asarray`` use too); work on another stream needs that stream ordered after the
+allocating one, as with CuPy's own pool.
 
-Limits: with CuPy's per-thread default stream (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``)
-every thread's default stream has the same handle value (``cudaStreamPerThread``), which the
-library cannot tell apart between threads; use explicit streams across threads there.
+CuPy's per-thread default stream (``cupy.cuda.Stream.ptds``, or
+``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` for a whole program) works: its handle
+(``cudaStreamPerThread``) names each thread's own stream, and the pool keeps a cache per thread
+that it uses, and fences, from that thread only. A block freed by another thread (the garbage
+collector) is reused at once by its own thread's stream, and by other streams only after its
+thread has fenced it (at that thread's next free of its last live block).
+
+The plain route (CuPy's documented four lines, ``CFunctionAllocator`` over the library's
+``cuda_mempool_cupy_malloc`` and ``cuda_mempool_cupy_free``) is the same allocator: at its first
+allocation the library imports this module (or runs the copy of it embedded in the library)
+and calls :func:`_plain_route`, which registers CuPy's stream lookup and this module's hooks as
+:func:`install` does, without changing CuPy's allocator or its default pool object.
 
 ``install()`` also makes ``cupy.get_default_memory_pool()`` return this module's pool object
 (pass ``replace_default_pool=False`` to keep CuPy's): code that already calls
@@ -376,6 +389,49 @@ def _make_c_malloc(so, lib_owner):
         _raise_failure(so, size, get_device())
 
     return malloc, "c+check"
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _library_path(address):
+    """The file of the shared library that holds ``address`` (``dladdr``)."""
+    info = _DlInfo()
+    if not ctypes.CDLL(None).dladdr(ctypes.c_void_p(address), ctypes.byref(info)) \
+            or not info.dli_fname:
+        raise RuntimeError(f"dladdr found no library at {address:#x}")
+    return os.fsdecode(info.dli_fname)
+
+
+# Why the plain route's last setup failed (None: it has not failed).
+_plain_error = None
+
+
+def _plain_route(address):
+    """Called by the library at the plain route's first allocation (``cuda_mempool_cupy_malloc``
+    with no hooks registered), with the GIL held: loads the library that holds ``address`` and
+    registers CuPy's current-stream lookup and this module's hooks, as :func:`install` does,
+    leaving CuPy's allocator and default pool object as they are. Returns 0. On failure: raises
+    when CuPy's ``malloc`` catches C++ exceptions (CuPy 14.1 and later: the library then throws
+    and CuPy raises this exception), else returns 1 (the library returns NULL) and keeps the
+    exception in ``_plain_error``."""
+    global _plain_error
+    try:
+        so = load(_library_path(address))
+        if _make_c_malloc(so, so) is None:
+            raise RuntimeError(
+                "cuda-mempool: CuPy exports no C-level current-stream lookup "
+                "(cupy_backends.cuda.stream.get_stream_ptr or cupy.cuda.stream."
+                "get_current_stream_ptr); the plain route cannot learn CuPy's stream")
+        _plain_error = None
+        return 0
+    except Exception as e:  # noqa: BLE001 - handed to the library's caller
+        _plain_error = e
+        if _cupy_checks_malloc_errors():
+            raise
+        return 1
 
 
 def _make_malloc(so):

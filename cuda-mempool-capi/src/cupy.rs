@@ -116,7 +116,7 @@ enum Lookup {
 
 /// The registered callbacks.
 #[derive(Clone, Copy)]
-struct Hooks {
+pub(crate) struct Hooks {
     lookup: Lookup,
     hold: HoldStreamFn,
     release: Option<ReleaseStreamFn>,
@@ -127,7 +127,7 @@ struct Hooks {
 /// reading an older value while a new one is stored; a few words a registration).
 static HOOKS: AtomicPtr<Hooks> = AtomicPtr::new(std::ptr::null_mut());
 
-fn hooks() -> Option<Hooks> {
+pub(crate) fn hooks() -> Option<Hooks> {
     let p = HOOKS.load(Ordering::Acquire);
     // SAFETY: a non-null value is a leaked box, never freed, written before it was stored.
     (!p.is_null()).then(|| unsafe { *p })
@@ -291,12 +291,29 @@ pub extern "C-unwind" fn cuda_mempool_cupy_stream_malloc(
         return std::ptr::null_mut();
     }
     let hooks = hooks();
+    match stream_malloc(CALL, hooks.as_ref(), size, device) {
+        Ok(ptr) => ptr,
+        Err(cupy_failed) => match hooks.and_then(|h| h.error) {
+            Some(error) => raise(error, size, device, cupy_failed),
+            None => std::ptr::null_mut(),
+        },
+    }
+}
+
+/// One allocation on CuPy's current stream through `hooks`; on failure (last error recorded)
+/// `Err(true)` when CuPy's own lookup failed (its Python exception is then pending).
+pub(crate) fn stream_malloc(
+    call: &str,
+    hooks: Option<&Hooks>,
+    size: usize,
+    device: c_int,
+) -> Result<*mut c_void, bool> {
     // Whether CuPy's lookup failed: its Python exception is then already pending.
     let mut cupy_failed = false;
     let ptr = run(std::ptr::null_mut(), || {
-        let hooks = hooks.as_ref().ok_or_else(|| {
+        let hooks = hooks.ok_or_else(|| {
             fail(
-                CALL,
+                call,
                 "no stream hooks registered (cuda_mempool_cupy_set_stream_hooks)",
             )
         })?;
@@ -310,54 +327,329 @@ pub extern "C-unwind" fn cuda_mempool_cupy_stream_malloc(
         if handle == -1 {
             cupy_failed = true;
             return Err(fail(
-                CALL,
+                call,
                 "CuPy's current-stream lookup failed (its Python exception is pending)",
             ));
         }
         let handle = handle as usize;
         if is_implicit(handle) {
-            let id = device_id(CALL, device)?;
-            // SAFETY: an implicit handle (null, legacy, per-thread).
-            let stream = unsafe { wrap_stream(CALL, id, handle as *mut c_void) }?;
-            return alloc(CALL, &stream, size as u64, None);
+            let id = device_id(call, device)?;
+            // SAFETY: an implicit handle (null, legacy, per-thread: the pool keeps a cache
+            // per thread for the last and uses its handle only from its own thread).
+            let stream = unsafe { wrap_stream(call, id, handle as *mut c_void) }?;
+            return alloc(call, &stream, size as u64, None);
         }
-        let stream = acquire(CALL, hooks, device, handle)?;
-        let ptr = alloc(CALL, &stream, size as u64, Some(handle));
+        let stream = acquire(call, hooks, device, handle)?;
+        let ptr = alloc(call, &stream, size as u64, Some(handle));
         if ptr.is_err() {
             unhold(handle);
         }
         ptr
     });
     if ptr.is_null() {
-        if let Some((make_error, set_error)) = hooks.and_then(|h| h.error) {
-            if !cupy_failed {
-                let mut out = [0isize; 2];
-                let release = error_release();
-                // SAFETY: the registration contract; `out` has the two slots the hook writes;
-                // no lock of ours is held; the last error and out-of-memory figures are
-                // recorded.
-                let made = unsafe { make_error(size, device, out.as_mut_ptr()) };
-                if made == 0 && out[0] != 0 && out[1] != 0 {
-                    // SAFETY: the two objects make_error produced (owned or kept alive).
-                    unsafe { set_error(out[0] as *mut c_void, out[1] as *mut c_void) };
-                }
-                if let (0, Some(decref)) = (made, release) {
-                    for object in out.into_iter().filter(|&o| o != 0) {
-                        // SAFETY: with a release function registered, make_error handed over
-                        // one owned reference per object it wrote; set_error took its own.
-                        unsafe { decref(object as *mut c_void) };
-                    }
-                }
+        Err(cupy_failed)
+    } else {
+        Ok(ptr)
+    }
+}
+
+/// Raises the calling thread's failed allocation as a Python exception (unless CuPy's lookup
+/// already left one pending) and throws the C++ exception that makes CuPy's Cython code
+/// raise it.
+fn raise(error: (MakeErrorFn, SetErrorFn), size: usize, device: c_int, cupy_failed: bool) -> ! {
+    let (make_error, set_error) = error;
+    if !cupy_failed {
+        let mut out = [0isize; 2];
+        let release = error_release();
+        // SAFETY: the registration contract; `out` has the two slots the hook writes; no lock
+        // of ours is held; the last error and out-of-memory figures are recorded.
+        let made = unsafe { make_error(size, device, out.as_mut_ptr()) };
+        if made == 0 && out[0] != 0 && out[1] != 0 {
+            // SAFETY: the two objects make_error produced (owned or kept alive).
+            unsafe { set_error(out[0] as *mut c_void, out[1] as *mut c_void) };
+        }
+        if let (0, Some(decref)) = (made, release) {
+            for object in out.into_iter().filter(|&o| o != 0) {
+                // SAFETY: with a release function registered, make_error handed over one
+                // owned reference per object it wrote; set_error took its own.
+                unsafe { decref(object as *mut c_void) };
             }
-            // Nothing of this frame needs dropping. The C++ exception tells CuPy's Cython
-            // code (`except +`) to raise: the pending Python exception if there is one, else a
-            // RuntimeError with the last-error message.
-            // SAFETY: the registration contract of the error hooks: the caller catches C++
-            // exceptions; the message is the thread's last error (or null), copied by C++.
-            unsafe { cuda_mempool_throw_runtime_error(crate::error::last_error_ptr()) }
         }
     }
-    ptr
+    // Nothing of this frame needs dropping. The C++ exception tells CuPy's Cython code
+    // (`except +`) to raise: the pending Python exception if there is one, else a
+    // RuntimeError with the last-error message.
+    // SAFETY: the registration contract of the error hooks: the caller catches C++
+    // exceptions; the message is the thread's last error (or null), copied by C++.
+    unsafe { cuda_mempool_throw_runtime_error(crate::error::last_error_ptr()) }
+}
+
+/// The plain route's allocation ([`crate::cuda_mempool_cupy_malloc`]): as
+/// [`cuda_mempool_cupy_stream_malloc`], first registering the hooks through the CuPy module
+/// when nobody has (see [`python`]). Called without the GIL (through `ctypes.CDLL`, say), it
+/// takes the GIL for CuPy's lookup and never throws: a failure is null, with the last error.
+pub(crate) fn plain_malloc(call: &str, size: usize, device: c_int) -> *mut c_void {
+    let Some(py) = python::api() else {
+        return run(std::ptr::null_mut(), || {
+            Err(fail(
+                call,
+                "CuPy's current stream cannot be learnt: no Python interpreter in this process \
+                 (this function is CuPy's CFunctionAllocator malloc; C code allocates with \
+                 cuda_mempool_alloc on its stream)",
+            ))
+        });
+    };
+    // SAFETY: Python is initialised (python::api checked it); the GIL state functions may be
+    // called from any thread.
+    let caller_holds_gil = unsafe { (py.gil_check)() } == 1;
+    // SAFETY: as above; released below, on every path that returns (none throws while held).
+    let gil = (!caller_holds_gil).then(|| unsafe { (py.gil_ensure)() });
+    let mut result = Ok(std::ptr::null_mut());
+    let mut registered = hooks().is_some();
+    if !registered {
+        match python::register_hooks(py, call) {
+            Ok(()) => registered = true,
+            Err(pending) => result = Err(pending),
+        }
+    }
+    let hooks = hooks();
+    if registered {
+        result = stream_malloc(call, hooks.as_ref(), size, device);
+    }
+    match (result, gil) {
+        (Ok(ptr), None) => ptr,
+        (Ok(ptr), Some(state)) => {
+            // SAFETY: the state from gil_ensure above, on this thread.
+            unsafe { (py.gil_release)(state) };
+            ptr
+        }
+        // CuPy called (the GIL held): raise as the stream route does. A pending Python
+        // exception (CuPy's lookup failed, or the setup raised) is raised as it is.
+        (Err(pending), None) => match hooks {
+            Some(h) => match h.error {
+                Some(error) => raise(error, size, device, pending),
+                // An older CuPy, which would not catch a C++ exception: null only (CuPy's own
+                // pending exception, if any, is raised by Python after the call).
+                None => std::ptr::null_mut(),
+            },
+            // The module's setup raised, which it does only when CuPy catches C++ exceptions.
+            None if pending => python::throw_pending(py),
+            None => std::ptr::null_mut(),
+        },
+        (Err(pending), Some(state)) => {
+            if pending {
+                // Nobody here can receive it: the message is in the last error.
+                // SAFETY: this thread holds the GIL (gil_ensure above).
+                unsafe { (py.err_clear)() };
+            }
+            // SAFETY: the state from gil_ensure above, on this thread.
+            unsafe { (py.gil_release)(state) };
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// The Python C API, found at run time in the process (the plain route needs CuPy's
+/// current stream, and only the CuPy module can register the lookup; the library does not link
+/// against Python, so it loads and works in processes without one).
+pub(crate) mod python {
+    use std::ffi::{c_char, c_int, c_long, c_ulonglong, c_void};
+    use std::sync::OnceLock;
+
+    use crate::{fail, CallError};
+
+    /// `PyObject*`.
+    type Obj = *mut c_void;
+
+    /// The functions the plain route's setup calls (all in CPython's stable ABI).
+    pub(crate) struct Api {
+        initialized: unsafe extern "C" fn() -> c_int,
+        pub(crate) gil_check: unsafe extern "C" fn() -> c_int,
+        pub(crate) gil_ensure: unsafe extern "C" fn() -> c_int,
+        pub(crate) gil_release: unsafe extern "C" fn(c_int),
+        pub(crate) err_clear: unsafe extern "C" fn(),
+        err_occurred: unsafe extern "C" fn() -> Obj,
+        import: unsafe extern "C" fn(*const c_char) -> Obj,
+        compile: unsafe extern "C" fn(*const c_char, *const c_char, c_int) -> Obj,
+        exec_module: unsafe extern "C" fn(*const c_char, Obj, *const c_char) -> Obj,
+        get_attr: unsafe extern "C" fn(Obj, *const c_char) -> Obj,
+        call: unsafe extern "C" fn(Obj, Obj) -> Obj,
+        tuple_new: unsafe extern "C" fn(isize) -> Obj,
+        tuple_set: unsafe extern "C" fn(Obj, isize, Obj) -> c_int,
+        long_from: unsafe extern "C" fn(c_ulonglong) -> Obj,
+        long_as: unsafe extern "C" fn(Obj) -> c_long,
+        decref: unsafe extern "C" fn(Obj),
+    }
+
+    extern "C" {
+        /// `dlsym(3)` (glibc: libc, or libdl before 2.34; the standard library links it).
+        fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+    }
+
+    /// `RTLD_DEFAULT`: the process's global symbol scope.
+    const RTLD_DEFAULT: *mut c_void = std::ptr::null_mut();
+
+    /// `Py_file_input`.
+    const FILE_INPUT: c_int = 257;
+
+    /// The CuPy module's source, run when `import cuda_mempool_cupy` finds no module (the
+    /// plain route, with the module nowhere on `sys.path`). NUL-terminated.
+    const MODULE_SOURCE: &str = concat!(include_str!("../python/cuda_mempool_cupy.py"), "\0");
+
+    /// Looks `name` (NUL-terminated) up in the process's global symbol scope.
+    fn symbol(name: &str) -> Option<*mut c_void> {
+        // SAFETY: `name` is NUL-terminated; dlsym reads it and returns an address or null.
+        let p = unsafe { dlsym(RTLD_DEFAULT, name.as_ptr().cast()) };
+        (!p.is_null()).then_some(p)
+    }
+
+    fn find() -> Option<Api> {
+        macro_rules! f {
+            ($name:literal as $ty:ty) => {{
+                let p = symbol(concat!($name, "\0"))?;
+                // SAFETY: CPython exports this function with the signature the field declares
+                // (its stable ABI); a data pointer and a function pointer have the same size
+                // and representation on the platforms this library builds for.
+                unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
+            }};
+        }
+        Some(Api {
+            initialized: f!("Py_IsInitialized" as unsafe extern "C" fn() -> c_int),
+            gil_check: f!("PyGILState_Check" as unsafe extern "C" fn() -> c_int),
+            gil_ensure: f!("PyGILState_Ensure" as unsafe extern "C" fn() -> c_int),
+            gil_release: f!("PyGILState_Release" as unsafe extern "C" fn(c_int)),
+            err_clear: f!("PyErr_Clear" as unsafe extern "C" fn()),
+            err_occurred: f!("PyErr_Occurred" as unsafe extern "C" fn() -> Obj),
+            import: f!("PyImport_ImportModule" as unsafe extern "C" fn(*const c_char) -> Obj),
+            compile: f!("Py_CompileString"
+                as unsafe extern "C" fn(*const c_char, *const c_char, c_int) -> Obj),
+            exec_module: f!("PyImport_ExecCodeModuleEx"
+                as unsafe extern "C" fn(*const c_char, Obj, *const c_char) -> Obj),
+            get_attr: f!(
+                "PyObject_GetAttrString" as unsafe extern "C" fn(Obj, *const c_char) -> Obj
+            ),
+            call: f!("PyObject_CallObject" as unsafe extern "C" fn(Obj, Obj) -> Obj),
+            tuple_new: f!("PyTuple_New" as unsafe extern "C" fn(isize) -> Obj),
+            tuple_set: f!("PyTuple_SetItem" as unsafe extern "C" fn(Obj, isize, Obj) -> c_int),
+            long_from: f!("PyLong_FromUnsignedLongLong" as unsafe extern "C" fn(c_ulonglong) -> Obj),
+            long_as: f!("PyLong_AsLong" as unsafe extern "C" fn(Obj) -> c_long),
+            decref: f!("Py_DecRef" as unsafe extern "C" fn(Obj)),
+        })
+    }
+
+    /// The Python C API of this process, when it has an initialised interpreter.
+    pub(crate) fn api() -> Option<&'static Api> {
+        static API: OnceLock<Option<Api>> = OnceLock::new();
+        let api = API.get_or_init(find).as_ref()?;
+        // SAFETY: Py_IsInitialized may be called at any time, from any thread.
+        (unsafe { (api.initialized)() } != 0).then_some(api)
+    }
+
+    /// Registers CuPy's stream lookup and the CuPy module's hooks, as the module's `install()`
+    /// does, without changing CuPy's allocator: imports `cuda_mempool_cupy` (or runs the copy
+    /// embedded in this library) and calls its `_plain_route(address)`, which finds this
+    /// library from the address of one of its functions. `Err(true)`: the module raised, and
+    /// its Python exception is pending (it raises only when CuPy's `malloc` catches C++
+    /// exceptions); `Err(false)`: the last error says why. Needs the GIL.
+    pub(crate) fn register_hooks(py: &Api, call: &str) -> Result<(), bool> {
+        let mut raised = false;
+        let done = crate::run(false, || setup(py, call, &mut raised).map(|()| true));
+        match (done, raised) {
+            (true, _) => Ok(()),
+            (false, raised) => Err(raised),
+        }
+    }
+
+    /// [`register_hooks`]: `Err` with the message; `raised` set when the module's exception
+    /// is left pending.
+    fn setup(py: &Api, call: &str, raised: &mut bool) -> Result<(), CallError> {
+        // Any other pending exception is cleared: the caller may not catch C++ exceptions.
+        let failed = |what: &str| {
+            // SAFETY: the caller holds the GIL.
+            unsafe { (py.err_clear)() };
+            fail(call, format!("the CuPy module could not be set up: {what}"))
+        };
+        // SAFETY: every call below is made with the GIL held (the caller's); the arguments are
+        // NUL-terminated strings or objects this function owns a reference to; each new
+        // reference is released once.
+        unsafe {
+            let mut module = (py.import)(c"cuda_mempool_cupy".as_ptr());
+            if module.is_null() {
+                (py.err_clear)();
+                let code = (py.compile)(
+                    MODULE_SOURCE.as_ptr().cast(),
+                    c"cuda_mempool_cupy.py (embedded in libcuda_mempool_capi.so)".as_ptr(),
+                    FILE_INPUT,
+                );
+                if code.is_null() {
+                    return Err(failed("its embedded source does not compile"));
+                }
+                module = (py.exec_module)(c"cuda_mempool_cupy".as_ptr(), code, std::ptr::null());
+                (py.decref)(code);
+                if module.is_null() {
+                    return Err(failed("importing it raised (is CuPy importable?)"));
+                }
+            }
+            let func = (py.get_attr)(module, c"_plain_route".as_ptr());
+            (py.decref)(module);
+            if func.is_null() {
+                return Err(failed(
+                    "it has no _plain_route (a cuda_mempool_cupy.py older than this library)",
+                ));
+            }
+            let address = crate::cuda_mempool_cupy_malloc as *const () as usize as c_ulonglong;
+            let args = (py.tuple_new)(1);
+            let arg = if args.is_null() {
+                std::ptr::null_mut()
+            } else {
+                (py.long_from)(address)
+            };
+            // PyTuple_SetItem steals the reference to `arg`, even when it fails.
+            let set = !arg.is_null() && (py.tuple_set)(args, 0, arg) == 0;
+            let result = if set {
+                (py.call)(func, args)
+            } else {
+                std::ptr::null_mut()
+            };
+            if !args.is_null() {
+                (py.decref)(args);
+            }
+            (py.decref)(func);
+            if !set {
+                return Err(failed("no memory for the call's arguments"));
+            }
+            if result.is_null() {
+                *raised = true;
+                return Err(fail(
+                    call,
+                    "the CuPy module could not register CuPy's current-stream lookup (its Python \
+                     exception is pending)",
+                ));
+            }
+            let status = (py.long_as)(result);
+            (py.decref)(result);
+            if status == -1 && !(py.err_occurred)().is_null() {
+                return Err(failed("_plain_route returned no int"));
+            }
+            if status != 0 {
+                return Err(fail(
+                    call,
+                    "the CuPy module could not register CuPy's current-stream lookup \
+                     (cuda_mempool_cupy._plain_error says why)",
+                ));
+            }
+            Ok(())
+        }
+    }
+
+    /// Throws the C++ exception that makes CuPy's Cython code raise the pending Python
+    /// exception. Needs the GIL, held by a caller that catches C++ exceptions (CuPy's
+    /// `malloc`, declared `except +` from CuPy 14.1: the module raises only then).
+    pub(crate) fn throw_pending(py: &Api) -> ! {
+        let _ = py;
+        // SAFETY: the caller catches C++ exceptions (above); the message is copied by C++.
+        unsafe { super::cuda_mempool_throw_runtime_error(crate::error::last_error_ptr()) }
+    }
 }
 
 unsafe extern "C-unwind" {

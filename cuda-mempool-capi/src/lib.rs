@@ -15,7 +15,8 @@
 //! | [`cuda_mempool_alloc`], [`cuda_mempool_free`] | C code, and the CuPy module `python/cuda_mempool_cupy.py` (allocations on CuPy's current stream) |
 //! | `cuda_mempool_torch_alloc` (C++, throws on failure), [`cuda_mempool_torch_free`] | PyTorch's `torch.cuda.memory.CUDAPluggableAllocator(path, "cuda_mempool_torch_alloc", "cuda_mempool_torch_free")` |
 //! | [`cuda_mempool_cupy_stream_malloc`], [`cuda_mempool_cupy_set_stream_hooks`], [`cuda_mempool_cupy_held_streams`] (module [`cupy`]) | the CuPy module's allocator: CuPy's `CFunctionAllocator` on CuPy's current stream, the stream kept alive per stream |
-//! | [`cuda_mempool_cupy_malloc`], [`cuda_mempool_cupy_free`], [`cuda_mempool_set_current_stream`] | CuPy's plain `cupy.cuda.memory.CFunctionAllocator(param, malloc, free, owner)` (one stream, no exception) |
+//! | [`cuda_mempool_cupy_malloc`], [`cuda_mempool_cupy_free`] | CuPy's plain `cupy.cuda.memory.CFunctionAllocator(param, malloc, free, owner)`: the same allocator as the module's (CuPy's current stream, CuPy's `OutOfMemoryError`), set up on first use through the process's Python |
+//! | [`cuda_mempool_set_current_stream`] | the calling thread's current stream of `cuda-core` (Rust code in the process) |
 //! | [`cuda_mempool_record_stream`] | marking a block as used on another stream (PyTorch's `record_stream`) |
 //! | [`cuda_mempool_used_bytes`], [`cuda_mempool_reserved_bytes`], [`cuda_mempool_free_bytes`], [`cuda_mempool_peak_reserved_bytes`], [`cuda_mempool_n_free_blocks`], [`cuda_mempool_live_allocations`] | statistics |
 //! | [`cuda_mempool_free_all_blocks`], [`cuda_mempool_set_limit`], [`cuda_mempool_get_limit`] | control |
@@ -54,6 +55,15 @@
 //!   from it are destroyed.
 //! * Out of memory leaves the pool as it was before the request: what it reserved while
 //!   trying is given back.
+//! * The per-thread default stream (`CU_STREAM_PER_THREAD`, CuPy's `Stream.ptds`) has a cache
+//!   per thread, fenced and waited on only from its own thread; a block freed on another
+//!   thread is reused by other streams only after its thread has fenced it. It cannot mark
+//!   another stream's block ([`cuda_mempool_record_stream`] refuses it).
+//! * The contract for frameworks: a block is used on the stream it was allocated on, and
+//!   [`cuda_mempool_record_stream`] declares use on others; the framework's own work on the
+//!   allocating stream (copies from and to the host included) is then ordered after the
+//!   memory's previous owner, even when the pool handed over another stream's block, ordered
+//!   on the device.
 //!
 //! # Example (Rust view of the C calls)
 //!
@@ -90,7 +100,8 @@ use std::cell::Cell;
 use cuda_core::sys::CUstream;
 use cuda_core::Stream;
 use cuda_mempool::{
-    default_pool, DeviceId, DevicePool, DriverBackend, Limit, MemoryPool, PoolConfig, PoolError,
+    default_pool, Backend, DeviceId, DevicePool, DriverBackend, Limit, MemoryPool, PoolConfig,
+    PoolError,
 };
 
 use registry::Registry;
@@ -287,13 +298,22 @@ fn alloc(
     Ok(to_c_ptr(addr))
 }
 
-/// The pool's key for a stream handle, as `Stream::identity` gives it: the legacy null
-/// stream under either name (null, `CU_STREAM_LEGACY`) is 0, any other handle its value.
-fn identity_of(handle: *mut c_void) -> u64 {
-    match handle as usize {
+/// The pool's key for a stream handle of `device`, as the pool's `stream_key` gives it: the
+/// legacy null stream under either name (null, `CU_STREAM_LEGACY`) is 0, the per-thread
+/// default stream the calling thread's own key, any other handle its value. No driver call.
+fn key_of(call: &str, device: DeviceId, handle: *mut c_void) -> Result<u64, CallError> {
+    Ok(match handle as usize {
         cuda_core::stream::LEGACY_HANDLE => 0,
+        cuda_core::stream::PER_THREAD_HANDLE => {
+            let pool = pool(call)?;
+            let dev = pool.backend().device(device).map_err(|e| fail(call, e))?;
+            pool.backend()
+                .stream_key(&Stream::per_thread(&dev))
+                .map_err(|e| fail(call, e))?
+                .0
+        }
         h => h as u64,
-    }
+    })
 }
 
 /// Frees the block at `ptr`. With `stream` (a device and a stream handle, valid for this
@@ -315,8 +335,18 @@ fn free(
             format!("{addr:#x} is not a live allocation of this pool (double free, or another allocator's pointer)"),
         )
     })?;
+    let own = match stream {
+        Some((device, handle)) => match key_of(call, device, handle) {
+            Ok(key) => key == raw.stream().0,
+            Err(e) => {
+                LIVE.insert_held(raw, hold);
+                return Err(e);
+            }
+        },
+        None => true,
+    };
     let other = match stream {
-        Some((device, handle)) if identity_of(handle) != raw.stream().0 => {
+        Some((device, handle)) if !own => {
             // SAFETY: the caller's contract: `handle` is valid during this call; the wrapper
             // (and a record_stream mark's clone of it) is dropped by the free below.
             match unsafe { wrap_stream(call, device, handle) } {
@@ -353,9 +383,10 @@ fn free(
 ///
 /// # Safety
 ///
-/// `stream` must be null, `CU_STREAM_LEGACY`, or a valid stream of `device` that stays
-/// valid until every block allocated on it has been freed (the library never touches it
-/// after that). The per-thread default stream is refused.
+/// `stream` must be null, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD` (the calling thread's
+/// per-thread default stream: the pool keeps a cache per thread and uses that handle only
+/// from its own thread), or a valid stream of `device` that stays valid until every block
+/// allocated on it has been freed (the library never touches it after that).
 #[no_mangle]
 pub unsafe extern "C" fn cuda_mempool_alloc(
     size: usize,
@@ -423,37 +454,40 @@ pub unsafe extern "C" fn cuda_mempool_torch_free(
 }
 
 /// CuPy's `CFunctionAllocator` `malloc` (`void* malloc(void* param, size_t size, int
-/// device_id)`): `size` bytes on `device` for use on the calling thread's current stream of
-/// `cuda-core` (the legacy default stream unless [`cuda_mempool_set_current_stream`] chose
-/// another). `param` is not used.
+/// device_id)`), the plain route: `size` bytes on `device` for use on CuPy's current stream of
+/// the calling thread, exactly as the CuPy module's allocator
+/// ([`cuda_mempool_cupy_stream_malloc`]). The first call registers the CuPy module's hooks
+/// when nobody has: it imports `cuda_mempool_cupy` (or runs the copy embedded in this
+/// library) through the Python interpreter of the process and calls its `_plain_route`, which
+/// learns CuPy's C-level current-stream lookup and registers it, with the hooks that keep a
+/// stream's CuPy object alive while it has live blocks and raise CuPy's `OutOfMemoryError`.
+/// `param` is not used.
 ///
-/// Returns null with a last-error message on failure; null without one for size 0. CuPy
-/// does not check the pointer it gets: use the CuPy module (`cuda_mempool_cupy.py`), which
-/// raises `OutOfMemoryError` and allocates on CuPy's own current stream.
+/// On failure: with CuPy 14.1 or later (whose Cython code declares this function `except +`),
+/// a Python exception is left pending (`OutOfMemoryError` for an out of memory) and a C++
+/// `std::runtime_error` is thrown, which CuPy turns into that exception; with an older CuPy,
+/// or when called without the GIL (through `ctypes.CDLL`: the function then takes the GIL for
+/// CuPy's lookup), null with a last-error message. Without a Python interpreter, or when
+/// CuPy's current stream cannot be learnt, it refuses (null, last error): it never hands out
+/// memory on a stream that is not the one CuPy will use it on. Null without an error for
+/// size 0.
 #[no_mangle]
-pub extern "C" fn cuda_mempool_cupy_malloc(
+pub extern "C-unwind" fn cuda_mempool_cupy_malloc(
     param: *mut c_void,
     size: usize,
     device: c_int,
 ) -> *mut c_void {
-    const CALL: &str = "cuda_mempool_cupy_malloc";
     let _ = param;
-    run(std::ptr::null_mut(), || {
-        if size == 0 {
-            return Ok(std::ptr::null_mut());
-        }
-        let id = device_id(CALL, device)?;
-        let dev = pool(CALL)?
-            .backend()
-            .device(id)
-            .map_err(|e| fail(CALL, e))?;
-        alloc(CALL, &Stream::current(&dev), size as u64, None)
-    })
+    if size == 0 {
+        return std::ptr::null_mut();
+    }
+    cupy::plain_malloc("cuda_mempool_cupy_malloc", size, device)
 }
 
 /// CuPy's `CFunctionAllocator` `free` (`void free(void* param, void* ptr, int
-/// device_id)`): gives back a block from [`cuda_mempool_cupy_malloc`] to the stream it
-/// was allocated on. `param` and `device` are not needed; null is ignored; an unknown
+/// device_id)`): gives back a block from [`cuda_mempool_cupy_malloc`] or
+/// [`cuda_mempool_cupy_stream_malloc`] to the stream it was allocated on (and lets go of
+/// that stream's CuPy object after its last block). `param` and `device` are not needed; null is ignored; an unknown
 /// pointer changes nothing and records a last-error message.
 ///
 /// # Safety
@@ -476,8 +510,9 @@ pub unsafe extern "C" fn cuda_mempool_cupy_free(
 }
 
 /// Makes `stream` the calling thread's current stream for `device` (null: the legacy
-/// null stream again), as `cuda-core`'s `Stream::make_current` does; the CuPy entry
-/// points allocate on it. Returns 0, or -1 with a last-error message (invalid device, a
+/// null stream again), as `cuda-core`'s `Stream::make_current` does: the stream that Rust
+/// code of the process allocates on by default. The CuPy entry points do not use it (they
+/// allocate on CuPy's current stream). Returns 0, or -1 with a last-error message (invalid device, a
 /// stream of another device, no driver).
 ///
 /// # Safety
@@ -736,6 +771,21 @@ mod tests {
         unsafe { cuda_mempool_cupy_free(std::ptr::null_mut(), std::ptr::null_mut(), 0) };
         assert_eq!(last_error_message(), None);
         assert!(cuda_mempool_last_error().is_null());
+    }
+
+    /// The plain route needs CuPy's current stream: in a process without a Python
+    /// interpreter (this test binary) it refuses, before touching the pool or the driver.
+    #[test]
+    fn the_plain_cupy_route_refuses_without_python() {
+        clear_last_error();
+        let live = cuda_mempool_live_allocations();
+        assert!(cuda_mempool_cupy_malloc(std::ptr::null_mut(), 4096, 0).is_null());
+        let msg = last_error_message().unwrap_or_default();
+        assert!(
+            msg.contains("cuda_mempool_cupy_malloc") && msg.contains("no Python interpreter"),
+            "{msg}"
+        );
+        assert_eq!(cuda_mempool_live_allocations(), live);
     }
 
     #[test]

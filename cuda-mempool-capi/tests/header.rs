@@ -44,7 +44,7 @@ exports! {
     cuda_mempool_torch_free = "void(void*,ssize_t,int,cuda_mempool_stream_t)":
         unsafe extern "C" fn(*mut c_void, isize, c_int, Stream);
     cuda_mempool_cupy_malloc = "void*(void*,size_t,int)":
-        extern "C" fn(*mut c_void, usize, c_int) -> *mut c_void;
+        extern "C-unwind" fn(*mut c_void, usize, c_int) -> *mut c_void;
     cuda_mempool_cupy_free = "void(void*,void*,int)":
         unsafe extern "C" fn(*mut c_void, *mut c_void, c_int);
     cuda_mempool_set_current_stream = "int(int,cuda_mempool_stream_t)":

@@ -189,7 +189,10 @@ unsafe impl Backend for DriverBackend {
 
     fn stream_key(&self, stream: &Stream) -> Result<StreamId, PoolError> {
         if stream.kind() == StreamKind::PerThread {
-            return Err(PoolError::PerThreadStream);
+            // CU_STREAM_PER_THREAD names the calling thread's own stream: its cache is that
+            // thread's, and the pool uses the handle from that thread only (see
+            // `pool::per_thread_key`).
+            return Ok(crate::pool::per_thread_key());
         }
         Ok(StreamId(stream.identity()))
     }
@@ -197,7 +200,11 @@ unsafe impl Backend for DriverBackend {
     #[inline]
     fn may_release_stream(&self, stream: &Stream) -> bool {
         match stream.kind() {
-            StreamKind::LegacyNull | StreamKind::PerThread => false,
+            StreamKind::LegacyNull => false,
+            // Let go once its blocks are freed, as an external stream: the detach fence is
+            // recorded by the owning thread (a free on another thread leaves the shard
+            // attached until the owner's next last free).
+            StreamKind::PerThread => true,
             // Our clone is the last one: the owner dropped the stream.
             StreamKind::Owned => stream.clone_count() == Some(1),
             // A foreign stream is relied on only while blocks made on it are live, unless

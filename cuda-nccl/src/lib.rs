@@ -43,7 +43,6 @@
 //! NVLink multicast (NVLS) is NCCL's choice, not this crate's; the tests, examples and
 //! benchmarks of this workspace run with `NCCL_NVLS_ENABLE=0`.
 
-
 pub mod collectives;
 pub mod comm;
 pub mod dtype;

@@ -43,7 +43,6 @@
 //! # Ok::<(), cuda_xfer::Error>(())
 //! ```
 
-
 #[cfg(feature = "ndarray")]
 pub mod array;
 pub mod buffer;

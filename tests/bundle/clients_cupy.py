@@ -21,6 +21,23 @@ Scenarios (each in its own process; --only NAME runs a subset):
                      stream learnt from CuPy) keeps a stream object alive exactly while the
                      stream has live blocks, once a stream; the default stream is never held;
                      an out of memory on a stream leaves nothing held.
+  steal_calls        CuPy calls users write after a steal: a ~0.2 s kernel on non-blocking
+                     stream A writes a block, which is freed; non-blocking stream B allocates
+                     the same size (the pool may hand it A's block, ordered on the device) and
+                     then runs ndarray.set, ndarray.get or cupy.asarray(numpy_array) on it:
+                     the data is right, read back at once and after everything finished.
+  ptds_threads       8 threads on CuPy's per-thread default stream (cupy.cuda.Stream.ptds),
+                     handing buffers that kernels still write to a collector thread that
+                     frees them (frees from another thread), for --seconds: live buffers
+                     never overwritten, no thread raises.
+  ptds_program       the same with CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 (the whole program's
+                     default stream is the per-thread one), 8 threads and the collector.
+  plain_*            the plain route (CuPy's documented four lines: CFunctionAllocator over
+                     cuda_mempool_cupy_malloc / cuda_mempool_cupy_free, no module install):
+                     plain_cross_nonblocking, plain_cross_blocking, plain_threads, plain_oom,
+                     plain_oom_limit, plain_steal_calls, plain_ptds_threads; the library sets
+                     up CuPy's stream lookup itself (here from the copy of the module embedded
+                     in the library: lib/ is taken off sys.path).
 
 Usage: python3 clients_cupy.py [--lib PATH] [--seconds S] [--streams N] [--sanitize] [--only X]
 Prints PASS/FAIL lines and "N passed, N failed"; exit status 1 on any failure.
@@ -47,11 +64,71 @@ extern "C" __global__ void spin_fill(float* p, long long n, float v, long long c
 """
 
 
+class PlainPool:
+    """The pool's figures and controls through the C functions (the plain route installs no
+    module object); the subset of the module's MemoryPool the scenarios use."""
+
+    path = "plain"
+
+    def __init__(self, so):
+        import ctypes
+
+        self.so = so
+        for name in ("used_bytes", "reserved_bytes", "get_limit", "n_free_blocks",
+                     "cupy_held_streams", "live_allocations"):
+            getattr(so, "cuda_mempool_" + name).restype = ctypes.c_int64
+        so.cuda_mempool_set_limit.argtypes = [ctypes.c_int, ctypes.c_size_t]
+        so.cuda_mempool_last_error.restype = ctypes.c_char_p
+
+    def used_bytes(self):
+        return self.so.cuda_mempool_used_bytes(0)
+
+    def total_bytes(self):
+        return self.so.cuda_mempool_reserved_bytes(0)
+
+    def n_free_blocks(self):
+        return self.so.cuda_mempool_n_free_blocks()
+
+    def held_streams(self):
+        return self.so.cuda_mempool_cupy_held_streams()
+
+    def free_all_blocks(self):
+        if self.so.cuda_mempool_free_all_blocks() != 0:
+            raise RuntimeError(self.so.cuda_mempool_last_error())
+
+    def set_limit(self, size=None):
+        if self.so.cuda_mempool_set_limit(0, size or 0) != 0:
+            raise ValueError(self.so.cuda_mempool_last_error())
+
+    def get_limit(self):
+        return self.so.cuda_mempool_get_limit(0)
+
+
+def install_plain(cp, lib):
+    """CuPy's documented CFunctionAllocator lines over the library, nothing else; lib/ is
+    taken off sys.path so that the library runs its embedded copy of the module."""
+    import ctypes
+
+    libdir = os.path.dirname(os.path.abspath(lib))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != libdir]
+    so = ctypes.CDLL(lib)
+    addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+    alloc = cp.cuda.memory.CFunctionAllocator(
+        0, addr(so.cuda_mempool_cupy_malloc), addr(so.cuda_mempool_cupy_free), so)
+    cp.cuda.set_allocator(alloc.malloc)
+    return PlainPool(so)
+
+
 def setup(args):
     import cupy as cp
-    import cuda_mempool_cupy as cmp
 
-    pool = cmp.install(args.lib)
+    if args.mode == "plain":
+        pool = install_plain(cp, args.lib)
+        cmp = None
+    else:
+        import cuda_mempool_cupy as cmp
+
+        pool = cmp.install(args.lib)
     cp.cuda.Device(0).use()
     kern = cp.RawKernel(SPIN_SRC, "spin_fill")
     clock_khz = cp.cuda.runtime.getDeviceProperties(0)["clockRate"]
@@ -390,8 +467,16 @@ def oom(args, rep, with_limit):
             rep.check(False, f"{label}: 512 MiB under the limit ({type(e).__name__}: {e})")
         pool.set_limit()
         rep.check(pool.get_limit() == 0, f"{label}: set_limit() removes the limit")
-    rep.check(cp.get_default_memory_pool() is pool,
-              "cupy.get_default_memory_pool() is the module's pool")
+    if args.mode == "plain":
+        mod = sys.modules.get("cuda_mempool_cupy")
+        rep.check(mod is not None and "embedded" in getattr(mod, "__file__", ""),
+                  f"plain route: the library set up its embedded module copy ({mod})")
+        rep.check(isinstance(getattr(mod, "OutOfMemoryError", None), type) and
+                  issubclass(mod.OutOfMemoryError, cp.cuda.memory.OutOfMemoryError),
+                  "plain route: its OutOfMemoryError is CuPy's")
+    else:
+        rep.check(cp.get_default_memory_pool() is pool,
+                  "cupy.get_default_memory_pool() is the module's pool")
     del keep
 
 
@@ -450,13 +535,170 @@ def graph(args, rep):
               "graph: the capture's memory returns after the graph is destroyed")
 
 
+def steal_calls(args, rep):
+    """Item 2 of "Reused pool memory is safe for every use": CuPy's own calls on a block the
+    pool may have handed from stream A to stream B, ordered on the device."""
+    import numpy as np
+
+    cp, cmp, pool, kern, khz = setup(args)
+    n = 4 * MIB  # float32: 16 MiB
+    cycles = int(0.2 * khz * 1000)
+    sa = cp.cuda.Stream(non_blocking=True)
+    sb = cp.cuda.Stream(non_blocking=True)
+    host = {v: np.full(n, v, dtype=np.float32) for v in (2.0, 3.0)}
+    for s in (sa, sb):  # warm up kernels and copies on both streams
+        with s:
+            w = cp.empty(n, dtype=cp.float32)
+            launch(cp, kern, w, 0.0, 1000)
+            w.set(host[2.0])
+            w.get()
+            cp.asarray(host[3.0])
+            w.fill(4.0)
+            del w
+    cp.cuda.Device(0).synchronize()
+    for call in ("set", "asarray", "get"):
+        for rnd in range(3):
+            with sa:
+                a = cp.empty(n, dtype=cp.float32)
+                launch(cp, kern, a, 1.0, cycles)
+                done = cp.cuda.Event()
+                done.record(sa)
+                ptr_a = a.data.ptr
+                del a  # freed while the kernel still runs (and will write 1.0)
+            with sb:
+                if call == "set":
+                    b = cp.empty(n, dtype=cp.float32)
+                    b.set(host[2.0])
+                    want = 2.0
+                elif call == "asarray":
+                    b = cp.asarray(host[3.0])
+                    want = 3.0
+                else:
+                    b = cp.empty(n, dtype=cp.float32)
+                    b.fill(4.0)
+                    want = 4.0
+                overlap = not done.done
+                now = b.get()  # on stream B, at once
+            cp.cuda.Device(0).synchronize()
+            later = cp.asnumpy(b)
+            bad_now = int((now != want).sum())
+            bad_later = int((later != want).sum())
+            same = b.data.ptr == ptr_a
+            rep.info(f"{call} round {rnd}: kernel still running at the hand-over: {overlap}; "
+                     f"same block: {same}")
+            rep.check(bad_now == 0 and bad_later == 0,
+                      f"{call} round {rnd}: {bad_now} elements wrong when read back on stream B, "
+                      f"{bad_later} after everything finished (same block: {same})")
+            del b
+    cp.cuda.Device(0).synchronize()
+
+
+def ptds_scenario(args, rep, whole_program):
+    """Item 3: CuPy's per-thread default stream, 8 threads, frees from a collector thread."""
+    import queue
+    import random
+
+    if whole_program:
+        os.environ["CUPY_CUDA_PER_THREAD_DEFAULT_STREAM"] = "1"
+    cp, cmp, pool, kern, khz = setup(args)
+    ptds = cp.cuda.Stream.ptds
+    if whole_program:
+        rep.check(cp.cuda.get_current_stream().ptr == ptds.ptr,
+                  f"CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1: the default stream is the per-thread "
+                  f"one (handle {cp.cuda.get_current_stream().ptr:#x})")
+    n_threads = 8
+    short = int(0.002 * khz * 1000)  # ~2 ms
+    stop_at = time.time() + args.seconds
+    graveyard = queue.Queue()
+    errors, crashes, iters, collected = [], [], [0] * n_threads, [0]
+
+    def collector():
+        while True:
+            item = graveyard.get()
+            if item is None:
+                return
+            time.sleep(random.random() * 0.001)
+            del item  # the last reference: freed on this thread
+            collected[0] += 1
+
+    def work(t):
+        rng = random.Random(2000 + t)
+        kept = []
+        while time.time() < stop_at:
+            x = cp.empty(rng.randint(1, 16) * MIB // 4, dtype=cp.float32)
+            launch(cp, kern, x, -1.0 - t, short)
+            graveyard.put(x)  # freed by the collector while the kernel may still write it
+            del x
+            val = float(t * 1_000_000 + iters[t] % 1_000_000)
+            y = cp.empty(rng.randint(1, 16) * MIB // 4, dtype=cp.float32)
+            launch(cp, kern, y, val, 0)
+            kept.append((y, val))
+            if len(kept) > 4:
+                graveyard.put(kept.pop(0)[0])
+            iters[t] += 1
+            if iters[t] % 8 == 0:
+                cp.cuda.get_current_stream().synchronize()
+                for arr, v in kept:
+                    bad = int((arr != v).sum())
+                    if bad:
+                        errors.append(f"thread {t} iter {iters[t]}: {bad} elements of a live "
+                                      f"buffer overwritten")
+        cp.cuda.get_current_stream().synchronize()
+        for arr, v in kept:
+            bad = int((arr != v).sum())
+            if bad:
+                errors.append(f"thread {t} final: {bad} elements overwritten")
+
+    def worker(t):
+        try:
+            if whole_program:
+                if cp.cuda.get_current_stream().ptr != ptds.ptr:
+                    raise RuntimeError("the thread's default stream is not the per-thread one")
+                work(t)
+            else:
+                with ptds:
+                    work(t)
+        except Exception as e:  # noqa: BLE001 - reported as a failure
+            crashes.append(f"thread {t}: {type(e).__name__}: {e}")
+
+    col = threading.Thread(target=collector)
+    col.start()
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    graveyard.put(None)
+    col.join()
+    cp.cuda.Device(0).synchronize()
+    rep.info(f"per-thread default stream{' (whole program)' if whole_program else ''}: "
+             f"{n_threads} threads, {args.seconds:.0f} s, {sum(iters)} iterations "
+             f"({', '.join(map(str, iters))}); {collected[0]} blocks freed by the collector; "
+             f"pool reserved {pool.total_bytes() / MIB:.1f} MiB")
+    rep.check(not crashes, "no thread raised (allocations on the per-thread stream served)" +
+              ("" if not crashes else ": " + "; ".join(crashes[:5])))
+    rep.check(not errors, "no live buffer corrupted" +
+              ("" if not errors else ": " + "; ".join(errors[:5])))
+    rep.check(min(iters) > 0 and collected[0] > 0,
+              "every thread made progress and the collector freed blocks")
+    rep.check(pool.used_bytes() == 0,
+              f"every block came back ({pool.used_bytes()} bytes still used)")
+
+
 SCENARIOS = ["cross_nonblocking", "cross_blocking", "cross_default", "destroyed_stream",
-             "threads", "churn", "oom", "oom_limit", "graph", "stream_hold"]
+             "threads", "churn", "oom", "oom_limit", "graph", "stream_hold", "steal_calls",
+             "ptds_threads", "ptds_program"]
+# The plain route (--mode plain): the same scenarios through CuPy's four documented lines.
+PLAIN = ["cross_nonblocking", "cross_blocking", "threads", "oom", "oom_limit", "steal_calls",
+         "ptds_threads"]
 
 
 def child(args):
     rep = common.Report()
     name = args.child
+    if name.startswith("plain_"):
+        args.mode = "plain"
+        name = name[len("plain_"):]
     if args.sanitize:
         args.seconds = min(args.seconds, 5)
         args.streams = min(args.streams, 200)
@@ -477,6 +719,12 @@ def child(args):
             graph(args, rep)
         elif name == "stream_hold":
             stream_hold(args, rep)
+        elif name == "steal_calls":
+            steal_calls(args, rep)
+        elif name == "ptds_threads":
+            ptds_scenario(args, rep, False)
+        elif name == "ptds_program":
+            ptds_scenario(args, rep, True)
         else:
             rep.check(False, f"unknown scenario {name}")
     except Exception as e:  # noqa: BLE001
@@ -494,7 +742,8 @@ def main():
     if not os.path.exists(args.lib):
         print(f"FAIL: {args.lib} not found\n0 passed, 1 failed")
         return 1
-    return common.run_scenarios(os.path.abspath(__file__), args, [(s, []) for s in SCENARIOS])
+    scenarios = [(s, []) for s in SCENARIOS] + [("plain_" + s, []) for s in PLAIN]
+    return common.run_scenarios(os.path.abspath(__file__), args, scenarios)
 
 
 if __name__ == "__main__":

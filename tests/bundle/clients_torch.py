@@ -11,6 +11,11 @@ Scenarios (--only NAME runs a subset):
                        marked with tensor.record_stream(stream 1) (hook set through
                        allocator._allocator.set_record_stream_fn); then streams A and 2
                        allocate and fill: no element overwritten.
+  steal_calls          PyTorch calls users write after a steal: ~0.2 s of work on stream 1
+                       writes a 16 MiB tensor, which is freed; stream 2 (PyTorch's streams are
+                       non-blocking) allocates the same size (the pool may hand it stream 1's
+                       block, ordered on the device) and runs tensor.copy_(cpu_tensor), or
+                       fill_ then .cpu(): the data is right, at once and after a sync.
   oom, oom_limit       a request for twice the card (or over a limit set with
                        cuda_mempool_set_limit) raises RuntimeError / torch.OutOfMemoryError
                        whose message starts "CUDA out of memory"; reserved bytes unchanged;
@@ -121,6 +126,62 @@ def cross(args, rep, record):
                                   f"{'stream A' if s is sa else 'stream 2'} "
                                   f"(same block: {b.data_ptr() == ptr_a})")
         del outs, b
+
+
+def steal_calls(args, rep):
+    """Item 2 of "Reused pool memory is safe for every use": PyTorch's own copies on a block the
+    pool may have handed from stream 1 to stream 2."""
+    import torch
+
+    use_pool(args.lib)
+    dev = torch.device("cuda", 0)
+    n = 4 * MIB
+    props = torch.cuda.get_device_properties(0)
+    clock_khz = getattr(props, "clock_rate", 0) or 1_980_000
+    cycles = int(0.2 * clock_khz * 1000)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    cpu = torch.full((n,), 2.0, dtype=torch.float32)
+    torch.cuda._sleep(1000)
+    for s in (s1, s2):  # warm up the kernels and copies the rounds use
+        with torch.cuda.stream(s):
+            w = torch.empty(n, dtype=torch.float32, device=dev)
+            w.copy_(cpu)
+            w.fill_(3.0)
+            w.cpu()
+            del w
+    torch.cuda.synchronize()
+    for call in ("copy_", "cpu"):
+        for rnd in range(3):
+            with torch.cuda.stream(s1):
+                a = torch.empty(n, dtype=torch.float32, device=dev)
+                torch.cuda._sleep(cycles)
+                a.fill_(1.0)
+            done = torch.cuda.Event()
+            done.record(s1)
+            ptr_a = a.data_ptr()
+            del a
+            with torch.cuda.stream(s2):
+                b = torch.empty(n, dtype=torch.float32, device=dev)
+                overlap = not done.query()
+                if call == "copy_":
+                    b.copy_(cpu)
+                    want = 2.0
+                else:
+                    b.fill_(3.0)
+                    want = 3.0
+                now = b.cpu()
+            torch.cuda.synchronize()
+            later = b.cpu()
+            bad_now = int((now != want).sum().item())
+            bad_later = int((later != want).sum().item())
+            same = b.data_ptr() == ptr_a
+            rep.info(f"{call} round {rnd}: stream 1's work still running at the hand-over: "
+                     f"{overlap}; same block: {same}")
+            rep.check(bad_now == 0 and bad_later == 0,
+                      f"{call} round {rnd}: {bad_now} elements wrong when read back on stream "
+                      f"2, {bad_later} after a sync (same block: {same})")
+            del b
+    torch.cuda.synchronize()
 
 
 def oom(args, rep, with_limit):
@@ -307,7 +368,7 @@ def compare(rep, name, ours, ref):
     rep.check(all(a == a for a in ours), f"{name}: no NaN loss")
 
 
-SCENARIOS = ["cross_stream", "cross_record_stream", "oom", "oom_limit", "graph", "compile",
+SCENARIOS = ["cross_stream", "cross_record_stream", "steal_calls", "oom", "oom_limit", "graph", "compile",
              "compile_noasserts"]
 
 
@@ -325,6 +386,8 @@ def child(args):
             cross(args, rep, record=False)
         elif name == "cross_record_stream":
             cross(args, rep, record=True)
+        elif name == "steal_calls":
+            steal_calls(args, rep)
         elif name == "oom":
             oom(args, rep, False)
         elif name == "oom_limit":

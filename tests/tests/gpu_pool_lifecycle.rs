@@ -366,23 +366,38 @@ fn a_graph_keeps_its_captured_buffer_alive() {
     assert!(owner.upgrade().is_none(), "released with the last graph");
 }
 
-/// Issue 26 (item 3): the per-thread default stream names a different stream on every
-/// thread; the pools and stream-ordered memory refuse it.
+/// Issue 26 (item 3), and "Reused pool memory is safe for every use" (item 3): the per-thread
+/// default stream names a different stream on every thread. The pool serves it with a cache
+/// per thread; stream-ordered memory still refuses it, and so does marking another stream's
+/// block with it (that block's free, on any thread, would need a fence on it).
 #[test]
-fn the_per_thread_stream_is_refused() {
+fn the_per_thread_stream_gets_a_cache_per_thread() {
     let _s = serial();
     let dev = dev0();
     let pool = DevicePool::new_driver().unwrap();
     let ptds = Stream::per_thread(&dev);
-    assert!(matches!(
-        pool.malloc_stream(&ptds, 4096),
-        Err(PoolError::PerThreadStream)
-    ));
+    let a = pool.malloc_stream(&ptds, 4096).unwrap();
+    let key = a.stream();
+    let other = std::thread::scope(|s| {
+        s.spawn(|| {
+            let b = pool.malloc_stream(&Stream::per_thread(&dev), 4096).unwrap();
+            b.stream()
+        })
+        .join()
+        .unwrap()
+    });
+    assert_ne!(
+        key, other,
+        "each thread's per-thread stream has its own key"
+    );
     assert!(StreamOrderedMemory::new(4096, &Arc::new(ptds.clone())).is_err());
     let created = Stream::new(&dev).unwrap();
-    let a = pool.malloc_stream(&created, 4096).unwrap();
+    let c = pool.malloc_stream(&created, 4096).unwrap();
     assert!(matches!(
-        a.record_stream(&ptds),
+        c.record_stream(&ptds),
         Err(PoolError::PerThreadStream)
     ));
+    a.record_stream(&ptds).unwrap();
+    drop((a, c));
+    ptds.synchronize().unwrap();
 }

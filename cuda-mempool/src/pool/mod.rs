@@ -64,6 +64,38 @@ fn thread_token() -> usize {
     TOKEN.with(|t| std::ptr::from_ref(t) as usize)
 }
 
+/// The bit that marks a [`StreamId`] as the key of one thread's per-thread default stream
+/// ([`per_thread_key`]). Keys of other streams never have it (0 for the legacy stream, a
+/// handle's value or a `cuda-core` serial number otherwise).
+pub(crate) const PER_THREAD_KEY_BIT: u64 = 1 << 63;
+
+/// The key of the calling thread's per-thread default stream (`CU_STREAM_PER_THREAD`): the
+/// handle names a different stream on every thread, so each thread's stream gets a key of its
+/// own, [`PER_THREAD_KEY_BIT`] with a serial number of the thread, never reused in the
+/// process (a new thread never inherits an exited thread's cache as its own stream's).
+pub(crate) fn per_thread_key() -> StreamId {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    thread_local! {
+        // No destructor: readable for the whole life of the thread, even while it exits.
+        static SERIAL: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    StreamId(PER_THREAD_KEY_BIT | SERIAL.with(|s| *s))
+}
+
+/// Whether `key` is a per-thread default stream's key ([`per_thread_key`]).
+pub(crate) fn is_per_thread_key(key: StreamId) -> bool {
+    key.0 & PER_THREAD_KEY_BIT != 0
+}
+
+/// Whether `key` is the per-thread default stream of a thread other than the calling one.
+/// Its handle would name the *calling* thread's stream here, so the pool records no fence
+/// on it, makes it wait for nothing and asks nothing about it from this thread: that waits
+/// for a call of the owning thread (frees from other threads stay out of cross-stream reuse
+/// until then).
+pub(crate) fn is_other_threads_stream(key: StreamId) -> bool {
+    is_per_thread_key(key) && key != per_thread_key()
+}
+
 /// Locks a mutex, ignoring poisoning: no code of this crate panics while holding a
 /// lock, and the state is consistent between statements that could.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -698,7 +730,14 @@ impl<B: Backend> MemoryPool<B> {
         if let Some(id) = self.take_cached(st, rounded)? {
             return Ok(Some((shard, key, id, st.mark_live(id, size))));
         }
-        if self.steal && !st.private && !self.backend.is_capturing(stream) {
+        // A per-thread default stream never borrows: the fence that a borrowed block's free
+        // records on the borrower could then be due on a thread that is not the stream's own
+        // (a garbage collector freeing it).
+        if self.steal
+            && !st.private
+            && !is_per_thread_key(key)
+            && !self.backend.is_capturing(stream)
+        {
             if let Some(served) =
                 self.steal(dev, g, shard, st, key, stream, size, rounded, thread)?
             {

@@ -549,6 +549,12 @@ impl<B: Backend> ShardState<B> {
         // shard's key may equal another stream's key). Detached, there is none.
         let own = self.stream.as_ref().map(|_| self.stream_key);
         let b = self.live_block(id, generation)?;
+        // Another stream's mark records its fence at the block's free, which may come from any
+        // thread: a per-thread default stream (whose handle names the calling thread's stream)
+        // can only be the block's own, unlent.
+        if super::is_per_thread_key(key) && (Some(key) != own || b.lent) {
+            return Err(PoolError::PerThreadStream);
+        }
         // A lent block's own stream is its borrower: this shard's stream, if it uses the
         // block too, needs a fence at the free like any other.
         if (Some(key) != own || b.lent) && !b.extra_streams.iter().any(|(k, _)| *k == key) {
@@ -1068,8 +1074,9 @@ impl<B: Backend> ShardState<B> {
             // A detached shard has no stream to record on, and needs none: its detach
             // fence covers every free it holds.
             // Nor is a fence recorded on a stream being captured (it would be a node of the
-            // graph, not a point of the stream's work): its frees wait for a later fence.
-            if let Some(stream) = self.stream.as_ref().filter(|s| !backend.is_capturing(s)) {
+            // graph, not a point of the stream's work), or on another thread's per-thread
+            // stream: its frees wait for a later fence (see `usable_stream`).
+            if let Some(stream) = self.usable_stream(backend) {
                 let f = backend
                     .record_fence(self.device, stream)
                     .map_err(PoolError::backend("record_fence"))?;
@@ -1097,6 +1104,20 @@ impl<B: Backend> ShardState<B> {
         self.stream.is_some()
     }
 
+    /// The attached stream, if the pool may record a fence on it or make it wait from this
+    /// thread now: not while it is being captured (a fence there would be a node of the
+    /// graph; for the legacy stream, the backend counts a capture of a blocking stream of the
+    /// device, which makes the legacy stream unusable), nor when it is another thread's
+    /// per-thread default stream (its handle would name this thread's stream). Frees that
+    /// need a fence then wait, out of cross-stream reuse, for a later call that can record
+    /// one.
+    fn usable_stream(&self, backend: &B) -> Option<&B::Stream> {
+        if super::is_other_threads_stream(self.stream_key) {
+            return None;
+        }
+        self.stream.as_ref().filter(|s| !backend.is_capturing(s))
+    }
+
     /// Lets go of the stream once no block made on it is live: records a fence covering
     /// every free so far (unless one already does), then hands the stream back to the
     /// backend. If the fence cannot be recorded the shard stays attached (the stream is
@@ -1106,6 +1127,13 @@ impl<B: Backend> ShardState<B> {
             return Ok(());
         }
         if self.stream.is_none() {
+            return Ok(());
+        }
+        if super::is_other_threads_stream(self.stream_key) {
+            // Another thread's per-thread stream (its last block freed here, by a garbage
+            // collector say): no fence can be recorded on it from this thread. The shard keeps
+            // it; the owning thread's next free of a last block detaches, with a fence. Until
+            // then these frees are reused by that stream alone.
             return Ok(());
         }
         if self
@@ -1254,13 +1282,18 @@ impl<B: Backend> ShardState<B> {
             let covered = self.fences.back().is_some_and(|(e, _)| *e >= self.epoch);
             if !covered {
                 // Detached shards are always covered (their detach fence).
-                let Some(stream) = &self.stream else {
+                if self.stream.is_none() {
                     return Ok(());
-                };
-                let f = backend
-                    .record_fence(self.device, stream)
-                    .map_err(PoolError::backend("record_fence"))?;
-                self.fences.push_back((self.epoch, f));
+                }
+                // A stream this thread may not use now (see `usable_stream`) gets no new
+                // fence: the outstanding ones are waited for, and the later frees stay
+                // unsafe for other streams.
+                if let Some(stream) = self.usable_stream(backend) {
+                    let f = backend
+                        .record_fence(self.device, stream)
+                        .map_err(PoolError::backend("record_fence"))?;
+                    self.fences.push_back((self.epoch, f));
+                }
             }
             if let Some((e, f)) = self.fences.back() {
                 backend
@@ -1339,7 +1372,7 @@ impl<B: Backend> ShardState<B> {
     /// Returns whether there was any. A fence recorded on this stream later covers the
     /// waited-for work too, so the usual epoch rule then holds for other streams.
     pub(crate) fn stream_wait_pending(&mut self, backend: &B) -> Result<bool, PoolError> {
-        let Some(stream) = self.stream.clone() else {
+        let Some(stream) = self.usable_stream(backend).cloned() else {
             return Ok(false);
         };
         let any = !self.pending.is_empty();
@@ -1356,7 +1389,7 @@ impl<B: Backend> ShardState<B> {
     /// Best effort: a failed wait leaves the rest pending, where they stay safe.
     #[inline(never)]
     pub(crate) fn stream_wait_returns(&mut self, backend: &B) {
-        let Some(stream) = self.stream.clone().filter(|s| !backend.is_capturing(s)) else {
+        let Some(stream) = self.usable_stream(backend).cloned() else {
             return;
         };
         let _ = self.poll_pending(backend);
@@ -1439,7 +1472,7 @@ impl<B: Backend> ShardState<B> {
     /// [`MAX_OUTSTANDING_FENCES`] gives the older ones up: the new one covers all they do.
     fn fence_covering(&mut self, backend: &B, epoch: u64) -> Result<Option<&B::Fence>, PoolError> {
         if !self.fences.iter().any(|(e, _)| *e >= epoch) {
-            let Some(stream) = self.stream.as_ref().filter(|s| !backend.is_capturing(s)) else {
+            let Some(stream) = self.usable_stream(backend) else {
                 return Ok(None);
             };
             let f = backend
@@ -1535,11 +1568,7 @@ impl<B: Backend> ShardState<B> {
     /// Whether the shard has frees waiting for other streams' fences that its own stream
     /// could wait for on the device (attached, not capturing).
     pub(crate) fn has_waitable_pending(&self, backend: &B) -> bool {
-        self.has_pending()
-            && self
-                .stream
-                .as_ref()
-                .is_some_and(|s| !backend.is_capturing(s))
+        self.has_pending() && self.usable_stream(backend).is_some()
     }
 
     // ----- accounting ----------------------------------------------------------------

@@ -1404,3 +1404,89 @@ fn a_private_shard_let_go_of_during_another_capture_waits_for_the_device_before_
         "private pool released while eager work on its block was pending"
     );
 }
+
+/// The per-thread default stream (issue "Reused pool memory is safe for every use", item 3):
+/// its handle names the calling thread's stream, so the pool uses a per-thread stream's
+/// handle only from the thread whose stream it is. A free on another thread (a garbage
+/// collector) records no fence there and detaches nothing: that memory stays out of
+/// cross-stream reuse (no wait on it either) until the owner fences it; the owner's own frees
+/// are fenced as any borrowed stream's.
+#[test]
+fn another_threads_per_thread_stream_is_never_used_from_this_thread() {
+    // A per-thread key of no thread of this process (serial numbers start at 1).
+    let foreign = StreamId(PER_THREAD_KEY_BIT | (u64::MAX >> 2));
+    let own = per_thread_key();
+    assert!(is_other_threads_stream(foreign));
+    assert!(!is_other_threads_stream(own) && is_per_thread_key(own));
+    assert!(!is_per_thread_key(S0) && !is_per_thread_key(StreamId(0)));
+
+    let pool = vm_pool(8 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    sim.borrow_stream(foreign);
+    sim.borrow_stream(own);
+    let a = pool.malloc(D0, &foreign, 8 * MIB).unwrap();
+    sim.submit_work(D0, foreign);
+    let before = sim.calls();
+    drop(a); // freed here, not on the stream's thread
+    let after = sim.calls();
+    assert_eq!(
+        after.record_fence, before.record_fence,
+        "no fence on another thread's stream"
+    );
+    // The device is full: S1 cannot have that memory (no fence covers it), and the pool
+    // neither waits for nor records on the foreign stream while it tries.
+    let err = pool.malloc(D0, &S1, 6 * MIB).unwrap_err();
+    assert!(matches!(err, PoolError::OutOfMemory { .. }), "{err}");
+    assert_eq!(sim.calls().record_fence, before.record_fence);
+    assert_eq!(sim.waited(D0, S1, foreign), 0);
+    assert_eq!(
+        sim.completed(D0, foreign),
+        0,
+        "no host wait for the foreign stream"
+    );
+    // free_all_blocks cannot prove it safe either: the memory stays reserved.
+    pool.free_all_blocks().unwrap();
+    assert_eq!(pool.total_bytes(), 8 * MIB);
+    // The owner thread's stream still reuses its own frees at once.
+    let b = pool.malloc(D0, &foreign, 8 * MIB).unwrap();
+    drop(b);
+
+    // This thread's own per-thread stream: its last free records the detach fence, and another
+    // stream then gets the memory once the fence completes.
+    let pool = vm_pool(8 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    sim.borrow_stream(own);
+    let c = pool.malloc(D0, &own, 8 * MIB).unwrap();
+    sim.submit_work(D0, own);
+    let before = sim.calls().record_fence;
+    drop(c);
+    assert_eq!(
+        sim.calls().record_fence,
+        before + 1,
+        "the owner's detach fence"
+    );
+    let work = sim.submitted(D0, own);
+    let d = pool.malloc(D0, &S1, 6 * MIB).unwrap();
+    assert!(
+        sim.is_ordered_after(D0, S1, own, work) || sim.completed(D0, own) == work,
+        "S1 got the memory only after the owner's work"
+    );
+    drop(d);
+}
+
+/// A per-thread default stream can mark only its own (unlent) blocks: another stream's block
+/// marked with it would need a fence on it at a free that may come from any thread.
+#[test]
+fn record_stream_refuses_a_per_thread_stream_that_is_not_the_blocks_own() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let own = per_thread_key();
+    let a = pool.malloc(D0, &S0, MIB).unwrap();
+    assert!(matches!(
+        a.record_stream(&own),
+        Err(PoolError::PerThreadStream)
+    ));
+    let b = pool.malloc(D0, &own, MIB).unwrap();
+    b.record_stream(&own).unwrap();
+    b.record_stream(&S1).unwrap();
+    drop((a, b));
+}
