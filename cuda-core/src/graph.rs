@@ -275,6 +275,25 @@ pub fn capture_info(stream: &Stream) -> Result<CaptureInfo> {
     })
 }
 
+/// Whether work recorded on `stream` now would touch a capture: `stream` is being captured,
+/// or it is the legacy null stream while a blocking stream of its context is captured (the
+/// legacy stream synchronises with every blocking stream, so a fence or wait there would
+/// join the capture and invalidate it). The legacy case asks `cuStreamIsCapturing`, which
+/// answers `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` then and invalidates nothing. Any error
+/// counts as `true`: the caller then leaves the stream alone.
+pub fn touches_capture(stream: &Stream) -> bool {
+    if stream.kind() != crate::StreamKind::LegacyNull {
+        return !matches!(is_capturing(stream), Ok(false));
+    }
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let asked = stream.with_context(|_| {
+        // SAFETY: the legacy stream of a context made current by `with_context`; a valid
+        // out-pointer for the status.
+        unsafe { drv!(cuStreamIsCapturing(stream.raw(), &mut status)) }
+    });
+    !matches!(asked, Ok(())) || status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
 /// `true` while `stream` is being captured into a graph (status active or invalidated),
 /// whoever began the capture (this crate, `cuda-graph`, the CUDA runtime, PyTorch): work
 /// issued to it now is recorded, to run at every launch of the graph made from it, not now.

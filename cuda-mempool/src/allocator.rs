@@ -19,9 +19,9 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use cuda_core::memory::{DeviceAlloc, DeviceMemory, DevicePtr};
+use cuda_core::memory::{DeviceAlloc, DeviceMemory, DevicePtr, Handover};
 use cuda_core::sys::{CUdeviceptr, CUstream};
-use cuda_core::{Device, Stream};
+use cuda_core::{Device, Stream, StreamKind};
 
 use crate::driver::{default_pool, device_id, DevicePool};
 use crate::error::PoolError;
@@ -173,22 +173,31 @@ impl CFunctionAllocator {
     }
 }
 
+/// A block of a C allocator. The allocator may reuse memory in stream order (as this
+/// workspace's own C ABI does), so the block is treated like a pool block: it keeps its
+/// allocation stream alive (a clone, handed back to `free`), orders every use outside that
+/// stream after the earlier owner's work ([`Handover`]), and makes its free wait for the
+/// other streams that used it.
 struct CMemory {
     ptr: CUdeviceptr,
     size: usize,
     device: Device,
-    stream: CUstream,
+    stream: Stream,
+    handover: Handover,
+    /// Other streams that used the block: the free waits for their work.
+    used_on: std::sync::Mutex<Vec<Stream>>,
     functions: Arc<CFunctions>,
 }
 
-// SAFETY: an address and size; the C functions are thread-safe by `new`'s contract, and the
-// stream handle is only passed back to them.
+// SAFETY: an address and size, streams and a mutex (all Send + Sync); the C functions are
+// thread-safe by `new`'s contract.
 unsafe impl Send for CMemory {}
 // SAFETY: as above.
 unsafe impl Sync for CMemory {}
 
 // SAFETY: `new`'s contract: `ptr..ptr + size` is device memory of `device` until `free`,
-// which only Drop calls; the fields never change.
+// which only Drop calls; the fields never change; uses on other streams are ordered after the
+// earlier owner (the hand-over) and the free waits for them (Drop).
 unsafe impl DeviceAlloc for CMemory {
     fn device(&self) -> Device {
         self.device
@@ -199,21 +208,75 @@ unsafe impl DeviceAlloc for CMemory {
     fn size(&self) -> usize {
         self.size
     }
+    fn record_stream(&self, stream: &Stream) -> cuda_core::Result<()> {
+        if *stream == self.stream {
+            return Ok(());
+        }
+        if stream.kind() == StreamKind::PerThread {
+            return Err(cuda_core::Error::InvalidArgument(
+                "a C allocator's block cannot be marked with the per-thread default stream: it \
+                 names a different stream on every thread"
+                    .into(),
+            ));
+        }
+        self.handover.order_stream(stream)?;
+        let mut used = self
+            .used_on
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !used.contains(stream) {
+            used.push(stream.clone());
+        }
+        Ok(())
+    }
+    fn prepare_synchronous_use(&self) -> cuda_core::Result<()> {
+        self.handover.wait_host()
+    }
 }
 
 impl Drop for CMemory {
     fn drop(&mut self) {
-        if self.ptr != 0 {
-            let f = &self.functions;
-            // SAFETY: `ptr` came from `malloc` with this context and is freed once.
-            unsafe { (f.free)(f.ctx, self.ptr, self.device.ordinal() as i32, self.stream) };
+        if self.ptr == 0 {
+            return;
         }
+        let others = std::mem::take(
+            &mut *self
+                .used_on
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for other in &others {
+            // The free is ordered on the allocation stream: make it wait for the other
+            // stream's work, or wait on the host; if neither works, leak rather than free.
+            let ordered = cuda_core::Event::new(&other.device())
+                .and_then(|e| e.record(other).map(|()| e))
+                .and_then(|e| self.stream.wait_event(&e));
+            if ordered.is_err() && other.synchronize().is_err() {
+                return;
+            }
+        }
+        let f = &self.functions;
+        // SAFETY: `ptr` came from `malloc` with this context and is freed once, with the
+        // stream it was allocated on (kept alive by our clone).
+        unsafe {
+            (f.free)(
+                f.ctx,
+                self.ptr,
+                self.device.ordinal() as i32,
+                self.stream.raw(),
+            )
+        };
     }
 }
 
 impl Allocator for CFunctionAllocator {
     fn allocate(&self, stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
         let device = stream.device();
+        if stream.kind() == StreamKind::PerThread {
+            // Freed on another thread, the handle would name that thread's stream.
+            return Err(PoolError::PerThreadStream);
+        }
+        let handover = Handover::new(stream).map_err(PoolError::backend("Handover::new"))?;
         let ptr = if size == 0 {
             0
         } else {
@@ -236,7 +299,9 @@ impl Allocator for CFunctionAllocator {
             ptr,
             size,
             device,
-            stream: stream.raw(),
+            stream: stream.clone(),
+            handover,
+            used_on: std::sync::Mutex::new(Vec::new()),
             functions: Arc::clone(&self.inner),
         }))
     }

@@ -8,8 +8,10 @@
 //!   the handle valid, and the pool keeps a clone while blocks made on it are live (see
 //!   [`crate::backend`]). Its [`StreamId`] key is [`Stream::identity`]: unique for streams
 //!   `cuda-core` created, the handle's value for external streams, 0 for the legacy null
-//!   stream. The per-thread default stream is refused ([`PoolError::PerThreadStream`]): it
-//!   names a different stream on every thread.
+//!   stream. The per-thread default stream names a different stream on every thread: each
+//!   thread's gets a key of its own, and the pool uses its handle only from that thread
+//!   (a free from another thread, a garbage collector's, leaves the block out of
+//!   cross-stream reuse until the owning thread fences it).
 //!
 //! # Stream lifetime
 //!
@@ -444,6 +446,11 @@ unsafe impl Backend for DriverBackend {
     }
 
     fn is_capturing(&self, stream: &Stream) -> bool {
+        if stream.kind() == StreamKind::LegacyNull {
+            // No fence on the legacy stream while a blocking stream of its context is
+            // captured: it would join the capture (CuPy's captures of blocking streams).
+            return cuda_core::graph::touches_capture(stream);
+        }
         !matches!(capture_of(stream), Ok(None))
     }
 
@@ -478,8 +485,8 @@ impl MemoryPool<DriverBackend> {
     /// `malloc` hooks ([`crate::hooks`]) with the caller's location.
     ///
     /// On a stream being captured into a CUDA graph the block comes from the capture's
-    /// private pool (see the [module documentation](self)). The per-thread default stream is
-    /// refused with [`PoolError::PerThreadStream`].
+    /// private pool (see the [module documentation](self)). The per-thread default stream gets
+    /// a cache per thread (see the module documentation).
     #[track_caller]
     #[inline]
     pub fn malloc_stream(
@@ -814,7 +821,9 @@ fn may_be_capturing(stream: &Stream) -> bool {
     match stream.kind() {
         StreamKind::LegacyNull => false,
         StreamKind::External => !stream.is_implicit(),
-        StreamKind::Owned | StreamKind::PerThread => cuda_core::graph::captures_in_progress(),
+        // CuPy captures its per-thread stream (`Stream.ptds`): foreign code, so ask.
+        StreamKind::PerThread => true,
+        StreamKind::Owned => cuda_core::graph::captures_in_progress(),
     }
 }
 

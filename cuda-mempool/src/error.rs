@@ -92,10 +92,11 @@ pub enum PoolError {
         /// The capturing stream (its raw handle).
         stream: u64,
     },
-    /// A request on the per-thread default stream, which names a different stream on
-    /// every thread: a block freed on one thread could be reused on another without any
-    /// ordering. Use a created stream.
-    #[error("the per-thread default stream names a different stream on every thread; the pool cannot order reuse on it: use a created stream")]
+    /// The per-thread default stream used where it cannot be ordered: it names a different
+    /// stream on every thread, so a block cannot be marked with another thread's (or for
+    /// another block's) per-thread stream, and a C allocator's block cannot live on it. The
+    /// pool itself serves the per-thread stream with a cache per thread.
+    #[error("the per-thread default stream names a different stream on every thread: it cannot order this use (mark blocks with it only on their own thread, or use a created stream)")]
     PerThreadStream,
     /// The request could not be served even after releasing every cached block the
     /// pool could release.
