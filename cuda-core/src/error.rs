@@ -17,7 +17,7 @@
 //!
 //! What a conversion keeps:
 //! - A wrapped `cuda-core` error comes back as itself (`cuda_xfer::Error::Cuda(e)` and
-//!   `cuda_graph::Error::Core(e)` become `e`), so matching on [`Error::Driver`] works as before.
+//!   `cuda_graph::Error::Cuda(e)` become `e`), so matching on [`Error::Driver`] works as before.
 //! - Anything else becomes [`Error::Crate`]: a [`CrateError`] naming the crate, holding the
 //!   original error (get it back with [`Error::downcast_ref`]), displaying exactly as it does,
 //!   with the same [`source`](std::error::Error::source) chain, and with the driver error

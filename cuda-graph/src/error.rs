@@ -1,6 +1,6 @@
 //! The error type of `cuda-graph`.
 //!
-//! [`Error`] converts into `cuda_core::Error` ([`Error::Core`] as itself, any other as
+//! [`Error`] converts into `cuda_core::Error` ([`Error::Cuda`] as itself, any other as
 //! `cuda_core::Error::Crate` keeping the driver error at its root), as the errors of
 //! `cuda-mempool` and `cuda-xfer` do: a function returning `cuda_core::Result` uses `?` on
 //! all four crates, and no crate depends on a sibling for it (`cuda_core::error` explains
@@ -79,7 +79,7 @@ impl fmt::Display for CaptureId {
 pub enum Error {
     /// A `cuda-core` call failed.
     #[error(transparent)]
-    Core(#[from] cuda_core::Error),
+    Cuda(#[from] cuda_core::Error),
 
     /// A capture was asked of a stream that is already being captured.
     #[error(
@@ -156,7 +156,7 @@ impl Error {
     /// [`Error::Body`], [`Error::Invalidated`] and [`Error::End`]).
     pub fn core(&self) -> Option<&cuda_core::Error> {
         match self {
-            Error::Core(e)
+            Error::Cuda(e)
             | Error::Invalidated { source: e, .. }
             | Error::End { source: e, .. } => Some(e),
             Error::Body { source, .. } => source.core(),
@@ -183,13 +183,13 @@ impl Error {
 }
 
 impl From<Error> for cuda_core::Error {
-    /// A wrapped `cuda-core` error ([`Error::Core`]) comes back as itself; any other failure
+    /// A wrapped `cuda-core` error ([`Error::Cuda`]) comes back as itself; any other failure
     /// is carried as `cuda_core::Error::Crate` (same message, same `source` chain, the driver
     /// error at its root in `cuda_core::Error::driver`), so `?` works in a function that
     /// returns `cuda_core::Result` (see the module documentation).
     fn from(error: Error) -> Self {
         match error {
-            Error::Core(core) => core,
+            Error::Cuda(core) => core,
             other => {
                 let driver = other.driver().copied();
                 cuda_core::Error::Crate(cuda_core::CrateError::new("cuda-graph", other, driver))
@@ -216,7 +216,7 @@ mod tests {
         let e = Error::Body {
             capture: id(),
             status: CaptureStatus::Invalidated,
-            source: Box::new(Error::Core(root.clone())),
+            source: Box::new(Error::Cuda(root.clone())),
         };
         let text = e.to_string();
         assert!(
@@ -236,7 +236,7 @@ mod tests {
     #[test]
     fn converts_into_cuda_core_error_keeping_the_capture_error() {
         let root = cuda_core::Error::InvalidArgument("x".into());
-        assert_eq!(cuda_core::Error::from(Error::Core(root.clone())), root);
+        assert_eq!(cuda_core::Error::from(Error::Cuda(root.clone())), root);
         let e = Error::End {
             capture: id(),
             source: root.clone(),

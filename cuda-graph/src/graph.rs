@@ -126,7 +126,7 @@ impl GraphExec {
     /// error.
     ///
     /// A stream that is being captured (into another graph) is refused, before anything is
-    /// issued, with `cuda_core::Error::Unsupported` (in [`Error::Core`](crate::Error::Core)):
+    /// issued, with `cuda_core::Error::Unsupported` (in [`Error::Cuda`](crate::Error::Cuda)):
     /// the graph being captured would keep neither this executable graph nor the memory it
     /// uses alive. The capture goes on unharmed.
     pub fn launch(&self, stream: &Stream) -> Result<()> {

@@ -3,7 +3,7 @@
 //! Every call goes through one path, in this order:
 //!
 //! 1. checks, before anything is issued: the communicator is usable (not aborted, not held by
-//!    an open [group](crate::group) of another thread), the stream and the buffers belong to
+//!    an open [group] of another thread), the stream and the buffers belong to
 //!    the communicator's device, the buffers hold the elements the call touches and are
 //!    aligned for `T`, and the bytes it reads and the bytes it writes are either apart or
 //!    NCCL's in-place form ([`Error::Overlap`] otherwise: NCCL leaves partial overlap

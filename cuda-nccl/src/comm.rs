@@ -75,7 +75,7 @@ impl CommConfig {
 /// at once. A program that drives several GPUs from one thread issues each collective inside a
 /// [`group`](crate::group::group).
 ///
-/// Moving it to another thread while a [group](crate::group) of this thread still holds it
+/// Moving it to another thread while a [group] of this thread still holds it
 /// (it was used in the open group) is allowed, but the other thread cannot use it until that
 /// group ends ([`Error::HeldByGroup`]), and dropping or aborting it there is deferred to the
 /// group's end: the group never meets a destroyed communicator.

@@ -376,7 +376,7 @@ fn the_guard_form_begins_reports_ends_and_ends_on_drop() {
     let null = Stream::null(&dev);
     assert!(matches!(
         cuda_graph::capture_begin(&null, CaptureMode::ThreadLocal),
-        Err(Error::Core(cuda_core::Error::InvalidArgument(_)))
+        Err(Error::Cuda(cuda_core::Error::InvalidArgument(_)))
     ));
 
     // begin / status / end.

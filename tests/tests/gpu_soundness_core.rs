@@ -114,7 +114,7 @@ fn an_exec_launch_on_a_capturing_stream_is_refused_and_the_capture_goes_on() {
     let capture = cuda_graph::capture_begin(&stream, CaptureMode::ThreadLocal).unwrap();
     b.memset_u32_async(2, &capture).unwrap();
     match exec.launch(&capture) {
-        Err(cuda_graph::Error::Core(Error::Unsupported(m))) => {
+        Err(cuda_graph::Error::Cuda(Error::Unsupported(m))) => {
             assert!(m.contains("captured"), "{m}")
         }
         other => panic!("expected Unsupported, got {other:?}"),

@@ -1,35 +1,4 @@
 //! [`Handover`]: the one ordering rule for reused memory.
-//!
-//! Memory that a pool hands from one owner to the next in stream order (a block freed on
-//! stream A and reused on A at once; a block of A's cache given to stream B after B was made
-//! to wait for A's fence on the device; `cuMemAllocAsync` memory that the driver's pool
-//! reuses the same ways) is safe to use on its *allocation stream*: the earlier owner's work
-//! comes first in that stream's order. Any other use is not ordered by anything: a
-//! synchronous call runs on the legacy default stream at once, and another stream does not
-//! wait for the allocation stream. Without more, the earlier owner's kernel may then write
-//! over the new owner's data.
-//!
-//! **The rule:** every use of such memory by a safe API comes after the earlier owner's
-//! work. The owner of the memory keeps a [`Handover`] made at the allocation; every safe use
-//! goes through it before it issues anything:
-//!
-//! | use | what the hand-over does, once per block |
-//! | --- | --- |
-//! | on the allocation stream | nothing (stream order) |
-//! | on another stream ([`DeviceAlloc::record_stream`](super::DeviceAlloc::record_stream)) | records a fence on the allocation stream and makes the other stream wait for it on the device (`cuEventRecord` + `cuStreamWaitEvent`) |
-//! | a synchronous call ([`DeviceAlloc::prepare_synchronous_use`](super::DeviceAlloc::prepare_synchronous_use)) | the host waits for that fence (`cuEventSynchronize`) |
-//!
-//! A fence recorded on the allocation stream at (or after) the allocation covers the earlier
-//! owner's work whatever way the block came: the earlier work was queued on that stream
-//! before, or the stream was made to wait for it before the allocation returned. Once the
-//! fence is seen complete the hand-over is over, and every later use costs one atomic load.
-//!
-//! During a CUDA graph capture: a use on a stream that is captured into the same graph as
-//! the allocation stream gets a dependency edge in the graph (a fence recorded in the
-//! capture); a use on a stream that is captured while the allocation stream is not waits
-//! for the earlier owner on the host (the graph runs only after the capture ends); a use
-//! that can be ordered neither way is refused with [`Error::Unordered`], and nothing is
-//! issued.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,7 +10,38 @@ use crate::graph::{self, CaptureStatus};
 use crate::stream::{Stream, StreamKind};
 
 /// The point at which a block of reused memory passed to its current owner: uses outside
-/// the allocation stream are ordered after it (see the [module documentation](self)).
+/// the allocation stream are ordered after it.
+///
+/// Memory that a pool hands from one owner to the next in stream order (a block freed on
+/// stream A and reused on A at once; a block of A's cache given to stream B after B was made
+/// to wait for A's fence on the device; `cuMemAllocAsync` memory that the driver's pool
+/// reuses the same ways) is safe to use on its *allocation stream*: the earlier owner's work
+/// comes first in that stream's order. Any other use is not ordered by anything: a
+/// synchronous call runs on the legacy default stream at once, and another stream does not
+/// wait for the allocation stream. Without more, the earlier owner's kernel may then write
+/// over the new owner's data.
+///
+/// **The rule:** every use of such memory by a safe API comes after the earlier owner's
+/// work. The owner of the memory keeps a [`Handover`] made at the allocation; every safe use
+/// goes through it before it issues anything:
+///
+/// | use | what the hand-over does, once per block |
+/// | --- | --- |
+/// | on the allocation stream | nothing (stream order) |
+/// | on another stream ([`DeviceAlloc::record_stream`](super::DeviceAlloc::record_stream)) | records a fence on the allocation stream and makes the other stream wait for it on the device (`cuEventRecord` + `cuStreamWaitEvent`) |
+/// | a synchronous call ([`DeviceAlloc::prepare_synchronous_use`](super::DeviceAlloc::prepare_synchronous_use)) | the host waits for that fence (`cuEventSynchronize`) |
+///
+/// A fence recorded on the allocation stream at (or after) the allocation covers the earlier
+/// owner's work whatever way the block came: the earlier work was queued on that stream
+/// before, or the stream was made to wait for it before the allocation returned. Once the
+/// fence is seen complete the hand-over is over, and every later use costs one atomic load.
+///
+/// During a CUDA graph capture: a use on a stream that is captured into the same graph as
+/// the allocation stream gets a dependency edge in the graph (a fence recorded in the
+/// capture); a use on a stream that is captured while the allocation stream is not waits
+/// for the earlier owner on the host (the graph runs only after the capture ends); a use
+/// that can be ordered neither way is refused with [`Error::Unordered`], and nothing is
+/// issued.
 ///
 /// Made by the memory's owner at the allocation, with the stream the block was allocated
 /// on. `Send` and `Sync`.
