@@ -125,12 +125,13 @@ fn stolen_pool_block_is_safe_for_every_use() {
     let _s = serial();
     let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
-    let pool = Arc::new(DevicePool::new_driver().unwrap());
     let mut failures = Vec::new();
     let mut stolen = 0;
     let mut runs = 0;
     for size in SIZES {
         for how in USES {
+            // A fresh pool each time: the new stream's request finds only the old block.
+            let pool = Arc::new(DevicePool::new_driver().unwrap());
             let a = non_blocking(&dev);
             let old: DevicePtr = pool.malloc_shared(&a, size).unwrap().into();
             let old_addr = old.as_raw();
@@ -160,9 +161,10 @@ fn stolen_pool_block_is_safe_for_every_use() {
     }
     println!("stolen (same block handed over): {stolen} of {runs}");
     assert!(failures.is_empty(), "wrong data: {failures:?}");
-    assert!(
-        stolen > 0,
-        "the pool never handed the old block to the new stream: the test did not exercise the hand-over"
+    assert_eq!(
+        stolen, runs,
+        "the pool did not hand the old block to the new stream every time: those runs did not \
+         exercise the hand-over"
     );
 }
 

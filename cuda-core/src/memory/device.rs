@@ -131,7 +131,10 @@ impl Drop for DeviceMemory {
         if !self.cross.wait_all() {
             return;
         }
-        // A failure cannot be reported from Drop; the memory then stays allocated.
+        // A failure cannot be reported from Drop; the memory then stays allocated. A capture
+        // running now (a graph keeps alive the memory its captured work uses, so not on this
+        // memory) would refuse the free and be invalidated: relax this thread's mode.
+        let _relaxed = crate::graph::RelaxedCaptureMode::new();
         if let Ok(_ctx) = self.device.bind() {
             // SAFETY: we own the allocation, made by cuMemAlloc in this device's context,
             // which is current.

@@ -246,6 +246,8 @@ impl Drop for ManagedMemory {
         if !self.cross.wait_all() {
             return;
         }
+        // Relaxed, so that a capture running now is neither refused nor invalidated.
+        let _relaxed = crate::graph::RelaxedCaptureMode::new();
         if let Ok(_ctx) = self.device.bind() {
             // SAFETY: we own the allocation, made by cuMemAllocManaged in this context. No
             // host slice outlives `self` (they borrow it).

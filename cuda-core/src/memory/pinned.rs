@@ -276,6 +276,9 @@ impl Drop for PinnedMemory {
         if self.size == 0 {
             return;
         }
+        // A capture in global or thread-local mode (this thread's or another's) would refuse
+        // the free and be invalidated by it: relax this thread's mode for the call.
+        let _relaxed = crate::graph::RelaxedCaptureMode::new();
         if let Ok(_ctx) = self.device.bind() {
             // SAFETY: we own the allocation from cuMemHostAlloc; no reference outlives self.
             let _ = unsafe { drv!(cuMemFreeHost(self.ptr.as_ptr().cast())) };
@@ -466,7 +469,9 @@ impl<B: HostBuffer> HostRegistration<B> {
 
     fn unregister(&mut self) {
         if let Some(ptr) = self.registered.take() {
-            // A failure cannot be reported from here; the pages then stay locked.
+            // A failure cannot be reported from here; the pages then stay locked. The mode is
+            // relaxed so that a capture running now is neither refused nor invalidated.
+            let _relaxed = crate::graph::RelaxedCaptureMode::new();
             if let Ok(_ctx) = self.device.bind() {
                 // SAFETY: `ptr` was registered by `new` and not unregistered since.
                 let _ = unsafe { drv!(cuMemHostUnregister(ptr.as_ptr().cast())) };

@@ -65,9 +65,10 @@ fn thread_token() -> usize {
 }
 
 /// The bit that marks a [`StreamId`] as the key of one thread's per-thread default stream
-/// ([`per_thread_key`]). Keys of other streams never have it (0 for the legacy stream, a
-/// handle's value or a `cuda-core` serial number otherwise).
-pub(crate) const PER_THREAD_KEY_BIT: u64 = 1 << 63;
+/// ([`per_thread_key`]), with bit 63 clear. Keys of other streams never look like that: 0
+/// for the legacy stream, a handle's value (a user-space address, below bit 47) for an
+/// external stream, a serial number with bit 63 set for a stream `cuda-core` created.
+pub(crate) const PER_THREAD_KEY_BIT: u64 = 1 << 62;
 
 /// The key of the calling thread's per-thread default stream (`CU_STREAM_PER_THREAD`): the
 /// handle names a different stream on every thread, so each thread's stream gets a key of its
@@ -84,7 +85,9 @@ pub(crate) fn per_thread_key() -> StreamId {
 
 /// Whether `key` is a per-thread default stream's key ([`per_thread_key`]).
 pub(crate) fn is_per_thread_key(key: StreamId) -> bool {
-    key.0 & PER_THREAD_KEY_BIT != 0
+    // Bit 63 marks the identities of streams cuda-core creates; external handles are
+    // user-space addresses, far below bit 62.
+    key.0 >> 62 == 1
 }
 
 /// Whether `key` is the per-thread default stream of a thread other than the calling one.
@@ -1406,9 +1409,11 @@ impl<B: Backend> MemoryPool<B> {
             }
             // Graph replays are over (the graph's release says so); eager work on the pool's
             // blocks after the capture is covered by the fences of the shards' detaches.
+            // A shard whose stream this thread may not fence now (another thread's
+            // per-thread stream, a capture) keeps the pool until a later collection.
             if locked
                 .iter_mut()
-                .any(|st| st.wait_fences(&self.backend).is_err())
+                .any(|st| st.wait_fences(&self.backend).is_err() || !st.fully_fenced())
             {
                 continue;
             }
@@ -1615,9 +1620,14 @@ impl<B: Backend> Drop for MemoryPool<B> {
             let mut spare = std::mem::take(&mut g.spare);
             for shard in dev.shards.iter().chain(dev.private.iter()) {
                 let mut st = shard.state.lock();
-                // Errors are ignored: a drop has nowhere to report them, and the
-                // memory goes back to the driver with the context in any case.
-                let _ = st.wait_fences(&self.backend);
+                // A drop has nowhere to report errors. Frees no completed fence covers
+                // (a fence that failed, a stream this thread may not fence) are waited for
+                // with the whole device; if even that fails, the shard's memory is leaked
+                // rather than unmapped under work that may still use it.
+                let fenced = st.wait_fences(&self.backend).is_ok() && st.fully_fenced();
+                if !fenced && self.backend.synchronize_device(dev.id).is_err() {
+                    continue;
+                }
                 let released = st.release_everything(&self.backend, &mut spare);
                 g.reserved.sub(released);
             }

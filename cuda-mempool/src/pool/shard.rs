@@ -1262,6 +1262,15 @@ impl<B: Backend> ShardState<B> {
 
     /// Blocks the host until every free of this shard so far is covered by a completed
     /// fence, and every pending free's fences have completed.
+    /// Whether every free of the shard is covered by a completed fence (or by its detach
+    /// fence): what must hold before its memory is released whole. [`wait_fences`] can leave
+    /// it false, for a stream this thread may not fence now (see `usable_stream`).
+    ///
+    /// [`wait_fences`]: Self::wait_fences
+    pub(crate) fn fully_fenced(&self) -> bool {
+        self.stream.is_none() || self.epoch <= self.safe_epoch
+    }
+
     pub(crate) fn wait_fences(&mut self, backend: &B) -> Result<(), PoolError> {
         self.wait_pending(backend)?;
         while let Some(f) = self.held_fences.last() {

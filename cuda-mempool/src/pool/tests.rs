@@ -1419,6 +1419,11 @@ fn another_threads_per_thread_stream_is_never_used_from_this_thread() {
     assert!(is_other_threads_stream(foreign));
     assert!(!is_other_threads_stream(own) && is_per_thread_key(own));
     assert!(!is_per_thread_key(S0) && !is_per_thread_key(StreamId(0)));
+    // The identities cuda-core gives the streams it creates (bit 63 and a serial number)
+    // and external handles (user-space addresses) are never per-thread keys: the H200 run
+    // caught the first colliding with an earlier choice of bit.
+    assert!(!is_per_thread_key(StreamId((1 << 63) | 5)));
+    assert!(!is_per_thread_key(StreamId(0x7f12_3456_7000)));
 
     let pool = vm_pool(8 * MIB, 2 * MIB);
     let sim = pool.backend();
