@@ -59,6 +59,8 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(cuda_sys_nvtx)");
     println!("cargo::rustc-check-cfg=cfg(cuda_sys_pool_max_size)");
     println!("cargo::rustc-check-cfg=cfg(cuda_sys_pool_usage)");
+    println!("cargo::rustc-check-cfg=cfg(cuda_sys_mem_location_union)");
+    println!("cargo::rustc-check-cfg=cfg(cuda_sys_cuda_13_4)");
 
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let manifest_dir =
@@ -458,11 +460,28 @@ fn function_table(
 
 /// Cfgs for `cuda-sys`'s own hand-written code: which optional fields the bindings'
 /// `CUmemPoolProps` has (12.0 has neither `maxSize` nor `usage`; 12.2 adds `maxSize`; 12.3
-/// adds `usage`). Read from the generated file, so the snapshot path gets them too.
+/// adds `usage`), and whether `CUmemLocation::id` sits in an anonymous union (13.2 added
+/// `localized` beside it), and `cuda_sys_cuda_13_4` for bindings from CUDA 13.4+ headers (for
+/// the tests that call an entry point those added). Read from the generated file, so the
+/// snapshot path gets them too.
 fn emit_layout_cfgs(driver_rs: &Path) {
     let Ok(text) = fs::read_to_string(driver_rs) else {
         return;
     };
+    let version = text
+        .split("pub const CUDA_VERSION: u32 = ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    if version.is_some_and(|v| v >= 13040) {
+        println!("cargo:rustc-cfg=cuda_sys_cuda_13_4");
+    }
+    if let Some(start) = text.find("pub struct CUmemLocation_st {") {
+        let body = text[start..].split('}').next().unwrap_or("");
+        if !body.contains("pub id:") {
+            println!("cargo:rustc-cfg=cuda_sys_mem_location_union");
+        }
+    }
     let Some(start) = text.find("pub struct CUmemPoolProps_st") else {
         return;
     };
