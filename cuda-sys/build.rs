@@ -8,6 +8,8 @@
 //!    `src/generated/driver.rs` and says so with a `cargo:warning`.
 //! 4. When the NVTX3 headers are found, wraps their `static inline` functions with bindgen's
 //!    `wrap_static_fns` and compiles the wrappers with `cc`; otherwise NVTX calls are no-ops.
+//! 5. After 3 or a no-op NVTX, watches where headers and libclang would appear (see
+//!    `watch_for_installs`), so the next build after they do runs bindgen.
 //!
 //! The generated driver file goes to `$OUT_DIR/driver.rs`; `cargo xtask bindings` copies it over
 //! the snapshot, and `cargo xtask ci` checks that the two are identical.
@@ -40,13 +42,19 @@ const STANDARD_INCLUDE_DIRS: &[&str] = &[
     "/usr/include",
 ];
 
-/// Other variables the build reads.
+/// Other variables the build reads (`LIBCLANG_PATH` and `LLVM_CONFIG_PATH`: where bindgen's
+/// `clang-sys` looks for libclang).
 const OTHER_ENV_VARS: &[&str] = &[
     "DOCS_RS",
     "CUDA_SYS_USE_SNAPSHOT",
     "NVTX_INCLUDE_DIR",
     "LIBCLANG_PATH",
+    "LLVM_CONFIG_PATH",
 ];
+
+/// Written by `ldconfig`, which the system's package manager runs when it installs a shared
+/// library: libclang, or a CUDA toolkit (its libraries come with the headers).
+const LD_SO_CACHE: &str = "/etc/ld.so.cache";
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -59,6 +67,8 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(cuda_sys_nvtx)");
     println!("cargo::rustc-check-cfg=cfg(cuda_sys_pool_max_size)");
     println!("cargo::rustc-check-cfg=cfg(cuda_sys_pool_usage)");
+    println!("cargo::rustc-check-cfg=cfg(cuda_sys_mem_location_union)");
+    println!("cargo::rustc-check-cfg=cfg(cuda_sys_cuda_13_4)");
 
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let manifest_dir =
@@ -85,6 +95,8 @@ fn main() {
         (Some(dir), _, _) => generate_driver(dir),
     };
 
+    // Whether a header or libclang that appears later would change the outcome.
+    let mut fell_back = false;
     match generated {
         Ok(code) => {
             fs::write(&driver_out, code).expect("write $OUT_DIR/driver.rs");
@@ -98,6 +110,7 @@ fn main() {
             println!("cargo:rerun-if-changed={}", dir.join("cuda.h").display());
         }
         Err(why) => {
+            fell_back = !(docs_rs || forced);
             println!("cargo:warning=cuda-sys: using the checked-in bindings snapshot ({why})");
             fs::copy(&snapshot, &driver_out).expect("copy the bindings snapshot");
             println!("cargo:rustc-env=CUDA_SYS_BINDINGS_SOURCE=snapshot ({why})");
@@ -107,6 +120,7 @@ fn main() {
     emit_layout_cfgs(&driver_out);
 
     // NVTX: optional, never fatal.
+    let mut nvtx = false;
     if !docs_rs {
         let nvtx_dirs: Vec<PathBuf> = env::var_os("NVTX_INCLUDE_DIR")
             .map(PathBuf::from)
@@ -117,8 +131,15 @@ fn main() {
             .iter()
             .find(|d| d.join("nvtx3/nvToolsExt.h").is_file())
         {
+            println!(
+                "cargo:rerun-if-changed={}",
+                dir.join("nvtx3/nvToolsExt.h").display()
+            );
             match build_nvtx(dir, &out_dir) {
-                Ok(()) => println!("cargo:rustc-cfg=cuda_sys_nvtx"),
+                Ok(()) => {
+                    nvtx = true;
+                    println!("cargo:rustc-cfg=cuda_sys_nvtx");
+                }
                 Err(e) => println!(
                     "cargo:warning=cuda-sys: NVTX headers found in {} but not usable ({e}); NVTX calls are no-ops",
                     dir.display()
@@ -126,18 +147,63 @@ fn main() {
             }
         }
     }
+
+    if fell_back || (!nvtx && !docs_rs) {
+        watch_for_installs();
+    }
+}
+
+/// After a build that used the snapshot or compiled NVTX out: makes cargo run this script
+/// again when headers or libclang appear where it looked, with no change to the environment
+/// or to this file. Only paths that exist are watched: cargo reruns a build script on every
+/// build while a path it watches is missing (and so rebuilds every crate above this one). A
+/// watched directory counts as changed when anything is added under it, whatever the added
+/// files' own times (package managers keep those from the package).
+///
+/// - [`LD_SO_CACHE`]: libclang or a CUDA toolkit installed by the system's package manager;
+/// - the directories the header variables name ([`HEADER_ENV_VARS`], `NVTX_INCLUDE_DIR`):
+///   headers unpacked there (as `.ci/run` does from the wheels);
+/// - `LIBCLANG_PATH`, which is then the only place `clang-sys` looks: libclang put there.
+///
+/// Not watched: `LD_LIBRARY_PATH` (which `clang-sys` also searches), as `cargo run` changes it
+/// for the programs it starts, so a build from `cargo xtask` and one from the shell would
+/// rerun this script each time; a libclang that only it finds needs `LIBCLANG_PATH`.
+fn watch_for_installs() {
+    let mut watched = std::collections::HashSet::new();
+    let mut watch = |path: &Path| {
+        if path.exists() && watched.insert(path.to_path_buf()) {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+    };
+    watch(Path::new(LD_SO_CACHE));
+    for dir in env_include_dirs() {
+        watch(&dir);
+    }
+    for var in ["NVTX_INCLUDE_DIR", "LIBCLANG_PATH"] {
+        if let Some(path) = env::var_os(var).filter(|p| !p.is_empty()) {
+            watch(Path::new(&path));
+        }
+    }
+}
+
+/// The include directories the variables of [`HEADER_ENV_VARS`] name, in order.
+fn env_include_dirs() -> Vec<PathBuf> {
+    HEADER_ENV_VARS
+        .iter()
+        .filter_map(|var| {
+            let value = PathBuf::from(env::var_os(var).filter(|v| !v.is_empty())?);
+            Some(if *var == "CUDA_INCLUDE_DIR" {
+                value
+            } else {
+                value.join("include")
+            })
+        })
+        .collect()
 }
 
 fn find_include_dir() -> Option<PathBuf> {
-    let from_env = HEADER_ENV_VARS.iter().filter_map(|var| {
-        let value = PathBuf::from(env::var_os(var)?);
-        Some(if *var == "CUDA_INCLUDE_DIR" {
-            value
-        } else {
-            value.join("include")
-        })
-    });
-    from_env
+    env_include_dirs()
+        .into_iter()
         .chain(STANDARD_INCLUDE_DIRS.iter().map(PathBuf::from))
         .find(|dir| dir.join("cuda.h").is_file())
 }
@@ -458,11 +524,28 @@ fn function_table(
 
 /// Cfgs for `cuda-sys`'s own hand-written code: which optional fields the bindings'
 /// `CUmemPoolProps` has (12.0 has neither `maxSize` nor `usage`; 12.2 adds `maxSize`; 12.3
-/// adds `usage`). Read from the generated file, so the snapshot path gets them too.
+/// adds `usage`), and whether `CUmemLocation::id` sits in an anonymous union (13.2 added
+/// `localized` beside it), and `cuda_sys_cuda_13_4` for bindings from CUDA 13.4+ headers (for
+/// the tests that call an entry point those added). Read from the generated file, so the
+/// snapshot path gets them too.
 fn emit_layout_cfgs(driver_rs: &Path) {
     let Ok(text) = fs::read_to_string(driver_rs) else {
         return;
     };
+    let version = text
+        .split("pub const CUDA_VERSION: u32 = ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    if version.is_some_and(|v| v >= 13040) {
+        println!("cargo:rustc-cfg=cuda_sys_cuda_13_4");
+    }
+    if let Some(start) = text.find("pub struct CUmemLocation_st {") {
+        let body = text[start..].split('}').next().unwrap_or("");
+        if !body.contains("pub id:") {
+            println!("cargo:rustc-cfg=cuda_sys_mem_location_union");
+        }
+    }
     let Some(start) = text.find("pub struct CUmemPoolProps_st") else {
         return;
     };

@@ -649,8 +649,12 @@ impl PhysicalAllocation {
             ))
         };
         let device = match props {
-            // SAFETY: the driver filled the struct; zeroed is a valid value of it anyway.
-            Ok(()) => Device::new(unsafe { prop.assume_init() }.location.id.max(0) as usize),
+            Ok(()) => {
+                // SAFETY: the driver filled the struct; zeroed is a valid value of it anyway,
+                // and `location.id` is initialised either way.
+                let id = unsafe { cuda_sys::compat::mem_location_id(&prop.assume_init().location) };
+                Device::new(id.max(0) as usize)
+            }
             Err(e) => Err(e),
         };
         match device {

@@ -17,10 +17,16 @@
 //! | [`Driver::event_elapsed_time`] | `cuEventElapsedTime_v2` (12.8) | `cuEventElapsedTime` (2.0), same arguments |
 //! | [`Driver::mem_pool_props`] | `CUmemPoolProps::maxSize` (12.2) | a size limit is the typed error; no limit works everywhere |
 //!
+//! And the structs whose shape changed within 13.x:
+//!
+//! | function | what changed |
+//! | --- | --- |
+//! | [`mem_location`], [`mem_location_id`] | 13.2 headers put `CUmemLocation::id` in an anonymous union (beside `localized`); same layout |
+//!
 //! "The typed error" is [`MissingSymbol`] with [`MissingSymbol::is_driver_too_old`] true: it
 //! names the entry point, the driver's version and the version needed.
 
-use std::ffi::{c_uint, c_void, CStr};
+use std::ffi::{c_int, c_uint, c_void, CStr};
 
 use crate::{
     CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphNode, CUmemAllocationHandleType,
@@ -162,10 +168,51 @@ impl CompatTable {
     }
 }
 
+/// A `CUmemLocation` of type `type_` and identifier `id`, whatever the headers' shape of it:
+/// a plain `id` field (12.x, 13.0, 13.1) or `id` in an anonymous union (13.2+).
+pub fn mem_location(type_: CUmemLocationType, id: c_int) -> CUmemLocation {
+    #[cfg(not(cuda_sys_mem_location_union))]
+    {
+        CUmemLocation { type_, id }
+    }
+    #[cfg(cuda_sys_mem_location_union)]
+    {
+        CUmemLocation {
+            type_,
+            __bindgen_anon_1: crate::CUmemLocation_st__bindgen_ty_1 { id },
+        }
+    }
+}
+
+/// The `id` of `location`, whatever the headers' shape of `CUmemLocation` (see
+/// [`mem_location`]).
+///
+/// # Safety
+///
+/// With 13.2+ headers `id` shares a union with `localized` (two bytes): `location`'s `id` must
+/// be initialised, as it is in a location made by [`mem_location`] or `Default`, or filled in
+/// by the driver; not in one built from `localized` alone.
+pub unsafe fn mem_location_id(location: &CUmemLocation) -> c_int {
+    #[cfg(not(cuda_sys_mem_location_union))]
+    {
+        location.id
+    }
+    // SAFETY: the caller vouches that `id` is initialised; every bit pattern is a c_int.
+    #[cfg(cuda_sys_mem_location_union)]
+    unsafe {
+        location.__bindgen_anon_1.id
+    }
+}
+
 /// The pre-12.2 form of a location: a device ordinal, or [`DEVICE_CPU`] for the host.
-fn legacy_device(location: &CUmemLocation) -> Option<CUdevice> {
+///
+/// # Safety
+///
+/// A device location's `id` is initialised (the driver API's contract for a location).
+unsafe fn legacy_device(location: &CUmemLocation) -> Option<CUdevice> {
     if location.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE {
-        Some(location.id)
+        // SAFETY: the caller vouches for the device location's `id`.
+        Some(unsafe { mem_location_id(location) })
     } else if location.type_ == MEM_LOCATION_TYPE_HOST {
         Some(DEVICE_CPU)
     } else {
@@ -193,7 +240,9 @@ impl Driver {
             // SAFETY: the caller upholds the driver's contract; exact 12.2 ABI.
             return Ok(unsafe { f(dev_ptr, count, location, flags, stream) });
         }
-        match (self.compat.prefetch_v1, legacy_device(&location)) {
+        // SAFETY: the caller passes a location valid for the driver API (see `# Safety`).
+        let legacy = unsafe { legacy_device(&location) };
+        match (self.compat.prefetch_v1, legacy) {
             (Some(f), Some(device)) if flags == 0 => {
                 // SAFETY: as above; exact 8.0 ABI, same meaning for a device or the host.
                 Ok(unsafe { f(dev_ptr, count, device, stream) })
@@ -220,7 +269,9 @@ impl Driver {
             // SAFETY: the caller upholds the driver's contract; exact 12.2 ABI.
             return Ok(unsafe { f(dev_ptr, count, advice, location) });
         }
-        match (self.compat.advise_v1, legacy_device(&location)) {
+        // SAFETY: the caller passes a location valid for the driver API (see `# Safety`).
+        let legacy = unsafe { legacy_device(&location) };
+        match (self.compat.advise_v1, legacy) {
             // SAFETY: as above; exact 8.0 ABI, same meaning for a device or the host.
             (Some(f), Some(device)) => Ok(unsafe { f(dev_ptr, count, advice, device) }),
             _ => Err(self.missing("cuMemAdvise", CUDA_12_2)),

@@ -30,6 +30,7 @@ const CAPTURE_V3: usize = 6;
 const STREAM_DEVICE: usize = 7;
 const ELAPSED_V1: usize = 8;
 const ELAPSED_V2: usize = 9;
+const LOCATION_INFO: usize = 10;
 
 fn ran(which: usize, device: CUdevice) -> CUresult {
     LAST.store(which, Ordering::SeqCst);
@@ -49,7 +50,7 @@ extern "C" fn prefetch_v2(
     _: c_uint,
     _: CUstream,
 ) -> CUresult {
-    ran(PREFETCH_V2, location.id)
+    ran(PREFETCH_V2, id_of(&location))
 }
 extern "C" fn advise_v1(_: CUdeviceptr, _: usize, _: CUmem_advise, device: CUdevice) -> CUresult {
     ran(ADVISE_V1, device)
@@ -60,7 +61,7 @@ extern "C" fn advise_v2(
     _: CUmem_advise,
     location: CUmemLocation,
 ) -> CUresult {
-    ran(ADVISE_V2, location.id)
+    ran(ADVISE_V2, id_of(&location))
 }
 extern "C" fn capture_v2(
     _: CUstream,
@@ -138,6 +139,20 @@ extern "C" fn elapsed_v2(ms: *mut f32, _: CUevent, _: CUevent) -> CUresult {
     ran(ELAPSED_V2, 0)
 }
 
+/// `cuMemGetLocationInfo` (13.4): the fake answers for any request of it (the loader must not
+/// make one to a driver older than 13.4).
+extern "C" fn location_info(
+    _: CUdeviceptr,
+    _: usize,
+    _: usize,
+    _: usize,
+    location: *mut CUmemLocation,
+) -> CUresult {
+    // SAFETY: the test passes a valid out-pointer.
+    unsafe { *location = compat::mem_location(CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, 4) };
+    ran(LOCATION_INFO, 4)
+}
+
 /// The exact-ABI entry points the fake driver exports: (symbol, ABI version, address).
 fn exact_symbols() -> Vec<(&'static str, u32, *mut c_void)> {
     vec![
@@ -188,6 +203,9 @@ fn fake_driver(version: u32) -> (Driver, Asked) {
                 .find(|(s, v, _)| *s == symbol && *v <= version)
                 .map_or(std::ptr::null_mut(), |(_, _, p)| *p);
         }
+        if api == "cuMemGetLocationInfo" {
+            return location_info as *mut c_void;
+        }
         never_called as *mut c_void
     };
     // SAFETY: the fakes have the signatures of the ABIs they are returned for; the others are
@@ -205,17 +223,16 @@ fn fake_driver(version: u32) -> (Driver, Asked) {
 }
 
 fn device(id: i32) -> CUmemLocation {
-    CUmemLocation {
-        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-        id,
-    }
+    compat::mem_location(CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id)
+}
+
+fn id_of(location: &CUmemLocation) -> i32 {
+    // SAFETY: every location of these tests is made by `compat::mem_location`.
+    unsafe { compat::mem_location_id(location) }
 }
 
 fn host() -> CUmemLocation {
-    CUmemLocation {
-        type_: MEM_LOCATION_TYPE_HOST,
-        id: 0,
-    }
+    compat::mem_location(MEM_LOCATION_TYPE_HOST, 0)
 }
 
 /// The entry points whose shape or ABI changed between CUDA 12.0 and 13.0 that the workspace
@@ -290,10 +307,7 @@ fn a_driver_older_than_the_bindings_is_never_handed_a_newer_abi() {
         let r = driver.mem_prefetch_async(0x10, 64, host(), 0, std::ptr::null_mut());
         assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
         assert_eq!(LAST_DEVICE.load(Ordering::SeqCst), compat::DEVICE_CPU);
-        let numa = CUmemLocation {
-            type_: MEM_LOCATION_TYPE_HOST_NUMA,
-            id: 0,
-        };
+        let numa = compat::mem_location(MEM_LOCATION_TYPE_HOST_NUMA, 0);
         let err = driver
             .mem_prefetch_async(0x10, 64, numa, 0, std::ptr::null_mut())
             .unwrap_err();
@@ -374,12 +388,14 @@ fn a_driver_older_than_the_bindings_is_never_handed_a_newer_abi() {
 
     let pinned = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
     let none = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    // `.err()`: with 13.2+ headers `CUmemPoolProps` (a union inside) has no `Debug`.
     let err = driver
         .mem_pool_props(pinned, none, device(0), 1 << 20)
-        .unwrap_err();
+        .err()
+        .unwrap();
     assert_eq!((err.needed, err.driver), (12020, old));
     let props = driver.mem_pool_props(pinned, none, device(0), 0).unwrap();
-    assert_eq!(props.location.id, 0);
+    assert_eq!(id_of(&props.location), 0);
 }
 
 #[test]
@@ -432,10 +448,7 @@ fn a_driver_as_new_as_the_bindings_gets_every_entry_point_and_the_new_abis() {
     }
     // SAFETY: (all calls below) the fake driver's functions accept any arguments.
     unsafe {
-        let host_numa = CUmemLocation {
-            type_: MEM_LOCATION_TYPE_HOST_NUMA,
-            id: 5,
-        };
+        let host_numa = compat::mem_location(MEM_LOCATION_TYPE_HOST_NUMA, 5);
         let r = driver.mem_prefetch_async(0x10, 64, host_numa, 0, std::ptr::null_mut());
         assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
         assert_eq!(LAST.load(Ordering::SeqCst), PREFETCH_V2);
@@ -488,4 +501,84 @@ fn a_driver_as_new_as_the_bindings_gets_every_entry_point_and_the_new_abis() {
         + std::mem::size_of::<*mut c_void>();
     let max_size = usize::from_ne_bytes(bytes[offset..offset + 8].try_into().unwrap());
     assert_eq!(max_size, 1 << 20);
+}
+
+/// Entry points that first appeared in CUDA 13.4 or 13.5: the 13.5 `cudaTypedefs.h` lists one
+/// ABI of each, `PFN_<name>_v13040` or `PFN_<name>_v13050`.
+const NEW_IN_13_4_OR_LATER: &[(&str, u32)] = &[
+    ("cuMemGetLocationInfo", 13040),
+    ("cuDeviceGetCliqueCount", 13040),
+    ("cuCheckpointOperationComplete", 13040),
+    ("cuTensorMapSetAllocationClass", 13050),
+    ("cuFabricCpyBatchAsync", 13050),
+];
+
+/// The GPU machine's case: bindings from the newest headers (13.5) on a 13.0 driver.
+#[test]
+fn a_13_0_driver_refuses_the_entry_points_of_13_4_and_later() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let old = 13000;
+    let (driver, asked) = fake_driver(old);
+    for entry in DRIVER_ENTRY_POINTS.iter() {
+        let api = entry.api.to_str().unwrap();
+        let status = driver.entry_status(api);
+        if entry.since > old {
+            let err = status.expect_err(api);
+            assert!(err.is_driver_too_old(), "{api}: {err}");
+            assert_eq!((err.name, err.needed, err.driver), (api, entry.since, old));
+            assert!(
+                !asked
+                    .iter()
+                    .any(|(a, s, _)| a == api && s.as_bytes() == entry.symbol.to_bytes()),
+                "{api}: a 13.0 driver was asked for an ABI it does not have"
+            );
+        } else {
+            assert_eq!(status, Ok(()), "{api}");
+        }
+    }
+    for &(name, since) in NEW_IN_13_4_OR_LATER {
+        let entry = DRIVER_ENTRY_POINTS
+            .iter()
+            .find(|e| e.api.to_bytes() == name.as_bytes());
+        if since > CUDA_VERSION {
+            assert!(entry.is_none(), "{name} in CUDA {CUDA_VERSION} bindings");
+            continue;
+        }
+        let entry = entry.unwrap_or_else(|| panic!("{name} not in CUDA {CUDA_VERSION} bindings"));
+        assert_eq!(entry.since, since, "{name}");
+        let err = driver.entry_status(name).unwrap_err();
+        assert!(err.is_driver_too_old(), "{name}: {err}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "`{name}` needs a CUDA 13.{} driver; the loaded driver supports CUDA 13.0",
+                since % 1000 / 10
+            )
+        );
+    }
+
+    // The call itself: the typed error, and the driver is not reached.
+    #[cfg(cuda_sys_cuda_13_4)]
+    {
+        let device = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        let mut location = compat::mem_location(device, -1);
+        LAST.store(0, Ordering::SeqCst);
+        // SAFETY: the table has no entry for it on this driver; nothing is called.
+        let r = unsafe { driver.cuMemGetLocationInfo(0x10, 64, 0, 0, &mut location) };
+        let err = r.unwrap_err();
+        assert_eq!(
+            (err.name, err.needed, err.driver, err.is_driver_too_old()),
+            ("cuMemGetLocationInfo", 13040, old, true)
+        );
+        assert_eq!(LAST.load(Ordering::SeqCst), 0, "the driver was called");
+        assert_eq!(id_of(&location), -1);
+
+        // A 13.4 driver gets the call.
+        let (new, _) = fake_driver(13040);
+        // SAFETY: the fake has the 13.4 signature; valid out-pointer.
+        let r = unsafe { new.cuMemGetLocationInfo(0x10, 64, 0, 0, &mut location) };
+        assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
+        assert_eq!(LAST.load(Ordering::SeqCst), LOCATION_INFO);
+        assert_eq!(id_of(&location), 4);
+    }
 }

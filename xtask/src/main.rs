@@ -2,11 +2,11 @@
 //!
 //! | command | what |
 //! | --- | --- |
-//! | `ci [--gpu\|--no-gpu] [--sanitize]` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), packaging, the bindings snapshot check, the main example with and without headers, the CUDA 12.0/12.4/12.8 header sets (bindgen, `cargo check`, cuda-sys tests) and the NCCL bindings; then the GPU suite when a GPU is usable (`--gpu` requires it, `--no-gpu` skips it, `--sanitize` runs it under compute-sanitizer); ends with one `GPU suite: ...` line |
+//! | `ci [--gpu\|--no-gpu] [--sanitize]` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), packaging, the bindings snapshot check, the main example with and without headers, a snapshot build of cuda-sys switching to bindgen when headers and libclang appear, the CUDA 12.0/12.4/12.8 and 13.5 header sets (bindgen, `cargo check`, cuda-sys tests) and the NCCL bindings; then the GPU suite when a GPU is usable (`--gpu` requires it, `--no-gpu` skips it, `--sanitize` runs it under compute-sanitizer); ends with one `GPU suite: ...` line |
 //! | `gpu-suite [--gpu\|--no-gpu] [--sanitize]` | only the GPU part of `ci` |
 //! | `bindings` | regenerates `cuda-sys/src/generated/driver.rs` from the headers found |
 //! | `nccl-bindings` | regenerates `cuda-nccl-sys/src/generated/nccl.rs` from the `nccl.h` found |
-//! | `gpu-bundle [--headers SET]` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh`; with `--headers 12.4`, from those headers into `target/gpu-bundle-12.4/` |
+//! | `gpu-bundle [--headers SET]` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh`; with `--headers 13.5`, from those headers into `target/gpu-bundle-13.5/` |
 //! | `replay [TRACE...]` | replays allocation traces (default `../shared/traces/*.trace`) through MemoryPool on the simulated backend |
 //! | `bench-report DIR` | `results.csv` + `peers.csv` of one benchmark run -> `bench/results/REPORT.md` and SVG plots |
 //!
@@ -162,7 +162,9 @@ fn cpu_steps() -> Result<()> {
     detection_check()?;
     step("main example");
     example_check(&[])?;
-    ci_cuda12()?;
+    step("cuda-sys switches from the snapshot to bindgen when headers and libclang appear");
+    headers::ci_rerun_check()?;
+    ci_header_sets()?;
     step("main example and loader tests on the snapshot (no headers)");
     let env = [
         ("CUDA_SYS_USE_SNAPSHOT", "1"),
@@ -305,8 +307,9 @@ fn replay(traces: &[String]) -> Result<()> {
     cargo(&args, &[])
 }
 
-/// The CUDA 12 header sets (see `headers::ci_set`).
-fn ci_cuda12() -> Result<()> {
+/// The other header sets (see `headers::ci_set`).
+fn ci_header_sets() -> Result<()> {
+    headers::note_newer_13();
     for set in headers::CI_SETS {
         step(&format!(
             "CUDA {set} headers: bindgen, check (all targets), cuda-sys tests"

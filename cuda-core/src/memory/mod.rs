@@ -131,14 +131,13 @@ impl Location {
     /// The driver's `CUmemLocation`.
     pub fn to_raw(self) -> CUmemLocation {
         match self {
-            Location::Device(dev) => CUmemLocation {
-                type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: dev.ordinal() as i32,
-            },
-            Location::Host => CUmemLocation {
-                type_: cuda_sys::compat::MEM_LOCATION_TYPE_HOST,
-                id: 0,
-            },
+            Location::Device(dev) => cuda_sys::compat::mem_location(
+                CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                dev.ordinal() as i32,
+            ),
+            Location::Host => {
+                cuda_sys::compat::mem_location(cuda_sys::compat::MEM_LOCATION_TYPE_HOST, 0)
+            }
         }
     }
 }
