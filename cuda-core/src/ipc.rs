@@ -331,11 +331,15 @@ pub fn address_range(device: &Device, addr: CUdeviceptr) -> Result<(CUdeviceptr,
 /// handle plus the view's offset and length in it. The allocation must stay alive while the
 /// region is open elsewhere (the importer can reach all of the allocation through the
 /// driver, but the [`IpcRegion::open`] view covers only the region). An empty view, or
-/// virtual-memory memory, is [`IpcError::NotExportable`].
+/// virtual-memory memory, is [`IpcError::NotExportable`]. A reused pool block is exported only
+/// once its earlier owner's work is done ([`DevicePtr::prepare_synchronous_use`]).
 pub fn export_view(view: &DevicePtr) -> Result<IpcRegion> {
     if view.is_empty() {
         return Err(IpcError::NotExportable("an empty view".into()).into());
     }
+    // The importer uses the memory in another process, ordered by nothing of ours: a reused
+    // pool block's earlier owner must be done first (the ordering rule; one host wait).
+    view.prepare_synchronous_use()?;
     let device = view.device();
     if !legacy_ipc_capable(&device, view.as_raw())? {
         return Err(IpcError::NotExportable(

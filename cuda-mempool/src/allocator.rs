@@ -51,7 +51,7 @@ impl Allocator for DirectAllocator {
                 reserved: 0,
                 limit: None,
             }),
-            Err(e) => Err(PoolError::backend("cuMemAlloc")(e)),
+            Err(e) => Err(PoolError::Cuda(e)),
         }
     }
 }
@@ -276,7 +276,6 @@ impl Allocator for CFunctionAllocator {
             // Freed on another thread, the handle would name that thread's stream.
             return Err(PoolError::PerThreadStream);
         }
-        let handover = Handover::new(stream).map_err(PoolError::backend("Handover::new"))?;
         let ptr = if size == 0 {
             0
         } else {
@@ -294,6 +293,19 @@ impl Allocator for CFunctionAllocator {
                 });
             }
             p
+        };
+        // After the C malloc, which may have made the stream wait for earlier owners.
+        let handover = match Handover::new(stream) {
+            Ok(h) => h,
+            Err(e) => {
+                if ptr != 0 {
+                    let f = &self.inner;
+                    // SAFETY: `ptr` came from `malloc` just above and is freed once, on the
+                    // stream it was allocated on; nothing used it.
+                    unsafe { (f.free)(f.ctx, ptr, device.ordinal() as i32, stream.raw()) };
+                }
+                return Err(PoolError::Cuda(e));
+            }
         };
         Ok(DevicePtr::new(CMemory {
             ptr,
@@ -372,7 +384,7 @@ pub fn using_allocator(allocator: Arc<dyn Allocator>) -> AllocatorGuard {
 /// caller's location (the default pool's own hooks see the same location).
 #[track_caller]
 pub fn alloc(size: usize) -> Result<DevicePtr, PoolError> {
-    let device = Device::current().map_err(PoolError::backend("Device::current"))?;
+    let device = Device::current().map_err(PoolError::Cuda)?;
     alloc_on(&Stream::current(&device), size)
 }
 

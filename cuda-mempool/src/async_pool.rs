@@ -126,7 +126,7 @@ impl AsyncPool {
             Err(e) if e.is_out_of_memory() => {
                 Err(self.oom(size, (limit != u64::MAX).then_some(limit)))
             }
-            Err(e) => Err(PoolError::backend("cuMemAllocFromPoolAsync")(e)),
+            Err(e) => Err(PoolError::Cuda(e)),
         }
     }
 

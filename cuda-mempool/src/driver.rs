@@ -477,7 +477,7 @@ impl MemoryPool<DriverBackend> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn new_driver() -> Result<DevicePool, PoolError> {
-        let backend = DriverBackend::new().map_err(PoolError::backend("DriverBackend::new"))?;
+        let backend = DriverBackend::new().map_err(PoolError::Cuda)?;
         MemoryPool::with_config(backend, crate::PoolConfig::from_env()?)
     }
 
@@ -582,7 +582,7 @@ impl MemoryPool<DriverBackend> {
                     .unwrap_or_else(PoisonError::into_inner)
                     .remove(&(dev.0, capture));
                 return Err(match tied {
-                    Err(e) => PoolError::backend("on_capture_graph_release")(e),
+                    Err(e) => PoolError::Cuda(e),
                     Ok(_) => PoolError::CaptureInProgress {
                         stream: stream.raw() as usize as u64,
                     },
@@ -612,8 +612,12 @@ impl MemoryPool<DriverBackend> {
         stream: &Stream,
         size: usize,
     ) -> Result<PoolMemory, PoolError> {
-        let handover = Handover::new(stream).map_err(PoolError::backend("Handover::new"))?;
-        let raw = self.malloc_stream(stream, size)?.into_raw();
+        let block = self.malloc_stream(stream, size)?;
+        // After the allocation: the pool may have made the stream wait for other streams'
+        // fences, and a fence recorded now (on the per-thread stream, at once) covers them.
+        // On error the block is freed as it drops.
+        let handover = Handover::new(stream).map_err(PoolError::Cuda)?;
+        let raw = block.into_raw();
         Ok(PoolMemory {
             pool: Arc::clone(self),
             ptr: raw.ptr().0,
@@ -696,9 +700,7 @@ impl PoolMemory {
     pub fn record_stream(&self, stream: &Stream) -> Result<(), PoolError> {
         match (&self.raw, &self.handover) {
             (Some(raw), Some(handover)) => {
-                handover
-                    .order_stream(stream)
-                    .map_err(PoolError::backend("order_stream"))?;
+                handover.order_stream(stream).map_err(PoolError::Cuda)?;
                 self.pool.record_stream_raw(raw, stream)
             }
             _ => Ok(()),
@@ -709,9 +711,7 @@ impl PoolMemory {
     /// Ordering): call it before a synchronous call of your own on the address.
     pub fn prepare_synchronous_use(&self) -> Result<(), PoolError> {
         match &self.handover {
-            Some(h) => h
-                .wait_host()
-                .map_err(PoolError::backend("prepare_synchronous_use")),
+            Some(h) => h.wait_host().map_err(PoolError::Cuda),
             None => Ok(()),
         }
     }
@@ -834,8 +834,7 @@ fn capture_of(stream: &Stream) -> Result<Option<u64>, PoolError> {
     if !may_be_capturing(stream) {
         return Ok(None);
     }
-    let info =
-        cuda_core::graph::capture_info(stream).map_err(PoolError::backend("capture_info"))?;
+    let info = cuda_core::graph::capture_info(stream).map_err(PoolError::Cuda)?;
     Ok(match info.status {
         CaptureStatus::None => None,
         CaptureStatus::Active | CaptureStatus::Invalidated => info.id,

@@ -83,7 +83,12 @@ impl std::fmt::Display for OomCause {
 /// was before the call, except that cached memory may have been released: a failed
 /// allocation gives back whatever it reserved or mapped while trying.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PoolError {
+    /// A `cuda-core` call outside the [`Backend`](crate::Backend) failed (an event, a
+    /// stream, a capture query, IPC): the error as `cuda-core` gave it.
+    #[error(transparent)]
+    Cuda(#[from] cuda_core::Error),
     /// An allocation on a stream that is being captured into a CUDA graph: the graph would
     /// keep using the block after it is freed and handed to someone else. Allocate before
     /// the capture, or use `AsyncPool`, whose allocations become graph memory nodes.
@@ -190,7 +195,8 @@ pub enum PoolError {
     /// The backend failed (a driver error for the driver backend).
     #[error("backend call {op} failed: {source}")]
     Backend {
-        /// The backend method that failed.
+        /// The [`Backend`](crate::Backend) method that failed, by its name in the trait
+        /// (`record_fence`, `create_physical`, ...).
         op: &'static str,
         /// The backend's error.
         #[source]
@@ -202,8 +208,10 @@ impl PoolError {
     /// The driver error at the root of this one, if any (a [`PoolError::Backend`] failure of
     /// the driver backend): its `CUresult` is `DriverError::result`.
     pub fn driver(&self) -> Option<&cuda_core::DriverError> {
-        let PoolError::Backend { source, .. } = self else {
-            return None;
+        let source = match self {
+            PoolError::Cuda(e) => return e.driver(),
+            PoolError::Backend { source, .. } => source,
+            _ => return None,
         };
         if let Some(core) = source.downcast_ref::<cuda_core::Error>() {
             return core.driver();
@@ -222,9 +230,16 @@ impl PoolError {
     }
 }
 
+/// The result of the pool's fallible calls.
+pub type Result<T, E = PoolError> = std::result::Result<T, E>;
+
 impl From<PoolError> for cuda_core::Error {
-    /// Carries the pool's error as `cuda_core::Error::Crate` (see the module documentation).
+    /// Carries the pool's error as `cuda_core::Error::Crate` (see the module documentation);
+    /// a wrapped `cuda-core` error ([`PoolError::Cuda`]) comes back as itself.
     fn from(error: PoolError) -> Self {
+        if let PoolError::Cuda(e) = error {
+            return e;
+        }
         let driver = error.driver().copied();
         cuda_core::Error::Crate(cuda_core::CrateError::new("cuda-mempool", error, driver))
     }

@@ -66,7 +66,7 @@ impl MemoryPool<DriverBackend> {
     /// ([`malloc_ipc`](Self::malloc_ipc)): plain `cuMemAlloc` segments
     /// (`PoolConfig { virtual_memory: false, .. }`), the limit from the environment.
     pub fn new_ipc() -> Result<DevicePool, PoolError> {
-        let backend = DriverBackend::new().map_err(PoolError::backend("DriverBackend::new"))?;
+        let backend = DriverBackend::new().map_err(PoolError::Cuda)?;
         let config = PoolConfig {
             virtual_memory: false,
             ..PoolConfig::from_env()?
@@ -131,7 +131,7 @@ fn export_view(view: DevicePtr, stream: &Stream) -> Result<ExportedBlock, PoolEr
         cuda_core::Error::Ipc(core_ipc::IpcError::NotExportable(reason)) => {
             PoolError::NotExportable { reason }
         }
-        e => PoolError::backend("cuIpcGetMemHandle")(e),
+        e => PoolError::Cuda(e),
     })?;
     Ok(ExportedBlock {
         view,
@@ -192,12 +192,8 @@ impl ExportedBlock {
         if !importer_done.is_interprocess() {
             return Err(PoolError::NotInterprocessEvent);
         }
-        stream
-            .wait_event(importer_done)
-            .map_err(PoolError::backend("cuStreamWaitEvent"))?;
-        self.view
-            .record_stream(stream)
-            .map_err(PoolError::backend("record_stream"))?;
+        stream.wait_event(importer_done).map_err(PoolError::Cuda)?;
+        self.view.record_stream(stream).map_err(PoolError::Cuda)?;
         self.released = true;
         Ok(())
     }
@@ -226,7 +222,5 @@ impl ExportedBlock {
 /// the last view drops. The driver's refusals are `PoolError::Backend` carrying a
 /// `cuda_core::Error::Ipc` with the cause.
 pub fn import_block(device: &Device, region: &IpcRegion) -> Result<DevicePtr, PoolError> {
-    region
-        .open(device)
-        .map_err(PoolError::backend("cuIpcOpenMemHandle"))
+    region.open(device).map_err(PoolError::Cuda)
 }

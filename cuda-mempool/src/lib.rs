@@ -97,7 +97,7 @@ pub mod stats;
 pub use async_pool::{AsyncPool, AsyncPoolSource};
 pub use backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamId};
 pub use driver::{default_pool, DevicePool, DriverBackend, DriverFence, PoolMemory};
-pub use error::{OomCause, PoolError};
+pub use error::{OomCause, PoolError, Result};
 pub use pinned::{default_pinned_pool, PinnedBlock, PinnedMemoryPool};
 pub use pool::{
     Allocation, Limit, MemoryPool, PoolConfig, PrivateHold, PrivatePoolId, RawAllocation,

@@ -212,7 +212,7 @@ impl PinnedMemoryPool {
                     .alloc(device, rounded)
                     .map_err(|e| self.oom(device, size, e))?
             }
-            Err(e) => return Err(PoolError::backend("pinned allocator")(e)),
+            Err(e) => return Err(PoolError::Cuda(e)),
         };
         if mem.len() < rounded {
             return Err(PoolError::Backend {
@@ -229,7 +229,7 @@ impl PinnedMemoryPool {
 
     fn oom(&self, device: &Device, size: usize, e: cuda_core::Error) -> PoolError {
         if !e.is_out_of_memory() {
-            return PoolError::backend("pinned allocator")(e);
+            return PoolError::Cuda(e);
         }
         let st = self.inner.lock();
         PoolError::OutOfMemory {

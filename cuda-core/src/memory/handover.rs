@@ -95,7 +95,9 @@ impl Handover {
             done: AtomicBool::new(false),
             fence: Mutex::new(None),
         };
-        if stream.kind() == StreamKind::PerThread {
+        // During a capture the fence would be a node of the graph, never complete: then no
+        // fence, and uses outside the stream are refused (see `order_stream`).
+        if stream.kind() == StreamKind::PerThread && capture_of(stream)?.is_none() {
             let event = Event::new(&stream.device())?;
             event.record(stream)?;
             *h.lock() = Some(event);
@@ -148,6 +150,15 @@ impl Handover {
 
     #[inline(never)]
     fn order_stream_slow(&self, stream: &Stream) -> Result<()> {
+        if self.stream.kind() == StreamKind::PerThread && self.lock().is_none() {
+            // Its handle names the calling thread's stream: only the fence recorded by the
+            // allocating thread orders other streams after it, and there is none.
+            return Err(Error::Unordered(
+                "memory allocated on the per-thread default stream during a capture can be \
+                 used only on that stream"
+                    .into(),
+            ));
+        }
         let own = capture_of(&self.stream)?;
         let other = capture_of(stream)?;
         match (own, other) {
@@ -202,6 +213,13 @@ impl Handover {
         let event = match fence.take() {
             Some(e) => e,
             None => {
+                if self.stream.kind() == StreamKind::PerThread {
+                    return Err(Error::Unordered(
+                        "memory allocated on the per-thread default stream during a capture \
+                         can be used only on that stream"
+                            .into(),
+                    ));
+                }
                 if capture_of(&self.stream)?.is_some() {
                     return Err(Error::Unordered(
                         "a synchronous call on memory whose allocation stream is being \

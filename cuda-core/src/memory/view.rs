@@ -142,7 +142,11 @@ impl DevicePtr {
     /// completed, so that it is over when the call returns (see the type's Ordering).
     fn finish_synchronous(&self, issued: Result<()>) -> Result<()> {
         issued?;
-        Stream::null(&self.device).synchronize()
+        // Through an event, not `cuStreamSynchronize` of the legacy stream, which would take
+        // a host callback's report that belongs to whoever queued it there.
+        let done = crate::event::Event::new(&self.device)?;
+        done.record(&Stream::null(&self.device))?;
+        done.synchronize()
     }
 
     /// The device of the memory.
@@ -329,7 +333,7 @@ impl DevicePtr {
         self.finish_synchronous(issued)?;
         if src.device != self.device {
             // The peer copy may also run on the source's device.
-            Stream::null(&src.device).synchronize()?;
+            src.finish_synchronous(Ok(()))?;
         }
         Ok(())
     }
