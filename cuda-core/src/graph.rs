@@ -171,6 +171,92 @@ pub fn captures_in_progress() -> bool {
     ACTIVE_CAPTURES.load(Ordering::Acquire) != 0
 }
 
+/// Safe calls between their capture check and their issue (see [`issue_guard`]).
+static ISSUING: AtomicUsize = AtomicUsize::new(0);
+/// Captures waiting in [`begin_capture`] for those calls to finish.
+static BEGINNING: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's nesting of [`issue_guard`]s (only the outermost counts in `ISSUING`).
+    static ISSUE_DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Held by a safe call from the moment it decides something by a stream's capture status
+/// (refuse a borrowed host buffer, keep memory alive in the graph, order a stream after a
+/// hand-over) until its work and fences are issued: a capture begun through
+/// [`begin_capture`] (and so `cuda-graph`) on another thread waits for it, so the work
+/// cannot slip into a capture that began between the check and the issue. Nested guards
+/// cost nothing more. Captures that foreign code begins (the CUDA runtime, PyTorch, CuPy) on
+/// a stream are not held back: issue such a stream's work on the thread that captures it.
+///
+/// Code that passes a view's address to its own unsafe calls takes one around
+/// [`DevicePtr::record_stream`](crate::memory::DevicePtr::record_stream) and the issue.
+/// Not `Send`: the nesting is per thread.
+#[derive(Debug)]
+#[must_use = "the guard covers the issue only while it lives"]
+pub struct IssueGuard {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+/// Takes an [`IssueGuard`]: about four atomic operations when no capture is beginning.
+#[inline]
+pub fn issue_guard() -> IssueGuard {
+    ISSUE_DEPTH.with(|depth| {
+        if depth.get() == 0 {
+            loop {
+                while BEGINNING.load(Ordering::SeqCst) != 0 {
+                    std::thread::yield_now();
+                }
+                ISSUING.fetch_add(1, Ordering::SeqCst);
+                if BEGINNING.load(Ordering::SeqCst) == 0 {
+                    break;
+                }
+                ISSUING.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        depth.set(depth.get() + 1);
+    });
+    IssueGuard {
+        _not_send: std::marker::PhantomData,
+    }
+}
+
+impl Drop for IssueGuard {
+    #[inline]
+    fn drop(&mut self) {
+        ISSUE_DEPTH.with(|depth| {
+            let d = depth.get().saturating_sub(1);
+            depth.set(d);
+            if d == 0 {
+                ISSUING.fetch_sub(1, Ordering::SeqCst);
+            }
+        });
+    }
+}
+
+/// Held by [`begin_capture`] while it begins a capture: safe calls that checked for captures
+/// before it must have issued (see [`issue_guard`]), and new ones wait until it is dropped
+/// (by then the capture is counted, so they see it).
+struct BeginGate;
+
+impl BeginGate {
+    fn wait() -> BeginGate {
+        BEGINNING.fetch_add(1, Ordering::SeqCst);
+        // This thread's own guard, if it holds one, does not count.
+        let own = ISSUE_DEPTH.with(|d| usize::from(d.get() > 0));
+        while ISSUING.load(Ordering::SeqCst) > own {
+            std::thread::yield_now();
+        }
+        BeginGate
+    }
+}
+
+impl Drop for BeginGate {
+    fn drop(&mut self) {
+        BEGINNING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Starts capturing `stream`: work issued to it afterwards is recorded, not run, until
 /// [`end_capture`]. `cuda-graph`'s capture guard is the safe way to do this.
 ///
@@ -197,10 +283,13 @@ pub unsafe fn begin_capture(stream: &Stream, mode: CaptureMode) -> Result<()> {
         ));
     }
     let _ctx = stream.device().bind()?;
+    let _gate = BeginGate::wait();
     // SAFETY: a live, non-null stream of the current context.
-    unsafe { drv!(cuStreamBeginCapture(stream.raw(), mode.raw())) }?;
-    ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
-    Ok(())
+    let begun = unsafe { drv!(cuStreamBeginCapture(stream.raw(), mode.raw())) };
+    if begun.is_ok() {
+        ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
+    }
+    begun
 }
 
 /// Ends the capture of `stream` and returns the graph recorded.
@@ -826,6 +915,7 @@ impl GraphExecHandle {
     /// invalidates the capture.)
     pub fn launch(&self, stream: &Stream) -> Result<()> {
         self.check_stream(stream)?;
+        let _gate = issue_guard();
         if is_capturing(stream)? {
             return Err(Error::Unsupported(
                 "launching an executable graph on a stream that is being captured (the \
@@ -901,6 +991,46 @@ impl Drop for GraphExecHandle {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_capture_begins_only_after_the_issues_that_checked_before_it() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let issued = Arc::new(AtomicBool::new(false));
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let i2 = Arc::clone(&issued);
+        let issuer = std::thread::spawn(move || {
+            let outer = super::issue_guard();
+            let inner = super::issue_guard(); // nesting costs nothing and blocks nothing
+            held_tx.send(()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            i2.store(true, Ordering::SeqCst);
+            drop(inner);
+            drop(outer);
+        });
+        held_rx.recv().unwrap();
+        let gate = super::BeginGate::wait();
+        assert!(
+            issued.load(Ordering::SeqCst),
+            "a capture began while a safe call was between its check and its issue"
+        );
+        // While a capture begins, a new issue waits for it.
+        let waited = Arc::new(AtomicBool::new(false));
+        let w2 = Arc::clone(&waited);
+        let late = std::thread::spawn(move || {
+            let _g = super::issue_guard();
+            w2.store(true, Ordering::SeqCst);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(
+            !waited.load(Ordering::SeqCst),
+            "an issue slipped past a beginning capture"
+        );
+        drop(gate);
+        late.join().unwrap();
+        issuer.join().unwrap();
+        assert!(waited.load(Ordering::SeqCst));
+    }
+
     use super::*;
 
     #[test]

@@ -198,6 +198,9 @@ impl Communicator {
             return Ok(());
         }
         let nccl = library()?;
+        // From the marks (which decide by the stream's capture status) to the NCCL call, a
+        // capture begun meanwhile through cuda-core waits.
+        let _gate = cuda_core::graph::issue_guard();
         for view in views {
             view.record_stream(stream)?;
         }

@@ -167,7 +167,7 @@ pub fn to_device_async<B: TransferBuffer>(
     stream: &Stream,
 ) -> Result<(DeviceBuffer<B::Elem>, Pending<B>)> {
     // Before the allocation, which a capture would refuse too (and be invalidated by).
-    refuse_capture(stream, "to_device_async")?;
+    let _gate = refuse_capture(stream, "to_device_async")?;
     let dst = DeviceBuffer::alloc(&stream.device(), src.as_slice().len())?;
     let pending = copy_to_device_async(src, &dst, stream)?;
     Ok((dst, pending))
@@ -182,7 +182,7 @@ pub fn copy_to_device_async<B: TransferBuffer>(
 ) -> Result<Pending<B>> {
     check_same_len("copy_to_device_async", dst.len(), src.as_slice().len())?;
     check_stream(stream, dst)?;
-    refuse_capture(stream, "copy_to_device_async")?;
+    let _gate = refuse_capture(stream, "copy_to_device_async")?;
     let device_mem = dst.as_ptr().clone();
     let bytes: &[u8] = bytemuck::cast_slice(src.as_slice());
     if bytes.is_empty() {
@@ -225,7 +225,7 @@ pub fn to_host_async<B: TransferBuffer>(
 ) -> Result<Pending<B>> {
     check_same_len("to_host_async", dst.as_slice().len(), src.len())?;
     check_stream(stream, src)?;
-    refuse_capture(stream, "to_host_async")?;
+    let _gate = refuse_capture(stream, "to_host_async")?;
     let device_mem = src.as_ptr().clone();
     let kind = dst.kind();
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst.as_mut_slice());
@@ -389,7 +389,7 @@ impl<'scope> Scope<'scope, '_> {
     ) -> Result<()> {
         check_same_len("copy_to_device", dst.len(), src.len())?;
         check_stream(stream, dst)?;
-        refuse_capture(stream, "Scope::copy_to_device")?;
+        let _gate = refuse_capture(stream, "Scope::copy_to_device")?;
         let bytes: &[u8] = bytemuck::cast_slice(src);
         if bytes.is_empty() {
             return Ok(());
@@ -425,7 +425,7 @@ impl<'scope> Scope<'scope, '_> {
     ) -> Result<()> {
         check_same_len("to_host", dst.len(), src.len())?;
         check_stream(stream, src)?;
-        refuse_capture(stream, "Scope::to_host")?;
+        let _gate = refuse_capture(stream, "Scope::to_host")?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
         if bytes.is_empty() {
             return Ok(());

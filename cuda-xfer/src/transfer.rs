@@ -83,11 +83,19 @@ pub(crate) fn route(
 /// or issues anything. A capture would record the host address, and each launch of the
 /// graph would read (or write) it after the transfer gave the buffer back: freed, or reused
 /// heap memory. (Asked of the driver each time, so captures begun by foreign code count too.)
-pub(crate) fn refuse_capture(stream: &Stream, op: &'static str) -> Result<()> {
+///
+/// The guard it returns is held until the transfer's work and fence are issued: a capture
+/// that another thread begins through `cuda-core` in between waits for it
+/// ([`cuda_core::graph::issue_guard`]).
+pub(crate) fn refuse_capture(
+    stream: &Stream,
+    op: &'static str,
+) -> Result<cuda_core::graph::IssueGuard> {
+    let gate = cuda_core::graph::issue_guard();
     if cuda_core::graph::is_capturing(stream)? {
         return Err(crate::Error::Capturing { op });
     }
-    Ok(())
+    Ok(gate)
 }
 
 /// Waits until the work queued so far on `device`'s legacy default stream is done: what a
@@ -227,7 +235,7 @@ pub fn copy_to_device<T: Pod>(src: &[T], dst: &DeviceBuffer<T>) -> Result<()> {
 /// ```
 pub fn to_device_on_stream<T: Pod>(src: &[T], stream: &Stream) -> Result<DeviceBuffer<T>> {
     // Before the allocation, which a capture would refuse too (and be invalidated by).
-    refuse_capture(stream, "to_device_on_stream")?;
+    let _gate = refuse_capture(stream, "to_device_on_stream")?;
     let dst = DeviceBuffer::alloc(&stream.device(), src.len())?;
     copy_to_device_on_stream(src, &dst, stream)?;
     Ok(dst)
@@ -272,7 +280,7 @@ pub fn copy_to_device_on_stream<T: Pod>(
         }
         .into());
     }
-    refuse_capture(stream, "copy_to_device_on_stream")?;
+    let _gate = refuse_capture(stream, "copy_to_device_on_stream")?;
     let bytes: &[u8] = bytemuck::cast_slice(src);
     if bytes.is_empty() {
         return Ok(());
