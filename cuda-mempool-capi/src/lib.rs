@@ -365,6 +365,19 @@ fn free(
     let mut marked = Ok(());
     if let Some(s) = &other {
         marked = pool.record_stream_raw(&raw, s);
+        if marked.is_err() {
+            // The pool refuses to mark a block with a per-thread stream other than its own
+            // (the handle names the calling thread's stream, and a later fence could be
+            // recorded from another thread). This thread's per-thread stream is valid here
+            // and now: wait for it on the host, so the block is freed with its work done.
+            // If even that fails the block stays live: freed unmarked, it could be handed
+            // out while that stream still uses it.
+            if s.synchronize().is_err() {
+                LIVE.insert_held(raw, hold);
+                return marked.map_err(|e| fail(call, e));
+            }
+            marked = Ok(());
+        }
     }
     pool.free_raw(raw).map_err(|e| fail(call, e))?;
     // After the free: the pool has recorded its fence on the stream, and never touches the

@@ -131,7 +131,10 @@ pub(crate) fn each(f: impl Fn(&dyn MemoryHook)) {
         // The hook's own state may be left half-changed by its panic; the pool's is not
         // touched by the call, so unwind safety is asserted for the hook only.
         let call = std::panic::AssertUnwindSafe(|| f(hook.as_ref()));
-        if std::panic::catch_unwind(call).is_err() {
+        if let Err(payload) = std::panic::catch_unwind(call) {
+            // Forgotten, not dropped: a payload whose own drop panics would unwind into
+            // the pool after all.
+            std::mem::forget(payload);
             tracing::warn!(
                 target: "cuda_mempool::hooks",
                 "a memory hook panicked; the panic was dropped and the operation goes on"

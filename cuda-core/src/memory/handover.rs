@@ -159,7 +159,13 @@ impl Handover {
                     .into(),
             ));
         }
-        let own = capture_of(&self.stream)?;
+        // A per-thread stream's handle names the calling thread's stream: never ask about
+        // it from here. Its fence exists (checked above), so it was not captured.
+        let own = if self.stream.kind() == StreamKind::PerThread {
+            None
+        } else {
+            capture_of(&self.stream)?
+        };
         let other = capture_of(stream)?;
         match (own, other) {
             (None, None) => {

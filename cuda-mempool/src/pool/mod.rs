@@ -1409,12 +1409,13 @@ impl<B: Backend> MemoryPool<B> {
             }
             // Graph replays are over (the graph's release says so); eager work on the pool's
             // blocks after the capture is covered by the fences of the shards' detaches.
-            // A shard whose stream this thread may not fence now (another thread's
-            // per-thread stream, a capture) keeps the pool until a later collection.
-            if locked
+            // A shard with frees no completed fence covers (another thread's per-thread
+            // stream, a capture, a retired shard) is released only after the whole device
+            // is idle; if even that cannot be waited for, the pool stays for a later call.
+            let unfenced = locked
                 .iter_mut()
-                .any(|st| st.wait_fences(&self.backend).is_err() || !st.fully_fenced())
-            {
+                .any(|st| st.wait_fences(&self.backend).is_err() || !st.fully_fenced());
+            if unfenced && self.backend.synchronize_device(dev.id).is_err() {
                 continue;
             }
             let mut spare = std::mem::take(&mut g.spare);

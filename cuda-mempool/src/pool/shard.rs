@@ -1207,9 +1207,17 @@ impl<B: Backend> ShardState<B> {
         self.poll_fences(backend)?;
         if self.epoch > self.safe_epoch {
             if let Some((_, f)) = self.fences.back() {
-                backend
-                    .stream_wait_fence(self.device, stream, f)
-                    .map_err(PoolError::backend("stream_wait_fence"))?;
+                if backend.is_capturing(stream) {
+                    // A wait would touch the capture (the legacy stream while a blocking
+                    // stream is captured joins it): the host waits instead.
+                    backend
+                        .wait_fence(f)
+                        .map_err(PoolError::backend("wait_fence"))?;
+                } else {
+                    backend
+                        .stream_wait_fence(self.device, stream, f)
+                        .map_err(PoolError::backend("stream_wait_fence"))?;
+                }
                 // Everything freed so far is now ordered before `stream`'s later work:
                 // reuse by `stream` is safe. Other streams still go by the fences.
             }
@@ -1263,12 +1271,13 @@ impl<B: Backend> ShardState<B> {
     /// Blocks the host until every free of this shard so far is covered by a completed
     /// fence, and every pending free's fences have completed.
     /// Whether every free of the shard is covered by a completed fence (or by its detach
-    /// fence): what must hold before its memory is released whole. [`wait_fences`] can leave
+    /// fence; never for a retired shard): what must hold before its memory is released whole. [`wait_fences`] can leave
     /// it false, for a stream this thread may not fence now (see `usable_stream`).
     ///
     /// [`wait_fences`]: Self::wait_fences
     pub(crate) fn fully_fenced(&self) -> bool {
-        self.stream.is_none() || self.epoch <= self.safe_epoch
+        // A retired shard let go of its stream with frees no fence covers.
+        !self.retired && (self.stream.is_none() || self.epoch <= self.safe_epoch)
     }
 
     pub(crate) fn wait_fences(&mut self, backend: &B) -> Result<(), PoolError> {

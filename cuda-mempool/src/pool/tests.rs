@@ -1217,6 +1217,7 @@ unsafe impl crate::backend::Backend for LateSim {
     }
     unsafe fn deallocate(&self, d: DeviceId, p: DeviceAddress, s: u64) -> Result<(), Self::Error> {
         // SAFETY: forwarded with the caller's contract.
+        // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.deallocate(d, p, s) }
     }
     fn reserve_address_range(
@@ -1233,6 +1234,7 @@ unsafe impl crate::backend::Backend for LateSim {
         s: u64,
     ) -> Result<(), Self::Error> {
         // SAFETY: forwarded with the caller's contract.
+        // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.release_address_range(d, b, s) }
     }
     fn create_physical(&self, d: DeviceId, s: u64) -> Result<Option<Self::Physical>, Self::Error> {
@@ -1240,6 +1242,7 @@ unsafe impl crate::backend::Backend for LateSim {
     }
     unsafe fn release_physical(&self, d: DeviceId, p: Self::Physical) -> Result<(), Self::Error> {
         // SAFETY: forwarded with the caller's contract.
+        // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.release_physical(d, p) }
     }
     unsafe fn map(
@@ -1249,6 +1252,7 @@ unsafe impl crate::backend::Backend for LateSim {
         p: &Self::Physical,
     ) -> Result<(), Self::Error> {
         // SAFETY: forwarded with the caller's contract.
+        // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.map(d, a, p) }
     }
     unsafe fn map_run(
@@ -1259,10 +1263,12 @@ unsafe impl crate::backend::Backend for LateSim {
         pages: &[&Self::Physical],
     ) -> Result<(), crate::backend::MapRunFailure<Self::Error>> {
         // SAFETY: forwarded with the caller's contract.
+        // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.map_run(d, a, ps, pages) }
     }
     unsafe fn unmap(&self, d: DeviceId, a: DeviceAddress, s: u64) -> Result<(), Self::Error> {
         // SAFETY: forwarded with the caller's contract.
+        // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.unmap(d, a, s) }
     }
     fn stream_key(&self, s: &StreamId) -> Result<StreamId, PoolError> {
@@ -1494,4 +1500,270 @@ fn record_stream_refuses_a_per_thread_stream_that_is_not_the_blocks_own() {
     b.record_stream(&own).unwrap();
     b.record_stream(&S1).unwrap();
     drop((a, b));
+}
+
+#[test]
+fn per_thread_blocks_freed_by_another_thread_are_reused_by_their_own_thread() {
+    // CuPy's garbage collector frees blocks of a thread's per-thread stream on another
+    // thread: the owning thread must still reuse them (stream order on its own stream), or
+    // the pool grows without bound (the H200 client run reached 142 GiB).
+    let pool = vm_pool(1 << 40, 2 * MIB);
+    let sim = pool.backend();
+    std::thread::scope(|sc| {
+        // Bounded, so that live blocks cannot pile up while the collector is not scheduled.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<RawAllocation>(8);
+        let collector = sc.spawn(|| {
+            for raw in rx {
+                pool.free_raw(raw).unwrap();
+            }
+        });
+        let own = per_thread_key();
+        for i in 0..2000u64 {
+            let a = pool.malloc(D0, &own, (1 + i % 16) * MIB).unwrap();
+            sim.submit_work(D0, own);
+            tx.send(a.into_raw()).unwrap();
+        }
+        drop(tx);
+        collector.join().unwrap();
+    });
+    let reserved = pool.stats(D0).unwrap().reserved.peak;
+    assert!(
+        reserved <= 256 * MIB,
+        "the owner's cache grew to {} MiB: blocks freed on another thread were not reused",
+        reserved / MIB
+    );
+}
+
+#[test]
+fn eight_per_thread_streams_with_a_collector_stay_bounded() {
+    // The CuPy client scenario on the simulated device: 8 threads on their per-thread
+    // streams, each keeping 4 blocks and handing one block per iteration to a collector
+    // thread that frees it.
+    let pool = vm_pool(1 << 40, 2 * MIB);
+    std::thread::scope(|sc| {
+        // Bounded, so that live blocks cannot pile up while the collector is not scheduled.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<RawAllocation>(8);
+        let pool = &pool;
+        sc.spawn(move || {
+            for raw in rx {
+                pool.free_raw(raw).unwrap();
+            }
+        });
+        for t in 0..8u64 {
+            let tx = tx.clone();
+            sc.spawn(move || {
+                let own = per_thread_key();
+                let sim = pool.backend();
+                let mut kept = std::collections::VecDeque::new();
+                for i in 0..400u64 {
+                    let x = pool.malloc(D0, &own, (1 + (i * 7 + t) % 16) * MIB).unwrap();
+                    sim.submit_work(D0, own);
+                    tx.send(x.into_raw()).unwrap();
+                    let y = pool.malloc(D0, &own, (1 + (i * 5 + t) % 16) * MIB).unwrap();
+                    sim.submit_work(D0, own);
+                    kept.push_back(y.into_raw());
+                    if kept.len() > 4 {
+                        pool.free_raw(kept.pop_front().unwrap()).unwrap();
+                    }
+                    if i % 50 == 0 {
+                        sim.complete_stream(D0, own);
+                    }
+                }
+                for raw in kept {
+                    pool.free_raw(raw).unwrap();
+                }
+            });
+        }
+        drop(tx);
+    });
+    let s = pool.stats(D0).unwrap();
+    assert!(
+        s.reserved.peak <= 8 * 200 * MIB,
+        "reserved peaked at {} MiB for 8 threads of at most ~7 x 16 MiB live each",
+        s.reserved.peak / MIB
+    );
+}
+
+// ----- regression tests from the second independent review -----
+
+/// Forwards to a shared simulated backend; `deallocate`/`unmap` note whether S0 still had
+/// incomplete work at the time.
+struct Watch {
+    inner: std::sync::Arc<SimulatedBackend>,
+    bad: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+impl Watch {
+    fn check(&self) {
+        if self.inner.completed(D0, S0) < self.inner.submitted(D0, S0) {
+            self.bad.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+// SAFETY: forwards (test probe).
+unsafe impl crate::backend::Backend for Watch {
+    type Stream = StreamId;
+    type Fence = crate::sim::SimFence;
+    type Physical = crate::sim::SimPage;
+    type Error = crate::sim::SimError;
+    fn device_count(&self) -> Result<u32, Self::Error> {
+        self.inner.device_count()
+    }
+    fn device_info(&self, d: DeviceId) -> Result<DeviceInfo, Self::Error> {
+        self.inner.device_info(d)
+    }
+    fn allocate(&self, d: DeviceId, s: u64) -> Result<Option<DeviceAddress>, Self::Error> {
+        self.inner.allocate(d, s)
+    }
+    unsafe fn deallocate(&self, d: DeviceId, p: DeviceAddress, s: u64) -> Result<(), Self::Error> {
+        self.check();
+        // SAFETY: forwards the pool's call with the caller's guarantees.
+        unsafe { self.inner.deallocate(d, p, s) }
+    }
+    fn reserve_address_range(
+        &self,
+        d: DeviceId,
+        s: u64,
+    ) -> Result<Option<DeviceAddress>, Self::Error> {
+        self.inner.reserve_address_range(d, s)
+    }
+    unsafe fn release_address_range(
+        &self,
+        d: DeviceId,
+        b: DeviceAddress,
+        s: u64,
+    ) -> Result<(), Self::Error> {
+        // SAFETY: forwards the pool's call with the caller's guarantees.
+        unsafe { self.inner.release_address_range(d, b, s) }
+    }
+    fn create_physical(&self, d: DeviceId, s: u64) -> Result<Option<Self::Physical>, Self::Error> {
+        self.inner.create_physical(d, s)
+    }
+    unsafe fn release_physical(&self, d: DeviceId, p: Self::Physical) -> Result<(), Self::Error> {
+        // SAFETY: forwards the pool's call with the caller's guarantees.
+        unsafe { self.inner.release_physical(d, p) }
+    }
+    unsafe fn map(
+        &self,
+        d: DeviceId,
+        a: DeviceAddress,
+        p: &Self::Physical,
+    ) -> Result<(), Self::Error> {
+        // SAFETY: forwards the pool's call with the caller's guarantees.
+        unsafe { self.inner.map(d, a, p) }
+    }
+    unsafe fn unmap(&self, d: DeviceId, a: DeviceAddress, s: u64) -> Result<(), Self::Error> {
+        self.check();
+        // SAFETY: forwards the pool's call with the caller's guarantees.
+        unsafe { self.inner.unmap(d, a, s) }
+    }
+    fn stream_key(&self, s: &StreamId) -> Result<StreamId, PoolError> {
+        self.inner.stream_key(s)
+    }
+    fn may_release_stream(&self, s: &StreamId) -> bool {
+        self.inner.may_release_stream(s)
+    }
+    fn retain_stream(&self, s: &StreamId) -> StreamId {
+        self.inner.retain_stream(s)
+    }
+    fn stream_released(&self, s: StreamId) {
+        self.inner.stream_released(s)
+    }
+    fn record_fence(&self, d: DeviceId, s: &StreamId) -> Result<Self::Fence, Self::Error> {
+        self.inner.record_fence(d, s)
+    }
+    fn synchronize_stream(&self, s: &StreamId) -> Result<(), Self::Error> {
+        self.inner.synchronize_stream(s)
+    }
+    fn fence_completed(&self, f: &Self::Fence) -> Result<bool, Self::Error> {
+        self.inner.fence_completed(f)
+    }
+    fn wait_fence(&self, f: &Self::Fence) -> Result<(), Self::Error> {
+        self.inner.wait_fence(f)
+    }
+    fn stream_wait_fence(
+        &self,
+        d: DeviceId,
+        s: &StreamId,
+        f: &Self::Fence,
+    ) -> Result<(), Self::Error> {
+        self.inner.stream_wait_fence(d, s, f)
+    }
+    fn is_capturing(&self, s: &StreamId) -> bool {
+        self.inner.is_capturing(s)
+    }
+    fn synchronize_device(&self, d: DeviceId) -> Result<(), Self::Error> {
+        self.inner.synchronize_device(d)
+    }
+    fn release_fence(&self, f: Self::Fence) {
+        self.inner.release_fence(f)
+    }
+}
+
+/// A shard detached while its stream was captured (release_stream) is retired with
+/// unfenced frees: the pool's Drop must not deallocate or unmap its memory while the work
+/// that used it still runs (it counted a detached shard as fenced).
+#[test]
+fn dropping_the_pool_waits_for_the_work_of_a_retired_shard() {
+    for granularity in [None, Some(2 * MIB)] {
+        let inner = std::sync::Arc::new(SimulatedBackend::new(vec![SimDevice {
+            total_memory: 1 << 30,
+            granularity,
+        }]));
+        let bad = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pool = MemoryPool::new(Watch {
+            inner: inner.clone(),
+            bad: bad.clone(),
+        })
+        .unwrap();
+        let a = pool.malloc(D0, &S0, 8 * MIB).unwrap();
+        inner.submit_work(D0, S0); // a kernel writing `a`, still running
+        drop(a); // free on S0 (stream kept: the user holds it)
+        inner.set_capturing(S0, true); // a capture begins on S0
+        pool.release_stream(D0, &S0).unwrap(); // detached while captured: retired
+        inner.set_capturing(S0, false);
+        drop(pool);
+        assert!(
+            !bad.load(std::sync::atomic::Ordering::SeqCst),
+            "{granularity:?}: memory released under running work"
+        );
+    }
+}
+
+struct Bomb;
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("payload drop panics");
+        }
+    }
+}
+struct BombHook;
+impl crate::hooks::MemoryHook for BombHook {
+    fn alloc_post(&self, _: &crate::hooks::MemoryEvent) {
+        std::panic::panic_any(Bomb);
+    }
+}
+
+/// A hook whose panic payload panics again when dropped must not unwind into the pool.
+#[test]
+fn a_hook_panic_payload_that_panics_on_drop_stays_out_of_the_pool() {
+    let pool = MemoryPool::new(SimulatedBackend::new(vec![SimDevice {
+        total_memory: 1 << 30,
+        granularity: Some(2 * MIB),
+    }]))
+    .unwrap();
+    let escaped = {
+        let _g = crate::hooks::install(std::sync::Arc::new(BombHook));
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let a = pool.malloc(D0, &S0, 8 * MIB);
+            drop(a);
+        }))
+        .is_err()
+    };
+    assert!(!escaped, "a hook's panic escaped malloc");
+    let a = pool.malloc(D0, &S0, 8 * MIB).unwrap();
+    let b = pool.malloc(D0, &S1, 8 * MIB).unwrap();
+    drop((a, b));
+    pool.free_all_blocks().unwrap();
+    assert_eq!(pool.backend().mapped_pages(D0), 0);
 }
