@@ -392,6 +392,13 @@ pub unsafe trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// The id of the capture `stream` is part of now, if it is being captured (unique in the
+    /// process while the capture runs). The default knows no ids: `Some(0)` whenever
+    /// [`is_capturing`](Self::is_capturing) says so.
+    fn capture_id(&self, stream: &Self::Stream) -> Option<u64> {
+        self.is_capturing(stream).then_some(0)
+    }
+
     /// Blocks the host until all work issued to `device` so far, on every stream, has
     /// completed (`cuCtxSynchronize`): what releasing a graph's private pool falls back to
     /// when some eager work on its memory is covered by no fence. The default does nothing,

@@ -440,6 +440,17 @@ unsafe impl Backend for DriverBackend {
         stream.wait_event(&fence.event)
     }
 
+    fn capture_id(&self, stream: &Stream) -> Option<u64> {
+        if stream.kind() == StreamKind::LegacyNull {
+            return cuda_core::graph::touches_capture(stream).then_some(0);
+        }
+        match capture_of(stream) {
+            Ok(id) => id,
+            // An unanswerable question counts as a capture, of no known id.
+            Err(_) => Some(0),
+        }
+    }
+
     fn synchronize_device(&self, device: DeviceId) -> Result<(), Self::Error> {
         let _relaxed = relaxed()?;
         self.device(device)?.synchronize()

@@ -286,8 +286,11 @@ struct State {
     borrowed: std::collections::HashSet<u64>,
     /// Streams that no longer exist.
     destroyed: std::collections::HashSet<u64>,
-    /// Streams being captured into a graph ([`SimulatedBackend::set_capturing`]).
-    capturing: std::collections::HashSet<u64>,
+    /// Streams being captured into a graph ([`SimulatedBackend::set_capturing`]), with
+    /// the id of their capture.
+    capturing: HashMap<u64, u64>,
+    /// The id of the next capture.
+    next_capture: u64,
     /// Clones of each stream the pool holds ([`Backend::retain_stream`]).
     pool_refs: HashMap<u64, u64>,
     /// Injected failures: (kind, countdown); the call that brings the countdown to 0 fails.
@@ -346,6 +349,7 @@ impl SimulatedBackend {
                 borrowed: Default::default(),
                 destroyed: Default::default(),
                 capturing: Default::default(),
+                next_capture: 1,
                 pool_refs: HashMap::new(),
                 faults: Vec::new(),
                 next_id: 1,
@@ -406,10 +410,13 @@ impl SimulatedBackend {
 
     /// Marks `stream` as being captured into a graph, or not: what
     /// [`Backend::is_capturing`] answers for it.
+    /// Each call with `true` begins a new capture, with an id of its own.
     pub fn set_capturing(&self, stream: StreamId, capturing: bool) {
         let mut s = self.lock();
         if capturing {
-            s.capturing.insert(stream.0);
+            let id = s.next_capture;
+            s.next_capture += 1;
+            s.capturing.insert(stream.0, id);
         } else {
             s.capturing.remove(&stream.0);
         }
@@ -1062,7 +1069,11 @@ unsafe impl Backend for SimulatedBackend {
     }
 
     fn is_capturing(&self, stream: &StreamId) -> bool {
-        self.lock().capturing.contains(&stream.0)
+        self.lock().capturing.contains_key(&stream.0)
+    }
+
+    fn capture_id(&self, stream: &StreamId) -> Option<u64> {
+        self.lock().capturing.get(&stream.0).copied()
     }
 
     fn synchronize_device(&self, device: DeviceId) -> Result<(), SimError> {

@@ -30,6 +30,8 @@ for mode in cupy ours plain; do
     PYTHONPATH="$here/lib${PYTHONPATH:+:$PYTHONPATH}" timeout 1500 \
     python3 -m pytest -q -rfE -p no:cacheprovider --import-mode=importlib suite "$@" 2>&1)"; rc=$?
   printf '%s\n' "$out" > "$work/$mode.log"
+  # CUPY_OWN_LOGS=DIR keeps each mode's whole pytest output there.
+  [ -n "${CUPY_OWN_LOGS:-}" ] && mkdir -p "$CUPY_OWN_LOGS" && cp "$work/$mode.log" "$CUPY_OWN_LOGS/"
   summary="$(printf '%s\n' "$out" | grep -E '^=+ .*(passed|failed|error).* in ' | tail -n1)"
   [ -n "$summary" ] || summary="$(printf '%s\n' "$out" | grep -E '(passed|failed|error).* in [0-9.]+s' | tail -n1)"
   printf '%s\n' "$out" | sed -nE 's/^(FAILED|ERROR) ([^ ]+).*/\2/p' | sort -u > "$work/$mode.failed"

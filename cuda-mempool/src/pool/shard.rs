@@ -163,6 +163,11 @@ pub(crate) struct ShardState<B: Backend> {
     /// (or could not fence another stream's use): eager work on its memory may be
     /// uncovered, so its release first waits for the whole device.
     sync_before_release: bool,
+    /// The capture its stream was part of when a private shard last attached it: a detach
+    /// during that same capture leaves no eager work uncovered (every block it caches was
+    /// made and freed inside the capture, or used eagerly on other streams, whose fences
+    /// `held_fences` keeps).
+    attach_capture: Option<u64>,
     /// Live blocks lent to other streams' requests (counted in `stats.active_blocks` too).
     lent: u64,
     /// Pending frees that are lent blocks given back.
@@ -272,6 +277,7 @@ impl<B: Backend> ShardState<B> {
             fences: VecDeque::new(),
             held_fences: Vec::new(),
             sync_before_release: false,
+            attach_capture: None,
             lent: 0,
             returned: 0,
             thread: 0,
@@ -1154,10 +1160,15 @@ impl<B: Backend> ShardState<B> {
                 self.retired = true;
             }
             if self.private && self.epoch > self.safe_epoch {
-                // Captured into a graph now, perhaps another one than this pool's: eager
-                // work issued between the captures is covered by no fence, so the pool's
-                // release waits for the whole device first.
-                self.sync_before_release = true;
+                // Captured into another graph than the one it attached in: eager work issued
+                // between the captures is covered by no fence, so the pool's release waits
+                // for the whole device first. (In the same capture nothing ran eagerly on
+                // the stream: no wait, which matters, since a device-wide wait during some
+                // other capture would invalidate that capture.)
+                let now = self.stream.as_ref().and_then(|s| backend.capture_id(s));
+                if now.is_none() || now != self.attach_capture || now == Some(0) {
+                    self.sync_before_release = true;
+                }
             }
             if let Some(stream) = self.stream.take() {
                 backend.stream_released(stream);
@@ -1224,6 +1235,9 @@ impl<B: Backend> ShardState<B> {
         }
         self.stream_key = backend.stream_key(stream)?;
         self.key = key;
+        if self.private {
+            self.attach_capture = backend.capture_id(stream);
+        }
         self.stream = Some(backend.retain_stream(stream));
         Ok(())
     }

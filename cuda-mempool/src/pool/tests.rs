@@ -1767,3 +1767,28 @@ fn a_hook_panic_payload_that_panics_on_drop_stays_out_of_the_pool() {
     pool.free_all_blocks().unwrap();
     assert_eq!(pool.backend().mapped_pages(D0), 0);
 }
+
+#[test]
+fn a_private_pool_made_and_freed_inside_one_capture_is_released_without_a_device_wait() {
+    // CuPy's captures free their temporaries during the capture: the release of such a pool
+    // must not wait for the whole device, which during another capture (the next test's)
+    // would invalidate that capture.
+    let pool = vm_pool(256 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let other = sim.submit_work(D0, S1); // unrelated work, still running
+    let p = PrivatePoolId(13);
+    let hold = pool.retain_private_pool(D0, p).unwrap();
+    sim.set_capturing(S0, true);
+    let a = pool.malloc_private(D0, p, &S0, 4 * MIB).unwrap();
+    drop(a);
+    sim.set_capturing(S0, false);
+    hold.release();
+    sim.set_capturing(S2, true); // another capture runs while the pool is collected
+    pool.free_all_blocks().unwrap();
+    sim.set_capturing(S2, false);
+    assert!(!pool.has_private_pool(D0, p).unwrap(), "released");
+    assert!(
+        sim.completed(D0, S1) < other,
+        "the release waited for the whole device"
+    );
+}
