@@ -685,7 +685,12 @@ impl<B: Backend> MemoryPool<B> {
         size: u64,
         rounded: u64,
     ) -> Result<Option<Served<'p, B>>, PoolError> {
-        self.collect_private_pools(dev);
+        // A private shard serves a capture: nothing goes back to the driver now (unmapping
+        // or freeing memory during a capture invalidates it: CuPy's test_graph.py).
+        let capturing = shard.state.lock().private;
+        if !capturing {
+            self.collect_private_pools(dev);
+        }
         let mut g = lock(&dev.global);
         let mut st = shard.state.lock();
         if st.key != key {
@@ -838,6 +843,10 @@ impl<B: Backend> MemoryPool<B> {
         if let Ok(id) = self.grow(dev, g, shard, st, rounded, false)? {
             return Ok(Ok(id));
         }
+        if st.private {
+            // During a capture nothing is released to make room (see `malloc_slow`).
+            return Ok(Err(OomCause::DeviceMemory));
+        }
         // Recovery 1: this stream waits (on the device) for its own record_stream frees.
         g.retries += 1;
         if st.stream_wait_pending(&self.backend)? {
@@ -858,6 +867,10 @@ impl<B: Backend> MemoryPool<B> {
         g: &mut Global<B>,
         st: &mut ShardState<B>,
     ) -> Result<(), PoolError> {
+        if st.private {
+            // Kept for later: nothing goes back to the driver during a capture.
+            return Ok(());
+        }
         let released = st.release_cached(&self.backend, &mut g.spare, &mut g.reserved.current);
         self.release_spare(dev, g)?;
         released
@@ -993,7 +1006,9 @@ impl<B: Backend> MemoryPool<B> {
             .reserved
             .current
             .saturating_add(bytes(want.saturating_sub(g.spare.len())));
-        let create_first = g.limit.is_none() && after <= policy::move_slack_budget(live_high);
+        // A capture's request never moves pages: unmapping during a capture invalidates it.
+        let create_first =
+            st.private || (g.limit.is_none() && after <= policy::move_slack_budget(live_high));
         let mut moved = 0;
         if !create_first {
             moved += self.reclaim_for(dev, &mut g.spare, shard, st, want)?;
@@ -1008,7 +1023,7 @@ impl<B: Backend> MemoryPool<B> {
         }
         let peak_before = g.reserved.peak;
         let created = self.create_pages(dev, g, want)?;
-        if g.spare.len() < want && create_first {
+        if g.spare.len() < want && create_first && !st.private {
             // The device is full: the pages created for this request go back (they are the
             // last pushed), for the device's other users (cuBLAS, NCCL, other processes), and
             // the request moves pages as it would without the slack.
@@ -1137,6 +1152,10 @@ impl<B: Backend> MemoryPool<B> {
         shard: &Shard<B>,
         st: &mut ShardState<B>,
     ) -> Result<(), PoolError> {
+        if st.private {
+            // Nothing goes back to the driver during a capture (see `malloc_slow`).
+            return Ok(());
+        }
         // Memory is short: the slack above the live peak restarts from what is live now.
         g.live_high = 0;
         // Counts are updated call by call, so an error midway leaves them exact.
