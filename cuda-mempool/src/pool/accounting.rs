@@ -77,7 +77,7 @@ impl<B: Backend> MemoryPool<B> {
         if let Some(b) = bytes {
             let mut in_use = 0;
             let mut used = 0;
-            for shard in dev.shards.iter().chain(dev.private.iter()) {
+            for shard in dev.all_shards() {
                 let st = shard.state.lock();
                 in_use += st.live_footprint();
                 used += st.stats.used.current;
@@ -119,7 +119,7 @@ impl<B: Backend> MemoryPool<B> {
             ..Stats::default()
         };
         drop(g);
-        for shard in dev.shards.iter().chain(dev.private.iter()) {
+        for shard in dev.all_shards() {
             let st = shard.state.lock();
             s.merge_shard(&st.stats);
             s.shards += 1;
@@ -146,7 +146,7 @@ impl<B: Backend> MemoryPool<B> {
     pub fn used_bytes(&self) -> u64 {
         self.devices
             .iter()
-            .flat_map(|d| d.shards.iter().chain(d.private.iter()))
+            .flat_map(|d| d.all_shards())
             .map(|s| s.state.lock().stats.used.current)
             .sum()
     }
@@ -167,9 +167,7 @@ impl<B: Backend> MemoryPool<B> {
             .map(|d| {
                 let g = lock(&d.global);
                 let used: u64 = d
-                    .shards
-                    .iter()
-                    .chain(d.private.iter())
+                    .all_shards()
                     .map(|s| s.state.lock().stats.used.current)
                     .sum();
                 g.reserved.current.saturating_sub(used)
@@ -191,9 +189,7 @@ impl<B: Backend> MemoryPool<B> {
 
     /// Bytes in live blocks of the device, while `shard` is locked as `st`.
     pub(super) fn device_used(&self, dev: &Device<B>, shard: &Shard<B>, st: &ShardState<B>) -> u64 {
-        dev.shards
-            .iter()
-            .chain(dev.private.iter())
+        dev.all_shards()
             .map(|s| {
                 if std::ptr::eq(s, shard) {
                     st.stats.used.current

@@ -163,6 +163,13 @@ struct Device<B: Backend> {
     privates: Mutex<Privates>,
 }
 
+impl<B: Backend> Device<B> {
+    /// Every shard of the device: its streams' and its private pools'.
+    fn all_shards(&self) -> impl Iterator<Item = &Shard<B>> + '_ {
+        self.shards.iter().chain(self.private.iter())
+    }
+}
+
 /// A stream-ordered caching memory pool serving every device of its backend.
 ///
 /// See the [crate documentation](crate) for the semantics and the
@@ -435,7 +442,7 @@ impl<B: Backend> Drop for MemoryPool<B> {
         for dev in self.devices.iter() {
             let mut g = lock(&dev.global);
             let mut spare = std::mem::take(&mut g.spare);
-            for shard in dev.shards.iter().chain(dev.private.iter()) {
+            for shard in dev.all_shards() {
                 let mut st = shard.state.lock();
                 // A drop has nowhere to report errors. Frees no completed fence covers
                 // (a fence that failed, a stream this thread may not fence) are waited for
