@@ -5,9 +5,8 @@ use crate::error::PoolError;
 #[cfg(doc)]
 use crate::policy;
 
-use super::lock;
 use super::shard::ShardState;
-use super::table::{Shard, RETIRED};
+use super::table::{RetiringGuard, Shard, RETIRED};
 use super::MemoryPool;
 
 /// A block of device memory from a [`MemoryPool`]; dropping it frees the block.
@@ -72,25 +71,15 @@ impl RawAllocation {
 }
 
 impl<B: Backend> MemoryPool<B> {
-    /// The shard a raw handle names, checked live under the shard's lock.
-    fn raw_shard(
-        &self,
-        raw: &RawAllocation,
-    ) -> Result<lock::ShardGuard<'_, ShardState<B>>, PoolError> {
-        self.raw_shard_and_guard(raw).map(|(_, st)| st)
-    }
-
-    /// The shard a raw handle names and its guard, checked live under the shard's lock.
+    /// The shard a raw handle names, locked (retiring on unlock, see
+    /// [`Shard::lock_retiring`]) and checked live under its lock.
     ///
     /// A block lent to another stream ([`policy::STEAL_BEFORE_GROWING`]) stays in its
     /// lender's shard, which may retire (taken out of the key lookup) while the block is
     /// lent. Such a block is still found: on a miss the device's retired shards are searched
     /// for the live block at the handle's address (one live block per address, so at most
     /// one matches). This path runs only for handles the key lookup cannot place.
-    fn raw_shard_and_guard(
-        &self,
-        raw: &RawAllocation,
-    ) -> Result<(&Shard<B>, lock::ShardGuard<'_, ShardState<B>>), PoolError> {
+    fn raw_shard(&self, raw: &RawAllocation) -> Result<RetiringGuard<'_, B>, PoolError> {
         let dev = self.device(raw.device)?;
         let table = if raw.private {
             &dev.private
@@ -101,18 +90,18 @@ impl<B: Backend> MemoryPool<B> {
             st.live_range(raw.id, raw.generation).map(|r| r.0) == Some(raw.ptr.0)
         };
         if let Some(shard) = table.get(raw.shard_key) {
-            let st = shard.state.lock();
+            let st = shard.lock_retiring();
             if st.key == raw.shard_key && is_it(&st) {
-                return Ok((shard, st));
+                return Ok(st);
             }
         }
         for shard in table.iter() {
             if shard.key() != RETIRED {
                 continue;
             }
-            let st = shard.state.lock();
+            let st = shard.lock_retiring();
             if st.key == RETIRED && st.retired && is_it(&st) {
-                return Ok((shard, st));
+                return Ok(st);
             }
         }
         Err(PoolError::InvalidHandle { ptr: raw.ptr.0 })
@@ -124,12 +113,8 @@ impl<B: Backend> MemoryPool<B> {
         if raw.size == 0 {
             return Ok(());
         }
-        let (shard, mut st) = self.raw_shard_and_guard(&raw)?;
-        let r = st.release(&self.backend, raw.id, raw.generation);
-        if st.retired {
-            shard.retire(&mut st);
-        }
-        r
+        self.raw_shard(&raw)?
+            .release(&self.backend, raw.id, raw.generation)
     }
 
     /// Marks a detached allocation as used on `stream` too (see

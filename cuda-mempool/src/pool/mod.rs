@@ -426,12 +426,7 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     fn free_block(&self, shard: &Shard<B>, id: u32, generation: u64) -> Result<(), PoolError> {
-        let mut st = shard.state.lock();
-        let r = st.release(&self.backend, id, generation);
-        if st.retired {
-            shard.retire(&mut st);
-        }
-        r
+        shard.lock_retiring().release(&self.backend, id, generation)
     }
 }
 

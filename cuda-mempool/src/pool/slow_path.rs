@@ -29,7 +29,7 @@ impl<B: Backend> MemoryPool<B> {
     ) -> Result<Option<Served<'p, B>>, PoolError> {
         self.collect_private_pools(dev);
         let mut g = lock(&dev.global);
-        let mut st = shard.state.lock();
+        let mut st = shard.lock_retiring();
         if st.key != key {
             return Ok(None);
         }
@@ -40,7 +40,7 @@ impl<B: Backend> MemoryPool<B> {
         if served.is_err() {
             // A failed request may leave no block made on the stream: the shard must not
             // keep a stream its owner may destroy once this call returns (a C caller may).
-            self.let_go_if_idle(shard, &mut st);
+            self.let_go_if_idle(&mut st);
         }
         served
     }
@@ -77,7 +77,7 @@ impl<B: Backend> MemoryPool<B> {
             {
                 // Served from another stream's cache: this shard holds no block made on the
                 // stream, so it must not keep a stream its owner may now destroy.
-                self.let_go_if_idle(shard, st);
+                self.let_go_if_idle(st);
                 return Ok(Some(served));
             }
         }

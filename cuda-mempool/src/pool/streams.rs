@@ -6,7 +6,7 @@ use crate::error::PoolError;
 use crate::policy;
 
 use super::shard::ShardState;
-use super::table::{Inserted, Shard, ShardTable};
+use super::table::{Inserted, ShardTable};
 use super::{Device, MemoryPool};
 
 impl<B: Backend> MemoryPool<B> {
@@ -49,12 +49,9 @@ impl<B: Backend> MemoryPool<B> {
     /// effort: a shard whose fence cannot be recorded stays attached).
     fn detach_released(&self, table: &ShardTable<B>) {
         for shard in table.iter() {
-            let mut st = shard.state.lock();
+            let mut st = shard.lock_retiring();
             if st.is_attached() && st.stream_idle() {
                 let _ = st.detach_if_released(&self.backend);
-                if st.retired {
-                    shard.retire(&mut st);
-                }
             }
         }
     }
@@ -67,26 +64,21 @@ impl<B: Backend> MemoryPool<B> {
         let dev = self.device(device)?;
         let key = self.backend.stream_key(stream)?;
         if let Some(shard) = dev.shards.get(key) {
-            let mut st = shard.state.lock();
+            let mut st = shard.lock_retiring();
             if st.key == key && st.stream_idle() {
-                let r = st.detach(&self.backend);
-                if st.retired {
-                    shard.retire(&mut st);
-                }
-                r?;
+                st.detach(&self.backend)?;
             }
         }
         Ok(())
     }
 
     /// Lets go of the shard's stream when no block made on it is live and the backend says
-    /// it may go (retiring the shard if that fails in a way that leaves its cache unusable).
-    pub(super) fn let_go_if_idle(&self, shard: &Shard<B>, st: &mut ShardState<B>) {
+    /// it may go (the shard retires when `st`, a
+    /// [`Shard::lock_retiring`](super::table::Shard::lock_retiring) guard, is dropped, if
+    /// that fails in a way that leaves its cache unusable).
+    pub(super) fn let_go_if_idle(&self, st: &mut ShardState<B>) {
         if st.is_attached() && st.stream_idle() {
             let _ = st.detach_if_released(&self.backend);
-            if st.retired {
-                shard.retire(st);
-            }
         }
     }
 }
