@@ -19,15 +19,8 @@ use super::MemoryPool;
 pub struct Allocation<'p, B: Backend> {
     pub(super) pool: &'p MemoryPool<B>,
     pub(super) shard: Option<&'p Shard<B>>,
-    pub(super) id: u32,
-    pub(super) generation: u64,
-    pub(super) ptr: DeviceAddress,
-    pub(super) size: u64,
-    pub(super) device: DeviceId,
-    pub(super) key: StreamId,
-    /// The key of the shard holding the block: `key`, or the lender's for a lent block.
-    pub(super) shard_key: StreamId,
-    pub(super) private: bool,
+    /// The block, as [`into_raw`](Self::into_raw) hands it out.
+    pub(super) raw: RawAllocation,
 }
 
 /// An allocation detached from the pool's lifetime by [`Allocation::into_raw`]; give it
@@ -39,15 +32,16 @@ pub struct Allocation<'p, B: Backend> {
 /// that cannot wrap in practice.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct RawAllocation {
-    ptr: DeviceAddress,
-    size: u64,
-    device: DeviceId,
-    key: StreamId,
-    /// The key of the shard holding the block (see [`Allocation::held_by`]).
-    shard_key: StreamId,
-    private: bool,
-    id: u32,
-    generation: u64,
+    pub(super) ptr: DeviceAddress,
+    pub(super) size: u64,
+    pub(super) device: DeviceId,
+    pub(super) key: StreamId,
+    /// The key of the shard holding the block: `key`, or the lender's for a lent block
+    /// (see [`Allocation::held_by`]).
+    pub(super) shard_key: StreamId,
+    pub(super) private: bool,
+    pub(super) id: u32,
+    pub(super) generation: u64,
 }
 
 impl RawAllocation {
@@ -166,28 +160,28 @@ impl<B: Backend> MemoryPool<B> {
 impl<'p, B: Backend> Allocation<'p, B> {
     /// The device address (null for a zero-sized allocation).
     pub fn ptr(&self) -> DeviceAddress {
-        self.ptr
+        self.raw.ptr
     }
 
     /// The size asked for, in bytes.
     pub fn size(&self) -> u64 {
-        self.size
+        self.raw.size
     }
 
     /// Whether this is a zero-sized allocation.
     pub fn is_empty(&self) -> bool {
-        self.size == 0
+        self.raw.size == 0
     }
 
     /// The device.
     pub fn device(&self) -> DeviceId {
-        self.device
+        self.raw.device
     }
 
     /// The key of the stream the block was allocated on and will be freed on (for a
     /// private pool's block, of its private shard).
     pub fn stream(&self) -> StreamId {
-        self.key
+        self.raw.key
     }
 
     /// The key of the stream whose cache holds the block, and whose statistics
@@ -195,7 +189,7 @@ impl<'p, B: Backend> Allocation<'p, B> {
     /// another stream's cache lent to this request (see
     /// [`policy::STEAL_BEFORE_GROWING`]), the lender's.
     pub fn held_by(&self) -> StreamId {
-        self.shard_key
+        self.raw.shard_key
     }
 
     /// The pool the block came from.
@@ -212,8 +206,8 @@ impl<'p, B: Backend> Allocation<'p, B> {
                 let key = self.pool.backend.stream_key(stream)?;
                 shard.state.lock().record_stream(
                     &self.pool.backend,
-                    self.id,
-                    self.generation,
+                    self.raw.id,
+                    self.raw.generation,
                     stream,
                     key,
                 )
@@ -226,7 +220,9 @@ impl<'p, B: Backend> Allocation<'p, B> {
     /// fence record for a `record_stream` block; the block is still freed safely).
     pub fn free(mut self) -> Result<(), PoolError> {
         match self.shard.take() {
-            Some(shard) => self.pool.free_block(shard, self.id, self.generation),
+            Some(shard) => self
+                .pool
+                .free_block(shard, self.raw.id, self.raw.generation),
             None => Ok(()),
         }
     }
@@ -234,16 +230,7 @@ impl<'p, B: Backend> Allocation<'p, B> {
     /// Detaches the allocation from the pool's lifetime; free it with
     /// [`MemoryPool::free_raw`].
     pub fn into_raw(mut self) -> RawAllocation {
-        let raw = RawAllocation {
-            ptr: self.ptr,
-            size: self.size,
-            device: self.device,
-            key: self.key,
-            shard_key: self.shard_key,
-            private: self.private,
-            id: self.id,
-            generation: self.generation,
-        };
+        let raw = RawAllocation { ..self.raw };
         self.shard = None;
         raw
     }
@@ -254,7 +241,9 @@ impl<B: Backend> Drop for Allocation<'_, B> {
         if let Some(shard) = self.shard.take() {
             // The only possible error is a failed fence record for a record_stream
             // block, which stays safely pending; `free()` reports it.
-            let _ = self.pool.free_block(shard, self.id, self.generation);
+            let _ = self
+                .pool
+                .free_block(shard, self.raw.id, self.raw.generation);
         }
     }
 }
@@ -262,11 +251,11 @@ impl<B: Backend> Drop for Allocation<'_, B> {
 impl<B: Backend> std::fmt::Debug for Allocation<'_, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Allocation")
-            .field("ptr", &self.ptr)
-            .field("size", &self.size)
-            .field("device", &self.device)
-            .field("stream", &self.key)
-            .field("private", &self.private)
+            .field("ptr", &self.raw.ptr)
+            .field("size", &self.raw.size)
+            .field("device", &self.raw.device)
+            .field("stream", &self.raw.key)
+            .field("private", &self.raw.private)
             .finish()
     }
 }

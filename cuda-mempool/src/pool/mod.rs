@@ -308,14 +308,16 @@ impl<B: Backend> MemoryPool<B> {
         Allocation {
             pool: self,
             shard: None,
-            id: 0,
-            generation: 0,
-            ptr: DeviceAddress::NULL,
-            size: 0,
-            device,
-            key: StreamId(0),
-            shard_key: StreamId(0),
-            private: false,
+            raw: RawAllocation {
+                id: 0,
+                generation: 0,
+                ptr: DeviceAddress::NULL,
+                size: 0,
+                device,
+                key: StreamId(0),
+                shard_key: StreamId(0),
+                private: false,
+            },
         }
     }
 
@@ -369,14 +371,16 @@ impl<B: Backend> MemoryPool<B> {
             return Ok(Allocation {
                 pool: self,
                 shard: Some(shard),
-                id,
-                generation,
-                ptr: DeviceAddress(addr),
-                size,
-                device: dev.id,
-                key: stream_key_of_alloc,
-                shard_key,
-                private: false,
+                raw: RawAllocation {
+                    id,
+                    generation,
+                    ptr: DeviceAddress(addr),
+                    size,
+                    device: dev.id,
+                    key: stream_key_of_alloc,
+                    shard_key,
+                    private: false,
+                },
             });
         }
     }

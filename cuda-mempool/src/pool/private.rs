@@ -129,7 +129,7 @@ impl<B: Backend> MemoryPool<B> {
             })
         };
         let mut a = self.malloc_in(dev, &dev.private, Some(key), stream, size)?;
-        a.private = true;
+        a.raw.private = true;
         Ok(a)
     }
 
