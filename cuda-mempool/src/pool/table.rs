@@ -14,10 +14,11 @@
 //! keep finding every key with the same probe. A thread that found a shard by its key
 //! re-checks the key under the shard's lock, since an adoption may have changed it.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
-use super::lock::ShardLock;
+use super::lock::{ShardGuard, ShardLock};
 
 use super::shard::ShardState;
 use crate::backend::{Backend, DeviceId, StreamId};
@@ -50,6 +51,48 @@ impl<B: Backend> Shard<B> {
     pub(crate) fn retire(&self, st: &mut ShardState<B>) {
         st.key = RETIRED;
         self.key.store(RETIRED.0, Ordering::Release);
+    }
+
+    /// Locks the shard; the guard [`retire`](Self::retire)s it on unlock if it retired
+    /// while locked.
+    #[inline]
+    pub(crate) fn lock_retiring(&self) -> RetiringGuard<'_, B> {
+        RetiringGuard {
+            shard: self,
+            st: self.state.lock(),
+        }
+    }
+}
+
+/// The guard of [`Shard::lock_retiring`]: a shard whose state retired while it was held
+/// is taken out of every lookup when it is dropped, before the lock is released.
+pub(crate) struct RetiringGuard<'a, B: Backend> {
+    shard: &'a Shard<B>,
+    st: ShardGuard<'a, ShardState<B>>,
+}
+
+impl<B: Backend> Deref for RetiringGuard<'_, B> {
+    type Target = ShardState<B>;
+
+    #[inline]
+    fn deref(&self) -> &ShardState<B> {
+        &self.st
+    }
+}
+
+impl<B: Backend> DerefMut for RetiringGuard<'_, B> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut ShardState<B> {
+        &mut self.st
+    }
+}
+
+impl<B: Backend> Drop for RetiringGuard<'_, B> {
+    #[inline]
+    fn drop(&mut self) {
+        if self.st.retired {
+            self.shard.retire(&mut self.st);
+        }
     }
 }
 

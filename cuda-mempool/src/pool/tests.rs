@@ -1,5 +1,6 @@
 use super::*;
 use crate::sim::{SimCall, SimDevice, SimulatedBackend};
+use crate::stats::Stats;
 
 const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId(10);
