@@ -8,7 +8,7 @@ use common::println;
 
 use std::process::ExitCode;
 
-use cuda_core::{Device, Result};
+use cudars_core::{Device, Result};
 
 fn main() -> ExitCode {
     match run() {
@@ -21,11 +21,14 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<()> {
-    let driver = cuda_core::driver_version()?;
+    let driver = cudars_core::driver_version()?;
     let devices = Device::all()?;
     println!("CUDA driver version : {driver}");
-    println!("bindings CUDA version: {}", cuda_core::bindings_version());
-    println!("bindings source     : {}", cuda_core::sys::BINDINGS_SOURCE);
+    println!("bindings CUDA version: {}", cudars_core::bindings_version());
+    println!(
+        "bindings source     : {}",
+        cudars_core::sys::BINDINGS_SOURCE
+    );
     println!("devices             : {}", devices.len());
     for dev in devices {
         let (major, minor) = dev.compute_capability()?;

@@ -10,8 +10,8 @@ use common::println;
 
 use std::process::ExitCode;
 
-use cuda_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
-use cuda_core::{Device, Error, Event, Stream};
+use cudars_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
+use cudars_core::{Device, Error, Event, Stream};
 
 fn main() -> ExitCode {
     match run() {
@@ -27,7 +27,7 @@ fn gb_per_s(bytes: usize, ms: f32) -> f64 {
     bytes as f64 / (f64::from(ms) / 1e3) / 1e9
 }
 
-fn run() -> cuda_core::Result<()> {
+fn run() -> cudars_core::Result<()> {
     let dev = Device::new(0)?;
     println!("{}", dev.name()?);
     let stream = Stream::builder(&dev).non_blocking(true).build()?;

@@ -1,4 +1,4 @@
-//! Two processes sharing device memory (`cuda_core::ipc`): run it without arguments and it
+//! Two processes sharing device memory (`cudars_core::ipc`): run it without arguments and it
 //! is the producer, which re-executes itself as the consumer.
 //!
 //! * producer: allocates a buffer, fills it on a stream, records an interprocess event and
@@ -26,9 +26,9 @@
 use std::io::BufRead;
 use std::process::Command;
 
-use cuda_core::ipc::{IpcMapping, IpcMemHandle};
-use cuda_core::memory::{DeviceMemory, DevicePtr};
-use cuda_core::{Device, Event, IpcEventHandle, Stream};
+use cudars_core::ipc::{IpcMapping, IpcMemHandle};
+use cudars_core::memory::{DeviceMemory, DevicePtr};
+use cudars_core::{Device, Event, IpcEventHandle, Stream};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

@@ -15,9 +15,9 @@ use common::println;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use cuda_core::async_pool::{MemPool, StreamOrderedMemory};
-use cuda_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
-use cuda_core::{Device, Stream};
+use cudars_core::async_pool::{MemPool, StreamOrderedMemory};
+use cudars_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
+use cudars_core::{Device, Stream};
 
 fn main() -> ExitCode {
     match run() {
@@ -33,13 +33,13 @@ fn mib(bytes: impl Into<u64>) -> f64 {
     bytes.into() as f64 / (1u64 << 20) as f64
 }
 
-fn run() -> cuda_core::Result<()> {
+fn run() -> cudars_core::Result<()> {
     // Device management.
-    println!("CUDA available: {}", cuda_core::is_available());
+    println!("CUDA available: {}", cudars_core::is_available());
     println!("Current device: {}", Device::current()?.ordinal());
 
     // Switch devices: device 1 when there is one (as the CuPy example does), else device 0.
-    let count = cuda_core::device_count()?;
+    let count = cudars_core::device_count()?;
     let target = Device::new(if count > 1 { 1 } else { 0 })?;
     {
         let _scope = target.scope()?; // `with cp.cuda.Device(1):`

@@ -3,7 +3,7 @@
 //! and events timing a span of work), plus a host callback.
 //!
 //! The CuPy example multiplies random matrices; `cuda-core` has no array library, so each
-//! stream runs the fill kernel of `cuda_core::kernels` (PTX JIT-compiled by the driver, no
+//! stream runs the fill kernel of `cudars_core::kernels` (PTX JIT-compiled by the driver, no
 //! `nvcc` needed) over a million-element buffer instead, then copies the result back
 //! asynchronously.
 //!
@@ -16,9 +16,9 @@ use common::println;
 use std::process::ExitCode;
 use std::sync::mpsc;
 
-use cuda_core::kernels::Kernels;
-use cuda_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
-use cuda_core::{Device, Event, Stream};
+use cudars_core::kernels::Kernels;
+use cudars_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
+use cudars_core::{Device, Event, Stream};
 
 const N: usize = 1000 * 1000;
 
@@ -33,11 +33,15 @@ fn main() -> ExitCode {
 }
 
 /// Queues `fill_u32(buf, value)` on the thread's current stream of the buffer's device.
-fn fill_on_current_stream(kernels: &Kernels, buf: &DevicePtr, value: u32) -> cuda_core::Result<()> {
+fn fill_on_current_stream(
+    kernels: &Kernels,
+    buf: &DevicePtr,
+    value: u32,
+) -> cudars_core::Result<()> {
     kernels.fill(&Stream::current(&buf.device()), buf, value)
 }
 
-fn run() -> cuda_core::Result<()> {
+fn run() -> cudars_core::Result<()> {
     let dev = Device::new(0)?;
     let fill = Kernels::load(&dev)?;
 
@@ -78,14 +82,14 @@ fn run() -> cuda_core::Result<()> {
     stream2.synchronize()?;
     let callback_status = rx
         .recv()
-        .map_err(|e| cuda_core::Error::InvalidArgument(e.to_string()))?;
+        .map_err(|e| cudars_core::Error::InvalidArgument(e.to_string()))?;
     println!("stream1's callback saw status {callback_status:?}");
 
     let ok1 = host1.chunks_exact(4).all(|c| c == 1u32.to_ne_bytes());
     let ok2 = host2.chunks_exact(4).all(|c| c == 2u32.to_ne_bytes());
     println!("stream1 result correct: {ok1}; stream2 result correct: {ok2}");
     if !(ok1 && ok2) {
-        return Err(cuda_core::Error::InvalidArgument("wrong results".into()));
+        return Err(cudars_core::Error::InvalidArgument("wrong results".into()));
     }
 
     // Events for timing and synchronization.

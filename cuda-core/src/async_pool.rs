@@ -16,7 +16,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use cuda_core::{async_pool::{MemPool, StreamOrderedMemory}, memory::DevicePtr, Device, Stream};
+//! use cudars_core::{async_pool::{MemPool, StreamOrderedMemory}, memory::DevicePtr, Device, Stream};
 //!
 //! let dev = Device::new(0)?;
 //! let pool = MemPool::default_for(&dev)?;
@@ -27,13 +27,13 @@
 //! view.memset_async(0, &stream)?;
 //! drop(view); // freed on `stream`, after the memset
 //! stream.synchronize()?;
-//! # Ok::<(), cuda_core::Error>(())
+//! # Ok::<(), cudars_core::Error>(())
 //! ```
 
 use std::fmt;
 use std::sync::Arc;
 
-use cuda_sys::{
+use cudars_sys::{
     CUdeviceptr, CUmemAllocationHandleType, CUmemAllocationType, CUmemPool_attribute, CUmemoryPool,
 };
 
@@ -422,7 +422,7 @@ fn refuse_capture(stream: &Stream) -> Result<()> {
     };
     if may && crate::graph::capture_info(stream)?.status != crate::graph::CaptureStatus::None {
         return Err(Error::InvalidArgument(
-            "stream-ordered memory cannot be allocated on a stream being captured: the driver              would hand out graph memory, backed only while the graph runs; allocate before              the capture, or use a pool that serves captures (cuda_mempool)"
+            "stream-ordered memory cannot be allocated on a stream being captured: the driver              would hand out graph memory, backed only while the graph runs; allocate before              the capture, or use a pool that serves captures (cudars_mempool)"
                 .into(),
         ));
     }

@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int, CStr};
 use std::marker::PhantomData;
 use std::sync::OnceLock;
 
-use cuda_sys::{CUcontext, CUdevice, CUdevice_attribute, CUresult};
+use cudars_sys::{CUcontext, CUdevice, CUdevice_attribute, CUresult};
 
 use crate::driver::drv;
 use crate::error::{Error, Result};
@@ -22,14 +22,14 @@ pub const MAX_DEVICES: usize = 64;
 /// `Device` is a small `Copy` value, `Send` and `Sync`: it names a device, it owns nothing.
 ///
 /// ```no_run
-/// use cuda_core::Device;
+/// use cudars_core::Device;
 /// let dev = Device::new(0)?;
 /// println!("{} (sm_{}{})", dev.name()?, dev.compute_capability()?.0, dev.compute_capability()?.1);
 /// {
 ///     let _scope = dev.scope()?; // like `with Device(0):`
 ///     dev.synchronize()?;
 /// } // the previous current device is restored here
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Device {
@@ -235,7 +235,7 @@ impl Device {
 
     /// The device's UUID.
     pub fn uuid(&self) -> Result<Uuid> {
-        let mut uuid = cuda_sys::CUuuid::default();
+        let mut uuid = cudars_sys::CUuuid::default();
         // SAFETY: valid out-pointer and device.
         unsafe { drv!(cuDeviceGetUuid(&mut uuid, self.raw)) }?;
         Ok(Uuid(uuid.bytes.map(|b| b as u8)))

@@ -2,7 +2,7 @@
 
 use std::sync::OnceLock;
 
-use cuda_sys::{CUresult, Driver};
+use cudars_sys::{CUresult, Driver};
 
 use crate::error::{DriverError, Error, Result};
 
@@ -12,11 +12,11 @@ use crate::error::{DriverError, Error, Result};
 pub(crate) fn api() -> Result<&'static Driver> {
     static INIT: OnceLock<Result<&'static Driver, Error>> = OnceLock::new();
     INIT.get_or_init(|| {
-        let driver = cuda_sys::driver()?;
+        let driver = cudars_sys::driver()?;
         match driver.init_status() {
             Some(status) if status.is_success() => Ok(driver),
             Some(status) => Err(DriverError::new(status, "cuInit").into()),
-            None => Err(cuda_sys::MissingSymbol::new("cuInit").into()),
+            None => Err(cudars_sys::MissingSymbol::new("cuInit").into()),
         }
     })
     .clone()
@@ -45,7 +45,7 @@ macro_rules! drv {
             Err(e) => Err(e),
         }
     };
-    // A `cuda_sys::compat` method, reported under the driver API's name:
+    // A `cudars_sys::compat` method, reported under the driver API's name:
     // `drv!(mem_advise as "cuMemAdvise" (ptr, len, advice, location))`.
     ($f:ident as $name:literal ( $($arg:expr),* $(,)? )) => {
         match $crate::driver::api() {
@@ -62,7 +62,7 @@ pub(crate) use drv;
 /// `true` when the driver loads, initialises, and reports at least one device. Never panics.
 ///
 /// ```
-/// if !cuda_core::is_available() {
+/// if !cudars_core::is_available() {
 ///     eprintln!("no CUDA device here");
 /// }
 /// ```
@@ -91,5 +91,5 @@ pub fn driver_version() -> Result<CudaVersion> {
 /// The CUDA version of the headers these bindings were generated from (CuPy's
 /// `get_local_runtime_version`: the version this build targets).
 pub fn bindings_version() -> CudaVersion {
-    CudaVersion(cuda_sys::CUDA_VERSION)
+    CudaVersion(cudars_sys::CUDA_VERSION)
 }

@@ -2,33 +2,33 @@
 //!
 //! # One error for a program that uses several crates
 //!
-//! Each crate keeps its own precise error type (`cuda_mempool::PoolError`,
-//! `cuda_xfer::Error`, `cuda_graph::Error`, `cuda_nccl::Error`), and each of them converts into
+//! Each crate keeps its own precise error type (`cudars_mempool::PoolError`,
+//! `cudars_xfer::Error`, `cudars_graph::Error`, `cudars_nccl::Error`), and each of them converts into
 //! this crate's [`Error`] with `From`. So a function that calls `cuda-core`, `cuda-mempool`,
-//! `cuda-xfer` and `cuda-graph` returns [`cuda_core::Result`](Result) and uses `?` on all of
+//! `cuda-xfer` and `cuda-graph` returns [`cudars_core::Result`](Result) and uses `?` on all of
 //! them, whichever of those crates the program depends on.
 //!
 //! Why this shape rather than conversions between every pair of crates: every crate already
 //! depends on `cuda-core` and on nothing else of the workspace, so the conversions live in
-//! the crate that owns the error (`impl From<PoolError> for cuda_core::Error` is in
+//! the crate that owns the error (`impl From<PoolError> for cudars_core::Error` is in
 //! `cuda-mempool`), and no crate gains a dependency on a sibling. Pairwise conversions
-//! (`PoolError` into `cuda_graph::Error`, and so on) would need each crate to depend on the
+//! (`PoolError` into `cudars_graph::Error`, and so on) would need each crate to depend on the
 //! others, or a feature per pair that users must know to turn on.
 //!
 //! What a conversion keeps:
-//! - A wrapped `cuda-core` error comes back as itself (`cuda_xfer::Error::Cuda(e)` and
-//!   `cuda_graph::Error::Cuda(e)` become `e`), so matching on [`Error::Driver`] works as before.
+//! - A wrapped `cuda-core` error comes back as itself (`cudars_xfer::Error::Cuda(e)` and
+//!   `cudars_graph::Error::Cuda(e)` become `e`), so matching on [`Error::Driver`] works as before.
 //! - Anything else becomes [`Error::Crate`]: a [`CrateError`] naming the crate, holding the
 //!   original error (get it back with [`Error::downcast_ref`]), displaying exactly as it does,
 //!   with the same [`source`](std::error::Error::source) chain, and with the driver error
 //!   (its `CUresult`) at its root, if any, in [`Error::driver`].
 //!
-//! Code that has a crate's error type fixed (the body of a `cuda_graph::capture` returns
-//! `cuda_graph::Result`) converts a sibling's error through this one:
-//! `pool.malloc(..).map_err(cuda_core::Error::from)?`.
+//! Code that has a crate's error type fixed (the body of a `cudars_graph::capture` returns
+//! `cudars_graph::Result`) converts a sibling's error through this one:
+//! `pool.malloc(..).map_err(cudars_core::Error::from)?`.
 //!
 //! ```
-//! use cuda_core::{CrateError, DriverError, Error};
+//! use cudars_core::{CrateError, DriverError, Error};
 //!
 //! // What an upper crate does in its `From` impl: keep the error and its driver root.
 //! #[derive(Debug)]
@@ -50,7 +50,7 @@ use std::ffi::CStr;
 use std::fmt;
 use std::sync::Arc;
 
-use cuda_sys::CUresult;
+use cudars_sys::CUresult;
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -123,7 +123,7 @@ impl fmt::Display for DriverError {
 impl std::error::Error for DriverError {}
 
 fn describe(result: CUresult) -> (&'static str, &'static str) {
-    let Ok(driver) = cuda_sys::driver() else {
+    let Ok(driver) = cudars_sys::driver() else {
         return (
             "CUDA_ERROR_UNKNOWN_CODE",
             "no driver loaded to describe this code",
@@ -163,10 +163,10 @@ fn describe(result: CUresult) -> (&'static str, &'static str) {
 pub enum Error {
     /// The driver library could not be opened (lists every path tried).
     #[error(transparent)]
-    Load(#[from] cuda_sys::LoadError),
+    Load(#[from] cudars_sys::LoadError),
     /// The installed driver lacks an entry point these bindings know.
     #[error(transparent)]
-    MissingSymbol(cuda_sys::MissingSymbol),
+    MissingSymbol(cudars_sys::MissingSymbol),
     /// The installed driver is older than the CUDA version a call needs (an entry point whose
     /// ABI, or a feature that, it does not have yet).
     #[error("{symbol} needs a CUDA {needed} driver; the installed driver supports CUDA {driver}")]
@@ -248,8 +248,8 @@ pub enum Error {
     #[cfg(unix)]
     #[error(transparent)]
     Ipc(#[from] IpcError),
-    /// An error of a crate built on `cuda-core` (`cuda_mempool::PoolError`, `cuda_xfer::Error`,
-    /// `cuda_graph::Error`, ...), converted with `From` so that `?` works across crates
+    /// An error of a crate built on `cuda-core` (`cudars_mempool::PoolError`, `cudars_xfer::Error`,
+    /// `cudars_graph::Error`, ...), converted with `From` so that `?` works across crates
     /// (see the [module documentation](self)). Displays as the original error does.
     #[error(transparent)]
     Crate(CrateError),
@@ -275,7 +275,7 @@ impl Error {
     }
 
     /// The error of another crate that this one was converted from ([`Error::Crate`]), as
-    /// its own type: `err.downcast_ref::<cuda_mempool::PoolError>()`.
+    /// its own type: `err.downcast_ref::<cudars_mempool::PoolError>()`.
     pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
         match self {
             Error::Crate(c) => c.downcast_ref(),
@@ -372,10 +372,10 @@ impl PartialEq for CrateError {
 
 impl Eq for CrateError {}
 
-impl From<cuda_sys::MissingSymbol> for Error {
+impl From<cudars_sys::MissingSymbol> for Error {
     /// [`Error::DriverTooOld`] when the driver is older than the entry point's ABI, else
     /// [`Error::MissingSymbol`].
-    fn from(missing: cuda_sys::MissingSymbol) -> Self {
+    fn from(missing: cudars_sys::MissingSymbol) -> Self {
         if missing.is_driver_too_old() {
             Error::DriverTooOld {
                 symbol: missing.name,

@@ -19,7 +19,7 @@
 //! untimed event for elapsed time is [`Error::TimingDisabled`], never a wrong number.
 //!
 //! ```no_run
-//! use cuda_core::{Device, Event, Stream};
+//! use cudars_core::{Device, Event, Stream};
 //! let dev = Device::new(0)?;
 //! let stream = Stream::new(&dev)?;
 //! let start = Event::timed(&dev)?;
@@ -29,7 +29,7 @@
 //! end.record(&stream)?;
 //! end.synchronize()?;
 //! println!("took {:?}", Event::elapsed(&start, &end)?);
-//! # Ok::<(), cuda_core::Error>(())
+//! # Ok::<(), cudars_core::Error>(())
 //! ```
 
 use std::fmt;
@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cuda_sys::{CUevent, CUevent_flags, CUipcEventHandle, CUresult, CU_IPC_HANDLE_SIZE};
+use cudars_sys::{CUevent, CUevent_flags, CUipcEventHandle, CUresult, CU_IPC_HANDLE_SIZE};
 
 use crate::driver::{check, drv};
 use crate::error::{Error, Result};
@@ -75,7 +75,7 @@ impl Drop for EventInner {
 /// when the last clone drops. `Send` and `Sync`: the driver's event calls are thread-safe.
 ///
 /// ```no_run
-/// use cuda_core::{Device, Event, Stream};
+/// use cudars_core::{Device, Event, Stream};
 /// let dev = Device::new(0)?;
 /// let producer = Stream::new(&dev)?;
 /// let consumer = Stream::new(&dev)?;
@@ -85,7 +85,7 @@ impl Drop for EventInner {
 /// consumer.wait_event(&ready)?; // `consumer`'s later work waits for it, the host does not
 /// let _done: bool = ready.query()?; // asks without blocking
 /// ready.synchronize()?; // the host waits
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct Event {
@@ -110,13 +110,13 @@ impl fmt::Debug for Event {
 /// default is on: add `.timing(true)`), spin-waiting, local.
 ///
 /// ```no_run
-/// use cuda_core::{Device, Event};
+/// use cudars_core::{Device, Event};
 /// let dev = Device::new(0)?;
 /// let shared = Event::builder(&dev).interprocess(true).build()?;
 /// let timed = Event::builder(&dev).timing(true).blocking_sync(true).build()?;
 /// // interprocess events cannot time: this is a clear error, no event is created
 /// assert!(Event::builder(&dev).timing(true).interprocess(true).build().is_err());
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy)]
 #[must_use = "a builder does nothing until build() is called"]
@@ -403,11 +403,11 @@ fn duration_from_ms(ms: f32) -> Result<Duration> {
 /// the event with [`Event::open_ipc`].
 ///
 /// ```
-/// use cuda_core::event::IpcEventHandle;
+/// use cudars_core::event::IpcEventHandle;
 /// let handle = IpcEventHandle::from_bytes(&[7u8; 64])?;
 /// let text = handle.to_hex();
 /// assert_eq!(IpcEventHandle::from_hex(&text)?, handle);
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IpcEventHandle(pub [u8; IPC_HANDLE_BYTES]);

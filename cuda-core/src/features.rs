@@ -24,8 +24,8 @@
 //!
 //! [`driver_version`]: crate::driver_version
 
-use cuda_sys::compat::{CUDA_12_2, CUDA_12_3, CUDA_12_8};
-use cuda_sys::CUdevice_attribute;
+use cudars_sys::compat::{CUDA_12_2, CUDA_12_3, CUDA_12_8};
+use cudars_sys::CUdevice_attribute;
 
 use crate::error::{Error, Result};
 use crate::{driver_version, CudaVersion, Device};
@@ -180,7 +180,7 @@ mod tests {
 
     #[test]
     fn an_old_abi_missing_symbol_becomes_driver_too_old() {
-        let missing = cuda_sys::MissingSymbol {
+        let missing = cudars_sys::MissingSymbol {
             name: "cuMemAdvise",
             needed: 12020,
             driver: 12000,
@@ -193,7 +193,7 @@ mod tests {
                 needed: CudaVersion(12020),
             }
         );
-        let plain = cuda_sys::MissingSymbol::new("cuFoo");
+        let plain = cudars_sys::MissingSymbol::new("cuFoo");
         assert_eq!(Error::from(plain), Error::MissingSymbol(plain));
     }
 }

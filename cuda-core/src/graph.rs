@@ -15,8 +15,8 @@
 //! guarantee.
 //!
 //! ```no_run
-//! use cuda_core::graph::{self, CaptureMode};
-//! use cuda_core::{Device, Stream};
+//! use cudars_core::graph::{self, CaptureMode};
+//! use cudars_core::{Device, Stream};
 //!
 //! let dev = Device::new(0)?;
 //! let stream = Stream::new(&dev)?;
@@ -27,7 +27,7 @@
 //! let exec = graph.instantiate(graph::InstantiateFlags::NONE)?;
 //! exec.launch(&stream)?;
 //! stream.synchronize()?;
-//! # Ok::<(), cuda_core::Error>(())
+//! # Ok::<(), cudars_core::Error>(())
 //! ```
 
 use std::collections::HashMap;
@@ -36,7 +36,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cuda_sys::{
+use cudars_sys::{
     CUgraph, CUgraphExec, CUgraphExecUpdateResult, CUgraphExecUpdateResultInfo,
     CUgraphInstantiate_flags, CUresult, CUstreamCaptureMode, CUstreamCaptureStatus,
 };
@@ -343,7 +343,7 @@ pub fn end_capture(stream: &Stream) -> Result<GraphHandle> {
 pub fn capture_info(stream: &Stream) -> Result<CaptureInfo> {
     let _ctx = stream.device().bind()?;
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let mut id: cuda_sys::cuuint64_t = 0;
+    let mut id: cudars_sys::cuuint64_t = 0;
     // SAFETY: a live stream; valid out-pointers for status and id; the optional graph,
     // dependency and edge outputs are null, which the driver allows.
     unsafe {
@@ -396,7 +396,7 @@ pub fn is_capturing(stream: &Stream) -> Result<bool> {
         return Ok(false);
     }
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let mut id: cuda_sys::cuuint64_t = 0;
+    let mut id: cudars_sys::cuuint64_t = 0;
     stream.with_context(|_| {
         // SAFETY: a live stream (an implicit handle has its device's context current);
         // valid out-pointers for status and id; the optional outputs are null.
@@ -568,7 +568,7 @@ pub fn on_capture_graph_release(
     }
     let _ctx = stream.device().bind()?;
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let mut id: cuda_sys::cuuint64_t = 0;
+    let mut id: cudars_sys::cuuint64_t = 0;
     let mut graph: CUgraph = std::ptr::null_mut();
     // SAFETY: a live stream; valid out-pointers; the dependency outputs are null.
     unsafe {
@@ -590,7 +590,7 @@ pub fn on_capture_graph_release(
         callback: Mutex::new(Some(on_release)),
     });
     let data = Arc::into_raw(Arc::clone(&hook)) as *mut std::ffi::c_void;
-    let mut object: cuda_sys::CUuserObject = std::ptr::null_mut();
+    let mut object: cudars_sys::CUuserObject = std::ptr::null_mut();
     // SAFETY: valid out-pointer; `data` stays valid until the destructor reclaims it; the
     // trampoline matches CUhostFn; NO_DESTRUCTOR_SYNC is the flag the driver requires.
     let created = unsafe {
@@ -599,7 +599,7 @@ pub fn on_capture_graph_release(
             data,
             Some(release_hook_trampoline),
             1,
-            cuda_sys::CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC.0,
+            cudars_sys::CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC.0,
         ))
     };
     if let Err(e) = created {
@@ -614,7 +614,7 @@ pub fn on_capture_graph_release(
             graph,
             object,
             1,
-            cuda_sys::CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE.0,
+            cudars_sys::CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE.0,
         ))
     };
     match retained {
@@ -779,7 +779,7 @@ impl GraphHandle {
             Error::InvalidArgument(format!("path {} contains a NUL byte", path.display()))
         })?;
         let flags = if verbose {
-            cuda_sys::CUgraphDebugDot_flags::CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE.0
+            cudars_sys::CUgraphDebugDot_flags::CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE.0
         } else {
             0
         };

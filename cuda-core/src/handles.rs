@@ -41,14 +41,14 @@
 //!
 //! ```no_run
 //! # #[cfg(feature = "library-handles")] {
-//! use cuda_core::{handles, Device};
+//! use cudars_core::{handles, Device};
 //!
 //! let dev = Device::new(0)?;
 //! let blas = handles::cublas_handle(&dev)?;
 //! assert_eq!(blas.raw(), handles::cublas_handle(&dev)?.raw()); // the same handle
 //! // pass `blas.raw()` as the `cublasHandle_t` to cuBLAS functions.
 //! # }
-//! # Ok::<(), cuda_core::Error>(())
+//! # Ok::<(), cudars_core::Error>(())
 //! ```
 
 use std::ffi::{c_int, c_void};
@@ -279,7 +279,7 @@ fn newest_with_prefix(dir: &Path, prefix: &str) -> Option<PathBuf> {
 /// [module documentation](self) for the search order and [`CUBLAS_LIBRARY_ENV`].
 ///
 /// ```
-/// match cuda_core::handles::cublas_library_path() {
+/// match cudars_core::handles::cublas_library_path() {
 ///     Ok(path) => println!("cuBLAS from {path}"),
 ///     Err(e) => println!("no cuBLAS: {e}"),
 /// }

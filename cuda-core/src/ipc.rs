@@ -30,9 +30,9 @@
 //! [`IpcError::WrongDevice`]), memory that cannot be exported ([`IpcError::NotExportable`]).
 //!
 //! ```no_run
-//! use cuda_core::ipc::{IpcMapping, IpcMemHandle};
-//! use cuda_core::memory::{DeviceMemory, DevicePtr};
-//! use cuda_core::Device;
+//! use cudars_core::ipc::{IpcMapping, IpcMemHandle};
+//! use cudars_core::memory::{DeviceMemory, DevicePtr};
+//! use cudars_core::Device;
 //!
 //! // exporter
 //! let dev = Device::new(0)?;
@@ -44,7 +44,7 @@
 //! let view = DevicePtr::from_arc(IpcMapping::open(&dev, &handle)?);
 //! let mut host = vec![0u8; view.len()];
 //! view.copy_to_host(&mut host)?;
-//! # Ok::<(), cuda_core::Error>(())
+//! # Ok::<(), cudars_core::Error>(())
 //! ```
 
 use std::collections::{HashMap, HashSet};
@@ -55,7 +55,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
-use cuda_sys::{
+use cudars_sys::{
     CUdeviceptr, CUipcMemHandle, CUipcMem_flags, CUmemAllocationHandleType, CUmemAllocationProp,
     CUmemGenericAllocationHandle, CUresult, CU_IPC_HANDLE_SIZE,
 };
@@ -85,10 +85,10 @@ pub use crate::error::IpcError;
 /// [`IpcMapping::open`]. Bytes and hex text forms, as [`IpcEventHandle`](crate::IpcEventHandle).
 ///
 /// ```
-/// use cuda_core::ipc::IpcMemHandle;
+/// use cudars_core::ipc::IpcMemHandle;
 /// let handle = IpcMemHandle::from_bytes(&[9u8; 64])?;
 /// assert_eq!(IpcMemHandle::from_hex(&handle.to_hex())?, handle);
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IpcMemHandle(pub [u8; IPC_MEM_HANDLE_BYTES]);
@@ -162,11 +162,11 @@ impl IpcMemHandle {
 /// one; [`IpcRegion::open`] gives the importer a [`DevicePtr`] of exactly that part.
 ///
 /// ```
-/// use cuda_core::ipc::{IpcMemHandle, IpcRegion};
+/// use cudars_core::ipc::{IpcMemHandle, IpcRegion};
 /// let region = IpcRegion { handle: IpcMemHandle([1; 64]), offset: 512, len: 100 };
 /// assert_eq!(IpcRegion::from_bytes(&region.to_bytes())?, region);
 /// assert_eq!(IpcRegion::from_hex(&region.to_hex())?, region);
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IpcRegion {
@@ -261,7 +261,7 @@ fn legacy_ipc_capable(device: &Device, addr: CUdeviceptr) -> Result<bool> {
     let r = unsafe {
         drv!(cuPointerGetAttribute(
             (&mut value as *mut u64).cast(),
-            cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+            cudars_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
             addr
         ))
     };
@@ -656,7 +656,8 @@ impl PhysicalAllocation {
             Ok(()) => {
                 // SAFETY: the driver filled the struct; zeroed is a valid value of it anyway,
                 // and `location.id` is initialised either way.
-                let id = unsafe { cuda_sys::compat::mem_location_id(&prop.assume_init().location) };
+                let id =
+                    unsafe { cudars_sys::compat::mem_location_id(&prop.assume_init().location) };
                 Device::new(id.max(0) as usize)
             }
             Err(e) => Err(e),
@@ -684,12 +685,12 @@ impl PhysicalAllocation {
 ///
 /// ```no_run
 /// use std::os::unix::net::UnixStream;
-/// use cuda_core::ipc::{self, SharedMapping};
-/// use cuda_core::vmm::PhysicalAllocation;
-/// use cuda_core::Device;
+/// use cudars_core::ipc::{self, SharedMapping};
+/// use cudars_core::vmm::PhysicalAllocation;
+/// use cudars_core::Device;
 ///
 /// let dev = Device::new(0)?;
-/// let (here, there) = UnixStream::pair().map_err(cuda_core::ipc::IpcError::from)?;
+/// let (here, there) = UnixStream::pair().map_err(cudars_core::ipc::IpcError::from)?;
 /// // exporter
 /// let mapping = SharedMapping::new(&dev, 1 << 20)?;
 /// ipc::send_fd(&here, mapping.physical().export_fd()?.as_fd(), mapping.size() as u64)?;
@@ -698,7 +699,7 @@ impl PhysicalAllocation {
 /// let physical = PhysicalAllocation::import_fd(&dev, fd.as_fd(), size as usize)?;
 /// let imported = SharedMapping::map(&dev, physical)?.into_ptr();
 /// # use std::os::fd::AsFd;
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 pub struct SharedMapping {
     /// Dropped by hand in `Drop` (after the unmap), or leaked.

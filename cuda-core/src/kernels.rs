@@ -34,8 +34,8 @@
 //! sees it. [`Kernels::cycles_for`] turns a duration into clocks.
 //!
 //! ```no_run
-//! use cuda_core::kernels::{checksum_host, Kernels};
-//! use cuda_core::{Device, DevicePtr, Stream};
+//! use cudars_core::kernels::{checksum_host, Kernels};
+//! use cudars_core::{Device, DevicePtr, Stream};
 //! use std::time::Duration;
 //!
 //! let dev = Device::new(0)?;
@@ -52,13 +52,13 @@
 //! let mut out = [0u64];
 //! sum.copy_to_host(&mut out)?;
 //! assert_eq!(out[0], checksum_host(&vec![3u32; (1 << 20) / 4]));
-//! # Ok::<(), cuda_core::Error>(())
+//! # Ok::<(), cudars_core::Error>(())
 //! ```
 
 use std::ffi::c_void;
 use std::time::Duration;
 
-use cuda_sys::{CUdevice_attribute, CUdeviceptr};
+use cudars_sys::{CUdevice_attribute, CUdeviceptr};
 
 use crate::error::{Error, Result};
 use crate::memory::{check_stream, DevicePtr};

@@ -1,4 +1,4 @@
-//! Safe access to the CUDA driver: the one layer over [`cuda_sys`] that every other crate of
+//! Safe access to the CUDA driver: the one layer over [`cudars_sys`] that every other crate of
 //! the workspace calls.
 //!
 //! | module | what | CuPy |
@@ -25,10 +25,10 @@
 //! (`Error::Load` lists each library path that was tried).
 //!
 //! ```no_run
-//! for dev in cuda_core::Device::all()? {
+//! for dev in cudars_core::Device::all()? {
 //!     println!("{}: {}", dev.ordinal(), dev.name()?);
 //! }
-//! # Ok::<(), cuda_core::Error>(())
+//! # Ok::<(), cudars_core::Error>(())
 //! ```
 
 mod driver;
@@ -53,7 +53,7 @@ pub mod profiler;
 pub mod stream;
 pub mod vmm;
 
-pub use cuda_sys as sys;
+pub use cudars_sys as sys;
 pub use device::{ContextBinding, Device, DeviceScope, Uuid};
 pub use driver::{bindings_version, device_count, driver_version, is_available, CudaVersion};
 pub use error::{CrateError, DriverError, Error, Result};

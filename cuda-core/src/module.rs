@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! use std::ffi::c_void;
-//! use cuda_core::{module::Module, Device, Stream};
+//! use cudars_core::{module::Module, Device, Stream};
 //!
 //! const PTX: &str = r#"
 //! .version 7.0
@@ -24,13 +24,13 @@
 //! // SAFETY: `nothing` takes one u64 and touches no memory.
 //! unsafe { kernel.launch(&stream, (1, 1, 1), (1, 1, 1), 0, &mut params)? };
 //! stream.synchronize()?;
-//! # Ok::<(), cuda_core::Error>(())
+//! # Ok::<(), cudars_core::Error>(())
 //! ```
 
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
-use cuda_sys::{CUfunction, CUjit_option, CUmodule};
+use cudars_sys::{CUfunction, CUjit_option, CUmodule};
 
 use crate::driver::drv;
 use crate::error::{Error, Result};

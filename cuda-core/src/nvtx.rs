@@ -20,7 +20,7 @@
 //! which is why [`Range`] is neither `Send` nor `Sync`.
 //!
 //! ```
-//! use cuda_core::nvtx::{self, Color};
+//! use cudars_core::nvtx::{self, Color};
 //!
 //! nvtx::mark("start");
 //! {
@@ -34,12 +34,12 @@ use std::marker::PhantomData;
 
 /// `true` when the NVTX3 headers were compiled into `cuda-sys`; `false` makes every function
 /// of this module a no-op.
-pub const ENABLED: bool = cuda_sys::nvtx::ENABLED;
+pub const ENABLED: bool = cudars_sys::nvtx::ENABLED;
 
 /// An ARGB colour for marks and ranges (`0xAARRGGBB`).
 ///
 /// ```
-/// use cuda_core::nvtx::Color;
+/// use cudars_core::nvtx::Color;
 /// assert_eq!(Color::rgb(0x12, 0x34, 0x56), Color(0xFF12_3456));
 /// assert_eq!(Color::from_index(0), Color::from_index(Color::PALETTE.len()));
 /// ```
@@ -131,14 +131,14 @@ pub fn range_pop() -> Option<u32> {
     if !ENABLED {
         return None;
     }
-    level(cuda_sys::nvtx::range_pop())
+    level(cudars_sys::nvtx::range_pop())
 }
 
 /// A range named `message` that lasts until the returned guard drops.
 ///
 /// ```
 /// fn step() {
-///     let _range = cuda_core::nvtx::range("step");
+///     let _range = cudars_core::nvtx::range("step");
 ///     // ...
 /// }
 /// ```
@@ -183,7 +183,7 @@ fn annotate_mark(message: &str, color: Option<Color>) {
     }
     with_c_string(message, |p| {
         // SAFETY: `p` points to a NUL-terminated string that outlives the call.
-        unsafe { cuda_sys::nvtx::mark(p, color.map(|c| c.0)) }
+        unsafe { cudars_sys::nvtx::mark(p, color.map(|c| c.0)) }
     });
 }
 
@@ -193,7 +193,7 @@ fn annotate_push(message: &str, color: Option<Color>) -> Option<u32> {
     }
     let raw = with_c_string(message, |p| {
         // SAFETY: `p` points to a NUL-terminated string that outlives the call.
-        unsafe { cuda_sys::nvtx::range_push(p, color.map(|c| c.0)) }
+        unsafe { cudars_sys::nvtx::range_push(p, color.map(|c| c.0)) }
     });
     level(raw)
 }

@@ -4,16 +4,16 @@
 //! pointers: copy routines use it to pick a direct DMA copy or a staging path.
 //!
 //! ```no_run
-//! use cuda_core::pointer::{locate, MemoryLocation};
+//! use cudars_core::pointer::{locate, MemoryLocation};
 //!
 //! let v = vec![0u8; 64];
 //! assert_eq!(locate(v.as_ptr())?, MemoryLocation::PageableHost);
-//! # Ok::<(), cuda_core::Error>(())
+//! # Ok::<(), cudars_core::Error>(())
 //! ```
 
 use std::ffi::c_void;
 
-use cuda_sys::{CUdeviceptr, CUmemorytype, CUpointer_attribute, CUresult};
+use cudars_sys::{CUdeviceptr, CUmemorytype, CUpointer_attribute, CUresult};
 
 use crate::driver::drv;
 use crate::error::{Error, Result};

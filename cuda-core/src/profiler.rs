@@ -7,20 +7,20 @@
 //! `cuda-core` operation on device 0 uses) when the thread has none.
 //!
 //! ```no_run
-//! use cuda_core::profiler;
+//! use cudars_core::profiler;
 //!
 //! // Profile only this block (run under `nsys profile --capture-range=cudaProfilerApi`).
 //! {
 //!     let _profiling = profiler::profile()?;
 //!     // ... the work to measure ...
 //! } // collection stops here, also on an early return or a panic
-//! # Ok::<(), cuda_core::Error>(())
+//! # Ok::<(), cudars_core::Error>(())
 //! ```
 
 use std::marker::PhantomData;
 use std::path::Path;
 
-use cuda_sys::CUcontext;
+use cudars_sys::CUcontext;
 
 use crate::driver::drv;
 use crate::error::{Error, Result};
@@ -64,10 +64,10 @@ pub fn stop() -> Result<()> {
 /// context current there (as [`stop`] does).
 ///
 /// ```no_run
-/// let guard = cuda_core::profiler::profile()?;
+/// let guard = cudars_core::profiler::profile()?;
 /// // ... work ...
 /// guard.stop()?; // or just let it drop; `stop` reports the driver's error
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 pub fn profile() -> Result<ProfileGuard> {
     start()?;
@@ -124,9 +124,9 @@ pub const INITIALIZE_REMOVED: &str =
 /// driver call. It exists so code ported from CuPy finds the function and learns why it is gone.
 ///
 /// ```
-/// use cuda_core::profiler::{initialize, OutputMode};
+/// use cudars_core::profiler::{initialize, OutputMode};
 /// let err = initialize("prof.cfg", "prof.out", OutputMode::Csv).unwrap_err();
-/// assert!(matches!(err, cuda_core::Error::Unsupported(_)));
+/// assert!(matches!(err, cudars_core::Error::Unsupported(_)));
 /// ```
 pub fn initialize(
     config_file: impl AsRef<Path>,

@@ -11,7 +11,7 @@
 //! `with stream:`) or [`Stream::make_current`] says otherwise.
 //!
 //! ```no_run
-//! use cuda_core::{Device, Stream};
+//! use cudars_core::{Device, Stream};
 //! let dev = Device::new(0)?;
 //! let stream = Stream::builder(&dev).non_blocking(true).greatest_priority().build()?;
 //! {
@@ -22,7 +22,7 @@
 //! assert_eq!(Stream::current(&dev), Stream::null(&dev));
 //! stream.add_callback(|status| println!("all work before me is done: {status:?}"))?;
 //! stream.synchronize()?;
-//! # Ok::<(), cuda_core::Error>(())
+//! # Ok::<(), cudars_core::Error>(())
 //! ```
 //!
 //! # Host callbacks and panics
@@ -53,7 +53,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cuda_sys::{CUcontext, CUresult, CUstream, CUstream_flags, Driver};
+use cudars_sys::{CUcontext, CUresult, CUstream, CUstream_flags, Driver};
 
 use crate::driver::{api, check, drv};
 use crate::error::{DriverError, Error, Result};
@@ -156,13 +156,13 @@ impl Eq for Stream {}
 /// Builds a [`Stream`] (CuPy's `Stream(null=False, non_blocking=False, priority=0)`).
 ///
 /// ```no_run
-/// use cuda_core::{Device, Stream};
+/// use cudars_core::{Device, Stream};
 /// let dev = Device::new(0)?;
 /// let (least, greatest) = dev.stream_priority_range()?;
 /// let urgent = Stream::builder(&dev).priority(greatest).build()?;
 /// let background = Stream::builder(&dev).non_blocking(true).priority(least).build()?;
 /// assert!(Stream::builder(&dev).priority(greatest - 1).build().is_err());
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy)]
 #[must_use = "a builder does nothing until build() is called"]
@@ -485,7 +485,7 @@ impl Stream {
     /// stream's work and returns it, for [`Event::elapsed`].
     ///
     /// ```no_run
-    /// use cuda_core::{Device, Event, Stream};
+    /// use cudars_core::{Device, Event, Stream};
     /// let dev = Device::new(0)?;
     /// let stream = Stream::new(&dev)?;
     /// let start = stream.record_timed()?;
@@ -493,7 +493,7 @@ impl Stream {
     /// let end = stream.record_timed()?;
     /// end.synchronize()?;
     /// println!("{:?}", Event::elapsed(&start, &end)?);
-    /// # Ok::<(), cuda_core::Error>(())
+    /// # Ok::<(), cudars_core::Error>(())
     /// ```
     pub fn record_timed(&self) -> Result<Event> {
         let event = Event::timed(&self.device)?;
@@ -557,13 +557,13 @@ impl Stream {
     ///
     /// ```no_run
     /// use std::sync::mpsc;
-    /// use cuda_core::{Device, Stream};
+    /// use cudars_core::{Device, Stream};
     /// let dev = Device::new(0)?;
     /// let stream = Stream::new(&dev)?;
     /// let (tx, rx) = mpsc::channel();
     /// stream.add_callback(move |status| { let _ = tx.send(status.is_ok()); })?;
     /// assert!(rx.recv().unwrap());
-    /// # Ok::<(), cuda_core::Error>(())
+    /// # Ok::<(), cudars_core::Error>(())
     /// ```
     pub fn add_callback<F>(&self, callback: F) -> Result<()>
     where
@@ -657,8 +657,8 @@ impl Stream {
 /// Whether the stream behind `raw` is being captured (errors count as capturing, which only
 /// skips a check).
 fn is_capturing(device: Device, raw: CUstream) -> bool {
-    let mut status = cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let mut id: cuda_sys::cuuint64_t = 0;
+    let mut status = cudars_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: cudars_sys::cuuint64_t = 0;
     let asked = with_context(device, false, |_| {
         // SAFETY: the caller of `external` vouches for the handle; valid out-pointers; the
         // optional outputs are null.
@@ -675,7 +675,7 @@ fn is_capturing(device: Device, raw: CUstream) -> bool {
         }
     });
     !matches!(asked, Ok(()))
-        || status != cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+        || status != cudars_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
 }
 
 /// `true` for the handles that mean "an implicit stream of the current context".

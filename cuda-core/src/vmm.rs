@@ -21,8 +21,8 @@
 //! freed; newly mapped memory is inaccessible until [`VirtualRange::set_access`].
 //!
 //! ```no_run
-//! use cuda_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
-//! use cuda_core::Device;
+//! use cudars_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
+//! use cudars_core::Device;
 //!
 //! let dev = Device::new(0)?;
 //! assert!(vmm::is_supported(&dev)?);
@@ -35,12 +35,12 @@
 //! // SAFETY: nothing queued on the device uses the page any more.
 //! unsafe { range.unmap(page, page) }?;
 //! drop(phys); // released now that nothing maps it
-//! # Ok::<(), cuda_core::Error>(())
+//! # Ok::<(), cudars_core::Error>(())
 //! ```
 
 use std::fmt;
 
-use cuda_sys::{
+use cudars_sys::{
     CUdeviceptr, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationGranularity_flags,
     CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
     CUmemGenericAllocationHandle,

@@ -2,7 +2,7 @@
 //! replayed many times, with its parameter changed between epochs by updating the executable
 //! graph in place instead of re-capturing from scratch.
 //!
-//! The kernel is `add_u32` from `cuda_core::kernels` (PTX JIT-compiled by the driver, so
+//! The kernel is `add_u32` from `cudars_core::kernels` (PTX JIT-compiled by the driver, so
 //! nothing needs `nvcc`). Run with
 //! `cargo run --release --example capture_replay`.
 
@@ -11,9 +11,9 @@ use common::println;
 
 use std::time::Instant;
 
-use cuda_core::kernels::Kernels;
-use cuda_core::{memory::DevicePtr, Device, Stream};
-use cuda_graph::{CaptureMode, Graph, UpdateOutcome};
+use cudars_core::kernels::Kernels;
+use cudars_core::{memory::DevicePtr, Device, Stream};
+use cudars_graph::{CaptureMode, Graph, UpdateOutcome};
 
 const N: usize = 4096;
 const KERNELS_PER_STEP: u32 = 8;
@@ -26,7 +26,7 @@ fn step(
     work: &DevicePtr,
     out: &DevicePtr,
     seed: u32,
-) -> cuda_core::Result<()> {
+) -> cudars_core::Result<()> {
     work.memset_u32_async(seed, stream)?;
     for _ in 0..KERNELS_PER_STEP {
         kernel.add(stream, work, 1)?;
@@ -40,8 +40,8 @@ fn capture_step(
     work: &DevicePtr,
     out: &DevicePtr,
     seed: u32,
-) -> cuda_graph::Result<Graph> {
-    cuda_graph::capture(stream, CaptureMode::ThreadLocal, |s| {
+) -> cudars_graph::Result<Graph> {
+    cudars_graph::capture(stream, CaptureMode::ThreadLocal, |s| {
         Ok(step(kernel, s, work, out, seed)?)
     })
 }
@@ -53,7 +53,7 @@ fn main() {
     }
 }
 
-fn run() -> Result<(), cuda_graph::Error> {
+fn run() -> Result<(), cudars_graph::Error> {
     let dev = Device::new(0)?;
     let stream = Stream::new(&dev)?;
     let kernel = Kernels::load(&dev)?;
@@ -109,11 +109,11 @@ fn run() -> Result<(), cuda_graph::Error> {
     Ok(())
 }
 
-fn check(out: &DevicePtr, expected: u32) -> Result<(), cuda_graph::Error> {
+fn check(out: &DevicePtr, expected: u32) -> Result<(), cudars_graph::Error> {
     let mut host = vec![0u32; N];
     out.copy_to_host(&mut host)?;
     if let Some((i, &x)) = host.iter().enumerate().find(|(_, &x)| x != expected) {
-        return Err(cuda_graph::Error::other(format!(
+        return Err(cudars_graph::Error::other(format!(
             "out[{i}] = {x}, expected {expected}"
         )));
     }

@@ -18,8 +18,8 @@
 mod common;
 use common::println;
 
-use cuda_core::{memory::DevicePtr, Device, Stream};
-use cuda_graph::{CaptureMode, CaptureStatus};
+use cudars_core::{memory::DevicePtr, Device, Stream};
+use cudars_graph::{CaptureMode, CaptureStatus};
 
 const N: usize = 1 << 20;
 
@@ -30,7 +30,7 @@ fn main() {
     }
 }
 
-fn run() -> Result<(), cuda_graph::Error> {
+fn run() -> Result<(), cudars_graph::Error> {
     let dev = Device::new(0)?;
     let stream = Stream::new(&dev)?;
     let a = DevicePtr::alloc(&dev, N * 4)?;
@@ -38,11 +38,11 @@ fn run() -> Result<(), cuda_graph::Error> {
     println!("device 0: {}", dev.name()?);
 
     // capture_begin ... capture_end
-    let capture = cuda_graph::capture_begin(&stream, CaptureMode::Global)?;
+    let capture = cudars_graph::capture_begin(&stream, CaptureMode::Global)?;
     println!(
         "capturing: {} ({})",
         capture.id(),
-        cuda_graph::capture_status(&stream)?.status
+        cudars_graph::capture_status(&stream)?.status
     );
     a.memset_u32_async(0x1234_5678, &capture)?;
     b.copy_from_device_async(&a, &capture)?;
@@ -50,7 +50,7 @@ fn run() -> Result<(), cuda_graph::Error> {
     println!(
         "captured {} nodes; the stream is {} again",
         graph.node_count()?,
-        cuda_graph::capture_status(&stream)?.status
+        cudars_graph::capture_status(&stream)?.status
     );
 
     // Nothing ran during the capture: b is still whatever it was. Launch, then look.
@@ -64,7 +64,7 @@ fn run() -> Result<(), cuda_graph::Error> {
     println!("after launch: b[0] = {:#x}, all {N} words match", host[0]);
 
     // The same with the closure form, which always ends the capture.
-    let graph2 = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+    let graph2 = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         b.memset_u32_async(7, s)?;
         Ok(())
     })?;
@@ -84,7 +84,7 @@ fn run() -> Result<(), cuda_graph::Error> {
         clippy::expect_used,
         reason = "the example shows a refusal; a success would be a bug to report loudly"
     )]
-    let err = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+    let err = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         a.memset_u32_async(1, s)?;
         s.synchronize()?; // not allowed while capturing
         Ok(())
@@ -92,7 +92,7 @@ fn run() -> Result<(), cuda_graph::Error> {
     .expect_err("synchronize inside a capture is refused");
     println!("as expected: {err}");
     assert_eq!(
-        cuda_graph::capture_status(&stream)?.status,
+        cudars_graph::capture_status(&stream)?.status,
         CaptureStatus::None
     );
     a.memset_u32_async(3, &stream)?;

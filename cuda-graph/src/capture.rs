@@ -5,9 +5,9 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Deref;
 
-use cuda_core::graph::{self as raw, CaptureInfo, CaptureMode, CaptureStatus};
-use cuda_core::sys::CUresult;
-use cuda_core::{Event, Stream};
+use cudars_core::graph::{self as raw, CaptureInfo, CaptureMode, CaptureStatus};
+use cudars_core::sys::CUresult;
+use cudars_core::{Event, Stream};
 
 use crate::error::{CaptureId, Error, Result};
 use crate::graph::Graph;
@@ -15,11 +15,11 @@ use crate::graph::Graph;
 /// `stream`'s capture status and the id of the capture it is part of, if any.
 ///
 /// ```no_run
-/// use cuda_core::{Device, Stream};
-/// use cuda_graph::CaptureStatus;
+/// use cudars_core::{Device, Stream};
+/// use cudars_graph::CaptureStatus;
 /// let stream = Stream::new(&Device::new(0)?)?;
-/// assert_eq!(cuda_graph::capture_status(&stream)?.status, CaptureStatus::None);
-/// # Ok::<(), cuda_graph::Error>(())
+/// assert_eq!(cudars_graph::capture_status(&stream)?.status, CaptureStatus::None);
+/// # Ok::<(), cudars_graph::Error>(())
 /// ```
 pub fn capture_status(stream: &Stream) -> Result<CaptureInfo> {
     Ok(raw::capture_info(stream)?)
@@ -43,20 +43,20 @@ pub fn capture_status(stream: &Stream) -> Result<CaptureInfo> {
 /// In every case the stream is out of capture mode afterwards and works normally.
 ///
 /// ```no_run
-/// use cuda_core::{memory::DevicePtr, Device, Stream};
-/// use cuda_graph::CaptureMode;
+/// use cudars_core::{memory::DevicePtr, Device, Stream};
+/// use cudars_graph::CaptureMode;
 ///
 /// let dev = Device::new(0)?;
 /// let stream = Stream::new(&dev)?;
 /// let buf = DevicePtr::alloc(&dev, 4096)?;
-/// let graph = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+/// let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
 ///     buf.memset_u32_async(7, s)?;
 ///     Ok(())
 /// })?;
 /// let exec = graph.instantiate()?;
 /// exec.launch(&stream)?;
 /// stream.synchronize()?;
-/// # Ok::<(), cuda_graph::Error>(())
+/// # Ok::<(), cudars_graph::Error>(())
 /// ```
 pub fn capture(
     stream: &Stream,
@@ -102,17 +102,17 @@ pub fn capture_with<R>(
 /// that is already capturing gives [`Error::AlreadyCapturing`]. Neither begins anything.
 ///
 /// ```no_run
-/// use cuda_core::{memory::DevicePtr, Device, Stream};
-/// use cuda_graph::CaptureMode;
+/// use cudars_core::{memory::DevicePtr, Device, Stream};
+/// use cudars_graph::CaptureMode;
 ///
 /// let dev = Device::new(0)?;
 /// let stream = Stream::new(&dev)?;
 /// let buf = DevicePtr::alloc(&dev, 1024)?;
-/// let capture = cuda_graph::capture_begin(&stream, CaptureMode::Global)?;
+/// let capture = cudars_graph::capture_begin(&stream, CaptureMode::Global)?;
 /// buf.memset_async(0, &capture)?;
 /// let graph = capture.end()?;
 /// assert_eq!(graph.node_count()?, 1);
-/// # Ok::<(), cuda_graph::Error>(())
+/// # Ok::<(), cudars_graph::Error>(())
 /// ```
 pub fn capture_begin(stream: &Stream, mode: CaptureMode) -> Result<Capture<'_>> {
     // The legacy stream (handles 0 and 1) is refused by `begin_capture` below.
@@ -200,19 +200,19 @@ impl<'s> Capture<'s> {
     /// ends (the driver refuses to end a capture with an unjoined stream).
     ///
     /// ```no_run
-    /// # use cuda_core::{memory::DevicePtr, Device, Stream};
-    /// # use cuda_graph::CaptureMode;
+    /// # use cudars_core::{memory::DevicePtr, Device, Stream};
+    /// # use cudars_graph::CaptureMode;
     /// # let dev = Device::new(0)?;
     /// # let (main, side) = (Stream::new(&dev)?, Stream::new(&dev)?);
     /// # let (a, b) = (DevicePtr::alloc(&dev, 64)?, DevicePtr::alloc(&dev, 64)?);
-    /// let graph = cuda_graph::capture(&main, CaptureMode::ThreadLocal, |cap| {
+    /// let graph = cudars_graph::capture(&main, CaptureMode::ThreadLocal, |cap| {
     ///     cap.fork(&side)?;
     ///     a.memset_async(1, cap)?;   // these two run concurrently in the graph
     ///     b.memset_async(2, &side)?;
     ///     cap.join(&side)?;
     ///     Ok(())
     /// })?;
-    /// # Ok::<(), cuda_graph::Error>(())
+    /// # Ok::<(), cudars_graph::Error>(())
     /// ```
     pub fn fork(&self, other: &Stream) -> Result<()> {
         self.link(self.stream, other)
@@ -246,7 +246,7 @@ impl<'s> Capture<'s> {
         }
     }
 
-    fn end_error(&self, e: cuda_core::Error) -> Error {
+    fn end_error(&self, e: cudars_core::Error) -> Error {
         let invalidated = e
             .driver()
             .is_some_and(|d| d.result() == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);

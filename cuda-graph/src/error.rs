@@ -1,27 +1,27 @@
 //! The error type of `cuda-graph`.
 //!
-//! [`Error`] converts into `cuda_core::Error` ([`Error::Cuda`] as itself, any other as
-//! `cuda_core::Error::Crate` keeping the driver error at its root), as the errors of
-//! `cuda-mempool` and `cuda-xfer` do: a function returning `cuda_core::Result` uses `?` on
-//! all four crates, and no crate depends on a sibling for it (`cuda_core::error` explains
-//! the choice). Inside a capture body, whose type is `cuda_graph::Result`, a sibling's error
-//! goes through `cuda_core::Error`: `.map_err(cuda_core::Error::from)?`.
+//! [`Error`] converts into `cudars_core::Error` ([`Error::Cuda`] as itself, any other as
+//! `cudars_core::Error::Crate` keeping the driver error at its root), as the errors of
+//! `cuda-mempool` and `cuda-xfer` do: a function returning `cudars_core::Result` uses `?` on
+//! all four crates, and no crate depends on a sibling for it (`cudars_core::error` explains
+//! the choice). Inside a capture body, whose type is `cudars_graph::Result`, a sibling's error
+//! goes through `cudars_core::Error`: `.map_err(cudars_core::Error::from)?`.
 //!
 //! ```no_run
-//! use cuda_core::{Device, DevicePtr, Stream};
-//! use cuda_graph::CaptureMode;
+//! use cudars_core::{Device, DevicePtr, Stream};
+//! use cudars_graph::CaptureMode;
 //! use std::sync::Arc;
 //!
-//! fn replay_twice(pool: &Arc<cuda_mempool::DevicePool>) -> cuda_core::Result<Vec<u8>> {
+//! fn replay_twice(pool: &Arc<cudars_mempool::DevicePool>) -> cudars_core::Result<Vec<u8>> {
 //!     let dev = Device::new(0)?;                                       // cuda-core
 //!     let stream = Stream::new(&dev)?;
 //!     let a: DevicePtr = pool.malloc_shared(&stream, 4096)?.into();    // cuda-mempool
-//!     let b = cuda_xfer::to_device(&dev, &[7u8; 4096])?;               // cuda-xfer
-//!     let exec = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
-//!         // a sibling's error inside a body: through cuda_core::Error
+//!     let b = cudars_xfer::to_device(&dev, &[7u8; 4096])?;               // cuda-xfer
+//!     let exec = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+//!         // a sibling's error inside a body: through cudars_core::Error
 //!         let tmp: DevicePtr = pool
 //!             .malloc_shared(&stream, 4096)
-//!             .map_err(cuda_core::Error::from)?
+//!             .map_err(cudars_core::Error::from)?
 //!             .into();
 //!         drop(tmp);
 //!         a.copy_from_device_async(b.as_ptr(), s)?;
@@ -35,12 +35,12 @@
 //!     Ok(out)
 //! }
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # replay_twice(&Arc::new(cuda_mempool::DevicePool::new_driver()?))?; Ok(()) }
+//! # replay_twice(&Arc::new(cudars_mempool::DevicePool::new_driver()?))?; Ok(()) }
 //! ```
 
 use std::fmt;
 
-use cuda_core::graph::CaptureStatus;
+use cudars_core::graph::CaptureStatus;
 
 /// Any error, boxed: what [`Error::other`] wraps.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -79,7 +79,7 @@ impl fmt::Display for CaptureId {
 pub enum Error {
     /// A `cuda-core` call failed.
     #[error(transparent)]
-    Cuda(#[from] cuda_core::Error),
+    Cuda(#[from] cudars_core::Error),
 
     /// A capture was asked of a stream that is already being captured.
     #[error(
@@ -106,7 +106,7 @@ pub enum Error {
         capture: CaptureId,
         /// The driver's answer when the capture was ended
         /// (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
-        source: cuda_core::Error,
+        source: cudars_core::Error,
     },
 
     /// The body of [`capture`](crate::capture) returned an error. The capture has been ended
@@ -133,7 +133,7 @@ pub enum Error {
         /// The capture.
         capture: CaptureId,
         /// The driver's error.
-        source: cuda_core::Error,
+        source: cudars_core::Error,
     },
 
     /// An error of the caller's own, returned from a capture body (see [`Error::other`]).
@@ -145,7 +145,7 @@ impl Error {
     /// Wraps any error (a capture body's own failure) as [`Error::Other`].
     ///
     /// ```
-    /// let e = cuda_graph::Error::other("bad input");
+    /// let e = cudars_graph::Error::other("bad input");
     /// assert_eq!(e.to_string(), "bad input");
     /// ```
     pub fn other(error: impl Into<BoxError>) -> Error {
@@ -154,7 +154,7 @@ impl Error {
 
     /// The `cuda-core` error at the root of this one, if any (looking inside
     /// [`Error::Body`], [`Error::Invalidated`] and [`Error::End`]).
-    pub fn core(&self) -> Option<&cuda_core::Error> {
+    pub fn core(&self) -> Option<&cudars_core::Error> {
         match self {
             Error::Cuda(e)
             | Error::Invalidated { source: e, .. }
@@ -167,8 +167,8 @@ impl Error {
     /// The driver error at the root of this one, if any: its `name` says what the driver
     /// refused (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` for a synchronize inside a capture,
     /// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` for work on the legacy null stream, ...).
-    pub fn driver(&self) -> Option<&cuda_core::DriverError> {
-        self.core().and_then(cuda_core::Error::driver)
+    pub fn driver(&self) -> Option<&cudars_core::DriverError> {
+        self.core().and_then(cudars_core::Error::driver)
     }
 
     /// The capture this error is about, if any.
@@ -182,17 +182,17 @@ impl Error {
     }
 }
 
-impl From<Error> for cuda_core::Error {
+impl From<Error> for cudars_core::Error {
     /// A wrapped `cuda-core` error ([`Error::Cuda`]) comes back as itself; any other failure
-    /// is carried as `cuda_core::Error::Crate` (same message, same `source` chain, the driver
-    /// error at its root in `cuda_core::Error::driver`), so `?` works in a function that
-    /// returns `cuda_core::Result` (see the module documentation).
+    /// is carried as `cudars_core::Error::Crate` (same message, same `source` chain, the driver
+    /// error at its root in `cudars_core::Error::driver`), so `?` works in a function that
+    /// returns `cudars_core::Result` (see the module documentation).
     fn from(error: Error) -> Self {
         match error {
             Error::Cuda(core) => core,
             other => {
                 let driver = other.driver().copied();
-                cuda_core::Error::Crate(cuda_core::CrateError::new("cuda-graph", other, driver))
+                cudars_core::Error::Crate(cudars_core::CrateError::new("cuda-graph", other, driver))
             }
         }
     }
@@ -212,7 +212,7 @@ mod tests {
 
     #[test]
     fn body_errors_name_the_capture_and_keep_the_root_cause() {
-        let root = cuda_core::Error::InvalidArgument("x".into());
+        let root = cudars_core::Error::InvalidArgument("x".into());
         let e = Error::Body {
             capture: id(),
             status: CaptureStatus::Invalidated,
@@ -235,14 +235,14 @@ mod tests {
 
     #[test]
     fn converts_into_cuda_core_error_keeping_the_capture_error() {
-        let root = cuda_core::Error::InvalidArgument("x".into());
-        assert_eq!(cuda_core::Error::from(Error::Cuda(root.clone())), root);
+        let root = cudars_core::Error::InvalidArgument("x".into());
+        assert_eq!(cudars_core::Error::from(Error::Cuda(root.clone())), root);
         let e = Error::End {
             capture: id(),
             source: root.clone(),
         };
         let text = e.to_string();
-        let core = cuda_core::Error::from(e);
+        let core = cudars_core::Error::from(e);
         assert_eq!(core.to_string(), text);
         assert!(matches!(
             core.downcast_ref::<Error>(),

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use cuda_core::graph::{GraphExecHandle, GraphHandle, InstantiateFlags, UpdateRefusal};
-use cuda_core::{Device, Stream};
+use cudars_core::graph::{GraphExecHandle, GraphHandle, InstantiateFlags, UpdateRefusal};
+use cudars_core::{Device, Stream};
 
 use crate::error::{CaptureId, Result};
 
@@ -26,7 +26,7 @@ impl Graph {
         }
     }
 
-    /// Wraps a graph handle made elsewhere (with `cuda_core::graph`, say).
+    /// Wraps a graph handle made elsewhere (with `cudars_core::graph`, say).
     pub fn from_handle(handle: GraphHandle) -> Graph {
         Graph {
             handle,
@@ -126,7 +126,7 @@ impl GraphExec {
     /// error.
     ///
     /// A stream that is being captured (into another graph) is refused, before anything is
-    /// issued, with `cuda_core::Error::Unsupported` (in [`Error::Cuda`](crate::Error::Cuda)):
+    /// issued, with `cudars_core::Error::Unsupported` (in [`Error::Cuda`](crate::Error::Cuda)):
     /// the graph being captured would keep neither this executable graph nor the memory it
     /// uses alive. The capture goes on unharmed.
     pub fn launch(&self, stream: &Stream) -> Result<()> {
@@ -148,7 +148,7 @@ impl GraphExec {
     /// which happened. Launches already queued run the old version.
     pub fn update(&mut self, graph: &Graph) -> Result<UpdateOutcome> {
         if graph.device() != self.device() {
-            return Err(cuda_core::Error::WrongDevice {
+            return Err(cudars_core::Error::WrongDevice {
                 what: "graph",
                 expected: self.device().ordinal() as i32,
                 actual: graph.device().ordinal() as i32,

@@ -11,7 +11,7 @@
 //! | [`GraphExec`] | launch on any stream, upload, update (re-instantiating when refused) | `Graph.launch`, `cuGraphUpload`, `cuGraphExecUpdate` |
 //! | [`Error`] | every failure; capture errors name the capture | |
 //!
-//! The driver calls go through `cuda_core::graph`; this crate adds the guards, the error
+//! The driver calls go through `cudars_core::graph`; this crate adds the guards, the error
 //! reporting and the update policy. It depends on `cuda-core` only.
 //!
 //! # Capture modes
@@ -47,15 +47,15 @@
 //! # Example
 //!
 //! ```no_run
-//! use cuda_core::{memory::DevicePtr, Device, Stream};
-//! use cuda_graph::CaptureMode;
+//! use cudars_core::{memory::DevicePtr, Device, Stream};
+//! use cudars_graph::CaptureMode;
 //!
 //! let dev = Device::new(0)?;
 //! let stream = Stream::new(&dev)?;
 //! let (a, b) = (DevicePtr::alloc(&dev, 1 << 20)?, DevicePtr::alloc(&dev, 1 << 20)?);
 //!
 //! // Record once ...
-//! let graph = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+//! let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
 //!     a.memset_u32_async(42, s)?;
 //!     b.copy_from_device_async(&a, s)?;
 //!     Ok(())
@@ -68,7 +68,7 @@
 //!     exec.launch(&stream)?;
 //! }
 //! stream.synchronize()?;
-//! # Ok::<(), cuda_graph::Error>(())
+//! # Ok::<(), cudars_graph::Error>(())
 //! ```
 
 mod capture;
@@ -76,7 +76,7 @@ mod error;
 mod graph;
 
 pub use capture::{capture, capture_begin, capture_status, capture_with, Capture};
-pub use cuda_core::graph::{
+pub use cudars_core::graph::{
     CaptureInfo, CaptureMode, CaptureStatus, InstantiateFlags, UpdateRefusal,
 };
 pub use error::{BoxError, CaptureId, Error, Result};

@@ -1,12 +1,12 @@
 /*
- * cuda_mempool.h - C interface of libcuda_mempool_capi.so, the cuda-mempool caching
+ * cuda_mempool.h - C interface of libcudars_mempool_capi.so, the cuda-mempool caching
  * pool as an allocator for C and C++ code, PyTorch and CuPy.
  *
  * Written by hand; the crate's tests check that every function declared here is
  * exported by the library with the same parameter and return types.
  *
  * One process-wide pool serves every device and every caller (Rust code using
- * cuda_mempool::default_pool() shares it). Sizes are rounded up to 512 bytes.
+ * cudars_mempool::default_pool() shares it). Sizes are rounded up to 512 bytes.
  *
  * Errors: a failing call returns NULL (allocations) or -1 (everything else) and records
  * a message that cuda_mempool_last_error() returns on the same thread. The frees return

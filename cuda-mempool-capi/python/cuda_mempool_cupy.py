@@ -2,12 +2,12 @@
 
 Usage::
 
-    import cuda_mempool_cupy          # lives beside libcuda_mempool_capi.so
+    import cuda_mempool_cupy          # lives beside libcudars_mempool_capi.so
     pool = cuda_mempool_cupy.install()
     # ... CuPy code as usual; pool.used_bytes(), pool.free_all_blocks(), pool.set_limit(...)
 
 The library is found, in this order: the ``lib`` argument of :func:`load`/:func:`install`,
-the ``CUDA_MEMPOOL_CAPI_LIB`` environment variable, ``libcuda_mempool_capi.so`` in this
+the ``CUDA_MEMPOOL_CAPI_LIB`` environment variable, ``libcudars_mempool_capi.so`` in this
 file's folder.
 
 How an allocation runs (the C path, used when CuPy exports what it needs): CuPy's own
@@ -90,7 +90,7 @@ except ImportError:  # not CuPy 14's layout: the cupy.cuda.stream lookup is used
 
 __all__ = ["load", "install", "uninstall", "MemoryPool", "OutOfMemoryError", "library"]
 
-LIB_NAME = "libcuda_mempool_capi.so"
+LIB_NAME = "libcudars_mempool_capi.so"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 _lib = None
@@ -130,7 +130,7 @@ def _find_library(lib=None):
 
 
 def load(lib=None):
-    """Loads (once) and returns the ``ctypes.CDLL`` of libcuda_mempool_capi.so."""
+    """Loads (once) and returns the ``ctypes.CDLL`` of libcudars_mempool_capi.so."""
     global _lib
     if _lib is not None:
         return _lib

@@ -46,7 +46,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{LazyLock, Mutex, PoisonError};
 
-use cuda_core::Stream;
+use cudars_core::Stream;
 
 use crate::{alloc, device_id, fail, run, wrap_stream, CallError};
 
@@ -578,7 +578,7 @@ pub(crate) mod python {
                 (py.err_clear)();
                 let code = (py.compile)(
                     MODULE_SOURCE.as_ptr().cast(),
-                    c"cuda_mempool_cupy.py (embedded in libcuda_mempool_capi.so)".as_ptr(),
+                    c"cuda_mempool_cupy.py (embedded in libcudars_mempool_capi.so)".as_ptr(),
                     FILE_INPUT,
                 );
                 if code.is_null() {

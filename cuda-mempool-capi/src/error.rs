@@ -57,7 +57,7 @@ pub fn last_error_ptr() -> *const c_char {
 /// last error and returns `failure`. Never unwinds.
 ///
 /// ```
-/// use cuda_mempool_capi::error::{guard, last_error_message};
+/// use cudars_mempool_capi::error::{guard, last_error_message};
 ///
 /// assert_eq!(guard(-1, || Ok::<i64, String>(7)), 7);
 /// assert_eq!(guard(-1, || Err::<i64, String>("bad size".into())), -1);

@@ -1,8 +1,8 @@
 //! A C ABI for `cuda-mempool`: one process-wide pool that PyTorch, CuPy and C code can
 //! use as their CUDA allocator.
 //!
-//! The crate builds a shared library (`libcuda_mempool_capi.so`) whose exported C
-//! functions all serve one process-wide pool: by default [`cuda_mempool::default_pool`],
+//! The crate builds a shared library (`libcudars_mempool_capi.so`) whose exported C
+//! functions all serve one process-wide pool: by default [`cudars_mempool::default_pool`],
 //! so Rust code and Python frameworks in the same process share it, or, with
 //! [`SEGMENTS_ENV_VAR`] set to `plain`, a pool of the C API's own with plain segments. The C declarations are in
 //! `include/cuda_mempool.h`, written by hand and checked against the exports by this
@@ -38,7 +38,7 @@
 //!
 //! A block belongs to the stream it was allocated on: the pool reuses it on that stream at
 //! once and on other streams only after the work issued before its free has completed (see
-//! `cuda_mempool`'s crate documentation). What the library guarantees and asks:
+//! `cudars_mempool`'s crate documentation). What the library guarantees and asks:
 //!
 //! * It uses a stream handle only while at least one block allocated on that stream is
 //!   live: when the last one is freed, it records a fence covering the stream's frees and
@@ -68,7 +68,7 @@
 //! # Example (Rust view of the C calls)
 //!
 //! ```no_run
-//! use cuda_mempool_capi::*;
+//! use cudars_mempool_capi::*;
 //!
 //! // SAFETY: the legacy default stream (null) is always valid.
 //! let p = unsafe { cuda_mempool_alloc(1 << 20, 0, std::ptr::null_mut()) };
@@ -97,9 +97,9 @@ use std::sync::{LazyLock, Mutex, OnceLock, PoisonError};
 
 use std::cell::Cell;
 
-use cuda_core::sys::CUstream;
-use cuda_core::Stream;
-use cuda_mempool::{
+use cudars_core::sys::CUstream;
+use cudars_core::Stream;
+use cudars_mempool::{
     default_pool, Backend, DeviceId, DevicePool, DriverBackend, Limit, MemoryPool, PoolConfig,
     PoolError,
 };
@@ -157,7 +157,7 @@ fn fail(call: &str, what: impl std::fmt::Display) -> CallError {
 }
 
 /// Environment variable choosing the pool the C API serves, read once at the first call:
-/// unset or `virtual`: `cuda_mempool::default_pool()` (virtual-memory segments where the
+/// unset or `virtual`: `cudars_mempool::default_pool()` (virtual-memory segments where the
 /// device supports them; shared with Rust code in the process); `plain`: a pool of the C
 /// API's own with plain `cuMemAlloc` segments.
 pub const SEGMENTS_ENV_VAR: &str = "CUDA_MEMPOOL_CAPI_SEGMENTS";
@@ -303,8 +303,8 @@ fn alloc(
 /// default stream the calling thread's own key, any other handle its value. No driver call.
 fn key_of(call: &str, device: DeviceId, handle: *mut c_void) -> Result<u64, CallError> {
     Ok(match handle as usize {
-        cuda_core::stream::LEGACY_HANDLE => 0,
-        cuda_core::stream::PER_THREAD_HANDLE => {
+        cudars_core::stream::LEGACY_HANDLE => 0,
+        cudars_core::stream::PER_THREAD_HANDLE => {
             let pool = pool(call)?;
             let dev = pool.backend().device(device).map_err(|e| fail(call, e))?;
             pool.backend()
@@ -430,7 +430,7 @@ pub unsafe extern "C" fn cuda_mempool_alloc(
 /// A safe Rust program cannot call it:
 ///
 /// ```compile_fail,E0133
-/// cuda_mempool_capi::cuda_mempool_free(std::ptr::null_mut());
+/// cudars_mempool_capi::cuda_mempool_free(std::ptr::null_mut());
 /// ```
 #[no_mangle]
 pub unsafe extern "C" fn cuda_mempool_free(ptr: *mut c_void) {
@@ -509,7 +509,7 @@ pub extern "C-unwind" fn cuda_mempool_cupy_malloc(
 /// and not used after this call. A safe Rust program cannot call it:
 ///
 /// ```compile_fail,E0133
-/// cuda_mempool_capi::cuda_mempool_cupy_free(std::ptr::null_mut(), std::ptr::null_mut(), 0);
+/// cudars_mempool_capi::cuda_mempool_cupy_free(std::ptr::null_mut(), std::ptr::null_mut(), 0);
 /// ```
 #[no_mangle]
 pub unsafe extern "C" fn cuda_mempool_cupy_free(
@@ -591,7 +591,7 @@ pub unsafe extern "C" fn cuda_mempool_record_stream(
 }
 
 /// Runs `f` on the statistics of `device`, as an `int64_t` (-1 on failure).
-fn stat(call: &str, device: c_int, f: impl FnOnce(&cuda_mempool::Stats) -> u64) -> i64 {
+fn stat(call: &str, device: c_int, f: impl FnOnce(&cudars_mempool::Stats) -> u64) -> i64 {
     run(-1, || {
         let id = device_id(call, device)?;
         let stats = pool(call)?.stats(id).map_err(|e| fail(call, e))?;

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, PoisonError};
 
-use cuda_mempool::RawAllocation;
+use cudars_mempool::RawAllocation;
 
 /// Number of independently locked parts of the registry (a power of two).
 pub const SHARDS: usize = 64;
@@ -130,7 +130,7 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cuda_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamId};
+    use cudars_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamId};
 
     #[test]
     fn shards_spread_consecutive_blocks() {

@@ -60,7 +60,7 @@ std::string last_error_text() {
               (limit < 0 ? std::string("none")
                          : format_size(limit) + " (" + std::to_string(limit) + " bytes)") +
               ". The pool released its cached memory and kept nothing it reserved for this "
-              "request. (raised by cuda_mempool_torch_alloc from libcuda_mempool_capi: " +
+              "request. (raised by cuda_mempool_torch_alloc from libcudars_mempool_capi: " +
               last_error_text() + ")";
     } else {
         msg = "cuda_mempool_torch_alloc: allocating " + std::to_string(size) +

@@ -2,7 +2,7 @@
 """GPU smoke test of the C API through ctypes (no framework): allocation, statistics,
 errors with messages, limits, free_all_blocks. Run on a machine with a GPU:
 
-    python3 gpu_smoke.py path/to/libcuda_mempool_capi.so
+    python3 gpu_smoke.py path/to/libcudars_mempool_capi.so
 
 Exit status 0 when every check passes; each failed check is printed.
 """

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::path::PathBuf;
 
-use cuda_mempool_capi::EXPORTED_FUNCTIONS;
+use cudars_mempool_capi::EXPORTED_FUNCTIONS;
 
 type Stream = *mut c_void;
 
@@ -24,7 +24,7 @@ macro_rules! exports {
 
         #[test]
         fn rust_signatures_are_the_ones_listed() {
-            $( let _: $fnty = cuda_mempool_capi::$name; )*
+            $( let _: $fnty = cudars_mempool_capi::$name; )*
         }
     };
 }
@@ -51,15 +51,15 @@ exports! {
         unsafe extern "C" fn(c_int, Stream) -> c_int;
     cuda_mempool_cupy_set_stream_hooks = "int(cuda_mempool_cupy_stream_fn,cuda_mempool_cupy_device_stream_fn,cuda_mempool_cupy_hold_fn,cuda_mempool_cupy_release_fn,cuda_mempool_cupy_make_error_fn,cuda_mempool_cupy_set_error_fn)":
         unsafe extern "C" fn(
-            Option<cuda_mempool_capi::cupy::CurrentStreamFn>,
-            Option<cuda_mempool_capi::cupy::DeviceStreamFn>,
-            Option<cuda_mempool_capi::cupy::HoldStreamFn>,
-            Option<cuda_mempool_capi::cupy::ReleaseStreamFn>,
-            Option<cuda_mempool_capi::cupy::MakeErrorFn>,
-            Option<cuda_mempool_capi::cupy::SetErrorFn>,
+            Option<cudars_mempool_capi::cupy::CurrentStreamFn>,
+            Option<cudars_mempool_capi::cupy::DeviceStreamFn>,
+            Option<cudars_mempool_capi::cupy::HoldStreamFn>,
+            Option<cudars_mempool_capi::cupy::ReleaseStreamFn>,
+            Option<cudars_mempool_capi::cupy::MakeErrorFn>,
+            Option<cudars_mempool_capi::cupy::SetErrorFn>,
         ) -> c_int;
     cuda_mempool_cupy_set_error_release = "int(cuda_mempool_cupy_decref_fn)":
-        unsafe extern "C" fn(Option<cuda_mempool_capi::cupy::DecRefFn>) -> c_int;
+        unsafe extern "C" fn(Option<cudars_mempool_capi::cupy::DecRefFn>) -> c_int;
     // May throw a C++ exception (with the error hooks registered): "C-unwind".
     cuda_mempool_cupy_stream_malloc = "void*(void*,size_t,int)":
         extern "C-unwind" fn(*mut c_void, usize, c_int) -> *mut c_void;
@@ -186,7 +186,7 @@ fn cdylib_path() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let deps = exe.parent().expect("target/<profile>/deps");
     deps.join(format!(
-        "{}cuda_mempool_capi{}",
+        "{}cudars_mempool_capi{}",
         std::env::consts::DLL_PREFIX,
         std::env::consts::DLL_SUFFIX
     ))

@@ -12,7 +12,7 @@
 use std::ffi::CStr;
 use std::process::Command;
 
-use cuda_mempool_capi::*;
+use cudars_mempool_capi::*;
 
 const MISSING: &str = "/nonexistent/cuda-mempool-capi-test/libcuda.so.1";
 
@@ -66,7 +66,7 @@ fn expect_error(call: &str) {
 #[ignore = "run by without_a_driver_every_call_fails_cleanly in a child process"]
 fn child_without_driver() {
     assert_eq!(std::env::var("CUDA_DRIVER_LIBRARY").as_deref(), Ok(MISSING));
-    assert!(!cuda_core::is_available());
+    assert!(!cudars_core::is_available());
     let null = std::ptr::null_mut();
     cuda_mempool_clear_error();
 

@@ -26,7 +26,7 @@ use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use cuda_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamId};
+use cudars_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamId};
 
 const PAIRS: u64 = 2_000_000;
 

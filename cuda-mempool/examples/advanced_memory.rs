@@ -8,10 +8,10 @@ use common::println;
 
 use std::sync::Arc;
 
-use cuda_core::{Device, Stream};
-use cuda_mempool::allocator::{self, FnAllocator};
-use cuda_mempool::async_pool::{AsyncPool, AsyncPoolSource};
-use cuda_mempool::{default_pinned_pool, default_pool, PoolError};
+use cudars_core::{Device, Stream};
+use cudars_mempool::allocator::{self, FnAllocator};
+use cudars_mempool::async_pool::{AsyncPool, AsyncPoolSource};
+use cudars_mempool::{default_pinned_pool, default_pool, PoolError};
 
 /// Runs [`run`]; an error ends the program with its message and status 1.
 fn main() {

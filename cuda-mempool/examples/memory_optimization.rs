@@ -6,10 +6,10 @@
 mod common;
 use common::println;
 
-use cuda_core::{Device, Stream};
-use cuda_mempool::default_pool;
+use cudars_core::{Device, Stream};
+use cudars_mempool::default_pool;
 
-fn print_memory_info() -> Result<(), cuda_mempool::PoolError> {
+fn print_memory_info() -> Result<(), cudars_mempool::PoolError> {
     let pool = default_pool()?;
     println!("Used: {:.2} GB", pool.used_bytes() as f64 / 1e9);
     println!("Free: {:.2} GB", pool.free_bytes() as f64 / 1e9);

@@ -16,7 +16,7 @@
 mod common;
 use common::println;
 
-use cuda_mempool::replay::{load_trace, replay, FenceRule, ReplayOptions};
+use cudars_mempool::replay::{load_trace, replay, FenceRule, ReplayOptions};
 
 fn main() -> std::process::ExitCode {
     let mut all_rules = false;

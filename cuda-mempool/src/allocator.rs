@@ -1,7 +1,7 @@
 //! Pluggable allocators (CuPy's `set_allocator` / `using_allocator` and the allocator
 //! classes): "give me `size` bytes on this device for this stream".
 //!
-//! * [`Allocator`]: the trait; an allocation is a `cuda_core` `DevicePtr` view owning its
+//! * [`Allocator`]: the trait; an allocation is a `cudars_core` `DevicePtr` view owning its
 //!   memory, so every allocator's memory is used the same way.
 //! * [`DirectAllocator`]: `cuMemAlloc` per request, no caching.
 //! * [`PoolAllocator`]: a shared [`DevicePool`] (the default: the process-wide
@@ -19,9 +19,9 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use cuda_core::memory::{DeviceAlloc, DeviceMemory, DevicePtr, Handover};
-use cuda_core::sys::{CUdeviceptr, CUstream};
-use cuda_core::{Device, Stream, StreamKind};
+use cudars_core::memory::{DeviceAlloc, DeviceMemory, DevicePtr, Handover};
+use cudars_core::sys::{CUdeviceptr, CUstream};
+use cudars_core::{Device, Stream, StreamKind};
 
 use crate::driver::{default_pool, device_id, DevicePool};
 use crate::error::PoolError;
@@ -70,8 +70,8 @@ impl Allocator for PoolAllocator {
 /// An allocator from a Rust closure (CuPy's `PythonFunctionAllocator`).
 ///
 /// ```
-/// use cuda_mempool::allocator::{Allocator, DirectAllocator, FnAllocator};
-/// let counting = FnAllocator::new(|stream: &cuda_core::Stream, size: usize| {
+/// use cudars_mempool::allocator::{Allocator, DirectAllocator, FnAllocator};
+/// let counting = FnAllocator::new(|stream: &cudars_core::Stream, size: usize| {
 ///     DirectAllocator.allocate(stream, size)
 /// });
 /// # let _ = counting;
@@ -208,12 +208,12 @@ unsafe impl DeviceAlloc for CMemory {
     fn size(&self) -> usize {
         self.size
     }
-    fn record_stream(&self, stream: &Stream) -> cuda_core::Result<()> {
+    fn record_stream(&self, stream: &Stream) -> cudars_core::Result<()> {
         if *stream == self.stream {
             return Ok(());
         }
         if stream.kind() == StreamKind::PerThread {
-            return Err(cuda_core::Error::InvalidArgument(
+            return Err(cudars_core::Error::InvalidArgument(
                 "a C allocator's block cannot be marked with the per-thread default stream: it \
                  names a different stream on every thread"
                     .into(),
@@ -229,7 +229,7 @@ unsafe impl DeviceAlloc for CMemory {
         }
         Ok(())
     }
-    fn prepare_synchronous_use(&self) -> cuda_core::Result<()> {
+    fn prepare_synchronous_use(&self) -> cudars_core::Result<()> {
         self.handover.wait_host()
     }
 }
@@ -248,7 +248,7 @@ impl Drop for CMemory {
         for other in &others {
             // The free is ordered on the allocation stream: make it wait for the other
             // stream's work, or wait on the host; if neither works, leak rather than free.
-            let ordered = cuda_core::Event::new(&other.device())
+            let ordered = cudars_core::Event::new(&other.device())
                 .and_then(|e| e.record(other).map(|()| e))
                 .and_then(|e| self.stream.wait_event(&e));
             if ordered.is_err() && other.synchronize().is_err() {
@@ -360,7 +360,7 @@ impl Drop for AllocatorGuard {
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use cuda_mempool::allocator::{self, DirectAllocator};
+/// use cudars_mempool::allocator::{self, DirectAllocator};
 ///
 /// {
 ///     let _g = allocator::using_allocator(Arc::new(DirectAllocator));
@@ -369,7 +369,7 @@ impl Drop for AllocatorGuard {
 /// }
 /// let pooled = allocator::alloc(1 << 20)?; // the default pool again
 /// # drop(pooled);
-/// # Ok::<(), cuda_mempool::PoolError>(())
+/// # Ok::<(), cudars_mempool::PoolError>(())
 /// ```
 pub fn using_allocator(allocator: Arc<dyn Allocator>) -> AllocatorGuard {
     let previous = CURRENT.with(|c| c.borrow_mut().replace(allocator));

@@ -9,9 +9,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cuda_core::async_pool::{MemPool, StreamOrderedMemory};
-use cuda_core::memory::DevicePtr;
-use cuda_core::{Device, Stream};
+use cudars_core::async_pool::{MemPool, StreamOrderedMemory};
+use cudars_core::memory::DevicePtr;
+use cudars_core::{Device, Stream};
 
 use crate::backend::DeviceId;
 use crate::error::PoolError;
@@ -33,20 +33,20 @@ pub enum AsyncPoolSource {
     Handle(MemPool),
 }
 
-fn backend_err(op: &'static str) -> impl FnOnce(cuda_core::Error) -> PoolError {
+fn backend_err(op: &'static str) -> impl FnOnce(cudars_core::Error) -> PoolError {
     PoolError::backend(op)
 }
 
 /// A stream-ordered pool of one device over a driver memory pool: CuPy's
 /// `MemoryAsyncPool`. Allocations are [`StreamOrderedMemory`] (freed on their stream when
-/// dropped), which converts into `cuda_core`'s `DevicePtr` view.
+/// dropped), which converts into `cudars_core`'s `DevicePtr` view.
 ///
 /// `Send` and `Sync`: a pool handle and atomics.
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use cuda_core::{Device, Stream};
-/// use cuda_mempool::async_pool::{AsyncPool, AsyncPoolSource};
+/// use cudars_core::{Device, Stream};
+/// use cudars_mempool::async_pool::{AsyncPool, AsyncPoolSource};
 ///
 /// let dev = Device::new(0)?;
 /// let pool = AsyncPool::new(&dev, AsyncPoolSource::New { max_size: None })?;
@@ -69,8 +69,8 @@ impl AsyncPool {
     /// An async pool on `device` over the pool `source` names. Sets the pool's release
     /// threshold to `u64::MAX` (see the [module documentation](self)).
     pub fn new(device: &Device, source: AsyncPoolSource) -> Result<AsyncPool, PoolError> {
-        // The driver and the device decide, before any pool call (cuda_core::features).
-        cuda_core::features::require(device, cuda_core::Feature::StreamOrderedAllocation)
+        // The driver and the device decide, before any pool call (cudars_core::features).
+        cudars_core::features::require(device, cudars_core::Feature::StreamOrderedAllocation)
             .map_err(backend_err("AsyncPool::new"))?;
         let pool = match source {
             AsyncPoolSource::Current => MemPool::current(device),
@@ -130,7 +130,7 @@ impl AsyncPool {
         }
     }
 
-    /// As [`malloc`](Self::malloc), as a `cuda_core` `DevicePtr` view.
+    /// As [`malloc`](Self::malloc), as a `cudars_core` `DevicePtr` view.
     pub fn malloc_ptr(&self, stream: &Arc<Stream>, size: usize) -> Result<DevicePtr, PoolError> {
         Ok(self.malloc(stream, size)?.into())
     }

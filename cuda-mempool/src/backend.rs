@@ -31,7 +31,7 @@
 //! # Streams and fences
 //!
 //! The pool never turns a number into a stream. Every request comes with a
-//! [`Backend::Stream`] (for the driver backend a `cuda_core::Stream`, whose existence
+//! [`Backend::Stream`] (for the driver backend a `cudars_core::Stream`, whose existence
 //! proves the handle valid), and the pool keeps a clone of it, *attached* to the stream's
 //! cache, only while it may need it. It lets go of it (*detaches*) when no block made on
 //! the stream is live any more and [`Backend::may_release_stream`] says the owner may
@@ -61,7 +61,7 @@ impl fmt::Display for DeviceId {
 }
 
 /// The key of a stream's cache in the pool ([`Backend::stream_key`]): for the driver
-/// backend `cuda_core::Stream::identity` (unique for streams `cuda-core` created, the
+/// backend `cudars_core::Stream::identity` (unique for streams `cuda-core` created, the
 /// handle's value for external streams, 0 for the legacy default stream). The pool never
 /// turns a key back into a stream; it only compares keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -75,7 +75,7 @@ impl fmt::Display for StreamId {
 
 /// A bare device address (`CUdeviceptr`): what the pool's algorithm hands out and what
 /// [`Allocation::ptr`](crate::Allocation::ptr) returns. It owns nothing; the view that owns
-/// its memory is `cuda_core::DevicePtr` (see [`PoolMemory`](crate::PoolMemory)).
+/// its memory is `cudars_core::DevicePtr` (see [`PoolMemory`](crate::PoolMemory)).
 /// `DeviceAddress(0)` is the null address that zero-sized allocations carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct DeviceAddress(pub u64);
@@ -138,7 +138,7 @@ pub struct DeviceInfo {
 /// # Safety
 ///
 /// The pool turns what a backend tells it into memory it hands out as owned (for the driver
-/// backend, `cuda_core::DevicePtr` views), so an implementation must keep these promises:
+/// backend, `cudars_core::DevicePtr` views), so an implementation must keep these promises:
 ///
 /// * **Memory.** [`allocate`](Self::allocate) returns a range of at least `size` bytes that
 ///   no other live allocation of the device overlaps and that stays valid until it is given
@@ -169,7 +169,7 @@ pub struct DeviceInfo {
 /// * `Send`/`Sync` types are honest: the pool calls every method from any thread.
 pub unsafe trait Backend: Send + Sync + 'static {
     /// A stream the pool may record fences on and make wait: what a request hands in and
-    /// what the pool keeps (cloned) while it needs it (a `cuda_core::Stream` for the
+    /// what the pool keeps (cloned) while it needs it (a `cudars_core::Stream` for the
     /// driver backend, a [`StreamId`] for the simulated one).
     type Stream: Clone + Send + Sync + 'static;
     /// A stream-ordering fence (a recorded `CUevent` for the driver backend).

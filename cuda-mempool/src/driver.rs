@@ -4,7 +4,7 @@
 //! # Ids and streams
 //!
 //! * [`DeviceId`]`(n)` is the `CUdevice` ordinal `n` ([`Device::new`]).
-//! * The backend's stream type is `cuda_core::Stream`: a request hands one in, which proves
+//! * The backend's stream type is `cudars_core::Stream`: a request hands one in, which proves
 //!   the handle valid, and the pool keeps a clone while blocks made on it are live (see
 //!   [`crate::backend`]). Its [`StreamId`] key is [`Stream::identity`]: unique for streams
 //!   `cuda-core` created, the handle's value for external streams, 0 for the legacy null
@@ -40,17 +40,17 @@
 //! # Names
 //!
 //! [`crate::DeviceAddress`] is a bare address, what the pool's algorithm hands out;
-//! `cuda_core::DevicePtr` is a view owning its memory, and [`PoolMemory`] converts into it.
+//! `cudars_core::DevicePtr` is a view owning its memory, and [`PoolMemory`] converts into it.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use cuda_core::graph::CaptureStatus;
-use cuda_core::memory::DevicePtr;
-use cuda_core::memory::{DeviceAlloc, DeviceMemory, Handover};
-use cuda_core::sys::CUdeviceptr;
-use cuda_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
-use cuda_core::{Device, Event, Stream, StreamKind};
+use cudars_core::graph::CaptureStatus;
+use cudars_core::memory::DevicePtr;
+use cudars_core::memory::{DeviceAlloc, DeviceMemory, Handover};
+use cudars_core::sys::CUdeviceptr;
+use cudars_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
+use cudars_core::{Device, Event, Stream, StreamKind};
 
 use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamId};
 use crate::error::PoolError;
@@ -122,19 +122,19 @@ pub struct DriverBackend {
 
 impl DriverBackend {
     /// A backend over every device of the machine.
-    pub fn new() -> cuda_core::Result<DriverBackend> {
+    pub fn new() -> cudars_core::Result<DriverBackend> {
         Self::with_devices(Device::all()?)
     }
 
     /// A backend over every device that uses plain `cuMemAlloc` segments only, even where
     /// virtual memory management is supported.
-    pub fn plain() -> cuda_core::Result<DriverBackend> {
+    pub fn plain() -> cudars_core::Result<DriverBackend> {
         let mut b = Self::new()?;
         b.virtual_memory = false;
         Ok(b)
     }
 
-    fn with_devices(devices: Vec<Device>) -> cuda_core::Result<DriverBackend> {
+    fn with_devices(devices: Vec<Device>) -> cudars_core::Result<DriverBackend> {
         let events = devices.iter().map(|_| Mutex::new(Vec::new())).collect();
         Ok(DriverBackend {
             devices,
@@ -145,16 +145,16 @@ impl DriverBackend {
     }
 
     /// The `cuda-core` device behind `id`.
-    pub fn device(&self, id: DeviceId) -> cuda_core::Result<Device> {
+    pub fn device(&self, id: DeviceId) -> cudars_core::Result<Device> {
         self.devices
             .get(id.0 as usize)
             .copied()
-            .ok_or_else(|| cuda_core::Error::InvalidArgument(format!("no device {id}")))
+            .ok_or_else(|| cudars_core::Error::InvalidArgument(format!("no device {id}")))
     }
 }
 
 /// `Ok(None)` for an out-of-memory error, else the error.
-fn oom_to_none<T>(r: cuda_core::Result<T>) -> cuda_core::Result<Option<T>> {
+fn oom_to_none<T>(r: cudars_core::Result<T>) -> cudars_core::Result<Option<T>> {
     match r {
         Ok(v) => Ok(Some(v)),
         Err(e) if e.is_out_of_memory() => Ok(None),
@@ -172,8 +172,8 @@ fn alloc_event(device: DeviceId, size: u64) -> MemoryEvent {
     }
 }
 
-fn to_usize(size: u64) -> cuda_core::Result<usize> {
-    usize::try_from(size).map_err(|_| cuda_core::Error::SizeOverflow("pool segment size"))
+fn to_usize(size: u64) -> cudars_core::Result<usize> {
+    usize::try_from(size).map_err(|_| cudars_core::Error::SizeOverflow("pool segment size"))
 }
 
 // SAFETY: the contract of `Backend` (its `# Safety`) holds: memory, ranges and pages come
@@ -187,7 +187,7 @@ unsafe impl Backend for DriverBackend {
     type Stream = Stream;
     type Fence = DriverFence;
     type Physical = PhysicalAllocation;
-    type Error = cuda_core::Error;
+    type Error = cudars_core::Error;
 
     fn stream_key(&self, stream: &Stream) -> Result<StreamId, PoolError> {
         if stream.kind() == StreamKind::PerThread {
@@ -442,7 +442,7 @@ unsafe impl Backend for DriverBackend {
 
     fn capture_id(&self, stream: &Stream) -> Option<u64> {
         if stream.kind() == StreamKind::LegacyNull {
-            return cuda_core::graph::touches_capture(stream).then_some(0);
+            return cudars_core::graph::touches_capture(stream).then_some(0);
         }
         match capture_of(stream) {
             Ok(id) => id,
@@ -460,7 +460,7 @@ unsafe impl Backend for DriverBackend {
         if stream.kind() == StreamKind::LegacyNull {
             // No fence on the legacy stream while a blocking stream of its context is
             // captured: it would join the capture (CuPy's captures of blocking streams).
-            return cuda_core::graph::touches_capture(stream);
+            return cudars_core::graph::touches_capture(stream);
         }
         !matches!(capture_of(stream), Ok(None))
     }
@@ -478,8 +478,8 @@ impl MemoryPool<DriverBackend> {
     /// configured from the environment ([`PoolConfig::from_env`](crate::PoolConfig::from_env)).
     ///
     /// ```no_run
-    /// use cuda_core::{Device, Stream};
-    /// use cuda_mempool::DevicePool;
+    /// use cudars_core::{Device, Stream};
+    /// use cudars_mempool::DevicePool;
     ///
     /// let pool = DevicePool::new_driver()?;
     /// let stream = Stream::new(&Device::new(0)?)?;
@@ -567,7 +567,7 @@ impl MemoryPool<DriverBackend> {
             )));
             let graph_hold = Arc::clone(&hold);
             let registry2 = Arc::clone(registry);
-            let tied = cuda_core::graph::on_capture_graph_release(
+            let tied = cudars_core::graph::on_capture_graph_release(
                 stream,
                 Box::new(move || {
                     registry2
@@ -604,12 +604,12 @@ impl MemoryPool<DriverBackend> {
     }
 
     /// Allocates `size` bytes on `stream`'s device as a [`PoolMemory`] that keeps the pool
-    /// alive and converts into a `cuda_core` view (`DevicePtr`).
+    /// alive and converts into a `cudars_core` view (`DevicePtr`).
     ///
     /// ```no_run
     /// use std::sync::Arc;
-    /// use cuda_core::{memory::DevicePtr, Device, Stream};
-    /// use cuda_mempool::DevicePool;
+    /// use cudars_core::{memory::DevicePtr, Device, Stream};
+    /// use cudars_mempool::DevicePool;
     ///
     /// let pool = Arc::new(DevicePool::new_driver()?);
     /// let stream = Stream::new(&Device::new(0)?)?;
@@ -642,8 +642,8 @@ impl MemoryPool<DriverBackend> {
 }
 
 /// A block of a shared [`DevicePool`], owning its pool through an `Arc`: what
-/// [`DevicePool::malloc_shared`] and [`malloc`] return. It implements `cuda_core`'s
-/// [`DeviceAlloc`], so it converts into a `cuda_core::memory::DevicePtr` view (the same
+/// [`DevicePool::malloc_shared`] and [`malloc`] return. It implements `cudars_core`'s
+/// [`DeviceAlloc`], so it converts into a `cudars_core::memory::DevicePtr` view (the same
 /// view type as `cuda-core`'s own memory). Dropping it (or the last view of it) frees the
 /// block on the stream it was allocated on.
 ///
@@ -651,7 +651,7 @@ impl MemoryPool<DriverBackend> {
 ///
 /// A block may come from the cache with an earlier owner's work still running on it
 /// (ordered before the allocation on its stream only). Every safe use through a `DevicePtr`
-/// comes after that work, by the one rule of `cuda_core::memory::Handover`:
+/// comes after that work, by the one rule of `cudars_core::memory::Handover`:
 /// - on the allocation stream: stream order, nothing more;
 /// - on another stream (every asynchronous view operation, `cuda-xfer`, the safe kernel
 ///   launchers, NCCL collectives, [`record_stream`](Self::record_stream)): that stream first
@@ -743,11 +743,11 @@ unsafe impl DeviceAlloc for PoolMemory {
     fn size(&self) -> usize {
         self.size as usize
     }
-    fn record_stream(&self, stream: &Stream) -> cuda_core::Result<()> {
-        PoolMemory::record_stream(self, stream).map_err(cuda_core::Error::from)
+    fn record_stream(&self, stream: &Stream) -> cudars_core::Result<()> {
+        PoolMemory::record_stream(self, stream).map_err(cudars_core::Error::from)
     }
-    fn prepare_synchronous_use(&self) -> cuda_core::Result<()> {
-        PoolMemory::prepare_synchronous_use(self).map_err(cuda_core::Error::from)
+    fn prepare_synchronous_use(&self) -> cudars_core::Result<()> {
+        PoolMemory::prepare_synchronous_use(self).map_err(cudars_core::Error::from)
     }
 }
 
@@ -793,9 +793,9 @@ static DEFAULT_POOL_INIT: Mutex<()> = Mutex::new(());
 /// [`LIMIT_ENV_VAR`](crate::LIMIT_ENV_VAR)).
 ///
 /// ```no_run
-/// let pool = cuda_mempool::default_pool()?;
+/// let pool = cudars_mempool::default_pool()?;
 /// println!("{} bytes cached", pool.free_bytes());
-/// # Ok::<(), cuda_mempool::PoolError>(())
+/// # Ok::<(), cudars_mempool::PoolError>(())
 /// ```
 pub fn default_pool() -> Result<&'static Arc<DevicePool>, PoolError> {
     if let Some(p) = DEFAULT_POOL.get() {
@@ -810,12 +810,12 @@ pub fn default_pool() -> Result<&'static Arc<DevicePool>, PoolError> {
     Ok(DEFAULT_POOL.get_or_init(|| pool))
 }
 
-/// Allocates `size` bytes on `stream` from the [`default_pool`], as a `cuda_core` view.
+/// Allocates `size` bytes on `stream` from the [`default_pool`], as a `cudars_core` view.
 ///
 /// ```no_run
-/// use cuda_core::{Device, Stream};
+/// use cudars_core::{Device, Stream};
 /// let stream = Stream::new(&Device::new(0)?)?;
-/// let buf = cuda_mempool::driver::malloc(&stream, 1 << 20)?;
+/// let buf = cudars_mempool::driver::malloc(&stream, 1 << 20)?;
 /// buf.memset_async(0, &stream)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -834,7 +834,7 @@ fn may_be_capturing(stream: &Stream) -> bool {
         StreamKind::External => !stream.is_implicit(),
         // CuPy captures its per-thread stream (`Stream.ptds`): foreign code, so ask.
         StreamKind::PerThread => true,
-        StreamKind::Owned => cuda_core::graph::captures_in_progress(),
+        StreamKind::Owned => cudars_core::graph::captures_in_progress(),
     }
 }
 
@@ -845,7 +845,7 @@ fn capture_of(stream: &Stream) -> Result<Option<u64>, PoolError> {
     if !may_be_capturing(stream) {
         return Ok(None);
     }
-    let info = cuda_core::graph::capture_info(stream).map_err(PoolError::Cuda)?;
+    let info = cudars_core::graph::capture_info(stream).map_err(PoolError::Cuda)?;
     Ok(match info.status {
         CaptureStatus::None => None,
         CaptureStatus::Active | CaptureStatus::Invalidated => info.id,
@@ -855,6 +855,6 @@ fn capture_of(stream: &Stream) -> Result<Option<u64>, PoolError> {
 /// Relaxes the calling thread's capture mode for a backend call: the pool's allocating and
 /// synchronising driver calls must neither fail nor invalidate a capture in global mode
 /// that another thread (or this one, for a private pool) has running.
-fn relaxed() -> cuda_core::Result<cuda_core::graph::RelaxedCaptureMode> {
-    cuda_core::graph::RelaxedCaptureMode::new()
+fn relaxed() -> cudars_core::Result<cudars_core::graph::RelaxedCaptureMode> {
+    cudars_core::graph::RelaxedCaptureMode::new()
 }

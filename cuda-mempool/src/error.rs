@@ -2,20 +2,20 @@
 //!
 //! # Across crates
 //!
-//! `PoolError` converts into `cuda_core::Error` (as `cuda_core::Error::Crate`, displaying the
+//! `PoolError` converts into `cudars_core::Error` (as `cudars_core::Error::Crate`, displaying the
 //! same, with the same `source` chain and the `CUresult` of a driver failure in
-//! `cuda_core::Error::driver`), as `cuda_xfer::Error` and `cuda_graph::Error` do. So one
-//! function can use `?` on all four crates by returning `cuda_core::Result`; no crate of
-//! the workspace depends on a sibling for it (`cuda_core::error` explains the choice).
+//! `cudars_core::Error::driver`), as `cudars_xfer::Error` and `cudars_graph::Error` do. So one
+//! function can use `?` on all four crates by returning `cudars_core::Result`; no crate of
+//! the workspace depends on a sibling for it (`cudars_core::error` explains the choice).
 //!
 //! ```no_run
-//! use cuda_core::{Device, DevicePtr, Stream};
-//! use cuda_mempool::{DevicePool, PoolError};
+//! use cudars_core::{Device, DevicePtr, Stream};
+//! use cudars_mempool::{DevicePool, PoolError};
 //! use std::sync::Arc;
 //!
 //! // `?` on cuda-core and cuda-mempool calls alike (cuda-xfer and cuda-graph too: see the
-//! // example in `cuda_graph::error`, which chains all four).
-//! fn zeroed(pool: &Arc<DevicePool>, bytes: usize) -> cuda_core::Result<DevicePtr> {
+//! // example in `cudars_graph::error`, which chains all four).
+//! fn zeroed(pool: &Arc<DevicePool>, bytes: usize) -> cudars_core::Result<DevicePtr> {
 //!     let dev = Device::new(0)?;                                     // cuda-core
 //!     let stream = Stream::new(&dev)?;
 //!     let block: DevicePtr = pool.malloc_shared(&stream, bytes)?.into(); // cuda-mempool
@@ -88,7 +88,7 @@ pub enum PoolError {
     /// A `cuda-core` call outside the [`Backend`](crate::Backend) failed (an event, a
     /// stream, a capture query, IPC): the error as `cuda-core` gave it.
     #[error(transparent)]
-    Cuda(#[from] cuda_core::Error),
+    Cuda(#[from] cudars_core::Error),
     /// An allocation on a stream that is being captured into a CUDA graph: the graph would
     /// keep using the block after it is freed and handed to someone else. Allocate before
     /// the capture, or use `AsyncPool`, whose allocations become graph memory nodes.
@@ -171,7 +171,7 @@ pub enum PoolError {
     },
 
     /// A block that cannot be shared with another process (a pool with virtual-memory
-    /// segments, an empty block): see `cuda_mempool::ipc`.
+    /// segments, an empty block): see `cudars_mempool::ipc`.
     #[error("pool block cannot be exported: {reason}")]
     NotExportable {
         /// Why.
@@ -188,7 +188,7 @@ pub enum PoolError {
     },
 
     /// `ExportedBlock::release_after` was given an event that is not interprocess, so not
-    /// one the importer recorded (see `cuda_mempool::ipc`). The block stays out of reuse.
+    /// one the importer recorded (see `cudars_mempool::ipc`). The block stays out of reuse.
     #[error("release_after needs the importer's interprocess event (opened with Event::open_ipc); the block was not released")]
     NotInterprocessEvent,
 
@@ -207,16 +207,16 @@ pub enum PoolError {
 impl PoolError {
     /// The driver error at the root of this one, if any (a [`PoolError::Backend`] failure of
     /// the driver backend): its `CUresult` is `DriverError::result`.
-    pub fn driver(&self) -> Option<&cuda_core::DriverError> {
+    pub fn driver(&self) -> Option<&cudars_core::DriverError> {
         let source = match self {
             PoolError::Cuda(e) => return e.driver(),
             PoolError::Backend { source, .. } => source,
             _ => return None,
         };
-        if let Some(core) = source.downcast_ref::<cuda_core::Error>() {
+        if let Some(core) = source.downcast_ref::<cudars_core::Error>() {
             return core.driver();
         }
-        source.downcast_ref::<cuda_core::DriverError>()
+        source.downcast_ref::<cudars_core::DriverError>()
     }
 
     /// Wraps a backend error, naming the backend method that failed.
@@ -233,15 +233,15 @@ impl PoolError {
 /// The result of the pool's fallible calls.
 pub type Result<T, E = PoolError> = std::result::Result<T, E>;
 
-impl From<PoolError> for cuda_core::Error {
-    /// Carries the pool's error as `cuda_core::Error::Crate` (see the module documentation);
+impl From<PoolError> for cudars_core::Error {
+    /// Carries the pool's error as `cudars_core::Error::Crate` (see the module documentation);
     /// a wrapped `cuda-core` error ([`PoolError::Cuda`]) comes back as itself.
     fn from(error: PoolError) -> Self {
         if let PoolError::Cuda(e) = error {
             return e;
         }
         let driver = error.driver().copied();
-        cuda_core::Error::Crate(cuda_core::CrateError::new("cuda-mempool", error, driver))
+        cudars_core::Error::Crate(cudars_core::CrateError::new("cuda-mempool", error, driver))
     }
 }
 
@@ -251,7 +251,7 @@ mod tests {
 
     #[test]
     fn converts_into_cuda_core_error_keeping_source_and_driver_code() {
-        let driver = cuda_core::DriverError {
+        let driver = cudars_core::DriverError {
             code: 2,
             name: "CUDA_ERROR_OUT_OF_MEMORY",
             message: "out of memory",
@@ -259,10 +259,10 @@ mod tests {
         };
         let pool = PoolError::Backend {
             op: "create_physical",
-            source: Box::new(cuda_core::Error::Driver(driver)),
+            source: Box::new(cudars_core::Error::Driver(driver)),
         };
         let text = pool.to_string();
-        let core: cuda_core::Error = pool.into();
+        let core: cudars_core::Error = pool.into();
         assert_eq!(core.to_string(), text);
         assert_eq!(core.driver(), Some(&driver));
         assert!(matches!(
@@ -273,9 +273,9 @@ mod tests {
             })
         ));
         let source = std::error::Error::source(&core).map(ToString::to_string);
-        assert_eq!(source, Some(cuda_core::Error::Driver(driver).to_string()));
+        assert_eq!(source, Some(cudars_core::Error::Driver(driver).to_string()));
 
-        let oom: cuda_core::Error = PoolError::OutOfMemory {
+        let oom: cudars_core::Error = PoolError::OutOfMemory {
             device: DeviceId(0),
             requested: 1,
             used: 0,

@@ -5,7 +5,7 @@
 //! * [`MemoryHook`]: the trait, every method with an empty default.
 //! * [`install`]: pushes a hook for the current thread; the returned [`HookGuard`] removes
 //!   it when dropped. Hooks nest; all installed hooks run, innermost last.
-//! * [`DebugHook`]: emits a `tracing` event (target `cuda_mempool::hooks`, level DEBUG)
+//! * [`DebugHook`]: emits a `tracing` event (target `cudars_mempool::hooks`, level DEBUG)
 //!   for every callback.
 //! * [`LineProfileHook`]: attributes malloc'd bytes to the caller's file and line, through
 //!   `#[track_caller]` on the allocating entry points (CuPy's `LineProfileHook`).
@@ -23,7 +23,7 @@
 //!
 //! `alloc` hooks run inside the pool's slow path, with its locks held. A hook that panics
 //! does not unwind into the pool: each hook call is run under `catch_unwind`, the panic is
-//! reported (a `tracing` WARN event, target `cuda_mempool::hooks`, after the panic hook's
+//! reported (a `tracing` WARN event, target `cudars_mempool::hooks`, after the panic hook's
 //! own message) and dropped, and the operation goes on as if the hook had returned. The
 //! pool's state is never left half-changed by a hook.
 
@@ -89,7 +89,7 @@ impl Drop for HookGuard {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use cuda_mempool::hooks::{self, LineProfileHook};
+/// use cudars_mempool::hooks::{self, LineProfileHook};
 ///
 /// let profile = Arc::new(LineProfileHook::new());
 /// {
@@ -136,21 +136,21 @@ pub(crate) fn each(f: impl Fn(&dyn MemoryHook)) {
             // the pool after all.
             std::mem::forget(payload);
             tracing::warn!(
-                target: "cuda_mempool::hooks",
+                target: "cudars_mempool::hooks",
                 "a memory hook panicked; the panic was dropped and the operation goes on"
             );
         }
     }
 }
 
-/// Emits a `tracing` DEBUG event (target `cuda_mempool::hooks`) for every callback.
+/// Emits a `tracing` DEBUG event (target `cudars_mempool::hooks`) for every callback.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DebugHook;
 
 macro_rules! debug_event {
     ($name:literal, $e:expr) => {
         tracing::debug!(
-            target: "cuda_mempool::hooks",
+            target: "cudars_mempool::hooks",
             op = $name,
             device = $e.device,
             size = $e.size,

@@ -5,7 +5,7 @@
 //! handle plus the block's offset and length ([`IpcRegion`]). A pool with virtual-memory
 //! segments cannot export blocks this way and says so with [`PoolError::NotExportable`]
 //! (its segments are many physical pages; exporting them as file descriptors is left to
-//! `cuda_core::ipc::SharedMapping`).
+//! `cudars_core::ipc::SharedMapping`).
 //!
 //! # Who keeps the block
 //!
@@ -34,8 +34,8 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use cuda_core::{Device, Event, Stream};
-//! use cuda_mempool::{ipc, DevicePool};
+//! use cudars_core::{Device, Event, Stream};
+//! use cudars_mempool::{ipc, DevicePool};
 //!
 //! let dev = Device::new(0)?;
 //! let stream = Stream::new(&dev)?;
@@ -44,7 +44,7 @@
 //! block.view().memset_async(7, &stream)?;
 //! let text = block.region().to_hex(); // send to the importer, with an event handle
 //! // importer, in another process:
-//! //   let view = ipc::import_block(&dev, &cuda_core::ipc::IpcRegion::from_hex(&text)?)?;
+//! //   let view = ipc::import_block(&dev, &cudars_core::ipc::IpcRegion::from_hex(&text)?)?;
 //! // ... and when it is done it records an interprocess event `done` and sends its handle:
 //! # let done = Event::builder(&dev).interprocess(true).build()?;
 //! block.release_after(&stream, &done)?;
@@ -53,9 +53,9 @@
 
 use std::sync::Arc;
 
-use cuda_core::ipc::{self as core_ipc, IpcRegion};
-use cuda_core::memory::DevicePtr;
-use cuda_core::{Device, Event, Stream};
+use cudars_core::ipc::{self as core_ipc, IpcRegion};
+use cudars_core::memory::DevicePtr;
+use cudars_core::{Device, Event, Stream};
 
 use crate::driver::{device_id, DevicePool, DriverBackend};
 use crate::error::PoolError;
@@ -128,7 +128,7 @@ impl MemoryPool<DriverBackend> {
 
 fn export_view(view: DevicePtr, stream: &Stream) -> Result<ExportedBlock, PoolError> {
     let region = core_ipc::export_view(&view).map_err(|e| match e {
-        cuda_core::Error::Ipc(core_ipc::IpcError::NotExportable(reason)) => {
+        cudars_core::Error::Ipc(core_ipc::IpcError::NotExportable(reason)) => {
             PoolError::NotExportable { reason }
         }
         e => PoolError::Cuda(e),
@@ -218,9 +218,9 @@ impl ExportedBlock {
 
 /// Opens a block another process exported ([`ExportedBlock::region`]) on `device`: a view
 /// of exactly the block. Blocks of one segment share one mapping
-/// ([`IpcMapping::open_shared`](cuda_core::ipc::IpcMapping::open_shared)), closed when
+/// ([`IpcMapping::open_shared`](cudars_core::ipc::IpcMapping::open_shared)), closed when
 /// the last view drops. The driver's refusals are `PoolError::Backend` carrying a
-/// `cuda_core::Error::Ipc` with the cause.
+/// `cudars_core::Error::Ipc` with the cause.
 pub fn import_block(device: &Device, region: &IpcRegion) -> Result<DevicePtr, PoolError> {
     region.open(device).map_err(PoolError::Cuda)
 }

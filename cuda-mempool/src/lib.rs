@@ -29,8 +29,8 @@
 //!   block of its stream; small (≤ 1 MiB) and large blocks live in separate segments.
 //! * A block freed on stream A is reused on A at once. Its memory goes to stream B only
 //!   after a fence recorded on A after the free has completed; with
-//!   [`Allocation::record_stream`] (or any `cuda_core` view's asynchronous operation, or
-//!   `cuda_core::DevicePtr::record_stream`), a block's free also waits for the listed streams.
+//!   [`Allocation::record_stream`] (or any `cudars_core` view's asynchronous operation, or
+//!   `cudars_core::DevicePtr::record_stream`), a block's free also waits for the listed streams.
 //!   Fences are recorded lazily on the slow path, so the hot path never calls the
 //!   backend and never blocks the host (the one exception: freeing a block marked
 //!   with `record_stream` records a fence on each of its other streams).
@@ -61,7 +61,7 @@
 //!   structure and [`stats`] for what that means for peaks.
 //!
 //! ```
-//! use cuda_mempool::{DeviceId, Limit, MemoryPool, PoolError, SimulatedBackend, StreamId};
+//! use cudars_mempool::{DeviceId, Limit, MemoryPool, PoolError, SimulatedBackend, StreamId};
 //!
 //! let pool = MemoryPool::new(SimulatedBackend::h200(1))?;
 //! let dev = DeviceId(0);

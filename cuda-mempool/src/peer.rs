@@ -13,9 +13,9 @@
 //!
 //! What the pool does not do: grant peers access to every future segment automatically.
 
-use cuda_core::memory::DevicePtr;
-use cuda_core::vmm::{self, Granularity};
-use cuda_core::Device;
+use cudars_core::memory::DevicePtr;
+use cudars_core::vmm::{self, Granularity};
+use cudars_core::Device;
 
 use crate::driver::{device_id, DriverBackend};
 use crate::error::PoolError;
@@ -25,12 +25,12 @@ impl MemoryPool<DriverBackend> {
     /// Lets `peer` read and write `block` (a view of a block of this pool on another
     /// device), as the [module documentation](self) says. `peer` equal to the block's
     /// device does nothing. Devices without peer access to each other are
-    /// `PoolError::Backend` with `cuda_core::Error::InvalidArgument`.
+    /// `PoolError::Backend` with `cudars_core::Error::InvalidArgument`.
     ///
     /// ```no_run
     /// use std::sync::Arc;
-    /// use cuda_core::{memory::DevicePtr, Device, Stream};
-    /// use cuda_mempool::DevicePool;
+    /// use cudars_core::{memory::DevicePtr, Device, Stream};
+    /// use cudars_mempool::DevicePool;
     /// let (d0, d1) = (Device::new(0)?, Device::new(1)?);
     /// let pool = Arc::new(DevicePool::new_driver()?);
     /// let on_d1: DevicePtr = pool.malloc_shared(&Stream::new(&d1)?, 1 << 20)?.into();
@@ -48,7 +48,7 @@ impl MemoryPool<DriverBackend> {
             .map_err(fail("cuDeviceCanAccessPeer"))?
         {
             return Err(fail("cuDeviceCanAccessPeer")(
-                cuda_core::Error::InvalidArgument(format!(
+                cudars_core::Error::InvalidArgument(format!(
                     "device {} has no peer access to device {}",
                     peer.ordinal(),
                     owner.ordinal()

@@ -13,25 +13,25 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
-use cuda_core::memory::{PinnedFlags, PinnedMemory};
-use cuda_core::{Device, Event, Stream, StreamKind};
+use cudars_core::memory::{PinnedFlags, PinnedMemory};
+use cudars_core::{Device, Event, Stream, StreamKind};
 
 use crate::backend::DeviceId;
 use crate::error::PoolError;
 use crate::policy;
 
 /// Makes pinned host memory for a [`PinnedMemoryPool`]. Closures
-/// `Fn(&Device, usize) -> cuda_core::Result<PinnedMemory>` implement it.
+/// `Fn(&Device, usize) -> cudars_core::Result<PinnedMemory>` implement it.
 pub trait PinnedAllocator: Send + Sync {
     /// Allocates at least `size` bytes of pinned memory in `device`'s context.
-    fn alloc(&self, device: &Device, size: usize) -> cuda_core::Result<PinnedMemory>;
+    fn alloc(&self, device: &Device, size: usize) -> cudars_core::Result<PinnedMemory>;
 }
 
 impl<F> PinnedAllocator for F
 where
-    F: Fn(&Device, usize) -> cuda_core::Result<PinnedMemory> + Send + Sync,
+    F: Fn(&Device, usize) -> cudars_core::Result<PinnedMemory> + Send + Sync,
 {
-    fn alloc(&self, device: &Device, size: usize) -> cuda_core::Result<PinnedMemory> {
+    fn alloc(&self, device: &Device, size: usize) -> cudars_core::Result<PinnedMemory> {
         self(device, size)
     }
 }
@@ -41,7 +41,7 @@ where
 pub struct DefaultPinnedAllocator;
 
 impl PinnedAllocator for DefaultPinnedAllocator {
-    fn alloc(&self, device: &Device, size: usize) -> cuda_core::Result<PinnedMemory> {
+    fn alloc(&self, device: &Device, size: usize) -> cudars_core::Result<PinnedMemory> {
         PinnedMemory::new(device, size, PinnedFlags::PORTABLE)
     }
 }
@@ -102,8 +102,8 @@ impl Inner {
 /// `Send` and `Sync`; cloning gives another handle to the same pool.
 ///
 /// ```no_run
-/// use cuda_core::{Device, Stream};
-/// use cuda_mempool::pinned::PinnedMemoryPool;
+/// use cudars_core::{Device, Stream};
+/// use cudars_mempool::pinned::PinnedMemoryPool;
 ///
 /// let dev = Device::new(0)?;
 /// let pool = PinnedMemoryPool::new();
@@ -227,7 +227,7 @@ impl PinnedMemoryPool {
         Ok(self.block(mem, size, rounded))
     }
 
-    fn oom(&self, device: &Device, size: usize, e: cuda_core::Error) -> PoolError {
+    fn oom(&self, device: &Device, size: usize, e: cudars_core::Error) -> PoolError {
         if !e.is_out_of_memory() {
             return PoolError::Cuda(e);
         }

@@ -27,8 +27,8 @@
 
 use std::collections::HashMap;
 
-use cuda_mempool::sim::{SimCall, SimError, SimPoint};
-use cuda_mempool::{
+use cudars_mempool::sim::{SimCall, SimError, SimPoint};
+use cudars_mempool::{
     Allocation, DeviceId, MemoryPool, PoolError, PrivateHold, PrivatePoolId, SimDevice,
     SimulatedBackend, StreamId,
 };

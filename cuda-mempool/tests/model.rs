@@ -30,9 +30,9 @@
 
 use std::collections::HashMap;
 
-use cuda_mempool::sim::SimEvent;
-use cuda_mempool::Backend;
-use cuda_mempool::{
+use cudars_mempool::sim::SimEvent;
+use cudars_mempool::Backend;
+use cudars_mempool::{
     Allocation, DeviceId, Limit, MemoryPool, PoolError, SimDevice, SimulatedBackend, StreamId,
 };
 use proptest::prelude::*;
@@ -57,7 +57,7 @@ enum Op {
         stream: u8,
     },
     /// A use of a live block on another stream than its allocation stream, ordered by the
-    /// hand-over rule of `cuda_core::memory::Handover`.
+    /// hand-over rule of `cudars_core::memory::Handover`.
     UseElsewhere {
         pick: usize,
         stream: u8,

@@ -12,7 +12,7 @@
 
 use std::path::PathBuf;
 
-use cuda_mempool::replay::{load_trace, replay, FenceRule, ReplayOptions, Trace};
+use cudars_mempool::replay::{load_trace, replay, FenceRule, ReplayOptions, Trace};
 
 const TARGET_RATIO: f64 = 1.05;
 

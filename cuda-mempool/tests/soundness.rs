@@ -15,8 +15,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use cuda_mempool::hooks::{self, MemoryEvent, MemoryHook};
-use cuda_mempool::{
+use cudars_mempool::hooks::{self, MemoryEvent, MemoryHook};
+use cudars_mempool::{
     DeviceId, MemoryPool, PoolError, PrivatePoolId, SimDevice, SimulatedBackend, StreamId,
 };
 

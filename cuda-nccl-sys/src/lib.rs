@@ -16,11 +16,11 @@
 //! `CUstream`; callers cast between the two.
 //!
 //! ```no_run
-//! let nccl = cuda_nccl_sys::nccl().expect("libnccl");
+//! let nccl = cudars_nccl_sys::nccl().expect("libnccl");
 //! let mut version = 0;
 //! // SAFETY: `version` is a valid out-pointer.
 //! let status = unsafe { nccl.ncclGetVersion(&mut version) }.expect("entry point present");
-//! assert_eq!(status, cuda_nccl_sys::ncclResult_t::ncclSuccess);
+//! assert_eq!(status, cudars_nccl_sys::ncclResult_t::ncclSuccess);
 //! ```
 
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]

@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use cuda_core::memory::DevicePtr;
-use cuda_core::{Device, Stream};
-use cuda_nccl::{group, Communicator, ReduceOp};
+use cudars_core::memory::DevicePtr;
+use cudars_core::{Device, Stream};
+use cudars_nccl::{group, Communicator, ReduceOp};
 
 fn main() {
     if let Err(e) = run() {
@@ -36,7 +36,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             g.memset_u32(((r + 1) as f32).to_bits())?;
             Ok(g)
         })
-        .collect::<Result<Vec<_>, cuda_core::Error>>()?;
+        .collect::<Result<Vec<_>, cudars_core::Error>>()?;
     let t = Instant::now();
     group::group(|| {
         for ((c, g), s) in comms.iter().zip(&grads).zip(&streams) {

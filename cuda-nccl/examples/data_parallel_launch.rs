@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
-use cuda_core::memory::DevicePtr;
-use cuda_core::Stream;
-use cuda_nccl::{CommConfig, Communicator, Launcher, ReduceOp};
+use cudars_core::memory::DevicePtr;
+use cudars_core::Stream;
+use cudars_nccl::{CommConfig, Communicator, Launcher, ReduceOp};
 
 fn main() {
     let result = if std::env::var_os("RANK").is_some()
@@ -30,7 +30,7 @@ fn main() {
 fn launch() -> Result<(), Box<dyn std::error::Error>> {
     let ranks = match std::env::args().nth(1) {
         Some(n) => n.parse()?,
-        None => cuda_core::device_count()?,
+        None => cudars_core::device_count()?,
     };
     println!("launching {ranks} rank(s)");
     let statuses = Launcher::new(ranks)

@@ -28,9 +28,9 @@ use std::any::Any;
 use std::ffi::c_void;
 use std::ops::Range;
 
-use cuda_core::memory::DevicePtr;
-use cuda_core::{Stream, StreamKind};
-use cuda_nccl_sys::{cudaStream_t, Nccl};
+use cudars_core::memory::DevicePtr;
+use cudars_core::{Stream, StreamKind};
+use cudars_nccl_sys::{cudaStream_t, Nccl};
 
 use crate::comm::Communicator;
 use crate::dtype::{NcclType, ReduceOp};
@@ -200,7 +200,7 @@ impl Communicator {
         let nccl = library()?;
         // From the marks (which decide by the stream's capture status) to the NCCL call, a
         // capture begun meanwhile through cuda-core waits.
-        let _gate = cuda_core::graph::issue_guard();
+        let _gate = cudars_core::graph::issue_guard();
         for view in views {
             view.record_stream(stream)?;
         }
@@ -333,9 +333,9 @@ impl Communicator {
     /// `send` and `recv` may be the same range (in place), not partly overlap.
     ///
     /// ```no_run
-    /// # use cuda_core::{memory::DevicePtr, Stream};
-    /// # use cuda_nccl::{Communicator, ReduceOp};
-    /// # fn f(comm: &Communicator, grads: &DevicePtr, out: &DevicePtr, s: &Stream) -> cuda_nccl::Result<()> {
+    /// # use cudars_core::{memory::DevicePtr, Stream};
+    /// # use cudars_nccl::{Communicator, ReduceOp};
+    /// # fn f(comm: &Communicator, grads: &DevicePtr, out: &DevicePtr, s: &Stream) -> cudars_nccl::Result<()> {
     /// comm.all_reduce::<f32>(grads, out, grads.len() / 4, ReduceOp::Avg, s)?;
     /// comm.wait(s, std::time::Duration::from_secs(60))?;
     /// # Ok(()) }

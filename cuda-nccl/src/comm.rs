@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use cuda_core::{Device, Stream, StreamKind};
-use cuda_nccl_sys::{config_initializer, ncclComm_t, ncclResult_t, NCCL_SPLIT_NOCOLOR};
+use cudars_core::{Device, Stream, StreamKind};
+use cudars_nccl_sys::{config_initializer, ncclComm_t, ncclResult_t, NCCL_SPLIT_NOCOLOR};
 
 use crate::error::{check, library, nccl_error, Error, NcclError, Result};
 use crate::group::{self, pause, settle_raw};
@@ -17,7 +17,7 @@ use crate::id::UniqueId;
 ///
 /// ```
 /// use std::time::Duration;
-/// use cuda_nccl::CommConfig;
+/// use cudars_nccl::CommConfig;
 /// let config = CommConfig::default().nonblocking(true).timeout(Duration::from_secs(30));
 /// assert!(config.is_nonblocking());
 /// ```
@@ -82,7 +82,7 @@ impl CommConfig {
 ///
 /// ```compile_fail
 /// fn shared<T: Sync>() {}
-/// shared::<cuda_nccl::Communicator>();
+/// shared::<cudars_nccl::Communicator>();
 /// ```
 pub struct Communicator {
     raw: ncclComm_t,
@@ -140,12 +140,12 @@ impl Communicator {
     /// it returns when all have joined.
     ///
     /// ```no_run
-    /// use cuda_core::Device;
-    /// use cuda_nccl::{Communicator, UniqueId};
+    /// use cudars_core::Device;
+    /// use cudars_nccl::{Communicator, UniqueId};
     /// let id = UniqueId::new()?; // on rank 0, then sent to the others
     /// let comm = Communicator::init_rank(&Device::new(0)?, 1, 0, &id)?;
     /// assert_eq!(comm.size(), 1);
-    /// # Ok::<(), cuda_nccl::Error>(())
+    /// # Ok::<(), cudars_nccl::Error>(())
     /// ```
     pub fn init_rank(device: &Device, nranks: usize, rank: usize, id: &UniqueId) -> Result<Self> {
         Self::init_rank_with(device, nranks, rank, id, &CommConfig::default())
@@ -197,11 +197,11 @@ impl Communicator {
     /// when one thread drives them all.
     ///
     /// ```no_run
-    /// let comms = cuda_nccl::Communicator::init_all(&cuda_core::Device::all()?)?;
+    /// let comms = cudars_nccl::Communicator::init_all(&cudars_core::Device::all()?)?;
     /// for c in &comms {
     ///     println!("rank {} of {} on GPU {}", c.rank(), c.size(), c.device().ordinal());
     /// }
-    /// # Ok::<(), cuda_nccl::Error>(())
+    /// # Ok::<(), cudars_nccl::Error>(())
     /// ```
     pub fn init_all(devices: &[Device]) -> Result<Vec<Communicator>> {
         if devices.is_empty() {
@@ -241,7 +241,7 @@ impl Communicator {
     /// joining one: the result is `Ok(None)`.
     ///
     /// ```no_run
-    /// # fn f(comm: &cuda_nccl::Communicator) -> cuda_nccl::Result<()> {
+    /// # fn f(comm: &cudars_nccl::Communicator) -> cudars_nccl::Result<()> {
     /// // Pairs: ranks {0,1}, {2,3}, ...
     /// let pair = comm.split(Some((comm.rank() / 2) as u32), comm.rank() as i32)?;
     /// if let Some(pair) = pair {
@@ -379,10 +379,10 @@ impl Communicator {
     ///
     /// ```no_run
     /// # use std::time::Duration;
-    /// # fn f(comm: &cuda_nccl::Communicator, s: &cuda_core::Stream) -> cuda_nccl::Result<()> {
+    /// # fn f(comm: &cudars_nccl::Communicator, s: &cudars_core::Stream) -> cudars_nccl::Result<()> {
     /// match comm.wait(s, Duration::from_secs(30)) {
     ///     Ok(()) => {}
-    ///     Err(cuda_nccl::Error::Timeout { .. } | cuda_nccl::Error::AsyncError(_)) => {
+    ///     Err(cudars_nccl::Error::Timeout { .. } | cudars_nccl::Error::AsyncError(_)) => {
     ///         // `comm` is aborted: drop it, make a new one.
     ///     }
     ///     Err(e) => return Err(e),

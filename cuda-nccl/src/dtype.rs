@@ -1,6 +1,6 @@
 //! Element types NCCL reduces, and the reduction operators.
 
-use cuda_nccl_sys::{ncclDataType_t, ncclRedOp_t};
+use cudars_nccl_sys::{ncclDataType_t, ncclRedOp_t};
 
 /// An NCCL element type, as a Rust value (no dtype strings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,7 +64,7 @@ mod sealed {
 /// reads for [`NcclType::DATA_TYPE`].
 ///
 /// ```
-/// use cuda_nccl::{DataType, NcclType};
+/// use cudars_nccl::{DataType, NcclType};
 /// assert_eq!(<f32 as NcclType>::DATA_TYPE, DataType::F32);
 /// assert_eq!(<half::bf16 as NcclType>::DATA_TYPE, DataType::BF16);
 /// ```

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use cuda_nccl_sys::{ncclResult_t, Nccl};
+use cudars_nccl_sys::{ncclResult_t, Nccl};
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -68,16 +68,16 @@ pub fn result_name(r: ncclResult_t) -> &'static str {
 pub enum Error {
     /// `libnccl` could not be opened (lists every path tried and the variable to set).
     #[error(transparent)]
-    Load(#[from] cuda_nccl_sys::LoadError),
+    Load(#[from] cudars_nccl_sys::LoadError),
     /// The loaded NCCL lacks an entry point the bindings know (it is older than the header).
     #[error(transparent)]
-    MissingSymbol(#[from] cuda_nccl_sys::MissingSymbol),
+    MissingSymbol(#[from] cudars_nccl_sys::MissingSymbol),
     /// An NCCL call failed.
     #[error(transparent)]
     Nccl(#[from] NcclError),
     /// A CUDA call through `cuda-core` failed.
     #[error(transparent)]
-    Cuda(#[from] cuda_core::Error),
+    Cuda(#[from] cudars_core::Error),
     /// A stream or buffer of another device than the communicator's.
     #[error("{what} belongs to device {actual}, the communicator to device {expected}")]
     WrongDevice {
@@ -141,7 +141,7 @@ pub enum Error {
     /// while the communicator has work on the per-thread default stream of another thread:
     /// that handle names the calling thread's own stream, which is not where the work is.
     /// Wait on the thread that issued it (before moving the communicator), or use an
-    /// explicit [`Stream`](cuda_core::Stream).
+    /// explicit [`Stream`](cudars_core::Stream).
     #[error(
         "the per-thread default stream names each thread's own stream, and this \
          communicator's work is on another thread's; wait for it on that thread"
@@ -182,15 +182,15 @@ pub enum Error {
     Rendezvous(#[from] RendezvousError),
 }
 
-impl From<&'static cuda_nccl_sys::LoadError> for Error {
-    fn from(e: &'static cuda_nccl_sys::LoadError) -> Self {
+impl From<&'static cudars_nccl_sys::LoadError> for Error {
+    fn from(e: &'static cudars_nccl_sys::LoadError) -> Self {
         Error::Load(e.clone())
     }
 }
 
 /// The process-wide NCCL library.
 pub(crate) fn library() -> Result<&'static Nccl> {
-    Ok(cuda_nccl_sys::nccl()?)
+    Ok(cudars_nccl_sys::nccl()?)
 }
 
 /// `Ok` for `ncclSuccess`; otherwise an [`NcclError`] for `call` with NCCL's message.
@@ -206,10 +206,10 @@ pub(crate) fn check(r: ncclResult_t, call: &'static str) -> Result<()> {
 pub(crate) fn nccl_error(
     r: ncclResult_t,
     call: &'static str,
-    comm: Option<cuda_nccl_sys::ncclComm_t>,
+    comm: Option<cudars_nccl_sys::ncclComm_t>,
 ) -> NcclError {
     let mut message = String::new();
-    if let Ok(nccl) = cuda_nccl_sys::nccl() {
+    if let Ok(nccl) = cudars_nccl_sys::nccl() {
         // SAFETY: ncclGetErrorString takes any value and returns a static C string or null.
         if let Ok(p) = unsafe { nccl.ncclGetErrorString(r) } {
             message = c_text(p);
@@ -245,15 +245,17 @@ fn c_text(p: *const std::os::raw::c_char) -> String {
         .into_owned()
 }
 
-impl From<Error> for cuda_core::Error {
+impl From<Error> for cudars_core::Error {
     /// A wrapped `cuda-core` error ([`Error::Cuda`]) comes back as itself; any other failure
-    /// is carried as `cuda_core::Error::Crate` (same message, same `source` chain), as the
+    /// is carried as `cudars_core::Error::Crate` (same message, same `source` chain), as the
     /// errors of `cuda-mempool`, `cuda-xfer` and `cuda-graph` are: a function returning
-    /// `cuda_core::Result` uses `?` on all of them.
+    /// `cudars_core::Result` uses `?` on all of them.
     fn from(error: Error) -> Self {
         match error {
             Error::Cuda(core) => core,
-            other => cuda_core::Error::Crate(cuda_core::CrateError::new("cuda-nccl", other, None)),
+            other => {
+                cudars_core::Error::Crate(cudars_core::CrateError::new("cuda-nccl", other, None))
+            }
         }
     }
 }

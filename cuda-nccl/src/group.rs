@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use cuda_nccl_sys::{ncclComm_t, ncclResult_t};
+use cudars_nccl_sys::{ncclComm_t, ncclResult_t};
 
 use crate::error::{check, library, nccl_error, Error, Result};
 
@@ -278,9 +278,9 @@ impl<A: GroupApi> Drop for Guard<A> {
 /// them.
 ///
 /// ```no_run
-/// # use cuda_core::{memory::DevicePtr, Stream};
-/// # use cuda_nccl::{Communicator, GroupGuard};
-/// # fn f(comm: &Communicator, a: &DevicePtr, b: &DevicePtr, s: &Stream) -> cuda_nccl::Result<()> {
+/// # use cudars_core::{memory::DevicePtr, Stream};
+/// # use cudars_nccl::{Communicator, GroupGuard};
+/// # fn f(comm: &Communicator, a: &DevicePtr, b: &DevicePtr, s: &Stream) -> cudars_nccl::Result<()> {
 /// let peer = (comm.rank() + 1) % comm.size();
 /// let from = (comm.rank() + comm.size() - 1) % comm.size();
 /// let group = GroupGuard::begin()?;
@@ -319,9 +319,9 @@ impl std::fmt::Debug for GroupGuard {
 /// Runs `f` inside a group and ends it, whatever `f` returns; `f`'s error wins over the end's.
 ///
 /// ```no_run
-/// # use cuda_core::{memory::DevicePtr, Stream};
-/// # use cuda_nccl::{group, Communicator, ReduceOp};
-/// # fn f(comms: &[Communicator], bufs: &[DevicePtr], streams: &[Stream]) -> cuda_nccl::Result<()> {
+/// # use cudars_core::{memory::DevicePtr, Stream};
+/// # use cudars_nccl::{group, Communicator, ReduceOp};
+/// # fn f(comms: &[Communicator], bufs: &[DevicePtr], streams: &[Stream]) -> cudars_nccl::Result<()> {
 /// group::group(|| {
 ///     for ((c, b), s) in comms.iter().zip(bufs).zip(streams) {
 ///         c.all_reduce_in_place::<f32>(b, 256, ReduceOp::Sum, s)?;

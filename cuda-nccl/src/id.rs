@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use cuda_nccl_sys::ncclUniqueId;
+use cudars_nccl_sys::ncclUniqueId;
 
 use crate::error::{check, library, Error, Result};
 
@@ -16,7 +16,7 @@ pub const UNIQUE_ID_BYTES: usize = 128;
 /// digits: [`Display`](fmt::Display) / [`FromStr`]). [`crate::rendezvous`] does it over TCP.
 ///
 /// ```
-/// use cuda_nccl::UniqueId;
+/// use cudars_nccl::UniqueId;
 /// let id = UniqueId::from_bytes([7; 128]);
 /// let text = id.to_string();
 /// assert_eq!(text.len(), 256);
@@ -31,9 +31,9 @@ impl UniqueId {
     /// A fresh id from NCCL (`ncclGetUniqueId`). Call it on one rank only.
     ///
     /// ```no_run
-    /// let id = cuda_nccl::UniqueId::new()?;
+    /// let id = cudars_nccl::UniqueId::new()?;
     /// println!("{id}");
-    /// # Ok::<(), cuda_nccl::Error>(())
+    /// # Ok::<(), cudars_nccl::Error>(())
     /// ```
     pub fn new() -> Result<UniqueId> {
         let nccl = library()?;

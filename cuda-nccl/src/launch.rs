@@ -20,17 +20,17 @@ use crate::rendezvous::free_port;
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use cuda_nccl::Launcher;
+/// use cudars_nccl::Launcher;
 /// if std::env::var_os("RANK").is_none() {
 ///     // The launcher: this same program, once per GPU.
-///     let n = cuda_core::device_count()?;
+///     let n = cudars_core::device_count()?;
 ///     let statuses = Launcher::new(n).spawn()?.wait(Duration::from_secs(300))?;
 ///     assert!(statuses.iter().all(|s| s.success()));
 /// } else {
-///     let (comm, _job) = cuda_nccl::Communicator::from_env(&Default::default())?;
+///     let (comm, _job) = cudars_nccl::Communicator::from_env(&Default::default())?;
 ///     // ... collectives ...
 /// }
-/// # Ok::<(), cuda_nccl::Error>(())
+/// # Ok::<(), cudars_nccl::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct Launcher {

@@ -8,7 +8,7 @@
 //! | --- | --- |
 //! | [`id`] | [`UniqueId`]: the 128-byte token that names a communicator, as bytes or text |
 //! | [`comm`] | [`Communicator`]: one rank on one GPU; `init_rank`, `init_all`, `split`, accessors, RAII destroy, [`Communicator::wait`] with a timeout that aborts |
-//! | [`collectives`] | typed collectives on a cuda-core [`Stream`](cuda_core::Stream): all_reduce, broadcast, reduce, all_gather, reduce_scatter, send/recv, all_to_all, in-place forms; checked, marked on the stream, then issued |
+//! | [`collectives`] | typed collectives on a cuda-core [`Stream`](cudars_core::Stream): all_reduce, broadcast, reduce, all_gather, reduce_scatter, send/recv, all_to_all, in-place forms; checked, marked on the stream, then issued |
 //! | [`dtype`] | [`NcclType`]: the element types NCCL reduces (i8 ... f64, `half::f16`, `half::bf16`); [`ReduceOp`] |
 //! | [`group`] | [`GroupGuard`] / [`group`](group::group): `ncclGroupStart`/`End` that always ends, holding the buffers and communicators of its calls until then |
 //! | [`rendezvous`] | [`JobEnv`] from torchrun / Slurm / Open MPI variables; rank 0 hands the id to the others over TCP |
@@ -16,8 +16,8 @@
 //! | [`error`] | [`Error`], one type for the crate |
 //!
 //! ```no_run
-//! use cuda_core::{memory::DevicePtr, Device, Stream};
-//! use cuda_nccl::{group, Communicator, ReduceOp};
+//! use cudars_core::{memory::DevicePtr, Device, Stream};
+//! use cudars_nccl::{group, Communicator, ReduceOp};
 //!
 //! // Every GPU of this process, one communicator each.
 //! let devices = Device::all()?;
@@ -37,7 +37,7 @@
 //! for (c, s) in comms.iter().zip(&streams) {
 //!     c.wait(s, std::time::Duration::from_secs(60))?;
 //! }
-//! # Ok::<(), cuda_nccl::Error>(())
+//! # Ok::<(), cudars_nccl::Error>(())
 //! ```
 //!
 //! NVLink multicast (NVLS) is NCCL's choice, not this crate's; the tests, examples and
@@ -61,14 +61,14 @@ pub use launch::Launcher;
 pub use rendezvous::{JobEnv, RendezvousError};
 
 /// The raw bindings, for what this crate does not wrap.
-pub use cuda_nccl_sys as sys;
+pub use cudars_nccl_sys as sys;
 
 /// NCCL's version as `(major, minor, patch)`, from the loaded library (`ncclGetVersion`).
 ///
 /// ```no_run
-/// let (major, minor, patch) = cuda_nccl::version()?;
+/// let (major, minor, patch) = cudars_nccl::version()?;
 /// println!("NCCL {major}.{minor}.{patch}");
-/// # Ok::<(), cuda_nccl::Error>(())
+/// # Ok::<(), cudars_nccl::Error>(())
 /// ```
 pub fn version() -> Result<(u32, u32, u32)> {
     let nccl = error::library()?;

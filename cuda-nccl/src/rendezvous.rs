@@ -54,9 +54,9 @@ impl JobEnv {
     /// MPI's; `MASTER_ADDR` and `MASTER_PORT` in every case.
     ///
     /// ```no_run
-    /// let job = cuda_nccl::JobEnv::from_env()?;
+    /// let job = cudars_nccl::JobEnv::from_env()?;
     /// println!("rank {} of {} on GPU {}", job.rank, job.world_size, job.local_rank);
-    /// # Ok::<(), cuda_nccl::RendezvousError>(())
+    /// # Ok::<(), cudars_nccl::RendezvousError>(())
     /// ```
     pub fn from_env() -> Result<JobEnv, RendezvousError> {
         Self::from_lookup(|k| std::env::var(k).ok())
@@ -66,12 +66,12 @@ impl JobEnv {
     /// hold the variables in a map).
     ///
     /// ```
-    /// use cuda_nccl::rendezvous::{JobEnv, Scheme};
+    /// use cudars_nccl::rendezvous::{JobEnv, Scheme};
     /// let vars = [("SLURM_PROCID", "3"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "1"),
     ///             ("MASTER_ADDR", "node0"), ("MASTER_PORT", "29500")];
     /// let job = JobEnv::from_lookup(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string()))?;
     /// assert_eq!((job.rank, job.world_size, job.local_rank, job.scheme), (3, 8, 1, Scheme::Slurm));
-    /// # Ok::<(), cuda_nccl::RendezvousError>(())
+    /// # Ok::<(), cudars_nccl::RendezvousError>(())
     /// ```
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<JobEnv, RendezvousError> {
         let (scheme, rank_var, size_var, local_var) = if lookup("RANK").is_some() {
@@ -93,7 +93,7 @@ impl JobEnv {
         } else {
             return Err(RendezvousError::MissingVar {
                 name: "RANK",
-                hint: "set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torchrun, cuda_nccl::Launcher), or run under Slurm or Open MPI",
+                hint: "set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torchrun, cudars_nccl::Launcher), or run under Slurm or Open MPI",
             });
         };
         let number = |name: &'static str| -> Result<usize, RendezvousError> {
@@ -181,10 +181,10 @@ pub fn free_port() -> Result<u16> {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use cuda_nccl::{rendezvous, JobEnv, UniqueId};
+/// use cudars_nccl::{rendezvous, JobEnv, UniqueId};
 /// let job = JobEnv::from_env()?;
 /// let id = rendezvous::exchange_id(&job, Duration::from_secs(60), UniqueId::new)?;
-/// # Ok::<(), cuda_nccl::Error>(())
+/// # Ok::<(), cudars_nccl::Error>(())
 /// ```
 pub fn exchange_id(
     job: &JobEnv,
@@ -404,14 +404,14 @@ impl Communicator {
     /// the communicator.
     ///
     /// ```no_run
-    /// use cuda_nccl::{CommConfig, Communicator};
+    /// use cudars_nccl::{CommConfig, Communicator};
     /// let (comm, job) = Communicator::from_env(&CommConfig::default().nonblocking(true))?;
     /// assert_eq!(comm.rank(), job.rank);
-    /// # Ok::<(), cuda_nccl::Error>(())
+    /// # Ok::<(), cudars_nccl::Error>(())
     /// ```
     pub fn from_env(config: &CommConfig) -> Result<(Communicator, JobEnv)> {
         let job = JobEnv::from_env()?;
-        let device = cuda_core::Device::new(job.local_rank)?;
+        let device = cudars_core::Device::new(job.local_rank)?;
         let id = exchange_id(&job, config.get_timeout(), UniqueId::new)?;
         let comm = Communicator::init_rank_with(&device, job.world_size, job.rank, &id, config)?;
         Ok((comm, job))

@@ -11,8 +11,8 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cuda_nccl::rendezvous::{exchange_id, free_port, JobEnv, RendezvousError, Scheme};
-use cuda_nccl::{Error, UniqueId};
+use cudars_nccl::rendezvous::{exchange_id, free_port, JobEnv, RendezvousError, Scheme};
+use cudars_nccl::{Error, UniqueId};
 
 fn job(rank: usize, world_size: usize, port: u16) -> JobEnv {
     JobEnv {
@@ -150,12 +150,12 @@ fn a_single_rank_job_needs_no_network() {
 fn no_library_is_a_typed_error_naming_the_variable() {
     // This test binary never had NCCL on its loader path in CI; where it has, skip nothing but
     // check the other branch: the library answers with a version.
-    match cuda_nccl::version() {
+    match cudars_nccl::version() {
         Err(Error::Load(e)) => {
             let text = e.to_string();
             assert!(text.contains("CUDA_NCCL_LIBRARY"), "{text}");
             assert!(text.contains("libnccl.so.2"), "{text}");
-            assert!(!cuda_nccl::is_available());
+            assert!(!cudars_nccl::is_available());
         }
         Ok((major, _, _)) => assert!(major >= 2),
         Err(other) => panic!("unexpected error: {other}"),

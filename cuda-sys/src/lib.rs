@@ -19,11 +19,11 @@
 //! This crate is raw and unsafe; `cuda-core` is the safe layer over it.
 //!
 //! ```no_run
-//! let driver = cuda_sys::driver().expect("libcuda");
+//! let driver = cudars_sys::driver().expect("libcuda");
 //! let mut count = 0;
 //! // SAFETY: `count` is a valid out-pointer.
 //! let status = unsafe { driver.cuDeviceGetCount(&mut count) }.expect("entry point present");
-//! assert_eq!(status, cuda_sys::CUresult::CUDA_SUCCESS);
+//! assert_eq!(status, cudars_sys::CUresult::CUDA_SUCCESS);
 //! ```
 
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]

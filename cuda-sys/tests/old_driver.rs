@@ -6,8 +6,8 @@ use std::ffi::{c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use cuda_sys::compat::{self, MEM_LOCATION_TYPE_HOST, MEM_LOCATION_TYPE_HOST_NUMA};
-use cuda_sys::{
+use cudars_sys::compat::{self, MEM_LOCATION_TYPE_HOST, MEM_LOCATION_TYPE_HOST_NUMA};
+use cudars_sys::{
     CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphNode, CUmemAllocationHandleType,
     CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmem_advise, CUresult, CUstream,
     CUstreamCaptureStatus, Driver, Resolution, CUDA_VERSION, DRIVER_ENTRY_POINTS,
@@ -493,11 +493,11 @@ fn a_driver_as_new_as_the_bindings_gets_every_entry_point_and_the_new_abis() {
     // SAFETY: CUmemPoolProps is plain old data; reading its bytes is sound.
     let bytes: &[u8] = unsafe {
         std::slice::from_raw_parts(
-            (&props as *const cuda_sys::CUmemPoolProps).cast::<u8>(),
+            (&props as *const cudars_sys::CUmemPoolProps).cast::<u8>(),
             std::mem::size_of_val(&props),
         )
     };
-    let offset = std::mem::offset_of!(cuda_sys::CUmemPoolProps, win32SecurityAttributes)
+    let offset = std::mem::offset_of!(cudars_sys::CUmemPoolProps, win32SecurityAttributes)
         + std::mem::size_of::<*mut c_void>();
     let max_size = usize::from_ne_bytes(bytes[offset..offset + 8].try_into().unwrap());
     assert_eq!(max_size, 1 << 20);

@@ -27,11 +27,11 @@ use common::println;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use cuda_core::{Device, Stream};
-use cuda_xfer::layout::{Layout2, Order};
-use cuda_xfer::matrix::{matrix_to_host, DeviceMatrix};
-use cuda_xfer::staging;
-use cuda_xfer::{
+use cudars_core::{Device, Stream};
+use cudars_xfer::layout::{Layout2, Order};
+use cudars_xfer::matrix::{matrix_to_host, DeviceMatrix};
+use cudars_xfer::staging;
+use cudars_xfer::{
     copy_device_async, copy_to_device_async, register, scope, to_device, to_host_async,
     DeviceBuffer, PinnedBuffer,
 };

@@ -4,20 +4,20 @@
 //! back as arrays in the order asked for.
 //!
 //! ```no_run
-//! use cuda_xfer::array::{array_to_device, matrix_to_array};
-//! use cuda_xfer::layout::Order;
+//! use cudars_xfer::array::{array_to_device, matrix_to_array};
+//! use cudars_xfer::layout::Order;
 //! use ndarray::array;
-//! let dev = cuda_core::Device::new(0)?;
+//! let dev = cudars_core::Device::new(0)?;
 //! let a = array![[1.0f32, 2.0], [3.0, 4.0]];
 //! let on_device = array_to_device(&dev, a.view(), Order::ColumnMajor)?;
 //! let back = matrix_to_array(&on_device, Order::ColumnMajor)?;
 //! assert_eq!(back, a);
 //! assert!(back.t().is_standard_layout()); // Fortran order on the host too
-//! # Ok::<(), cuda_xfer::Error>(())
+//! # Ok::<(), cudars_xfer::Error>(())
 //! ```
 
 use bytemuck::Pod;
-use cuda_core::Device;
+use cudars_core::Device;
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, ShapeBuilder};
 
 use crate::buffer::DeviceBuffer;

@@ -5,9 +5,9 @@ use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 
 use bytemuck::Pod;
-use cuda_core::memory::DevicePtr;
-use cuda_core::sys::CUdeviceptr;
-use cuda_core::Device;
+use cudars_core::memory::DevicePtr;
+use cudars_core::sys::CUdeviceptr;
+use cudars_core::Device;
 
 use crate::elements::{byte_len, check_device_alignment, element_count};
 use crate::error::{Error, Result};
@@ -25,12 +25,12 @@ use crate::error::{Error, Result};
 /// reached through the driver.
 ///
 /// ```no_run
-/// use cuda_xfer::DeviceBuffer;
-/// let dev = cuda_core::Device::new(0)?;
+/// use cudars_xfer::DeviceBuffer;
+/// let dev = cudars_core::Device::new(0)?;
 /// let buf = DeviceBuffer::<u32>::zeroed(&dev, 1000)?;
 /// let tail = buf.slice(900..)?; // shares the allocation
-/// assert_eq!(cuda_xfer::to_host(&tail)?, vec![0u32; 100]);
-/// # Ok::<(), cuda_xfer::Error>(())
+/// assert_eq!(cudars_xfer::to_host(&tail)?, vec![0u32; 100]);
+/// # Ok::<(), cudars_xfer::Error>(())
 /// ```
 pub struct DeviceBuffer<T> {
     ptr: DevicePtr,
@@ -143,7 +143,7 @@ impl<T: Pod> DeviceBuffer<T> {
             Bound::Unbounded => self.len,
         };
         if start > end || end > self.len {
-            return Err(Error::Cuda(cuda_core::Error::OutOfRange {
+            return Err(Error::Cuda(cudars_core::Error::OutOfRange {
                 offset: start,
                 len: end.saturating_sub(start),
                 size: self.len,

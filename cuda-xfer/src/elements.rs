@@ -7,11 +7,11 @@
 //! that turns element counts into byte counts and back.
 //!
 //! ```
-//! use cuda_xfer::elements::{byte_len, element_count};
+//! use cudars_xfer::elements::{byte_len, element_count};
 //! assert_eq!(byte_len::<f32>(3)?, 12);
 //! assert_eq!(element_count::<half::f16>(10)?, 5);
 //! assert!(element_count::<u32>(10).is_err()); // 10 bytes is not a whole number of u32
-//! # Ok::<(), cuda_xfer::Error>(())
+//! # Ok::<(), cudars_xfer::Error>(())
 //! ```
 
 use bytemuck::Pod;

@@ -1,24 +1,24 @@
 //! The error type of `cuda-xfer`.
 //!
-//! [`Error`] converts into `cuda_core::Error` (a wrapped `cuda-core` error as itself, any
-//! other as `cuda_core::Error::Crate`), as the errors of `cuda-mempool` and `cuda-graph` do:
-//! a function returning `cuda_core::Result` uses `?` on all of them, and no crate depends on
-//! a sibling for it (`cuda_core::error` explains the choice).
+//! [`Error`] converts into `cudars_core::Error` (a wrapped `cuda-core` error as itself, any
+//! other as `cudars_core::Error::Crate`), as the errors of `cuda-mempool` and `cuda-graph` do:
+//! a function returning `cudars_core::Result` uses `?` on all of them, and no crate depends on
+//! a sibling for it (`cudars_core::error` explains the choice).
 //!
 //! ```no_run
-//! use cuda_core::{Device, Stream};
+//! use cudars_core::{Device, Stream};
 //!
 //! // `?` on cuda-core and cuda-xfer calls alike (cuda-mempool and cuda-graph too: see the
-//! // example in `cuda_graph::error`, which chains all four).
-//! fn round_trip(data: &[u32]) -> cuda_core::Result<Vec<u32>> {
+//! // example in `cudars_graph::error`, which chains all four).
+//! fn round_trip(data: &[u32]) -> cudars_core::Result<Vec<u32>> {
 //!     let dev = Device::new(0)?;                     // cuda-core
 //!     let stream = Stream::new(&dev)?;
-//!     let on_device = cuda_xfer::to_device(&dev, data)?; // cuda-xfer
+//!     let on_device = cudars_xfer::to_device(&dev, data)?; // cuda-xfer
 //!     on_device.as_ptr().memset_async(0, &stream)?;  // cuda-core
 //!     stream.synchronize()?;
-//!     Ok(cuda_xfer::to_host(&on_device)?)            // cuda-xfer
+//!     Ok(cudars_xfer::to_host(&on_device)?)            // cuda-xfer
 //! }
-//! # fn main() -> cuda_core::Result<()> { round_trip(&[1, 2, 3]).map(drop) }
+//! # fn main() -> cudars_core::Result<()> { round_trip(&[1, 2, 3]).map(drop) }
 //! ```
 
 /// `Result` with [`Error`].
@@ -31,7 +31,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A `cuda-core` call failed (driver errors, wrong device, ...).
     #[error(transparent)]
-    Cuda(#[from] cuda_core::Error),
+    Cuda(#[from] cudars_core::Error),
     /// `count * size_of::<T>()` (or an offset plus a length) does not fit in `usize`.
     #[error("size overflow: {count} elements of {elem_size} bytes")]
     SizeOverflow {
@@ -111,7 +111,7 @@ pub enum Error {
 
 impl Error {
     /// The `cuda-core` error inside, if this is one.
-    pub fn cuda(&self) -> Option<&cuda_core::Error> {
+    pub fn cuda(&self) -> Option<&cudars_core::Error> {
         match self {
             Error::Cuda(e) => Some(e),
             _ => None,
@@ -119,14 +119,16 @@ impl Error {
     }
 }
 
-impl From<Error> for cuda_core::Error {
+impl From<Error> for cudars_core::Error {
     /// A wrapped `cuda-core` error comes back as itself; any other failure is carried as
-    /// `cuda_core::Error::Crate` (same message, same `source` chain), so `?` works in a
-    /// function that returns `cuda_core::Result` (see the module documentation).
+    /// `cudars_core::Error::Crate` (same message, same `source` chain), so `?` works in a
+    /// function that returns `cudars_core::Result` (see the module documentation).
     fn from(error: Error) -> Self {
         match error {
             Error::Cuda(core) => core,
-            other => cuda_core::Error::Crate(cuda_core::CrateError::new("cuda-xfer", other, None)),
+            other => {
+                cudars_core::Error::Crate(cudars_core::CrateError::new("cuda-xfer", other, None))
+            }
         }
     }
 }
@@ -144,7 +146,7 @@ mod tests {
         assert!(text.starts_with("copy_to_device_on_stream: "), "{text}");
         assert!(text.contains("captured"), "{text}");
         assert!(e.cuda().is_none());
-        let core = cuda_core::Error::from(e);
+        let core = cudars_core::Error::from(e);
         assert!(matches!(
             core.downcast_ref::<Error>(),
             Some(Error::Capturing {
@@ -155,15 +157,15 @@ mod tests {
 
     #[test]
     fn converts_into_cuda_core_error() {
-        let root = cuda_core::Error::InvalidArgument("x".into());
-        assert_eq!(cuda_core::Error::from(Error::Cuda(root.clone())), root);
+        let root = cudars_core::Error::InvalidArgument("x".into());
+        assert_eq!(cudars_core::Error::from(Error::Cuda(root.clone())), root);
         let e = Error::LengthMismatch {
             op: "copy",
             dst: 1,
             src: 2,
         };
         let text = e.to_string();
-        let core = cuda_core::Error::from(e);
+        let core = cudars_core::Error::from(e);
         assert_eq!(core.to_string(), text);
         assert!(matches!(
             core.downcast_ref::<Error>(),

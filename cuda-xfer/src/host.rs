@@ -13,8 +13,8 @@ use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 
 use bytemuck::Pod;
-use cuda_core::memory::{HostBuffer, HostRegistration, PinnedFlags, PinnedMemory, RegisterFlags};
-use cuda_core::Device;
+use cudars_core::memory::{HostBuffer, HostRegistration, PinnedFlags, PinnedMemory, RegisterFlags};
+use cudars_core::Device;
 
 use crate::elements::byte_len;
 use crate::error::{Error, Result};
@@ -119,12 +119,12 @@ where
 /// speed and are truly asynchronous. `Send` and `Sync` like a `Vec<T>`.
 ///
 /// ```no_run
-/// use cuda_xfer::PinnedBuffer;
-/// let dev = cuda_core::Device::new(0)?;
+/// use cudars_xfer::PinnedBuffer;
+/// let dev = cudars_core::Device::new(0)?;
 /// let mut buf = PinnedBuffer::<f32>::zeroed(&dev, 1024)?;
 /// buf[0] = 1.5;
-/// let on_device = cuda_xfer::to_device(&dev, &buf)?; // direct DMA, no staging
-/// # Ok::<(), cuda_xfer::Error>(())
+/// let on_device = cudars_xfer::to_device(&dev, &buf)?; // direct DMA, no staging
+/// # Ok::<(), cudars_xfer::Error>(())
 /// ```
 pub struct PinnedBuffer<T: Pod> {
     memory: ManuallyDrop<PinnedMemory>,
@@ -252,12 +252,12 @@ unsafe impl<T: Pod + Send> TransferBuffer for PinnedBuffer<T> {
 /// that are transferred many times.
 ///
 /// ```no_run
-/// let dev = cuda_core::Device::new(0)?;
-/// let mut reg = cuda_xfer::register(&dev, vec![0f32; 1 << 24])?;
+/// let dev = cudars_core::Device::new(0)?;
+/// let mut reg = cudars_xfer::register(&dev, vec![0f32; 1 << 24])?;
 /// reg[0] = 1.0;
-/// let on_device = cuda_xfer::to_device(&dev, &reg)?; // pinned: direct DMA
+/// let on_device = cudars_xfer::to_device(&dev, &reg)?; // pinned: direct DMA
 /// let data: Vec<f32> = reg.into_inner();
-/// # Ok::<(), cuda_xfer::Error>(())
+/// # Ok::<(), cudars_xfer::Error>(())
 /// ```
 pub fn register<B: HostBuffer>(device: &Device, buffer: B) -> Result<Registered<B>> {
     let inner = HostRegistration::new(device, buffer, RegisterFlags::PORTABLE)?;

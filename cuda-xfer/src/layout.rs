@@ -6,13 +6,13 @@
 //! leading dimension `ld` of at least the row (row-major) or column (column-major) length.
 //!
 //! ```
-//! use cuda_xfer::layout::{relayout, Layout2, Order};
+//! use cudars_xfer::layout::{relayout, Layout2, Order};
 //! // [[1, 2, 3], [4, 5, 6]] in row-major order, to column-major.
 //! let c = [1, 2, 3, 4, 5, 6];
 //! let mut f = [0; 6];
 //! relayout(&c, Layout2::contiguous(2, 3, Order::RowMajor), &mut f, Layout2::contiguous(2, 3, Order::ColumnMajor))?;
 //! assert_eq!(f, [1, 4, 2, 5, 3, 6]);
-//! # Ok::<(), cuda_xfer::Error>(())
+//! # Ok::<(), cudars_xfer::Error>(())
 //! ```
 
 use crate::error::{Error, Result};

@@ -34,13 +34,13 @@
 //! the device may still write.
 //!
 //! ```no_run
-//! use cuda_xfer::{to_device, to_host};
-//! let dev = cuda_core::Device::new(0)?;
+//! use cudars_xfer::{to_device, to_host};
+//! let dev = cudars_core::Device::new(0)?;
 //! let data: Vec<f32> = (0..1 << 24).map(|i| i as f32).collect();
 //! let on_device = to_device(&dev, &data)?; // 64 MiB, staged: tens of GB/s
 //! let back = to_host(&on_device)?;
 //! assert_eq!(back, data);
-//! # Ok::<(), cuda_xfer::Error>(())
+//! # Ok::<(), cudars_xfer::Error>(())
 //! ```
 
 #[cfg(feature = "ndarray")]

@@ -1,22 +1,22 @@
 //! Where does memory live? CuPy's `get_array_module`, made useful: not "numpy or cupy" but
 //! which device, pinned or pageable host, or managed memory, from the driver's pointer
-//! attributes (through [`cuda_core::pointer`]).
+//! attributes (through [`cudars_core::pointer`]).
 //!
 //! ```no_run
-//! use cuda_xfer::location::{locate_slice, Location};
-//! let dev = cuda_core::Device::new(0)?;
+//! use cudars_xfer::location::{locate_slice, Location};
+//! let dev = cudars_core::Device::new(0)?;
 //! let host = vec![0u8; 1 << 20];
 //! assert_eq!(locate_slice(&host)?, Location::PageableHost);
-//! let pinned = cuda_xfer::PinnedBuffer::<u8>::zeroed(&dev, 1 << 20)?;
+//! let pinned = cudars_xfer::PinnedBuffer::<u8>::zeroed(&dev, 1 << 20)?;
 //! assert_eq!(locate_slice(&pinned)?, Location::PinnedHost);
-//! let on_device = cuda_xfer::to_device(&dev, &host)?;
-//! assert_eq!(cuda_xfer::location::locate_buffer(&on_device)?, Location::Device(dev));
-//! # Ok::<(), cuda_xfer::Error>(())
+//! let on_device = cudars_xfer::to_device(&dev, &host)?;
+//! assert_eq!(cudars_xfer::location::locate_buffer(&on_device)?, Location::Device(dev));
+//! # Ok::<(), cudars_xfer::Error>(())
 //! ```
 
-use cuda_core::pointer::{self, MemoryLocation};
-use cuda_core::sys::CUdeviceptr;
-use cuda_core::Device;
+use cudars_core::pointer::{self, MemoryLocation};
+use cudars_core::sys::CUdeviceptr;
+use cudars_core::Device;
 
 use crate::buffer::DeviceBuffer;
 use crate::error::Result;

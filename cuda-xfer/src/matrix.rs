@@ -7,19 +7,19 @@
 //! itself always runs over contiguous memory at full speed.
 //!
 //! ```no_run
-//! use cuda_xfer::layout::{Layout2, Order};
-//! use cuda_xfer::matrix::{matrix_to_device, matrix_to_host};
-//! let dev = cuda_core::Device::new(0)?;
+//! use cudars_xfer::layout::{Layout2, Order};
+//! use cudars_xfer::matrix::{matrix_to_device, matrix_to_host};
+//! let dev = cudars_core::Device::new(0)?;
 //! // [[1, 2, 3], [4, 5, 6]], row-major on the host, stored column-major on the device.
 //! let host = [1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0];
 //! let m = matrix_to_device(&dev, &host, Layout2::contiguous(2, 3, Order::RowMajor), Order::ColumnMajor)?;
-//! assert_eq!(cuda_xfer::to_host(m.buffer())?, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+//! assert_eq!(cudars_xfer::to_host(m.buffer())?, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
 //! assert_eq!(matrix_to_host(&m, Order::RowMajor)?, host);
-//! # Ok::<(), cuda_xfer::Error>(())
+//! # Ok::<(), cudars_xfer::Error>(())
 //! ```
 
 use bytemuck::Pod;
-use cuda_core::Device;
+use cudars_core::Device;
 
 use crate::buffer::DeviceBuffer;
 use crate::error::Result;

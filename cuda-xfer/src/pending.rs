@@ -8,7 +8,7 @@
 //!   [`Pending::wait`]. Nothing else can reach the buffer meanwhile. Dropping the `Pending`
 //!   waits. Leaking it (`std::mem::forget`) leaks the buffer too: the device may still write
 //!   it, and nobody can read it, so a leak is safe.
-//! - **borrowed slices** ([`scope`]): inside `cuda_xfer::scope(|s| ...)`, `s.to_host(..)` and
+//! - **borrowed slices** ([`scope`]): inside `cudars_xfer::scope(|s| ...)`, `s.to_host(..)` and
 //!   `s.copy_to_device(..)` borrow the slices for the whole scope, and `scope` returns only
 //!   after every transfer it started is complete, even when the closure panics, so the
 //!   borrows cannot end early (as with `std::thread::scope`).
@@ -26,16 +26,16 @@
 //! overlap.
 //!
 //! ```no_run
-//! use cuda_xfer::{PinnedBuffer, to_device, to_host_async};
-//! let dev = cuda_core::Device::new(0)?;
-//! let stream = cuda_core::Stream::new(&dev)?;
+//! use cudars_xfer::{PinnedBuffer, to_device, to_host_async};
+//! let dev = cudars_core::Device::new(0)?;
+//! let stream = cudars_core::Stream::new(&dev)?;
 //! let on_device = to_device(&dev, &vec![1.0f32; 1 << 20])?;
 //! let out = PinnedBuffer::<f32>::zeroed(&dev, 1 << 20)?;
 //! let pending = to_host_async(&on_device, out, &stream)?;
 //! // ... host work overlaps the copy; `out` is unreachable until:
 //! let out = pending.wait()?;
 //! assert_eq!(out[0], 1.0);
-//! # Ok::<(), cuda_xfer::Error>(())
+//! # Ok::<(), cudars_xfer::Error>(())
 //! ```
 
 use std::marker::PhantomData;
@@ -43,8 +43,8 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, PoisonError};
 
 use bytemuck::Pod;
-use cuda_core::memory::DevicePtr;
-use cuda_core::{Event, Stream};
+use cudars_core::memory::DevicePtr;
+use cudars_core::{Event, Stream};
 
 use crate::buffer::DeviceBuffer;
 use crate::elements::check_same_len;
@@ -155,12 +155,12 @@ fn settle_after_error<B>(buffer: B, stream: &Stream) {
 /// On error the host buffer is dropped (after any copy already issued has finished).
 ///
 /// ```no_run
-/// let dev = cuda_core::Device::new(0)?;
-/// let stream = cuda_core::Stream::new(&dev)?;
-/// let (on_device, pending) = cuda_xfer::to_device_async(vec![7u32; 1 << 20], &stream)?;
+/// let dev = cudars_core::Device::new(0)?;
+/// let stream = cudars_core::Stream::new(&dev)?;
+/// let (on_device, pending) = cudars_xfer::to_device_async(vec![7u32; 1 << 20], &stream)?;
 /// // ... launch kernels reading `on_device` on `stream` ...
 /// let host_again: Vec<u32> = pending.wait()?;
-/// # Ok::<(), cuda_xfer::Error>(())
+/// # Ok::<(), cudars_xfer::Error>(())
 /// ```
 pub fn to_device_async<B: TransferBuffer>(
     src: B,
@@ -255,7 +255,7 @@ pub fn to_host_async<B: TransferBuffer>(
 
 fn check_stream<T: Pod>(stream: &Stream, buffer: &DeviceBuffer<T>) -> Result<()> {
     if stream.device() != buffer.device() {
-        return Err(cuda_core::Error::WrongDevice {
+        return Err(cudars_core::Error::WrongDevice {
             what: "stream",
             expected: buffer.device().ordinal() as i32,
             actual: stream.device().ordinal() as i32,
@@ -315,19 +315,19 @@ pub struct Scope<'scope, 'env: 'scope> {
 /// device uses them. Returns `f`'s value, or the first error met while waiting.
 ///
 /// ```no_run
-/// let dev = cuda_core::Device::new(0)?;
-/// let stream = cuda_core::Stream::new(&dev)?;
-/// let a = cuda_xfer::to_device(&dev, &[1u32; 4096])?;
-/// let b = cuda_xfer::DeviceBuffer::<u32>::zeroed(&dev, 4096)?;
+/// let dev = cudars_core::Device::new(0)?;
+/// let stream = cudars_core::Stream::new(&dev)?;
+/// let a = cudars_xfer::to_device(&dev, &[1u32; 4096])?;
+/// let b = cudars_xfer::DeviceBuffer::<u32>::zeroed(&dev, 4096)?;
 /// let (mut out_a, out_b) = (vec![0u32; 4096], [2u32; 4096]);
-/// cuda_xfer::scope(|s| {
+/// cudars_xfer::scope(|s| {
 ///     s.to_host(&a, &mut out_a, &stream)?;
 ///     s.copy_to_device(&out_b, &b, &stream)?;
 ///     // `out_a` and `out_b` cannot be touched here
-///     Ok::<(), cuda_xfer::Error>(())
+///     Ok::<(), cudars_xfer::Error>(())
 /// })??;
 /// assert_eq!(out_a[0], 1);
-/// # Ok::<(), cuda_xfer::Error>(())
+/// # Ok::<(), cudars_xfer::Error>(())
 /// ```
 pub fn scope<'env, F, R>(f: F) -> Result<R>
 where

@@ -36,8 +36,8 @@
 //! ([`copy_device_async`]) are captured as usual (the graph keeps their memory alive).
 
 use bytemuck::Pod;
-use cuda_core::memory::DevicePtr;
-use cuda_core::{Device, Stream};
+use cudars_core::memory::DevicePtr;
+use cudars_core::{Device, Stream};
 
 use crate::buffer::DeviceBuffer;
 use crate::elements::check_same_len;
@@ -86,13 +86,13 @@ pub(crate) fn route(
 ///
 /// The guard it returns is held until the transfer's work and fence are issued: a capture
 /// that another thread begins through `cuda-core` in between waits for it
-/// ([`cuda_core::graph::issue_guard`]).
+/// ([`cudars_core::graph::issue_guard`]).
 pub(crate) fn refuse_capture(
     stream: &Stream,
     op: &'static str,
-) -> Result<cuda_core::graph::IssueGuard> {
-    let gate = cuda_core::graph::issue_guard();
-    if cuda_core::graph::is_capturing(stream)? {
+) -> Result<cudars_core::graph::IssueGuard> {
+    let gate = cudars_core::graph::issue_guard();
+    if cudars_core::graph::is_capturing(stream)? {
         return Err(crate::Error::Capturing { op });
     }
     Ok(gate)
@@ -188,10 +188,10 @@ pub(crate) fn d2h(src: &DevicePtr, dst: &mut [u8], fresh: bool) -> Result<()> {
 /// for its DMAs: 4 MiB in 220 us, the bare driver call 262 us).
 ///
 /// ```no_run
-/// let dev = cuda_core::Device::new(0)?;
-/// let on_device = cuda_xfer::to_device(&dev, &[1.0f32, 2.0, 3.0])?;
+/// let dev = cudars_core::Device::new(0)?;
+/// let on_device = cudars_xfer::to_device(&dev, &[1.0f32, 2.0, 3.0])?;
 /// assert_eq!(on_device.len(), 3);
-/// # Ok::<(), cuda_xfer::Error>(())
+/// # Ok::<(), cudars_xfer::Error>(())
 /// ```
 pub fn to_device<T: Pod>(device: &Device, src: &[T]) -> Result<DeviceBuffer<T>> {
     let dst = DeviceBuffer::alloc(device, src.len())?;
@@ -209,10 +209,10 @@ pub fn to_device<T: Pod>(device: &Device, src: &[T]) -> Result<DeviceBuffer<T>> 
 /// [`copy_to_device_on_stream`] is the stream-ordered form without that wait.
 ///
 /// ```no_run
-/// let dev = cuda_core::Device::new(0)?;
-/// let dst = cuda_xfer::DeviceBuffer::<u32>::alloc(&dev, 4)?;
-/// cuda_xfer::copy_to_device(&[1u32, 2, 3, 4], &dst)?;
-/// # Ok::<(), cuda_xfer::Error>(())
+/// let dev = cudars_core::Device::new(0)?;
+/// let dst = cudars_xfer::DeviceBuffer::<u32>::alloc(&dev, 4)?;
+/// cudars_xfer::copy_to_device(&[1u32, 2, 3, 4], &dst)?;
+/// # Ok::<(), cudars_xfer::Error>(())
 /// ```
 pub fn copy_to_device<T: Pod>(src: &[T], dst: &DeviceBuffer<T>) -> Result<()> {
     check_same_len("copy_to_device", dst.len(), src.len())?;
@@ -227,11 +227,11 @@ pub fn copy_to_device<T: Pod>(src: &[T], dst: &DeviceBuffer<T>) -> Result<()> {
 /// the stream-ordered form of [`to_device`] (see [`copy_to_device_on_stream`]).
 ///
 /// ```no_run
-/// let dev = cuda_core::Device::new(0)?;
-/// let stream = cuda_core::Stream::builder(&dev).non_blocking(true).build()?;
-/// let on_device = cuda_xfer::to_device_on_stream(&[1u8, 2, 3], &stream)?;
+/// let dev = cudars_core::Device::new(0)?;
+/// let stream = cudars_core::Stream::builder(&dev).non_blocking(true).build()?;
+/// let on_device = cudars_xfer::to_device_on_stream(&[1u8, 2, 3], &stream)?;
 /// // ... work on `stream` sees the bytes; work on other streams must wait for `stream`.
-/// # Ok::<(), cuda_xfer::Error>(())
+/// # Ok::<(), cudars_xfer::Error>(())
 /// ```
 pub fn to_device_on_stream<T: Pod>(src: &[T], stream: &Stream) -> Result<DeviceBuffer<T>> {
     // Before the allocation, which a capture would refuse too (and be invalidated by).
@@ -259,12 +259,12 @@ pub fn to_device_on_stream<T: Pod>(src: &[T], stream: &Stream) -> Result<DeviceB
 /// pageable copy as a memcpy node from the host address).
 ///
 /// ```no_run
-/// let dev = cuda_core::Device::new(0)?;
-/// let stream = cuda_core::Stream::new(&dev)?;
-/// let dst = cuda_xfer::DeviceBuffer::<f32>::alloc(&dev, 256)?;
-/// cuda_xfer::copy_to_device_on_stream(&[0.5f32; 256], &dst, &stream)?;
+/// let dev = cudars_core::Device::new(0)?;
+/// let stream = cudars_core::Stream::new(&dev)?;
+/// let dst = cudars_xfer::DeviceBuffer::<f32>::alloc(&dev, 256)?;
+/// cudars_xfer::copy_to_device_on_stream(&[0.5f32; 256], &dst, &stream)?;
 /// stream.synchronize()?;
-/// # Ok::<(), cuda_xfer::Error>(())
+/// # Ok::<(), cudars_xfer::Error>(())
 /// ```
 pub fn copy_to_device_on_stream<T: Pod>(
     src: &[T],
@@ -273,7 +273,7 @@ pub fn copy_to_device_on_stream<T: Pod>(
 ) -> Result<()> {
     check_same_len("copy_to_device_on_stream", dst.len(), src.len())?;
     if stream.device() != dst.device() {
-        return Err(cuda_core::Error::WrongDevice {
+        return Err(cudars_core::Error::WrongDevice {
             what: "stream",
             expected: dst.device().ordinal() as i32,
             actual: stream.device().ordinal() as i32,
@@ -321,11 +321,11 @@ pub fn copy_to_device_on_stream<T: Pod>(
 /// work on a non-blocking stream that writes `src` must be waited for first.
 ///
 /// ```no_run
-/// let dev = cuda_core::Device::new(0)?;
-/// let on_device = cuda_xfer::to_device(&dev, &[half::f16::from_f32(0.5); 8])?;
-/// let back: Vec<half::f16> = cuda_xfer::to_host(&on_device)?;
+/// let dev = cudars_core::Device::new(0)?;
+/// let on_device = cudars_xfer::to_device(&dev, &[half::f16::from_f32(0.5); 8])?;
+/// let back: Vec<half::f16> = cudars_xfer::to_host(&on_device)?;
 /// assert_eq!(back[7].to_f32(), 0.5);
-/// # Ok::<(), cuda_xfer::Error>(())
+/// # Ok::<(), cudars_xfer::Error>(())
 /// ```
 pub fn to_host<T: Pod>(src: &DeviceBuffer<T>) -> Result<Vec<T>> {
     // Zeroed memory from the allocator costs nothing up front for large sizes (fresh pages).
@@ -343,12 +343,12 @@ pub fn to_host<T: Pod>(src: &DeviceBuffer<T>) -> Result<Vec<T>> {
 /// after a small copy).
 ///
 /// ```no_run
-/// let dev = cuda_core::Device::new(0)?;
-/// let on_device = cuda_xfer::to_device(&dev, &[1u64, 2, 3])?;
+/// let dev = cudars_core::Device::new(0)?;
+/// let on_device = cudars_xfer::to_device(&dev, &[1u64, 2, 3])?;
 /// let mut out = [0u64; 3];
-/// cuda_xfer::to_host_into(&on_device, &mut out)?;
+/// cudars_xfer::to_host_into(&on_device, &mut out)?;
 /// assert_eq!(out, [1, 2, 3]);
-/// # Ok::<(), cuda_xfer::Error>(())
+/// # Ok::<(), cudars_xfer::Error>(())
 /// ```
 pub fn to_host_into<T: Pod>(src: &DeviceBuffer<T>, dst: &mut [T]) -> Result<()> {
     check_same_len("to_host_into", dst.len(), src.len())?;
@@ -368,11 +368,11 @@ pub fn to_host_into<T: Pod>(src: &DeviceBuffer<T>, dst: &mut [T]) -> Result<()> 
 /// stream-ordered form that returns at once.
 ///
 /// ```no_run
-/// let dev = cuda_core::Device::new(0)?;
-/// let a = cuda_xfer::to_device(&dev, &[1u16, 2, 3])?;
-/// let b = cuda_xfer::DeviceBuffer::<u16>::alloc(&dev, 3)?;
-/// cuda_xfer::copy_device(&a, &b)?;
-/// # Ok::<(), cuda_xfer::Error>(())
+/// let dev = cudars_core::Device::new(0)?;
+/// let a = cudars_xfer::to_device(&dev, &[1u16, 2, 3])?;
+/// let b = cudars_xfer::DeviceBuffer::<u16>::alloc(&dev, 3)?;
+/// cudars_xfer::copy_device(&a, &b)?;
+/// # Ok::<(), cudars_xfer::Error>(())
 /// ```
 pub fn copy_device<T: Pod>(src: &DeviceBuffer<T>, dst: &DeviceBuffer<T>) -> Result<()> {
     check_same_len("copy_device", dst.len(), src.len())?;
@@ -404,11 +404,11 @@ pub fn copy_device_async<T: Pod>(
 /// cost of [`copy_device`].
 ///
 /// ```no_run
-/// let (d0, d1) = (cuda_core::Device::new(0)?, cuda_core::Device::new(1)?);
-/// let a = cuda_xfer::to_device(&d0, &[1u8, 2, 3])?;
-/// let b = cuda_xfer::to_device_of(&a, &d1)?;
+/// let (d0, d1) = (cudars_core::Device::new(0)?, cudars_core::Device::new(1)?);
+/// let a = cudars_xfer::to_device(&d0, &[1u8, 2, 3])?;
+/// let b = cudars_xfer::to_device_of(&a, &d1)?;
 /// assert_eq!(b.device(), d1);
-/// # Ok::<(), cuda_xfer::Error>(())
+/// # Ok::<(), cudars_xfer::Error>(())
 /// ```
 pub fn to_device_of<T: Pod>(src: &DeviceBuffer<T>, device: &Device) -> Result<DeviceBuffer<T>> {
     let dst = DeviceBuffer::alloc(device, src.len())?;

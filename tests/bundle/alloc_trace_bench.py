@@ -1,4 +1,4 @@
-"""Replay an allocation trace (cuda_mempool::replay format) through CuPy's allocator interface,
+"""Replay an allocation trace (cudars_mempool::replay format) through CuPy's allocator interface,
 with no kernels, and print the median time per operation over 7 passes after a warm one: the
 allocator's own cost on a real program's sequence of sizes.
 

@@ -14,14 +14,14 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_LIB = os.path.join(HERE, "lib", "libcuda_mempool_capi.so")
+DEFAULT_LIB = os.path.join(HERE, "lib", "libcudars_mempool_capi.so")
 SANITIZER = ["compute-sanitizer", "--tool", "memcheck", "--target-processes", "all",
              "--error-exitcode", "86", "--print-limit", "20", "--report-api-errors", "no"]
 
 
 def parser(doc, seconds=60, streams=10000):
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
-    ap.add_argument("--lib", default=DEFAULT_LIB, help="path of libcuda_mempool_capi.so")
+    ap.add_argument("--lib", default=DEFAULT_LIB, help="path of libcudars_mempool_capi.so")
     ap.add_argument("--seconds", type=float, default=seconds, help="length of timed stress runs")
     ap.add_argument("--streams", type=int, default=streams, help="streams in the churn test")
     ap.add_argument("--sanitize", action="store_true",

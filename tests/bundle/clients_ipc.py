@@ -7,7 +7,7 @@ Scenarios (each a child process, see clients_common.py):
                     (read on the device, compared on the host).
   ours_opens_cupys  CuPy allocates (runtime.malloc), writes the pattern, exports with
                     runtime.ipcGetMemHandle; `ipc_producer_consumer --open-legacy HEX SIZE
-                    SEED` opens it with cuda_core::ipc::IpcMapping and checks every byte.
+                    SEED` opens it with cudars_core::ipc::IpcMapping and checks every byte.
 Sizes: 1 B, 4097 B, 1 MiB + 3, 256 MiB. Prints "N passed, N failed" last.
 """
 

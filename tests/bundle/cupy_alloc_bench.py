@@ -23,7 +23,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_LIB = os.path.join(HERE, "lib", "libcuda_mempool_capi.so")
+DEFAULT_LIB = os.path.join(HERE, "lib", "libcudars_mempool_capi.so")
 MIB = 1 << 20
 
 

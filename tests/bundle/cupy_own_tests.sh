@@ -11,7 +11,7 @@
 # Needs python3 with CuPy 14.x and pytest; lib/ beside this script.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
-lib="$here/lib/libcuda_mempool_capi.so"
+lib="$here/lib/libcudars_mempool_capi.so"
 if ! python3 -c 'import pytest, cupy' 2>/dev/null; then
   echo "FAIL: python3 cannot import pytest and cupy"; echo "0 passed, 1 failed"; exit 1
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Run a CuPy workload twice, on CuPy's default MemoryPool and on cuda-mempool's pool
-(libcuda_mempool_capi.so through cupy.cuda.memory.CFunctionAllocator), and compare:
+(libcudars_mempool_capi.so through cupy.cuda.memory.CFunctionAllocator), and compare:
 results step by step (exact equality), peak memory reserved as the driver sees it
 (cudaMemGetInfo: total - free, minus the baseline before the first allocation, sampled
 after every step), and median step time.
@@ -25,7 +25,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_LIB = os.path.join(HERE, "lib", "libcuda_mempool_capi.so")
+DEFAULT_LIB = os.path.join(HERE, "lib", "libcudars_mempool_capi.so")
 SEED = 4321
 WARMUP = 5
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Record the allocation trace of the PyTorch or the CuPy workload (torch_workload.py,
-cupy_workload.py) in the replay format of cuda_mempool::replay, so that the pool's policies
+cupy_workload.py) in the replay format of cudars_mempool::replay, so that the pool's policies
 can be studied on the simulated backend without a GPU:
 
     a ID SIZE STREAM    allocate SIZE bytes as ID on stream STREAM

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Train a small transformer language model twice, on PyTorch's own caching allocator and
-on cuda-mempool's pool (libcuda_mempool_capi.so through CUDAPluggableAllocator), and
+on cuda-mempool's pool (libcudars_mempool_capi.so through CUDAPluggableAllocator), and
 compare: losses step by step (exact equality), peak memory reserved as the driver sees it
 (cuMemGetInfo: total - free, minus the baseline before the first allocation, sampled after
 every step), and median step time.
@@ -25,7 +25,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_LIB = os.path.join(HERE, "lib", "libcuda_mempool_capi.so")
+DEFAULT_LIB = os.path.join(HERE, "lib", "libcudars_mempool_capi.so")
 
 SEED = 1234
 VOCAB = 2048

@@ -4,7 +4,7 @@ fresh processes, runs interleaved, with medians, spreads and verdicts.
 
 PyTorch (torch_workload.py's training loop: a 4-layer transformer LM, varying sequence
 lengths): three allocators, one process a run (the allocator is chosen once a process):
-  ours        libcuda_mempool_capi.so through torch.cuda.memory.CUDAPluggableAllocator
+  ours        libcudars_mempool_capi.so through torch.cuda.memory.CUDAPluggableAllocator
   default     PyTorch's caching allocator
   expandable  PyTorch's caching allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 CuPy (cupy_workload.py's loop: matmuls, FFTs, sorts, reductions of varying sizes):
@@ -48,7 +48,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_LIB = os.path.join(HERE, "lib", "libcuda_mempool_capi.so")
+DEFAULT_LIB = os.path.join(HERE, "lib", "libcudars_mempool_capi.so")
 MIB = 1 << 20
 
 

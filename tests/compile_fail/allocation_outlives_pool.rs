@@ -1,5 +1,5 @@
 // An `Allocation` borrows its `MemoryPool`: it cannot outlive it.
-use cuda_mempool::{DeviceId, MemoryPool, SimDevice, SimulatedBackend, StreamId};
+use cudars_mempool::{DeviceId, MemoryPool, SimDevice, SimulatedBackend, StreamId};
 
 fn main() {
     let allocation;

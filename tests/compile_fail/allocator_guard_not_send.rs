@@ -3,5 +3,5 @@
 fn assert_send<T: Send>() {}
 
 fn main() {
-    assert_send::<cuda_mempool::allocator::AllocatorGuard>();
+    assert_send::<cudars_mempool::allocator::AllocatorGuard>();
 }

@@ -2,5 +2,5 @@
 fn assert_send<T: Send>() {}
 
 fn main() {
-    assert_send::<cuda_graph::Capture<'static>>();
+    assert_send::<cudars_graph::Capture<'static>>();
 }

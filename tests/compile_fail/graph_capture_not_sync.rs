@@ -2,5 +2,5 @@
 fn assert_sync<T: Sync>() {}
 
 fn main() {
-    assert_sync::<cuda_graph::Capture<'static>>();
+    assert_sync::<cudars_graph::Capture<'static>>();
 }

@@ -3,5 +3,5 @@
 fn assert_sync<T: Sync>() {}
 
 fn main() {
-    assert_sync::<cuda_graph::GraphExec>();
+    assert_sync::<cudars_graph::GraphExec>();
 }

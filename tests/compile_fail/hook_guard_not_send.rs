@@ -2,5 +2,5 @@
 fn assert_send<T: Send>() {}
 
 fn main() {
-    assert_send::<cuda_mempool::hooks::HookGuard>();
+    assert_send::<cudars_mempool::hooks::HookGuard>();
 }

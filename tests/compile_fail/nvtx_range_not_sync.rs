@@ -2,5 +2,5 @@
 fn assert_sync<T: Sync>() {}
 
 fn main() {
-    assert_sync::<cuda_core::nvtx::Range>();
+    assert_sync::<cudars_core::nvtx::Range>();
 }

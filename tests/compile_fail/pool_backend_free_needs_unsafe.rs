@@ -3,7 +3,7 @@
 // same address: two owners, then a double free). `Backend::deallocate`, `unmap`, `map` and
 // `release_address_range` are `unsafe fn`: a safe program cannot call them (soundness
 // round 2, item 1).
-use cuda_mempool::{Backend, DeviceAddress, DeviceId, DevicePool};
+use cudars_mempool::{Backend, DeviceAddress, DeviceId, DevicePool};
 
 fn main() {
     let pool = DevicePool::new_driver().unwrap();

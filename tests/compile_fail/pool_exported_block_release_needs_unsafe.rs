@@ -3,8 +3,8 @@
 // (soundness round 2, item 10). The safe way is `release_after` with the importer's event.
 use std::sync::Arc;
 
-use cuda_core::{Device, Stream};
-use cuda_mempool::DevicePool;
+use cudars_core::{Device, Stream};
+use cudars_mempool::DevicePool;
 
 fn main() {
     let stream = Stream::new(&Device::new(0).unwrap()).unwrap();

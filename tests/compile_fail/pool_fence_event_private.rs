@@ -2,8 +2,8 @@
 // fences: a clone of one, re-recorded on an idle stream, made the pool believe a block's
 // last owner had finished (soundness round 2, item 2). A fence's event cannot be taken
 // out, neither through a method nor through the field.
-use cuda_core::Event;
-use cuda_mempool::DriverFence;
+use cudars_core::Event;
+use cudars_mempool::DriverFence;
 
 fn steal(fence: &DriverFence) -> Event {
     fence.event().clone()

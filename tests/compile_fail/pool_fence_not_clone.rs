@@ -3,5 +3,5 @@
 fn assert_clone<T: Clone>() {}
 
 fn main() {
-    assert_clone::<cuda_mempool::DriverFence>();
+    assert_clone::<cudars_mempool::DriverFence>();
 }

@@ -4,5 +4,5 @@
 fn assert_clone<T: Clone>() {}
 
 fn main() {
-    assert_clone::<cuda_mempool::PrivateHold>();
+    assert_clone::<cudars_mempool::PrivateHold>();
 }

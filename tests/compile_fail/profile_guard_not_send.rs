@@ -2,5 +2,5 @@
 fn assert_send<T: Send>() {}
 
 fn main() {
-    assert_send::<cuda_core::profiler::ProfileGuard>();
+    assert_send::<cudars_core::profiler::ProfileGuard>();
 }

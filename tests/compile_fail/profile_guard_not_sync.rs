@@ -3,5 +3,5 @@
 fn assert_sync<T: Sync>() {}
 
 fn main() {
-    assert_sync::<cuda_core::profiler::ProfileGuard>();
+    assert_sync::<cudars_core::profiler::ProfileGuard>();
 }

@@ -1,6 +1,6 @@
 // `RawAllocation` is not `Copy` and `MemoryPool::free_raw` consumes it: the same raw
 // allocation cannot be freed twice (issue 26, item 5).
-use cuda_mempool::{DeviceId, MemoryPool, SimDevice, SimulatedBackend, StreamId};
+use cudars_mempool::{DeviceId, MemoryPool, SimDevice, SimulatedBackend, StreamId};
 
 fn main() {
     let pool = MemoryPool::new(SimulatedBackend::new(vec![SimDevice {

@@ -2,5 +2,5 @@
 fn assert_send<T: Send>() {}
 
 fn main() {
-    assert_send::<cuda_core::graph::RelaxedCaptureMode>();
+    assert_send::<cudars_core::graph::RelaxedCaptureMode>();
 }

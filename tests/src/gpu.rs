@@ -3,7 +3,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use cuda_core::Device;
+use cudars_core::Device;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

@@ -4,7 +4,7 @@
 //! machine without a GPU does not build them, and `cargo xtask gpu-bundle` does. A GPU test
 //! never passes without a GPU: it fails at its first driver call.
 //!
-//! The kernels the tests and benchmarks launch are the public `cuda_core::kernels`.
+//! The kernels the tests and benchmarks launch are the public `cudars_core::kernels`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use cuda_core::memory::DevicePtr;
-use cuda_core::Stream;
-use cuda_nccl::{group, Communicator, NcclType, ReduceOp};
+use cudars_core::memory::DevicePtr;
+use cudars_core::Stream;
+use cudars_nccl::{group, Communicator, NcclType, ReduceOp};
 use half::{bf16, f16};
 
 /// How long a test waits for one collective before calling it hung.

@@ -7,24 +7,27 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use cuda_core::Device;
-use cuda_sys::Resolution;
+use cudars_core::Device;
+use cudars_sys::Resolution;
 
 #[test]
 fn the_real_driver_loads_through_cu_get_proc_address() {
-    let driver = cuda_sys::driver().expect("libcuda loads");
+    let driver = cudars_sys::driver().expect("libcuda loads");
     assert_eq!(driver.resolution(), Resolution::ProcAddress);
-    assert_eq!(driver.init_status(), Some(cuda_sys::CUresult::CUDA_SUCCESS));
+    assert_eq!(
+        driver.init_status(),
+        Some(cudars_sys::CUresult::CUDA_SUCCESS)
+    );
     // A driver at least as new as the bindings provides every entry point.
-    let version = cuda_core::driver_version().unwrap();
-    if version >= cuda_core::bindings_version() {
+    let version = cudars_core::driver_version().unwrap();
+    if version >= cudars_core::bindings_version() {
         assert_eq!(
             driver.resolved_count(),
-            cuda_sys::DRIVER_ENTRY_POINT_COUNT,
+            cudars_sys::DRIVER_ENTRY_POINT_COUNT,
             "{driver:?}"
         );
     }
-    assert!(cuda_core::is_available());
+    assert!(cudars_core::is_available());
 }
 
 #[test]
@@ -49,9 +52,9 @@ fn device_zero_is_described() {
 
 #[test]
 fn an_invalid_ordinal_is_a_typed_error() {
-    let count = cuda_core::device_count().unwrap();
+    let count = cudars_core::device_count().unwrap();
     match Device::new(count) {
-        Err(cuda_core::Error::InvalidDevice { ordinal, count: c }) => {
+        Err(cudars_core::Error::InvalidDevice { ordinal, count: c }) => {
             assert_eq!(ordinal as usize, count);
             assert_eq!(c, count);
         }
@@ -63,7 +66,7 @@ fn an_invalid_ordinal_is_a_typed_error() {
 fn a_driver_error_names_the_call_code_and_message() {
     let dev = Device::new(0).unwrap();
     let err = dev
-        .attribute(cuda_sys::CUdevice_attribute(1_000_000))
+        .attribute(cudars_sys::CUdevice_attribute(1_000_000))
         .unwrap_err();
     let d = err.driver().expect("a driver error");
     assert_eq!(d.call, "cuDeviceGetAttribute");

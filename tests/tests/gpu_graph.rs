@@ -8,17 +8,17 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use cuda_core::kernels::Kernels;
-use cuda_core::memory::DevicePtr;
-use cuda_core::{Device, Event, Stream};
-use cuda_graph::{CaptureMode, CaptureStatus, Error, UpdateOutcome, UpdateRefusal};
-use tests::gpu::serial;
+use cudars_core::kernels::Kernels;
+use cudars_core::memory::DevicePtr;
+use cudars_core::{Device, Event, Stream};
+use cudars_graph::{CaptureMode, CaptureStatus, Error, UpdateOutcome, UpdateRefusal};
+use workspace_tests::gpu::serial;
 
 /// Elements in the test buffers: not a multiple of the kernels' block size.
 const N: usize = (1 << 16) + 3;
 
 // A global-mode capture refuses other threads' allocations: the tests of this file run one
-// at a time (`tests::gpu::serial`) even when the harness runs tests in parallel.
+// at a time (`workspace_tests::gpu::serial`) even when the harness runs tests in parallel.
 
 fn setup() -> (Device, Stream, Kernels) {
     let dev = Device::new(0).expect("device 0");
@@ -47,7 +47,7 @@ fn assert_all(buf: &DevicePtr, expected: u32, what: &str) {
 }
 
 fn status(stream: &Stream) -> CaptureStatus {
-    cuda_graph::capture_status(stream).unwrap().status
+    cudars_graph::capture_status(stream).unwrap().status
 }
 
 /// The sequence under test: memsets, a device copy and kernels, ending with an accumulator.
@@ -59,7 +59,7 @@ fn sequence(
     b: &DevicePtr,
     c: &DevicePtr,
     acc: &DevicePtr,
-) -> cuda_core::Result<()> {
+) -> cudars_core::Result<()> {
     a.memset_u32_async(5, s)?;
     // SAFETY: a, b, c and acc hold N u32s each and outlive the work (every test synchronises
     // before dropping them); nothing else touches them meanwhile.
@@ -115,7 +115,7 @@ fn a_captured_sequence_replays_like_direct_issue_many_times() {
     for buf in [&a, &b, &c, &acc] {
         buf.memset_u32(0).unwrap();
     }
-    let graph = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+    let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         Ok(sequence(&k, s, &a, &b, &c, &acc)?)
     })
     .unwrap();
@@ -165,7 +165,7 @@ fn every_capture_mode_records_and_replays() {
     {
         let value = 100 + i as u32;
         let graph =
-            cuda_graph::capture(&stream, mode, |s| Ok(buf.memset_u32_async(value, s)?)).unwrap();
+            cudars_graph::capture(&stream, mode, |s| Ok(buf.memset_u32_async(value, s)?)).unwrap();
         assert_all(&buf, if i == 0 { 0 } else { value - 1 }, "before launch");
         graph.instantiate().unwrap().launch(&stream).unwrap();
         stream.synchronize().unwrap();
@@ -187,7 +187,7 @@ fn a_fork_join_capture_over_three_streams_replays_correctly() {
     );
     let n = N as u64;
 
-    let graph = cuda_graph::capture(&s0, CaptureMode::ThreadLocal, |cap| {
+    let graph = cudars_graph::capture(&s0, CaptureMode::ThreadLocal, |cap| {
         let id = cap.id().id;
         // s1 joins through the guard's helper ...
         cap.fork(&s1)?;
@@ -196,7 +196,7 @@ fn a_fork_join_capture_over_three_streams_replays_correctly() {
         fork.record(cap)?;
         s2.wait_event(&fork)?;
         for side in [&s1, &s2] {
-            let info = cuda_graph::capture_status(side)?;
+            let info = cudars_graph::capture_status(side)?;
             assert_eq!(info.status, CaptureStatus::Active);
             assert_eq!(info.id, Some(id), "the side stream is in the same capture");
         }
@@ -247,7 +247,7 @@ fn an_error_inside_the_closure_ends_the_capture_and_the_stream_works() {
     let (dev, stream, _) = setup();
     let buf = buffer(&dev, 1);
     let mut seen = None;
-    let err = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+    let err = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         seen = Some(s.id());
         buf.memset_u32_async(2, s)?;
         Err(Error::other("the body gave up"))
@@ -281,7 +281,7 @@ fn a_panic_inside_the_closure_ends_the_capture_and_the_stream_works() {
     let (dev, stream, _) = setup();
     let buf = buffer(&dev, 1);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        cuda_graph::capture(&stream, CaptureMode::Global, |s| {
+        cudars_graph::capture(&stream, CaptureMode::Global, |s| {
             buf.memset_u32_async(2, s)?;
             panic!("boom inside the capture");
         })
@@ -305,7 +305,7 @@ fn synchronize_inside_a_capture_is_a_clear_error_and_leaves_no_capture_open() {
     let _serial = serial();
     let (dev, stream, _) = setup();
     let buf = buffer(&dev, 1);
-    let err = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+    let err = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         buf.memset_u32_async(2, s)?;
         s.synchronize()?;
         Ok(())
@@ -343,7 +343,7 @@ fn legacy_stream_work_inside_a_capture_invalidates_it_and_leaves_no_capture_open
     let (dev, stream, _) = setup();
     let buf = buffer(&dev, 1);
     let null = Stream::null(&dev);
-    let err = cuda_graph::capture(&stream, CaptureMode::Global, |s| {
+    let err = cudars_graph::capture(&stream, CaptureMode::Global, |s| {
         buf.memset_u32_async(2, s)?;
         buf.memset_u32_async(3, &null)?;
         Ok(())
@@ -375,18 +375,18 @@ fn the_guard_form_begins_reports_ends_and_ends_on_drop() {
     // The legacy stream cannot be captured; nothing begins.
     let null = Stream::null(&dev);
     assert!(matches!(
-        cuda_graph::capture_begin(&null, CaptureMode::ThreadLocal),
-        Err(Error::Cuda(cuda_core::Error::InvalidArgument(_)))
+        cudars_graph::capture_begin(&null, CaptureMode::ThreadLocal),
+        Err(Error::Cuda(cudars_core::Error::InvalidArgument(_)))
     ));
 
     // begin / status / end.
-    let capture = cuda_graph::capture_begin(&stream, CaptureMode::ThreadLocal).unwrap();
-    let info = cuda_graph::capture_status(&stream).unwrap();
+    let capture = cudars_graph::capture_begin(&stream, CaptureMode::ThreadLocal).unwrap();
+    let info = cudars_graph::capture_status(&stream).unwrap();
     assert_eq!(info.status, CaptureStatus::Active);
     assert_eq!(info.id, Some(capture.id().id));
     assert_eq!(capture.status().unwrap(), CaptureStatus::Active);
     // A second begin on the same stream is refused and leaves the first capture alone.
-    match cuda_graph::capture_begin(&stream, CaptureMode::ThreadLocal) {
+    match cudars_graph::capture_begin(&stream, CaptureMode::ThreadLocal) {
         Err(Error::AlreadyCapturing { capture: id, .. }) => assert_eq!(id, capture.id().id),
         other => panic!("expected AlreadyCapturing, got {other:?}"),
     }
@@ -401,7 +401,7 @@ fn the_guard_form_begins_reports_ends_and_ends_on_drop() {
 
     // A guard dropped without end(): the capture ends and its work is discarded.
     {
-        let forgotten = cuda_graph::capture_begin(&stream, CaptureMode::ThreadLocal).unwrap();
+        let forgotten = cudars_graph::capture_begin(&stream, CaptureMode::ThreadLocal).unwrap();
         buf.memset_u32_async(9, &forgotten).unwrap();
     }
     assert_eq!(status(&stream), CaptureStatus::None);
@@ -409,7 +409,7 @@ fn the_guard_form_begins_reports_ends_and_ends_on_drop() {
     assert_all(&buf, 1, "no captured work ran");
 
     // end() after an illegal call: Invalidated, naming the capture; the stream is free again.
-    let capture = cuda_graph::capture_begin(&stream, CaptureMode::ThreadLocal).unwrap();
+    let capture = cudars_graph::capture_begin(&stream, CaptureMode::ThreadLocal).unwrap();
     let id = capture.id();
     assert!(stream.synchronize().is_err());
     assert_eq!(capture.status().unwrap(), CaptureStatus::Invalidated);
@@ -437,7 +437,7 @@ fn update_with_a_new_memset_value_changes_what_the_next_launch_writes() {
     let buf = buffer(&dev, 0);
     let other = buffer(&dev, 0);
     let record = |value: u32| {
-        cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+        cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
             buf.memset_u32_async(value, s)?;
             // SAFETY: buf holds N u32s and lives until the final synchronize.
             unsafe { k.add_u32_raw(s, buf.as_raw(), 1, N as u64)? };
@@ -457,7 +457,7 @@ fn update_with_a_new_memset_value_changes_what_the_next_launch_writes() {
     assert_all(&buf, 21, "after the update");
 
     // Another shape (a third node): refused by the driver, so re-instantiated, and correct.
-    let bigger = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+    let bigger = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         buf.memset_u32_async(29, s)?;
         // SAFETY: as above.
         unsafe { k.add_u32_raw(s, buf.as_raw(), 1, N as u64)? };
@@ -483,7 +483,7 @@ fn a_graph_launches_on_other_streams_than_the_captured_one() {
     let _serial = serial();
     let (dev, captured, k) = setup();
     let buf = buffer(&dev, 0);
-    let graph = cuda_graph::capture(&captured, CaptureMode::ThreadLocal, |s| {
+    let graph = cudars_graph::capture(&captured, CaptureMode::ThreadLocal, |s| {
         // SAFETY: buf holds N u32s and lives until the final synchronize.
         unsafe { k.add_u32_raw(s, buf.as_raw(), 1, N as u64)? };
         Ok(())
@@ -515,7 +515,7 @@ fn clone_dot_file_and_upload() {
     let _serial = serial();
     let (dev, stream, _) = setup();
     let buf = buffer(&dev, 0);
-    let graph = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+    let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         buf.memset_u32_async(1, s)?;
         buf.slice(0..64)?.memset_u32_async(2, s)?;
         Ok(())
@@ -545,9 +545,9 @@ fn stream_ordered_allocations_inside_a_capture_become_memory_nodes() {
     let _serial = serial();
     let (dev, stream, k) = setup();
     let out = buffer(&dev, 0);
-    let driver = cuda_core::sys::driver().unwrap();
-    let graph = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
-        let mut tmp: cuda_core::sys::CUdeviceptr = 0;
+    let driver = cudars_core::sys::driver().unwrap();
+    let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+        let mut tmp: cudars_core::sys::CUdeviceptr = 0;
         let _ctx = dev.bind()?;
         // SAFETY: a live stream of the current context; valid out-pointer. During capture the
         // allocation becomes a graph node; it is freed below, inside the same graph.

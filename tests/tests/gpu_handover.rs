@@ -1,4 +1,4 @@
-//! GPU: the one ordering rule for reused memory (`cuda_core::memory::Handover`).
+//! GPU: the one ordering rule for reused memory (`cudars_core::memory::Handover`).
 //!
 //! A kernel on stream A writes a pool block for about 0.1 s; the block is freed right
 //! after the launch. A fresh non-blocking stream B asks for the same size and gets A's
@@ -18,12 +18,12 @@
 
 use std::sync::Arc;
 
-use cuda_core::async_pool::StreamOrderedMemory;
-use cuda_core::kernels::Kernels;
-use cuda_core::memory::DevicePtr;
-use cuda_core::{Device, Stream};
-use cuda_mempool::DevicePool;
-use tests::gpu::{dev0, serial};
+use cudars_core::async_pool::StreamOrderedMemory;
+use cudars_core::kernels::Kernels;
+use cudars_core::memory::DevicePtr;
+use cudars_core::{Device, Stream};
+use cudars_mempool::DevicePool;
+use workspace_tests::gpu::{dev0, serial};
 
 /// About 0.1 s of SM clocks: the host runs far ahead of the old owner's kernel.
 const SLOW: u64 = 200_000_000;
@@ -45,9 +45,9 @@ enum Use {
     AsyncOnOtherStream,
     /// The safe `Kernels::fill` on a third stream.
     KernelOnOtherStream,
-    /// `cuda_xfer::copy_to_device` (synchronous, possibly staged).
+    /// `cudars_xfer::copy_to_device` (synchronous, possibly staged).
     XferCopyToDevice,
-    /// `cuda_xfer::copy_to_device_on_stream` on a third stream.
+    /// `cudars_xfer::copy_to_device_on_stream` on a third stream.
     XferOnOtherStream,
     /// The new owner writes on its own stream, then reads synchronously: the read must
     /// see its write (and not the old kernel's data).
@@ -96,12 +96,12 @@ fn apply(
         Use::AsyncOnOtherStream => block.memset_u32_async(NEW, &other).unwrap(),
         Use::KernelOnOtherStream => k.fill(&other, block, NEW).unwrap(),
         Use::XferCopyToDevice => {
-            let buf = cuda_xfer::DeviceBuffer::<u32>::from_ptr(block.clone()).unwrap();
-            cuda_xfer::copy_to_device(&vec![NEW; n], &buf).unwrap();
+            let buf = cudars_xfer::DeviceBuffer::<u32>::from_ptr(block.clone()).unwrap();
+            cudars_xfer::copy_to_device(&vec![NEW; n], &buf).unwrap();
         }
         Use::XferOnOtherStream => {
-            let buf = cuda_xfer::DeviceBuffer::<u32>::from_ptr(block.clone()).unwrap();
-            cuda_xfer::copy_to_device_on_stream(&vec![NEW; n], &buf, &other).unwrap();
+            let buf = cudars_xfer::DeviceBuffer::<u32>::from_ptr(block.clone()).unwrap();
+            cudars_xfer::copy_to_device_on_stream(&vec![NEW; n], &buf, &other).unwrap();
         }
         Use::ReadAfterOwnWrite => {
             block.memset_u32_async(NEW, own).unwrap();
@@ -247,7 +247,7 @@ fn stream_ordered_memory_refuses_a_capturing_stream() {
     let dev = dev0();
     let s = non_blocking(&dev);
     let mut refused = None;
-    let graph = cuda_graph::capture(&s, cuda_graph::CaptureMode::ThreadLocal, |c| {
+    let graph = cudars_graph::capture(&s, cudars_graph::CaptureMode::ThreadLocal, |c| {
         let stream = Arc::new((**c).clone());
         refused = Some(StreamOrderedMemory::new(1 << 20, &stream).map(|_| ()));
         Ok(())
@@ -258,7 +258,7 @@ fn stream_ordered_memory_refuses_a_capturing_stream() {
         graph.as_ref().map(|_| ())
     );
     assert!(
-        matches!(refused, Err(cuda_core::Error::InvalidArgument(ref m)) if m.contains("captured")),
+        matches!(refused, Err(cudars_core::Error::InvalidArgument(ref m)) if m.contains("captured")),
         "{refused:?}"
     );
     assert!(graph.is_ok(), "the refusal leaves the capture valid");
@@ -276,10 +276,10 @@ fn private_pool_release_waits_for_other_streams_work() {
     let size = 64 << 20;
     let s = non_blocking(&dev);
     let mut block: Option<DevicePtr> = None;
-    let graph = cuda_graph::capture(&s, cuda_graph::CaptureMode::ThreadLocal, |c| {
+    let graph = cudars_graph::capture(&s, cudars_graph::CaptureMode::ThreadLocal, |c| {
         let b: DevicePtr = pool
             .malloc_shared(c, size)
-            .map_err(cuda_core::Error::from)?
+            .map_err(cudars_core::Error::from)?
             .into();
         k.fill(c, &b, 1)?;
         block = Some(b);

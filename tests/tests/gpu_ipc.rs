@@ -1,4 +1,4 @@
-//! GPU: sharing device memory between processes (`cuda_core::ipc`, `cuda_mempool::ipc`).
+//! GPU: sharing device memory between processes (`cudars_core::ipc`, `cudars_mempool::ipc`).
 //!
 //! Each two-process test re-executes this test binary on itself (`--exact NAME`) with
 //! `CUDA_RS_IPC_ROLE` set: the same test function then plays the other process's part, so no
@@ -33,15 +33,15 @@ use std::os::unix::net::UnixStream;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 
-use cuda_core::ipc::{self, IpcError, IpcMapping, IpcMemHandle, IpcRegion, SharedMapping};
-use cuda_core::kernels::Kernels;
-use cuda_core::memory::{DeviceMemory, DevicePtr, PinnedFlags, PinnedMemory};
-use cuda_core::sys::CUdevice_attribute;
-use cuda_core::vmm::{self, PhysicalAllocation};
-use cuda_core::{Device, Error, Event, IpcEventHandle, Stream};
-use cuda_mempool::ipc::import_block;
-use cuda_mempool::{DevicePool, PoolError};
-use tests::gpu::serial;
+use cudars_core::ipc::{self, IpcError, IpcMapping, IpcMemHandle, IpcRegion, SharedMapping};
+use cudars_core::kernels::Kernels;
+use cudars_core::memory::{DeviceMemory, DevicePtr, PinnedFlags, PinnedMemory};
+use cudars_core::sys::CUdevice_attribute;
+use cudars_core::vmm::{self, PhysicalAllocation};
+use cudars_core::{Device, Error, Event, IpcEventHandle, Stream};
+use cudars_mempool::ipc::import_block;
+use cudars_mempool::{DevicePool, PoolError};
+use workspace_tests::gpu::serial;
 
 const ROLE: &str = "CUDA_RS_IPC_ROLE";
 const ARG: &str = "CUDA_RS_IPC_ARG";

@@ -20,12 +20,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cuda_core::kernels::Kernels;
-use cuda_core::memory::{AttachFlags, DevicePtr, ManagedMemory};
-use cuda_core::{Device, Stream};
-use cuda_mempool::driver::device_id;
-use cuda_mempool::{DevicePool, Limit, PoolError};
-use tests::gpu::serial;
+use cudars_core::kernels::Kernels;
+use cudars_core::memory::{AttachFlags, DevicePtr, ManagedMemory};
+use cudars_core::{Device, Stream};
+use cudars_mempool::driver::device_id;
+use cudars_mempool::{DevicePool, Limit, PoolError};
+use workspace_tests::gpu::serial;
 
 /// Devices 0 and 1; fails clearly with fewer than two, or without peer access between them.
 fn two_devices() -> (Device, Device) {

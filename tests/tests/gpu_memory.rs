@@ -16,15 +16,15 @@ use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use cuda_core::async_pool::{self, MemPool, PoolAttribute, StreamOrderedMemory};
-use cuda_core::memory::{
+use cudars_core::async_pool::{self, MemPool, PoolAttribute, StreamOrderedMemory};
+use cudars_core::memory::{
     Advice, AttachFlags, DeviceMemory, DevicePtr, HostRegistration, Location, ManagedMemory,
     PinnedFlags, PinnedMemory, RegisterFlags, UnownedMemory,
 };
-use cuda_core::pointer::{self, MemoryLocation};
-use cuda_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
-use cuda_core::{Device, Error, Stream};
-use tests::gpu::{dev0, serial};
+use cudars_core::pointer::{self, MemoryLocation};
+use cudars_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
+use cudars_core::{Device, Error, Stream};
+use workspace_tests::gpu::{dev0, serial};
 
 const MIB: usize = 1 << 20;
 /// The sizes issue 3 asks for: 0, 1, 511, 4 KiB, 1 MiB + 3 bytes and 256 MiB.
@@ -237,7 +237,7 @@ fn typed_fills_and_copies_respect_alignment() {
 
 #[test]
 fn raw_calls_work_on_addresses() {
-    use cuda_core::memory::raw;
+    use cudars_core::memory::raw;
     let _s = serial();
     let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
@@ -480,13 +480,13 @@ fn managed_memory_written_by_the_device_is_read_on_the_host() {
 fn last_prefetch_location(dev: &Device, addr: u64, len: usize) -> i32 {
     let mut loc: i32 = -7;
     let _ctx = dev.bind().unwrap(); // range attributes need a current context
-    let driver = cuda_sys::driver().unwrap();
+    let driver = cudars_sys::driver().unwrap();
     // SAFETY: a 4-byte out-buffer for an int attribute of a managed range.
     let r = unsafe {
         driver.cuMemRangeGetAttribute(
             (&mut loc as *mut i32).cast(),
             4,
-            cuda_sys::CUmem_range_attribute::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
+            cudars_sys::CUmem_range_attribute::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
             addr,
             len,
         )
@@ -501,8 +501,10 @@ fn managed_memory_prefetches_to_the_device_and_to_the_host() {
     let _s = serial();
     let dev = dev0();
     assert_eq!(
-        dev.attribute(cuda_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)
-            .unwrap(),
+        dev.attribute(
+            cudars_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
+        )
+        .unwrap(),
         1,
         "this test needs concurrent managed access"
     );
@@ -543,13 +545,13 @@ fn managed_memory_prefetches_to_the_device_and_to_the_host() {
         .unwrap();
     let mut read_mostly: i32 = 0;
     let _ctx = dev.bind().unwrap();
-    let driver = cuda_sys::driver().unwrap();
+    let driver = cudars_sys::driver().unwrap();
     // SAFETY: a 4-byte out-buffer for an int attribute of a managed range.
     let r = unsafe {
         driver.cuMemRangeGetAttribute(
             (&mut read_mostly as *mut i32).cast(),
             4,
-            cuda_sys::CUmem_range_attribute::CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY,
+            cudars_sys::CUmem_range_attribute::CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY,
             mem.as_raw(),
             size,
         )
@@ -1042,7 +1044,7 @@ fn stream_ordered_pools_allocate_free_and_report() {
 #[ignore = "needs two GPUs"]
 fn peer_copies_between_two_devices() {
     let _s = serial();
-    let count = cuda_core::device_count().unwrap();
+    let count = cudars_core::device_count().unwrap();
     assert!(count >= 2, "this test needs two GPUs, found {count}");
     let (d0, d1) = (Device::new(0).unwrap(), Device::new(1).unwrap());
     let size = 64 * MIB + 5;

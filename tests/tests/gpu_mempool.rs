@@ -1,6 +1,6 @@
 //! GPU: cuda-mempool on the real card: the driver backend's stream-ordered reuse (checked
 //! with a slow writer kernel), out of memory, limits, returning memory to the device,
-//! statistics, `cuda_core` views of pool blocks (and `record_stream` through them), the
+//! statistics, `cudars_core` views of pool blocks (and `record_stream` through them), the
 //! async pool and the pinned pool.
 //!
 //! Every test takes `SERIAL`, so the ones that compare device memory levels never see
@@ -15,18 +15,18 @@
 
 use std::sync::Arc;
 
-use cuda_core::kernels::Kernels;
-use cuda_core::memory::{raw, DevicePtr};
-use cuda_core::{Device, Stream};
-use cuda_mempool::async_pool::{AsyncPool, AsyncPoolSource};
-use cuda_mempool::driver::{device_id, stream_id};
-use cuda_mempool::pinned::PinnedMemoryPool;
-use cuda_mempool::{DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
-use tests::gpu::dev0;
+use cudars_core::kernels::Kernels;
+use cudars_core::memory::{raw, DevicePtr};
+use cudars_core::{Device, Stream};
+use cudars_mempool::async_pool::{AsyncPool, AsyncPoolSource};
+use cudars_mempool::driver::{device_id, stream_id};
+use cudars_mempool::pinned::PinnedMemoryPool;
+use cudars_mempool::{DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
+use workspace_tests::gpu::dev0;
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     install_segv_backtrace();
-    tests::gpu::serial()
+    workspace_tests::gpu::serial()
 }
 
 /// Prints a backtrace on SIGSEGV (diagnostics for a crash inside a driver call).
@@ -124,7 +124,7 @@ fn cross_stream_reuse_waits_for_slow_kernel() {
     }
 }
 
-/// `record_stream` reached through a `cuda_core` view of a pool block: the block is made on
+/// `record_stream` reached through a `cudars_core` view of a pool block: the block is made on
 /// stream A, turned into a `DevicePtr` view, written by a slow kernel on stream B (launched
 /// through its bare address, so only the explicit `record_stream(&b)` on the view tells
 /// the pool about B), and the view is dropped, freeing the block on A while B still runs.
@@ -228,7 +228,7 @@ fn oom_on_the_card_is_typed_and_recoverable() {
         }) => {
             assert_eq!(requested, huge as u64);
             assert_eq!(used, 8 * MIB as u64);
-            assert_eq!(cause, cuda_mempool::OomCause::DeviceMemory);
+            assert_eq!(cause, cudars_mempool::OomCause::DeviceMemory);
             assert_eq!(reserved, reserved_before.current, "nothing reserved for it");
         }
         other => panic!("expected OutOfMemory, got {other:?}"),
@@ -239,7 +239,7 @@ fn oom_on_the_card_is_typed_and_recoverable() {
         pool.stats(device_id(&dev)).unwrap().reserved,
         reserved_before
     );
-    drop(cuda_core::DeviceMemory::new(&dev, 1 << 30).expect("the card is not starved"));
+    drop(cudars_core::DeviceMemory::new(&dev, 1 << 30).expect("the card is not starved"));
     let again = pool
         .malloc_stream(&s, 64 * MIB)
         .expect("pool works after OOM");
@@ -249,14 +249,14 @@ fn oom_on_the_card_is_typed_and_recoverable() {
     let stats = pool.stats(device_id(&dev)).unwrap();
     assert_eq!(stats.ooms, 1);
     assert_eq!(stats.oom_causes.device_memory, 1);
-    assert_eq!(stats.last_oom, Some(cuda_mempool::OomCause::DeviceMemory));
+    assert_eq!(stats.last_oom, Some(cudars_mempool::OomCause::DeviceMemory));
     assert!(stats.mapped >= 72 * MIB as u64 && stats.mapped <= stats.reserved.current);
-    // Through `?` into cuda_core::Error, the pool's error and its cause are still there.
-    let err: cuda_core::Error = pool.malloc_stream(&s, huge).unwrap_err().into();
+    // Through `?` into cudars_core::Error, the pool's error and its cause are still there.
+    let err: cudars_core::Error = pool.malloc_stream(&s, huge).unwrap_err().into();
     assert!(matches!(
         err.downcast_ref::<PoolError>(),
         Some(PoolError::OutOfMemory {
-            cause: cuda_mempool::OomCause::DeviceMemory,
+            cause: cudars_mempool::OomCause::DeviceMemory,
             ..
         })
     ));
@@ -299,7 +299,7 @@ fn memory_returns_and_stats_agree() {
     let s2 = Stream::new(&dev).unwrap();
     for plain in [false, true] {
         let pool = if plain {
-            DevicePool::new(cuda_mempool::DriverBackend::plain().unwrap()).unwrap()
+            DevicePool::new(cudars_mempool::DriverBackend::plain().unwrap()).unwrap()
         } else {
             DevicePool::new_driver().unwrap()
         };
@@ -343,7 +343,7 @@ fn memory_returns_and_stats_agree() {
     }
 }
 
-/// Pool blocks convert into `cuda_core` views; data round trips; the default pool works.
+/// Pool blocks convert into `cudars_core` views; data round trips; the default pool works.
 #[test]
 fn views_and_default_pool() {
     let _s = serial();
@@ -369,14 +369,14 @@ fn views_and_default_pool() {
     drop((view, half));
     assert_eq!(pool.used_bytes(), 0);
 
-    let v = cuda_mempool::driver::malloc(&s, 1000).unwrap();
+    let v = cudars_mempool::driver::malloc(&s, 1000).unwrap();
     assert_eq!(v.len(), 1000);
-    assert!(cuda_mempool::default_pool().unwrap().used_bytes() >= 1024);
+    assert!(cudars_mempool::default_pool().unwrap().used_bytes() >= 1024);
     drop(v);
-    assert_eq!(cuda_mempool::default_pool().unwrap().used_bytes(), 0);
-    let empty = cuda_mempool::driver::malloc(&s, 0).unwrap();
+    assert_eq!(cudars_mempool::default_pool().unwrap().used_bytes(), 0);
+    let empty = cudars_mempool::driver::malloc(&s, 0).unwrap();
     assert!(empty.is_empty());
-    cuda_mempool::default_pool()
+    cudars_mempool::default_pool()
         .unwrap()
         .free_all_blocks()
         .unwrap();
@@ -447,7 +447,7 @@ fn pinned_reuse_waits_for_slow_copy() {
     let pool = PinnedMemoryPool::new();
     let size = 4 * MIB;
     let n = size / 4;
-    let d = cuda_core::memory::DeviceMemory::new(&dev, size).unwrap();
+    let d = cudars_core::memory::DeviceMemory::new(&dev, size).unwrap();
     let mut p = pool.malloc(&dev, size).unwrap();
     let p_addr = p.as_ptr();
     // SAFETY: d holds n u32s, live until the synchronisation below; p stays cached (not
@@ -498,16 +498,16 @@ struct CountingHook {
     free: std::sync::atomic::AtomicUsize,
 }
 
-impl cuda_mempool::hooks::MemoryHook for CountingHook {
-    fn alloc_post(&self, _: &cuda_mempool::hooks::MemoryEvent) {
+impl cudars_mempool::hooks::MemoryHook for CountingHook {
+    fn alloc_post(&self, _: &cudars_mempool::hooks::MemoryEvent) {
         self.alloc
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    fn malloc_post(&self, _: &cuda_mempool::hooks::MemoryEvent) {
+    fn malloc_post(&self, _: &cudars_mempool::hooks::MemoryEvent) {
         self.malloc
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    fn free_post(&self, _: &cuda_mempool::hooks::MemoryEvent) {
+    fn free_post(&self, _: &cudars_mempool::hooks::MemoryEvent) {
         self.free.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
@@ -518,13 +518,13 @@ unsafe extern "C" fn c_malloc(
     ctx: *mut std::ffi::c_void,
     size: usize,
     device: i32,
-    _stream: cuda_core::sys::CUstream,
+    _stream: cudars_core::sys::CUstream,
 ) -> u64 {
     assert_eq!(ctx as usize, 0x1234);
     let Ok(dev) = Device::new(device as usize) else {
         return 0;
     };
-    match cuda_core::memory::DeviceMemory::new(&dev, size) {
+    match cudars_core::memory::DeviceMemory::new(&dev, size) {
         Ok(m) => {
             C_LIVE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             m.into_raw()
@@ -537,11 +537,11 @@ unsafe extern "C" fn c_free(
     _ctx: *mut std::ffi::c_void,
     ptr: u64,
     device: i32,
-    _stream: cuda_core::sys::CUstream,
+    _stream: cudars_core::sys::CUstream,
 ) {
     if let Ok(dev) = Device::new(device as usize) {
         // SAFETY: ptr came from c_malloc (cuMemAlloc) on this device; freed once.
-        drop(unsafe { cuda_core::memory::DeviceMemory::from_raw(dev, ptr, 0x1000) });
+        drop(unsafe { cudars_core::memory::DeviceMemory::from_raw(dev, ptr, 0x1000) });
         C_LIVE.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
@@ -550,14 +550,14 @@ unsafe extern "C" fn c_free(
 /// (alloc/malloc/free counts, line profile).
 #[test]
 fn allocators_and_hooks() {
-    use cuda_mempool::allocator::{self, CFunctionAllocator, DirectAllocator, FnAllocator};
-    use cuda_mempool::hooks::{self, LineProfileHook};
+    use cudars_mempool::allocator::{self, CFunctionAllocator, DirectAllocator, FnAllocator};
+    use cudars_mempool::hooks::{self, LineProfileHook};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     let _s = serial();
     let dev = dev0();
     let s = Stream::new(&dev).unwrap();
-    let default_used = cuda_mempool::default_pool().unwrap().used_bytes();
+    let default_used = cudars_mempool::default_pool().unwrap().used_bytes();
     assert!(allocator::get_allocator().is_none());
     {
         let _g = allocator::using_allocator(Arc::new(DirectAllocator));
@@ -567,7 +567,7 @@ fn allocators_and_hooks() {
         v.copy_to_host(&mut back).unwrap();
         assert!(back.iter().all(|&x| x == 9));
         assert_eq!(
-            cuda_mempool::default_pool().unwrap().used_bytes(),
+            cudars_mempool::default_pool().unwrap().used_bytes(),
             default_used,
             "the direct allocator must not use the pool"
         );
@@ -624,7 +624,7 @@ fn allocators_and_hooks() {
     assert_eq!(report[0].bytes, 3 * MIB as u64);
     assert_eq!(report[0].line, line);
     assert!(report[0].file.ends_with("gpu_mempool.rs"));
-    cuda_mempool::default_pool()
+    cudars_mempool::default_pool()
         .unwrap()
         .free_all_blocks()
         .unwrap();

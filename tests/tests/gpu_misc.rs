@@ -8,9 +8,9 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use cuda_core::nvtx::{self, Color};
-use cuda_core::profiler::{self, OutputMode};
-use cuda_core::{Device, Error, Stream};
+use cudars_core::nvtx::{self, Color};
+use cudars_core::profiler::{self, OutputMode};
+use cudars_core::{Device, Error, Stream};
 
 #[test]
 fn profiler_start_stop_and_guard_succeed_on_the_device() {
@@ -84,8 +84,8 @@ fn nvtx_calls_do_not_fail_and_ranges_nest() {
 mod handles {
     use std::path::{Path, PathBuf};
 
-    use cuda_core::handles::{self, CUBLAS_LIBRARY_ENV, CUSOLVER_LIBRARY_ENV};
-    use cuda_core::Device;
+    use cudars_core::handles::{self, CUBLAS_LIBRARY_ENV, CUSOLVER_LIBRARY_ENV};
+    use cudars_core::Device;
 
     /// `lib` in the usual places a machine without a toolkit on the linker path has it: the
     /// toolkit's lib64, and the `nvidia` pip wheels' lib directories (`nvidia/cu13/lib`,

@@ -10,7 +10,7 @@
 //!   of send and receive ranges is refused while NCCL's in-place forms work; a communicator
 //!   moved out of (or dropped inside) an open group is held until the group ends; `wait` on the
 //!   per-thread stream of a thread that did not issue the work is refused;
-//! * multi process (this test binary re-executed once per GPU by `cuda_nccl::Launcher`, each
+//! * multi process (this test binary re-executed once per GPU by `cudars_nccl::Launcher`, each
 //!   copy running the ignored `rank_worker` test): the same suite over NCCL's default
 //!   transports, then over sockets only (`NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1`, the path
 //!   between machines) with non-blocking communicators; one rank exits in the middle of a
@@ -30,11 +30,13 @@ use std::process::ExitStatus;
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
-use cuda_core::memory::DevicePtr;
-use cuda_core::{Device, Stream};
-use cuda_nccl::{group, CommConfig, Communicator, Error, GroupGuard, Launcher, ReduceOp, UniqueId};
-use tests::gpu::serial;
-use tests::nccl_check::{every_type, large, run_case, Kind, Local, WAIT};
+use cudars_core::memory::DevicePtr;
+use cudars_core::{Device, Stream};
+use cudars_nccl::{
+    group, CommConfig, Communicator, Error, GroupGuard, Launcher, ReduceOp, UniqueId,
+};
+use workspace_tests::gpu::serial;
+use workspace_tests::nccl_check::{every_type, large, run_case, Kind, Local, WAIT};
 
 /// Every GPU; fails with fewer than two.
 fn devices() -> Vec<Device> {
@@ -78,7 +80,7 @@ impl World {
 fn init_all_accessors_and_version() {
     let _s = serial();
     let devices = devices();
-    let (major, minor, _) = cuda_nccl::version().expect("NCCL version");
+    let (major, minor, _) = cudars_nccl::version().expect("NCCL version");
     assert!(
         major >= 2 && (major > 2 || minor >= 10),
         "NCCL {major}.{minor}"
@@ -314,7 +316,7 @@ fn a_pool_block_dropped_inside_a_group_is_not_reused_before_the_group_ends() {
     let n = world.comms.len();
     let count = 1 << 16;
     let s0 = &world.streams[0];
-    let block = cuda_mempool::driver::malloc(s0, count * 4).expect("pool block");
+    let block = cudars_mempool::driver::malloc(s0, count * 4).expect("pool block");
     block.memset_u32_async(1, s0).unwrap();
     s0.synchronize().unwrap();
     let dropped_at = block.as_raw();
@@ -333,7 +335,7 @@ fn a_pool_block_dropped_inside_a_group_is_not_reused_before_the_group_ends() {
             c.all_reduce_in_place::<u32>(b, count, ReduceOp::Sum, s)?;
         }
         // The same size on the same stream: without the hold, the block just dropped.
-        let next = cuda_mempool::driver::malloc(s0, count * 4).expect("next pool block");
+        let next = cudars_mempool::driver::malloc(s0, count * 4).expect("next pool block");
         next.memset_u32_async(7, s0)?;
         Ok(next)
     })
@@ -362,7 +364,7 @@ fn a_buffer_that_cannot_be_marked_on_the_stream_issues_nothing() {
     let _s = serial();
     let World { comms, streams } = World::new();
     let dev = comms[0].device();
-    let block = cuda_mempool::driver::malloc(&streams[0], 4096).expect("pool block");
+    let block = cudars_mempool::driver::malloc(&streams[0], 4096).expect("pool block");
     let ptds = Stream::per_thread(&dev);
     for in_group in [false, true] {
         let r = if in_group {

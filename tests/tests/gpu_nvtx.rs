@@ -174,19 +174,19 @@ pub static InitializeInjectionNvtx2_fnptr: Option<unsafe extern "C" fn(GetExport
 
 #[test]
 fn nvtx_ranges_and_marks_reach_the_tool() {
-    if !cuda_core::nvtx::ENABLED {
+    if !cudars_core::nvtx::ENABLED {
         panic!(
             "built without the NVTX headers: NVTX calls are no-ops (build with CUDA_INCLUDE_DIR)"
         );
     }
     {
-        let _outer = cuda_core::nvtx::range("cuda-rs outer");
-        assert_eq!(cuda_core::nvtx::range_push("cuda-rs inner"), Some(1));
-        cuda_core::nvtx::mark("cuda-rs mark");
-        assert_eq!(cuda_core::nvtx::range_pop(), Some(1));
+        let _outer = cudars_core::nvtx::range("cuda-rs outer");
+        assert_eq!(cudars_core::nvtx::range_push("cuda-rs inner"), Some(1));
+        cudars_core::nvtx::mark("cuda-rs mark");
+        assert_eq!(cudars_core::nvtx::range_pop(), Some(1));
         let _colored =
-            cuda_core::nvtx::range_colored("coloured", cuda_core::nvtx::Color(0xff00_ff00));
-        cuda_core::nvtx::mark_colored("coloured mark", cuda_core::nvtx::Color(0xff00_00ff));
+            cudars_core::nvtx::range_colored("coloured", cudars_core::nvtx::Color(0xff00_ff00));
+        cudars_core::nvtx::mark_colored("coloured mark", cudars_core::nvtx::Color(0xff00_00ff));
     }
     let events = EVENTS.lock().unwrap().clone();
     assert_eq!(

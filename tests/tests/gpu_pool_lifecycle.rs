@@ -23,14 +23,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cuda_core::async_pool::StreamOrderedMemory;
-use cuda_core::graph::CaptureMode;
-use cuda_core::kernels::Kernels;
-use cuda_core::memory::{raw, DevicePtr};
-use cuda_core::{Device, Stream};
-use cuda_mempool::driver::device_id;
-use cuda_mempool::{DevicePool, Limit, PoolError};
-use tests::gpu::{dev0, serial};
+use cudars_core::async_pool::StreamOrderedMemory;
+use cudars_core::graph::CaptureMode;
+use cudars_core::kernels::Kernels;
+use cudars_core::memory::{raw, DevicePtr};
+use cudars_core::{Device, Stream};
+use cudars_mempool::driver::device_id;
+use cudars_mempool::{DevicePool, Limit, PoolError};
+use workspace_tests::gpu::{dev0, serial};
 
 const MIB: usize = 1 << 20;
 /// About 0.1 s of SM clocks.
@@ -78,7 +78,7 @@ fn capture_with_private_pool_replays_correctly_and_returns_its_memory() {
     let output = DevicePtr::alloc(&dev, bytes).unwrap();
     let baseline = pool.stats(id).unwrap().reserved.current;
     let mut addrs = Vec::new();
-    let graph = cuda_graph::capture(&s, CaptureMode::ThreadLocal, |_c| {
+    let graph = cudars_graph::capture(&s, CaptureMode::ThreadLocal, |_c| {
         // t1 = input + 1
         let t1 = pool.malloc_stream(&s, bytes).expect("malloc in capture");
         addrs.push(t1.ptr().0);
@@ -161,7 +161,7 @@ struct Borrowed(u64, usize, Device);
 
 // SAFETY: the tests keep the range allocated (a private pool's block, alive until the graph
 // is gone) for as long as the view and the graph use it; cuMemFree is never involved.
-unsafe impl cuda_core::memory::DeviceAlloc for Borrowed {
+unsafe impl cudars_core::memory::DeviceAlloc for Borrowed {
     fn device(&self) -> Device {
         self.2
     }
@@ -173,13 +173,13 @@ unsafe impl cuda_core::memory::DeviceAlloc for Borrowed {
     }
 }
 
-fn t1_from(s: &Stream, src: &DevicePtr, dst: u64, bytes: usize) -> cuda_graph::Result<()> {
+fn t1_from(s: &Stream, src: &DevicePtr, dst: u64, bytes: usize) -> cudars_graph::Result<()> {
     // SAFETY: both ranges are live device memory of the stream's device, `bytes` long.
     unsafe { raw::copy_dtod_async(&s.device(), dst, src.as_raw(), bytes, s) }?;
     Ok(())
 }
 
-fn t1_from_raw(s: &Stream, dst: u64, src: u64, bytes: usize) -> cuda_graph::Result<()> {
+fn t1_from_raw(s: &Stream, dst: u64, src: u64, bytes: usize) -> cudars_graph::Result<()> {
     // SAFETY: both ranges are live private-pool memory, `bytes` long.
     unsafe { raw::copy_dtod_async(&s.device(), dst, src, bytes, s) }?;
     Ok(())
@@ -231,7 +231,7 @@ fn one_hundred_thousand_short_lived_streams_stay_flat() {
     }
     let st = pool.stats(id).unwrap();
     assert!(
-        st.shards <= cuda_mempool::policy::ADOPT_BUSY_SHARDS_ABOVE as u64 + 2,
+        st.shards <= cudars_mempool::policy::ADOPT_BUSY_SHARDS_ABOVE as u64 + 2,
         "shards grow with streams: {st:?}"
     );
     assert!(st.attached_streams <= 2, "streams kept: {st:?}");
@@ -334,7 +334,7 @@ fn a_graph_keeps_its_captured_buffer_alive() {
     let dev = dev0();
     let s = Stream::builder(&dev).non_blocking(true).build().unwrap();
     let a = DevicePtr::alloc(&dev, 1 << 20).unwrap();
-    let graph = cuda_graph::capture(&s, CaptureMode::ThreadLocal, |_c| {
+    let graph = cudars_graph::capture(&s, CaptureMode::ThreadLocal, |_c| {
         a.memset_u32_async(0x1234_5678, &s)?;
         Ok(())
     })

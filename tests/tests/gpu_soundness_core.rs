@@ -5,7 +5,7 @@
 //! * `Kernels::copy` / `Kernels::checksum` refuse overlapping views (the raw kernels forbid
 //!   them; an overlapping copy gave wrong elements on an H200) and change nothing then;
 //! * an executable graph launched on a stream that is being captured is refused up front
-//!   (`cuda_core::graph` and `cuda-graph`), and the capture goes on; the driver itself
+//!   (`cudars_core::graph` and `cuda-graph`), and the capture goes on; the driver itself
 //!   refuses `cuGraphLaunch` there and invalidates the capture;
 //! * `cuda-xfer`'s transfers of host memory on a stream refuse a capturing stream (the
 //!   driver captures a pageable copy as a node reading the host address at every replay);
@@ -24,16 +24,16 @@ use std::sync::mpsc;
 use std::thread::ThreadId;
 use std::time::Duration;
 
-use cuda_core::graph::{self as core_graph, CaptureMode, InstantiateFlags};
-use cuda_core::kernels::{checksum_host, Kernels};
-use cuda_core::memory::{DeviceAlloc, DeviceMemory, DevicePtr};
-use cuda_core::sys::{CUdeviceptr, CUresult};
-use cuda_core::{Device, Error, Stream};
-use cuda_graph::CaptureStatus;
-use cuda_xfer::{DeviceBuffer, PinnedBuffer};
+use cudars_core::graph::{self as core_graph, CaptureMode, InstantiateFlags};
+use cudars_core::kernels::{checksum_host, Kernels};
+use cudars_core::memory::{DeviceAlloc, DeviceMemory, DevicePtr};
+use cudars_core::sys::{CUdeviceptr, CUresult};
+use cudars_core::{Device, Error, Stream};
+use cudars_graph::CaptureStatus;
+use cudars_xfer::{DeviceBuffer, PinnedBuffer};
 // Captures refuse some calls of other threads: the tests of this file run one at a time
-// (`tests::gpu::serial`).
-use tests::gpu::serial;
+// (`workspace_tests::gpu::serial`).
+use workspace_tests::gpu::serial;
 
 fn device() -> Device {
     Device::new(0).expect("a CUDA device is required for the GPU tests")
@@ -103,7 +103,7 @@ fn an_exec_launch_on_a_capturing_stream_is_refused_and_the_capture_goes_on() {
     let stream = Stream::new(&dev).unwrap();
     let a = DevicePtr::alloc(&dev, 4096).unwrap();
     let b = DevicePtr::alloc(&dev, 4096).unwrap();
-    let graph = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+    let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         a.memset_u32_async(1, s)?;
         Ok(())
     })
@@ -111,10 +111,10 @@ fn an_exec_launch_on_a_capturing_stream_is_refused_and_the_capture_goes_on() {
     let exec = graph.instantiate().unwrap();
 
     // cuda-graph's GraphExec.
-    let capture = cuda_graph::capture_begin(&stream, CaptureMode::ThreadLocal).unwrap();
+    let capture = cudars_graph::capture_begin(&stream, CaptureMode::ThreadLocal).unwrap();
     b.memset_u32_async(2, &capture).unwrap();
     match exec.launch(&capture) {
-        Err(cuda_graph::Error::Cuda(Error::Unsupported(m))) => {
+        Err(cudars_graph::Error::Cuda(Error::Unsupported(m))) => {
             assert!(m.contains("captured"), "{m}")
         }
         other => panic!("expected Unsupported, got {other:?}"),
@@ -127,7 +127,7 @@ fn an_exec_launch_on_a_capturing_stream_is_refused_and_the_capture_goes_on() {
         "only the memset was captured"
     );
 
-    // cuda_core's GraphExecHandle, on a capture begun through cuda_core::graph.
+    // cudars_core's GraphExecHandle, on a capture begun through cudars_core::graph.
     // SAFETY: only safe view operations are captured, and the capture is ended below.
     unsafe { core_graph::begin_capture(&stream, CaptureMode::ThreadLocal) }.unwrap();
     let refused = exec.handle().launch(&stream);
@@ -159,7 +159,7 @@ fn the_driver_refuses_a_graph_launch_inside_a_capture() {
     let dev = device();
     let stream = Stream::new(&dev).unwrap();
     let a = DevicePtr::alloc(&dev, 4096).unwrap();
-    let graph = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+    let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         a.memset_async(3, s)?;
         Ok(())
     })
@@ -171,7 +171,7 @@ fn the_driver_refuses_a_graph_launch_inside_a_capture() {
         let _scope = dev.scope().unwrap();
         // SAFETY: a live executable graph and a live stream of the current context.
         unsafe {
-            cuda_core::sys::driver()
+            cudars_core::sys::driver()
                 .unwrap()
                 .cuGraphLaunch(exec.raw(), stream.raw())
         }
@@ -193,9 +193,9 @@ fn the_driver_refuses_a_graph_launch_inside_a_capture() {
     stream.synchronize().unwrap();
 }
 
-fn expect_capturing<T: std::fmt::Debug>(r: cuda_xfer::Result<T>, op: &str) {
+fn expect_capturing<T: std::fmt::Debug>(r: cudars_xfer::Result<T>, op: &str) {
     match r {
-        Err(cuda_xfer::Error::Capturing { op: named }) => assert_eq!(named, op),
+        Err(cudars_xfer::Error::Capturing { op: named }) => assert_eq!(named, op),
         other => panic!("{op}: expected Error::Capturing, got {other:?}"),
     }
 }
@@ -212,38 +212,38 @@ fn host_transfers_refuse_a_capturing_stream() {
     let big = vec![8u32; 4 << 20]; // over the staging threshold
     let big_dst = DeviceBuffer::<u32>::zeroed(&dev, big.len()).unwrap();
 
-    let capture = cuda_graph::capture_begin(&stream, CaptureMode::ThreadLocal).unwrap();
+    let capture = cudars_graph::capture_begin(&stream, CaptureMode::ThreadLocal).unwrap();
     let s: &Stream = &capture;
     expect_capturing(
-        cuda_xfer::copy_to_device_on_stream(&small, &dst, s),
+        cudars_xfer::copy_to_device_on_stream(&small, &dst, s),
         "copy_to_device_on_stream",
     );
     expect_capturing(
-        cuda_xfer::copy_to_device_on_stream(&big, &big_dst, s),
+        cudars_xfer::copy_to_device_on_stream(&big, &big_dst, s),
         "copy_to_device_on_stream",
     );
     expect_capturing(
-        cuda_xfer::to_device_on_stream(&small, s),
+        cudars_xfer::to_device_on_stream(&small, s),
         "to_device_on_stream",
     );
     expect_capturing(
-        cuda_xfer::copy_to_device_async(small.clone(), &dst, s),
+        cudars_xfer::copy_to_device_async(small.clone(), &dst, s),
         "copy_to_device_async",
     );
     expect_capturing(
-        cuda_xfer::copy_to_device_async(pinned, &dst, s),
+        cudars_xfer::copy_to_device_async(pinned, &dst, s),
         "copy_to_device_async",
     );
     expect_capturing(
-        cuda_xfer::to_device_async(small.clone(), s),
+        cudars_xfer::to_device_async(small.clone(), s),
         "to_device_async",
     );
     expect_capturing(
-        cuda_xfer::to_host_async(&dst, vec![0u32; n], s),
+        cudars_xfer::to_host_async(&dst, vec![0u32; n], s),
         "to_host_async",
     );
     let mut out = vec![0u32; n];
-    let scoped = cuda_xfer::scope(|sc| {
+    let scoped = cudars_xfer::scope(|sc| {
         expect_capturing(sc.copy_to_device(&small, &dst, s), "Scope::copy_to_device");
         expect_capturing(sc.to_host(&dst, &mut out, s), "Scope::to_host");
     });
@@ -258,8 +258,8 @@ fn host_transfers_refuse_a_capturing_stream() {
     );
 
     // Outside a capture the same calls work.
-    cuda_xfer::copy_to_device_on_stream(&small, &dst, &stream).unwrap();
-    let back = cuda_xfer::to_host_async(&dst, vec![0u32; n], &stream)
+    cudars_xfer::copy_to_device_on_stream(&small, &dst, &stream).unwrap();
+    let back = cudars_xfer::to_host_async(&dst, vec![0u32; n], &stream)
         .unwrap()
         .wait()
         .unwrap();
@@ -276,7 +276,7 @@ fn the_driver_captures_a_pageable_copy_as_a_graph_node() {
     let stream = Stream::new(&dev).unwrap();
     let dst = DevicePtr::alloc(&dev, 4096).unwrap();
     let host = vec![5u8; 4096];
-    let capture = cuda_graph::capture_begin(&stream, CaptureMode::ThreadLocal).unwrap();
+    let capture = cudars_graph::capture_begin(&stream, CaptureMode::ThreadLocal).unwrap();
     // SAFETY: `host` outlives the graph, which is never launched.
     unsafe { dst.copy_from_host_async(&host, &capture) }.unwrap();
     assert_eq!(capture.status().unwrap(), CaptureStatus::Active);

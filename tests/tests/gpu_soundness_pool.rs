@@ -22,13 +22,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use cuda_core::kernels::Kernels;
-use cuda_core::memory::{raw, DevicePtr};
-use cuda_core::{Device, Event, Stream};
-use cuda_mempool::driver::device_id;
-use cuda_mempool::hooks::{self, MemoryEvent, MemoryHook};
-use cuda_mempool::{Backend, DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
-use tests::gpu::serial;
+use cudars_core::kernels::Kernels;
+use cudars_core::memory::{raw, DevicePtr};
+use cudars_core::{Device, Event, Stream};
+use cudars_mempool::driver::device_id;
+use cudars_mempool::hooks::{self, MemoryEvent, MemoryHook};
+use cudars_mempool::{Backend, DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
+use workspace_tests::gpu::serial;
 
 fn device() -> Device {
     Device::new(0).expect("a CUDA device is required for the GPU tests")

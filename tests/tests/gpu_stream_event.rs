@@ -1,5 +1,5 @@
 //! GPU tests of streams, events, host callbacks, current-stream and device scopes, and
-//! interprocess events (issue 3). Kernels are PTX text from `cuda_core::kernels`.
+//! interprocess events (issue 3). Kernels are PTX text from `cudars_core::kernels`.
 //!
 //! Run with `--test-threads=1`: several tests measure concurrency and timing.
 #![cfg(feature = "gpu")]
@@ -17,11 +17,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use cuda_core::event::IpcEventHandle;
-use cuda_core::kernels::Kernels;
-use cuda_core::stream::StreamKind;
-use cuda_core::sys::{self, CUcontext, CUdevice_attribute, CUdeviceptr, CUresult, CUstream};
-use cuda_core::{Device, Error, Event, Stream};
+use cudars_core::event::IpcEventHandle;
+use cudars_core::kernels::Kernels;
+use cudars_core::stream::StreamKind;
+use cudars_core::sys::{self, CUcontext, CUdevice_attribute, CUdeviceptr, CUresult, CUstream};
+use cudars_core::{Device, Error, Event, Stream};
 
 fn device() -> Device {
     Device::new(0).expect("a CUDA device is required for the GPU tests")
@@ -351,7 +351,7 @@ fn current_stream_is_per_thread_and_scopes_nest_and_restore() {
         {
             let _b = s2.scope();
             assert_eq!(Stream::current(&dev), s2);
-            assert_eq!(cuda_core::stream::current_stream(&dev), s2);
+            assert_eq!(cudars_core::stream::current_stream(&dev), s2);
             // Another thread sees its own current stream: the null stream.
             let seen = std::thread::spawn(move || Stream::current(&dev))
                 .join()
@@ -628,7 +628,7 @@ fn interprocess_event_is_waited_on_in_a_child_process() {
     let handle = event.ipc_handle().unwrap();
 
     // The child is the `test_child` helper binary (`ipc-event`), never a test of its own.
-    let helper = tests::test_child_path(env!("CARGO_BIN_EXE_test_child"));
+    let helper = workspace_tests::test_child_path(env!("CARGO_BIN_EXE_test_child"));
     let mut child = Command::new(&helper)
         .args(["ipc-event", &handle.to_hex()])
         .stdout(Stdio::piped())
@@ -670,7 +670,7 @@ fn interprocess_event_is_waited_on_in_a_child_process() {
 #[test]
 fn module_errors_are_clear() {
     let dev = device();
-    let err = cuda_core::module::Module::from_ptx(&dev, ".version 7.0\n.target sm_70\nnot ptx")
+    let err = cudars_core::module::Module::from_ptx(&dev, ".version 7.0\n.target sm_70\nnot ptx")
         .unwrap_err();
     let text = err.to_string();
     println!("bad PTX error: {text}");
@@ -678,7 +678,7 @@ fn module_errors_are_clear() {
     assert!(text.contains("cuModuleLoadDataEx"), "{text}");
     let k = Kernels::load(&dev).unwrap();
     assert!(k.module().function("no_such_kernel").is_err());
-    let f = k.module().function(cuda_core::kernels::SPIN).unwrap();
+    let f = k.module().function(cudars_core::kernels::SPIN).unwrap();
     let stream = Stream::new(&dev).unwrap();
     let mut c = 1u64;
     let mut params = [&mut c as *mut u64 as *mut c_void];
@@ -771,12 +771,12 @@ fn explicit_handles_survive_a_foreign_context_pop() {
     .unwrap();
 }
 
-/// The public kernels (`cuda_core::kernels`) do what their table says: fill, add, copy,
+/// The public kernels (`cudars_core::kernels`) do what their table says: fill, add, copy,
 /// checksum on views, and their checks refuse bad views before launching anything.
 #[test]
 fn public_kernels_fill_copy_and_checksum() {
-    use cuda_core::kernels::checksum_host;
-    use cuda_core::DevicePtr;
+    use cudars_core::kernels::checksum_host;
+    use cudars_core::DevicePtr;
     let dev = device();
     let stream = Stream::new(&dev).unwrap();
     let k = Kernels::load(&dev).unwrap();

@@ -14,25 +14,25 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use cuda_core::kernels::Kernels;
-use cuda_core::memory::{AttachFlags, DevicePtr, ManagedMemory};
-use cuda_core::{Device, Stream};
-use cuda_xfer::half::{bf16, f16};
-use cuda_xfer::layout::{Layout2, Order};
-use cuda_xfer::location::{
+use cudars_core::kernels::Kernels;
+use cudars_core::memory::{AttachFlags, DevicePtr, ManagedMemory};
+use cudars_core::{Device, Stream};
+use cudars_xfer::half::{bf16, f16};
+use cudars_xfer::layout::{Layout2, Order};
+use cudars_xfer::location::{
     locate_buffer, locate_device_address, locate_range, locate_slice, Location,
 };
-use cuda_xfer::matrix::{
+use cudars_xfer::matrix::{
     copy_matrix_to_device, matrix_to_device, matrix_to_host, matrix_to_host_into, DeviceMatrix,
 };
-use cuda_xfer::ndarray::{s, Array2, ShapeBuilder};
-use cuda_xfer::staging::{self, route_stats, StagingConfig};
-use cuda_xfer::{
+use cudars_xfer::ndarray::{s, Array2, ShapeBuilder};
+use cudars_xfer::staging::{self, route_stats, StagingConfig};
+use cudars_xfer::{
     copy_device, copy_device_async, copy_to_device, copy_to_device_async, copy_to_device_on_stream,
     register, scope, to_device, to_device_async, to_device_of, to_host, to_host_async,
     to_host_into, DeviceBuffer, Error, PinnedBuffer,
 };
-use tests::gpu::{dev0, serial};
+use workspace_tests::gpu::{dev0, serial};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -382,9 +382,9 @@ fn typed_elements_half_floats_and_structs_round_trip() {
     assert_eq!(to_host(&to_device(&dev, &big).unwrap()).unwrap(), big);
 
     #[derive(
-        Clone, Copy, Debug, PartialEq, cuda_xfer::bytemuck::Pod, cuda_xfer::bytemuck::Zeroable,
+        Clone, Copy, Debug, PartialEq, cudars_xfer::bytemuck::Pod, cudars_xfer::bytemuck::Zeroable,
     )]
-    #[bytemuck(crate = "cuda_xfer::bytemuck")]
+    #[bytemuck(crate = "cudars_xfer::bytemuck")]
     #[repr(C)]
     struct Particle {
         pos: [f32; 3],
@@ -615,7 +615,7 @@ fn matrices_in_both_orders() {
 
 #[test]
 fn ndarray_arrays_in_and_out() {
-    use cuda_xfer::array::{
+    use cudars_xfer::array::{
         array1_to_device, array_to_device, buffer_to_array1, matrix_to_array, matrix_to_array_into,
     };
     let _s = serial();
@@ -646,7 +646,7 @@ fn ndarray_arrays_in_and_out() {
     assert_eq!(target.slice(s![..;2, ..]), a);
     assert!(target.slice(s![1..;2, ..]).iter().all(|&x| x == 0));
     // 1-D.
-    let v = cuda_xfer::ndarray::Array1::from_iter((0..1000).map(|i| i as f32));
+    let v = cudars_xfer::ndarray::Array1::from_iter((0..1000).map(|i| i as f32));
     let d = array1_to_device(&dev, v.view()).unwrap();
     assert_eq!(buffer_to_array1(&d).unwrap(), v);
     let every_other = v.slice(s![..;2]);
@@ -664,7 +664,7 @@ fn locations_for_each_kind_of_memory() {
     let pinned = PinnedBuffer::<u8>::zeroed(&dev, 4096).unwrap();
     assert_eq!(locate_slice(&pinned).unwrap(), Location::PinnedHost);
     assert_eq!(
-        cuda_xfer::locate(pinned.as_ptr()).unwrap(),
+        cudars_xfer::locate(pinned.as_ptr()).unwrap(),
         Location::PinnedHost
     );
     let pageable = vec![0u8; 1 << 20];
@@ -672,7 +672,7 @@ fn locations_for_each_kind_of_memory() {
     let on_stack = [0u64; 4];
     assert_eq!(locate_slice(&on_stack).unwrap(), Location::PageableHost);
     assert_eq!(
-        cuda_xfer::locate(std::ptr::null::<u8>()).unwrap(),
+        cudars_xfer::locate(std::ptr::null::<u8>()).unwrap(),
         Location::PageableHost
     );
 
@@ -743,7 +743,7 @@ fn peer_copies_between_two_devices() {
     let s1 = Stream::new(&d1).unwrap();
     assert!(matches!(
         to_host_async(&src, vec![0u8; src.len()], &s1),
-        Err(Error::Cuda(cuda_core::Error::WrongDevice { .. }))
+        Err(Error::Cuda(cudars_core::Error::WrongDevice { .. }))
     ));
 }
 

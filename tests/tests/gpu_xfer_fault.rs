@@ -13,10 +13,10 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use cuda_core::kernels::Kernels;
-use cuda_core::{Device, Stream};
-use cuda_xfer::staging::{self, route_stats};
-use cuda_xfer::DeviceBuffer;
+use cudars_core::kernels::Kernels;
+use cudars_core::{Device, Stream};
+use cudars_xfer::staging::{self, route_stats};
+use cudars_xfer::DeviceBuffer;
 
 /// About 0.5 s of SM clocks: the transfer's DMAs are queued well before the fault.
 const SLOW: u64 = 1_000_000_000;
@@ -37,7 +37,7 @@ fn a_staged_transfer_whose_wait_fails_leaks_its_slots() {
     // SAFETY: deliberately invalid: the kernel faults, which is what this test is about; it
     // touches no host memory and nothing of this process's but the (then dead) context.
     unsafe { k.spin_then_fill_raw(&stream, 0x10, 7, 1, SLOW) }.unwrap();
-    let result = cuda_xfer::to_host_async(&src, vec![0u8; len], &stream);
+    let result = cudars_xfer::to_host_async(&src, vec![0u8; len], &stream);
 
     assert_eq!(route_stats().staged, staged_before + 1, "the staged route");
     assert!(result.is_err(), "the fault is reported by the transfer");

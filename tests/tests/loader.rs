@@ -7,7 +7,7 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use cuda_sys::{Driver, LoadError};
+use cudars_sys::{Driver, LoadError};
 
 #[test]
 fn loading_a_missing_path_reports_not_found_with_the_path() {
@@ -27,7 +27,7 @@ fn loading_a_missing_path_reports_not_found_with_the_path() {
 fn a_library_that_is_not_the_driver_gives_missing_symbol_errors_naming_the_entry_point() {
     // SAFETY: the C library exports no cu* symbols, so no entry point can be called with a
     // wrong signature.
-    let driver = unsafe { Driver::load_from(tests::libc_path()) }.expect("libc opens");
+    let driver = unsafe { Driver::load_from(workspace_tests::libc_path()) }.expect("libc opens");
     assert_eq!(driver.resolved_count(), 0);
     assert_eq!(driver.init_status(), None);
     let mut count = 0;
@@ -44,21 +44,21 @@ fn a_library_that_is_not_the_driver_gives_missing_symbol_errors_naming_the_entry
 
 #[test]
 fn entry_points_carry_api_and_versioned_symbol_names() {
-    let mem_alloc = cuda_sys::DRIVER_ENTRY_POINTS
+    let mem_alloc = cudars_sys::DRIVER_ENTRY_POINTS
         .iter()
         .find(|e| e.api.to_bytes() == b"cuMemAlloc")
         .expect("cuMemAlloc is an entry point");
     assert_eq!(mem_alloc.symbol.to_bytes(), b"cuMemAlloc_v2");
-    let instantiate = cuda_sys::DRIVER_ENTRY_POINTS
+    let instantiate = cudars_sys::DRIVER_ENTRY_POINTS
         .iter()
         .find(|e| e.symbol.to_bytes() == b"cuGraphInstantiateWithFlags")
         .expect("cuGraphInstantiateWithFlags is an entry point");
     assert_eq!(instantiate.api.to_bytes(), b"cuGraphInstantiateWithFlags");
     assert_eq!(
-        cuda_sys::DRIVER_ENTRY_POINTS.len(),
-        cuda_sys::DRIVER_ENTRY_POINT_COUNT
+        cudars_sys::DRIVER_ENTRY_POINTS.len(),
+        cudars_sys::DRIVER_ENTRY_POINT_COUNT
     );
-    let mut apis: Vec<_> = cuda_sys::DRIVER_ENTRY_POINTS
+    let mut apis: Vec<_> = cudars_sys::DRIVER_ENTRY_POINTS
         .iter()
         .map(|e| e.api)
         .collect();
@@ -66,7 +66,7 @@ fn entry_points_carry_api_and_versioned_symbol_names() {
     apis.dedup();
     assert_eq!(
         apis.len(),
-        cuda_sys::DRIVER_ENTRY_POINT_COUNT,
+        cudars_sys::DRIVER_ENTRY_POINT_COUNT,
         "API names are unique"
     );
     for needed in [
@@ -86,12 +86,12 @@ fn entry_points_carry_api_and_versioned_symbol_names() {
 
 #[test]
 fn cuda_versions_decode_and_display() {
-    let v = cuda_core::CudaVersion(12040);
+    let v = cudars_core::CudaVersion(12040);
     assert_eq!((v.major(), v.minor()), (12, 4));
     assert_eq!(v.to_string(), "12.4");
     assert_eq!(
-        cuda_core::bindings_version(),
-        cuda_core::CudaVersion(cuda_sys::CUDA_VERSION)
+        cudars_core::bindings_version(),
+        cudars_core::CudaVersion(cudars_sys::CUDA_VERSION)
     );
 }
 
@@ -102,12 +102,12 @@ fn plain_entry_points_with_a_distinct_v2_twin_are_resolved_by_exact_symbol() {
     // ABI, so both must come from dlsym of their own symbol.
     // 12.2-12.x headers have the same shape for cuMemPrefetchAsync / cuMemPrefetchAsync_v2;
     // 12.0/12.1 headers have no such pair.
-    let pairs: &[(&[u8], &[u8])] = if cuda_sys::CUDA_VERSION >= 13000 {
+    let pairs: &[(&[u8], &[u8])] = if cudars_sys::CUDA_VERSION >= 13000 {
         &[
             (b"cuCtxSynchronize", b"cuCtxSynchronize"),
             (b"cuCtxSynchronize_v2", b"cuCtxSynchronize_v2"),
         ]
-    } else if cuda_sys::CUDA_VERSION >= 12020 {
+    } else if cudars_sys::CUDA_VERSION >= 12020 {
         &[
             (b"cuMemPrefetchAsync", b"cuMemPrefetchAsync"),
             (b"cuMemPrefetchAsync_v2", b"cuMemPrefetchAsync_v2"),
@@ -116,14 +116,14 @@ fn plain_entry_points_with_a_distinct_v2_twin_are_resolved_by_exact_symbol() {
         &[]
     };
     for &(api, symbol) in pairs {
-        let e = cuda_sys::DRIVER_ENTRY_POINTS
+        let e = cudars_sys::DRIVER_ENTRY_POINTS
             .iter()
             .find(|e| e.api.to_bytes() == api)
             .expect("declared");
         assert_eq!(e.symbol.to_bytes(), symbol);
         assert!(!e.by_proc_address, "{e:?}");
     }
-    let alloc = cuda_sys::DRIVER_ENTRY_POINTS
+    let alloc = cudars_sys::DRIVER_ENTRY_POINTS
         .iter()
         .find(|e| e.api.to_bytes() == b"cuMemAlloc")
         .expect("declared");

@@ -14,7 +14,7 @@ const MISSING: &str = "/nonexistent/cuda-rs-test/libcuda.so.1";
 
 #[test]
 fn without_a_driver_every_call_is_an_error_not_a_panic() {
-    let helper = tests::test_child_path(env!("CARGO_BIN_EXE_test_child"));
+    let helper = workspace_tests::test_child_path(env!("CARGO_BIN_EXE_test_child"));
     let out = Command::new(&helper)
         .args(["no-driver", MISSING])
         .env("CUDA_DRIVER_LIBRARY", MISSING)

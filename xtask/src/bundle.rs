@@ -57,7 +57,7 @@ const HELPERS: &[&str] = &["test_child"];
 const SUITE_BUILD: &[&str] = &[
     "test",
     "-p",
-    "tests",
+    "workspace-tests",
     "--features",
     "gpu,library-handles",
     "--release",
@@ -188,7 +188,7 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
         &[
             "build",
             "-p",
-            "tests",
+            "workspace-tests",
             "--features",
             "gpu,library-handles",
             "--release",
@@ -230,7 +230,7 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
     )?;
     fs::create_dir_all(dir.join("lib")).map_err(|e| e.to_string())?;
     for a in artifacts(&capi) {
-        if a.name != "cuda_mempool_capi" {
+        if a.name != "cudars_mempool_capi" {
             continue;
         }
         for from in a
@@ -412,7 +412,7 @@ run_clients() {
     name="$(basename "$s" .py)"
     if [ -n "$filter" ] && [[ "$name" != *"$filter"* ]]; then continue; fi
     start=$(date +%s%N)
-    out="$(timeout 1500 python3 "$s" --lib "$here/lib/libcuda_mempool_capi.so" "$@" ${CLIENT_ARGS:-} 2>&1)"; rc=$?
+    out="$(timeout 1500 python3 "$s" --lib "$here/lib/libcudars_mempool_capi.so" "$@" ${CLIENT_ARGS:-} 2>&1)"; rc=$?
     ms=$(( ($(date +%s%N) - start) / 1000000 ))
     line="$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n1)"
     p=$(printf '%s\n' "$line" | sed -nE 's/^([0-9]+) passed.*/\1/p'); p=${p:-0}
@@ -463,14 +463,14 @@ case "$mode" in
     if [ "${#extra[@]}" -eq 0 ] && command -v python3 >/dev/null; then
       echo "=== peers (CuPy, PyTorch)"; python3 "$here/peers.py" --traces "$here/traces"
       echo "=== workloads (PyTorch, CuPy through the C ABI)"
-      python3 "$here/workload_bench.py" --lib "$here/lib/libcuda_mempool_capi.so" --with-plain --budget 330 || echo "(exit $?)"
+      python3 "$here/workload_bench.py" --lib "$here/lib/libcudars_mempool_capi.so" --with-plain --budget 330 || echo "(exit $?)"
     fi
     exit 0 ;;
   workloads)
     # Only the workload benchmark (ARGS go to workload_bench.py); rows to $BENCH_OUT as in bench.
     export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
     [ -f "$BENCH_OUT/meta.txt" ] || { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1; } > "$BENCH_OUT/meta.txt"
-    python3 "$here/workload_bench.py" --lib "$here/lib/libcuda_mempool_capi.so" "${extra[@]}"
+    python3 "$here/workload_bench.py" --lib "$here/lib/libcudars_mempool_capi.so" "${extra[@]}"
     exit $? ;;
   clients) run_clients ;;
   clients-sanitize) run_clients --sanitize ;;

@@ -63,17 +63,17 @@ pub struct Gpu {
 
 /// Looks for a usable GPU through cuda-core; `Err` carries the loader's or driver's reason.
 pub fn detect() -> std::result::Result<Gpu, String> {
-    let one_line = |e: cuda_core::Error| {
+    let one_line = |e: cudars_core::Error| {
         e.to_string()
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" ")
     };
-    let count = cuda_core::device_count().map_err(one_line)?;
+    let count = cudars_core::device_count().map_err(one_line)?;
     if count == 0 {
         return Err("the driver loaded and reports no CUDA device".into());
     }
-    let name = cuda_core::Device::new(0)
+    let name = cudars_core::Device::new(0)
         .and_then(|d| d.name())
         .map_err(one_line)?;
     Ok(Gpu { name, count })

@@ -125,7 +125,7 @@ fn cpu_steps() -> Result<()> {
             &[
                 "test",
                 "-p",
-                "tests",
+                "workspace-tests",
                 "--features",
                 "gpu",
                 "--test",
@@ -174,7 +174,7 @@ fn cpu_steps() -> Result<()> {
     if !source.starts_with("snapshot") {
         return fail(&format!("expected the snapshot path, got: {source}"));
     }
-    cargo(&["test", "-p", "tests", "--test", "loader"], &env)?;
+    cargo(&["test", "-p", "workspace-tests", "--test", "loader"], &env)?;
     nccl::ci_snapshot_build(&env)?;
     example_check(&env)?;
     Ok(())

@@ -74,7 +74,7 @@ pub fn cargo_json(args: &[&str], env: &[(&str, &str)]) -> Result<Vec<Value>> {
 
 /// One `compiler-artifact` message of cargo: the target it built and what came out.
 pub struct Artifact {
-    /// The target's name (`gpu_memory`, `device_info`, `cuda_mempool_capi`).
+    /// The target's name (`gpu_memory`, `device_info`, `cudars_mempool_capi`).
     pub name: String,
     /// The target's kinds (`test`, `bin`, `example`, `lib`, `cdylib`, ...).
     pub kinds: Vec<String>,

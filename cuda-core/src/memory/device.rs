@@ -5,7 +5,7 @@ use std::fmt;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-use cuda_sys::CUdeviceptr;
+use cudars_sys::CUdeviceptr;
 
 use super::{DeviceAlloc, DevicePtr};
 use crate::driver::drv;
@@ -22,14 +22,14 @@ use crate::Device;
 /// calls.
 ///
 /// ```no_run
-/// use cuda_core::{memory::DeviceMemory, Device};
+/// use cudars_core::{memory::DeviceMemory, Device};
 ///
 /// let dev = Device::new(0)?;
 /// let mem = DeviceMemory::new(&dev, 1 << 20)?;
 /// assert_eq!(mem.size(), 1 << 20);
 /// let view = mem.into_ptr(); // a DevicePtr over the whole allocation
 /// view.memset(0xff)?;
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 pub struct DeviceMemory {
     ptr: CUdeviceptr,
@@ -178,7 +178,7 @@ unsafe impl DeviceAlloc for DeviceMemory {
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use cuda_core::{memory::{DeviceMemory, DevicePtr, UnownedMemory}, Device};
+/// use cudars_core::{memory::{DeviceMemory, DevicePtr, UnownedMemory}, Device};
 ///
 /// let dev = Device::new(0)?;
 /// let foreign = Arc::new(DeviceMemory::new(&dev, 4096)?); // stands for a foreign buffer
@@ -188,7 +188,7 @@ unsafe impl DeviceAlloc for DeviceMemory {
 /// };
 /// let view = DevicePtr::new(unowned);
 /// view.memset(1)?;
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 pub struct UnownedMemory {
     ptr: CUdeviceptr,

@@ -47,8 +47,8 @@ use crate::stream::{Stream, StreamKind};
 /// on. `Send` and `Sync`.
 ///
 /// ```no_run
-/// use cuda_core::memory::Handover;
-/// use cuda_core::{Device, Stream};
+/// use cudars_core::memory::Handover;
+/// use cudars_core::{Device, Stream};
 ///
 /// let dev = Device::new(0)?;
 /// let alloc_stream = Stream::builder(&dev).non_blocking(true).build()?;
@@ -56,7 +56,7 @@ use crate::stream::{Stream, StreamKind};
 /// let handover = Handover::new(&alloc_stream)?;
 /// handover.order_stream(&other)?; // `other` now waits for what preceded the allocation
 /// handover.wait_host()?;          // and so does the host, for a synchronous call
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 pub struct Handover {
     stream: Stream,

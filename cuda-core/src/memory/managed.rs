@@ -3,7 +3,7 @@
 use std::fmt;
 use std::ops::BitOr;
 
-use cuda_sys::{CUdeviceptr, CUmemAttach_flags, CUmem_advise};
+use cudars_sys::{CUdeviceptr, CUmemAttach_flags, CUmem_advise};
 
 use super::{DeviceAlloc, DevicePtr, Location};
 use crate::driver::drv;
@@ -114,7 +114,7 @@ pub(crate) fn advise_range(
 /// `ManagedMemory` is `Send` and `Sync`.
 ///
 /// ```no_run
-/// use cuda_core::{memory::{AttachFlags, Location, ManagedMemory}, Device, Stream};
+/// use cudars_core::{memory::{AttachFlags, Location, ManagedMemory}, Device, Stream};
 ///
 /// let dev = Device::new(0)?;
 /// let mem = ManagedMemory::new(&dev, 1 << 20, AttachFlags::GLOBAL)?;
@@ -123,7 +123,7 @@ pub(crate) fn advise_range(
 /// let view = mem.into_ptr();
 /// view.memset_async(42, &stream)?;
 /// stream.synchronize()?;
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 pub struct ManagedMemory {
     ptr: CUdeviceptr,

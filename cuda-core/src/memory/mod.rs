@@ -20,7 +20,7 @@
 //! [`DeviceAlloc`] for their own block type.
 //!
 //! ```no_run
-//! use cuda_core::{memory::DevicePtr, Device};
+//! use cudars_core::{memory::DevicePtr, Device};
 //!
 //! let dev = Device::new(0)?;
 //! let buf = DevicePtr::alloc(&dev, 1024)?;
@@ -31,10 +31,10 @@
 //! buf.copy_to_host(&mut host)?;
 //! assert_eq!(&host[..512], &[7u8; 512][..]);
 //! assert_eq!(&host[512..], &[0u8; 512][..]);
-//! # Ok::<(), cuda_core::Error>(())
+//! # Ok::<(), cudars_core::Error>(())
 //! ```
 
-use cuda_sys::{CUdeviceptr, CUmemLocation, CUmemLocationType};
+use cudars_sys::{CUdeviceptr, CUmemLocation, CUmemLocationType};
 
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -131,12 +131,12 @@ impl Location {
     /// The driver's `CUmemLocation`.
     pub fn to_raw(self) -> CUmemLocation {
         match self {
-            Location::Device(dev) => cuda_sys::compat::mem_location(
+            Location::Device(dev) => cudars_sys::compat::mem_location(
                 CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
                 dev.ordinal() as i32,
             ),
             Location::Host => {
-                cuda_sys::compat::mem_location(cuda_sys::compat::MEM_LOCATION_TYPE_HOST, 0)
+                cudars_sys::compat::mem_location(cudars_sys::compat::MEM_LOCATION_TYPE_HOST, 0)
             }
         }
     }
@@ -159,7 +159,7 @@ pub(crate) fn check_stream(stream: &Stream, device: Device) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cuda_sys::CUmem_advise;
+    use cudars_sys::CUmem_advise;
 
     #[test]
     fn flags_combine_and_test() {
@@ -169,7 +169,7 @@ mod tests {
         assert!(f.contains(PinnedFlags::NONE));
         assert_eq!(
             f.0,
-            cuda_sys::CU_MEMHOSTALLOC_PORTABLE | cuda_sys::CU_MEMHOSTALLOC_DEVICEMAP
+            cudars_sys::CU_MEMHOSTALLOC_PORTABLE | cudars_sys::CU_MEMHOSTALLOC_DEVICEMAP
         );
         let r = RegisterFlags::READ_ONLY | RegisterFlags::DEVICE_MAP;
         assert!(r.contains(RegisterFlags::READ_ONLY) && !r.contains(RegisterFlags::PORTABLE));
@@ -180,7 +180,7 @@ mod tests {
     #[test]
     fn host_location_maps_to_the_driver_type() {
         let host = Location::Host.to_raw();
-        assert_eq!(host.type_, cuda_sys::compat::MEM_LOCATION_TYPE_HOST);
+        assert_eq!(host.type_, cudars_sys::compat::MEM_LOCATION_TYPE_HOST);
         assert_eq!(
             Advice::SetPreferredLocation.to_raw(),
             CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION

@@ -7,7 +7,7 @@ use std::mem::ManuallyDrop;
 use std::ops::{BitOr, Deref, DerefMut};
 use std::ptr::NonNull;
 
-use cuda_sys::CUdeviceptr;
+use cudars_sys::CUdeviceptr;
 
 use crate::driver::drv;
 use crate::error::{Error, Result};
@@ -21,13 +21,13 @@ impl PinnedFlags {
     /// No flag: pinned for the allocating context.
     pub const NONE: PinnedFlags = PinnedFlags(0);
     /// Pinned for every context, not only the allocating one (`CU_MEMHOSTALLOC_PORTABLE`).
-    pub const PORTABLE: PinnedFlags = PinnedFlags(cuda_sys::CU_MEMHOSTALLOC_PORTABLE);
+    pub const PORTABLE: PinnedFlags = PinnedFlags(cudars_sys::CU_MEMHOSTALLOC_PORTABLE);
     /// Mapped into the device's address space: kernels and device memsets can address it
     /// through [`PinnedMemory::device_ptr`] (`CU_MEMHOSTALLOC_DEVICEMAP`).
-    pub const DEVICE_MAP: PinnedFlags = PinnedFlags(cuda_sys::CU_MEMHOSTALLOC_DEVICEMAP);
+    pub const DEVICE_MAP: PinnedFlags = PinnedFlags(cudars_sys::CU_MEMHOSTALLOC_DEVICEMAP);
     /// Write-combined: faster host-to-device transfers, very slow host reads
     /// (`CU_MEMHOSTALLOC_WRITECOMBINED`).
-    pub const WRITE_COMBINED: PinnedFlags = PinnedFlags(cuda_sys::CU_MEMHOSTALLOC_WRITECOMBINED);
+    pub const WRITE_COMBINED: PinnedFlags = PinnedFlags(cudars_sys::CU_MEMHOSTALLOC_WRITECOMBINED);
 
     /// `true` when every flag of `other` is set in `self`.
     pub fn contains(self, other: PinnedFlags) -> bool {
@@ -55,7 +55,7 @@ impl BitOr for PinnedFlags {
 /// `unsafe` (asynchronous copies into it, or views built on [`device_ptr`](Self::device_ptr)).
 ///
 /// ```no_run
-/// use cuda_core::{memory::{PinnedFlags, PinnedMemory}, Device};
+/// use cudars_core::{memory::{PinnedFlags, PinnedMemory}, Device};
 ///
 /// let dev = Device::new(0)?;
 /// let mut buf = PinnedMemory::new(&dev, 4096, PinnedFlags::PORTABLE | PinnedFlags::DEVICE_MAP)?;
@@ -63,7 +63,7 @@ impl BitOr for PinnedFlags {
 /// let floats: &[f32] = buf.as_slice_of()?;
 /// assert_eq!(floats.len(), 1024);
 /// assert!(buf.device_ptr().is_some());
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 pub struct PinnedMemory {
     ptr: NonNull<u8>,
@@ -294,11 +294,11 @@ impl RegisterFlags {
     /// No flag: pinned for the registering context.
     pub const NONE: RegisterFlags = RegisterFlags(0);
     /// Pinned for every context (`CU_MEMHOSTREGISTER_PORTABLE`).
-    pub const PORTABLE: RegisterFlags = RegisterFlags(cuda_sys::CU_MEMHOSTREGISTER_PORTABLE);
+    pub const PORTABLE: RegisterFlags = RegisterFlags(cudars_sys::CU_MEMHOSTREGISTER_PORTABLE);
     /// Mapped into the device's address space (`CU_MEMHOSTREGISTER_DEVICEMAP`).
-    pub const DEVICE_MAP: RegisterFlags = RegisterFlags(cuda_sys::CU_MEMHOSTREGISTER_DEVICEMAP);
+    pub const DEVICE_MAP: RegisterFlags = RegisterFlags(cudars_sys::CU_MEMHOSTREGISTER_DEVICEMAP);
     /// The device will only read it (`CU_MEMHOSTREGISTER_READ_ONLY`).
-    pub const READ_ONLY: RegisterFlags = RegisterFlags(cuda_sys::CU_MEMHOSTREGISTER_READ_ONLY);
+    pub const READ_ONLY: RegisterFlags = RegisterFlags(cudars_sys::CU_MEMHOSTREGISTER_READ_ONLY);
 
     /// `true` when every flag of `other` is set in `self`.
     pub fn contains(self, other: RegisterFlags) -> bool {
@@ -376,7 +376,7 @@ unsafe impl<T: bytemuck::Pod> HostBuffer for Box<[T]> {
 /// `Send` and `Sync` when the buffer is.
 ///
 /// ```no_run
-/// use cuda_core::{memory::{HostRegistration, RegisterFlags}, Device};
+/// use cudars_core::{memory::{HostRegistration, RegisterFlags}, Device};
 ///
 /// let dev = Device::new(0)?;
 /// let mut data = vec![0u32; 1 << 20];
@@ -385,7 +385,7 @@ unsafe impl<T: bytemuck::Pod> HostBuffer for Box<[T]> {
 ///     reg.as_mut_slice()[0] = 1; // copies from/to `reg` now run at pinned speed
 /// } // unregistered here
 /// assert_eq!(data[0], 1);
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 pub struct HostRegistration<B: HostBuffer> {
     buffer: ManuallyDrop<B>,

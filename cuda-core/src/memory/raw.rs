@@ -17,7 +17,7 @@
 
 use std::ffi::c_void;
 
-use cuda_sys::CUdeviceptr;
+use cudars_sys::CUdeviceptr;
 
 use crate::driver::drv;
 use crate::error::Result;

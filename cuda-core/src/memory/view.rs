@@ -5,7 +5,7 @@ use std::fmt;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
-use cuda_sys::CUdeviceptr;
+use cudars_sys::CUdeviceptr;
 
 use super::managed::{advise_range, prefetch_range};
 use super::raw;
@@ -51,7 +51,7 @@ use crate::Device;
 /// `DevicePtr` is `Send` and `Sync`: its owner is, and every access goes through the driver.
 ///
 /// ```no_run
-/// use cuda_core::{memory::DevicePtr, Device, Stream};
+/// use cudars_core::{memory::DevicePtr, Device, Stream};
 ///
 /// let dev = Device::new(0)?;
 /// let stream = Stream::new(&dev)?;
@@ -63,7 +63,7 @@ use crate::Device;
 /// let mut host = vec![0u32; 1024];
 /// b.copy_to_host(&mut host)?;
 /// assert!(host.iter().all(|&x| x == 0xdead_beef));
-/// # Ok::<(), cuda_core::Error>(())
+/// # Ok::<(), cudars_core::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct DevicePtr {
@@ -114,12 +114,12 @@ impl DevicePtr {
     /// hand the address to other work on `stream` (a kernel launch, a library call).
     ///
     /// ```no_run
-    /// use cuda_core::{memory::DevicePtr, Device, Stream};
+    /// use cudars_core::{memory::DevicePtr, Device, Stream};
     /// let dev = Device::new(0)?;
     /// let other = Stream::new(&dev)?;
     /// let buf = DevicePtr::alloc(&dev, 4096)?;
     /// buf.record_stream(&other)?; // before launching a kernel on `other` that uses `buf`
-    /// # Ok::<(), cuda_core::Error>(())
+    /// # Ok::<(), cudars_core::Error>(())
     /// ```
     ///
     /// It also orders `stream` after the work of the memory's earlier owners when `stream` is
@@ -178,12 +178,12 @@ impl DevicePtr {
     /// [`Error::OutOfRange`] when the range reaches past the end of this view.
     ///
     /// ```no_run
-    /// # let dev = cuda_core::Device::new(0)?;
-    /// let buf = cuda_core::memory::DevicePtr::alloc(&dev, 100)?;
+    /// # let dev = cudars_core::Device::new(0)?;
+    /// let buf = cudars_core::memory::DevicePtr::alloc(&dev, 100)?;
     /// let mid = buf.slice(10..20)?;
     /// assert_eq!((mid.offset(), mid.len()), (10, 10));
     /// assert!(buf.slice(90..110).is_err());
-    /// # Ok::<(), cuda_core::Error>(())
+    /// # Ok::<(), cudars_core::Error>(())
     /// ```
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DevicePtr> {
         let (start, len) = resolve(self.offset(), self.len, range)?;

@@ -178,7 +178,7 @@ impl<B: Backend> Device<B> {
 /// different streams do not contend on the hot path.
 ///
 /// ```
-/// use cuda_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamId};
+/// use cudars_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamId};
 ///
 /// let pool = MemoryPool::new(SimulatedBackend::h200(1)).unwrap();
 /// let (dev, stream) = (DeviceId(0), StreamId(7));

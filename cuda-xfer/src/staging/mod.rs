@@ -24,11 +24,11 @@
 //! them. Helper threads are started on first use and live as long as the process.
 //!
 //! ```
-//! use cuda_xfer::staging::{self, StagingConfig};
+//! use cudars_xfer::staging::{self, StagingConfig};
 //! let previous = staging::set_config(StagingConfig { helpers: 3, ..staging::config() })?;
 //! assert_eq!(staging::config().helpers, 3);
 //! staging::set_config(previous)?;
-//! # Ok::<(), cuda_xfer::Error>(())
+//! # Ok::<(), cudars_xfer::Error>(())
 //! ```
 
 pub(crate) mod copy;
@@ -46,8 +46,8 @@ mod tests;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-use cuda_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
-use cuda_core::{Device, Event, Stream};
+use cudars_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
+use cudars_core::{Device, Event, Stream};
 
 use crate::error::{Error, Result};
 use pipeline::{Direction, DmaEngine, SlotMemory, Tuning};

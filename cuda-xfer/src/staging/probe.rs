@@ -7,7 +7,7 @@
 //! helper thread `n - 1`). [`take`] returns and clears what was recorded.
 //!
 //! ```
-//! use cuda_xfer::staging::probe;
+//! use cudars_xfer::staging::probe;
 //! probe::set_enabled(true);
 //! // ... staged transfers ...
 //! probe::set_enabled(false);

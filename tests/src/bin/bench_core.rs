@@ -1,7 +1,7 @@
 //! Benchmark: cuda-core's thin wrappers against the raw driver table, in the same run
 //! (target: within 3% of raw, issue 14).
 //!
-//! Scenarios, each issued through cuda-core and through `cuda_sys::driver()` directly:
+//! Scenarios, each issued through cuda-core and through `cudars_sys::driver()` directly:
 //! - event record + query (timing disabled, an idle non-blocking stream);
 //! - stream create + destroy;
 //! - memset issue (`cuMemsetD8Async`, 256 B of device memory);
@@ -25,11 +25,11 @@ use common::println;
 use std::ffi::c_void;
 use std::time::Instant;
 
-use cuda_core::kernels::Kernels;
-use cuda_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
-use cuda_core::sys::{self, CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags};
-use cuda_core::{Device, Event, Stream};
-use tests::bench::{median, Report, Target};
+use cudars_core::kernels::Kernels;
+use cudars_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
+use cudars_core::sys::{self, CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags};
+use cudars_core::{Device, Event, Stream};
+use workspace_tests::bench::{median, Report, Target};
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -92,7 +92,7 @@ fn run() -> BoxResult<()> {
     println!(
         "bench_core on {} (driver CUDA {}), median of {BATCHES} interleaved batches",
         dev.name()?,
-        cuda_core::driver_version()?
+        cudars_core::driver_version()?
     );
     let d = sys::driver()?;
     // The raw side runs with the device's context current, as a raw-driver program would;
@@ -293,7 +293,7 @@ fn run() -> BoxResult<()> {
     // 5. Kernel launch issue.
     {
         let kernels = Kernels::load(&dev)?;
-        let spin = kernels.module().function(cuda_core::kernels::SPIN)?;
+        let spin = kernels.module().function(cudars_core::kernels::SPIN)?;
         let raw_fn = spin.raw();
         let (ours, raw) = compare(
             200,

@@ -36,11 +36,11 @@ use common::println;
 
 use std::time::Instant;
 
-use cuda_core::kernels::Kernels;
-use cuda_core::memory::DevicePtr;
-use cuda_core::{Device, Event, Stream};
-use cuda_graph::{CaptureMode, GraphExec};
-use tests::bench::{median, Report, Target};
+use cudars_core::kernels::Kernels;
+use cudars_core::memory::DevicePtr;
+use cudars_core::{Device, Event, Stream};
+use cudars_graph::{CaptureMode, GraphExec};
+use workspace_tests::bench::{median, Report, Target};
 
 const OPS: usize = 100;
 const WARMUP: usize = 30;
@@ -52,7 +52,7 @@ const KERNEL_ELEMS: u64 = 256;
 /// Issues per end-to-end and GPU-span sample.
 const BACK_TO_BACK: usize = 10;
 
-type Issue<'a> = dyn Fn(&Stream) -> cuda_core::Result<()> + 'a;
+type Issue<'a> = dyn Fn(&Stream) -> cudars_core::Result<()> + 'a;
 
 struct Timing {
     issue_us: f64,
@@ -61,7 +61,7 @@ struct Timing {
 }
 
 /// Median issue, end-to-end and GPU times of `issue` on `stream`.
-fn time(stream: &Stream, issue: &Issue<'_>) -> cuda_core::Result<Timing> {
+fn time(stream: &Stream, issue: &Issue<'_>) -> cudars_core::Result<Timing> {
     let dev = stream.device();
     let (start, end) = (Event::timed(&dev)?, Event::timed(&dev)?);
     for _ in 0..WARMUP {
@@ -114,7 +114,7 @@ fn compare(
     direct: &Issue<'_>,
     exec: &GraphExec,
     issue_target: IssueTarget,
-) -> Result<Timing, cuda_graph::Error> {
+) -> Result<Timing, cudars_graph::Error> {
     let replay = |s: &Stream| exec.handle().launch(s);
     let d = time(stream, direct)?;
     let g = time(stream, &replay)?;
@@ -163,13 +163,13 @@ fn main() {
     }
 }
 
-fn run() -> Result<(), cuda_graph::Error> {
+fn run() -> Result<(), cudars_graph::Error> {
     let dev = Device::new(0)?;
     println!(
         "bench_graph on {} (driver CUDA {}): {OPS} operations one by one vs one graph replay; \
          median of {REPS} after {WARMUP} warm-up; ratio = graph / one-by-one",
         dev.name()?,
-        cuda_core::driver_version()?
+        cudars_core::driver_version()?
     );
     // The device is current on this thread, as in a typical program: no call below pays for
     // binding its context.
@@ -182,14 +182,14 @@ fn run() -> Result<(), cuda_graph::Error> {
     let buf = DevicePtr::alloc(&dev, OPS * MEMSET_BYTES)?;
     let slices: Vec<DevicePtr> = (0..OPS)
         .map(|i| buf.slice(i * MEMSET_BYTES..(i + 1) * MEMSET_BYTES))
-        .collect::<cuda_core::Result<_>>()?;
-    let memsets = |s: &Stream| -> cuda_core::Result<()> {
+        .collect::<cudars_core::Result<_>>()?;
+    let memsets = |s: &Stream| -> cudars_core::Result<()> {
         for (i, slice) in slices.iter().enumerate() {
             slice.memset_u32_async(i as u32, s)?;
         }
         Ok(())
     };
-    let graph = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| Ok(memsets(s)?))?;
+    let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| Ok(memsets(s)?))?;
     assert_eq!(graph.node_count()?, OPS);
     let exec = graph.instantiate()?;
     exec.upload(&stream)?;
@@ -204,7 +204,7 @@ fn run() -> Result<(), cuda_graph::Error> {
 
     // The same 100 fills as kernel nodes: one fill kernel per slice (other values, so the
     // check below sees the kernels' writes, not the memsets').
-    let fills = |s: &Stream| -> cuda_core::Result<()> {
+    let fills = |s: &Stream| -> cudars_core::Result<()> {
         for (i, slice) in slices.iter().enumerate() {
             // SAFETY: each slice holds MEMSET_BYTES / 4 u32s and outlives the work (the
             // benchmark synchronises before it ends); only this stream touches it.
@@ -219,7 +219,7 @@ fn run() -> Result<(), cuda_graph::Error> {
         }
         Ok(())
     };
-    let fgraph = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| Ok(fills(s)?))?;
+    let fgraph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| Ok(fills(s)?))?;
     assert_eq!(fgraph.node_count()?, OPS);
     let fexec = fgraph.instantiate()?;
     fexec.upload(&stream)?;
@@ -245,7 +245,7 @@ fn run() -> Result<(), cuda_graph::Error> {
             .iter()
             .any(|&x| x != (OPS + i) as u32)
     }) {
-        return Err(cuda_graph::Error::other(format!(
+        return Err(cudars_graph::Error::other(format!(
             "fill results wrong in slice {bad}"
         )));
     }
@@ -253,7 +253,7 @@ fn run() -> Result<(), cuda_graph::Error> {
     // 100 one-block kernels (add 1 to 256 u32s), all on the same data.
     let data = DevicePtr::alloc(&dev, KERNEL_ELEMS as usize * 4)?;
     data.memset_u32(0)?;
-    let adds = |s: &Stream| -> cuda_core::Result<()> {
+    let adds = |s: &Stream| -> cudars_core::Result<()> {
         for _ in 0..OPS {
             // SAFETY: `data` holds KERNEL_ELEMS u32s and outlives every launch (the benchmark
             // synchronises before it ends); only this stream touches it.
@@ -261,7 +261,7 @@ fn run() -> Result<(), cuda_graph::Error> {
         }
         Ok(())
     };
-    let kgraph = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| Ok(adds(s)?))?;
+    let kgraph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| Ok(adds(s)?))?;
     assert_eq!(kgraph.node_count()?, OPS);
     let kexec = kgraph.instantiate()?;
     kexec.upload(&stream)?;
@@ -280,7 +280,7 @@ fn run() -> Result<(), cuda_graph::Error> {
     let runs_per_timing = (WARMUP + REPS + 2 * REPS * BACK_TO_BACK) as u32;
     let expected = 2 * runs_per_timing * OPS as u32;
     if host.iter().any(|&x| x != expected) {
-        return Err(cuda_graph::Error::other(format!(
+        return Err(cudars_graph::Error::other(format!(
             "kernel results wrong: {} != {expected}",
             host[0]
         )));
@@ -297,15 +297,15 @@ fn run() -> Result<(), cuda_graph::Error> {
             let bytes = KERNEL_ELEMS as usize * 4;
             wide.slice(i * bytes..(i + 1) * bytes)
         })
-        .collect::<cuda_core::Result<_>>()?;
+        .collect::<cudars_core::Result<_>>()?;
     let sides: Vec<Stream> = (1..BRANCHES)
         .map(|_| Stream::new(&dev))
-        .collect::<cuda_core::Result<_>>()?;
+        .collect::<cudars_core::Result<_>>()?;
     let fork = Event::new(&dev)?;
     let joins: Vec<Event> = (1..BRANCHES)
         .map(|_| Event::new(&dev))
-        .collect::<cuda_core::Result<_>>()?;
-    let branched = |main: &Stream| -> cuda_core::Result<()> {
+        .collect::<cudars_core::Result<_>>()?;
+    let branched = |main: &Stream| -> cudars_core::Result<()> {
         fork.record(main)?;
         for side in &sides {
             side.wait_event(&fork)?;
@@ -325,7 +325,7 @@ fn run() -> Result<(), cuda_graph::Error> {
         }
         Ok(())
     };
-    let bgraph = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| Ok(branched(s)?))?;
+    let bgraph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| Ok(branched(s)?))?;
     assert_eq!(bgraph.node_count()?, OPS);
     let bexec = bgraph.instantiate()?;
     bexec.upload(&stream)?;
@@ -342,30 +342,30 @@ fn run() -> Result<(), cuda_graph::Error> {
     wide.copy_to_host(&mut host)?;
     let expected = 2 * runs_per_timing;
     if host.iter().any(|&x| x != expected) {
-        return Err(cuda_graph::Error::other(format!(
+        return Err(cudars_graph::Error::other(format!(
             "branched kernel results wrong: {} != {expected}",
             host[0]
         )));
     }
 
     // Our launch wrapper against the raw driver call, per launch (a one-node graph).
-    let one = cuda_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+    let one = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         // SAFETY: as above.
         unsafe { kernels.add_u32_raw(s, data.as_raw(), 1, 1)? };
         Ok(())
     })?;
     let one = one.instantiate()?;
     one.upload(&stream)?;
-    let driver = cuda_core::sys::driver().map_err(cuda_core::Error::from)?;
+    let driver = cudars_core::sys::driver().map_err(cudars_core::Error::from)?;
     let raw_exec = one.handle().raw();
     let raw_stream = stream.raw();
-    let per_launch = |f: &dyn Fn() -> bool| -> Result<f64, cuda_graph::Error> {
+    let per_launch = |f: &dyn Fn() -> bool| -> Result<f64, cudars_graph::Error> {
         let mut samples = Vec::new();
         for rep in 0..(WARMUP + REPS) {
             let t = Instant::now();
             for _ in 0..OPS {
                 if !f() {
-                    return Err(cuda_graph::Error::other("launch failed"));
+                    return Err(cudars_graph::Error::other("launch failed"));
                 }
             }
             let ns = t.elapsed().as_nanos() as f64 / OPS as f64;

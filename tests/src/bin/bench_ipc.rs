@@ -1,4 +1,4 @@
-//! Benchmark (not a test): sharing device memory between processes (`cuda_core::ipc`).
+//! Benchmark (not a test): sharing device memory between processes (`cudars_core::ipc`).
 //!
 //! The binary re-executes itself as the importer (`BENCH_IPC_ROLE=importer`, its stdin a
 //! Unix socket for the file descriptors). Rows:
@@ -26,11 +26,11 @@ use std::os::unix::net::UnixStream;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use cuda_core::ipc::{self, IpcMapping, IpcMemHandle, SharedMapping};
-use cuda_core::memory::{DeviceMemory, DevicePtr};
-use cuda_core::vmm::PhysicalAllocation;
-use cuda_core::{Device, Event, Stream};
-use tests::bench::{Report, Target};
+use cudars_core::ipc::{self, IpcMapping, IpcMemHandle, SharedMapping};
+use cudars_core::memory::{DeviceMemory, DevicePtr};
+use cudars_core::vmm::PhysicalAllocation;
+use cudars_core::{Device, Event, Stream};
+use workspace_tests::bench::{Report, Target};
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 

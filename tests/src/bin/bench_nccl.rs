@@ -1,5 +1,5 @@
 //! NCCL all_reduce of f32, 8 B to 1 GiB, on every GPU of the machine (one process per GPU,
-//! started by `cuda_nccl::Launcher`), beside `torch.distributed` on its NCCL backend in the
+//! started by `cudars_nccl::Launcher`), beside `torch.distributed` on its NCCL backend in the
 //! same run (`nccl_peer.py`, one process per GPU through `torch.multiprocessing`).
 //!
 //! Figures follow nccl-tests: time per operation (median of 3 timed batches after warm-up, a
@@ -15,10 +15,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cuda_core::memory::DevicePtr;
-use cuda_core::Stream;
-use cuda_nccl::{CommConfig, Communicator, Launcher, ReduceOp};
-use tests::bench::{median, Report, Target};
+use cudars_core::memory::DevicePtr;
+use cudars_core::Stream;
+use cudars_nccl::{CommConfig, Communicator, Launcher, ReduceOp};
+use workspace_tests::bench::{median, Report, Target};
 
 const MAX_BYTES: usize = 1 << 30;
 const OUT_VAR: &str = "CUDARS_NCCL_BENCH_OUT";
@@ -139,7 +139,7 @@ fn human(bytes: usize) -> String {
 }
 
 fn launcher_main() -> Res<()> {
-    let n = cuda_core::device_count()?;
+    let n = cudars_core::device_count()?;
     if n < 2 {
         return Err(format!("needs at least 2 GPUs, found {n}").into());
     }

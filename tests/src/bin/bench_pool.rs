@@ -39,15 +39,15 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use cuda_core::async_pool::{self, MemPool};
-use cuda_core::memory::{DeviceMemory, PinnedFlags, PinnedMemory};
-use cuda_core::{Device, Stream};
-use cuda_mempool::async_pool::{AsyncPool, AsyncPoolSource};
-use cuda_mempool::driver::device_id;
-use cuda_mempool::pinned::PinnedMemoryPool;
-use cuda_mempool::replay::{self, ReplayOptions, TraceOp};
-use cuda_mempool::DevicePool;
-use tests::bench::{median, ns_per_call, Report, Target};
+use cudars_core::async_pool::{self, MemPool};
+use cudars_core::memory::{DeviceMemory, PinnedFlags, PinnedMemory};
+use cudars_core::{Device, Stream};
+use cudars_mempool::async_pool::{AsyncPool, AsyncPoolSource};
+use cudars_mempool::driver::device_id;
+use cudars_mempool::pinned::PinnedMemoryPool;
+use cudars_mempool::replay::{self, ReplayOptions, TraceOp};
+use cudars_mempool::DevicePool;
+use workspace_tests::bench::{median, ns_per_call, Report, Target};
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -304,7 +304,7 @@ fn run() -> Result<(), BoxError> {
                 }
             }
             let gpu_pool =
-                DevicePool::with_config(cuda_mempool::DriverBackend::new()?, options.config)?;
+                DevicePool::with_config(cudars_mempool::DriverBackend::new()?, options.config)?;
             let null = Stream::null(&dev);
             let gpu = replay::replay_on(
                 &gpu_pool,

@@ -12,7 +12,7 @@
 //!
 //! Output: one line per row, `scenario | size | ours GB/s | raw GB/s | ratio`; the same rows
 //! as CSV to `--csv PATH` (or `$BENCH_XFER_CSV`, or `$BENCH_OUT/xfer.csv`); then the
-//! target summary in the shared format of `tests::bench`, from which `cargo xtask
+//! target summary in the shared format of `workspace_tests::bench`, from which `cargo xtask
 //! bench-report` draws the bandwidth-against-size plots. `--no-sweep` skips the staging
 //! configuration sweep at the end.
 //!
@@ -41,14 +41,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use cuda_core::{Device, Stream};
-use cuda_xfer::staging::probe::{self, Step, StepKind};
-use cuda_xfer::staging::{self, StagingConfig};
-use cuda_xfer::{
+use cudars_core::{Device, Stream};
+use cudars_xfer::staging::probe::{self, Step, StepKind};
+use cudars_xfer::staging::{self, StagingConfig};
+use cudars_xfer::{
     copy_device, copy_device_async, copy_to_device, copy_to_device_on_stream, register,
     to_host_into, DeviceBuffer, PinnedBuffer, Registered,
 };
-use tests::bench::{median, Report, Target};
+use workspace_tests::bench::{median, Report, Target};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -145,7 +145,7 @@ fn reps_for(bytes: usize) -> usize {
 }
 
 fn check(
-    r: Result<cuda_core::sys::CUresult, cuda_core::sys::MissingSymbol>,
+    r: Result<cudars_core::sys::CUresult, cudars_core::sys::MissingSymbol>,
     call: &str,
 ) -> Result<(), BoxError> {
     match r {
@@ -174,7 +174,7 @@ fn bench_kind(
     sizes: &[usize],
     rows: &mut Vec<Row>,
 ) -> Result<(), BoxError> {
-    let driver = cuda_core::sys::driver()?;
+    let driver = cudars_core::sys::driver()?;
     let null = Stream::null(dev);
     for &n in sizes {
         let d = device.slice(..n)?;
@@ -370,7 +370,7 @@ fn sweep(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result<(),
 /// bare call followed by a legacy-stream sync. Then `copy_device` against the bare
 /// `cuMemcpyDtoD` (which returns before the device has run it).
 fn landing_cost(dev: &Device, device: &DeviceBuffer<u8>, host: &Host) -> Result<(), BoxError> {
-    let driver = cuda_core::sys::driver()?;
+    let driver = cudars_core::sys::driver()?;
     let null = Stream::null(dev);
     let nb = Stream::builder(dev).non_blocking(true).build()?;
     println!();
@@ -457,7 +457,7 @@ fn landing_cost(dev: &Device, device: &DeviceBuffer<u8>, host: &Host) -> Result<
 /// back; returns how many copies saw stale bytes, for the bare `cuMemcpyHtoD` (the old path)
 /// and for `copy_to_device`.
 fn landing_race(dev: &Device, iterations: usize) -> Result<(usize, usize), BoxError> {
-    let driver = cuda_core::sys::driver()?;
+    let driver = cudars_core::sys::driver()?;
     let nb = Stream::builder(dev).non_blocking(true).build()?;
     let max = MIB - 1;
     let target = DeviceBuffer::<u8>::alloc(dev, max)?;
@@ -601,7 +601,7 @@ fn med(v: &[Probed], f: impl Fn(&Probed) -> f64) -> f64 {
 fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result<(), BoxError> {
     let base = staging::config();
     let null = Stream::null(dev);
-    let driver = cuda_core::sys::driver()?;
+    let driver = cudars_core::sys::driver()?;
     println!();
     println!("mid-size probe, pageable (medians over 40 transfers; times in us from the pipeline's start):");
     println!(
@@ -715,7 +715,7 @@ fn mid_sizes(dev: &Device, device: &DeviceBuffer<u8>, host: &mut Host) -> Result
     {
         let pinned = PinnedBuffer::<u8>::zeroed(dev, 16 * MIB)?;
         let nb = Stream::builder(dev).non_blocking(true).build()?;
-        let ev = cuda_core::Event::builder(dev)
+        let ev = cudars_core::Event::builder(dev)
             .disable_timing(true)
             .build()?;
         for n in [512 * KIB, 4 * MIB, 16 * MIB] {

@@ -19,8 +19,8 @@ use common::println;
 
 use std::io::Write as _;
 
-use cuda_core::event::IpcEventHandle;
-use cuda_core::{Device, Event, Stream};
+use cudars_core::event::IpcEventHandle;
+use cudars_core::{Device, Event, Stream};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -41,17 +41,17 @@ fn main() {
 
 fn no_driver(missing: &str) {
     assert_eq!(std::env::var("CUDA_DRIVER_LIBRARY").as_deref(), Ok(missing));
-    assert!(!cuda_core::is_available());
-    let err = cuda_core::device_count().unwrap_err();
-    assert!(matches!(err, cuda_core::Error::Load(_)), "{err:?}");
+    assert!(!cudars_core::is_available());
+    let err = cudars_core::device_count().unwrap_err();
+    assert!(matches!(err, cudars_core::Error::Load(_)), "{err:?}");
     let text = err.to_string();
     assert!(text.contains(missing), "{text}");
     assert!(matches!(
-        cuda_core::Device::new(0),
-        Err(cuda_core::Error::Load(_))
+        cudars_core::Device::new(0),
+        Err(cudars_core::Error::Load(_))
     ));
-    assert!(cuda_core::driver_version().is_err());
-    assert!(cuda_core::Device::current().is_err());
+    assert!(cudars_core::driver_version().is_err());
+    assert!(cudars_core::Device::current().is_err());
     println!("NO_DRIVER ok");
 }
 
