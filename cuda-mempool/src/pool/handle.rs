@@ -237,6 +237,7 @@ impl<'p, B: Backend> Allocation<'p, B> {
 }
 
 impl<B: Backend> Drop for Allocation<'_, B> {
+    #[inline]
     fn drop(&mut self) {
         if let Some(shard) = self.shard.take() {
             // The only possible error is a failed fence record for a record_stream

@@ -429,6 +429,9 @@ impl<B: Backend> MemoryPool<B> {
         }
     }
 
+    /// The free of a block handle: the hot path's other half, inlined into the handle's
+    /// drop as [`malloc`](Self::malloc)'s fast path is into its caller.
+    #[inline]
     fn free_block(&self, shard: &Shard<B>, id: u32, generation: u64) -> Result<(), PoolError> {
         shard.lock_retiring().release(&self.backend, id, generation)
     }
