@@ -211,7 +211,10 @@ fn api_name(symbol: &str) -> (String, Option<String>) {
             && parts[0].chars().all(|c| c.is_ascii_digit())
             && parts[1].chars().all(|c| c.is_ascii_digit())
         {
-            return (parts[2].to_string(), Some(format!("{}_{}", parts[1], parts[0])));
+            return (
+                parts[2].to_string(),
+                Some(format!("{}_{}", parts[1], parts[0])),
+            );
         }
     }
     (symbol.to_string(), None)

@@ -341,7 +341,9 @@ mod tests {
         let names = nvjitlink_symbols(&e);
         assert_eq!(names[0].as_c_str(), c"__nvJitLinkCreate_13_0");
         assert_eq!(names[1].as_c_str(), c"nvJitLinkCreate");
-        assert!(names.iter().any(|n| n.as_c_str() == c"__nvJitLinkCreate_12_4"));
+        assert!(names
+            .iter()
+            .any(|n| n.as_c_str() == c"__nvJitLinkCreate_12_4"));
         // No duplicate of the header's own symbol.
         assert_eq!(
             names
