@@ -141,6 +141,8 @@ pub struct Nvrtc {
     resolved: usize,
     // Dropped last: the table points into it.
     _library: libloading::Library,
+    // NVRTC's builtins, opened from beside the library (see `Nvrtc::load_from`).
+    _builtins: Vec<libloading::Library>,
 }
 
 impl fmt::Debug for Nvrtc {
@@ -160,7 +162,14 @@ impl Nvrtc {
     }
 
     /// Opens the first of `candidates` that loads (names or paths, as `dlopen` takes them).
+    ///
+    /// NVRTC opens its builtins library (`libnvrtc-builtins.so.13.0`) by name when it
+    /// compiles; a library opened by path (pip's wheels, `$CUDA_NVRTC_LIBRARY`) has no search
+    /// path that finds it. So the builtins beside the library are opened first, and NVRTC's
+    /// own `dlopen` by name then finds them already loaded.
     pub fn load_from(candidates: &[OsString]) -> Result<Nvrtc, LoadError> {
+        let builtins: Vec<libloading::Library> =
+            candidates.iter().flat_map(builtins_beside).collect();
         let (library, path) = open(candidates, "NVRTC", NVRTC_PATH_ENV)?;
         let mut resolved = 0;
         // SAFETY: `lookup` returns null or the address of the exported symbol of that name,
@@ -177,6 +186,7 @@ impl Nvrtc {
             path,
             resolved,
             _library: library,
+            _builtins: builtins,
         })
     }
 
@@ -189,6 +199,37 @@ impl Nvrtc {
     pub fn resolved_count(&self) -> usize {
         self.resolved
     }
+}
+
+/// Opens `libnvrtc-builtins.so*` (not the `.alt` variant) in the directory of `candidate`, when
+/// `candidate` is a path to an existing file; nothing otherwise.
+fn builtins_beside(candidate: &OsString) -> Vec<libloading::Library> {
+    let path = std::path::Path::new(candidate);
+    let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return Vec::new();
+    };
+    if !path.is_file() {
+        return Vec::new();
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<std::path::PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libnvrtc-builtins.so") && !n.contains(".alt"))
+        })
+        .collect();
+    found.sort();
+    found
+        .into_iter()
+        // SAFETY: NVRTC's builtins library has no initialiser with preconditions; it is the
+        // one NVRTC would open itself.
+        .filter_map(|p| unsafe { libloading::Library::new(&p) }.ok())
+        .collect()
 }
 
 /// An opened nvJitLink library and its function table.
