@@ -606,6 +606,24 @@ pub enum ImageKind {
 const FATBIN_MAGIC: u32 = 0xBA55_ED50;
 
 impl ImageKind {
+    /// Checks `image` as [`Module::from_image`] does before the driver reads it: a cubin's
+    /// ELF tables and sections, and a fatbin's declared size, must lie inside the bytes; PTX
+    /// is any other non-empty text. Returns the kind, or [`Error::InvalidArgument`].
+    pub fn check(image: &[u8]) -> Result<ImageKind> {
+        match ImageKind::detect(image) {
+            Some(ImageKind::Cubin) => check_elf(image).map(|()| ImageKind::Cubin),
+            Some(ImageKind::Fatbin) => check_fatbin(image).map(|()| ImageKind::Fatbin),
+            Some(ImageKind::Ptx)
+                if std::str::from_utf8(image.strip_suffix(&[0]).unwrap_or(image)).is_ok() =>
+            {
+                Ok(ImageKind::Ptx)
+            }
+            _ => Err(Error::InvalidArgument(
+                "the image is neither a cubin, a fatbin nor PTX text".into(),
+            )),
+        }
+    }
+
     /// The kind of `image`, or `None` when it is empty.
     pub fn detect(image: &[u8]) -> Option<ImageKind> {
         if image.starts_with(b"\x7fELF") {

@@ -78,6 +78,11 @@ fn cubin_and_ptx_outputs() {
         .compile_with(compiler())
         .unwrap();
     assert_eq!(ImageKind::detect(cubin.image()), Some(ImageKind::Cubin));
+    // cuda-core's checks, which run before the driver reads an image, accept NVRTC's cubin
+    // and refuse it truncated.
+    assert_eq!(ImageKind::check(cubin.image()).unwrap(), ImageKind::Cubin);
+    let cut = &cubin.image()[..cubin.image().len() - 1];
+    assert!(ImageKind::check(cut).is_err());
     assert_eq!(cubin.origin(), Origin::Compiled);
     assert!(cubin.ptx().is_none());
 
@@ -212,7 +217,10 @@ fn lto_ir_is_linked_by_nvjitlink_into_a_cubin() {
         .no_cache()
         .compile_with(compiler())
         .unwrap();
-    assert_eq!(ImageKind::detect(compiled.image()), Some(ImageKind::Cubin));
+    assert_eq!(
+        ImageKind::check(compiled.image()).unwrap(),
+        ImageKind::Cubin
+    );
     let ltoir = Program::new(SAXPY)
         .arch(HOPPER)
         .output(Output::LtoIr)
