@@ -8,7 +8,7 @@
 //! | [`device`] | [`Device`], scopes, attributes, peer access | `Device` |
 //! | [`stream`] | [`Stream`], builder, current stream per thread, host callbacks | `Stream`, `ExternalStream`, `get_current_stream` |
 //! | [`event`] | [`Event`], builder, timing, interprocess handles | `Event`, `get_elapsed_time` |
-//! | [`module`] | [`Module`] from PTX text, [`Function`] launch | `RawModule` |
+//! | [`module`] | [`Module`] from PTX text, cubin or fatbin; [`Function`]: parameter info, occupancy, attributes, launch with a [`LaunchConfig`] (clusters too) | `RawModule` |
 //! | [`kernels`] | ready-made PTX kernels to try the workspace: fill, add, copy, checksum, spin, a slow writer for ordering tests | - |
 //! | [`memory`] | [`DeviceMemory`], [`ManagedMemory`], [`PinnedMemory`], [`HostRegistration`], [`UnownedMemory`], the [`DevicePtr`] view | `Memory`, `ManagedMemory`, `PinnedMemory`, `UnownedMemory`, `MemoryPointer` |
 //! | [`pointer`](mod@pointer) | [`MemoryLocation`] of any address | `get_array_module` |
@@ -63,6 +63,6 @@ pub use memory::{
     DeviceAlloc, DeviceMemory, DevicePtr, HostRegistration, ManagedMemory, PinnedMemory,
     UnownedMemory,
 };
-pub use module::{Function, Module};
+pub use module::{Function, LaunchConfig, Module, ParamInfo};
 pub use pointer::MemoryLocation;
 pub use stream::{Stream, StreamBuilder, StreamKind, StreamScope};

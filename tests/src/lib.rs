@@ -18,6 +18,8 @@ pub mod gpu;
 
 pub mod nccl_check;
 
+pub mod rtc;
+
 /// The path of a C library that is not the CUDA driver, for loader tests.
 pub fn libc_path() -> &'static str {
     "libc.so.6"

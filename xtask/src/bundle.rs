@@ -33,6 +33,7 @@ pub const SUITE: &[&str] = &[
     "gpu_handover",
     "gpu_soundness_pool",
     "gpu_soundness_core",
+    "gpu_rtc",
 ];
 
 /// Test binaries bundled but run by their own mode, not by `run.sh tests` on one GPU: the
@@ -352,6 +353,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #             mid-collective), then bench_nccl beside torch.distributed; needs >= 2 GPUs.
 #             `run.sh nccl tests` / `run.sh nccl bench` run one part; another word filters tests
 #   bench     every benchmark binary (their own output), then peers.py and workload_bench.py
+#   rtc-bench bench_rtc and rtc_peers.py alone (cuda-rtc beside CuPy RawKernel and cuda.core)
 #   workloads the PyTorch / CuPy workload benchmark alone (workload_bench.py; ~4 min on an H200)
 #   examples  every example
 # The test modes end with one line: "GPU suite: N passed, N failed on <device>".
@@ -377,6 +379,20 @@ if [ -z "${CUDA_NCCL_LIBRARY:-}" ] && command -v python3 >/dev/null; then
   if [ -n "$nccl_dir" ] && [ -f "$nccl_dir/lib/libnccl.so.2" ]; then
     export CUDA_NCCL_LIBRARY="$nccl_dir/lib/libnccl.so.2"
   fi
+fi
+# cuda-rtc opens NVRTC and nvJitLink at run time: take pip's wheels' (CuPy's and cuda.core's)
+# when the variables are unset (nvidia/cu13/lib for CUDA 13, nvidia/cuda_nvrtc/lib and
+# nvidia/nvjitlink/lib for CUDA 12).
+if command -v python3 >/dev/null; then
+  nv_dirs="$(python3 -c 'import nvidia; print(" ".join(nvidia.__path__))' 2>/dev/null)"
+  for base in $nv_dirs; do
+    for f in "$base/cu13/lib/libnvrtc.so.13" "$base/cuda_nvrtc/lib/libnvrtc.so.12"; do
+      if [ -z "${CUDA_NVRTC_LIBRARY:-}" ] && [ -f "$f" ]; then export CUDA_NVRTC_LIBRARY="$f"; fi
+    done
+    for f in "$base/cu13/lib/libnvJitLink.so.13" "$base/nvjitlink/lib/libnvJitLink.so.12"; do
+      if [ -z "${CUDA_NVJITLINK_LIBRARY:-}" ] && [ -f "$f" ]; then export CUDA_NVJITLINK_LIBRARY="$f"; fi
+    done
+  done
 fi
 test_timeout=600
 run_tests() {
@@ -462,6 +478,7 @@ case "$mode" in
     done
     if [ "${#extra[@]}" -eq 0 ] && command -v python3 >/dev/null; then
       echo "=== peers (CuPy, PyTorch)"; python3 "$here/peers.py" --traces "$here/traces"
+      echo "=== rtc peers (CuPy RawKernel, cuda.core Program)"; python3 "$here/rtc_peers.py" || echo "(exit $?)"
       echo "=== workloads (PyTorch, CuPy through the C ABI)"
       python3 "$here/workload_bench.py" --lib "$here/lib/libcudars_mempool_capi.so" --with-plain --budget 330 || echo "(exit $?)"
     fi
@@ -472,6 +489,13 @@ case "$mode" in
     [ -f "$BENCH_OUT/meta.txt" ] || { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1; } > "$BENCH_OUT/meta.txt"
     python3 "$here/workload_bench.py" --lib "$here/lib/libcudars_mempool_capi.so" "${extra[@]}"
     exit $? ;;
+  rtc-bench)
+    # bench_rtc, then the same scenarios through CuPy and cuda.core (rtc_peers.py).
+    export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
+    echo "CUDA_NVRTC_LIBRARY=${CUDA_NVRTC_LIBRARY:-unset} CUDA_NVJITLINK_LIBRARY=${CUDA_NVJITLINK_LIBRARY:-unset}"
+    echo "=== bench_rtc"; "$here/bench/bench_rtc" || echo "(exit $?)"
+    echo "=== rtc peers (CuPy RawKernel, cuda.core Program)"; python3 "$here/rtc_peers.py" "${extra[@]}" || echo "(exit $?)"
+    exit 0 ;;
   clients) run_clients ;;
   clients-sanitize) run_clients --sanitize ;;
   nccl)
@@ -489,7 +513,7 @@ case "$mode" in
     export CUDA_RS_TRACES="$here/traces"
     for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
   all) "$0" examples; run_tests; two_gpu; "$0" bench; ;;
-  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|workloads|examples|all] [args]"; exit 2 ;;
+  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|workloads|examples|all] [args]"; exit 2 ;;
 esac
 echo "GPU suite: $passed passed, $failed failed on $device"
 [ "$failed" -eq 0 ]

@@ -2,10 +2,11 @@
 //!
 //! | command | what |
 //! | --- | --- |
-//! | `ci [--gpu\|--no-gpu] [--sanitize]` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), packaging, the bindings snapshot check, the main example with and without headers, a snapshot build of cuda-sys switching to bindgen when headers and libclang appear, the CUDA 12.0/12.4/12.8 and 13.5 header sets (bindgen, `cargo check`, cuda-sys tests) and the NCCL bindings; then the GPU suite when a GPU is usable (`--gpu` requires it, `--no-gpu` skips it, `--sanitize` runs it under compute-sanitizer); ends with one `GPU suite: ...` line |
+//! | `ci [--gpu\|--no-gpu] [--sanitize]` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), packaging, the bindings snapshot check, the main example with and without headers, a snapshot build of cuda-sys switching to bindgen when headers and libclang appear, the CUDA 12.0/12.4/12.8 and 13.5 header sets (bindgen, `cargo check`, cuda-sys tests), the NCCL and NVRTC bindings, cuda-rtc's tests with NVRTC on the CPU (when the library is found); then the GPU suite when a GPU is usable (`--gpu` requires it, `--no-gpu` skips it, `--sanitize` runs it under compute-sanitizer); ends with one `GPU suite: ...` line |
 //! | `gpu-suite [--gpu\|--no-gpu] [--sanitize]` | only the GPU part of `ci` |
 //! | `bindings` | regenerates `cuda-sys/src/generated/driver.rs` from the headers found |
 //! | `nccl-bindings` | regenerates `cuda-nccl-sys/src/generated/nccl.rs` from the `nccl.h` found |
+//! | `rtc-bindings` | regenerates `cuda-rtc-sys/src/generated/rtc.rs` from the `nvrtc.h` and `nvJitLink.h` found |
 //! | `gpu-bundle [--headers SET]` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh`; with `--headers 13.5`, from those headers into `target/gpu-bundle-13.5/` |
 //! | `replay [TRACE...]` | replays allocation traces (default `../shared/traces/*.trace`) through MemoryPool on the simulated backend |
 //! | `bench-report DIR` | `results.csv` + `peers.csv` of one benchmark run -> `bench/results/REPORT.md` and SVG plots |
@@ -18,6 +19,7 @@ mod gpu;
 mod headers;
 mod nccl;
 mod report;
+mod rtc;
 mod util;
 
 use std::process::ExitCode;
@@ -34,6 +36,8 @@ const LIBRARY_PACKAGES: &[&str] = &[
     "cudars-xfer",
     "cudars-nccl-sys",
     "cudars-nccl",
+    "cudars-rtc-sys",
+    "cudars-rtc",
 ];
 
 fn main() -> ExitCode {
@@ -43,6 +47,7 @@ fn main() -> ExitCode {
         Some("gpu-suite") => gpu::Options::parse(&args[1..]).and_then(|opts| gpu::run(opts).1),
         Some("bindings") => bindings(),
         Some("nccl-bindings") => nccl::bindings(),
+        Some("rtc-bindings") => rtc::bindings(),
         Some("gpu-bundle") => headers::gpu_bundle_args(&args[1..]),
         Some("replay") => replay(&args[1..]),
         Some("bench-report") => match args.get(1) {
@@ -53,7 +58,7 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|gpu-bundle [--headers 12.4]|replay [TRACE...]|bench-report DIR>"
+                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|gpu-bundle [--headers 12.4]|replay [TRACE...]|bench-report DIR>"
             );
             return ExitCode::from(2);
         }
@@ -119,6 +124,8 @@ fn cpu_steps() -> Result<()> {
     }
     step("NCCL bindings");
     nccl::ci_bindings_check()?;
+    step("NVRTC / nvJitLink bindings");
+    rtc::ci_bindings_check()?;
     if build.nvtx {
         step("NVTX ranges reach a tool (tests/tests/gpu_nvtx.rs needs no GPU)");
         cargo(
@@ -151,6 +158,8 @@ fn cpu_steps() -> Result<()> {
         ],
         &[],
     )?;
+    step("cuda-rtc with NVRTC on the CPU (no GPU needed)");
+    rtc::ci_nvrtc_tests()?;
     step("docs, warnings denied");
     cargo(
         &["doc", "--workspace", "--no-deps", "--all-features"],
@@ -176,6 +185,7 @@ fn cpu_steps() -> Result<()> {
     }
     cargo(&["test", "-p", "workspace-tests", "--test", "loader"], &env)?;
     nccl::ci_snapshot_build(&env)?;
+    rtc::ci_snapshot_build(&env)?;
     example_check(&env)?;
     Ok(())
 }

@@ -5,6 +5,10 @@
 //! `test_child ipc-event <HEX>`: opens the parent's interprocess event, reports that it is
 //! pending, waits on it and reports completion (started by `gpu_stream_event.rs`).
 //!
+//! `test_child rtc <CACHE DIR> <SEED>`: compiles `workspace_tests::rtc::SAXPY` through a disk
+//! cache in that directory, prints where the program came from (`RTC origin=Disk`), runs it on
+//! random data and checks it against the host (started by `gpu_rtc.rs`).
+//!
 //! Exit status 0 when every check holds; a failed check panics with its message (exit 101),
 //! and the parent test fails on that status.
 #![allow(
@@ -32,8 +36,11 @@ fn main() {
     {
         ["no-driver", missing] => no_driver(missing),
         ["ipc-event", hex] => ipc_event(hex),
+        ["rtc", dir, seed] => rtc(dir, seed.parse().expect("a numeric seed")),
         _ => {
-            eprintln!("usage: test_child no-driver <MISSING PATH> | ipc-event <HEX>");
+            eprintln!(
+                "usage: test_child no-driver <MISSING PATH> | ipc-event <HEX> | rtc <DIR> <SEED>"
+            );
             std::process::exit(2);
         }
     }
@@ -72,4 +79,58 @@ fn ipc_event(hex: &str) {
     assert!(event.query().unwrap());
     event.synchronize().unwrap();
     println!("IPC_CHILD completed");
+}
+
+fn rtc(dir: &str, seed: u64) {
+    use cudars_core::{DevicePtr, LaunchConfig};
+    use cudars_rtc::{Cache, Program};
+    use workspace_tests::rtc::{Rng, SAXPY};
+
+    let dev = Device::new(0).expect("a CUDA device is required");
+    let cache = Cache::in_dir(dir);
+    let compiled = Program::new(SAXPY)
+        .name("saxpy.cu")
+        .device(&dev)
+        .unwrap()
+        .cache(&cache)
+        .compile()
+        .unwrap();
+    println!(
+        "RTC origin={:?} key={}",
+        compiled.origin(),
+        compiled.key().hex()
+    );
+    let kernel = compiled.load(&dev).unwrap().kernel("saxpy").unwrap();
+    let n = 100_003usize;
+    let mut rng = Rng::new(seed);
+    let (x, y) = (rng.f32s(n), rng.f32s(n));
+    let (dx, dy) = (
+        DevicePtr::alloc(&dev, n * 4).unwrap(),
+        DevicePtr::alloc(&dev, n * 4).unwrap(),
+    );
+    dx.copy_from_host(&x).unwrap();
+    dy.copy_from_host(&y).unwrap();
+    let stream = Stream::new(&dev).unwrap();
+    // SAFETY: saxpy touches x[i] and y[i] for i < n only; both hold n floats.
+    unsafe {
+        kernel
+            .launch(
+                &stream,
+                &LaunchConfig::for_elements(n as u64, 256),
+                (1.5f32, &dx, &dy, n as u64),
+            )
+            .unwrap()
+    };
+    stream.synchronize().unwrap();
+    let mut out = vec![0f32; n];
+    dy.copy_to_host(&mut out).unwrap();
+    for i in 0..n {
+        let want = 1.5f32.mul_add(x[i], y[i]);
+        assert!(
+            (out[i] - want).abs() <= 1e-5,
+            "y[{i}] = {} != {want}",
+            out[i]
+        );
+    }
+    println!("RTC ok");
 }
