@@ -64,7 +64,11 @@ fn poll_once<F: Future + Unpin>(f: &mut F) -> bool {
 #[test]
 fn ten_thousand_concurrent_futures_complete_with_correct_results() {
     let _serial = serial();
-    const N: usize = 10_000;
+    // `run.sh sanitize` asks for fewer: every launch is instrumented there.
+    let n: usize = std::env::var("CUDA_RS_ASYNC_FUTURES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
     const STREAMS: usize = 16;
     let dev = dev0();
     let k = Arc::new(Kernels::load(&dev).unwrap());
@@ -74,11 +78,11 @@ fn ten_thousand_concurrent_futures_complete_with_correct_results() {
             .collect(),
     );
     // Mapped pinned memory: the kernel writes it, the task reads it right after its await.
-    let mapped = Arc::new(PinnedMemory::new(&dev, N * 4, PinnedFlags::DEVICE_MAP).unwrap());
+    let mapped = Arc::new(PinnedMemory::new(&dev, n * 4, PinnedFlags::DEVICE_MAP).unwrap());
     let dev_base = mapped.device_ptr().expect("mapped");
     let host_base = mapped.as_ptr() as usize;
-    // SAFETY: N * 4 bytes of live pinned memory; nothing runs on the device yet.
-    unsafe { std::ptr::write_bytes(host_base as *mut u8, 0, N * 4) };
+    // SAFETY: n * 4 bytes of live pinned memory; nothing runs on the device yet.
+    unsafe { std::ptr::write_bytes(host_base as *mut u8, 0, n * 4) };
     let spin = k.cycles_for(Duration::from_micros(20));
 
     let peak = Arc::new(AtomicUsize::new(0));
@@ -95,7 +99,7 @@ fn ten_thousand_concurrent_futures_complete_with_correct_results() {
     let rt = multi_thread(4);
     let start = Instant::now();
     let wrong = rt.block_on(async {
-        let tasks: Vec<_> = (0..N)
+        let tasks: Vec<_> = (0..n)
             .map(|i| {
                 let (k, streams) = (Arc::clone(&k), Arc::clone(&streams));
                 tokio::spawn(async move {
@@ -127,7 +131,7 @@ fn ten_thousand_concurrent_futures_complete_with_correct_results() {
     watcher.join().unwrap();
     let stats = completion::stats();
     println!(
-        "{N} futures in {took:?}; at most {} waits held at once; reactor: {stats:?}",
+        "{n} futures in {took:?}; at most {} waits held at once; reactor: {stats:?}",
         peak.load(Ordering::Relaxed)
     );
     assert_eq!(
@@ -135,7 +139,7 @@ fn ten_thousand_concurrent_futures_complete_with_correct_results() {
         "futures resolved before their kernel's write was visible"
     );
     assert!(
-        peak.load(Ordering::Relaxed) >= 100,
+        peak.load(Ordering::Relaxed) >= (n / 10).min(100),
         "the futures were not concurrent"
     );
     reactor_drains(Duration::from_secs(2));

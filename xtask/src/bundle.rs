@@ -446,6 +446,7 @@ case "$mode" in
     fi
     sanitizer=("$cs" --tool memcheck --report-api-errors no --target-processes all --error-exitcode 86 --print-limit 20)
     export CUDA_RS_STREAMS="${CUDA_RS_STREAMS:-2000}"  # the stream-churn test, shorter under the tool
+    export CUDA_RS_ASYNC_FUTURES="${CUDA_RS_ASYNC_FUTURES:-1000}"  # gpu_async's concurrent futures, fewer under the tool
     # gpu_xfer_fault and gpu_async_fault (its child) provoke a kernel fault on purpose:
     # memcheck would report it, rightly; gpu_nvtx installs itself as the NVTX tool, which
     # compute-sanitizer already is. gpu_async (futures dropped mid-flight) does run here.
