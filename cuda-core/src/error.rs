@@ -243,6 +243,10 @@ pub enum Error {
     /// [`memory::Handover`](crate::memory::Handover)); nothing was issued.
     #[error("cannot order this use of the memory after its earlier owner's work: {0}")]
     Unordered(String),
+    /// The thread that waits for the device on behalf of futures
+    /// ([`crate::completion`]) is not available (it could not be started).
+    #[error("completion reactor: {0}")]
+    Reactor(String),
     /// Sharing memory between processes failed ([`crate::ipc`]); the
     /// [`IpcError`] names the likely cause.
     #[cfg(unix)]

@@ -234,6 +234,35 @@ impl Event {
         self.inner.recorded.load(Ordering::Acquire)
     }
 
+    /// `true` when no other clone of this event exists.
+    pub(crate) fn is_unique(&self) -> bool {
+        Arc::strong_count(&self.inner) == 1
+    }
+
+    /// A future that resolves when the work recorded in this event is done (at once when
+    /// nothing was recorded, as [`Event::query`]): `Ok(())`, or the error that stopped the
+    /// device (a failed stream, a device fault), which reaches every pending future of the
+    /// context. Runtime-agnostic; see [`crate::completion`]. It holds a clone of the event,
+    /// so the event lives until the future (and the reactor's entry for it) is gone.
+    ///
+    /// Always polled by the reactor thread ([`WakeStrategy::Poll`](crate::completion::WakeStrategy::Poll)):
+    /// an event has no stream to put a host function on. The event need not be untimed,
+    /// but untimed events (the default) are cheaper to query.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> cudars_core::Result<()> {
+    /// use cudars_core::{Device, Stream};
+    /// let dev = Device::new(0)?;
+    /// let stream = Stream::new(&dev)?;
+    /// // ... queue work on `stream` ...
+    /// let done = stream.record(None)?;
+    /// done.completion().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn completion(&self) -> crate::completion::Completion {
+        crate::completion::event_completion(self)
+    }
+
     /// Records the event at the current end of `stream`'s work (CuPy's `Event.record`).
     /// A stream of another device is [`Error::WrongDevice`].
     #[inline]

@@ -8,6 +8,7 @@
 //! | [`device`] | [`Device`], scopes, attributes, peer access | `Device` |
 //! | [`stream`] | [`Stream`], builder, current stream per thread, host callbacks | `Stream`, `ExternalStream`, `get_current_stream` |
 //! | [`event`] | [`Event`], builder, timing, interprocess handles | `Event`, `get_elapsed_time` |
+//! | [`completion`] | awaiting the GPU: [`Completion`] futures from [`Event::completion`] and [`Stream::completion`], one reactor thread, faults reach every waiter, [`completion::drop_after`] | - |
 //! | [`module`] | [`Module`] from PTX text, cubin or fatbin; [`Function`]: parameter info, occupancy, attributes, launch with a [`LaunchConfig`] (clusters too) | `RawModule` |
 //! | [`kernels`] | ready-made PTX kernels to try the workspace: fill, add, copy, checksum, spin, a slow writer for ordering tests | - |
 //! | [`memory`] | [`DeviceMemory`], [`ManagedMemory`], [`PinnedMemory`], [`HostRegistration`], [`UnownedMemory`], the [`DevicePtr`] view | `Memory`, `ManagedMemory`, `PinnedMemory`, `UnownedMemory`, `MemoryPointer` |
@@ -35,6 +36,7 @@ mod driver;
 mod version;
 
 pub mod async_pool;
+pub mod completion;
 pub mod device;
 pub mod error;
 pub mod event;
@@ -53,6 +55,7 @@ pub mod profiler;
 pub mod stream;
 pub mod vmm;
 
+pub use completion::Completion;
 pub use cudars_sys as sys;
 pub use device::{ContextBinding, Device, DeviceScope, Uuid};
 pub use driver::{bindings_version, device_count, driver_version, is_available, CudaVersion};

@@ -481,6 +481,37 @@ impl Stream {
         Ok(event)
     }
 
+    /// A future that resolves when the device has done all the work queued on this stream
+    /// so far (later work does not count): `Ok(())`, or the error that stopped the device (a
+    /// failed stream, a device fault). Records an untimed event (reused from a small
+    /// per-device pool) and waits for it with the process's
+    /// [`wake_strategy`](crate::completion::wake_strategy); runtime-agnostic, see
+    /// [`crate::completion`].
+    ///
+    /// A stream being captured into a graph is refused with [`Error::InvalidArgument`]: the
+    /// point would be a graph node, reached only when the graph is launched.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> cudars_core::Result<()> {
+    /// use cudars_core::{Device, Stream};
+    /// let dev = Device::new(0)?;
+    /// let stream = Stream::new(&dev)?;
+    /// // ... queue work on `stream` ...
+    /// stream.completion()?.await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn completion(&self) -> Result<crate::completion::Completion> {
+        crate::completion::stream_completion(self, crate::completion::wake_strategy())
+    }
+
+    /// As [`Stream::completion`], with the given wake strategy for this wait.
+    pub fn completion_with(
+        &self,
+        strategy: crate::completion::WakeStrategy,
+    ) -> Result<crate::completion::Completion> {
+        crate::completion::stream_completion(self, strategy)
+    }
+
     /// Records a new event with **timing on** ([`Event::timed`]) at the current end of the
     /// stream's work and returns it, for [`Event::elapsed`].
     ///

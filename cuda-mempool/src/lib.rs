@@ -60,6 +60,50 @@
 //! * The hot path takes only a per-(device, stream) lock; see [`pool`] for the locking
 //!   structure and [`stats`] for what that means for peaks.
 //!
+//! # Async code: pool memory and awaited streams
+//!
+//! A block's lifetime is tied to **stream order, not to an `.await`**. A block allocated
+//! on stream S and used by work queued on S may be dropped as soon as that work is queued,
+//! before anything is awaited: the pool reuses it on S only after that work (stream order)
+//! and on another stream only after a fence recorded at the free has completed (the
+//! workspace's one ordering rule, `cudars_core::memory::Handover`). Work on other streams
+//! that used the block is covered the same way once marked (`record_stream`; every
+//! `cudars_core` view operation and `cuda-xfer` transfer marks it). So a task keeps a block
+//! across `stream.completion().await` only to read results after it, never to keep the
+//! device safe; and dropping a task mid-await (a cancelled request) frees its blocks
+//! correctly at once.
+//!
+//! Nothing on that path blocks the thread: `malloc_stream` / [`DevicePool::malloc_shared`]
+//! on memory the pool has cached for the stream, the drop of an allocation, the view's
+//! `_async` operations, `Stream::completion` and `cuda-xfer`'s awaited transfers. In a task
+//! that must be `'static` (`tokio::spawn`), take blocks with [`DevicePool::malloc_shared`]
+//! (it holds an `Arc` of the pool; convert it into a `cudars_core::DevicePtr`). What does
+//! block the calling thread, and so belongs in `spawn_blocking` or outside the request path:
+//! - a malloc that runs out of memory: before it fails it waits on the host for the
+//!   fences of cached memory, releases it and retries (a malloc that only grows the pool
+//!   makes driver calls that take tens of microseconds but wait for no device work; size
+//!   or warm the pool so that steady-state requests are served from its cache);
+//! - [`MemoryPool::free_all_blocks`], [`MemoryPool::synchronize_free_blocks`],
+//!   [`MemoryPool::set_limit`] below what is cached, dropping a pool, releasing a
+//!   capture's private pool (they wait for fences, or the device);
+//! - synchronous uses of a block (`memset`, `copy_to_host`, ... and
+//!   `prepare_synchronous_use`), which wait on the host for its hand-over fence and for
+//!   themselves.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use cudars_core::{DevicePtr, Device, Stream};
+//! use cudars_mempool::DevicePool;
+//! let pool = Arc::new(DevicePool::new_driver()?);
+//! let stream = Stream::new(&Device::new(0)?)?;
+//! let scratch: DevicePtr = pool.malloc_shared(&stream, 1 << 20)?.into();
+//! scratch.memset_async(0, &stream)?;
+//! drop(scratch); // fine before the await: reused on `stream` after the memset only
+//! stream.completion()?.await?;
+//! # Ok(()) }
+//! ```
+//!
 //! ```
 //! use cudars_mempool::{DeviceId, Limit, MemoryPool, PoolError, SimulatedBackend, StreamId};
 //!

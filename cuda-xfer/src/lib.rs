@@ -4,7 +4,7 @@
 //! | module | what | CuPy |
 //! | --- | --- | --- |
 //! | [`transfer`] | [`to_device`], [`copy_to_device`], [`to_host`], [`to_host_into`], [`copy_device`], [`to_device_of`] (peer): done when they return, for every stream; [`copy_to_device_on_stream`], [`copy_device_async`]: ordered on a stream | `asarray`, `asnumpy(a, out=)` |
-//! | [`pending`] | [`to_device_async`], [`copy_to_device_async`], [`to_host_async`] and their [`Pending`] handle; [`scope`] for borrowed slices | `asnumpy(a, stream, blocking=False)` |
+//! | [`pending`] | [`to_device_async`], [`copy_to_device_async`], [`to_host_async`] and their [`Pending`] handle, awaitable ([`PendingFuture`]); [`scope`] for borrowed slices | `asnumpy(a, stream, blocking=False)` |
 //! | [`matrix`], [`layout`] | 2-D transfers in row-major or column-major order, pitched layouts | `asnumpy(a, order=)` |
 //! | `array` (feature `ndarray`) | `ndarray` arrays in and out | `numpy.ndarray` |
 //! | [`location`] | where memory lives: which device, pinned or pageable host, managed | `get_array_module` |
@@ -29,7 +29,7 @@
 //!
 //! An asynchronous transfer holds its host buffer until the device is done with it, and the
 //! type system enforces it: [`to_host_async`] takes an owned buffer and gives it back only
-//! from [`Pending::wait`]; [`scope`] lends borrowed slices to transfers that all complete
+//! from [`Pending::wait`] or from awaiting it ([`PendingFuture`]); [`scope`] lends borrowed slices to transfers that all complete
 //! before the scope returns. Leaking a [`Pending`] leaks its buffer, it never frees memory
 //! the device may still write.
 //!
@@ -67,7 +67,9 @@ pub use host::{register, HostMemoryKind, PinnedBuffer, Registered, TransferBuffe
 pub use layout::{Layout2, Order};
 pub use location::{locate, locate_range, locate_slice, Location};
 pub use matrix::DeviceMatrix;
-pub use pending::{copy_to_device_async, scope, to_device_async, to_host_async, Pending, Scope};
+pub use pending::{
+    copy_to_device_async, scope, to_device_async, to_host_async, Pending, PendingFuture, Scope,
+};
 pub use transfer::{
     copy_device, copy_device_async, copy_to_device, copy_to_device_on_stream, to_device,
     to_device_of, to_device_on_stream, to_host, to_host_into,

@@ -13,6 +13,13 @@
 //!   after every transfer it started is complete, even when the closure panics, so the
 //!   borrows cannot end early (as with `std::thread::scope`).
 //!
+//! In async code a [`Pending`] is awaited (`to_host_async(..)?.await?`, through
+//! [`IntoFuture`]): the task sleeps instead of the thread, the buffer comes back when the copy
+//! is complete, and dropping the future early hands what the device still uses to
+//! `cuda-core`'s reactor instead of blocking ([`PendingFuture`]). The borrowed form has no
+//! async counterpart: a future can be leaked, a scope cannot (see
+//! [`PendingFuture`](PendingFuture#no-borrowed-form)).
+//!
 //! A stream that is being captured into a graph is refused by every transfer here, with
 //! [`Error::Capturing`](crate::Error::Capturing) and before anything is allocated or issued:
 //! the graph would keep the host buffer's address, not the buffer (waiting on an event
@@ -38,13 +45,16 @@
 //! # Ok::<(), cudars_xfer::Error>(())
 //! ```
 
+use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::pin::Pin;
 use std::sync::{Mutex, PoisonError};
+use std::task::{Context, Poll};
 
 use bytemuck::Pod;
 use cudars_core::memory::DevicePtr;
-use cudars_core::{Event, Stream};
+use cudars_core::{Completion, Event, Stream};
 
 use crate::buffer::DeviceBuffer;
 use crate::elements::check_same_len;
@@ -127,6 +137,137 @@ impl<B: TransferBuffer> Drop for Pending<B> {
     fn drop(&mut self) {
         // The error has nowhere to go; `settle` leaked the buffer if the wait failed.
         let _ = self.settle();
+    }
+}
+
+impl<B: TransferBuffer> IntoFuture for Pending<B> {
+    type Output = Result<B>;
+    type IntoFuture = PendingFuture<B>;
+
+    /// The transfer as a future: `pending.await` gives the buffer back once the copy is
+    /// complete, without blocking a thread (see [`PendingFuture`]).
+    fn into_future(mut self) -> PendingFuture<B> {
+        let event = self.done.take();
+        let parts = Parts {
+            buffer: self.buffer.take(),
+            _device: self._device.take(),
+            lease: self.lease.take(),
+        };
+        // `self` is empty now: its Drop has nothing to wait for.
+        PendingFuture {
+            completion: event.as_ref().map(Event::completion),
+            event,
+            parts: Some(parts),
+        }
+    }
+}
+
+/// What a transfer holds until its copy is complete.
+struct Parts<B> {
+    buffer: Option<B>,
+    _device: Option<DevicePtr>,
+    lease: Option<Lease>,
+}
+
+impl<B> Parts<B> {
+    /// The copy failed (the context is lost): leak what the device may still use.
+    fn leak(self) {
+        std::mem::forget(self.buffer);
+        if let Some(lease) = self.lease {
+            lease.leak();
+        }
+    }
+}
+
+/// A [`Pending`] transfer as a future (`pending.await`, or
+/// [`IntoFuture::into_future`]): resolves to the host buffer once the copy is complete, or
+/// to the error that stopped the device; no thread blocks meanwhile. Runtime-agnostic: it
+/// waits through [`cudars_core::Completion`] (see [`cudars_core::completion`]).
+///
+/// - The buffer stays unreachable until the future resolves, as with [`Pending::wait`].
+/// - **Dropping the future early does not block** (unlike dropping a [`Pending`]): the
+///   buffer, the device memory and any staging slots are handed to `cuda-core`'s reactor
+///   ([`cudars_core::completion::drop_after`]), which drops them once the copy is complete,
+///   on its own thread.
+/// - On an error (a device fault: the copy may still be running) the buffer is leaked,
+///   never freed, as [`Pending::wait`] does.
+/// - Leaking the future leaks the buffer: safe, as for `Pending`.
+///
+/// ```no_run
+/// # async fn demo() -> cudars_xfer::Result<()> {
+/// use cudars_xfer::{to_device, to_host_async, PinnedBuffer};
+/// let dev = cudars_core::Device::new(0)?;
+/// let stream = cudars_core::Stream::new(&dev)?;
+/// let on_device = to_device(&dev, &vec![1.0f32; 1 << 20])?;
+/// let out = PinnedBuffer::<f32>::zeroed(&dev, 1 << 20)?;
+/// let out = to_host_async(&on_device, out, &stream)?.await?;
+/// assert_eq!(out[0], 1.0);
+/// # Ok(()) }
+/// ```
+///
+/// # No borrowed form
+///
+/// There is no `async` counterpart of [`scope`]: a future that lent a borrowed slice to the
+/// device could be leaked (`std::mem::forget`, or a task that is never polled again and
+/// never dropped), which safe code may do; the borrow would end while the DMA still reads or
+/// writes the slice. `scope` is sound because it returns only after every transfer, and a
+/// future cannot promise that. Await owned buffers (`Vec`, [`PinnedBuffer`](crate::PinnedBuffer),
+/// registrations) instead.
+#[must_use = "a transfer future does nothing unless awaited (dropping it is safe)"]
+pub struct PendingFuture<B: TransferBuffer> {
+    completion: Option<Completion>,
+    /// The copy's fence, kept to hand the parts over on an early drop.
+    event: Option<Event>,
+    parts: Option<Parts<B>>,
+}
+
+// The buffer is never pinned (nothing projects a `Pin<&mut B>`): moving the future moves
+// only the owning handle, whose memory stays in place (`TransferBuffer`'s contract).
+impl<B: TransferBuffer> Unpin for PendingFuture<B> {}
+
+impl<B: TransferBuffer> Future for PendingFuture<B> {
+    type Output = Result<B>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<B>> {
+        let this = self.get_mut();
+        if let Some(completion) = &mut this.completion {
+            let outcome = match Pin::new(completion).poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(outcome) => outcome,
+            };
+            this.completion = None;
+            this.event = None;
+            if let Err(e) = outcome {
+                if let Some(parts) = this.parts.take() {
+                    parts.leak();
+                }
+                return Poll::Ready(Err(e.into()));
+            }
+        }
+        let buffer = this.parts.take().and_then(|mut parts| parts.buffer.take());
+        Poll::Ready(buffer.ok_or_else(|| {
+            crate::Error::InvalidConfig("transfer future polled after it resolved".into())
+        }))
+    }
+}
+
+impl<B: TransferBuffer> Drop for PendingFuture<B> {
+    fn drop(&mut self) {
+        drop(self.completion.take());
+        if let (Some(event), Some(parts)) = (self.event.take(), self.parts.take()) {
+            // Still in flight, or not yet seen complete: the reactor drops the parts after
+            // the copy (or leaks them if it fails), nothing blocks here.
+            let _ = cudars_core::completion::drop_after(&event, parts);
+        }
+    }
+}
+
+impl<B: TransferBuffer> std::fmt::Debug for PendingFuture<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingFuture")
+            .field("buffer", &std::any::type_name::<B>())
+            .field("in_flight", &self.completion.is_some())
+            .finish()
     }
 }
 

@@ -34,6 +34,8 @@ pub const SUITE: &[&str] = &[
     "gpu_soundness_pool",
     "gpu_soundness_core",
     "gpu_rtc",
+    "gpu_async",
+    "gpu_async_fault",
 ];
 
 /// Test binaries bundled but run by their own mode, not by `run.sh tests` on one GPU: the
@@ -460,9 +462,11 @@ case "$mode" in
     fi
     sanitizer=("$cs" --tool memcheck --report-api-errors no --target-processes all --error-exitcode 86 --print-limit 20)
     export CUDA_RS_STREAMS="${CUDA_RS_STREAMS:-2000}"  # the stream-churn test, shorter under the tool
-    # gpu_xfer_fault provokes a kernel fault on purpose: memcheck would report it, rightly;
-    # gpu_nvtx installs itself as the NVTX tool, which compute-sanitizer already is.
-    names="$(printf '%s\n' $suite | grep -vxE 'gpu_xfer_fault|gpu_nvtx' | tr '\n' ' ')"
+    export CUDA_RS_ASYNC_FUTURES="${CUDA_RS_ASYNC_FUTURES:-1000}"  # gpu_async's concurrent futures, fewer under the tool
+    # gpu_xfer_fault and gpu_async_fault (its child) provoke a kernel fault on purpose:
+    # memcheck would report it, rightly; gpu_nvtx installs itself as the NVTX tool, which
+    # compute-sanitizer already is. gpu_async (futures dropped mid-flight) does run here.
+    names="$(printf '%s\n' $suite | grep -vxE 'gpu_xfer_fault|gpu_async_fault|gpu_nvtx' | tr '\n' ' ')"
     run_tests; names=""; two_gpu ;;
   bench)
     # Rows go to $BENCH_OUT/results.csv (ours, raw) and peers.csv (CuPy, PyTorch);

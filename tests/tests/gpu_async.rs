@@ -1,0 +1,304 @@
+//! GPU: awaiting the device (`cudars_core::completion`, `cudars_xfer::PendingFuture`) on
+//! tokio runtimes.
+//!
+//! - 10,000 concurrent futures (both wake strategies, stream and event completions) on a
+//!   multi-threaded runtime resolve only once their kernel's write is visible to the host;
+//! - a future awaited while a slow kernel runs leaves the runtime free: another task on a
+//!   single-threaded runtime counts its turns meanwhile;
+//! - futures and transfer futures dropped mid-flight are collected by the reactor and free
+//!   their buffers after the device is done (run by `run.sh sanitize` too: memcheck must
+//!   find nothing, since no buffer is freed under a DMA);
+//! - awaited transfers give their buffers back with the right data; `drop_after`.
+//!
+//! The device-fault case kills the context, so it runs in a child process of its own
+//! binary, `gpu_async_fault`.
+#![cfg(feature = "gpu")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use cudars_core::completion::{self, WakeStrategy};
+use cudars_core::kernels::Kernels;
+use cudars_core::memory::{PinnedFlags, PinnedMemory};
+use cudars_core::{DevicePtr, Stream};
+use cudars_xfer::{to_device_async, to_host_async, DeviceBuffer, PinnedBuffer};
+use workspace_tests::gpu::{dev0, serial};
+
+fn multi_thread(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+/// Waits up to `limit` for the reactor to hold no wait (nothing leaked).
+fn reactor_drains(limit: Duration) {
+    let start = Instant::now();
+    while completion::stats().waits != 0 {
+        assert!(
+            start.elapsed() < limit,
+            "the reactor still holds {} waits after {limit:?}",
+            completion::stats().waits
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Polls `f` once with a waker that does nothing; `true` when it resolved.
+fn poll_once<F: Future + Unpin>(f: &mut F) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    matches!(Pin::new(f).poll(&mut cx), Poll::Ready(_))
+}
+
+#[test]
+fn ten_thousand_concurrent_futures_complete_with_correct_results() {
+    let _serial = serial();
+    // `run.sh sanitize` asks for fewer: every launch is instrumented there.
+    let n: usize = std::env::var("CUDA_RS_ASYNC_FUTURES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    const STREAMS: usize = 16;
+    let dev = dev0();
+    let k = Arc::new(Kernels::load(&dev).unwrap());
+    let streams: Arc<Vec<Stream>> = Arc::new(
+        (0..STREAMS)
+            .map(|_| Stream::builder(&dev).non_blocking(true).build().unwrap())
+            .collect(),
+    );
+    // Mapped pinned memory: the kernel writes it, the task reads it right after its await.
+    let mapped = Arc::new(PinnedMemory::new(&dev, n * 4, PinnedFlags::DEVICE_MAP).unwrap());
+    let dev_base = mapped.device_ptr().expect("mapped");
+    let host_base = mapped.as_ptr() as usize;
+    // SAFETY: n * 4 bytes of live pinned memory; nothing runs on the device yet.
+    unsafe { std::ptr::write_bytes(host_base as *mut u8, 0, n * 4) };
+    let spin = k.cycles_for(Duration::from_micros(20));
+
+    let peak = Arc::new(AtomicUsize::new(0));
+    let watching = Arc::new(AtomicBool::new(true));
+    let watcher = {
+        let (peak, watching) = (Arc::clone(&peak), Arc::clone(&watching));
+        std::thread::spawn(move || {
+            while watching.load(Ordering::Relaxed) {
+                peak.fetch_max(completion::stats().waits, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        })
+    };
+    let rt = multi_thread(4);
+    let start = Instant::now();
+    let wrong = rt.block_on(async {
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let (k, streams) = (Arc::clone(&k), Arc::clone(&streams));
+                tokio::spawn(async move {
+                    let stream = &streams[i % STREAMS];
+                    let value = i as u32 + 1;
+                    k.spin(stream, spin).unwrap();
+                    // SAFETY: element i of the mapped buffer, alive until every task ended.
+                    unsafe { k.fill_u32_raw(stream, dev_base + 4 * i as u64, value, 1) }.unwrap();
+                    let done = match i % 3 {
+                        0 => stream.completion_with(WakeStrategy::Poll).unwrap(),
+                        1 => stream.completion_with(WakeStrategy::HostFunction).unwrap(),
+                        _ => stream.record(None).unwrap().completion(),
+                    };
+                    done.await.unwrap();
+                    // SAFETY: in bounds; the device wrote it before the completion.
+                    let seen = unsafe { std::ptr::read_volatile((host_base as *const u32).add(i)) };
+                    seen != value
+                })
+            })
+            .collect();
+        let mut wrong = 0;
+        for t in tasks {
+            wrong += usize::from(t.await.unwrap());
+        }
+        wrong
+    });
+    let took = start.elapsed();
+    watching.store(false, Ordering::Relaxed);
+    watcher.join().unwrap();
+    let stats = completion::stats();
+    println!(
+        "{n} futures in {took:?}; at most {} waits held at once; reactor: {stats:?}",
+        peak.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        wrong, 0,
+        "futures resolved before their kernel's write was visible"
+    );
+    assert!(
+        peak.load(Ordering::Relaxed) >= (n / 10).min(100),
+        "the futures were not concurrent"
+    );
+    reactor_drains(Duration::from_secs(2));
+    drop(mapped);
+}
+
+#[test]
+fn a_future_awaited_while_a_slow_kernel_runs_leaves_the_runtime_free() {
+    let _serial = serial();
+    let dev = dev0();
+    let k = Kernels::load(&dev).unwrap();
+    let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
+    for strategy in [WakeStrategy::Poll, WakeStrategy::HostFunction] {
+        // One runtime thread: if the await blocked it, the other task could not run.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let turns = Arc::new(AtomicU64::new(0));
+        let finished = Arc::new(AtomicBool::new(false));
+        let (waited, counted) = rt.block_on(async {
+            let counter = {
+                let (turns, finished) = (Arc::clone(&turns), Arc::clone(&finished));
+                tokio::spawn(async move {
+                    while !finished.load(Ordering::Acquire) {
+                        turns.fetch_add(1, Ordering::Relaxed);
+                        tokio::task::yield_now().await;
+                    }
+                })
+            };
+            k.spin(&stream, k.cycles_for(Duration::from_millis(500)))
+                .unwrap();
+            let start = Instant::now();
+            stream.completion_with(strategy).unwrap().await.unwrap();
+            let waited = start.elapsed();
+            let counted = turns.load(Ordering::Relaxed);
+            finished.store(true, Ordering::Release);
+            counter.await.unwrap();
+            (waited, counted)
+        });
+        println!(
+            "{strategy:?}: waited {waited:?} for a 500 ms kernel; the other task ran {counted} \
+             turns meanwhile"
+        );
+        assert!(
+            waited >= Duration::from_millis(400),
+            "resolved before the kernel ended"
+        );
+        assert!(
+            counted >= 10_000,
+            "the runtime was blocked: {counted} turns"
+        );
+    }
+    reactor_drains(Duration::from_secs(2));
+}
+
+#[test]
+fn futures_dropped_mid_flight_are_collected_and_their_buffers_outlive_the_device_work() {
+    let _serial = serial();
+    let dev = dev0();
+    let k = Kernels::load(&dev).unwrap();
+    let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
+    let len = 1 << 20;
+    let src = DeviceBuffer::<u32>::alloc(&dev, len).unwrap();
+    k.fill(&stream, src.as_ptr(), 7).unwrap();
+    let before = completion::stats();
+    for round in 0..20 {
+        // The device is busy for a while: everything below is in flight when dropped.
+        k.spin(&stream, k.cycles_for(Duration::from_millis(20)))
+            .unwrap();
+        // Never polled: nothing registered.
+        drop(stream.completion_with(WakeStrategy::Poll).unwrap());
+        // Polled once, then dropped, for each kind of wait.
+        let mut polled = stream.completion_with(WakeStrategy::Poll).unwrap();
+        assert!(!poll_once(&mut polled));
+        drop(polled);
+        let mut host = stream.completion_with(WakeStrategy::HostFunction).unwrap();
+        assert!(!poll_once(&mut host));
+        drop(host);
+        let mut on_event = stream.record(None).unwrap().completion();
+        assert!(!poll_once(&mut on_event));
+        drop(on_event);
+        // Transfers: the device reads the Vec and writes the pinned buffer after the
+        // futures are gone; the reactor keeps both until then.
+        let (on_device, up) = to_device_async(vec![round as u32; len], &stream).unwrap();
+        let mut up = up.into_future();
+        // A staged source is read before the call returns; its last DMA may or may not be
+        // done by now: either way the drop must be safe.
+        let _ = poll_once(&mut up);
+        drop(up);
+        let out = PinnedBuffer::<u32>::zeroed(&dev, len).unwrap();
+        let mut down = to_host_async(&src, out, &stream).unwrap().into_future();
+        assert!(!poll_once(&mut down));
+        drop(down);
+        // And a value handed over directly.
+        let done = stream.record(None).unwrap();
+        completion::drop_after(&done, on_device).unwrap();
+    }
+    let held = completion::stats().waits;
+    println!("held after the drops: {held} waits");
+    assert!(
+        held > 0,
+        "the reactor holds the dropped work until it is done"
+    );
+    let rt = multi_thread(2);
+    rt.block_on(async { stream.completion().unwrap().await.unwrap() });
+    // Host-function waits are collected at the next health check (100 ms).
+    reactor_drains(Duration::from_secs(2));
+    let after = completion::stats();
+    println!("reactor before {before:?}, after {after:?}");
+    assert_eq!(after.failed, before.failed, "nothing failed");
+}
+
+#[test]
+fn awaited_transfers_give_their_buffers_back_with_the_data() {
+    let _serial = serial();
+    let dev = dev0();
+    let k = Kernels::load(&dev).unwrap();
+    let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
+    let rt = multi_thread(2);
+    rt.block_on(async {
+        for len in [0usize, 1, 1000, 1 << 20] {
+            let data: Vec<u32> = (0..len as u32).collect();
+            let (on_device, pending) = to_device_async(data.clone(), &stream).unwrap();
+            let back = pending.await.unwrap();
+            assert_eq!(back, data, "the source comes back untouched");
+            if len > 0 {
+                k.add(&stream, on_device.as_ptr(), 5).unwrap();
+            }
+            let out = PinnedBuffer::<u32>::zeroed(&dev, len).unwrap();
+            let out = to_host_async(&on_device, out, &stream)
+                .unwrap()
+                .await
+                .unwrap();
+            let want: Vec<u32> = data.iter().map(|x| x + 5).collect();
+            assert_eq!(&out[..], &want[..]);
+            // A pageable destination too.
+            let out = to_host_async(&on_device, vec![0u32; len], &stream)
+                .unwrap()
+                .await
+                .unwrap();
+            assert_eq!(out, want);
+        }
+        // A completed event resolves on the first poll; one never recorded too (as
+        // cuEventQuery says).
+        let done = stream.record(None).unwrap();
+        done.synchronize().unwrap();
+        let mut c = done.completion();
+        assert!(poll_once(&mut c), "done work resolves on the first poll");
+        let never_recorded = cudars_core::Event::new(&dev).unwrap();
+        let mut c = never_recorded.completion();
+        assert!(poll_once(&mut c), "an unrecorded event is complete");
+    });
+    // drop_after: the view is freed once the memset is done.
+    let scratch = DevicePtr::alloc(&dev, 1 << 20).unwrap();
+    k.spin(&stream, k.cycles_for(Duration::from_millis(10)))
+        .unwrap();
+    scratch.memset_async(0, &stream).unwrap();
+    let done = stream.record(None).unwrap();
+    completion::drop_after(&done, scratch).unwrap();
+    stream.synchronize().unwrap();
+    reactor_drains(Duration::from_secs(2));
+}
