@@ -23,6 +23,7 @@ extern "C" __global__ void saxpy(float a, const float* x, float* y, unsigned lon
 '''
 
 ROWS = []
+SEEN = set()
 
 
 def row(scenario, peer, value, unit):
@@ -42,19 +43,33 @@ def child(kind):
         _ = k.attributes  # the module is loaded
         us = (time.perf_counter() - t) * 1e6
     else:
-        from cuda.core.experimental import Device, Program, ProgramOptions
+        try:  # cuda.core 1.x exports these at the top; 0.x under .experimental
+            from cuda.core import Device, Program, ProgramOptions
+            import cuda.core as _core
+        except ImportError:
+            from cuda.core.experimental import Device, Program, ProgramOptions
+            import cuda.core.experimental as _core
         dev = Device(0)
         dev.set_current()
         arch = "sm_" + "".join(str(x) for x in dev.compute_capability)
         cache = None
-        try:  # a persistent program cache, where this cuda.core has one
-            from cuda.core.experimental import utils as _u
+        found = []
+        for modname in ("utils", None):  # a persistent program cache, where it has one
+            try:
+                m = getattr(_core, modname) if modname else _core
+            except AttributeError:
+                try:
+                    m = __import__(_core.__name__ + "." + modname, fromlist=["_"])
+                except Exception:
+                    continue
+            found += [f"{m.__name__}.{n}" for n in dir(m) if "Cache" in n]
             for name in ("ProgramCache", "FileStreamProgramCache", "PersistentProgramCache"):
-                if hasattr(_u, name):
-                    cache = getattr(_u, name)(os.environ["RTC_PEER_CACHE"])
-                    break
-        except Exception:
-            cache = None
+                if cache is None and hasattr(m, name):
+                    try:
+                        cache = getattr(m, name)(os.environ["RTC_PEER_CACHE"])
+                    except Exception as e:
+                        found.append(f"{name}: {e}")
+        print(json.dumps({"cache_classes": found}), file=sys.stderr)
         t = time.perf_counter()
         prog = Program(SAXPY, code_type="c++", options=ProgramOptions(arch=arch))
         if cache is not None and hasattr(prog, "compile"):
@@ -77,6 +92,10 @@ def measure(kind, env, runs):
                            capture_output=True, text=True, timeout=300)
         if p.returncode != 0:
             raise RuntimeError(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed")
+        for line in p.stderr.splitlines():  # what the peer offers for caching, once
+            if line.startswith('{"cache') and line not in SEEN:
+                SEEN.add(line)
+                print(f"  ({kind}: {line})", flush=True)
         out.append(json.loads(p.stdout.strip().splitlines()[-1])["us"])
     out.sort()
     return out[len(out) // 2]

@@ -83,43 +83,71 @@ fn ten_thousand_concurrent_futures_complete_with_correct_results() {
     let host_base = mapped.as_ptr() as usize;
     // SAFETY: n * 4 bytes of live pinned memory; nothing runs on the device yet.
     unsafe { std::ptr::write_bytes(host_base as *mut u8, 0, n * 4) };
-    let spin = k.cycles_for(Duration::from_micros(20));
+    // A gate: every stream first runs a `wait_flag` kernel on a mapped word, so no fill can
+    // finish before the host opens it. The host opens it once every task is parked on its
+    // future (or arrivals stall for 500 ms: a stream's launch queue may be full, and a
+    // launch blocks until the device drains it). The futures are then pending together, on
+    // any machine and however fast the launches are.
+    let gate = PinnedMemory::new(&dev, 4, PinnedFlags::DEVICE_MAP).unwrap();
+    let gate_dev = gate.device_ptr().expect("mapped");
+    let gate_host = gate.as_ptr() as usize;
+    // SAFETY: 4 bytes of live pinned memory; no kernel reads it yet.
+    unsafe { std::ptr::write_volatile(gate_host as *mut u32, 0) };
+    for s in streams.iter() {
+        // SAFETY: the gate is mapped pinned memory that outlives every kernel (dropped after
+        // the runtime is done and the streams drained).
+        unsafe { k.wait_flag_raw(s, gate_dev, k.cycles_for(Duration::from_secs(30))) }.unwrap();
+    }
 
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let in_flight = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
-    let watching = Arc::new(AtomicBool::new(true));
-    let watcher = {
-        let (peak, watching) = (Arc::clone(&peak), Arc::clone(&watching));
-        std::thread::spawn(move || {
-            while watching.load(Ordering::Relaxed) {
-                peak.fetch_max(completion::stats().waits, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        })
-    };
     let rt = multi_thread(4);
     let start = Instant::now();
-    let wrong = rt.block_on(async {
-        let tasks: Vec<_> = (0..n)
-            .map(|i| {
-                let (k, streams) = (Arc::clone(&k), Arc::clone(&streams));
-                tokio::spawn(async move {
-                    let stream = &streams[i % STREAMS];
-                    let value = i as u32 + 1;
-                    k.spin(stream, spin).unwrap();
-                    // SAFETY: element i of the mapped buffer, alive until every task ended.
-                    unsafe { k.fill_u32_raw(stream, dev_base + 4 * i as u64, value, 1) }.unwrap();
-                    let done = match i % 3 {
-                        0 => stream.completion_with(WakeStrategy::Poll).unwrap(),
-                        1 => stream.completion_with(WakeStrategy::HostFunction).unwrap(),
-                        _ => stream.record(None).unwrap().completion(),
-                    };
-                    done.await.unwrap();
-                    // SAFETY: in bounds; the device wrote it before the completion.
-                    let seen = unsafe { std::ptr::read_volatile((host_base as *const u32).add(i)) };
-                    seen != value
-                })
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (k, streams) = (Arc::clone(&k), Arc::clone(&streams));
+            let (arrived, in_flight, peak) = (
+                Arc::clone(&arrived),
+                Arc::clone(&in_flight),
+                Arc::clone(&peak),
+            );
+            rt.spawn(async move {
+                let stream = &streams[i % STREAMS];
+                let value = i as u32 + 1;
+                // SAFETY: element i of the mapped buffer, alive until every task ended.
+                unsafe { k.fill_u32_raw(stream, dev_base + 4 * i as u64, value, 1) }.unwrap();
+                let done = match i % 3 {
+                    0 => stream.completion_with(WakeStrategy::Poll).unwrap(),
+                    1 => stream.completion_with(WakeStrategy::HostFunction).unwrap(),
+                    _ => stream.record(None).unwrap().completion(),
+                };
+                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                arrived.fetch_add(1, Ordering::SeqCst);
+                done.await.unwrap();
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                // SAFETY: in bounds; the device wrote it before the completion.
+                let seen = unsafe { std::ptr::read_volatile((host_base as *const u32).add(i)) };
+                seen != value
             })
-            .collect();
+        })
+        .collect();
+    // Open the gate once all have arrived, or arrivals stalled for 500 ms (bounded: 30 s).
+    let (mut last, mut since) = (0, Instant::now());
+    while arrived.load(Ordering::SeqCst) < n && start.elapsed() < Duration::from_secs(30) {
+        let a = arrived.load(Ordering::SeqCst);
+        if a != last {
+            (last, since) = (a, Instant::now());
+        } else if since.elapsed() > Duration::from_millis(500) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let parked = arrived.load(Ordering::SeqCst);
+    // SAFETY: 4 bytes of live pinned memory; the kernels only read it.
+    unsafe { std::ptr::write_volatile(gate_host as *mut u32, 1) };
+    let wrong = rt.block_on(async {
         let mut wrong = 0;
         for t in tasks {
             wrong += usize::from(t.await.unwrap());
@@ -127,21 +155,25 @@ fn ten_thousand_concurrent_futures_complete_with_correct_results() {
         wrong
     });
     let took = start.elapsed();
-    watching.store(false, Ordering::Relaxed);
-    watcher.join().unwrap();
     let stats = completion::stats();
     println!(
-        "{n} futures in {took:?}; at most {} waits held at once; reactor: {stats:?}",
-        peak.load(Ordering::Relaxed)
+        "{n} futures in {took:?}; {parked} parked before the gate opened; at most {} pending \
+         at once; reactor: {stats:?}",
+        peak.load(Ordering::SeqCst)
     );
     assert_eq!(
         wrong, 0,
         "futures resolved before their kernel's write was visible"
     );
+    assert_eq!(in_flight.load(Ordering::SeqCst), 0);
     assert!(
-        peak.load(Ordering::Relaxed) >= (n / 10).min(100),
+        peak.load(Ordering::SeqCst) >= (n / 10).min(1000),
         "the futures were not concurrent"
     );
+    for s in streams.iter() {
+        s.synchronize().unwrap();
+    }
+    drop(gate);
     reactor_drains(Duration::from_secs(2));
     drop(mapped);
 }

@@ -13,7 +13,9 @@
 //!   `max_sleep` 10 us, and `HostFunction`;
 //! - peers: one thread in `cuEventSynchronize` on each event in turn (default event flags,
 //!   and with `CU_EVENT_BLOCKING_SYNC`), and one thread spinning on `cuEventQuery` over the
-//!   events.
+//!   events; and the floor of any reactor design here: that spinning thread waking a tokio
+//!   task through a oneshot (`spin_wakes_task`: detection is immediate, what remains is the
+//!   runtime's own cost of resuming a parked worker).
 //!
 //! Rows: `wake_median_*` and `wake_p99_*` (us; raw column: the blocking synchronize's figure;
 //! target median <= 1.5x), and `wait_cpu_*`: host CPU time of the whole process (getrusage,
@@ -78,6 +80,9 @@ enum Waiter {
     Sync(bool),
     /// One thread spinning on `cuEventQuery` over the events.
     Spin,
+    /// The floor of any design that resumes a task parked on the runtime: one thread spins on
+    /// `cuEventQuery` (no detection delay) and wakes each tokio task through a oneshot.
+    SpinWakesTask,
 }
 
 impl Waiter {
@@ -89,6 +94,7 @@ impl Waiter {
             Waiter::Sync(false) => "event_sync".into(),
             Waiter::Sync(true) => "event_sync_blocking".into(),
             Waiter::Spin => "query_spin".into(),
+            Waiter::SpinWakesTask => "spin_wakes_task".into(),
         }
     }
 }
@@ -170,6 +176,51 @@ impl Bench {
                 std::thread::sleep(HOLD);
                 t0 = base.elapsed().as_nanos() as u64;
                 self.flag.set(1);
+                self.rt.block_on(async {
+                    for t in tasks {
+                        t.await.unwrap();
+                    }
+                });
+                cpu1 = cpu_us();
+            }
+            Waiter::SpinWakesTask => {
+                let events: Vec<Event> = (0..waits)
+                    .map(|i| {
+                        let e = Event::builder(&self.dev).build()?;
+                        e.record(&streams[i % streams.len()])?;
+                        Ok(e)
+                    })
+                    .collect::<cudars_core::Result<_>>()?;
+                let (txs, tasks): (Vec<_>, Vec<_>) = (0..waits)
+                    .map(|i| {
+                        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                        let r = Arc::clone(&resumed);
+                        let task = self.rt.spawn(async move {
+                            rx.await.unwrap();
+                            stamp(i, &r);
+                        });
+                        (tx, task)
+                    })
+                    .unzip();
+                let spinner = std::thread::spawn(move || {
+                    let mut left: Vec<(usize, Option<tokio::sync::oneshot::Sender<()>>)> =
+                        txs.into_iter().map(Some).enumerate().collect();
+                    while !left.is_empty() {
+                        left.retain_mut(|(i, tx)| {
+                            if events[*i].query().unwrap() {
+                                let _ = tx.take().map(|t| t.send(()));
+                                false
+                            } else {
+                                true
+                            }
+                        });
+                    }
+                });
+                cpu0 = cpu_us();
+                std::thread::sleep(HOLD);
+                t0 = base.elapsed().as_nanos() as u64;
+                self.flag.set(1);
+                spinner.join().map_err(|_| "spinner thread panicked")?;
                 self.rt.block_on(async {
                     for t in tasks {
                         t.await.unwrap();
@@ -373,7 +424,12 @@ fn run() -> BoxResult<()> {
                 Target::RatioAtMost(0.05),
             );
         }
-        for (name, peer) in [("event_sync_blocking", sync_blocking), ("query_spin", spin)] {
+        let floor = bench.measure(Waiter::SpinWakesTask, waits, samples)?;
+        for (name, peer) in [
+            ("event_sync_blocking", sync_blocking),
+            ("query_spin", spin),
+            ("spin_wakes_task", floor),
+        ] {
             report.row(
                 &format!("wake_median_{name}_{waits}"),
                 "us",
