@@ -71,11 +71,17 @@
 //! # Ok::<(), cudars_graph::Error>(())
 //! ```
 
+pub mod builder;
 mod capture;
 mod error;
 mod graph;
 
+pub use builder::{
+    BuildError, ConditionalHandle, DeviceMem, GraphAlloc, GraphBuilder, HostBuffer, Mem, NodeId,
+    NodeKind, SET_CONDITIONAL_PRELUDE,
+};
 pub use capture::{capture, capture_begin, capture_status, capture_with, Capture};
+pub use cudars_core::graph::explicit::ConditionalKind;
 pub use cudars_core::graph::{
     CaptureInfo, CaptureMode, CaptureStatus, InstantiateFlags, UpdateRefusal,
 };

@@ -121,7 +121,8 @@ type GraphAddNodeV1 = unsafe extern "C" fn(
     usize,
     *mut GraphNodeParams,
 ) -> CUresult;
-type CondHandleCreate = unsafe extern "C" fn(*mut u64, CUgraph, CUcontext, c_uint, c_uint) -> CUresult;
+type CondHandleCreate =
+    unsafe extern "C" fn(*mut u64, CUgraph, CUcontext, c_uint, c_uint) -> CUresult;
 
 type PrefetchV2 =
     unsafe extern "C" fn(CUdeviceptr, usize, CUmemLocation, c_uint, CUstream) -> CUresult;

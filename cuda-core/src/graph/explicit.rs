@@ -88,7 +88,13 @@ impl GraphHandle {
         let mut raw: cudars_sys::CUgraphExec = std::ptr::null_mut();
         // SAFETY: a live graph; valid out-pointers; the upload stream (if any) belongs to the
         // graph's device, whose context is current.
-        let made = unsafe { drv!(cuGraphInstantiateWithParams(&mut raw, self.raw, &mut params)) };
+        let made = unsafe {
+            drv!(cuGraphInstantiateWithParams(
+                &mut raw,
+                self.raw,
+                &mut params
+            ))
+        };
         *error_node = params.hErrNode_out;
         made?;
         Ok(GraphExecHandle {
@@ -326,7 +332,15 @@ pub unsafe fn add_host_node(
     };
     let mut node: CUgraphNode = std::ptr::null_mut();
     // SAFETY: the caller's contract.
-    unsafe { drv!(cuGraphAddHostNode(&mut node, graph, deps_ptr(deps), deps.len(), &p)) }?;
+    unsafe {
+        drv!(cuGraphAddHostNode(
+            &mut node,
+            graph,
+            deps_ptr(deps),
+            deps.len(),
+            &p
+        ))
+    }?;
     Ok(node)
 }
 
@@ -338,7 +352,14 @@ pub unsafe fn add_host_node(
 pub unsafe fn add_empty_node(graph: CUgraph, deps: &[CUgraphNode]) -> Result<CUgraphNode> {
     let mut node: CUgraphNode = std::ptr::null_mut();
     // SAFETY: the caller's contract.
-    unsafe { drv!(cuGraphAddEmptyNode(&mut node, graph, deps_ptr(deps), deps.len())) }?;
+    unsafe {
+        drv!(cuGraphAddEmptyNode(
+            &mut node,
+            graph,
+            deps_ptr(deps),
+            deps.len()
+        ))
+    }?;
     Ok(node)
 }
 
@@ -467,7 +488,15 @@ pub unsafe fn add_mem_free_node(
 ) -> Result<CUgraphNode> {
     let mut node: CUgraphNode = std::ptr::null_mut();
     // SAFETY: the caller's contract.
-    unsafe { drv!(cuGraphAddMemFreeNode(&mut node, graph, deps_ptr(deps), deps.len(), ptr)) }?;
+    unsafe {
+        drv!(cuGraphAddMemFreeNode(
+            &mut node,
+            graph,
+            deps_ptr(deps),
+            deps.len(),
+            ptr
+        ))
+    }?;
     Ok(node)
 }
 
@@ -618,8 +647,8 @@ pub struct UpdateFailure {
 }
 
 impl GraphExecHandle {
-    /// [`update`](Self::update) that also says which node the driver blamed; unlike it,
-    /// keeps nothing of `graph`'s alive (the caller manages what the nodes use).
+    /// [`update`](Self::update) that also says which node the driver blamed. Like it, keeps
+    /// alive what `graph` keeps (the memory of its captured operations) on success.
     pub fn update_detailed(
         &mut self,
         graph: &GraphHandle,
@@ -632,8 +661,17 @@ impl GraphExecHandle {
         };
         // SAFETY: live graphs; valid out-pointer.
         match unsafe { drv!(cuGraphExecUpdate(self.raw, graph.raw, &mut info)) } {
-            Ok(()) => Ok(Ok(())),
-            Err(Error::Driver(e)) if e.result() == CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => {
+            Ok(()) => {
+                if !graph.keep.is_empty() {
+                    let mut keep: Vec<_> = self.keep.iter().cloned().collect();
+                    keep.extend(graph.keep.iter().cloned());
+                    self.keep = Arc::new(keep);
+                }
+                Ok(Ok(()))
+            }
+            Err(Error::Driver(e))
+                if e.result() == CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE =>
+            {
                 Ok(Err(UpdateFailure {
                     refusal: refusal_from_raw(info.result),
                     node: info.errorNode,
