@@ -522,8 +522,9 @@ impl GraphExec {
     /// nodes and edges; parameters such as memset values, copy addresses or kernel arguments
     /// may differ), with `cuGraphExecUpdate`. A refusal is [`Error::UpdateRefused`]: the
     /// reason, and the node of `graph` the driver blamed; this executable graph is then
-    /// unchanged. On success it takes over `graph`'s buffers, closures and node ids (later
-    /// node updates name `graph`'s nodes) and lets the old ones go once no launch uses them.
+    /// unchanged. On success it takes over `graph`'s buffers and closures and lets the old
+    /// ones go once no launch uses them. Node updates keep naming the nodes of the graph
+    /// this executable graph was instantiated from (the driver knows its nodes by those).
     pub fn try_update(&mut self, graph: &Graph) -> Result<()> {
         if graph.device() != self.device() {
             return Err(cudars_core::Error::WrongDevice {
@@ -535,7 +536,7 @@ impl GraphExec {
         }
         match self.handle.update_detailed(&graph.handle)? {
             Ok(()) => {
-                self.adopt(graph);
+                self.adopt(graph, false);
                 Ok(())
             }
             Err(failure) => {
@@ -549,15 +550,18 @@ impl GraphExec {
         }
     }
 
-    /// Takes over `graph`'s nodes and owners, retiring the current ones.
-    fn adopt(&mut self, graph: &Graph) {
+    /// Takes over `graph`'s owners (and its nodes, when re-instantiated from it), retiring
+    /// the current owners.
+    fn adopt(&mut self, graph: &Graph, reinstantiated: bool) {
         let old = std::mem::replace(&mut self.owners, (*graph.owners).clone());
         self.retired.extend(
             old.into_values()
                 .flatten()
                 .filter(|o| matches!(o, Owner::Host(_))),
         );
-        self.table = Arc::clone(&graph.table);
+        if reinstantiated {
+            self.table = Arc::clone(&graph.table);
+        }
         self.device_owners = device_owners(&self.owners);
         self.release_retired();
     }
@@ -574,7 +578,7 @@ impl GraphExec {
             Ok(()) => Ok(UpdateOutcome::Updated),
             Err(Error::UpdateRefused { refusal, .. }) => {
                 self.handle = graph.handle.instantiate(self.flags | graph.extra_flags)?;
-                self.adopt(graph);
+                self.adopt(graph, true);
                 Ok(UpdateOutcome::Reinstantiated(refusal))
             }
             Err(e) => Err(e),
