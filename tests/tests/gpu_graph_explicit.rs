@@ -120,8 +120,8 @@ fn kernel_copy_and_memset_nodes_on_random_data() {
     let mut g = GraphBuilder::new(&t.dev).unwrap();
     let up = g.add_memcpy(&[], &dx, &hx).unwrap();
     // SAFETY: axpb(float*, const float*, float, float, n) over n elements of n-element buffers.
-    let k = unsafe { g.add_kernel_typed(&[up], &axpb, &cfg(n), (&dy, &dx, a, b, n as u64)) }
-        .unwrap();
+    let k =
+        unsafe { g.add_kernel_typed(&[up], &axpb, &cfg(n), (&dy, &dx, a, b, n as u64)) }.unwrap();
     let down = g.add_memcpy(&[k], &hy, &dy).unwrap();
     g.add_memset_u8(&[], &m8, v8).unwrap();
     g.add_memset_u16(&[], &m16, v16).unwrap();
@@ -134,8 +134,8 @@ fn kernel_copy_and_memset_nodes_on_random_data() {
         &mut len as *mut u64 as *mut c_void,
     ];
     // SAFETY: the parameters match add_u32's; m32 holds 1003 u32 and is kept by the graph.
-    let raw = unsafe { g.add_kernel(&[s32], add.function(), &cfg(1003), &mut params, &[&m32]) }
-        .unwrap();
+    let raw =
+        unsafe { g.add_kernel(&[s32], add.function(), &cfg(1003), &mut params, &[&m32]) }.unwrap();
     assert_eq!(g.len(), 7);
     let graph = g.finish().unwrap();
     assert_eq!(graph.node_count().unwrap(), 7);
@@ -159,7 +159,10 @@ fn kernel_copy_and_memset_nodes_on_random_data() {
         assert!(bytes.iter().all(|&x| x == v8), "round {round}: u8 memset");
         let mut halves = vec![0u16; 999];
         m16.copy_to_host(&mut halves).unwrap();
-        assert!(halves.iter().all(|&x| x == v16), "round {round}: u16 memset");
+        assert!(
+            halves.iter().all(|&x| x == v16),
+            "round {round}: u16 memset"
+        );
         assert!(
             read_u32(&m32).iter().all(|&x| x == v32 + 5),
             "round {round}: u32 memset then the raw kernel's + 5"
@@ -254,8 +257,7 @@ fn memory_nodes_allocate_use_and_free_in_order() {
     ));
     let up = g.add_memcpy(&[an], &alloc, &src).unwrap();
     // SAFETY: add_u32 over the n u32 of the allocation, between its allocation and free.
-    let k = unsafe { g.add_kernel_typed(&[up], &add, &cfg(n), (&alloc, 11u32, n as u64)) }
-        .unwrap();
+    let k = unsafe { g.add_kernel_typed(&[up], &add, &cfg(n), (&alloc, 11u32, n as u64)) }.unwrap();
     let down = g.add_memcpy(&[k], &dst, &alloc).unwrap();
     assert!(matches!(
         g.add_mem_free(&[up], &alloc),
@@ -488,9 +490,16 @@ fn while_node_runs_zero_one_and_many_iterations() {
         out.memset_u32(0).unwrap();
         exec.launch(&t.stream).unwrap();
         t.stream.synchronize().unwrap();
-        assert_eq!(read_u32(&iterations), vec![start], "iterations from {start}");
+        assert_eq!(
+            read_u32(&iterations),
+            vec![start],
+            "iterations from {start}"
+        );
         assert_eq!(read_u32(&counter), vec![0]);
-        assert!(read_u32(&out).iter().all(|&x| x == start), "body ran {start} times");
+        assert!(
+            read_u32(&out).iter().all(|&x| x == start),
+            "body ran {start} times"
+        );
     }
 }
 
@@ -522,7 +531,10 @@ fn switch_node_runs_the_chosen_case_or_none() {
         if value < 4 {
             expected += (value + 1) * 10;
         }
-        assert!(read_u32(&out).iter().all(|&x| x == expected), "case {value}");
+        assert!(
+            read_u32(&out).iter().all(|&x| x == expected),
+            "case {value}"
+        );
     }
 }
 

@@ -24,6 +24,7 @@ pub const SUITE: &[&str] = &[
     "gpu_memory",
     "gpu_mempool",
     "gpu_graph",
+    "gpu_graph_explicit",
     "gpu_xfer",
     "gpu_misc",
     "gpu_nvtx",
