@@ -13,7 +13,7 @@
 //!
 //! Every buffer a node uses ([`DevicePtr`]s, [`HostBuffer`]s), every host closure, every
 //! event and every child graph's own buffers are kept alive by the built [`Graph`] and by
-//! every [`GraphExec`] made from it, until the last launch that can use them has completed.
+//! every [`GraphExec`](crate::GraphExec) made from it, until the last launch that can use them has completed.
 //! Raw kernel arguments ([`GraphBuilder::add_kernel`]) are the exception: the buffers passed
 //! in its `keep` list are kept, anything else the kernel reaches is the caller's promise.
 //!

@@ -209,6 +209,8 @@ pub struct GraphExec {
     fence: std::cell::OnceCell<Event>,
     /// Host-side owners replaced by updates, released when `fence` completes.
     retired: Vec<Owner>,
+    /// Whether `owners` holds host-side owners (kept in step with it).
+    host_owned: bool,
 }
 
 impl std::fmt::Debug for GraphExec {
@@ -252,6 +254,7 @@ impl GraphExec {
             flags,
             table: Arc::clone(&graph.table),
             device_owners: device_owners(&owners),
+            host_owned: has_host_owners(&owners),
             owners,
             fence: std::cell::OnceCell::new(),
             retired: Vec::new(),
@@ -307,7 +310,7 @@ impl GraphExec {
     }
 
     fn needs_fence(&self) -> bool {
-        !self.retired.is_empty() || has_host_owners(&self.owners)
+        self.host_owned || !self.retired.is_empty()
     }
 
     /// Lets go of retired owners once the last launch has completed.
@@ -346,6 +349,7 @@ impl GraphExec {
         self.retired
             .extend(old.into_iter().filter(|o| matches!(o, Owner::Host(_))));
         self.device_owners = device_owners(&self.owners);
+        self.host_owned = has_host_owners(&self.owners);
         self.release_retired();
     }
 
@@ -563,6 +567,7 @@ impl GraphExec {
             self.table = Arc::clone(&graph.table);
         }
         self.device_owners = device_owners(&self.owners);
+        self.host_owned = has_host_owners(&self.owners);
         self.release_retired();
     }
 

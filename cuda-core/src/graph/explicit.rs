@@ -759,3 +759,48 @@ impl GraphExecHandle {
         unsafe { drv!(cuGraphExecHostNodeSetParams(self.raw, node, &p)) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditional_kinds_name_their_driver_and_bodies() {
+        assert_eq!(ConditionalKind::If.min_driver(), 12030);
+        assert_eq!(ConditionalKind::While.min_driver(), 12030);
+        assert_eq!(ConditionalKind::IfElse.min_driver(), 12080);
+        assert_eq!(ConditionalKind::Switch(5).min_driver(), 12080);
+        assert_eq!(ConditionalKind::While.bodies(), 1);
+        assert_eq!(ConditionalKind::IfElse.bodies(), 2);
+        assert_eq!(ConditionalKind::Switch(5).bodies(), 5);
+        assert!(ConditionalKind::Switch(0).name().contains("switch"));
+    }
+
+    #[test]
+    fn one_dimensional_copies_and_memsets_fill_the_driver_structs() {
+        let p = memcpy_1d_params(
+            CopyEnd::Device(0x2000),
+            CopyEnd::Host(0x10 as *mut c_void),
+            96,
+        );
+        assert_eq!(p.dstDevice, 0x2000);
+        assert_eq!(p.srcHost as usize, 0x10);
+        assert_eq!((p.WidthInBytes, p.Height, p.Depth), (96, 1, 1));
+        assert_eq!(
+            p.srcMemoryType,
+            cudars_sys::CUmemorytype::CU_MEMORYTYPE_HOST
+        );
+        assert_eq!(
+            p.dstMemoryType,
+            cudars_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE
+        );
+        let m = memset_params(0x3000, 7, 4, 10);
+        assert_eq!(
+            (m.dst, m.value, m.elementSize, m.width, m.height),
+            (0x3000, 7, 4, 10, 1)
+        );
+        assert!(InstantiateFlags::UPLOAD.contains(InstantiateFlags::NONE));
+        assert!((InstantiateFlags::UPLOAD | InstantiateFlags::DEVICE_LAUNCH)
+            .contains(InstantiateFlags::DEVICE_LAUNCH));
+    }
+}
