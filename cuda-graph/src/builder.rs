@@ -930,9 +930,11 @@ impl<'a> GraphBuilder<'a> {
     fn prepare(&self, deps: &[NodeId], kind: NodeKind) -> Result<(Vec<u32>, Vec<CUgraphNode>)> {
         self.reg.check_kind(kind)?;
         let idx = self.reg.check_deps(deps)?;
+        // Every registered node has its table entry (`record` adds both).
         let raw = idx
             .iter()
-            .map(|i| self.table.nodes[&self.reg.id(*i)].raw as CUgraphNode)
+            .filter_map(|i| self.table.nodes.get(&self.reg.id(*i)))
+            .map(|e| e.raw as CUgraphNode)
             .collect();
         Ok((idx, raw))
     }

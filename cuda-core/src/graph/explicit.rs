@@ -234,6 +234,11 @@ pub fn memcpy_1d_params(dst: CopyEnd, src: CopyEnd, bytes: usize) -> CUDA_MEMCPY
             p.dstHost = h;
         }
     }
+    // One row of one slice: the pitches and heights describe exactly that row.
+    p.srcPitch = bytes;
+    p.dstPitch = bytes;
+    p.srcHeight = 1;
+    p.dstHeight = 1;
     p.WidthInBytes = bytes;
     p.Height = 1;
     p.Depth = 1;
