@@ -1225,8 +1225,10 @@ impl<'a> GraphBuilder<'a> {
 
     /// A condition handle for a conditional node of this graph (this builder: a body's own
     /// conditional nodes need a handle of that body). With `default`, each launch starts
-    /// with the condition at that value; without, it keeps what the last launch left
-    /// (zero at first). Needs a CUDA 12.3 driver (`DriverTooOld` otherwise).
+    /// with the condition at that value; without, the condition is whatever a kernel last
+    /// set, so a kernel must set it before the node reads it. Needs a CUDA 12.3 driver
+    /// (`DriverTooOld` otherwise). Every handle should drive a conditional node: the driver
+    /// may refuse to instantiate a graph with a handle that drives none.
     pub fn conditional_handle(&mut self, default: Option<u32>) -> Result<ConditionalHandle> {
         ex::require_conditional(ConditionalKind::If)?;
         let _ctx = self.device.bind()?;
