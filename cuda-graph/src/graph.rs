@@ -211,6 +211,11 @@ pub struct GraphExec {
     retired: Vec<Owner>,
     /// Whether `owners` holds host-side owners (kept in step with it).
     host_owned: bool,
+    /// A launch whose fence record failed: only a device synchronisation covers it.
+    unfenced: std::cell::Cell<bool>,
+    /// The fences of the executable graphs that re-instantiation replaced (their launches
+    /// are not ordered with this one's): `retired` waits for them too.
+    old_fences: Vec<Event>,
 }
 
 impl std::fmt::Debug for GraphExec {
@@ -258,6 +263,8 @@ impl GraphExec {
             owners,
             fence: std::cell::OnceCell::new(),
             retired: Vec::new(),
+            unfenced: std::cell::Cell::new(false),
+            old_fences: Vec::new(),
         }
     }
 
@@ -289,6 +296,19 @@ impl GraphExec {
         if self.device_owners.is_empty() && !self.needs_fence() {
             return Ok(self.handle.launch(stream)?);
         }
+        // The fence exists before the launch: a launch of a graph holding host-side owners
+        // is always followed by a record of it (or marks the graph unfenced).
+        let fence = if self.needs_fence() {
+            Some(match self.fence.get() {
+                Some(f) => f,
+                None => {
+                    let f = Event::new(&self.device())?;
+                    self.fence.get_or_init(|| f)
+                }
+            })
+        } else {
+            None
+        };
         let _gate = cudars_core::graph::issue_guard();
         if stream.device() == self.device() && !cudars_core::graph::is_capturing(stream)? {
             for p in &self.device_owners {
@@ -296,15 +316,13 @@ impl GraphExec {
             }
         }
         self.handle.launch(stream)?;
-        if self.needs_fence() {
-            let fence = match self.fence.get() {
-                Some(f) => f,
-                None => {
-                    let f = Event::new(&self.device())?;
-                    self.fence.get_or_init(|| f)
-                }
-            };
-            fence.record(stream)?;
+        if let Some(fence) = fence {
+            if let Err(e) = fence.record(stream) {
+                // This launch cannot be waited for through the fence: wait for the whole
+                // device before letting host-side owners go.
+                self.unfenced.set(true);
+                return Err(e.into());
+            }
         }
         Ok(())
     }
@@ -318,12 +336,18 @@ impl GraphExec {
         if self.retired.is_empty() {
             return;
         }
-        let done = match self.fence.get() {
-            None => true,
-            Some(f) => matches!(f.query(), Ok(true)),
-        };
+        let done = !self.unfenced.get()
+            && self
+                .old_fences
+                .iter()
+                .all(|f| matches!(f.query(), Ok(true)))
+            && match self.fence.get() {
+                None => true,
+                Some(f) => matches!(f.query(), Ok(true)),
+            };
         if done {
             self.retired.clear();
+            self.old_fences.clear();
         }
     }
 
@@ -583,6 +607,11 @@ impl GraphExec {
             Ok(()) => Ok(UpdateOutcome::Updated),
             Err(Error::UpdateRefused { refusal, .. }) => {
                 self.handle = graph.handle.instantiate(self.flags | graph.extra_flags)?;
+                // The old executable graph's launches are not ordered with the new one's:
+                // its fence guards what it used.
+                if let Some(f) = self.fence.take() {
+                    self.old_fences.push(f);
+                }
                 self.adopt(graph, true);
                 Ok(UpdateOutcome::Reinstantiated(refusal))
             }
@@ -625,11 +654,16 @@ impl Drop for GraphExec {
     fn drop(&mut self) {
         // Host closures, host buffers and events may still be used by a launch in flight:
         // wait for the last one before letting them go (leak them if the wait fails).
-        if let Some(fence) = self.fence.get() {
-            if fence.synchronize().is_err() {
-                std::mem::forget(std::mem::take(&mut self.owners));
-                std::mem::forget(std::mem::take(&mut self.retired));
-            }
+        let mut waited = true;
+        if self.unfenced.get() {
+            waited &= self.device().synchronize().is_ok();
+        }
+        for fence in self.fence.get().into_iter().chain(&self.old_fences) {
+            waited &= fence.synchronize().is_ok();
+        }
+        if !waited {
+            std::mem::forget(std::mem::take(&mut self.owners));
+            std::mem::forget(std::mem::take(&mut self.retired));
         }
     }
 }
