@@ -1,4 +1,4 @@
-//! Captured graphs ([`Graph`]) and executable graphs ([`GraphExec`]).
+//! Graphs, captured or built ([`Graph`]), and executable graphs ([`GraphExec`]).
 
 use std::ffi::c_void;
 use std::path::Path;
@@ -16,7 +16,7 @@ use crate::builder::{
 };
 use crate::error::{CaptureId, Error, Result};
 
-/// A captured graph: the recorded work, not yet runnable. Make it runnable with
+/// A graph, captured or built: the recorded work, not yet runnable. Make it runnable with
 /// [`Graph::instantiate`]; one graph can be instantiated any number of times.
 ///
 /// The graph is destroyed on drop; executable graphs made from it stay valid. `Send`, not
@@ -86,7 +86,7 @@ impl Graph {
         self.capture
     }
 
-    /// The device whose stream was captured.
+    /// The device the graph runs on (whose stream was captured, or that it was built for).
     pub fn device(&self) -> Device {
         self.handle.device()
     }
@@ -96,7 +96,8 @@ impl Graph {
         &self.handle
     }
 
-    /// Number of nodes: one per captured operation (memset, copy, kernel, event wait, ...).
+    /// Number of nodes: one per captured operation (memset, copy, kernel, event wait, ...) or
+    /// added node; the nodes of conditional bodies and child graphs are not counted.
     pub fn node_count(&self) -> Result<usize> {
         Ok(self.handle.node_count()?)
     }
