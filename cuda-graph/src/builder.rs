@@ -41,6 +41,37 @@
 //! kernel, copy (device to device), memset, empty, child graph and conditional nodes: other
 //! kinds are [`BuildError::NotAllowedInBody`]. If and while need a CUDA 12.3 driver, if/else
 //! and switch 12.8: an older one is `cudars_core::Error::DriverTooOld`.
+//!
+//! ```no_run
+//! use std::ffi::c_void;
+//! use cudars_core::{Device, DevicePtr, LaunchConfig, Stream};
+//! use cudars_graph::{GraphBuilder, SET_CONDITIONAL_PRELUDE};
+//!
+//! // Count down on the device: the body runs while *left > 0.
+//! let source = format!("{SET_CONDITIONAL_PRELUDE}{}", r#"
+//! extern "C" __global__ void step(unsigned* left, cudaGraphConditionalHandle h) {
+//!     *left -= 1;
+//!     cudaGraphSetConditional(h, *left > 0);
+//! }"#);
+//! let dev = Device::new(0)?;
+//! let step = cudars_rtc::Program::new(source).device(&dev)?.compile()?.load(&dev)?.kernel("step")?;
+//! let left = DevicePtr::alloc(&dev, 4)?;
+//! let mut g = GraphBuilder::new(&dev)?;
+//! let reset = g.add_memset_u32(&[], &left, 100)?;
+//! let h = g.conditional_handle(Some(1))?; // enter the loop at each launch
+//! g.add_while(&[reset], h, |body| {
+//!     let (mut p, mut raw) = (left.as_raw(), h.raw());
+//!     let mut params = [&mut p as *mut u64 as *mut c_void, &mut raw as *mut u64 as *mut c_void];
+//!     // SAFETY: step's parameters; one thread touches the one u32 of `left`, kept by the graph.
+//!     unsafe { body.add_kernel(&[], step.function(), &LaunchConfig::new((1, 1, 1), (1, 1, 1)), &mut params, &[&left]) }?;
+//!     Ok(())
+//! })?;
+//! let exec = g.finish()?.instantiate()?;
+//! let stream = Stream::new(&dev)?;
+//! exec.launch(&stream)?; // 100 iterations, one launch
+//! stream.synchronize()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
