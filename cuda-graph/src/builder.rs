@@ -275,6 +275,18 @@ pub enum BuildError {
     /// A host-to-host copy.
     #[error("a graph copy needs at least one device end")]
     HostToHost,
+    /// A pitched copy whose rows do not fit the pitch, or whose slices do not fit the rows.
+    #[error("pitched copy: the {end} (pitch {pitch} bytes, {rows} rows per slice) cannot hold rows of {} bytes, {} per slice", extent.width, extent.height)]
+    BadPitch {
+        /// `"destination"` or `"source"`.
+        end: &'static str,
+        /// Its pitch.
+        pitch: usize,
+        /// Its rows per slice.
+        rows: usize,
+        /// The copy's extent.
+        extent: Extent,
+    },
     /// A node update of a node that is not in this executable graph.
     #[error("{node} is not a node of this executable graph")]
     NotInExecutable {
@@ -755,6 +767,83 @@ impl Mem<'_> {
     }
 }
 
+/// One end of a pitched (2-D or 3-D) copy: memory, the bytes from one row to the next, and
+/// the rows from one slice to the next (for a 2-D copy, any value at least the copy's height).
+#[derive(Debug, Clone, Copy)]
+pub struct Pitched<'a> {
+    /// The memory.
+    pub mem: Mem<'a>,
+    /// Bytes from the start of one row to the start of the next.
+    pub pitch: usize,
+    /// Rows from the start of one slice to the start of the next.
+    pub rows: usize,
+}
+
+impl<'a> Pitched<'a> {
+    /// `mem` laid out in rows of `pitch` bytes, `rows` rows per slice.
+    pub fn new(mem: impl Into<Mem<'a>>, pitch: usize, rows: usize) -> Pitched<'a> {
+        Pitched {
+            mem: mem.into(),
+            pitch,
+            rows,
+        }
+    }
+}
+
+/// The extent of a pitched copy: `width` bytes per row, `height` rows per slice, `depth`
+/// slices (1 for a 2-D copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Extent {
+    /// Bytes per row.
+    pub width: usize,
+    /// Rows per slice.
+    pub height: usize,
+    /// Slices.
+    pub depth: usize,
+}
+
+/// Checks a pitched copy: no zero extent, rows inside pitches, slices inside row counts, and
+/// every byte inside both buffers.
+pub(crate) fn check_pitched(dst: &Pitched<'_>, src: &Pitched<'_>, extent: Extent) -> Result<()> {
+    if matches!((dst.mem, src.mem), (Mem::Host(_), Mem::Host(_))) {
+        return Err(BuildError::HostToHost.into());
+    }
+    if extent.width == 0 || extent.height == 0 || extent.depth == 0 {
+        return Err(BuildError::Empty {
+            kind: "pitched memcpy node",
+        }
+        .into());
+    }
+    for (end, name) in [(dst, "destination"), (src, "source")] {
+        let needed = extent
+            .depth
+            .checked_sub(1)
+            .and_then(|z| z.checked_mul(end.rows))
+            .and_then(|r| r.checked_add(extent.height - 1))
+            .and_then(|r| r.checked_mul(end.pitch))
+            .and_then(|b| b.checked_add(extent.width))
+            .ok_or(cudars_core::Error::SizeOverflow("pitched memcpy extent"))?;
+        if extent.width > end.pitch || (extent.depth > 1 && extent.height > end.rows) {
+            return Err(BuildError::BadPitch {
+                end: name,
+                pitch: end.pitch,
+                rows: end.rows,
+                extent,
+            }
+            .into());
+        }
+        if needed > end.mem.len() {
+            return Err(cudars_core::Error::OutOfRange {
+                offset: 0,
+                len: needed,
+                size: end.mem.len(),
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// What keeps a host buffer alive in a graph.
 pub(crate) fn host_owner(h: &HostBuffer) -> Owner {
     Owner::Host(h.inner.clone() as Arc<dyn Any + Send + Sync>)
@@ -1075,6 +1164,64 @@ impl<'a> GraphBuilder<'a> {
         let node = unsafe { ex::add_memcpy_node(self.graph(), &raw, &params, self.ctx()) }?;
         let id = self.record(idx, node, NodeKind::Memcpy, owners);
         for m in [&dst, &src] {
+            if let Some(a) = m.alloc() {
+                self.reg.note_use(a, id);
+            }
+        }
+        Ok(id)
+    }
+
+    /// A pitched copy node: `extent.depth` slices of `extent.height` rows of `extent.width`
+    /// bytes, from `src` to `dst`, each laid out with its own pitch and rows per slice (a 2-D
+    /// copy has depth 1). Every byte must lie inside both buffers (`OutOfRange`), a row
+    /// inside its pitch and a slice inside its rows ([`BuildError::BadPitch`]). The rules of
+    /// [`add_memcpy`](Self::add_memcpy) on ends and keep-alive apply.
+    pub fn add_memcpy_3d(
+        &mut self,
+        deps: &[NodeId],
+        dst: Pitched<'_>,
+        src: Pitched<'_>,
+        extent: Extent,
+    ) -> Result<NodeId> {
+        check_pitched(&dst, &src, extent)?;
+        if self.reg.body && (matches!(dst.mem, Mem::Host(_)) || matches!(src.mem, Mem::Host(_))) {
+            return Err(BuildError::NotAllowedInBody {
+                kind: "memcpy node with a host end",
+            }
+            .into());
+        }
+        let (idx, raw) = self.prepare(deps, NodeKind::Memcpy)?;
+        for m in [&dst.mem, &src.mem] {
+            if let Some(a) = m.alloc() {
+                self.reg.check_alloc_use(a, &idx)?;
+            }
+        }
+        let owners: Vec<Owner> = [dst.mem.owner(self.device)?, src.mem.owner(self.device)?]
+            .into_iter()
+            .flatten()
+            .collect();
+        // A 2-D copy's rows per slice are not read: give the driver a valid value anyway.
+        let rows = |p: &Pitched<'_>| {
+            if extent.depth == 1 {
+                p.rows.max(extent.height)
+            } else {
+                p.rows
+            }
+        };
+        let params = ex::memcpy_3d_params(
+            (dst.mem.end(), dst.pitch, rows(&dst)),
+            (src.mem.end(), src.pitch, rows(&src)),
+            extent.width,
+            extent.height,
+            extent.depth,
+        );
+        let _ctx = self.device.bind()?;
+        // SAFETY: a live graph and nodes of it; every byte copied lies inside both buffers
+        // (checked above), which the graph keeps allocated (or graph memory ordered after its
+        // allocation); a host end is pinned.
+        let node = unsafe { ex::add_memcpy_node(self.graph(), &raw, &params, self.ctx()) }?;
+        let id = self.record(idx, node, NodeKind::Memcpy, owners);
+        for m in [&dst.mem, &src.mem] {
             if let Some(a) = m.alloc() {
                 self.reg.note_use(a, id);
             }
@@ -1635,6 +1782,60 @@ mod tests {
         assert!(matches!(
             copy_size(&Mem::from(&empty), &Mem::from(&empty)),
             Err(Error::Build(BuildError::Empty { .. }))
+        ));
+    }
+
+    #[test]
+    fn pitched_copies_stay_inside_both_buffers() {
+        let reg = Registry::new(false);
+        let alloc = |len| GraphAlloc {
+            ptr: 0x1000,
+            len,
+            node: reg.id(0),
+        };
+        let (big, small) = (alloc(4096), alloc(1000));
+        let e = Extent {
+            width: 100,
+            height: 10,
+            depth: 2,
+        };
+        // 2 slices of 16 rows of 128 bytes: (1 * 16 + 9) * 128 + 100 = 3300 bytes needed.
+        let ok = Pitched::new(&big, 128, 16);
+        check_pitched(&ok, &ok, e).unwrap();
+        assert!(matches!(
+            check_pitched(&Pitched::new(&small, 128, 16), &ok, e),
+            Err(Error::Cuda(cudars_core::Error::OutOfRange {
+                len: 3300,
+                size: 1000,
+                ..
+            }))
+        ));
+        assert!(matches!(
+            check_pitched(&Pitched::new(&big, 64, 16), &ok, e),
+            Err(Error::Build(BuildError::BadPitch {
+                end: "destination",
+                ..
+            }))
+        ));
+        assert!(matches!(
+            check_pitched(&ok, &Pitched::new(&big, 128, 4), e),
+            Err(Error::Build(BuildError::BadPitch { end: "source", .. }))
+        ));
+        // A 2-D copy does not look at the rows per slice.
+        let flat = Extent { depth: 1, ..e };
+        check_pitched(&ok, &Pitched::new(&big, 128, 0), flat).unwrap();
+        assert!(matches!(
+            check_pitched(&ok, &ok, Extent { width: 0, ..e }),
+            Err(Error::Build(BuildError::Empty { .. }))
+        ));
+        let huge = Extent {
+            width: 1,
+            height: 2,
+            depth: usize::MAX,
+        };
+        assert!(matches!(
+            check_pitched(&ok, &ok, huge),
+            Err(Error::Cuda(cudars_core::Error::SizeOverflow(_)))
         ));
     }
 

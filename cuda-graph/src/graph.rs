@@ -11,8 +11,8 @@ use cudars_core::sys::{CUcontext, CUgraphNode};
 use cudars_core::{Device, DevicePtr, Event, Stream};
 
 use crate::builder::{
-    copy_size, host_callback, memset_target, BuildError, DeviceMem, Mem, NodeId, NodeKind,
-    NodeOwners, NodeTable, Owner, HOST_TRAMPOLINE,
+    check_pitched, copy_size, host_callback, memset_target, BuildError, DeviceMem, Extent, Mem,
+    NodeId, NodeKind, NodeOwners, NodeTable, Owner, Pitched, HOST_TRAMPOLINE,
 };
 use crate::error::{CaptureId, Error, Result};
 
@@ -431,6 +431,50 @@ impl GraphExec {
         let ctx = self.ctx()?;
         // SAFETY: a memcpy node of the graph this was made from (checked above); the new
         // ranges are kept allocated by this executable graph (owners, installed below).
+        unsafe { self.handle.set_memcpy_params(raw, &params, ctx) }?;
+        self.replace_owners(Some(node), owners);
+        Ok(())
+    }
+
+    /// Points copy node `node` at new pitched ends and extent for later launches, checked as
+    /// [`GraphBuilder::add_memcpy_3d`](crate::GraphBuilder::add_memcpy_3d) checks them; a
+    /// [`GraphAlloc`](crate::GraphAlloc) end is refused as in [`set_memcpy`](Self::set_memcpy).
+    pub fn set_memcpy_3d(
+        &mut self,
+        node: NodeId,
+        dst: Pitched<'_>,
+        src: Pitched<'_>,
+        extent: Extent,
+    ) -> Result<()> {
+        let raw = self.node(node, NodeKind::Memcpy)?;
+        for m in [&dst.mem, &src.mem] {
+            if let Mem::Device(DeviceMem::Alloc(a)) = m {
+                return Err(BuildError::ForeignAllocation {
+                    alloc: a.node(),
+                    graph: node.graph(),
+                }
+                .into());
+            }
+        }
+        check_pitched(&dst, &src, extent)?;
+        let owners = owners_of(&[&dst.mem, &src.mem], self.device())?;
+        let rows = |p: &Pitched<'_>| {
+            if extent.depth == 1 {
+                p.rows.max(extent.height)
+            } else {
+                p.rows
+            }
+        };
+        let params = ex::memcpy_3d_params(
+            (end_of(&dst.mem), dst.pitch, rows(&dst)),
+            (end_of(&src.mem), src.pitch, rows(&src)),
+            extent.width,
+            extent.height,
+            extent.depth,
+        );
+        let ctx = self.ctx()?;
+        // SAFETY: a memcpy node of the graph this was made from; every byte copied lies in
+        // both buffers (checked), which this executable graph keeps (installed below).
         unsafe { self.handle.set_memcpy_params(raw, &params, ctx) }?;
         self.replace_owners(Some(node), owners);
         Ok(())

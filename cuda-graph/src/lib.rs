@@ -86,8 +86,8 @@ mod error;
 mod graph;
 
 pub use builder::{
-    BuildError, ConditionalHandle, DeviceMem, GraphAlloc, GraphBuilder, HostBuffer, Mem, NodeId,
-    NodeKind, SET_CONDITIONAL_PRELUDE,
+    BuildError, ConditionalHandle, DeviceMem, Extent, GraphAlloc, GraphBuilder, HostBuffer, Mem,
+    NodeId, NodeKind, Pitched, SET_CONDITIONAL_PRELUDE,
 };
 pub use capture::{capture, capture_begin, capture_status, capture_with, Capture};
 pub use cudars_core::graph::explicit::ConditionalKind;

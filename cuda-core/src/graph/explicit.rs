@@ -245,7 +245,28 @@ pub fn memcpy_1d_params(dst: CopyEnd, src: CopyEnd, bytes: usize) -> CUDA_MEMCPY
     p
 }
 
-/// Adds a one-dimensional copy node (`cuGraphAddMemcpyNode`).
+/// The driver's parameters of a pitched copy of `depth` slices of `height` rows of `width`
+/// bytes: row `r` of slice `z` starts `(z * rows + r) * pitch` bytes into each end, with
+/// each end's own pitch and rows per slice (`(pitch, rows)`).
+pub fn memcpy_3d_params(
+    dst: (CopyEnd, usize, usize),
+    src: (CopyEnd, usize, usize),
+    width: usize,
+    height: usize,
+    depth: usize,
+) -> CUDA_MEMCPY3D {
+    let mut p = memcpy_1d_params(dst.0, src.0, width);
+    p.dstPitch = dst.1;
+    p.dstHeight = dst.2;
+    p.srcPitch = src.1;
+    p.srcHeight = src.2;
+    p.Height = height;
+    p.Depth = depth;
+    p
+}
+
+/// Adds a copy node (`cuGraphAddMemcpyNode`): one-dimensional ([`memcpy_1d_params`]) or
+/// pitched ([`memcpy_3d_params`]).
 ///
 /// # Safety
 ///
