@@ -199,13 +199,14 @@ fn pitched_2d_and_3d_copy_nodes() {
         depth: 1,
     };
     let mut g = GraphBuilder::new(&t.dev).unwrap();
-    g.add_memcpy_3d(
-        &[],
-        Pitched::new(&dst, dp, dr),
-        Pitched::new(&src, sp, sr),
-        e3,
-    )
-    .unwrap();
+    let n3 = g
+        .add_memcpy_3d(
+            &[],
+            Pitched::new(&dst, dp, dr),
+            Pitched::new(&src, sp, sr),
+            e3,
+        )
+        .unwrap();
     g.add_memcpy_3d(
         &[],
         Pitched::new(&host, 64, 7),
@@ -223,7 +224,7 @@ fn pitched_2d_and_3d_copy_nodes() {
         ),
         Err(Error::Cuda(cudars_core::Error::OutOfRange { .. }))
     ));
-    let exec = g.finish().unwrap().instantiate().unwrap();
+    let mut exec = g.finish().unwrap().instantiate().unwrap();
     exec.launch(&t.stream).unwrap();
     t.stream.synchronize().unwrap();
     let mut got = vec![0u8; dst.len()];
@@ -248,6 +249,26 @@ fn pitched_2d_and_3d_copy_nodes() {
     // SAFETY: the launch is complete.
     unsafe { host.read(&mut flat) }.unwrap();
     assert_eq!(flat, data[..64 * 7]);
+    // The 3-D node updated: the same block, packed (pitch 40, 5 rows per slice).
+    let packed = t.alloc(40 * 5 * 3);
+    exec.set_memcpy_3d(
+        n3,
+        Pitched::new(&packed, 40, 5),
+        Pitched::new(&src, sp, sr),
+        e3,
+    )
+    .unwrap();
+    exec.launch(&t.stream).unwrap();
+    t.stream.synchronize().unwrap();
+    let mut got = vec![0u8; packed.len()];
+    packed.copy_to_host(&mut got).unwrap();
+    for z in 0..slices {
+        for r in 0..5 {
+            for x in 0..40 {
+                assert_eq!(got[(z * 5 + r) * 40 + x], data[(z * sr + r) * sp + x]);
+            }
+        }
+    }
 }
 
 #[test]
