@@ -9,6 +9,8 @@
 //! | [`GraphHandle`]: [`clone_graph`](GraphHandle::clone_graph), [`node_count`](GraphHandle::node_count), [`instantiate`](GraphHandle::instantiate), [`write_dot`](GraphHandle::write_dot) | `cuGraphClone`, `cuGraphGetNodes`, `cuGraphInstantiateWithFlags`, `cuGraphDebugDotPrint`, `cuGraphDestroy` |
 //! | [`GraphExecHandle`]: [`launch`](GraphExecHandle::launch), [`upload`](GraphExecHandle::upload), [`update`](GraphExecHandle::update) | `cuGraphLaunch`, `cuGraphUpload`, `cuGraphExecUpdate`, `cuGraphExecDestroy` |
 //!
+//! | [`explicit`] | node-by-node construction, conditional nodes, in-place node updates | `cuGraphAdd*Node`, `cuGraphExec*NodeSetParams`, ... |
+//!
 //! Both handle types own what they wrap and destroy it on drop. They are `Send` but not
 //! `Sync`: the driver does not synchronise access to one graph object, so calls on the same
 //! graph from several threads must not overlap, which `&self` methods on a non-`Sync` type
@@ -46,6 +48,8 @@ use crate::error::{Error, Result};
 use crate::memory::DeviceAlloc;
 use crate::stream::{Stream, StreamKind};
 use crate::Device;
+
+pub mod explicit;
 
 /// What a graph keeps alive: the owners of the memory its captured operations use.
 type KeepAlive = Arc<Vec<Arc<dyn DeviceAlloc>>>;

@@ -136,6 +136,36 @@ pub enum Error {
         source: cudars_core::Error,
     },
 
+    /// A graph under construction refused a node, or an executable graph refused a node
+    /// update, before the driver was called (a node of another graph, a use of a graph
+    /// allocation out of order, ...).
+    #[error(transparent)]
+    Build(#[from] crate::builder::BuildError),
+
+    /// The driver refused to update an executable graph ([`GraphExec::try_update`]): the
+    /// reason, and the node it blamed when it named one. The executable graph is unchanged.
+    ///
+    /// [`GraphExec::try_update`]: crate::GraphExec::try_update
+    #[error("{}", crate::builder::describe_refusal(*refusal, *node, *from))]
+    UpdateRefused {
+        /// Why.
+        refusal: cudars_core::graph::UpdateRefusal,
+        /// The node of the new graph the driver blamed, when it named one this crate built.
+        node: Option<crate::builder::NodeId>,
+        /// For a changed edge, the node at its other end.
+        from: Option<crate::builder::NodeId>,
+    },
+
+    /// Instantiation failed; `node` is the node the driver blamed, when it named one this
+    /// crate built (a host node in a graph instantiated for device launch, say).
+    #[error("instantiating the graph failed{}: {source}", match node { Some(n) => format!(" at {n}"), None => String::new() })]
+    Instantiate {
+        /// The node the driver blamed.
+        node: Option<crate::builder::NodeId>,
+        /// The driver's error.
+        source: cudars_core::Error,
+    },
+
     /// An error of the caller's own, returned from a capture body (see [`Error::other`]).
     #[error(transparent)]
     Other(BoxError),
@@ -158,7 +188,8 @@ impl Error {
         match self {
             Error::Cuda(e)
             | Error::Invalidated { source: e, .. }
-            | Error::End { source: e, .. } => Some(e),
+            | Error::End { source: e, .. }
+            | Error::Instantiate { source: e, .. } => Some(e),
             Error::Body { source, .. } => source.core(),
             _ => None,
         }

@@ -1,21 +1,37 @@
-//! Captured graphs ([`Graph`]) and executable graphs ([`GraphExec`]).
+//! Graphs, captured or built ([`Graph`]), and executable graphs ([`GraphExec`]).
 
+use std::ffi::c_void;
 use std::path::Path;
+use std::sync::Arc;
 
+use cudars_core::graph::explicit as ex;
 use cudars_core::graph::{GraphExecHandle, GraphHandle, InstantiateFlags, UpdateRefusal};
-use cudars_core::{Device, Stream};
+use cudars_core::module::{Function, LaunchConfig};
+use cudars_core::sys::{CUcontext, CUgraphNode};
+use cudars_core::{Device, DevicePtr, Event, Stream};
 
-use crate::error::{CaptureId, Result};
+use crate::builder::{
+    check_pitched, copy_size, host_callback, memset_target, BuildError, DeviceMem, Extent, Mem,
+    NodeId, NodeKind, NodeOwners, NodeTable, Owner, Pitched, HOST_TRAMPOLINE,
+};
+use crate::error::{CaptureId, Error, Result};
 
-/// A captured graph: the recorded work, not yet runnable. Make it runnable with
+/// A graph, captured or built: the recorded work, not yet runnable. Make it runnable with
 /// [`Graph::instantiate`]; one graph can be instantiated any number of times.
 ///
 /// The graph is destroyed on drop; executable graphs made from it stay valid. `Send`, not
 /// `Sync`: the driver does not synchronise calls on one graph, so they must not overlap.
+///
+/// A graph built with [`GraphBuilder`](crate::GraphBuilder) also knows its nodes (for the
+/// node updates of its executable graphs) and keeps alive what they use.
 #[derive(Debug)]
 pub struct Graph {
     handle: GraphHandle,
     capture: Option<CaptureId>,
+    table: Arc<NodeTable>,
+    owners: Arc<NodeOwners>,
+    /// Flags every instantiation adds (auto-free for unfreed allocation nodes).
+    extra_flags: InstantiateFlags,
 }
 
 impl Graph {
@@ -23,6 +39,24 @@ impl Graph {
         Graph {
             handle,
             capture: Some(capture),
+            table: Arc::default(),
+            owners: Arc::default(),
+            extra_flags: InstantiateFlags::NONE,
+        }
+    }
+
+    pub(crate) fn from_parts(
+        handle: GraphHandle,
+        table: NodeTable,
+        owners: NodeOwners,
+        extra_flags: InstantiateFlags,
+    ) -> Graph {
+        Graph {
+            handle,
+            capture: None,
+            table: Arc::new(table),
+            owners: Arc::new(owners),
+            extra_flags,
         }
     }
 
@@ -31,7 +65,20 @@ impl Graph {
         Graph {
             handle,
             capture: None,
+            table: Arc::default(),
+            owners: Arc::default(),
+            extra_flags: InstantiateFlags::NONE,
         }
+    }
+
+    /// Every owner the nodes of this graph hold (for a graph that embeds it).
+    pub(crate) fn all_owners(&self) -> Vec<Owner> {
+        self.owners.values().flatten().cloned().collect()
+    }
+
+    /// The kind of `node`, when it is a node of this built graph (or of its bodies).
+    pub fn node_kind(&self, node: NodeId) -> Option<NodeKind> {
+        self.table.nodes.get(&node).map(|e| e.kind)
     }
 
     /// The capture that recorded this graph (`None` for clones and wrapped handles).
@@ -39,7 +86,7 @@ impl Graph {
         self.capture
     }
 
-    /// The device whose stream was captured.
+    /// The device the graph runs on (whose stream was captured, or that it was built for).
     pub fn device(&self) -> Device {
         self.handle.device()
     }
@@ -49,16 +96,26 @@ impl Graph {
         &self.handle
     }
 
-    /// Number of nodes: one per captured operation (memset, copy, kernel, event wait, ...).
+    /// Number of nodes: one per captured operation (memset, copy, kernel, event wait, ...) or
+    /// added node; the nodes of conditional bodies and child graphs are not counted.
     pub fn node_count(&self) -> Result<usize> {
         Ok(self.handle.node_count()?)
     }
 
-    /// A deep copy, independent of this graph (`cuGraphClone`).
+    /// A deep copy, independent of this graph (`cuGraphClone`). It keeps alive what this
+    /// graph's nodes use, but its nodes are new: the [`NodeId`]s of this graph do not name
+    /// them, so its executable graphs take no node updates.
     pub fn try_clone(&self) -> Result<Graph> {
         Ok(Graph {
             handle: self.handle.clone_graph()?,
             capture: None,
+            table: Arc::default(),
+            owners: Arc::new(
+                [(NodeId::clone_marker(), self.all_owners())]
+                    .into_iter()
+                    .collect(),
+            ),
+            extra_flags: self.extra_flags,
         })
     }
 
@@ -76,10 +133,43 @@ impl Graph {
     /// An executable graph made with `flags` (for graphs with allocation nodes,
     /// [`InstantiateFlags::AUTO_FREE_ON_LAUNCH`] frees what a previous launch left allocated).
     pub fn instantiate_with(&self, flags: InstantiateFlags) -> Result<GraphExec> {
-        Ok(GraphExec {
-            handle: self.handle.instantiate(flags)?,
-            flags,
-        })
+        self.instantiate_with_params(flags, None)
+    }
+
+    /// An executable graph made with `cuGraphInstantiateWithParams`: `flags`, and `upload`,
+    /// the stream [`InstantiateFlags::UPLOAD`] uploads on (that flag is added when `upload`
+    /// is given). [`InstantiateFlags::DEVICE_LAUNCH`] makes it launchable from kernels;
+    /// such a graph may hold only kernel, copy and memset nodes (the driver refuses others:
+    /// [`Error::Instantiate`] names the node it blamed).
+    pub fn instantiate_with_params(
+        &self,
+        flags: InstantiateFlags,
+        upload: Option<&Stream>,
+    ) -> Result<GraphExec> {
+        let flags = if upload.is_some() {
+            flags | InstantiateFlags::UPLOAD
+        } else {
+            flags
+        };
+        let flags = flags | self.extra_flags;
+        let mut blamed: CUgraphNode = std::ptr::null_mut();
+        let handle = match upload {
+            None if flags.0
+                & !(InstantiateFlags::AUTO_FREE_ON_LAUNCH.0
+                    | InstantiateFlags::USE_NODE_PRIORITY.0)
+                == 0 =>
+            {
+                self.handle.instantiate(flags)?
+            }
+            _ => self
+                .handle
+                .instantiate_with_params(flags, upload, &mut blamed)
+                .map_err(|source| Error::Instantiate {
+                    node: self.table.by_raw.get(&(blamed as usize)).copied(),
+                    source,
+                })?,
+        };
+        Ok(GraphExec::new(handle, flags, self))
     }
 }
 
@@ -98,13 +188,87 @@ pub enum UpdateOutcome {
 /// Destroyed on drop (launches still running finish first: the driver frees it afterwards).
 /// `Send`, not `Sync`: launches and updates of one executable graph must not overlap across
 /// threads.
-#[derive(Debug)]
+///
+/// # What it keeps alive
+///
+/// Everything the nodes of its graph use (see [`GraphBuilder`](crate::GraphBuilder)). A
+/// node update ([`set_memcpy`](Self::set_memcpy) and its siblings) or a whole-graph update
+/// ([`try_update`](Self::try_update)) takes over the new buffers and closures and lets the
+/// old ones go once no launch can use them any more: device buffers at once (each launch
+/// recorded its stream on them, so their free or reuse waits for it), host closures, host
+/// buffers and events after the last launch has completed (an event recorded after each
+/// launch of a graph that holds any says when). Dropping the executable graph waits for that
+/// event before it lets them go.
 pub struct GraphExec {
     handle: GraphExecHandle,
     flags: InstantiateFlags,
+    table: Arc<NodeTable>,
+    owners: NodeOwners,
+    /// The device buffers of `owners`, recorded on each launch stream.
+    device_owners: Vec<DevicePtr>,
+    /// Recorded after each launch once the graph holds (or held) host-side owners.
+    fence: std::cell::OnceCell<Event>,
+    /// Host-side owners replaced by updates, released when `fence` completes.
+    retired: Vec<Owner>,
+    /// Whether `owners` holds host-side owners (kept in step with it).
+    host_owned: bool,
+    /// A launch whose fence record failed: only a device synchronisation covers it.
+    unfenced: std::cell::Cell<bool>,
+    /// The fences of the executable graphs that re-instantiation replaced (their launches
+    /// are not ordered with this one's): `retired` waits for them too.
+    old_fences: Vec<Event>,
+}
+
+impl std::fmt::Debug for GraphExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphExec")
+            .field("handle", &self.handle)
+            .field("flags", &self.flags)
+            .field("nodes", &self.table.nodes.len())
+            .field(
+                "kept_alive",
+                &self.owners.values().map(Vec::len).sum::<usize>(),
+            )
+            .field("retired", &self.retired.len())
+            .finish()
+    }
+}
+
+fn device_owners(owners: &NodeOwners) -> Vec<DevicePtr> {
+    owners
+        .values()
+        .flatten()
+        .filter_map(|o| match o {
+            Owner::Device(p) => Some(p.clone()),
+            Owner::Host(_) => None,
+        })
+        .collect()
+}
+
+fn has_host_owners(owners: &NodeOwners) -> bool {
+    owners
+        .values()
+        .flatten()
+        .any(|o| matches!(o, Owner::Host(_)))
 }
 
 impl GraphExec {
+    fn new(handle: GraphExecHandle, flags: InstantiateFlags, graph: &Graph) -> GraphExec {
+        let owners: NodeOwners = (*graph.owners).clone();
+        GraphExec {
+            handle,
+            flags,
+            table: Arc::clone(&graph.table),
+            device_owners: device_owners(&owners),
+            host_owned: has_host_owners(&owners),
+            owners,
+            fence: std::cell::OnceCell::new(),
+            retired: Vec::new(),
+            unfenced: std::cell::Cell::new(false),
+            old_fences: Vec::new(),
+        }
+    }
+
     /// The device it runs on.
     pub fn device(&self) -> Device {
         self.handle.device()
@@ -130,13 +294,350 @@ impl GraphExec {
     /// the graph being captured would keep neither this executable graph nor the memory it
     /// uses alive. The capture goes on unharmed.
     pub fn launch(&self, stream: &Stream) -> Result<()> {
-        Ok(self.handle.launch(stream)?)
+        if self.device_owners.is_empty() && !self.needs_fence() {
+            return Ok(self.handle.launch(stream)?);
+        }
+        // The fence exists before the launch: a launch of a graph holding host-side owners
+        // is always followed by a record of it (or marks the graph unfenced).
+        let fence = if self.needs_fence() {
+            Some(match self.fence.get() {
+                Some(f) => f,
+                None => {
+                    let f = Event::new(&self.device())?;
+                    self.fence.get_or_init(|| f)
+                }
+            })
+        } else {
+            None
+        };
+        let _gate = cudars_core::graph::issue_guard();
+        if stream.device() == self.device() && !cudars_core::graph::is_capturing(stream)? {
+            for p in &self.device_owners {
+                p.record_stream(stream)?;
+            }
+        }
+        self.handle.launch(stream)?;
+        if let Some(fence) = fence {
+            if let Err(e) = fence.record(stream) {
+                // This launch cannot be waited for through the fence: wait for the whole
+                // device before letting host-side owners go.
+                self.unfenced.set(true);
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    fn needs_fence(&self) -> bool {
+        self.host_owned || !self.retired.is_empty()
+    }
+
+    /// Lets go of retired owners once the last launch has completed.
+    fn release_retired(&mut self) {
+        if self.retired.is_empty() {
+            return;
+        }
+        let done = !self.unfenced.get()
+            && self
+                .old_fences
+                .iter()
+                .all(|f| matches!(f.query(), Ok(true)))
+            && match self.fence.get() {
+                None => true,
+                Some(f) => matches!(f.query(), Ok(true)),
+            };
+        if done {
+            self.retired.clear();
+            self.old_fences.clear();
+        }
     }
 
     /// Uploads the graph to the device on `stream` ahead of its first launch, so that launch
     /// does not pay for it (`cuGraphUpload`).
     pub fn upload(&self, stream: &Stream) -> Result<()> {
         Ok(self.handle.upload(stream)?)
+    }
+
+    /// Replaces the owners of `node` (or of every node) and retires the old host-side ones.
+    fn replace_owners(&mut self, node: Option<NodeId>, new: Vec<Owner>) {
+        let old: Vec<Owner> = match node {
+            Some(n) => {
+                let old = if new.is_empty() {
+                    self.owners.remove(&n)
+                } else {
+                    self.owners.insert(n, new)
+                };
+                old.unwrap_or_default()
+            }
+            None => Vec::new(),
+        };
+        self.retired
+            .extend(old.into_iter().filter(|o| matches!(o, Owner::Host(_))));
+        self.device_owners = device_owners(&self.owners);
+        self.host_owned = has_host_owners(&self.owners);
+        self.release_retired();
+    }
+
+    /// The driver node of `node`, when it is a node of this executable graph's graph of
+    /// `kind`.
+    fn node(&self, node: NodeId, kind: NodeKind) -> Result<CUgraphNode> {
+        let Some(entry) = self.table.nodes.get(&node) else {
+            return Err(BuildError::NotInExecutable { node }.into());
+        };
+        let same = match (entry.kind, kind) {
+            (NodeKind::Conditional(_), NodeKind::Conditional(_)) => true,
+            (a, b) => a == b,
+        };
+        if !same {
+            return Err(BuildError::WrongKind {
+                node,
+                expected: kind.name(),
+                actual: entry.kind.name(),
+            }
+            .into());
+        }
+        Ok(entry.raw as CUgraphNode)
+    }
+
+    fn ctx(&self) -> Result<CUcontext> {
+        Ok(self.device().primary_context()?)
+    }
+
+    /// Points copy node `node` at new buffers for later launches
+    /// (`cuGraphExecMemcpyNodeSetParams`): same kinds of memory at each end (the driver
+    /// refuses a change of kind), any length. A [`GraphAlloc`](crate::GraphAlloc) is refused here
+    /// (its ordering was checked against the graph's own nodes only when the node was added).
+    /// The new buffers are kept alive; the old ones are let go once no launch uses them.
+    pub fn set_memcpy<'m>(
+        &mut self,
+        node: NodeId,
+        dst: impl Into<Mem<'m>>,
+        src: impl Into<Mem<'m>>,
+    ) -> Result<()> {
+        let (dst, src) = (dst.into(), src.into());
+        let raw = self.node(node, NodeKind::Memcpy)?;
+        for m in [&dst, &src] {
+            if let Mem::Device(DeviceMem::Alloc(a)) = m {
+                return Err(BuildError::ForeignAllocation {
+                    alloc: a.node(),
+                    graph: node.graph(),
+                }
+                .into());
+            }
+        }
+        let bytes = copy_size(&dst, &src)?;
+        let owners = owners_of(&[&dst, &src], self.device())?;
+        let params = ex::memcpy_1d_params(end_of(&dst), end_of(&src), bytes);
+        let ctx = self.ctx()?;
+        // SAFETY: a memcpy node of the graph this was made from (checked above); the new
+        // ranges are kept allocated by this executable graph (owners, installed below).
+        unsafe { self.handle.set_memcpy_params(raw, &params, ctx) }?;
+        self.replace_owners(Some(node), owners);
+        Ok(())
+    }
+
+    /// Points copy node `node` at new pitched ends and extent for later launches, checked as
+    /// [`GraphBuilder::add_memcpy_3d`](crate::GraphBuilder::add_memcpy_3d) checks them; a
+    /// [`GraphAlloc`](crate::GraphAlloc) end is refused as in [`set_memcpy`](Self::set_memcpy).
+    pub fn set_memcpy_3d(
+        &mut self,
+        node: NodeId,
+        dst: Pitched<'_>,
+        src: Pitched<'_>,
+        extent: Extent,
+    ) -> Result<()> {
+        let raw = self.node(node, NodeKind::Memcpy)?;
+        for m in [&dst.mem, &src.mem] {
+            if let Mem::Device(DeviceMem::Alloc(a)) = m {
+                return Err(BuildError::ForeignAllocation {
+                    alloc: a.node(),
+                    graph: node.graph(),
+                }
+                .into());
+            }
+        }
+        check_pitched(&dst, &src, extent)?;
+        let owners = owners_of(&[&dst.mem, &src.mem], self.device())?;
+        let rows = |p: &Pitched<'_>| {
+            if extent.depth == 1 {
+                p.rows.max(extent.height)
+            } else {
+                p.rows
+            }
+        };
+        let params = ex::memcpy_3d_params(
+            (end_of(&dst.mem), dst.pitch, rows(&dst)),
+            (end_of(&src.mem), src.pitch, rows(&src)),
+            extent.width,
+            extent.height,
+            extent.depth,
+        );
+        let ctx = self.ctx()?;
+        // SAFETY: a memcpy node of the graph this was made from; every byte copied lies in
+        // both buffers (checked), which this executable graph keeps (installed below).
+        unsafe { self.handle.set_memcpy_params(raw, &params, ctx) }?;
+        self.replace_owners(Some(node), owners);
+        Ok(())
+    }
+
+    fn set_memset(
+        &mut self,
+        node: NodeId,
+        dst: &DevicePtr,
+        value: u32,
+        element: usize,
+    ) -> Result<()> {
+        let raw = self.node(node, NodeKind::Memset)?;
+        let (addr, count) = memset_target(&DeviceMem::Ptr(dst), element)?;
+        let owners = owners_of(&[&Mem::from(dst)], self.device())?;
+        let params = ex::memset_params(addr, value, element as u32, count);
+        let ctx = self.ctx()?;
+        // SAFETY: a memset node of the graph this was made from; the new range is kept
+        // allocated by this executable graph.
+        unsafe { self.handle.set_memset_params(raw, &params, ctx) }?;
+        self.replace_owners(Some(node), owners);
+        Ok(())
+    }
+
+    /// Points memset node `node` at `dst` with `value` (bytes) for later launches
+    /// (`cuGraphExecMemsetNodeSetParams`; the element size must stay the node's).
+    pub fn set_memset_u8(&mut self, node: NodeId, dst: &DevicePtr, value: u8) -> Result<()> {
+        self.set_memset(node, dst, u32::from(value), 1)
+    }
+
+    /// [`set_memset_u8`](Self::set_memset_u8) with 2-byte elements.
+    pub fn set_memset_u16(&mut self, node: NodeId, dst: &DevicePtr, value: u16) -> Result<()> {
+        self.set_memset(node, dst, u32::from(value), 2)
+    }
+
+    /// [`set_memset_u8`](Self::set_memset_u8) with 4-byte elements.
+    pub fn set_memset_u32(&mut self, node: NodeId, dst: &DevicePtr, value: u32) -> Result<()> {
+        self.set_memset(node, dst, value, 4)
+    }
+
+    /// Makes host node `node` run `f` at later launches (`cuGraphExecHostNodeSetParams`);
+    /// the old closure is dropped once no launch can call it. The rules of
+    /// [`GraphBuilder::add_host`](crate::GraphBuilder::add_host) apply.
+    pub fn set_host(&mut self, node: NodeId, f: impl FnMut() + Send + 'static) -> Result<()> {
+        let raw = self.node(node, NodeKind::Host)?;
+        let (cb, data) = host_callback(f);
+        // SAFETY: a host node of the graph this was made from; the trampoline is sound for
+        // `data`, kept alive by this executable graph (installed below) until its launches
+        // complete.
+        unsafe { self.handle.set_host_params(raw, HOST_TRAMPOLINE, data) }?;
+        self.replace_owners(Some(node), vec![Owner::Host(cb)]);
+        Ok(())
+    }
+
+    /// Sets kernel node `node`'s launch and arguments for later launches
+    /// (`cuGraphExecKernelNodeSetParams`); `keep` replaces the buffers kept for the node.
+    ///
+    /// # Safety
+    ///
+    /// [`GraphBuilder::add_kernel`](crate::GraphBuilder::add_kernel)'s contract for the new
+    /// arguments; `function` is the node's kernel or one the driver accepts in its place.
+    pub unsafe fn set_kernel(
+        &mut self,
+        node: NodeId,
+        function: &Function,
+        config: &LaunchConfig,
+        params: &mut [*mut c_void],
+        keep: &[&DevicePtr],
+    ) -> Result<()> {
+        let raw = self.node(node, NodeKind::Kernel)?;
+        if function.device() != self.device() {
+            return Err(cudars_core::Error::WrongDevice {
+                what: "kernel",
+                expected: self.device().ordinal() as i32,
+                actual: function.device().ordinal() as i32,
+            }
+            .into());
+        }
+        let mems: Vec<Mem<'_>> = keep.iter().map(|p| Mem::from(*p)).collect();
+        let owners = owners_of(&mems.iter().collect::<Vec<_>>(), self.device())?;
+        // SAFETY: a kernel node of the graph this was made from; the caller upholds the
+        // argument contract; the kept buffers are installed below.
+        unsafe { self.handle.set_kernel_params(raw, function, config, params) }?;
+        self.replace_owners(Some(node), owners);
+        Ok(())
+    }
+
+    /// Sets kernel node `node`'s launch and typed arguments for later launches, checked
+    /// like [`GraphBuilder::add_kernel_typed`](crate::GraphBuilder::add_kernel_typed); the
+    /// new buffers are kept, the old ones let go once no launch uses them.
+    ///
+    /// # Safety
+    ///
+    /// As [`GraphBuilder::add_kernel_typed`](crate::GraphBuilder::add_kernel_typed).
+    #[cfg(feature = "rtc")]
+    pub unsafe fn set_kernel_typed<A: cudars_rtc::KernelArgs>(
+        &mut self,
+        node: NodeId,
+        kernel: &cudars_rtc::Kernel,
+        config: &LaunchConfig,
+        args: A,
+    ) -> Result<()> {
+        kernel.check::<A>().map_err(Error::other)?;
+        let raw = self.node(node, NodeKind::Kernel)?;
+        let owners = crate::builder::arg_owners(&args, self.device())?;
+        let function = kernel.function();
+        let handle = &self.handle;
+        // SAFETY: a kernel node of the graph this was made from; arguments checked against
+        // the parameters; buffers kept (installed below); the caller upholds the rest.
+        args.with_params(|params| unsafe {
+            handle.set_kernel_params(raw, function, config, params)
+        })?;
+        self.replace_owners(Some(node), owners);
+        Ok(())
+    }
+
+    /// Makes later launches run `graph` instead, which must have the same shape (the same
+    /// nodes and edges; parameters such as memset values, copy addresses or kernel arguments
+    /// may differ), with `cuGraphExecUpdate`. A refusal is [`Error::UpdateRefused`]: the
+    /// reason, and the node of `graph` the driver blamed; this executable graph is then
+    /// unchanged. On success it takes over `graph`'s buffers and closures and lets the old
+    /// ones go once no launch uses them. Node updates keep naming the nodes of the graph
+    /// this executable graph was instantiated from (the driver knows its nodes by those).
+    pub fn try_update(&mut self, graph: &Graph) -> Result<()> {
+        if graph.device() != self.device() {
+            return Err(cudars_core::Error::WrongDevice {
+                what: "graph",
+                expected: self.device().ordinal() as i32,
+                actual: graph.device().ordinal() as i32,
+            }
+            .into());
+        }
+        match self.handle.update_detailed(&graph.handle)? {
+            Ok(()) => {
+                self.adopt(graph, false);
+                Ok(())
+            }
+            Err(failure) => {
+                let name = |raw: CUgraphNode| graph.table.by_raw.get(&(raw as usize)).copied();
+                Err(Error::UpdateRefused {
+                    refusal: failure.refusal,
+                    node: name(failure.node),
+                    from: name(failure.from_node),
+                })
+            }
+        }
+    }
+
+    /// Takes over `graph`'s owners (and its nodes, when re-instantiated from it), retiring
+    /// the current owners.
+    fn adopt(&mut self, graph: &Graph, reinstantiated: bool) {
+        let old = std::mem::replace(&mut self.owners, (*graph.owners).clone());
+        self.retired.extend(
+            old.into_values()
+                .flatten()
+                .filter(|o| matches!(o, Owner::Host(_))),
+        );
+        if reinstantiated {
+            self.table = Arc::clone(&graph.table);
+        }
+        self.device_owners = device_owners(&self.owners);
+        self.host_owned = has_host_owners(&self.owners);
+        self.release_retired();
     }
 
     /// Makes later launches run `graph` instead, which must have the same shape (the same
@@ -147,20 +648,67 @@ impl GraphExec {
     /// type changed, ...), re-instantiates from `graph` with the same flags. The outcome says
     /// which happened. Launches already queued run the old version.
     pub fn update(&mut self, graph: &Graph) -> Result<UpdateOutcome> {
-        if graph.device() != self.device() {
-            return Err(cudars_core::Error::WrongDevice {
-                what: "graph",
-                expected: self.device().ordinal() as i32,
-                actual: graph.device().ordinal() as i32,
-            }
-            .into());
-        }
-        match self.handle.update(&graph.handle)? {
+        match self.try_update(graph) {
             Ok(()) => Ok(UpdateOutcome::Updated),
-            Err(refusal) => {
-                self.handle = graph.handle.instantiate(self.flags)?;
+            Err(Error::UpdateRefused { refusal, .. }) => {
+                self.handle = graph.handle.instantiate(self.flags | graph.extra_flags)?;
+                // The old executable graph's launches are not ordered with the new one's:
+                // its fence guards what it used.
+                if let Some(f) = self.fence.take() {
+                    self.old_fences.push(f);
+                }
+                self.adopt(graph, true);
                 Ok(UpdateOutcome::Reinstantiated(refusal))
             }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn end_of(m: &Mem<'_>) -> ex::CopyEnd {
+    match m {
+        Mem::Device(DeviceMem::Ptr(p)) => ex::CopyEnd::Device(p.as_raw()),
+        Mem::Device(DeviceMem::Alloc(a)) => ex::CopyEnd::Device(a.as_raw()),
+        Mem::Host(h) => ex::CopyEnd::Host(h.as_ptr().cast_mut().cast()),
+    }
+}
+
+fn owners_of(mems: &[&Mem<'_>], device: Device) -> Result<Vec<Owner>> {
+    let mut out = Vec::new();
+    for m in mems {
+        match m {
+            Mem::Device(DeviceMem::Ptr(p)) => {
+                if p.device() != device {
+                    return Err(cudars_core::Error::WrongDevice {
+                        what: "buffer",
+                        expected: device.ordinal() as i32,
+                        actual: p.device().ordinal() as i32,
+                    }
+                    .into());
+                }
+                out.push(Owner::Device((*p).clone()));
+            }
+            Mem::Device(DeviceMem::Alloc(_)) => {}
+            Mem::Host(h) => out.push(crate::builder::host_owner(h)),
+        }
+    }
+    Ok(out)
+}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        // Host closures, host buffers and events may still be used by a launch in flight:
+        // wait for the last one before letting them go (leak them if the wait fails).
+        let mut waited = true;
+        if self.unfenced.get() {
+            waited &= self.device().synchronize().is_ok();
+        }
+        for fence in self.fence.get().into_iter().chain(&self.old_fences) {
+            waited &= fence.synchronize().is_ok();
+        }
+        if !waited {
+            std::mem::forget(std::mem::take(&mut self.owners));
+            std::mem::forget(std::mem::take(&mut self.retired));
         }
     }
 }

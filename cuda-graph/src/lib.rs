@@ -7,12 +7,21 @@
 //! | [`capture_begin`] → [`Capture`] → [`Capture::end`] | explicit form; the guard ends a forgotten capture on drop | `Graph.capture_begin` / `capture_end` |
 //! | [`Capture::fork`], [`Capture::join`] | bring other streams into the capture through events | `cuEventRecord` + `cuStreamWaitEvent` |
 //! | [`capture_status`] | none / active / invalidated, and the capture id | `cuStreamGetCaptureInfo` |
-//! | [`Graph`] | instantiate, clone, node count, DOT file | `cuGraphInstantiate`, `cuGraphClone`, `cuGraphDebugDotPrint` |
-//! | [`GraphExec`] | launch on any stream, upload, update (re-instantiating when refused) | `Graph.launch`, `cuGraphUpload`, `cuGraphExecUpdate` |
+//! | [`GraphBuilder`] | graphs built node by node: kernel, copy, memset, host, event, child, memory nodes; typed [`NodeId`] dependencies | `cuGraphCreate`, `cuGraphAdd*Node` |
+//! | [`GraphBuilder::add_if`], [`add_if_else`](GraphBuilder::add_if_else), [`add_while`](GraphBuilder::add_while), [`add_switch`](GraphBuilder::add_switch) | conditional nodes, the condition set on the device | `cuGraphConditionalHandleCreate`, `cuGraphAddNode` |
+//! | [`Graph`] | instantiate (flags, upload, device launch), clone, node count, DOT file | `cuGraphInstantiate`, `cuGraphClone`, `cuGraphDebugDotPrint` |
+//! | [`GraphExec`] | launch on any stream, upload, node updates, whole-graph update (typed refusals, or re-instantiation) | `Graph.launch`, `cuGraphUpload`, `cuGraphExec*NodeSetParams`, `cuGraphExecUpdate` |
 //! | [`Error`] | every failure; capture errors name the capture | |
 //!
 //! The driver calls go through `cudars_core::graph`; this crate adds the guards, the error
-//! reporting and the update policy. It depends on `cuda-core` only.
+//! reporting, the node validation, the keep-alive rules and the update policy. It depends on
+//! `cuda-core` only; the `rtc` feature adds typed kernel nodes through `cuda-rtc`'s checked
+//! arguments (`GraphBuilder::add_kernel_typed`, `GraphExec::set_kernel_typed`).
+//!
+//! Captured and built graphs mix: a captured [`Graph`] is a child node of a built one
+//! ([`GraphBuilder::add_child`]), and both instantiate and update the same way. See the
+//! [`builder`] module for dependencies, what a graph keeps alive, memory nodes and
+//! conditional nodes, and `examples/while_solver.rs` for a solver whose loop is a while node.
 //!
 //! # Capture modes
 //!
@@ -71,11 +80,17 @@
 //! # Ok::<(), cudars_graph::Error>(())
 //! ```
 
+pub mod builder;
 mod capture;
 mod error;
 mod graph;
 
+pub use builder::{
+    BuildError, ConditionalHandle, DeviceMem, Extent, GraphAlloc, GraphBuilder, HostBuffer, Mem,
+    NodeId, NodeKind, Pitched, SET_CONDITIONAL_PRELUDE,
+};
 pub use capture::{capture, capture_begin, capture_status, capture_with, Capture};
+pub use cudars_core::graph::explicit::ConditionalKind;
 pub use cudars_core::graph::{
     CaptureInfo, CaptureMode, CaptureStatus, InstantiateFlags, UpdateRefusal,
 };

@@ -28,6 +28,15 @@ pub trait KernelArg {
         let _ = (device, stream);
         Ok(())
     }
+
+    /// For a kernel node of a graph on `device` (`cuda-graph`'s typed kernel nodes): the
+    /// buffer the graph must keep alive for this argument, if any. Checks the argument's
+    /// device like [`prepare`](Self::prepare). An argument that no graph can keep alive
+    /// (a borrowed [`DeviceMemory`]) is an error. The default keeps nothing.
+    fn keep_alive(&self, device: Device) -> Result<Option<DevicePtr>> {
+        let _ = device;
+        Ok(None)
+    }
 }
 
 macro_rules! by_value {
@@ -78,6 +87,10 @@ impl KernelArg for &DevicePtr {
         same_device(self.device(), device)?;
         Ok(self.record_stream(stream)?)
     }
+    fn keep_alive(&self, device: Device) -> Result<Option<DevicePtr>> {
+        same_device(self.device(), device)?;
+        Ok(Some((*self).clone()))
+    }
 }
 
 impl KernelArg for &DeviceMemory {
@@ -90,6 +103,12 @@ impl KernelArg for &DeviceMemory {
     fn prepare(&self, device: Device, _stream: &Stream) -> Result<()> {
         // `cuMemFree` waits for the device: nothing to record.
         same_device(self.device(), device)
+    }
+    fn keep_alive(&self, _device: Device) -> Result<Option<DevicePtr>> {
+        Err(Error::Cuda(cudars_core::Error::Unsupported(
+            "a borrowed DeviceMemory as a graph kernel node's argument: the graph could not \
+             keep it alive; pass a DevicePtr (DeviceMemory::into_ptr)",
+        )))
     }
 }
 
@@ -107,6 +126,9 @@ pub trait KernelArgs {
 
     /// [`KernelArg::prepare`] of each argument, in order.
     fn prepare(&self, device: Device, stream: &Stream) -> Result<()>;
+
+    /// [`KernelArg::keep_alive`] of each argument, in order: the buffers go to `kept`.
+    fn keep_alive(&self, device: Device, kept: &mut Vec<DevicePtr>) -> Result<()>;
 
     /// Calls `f` with one pointer per argument to its [`KernelArg::Raw`] value, as the
     /// driver's `kernelParams` wants them.
@@ -153,6 +175,9 @@ impl KernelArgs for () {
     fn prepare(&self, _device: Device, _stream: &Stream) -> Result<()> {
         Ok(())
     }
+    fn keep_alive(&self, _device: Device, _kept: &mut Vec<DevicePtr>) -> Result<()> {
+        Ok(())
+    }
     fn with_params<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
         f(&mut [])
     }
@@ -174,6 +199,10 @@ macro_rules! tuple_args {
             #[inline]
             fn prepare(&self, device: Device, stream: &Stream) -> Result<()> {
                 $(self.$idx.prepare(device, stream)?;)+
+                Ok(())
+            }
+            fn keep_alive(&self, device: Device, kept: &mut Vec<DevicePtr>) -> Result<()> {
+                $(kept.extend(self.$idx.keep_alive(device)?);)+
                 Ok(())
             }
             #[inline]

@@ -16,6 +16,8 @@
 //! | [`Driver::stream_get_device`] | `cuStreamGetDevice` (12.8) | emulated exactly: `cuStreamGetCtx`, then `cuCtxGetDevice` with that context pushed |
 //! | [`Driver::event_elapsed_time`] | `cuEventElapsedTime_v2` (12.8) | `cuEventElapsedTime` (2.0), same arguments |
 //! | [`Driver::mem_pool_props`] | `CUmemPoolProps::maxSize` (12.2) | a size limit is the typed error; no limit works everywhere |
+//! | [`Driver::graph_add_conditional_node`] | `cuGraphAddNode` (12.2) with [`ConditionalNodeParams`] (12.3) | the typed error |
+//! | [`Driver::graph_conditional_handle_create`] | `cuGraphConditionalHandleCreate` (12.3) | the typed error |
 //!
 //! And the structs whose shape changed within 13.x:
 //!
@@ -46,8 +48,81 @@ pub const DEVICE_CPU: CUdevice = -1;
 pub const CUDA_12_2: u32 = 12020;
 /// The CUDA version that introduced `cuStreamGetCaptureInfo_v3` (edge data).
 pub const CUDA_12_3: u32 = 12030;
-/// The CUDA version that introduced `cuStreamGetDevice` and `cuEventElapsedTime_v2`.
+/// The CUDA version that introduced `cuStreamGetDevice` and `cuEventElapsedTime_v2`, and the
+/// switch and if/else conditional graph nodes.
 pub const CUDA_12_8: u32 = 12080;
+
+/// `CU_GRAPH_NODE_TYPE_CONDITIONAL` (12.3+ headers; the value is part of the ABI).
+pub const GRAPH_NODE_TYPE_CONDITIONAL: u32 = 13;
+/// `CU_GRAPH_COND_TYPE_IF` (12.3; with `size` 2 since 12.8: if/else).
+pub const GRAPH_COND_TYPE_IF: u32 = 0;
+/// `CU_GRAPH_COND_TYPE_WHILE` (12.3).
+pub const GRAPH_COND_TYPE_WHILE: u32 = 1;
+/// `CU_GRAPH_COND_TYPE_SWITCH` (12.8).
+pub const GRAPH_COND_TYPE_SWITCH: u32 = 2;
+/// `CU_GRAPH_COND_ASSIGN_DEFAULT`: the handle takes its default value at each launch.
+pub const GRAPH_COND_ASSIGN_DEFAULT: c_uint = 1;
+
+/// `CUDA_CONDITIONAL_NODE_PARAMS` (12.3), written out so that it exists whatever headers the
+/// bindings came from. `phGraph_out` receives `size` body graphs, owned by the node.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ConditionalNodeParams {
+    /// The condition handle (`cuGraphConditionalHandleCreate`).
+    pub handle: u64,
+    /// One of the `GRAPH_COND_TYPE_*` values.
+    pub type_: u32,
+    /// Number of body graphs: 1 for if and while, 2 for if/else, n for a switch.
+    pub size: c_uint,
+    /// Out: an array of `size` body graphs the driver fills.
+    pub ph_graph_out: *mut CUgraph,
+    /// The context the node's bodies run in.
+    pub ctx: CUcontext,
+}
+
+/// `CUgraphNodeParams` (12.2): the node type, then a 232-byte union, padded to 256 bytes as
+/// the ABI lays it out. Only the conditional member is written out here.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GraphNodeParams {
+    /// `CUgraphNodeType`.
+    pub type_: u32,
+    /// Reserved, zero.
+    pub reserved0: [c_int; 3],
+    /// The union: the conditional parameters, then zeros.
+    pub conditional: ConditionalNodeParams,
+    /// The rest of the union, zero.
+    pub union_rest: [u8; 232 - std::mem::size_of::<ConditionalNodeParams>()],
+    /// Reserved, zero.
+    pub reserved2: i64,
+}
+
+impl GraphNodeParams {
+    /// The parameters of a conditional node.
+    pub fn conditional(conditional: ConditionalNodeParams) -> GraphNodeParams {
+        GraphNodeParams {
+            type_: GRAPH_NODE_TYPE_CONDITIONAL,
+            reserved0: [0; 3],
+            conditional,
+            union_rest: [0; 232 - std::mem::size_of::<ConditionalNodeParams>()],
+            reserved2: 0,
+        }
+    }
+}
+
+// The ABI's sizes: 32 bytes of conditional parameters, 256 of node parameters.
+const _: () = assert!(std::mem::size_of::<ConditionalNodeParams>() == 32);
+const _: () = assert!(std::mem::size_of::<GraphNodeParams>() == 256);
+
+type GraphAddNodeV1 = unsafe extern "C" fn(
+    *mut CUgraphNode,
+    CUgraph,
+    *const CUgraphNode,
+    usize,
+    *mut GraphNodeParams,
+) -> CUresult;
+type CondHandleCreate =
+    unsafe extern "C" fn(*mut u64, CUgraph, CUcontext, c_uint, c_uint) -> CUresult;
 
 type PrefetchV2 =
     unsafe extern "C" fn(CUdeviceptr, usize, CUmemLocation, c_uint, CUstream) -> CUresult;
@@ -79,7 +154,7 @@ type CtxPush = unsafe extern "C" fn(CUcontext) -> CUresult;
 type CtxPop = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
 
 /// Every exact ABI the compat methods use: (API name, exported symbol, CUDA version of the ABI).
-pub const COMPAT_ENTRY_POINTS: [(&CStr, &CStr, u32); 13] = [
+pub const COMPAT_ENTRY_POINTS: [(&CStr, &CStr, u32); 15] = [
     (c"cuMemPrefetchAsync", c"cuMemPrefetchAsync_v2", CUDA_12_2),
     (c"cuMemPrefetchAsync", c"cuMemPrefetchAsync", 8000),
     (c"cuMemAdvise", c"cuMemAdvise_v2", CUDA_12_2),
@@ -101,6 +176,12 @@ pub const COMPAT_ENTRY_POINTS: [(&CStr, &CStr, u32); 13] = [
     (c"cuCtxPopCurrent", c"cuCtxPopCurrent_v2", 4000),
     (c"cuEventElapsedTime", c"cuEventElapsedTime_v2", CUDA_12_8),
     (c"cuEventElapsedTime", c"cuEventElapsedTime", 2000),
+    (c"cuGraphAddNode", c"cuGraphAddNode", 12020),
+    (
+        c"cuGraphConditionalHandleCreate",
+        c"cuGraphConditionalHandleCreate",
+        CUDA_12_3,
+    ),
 ];
 
 /// The exact-version entry points behind the compat methods.
@@ -119,6 +200,8 @@ pub(crate) struct CompatTable {
     ctx_pop: Option<CtxPop>,
     elapsed_v2: Option<EventElapsed>,
     elapsed_v1: Option<EventElapsed>,
+    graph_add_node_v1: Option<GraphAddNodeV1>,
+    cond_handle_create: Option<CondHandleCreate>,
 }
 
 /// Turns a looked-up address into a typed function pointer.
@@ -163,6 +246,8 @@ impl CompatTable {
                 ctx_pop: cast(at(10)),
                 elapsed_v2: cast(at(11)),
                 elapsed_v1: cast(at(12)),
+                graph_add_node_v1: cast(at(13)),
+                cond_handle_create: cast(at(14)),
             }
         }
     }
@@ -389,6 +474,55 @@ impl Driver {
             // SAFETY: the caller upholds the driver's contract; both ABIs take these arguments.
             Some(f) => Ok(unsafe { f(ms, start, end) }),
             None => Err(self.missing("cuEventElapsedTime", 2000)),
+        }
+    }
+
+    /// `cuGraphAddNode` (the 12.2 ABI, no edge data) with a conditional node's parameters:
+    /// adds an if, while or switch node to `graph` and fills `params.conditional.ph_graph_out`
+    /// with its body graphs.
+    ///
+    /// # Safety
+    ///
+    /// As the driver API's `cuGraphAddNode`: a live graph, `deps` valid for `num_deps` nodes
+    /// of it, `params` a conditional node's parameters with a handle of `graph` and an
+    /// out-array of `size` graphs.
+    pub unsafe fn graph_add_conditional_node(
+        &self,
+        node: *mut CUgraphNode,
+        graph: CUgraph,
+        deps: *const CUgraphNode,
+        num_deps: usize,
+        params: *mut GraphNodeParams,
+    ) -> Result<CUresult, MissingSymbol> {
+        if self.compat.cond_handle_create.is_none() {
+            // Conditional nodes came with 12.3; `cuGraphAddNode` alone (12.2) cannot add one.
+            return Err(self.missing("cuGraphAddNode (conditional node)", CUDA_12_3));
+        }
+        match self.compat.graph_add_node_v1 {
+            // SAFETY: the caller upholds the driver's contract; exact 12.2 ABI.
+            Some(f) => Ok(unsafe { f(node, graph, deps, num_deps, params) }),
+            None => Err(self.missing("cuGraphAddNode", 12020)),
+        }
+    }
+
+    /// `cuGraphConditionalHandleCreate` (12.3): a condition handle of `graph`, set to
+    /// `default` at each launch when `flags` is [`GRAPH_COND_ASSIGN_DEFAULT`].
+    ///
+    /// # Safety
+    ///
+    /// As the driver API's `cuGraphConditionalHandleCreate`.
+    pub unsafe fn graph_conditional_handle_create(
+        &self,
+        handle: *mut u64,
+        graph: CUgraph,
+        ctx: CUcontext,
+        default: c_uint,
+        flags: c_uint,
+    ) -> Result<CUresult, MissingSymbol> {
+        match self.compat.cond_handle_create {
+            // SAFETY: the caller upholds the driver's contract; exact 12.3 ABI.
+            Some(f) => Ok(unsafe { f(handle, graph, ctx, default, flags) }),
+            None => Err(self.missing("cuGraphConditionalHandleCreate", CUDA_12_3)),
         }
     }
 

@@ -31,6 +31,8 @@ const STREAM_DEVICE: usize = 7;
 const ELAPSED_V1: usize = 8;
 const ELAPSED_V2: usize = 9;
 const LOCATION_INFO: usize = 10;
+const GRAPH_ADD_NODE: usize = 11;
+const COND_HANDLE: usize = 12;
 
 fn ran(which: usize, device: CUdevice) -> CUresult {
     LAST.store(which, Ordering::SeqCst);
@@ -128,6 +130,35 @@ extern "C" fn ctx_get_device(device: *mut CUdevice) -> CUresult {
     unsafe { *device = 3 };
     CUresult::CUDA_SUCCESS
 }
+extern "C" fn graph_add_node(
+    node: *mut CUgraphNode,
+    _: CUgraph,
+    _: *const CUgraphNode,
+    _: usize,
+    params: *mut compat::GraphNodeParams,
+) -> CUresult {
+    // SAFETY: valid pointers from the test; the params are a conditional node's.
+    unsafe {
+        *node = 0x40 as CUgraphNode;
+        let p = &*params;
+        assert_eq!(p.type_, compat::GRAPH_NODE_TYPE_CONDITIONAL);
+        for i in 0..p.conditional.size as usize {
+            *p.conditional.ph_graph_out.add(i) = (0x100 + i) as CUgraph;
+        }
+    }
+    ran(GRAPH_ADD_NODE, 0)
+}
+extern "C" fn cond_handle(
+    handle: *mut u64,
+    _: CUgraph,
+    _: CUcontext,
+    default: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: valid out-pointer.
+    unsafe { *handle = 0xc0de };
+    ran(COND_HANDLE, (default * 10 + flags) as CUdevice)
+}
 extern "C" fn elapsed_v1(ms: *mut f32, _: CUevent, _: CUevent) -> CUresult {
     // SAFETY: valid out-pointer.
     unsafe { *ms = 1.5 };
@@ -177,6 +208,12 @@ fn exact_symbols() -> Vec<(&'static str, u32, *mut c_void)> {
         ("cuCtxGetDevice", 2000, ctx_get_device as *mut c_void),
         ("cuEventElapsedTime", 2000, elapsed_v1 as *mut c_void),
         ("cuEventElapsedTime_v2", 12080, elapsed_v2 as *mut c_void),
+        ("cuGraphAddNode", 12020, graph_add_node as *mut c_void),
+        (
+            "cuGraphConditionalHandleCreate",
+            12030,
+            cond_handle as *mut c_void,
+        ),
     ]
 }
 
@@ -368,6 +405,42 @@ fn a_driver_older_than_the_bindings_is_never_handed_a_newer_abi() {
             ("cuStreamGetCaptureInfo", 12030, old)
         );
 
+        // Conditional graph nodes need 12.3: the typed error on a 12.0 driver.
+        let mut handle = 0u64;
+        let err = driver
+            .graph_conditional_handle_create(
+                &mut handle,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                0,
+            )
+            .unwrap_err();
+        assert!(err.is_driver_too_old());
+        assert_eq!(
+            (err.name, err.needed),
+            ("cuGraphConditionalHandleCreate", 12030)
+        );
+        let mut node: CUgraphNode = std::ptr::null_mut();
+        let mut bodies = [std::ptr::null_mut(); 1];
+        let mut params = compat::GraphNodeParams::conditional(compat::ConditionalNodeParams {
+            handle: 1,
+            type_: compat::GRAPH_COND_TYPE_WHILE,
+            size: 1,
+            ph_graph_out: bodies.as_mut_ptr(),
+            ctx: std::ptr::null_mut(),
+        });
+        let err = driver
+            .graph_add_conditional_node(
+                &mut node,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                0,
+                &mut params,
+            )
+            .unwrap_err();
+        assert!(err.is_driver_too_old(), "{err}");
+
         LAST.store(0, Ordering::SeqCst);
         let mut dev = -1;
         let r = driver.stream_get_device(0x2000 as CUstream, &mut dev);
@@ -449,6 +522,39 @@ fn a_driver_as_new_as_the_bindings_gets_every_entry_point_and_the_new_abis() {
     // SAFETY: (all calls below) the fake driver's functions accept any arguments.
     unsafe {
         let host_numa = compat::mem_location(MEM_LOCATION_TYPE_HOST_NUMA, 5);
+        let mut handle = 0u64;
+        let r = driver.graph_conditional_handle_create(
+            &mut handle,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            1,
+            compat::GRAPH_COND_ASSIGN_DEFAULT,
+        );
+        assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
+        assert_eq!(handle, 0xc0de);
+        assert_eq!(LAST.load(Ordering::SeqCst), COND_HANDLE);
+        assert_eq!(LAST_DEVICE.load(Ordering::SeqCst), 11, "default 1, flags 1");
+        let mut node: CUgraphNode = std::ptr::null_mut();
+        let mut bodies = [std::ptr::null_mut(); 3];
+        let mut params = compat::GraphNodeParams::conditional(compat::ConditionalNodeParams {
+            handle,
+            type_: compat::GRAPH_COND_TYPE_SWITCH,
+            size: 3,
+            ph_graph_out: bodies.as_mut_ptr(),
+            ctx: std::ptr::null_mut(),
+        });
+        let r = driver.graph_add_conditional_node(
+            &mut node,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            0,
+            &mut params,
+        );
+        assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
+        assert_eq!(LAST.load(Ordering::SeqCst), GRAPH_ADD_NODE);
+        assert_eq!(node as usize, 0x40);
+        assert_eq!(bodies.map(|b| b as usize), [0x100, 0x101, 0x102]);
+
         let r = driver.mem_prefetch_async(0x10, 64, host_numa, 0, std::ptr::null_mut());
         assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
         assert_eq!(LAST.load(Ordering::SeqCst), PREFETCH_V2);

@@ -16,6 +16,8 @@ pub mod bench;
 
 pub mod gpu;
 
+pub mod graphs;
+
 pub mod nccl_check;
 
 pub mod rtc;

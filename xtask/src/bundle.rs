@@ -24,6 +24,7 @@ pub const SUITE: &[&str] = &[
     "gpu_memory",
     "gpu_mempool",
     "gpu_graph",
+    "gpu_graph_explicit",
     "gpu_xfer",
     "gpu_misc",
     "gpu_nvtx",
@@ -356,6 +357,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #             `run.sh nccl tests` / `run.sh nccl bench` run one part; another word filters tests
 #   bench     every benchmark binary (their own output), then peers.py and workload_bench.py
 #   rtc-bench bench_rtc and rtc_peers.py alone (cuda-rtc beside CuPy RawKernel and cuda.core)
+#   graph-bench bench_graph_explicit and graph_peers.py alone (explicit graphs, conditional
+#             nodes and updates beside cuda.core)
 #   workloads the PyTorch / CuPy workload benchmark alone (workload_bench.py; ~4 min on an H200)
 #   examples  every example
 # The test modes end with one line: "GPU suite: N passed, N failed on <device>".
@@ -483,6 +486,7 @@ case "$mode" in
     if [ "${#extra[@]}" -eq 0 ] && command -v python3 >/dev/null; then
       echo "=== peers (CuPy, PyTorch)"; python3 "$here/peers.py" --traces "$here/traces"
       echo "=== rtc peers (CuPy RawKernel, cuda.core Program)"; python3 "$here/rtc_peers.py" || echo "(exit $?)"
+      echo "=== graph peers (cuda.core while node, update)"; python3 "$here/graph_peers.py" || echo "(exit $?)"
       echo "=== workloads (PyTorch, CuPy through the C ABI)"
       python3 "$here/workload_bench.py" --lib "$here/lib/libcudars_mempool_capi.so" --with-plain --budget 330 || echo "(exit $?)"
     fi
@@ -499,6 +503,12 @@ case "$mode" in
     echo "CUDA_NVRTC_LIBRARY=${CUDA_NVRTC_LIBRARY:-unset} CUDA_NVJITLINK_LIBRARY=${CUDA_NVJITLINK_LIBRARY:-unset}"
     echo "=== bench_rtc"; "$here/bench/bench_rtc" || echo "(exit $?)"
     echo "=== rtc peers (CuPy RawKernel, cuda.core Program)"; python3 "$here/rtc_peers.py" "${extra[@]}" || echo "(exit $?)"
+    exit 0 ;;
+  graph-bench)
+    # bench_graph_explicit, then the same loop and update through cuda.core (graph_peers.py).
+    export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
+    echo "=== bench_graph_explicit"; "$here/bench/bench_graph_explicit" || echo "(exit $?)"
+    echo "=== graph peers (cuda.core while node, update)"; python3 "$here/graph_peers.py" "${extra[@]}" || echo "(exit $?)"
     exit 0 ;;
   clients) run_clients ;;
   clients-sanitize) run_clients --sanitize ;;
@@ -517,7 +527,7 @@ case "$mode" in
     export CUDA_RS_TRACES="$here/traces"
     for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
   all) "$0" examples; run_tests; two_gpu; "$0" bench; ;;
-  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|workloads|examples|all] [args]"; exit 2 ;;
+  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|graph-bench|workloads|examples|all] [args]"; exit 2 ;;
 esac
 echo "GPU suite: $passed passed, $failed failed on $device"
 [ "$failed" -eq 0 ]

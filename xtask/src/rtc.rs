@@ -100,7 +100,8 @@ fn nvrtc_library() -> Option<(PathBuf, Option<PathBuf>)> {
         .then(|| (nvrtc, jit.is_file().then_some(jit)))
 }
 
-/// CI step: cuda-rtc's tests that run NVRTC for real (on the CPU), when the library is there.
+/// CI step: cuda-rtc's tests that run NVRTC for real (on the CPU), and cuda-graph's NVRTC
+/// prelude check, when the library is there.
 pub fn ci_nvrtc_tests() -> Result<()> {
     let Some((nvrtc, jit)) = nvrtc_library() else {
         println!(
@@ -124,6 +125,19 @@ pub fn ci_nvrtc_tests() -> Result<()> {
             "nvrtc-tests",
             "--test",
             "nvrtc",
+        ],
+        &env,
+    )?;
+    // cuda-graph's condition setters compile with its NVRTC prelude.
+    cargo(
+        &[
+            "test",
+            "-p",
+            "cudars-graph",
+            "--features",
+            "nvrtc-tests",
+            "--test",
+            "nvrtc_conditional",
         ],
         &env,
     )

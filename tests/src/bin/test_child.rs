@@ -64,6 +64,12 @@ fn no_driver(missing: &str) {
     ));
     assert!(cudars_core::driver_version().is_err());
     assert!(cudars_core::Device::current().is_err());
+    // Explicit graphs: the conditional-node check is an error too, not a panic.
+    use cudars_core::graph::explicit::{require_conditional, ConditionalKind};
+    assert!(matches!(
+        require_conditional(ConditionalKind::While),
+        Err(cudars_core::Error::Load(_))
+    ));
     println!("NO_DRIVER ok");
 }
 
