@@ -16,9 +16,9 @@
 //! | [`DLPackExchangeAPI`] | the 1.3 C exchange table (`__dlpack_c_exchange_api__`) |
 
 pub use dlpark::ffi::{
-    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor,
-    DLManagedTensorVersioned, DLPackCurrentWorkStream, DLPackExchangeAPI,
-    DLPackExchangeAPIHeader, DLPackManagedTensorFromPyObjectNoSync, DLPackVersion, DLTensor,
+    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
+    DLPackCurrentWorkStream, DLPackExchangeAPI, DLPackExchangeAPIHeader,
+    DLPackManagedTensorFromPyObjectNoSync, DLPackVersion, DLTensor,
 };
 pub use dlpark::DlpackFlags;
 
@@ -68,7 +68,10 @@ mod tests {
 
     #[test]
     fn version_and_device() {
-        assert_eq!((size_of::<DLPackVersion>(), align_of::<DLPackVersion>()), (8, 4));
+        assert_eq!(
+            (size_of::<DLPackVersion>(), align_of::<DLPackVersion>()),
+            (8, 4)
+        );
         assert_eq!(offset_of!(DLPackVersion, major), 0);
         assert_eq!(offset_of!(DLPackVersion, minor), 4);
         assert_eq!((size_of::<DLDevice>(), align_of::<DLDevice>()), (8, 4));
@@ -162,7 +165,10 @@ mod tests {
             FLAG_IS_SUBBYTE_TYPE_PADDED
         );
         assert_eq!(
-            (dlpark::ffi::DLPACK_MAJOR_VERSION, dlpark::ffi::DLPACK_MINOR_VERSION),
+            (
+                dlpark::ffi::DLPACK_MAJOR_VERSION,
+                dlpark::ffi::DLPACK_MINOR_VERSION
+            ),
             (DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION)
         );
     }
