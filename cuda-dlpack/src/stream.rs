@@ -70,10 +70,17 @@ impl ConsumerStream {
     /// The protocol's integer for a consumer's own stream: 1 for the legacy stream, 2 for
     /// the per-thread stream, else its handle.
     pub fn of_stream(stream: &Stream) -> ConsumerStream {
-        match stream.raw() as usize {
+        ConsumerStream::of_stream_raw(stream.raw() as u64)
+    }
+
+    /// As [`of_stream`](Self::of_stream) for a raw `CUstream` value (0, the null stream,
+    /// is the legacy stream in a primary context): what a producer's
+    /// `current_work_stream` gives.
+    pub fn of_stream_raw(raw: u64) -> ConsumerStream {
+        match raw {
             0 | 1 => ConsumerStream::Legacy,
             2 => ConsumerStream::PerThread,
-            h => ConsumerStream::Handle(h as u64),
+            h => ConsumerStream::Handle(h),
         }
     }
 
