@@ -36,6 +36,7 @@ pub const SUITE: &[&str] = &[
     "gpu_rtc",
     "gpu_async",
     "gpu_async_fault",
+    "gpu_dlpack",
 ];
 
 /// Test binaries bundled but run by their own mode, not by `run.sh tests` on one GPU: the
@@ -55,6 +56,10 @@ const TWO_GPU_TESTS: &[&str] = &["peer_copies_between_two_devices"];
 /// Helper binaries that tests start as child processes; bundled in `helpers/`, never run as
 /// tests or benchmarks.
 const HELPERS: &[&str] = &["test_child"];
+
+/// The DLPack extension module's file in `lib/`: the name Python imports (`cudars_dlpack`,
+/// the `#[pymodule]` of cuda-dlpack-py) with the stable-ABI suffix every CPython >= 3.9 loads.
+const DLPACK_MODULE_FILE: &str = "cudars_dlpack.abi3.so";
 
 /// The cargo arguments that build the GPU suite's test binaries (and their helpers).
 const SUITE_BUILD: &[&str] = &[
@@ -250,6 +255,39 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
             }
         }
     }
+    // The DLPack extension module (PyO3, abi3): `import cudars_dlpack` finds it in lib/
+    // under the name of its #[pymodule]; clients_dlpack.py and bench_dlpack.py use it.
+    let ext = cargo_json(
+        &[
+            "build",
+            "-p",
+            "cudars-dlpack-py",
+            "--release",
+            "--message-format=json",
+        ],
+        &env,
+    )?;
+    let mut ext_found = false;
+    for a in artifacts(&ext) {
+        if a.name != "cudars_dlpack_py" {
+            continue;
+        }
+        for from in a
+            .filenames
+            .iter()
+            .filter(|p| p.extension().is_some_and(|x| x == "so"))
+        {
+            let to = dir.join("lib").join(DLPACK_MODULE_FILE);
+            fs::copy(from, &to).map_err(|e| format!("copy {}: {e}", from.display()))?;
+            strip_debug(&to);
+            total += fs::metadata(&to).map_err(|e| e.to_string())?.len();
+            println!("xtask: bundled lib/{DLPACK_MODULE_FILE}");
+            ext_found = true;
+        }
+    }
+    if !ext_found {
+        return fail("cargo built no libcudars_dlpack_py.so for the DLPack extension module");
+    }
     let header = root().join("cuda-mempool-capi/include/cuda_mempool.h");
     if header.is_file() {
         total += fs::copy(&header, dir.join("lib/cuda_mempool.h")).map_err(|e| e.to_string())?;
@@ -354,8 +392,11 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   nccl      the cuda-nccl suite (single- and multi-process, socket transport, a rank killed
 #             mid-collective), then bench_nccl beside torch.distributed; needs >= 2 GPUs.
 #             `run.sh nccl tests` / `run.sh nccl bench` run one part; another word filters tests
-#   bench     every benchmark binary (their own output), then peers.py and workload_bench.py
+#   bench     every benchmark binary (their own output), then peers.py, rtc_peers.py,
+#             bench_dlpack.py and workload_bench.py
 #   rtc-bench bench_rtc and rtc_peers.py alone (cuda-rtc beside CuPy RawKernel and cuda.core)
+#   dlpack-bench  bench_dlpack.py alone (one DLPack exchange each way through lib/cudars_dlpack,
+#             beside cupy.from_dlpack(torch) and torch.from_dlpack(jax))
 #   workloads the PyTorch / CuPy workload benchmark alone (workload_bench.py; ~4 min on an H200)
 #   examples  every example
 # The test modes end with one line: "GPU suite: N passed, N failed on <device>".
@@ -483,6 +524,7 @@ case "$mode" in
     if [ "${#extra[@]}" -eq 0 ] && command -v python3 >/dev/null; then
       echo "=== peers (CuPy, PyTorch)"; python3 "$here/peers.py" --traces "$here/traces"
       echo "=== rtc peers (CuPy RawKernel, cuda.core Program)"; python3 "$here/rtc_peers.py" || echo "(exit $?)"
+      echo "=== DLPack exchange (cudars_dlpack beside CuPy, PyTorch, JAX)"; python3 "$here/bench_dlpack.py" --lib "$here/lib" || echo "(exit $?)"
       echo "=== workloads (PyTorch, CuPy through the C ABI)"
       python3 "$here/workload_bench.py" --lib "$here/lib/libcudars_mempool_capi.so" --with-plain --budget 330 || echo "(exit $?)"
     fi
@@ -500,6 +542,9 @@ case "$mode" in
     echo "=== bench_rtc"; "$here/bench/bench_rtc" || echo "(exit $?)"
     echo "=== rtc peers (CuPy RawKernel, cuda.core Program)"; python3 "$here/rtc_peers.py" "${extra[@]}" || echo "(exit $?)"
     exit 0 ;;
+  dlpack-bench)
+    export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
+    echo "=== bench_dlpack.py"; python3 "$here/bench_dlpack.py" --lib "$here/lib" "${extra[@]}" || echo "(exit $?)" ;;
   clients) run_clients ;;
   clients-sanitize) run_clients --sanitize ;;
   nccl)
@@ -517,7 +562,7 @@ case "$mode" in
     export CUDA_RS_TRACES="$here/traces"
     for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
   all) "$0" examples; run_tests; two_gpu; "$0" bench; ;;
-  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|workloads|examples|all] [args]"; exit 2 ;;
+  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|dlpack-bench|workloads|examples|all] [args]"; exit 2 ;;
 esac
 echo "GPU suite: $passed passed, $failed failed on $device"
 [ "$failed" -eq 0 ]
