@@ -740,7 +740,9 @@ fn from_dlpack(
         .mutable(writable);
     let view = imported.into_untyped_view(&expect).map_err(dl_err)?;
     let layout = view.layout().clone();
-    let ptr = view.into_device_ptr(&dev.device).map_err(dl_err)?;
+    let ptr = view
+        .into_device_ptr(&dev.device, Some(&consumer))
+        .map_err(dl_err)?;
     IMPORTS.fetch_add(1, Ordering::SeqCst);
     Ok(Imported {
         held: Mutex::new(Some(Held { ptr })),

@@ -30,7 +30,7 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
-use cudars_core::memory::{DeviceAlloc, DevicePtr};
+use cudars_core::memory::{DeviceAlloc, DevicePtr, Handover};
 use cudars_core::{Device, Stream};
 
 use crate::dtype::{DlElem, ElemType};
@@ -498,8 +498,12 @@ impl<T: DlElem> TensorView<T> {
     }
     /// A `cudars_core` view of the elements on `device` (see
     /// [`UntypedView::into_device_ptr`]).
-    pub fn into_device_ptr(self, device: &Device) -> Result<DevicePtr> {
-        self.into_untyped().into_device_ptr(device)
+    pub fn into_device_ptr(
+        self,
+        device: &Device,
+        ordered_on: Option<&Stream>,
+    ) -> Result<DevicePtr> {
+        self.into_untyped().into_device_ptr(device, ordered_on)
     }
 }
 
@@ -545,6 +549,15 @@ impl UntypedView {
     /// A `cudars_core` view of the bytes the elements span on `device`, which now owns the
     /// tensor: copies, memsets and kernels through the workspace's usual API.
     ///
+    /// `ordered_on` is the stream the producer's work was ordered before: the `stream`
+    /// argument given to the producer's `__dlpack__` (or the stream made to wait for its
+    /// current stream). Uses of the view on that stream follow stream order; uses on any
+    /// other stream first wait for a fence recorded on it, and synchronous calls wait for
+    /// that fence on the host (`cudars_core::memory::Handover`, the workspace's one ordering
+    /// rule), so no use of the view races the producer's last writes. `None` when the
+    /// producer's work is known to be complete (the tensor was taken with no pending work,
+    /// or the caller synchronised).
+    ///
     /// Streams that use the view ([`DevicePtr::record_stream`], which every asynchronous view
     /// operation calls) are remembered, and before the deleter runs the host waits for the
     /// work queued on them by then: the producer may reuse the memory as soon as its deleter
@@ -554,7 +567,11 @@ impl UntypedView {
     /// The tensor must be on `device` ([`Error::WrongDevice`]); managed memory is taken to be
     /// usable from it. Writes through the view to a tensor its producer marked read-only
     /// break the producer's contract: check with [`Expect::mutable`] first.
-    pub fn into_device_ptr(self, device: &Device) -> Result<DevicePtr> {
+    pub fn into_device_ptr(
+        self,
+        device: &Device,
+        ordered_on: Option<&Stream>,
+    ) -> Result<DevicePtr> {
         if let Some(actual) = self.layout.device {
             if actual != device.ordinal() as i32 {
                 return Err(Error::WrongDevice {
@@ -573,7 +590,12 @@ impl UntypedView {
         } else {
             self.layout.span
         };
+        let handover = match ordered_on {
+            Some(s) => Some(Handover::new(s)?),
+            None => None,
+        };
         Ok(DevicePtr::new(ImportedAlloc {
+            handover,
             device: *device,
             start,
             size,
@@ -585,6 +607,8 @@ impl UntypedView {
 
 /// The owner behind [`UntypedView::into_device_ptr`].
 struct ImportedAlloc {
+    /// Orders uses off the import's stream after the producer's work.
+    handover: Option<Handover>,
     device: Device,
     start: u64,
     size: usize,
@@ -597,8 +621,9 @@ struct ImportedAlloc {
 // SAFETY: `start..start + size` is the span of a checked CUDA tensor of `device` (or managed
 // memory), which its producer keeps allocated until the deleter runs, in Drop, after the
 // host waited for every stream `record_stream` noted; fields never change; no Rust reference
-// aliases device memory. The producer's earlier work was ordered by the DLPack `stream`
-// argument when the tensor was made (the importer's side of the protocol).
+// aliases device memory. The producer's earlier work was ordered before the `ordered_on`
+// stream (the DLPack `stream` argument); the hand-over orders every other stream and every
+// synchronous use after that stream's fence (or the caller vouched it was complete).
 unsafe impl DeviceAlloc for ImportedAlloc {
     fn device(&self) -> Device {
         self.device
@@ -610,6 +635,9 @@ unsafe impl DeviceAlloc for ImportedAlloc {
         self.size
     }
     fn record_stream(&self, stream: &Stream) -> cudars_core::Result<()> {
+        if let Some(h) = &self.handover {
+            h.order_stream(stream)?;
+        }
         let mut streams = self
             .streams
             .lock()
@@ -621,6 +649,12 @@ unsafe impl DeviceAlloc for ImportedAlloc {
             streams.push(stream.clone());
         }
         Ok(())
+    }
+    fn prepare_synchronous_use(&self) -> cudars_core::Result<()> {
+        match &self.handover {
+            Some(h) => h.wait_host(),
+            None => Ok(()),
+        }
     }
 }
 

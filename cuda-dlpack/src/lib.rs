@@ -25,7 +25,7 @@
 //! let imported = unsafe { ImportedTensor::from_versioned(exported.into_raw())? };
 //! let view = imported.into_view::<u32>(&Expect::new().device(0).contiguous(true))?;
 //! let mut host = vec![0u32; 1024];
-//! view.into_device_ptr(&dev)?.copy_to_host(&mut host)?; // the deleter runs as it drops
+//! view.into_device_ptr(&dev, None)?.copy_to_host(&mut host)?; // the deleter runs as it drops
 //! assert!(host.iter().all(|&x| x == 7));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

@@ -284,8 +284,13 @@ def stream_export(args, rep):
                 bad = int((t != 0x0D0D0D0D).sum().get(stream=s))
         rep.info(f"{consumer}: import and read took {time.time() - t0:.3f} s (the kernel ~0.1 s)")
         rep.check(bad == 0, f"{consumer} on its own stream sees the producer kernel's values ({bad} stale)")
+        # The pool block's free records a fence on every stream that used it, the
+        # consumer's too: free it while that stream is alive.
         del t
         buf.synchronize()
+        del buf
+        gc.collect()
+        s.synchronize()
 
 
 def stream_import(args, rep):

@@ -91,7 +91,7 @@ fn device_memory_round_trip_is_zero_copy() {
     );
     let view: TensorView<u32> = import(exported).into_view(&strict()).unwrap();
     assert_eq!(view.addr(), buf.as_raw() as u64, "zero copy: same address");
-    let ptr = view.into_device_ptr(&dev).unwrap();
+    let ptr = view.into_device_ptr(&dev, None).unwrap();
     assert_eq!(ptr.as_raw(), buf.as_raw());
     assert!(
         read_u32(&ptr).iter().all(|&x| x == 0x1234_5678),
@@ -117,7 +117,7 @@ fn device_memory_owner_is_dropped_exactly_once_on_another_thread() {
     let buf = DevicePtr::alloc(&dev, 4096).unwrap();
     let (t, drops) = export_counted(&buf, &TensorSpec::of::<f32>([1024]));
     let view = import(t).into_view::<f32>(&strict()).unwrap();
-    let ptr = view.into_device_ptr(&dev).unwrap();
+    let ptr = view.into_device_ptr(&dev, None).unwrap();
     ptr.memset_u32(0).unwrap();
     assert_eq!(drops.load(Ordering::SeqCst), 0);
     std::thread::spawn(move || drop(ptr)).join().unwrap();
@@ -155,7 +155,7 @@ fn a_pool_block_stays_out_of_reuse_while_exported() {
     }
     drop(others);
     stream.synchronize().unwrap();
-    let ptr = consumer.into_device_ptr(&dev).unwrap();
+    let ptr = consumer.into_device_ptr(&dev, None).unwrap();
     assert!(read_u32(&ptr).iter().all(|&x| x == 7));
     assert_eq!(drops.load(Ordering::SeqCst), 0);
     drop(ptr);
@@ -171,7 +171,14 @@ fn the_consumer_stream_waits_for_a_slow_producer() {
     let k = Kernels::load(&dev).unwrap();
     let producer = Stream::builder(&dev).non_blocking(true).build().unwrap();
     let consumer = Stream::builder(&dev).non_blocking(true).build().unwrap();
-    for owner in ["device memory", "pool block"] {
+    // Read on the consumer's stream, then through a synchronous copy (legacy stream), which
+    // the view's hand-over makes wait for the consumer stream's fence.
+    for (owner, read) in [
+        ("device memory", "consumer stream"),
+        ("pool block", "consumer stream"),
+        ("device memory", "synchronous copy"),
+        ("pool block", "synchronous copy"),
+    ] {
         let pool = Arc::new(DevicePool::new_driver().unwrap());
         let buf: DevicePtr = match owner {
             "pool block" => pool.malloc_shared(&producer, 4 << 20).unwrap().into(),
@@ -196,17 +203,22 @@ fn the_consumer_stream_waits_for_a_slow_producer() {
         let view = import(t)
             .into_view::<u32>(&strict())
             .unwrap()
-            .into_device_ptr(&dev)
+            .into_device_ptr(&dev, Some(&consumer))
             .unwrap();
         let mut host = vec![0u32; 1 << 20];
-        // SAFETY: `host` is untouched until `consumer` is synchronised below.
-        unsafe { view.copy_to_host_async(&mut host, &consumer) }.unwrap();
-        consumer.synchronize().unwrap();
+        if read == "consumer stream" {
+            // SAFETY: `host` is untouched until `consumer` is synchronised below.
+            unsafe { view.copy_to_host_async(&mut host, &consumer) }.unwrap();
+            consumer.synchronize().unwrap();
+        } else {
+            view.copy_to_host(&mut host).unwrap();
+        }
         let stale = host.iter().filter(|&&x| x != 0xfeed_beef).count();
         assert_eq!(
             stale, 0,
-            "{owner}: the consumer read {stale} elements before the producer's kernel wrote them"
+            "{owner}, {read}: read {stale} elements before the producer's kernel wrote them"
         );
+        drop(view);
         producer.synchronize().unwrap();
     }
 }
@@ -222,7 +234,7 @@ fn dropping_a_consumer_view_waits_for_its_streams_before_the_deleter() {
     let ptr = import(t)
         .into_view::<u32>(&strict())
         .unwrap()
-        .into_device_ptr(&dev)
+        .into_device_ptr(&dev, None)
         .unwrap();
     k.fill_after_spin(&stream, &ptr, 9, SLOW).unwrap();
     drop(ptr);
@@ -268,7 +280,7 @@ fn refusals_on_real_memory() {
     assert!(import(t)
         .into_view::<f32>(&strict())
         .unwrap()
-        .into_device_ptr(&other)
+        .into_device_ptr(&other, None)
         .is_ok());
     assert_eq!(
         Arc::strong_count(buf.owner()),
@@ -297,7 +309,7 @@ fn a_hundred_thousand_exchanges_leave_memory_flat() {
         let view = import(t).into_view::<f32>(&strict()).unwrap();
         if i % 1000 == 0 {
             // Through a DevicePtr now and then, on the stream, as a consumer would.
-            let ptr = view.into_device_ptr(&dev).unwrap();
+            let ptr = view.into_device_ptr(&dev, None).unwrap();
             ptr.memset_async(0, &stream).unwrap();
         }
     }
