@@ -25,6 +25,16 @@
 //! producer's DLPack 1.3 C exchange API (`type(obj).__dlpack_c_exchange_api__`, PyTorch
 //! 2.10+) when it has one: `managed_tensor_from_py_object_no_sync`, then the consumer stream
 //! is ordered after the producer's `current_work_stream`. `stream=-1` asks for no ordering.
+//!
+//! `Tensor` also offers the producer side of that C API: `Tensor.__dlpack_c_exchange_api__`
+//! is a capsule (`dlpack_exchange_api`) of a static `DLPackExchangeAPI` table (the struct of
+//! dlpack.h 1.3, through dlpark): managed and non-owning exports of a `Tensor`, an importer
+//! that wraps a foreign tensor as `Imported`, an allocator of device memory, and the current
+//! work stream (the module's producer stream).
+//!
+//! A pool block's free records a fence on every stream that used it, the streams passed as
+//! `__dlpack__(stream=...)` included: such a stream must stay alive until the block is freed
+//! (the frameworks' default and pooled streams always are).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -237,12 +247,16 @@ impl Buffer {
         if let Some(s) = strides {
             spec = spec.strides(s);
         }
-        spec.check(self.view.as_raw(), self.view.len())
+        let strides = spec
+            .check(self.view.as_raw(), self.view.len())
             .map_err(dl_err)?;
+        let mut dims = spec.shape().to_vec();
+        dims.extend_from_slice(&strides);
         Ok(Tensor {
             view: self.view.clone(),
             dev: self.dev.clone(),
             spec,
+            dims,
         })
     }
 }
@@ -253,6 +267,9 @@ struct Tensor {
     view: DevicePtr,
     dev: Arc<PerDevice>,
     spec: TensorSpec,
+    /// Shape then strides (in elements), never changed: what a non-owning `DLTensor` of the
+    /// C exchange API points to while the object lives.
+    dims: Vec<i64>,
 }
 
 unsafe extern "C" fn capsule_versioned_destructor(capsule: *mut ffi::PyObject) {
@@ -393,6 +410,13 @@ impl Tensor {
         // SAFETY: a new reference or null with an exception set (then the tensor leaked
         // with the failed capsule: PyCapsule_New fails only out of memory).
         Ok(unsafe { Bound::from_owned_ptr_or_err(py, capsule) }?.unbind())
+    }
+
+    /// The DLPack 1.3 C exchange API of this type: a capsule named `dlpack_exchange_api`
+    /// holding a static `DLPackExchangeAPI` (see `exchange`).
+    #[classattr]
+    fn __dlpack_c_exchange_api__(py: Python<'_>) -> PyResult<Py<PyAny>> {
+        exchange::capsule(py)
     }
 
     /// `(kDLCUDA, ordinal)`.
@@ -731,17 +755,28 @@ fn from_dlpack(
             take_capsule(&capsule)?
         }
     };
-    let version = imported.version().map(|v| (v.major, v.minor));
-    let read_only = imported.is_read_only();
     let expect = Expect::new()
         .device(ordinal as i32)
         .allow_managed(true)
         .contiguous(contiguous)
         .mutable(writable);
-    let view = imported.into_untyped_view(&expect).map_err(dl_err)?;
+    make_imported(imported, &expect, dev, consumer, via_c_api)
+}
+
+/// Checks an imported tensor and wraps it for Python, its uses ordered after `stream`.
+fn make_imported(
+    imported: ImportedTensor,
+    expect: &Expect,
+    dev: Arc<PerDevice>,
+    stream: Stream,
+    via_c_api: bool,
+) -> PyResult<Imported> {
+    let version = imported.version().map(|v| (v.major, v.minor));
+    let read_only = imported.is_read_only();
+    let view = imported.into_untyped_view(expect).map_err(dl_err)?;
     let layout = view.layout().clone();
     let ptr = view
-        .into_device_ptr(&dev.device, Some(&consumer))
+        .into_device_ptr(&dev.device, Some(&stream))
         .map_err(dl_err)?;
     IMPORTS.fetch_add(1, Ordering::SeqCst);
     Ok(Imported {
@@ -750,7 +785,7 @@ fn from_dlpack(
         version,
         read_only,
         via_c_api,
-        stream: consumer,
+        stream,
         dev,
     })
 }
@@ -858,4 +893,233 @@ fn cudars_dlpack_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(has_c_exchange_api, m)?)?;
     m.add("DLPACK_VERSION", (1u32, 3u32))?;
     Ok(())
+}
+
+/// The producer side of the DLPack 1.3 C exchange API for `Tensor`: a static table of C
+/// functions that a consumer finds through `type(t).__dlpack_c_exchange_api__` and calls
+/// with the GIL held, without going through `__dlpack__`. None of them synchronises: the
+/// consumer orders its work after `current_work_stream` (the module's producer stream).
+mod exchange {
+    use super::*;
+    use cudars_dlpack::ffi::{
+        DLDataType, DLDeviceType, DLPackExchangeAPIHeader, DLPackVersion, DLTensor,
+    };
+    use std::ffi::{c_char, c_int, CString};
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    /// The table: static for the life of the process, as the spec asks.
+    struct Table(DLPackExchangeAPI);
+    // SAFETY: the table is immutable; its one pointer (`prev_api`) is null.
+    unsafe impl Sync for Table {}
+
+    static TABLE: Table = Table(DLPackExchangeAPI {
+        header: DLPackExchangeAPIHeader {
+            version: DLPackVersion { major: 1, minor: 3 },
+            prev_api: std::ptr::null_mut(),
+        },
+        managed_tensor_allocator: Some(allocator),
+        managed_tensor_from_py_object_no_sync: Some(managed_from_py),
+        managed_tensor_to_py_object_no_sync: Some(managed_to_py),
+        dltensor_from_py_object_no_sync: Some(dltensor_from_py),
+        current_work_stream: Some(current_work_stream),
+    });
+
+    pub(super) fn capsule(py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let ptr = (&raw const TABLE.0).cast_mut().cast::<c_void>();
+        // SAFETY: a static table and a static name; no destructor (nothing to free).
+        let cap = unsafe { ffi::PyCapsule_New(ptr, CAPSULE_EXCHANGE_API.as_ptr(), None) };
+        // SAFETY: a new reference, or null with an exception set.
+        Ok(unsafe { Bound::from_owned_ptr_or_err(py, cap) }?.unbind())
+    }
+
+    /// Runs `f` with the GIL the caller holds; an error or a panic becomes a Python exception
+    /// and -1.
+    fn guarded(f: impl FnOnce(Python<'_>) -> PyResult<()>) -> c_int {
+        // SAFETY: every entry of the table is called with the GIL held (the spec's contract
+        // for these functions).
+        let py = unsafe { Python::assume_attached() };
+        match catch_unwind(AssertUnwindSafe(|| f(py))) {
+            Ok(Ok(())) => 0,
+            Ok(Err(e)) => {
+                e.restore(py);
+                -1
+            }
+            Err(_) => {
+                PyRuntimeError::new_err("cudars_dlpack: panic in the C exchange API").restore(py);
+                -1
+            }
+        }
+    }
+
+    fn tensor_of<'py>(py: Python<'py>, obj: *mut c_void) -> PyResult<Bound<'py, Tensor>> {
+        if obj.is_null() {
+            return Err(PyValueError::new_err("null object"));
+        }
+        // SAFETY: the consumer passes a live object (the spec's contract).
+        let any = unsafe { Bound::from_borrowed_ptr(py, obj.cast::<ffi::PyObject>()) };
+        any.cast::<Tensor>()
+            .cloned()
+            .map_err(|_| PyTypeError::new_err("not a cudars_dlpack.Tensor"))
+    }
+
+    unsafe extern "C" fn managed_from_py(
+        py_object: *mut c_void,
+        out: *mut *mut DLManagedTensorVersioned,
+    ) -> c_int {
+        guarded(|py| {
+            let t = tensor_of(py, py_object)?;
+            if out.is_null() {
+                return Err(PyValueError::new_err("null out pointer"));
+            }
+            let raw = t.get().export()?.into_raw();
+            // SAFETY: a valid out-pointer (checked non-null; the consumer's contract).
+            unsafe { *out = raw };
+            Ok(())
+        })
+    }
+
+    unsafe extern "C" fn dltensor_from_py(py_object: *mut c_void, out: *mut DLTensor) -> c_int {
+        guarded(|py| {
+            let t = tensor_of(py, py_object)?;
+            if out.is_null() {
+                return Err(PyValueError::new_err("null out pointer"));
+            }
+            let t = t.get();
+            let ndim = t.spec.shape().len();
+            let dims = t.dims.as_ptr().cast_mut();
+            let tensor = DLTensor {
+                data: (t.view.as_raw() + t.spec.offset() as u64) as usize as *mut c_void,
+                device: DLDevice {
+                    device_type: device_type::CUDA,
+                    device_id: t.view.device().ordinal() as i32,
+                },
+                ndim: ndim as i32,
+                dtype: t.spec.elem().to_dl(),
+                shape: if ndim == 0 {
+                    std::ptr::null_mut()
+                } else {
+                    dims
+                },
+                strides: if ndim == 0 {
+                    std::ptr::null_mut()
+                } else {
+                    // SAFETY: `dims` holds 2 * ndim elements.
+                    unsafe { dims.add(ndim) }
+                },
+                byte_offset: 0,
+            };
+            // SAFETY: a valid out-pointer; shape and strides point into the object's own
+            // immutable `dims`, live while the consumer holds the object (the spec's
+            // non-owning contract).
+            unsafe { *out = tensor };
+            Ok(())
+        })
+    }
+
+    unsafe extern "C" fn managed_to_py(
+        tensor: *mut DLManagedTensorVersioned,
+        out_py_object: *mut *mut c_void,
+    ) -> c_int {
+        guarded(|py| {
+            // SAFETY: the caller hands over an owned tensor (ownership is stolen).
+            let imported = unsafe { ImportedTensor::from_versioned(tensor) }.map_err(dl_err)?;
+            let d = imported.device();
+            let dev = per_device(d.device_id.max(0) as usize)?;
+            let stream = dev.producer.clone();
+            let obj = make_imported(
+                imported,
+                &Expect::new().allow_managed(true),
+                dev,
+                stream,
+                true,
+            )?;
+            if out_py_object.is_null() {
+                return Err(PyValueError::new_err("null out pointer"));
+            }
+            let obj = Py::new(py, obj)?;
+            // SAFETY: a valid out-pointer; the new reference goes to the caller.
+            unsafe { *out_py_object = obj.into_ptr().cast() };
+            Ok(())
+        })
+    }
+
+    unsafe extern "C" fn current_work_stream(
+        device_type: DLDeviceType,
+        device_id: i32,
+        out_current_stream: *mut *mut c_void,
+    ) -> c_int {
+        guarded(|_| {
+            if out_current_stream.is_null() {
+                return Err(PyValueError::new_err("null out pointer"));
+            }
+            let stream = if device_type == device_type::CUDA {
+                per_device(device_id.max(0) as usize)?
+                    .producer
+                    .raw()
+                    .cast::<c_void>()
+            } else {
+                std::ptr::null_mut()
+            };
+            // SAFETY: a valid out-pointer.
+            unsafe { *out_current_stream = stream };
+            Ok(())
+        })
+    }
+
+    unsafe extern "C" fn allocator(
+        prototype: *mut DLTensor,
+        out: *mut *mut DLManagedTensorVersioned,
+        error_ctx: *mut c_void,
+        set_error: Option<unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char)>,
+    ) -> c_int {
+        let result = catch_unwind(AssertUnwindSafe(|| -> Result<(), String> {
+            if prototype.is_null() || out.is_null() {
+                return Err("null prototype or out pointer".into());
+            }
+            // SAFETY: the caller's prototype; only dtype, ndim, shape and device are read.
+            let p = unsafe { &*prototype };
+            if p.device.device_type != device_type::CUDA {
+                return Err(format!(
+                    "device type {} is not CUDA",
+                    p.device.device_type.0
+                ));
+            }
+            if p.ndim < 0 || (p.ndim > 0 && p.shape.is_null()) {
+                return Err("invalid prototype shape".into());
+            }
+            let shape = if p.ndim == 0 {
+                Vec::new()
+            } else {
+                // SAFETY: `shape` has `ndim` elements (the DLTensor contract).
+                unsafe { std::slice::from_raw_parts(p.shape, p.ndim as usize) }.to_vec()
+            };
+            let elem = ElemType::from_dl(DLDataType { ..p.dtype }).map_err(|e| e.to_string())?;
+            let n = cudars_dlpack::layout::numel(&shape).map_err(|e| e.to_string())?;
+            let bytes = usize::try_from(n)
+                .ok()
+                .and_then(|n| n.checked_mul(elem.size()))
+                .ok_or("size overflow")?;
+            let device =
+                Device::new(p.device.device_id.max(0) as usize).map_err(|e| e.to_string())?;
+            let view = DevicePtr::alloc(&device, bytes).map_err(|e| e.to_string())?;
+            let spec = TensorSpec::new(elem, shape);
+            let t = ExportedTensor::from_view(&view, &spec).map_err(|e| e.to_string())?;
+            // SAFETY: a valid out-pointer (checked).
+            unsafe { *out = t.into_raw() };
+            Ok(())
+        }));
+        let message = match result {
+            Ok(Ok(())) => return 0,
+            Ok(Err(m)) => m,
+            Err(_) => "panic in the allocator".to_string(),
+        };
+        if let Some(set_error) = set_error {
+            let kind = c"RuntimeError";
+            let msg = CString::new(message.replace('\0', " ")).unwrap_or_default();
+            // SAFETY: the caller's error callback with its context and two C strings that
+            // live for the call.
+            unsafe { set_error(error_ctx, kind.as_ptr(), msg.as_ptr()) };
+        }
+        -1
+    }
 }

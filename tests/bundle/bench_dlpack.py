@@ -18,6 +18,8 @@ Rows:
                                               has __dlpack_c_exchange_api__ (DLPack 1.3)
   ours -> torch, torch.from_dlpack             beside JAX -> torch
   ours -> cupy, cupy.from_dlpack               beside torch -> cupy
+  ours -> ours, C exchange API                 our Tensor's __dlpack_c_exchange_api__, beside
+                                              the same exchange through __dlpack__
   capsule only                                 ours.__dlpack__(...) made and dropped, beside
                                               torch_tensor.__dlpack__(...)
 
@@ -122,6 +124,10 @@ def main():
     if cupy is not None:
         row("ours -> cupy, cupy.from_dlpack", measure("ours -> cupy", lambda: cupy.from_dlpack(ours), args),
             "torch -> cupy, cupy.from_dlpack", peer_torch_cupy)
+    row("ours -> ours, C exchange API, stream=1",
+        measure("ours -> ours (C API)", lambda: cd.from_dlpack(ours, c_api=True, stream=1), args),
+        "ours -> ours, __dlpack__, stream=1",
+        measure("ours -> ours", lambda: cd.from_dlpack(ours, stream=1), args))
     row("capsule only: ours.__dlpack__",
         measure("ours capsule", lambda: ours.__dlpack__(stream=1, max_version=(1, 3)), args),
         "capsule only: torch.__dlpack__",

@@ -26,6 +26,9 @@ Scenarios (each in its own process; --only NAME runs a subset):
                    goes (pool used bytes back to the baseline).
   threads          torch tensors of our exports dropped on other threads, our imports released
                    and dropped on other threads: every deleter once.
+  c_api_self       our own Tensor type's __dlpack_c_exchange_api__ (DLPack 1.3): imported
+                   through it (same address, data, one deleter), its current_work_stream
+                   ordering a slow producer kernel before our read.
   refusals         CPU tensors, dl_device of another device, copy=True, stream=0, an
                    unsupported dtype (complex64), an out-of-bounds view: each a clear error;
                    an unconsumed capsule runs the deleter itself.
@@ -51,7 +54,7 @@ MIB = 1 << 20
 SLOW_CYCLES = 200_000_000  # about 0.1 s of SM clocks on an H200
 
 SCENARIOS = ["torch_export", "torch_import", "cupy_both", "jax_both", "stream_export",
-             "stream_import", "pool_block", "threads", "refusals", "flat"]
+             "stream_import", "pool_block", "threads", "c_api_self", "refusals", "flat"]
 
 SPIN_SRC = r"""
 extern "C" __global__ void spin_fill(int* p, long long n, int v, long long cycles) {
@@ -403,6 +406,31 @@ def threads(args, rep):
         th.join()
     gc.collect()
     rep.check(delta(cd, before, "import_releases") == 8, f"8 imports released or dropped on other threads: 8 releases ({delta(cd, before, 'import_releases')})")
+
+
+def c_api_self(args, rep):
+    cd = load_ext(args)
+    buf = cd.pool_alloc(16 * MIB)
+    t = buf.tensor("int32", (4 * MIB,))
+    rep.check(cd.has_c_exchange_api(t), "our Tensor type offers __dlpack_c_exchange_api__")
+    buf.fill_u32(3)
+    before = cd.stats()
+    imp = cd.from_dlpack(t, c_api=True)
+    rep.check(imp.via_c_api and imp.ptr == buf.ptr, f"imported through the C API at the same address ({imp.via_c_api})")
+    rep.check(imp.version is not None and imp.version[0] == 1, f"versioned tensor {imp.version}")
+    got = memoryview(imp.read()).cast("i")
+    rep.check(got[0] == 3 and got[4 * MIB - 1] == 3, "data")
+    imp.release()
+    rep.check(delta(cd, before, "export_deleters") == 1 and delta(cd, before, "c_api_imports") == 1,
+              "one export, one deleter, one C API import")
+    # A slow kernel on the producer stream: current_work_stream orders our read after it.
+    buf.spin_fill_u32(0x0A0A0A0A, SLOW_CYCLES)
+    imp = cd.from_dlpack(t, c_api=True)
+    got = memoryview(imp.read()).cast("i")
+    bad = sum(1 for i in range(0, 4 * MIB, 4099) if got[i] != 0x0A0A0A0A)
+    rep.check(bad == 0, f"the C API's current_work_stream orders our read after the producer ({bad} stale)")
+    del imp
+    buf.synchronize()
 
 
 def refusals(args, rep):
