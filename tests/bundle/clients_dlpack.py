@@ -81,6 +81,17 @@ def delta(cd, before, key):
     return cd.stats()[key] - before[key]
 
 
+def wait_for(pred, timeout=5.0):
+    """Polls `pred` (a deleter some frameworks run asynchronously, JAX's on its own thread)."""
+    deadline = time.time() + timeout
+    while not pred():
+        if time.time() > deadline:
+            return False
+        gc.collect()
+        time.sleep(0.01)
+    return True
+
+
 def raises(fn, exc_types):
     try:
         fn()
@@ -260,6 +271,9 @@ def jax_both(args, rep):
     rep.check(int(c[0]) == 22, "jax computes on our memory")
     del b, c
     gc.collect()
+    # JAX frees a buffer once its pending uses are done, possibly on another thread.
+    wait_for(lambda: delta(cd, before, "export_deleters") >= 1)
+    time.sleep(0.2)
     rep.check(delta(cd, before, "export_deleters") == 1, f"jax ran the deleter once ({delta(cd, before, 'export_deleters')})")
 
 

@@ -158,10 +158,30 @@ fn a_pool_block_stays_out_of_reuse_while_exported() {
     let ptr = consumer.into_device_ptr(&dev, None).unwrap();
     assert!(read_u32(&ptr).iter().all(|&x| x == 7));
     assert_eq!(drops.load(Ordering::SeqCst), 0);
+    assert!(
+        pool.used_bytes() >= SIZE as u64,
+        "the exported block counts as used"
+    );
     drop(ptr);
     assert_eq!(drops.load(Ordering::SeqCst), 1);
-    let again: DevicePtr = pool.malloc_shared(&stream, SIZE).unwrap().into();
-    assert_eq!(again.as_raw(), addr, "once released, the block is reused");
+    assert_eq!(
+        pool.used_bytes(),
+        0,
+        "once released, the block is free in the pool"
+    );
+    // The five cached blocks' bytes serve five requests without growing the pool: the
+    // released block is among them.
+    let reserved = pool.total_bytes();
+    let again: Vec<DevicePtr> = (0..5)
+        .map(|_| pool.malloc_shared(&stream, SIZE).unwrap().into())
+        .collect();
+    assert_eq!(pool.total_bytes(), reserved, "served from the cache");
+    assert!(
+        again
+            .iter()
+            .any(|b| b.as_raw() <= addr && addr < b.as_raw() + SIZE as u64),
+        "the released block is reused"
+    );
 }
 
 #[test]

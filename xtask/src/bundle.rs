@@ -222,7 +222,9 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
     )?;
     for a in artifacts(&examples) {
         if a.kinds.iter().any(|k| k == "example") {
-            total += copy_exe(&a, &dir.join("examples"), &a.name.clone())?;
+            // Examples lose their symbols too (the suite's binaries keep theirs for
+            // backtraces): a quarter of each, what keeps the bundle under 64 MiB.
+            total += copy_exe_stripped(&a, &dir.join("examples"), &a.name.clone(), Strip::All)?;
         }
     }
     // The C ABI of MemoryPool, for the PyTorch / CuPy workloads (tests/bundle/*.py).
@@ -279,7 +281,8 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
         {
             let to = dir.join("lib").join(DLPACK_MODULE_FILE);
             fs::copy(from, &to).map_err(|e| format!("copy {}: {e}", from.display()))?;
-            strip_debug(&to);
+            // Python needs only its dynamic symbol (PyInit_cudars_dlpack).
+            strip_as(&to, Strip::All);
             total += fs::metadata(&to).map_err(|e| e.to_string())?.len();
             println!("xtask: bundled lib/{DLPACK_MODULE_FILE}");
             ext_found = true;
@@ -344,6 +347,21 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
 
 /// Copies `artifact`'s executable to `to/name`, without debug info; returns its bytes.
 fn copy_exe(artifact: &Artifact, to: &Path, name: &str) -> Result<u64> {
+    copy_exe_stripped(artifact, to, name, Strip::Debug)
+}
+
+/// What `strip` removes from a bundled binary.
+#[derive(Clone, Copy)]
+enum Strip {
+    /// Debug info only: symbols stay, so backtraces name functions (the suite, benchmarks).
+    Debug,
+    /// Debug info and the symbol table (the dynamic symbols stay): examples and the Python
+    /// extension module, whose backtraces matter less than the bundle's size.
+    All,
+}
+
+/// As [`copy_exe`], stripping as `strip` says.
+fn copy_exe_stripped(artifact: &Artifact, to: &Path, name: &str, strip: Strip) -> Result<u64> {
     let Some(exe) = &artifact.executable else {
         return fail(&format!(
             "cargo built `{}` without an executable",
@@ -353,7 +371,7 @@ fn copy_exe(artifact: &Artifact, to: &Path, name: &str) -> Result<u64> {
     fs::create_dir_all(to).map_err(|e| e.to_string())?;
     let dest = to.join(name);
     fs::copy(exe, &dest).map_err(|e| format!("copy {}: {e}", exe.display()))?;
-    strip_debug(&dest);
+    strip_as(&dest, strip);
     make_executable(&dest)?;
     let dir = to.file_name().map(|d| d.to_string_lossy().into_owned());
     println!("xtask: bundled {}/{name}", dir.unwrap_or_default());
@@ -365,8 +383,17 @@ fn copy_exe(artifact: &Artifact, to: &Path, name: &str) -> Result<u64> {
 /// Debug info is most of a binary's size and the bundle must stay under 64 MiB; the symbols
 /// stay, so backtraces still name functions. Best effort: without `strip` the file stays whole.
 fn strip_debug(path: &Path) {
+    strip_as(path, Strip::Debug);
+}
+
+/// `strip --strip-debug` or `--strip-all`, best effort.
+fn strip_as(path: &Path, strip: Strip) {
+    let flag = match strip {
+        Strip::Debug => "--strip-debug",
+        Strip::All => "--strip-all",
+    };
     let _ = std::process::Command::new("strip")
-        .arg("--strip-debug")
+        .arg(flag)
         .arg(path)
         .status();
 }
