@@ -364,6 +364,13 @@ impl Tensor {
                 )));
             }
         }
+        let versioned = matches!(max_version, Some((major, _)) if major >= 1);
+        if self.spec.is_read_only() && !versioned {
+            return Err(PyBufferError::new_err(
+                "the tensor is read-only, which a legacy (pre-1.0) DLPack capsule cannot say: \
+                 pass max_version=(1, 0) or later",
+            ));
+        }
         let consumer = ConsumerStream::from_protocol(stream_arg(stream)?).map_err(dl_err)?;
         {
             let event = self
@@ -901,9 +908,7 @@ fn cudars_dlpack_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// consumer orders its work after `current_work_stream` (the module's producer stream).
 mod exchange {
     use super::*;
-    use cudars_dlpack::ffi::{
-        DLDataType, DLDeviceType, DLPackExchangeAPIHeader, DLPackVersion, DLTensor,
-    };
+    use cudars_dlpack::ffi::{DLDeviceType, DLPackExchangeAPIHeader, DLPackVersion, DLTensor};
     use std::ffi::{c_char, c_int, CString};
     use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -1093,7 +1098,7 @@ mod exchange {
                 // SAFETY: `shape` has `ndim` elements (the DLTensor contract).
                 unsafe { std::slice::from_raw_parts(p.shape, p.ndim as usize) }.to_vec()
             };
-            let elem = ElemType::from_dl(DLDataType { ..p.dtype }).map_err(|e| e.to_string())?;
+            let elem = ElemType::from_dl(p.dtype).map_err(|e| e.to_string())?;
             let n = cudars_dlpack::layout::numel(&shape).map_err(|e| e.to_string())?;
             let bytes = usize::try_from(n)
                 .ok()

@@ -30,8 +30,9 @@ Scenarios (each in its own process; --only NAME runs a subset):
                    through it (same address, data, one deleter), its current_work_stream
                    ordering a slow producer kernel before our read.
   refusals         CPU tensors, dl_device of another device, copy=True, stream=0, an
-                   unsupported dtype (complex64), an out-of-bounds view: each a clear error;
-                   an unconsumed capsule runs the deleter itself.
+                   unsupported dtype (complex64), an out-of-bounds view, a read-only tensor
+                   asked for as a legacy capsule: each a clear error; an unconsumed capsule
+                   runs the deleter itself.
   flat             100,000 exchanges each way (2,000 under --sanitize): every deleter ran,
                    torch's allocated memory, our pool's used bytes and the device's free memory
                    (cuMemGetInfo) unchanged.
@@ -472,6 +473,12 @@ def refusals(args, rep):
     del cap
     gc.collect()
     rep.check(delta(cd, before, "export_deleters") == 2, "unconsumed capsules ran their deleters")
+    ro = buf.tensor("float32", (1024,), read_only=True)
+    check_raises(rep, lambda: ro.__dlpack__(stream=-1), (BufferError,),
+                 "a read-only tensor is not exported as a legacy capsule (no flag to say so)")
+    cap = ro.__dlpack__(stream=-1, max_version=(1, 0))
+    rep.check("dltensor_versioned" in repr(cap), "a read-only tensor is exported versioned")
+    del cap
     imp = cd.from_dlpack(torch.ones(4, device="cuda"))
     check_raises(rep, lambda: cd.from_dlpack(torch.ones(4, device="cuda"), device=1 if torch.cuda.device_count() > 1 else 64),
                  (BufferError, RuntimeError), "another device than the tensor's")
