@@ -3,11 +3,12 @@
 //! host.
 //!
 //! `__dlpack__(stream=S)` tells the producer on which stream the consumer will use the
-//! tensor. For CUDA ([`ConsumerStream::from_protocol`]):
+//! tensor. For CUDA, as the Python array API standard's `__dlpack__` defines it
+//! ([`ConsumerStream::from_protocol`]):
 //!
 //! | `S` | meaning |
 //! | --- | --- |
-//! | `None` (Python's default) | the legacy default stream (the array API standard's rule) |
+//! | `None` (Python's default) | the legacy default stream (the standard's rule; PyTorch's own `__dlpack__` reads `None` as no ordering, which is not what a consumer that passes nothing can rely on) |
 //! | `1` | the legacy default stream (`CU_STREAM_LEGACY`) |
 //! | `2` | the per-thread default stream (`CU_STREAM_PER_THREAD`) |
 //! | `> 2` | a `CUstream` handle |
