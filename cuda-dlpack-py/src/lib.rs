@@ -92,9 +92,21 @@ struct PerDevice {
     consumer: Stream,
     event: Mutex<Event>,
     kernels: OnceLock<Kernels>,
+    /// Counts the work this module issued on `producer`, bumped after each issue.
+    issued: AtomicU64,
+    /// `issued` as read before the legacy stream was last ordered after `producer`: while
+    /// they are equal, the legacy stream (persistent, one per device) already waits for
+    /// everything the module issued there, and an export to it needs no new event.
+    legacy_ordered: AtomicU64,
 }
 
 impl PerDevice {
+    /// Notes that work was just issued on the producer stream (after issuing it: an export
+    /// that reads the count and then records its event covers that work).
+    fn issued_work(&self) {
+        self.issued.fetch_add(1, Ordering::SeqCst);
+    }
+
     fn kernels(&self) -> PyResult<&Kernels> {
         if let Some(k) = self.kernels.get() {
             return Ok(k);
@@ -121,6 +133,8 @@ fn per_device(ordinal: usize) -> PyResult<Arc<PerDevice>> {
         consumer: nb(&device).map_err(runtime)?,
         event: Mutex::new(Event::new(&device).map_err(runtime)?),
         kernels: OnceLock::new(),
+        issued: AtomicU64::new(0),
+        legacy_ordered: AtomicU64::new(u64::MAX),
     });
     map.insert(ordinal, d.clone());
     Ok(d)
@@ -190,15 +204,17 @@ impl Buffer {
     /// Queues a fill of every whole u32 with `value` on the producer stream.
     fn fill_u32(&self, value: u32) -> PyResult<()> {
         let k = self.dev.kernels()?;
-        k.fill(&self.dev.producer, &self.words()?, value)
-            .map_err(runtime)
+        let issued = k.fill(&self.dev.producer, &self.words()?, value);
+        self.dev.issued_work();
+        issued.map_err(runtime)
     }
     /// Queues a kernel that spins for about `cycles` SM clocks, then fills every whole u32
     /// with `value`, on the producer stream: the slow writer of ordering tests.
     fn spin_fill_u32(&self, value: u32, cycles: u64) -> PyResult<()> {
         let k = self.dev.kernels()?;
-        k.fill_after_spin(&self.dev.producer, &self.words()?, value, cycles)
-            .map_err(runtime)
+        let issued = k.fill_after_spin(&self.dev.producer, &self.words()?, value, cycles);
+        self.dev.issued_work();
+        issued.map_err(runtime)
     }
     /// Waits for the producer stream, then copies `data` (exactly `nbytes` bytes) in.
     fn write(&self, py: Python<'_>, data: Vec<u8>) -> PyResult<()> {
@@ -373,17 +389,24 @@ impl Tensor {
         }
         let consumer = ConsumerStream::from_protocol(stream_arg(stream)?).map_err(dl_err)?;
         {
-            let event = self
-                .dev
+            let dev = &self.dev;
+            let event = dev
                 .event
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // The legacy stream (what PyTorch and CuPy pass from their default streams)
+            // needs no new event when it already waits for all the module's producer work.
+            let legacy = consumer == ConsumerStream::Legacy;
+            let seen = dev.issued.load(Ordering::SeqCst);
+            let ordered = legacy && dev.legacy_ordered.load(Ordering::SeqCst) == seen;
+            let producer = (!ordered).then_some(&dev.producer);
             // SAFETY: the stream handle is the consumer's, passed per the protocol, which
             // asks it to be a live stream of this device (the consumer keeps it alive).
-            unsafe {
-                prepare_for_consumer(&self.view, Some(&self.dev.producer), consumer, Some(&event))
+            unsafe { prepare_for_consumer(&self.view, producer, consumer, Some(&event)) }
+                .map_err(dl_err)?;
+            if legacy && !ordered {
+                dev.legacy_ordered.store(seen, Ordering::SeqCst);
             }
-            .map_err(dl_err)?;
         }
         let mut exported = self.export()?;
         let capsule = match max_version {
@@ -823,6 +846,8 @@ fn pool_alloc(py: Python<'_>, nbytes: usize, device: usize) -> PyResult<Buffer> 
     let block = py
         .detach(move || pool.malloc_shared(&producer, nbytes))
         .map_err(runtime)?;
+    // The allocation may have made the producer stream wait for other streams.
+    dev.issued_work();
     Ok(Buffer {
         view: block.into(),
         dev,
@@ -870,7 +895,9 @@ fn mem_get_info(device: usize) -> PyResult<(usize, usize)> {
     per_device(device)?.device.memory_info().map_err(runtime)
 }
 
-/// The handles of the module's producer and consumer streams of a device.
+/// The handles of the module's producer and consumer streams of a device (for tests: work
+/// that others queue on the producer stream is not known to the module, whose exports to
+/// the legacy stream skip the event while it issued nothing new there).
 #[pyfunction]
 #[pyo3(signature = (device=0))]
 fn streams(device: usize) -> PyResult<(u64, u64)> {

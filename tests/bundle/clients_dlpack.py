@@ -16,8 +16,9 @@ Scenarios (each in its own process; --only NAME runs a subset):
   jax_both         JAX arrays imported (same address, data) and our tensors exported to
                    jax.dlpack.from_dlpack (same address, data).
   stream_export    a ~0.1 s kernel on our producer stream writes the block; PyTorch (on a
-                   non-default stream) and CuPy (on a non-blocking stream) import it at once
-                   and read it on their own streams: every element holds the kernel's value.
+                   non-default stream, and on its default stream, twice with new work in
+                   between) and CuPy (on a non-blocking stream) import it at once and read it
+                   on their own streams: every element holds the kernel's value.
   stream_import    torch.cuda._sleep then a fill on a torch stream, and a CuPy RawKernel spin
                    then fill on a CuPy stream; we import at once (our consumer stream passed
                    as the stream argument) and read on our stream: every element is final.
@@ -284,7 +285,7 @@ def stream_export(args, rep):
 
     cd = load_ext(args)
     n = 4 * MIB
-    for consumer in ("torch", "cupy"):
+    for consumer in ("torch", "torch_default", "torch_default_again", "cupy"):
         buf = cd.pool_alloc(4 * n)
         buf.fill_u32(1)
         buf.synchronize()
@@ -295,6 +296,18 @@ def stream_export(args, rep):
             with torch.cuda.stream(s):
                 t = torch.from_dlpack(buf.tensor("int32", (n,)))
                 bad = int((t != 0x0D0D0D0D).sum().item())
+        elif consumer.startswith("torch_default"):
+            # PyTorch's default stream: __dlpack__(stream=1), the legacy stream, which the
+            # module orders once per batch of producer work.
+            s = torch.cuda.current_stream()
+            t = torch.from_dlpack(buf.tensor("int32", (n,)))
+            bad = int((t != 0x0D0D0D0D).sum().item())
+            if consumer == "torch_default_again":
+                # New producer work after an export: the next export orders again.
+                buf.spin_fill_u32(0x0B0B0B0B, SLOW_CYCLES)
+                t2 = torch.from_dlpack(buf.tensor("int32", (n,)))
+                bad += int((t2 != 0x0B0B0B0B).sum().item())
+                del t2
         else:
             s = cupy.cuda.Stream(non_blocking=True)
             with s:
