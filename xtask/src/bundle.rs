@@ -37,6 +37,7 @@ pub const SUITE: &[&str] = &[
     "gpu_rtc",
     "gpu_async",
     "gpu_async_fault",
+    "gpu_dlpack",
 ];
 
 /// Test binaries bundled but run by their own mode, not by `run.sh tests` on one GPU: the
@@ -56,6 +57,10 @@ const TWO_GPU_TESTS: &[&str] = &["peer_copies_between_two_devices"];
 /// Helper binaries that tests start as child processes; bundled in `helpers/`, never run as
 /// tests or benchmarks.
 const HELPERS: &[&str] = &["test_child"];
+
+/// The DLPack extension module's file in `lib/`: the name Python imports (`cudars_dlpack`,
+/// the `#[pymodule]` of cuda-dlpack-py) with the stable-ABI suffix every CPython >= 3.9 loads.
+const DLPACK_MODULE_FILE: &str = "cudars_dlpack.abi3.so";
 
 /// The cargo arguments that build the GPU suite's test binaries (and their helpers).
 const SUITE_BUILD: &[&str] = &[
@@ -218,7 +223,9 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
     )?;
     for a in artifacts(&examples) {
         if a.kinds.iter().any(|k| k == "example") {
-            total += copy_exe(&a, &dir.join("examples"), &a.name.clone())?;
+            // Examples lose their symbols too (the suite's binaries keep theirs for
+            // backtraces): a quarter of each, what keeps the bundle under 64 MiB.
+            total += copy_exe_stripped(&a, &dir.join("examples"), &a.name.clone(), Strip::All)?;
         }
     }
     // The C ABI of MemoryPool, for the PyTorch / CuPy workloads (tests/bundle/*.py).
@@ -250,6 +257,40 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
                 println!("xtask: bundled lib/{}", name.to_string_lossy());
             }
         }
+    }
+    // The DLPack extension module (PyO3, abi3): `import cudars_dlpack` finds it in lib/
+    // under the name of its #[pymodule]; clients_dlpack.py and bench_dlpack.py use it.
+    let ext = cargo_json(
+        &[
+            "build",
+            "-p",
+            "cudars-dlpack-py",
+            "--release",
+            "--message-format=json",
+        ],
+        &env,
+    )?;
+    let mut ext_found = false;
+    for a in artifacts(&ext) {
+        if a.name != "cudars_dlpack_py" {
+            continue;
+        }
+        for from in a
+            .filenames
+            .iter()
+            .filter(|p| p.extension().is_some_and(|x| x == "so"))
+        {
+            let to = dir.join("lib").join(DLPACK_MODULE_FILE);
+            fs::copy(from, &to).map_err(|e| format!("copy {}: {e}", from.display()))?;
+            // Python needs only its dynamic symbol (PyInit_cudars_dlpack).
+            strip_as(&to, Strip::All);
+            total += fs::metadata(&to).map_err(|e| e.to_string())?.len();
+            println!("xtask: bundled lib/{DLPACK_MODULE_FILE}");
+            ext_found = true;
+        }
+    }
+    if !ext_found {
+        return fail("cargo built no libcudars_dlpack_py.so for the DLPack extension module");
     }
     let header = root().join("cuda-mempool-capi/include/cuda_mempool.h");
     if header.is_file() {
@@ -307,6 +348,21 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
 
 /// Copies `artifact`'s executable to `to/name`, without debug info; returns its bytes.
 fn copy_exe(artifact: &Artifact, to: &Path, name: &str) -> Result<u64> {
+    copy_exe_stripped(artifact, to, name, Strip::Debug)
+}
+
+/// What `strip` removes from a bundled binary.
+#[derive(Clone, Copy)]
+enum Strip {
+    /// Debug info only: symbols stay, so backtraces name functions (the suite, benchmarks).
+    Debug,
+    /// Debug info and the symbol table (the dynamic symbols stay): examples and the Python
+    /// extension module, whose backtraces matter less than the bundle's size.
+    All,
+}
+
+/// As [`copy_exe`], stripping as `strip` says.
+fn copy_exe_stripped(artifact: &Artifact, to: &Path, name: &str, strip: Strip) -> Result<u64> {
     let Some(exe) = &artifact.executable else {
         return fail(&format!(
             "cargo built `{}` without an executable",
@@ -316,7 +372,7 @@ fn copy_exe(artifact: &Artifact, to: &Path, name: &str) -> Result<u64> {
     fs::create_dir_all(to).map_err(|e| e.to_string())?;
     let dest = to.join(name);
     fs::copy(exe, &dest).map_err(|e| format!("copy {}: {e}", exe.display()))?;
-    strip_debug(&dest);
+    strip_as(&dest, strip);
     make_executable(&dest)?;
     let dir = to.file_name().map(|d| d.to_string_lossy().into_owned());
     println!("xtask: bundled {}/{name}", dir.unwrap_or_default());
@@ -328,8 +384,17 @@ fn copy_exe(artifact: &Artifact, to: &Path, name: &str) -> Result<u64> {
 /// Debug info is most of a binary's size and the bundle must stay under 64 MiB; the symbols
 /// stay, so backtraces still name functions. Best effort: without `strip` the file stays whole.
 fn strip_debug(path: &Path) {
+    strip_as(path, Strip::Debug);
+}
+
+/// `strip --strip-debug` or `--strip-all`, best effort.
+fn strip_as(path: &Path, strip: Strip) {
+    let flag = match strip {
+        Strip::Debug => "--strip-debug",
+        Strip::All => "--strip-all",
+    };
     let _ = std::process::Command::new("strip")
-        .arg("--strip-debug")
+        .arg(flag)
         .arg(path)
         .status();
 }
@@ -355,10 +420,13 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   nccl      the cuda-nccl suite (single- and multi-process, socket transport, a rank killed
 #             mid-collective), then bench_nccl beside torch.distributed; needs >= 2 GPUs.
 #             `run.sh nccl tests` / `run.sh nccl bench` run one part; another word filters tests
-#   bench     every benchmark binary (their own output), then peers.py and workload_bench.py
+#   bench     every benchmark binary (their own output), then peers.py, rtc_peers.py,
+#             bench_dlpack.py and workload_bench.py
 #   rtc-bench bench_rtc and rtc_peers.py alone (cuda-rtc beside CuPy RawKernel and cuda.core)
 #   graph-bench bench_graph_explicit and graph_peers.py alone (explicit graphs, conditional
 #             nodes and updates beside cuda.core)
+#   dlpack-bench  bench_dlpack.py alone (one DLPack exchange each way through lib/cudars_dlpack,
+#             beside cupy.from_dlpack(torch) and torch.from_dlpack(jax))
 #   workloads the PyTorch / CuPy workload benchmark alone (workload_bench.py; ~4 min on an H200)
 #   examples  every example
 # The test modes end with one line: "GPU suite: N passed, N failed on <device>".
@@ -487,6 +555,7 @@ case "$mode" in
       echo "=== peers (CuPy, PyTorch)"; python3 "$here/peers.py" --traces "$here/traces"
       echo "=== rtc peers (CuPy RawKernel, cuda.core Program)"; python3 "$here/rtc_peers.py" || echo "(exit $?)"
       echo "=== graph peers (cuda.core while node, update)"; python3 "$here/graph_peers.py" || echo "(exit $?)"
+      echo "=== DLPack exchange (cudars_dlpack beside CuPy, PyTorch, JAX)"; python3 "$here/bench_dlpack.py" --lib "$here/lib" || echo "(exit $?)"
       echo "=== workloads (PyTorch, CuPy through the C ABI)"
       python3 "$here/workload_bench.py" --lib "$here/lib/libcudars_mempool_capi.so" --with-plain --budget 330 || echo "(exit $?)"
     fi
@@ -510,6 +579,10 @@ case "$mode" in
     echo "=== bench_graph_explicit"; "$here/bench/bench_graph_explicit" || echo "(exit $?)"
     echo "=== graph peers (cuda.core while node, update)"; python3 "$here/graph_peers.py" "${extra[@]}" || echo "(exit $?)"
     exit 0 ;;
+  dlpack-bench)
+    export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
+    echo "=== bench_dlpack.py"; python3 "$here/bench_dlpack.py" --lib "$here/lib" "${extra[@]}" || echo "(exit $?)"
+    exit 0 ;;
   clients) run_clients ;;
   clients-sanitize) run_clients --sanitize ;;
   nccl)
@@ -527,7 +600,7 @@ case "$mode" in
     export CUDA_RS_TRACES="$here/traces"
     for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
   all) "$0" examples; run_tests; two_gpu; "$0" bench; ;;
-  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|graph-bench|workloads|examples|all] [args]"; exit 2 ;;
+  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|graph-bench|dlpack-bench|workloads|examples|all] [args]"; exit 2 ;;
 esac
 echo "GPU suite: $passed passed, $failed failed on $device"
 [ "$failed" -eq 0 ]

@@ -38,6 +38,7 @@ const LIBRARY_PACKAGES: &[&str] = &[
     "cudars-nccl",
     "cudars-rtc-sys",
     "cudars-rtc",
+    "cudars-dlpack",
 ];
 
 fn main() -> ExitCode {
