@@ -64,7 +64,8 @@ pub const GRAPH_COND_TYPE_SWITCH: u32 = 2;
 pub const GRAPH_COND_ASSIGN_DEFAULT: c_uint = 1;
 
 /// `CUDA_CONDITIONAL_NODE_PARAMS` (12.3), written out so that it exists whatever headers the
-/// bindings came from. `phGraph_out` receives `size` body graphs, owned by the node.
+/// bindings came from. On success the driver points `phGraph_out` at its own array of `size`
+/// body graphs, owned by the node (pass it null).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ConditionalNodeParams {
@@ -74,7 +75,7 @@ pub struct ConditionalNodeParams {
     pub type_: u32,
     /// Number of body graphs: 1 for if and while, 2 for if/else, n for a switch.
     pub size: c_uint,
-    /// Out: an array of `size` body graphs the driver fills.
+    /// Out: set by the driver to its array of `size` body graphs (valid as long as the node).
     pub ph_graph_out: *mut CUgraph,
     /// The context the node's bodies run in.
     pub ctx: CUcontext,
@@ -478,8 +479,8 @@ impl Driver {
     }
 
     /// `cuGraphAddNode` (the 12.2 ABI, no edge data) with a conditional node's parameters:
-    /// adds an if, while or switch node to `graph` and fills `params.conditional.ph_graph_out`
-    /// with its body graphs.
+    /// adds an if, while or switch node to `graph` and points `params.conditional.ph_graph_out`
+    /// at the node's array of body graphs.
     ///
     /// # Safety
     ///

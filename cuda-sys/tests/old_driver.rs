@@ -140,14 +140,17 @@ extern "C" fn graph_add_node(
     // SAFETY: valid pointers from the test; the params are a conditional node's.
     unsafe {
         *node = 0x40 as CUgraphNode;
-        let p = &*params;
+        let p = &mut *params;
         assert_eq!(p.type_, compat::GRAPH_NODE_TYPE_CONDITIONAL);
-        for i in 0..p.conditional.size as usize {
-            *p.conditional.ph_graph_out.add(i) = (0x100 + i) as CUgraph;
-        }
+        assert!(p.conditional.size as usize <= FAKE_BODIES.len());
+        // As the driver does: phGraph_out is pointed at the node's own array of bodies.
+        p.conditional.ph_graph_out = std::ptr::addr_of!(FAKE_BODIES) as *mut CUgraph;
     }
     ran(GRAPH_ADD_NODE, 0)
 }
+/// The fake driver's body graphs of a conditional node (addresses only, never used).
+static FAKE_BODIES: [usize; 4] = [0x100, 0x101, 0x102, 0x103];
+
 extern "C" fn cond_handle(
     handle: *mut u64,
     _: CUgraph,
@@ -422,12 +425,11 @@ fn a_driver_older_than_the_bindings_is_never_handed_a_newer_abi() {
             ("cuGraphConditionalHandleCreate", 12030)
         );
         let mut node: CUgraphNode = std::ptr::null_mut();
-        let mut bodies = [std::ptr::null_mut(); 1];
         let mut params = compat::GraphNodeParams::conditional(compat::ConditionalNodeParams {
             handle: 1,
             type_: compat::GRAPH_COND_TYPE_WHILE,
             size: 1,
-            ph_graph_out: bodies.as_mut_ptr(),
+            ph_graph_out: std::ptr::null_mut(),
             ctx: std::ptr::null_mut(),
         });
         let err = driver
@@ -535,12 +537,11 @@ fn a_driver_as_new_as_the_bindings_gets_every_entry_point_and_the_new_abis() {
         assert_eq!(LAST.load(Ordering::SeqCst), COND_HANDLE);
         assert_eq!(LAST_DEVICE.load(Ordering::SeqCst), 11, "default 1, flags 1");
         let mut node: CUgraphNode = std::ptr::null_mut();
-        let mut bodies = [std::ptr::null_mut(); 3];
         let mut params = compat::GraphNodeParams::conditional(compat::ConditionalNodeParams {
             handle,
             type_: compat::GRAPH_COND_TYPE_SWITCH,
             size: 3,
-            ph_graph_out: bodies.as_mut_ptr(),
+            ph_graph_out: std::ptr::null_mut(),
             ctx: std::ptr::null_mut(),
         });
         let r = driver.graph_add_conditional_node(
@@ -553,7 +554,12 @@ fn a_driver_as_new_as_the_bindings_gets_every_entry_point_and_the_new_abis() {
         assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
         assert_eq!(LAST.load(Ordering::SeqCst), GRAPH_ADD_NODE);
         assert_eq!(node as usize, 0x40);
-        assert_eq!(bodies.map(|b| b as usize), [0x100, 0x101, 0x102]);
+        // The fake pointed phGraph_out at its array of (at least) 3 bodies.
+        let out = std::slice::from_raw_parts(params.conditional.ph_graph_out, 3);
+        assert_eq!(
+            out.iter().map(|b| *b as usize).collect::<Vec<_>>(),
+            [0x100, 0x101, 0x102]
+        );
 
         let r = driver.mem_prefetch_async(0x10, 64, host_numa, 0, std::ptr::null_mut());
         assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));

@@ -249,23 +249,30 @@ fn pitched_2d_and_3d_copy_nodes() {
     // SAFETY: the launch is complete.
     unsafe { host.read(&mut flat) }.unwrap();
     assert_eq!(flat, data[..64 * 7]);
-    // The 3-D node updated: the same block, packed (pitch 40, 5 rows per slice).
-    let packed = t.alloc(40 * 5 * 3);
+    // The 3-D node updated: the same block into another buffer of the same layout (the
+    // driver takes new addresses in an executable copy node, not a new shape or pitch).
+    let moved = t.alloc(dp * dr * slices);
+    moved.memset(0).unwrap();
     exec.set_memcpy_3d(
         n3,
-        Pitched::new(&packed, 40, 5),
+        Pitched::new(&moved, dp, dr),
         Pitched::new(&src, sp, sr),
         e3,
     )
     .unwrap();
     exec.launch(&t.stream).unwrap();
     t.stream.synchronize().unwrap();
-    let mut got = vec![0u8; packed.len()];
-    packed.copy_to_host(&mut got).unwrap();
+    let mut got = vec![0u8; moved.len()];
+    moved.copy_to_host(&mut got).unwrap();
     for z in 0..slices {
-        for r in 0..5 {
-            for x in 0..40 {
-                assert_eq!(got[(z * 5 + r) * 40 + x], data[(z * sr + r) * sp + x]);
+        for r in 0..dr {
+            for x in 0..dp {
+                let want = if r < e3.height && x < e3.width {
+                    data[(z * sr + r) * sp + x]
+                } else {
+                    0
+                };
+                assert_eq!(got[(z * dr + r) * dp + x], want, "moved: slice {z} row {r} byte {x}");
             }
         }
     }

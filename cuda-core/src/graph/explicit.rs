@@ -634,7 +634,6 @@ pub unsafe fn add_conditional_node(
             "a switch node needs at least one body".into(),
         ));
     }
-    let mut bodies: Vec<CUgraph> = vec![std::ptr::null_mut(); size as usize];
     let type_ = match kind {
         ConditionalKind::If | ConditionalKind::IfElse => GRAPH_COND_TYPE_IF,
         ConditionalKind::While => GRAPH_COND_TYPE_WHILE,
@@ -644,11 +643,12 @@ pub unsafe fn add_conditional_node(
         handle,
         type_,
         size,
-        ph_graph_out: bodies.as_mut_ptr(),
+        // Out: the driver points this at its own array of `size` body graphs.
+        ph_graph_out: std::ptr::null_mut(),
         ctx,
     });
     let mut node: CUgraphNode = std::ptr::null_mut();
-    // SAFETY: the caller's contract; `params` and the body array live for the call.
+    // SAFETY: the caller's contract; `params` lives for the call.
     unsafe {
         drv!(graph_add_conditional_node as "cuGraphAddNode" (
             &mut node,
@@ -658,6 +658,20 @@ pub unsafe fn add_conditional_node(
             &mut params
         ))
     }?;
+    let out = params.conditional.ph_graph_out;
+    if out.is_null() {
+        return Err(Error::InvalidArgument(
+            "cuGraphAddNode returned no body graphs for a conditional node".into(),
+        ));
+    }
+    // SAFETY: on success the driver set `phGraph_out` to its array of `size` body graphs,
+    // valid for the node's lifetime (CUDA_CONDITIONAL_NODE_PARAMS); copied out at once.
+    let bodies = unsafe { std::slice::from_raw_parts(out, size as usize) }.to_vec();
+    if bodies.iter().any(|b| b.is_null()) {
+        return Err(Error::InvalidArgument(
+            "cuGraphAddNode returned a null body graph for a conditional node".into(),
+        ));
+    }
     Ok((node, bodies))
 }
 
