@@ -289,6 +289,9 @@ impl ImportedTensor {
             return Err(Error::ReadOnly);
         }
         let span = usize::try_from(hi - lo).map_err(|_| Error::Overflow("byte span"))?;
+        // `lo` is at least `-addr`, which may be below `i64::MIN` for an address above 2^63:
+        // never truncated (a wrapped `first_byte` would put the view's start elsewhere).
+        let first_byte = i64::try_from(lo).map_err(|_| Error::Overflow("first byte reached"))?;
         Ok(Layout {
             elem,
             device: if managed {
@@ -300,7 +303,7 @@ impl ImportedTensor {
             shape,
             strides,
             contiguous,
-            first_byte: lo as i64,
+            first_byte,
             span,
             numel,
         })
