@@ -30,10 +30,10 @@ Scenarios (each in its own process; --only NAME runs a subset):
   c_api_self       our own Tensor type's __dlpack_c_exchange_api__ (DLPack 1.3): imported
                    through it (same address, data, one deleter), its current_work_stream
                    ordering a slow producer kernel before our read.
-  refusals         CPU tensors, dl_device of another device, copy=True, stream=0, an
-                   unsupported dtype (complex64), an out-of-bounds view, a read-only tensor
-                   asked for as a legacy capsule: each a clear error; an unconsumed capsule
-                   runs the deleter itself.
+  refusals         CPU tensors, dl_device of another device, copy=True, stream=0 or
+                   3..0xffff (no handle), an unsupported dtype (complex64), an out-of-bounds
+                   view, a read-only tensor asked for as a legacy capsule: each a clear error;
+                   an unconsumed capsule runs the deleter itself.
   flat             100,000 exchanges each way (2,000 under --sanitize): every deleter ran,
                    torch's allocated memory, our pool's used bytes and the device's free memory
                    (cuMemGetInfo) unchanged.
@@ -473,6 +473,13 @@ def refusals(args, rep):
     check_raises(rep, lambda: t.__dlpack__(dl_device=(2, 99)), (BufferError,), "dl_device of another device")
     check_raises(rep, lambda: t.__dlpack__(copy=True), (BufferError,), "copy=True")
     check_raises(rep, lambda: t.__dlpack__(stream=0), (ValueError,), "stream=0 (ambiguous)")
+    # Integers no CUstream pointer can have (a stream id, a device ordinal): refused before the
+    # driver reads through them (a larger garbage integer cannot be caught: it crashes).
+    for bad in (3, 7, 0xFFFF):
+        check_raises(rep, lambda: t.__dlpack__(stream=bad, max_version=(1, 3)), (ValueError,),
+                     f"stream={bad} is no stream handle")
+        check_raises(rep, lambda: cd.from_dlpack(t, stream=bad), (ValueError,),
+                     f"from_dlpack(stream={bad}) is no stream handle")
     check_raises(rep, lambda: buf.tensor("float32", (1025,)), (BufferError,), "a view past the end")
     check_raises(rep, lambda: buf.tensor("float32", (4,), None, 2), (BufferError,), "a misaligned offset")
     check_raises(rep, lambda: buf.tensor("complex64"), (ValueError,), "an unknown dtype name")
