@@ -1017,6 +1017,14 @@ mod exchange {
                 return Err(PyValueError::new_err("null out pointer"));
             }
             let t = t.get();
+            // A non-owning DLTensor has no flags: a consumer would take a read-only view as
+            // writable (the rule `__dlpack__` applies to legacy capsules).
+            if t.spec.is_read_only() {
+                return Err(PyBufferError::new_err(
+                    "the tensor is read-only, which a bare DLTensor cannot say: use \
+                     managed_tensor_from_py_object_no_sync or __dlpack__",
+                ));
+            }
             let ndim = t.spec.shape().len();
             let dims = t.dims.as_ptr().cast_mut();
             let tensor = DLTensor {

@@ -29,7 +29,8 @@ Scenarios (each in its own process; --only NAME runs a subset):
                    and dropped on other threads: every deleter once.
   c_api_self       our own Tensor type's __dlpack_c_exchange_api__ (DLPack 1.3): imported
                    through it (same address, data, one deleter), its current_work_stream
-                   ordering a slow producer kernel before our read.
+                   ordering a slow producer kernel before our read; dltensor_from_py_object_no_sync
+                   (through ctypes) refusing a read-only tensor.
   refusals         CPU tensors, dl_device of another device, copy=True, stream=0 or
                    3..0xffff (no handle), an unsupported dtype (complex64), an out-of-bounds
                    view, a read-only tensor asked for as a legacy capsule: each a clear error;
@@ -459,6 +460,23 @@ def c_api_self(args, rep):
     rep.check(bad == 0, f"the C API's current_work_stream orders our read after the producer ({bad} stale)")
     del imp
     buf.synchronize()
+    # dltensor_from_py_object_no_sync (a bare DLTensor, no flags) through ctypes, as a C
+    # consumer calls it with the GIL held: a writable tensor is described, a read-only one
+    # refused (a bare DLTensor cannot say read-only).
+    import ctypes
+
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    table = get(type(t).__dlpack_c_exchange_api__, b"dlpack_exchange_api")
+    fns = (ctypes.c_void_p * 5).from_address(table + 16)
+    dltensor_from_py = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p)(fns[3])
+    out = (ctypes.c_uint64 * 6)()
+    rc = dltensor_from_py(t, ctypes.addressof(out))
+    rep.check(rc == 0 and out[0] == buf.ptr, f"dltensor_from_py_object_no_sync describes a tensor ({rc}, {out[0]:#x})")
+    ro = buf.tensor("int32", (4 * MIB,), read_only=True)
+    check_raises(rep, lambda: dltensor_from_py(ro, ctypes.addressof(out)), (BufferError,),
+                 "dltensor_from_py_object_no_sync refuses a read-only tensor (no flag to say so)")
 
 
 def refusals(args, rep):
