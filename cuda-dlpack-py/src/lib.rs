@@ -623,8 +623,14 @@ impl Imported {
         let view = self.contiguous_view()?;
         let n = view.len() / 4 * 4;
         let k = self.dev.kernels()?;
-        k.fill(&self.stream, &view.slice(..n).map_err(runtime)?, value)
-            .map_err(runtime)
+        let issued = k.fill(&self.stream, &view.slice(..n).map_err(runtime)?, value);
+        // An import through the C API's `managed_tensor_to_py_object_no_sync` works on the
+        // producer stream: count the fill there, or the next export to the legacy stream
+        // would skip its event and a consumer could read before it.
+        if self.stream.raw() == self.dev.producer.raw() {
+            self.dev.issued_work();
+        }
+        issued.map_err(runtime)
     }
     /// Waits for the import's stream.
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {

@@ -31,6 +31,9 @@ Scenarios (each in its own process; --only NAME runs a subset):
                    through it (same address, data, one deleter), its current_work_stream
                    ordering a slow producer kernel before our read; dltensor_from_py_object_no_sync
                    (through ctypes) refusing a read-only tensor.
+  c_api_to_py      managed_tensor_to_py_object_no_sync (called through ctypes) wraps a tensor
+                   as an import on our producer stream; a fill queued on it behind slow work
+                   is seen by torch on its default stream (the legacy-stream export counts it).
   refusals         CPU tensors, dl_device of another device, copy=True, stream=0 or
                    3..0xffff (no handle), an unsupported dtype (complex64), an out-of-bounds
                    view, a read-only tensor asked for as a legacy capsule: each a clear error;
@@ -57,7 +60,8 @@ MIB = 1 << 20
 SLOW_CYCLES = 200_000_000  # about 0.1 s of SM clocks on an H200
 
 SCENARIOS = ["torch_export", "torch_import", "cupy_both", "jax_both", "stream_export",
-             "stream_import", "pool_block", "threads", "c_api_self", "refusals", "flat"]
+             "stream_import", "pool_block", "threads", "c_api_self", "c_api_to_py", "refusals",
+             "flat"]
 
 SPIN_SRC = r"""
 extern "C" __global__ void spin_fill(int* p, long long n, int v, long long cycles) {
@@ -477,6 +481,51 @@ def c_api_self(args, rep):
     ro = buf.tensor("int32", (4 * MIB,), read_only=True)
     check_raises(rep, lambda: dltensor_from_py(ro, ctypes.addressof(out)), (BufferError,),
                  "dltensor_from_py_object_no_sync refuses a read-only tensor (no flag to say so)")
+
+
+def c_api_to_py(args, rep):
+    import ctypes
+    import torch
+
+    cd = load_ext(args)
+    n = 4 * MIB
+    buf = cd.pool_alloc(4 * n)
+    t = buf.tensor("int32", (n,))
+    buf.fill_u32(1)
+    buf.synchronize()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    table = get(type(t).__dlpack_c_exchange_api__, b"dlpack_exchange_api")
+    fns = (ctypes.c_void_p * 5).from_address(table + 16)
+    from_py = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p)(fns[1])
+    to_py = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(fns[2])
+    managed = ctypes.c_void_p()
+    rc = from_py(t, ctypes.addressof(managed))
+    rep.check(rc == 0 and managed.value, "managed_tensor_from_py_object_no_sync")
+    out = ctypes.c_void_p()
+    rc = to_py(managed, ctypes.addressof(out))
+    imp = ctypes.cast(out, ctypes.py_object).value  # a reference of our own ...
+    ctypes.pythonapi.Py_DecRef.argtypes = [ctypes.c_void_p]
+    ctypes.pythonapi.Py_DecRef(out)  # ... and the one the call handed over, dropped
+    rep.check(rc == 0 and imp.ptr == buf.ptr and imp.via_c_api, "managed_tensor_to_py_object_no_sync: an import of the same memory")
+    # An export to torch's default (legacy) stream: the module orders it once.
+    first = torch.from_dlpack(t)
+    rep.check(bool((first == 1).all().item()), "first export read by torch")
+    del first
+    # Slow work on the producer stream that the module does not know of, then the import's
+    # fill behind it on the same stream: the next legacy-stream export must wait for it.
+    producer = torch.cuda.ExternalStream(cd.streams()[0])
+    with torch.cuda.stream(producer):
+        torch.cuda._sleep(SLOW_CYCLES)
+    imp.fill_u32(0x22222222)
+    x = torch.from_dlpack(buf.tensor("int32", (n,)))
+    bad = int((x != 0x22222222).sum().item())
+    rep.check(bad == 0, f"torch's default stream sees the import's fill on the producer stream ({bad} stale)")
+    del x, imp
+    gc.collect()
+    buf.synchronize()
+    torch.cuda.synchronize()
 
 
 def refusals(args, rep):
