@@ -255,6 +255,11 @@ impl ImportedTensor {
         let shape = self.shape().to_vec();
         layout::check_shape(&shape)?;
         let numel = layout::numel(&shape)?;
+        // Broadcast (zero) strides let `numel` exceed what the memory holds: its bytes must
+        // still be a number (`Layout::nbytes`).
+        numel
+            .checked_mul(elem.size() as u64)
+            .ok_or(Error::Overflow("element bytes"))?;
         let strides = match self.strides() {
             Some(s) => s.to_vec(),
             None => layout::compact_strides(&shape)?,
@@ -455,9 +460,10 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// Bytes of the elements (`numel * size`).
+    /// Bytes of the elements (`numel * size`; exact for a checked layout, saturating at
+    /// `u64::MAX` for one built by hand).
     pub fn nbytes(&self) -> u64 {
-        self.numel * self.elem.size() as u64
+        self.numel.saturating_mul(self.elem.size() as u64)
     }
 }
 
