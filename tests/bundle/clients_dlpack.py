@@ -22,6 +22,8 @@ Scenarios (each in its own process; --only NAME runs a subset):
   stream_import    torch.cuda._sleep then a fill on a torch stream, and a CuPy RawKernel spin
                    then fill on a CuPy stream; we import at once (our consumer stream passed
                    as the stream argument) and read on our stream: every element is final.
+                   A CuPy Stream object passed as from_dlpack's stream is kept alive by the
+                   import (its CUstream is destroyed with it) and let go with it.
   pool_block       a pool block handed to PyTorch is never handed out again while the torch
                    tensor lives (even after our own handle is gone), and is released when it
                    goes (pool used bytes back to the baseline).
@@ -370,6 +372,29 @@ def stream_import(args, rep):
     rep.check(bad == 0, f"cupy producer: our stream saw its final values ({bad} stale samples)")
     del imp
     cs.synchronize()
+    # A stream object (not its int) is kept alive by the import that uses it: CuPy destroys
+    # a Stream's CUstream when the object goes, while the import still reads on it.
+    import weakref
+
+    cs2 = cupy.cuda.Stream(non_blocking=True)
+    b = cupy.full(n, 0x0B0B0B0B, dtype=cupy.int32)
+    cupy.cuda.Device().synchronize()
+    imp = cd.from_dlpack(b, stream=cs2)
+    try:
+        alive = weakref.ref(cs2)
+    except TypeError:
+        alive = None
+    del cs2
+    gc.collect()
+    if alive is not None:
+        rep.check(alive() is not None, "the stream object passed to from_dlpack lives while the import does")
+    got = memoryview(imp.read()).cast("i")
+    bad = sum(1 for i in range(0, n, 4099) if got[i] != 0x0B0B0B0B)
+    rep.check(bad == 0, f"import on a stream object whose last Python reference went ({bad} stale)")
+    del imp
+    gc.collect()
+    if alive is not None:
+        rep.check(alive() is None, "the stream object is let go with the import")
 
 
 def pool_block(args, rep):
