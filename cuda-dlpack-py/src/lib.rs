@@ -25,6 +25,10 @@
 //! producer's DLPack 1.3 C exchange API (`type(obj).__dlpack_c_exchange_api__`, PyTorch
 //! 2.10+) when it has one: `managed_tensor_from_py_object_no_sync`, then the consumer stream
 //! is ordered after the producer's `current_work_stream`. `stream=-1` asks for no ordering.
+//! `stream` is an int (a raw `CUstream` the caller keeps alive while the import is used and
+//! until it is released: a destroyed stream's handle is used after it is gone) or, better, a
+//! stream object (`__cuda_stream__()`, PyTorch's `cuda_stream`, CuPy's `ptr`), which the
+//! import keeps alive for as long as it uses the stream.
 //!
 //! `Tensor` also offers the producer side of that C API: `Tensor.__dlpack_c_exchange_api__`
 //! is a capsule (`dlpack_exchange_api`) of a static `DLPackExchangeAPI` table (the struct of
@@ -623,8 +627,14 @@ impl Imported {
         let view = self.contiguous_view()?;
         let n = view.len() / 4 * 4;
         let k = self.dev.kernels()?;
-        k.fill(&self.stream, &view.slice(..n).map_err(runtime)?, value)
-            .map_err(runtime)
+        let issued = k.fill(&self.stream, &view.slice(..n).map_err(runtime)?, value);
+        // An import through the C API's `managed_tensor_to_py_object_no_sync` works on the
+        // producer stream: count the fill there, or the next export to the legacy stream
+        // would skip its event and a consumer could read before it.
+        if self.stream.raw() == self.dev.producer.raw() {
+            self.dev.issued_work();
+        }
+        issued.map_err(runtime)
     }
     /// Waits for the import's stream.
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
@@ -662,8 +672,66 @@ fn exchange_api(obj: &Bound<'_, PyAny>) -> Option<&'static DLPackExchangeAPI> {
     (api.header.version.major == 1).then_some(api)
 }
 
-/// The consumer stream an import uses: ours by default, or the one named.
-fn import_stream(dev: &PerDevice, stream: Option<i64>) -> PyResult<(Stream, i64)> {
+/// The `CUstream` of a stream object: `__cuda_stream__()` (the CUDA stream protocol,
+/// `(version, handle)`), else PyTorch's `cuda_stream`, else CuPy's `ptr`.
+fn stream_handle(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
+    let py = obj.py();
+    if let Ok(f) = obj.getattr(pyo3::intern!(py, "__cuda_stream__")) {
+        let (_version, handle): (i64, i64) = f.call0()?.extract()?;
+        return Ok(handle);
+    }
+    for name in [pyo3::intern!(py, "cuda_stream"), pyo3::intern!(py, "ptr")] {
+        if let Ok(h) = obj.getattr(name) {
+            return h.extract();
+        }
+    }
+    Err(PyTypeError::new_err(
+        "stream must be None, an int (a CUstream handle) or a stream object \
+         (__cuda_stream__, cuda_stream or ptr)",
+    ))
+}
+
+/// The consumer stream of a stream object, which the returned `Stream` keeps alive.
+fn object_stream(dev: &PerDevice, obj: &Bound<'_, PyAny>) -> PyResult<(Stream, i64)> {
+    // The implicit streams need no keeping alive; a handle of 0 (the default stream of
+    // PyTorch and CuPy) is the legacy stream.
+    let which = match stream_handle(obj)? {
+        0 => ConsumerStream::Legacy,
+        h => ConsumerStream::from_protocol(Some(h)).map_err(dl_err)?,
+    };
+    let ConsumerStream::Handle(h) = which else {
+        // SAFETY: an implicit stream (legacy or per-thread), valid on every device.
+        let s = unsafe { which.to_stream(&dev.device) }
+            .map_err(dl_err)?
+            .unwrap_or_else(|| dev.consumer.clone());
+        return Ok((s, which.to_protocol()));
+    };
+    // SAFETY: the object's own stream, of this device (checked by the call), valid while
+    // the object lives; the object is the `Stream`'s owner, dropped with its last clone (the
+    // import's, its view's), so the handle outlives every use through them.
+    let s = unsafe {
+        Stream::external_with_owner(
+            &dev.device,
+            h as usize as cudars_core::sys::CUstream,
+            obj.clone().unbind(),
+        )
+    }
+    .map_err(runtime)?;
+    Ok((s, h as i64))
+}
+
+/// The consumer stream an import uses: ours by default, or the one named (an int, or a
+/// stream object that the returned `Stream` keeps alive).
+fn import_stream(dev: &PerDevice, stream: Option<&Bound<'_, PyAny>>) -> PyResult<(Stream, i64)> {
+    let stream = match stream {
+        None => None,
+        Some(obj) if obj.is_none() => None,
+        Some(obj) => match obj.extract::<i64>() {
+            // An int, or anything with `__index__` (a NumPy integer): a raw handle.
+            Ok(v) => Some(v),
+            Err(_) => return object_stream(dev, obj),
+        },
+    };
     Ok(match stream {
         None | Some(-1) => {
             let s = dev.consumer.clone();
@@ -715,7 +783,7 @@ fn from_dlpack(
     py: Python<'_>,
     obj: &Bound<'_, PyAny>,
     device: Option<usize>,
-    stream: Option<i64>,
+    stream: Option<&Bound<'_, PyAny>>,
     contiguous: bool,
     writable: bool,
     c_api: bool,
@@ -1017,6 +1085,14 @@ mod exchange {
                 return Err(PyValueError::new_err("null out pointer"));
             }
             let t = t.get();
+            // A non-owning DLTensor has no flags: a consumer would take a read-only view as
+            // writable (the rule `__dlpack__` applies to legacy capsules).
+            if t.spec.is_read_only() {
+                return Err(PyBufferError::new_err(
+                    "the tensor is read-only, which a bare DLTensor cannot say: use \
+                     managed_tensor_from_py_object_no_sync or __dlpack__",
+                ));
+            }
             let ndim = t.spec.shape().len();
             let dims = t.dims.as_ptr().cast_mut();
             let tensor = DLTensor {

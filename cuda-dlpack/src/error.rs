@@ -111,9 +111,10 @@ pub enum Error {
         "the tensor is read-only (DLPACK_FLAG_BITMASK_READ_ONLY) and a mutable view was asked"
     )]
     ReadOnly,
-    /// A DLPack `stream` argument that means nothing for CUDA (0, or negative but -1).
+    /// A DLPack `stream` argument that means nothing for CUDA (0, negative but -1, or a value
+    /// from 3 to 0xffff, which no stream handle can have).
     #[error(
-        "invalid DLPack stream argument {0} for CUDA (0 is ambiguous; -1, 1, 2 or a stream handle)"
+        "invalid DLPack stream argument {0} for CUDA (0 is ambiguous; -1, 1, 2 or a stream handle, a pointer)"
     )]
     InvalidStream(i64),
 }

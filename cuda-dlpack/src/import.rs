@@ -73,6 +73,12 @@ impl ImportedTensor {
     /// `tensor` is null or a `DLManagedTensorVersioned` that the caller owns (a producer
     /// handed it over) and no longer uses; its `shape` (and `strides`, when not null) point
     /// to `ndim` integers, and its deleter may be called from any thread.
+    ///
+    /// The producer's writes to the data must be ordered as a later
+    /// [`UntypedView::into_device_ptr`] is told, since that safe call cannot check it:
+    /// complete when it is given `None` for `ordered_on`, else ordered before the stream it is
+    /// given (what DLPack's `stream` argument asks of the producer). A view made otherwise
+    /// lets safe calls read or write the memory while the producer still writes it.
     pub unsafe fn from_versioned(tensor: *mut DLManagedTensorVersioned) -> Result<ImportedTensor> {
         let Some(ptr) = NonNull::new(tensor) else {
             return Err(Error::Null("DLManagedTensorVersioned"));
@@ -249,6 +255,11 @@ impl ImportedTensor {
         let shape = self.shape().to_vec();
         layout::check_shape(&shape)?;
         let numel = layout::numel(&shape)?;
+        // Broadcast (zero) strides let `numel` exceed what the memory holds: its bytes must
+        // still be a number (`Layout::nbytes`).
+        numel
+            .checked_mul(elem.size() as u64)
+            .ok_or(Error::Overflow("element bytes"))?;
         let strides = match self.strides() {
             Some(s) => s.to_vec(),
             None => layout::compact_strides(&shape)?,
@@ -289,6 +300,9 @@ impl ImportedTensor {
             return Err(Error::ReadOnly);
         }
         let span = usize::try_from(hi - lo).map_err(|_| Error::Overflow("byte span"))?;
+        // `lo` is at least `-addr`, which may be below `i64::MIN` for an address above 2^63:
+        // never truncated (a wrapped `first_byte` would put the view's start elsewhere).
+        let first_byte = i64::try_from(lo).map_err(|_| Error::Overflow("first byte reached"))?;
         Ok(Layout {
             elem,
             device: if managed {
@@ -300,7 +314,7 @@ impl ImportedTensor {
             shape,
             strides,
             contiguous,
-            first_byte: lo as i64,
+            first_byte,
             span,
             numel,
         })
@@ -446,9 +460,10 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// Bytes of the elements (`numel * size`).
+    /// Bytes of the elements (`numel * size`; exact for a checked layout, saturating at
+    /// `u64::MAX` for one built by hand).
     pub fn nbytes(&self) -> u64 {
-        self.numel * self.elem.size() as u64
+        self.numel.saturating_mul(self.elem.size() as u64)
     }
 }
 
@@ -556,7 +571,9 @@ impl UntypedView {
     /// that fence on the host (`cudars_core::memory::Handover`, the workspace's one ordering
     /// rule), so no use of the view races the producer's last writes. `None` when the
     /// producer's work is known to be complete (the tensor was taken with no pending work,
-    /// or the caller synchronised).
+    /// or the caller synchronised). Which of the two holds is part of what the caller of the
+    /// `unsafe` [`ImportedTensor::from_versioned`] / [`ImportedTensor::from_legacy`] vouched
+    /// for.
     ///
     /// Streams that use the view ([`DevicePtr::record_stream`], which every asynchronous view
     /// operation calls) are remembered, and before the deleter runs the host waits for the
@@ -623,7 +640,8 @@ struct ImportedAlloc {
 // host waited for every stream `record_stream` noted; fields never change; no Rust reference
 // aliases device memory. The producer's earlier work was ordered before the `ordered_on`
 // stream (the DLPack `stream` argument); the hand-over orders every other stream and every
-// synchronous use after that stream's fence (or the caller vouched it was complete).
+// synchronous use after that stream's fence (or, with no stream, the caller of the unsafe
+// constructor vouched that it was complete: its `# Safety`).
 unsafe impl DeviceAlloc for ImportedAlloc {
     fn device(&self) -> Device {
         self.device

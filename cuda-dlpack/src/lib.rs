@@ -21,7 +21,8 @@
 //! // Export (what a `__dlpack__` hands to a consumer) ...
 //! let exported = ExportedTensor::from_view(&buf, &TensorSpec::of::<u32>([32, 32]))?;
 //! // ... and import (what `from_dlpack` does with what it got).
-//! // SAFETY: a tensor just made by `into_raw`, owned by nobody else.
+//! // SAFETY: a tensor just made by `into_raw`, owned by nobody else; its data is complete
+//! // (the memset was synchronous), as `into_device_ptr(.., None)` below takes it to be.
 //! let imported = unsafe { ImportedTensor::from_versioned(exported.into_raw())? };
 //! let view = imported.into_view::<u32>(&Expect::new().device(0).contiguous(true))?;
 //! let mut host = vec![0u32; 1024];

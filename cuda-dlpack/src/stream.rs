@@ -11,9 +11,15 @@
 //! | `None` (Python's default) | the legacy default stream (the standard's rule; PyTorch's own `__dlpack__` reads `None` as no ordering, which is not what a consumer that passes nothing can rely on) |
 //! | `1` | the legacy default stream (`CU_STREAM_LEGACY`) |
 //! | `2` | the per-thread default stream (`CU_STREAM_PER_THREAD`) |
-//! | `> 2` | a `CUstream` handle |
+//! | `>= 0x10000` ([`MIN_HANDLE`]) | a `CUstream` handle |
 //! | `-1` | no ordering: the consumer takes care of it |
 //! | `0`, other negatives | refused ([`Error::InvalidStream`]): 0 is ambiguous |
+//! | `3 ..= 0xffff` | refused ([`Error::InvalidStream`]): no pointer, so no stream, lies there |
+//!
+//! A handle cannot be checked: the driver reads through it, so an integer that is not a live
+//! stream (a framework's small stream *id* passed for the handle, a device ordinal, a
+//! destroyed stream) crashes the process or worse. Only the values that can never be a
+//! pointer are caught here; hence [`ConsumerStream::to_stream`] is `unsafe`.
 //!
 //! [`prepare_for_consumer`] does what a producer owes: the consumer's stream waits for the
 //! producer's stream, and the view's owner learns that the consumer's stream uses the memory
@@ -25,6 +31,11 @@ use cudars_core::{Device, Event, Stream};
 
 use crate::error::{Error, Result};
 
+/// The lowest value taken as a `CUstream` handle: no user-space pointer lies in the first
+/// 64 KiB of the address space (Linux's default `vm.mmap_min_addr`; Windows never maps
+/// them), so a smaller integer is a mistake, refused before the driver reads through it.
+pub const MIN_HANDLE: u64 = 0x1_0000;
+
 /// The consumer's stream, as DLPack's `stream` argument names it for CUDA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ConsumerStream {
@@ -34,7 +45,7 @@ pub enum ConsumerStream {
     Legacy,
     /// `2`: the per-thread default stream.
     PerThread,
-    /// A `CUstream` handle (any value above 2).
+    /// A `CUstream` handle (at least [`MIN_HANDLE`]).
     Handle(u64),
 }
 
@@ -45,15 +56,17 @@ impl ConsumerStream {
     /// use cudars_dlpack::ConsumerStream;
     /// assert_eq!(ConsumerStream::from_protocol(None).unwrap(), ConsumerStream::Legacy);
     /// assert_eq!(ConsumerStream::from_protocol(Some(-1)).unwrap(), ConsumerStream::Unordered);
-    /// assert_eq!(ConsumerStream::from_protocol(Some(0x7f00)).unwrap(), ConsumerStream::Handle(0x7f00));
+    /// let h = 0x7f00_1234_5000;
+    /// assert_eq!(ConsumerStream::from_protocol(Some(h)).unwrap(), ConsumerStream::Handle(h as u64));
     /// assert!(ConsumerStream::from_protocol(Some(0)).is_err());
+    /// assert!(ConsumerStream::from_protocol(Some(7)).is_err(), "not a pointer");
     /// ```
     pub fn from_protocol(stream: Option<i64>) -> Result<ConsumerStream> {
         match stream {
             None | Some(1) => Ok(ConsumerStream::Legacy),
             Some(2) => Ok(ConsumerStream::PerThread),
             Some(-1) => Ok(ConsumerStream::Unordered),
-            Some(s) if s > 2 => Ok(ConsumerStream::Handle(s as u64)),
+            Some(s) if s >= MIN_HANDLE as i64 => Ok(ConsumerStream::Handle(s as u64)),
             Some(s) => Err(Error::InvalidStream(s)),
         }
     }
@@ -166,8 +179,13 @@ mod tests {
         assert_eq!(ConsumerStream::from_protocol(Some(1)).unwrap(), Legacy);
         assert_eq!(ConsumerStream::from_protocol(Some(2)).unwrap(), PerThread);
         assert_eq!(ConsumerStream::from_protocol(Some(-1)).unwrap(), Unordered);
-        assert_eq!(ConsumerStream::from_protocol(Some(3)).unwrap(), Handle(3));
-        for bad in [0, -2, i64::MIN] {
+        assert_eq!(
+            ConsumerStream::from_protocol(Some(0x1_0000)).unwrap(),
+            Handle(0x1_0000)
+        );
+        // Integers that no pointer can have (a stream id, a device ordinal): refused before
+        // anything reads through them.
+        for bad in [0, -2, i64::MIN, 3, 7, 0xffff] {
             assert!(matches!(
                 ConsumerStream::from_protocol(Some(bad)),
                 Err(Error::InvalidStream(v)) if v == bad

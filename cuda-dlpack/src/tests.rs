@@ -452,3 +452,58 @@ fn errors_convert_into_the_core_error() {
     assert!(e.to_string().contains("read-only"));
     assert!(e.downcast_ref::<Error>().is_some());
 }
+
+#[test]
+fn a_first_byte_below_i64_min_is_an_overflow_not_a_wrap() {
+    // An address above 2^63 with negative strides reaching more than 2^63 bytes below it:
+    // inside the address space, but the offset of the first byte does not fit an i64.
+    let mut shape = [2i64, 2];
+    let mut strides = [i64::MIN, -(1i64 << 62)];
+    let (t, drops) = export(16, &TensorSpec::of::<u8>([2, 2]));
+    let imported = import_edited(t, |m| {
+        m.dl_tensor.data = 0xFFFF_FFFF_FFFF_FF00u64 as usize as *mut std::ffi::c_void;
+        m.dl_tensor.shape = shape.as_mut_ptr();
+        m.dl_tensor.strides = strides.as_mut_ptr();
+    })
+    .unwrap();
+    assert!(matches!(
+        imported.check(&Expect::new()),
+        Err(Error::Overflow(_))
+    ));
+    // Dropped while `shape` and `strides` (which it points to) are still alive.
+    drop(imported);
+    assert_eq!(drops.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn element_bytes_past_u64_are_refused_not_overflowed() {
+    // A broadcast tensor (stride 0) of 2^62 f64 elements spans 8 bytes, but its elements'
+    // bytes (2^65) are no u64: `Layout::nbytes` would overflow.
+    let mut shape = [1i64 << 62];
+    let mut strides = [0i64];
+    let (t, drops) = export(8, &TensorSpec::of::<f64>([1]));
+    let imported = import_edited(t, |m| {
+        m.dl_tensor.shape = shape.as_mut_ptr();
+        m.dl_tensor.strides = strides.as_mut_ptr();
+    })
+    .unwrap();
+    assert!(matches!(
+        imported.check(&Expect::new()),
+        Err(Error::Overflow("element bytes"))
+    ));
+    // Dropped while `shape` and `strides` (which it points to) are still alive.
+    drop(imported);
+    assert_eq!(drops.load(Ordering::SeqCst), 1);
+    let layout = Layout {
+        elem: ElemType::F64,
+        device: Some(0),
+        addr: 0,
+        shape: vec![1 << 62],
+        strides: vec![0],
+        contiguous: false,
+        first_byte: 0,
+        span: 8,
+        numel: 1 << 62,
+    };
+    assert_eq!(layout.nbytes(), u64::MAX, "a hand-made layout saturates");
+}

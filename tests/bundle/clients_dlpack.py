@@ -22,6 +22,8 @@ Scenarios (each in its own process; --only NAME runs a subset):
   stream_import    torch.cuda._sleep then a fill on a torch stream, and a CuPy RawKernel spin
                    then fill on a CuPy stream; we import at once (our consumer stream passed
                    as the stream argument) and read on our stream: every element is final.
+                   A CuPy Stream object passed as from_dlpack's stream is kept alive by the
+                   import (its CUstream is destroyed with it) and let go with it.
   pool_block       a pool block handed to PyTorch is never handed out again while the torch
                    tensor lives (even after our own handle is gone), and is released when it
                    goes (pool used bytes back to the baseline).
@@ -29,11 +31,15 @@ Scenarios (each in its own process; --only NAME runs a subset):
                    and dropped on other threads: every deleter once.
   c_api_self       our own Tensor type's __dlpack_c_exchange_api__ (DLPack 1.3): imported
                    through it (same address, data, one deleter), its current_work_stream
-                   ordering a slow producer kernel before our read.
-  refusals         CPU tensors, dl_device of another device, copy=True, stream=0, an
-                   unsupported dtype (complex64), an out-of-bounds view, a read-only tensor
-                   asked for as a legacy capsule: each a clear error; an unconsumed capsule
-                   runs the deleter itself.
+                   ordering a slow producer kernel before our read; dltensor_from_py_object_no_sync
+                   (through ctypes) refusing a read-only tensor.
+  c_api_to_py      managed_tensor_to_py_object_no_sync (called through ctypes) wraps a tensor
+                   as an import on our producer stream; a fill queued on it behind slow work
+                   is seen by torch on its default stream (the legacy-stream export counts it).
+  refusals         CPU tensors, dl_device of another device, copy=True, stream=0 or
+                   3..0xffff (no handle), an unsupported dtype (complex64), an out-of-bounds
+                   view, a read-only tensor asked for as a legacy capsule: each a clear error;
+                   an unconsumed capsule runs the deleter itself.
   flat             100,000 exchanges each way (2,000 under --sanitize): every deleter ran,
                    torch's allocated memory, our pool's used bytes and the device's free memory
                    (cuMemGetInfo) unchanged.
@@ -56,7 +62,8 @@ MIB = 1 << 20
 SLOW_CYCLES = 200_000_000  # about 0.1 s of SM clocks on an H200
 
 SCENARIOS = ["torch_export", "torch_import", "cupy_both", "jax_both", "stream_export",
-             "stream_import", "pool_block", "threads", "c_api_self", "refusals", "flat"]
+             "stream_import", "pool_block", "threads", "c_api_self", "c_api_to_py", "refusals",
+             "flat"]
 
 SPIN_SRC = r"""
 extern "C" __global__ void spin_fill(int* p, long long n, int v, long long cycles) {
@@ -365,6 +372,29 @@ def stream_import(args, rep):
     rep.check(bad == 0, f"cupy producer: our stream saw its final values ({bad} stale samples)")
     del imp
     cs.synchronize()
+    # A stream object (not its int) is kept alive by the import that uses it: CuPy destroys
+    # a Stream's CUstream when the object goes, while the import still reads on it.
+    import weakref
+
+    cs2 = cupy.cuda.Stream(non_blocking=True)
+    b = cupy.full(n, 0x0B0B0B0B, dtype=cupy.int32)
+    cupy.cuda.Device().synchronize()
+    imp = cd.from_dlpack(b, stream=cs2)
+    try:
+        alive = weakref.ref(cs2)
+    except TypeError:
+        alive = None
+    del cs2
+    gc.collect()
+    if alive is not None:
+        rep.check(alive() is not None, "the stream object passed to from_dlpack lives while the import does")
+    got = memoryview(imp.read()).cast("i")
+    bad = sum(1 for i in range(0, n, 4099) if got[i] != 0x0B0B0B0B)
+    rep.check(bad == 0, f"import on a stream object whose last Python reference went ({bad} stale)")
+    del imp
+    gc.collect()
+    if alive is not None:
+        rep.check(alive() is None, "the stream object is let go with the import")
 
 
 def pool_block(args, rep):
@@ -459,6 +489,68 @@ def c_api_self(args, rep):
     rep.check(bad == 0, f"the C API's current_work_stream orders our read after the producer ({bad} stale)")
     del imp
     buf.synchronize()
+    # dltensor_from_py_object_no_sync (a bare DLTensor, no flags) through ctypes, as a C
+    # consumer calls it with the GIL held: a writable tensor is described, a read-only one
+    # refused (a bare DLTensor cannot say read-only).
+    import ctypes
+
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    table = get(type(t).__dlpack_c_exchange_api__, b"dlpack_exchange_api")
+    fns = (ctypes.c_void_p * 5).from_address(table + 16)
+    dltensor_from_py = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p)(fns[3])
+    out = (ctypes.c_uint64 * 6)()
+    rc = dltensor_from_py(t, ctypes.addressof(out))
+    rep.check(rc == 0 and out[0] == buf.ptr, f"dltensor_from_py_object_no_sync describes a tensor ({rc}, {out[0]:#x})")
+    ro = buf.tensor("int32", (4 * MIB,), read_only=True)
+    check_raises(rep, lambda: dltensor_from_py(ro, ctypes.addressof(out)), (BufferError,),
+                 "dltensor_from_py_object_no_sync refuses a read-only tensor (no flag to say so)")
+
+
+def c_api_to_py(args, rep):
+    import ctypes
+    import torch
+
+    cd = load_ext(args)
+    n = 4 * MIB
+    buf = cd.pool_alloc(4 * n)
+    t = buf.tensor("int32", (n,))
+    buf.fill_u32(1)
+    buf.synchronize()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    table = get(type(t).__dlpack_c_exchange_api__, b"dlpack_exchange_api")
+    fns = (ctypes.c_void_p * 5).from_address(table + 16)
+    from_py = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p)(fns[1])
+    to_py = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(fns[2])
+    managed = ctypes.c_void_p()
+    rc = from_py(t, ctypes.addressof(managed))
+    rep.check(rc == 0 and managed.value, "managed_tensor_from_py_object_no_sync")
+    out = ctypes.c_void_p()
+    rc = to_py(managed, ctypes.addressof(out))
+    imp = ctypes.cast(out, ctypes.py_object).value  # a reference of our own ...
+    ctypes.pythonapi.Py_DecRef.argtypes = [ctypes.c_void_p]
+    ctypes.pythonapi.Py_DecRef(out)  # ... and the one the call handed over, dropped
+    rep.check(rc == 0 and imp.ptr == buf.ptr and imp.via_c_api, "managed_tensor_to_py_object_no_sync: an import of the same memory")
+    # An export to torch's default (legacy) stream: the module orders it once.
+    first = torch.from_dlpack(t)
+    rep.check(bool((first == 1).all().item()), "first export read by torch")
+    del first
+    # Slow work on the producer stream that the module does not know of, then the import's
+    # fill behind it on the same stream: the next legacy-stream export must wait for it.
+    producer = torch.cuda.ExternalStream(cd.streams()[0])
+    with torch.cuda.stream(producer):
+        torch.cuda._sleep(SLOW_CYCLES)
+    imp.fill_u32(0x22222222)
+    x = torch.from_dlpack(buf.tensor("int32", (n,)))
+    bad = int((x != 0x22222222).sum().item())
+    rep.check(bad == 0, f"torch's default stream sees the import's fill on the producer stream ({bad} stale)")
+    del x, imp
+    gc.collect()
+    buf.synchronize()
+    torch.cuda.synchronize()
 
 
 def refusals(args, rep):
@@ -473,6 +565,13 @@ def refusals(args, rep):
     check_raises(rep, lambda: t.__dlpack__(dl_device=(2, 99)), (BufferError,), "dl_device of another device")
     check_raises(rep, lambda: t.__dlpack__(copy=True), (BufferError,), "copy=True")
     check_raises(rep, lambda: t.__dlpack__(stream=0), (ValueError,), "stream=0 (ambiguous)")
+    # Integers no CUstream pointer can have (a stream id, a device ordinal): refused before the
+    # driver reads through them (a larger garbage integer cannot be caught: it crashes).
+    for bad in (3, 7, 0xFFFF):
+        check_raises(rep, lambda: t.__dlpack__(stream=bad, max_version=(1, 3)), (ValueError,),
+                     f"stream={bad} is no stream handle")
+        check_raises(rep, lambda: cd.from_dlpack(t, stream=bad), (ValueError,),
+                     f"from_dlpack(stream={bad}) is no stream handle")
     check_raises(rep, lambda: buf.tensor("float32", (1025,)), (BufferError,), "a view past the end")
     check_raises(rep, lambda: buf.tensor("float32", (4,), None, 2), (BufferError,), "a misaligned offset")
     check_raises(rep, lambda: buf.tensor("complex64"), (ValueError,), "an unknown dtype name")

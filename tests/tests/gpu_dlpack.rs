@@ -37,7 +37,10 @@ fn strict() -> Expect {
 
 /// Hands `t` over and takes it back as a consumer would.
 fn import(t: ExportedTensor) -> ImportedTensor {
-    // SAFETY: a tensor just handed over by `into_raw`, owned by nobody else.
+    // SAFETY: a tensor just handed over by `into_raw`, owned by nobody else. Views made
+    // with `ordered_on: None` come after the producer's writes are complete (synchronous
+    // calls, or a synchronised stream); the others name the stream `prepare_for_consumer`
+    // ordered them before.
     unsafe { ImportedTensor::from_versioned(t.into_raw()) }.unwrap()
 }
 
