@@ -847,3 +847,42 @@ fn a_graph_keeps_its_buffers_alive() {
         assert!(read_u32(p).iter().all(|&x| x == 0xffff_ffff));
     }
 }
+
+/// A conditional body whose closure fails, or panics, after adding nodes leaves those nodes
+/// in the graph (the builder stays usable): their buffers must stay alive with the graph,
+/// not be dropped with the body's builder while a launch still writes to them.
+#[test]
+fn a_failed_or_panicking_conditional_body_keeps_its_buffers_alive() {
+    let _s = serial();
+    let t = Setup::new();
+    let n = 1 << 16;
+    let mut g = GraphBuilder::new(&t.dev).unwrap();
+    let h = g.conditional_handle(Some(1)).unwrap();
+    let failed = g.add_if(&[], h, |body| {
+        let only_here = DevicePtr::alloc(&t.dev, n * 4)?;
+        body.add_memset_u32(&[], &only_here, 7)?;
+        Err(Error::other("the body fails after adding a node"))
+    });
+    assert!(failed.is_err());
+    let h2 = g.conditional_handle(Some(1)).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        g.add_if(&[], h2, |body| {
+            let only_here = DevicePtr::alloc(&t.dev, n * 4)?;
+            body.add_memset_u32(&[], &only_here, 9)?;
+            panic!("the body panics after adding a node");
+        })
+    }));
+    assert!(panicked.is_err());
+    let exec = g.finish().unwrap().instantiate().unwrap();
+    // Memory allocated now must not land on the bodies' buffers.
+    let noise: Vec<DevicePtr> = (0..8).map(|_| t.u32s(&vec![0xffff_ffff; n])).collect();
+    exec.launch(&t.stream).unwrap();
+    exec.launch(&t.stream).unwrap();
+    t.stream.synchronize().unwrap();
+    for p in &noise {
+        assert!(
+            read_u32(p).iter().all(|&x| x == 0xffff_ffff),
+            "a launch wrote into memory freed with a failed body's builder"
+        );
+    }
+}
