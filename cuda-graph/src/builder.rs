@@ -1349,7 +1349,7 @@ impl<'a> GraphBuilder<'a> {
         let mut owners: Vec<Owner> = child.all_owners();
         owners.extend(
             child
-                .handle()
+                .core_handle()
                 .kept_alive()
                 .iter()
                 .map(|o| Owner::Device(DevicePtr::from_arc(Arc::clone(o)))),
@@ -1357,7 +1357,7 @@ impl<'a> GraphBuilder<'a> {
         let _ctx = self.device.bind()?;
         // SAFETY: a live graph and nodes of it; everything the child's nodes use is kept by
         // this graph (the owners above).
-        let node = unsafe { ex::add_child_graph_node(self.graph(), &raw, child.handle()) }?;
+        let node = unsafe { ex::add_child_graph_node(self.graph(), &raw, child.core_handle()) }?;
         Ok(self.record(idx, node, NodeKind::Child, owners))
     }
 

@@ -91,8 +91,21 @@ impl Graph {
         self.handle.device()
     }
 
-    /// The underlying `cuda-core` handle.
-    pub fn handle(&self) -> &GraphHandle {
+    /// The underlying `cuda-core` handle, when it keeps alive everything the graph's nodes
+    /// use (a captured or wrapped graph, or a built one whose nodes hold no buffer, closure
+    /// or event); `None` for a graph whose nodes hold any (see
+    /// [`GraphBuilder`](crate::GraphBuilder)): only this `Graph` keeps those alive, so an
+    /// executable graph or clone made through the bare handle could outlive them.
+    pub fn handle(&self) -> Option<&GraphHandle> {
+        if self.owners.values().all(Vec::is_empty) {
+            Some(&self.handle)
+        } else {
+            None
+        }
+    }
+
+    /// The handle, for this crate's own calls that keep the owners alive themselves.
+    pub(crate) fn core_handle(&self) -> &GraphHandle {
         &self.handle
     }
 
@@ -274,9 +287,17 @@ impl GraphExec {
         self.handle.device()
     }
 
-    /// The underlying `cuda-core` handle.
-    pub fn handle(&self) -> &GraphExecHandle {
-        &self.handle
+    /// The underlying `cuda-core` handle, when launching through it is sound: when this
+    /// executable graph holds no buffer, closure or event for its nodes (a captured graph's,
+    /// say, whose memory the core handle keeps itself). `None` otherwise: a launch through
+    /// the bare handle would neither record its stream on the buffers nor be waited for
+    /// before the closures, host buffers and events are let go.
+    pub fn handle(&self) -> Option<&GraphExecHandle> {
+        if self.retired.is_empty() && self.owners.values().all(Vec::is_empty) {
+            Some(&self.handle)
+        } else {
+            None
+        }
     }
 
     /// The flags it was instantiated with (kept for re-instantiation by [`GraphExec::update`]).

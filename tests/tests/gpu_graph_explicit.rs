@@ -886,3 +886,42 @@ fn a_failed_or_panicking_conditional_body_keeps_its_buffers_alive() {
         );
     }
 }
+
+/// A built graph's nodes use buffers and closures that only the `Graph` / `GraphExec`
+/// keep alive: their bare `cuda-core` handles would instantiate, clone or launch without
+/// them (an executable graph or a launch outliving the buffers), so they are not handed out.
+/// A captured graph's core handle keeps its memory itself: it is.
+#[test]
+fn bare_core_handles_are_withheld_from_graphs_whose_nodes_hold_buffers() {
+    let _s = serial();
+    let t = Setup::new();
+    let a = t.alloc(4096);
+    let mut g = GraphBuilder::new(&t.dev).unwrap();
+    let set = g.add_memset_u32(&[], &a, 1).unwrap();
+    g.add_host(&[set], || {}).unwrap();
+    let graph = g.finish().unwrap();
+    assert!(graph.handle().is_none());
+    assert!(graph.try_clone().unwrap().handle().is_none());
+    let exec = graph.instantiate().unwrap();
+    assert!(exec.handle().is_none());
+    exec.launch(&t.stream).unwrap();
+    t.stream.synchronize().unwrap();
+    assert!(read_u32(&a).iter().all(|&x| x == 1));
+
+    // A built graph whose nodes hold nothing, and a captured graph, hand it out.
+    let mut empty = GraphBuilder::new(&t.dev).unwrap();
+    empty.add_empty(&[]).unwrap();
+    let empty = empty.finish().unwrap();
+    assert!(empty.handle().is_some());
+    assert!(empty.instantiate().unwrap().handle().is_some());
+    let captured = cudars_graph::capture(&t.stream, CaptureMode::ThreadLocal, |s| {
+        a.memset_async(2, s)?;
+        Ok(())
+    })
+    .unwrap();
+    assert!(captured.handle().is_some());
+    let exec = captured.instantiate().unwrap();
+    exec.handle().unwrap().launch(&t.stream).unwrap();
+    t.stream.synchronize().unwrap();
+    assert!(read_u32(&a).iter().all(|&x| x == 0x0202_0202));
+}
