@@ -619,6 +619,11 @@ impl GraphExec {
     /// unchanged. On success it takes over `graph`'s buffers and closures and lets the old
     /// ones go once no launch uses them. Node updates keep naming the nodes of the graph
     /// this executable graph was instantiated from (the driver knows its nodes by those).
+    ///
+    /// A `graph` with memory allocation nodes is refused before the driver
+    /// ([`UpdateRefusal::NotSupported`], naming its allocation node), unless it is the graph
+    /// this executable graph was instantiated from: its copies and memsets use the addresses
+    /// of its own allocation nodes, which this executable graph's allocation nodes never map.
     pub fn try_update(&mut self, graph: &Graph) -> Result<()> {
         if graph.device() != self.device() {
             return Err(cudars_core::Error::WrongDevice {
@@ -627,6 +632,22 @@ impl GraphExec {
                 actual: graph.device().ordinal() as i32,
             }
             .into());
+        }
+        if !Arc::ptr_eq(&graph.table, &self.table) {
+            let alloc = graph
+                .table
+                .nodes
+                .iter()
+                .filter(|(_, e)| e.kind == NodeKind::MemAlloc)
+                .map(|(id, _)| *id)
+                .min();
+            if let Some(alloc) = alloc {
+                return Err(Error::UpdateRefused {
+                    refusal: UpdateRefusal::NotSupported,
+                    node: Some(alloc),
+                    from: None,
+                });
+            }
         }
         match self.handle.update_detailed(&graph.handle)? {
             Ok(()) => {

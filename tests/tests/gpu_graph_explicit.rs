@@ -925,3 +925,51 @@ fn bare_core_handles_are_withheld_from_graphs_whose_nodes_hold_buffers() {
     t.stream.synchronize().unwrap();
     assert!(read_u32(&a).iter().all(|&x| x == 0x0202_0202));
 }
+
+/// A graph's allocation node address is its own: a whole-graph update from another graph
+/// with allocation nodes would point this executable graph's copies at addresses its own
+/// allocation nodes never map. `try_update` refuses it, typed, before the driver;
+/// `update` re-instantiates instead, and the result runs on the new graph's buffers.
+#[test]
+fn whole_graph_updates_from_graphs_with_allocation_nodes_are_refused() {
+    let _s = serial();
+    let t = Setup::new();
+    let n = 4096;
+    let build = |src: &DevicePtr, dst: &DevicePtr| {
+        let mut g = GraphBuilder::new(&t.dev).unwrap();
+        let (an, alloc) = g.add_mem_alloc(&[], n * 4).unwrap();
+        let up = g.add_memcpy(&[an], &alloc, src).unwrap();
+        let down = g.add_memcpy(&[up], dst, &alloc).unwrap();
+        g.add_mem_free(&[down], &alloc).unwrap();
+        (g.finish().unwrap(), an)
+    };
+    let (src1, dst1) = (t.u32s(&vec![1; n]), t.alloc(n * 4));
+    let (src2, dst2) = (t.u32s(&vec![2; n]), t.alloc(n * 4));
+    let (g1, _) = build(&src1, &dst1);
+    let (g2, alloc2) = build(&src2, &dst2);
+    let mut exec = g1.instantiate().unwrap();
+    exec.launch(&t.stream).unwrap();
+    t.stream.synchronize().unwrap();
+    assert!(read_u32(&dst1).iter().all(|&x| x == 1));
+    // Its own graph goes to the driver (which may take or refuse it, typed either way).
+    match exec.try_update(&g1) {
+        Ok(()) | Err(Error::UpdateRefused { .. }) => {}
+        Err(e) => panic!("{e:?}"),
+    }
+    match exec.try_update(&g2) {
+        Err(Error::UpdateRefused {
+            refusal: UpdateRefusal::NotSupported,
+            node: Some(node),
+            from: None,
+        }) => assert_eq!(node, alloc2),
+        other => panic!("{other:?}"),
+    }
+    drop(g1);
+    assert_eq!(
+        exec.update(&g2).unwrap(),
+        UpdateOutcome::Reinstantiated(UpdateRefusal::NotSupported)
+    );
+    exec.launch(&t.stream).unwrap();
+    t.stream.synchronize().unwrap();
+    assert!(read_u32(&dst2).iter().all(|&x| x == 2));
+}
