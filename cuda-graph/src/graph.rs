@@ -600,8 +600,16 @@ impl GraphExec {
     ) -> Result<()> {
         kernel.check::<A>().map_err(Error::other)?;
         let raw = self.node(node, NodeKind::Kernel)?;
-        let owners = crate::builder::arg_owners(&args, self.device())?;
         let function = kernel.function();
+        if function.device() != self.device() {
+            return Err(cudars_core::Error::WrongDevice {
+                what: "kernel",
+                expected: self.device().ordinal() as i32,
+                actual: function.device().ordinal() as i32,
+            }
+            .into());
+        }
+        let owners = crate::builder::arg_owners(&args, self.device())?;
         let handle = &self.handle;
         // SAFETY: a kernel node of the graph this was made from; arguments checked against
         // the parameters; buffers kept (installed below); the caller upholds the rest.
