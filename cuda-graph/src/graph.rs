@@ -1,6 +1,8 @@
 //! Graphs, captured or built ([`Graph`]), and executable graphs ([`GraphExec`]).
 
+use std::cell::Cell;
 use std::ffi::c_void;
+use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -16,17 +18,39 @@ use crate::builder::{
 };
 use crate::error::{CaptureId, Error, Result};
 
+/// A graph's driver handle, shared by its [`Graph`] and the executable graphs made from it:
+/// the driver names an executable graph's nodes, for node updates, by the nodes of the graph
+/// it was instantiated from, so that graph must outlive them.
+#[derive(Debug)]
+struct SharedGraph(GraphHandle);
+
+impl SharedGraph {
+    fn new(handle: GraphHandle) -> Arc<SharedGraph> {
+        Arc::new(SharedGraph(handle))
+    }
+}
+
+// SAFETY: `GraphHandle` is `Send`, not `Sync`: calls on one graph must not overlap. Only the
+// `Graph` that made this value calls the handle, and `Graph` is not `Sync`; an executable
+// graph holds its reference only to keep the graph and its nodes alive, and never calls it.
+// The last reference's drop destroys the graph, with no other reference left to call it.
+unsafe impl Sync for SharedGraph {}
+
 /// A graph, captured or built: the recorded work, not yet runnable. Make it runnable with
 /// [`Graph::instantiate`]; one graph can be instantiated any number of times.
 ///
-/// The graph is destroyed on drop; executable graphs made from it stay valid. `Send`, not
-/// `Sync`: the driver does not synchronise calls on one graph, so they must not overlap.
+/// The graph is destroyed on drop, or once the last executable graph made from it is dropped
+/// (the driver names an executable graph's nodes by those of its graph, for node updates);
+/// executable graphs made from it stay valid. `Send`, not `Sync`: the driver does not
+/// synchronise calls on one graph, so they must not overlap.
 ///
 /// A graph built with [`GraphBuilder`](crate::GraphBuilder) also knows its nodes (for the
 /// node updates of its executable graphs) and keeps alive what they use.
 #[derive(Debug)]
 pub struct Graph {
-    handle: GraphHandle,
+    handle: Arc<SharedGraph>,
+    /// Not `Sync`, as the handle it calls.
+    _not_sync: PhantomData<Cell<()>>,
     capture: Option<CaptureId>,
     table: Arc<NodeTable>,
     owners: Arc<NodeOwners>,
@@ -37,7 +61,8 @@ pub struct Graph {
 impl Graph {
     pub(crate) fn from_capture(handle: GraphHandle, capture: CaptureId) -> Graph {
         Graph {
-            handle,
+            handle: SharedGraph::new(handle),
+            _not_sync: PhantomData,
             capture: Some(capture),
             table: Arc::default(),
             owners: Arc::default(),
@@ -52,7 +77,8 @@ impl Graph {
         extra_flags: InstantiateFlags,
     ) -> Graph {
         Graph {
-            handle,
+            handle: SharedGraph::new(handle),
+            _not_sync: PhantomData,
             capture: None,
             table: Arc::new(table),
             owners: Arc::new(owners),
@@ -63,7 +89,8 @@ impl Graph {
     /// Wraps a graph handle made elsewhere (with `cudars_core::graph`, say).
     pub fn from_handle(handle: GraphHandle) -> Graph {
         Graph {
-            handle,
+            handle: SharedGraph::new(handle),
+            _not_sync: PhantomData,
             capture: None,
             table: Arc::default(),
             owners: Arc::default(),
@@ -88,7 +115,7 @@ impl Graph {
 
     /// The device the graph runs on (whose stream was captured, or that it was built for).
     pub fn device(&self) -> Device {
-        self.handle.device()
+        self.handle.0.device()
     }
 
     /// The underlying `cuda-core` handle, when it keeps alive everything the graph's nodes
@@ -98,7 +125,7 @@ impl Graph {
     /// executable graph or clone made through the bare handle could outlive them.
     pub fn handle(&self) -> Option<&GraphHandle> {
         if self.owners.values().all(Vec::is_empty) {
-            Some(&self.handle)
+            Some(&self.handle.0)
         } else {
             None
         }
@@ -106,13 +133,13 @@ impl Graph {
 
     /// The handle, for this crate's own calls that keep the owners alive themselves.
     pub(crate) fn core_handle(&self) -> &GraphHandle {
-        &self.handle
+        &self.handle.0
     }
 
     /// Number of nodes: one per captured operation (memset, copy, kernel, event wait, ...) or
     /// added node; the nodes of conditional bodies and child graphs are not counted.
     pub fn node_count(&self) -> Result<usize> {
-        Ok(self.handle.node_count()?)
+        Ok(self.handle.0.node_count()?)
     }
 
     /// A deep copy, independent of this graph (`cuGraphClone`). It keeps alive what this
@@ -120,7 +147,8 @@ impl Graph {
     /// them, so its executable graphs take no node updates.
     pub fn try_clone(&self) -> Result<Graph> {
         Ok(Graph {
-            handle: self.handle.clone_graph()?,
+            handle: SharedGraph::new(self.handle.0.clone_graph()?),
+            _not_sync: PhantomData,
             capture: None,
             table: Arc::default(),
             owners: Arc::new(
@@ -135,7 +163,7 @@ impl Graph {
     /// Writes the graph as a Graphviz DOT file for debugging (`cuGraphDebugDotPrint`);
     /// `verbose` adds each node's parameters. Render with `dot -Tsvg graph.dot -o graph.svg`.
     pub fn write_dot(&self, path: impl AsRef<Path>, verbose: bool) -> Result<()> {
-        Ok(self.handle.write_dot(path, verbose)?)
+        Ok(self.handle.0.write_dot(path, verbose)?)
     }
 
     /// An executable graph, ready to [`launch`](GraphExec::launch).
@@ -172,10 +200,11 @@ impl Graph {
                     | InstantiateFlags::USE_NODE_PRIORITY.0)
                 == 0 =>
             {
-                self.handle.instantiate(flags)?
+                self.handle.0.instantiate(flags)?
             }
             _ => self
                 .handle
+                .0
                 .instantiate_with_params(flags, upload, &mut blamed)
                 .map_err(|source| Error::Instantiate {
                     node: self.table.by_raw.get(&(blamed as usize)).copied(),
@@ -214,6 +243,8 @@ pub enum UpdateOutcome {
 /// event before it lets them go.
 pub struct GraphExec {
     handle: GraphExecHandle,
+    /// The graph `handle` was instantiated from: node updates name its nodes.
+    source: Arc<SharedGraph>,
     flags: InstantiateFlags,
     table: Arc<NodeTable>,
     owners: NodeOwners,
@@ -270,6 +301,7 @@ impl GraphExec {
         let owners: NodeOwners = (*graph.owners).clone();
         GraphExec {
             handle,
+            source: Arc::clone(&graph.handle),
             flags,
             table: Arc::clone(&graph.table),
             device_owners: device_owners(&owners),
@@ -657,7 +689,7 @@ impl GraphExec {
                 });
             }
         }
-        match self.handle.update_detailed(&graph.handle)? {
+        match self.handle.update_detailed(&graph.handle.0)? {
             Ok(()) => {
                 self.adopt(graph, false);
                 Ok(())
@@ -701,7 +733,8 @@ impl GraphExec {
         match self.try_update(graph) {
             Ok(()) => Ok(UpdateOutcome::Updated),
             Err(Error::UpdateRefused { refusal, .. }) => {
-                self.handle = graph.handle.instantiate(self.flags | graph.extra_flags)?;
+                self.handle = graph.handle.0.instantiate(self.flags | graph.extra_flags)?;
+                self.source = Arc::clone(&graph.handle);
                 // The old executable graph's launches are not ordered with the new one's:
                 // its fence guards what it used.
                 if let Some(f) = self.fence.take() {

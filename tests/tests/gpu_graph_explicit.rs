@@ -973,3 +973,44 @@ fn whole_graph_updates_from_graphs_with_allocation_nodes_are_refused() {
     t.stream.synchronize().unwrap();
     assert!(read_u32(&dst2).iter().all(|&x| x == 2));
 }
+
+/// The driver names an executable graph's nodes, for node updates, by the nodes of the graph
+/// it was instantiated from: dropping that `Graph` must not destroy them while the executable
+/// graph can still be updated (other graphs built and dropped meanwhile reuse the memory).
+#[test]
+fn node_updates_work_after_the_graph_is_dropped() {
+    let _s = serial();
+    let t = Setup::new();
+    let n = 4096;
+    let (a, b) = (t.alloc(n * 4), t.alloc(n * 4));
+    let mut g = GraphBuilder::new(&t.dev).unwrap();
+    let m = g.add_memset_u32(&[], &a, 1).unwrap();
+    let mut exec = g.finish().unwrap().instantiate().unwrap();
+    for i in 0..64u32 {
+        // Graphs made and destroyed now may reuse the memory of dropped nodes.
+        let mut other = GraphBuilder::new(&t.dev).unwrap();
+        for _ in 0..8 {
+            other.add_memset_u32(&[], &b, 0).unwrap();
+        }
+        drop(other.finish().unwrap());
+        let dst = if i % 2 == 0 { &a } else { &b };
+        exec.set_memset_u32(m, dst, i).unwrap();
+        exec.launch(&t.stream).unwrap();
+        t.stream.synchronize().unwrap();
+        assert!(read_u32(dst).iter().all(|&x| x == i), "update {i}");
+    }
+
+    // After a re-instantiating update, the nodes are those of the new graph: dropped too.
+    let mut g2 = GraphBuilder::new(&t.dev).unwrap();
+    let first = g2.add_memset_u32(&[], &a, 5).unwrap();
+    let second = g2.add_memset_u32(&[first], &b, 6).unwrap();
+    assert!(matches!(
+        exec.update(&g2.finish().unwrap()).unwrap(),
+        UpdateOutcome::Reinstantiated(_)
+    ));
+    exec.set_memset_u32(second, &b, 7).unwrap();
+    exec.launch(&t.stream).unwrap();
+    t.stream.synchronize().unwrap();
+    assert!(read_u32(&a).iter().all(|&x| x == 5));
+    assert!(read_u32(&b).iter().all(|&x| x == 7));
+}
