@@ -122,9 +122,17 @@ impl Graph {
     /// use (a captured or wrapped graph, or a built one whose nodes hold no buffer, closure
     /// or event); `None` for a graph whose nodes hold any (see
     /// [`GraphBuilder`](crate::GraphBuilder)): only this `Graph` keeps those alive, so an
-    /// executable graph or clone made through the bare handle could outlive them.
+    /// executable graph or clone made through the bare handle could outlive them. `None`
+    /// also for a built graph with allocation nodes: an update through the bare handles
+    /// would hand their addresses to another executable graph (see
+    /// [`GraphExec::try_update`]).
     pub fn handle(&self) -> Option<&GraphHandle> {
-        if self.owners.values().all(Vec::is_empty) {
+        let allocates = self
+            .table
+            .nodes
+            .values()
+            .any(|e| e.kind == NodeKind::MemAlloc);
+        if !allocates && self.owners.values().all(Vec::is_empty) {
             Some(&self.handle.0)
         } else {
             None

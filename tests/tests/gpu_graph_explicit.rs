@@ -947,6 +947,8 @@ fn whole_graph_updates_from_graphs_with_allocation_nodes_are_refused() {
     let (src2, dst2) = (t.u32s(&vec![2; n]), t.alloc(n * 4));
     let (g1, _) = build(&src1, &dst1);
     let (g2, alloc2) = build(&src2, &dst2);
+    // Nor can the bare core handles be used to update one with the other.
+    assert!(g1.handle().is_none() && g2.handle().is_none());
     let mut exec = g1.instantiate().unwrap();
     exec.launch(&t.stream).unwrap();
     t.stream.synchronize().unwrap();
