@@ -15,7 +15,10 @@
 //!
 //! Every node function is `unsafe`: the graph is passed as a raw `CUgraph` (a conditional
 //! node's body graphs belong to the node, not to a [`GraphHandle`]), and the driver reads
-//! the addresses a node uses at every launch, long after the call.
+//! the addresses a node uses at every launch, long after the call. In their contracts, "every
+//! executable graph made from `graph`" also means every executable graph updated from it
+//! ([`GraphExecHandle::update`], [`GraphExecHandle::update_detailed`]) and those made from or
+//! updated from a graph that embeds it as a child: each of them runs its nodes too.
 
 use std::ffi::c_void;
 use std::sync::Arc;
