@@ -620,7 +620,9 @@ impl HostBuffer {
     ///
     /// # Safety
     ///
-    /// No launch of a graph that copies from or into this buffer runs during the call.
+    /// No launch of a graph that copies from or into this buffer runs during the call, and
+    /// no other [`write`](Self::write) or [`read`](Self::read) of this buffer (through any
+    /// clone, on any thread) runs at the same time.
     pub unsafe fn write<T: bytemuck::Pod>(&self, src: &[T]) -> Result<()> {
         let bytes: &[u8] = bytemuck::cast_slice(src);
         if bytes.len() > self.len() {
@@ -631,8 +633,9 @@ impl HostBuffer {
             }
             .into());
         }
-        // SAFETY: the range is inside the buffer; the caller promises no graph copy touches
-        // it now, and `&self` access to the bytes is only through these unsafe calls.
+        // SAFETY: the range is inside the buffer; the caller promises that no graph copy and
+        // no other read or write touches it now, and `&self` access to the bytes is only
+        // through these unsafe calls.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 bytes.as_ptr(),
@@ -647,7 +650,9 @@ impl HostBuffer {
     ///
     /// # Safety
     ///
-    /// No launch of a graph that copies into this buffer runs during the call.
+    /// No launch of a graph that copies into this buffer runs during the call, and no
+    /// [`write`](Self::write) of this buffer (through any clone, on any thread) runs at the
+    /// same time.
     pub unsafe fn read<T: bytemuck::Pod>(&self, dst: &mut [T]) -> Result<()> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
         if bytes.len() > self.len() {
