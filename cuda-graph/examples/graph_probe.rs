@@ -145,13 +145,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = DevicePtr::alloc(&dev, n * 4)?;
     let b2 = DevicePtr::alloc(&dev, n * 4)?;
     let c = DevicePtr::alloc(&dev, n * 4)?;
-    for variant in ["memset only", "memset + copy", "memset + kernel", "memset + host", "memset + kernel + copy + host"] {
+    for variant in [
+        "memset only",
+        "memset + copy",
+        "memset + kernel",
+        "memset + host",
+        "memset + kernel + copy + host",
+    ] {
         let mut g = GraphBuilder::new(&dev)?;
         let m = g.add_memset_u32(&[], &a, 0)?;
         let mut last = m;
         if variant.contains("kernel") {
             let (mut p, mut nn) = (a.as_raw(), n as u64);
-            let mut params = [&mut p as *mut u64 as *mut c_void, &mut nn as *mut u64 as *mut c_void];
+            let mut params = [
+                &mut p as *mut u64 as *mut c_void,
+                &mut nn as *mut u64 as *mut c_void,
+            ];
             let cfg = LaunchConfig::new(((n / 256) as u32, 1, 1), (256, 1, 1));
             // SAFETY: k2 over n u32 of `a`, kept by the graph.
             last = unsafe { g.add_kernel(&[last], k2.function(), &cfg, &mut params, &[&a]) }?;
@@ -163,8 +172,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             g.add_host(&[last], || {})?;
         }
         let mut exec = g.finish()?.instantiate()?;
-        show(&format!("builder exec {variant}: set_memset other buffer"), &exec.set_memset_u32(m, &b2, 5));
-        show(&format!("builder exec {variant}: set_memset same buffer"), &exec.set_memset_u32(m, &a, 6));
+        show(
+            &format!("builder exec {variant}: set_memset other buffer"),
+            &exec.set_memset_u32(m, &b2, 5),
+        );
+        show(
+            &format!("builder exec {variant}: set_memset same buffer"),
+            &exec.set_memset_u32(m, &a, 6),
+        );
     }
     Ok(())
 }

@@ -620,7 +620,9 @@ impl HostBuffer {
     ///
     /// # Safety
     ///
-    /// No launch of a graph that copies from or into this buffer runs during the call.
+    /// No launch of a graph that copies from or into this buffer runs during the call, and
+    /// no other [`write`](Self::write) or [`read`](Self::read) of this buffer (through any
+    /// clone, on any thread) runs at the same time.
     pub unsafe fn write<T: bytemuck::Pod>(&self, src: &[T]) -> Result<()> {
         let bytes: &[u8] = bytemuck::cast_slice(src);
         if bytes.len() > self.len() {
@@ -631,8 +633,9 @@ impl HostBuffer {
             }
             .into());
         }
-        // SAFETY: the range is inside the buffer; the caller promises no graph copy touches
-        // it now, and `&self` access to the bytes is only through these unsafe calls.
+        // SAFETY: the range is inside the buffer; the caller promises that no graph copy and
+        // no other read or write touches it now, and `&self` access to the bytes is only
+        // through these unsafe calls.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 bytes.as_ptr(),
@@ -647,7 +650,9 @@ impl HostBuffer {
     ///
     /// # Safety
     ///
-    /// No launch of a graph that copies into this buffer runs during the call.
+    /// No launch of a graph that copies into this buffer runs during the call, and no
+    /// [`write`](Self::write) of this buffer (through any clone, on any thread) runs at the
+    /// same time.
     pub unsafe fn read<T: bytemuck::Pod>(&self, dst: &mut [T]) -> Result<()> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
         if bytes.len() > self.len() {
@@ -1349,7 +1354,7 @@ impl<'a> GraphBuilder<'a> {
         let mut owners: Vec<Owner> = child.all_owners();
         owners.extend(
             child
-                .handle()
+                .core_handle()
                 .kept_alive()
                 .iter()
                 .map(|o| Owner::Device(DevicePtr::from_arc(Arc::clone(o)))),
@@ -1357,7 +1362,7 @@ impl<'a> GraphBuilder<'a> {
         let _ctx = self.device.bind()?;
         // SAFETY: a live graph and nodes of it; everything the child's nodes use is kept by
         // this graph (the owners above).
-        let node = unsafe { ex::add_child_graph_node(self.graph(), &raw, child.handle()) }?;
+        let node = unsafe { ex::add_child_graph_node(self.graph(), &raw, child.core_handle()) }?;
         Ok(self.record(idx, node, NodeKind::Child, owners))
     }
 
@@ -1419,6 +1424,11 @@ impl<'a> GraphBuilder<'a> {
     }
 
     /// A conditional node of `kind`; `fill(i, body)` fills body `i` (0-based).
+    ///
+    /// When `fill` fails (or panics), its error is returned, but the conditional node stays
+    /// in the graph with the nodes its bodies got so far, whose buffers and closures the
+    /// graph keeps alive like any other node's: do not launch a graph whose build failed
+    /// half-way unless that partial body is what you want.
     pub fn add_conditional(
         &mut self,
         deps: &[NodeId],
@@ -1443,27 +1453,35 @@ impl<'a> GraphBuilder<'a> {
         let id = self.record(idx, node, nk, Vec::new());
         let anchor = ();
         for (i, body) in bodies.into_iter().enumerate() {
-            let mut b = self.body_builder(body, &anchor);
-            let expected = b.reg.graph;
-            fill(i, &mut b)?;
-            if b.reg.graph != expected || b.handle.is_some() {
+            // The nodes a body gets stay in the graph even when its closure fails or panics
+            // (the conditional node is already in the graph, and the builder stays usable):
+            // the guard hands their owners to this builder on every path, so no later launch
+            // reaches a buffer or closure dropped with the body's builder.
+            let mut guard = BodyGuard {
+                table: &mut self.table,
+                owners: &mut self.owners,
+                body: Self::body_builder(self.device, self.ctx, body, &anchor),
+            };
+            let expected = guard.body.reg.graph;
+            fill(i, &mut guard.body)?;
+            if guard.body.reg.graph != expected || guard.body.handle.is_some() {
                 return Err(BuildError::BodyReplaced.into());
-            }
-            self.table.nodes.extend(b.table.nodes.drain());
-            self.table.by_raw.extend(b.table.by_raw.drain());
-            for (k, v) in b.owners.drain() {
-                self.owners.insert(k, v);
             }
         }
         Ok(id)
     }
 
-    fn body_builder<'b>(&self, raw: CUgraph, _anchor: &'b ()) -> GraphBuilder<'b> {
+    fn body_builder<'b>(
+        device: Device,
+        ctx: usize,
+        raw: CUgraph,
+        _anchor: &'b (),
+    ) -> GraphBuilder<'b> {
         GraphBuilder {
             handle: None,
             raw: raw as usize,
-            device: self.device,
-            ctx: self.ctx,
+            device,
+            ctx,
             reg: Registry::new(true),
             table: NodeTable::default(),
             owners: NodeOwners::new(),
@@ -1535,6 +1553,22 @@ impl<'a> GraphBuilder<'a> {
         fill: impl FnMut(usize, &mut GraphBuilder<'_>) -> Result<()>,
     ) -> Result<NodeId> {
         self.add_conditional(deps, handle, ConditionalKind::Switch(cases), fill)
+    }
+}
+
+/// Hands a conditional body's nodes and owners to its parent builder when dropped, whether
+/// the body's closure returned, failed or panicked.
+struct BodyGuard<'p, 'b> {
+    table: &'p mut NodeTable,
+    owners: &'p mut NodeOwners,
+    body: GraphBuilder<'b>,
+}
+
+impl Drop for BodyGuard<'_, '_> {
+    fn drop(&mut self) {
+        self.table.nodes.extend(self.body.table.nodes.drain());
+        self.table.by_raw.extend(self.body.table.by_raw.drain());
+        self.owners.extend(self.body.owners.drain());
     }
 }
 

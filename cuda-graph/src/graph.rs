@@ -1,6 +1,8 @@
 //! Graphs, captured or built ([`Graph`]), and executable graphs ([`GraphExec`]).
 
+use std::cell::Cell;
 use std::ffi::c_void;
+use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -16,17 +18,39 @@ use crate::builder::{
 };
 use crate::error::{CaptureId, Error, Result};
 
+/// A graph's driver handle, shared by its [`Graph`] and the executable graphs made from it:
+/// the driver names an executable graph's nodes, for node updates, by the nodes of the graph
+/// it was instantiated from, so that graph must outlive them.
+#[derive(Debug)]
+struct SharedGraph(GraphHandle);
+
+impl SharedGraph {
+    fn new(handle: GraphHandle) -> Arc<SharedGraph> {
+        Arc::new(SharedGraph(handle))
+    }
+}
+
+// SAFETY: `GraphHandle` is `Send`, not `Sync`: calls on one graph must not overlap. Only the
+// `Graph` that made this value calls the handle, and `Graph` is not `Sync`; an executable
+// graph holds its reference only to keep the graph and its nodes alive, and never calls it.
+// The last reference's drop destroys the graph, with no other reference left to call it.
+unsafe impl Sync for SharedGraph {}
+
 /// A graph, captured or built: the recorded work, not yet runnable. Make it runnable with
 /// [`Graph::instantiate`]; one graph can be instantiated any number of times.
 ///
-/// The graph is destroyed on drop; executable graphs made from it stay valid. `Send`, not
-/// `Sync`: the driver does not synchronise calls on one graph, so they must not overlap.
+/// The graph is destroyed on drop, or once the last executable graph made from it is dropped
+/// (the driver names an executable graph's nodes by those of its graph, for node updates);
+/// executable graphs made from it stay valid. `Send`, not `Sync`: the driver does not
+/// synchronise calls on one graph, so they must not overlap.
 ///
 /// A graph built with [`GraphBuilder`](crate::GraphBuilder) also knows its nodes (for the
 /// node updates of its executable graphs) and keeps alive what they use.
 #[derive(Debug)]
 pub struct Graph {
-    handle: GraphHandle,
+    handle: Arc<SharedGraph>,
+    /// Not `Sync`, as the handle it calls.
+    _not_sync: PhantomData<Cell<()>>,
     capture: Option<CaptureId>,
     table: Arc<NodeTable>,
     owners: Arc<NodeOwners>,
@@ -37,7 +61,8 @@ pub struct Graph {
 impl Graph {
     pub(crate) fn from_capture(handle: GraphHandle, capture: CaptureId) -> Graph {
         Graph {
-            handle,
+            handle: SharedGraph::new(handle),
+            _not_sync: PhantomData,
             capture: Some(capture),
             table: Arc::default(),
             owners: Arc::default(),
@@ -52,7 +77,8 @@ impl Graph {
         extra_flags: InstantiateFlags,
     ) -> Graph {
         Graph {
-            handle,
+            handle: SharedGraph::new(handle),
+            _not_sync: PhantomData,
             capture: None,
             table: Arc::new(table),
             owners: Arc::new(owners),
@@ -63,7 +89,8 @@ impl Graph {
     /// Wraps a graph handle made elsewhere (with `cudars_core::graph`, say).
     pub fn from_handle(handle: GraphHandle) -> Graph {
         Graph {
-            handle,
+            handle: SharedGraph::new(handle),
+            _not_sync: PhantomData,
             capture: None,
             table: Arc::default(),
             owners: Arc::default(),
@@ -88,18 +115,39 @@ impl Graph {
 
     /// The device the graph runs on (whose stream was captured, or that it was built for).
     pub fn device(&self) -> Device {
-        self.handle.device()
+        self.handle.0.device()
     }
 
-    /// The underlying `cuda-core` handle.
-    pub fn handle(&self) -> &GraphHandle {
-        &self.handle
+    /// The underlying `cuda-core` handle, when it keeps alive everything the graph's nodes
+    /// use (a captured or wrapped graph, or a built one whose nodes hold no buffer, closure
+    /// or event); `None` for a graph whose nodes hold any (see
+    /// [`GraphBuilder`](crate::GraphBuilder)): only this `Graph` keeps those alive, so an
+    /// executable graph or clone made through the bare handle could outlive them. `None`
+    /// also for a built graph with allocation nodes: an update through the bare handles
+    /// would hand their addresses to another executable graph (see
+    /// [`GraphExec::try_update`]).
+    pub fn handle(&self) -> Option<&GraphHandle> {
+        let allocates = self
+            .table
+            .nodes
+            .values()
+            .any(|e| e.kind == NodeKind::MemAlloc);
+        if !allocates && self.owners.values().all(Vec::is_empty) {
+            Some(&self.handle.0)
+        } else {
+            None
+        }
+    }
+
+    /// The handle, for this crate's own calls that keep the owners alive themselves.
+    pub(crate) fn core_handle(&self) -> &GraphHandle {
+        &self.handle.0
     }
 
     /// Number of nodes: one per captured operation (memset, copy, kernel, event wait, ...) or
     /// added node; the nodes of conditional bodies and child graphs are not counted.
     pub fn node_count(&self) -> Result<usize> {
-        Ok(self.handle.node_count()?)
+        Ok(self.handle.0.node_count()?)
     }
 
     /// A deep copy, independent of this graph (`cuGraphClone`). It keeps alive what this
@@ -107,7 +155,8 @@ impl Graph {
     /// them, so its executable graphs take no node updates.
     pub fn try_clone(&self) -> Result<Graph> {
         Ok(Graph {
-            handle: self.handle.clone_graph()?,
+            handle: SharedGraph::new(self.handle.0.clone_graph()?),
+            _not_sync: PhantomData,
             capture: None,
             table: Arc::default(),
             owners: Arc::new(
@@ -122,7 +171,7 @@ impl Graph {
     /// Writes the graph as a Graphviz DOT file for debugging (`cuGraphDebugDotPrint`);
     /// `verbose` adds each node's parameters. Render with `dot -Tsvg graph.dot -o graph.svg`.
     pub fn write_dot(&self, path: impl AsRef<Path>, verbose: bool) -> Result<()> {
-        Ok(self.handle.write_dot(path, verbose)?)
+        Ok(self.handle.0.write_dot(path, verbose)?)
     }
 
     /// An executable graph, ready to [`launch`](GraphExec::launch).
@@ -159,10 +208,11 @@ impl Graph {
                     | InstantiateFlags::USE_NODE_PRIORITY.0)
                 == 0 =>
             {
-                self.handle.instantiate(flags)?
+                self.handle.0.instantiate(flags)?
             }
             _ => self
                 .handle
+                .0
                 .instantiate_with_params(flags, upload, &mut blamed)
                 .map_err(|source| Error::Instantiate {
                     node: self.table.by_raw.get(&(blamed as usize)).copied(),
@@ -201,6 +251,8 @@ pub enum UpdateOutcome {
 /// event before it lets them go.
 pub struct GraphExec {
     handle: GraphExecHandle,
+    /// The graph `handle` was instantiated from: node updates name its nodes.
+    source: Arc<SharedGraph>,
     flags: InstantiateFlags,
     table: Arc<NodeTable>,
     owners: NodeOwners,
@@ -257,6 +309,7 @@ impl GraphExec {
         let owners: NodeOwners = (*graph.owners).clone();
         GraphExec {
             handle,
+            source: Arc::clone(&graph.handle),
             flags,
             table: Arc::clone(&graph.table),
             device_owners: device_owners(&owners),
@@ -274,9 +327,17 @@ impl GraphExec {
         self.handle.device()
     }
 
-    /// The underlying `cuda-core` handle.
-    pub fn handle(&self) -> &GraphExecHandle {
-        &self.handle
+    /// The underlying `cuda-core` handle, when launching through it is sound: when this
+    /// executable graph holds no buffer, closure or event for its nodes (a captured graph's,
+    /// say, whose memory the core handle keeps itself). `None` otherwise: a launch through
+    /// the bare handle would neither record its stream on the buffers nor be waited for
+    /// before the closures, host buffers and events are let go.
+    pub fn handle(&self) -> Option<&GraphExecHandle> {
+        if self.retired.is_empty() && self.owners.values().all(Vec::is_empty) {
+            Some(&self.handle)
+        } else {
+            None
+        }
     }
 
     /// The flags it was instantiated with (kept for re-instantiation by [`GraphExec::update`]).
@@ -579,8 +640,16 @@ impl GraphExec {
     ) -> Result<()> {
         kernel.check::<A>().map_err(Error::other)?;
         let raw = self.node(node, NodeKind::Kernel)?;
-        let owners = crate::builder::arg_owners(&args, self.device())?;
         let function = kernel.function();
+        if function.device() != self.device() {
+            return Err(cudars_core::Error::WrongDevice {
+                what: "kernel",
+                expected: self.device().ordinal() as i32,
+                actual: function.device().ordinal() as i32,
+            }
+            .into());
+        }
+        let owners = crate::builder::arg_owners(&args, self.device())?;
         let handle = &self.handle;
         // SAFETY: a kernel node of the graph this was made from; arguments checked against
         // the parameters; buffers kept (installed below); the caller upholds the rest.
@@ -598,6 +667,11 @@ impl GraphExec {
     /// unchanged. On success it takes over `graph`'s buffers and closures and lets the old
     /// ones go once no launch uses them. Node updates keep naming the nodes of the graph
     /// this executable graph was instantiated from (the driver knows its nodes by those).
+    ///
+    /// A `graph` with memory allocation nodes is refused before the driver
+    /// ([`UpdateRefusal::NotSupported`], naming its allocation node), unless it is the graph
+    /// this executable graph was instantiated from: its copies and memsets use the addresses
+    /// of its own allocation nodes, which this executable graph's allocation nodes never map.
     pub fn try_update(&mut self, graph: &Graph) -> Result<()> {
         if graph.device() != self.device() {
             return Err(cudars_core::Error::WrongDevice {
@@ -607,7 +681,23 @@ impl GraphExec {
             }
             .into());
         }
-        match self.handle.update_detailed(&graph.handle)? {
+        if !Arc::ptr_eq(&graph.table, &self.table) {
+            let alloc = graph
+                .table
+                .nodes
+                .iter()
+                .filter(|(_, e)| e.kind == NodeKind::MemAlloc)
+                .map(|(id, _)| *id)
+                .min();
+            if let Some(alloc) = alloc {
+                return Err(Error::UpdateRefused {
+                    refusal: UpdateRefusal::NotSupported,
+                    node: Some(alloc),
+                    from: None,
+                });
+            }
+        }
+        match self.handle.update_detailed(&graph.handle.0)? {
             Ok(()) => {
                 self.adopt(graph, false);
                 Ok(())
@@ -651,7 +741,8 @@ impl GraphExec {
         match self.try_update(graph) {
             Ok(()) => Ok(UpdateOutcome::Updated),
             Err(Error::UpdateRefused { refusal, .. }) => {
-                self.handle = graph.handle.instantiate(self.flags | graph.extra_flags)?;
+                self.handle = graph.handle.0.instantiate(self.flags | graph.extra_flags)?;
+                self.source = Arc::clone(&graph.handle);
                 // The old executable graph's launches are not ordered with the new one's:
                 // its fence guards what it used.
                 if let Some(f) = self.fence.take() {

@@ -272,7 +272,11 @@ fn pitched_2d_and_3d_copy_nodes() {
                 } else {
                     0
                 };
-                assert_eq!(got[(z * dr + r) * dp + x], want, "moved: slice {z} row {r} byte {x}");
+                assert_eq!(
+                    got[(z * dr + r) * dp + x],
+                    want,
+                    "moved: slice {z} row {r} byte {x}"
+                );
             }
         }
     }
@@ -853,4 +857,173 @@ fn a_graph_keeps_its_buffers_alive() {
     for p in &noise {
         assert!(read_u32(p).iter().all(|&x| x == 0xffff_ffff));
     }
+}
+
+/// A conditional body whose closure fails, or panics, after adding nodes leaves those nodes
+/// in the graph (the builder stays usable): their buffers must stay alive with the graph,
+/// not be dropped with the body's builder while a launch still writes to them.
+#[test]
+fn a_failed_or_panicking_conditional_body_keeps_its_buffers_alive() {
+    let _s = serial();
+    let t = Setup::new();
+    let n = 1 << 16;
+    let mut g = GraphBuilder::new(&t.dev).unwrap();
+    let h = g.conditional_handle(Some(1)).unwrap();
+    let failed = g.add_if(&[], h, |body| {
+        let only_here = DevicePtr::alloc(&t.dev, n * 4)?;
+        body.add_memset_u32(&[], &only_here, 7)?;
+        Err(Error::other("the body fails after adding a node"))
+    });
+    assert!(failed.is_err());
+    let h2 = g.conditional_handle(Some(1)).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        g.add_if(&[], h2, |body| {
+            let only_here = DevicePtr::alloc(&t.dev, n * 4)?;
+            body.add_memset_u32(&[], &only_here, 9)?;
+            panic!("the body panics after adding a node");
+        })
+    }));
+    assert!(panicked.is_err());
+    let exec = g.finish().unwrap().instantiate().unwrap();
+    // Memory allocated now must not land on the bodies' buffers.
+    let noise: Vec<DevicePtr> = (0..8).map(|_| t.u32s(&vec![0xffff_ffff; n])).collect();
+    exec.launch(&t.stream).unwrap();
+    exec.launch(&t.stream).unwrap();
+    t.stream.synchronize().unwrap();
+    for p in &noise {
+        assert!(
+            read_u32(p).iter().all(|&x| x == 0xffff_ffff),
+            "a launch wrote into memory freed with a failed body's builder"
+        );
+    }
+}
+
+/// A built graph's nodes use buffers and closures that only the `Graph` / `GraphExec`
+/// keep alive: their bare `cuda-core` handles would instantiate, clone or launch without
+/// them (an executable graph or a launch outliving the buffers), so they are not handed out.
+/// A captured graph's core handle keeps its memory itself: it is.
+#[test]
+fn bare_core_handles_are_withheld_from_graphs_whose_nodes_hold_buffers() {
+    let _s = serial();
+    let t = Setup::new();
+    let a = t.alloc(4096);
+    let mut g = GraphBuilder::new(&t.dev).unwrap();
+    let set = g.add_memset_u32(&[], &a, 1).unwrap();
+    g.add_host(&[set], || {}).unwrap();
+    let graph = g.finish().unwrap();
+    assert!(graph.handle().is_none());
+    assert!(graph.try_clone().unwrap().handle().is_none());
+    let exec = graph.instantiate().unwrap();
+    assert!(exec.handle().is_none());
+    exec.launch(&t.stream).unwrap();
+    t.stream.synchronize().unwrap();
+    assert!(read_u32(&a).iter().all(|&x| x == 1));
+
+    // A built graph whose nodes hold nothing, and a captured graph, hand it out.
+    let mut empty = GraphBuilder::new(&t.dev).unwrap();
+    empty.add_empty(&[]).unwrap();
+    let empty = empty.finish().unwrap();
+    assert!(empty.handle().is_some());
+    assert!(empty.instantiate().unwrap().handle().is_some());
+    let captured = cudars_graph::capture(&t.stream, CaptureMode::ThreadLocal, |s| {
+        a.memset_async(2, s)?;
+        Ok(())
+    })
+    .unwrap();
+    assert!(captured.handle().is_some());
+    let exec = captured.instantiate().unwrap();
+    exec.handle().unwrap().launch(&t.stream).unwrap();
+    t.stream.synchronize().unwrap();
+    assert!(read_u32(&a).iter().all(|&x| x == 0x0202_0202));
+}
+
+/// A graph's allocation node address is its own: a whole-graph update from another graph
+/// with allocation nodes would point this executable graph's copies at addresses its own
+/// allocation nodes never map. `try_update` refuses it, typed, before the driver;
+/// `update` re-instantiates instead, and the result runs on the new graph's buffers.
+#[test]
+fn whole_graph_updates_from_graphs_with_allocation_nodes_are_refused() {
+    let _s = serial();
+    let t = Setup::new();
+    let n = 4096;
+    let build = |src: &DevicePtr, dst: &DevicePtr| {
+        let mut g = GraphBuilder::new(&t.dev).unwrap();
+        let (an, alloc) = g.add_mem_alloc(&[], n * 4).unwrap();
+        let up = g.add_memcpy(&[an], &alloc, src).unwrap();
+        let down = g.add_memcpy(&[up], dst, &alloc).unwrap();
+        g.add_mem_free(&[down], &alloc).unwrap();
+        (g.finish().unwrap(), an)
+    };
+    let (src1, dst1) = (t.u32s(&vec![1; n]), t.alloc(n * 4));
+    let (src2, dst2) = (t.u32s(&vec![2; n]), t.alloc(n * 4));
+    let (g1, _) = build(&src1, &dst1);
+    let (g2, alloc2) = build(&src2, &dst2);
+    // Nor can the bare core handles be used to update one with the other.
+    assert!(g1.handle().is_none() && g2.handle().is_none());
+    let mut exec = g1.instantiate().unwrap();
+    exec.launch(&t.stream).unwrap();
+    t.stream.synchronize().unwrap();
+    assert!(read_u32(&dst1).iter().all(|&x| x == 1));
+    // Its own graph goes to the driver (which may take or refuse it, typed either way).
+    match exec.try_update(&g1) {
+        Ok(()) | Err(Error::UpdateRefused { .. }) => {}
+        Err(e) => panic!("{e:?}"),
+    }
+    match exec.try_update(&g2) {
+        Err(Error::UpdateRefused {
+            refusal: UpdateRefusal::NotSupported,
+            node: Some(node),
+            from: None,
+        }) => assert_eq!(node, alloc2),
+        other => panic!("{other:?}"),
+    }
+    drop(g1);
+    assert_eq!(
+        exec.update(&g2).unwrap(),
+        UpdateOutcome::Reinstantiated(UpdateRefusal::NotSupported)
+    );
+    exec.launch(&t.stream).unwrap();
+    t.stream.synchronize().unwrap();
+    assert!(read_u32(&dst2).iter().all(|&x| x == 2));
+}
+
+/// The driver names an executable graph's nodes, for node updates, by the nodes of the graph
+/// it was instantiated from: dropping that `Graph` must not destroy them while the executable
+/// graph can still be updated (other graphs built and dropped meanwhile reuse the memory).
+#[test]
+fn node_updates_work_after_the_graph_is_dropped() {
+    let _s = serial();
+    let t = Setup::new();
+    let n = 4096;
+    let (a, b) = (t.alloc(n * 4), t.alloc(n * 4));
+    let mut g = GraphBuilder::new(&t.dev).unwrap();
+    let m = g.add_memset_u32(&[], &a, 1).unwrap();
+    let mut exec = g.finish().unwrap().instantiate().unwrap();
+    for i in 0..64u32 {
+        // Graphs made and destroyed now may reuse the memory of dropped nodes.
+        let mut other = GraphBuilder::new(&t.dev).unwrap();
+        for _ in 0..8 {
+            other.add_memset_u32(&[], &b, 0).unwrap();
+        }
+        drop(other.finish().unwrap());
+        let dst = if i % 2 == 0 { &a } else { &b };
+        exec.set_memset_u32(m, dst, i).unwrap();
+        exec.launch(&t.stream).unwrap();
+        t.stream.synchronize().unwrap();
+        assert!(read_u32(dst).iter().all(|&x| x == i), "update {i}");
+    }
+
+    // After a re-instantiating update, the nodes are those of the new graph: dropped too.
+    let mut g2 = GraphBuilder::new(&t.dev).unwrap();
+    let first = g2.add_memset_u32(&[], &a, 5).unwrap();
+    let second = g2.add_memset_u32(&[first], &b, 6).unwrap();
+    assert!(matches!(
+        exec.update(&g2.finish().unwrap()).unwrap(),
+        UpdateOutcome::Reinstantiated(_)
+    ));
+    exec.set_memset_u32(second, &b, 7).unwrap();
+    exec.launch(&t.stream).unwrap();
+    t.stream.synchronize().unwrap();
+    assert!(read_u32(&a).iter().all(|&x| x == 5));
+    assert!(read_u32(&b).iter().all(|&x| x == 7));
 }

@@ -130,7 +130,7 @@ fn an_exec_launch_on_a_capturing_stream_is_refused_and_the_capture_goes_on() {
     // cudars_core's GraphExecHandle, on a capture begun through cudars_core::graph.
     // SAFETY: only safe view operations are captured, and the capture is ended below.
     unsafe { core_graph::begin_capture(&stream, CaptureMode::ThreadLocal) }.unwrap();
-    let refused = exec.handle().launch(&stream);
+    let refused = exec.handle().expect("a captured graph").launch(&stream);
     assert!(
         matches!(refused, Err(Error::Unsupported(_))),
         "expected Unsupported, got {refused:?}"
@@ -164,7 +164,11 @@ fn the_driver_refuses_a_graph_launch_inside_a_capture() {
         Ok(())
     })
     .unwrap();
-    let exec = graph.handle().instantiate(InstantiateFlags::NONE).unwrap();
+    let exec = graph
+        .handle()
+        .expect("a captured graph")
+        .instantiate(InstantiateFlags::NONE)
+        .unwrap();
     // SAFETY: nothing but the raw launch below is captured; the capture is ended below.
     unsafe { core_graph::begin_capture(&stream, CaptureMode::ThreadLocal) }.unwrap();
     let result = {

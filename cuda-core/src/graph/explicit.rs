@@ -15,7 +15,10 @@
 //!
 //! Every node function is `unsafe`: the graph is passed as a raw `CUgraph` (a conditional
 //! node's body graphs belong to the node, not to a [`GraphHandle`]), and the driver reads
-//! the addresses a node uses at every launch, long after the call.
+//! the addresses a node uses at every launch, long after the call. In their contracts, "every
+//! executable graph made from `graph`" also means every executable graph updated from it
+//! ([`GraphExecHandle::update`], [`GraphExecHandle::update_detailed`]) and those made from or
+//! updated from a graph that embeds it as a child: each of them runs its nodes too.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -658,21 +661,36 @@ pub unsafe fn add_conditional_node(
             &mut params
         ))
     }?;
-    let out = params.conditional.ph_graph_out;
-    if out.is_null() {
-        return Err(Error::InvalidArgument(
-            "cuGraphAddNode returned no body graphs for a conditional node".into(),
-        ));
-    }
-    // SAFETY: on success the driver set `phGraph_out` to its array of `size` body graphs,
-    // valid for the node's lifetime (CUDA_CONDITIONAL_NODE_PARAMS); copied out at once.
-    let bodies = unsafe { std::slice::from_raw_parts(out, size as usize) }.to_vec();
-    if bodies.iter().any(|b| b.is_null()) {
-        return Err(Error::InvalidArgument(
-            "cuGraphAddNode returned a null body graph for a conditional node".into(),
-        ));
-    }
+    // SAFETY: `params` is what the successful call left: `ph_graph_out` (passed null) now
+    // points at the node's array of `size` body graphs, or is still null.
+    let bodies = unsafe { body_graphs(&params.conditional) }?;
     Ok((node, bodies))
+}
+
+/// The body graphs a conditional node's creation left in `params`. The driver documents
+/// `phGraph_out` as a CUDA-owned array it populates, and NVIDIA's own examples pass none and
+/// read the driver's pointer back: so the array is read from wherever `ph_graph_out` points
+/// after the call (the caller's array, filled, or the driver's own). A null pointer or a null
+/// body is [`Error::InvalidArgument`]: a body builder must never add nodes to a null graph.
+///
+/// # Safety
+///
+/// `params` is what a successful `cuGraphAddNode` of a conditional node left: a null
+/// `ph_graph_out`, or a pointer to `size` graphs alive for the call.
+pub(crate) unsafe fn body_graphs(params: &ConditionalNodeParams) -> Result<Vec<CUgraph>> {
+    let bad = || {
+        Error::InvalidArgument("the driver returned no body graph for a conditional node".into())
+    };
+    if params.ph_graph_out.is_null() {
+        return Err(bad());
+    }
+    // SAFETY: the caller's contract: `size` graphs at `ph_graph_out`.
+    let bodies =
+        unsafe { std::slice::from_raw_parts(params.ph_graph_out, params.size as usize) }.to_vec();
+    if bodies.iter().any(|b| b.is_null()) {
+        return Err(bad());
+    }
+    Ok(bodies)
 }
 
 /// Why [`GraphExecHandle::update_detailed`] refused, and the node the driver blamed.
@@ -803,6 +821,35 @@ impl GraphExecHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn body_graphs_are_read_from_where_the_driver_left_them() {
+        let params = |out: *mut CUgraph, size: u32| ConditionalNodeParams {
+            handle: 1,
+            type_: 0,
+            size,
+            ph_graph_out: out,
+            ctx: std::ptr::null_mut(),
+        };
+        // The caller's array, filled in place.
+        let mut mine = [0x100usize as CUgraph, 0x200usize as CUgraph];
+        // SAFETY: two graphs at the pointer, alive for the call.
+        let got = unsafe { body_graphs(&params(mine.as_mut_ptr(), 2)) }.unwrap();
+        assert_eq!(got, mine.to_vec());
+        // The driver's own array, put in place of the caller's pointer.
+        let mut drivers = [0x300usize as CUgraph];
+        // SAFETY: one graph at the pointer.
+        let got = unsafe { body_graphs(&params(drivers.as_mut_ptr(), 1)) }.unwrap();
+        assert_eq!(got, vec![0x300usize as CUgraph]);
+        // No array, or a null body (the caller's array left unfilled): refused.
+        // SAFETY: a null pointer is checked first.
+        let none = unsafe { body_graphs(&params(std::ptr::null_mut(), 1)) };
+        assert!(matches!(none, Err(Error::InvalidArgument(_))));
+        let mut unfilled: [CUgraph; 2] = [std::ptr::null_mut(); 2];
+        // SAFETY: two graphs at the pointer.
+        let unfilled = unsafe { body_graphs(&params(unfilled.as_mut_ptr(), 2)) };
+        assert!(matches!(unfilled, Err(Error::InvalidArgument(_))));
+    }
 
     #[test]
     fn conditional_kinds_name_their_driver_and_bodies() {

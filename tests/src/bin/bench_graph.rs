@@ -115,7 +115,10 @@ fn compare(
     exec: &GraphExec,
     issue_target: IssueTarget,
 ) -> Result<Timing, cudars_graph::Error> {
-    let replay = |s: &Stream| exec.handle().launch(s);
+    let core = exec
+        .handle()
+        .expect("a captured graph: its core handle keeps its memory alive");
+    let replay = |s: &Stream| core.launch(s);
     let d = time(stream, direct)?;
     let g = time(stream, &replay)?;
     report.row(
@@ -357,7 +360,7 @@ fn run() -> Result<(), cudars_graph::Error> {
     let one = one.instantiate()?;
     one.upload(&stream)?;
     let driver = cudars_core::sys::driver().map_err(cudars_core::Error::from)?;
-    let raw_exec = one.handle().raw();
+    let raw_exec = one.handle().expect("a captured graph").raw();
     let raw_stream = stream.raw();
     let per_launch = |f: &dyn Fn() -> bool| -> Result<f64, cudars_graph::Error> {
         let mut samples = Vec::new();
