@@ -4,8 +4,6 @@ use crate::backend::{Backend, DeviceId, StreamId};
 use crate::error::PoolError;
 use crate::stats::Stats;
 
-use super::shard::ShardState;
-use super::table::Shard;
 #[cfg(doc)]
 use super::Allocation;
 use super::{lock, Device, Global, Limit, MemoryPool};
@@ -184,19 +182,6 @@ impl<B: Backend> MemoryPool<B> {
             .iter()
             .flat_map(|d| d.shards.iter())
             .map(|s| s.state.lock().count_free_blocks())
-            .sum()
-    }
-
-    /// Bytes in live blocks of the device, while `shard` is locked as `st`.
-    pub(super) fn device_used(&self, dev: &Device<B>, shard: &Shard<B>, st: &ShardState<B>) -> u64 {
-        dev.all_shards()
-            .map(|s| {
-                if std::ptr::eq(s, shard) {
-                    st.stats.used.current
-                } else {
-                    s.state.lock().stats.used.current
-                }
-            })
             .sum()
     }
 }

@@ -170,6 +170,53 @@ impl<B: Backend> Device<B> {
     }
 }
 
+/// The locks a miss holds, with what they guard: the device lock (`g`) and the lock of the
+/// requesting stream's shard (`st`), taken in that order by `malloc_slow`. Every step of
+/// the slow path (`slow_path.rs`, `grow.rs`, `supply.rs`, `recovery.rs`) takes this one
+/// context instead of the four pieces.
+struct Held<'h, 'p, B: Backend> {
+    dev: &'p Device<B>,
+    g: &'h mut Global<B>,
+    /// The requesting shard, locked as `st`.
+    shard: &'p Shard<B>,
+    st: &'h mut ShardState<B>,
+}
+
+impl<'p, B: Backend> Held<'_, 'p, B> {
+    /// The device's stream shards other than the locked one (private shards are never
+    /// searched for memory).
+    fn other_shards(&self) -> impl Iterator<Item = &'p Shard<B>> + 'p {
+        let shard = self.shard;
+        self.dev
+            .shards
+            .iter()
+            .filter(move |s| !std::ptr::eq(*s, shard))
+    }
+
+    /// Bytes in live blocks of the device (the locked shard's read through `st`).
+    fn device_used(&self) -> u64 {
+        self.dev
+            .all_shards()
+            .map(|s| {
+                if std::ptr::eq(s, self.shard) {
+                    self.st.stats.used.current
+                } else {
+                    s.state.lock().stats.used.current
+                }
+            })
+            .sum()
+    }
+}
+
+/// One request on the slow path: the stream's key, the stream, the size asked for and
+/// the size rounded to the pool's unit.
+struct Request<'s, B: Backend> {
+    key: StreamId,
+    stream: &'s B::Stream,
+    size: u64,
+    rounded: u64,
+}
+
 /// A stream-ordered caching memory pool serving every device of its backend.
 ///
 /// See the [crate documentation](crate) for the semantics and the

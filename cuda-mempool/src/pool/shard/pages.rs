@@ -323,7 +323,6 @@ impl<B: Backend> ShardState<B> {
 /// Maps the pending `run` of `(slot, page)` pairs (consecutive slots) with one
 /// [`Backend::map_run`] call and records them in `pages`; on failure the pages go back to
 /// `spare` and nothing is recorded. Empties `run`.
-#[allow(clippy::too_many_arguments)]
 fn map_run<B: Backend>(
     backend: &B,
     device: DeviceId,
