@@ -182,10 +182,7 @@ fn plain_pool() -> Result<&'static DevicePool, PoolError> {
     if let Some(p) = POOL.get() {
         return Ok(p);
     }
-    let backend = DriverBackend::plain().map_err(|e| PoolError::Backend {
-        op: "DriverBackend::plain",
-        source: Box::new(e),
-    })?;
+    let backend = DriverBackend::plain().map_err(PoolError::Cuda)?;
     let pool = MemoryPool::with_config(backend, PoolConfig::from_env()?)?;
     Ok(POOL.get_or_init(|| pool))
 }

@@ -401,7 +401,7 @@ pub fn alloc_on(stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
                 device: stream.device().ordinal() as u32,
                 size: size as u64,
                 ptr: 0,
-                stream: stream.raw() as usize as u64,
+                stream: stream.identity(),
                 location: Some(std::panic::Location::caller()),
             };
             hooks::each(|h| h.malloc_pre(&ev));

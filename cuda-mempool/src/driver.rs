@@ -6,7 +6,7 @@
 //! * [`DeviceId`]`(n)` is the `CUdevice` ordinal `n` ([`Device::new`]).
 //! * The backend's stream type is `cudars_core::Stream`: a request hands one in, which proves
 //!   the handle valid, and the pool keeps a clone while blocks made on it are live (see
-//!   [`crate::backend`]). Its [`StreamId`] key is [`Stream::identity`]: unique for streams
+//!   [`crate::backend`]). Its [`StreamKey`] is [`Stream::identity`]: unique for streams
 //!   `cuda-core` created, the handle's value for external streams, 0 for the legacy null
 //!   stream. The per-thread default stream names a different stream on every thread: each
 //!   thread's gets a key of its own, and the pool uses its handle only from that thread
@@ -52,7 +52,7 @@ use cudars_core::sys::CUdeviceptr;
 use cudars_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
 use cudars_core::{Device, Event, Stream, StreamKind};
 
-use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamKey};
 use crate::error::PoolError;
 use crate::hooks::{self, MemoryEvent};
 use crate::pool::{Allocation, MemoryPool, PrivatePoolId, RawAllocation};
@@ -60,9 +60,10 @@ use crate::pool::{Allocation, MemoryPool, PrivatePoolId, RawAllocation};
 /// The pool over the CUDA driver: [`MemoryPool`] with the [`DriverBackend`].
 pub type DevicePool = MemoryPool<DriverBackend>;
 
-/// The [`StreamId`] key of a `cuda-core` stream ([`Stream::identity`]).
-pub fn stream_id(stream: &Stream) -> StreamId {
-    StreamId(stream.identity())
+/// The pool's [`StreamKey`] of a `cuda-core` stream: [`Stream::identity`] (not
+/// `cudars_core::graph::stream_id`, the driver's `cuStreamGetId`).
+pub fn stream_key(stream: &Stream) -> StreamKey {
+    StreamKey(stream.identity())
 }
 
 /// The [`DeviceId`] of a `cuda-core` device: its ordinal.
@@ -102,7 +103,7 @@ pub struct DriverFence {
 /// call is reported as `Ok(None)`; other driver failures as errors.
 ///
 /// `Send` and `Sync`: it holds device handles and a mutex-protected event cache. See the
-/// [module documentation](self) for how streams map to [`StreamId`]s and how long they
+/// [module documentation](self) for how streams map to [`StreamKey`]s and how long they
 /// must live.
 ///
 /// Building one is safe, and so is [`MemoryPool::backend`] handing out the pool's: the
@@ -189,14 +190,14 @@ unsafe impl Backend for DriverBackend {
     type Physical = PhysicalAllocation;
     type Error = cudars_core::Error;
 
-    fn stream_key(&self, stream: &Stream) -> Result<StreamId, PoolError> {
+    fn stream_key(&self, stream: &Stream) -> Result<StreamKey, PoolError> {
         if stream.kind() == StreamKind::PerThread {
             // CU_STREAM_PER_THREAD names the calling thread's own stream: its cache is that
             // thread's, and the pool uses the handle from that thread only (see
             // `pool::per_thread_key`).
             return Ok(crate::pool::per_thread_key());
         }
-        Ok(StreamId(stream.identity()))
+        Ok(StreamKey(stream.identity()))
     }
 
     #[inline]
@@ -675,7 +676,7 @@ pub struct PoolMemory {
     /// Copied out of `raw` for the accessors.
     ptr: u64,
     size: u64,
-    key: StreamId,
+    key: StreamKey,
     device: Device,
     /// `Some` until dropped: taken out before the free, so the pool sees the stream's
     /// clones as they are without this one.
@@ -694,7 +695,7 @@ impl PoolMemory {
     }
 
     /// The key of the stream it was allocated on.
-    pub fn stream(&self) -> StreamId {
+    pub fn stream(&self) -> StreamKey {
         self.key
     }
 

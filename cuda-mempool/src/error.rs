@@ -195,8 +195,12 @@ pub enum PoolError {
     /// The backend failed (a driver error for the driver backend).
     #[error("backend call {op} failed: {source}")]
     Backend {
-        /// The [`Backend`](crate::Backend) method that failed, by its name in the trait
-        /// (`record_fence`, `create_physical`, ...).
+        /// The method that failed, by its name in its trait and nothing else: a
+        /// [`Backend`](crate::Backend) method (`record_fence`, `create_physical`, `map_run`,
+        /// ...), or `alloc` for a [`PinnedAllocator`](crate::pinned::PinnedAllocator) that returned
+        /// less than it was asked for. Never a driver entry point (the driver's error in
+        /// `source` names that), a Rust path or free text. A `cuda-core` call made outside
+        /// the traits fails as [`PoolError::Cuda`] instead.
         op: &'static str,
         /// The backend's error.
         #[source]

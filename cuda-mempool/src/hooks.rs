@@ -42,7 +42,10 @@ pub struct MemoryEvent {
     pub size: u64,
     /// The address: 0 in `*_pre` callbacks of allocations.
     pub ptr: u64,
-    /// The stream handle as an integer (0 for `alloc` events and the legacy stream).
+    /// The stream's key in the pool: the value of its [`StreamKey`](crate::StreamKey)
+    /// (`cudars_core::Stream::identity` for `cuda-core` streams), the same for every event
+    /// of one stream whichever entry point made it, so a hook can pair mallocs with frees
+    /// by stream. 0 for `alloc` events and the legacy stream.
     pub stream: u64,
     /// The caller of the allocating entry point (through `#[track_caller]`), when known.
     pub location: Option<&'static Location<'static>>,

@@ -12,7 +12,7 @@
 //!
 //! | module | what it holds |
 //! | --- | --- |
-//! | [`backend`] | the [`Backend`] trait and the id types [`DeviceId`], [`StreamId`], [`DeviceAddress`], [`DeviceInfo`] |
+//! | [`backend`] | the [`Backend`] trait and the id types [`DeviceId`], [`StreamKey`], [`DeviceAddress`], [`DeviceInfo`] |
 //! | [`ipc`] | pool blocks shared with other processes: [`DevicePool::new_ipc`], [`DevicePool::malloc_ipc`], [`ipc::ExportedBlock`], [`ipc::import_block`] |
 //! | [`peer`] | several GPUs: [`DevicePool::grant_peer_access`] to a block from another device |
 //! | [`policy`] | every policy constant (rounding, size classes, segment sizes, address ranges) with its reason |
@@ -105,16 +105,16 @@
 //! ```
 //!
 //! ```
-//! use cudars_mempool::{DeviceId, Limit, MemoryPool, PoolError, SimulatedBackend, StreamId};
+//! use cudars_mempool::{DeviceId, Limit, MemoryPool, PoolError, SimulatedBackend, StreamKey};
 //!
 //! let pool = MemoryPool::new(SimulatedBackend::h200(1))?;
 //! let dev = DeviceId(0);
 //! pool.set_limit(dev, Limit::Bytes(64 << 20))?;
-//! let a = pool.malloc(dev, &StreamId(1), 10 << 20)?;
-//! let err = pool.malloc(dev, &StreamId(1), 60 << 20).unwrap_err();
+//! let a = pool.malloc(dev, &StreamKey(1), 10 << 20)?;
+//! let err = pool.malloc(dev, &StreamKey(1), 60 << 20).unwrap_err();
 //! assert!(matches!(err, PoolError::OutOfMemory { .. }));
 //! drop(a);
-//! let b = pool.malloc(dev, &StreamId(1), 60 << 20)?; // the cached 10 MiB was reused
+//! let b = pool.malloc(dev, &StreamKey(1), 60 << 20)?; // the cached 10 MiB was reused
 //! assert_eq!(pool.total_bytes(), 60 << 20);
 //! # drop(b);
 //! # Ok::<(), PoolError>(())
@@ -139,7 +139,7 @@ pub mod sim;
 pub mod stats;
 
 pub use async_pool::{AsyncPool, AsyncPoolSource};
-pub use backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamId};
+pub use backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamKey};
 pub use driver::{default_pool, DevicePool, DriverBackend, DriverFence, PoolMemory};
 pub use error::{OomCause, PoolError, Result};
 pub use pinned::{default_pinned_pool, PinnedBlock, PinnedMemoryPool};

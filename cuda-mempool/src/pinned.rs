@@ -216,7 +216,7 @@ impl PinnedMemoryPool {
         };
         if mem.len() < rounded {
             return Err(PoolError::Backend {
-                op: "pinned allocator",
+                op: "alloc",
                 source: format!("asked for {rounded} bytes, got {}", mem.len()).into(),
             });
         }

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use cudars_mempool::sim::{SimCall, SimError, SimPoint};
 use cudars_mempool::{
     Allocation, DeviceId, MemoryPool, PoolError, PrivateHold, PrivatePoolId, SimDevice,
-    SimulatedBackend, StreamId,
+    SimulatedBackend, StreamKey,
 };
 use proptest::prelude::*;
 
@@ -119,22 +119,22 @@ impl<'p> Run<'p> {
         self.pool.backend()
     }
 
-    fn usable(&mut self, stream: u64) -> Option<StreamId> {
+    fn usable(&mut self, stream: u64) -> Option<StreamKey> {
         if self.dropped.contains(&stream) {
             return None;
         }
         if let Some(i) = self.destroyed.iter().position(|&s| s == stream) {
             // A new foreign stream gets the old handle value.
             self.destroyed.swap_remove(i);
-            self.sim().create_stream(StreamId(stream));
-            self.sim().borrow_stream(StreamId(stream));
+            self.sim().create_stream(StreamKey(stream));
+            self.sim().borrow_stream(StreamKey(stream));
         }
-        Some(StreamId(stream))
+        Some(StreamKey(stream))
     }
 
     /// Memory handed to stream `s` at `[start, end)` that another stream used must come
     /// ordered after that use.
-    fn check_hazards(&mut self, s: StreamId, start: u64, end: u64) {
+    fn check_hazards(&mut self, s: StreamKey, start: u64, end: u64) {
         for &(hs, he, user, point) in &self.hazards {
             if he <= start || hs >= end || user == s.0 {
                 continue;
@@ -223,7 +223,7 @@ impl<'p> Run<'p> {
                 let e = self.live.swap_remove(pick % self.live.len());
                 let (start, end) = (e.alloc.ptr().0, e.alloc.ptr().0 + e.alloc.size());
                 for user in std::iter::once(e.stream).chain(e.extra.iter().copied()) {
-                    let point = self.sim().point(D0, StreamId(user));
+                    let point = self.sim().point(D0, StreamKey(user));
                     self.hazards.push((start, end, user, point));
                 }
                 if let Err(err) = e.alloc.free() {
@@ -261,12 +261,12 @@ impl<'p> Run<'p> {
                 if stream <= 2 {
                     // The user drops an owned stream (the pool keeps it while needed).
                     if !self.dropped.contains(&stream) {
-                        self.sim().drop_stream(StreamId(stream));
+                        self.sim().drop_stream(StreamKey(stream));
                         self.dropped.push(stream);
                     }
                 } else if !in_use && !self.destroyed.contains(&stream) {
-                    self.sim().borrow_stream(StreamId(stream));
-                    self.sim().destroy_stream(StreamId(stream));
+                    self.sim().borrow_stream(StreamKey(stream));
+                    self.sim().destroy_stream(StreamKey(stream));
                     self.destroyed.push(stream);
                 }
             }
@@ -344,7 +344,7 @@ impl<'p> Run<'p> {
             h.release();
         }
         // The pool serves again...
-        let s = StreamId(99);
+        let s = StreamKey(99);
         let a = self
             .pool
             .malloc(D0, &s, 2 * MIB)
@@ -367,7 +367,7 @@ fn run(ops: &[Op], page: Option<u64>) -> u64 {
         granularity: page,
     }]);
     for s in 3..=STREAMS {
-        sim.borrow_stream(StreamId(s));
+        sim.borrow_stream(StreamKey(s));
     }
     let pool = MemoryPool::new(sim).expect("pool");
     let mut r = Run {

@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use cudars_mempool::sim::SimEvent;
 use cudars_mempool::Backend;
 use cudars_mempool::{
-    Allocation, DeviceId, Limit, MemoryPool, PoolError, SimDevice, SimulatedBackend, StreamId,
+    Allocation, DeviceId, Limit, MemoryPool, PoolError, SimDevice, SimulatedBackend, StreamKey,
 };
 use proptest::prelude::*;
 
@@ -120,7 +120,7 @@ struct Setup {
 struct LiveEntry<'p> {
     alloc: Allocation<'p, SimulatedBackend>,
     rounded: u64,
-    extra: Vec<StreamId>,
+    extra: Vec<StreamKey>,
 }
 
 /// The last use of a piece of physical memory: freed while `stream` had `value` work
@@ -131,7 +131,7 @@ struct Hazard {
     phys: u64,
     start: u64,
     end: u64,
-    stream: StreamId,
+    stream: StreamKey,
     value: u64,
 }
 
@@ -164,15 +164,15 @@ struct Model<'p> {
     setup: Setup,
     pool: &'p MemoryPool<SimulatedBackend>,
     live: Vec<LiveEntry<'p>>,
-    shards: HashMap<(u32, StreamId), ShardModel>,
+    shards: HashMap<(u32, StreamKey), ShardModel>,
     limits: [Option<u64>; DEVICES as usize],
     ooms: [u64; DEVICES as usize],
     max_reserved: [u64; DEVICES as usize],
     hazards: Vec<Hazard>,
 }
 
-fn sid(s: u8) -> StreamId {
-    StreamId(100 + s as u64)
+fn sid(s: u8) -> StreamKey {
+    StreamKey(100 + s as u64)
 }
 
 fn round(size: u64) -> u64 {
@@ -397,7 +397,7 @@ impl<'p> Model<'p> {
         }
     }
 
-    fn malloc(&mut self, dev: DeviceId, stream: StreamId, size: u64) {
+    fn malloc(&mut self, dev: DeviceId, stream: StreamKey, size: u64) {
         let footprint = self.footprint(dev);
         match self.pool.malloc(dev, &stream, size) {
             Ok(a) => {
@@ -531,7 +531,7 @@ impl<'p> Model<'p> {
             assert!(reserved >= self.footprint(dev));
             self.max_reserved[d as usize] = self.max_reserved[d as usize].max(reserved);
             assert_eq!(st.reserved.peak, self.max_reserved[d as usize]);
-            let shards: Vec<(&StreamId, &ShardModel)> = self
+            let shards: Vec<(&StreamKey, &ShardModel)> = self
                 .shards
                 .iter()
                 .filter(|(k, _)| k.0 == d)

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use cudars_mempool::hooks::{self, MemoryEvent, MemoryHook};
 use cudars_mempool::{
-    DeviceId, MemoryPool, PoolError, PrivatePoolId, SimDevice, SimulatedBackend, StreamId,
+    DeviceId, MemoryPool, PoolError, PrivatePoolId, SimDevice, SimulatedBackend, StreamKey,
 };
 
 const MIB: u64 = 1 << 20;
@@ -60,7 +60,7 @@ fn a_panicking_memory_hook_leaves_the_pool_working() {
         {
             let _guard = hooks::install(hook.clone());
             let a = pool
-                .malloc(D0, &StreamId(1), 64 * MIB)
+                .malloc(D0, &StreamKey(1), 64 * MIB)
                 .expect("the allocation goes on despite the hook's panic");
             assert!(
                 hook.calls.load(Ordering::SeqCst) >= 2,
@@ -72,8 +72,8 @@ fn a_panicking_memory_hook_leaves_the_pool_working() {
         // Another thread: no lock was left held, no state left half-changed.
         std::thread::scope(|s| {
             s.spawn(|| {
-                let b = pool.malloc(D0, &StreamId(2), 96 * MIB).unwrap();
-                let c = pool.malloc(D0, &StreamId(2), MIB).unwrap();
+                let b = pool.malloc(D0, &StreamKey(2), 96 * MIB).unwrap();
+                let c = pool.malloc(D0, &StreamKey(2), MIB).unwrap();
                 assert!(b.ptr().0 + 96 * MIB <= c.ptr().0 || c.ptr().0 + MIB <= b.ptr().0);
             });
         });
@@ -100,7 +100,7 @@ fn capture_private_pools_are_refused_to_the_public_calls() {
         Err(PoolError::CapturePrivatePool { pool }) => assert_eq!(pool, capture.0),
         other => panic!("a capture's pool was held from outside: {other:?}"),
     }
-    match pool.malloc_private(D0, capture, &StreamId(1), MIB) {
+    match pool.malloc_private(D0, capture, &StreamKey(1), MIB) {
         Err(PoolError::CapturePrivatePool { pool }) => assert_eq!(pool, capture.0),
         Ok(a) => panic!("an outside allocation in a capture's pool at {}", a.ptr()),
         Err(e) => panic!("{e}"),
@@ -114,7 +114,7 @@ fn capture_private_pools_are_refused_to_the_public_calls() {
     let mine = PrivatePoolId(7);
     assert!(!mine.is_capture_pool());
     let hold = pool.retain_private_pool(D0, mine).unwrap();
-    let a = pool.malloc_private(D0, mine, &StreamId(1), MIB).unwrap();
+    let a = pool.malloc_private(D0, mine, &StreamKey(1), MIB).unwrap();
     drop(a);
     hold.release();
     pool.backend().complete_all();
@@ -129,13 +129,13 @@ fn private_pool_holds_are_released_one_by_one() {
     let id = PrivatePoolId(3);
     let first = pool.retain_private_pool(D0, id).unwrap();
     let second = pool.retain_private_pool(D0, id).unwrap();
-    let a = pool.malloc_private(D0, id, &StreamId(1), 4 * MIB).unwrap();
+    let a = pool.malloc_private(D0, id, &StreamKey(1), 4 * MIB).unwrap();
     let private_addr = a.ptr();
     drop(a);
     first.release();
     pool.backend().complete_all();
     assert!(pool.has_private_pool(D0, id).unwrap(), "one hold is left");
-    let b = pool.malloc(D0, &StreamId(1), 4 * MIB).unwrap();
+    let b = pool.malloc(D0, &StreamKey(1), 4 * MIB).unwrap();
     assert_ne!(
         b.ptr(),
         private_addr,

@@ -19,7 +19,7 @@ use cudars_core::kernels::Kernels;
 use cudars_core::memory::{raw, DevicePtr};
 use cudars_core::{Device, Stream};
 use cudars_mempool::async_pool::{AsyncPool, AsyncPoolSource};
-use cudars_mempool::driver::{device_id, stream_id};
+use cudars_mempool::driver::{device_id, stream_key};
 use cudars_mempool::pinned::PinnedMemoryPool;
 use cudars_mempool::{DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
 use workspace_tests::gpu::dev0;
@@ -351,7 +351,7 @@ fn views_and_default_pool() {
     let s = Stream::new(&dev).unwrap();
     let pool = Arc::new(DevicePool::new_driver().unwrap());
     let m = pool.malloc_shared(&s, 4096).unwrap();
-    assert_eq!(m.stream(), stream_id(&s));
+    assert_eq!(m.stream(), stream_key(&s));
     let view: DevicePtr = m.into();
     // `s` lives to the end of the test, after the pools' last use of it.
     let data: Vec<u32> = (0..1024).collect();

@@ -1,6 +1,6 @@
 //! Accounting: releasing the cache (`free_all_*`), limits, and statistics.
 
-use crate::backend::{Backend, DeviceId, StreamId};
+use crate::backend::{Backend, DeviceId, StreamKey};
 use crate::error::PoolError;
 use crate::stats::Stats;
 
@@ -131,7 +131,7 @@ impl<B: Backend> MemoryPool<B> {
     /// Statistics of one (device, stream) shard, with exact peaks. All zero for a
     /// stream the pool has not seen. A block another stream borrowed from this stream's
     /// cache counts here, in the lender's figures ([`Allocation::held_by`]).
-    pub fn stream_stats(&self, device: DeviceId, stream: StreamId) -> Result<Stats, PoolError> {
+    pub fn stream_stats(&self, device: DeviceId, stream: StreamKey) -> Result<Stats, PoolError> {
         let dev = self.device(device)?;
         Ok(dev
             .shards

@@ -69,7 +69,7 @@ mod table;
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamKey};
 use crate::error::{OomCause, PoolError};
 use crate::policy;
 use crate::stats::{OomCounts, Stat};
@@ -91,7 +91,7 @@ fn thread_token() -> usize {
     TOKEN.with(|t| std::ptr::from_ref(t) as usize)
 }
 
-/// The bit that marks a [`StreamId`] as the key of one thread's per-thread default stream
+/// The bit that marks a [`StreamKey`] as the key of one thread's per-thread default stream
 /// ([`per_thread_key`]), with bit 63 clear. Keys of other streams never look like that: 0
 /// for the legacy stream, a handle's value (a user-space address, below bit 47) for an
 /// external stream, a serial number with bit 63 set for a stream `cuda-core` created.
@@ -101,17 +101,17 @@ pub(crate) const PER_THREAD_KEY_BIT: u64 = 1 << 62;
 /// handle names a different stream on every thread, so each thread's stream gets a key of its
 /// own, [`PER_THREAD_KEY_BIT`] with a serial number of the thread, never reused in the
 /// process (a new thread never inherits an exited thread's cache as its own stream's).
-pub(crate) fn per_thread_key() -> StreamId {
+pub(crate) fn per_thread_key() -> StreamKey {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     thread_local! {
         // No destructor: readable for the whole life of the thread, even while it exits.
         static SERIAL: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
     }
-    StreamId(PER_THREAD_KEY_BIT | SERIAL.with(|s| *s))
+    StreamKey(PER_THREAD_KEY_BIT | SERIAL.with(|s| *s))
 }
 
 /// Whether `key` is a per-thread default stream's key ([`per_thread_key`]).
-pub(crate) fn is_per_thread_key(key: StreamId) -> bool {
+pub(crate) fn is_per_thread_key(key: StreamKey) -> bool {
     // Bit 63 marks the identities of streams cuda-core creates; external handles are
     // user-space addresses, far below bit 62.
     key.0 >> 62 == 1
@@ -122,7 +122,7 @@ pub(crate) fn is_per_thread_key(key: StreamId) -> bool {
 /// on it, makes it wait for nothing and asks nothing about it from this thread: that waits
 /// for a call of the owning thread (frees from other threads stay out of cross-stream reuse
 /// until then).
-pub(crate) fn is_other_threads_stream(key: StreamId) -> bool {
+pub(crate) fn is_other_threads_stream(key: StreamKey) -> bool {
     is_per_thread_key(key) && key != per_thread_key()
 }
 
@@ -211,7 +211,7 @@ impl<'p, B: Backend> Held<'_, 'p, B> {
 /// One request on the slow path: the stream's key, the stream, the size asked for and
 /// the size rounded to the pool's unit.
 struct Request<'s, B: Backend> {
-    key: StreamId,
+    key: StreamKey,
     stream: &'s B::Stream,
     size: u64,
     rounded: u64,
@@ -225,10 +225,10 @@ struct Request<'s, B: Backend> {
 /// different streams do not contend on the hot path.
 ///
 /// ```
-/// use cudars_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamId};
+/// use cudars_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamKey};
 ///
 /// let pool = MemoryPool::new(SimulatedBackend::h200(1)).unwrap();
-/// let (dev, stream) = (DeviceId(0), StreamId(7));
+/// let (dev, stream) = (DeviceId(0), StreamKey(7));
 /// let a = pool.malloc(dev, &stream, 1000).unwrap();
 /// assert_eq!(pool.used_bytes(), 1024); // rounded to 512 bytes
 /// let addr = a.ptr();
@@ -361,8 +361,8 @@ impl<B: Backend> MemoryPool<B> {
                 ptr: DeviceAddress::NULL,
                 size: 0,
                 device,
-                key: StreamId(0),
-                shard_key: StreamId(0),
+                key: StreamKey(0),
+                shard_key: StreamKey(0),
                 private: false,
             },
         }
@@ -375,7 +375,7 @@ impl<B: Backend> MemoryPool<B> {
         &'p self,
         dev: &'p Device<B>,
         table: &'p ShardTable<B>,
-        private_key: Option<StreamId>,
+        private_key: Option<StreamKey>,
         stream: &B::Stream,
         size: u64,
     ) -> Result<Allocation<'p, B>, PoolError> {

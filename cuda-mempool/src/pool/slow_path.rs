@@ -1,7 +1,7 @@
 //! A miss, in the order it tries: the shard's cache once more, memory lent by another
 //! stream, growth with recovery, and out of memory.
 
-use crate::backend::{Backend, StreamId};
+use crate::backend::{Backend, StreamKey};
 use crate::error::{OomCause, PoolError};
 use crate::policy;
 
@@ -11,7 +11,7 @@ use super::{is_per_thread_key, lock, thread_token, Device, Held, MemoryPool, Req
 
 /// What the slow path hands back: the shard holding the block (the requesting stream's,
 /// or the lender's), that shard's key, the block id and (address, generation).
-type Served<'p, B> = (&'p Shard<B>, StreamId, u32, (u64, u64));
+type Served<'p, B> = (&'p Shard<B>, StreamKey, u32, (u64, u64));
 
 impl<B: Backend> MemoryPool<B> {
     /// The slow path: grows the shard, recovers from memory pressure, or fails with
@@ -22,7 +22,7 @@ impl<B: Backend> MemoryPool<B> {
         &self,
         dev: &'p Device<B>,
         shard: &'p Shard<B>,
-        key: StreamId,
+        key: StreamKey,
         stream: &B::Stream,
         size: u64,
         rounded: u64,

@@ -3,9 +3,9 @@ use crate::sim::{SimCall, SimDevice, SimulatedBackend};
 use crate::stats::Stats;
 
 const MIB: u64 = 1 << 20;
-const S0: StreamId = StreamId(10);
-const S1: StreamId = StreamId(11);
-const S2: StreamId = StreamId(12);
+const S0: StreamKey = StreamKey(10);
+const S1: StreamKey = StreamKey(11);
+const S2: StreamKey = StreamKey(12);
 const D0: DeviceId = DeviceId(0);
 
 fn vm_pool(capacity: u64, page: u64) -> MemoryPool<SimulatedBackend> {
@@ -479,7 +479,7 @@ fn the_move_slack_restarts_after_free_all_blocks_and_ignores_failed_requests() {
     assert_eq!(pool.total_bytes(), 0);
     // 8 MiB live at a time, on one stream after another: the pool follows what is live.
     for k in 0..12u64 {
-        drop(pool.malloc(D0, &StreamId(100 + k), 8 * MIB).unwrap());
+        drop(pool.malloc(D0, &StreamKey(100 + k), 8 * MIB).unwrap());
         sim.complete_all();
     }
     assert!(
@@ -704,7 +704,7 @@ fn stats_track_peaks_and_counts() {
     assert_eq!(s0.used.peak, 1024 + 2048);
     assert_eq!(s0.active_blocks.peak, 2);
     assert_eq!(
-        pool.stream_stats(D0, StreamId(99)).unwrap(),
+        pool.stream_stats(D0, StreamKey(99)).unwrap(),
         Stats::default()
     );
     assert_eq!(pool.used_bytes() + pool.free_bytes(), pool.total_bytes());
@@ -802,7 +802,7 @@ fn threads_on_their_own_and_on_shared_streams_never_overlap() {
             let (pool, live) = (&pool, &live);
             s.spawn(move || {
                 // Threads 0 and 1 share a stream; 2 and 3 have their own.
-                let stream = StreamId(t.max(1));
+                let stream = StreamKey(t.max(1));
                 let mut mine = Vec::new();
                 let mut x = t + 1;
                 for _ in 0..3000 {
@@ -849,7 +849,7 @@ fn a_dropped_stream_is_released_fenced_and_its_shard_adopted() {
             // The GPU keeps up with every other stream; the others' shards are adopted busy.
             sim.complete_all();
         }
-        let s = StreamId(1000 + i);
+        let s = StreamKey(1000 + i);
         let a = pool.malloc(D0, &s, 3 * MIB).unwrap();
         sim.submit_work(D0, s);
         addrs.push(a.ptr());
@@ -872,7 +872,7 @@ fn a_dropped_stream_is_released_fenced_and_its_shard_adopted() {
     assert!(st.reserved.current <= 16 * MIB, "{st:?}");
     // Every dropped stream was destroyed only after the pool let go of it, and never used
     // after (the simulator fails such calls, which would have failed a malloc above).
-    assert!(sim.is_destroyed(StreamId(1000)));
+    assert!(sim.is_destroyed(StreamKey(1000)));
     assert!(sim.calls().stream_released >= 999);
 }
 
@@ -880,7 +880,7 @@ fn a_dropped_stream_is_released_fenced_and_its_shard_adopted() {
 fn a_new_stream_with_a_reused_handle_waits_for_the_old_streams_fence() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let sim = pool.backend();
-    let h = StreamId(0x7f00);
+    let h = StreamKey(0x7f00);
     sim.borrow_stream(h); // a foreign stream, as through the C ABI
     let a = pool.malloc(D0, &h, MIB).unwrap();
     let addr = a.ptr();
@@ -908,7 +908,7 @@ fn a_new_stream_with_a_reused_handle_waits_for_the_old_streams_fence() {
 fn the_pool_never_uses_a_borrowed_stream_after_its_last_block_is_freed() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let sim = pool.backend();
-    let (h1, h2) = (StreamId(0x1000), StreamId(0x2000));
+    let (h1, h2) = (StreamKey(0x1000), StreamKey(0x2000));
     sim.borrow_stream(h1);
     let a = pool.malloc(D0, &h1, 4 * MIB).unwrap();
     sim.submit_work(D0, h1);
@@ -1032,7 +1032,7 @@ fn a_record_stream_free_is_covered_by_its_own_streams_detach_fence() {
     // recorded no fence for the owning stream's work on that block.
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let sim = pool.backend();
-    let (a, c) = (StreamId(0x100), StreamId(0x200));
+    let (a, c) = (StreamKey(0x100), StreamKey(0x200));
     sim.borrow_stream(a);
     let x = pool.malloc(D0, &a, MIB).unwrap();
     sim.submit_work(D0, a); // a kernel on A writes the block
@@ -1062,12 +1062,12 @@ fn record_stream_on_a_private_block_is_not_taken_for_its_own_stream() {
     let a = pool.malloc_private(D0, PrivatePoolId(1), &S2, 1).unwrap();
     assert_eq!(
         a.stream(),
-        StreamId(1),
+        StreamKey(1),
         "the private shard key this test is about"
     );
     let p = a.ptr();
-    pool.backend().submit_work(D0, StreamId(1));
-    a.record_stream(&StreamId(1)).unwrap();
+    pool.backend().submit_work(D0, StreamKey(1));
+    a.record_stream(&StreamKey(1)).unwrap();
     a.free().unwrap();
     let b = pool.malloc_private(D0, PrivatePoolId(1), &S2, 1).unwrap();
     assert_ne!(b.ptr(), p, "stream 1 may still use the block");
@@ -1203,7 +1203,7 @@ struct LateSim {
 // SAFETY: every method forwards to the simulated backend, which keeps the contract; the
 // extra `complete_all` only completes work early in the model, which no fence outlives.
 unsafe impl crate::backend::Backend for LateSim {
-    type Stream = StreamId;
+    type Stream = StreamKey;
     type Fence = crate::sim::SimFence;
     type Physical = crate::sim::SimPage;
     type Error = crate::sim::SimError;
@@ -1272,22 +1272,22 @@ unsafe impl crate::backend::Backend for LateSim {
         // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.unmap(d, a, s) }
     }
-    fn stream_key(&self, s: &StreamId) -> Result<StreamId, PoolError> {
+    fn stream_key(&self, s: &StreamKey) -> Result<StreamKey, PoolError> {
         self.inner.stream_key(s)
     }
-    fn may_release_stream(&self, s: &StreamId) -> bool {
+    fn may_release_stream(&self, s: &StreamKey) -> bool {
         self.inner.may_release_stream(s)
     }
-    fn retain_stream(&self, s: &StreamId) -> StreamId {
+    fn retain_stream(&self, s: &StreamKey) -> StreamKey {
         self.inner.retain_stream(s)
     }
-    fn stream_released(&self, s: StreamId) {
+    fn stream_released(&self, s: StreamKey) {
         self.inner.stream_released(s)
     }
-    fn record_fence(&self, d: DeviceId, s: &StreamId) -> Result<Self::Fence, Self::Error> {
+    fn record_fence(&self, d: DeviceId, s: &StreamKey) -> Result<Self::Fence, Self::Error> {
         self.inner.record_fence(d, s)
     }
-    fn synchronize_stream(&self, s: &StreamId) -> Result<(), Self::Error> {
+    fn synchronize_stream(&self, s: &StreamKey) -> Result<(), Self::Error> {
         self.inner.synchronize_stream(s)
     }
     fn fence_completed(&self, f: &Self::Fence) -> Result<bool, Self::Error> {
@@ -1306,12 +1306,12 @@ unsafe impl crate::backend::Backend for LateSim {
     fn stream_wait_fence(
         &self,
         d: DeviceId,
-        s: &StreamId,
+        s: &StreamKey,
         f: &Self::Fence,
     ) -> Result<(), Self::Error> {
         self.inner.stream_wait_fence(d, s, f)
     }
-    fn is_capturing(&self, s: &StreamId) -> bool {
+    fn is_capturing(&self, s: &StreamKey) -> bool {
         self.inner.is_capturing(s)
     }
     fn release_fence(&self, f: Self::Fence) {
@@ -1421,16 +1421,16 @@ fn a_private_shard_let_go_of_during_another_capture_waits_for_the_device_before_
 #[test]
 fn another_threads_per_thread_stream_is_never_used_from_this_thread() {
     // A per-thread key of no thread of this process (serial numbers start at 1).
-    let foreign = StreamId(PER_THREAD_KEY_BIT | (u64::MAX >> 2));
+    let foreign = StreamKey(PER_THREAD_KEY_BIT | (u64::MAX >> 2));
     let own = per_thread_key();
     assert!(is_other_threads_stream(foreign));
     assert!(!is_other_threads_stream(own) && is_per_thread_key(own));
-    assert!(!is_per_thread_key(S0) && !is_per_thread_key(StreamId(0)));
+    assert!(!is_per_thread_key(S0) && !is_per_thread_key(StreamKey(0)));
     // The identities cuda-core gives the streams it creates (bit 63 and a serial number)
     // and external handles (user-space addresses) are never per-thread keys: the H200 run
     // caught the first colliding with an earlier choice of bit.
-    assert!(!is_per_thread_key(StreamId((1 << 63) | 5)));
-    assert!(!is_per_thread_key(StreamId(0x7f12_3456_7000)));
+    assert!(!is_per_thread_key(StreamKey((1 << 63) | 5)));
+    assert!(!is_per_thread_key(StreamKey(0x7f12_3456_7000)));
 
     let pool = vm_pool(8 * MIB, 2 * MIB);
     let sim = pool.backend();
@@ -1602,7 +1602,7 @@ impl Watch {
 }
 // SAFETY: forwards (test probe).
 unsafe impl crate::backend::Backend for Watch {
-    type Stream = StreamId;
+    type Stream = StreamKey;
     type Fence = crate::sim::SimFence;
     type Physical = crate::sim::SimPage;
     type Error = crate::sim::SimError;
@@ -1657,22 +1657,22 @@ unsafe impl crate::backend::Backend for Watch {
         // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.unmap(d, a, s) }
     }
-    fn stream_key(&self, s: &StreamId) -> Result<StreamId, PoolError> {
+    fn stream_key(&self, s: &StreamKey) -> Result<StreamKey, PoolError> {
         self.inner.stream_key(s)
     }
-    fn may_release_stream(&self, s: &StreamId) -> bool {
+    fn may_release_stream(&self, s: &StreamKey) -> bool {
         self.inner.may_release_stream(s)
     }
-    fn retain_stream(&self, s: &StreamId) -> StreamId {
+    fn retain_stream(&self, s: &StreamKey) -> StreamKey {
         self.inner.retain_stream(s)
     }
-    fn stream_released(&self, s: StreamId) {
+    fn stream_released(&self, s: StreamKey) {
         self.inner.stream_released(s)
     }
-    fn record_fence(&self, d: DeviceId, s: &StreamId) -> Result<Self::Fence, Self::Error> {
+    fn record_fence(&self, d: DeviceId, s: &StreamKey) -> Result<Self::Fence, Self::Error> {
         self.inner.record_fence(d, s)
     }
-    fn synchronize_stream(&self, s: &StreamId) -> Result<(), Self::Error> {
+    fn synchronize_stream(&self, s: &StreamKey) -> Result<(), Self::Error> {
         self.inner.synchronize_stream(s)
     }
     fn fence_completed(&self, f: &Self::Fence) -> Result<bool, Self::Error> {
@@ -1684,12 +1684,12 @@ unsafe impl crate::backend::Backend for Watch {
     fn stream_wait_fence(
         &self,
         d: DeviceId,
-        s: &StreamId,
+        s: &StreamKey,
         f: &Self::Fence,
     ) -> Result<(), Self::Error> {
         self.inner.stream_wait_fence(d, s, f)
     }
-    fn is_capturing(&self, s: &StreamId) -> bool {
+    fn is_capturing(&self, s: &StreamKey) -> bool {
         self.inner.is_capturing(s)
     }
     fn synchronize_device(&self, d: DeviceId) -> Result<(), Self::Error> {

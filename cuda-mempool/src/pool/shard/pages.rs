@@ -358,7 +358,7 @@ fn map_run<B: Backend>(
                 spare.push(phys);
             }
         }
-        return Err(PoolError::backend("map")(failure.error));
+        return Err(PoolError::backend("map_run")(failure.error));
     }
     for (i, phys) in run.drain(..) {
         let _ = pages.put(i, phys);
