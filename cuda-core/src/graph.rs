@@ -107,7 +107,7 @@ pub enum CaptureMode {
 
 impl CaptureMode {
     /// The driver's value.
-    pub fn raw(self) -> CUstreamCaptureMode {
+    pub fn to_raw(self) -> CUstreamCaptureMode {
         match self {
             CaptureMode::Global => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
             CaptureMode::ThreadLocal => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
@@ -285,7 +285,7 @@ pub unsafe fn begin_capture(stream: &Stream, mode: CaptureMode) -> Result<()> {
     let _ctx = stream.device().bind()?;
     let _gate = BeginGate::wait();
     // SAFETY: a live, non-null stream of the current context.
-    let begun = unsafe { drv!(cuStreamBeginCapture(stream.raw(), mode.raw())) };
+    let begun = unsafe { drv!(cuStreamBeginCapture(stream.raw(), mode.to_raw())) };
     if begun.is_ok() {
         ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
     }
@@ -646,7 +646,7 @@ pub struct RelaxedCaptureMode {
 impl RelaxedCaptureMode {
     /// Switches the calling thread to the relaxed mode.
     pub fn new() -> Result<RelaxedCaptureMode> {
-        let mut mode = CaptureMode::Relaxed.raw();
+        let mut mode = CaptureMode::Relaxed.to_raw();
         // SAFETY: valid in/out pointer; the call only exchanges a per-thread setting.
         unsafe { drv!(cuThreadExchangeStreamCaptureMode(&mut mode)) }?;
         Ok(RelaxedCaptureMode {
@@ -1035,9 +1035,9 @@ mod tests {
 
     #[test]
     fn modes_and_statuses_map_to_the_driver_values() {
-        assert_eq!(CaptureMode::Global.raw().0, 0);
-        assert_eq!(CaptureMode::ThreadLocal.raw().0, 1);
-        assert_eq!(CaptureMode::Relaxed.raw().0, 2);
+        assert_eq!(CaptureMode::Global.to_raw().0, 0);
+        assert_eq!(CaptureMode::ThreadLocal.to_raw().0, 1);
+        assert_eq!(CaptureMode::Relaxed.to_raw().0, 2);
         assert_eq!(CaptureMode::default(), CaptureMode::ThreadLocal);
         assert_eq!(
             status_from_raw(CUstreamCaptureStatus(0)),

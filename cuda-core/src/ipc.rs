@@ -584,7 +584,7 @@ impl PhysicalAllocation {
         let r = unsafe {
             drv!(cuMemExportToShareableHandle(
                 (&mut fd as *mut std::ffi::c_int).cast(),
-                self.handle(),
+                self.raw(),
                 POSIX_FD,
                 0
             ))

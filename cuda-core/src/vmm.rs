@@ -301,8 +301,8 @@ impl PhysicalAllocation {
         std::mem::ManuallyDrop::new(self).handle
     }
 
-    /// The driver handle.
-    pub fn handle(&self) -> CUmemGenericAllocationHandle {
+    /// The driver handle. Stays owned by `self`.
+    pub fn raw(&self) -> CUmemGenericAllocationHandle {
         self.handle
     }
 

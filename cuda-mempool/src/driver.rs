@@ -305,7 +305,7 @@ unsafe impl Backend for DriverBackend {
         }
         let page = oom_to_none(PhysicalAllocation::new(&dev, to_usize(size)?))?;
         if hooked {
-            ev.ptr = page.as_ref().map_or(0, |p| p.handle());
+            ev.ptr = page.as_ref().map_or(0, |p| p.raw());
             hooks::each(|h| h.alloc_post(&ev));
         }
         Ok(page)
