@@ -896,8 +896,8 @@ impl GraphExecHandle {
         if stream.device() != self.device {
             return Err(Error::WrongDevice {
                 what: "stream",
-                expected: self.device.ordinal() as i32,
-                actual: stream.device().ordinal() as i32,
+                expected: self.device.ordinal(),
+                actual: stream.device().ordinal(),
             });
         }
         Ok(())

@@ -461,8 +461,8 @@ impl Function {
         if stream.device() != device {
             return Err(Error::WrongDevice {
                 what: "stream",
-                expected: device.ordinal() as i32,
-                actual: stream.device().ordinal() as i32,
+                expected: device.ordinal(),
+                actual: stream.device().ordinal(),
             });
         }
         Ok(())

@@ -350,9 +350,10 @@ impl Stream {
                 Ok(()) if actual != device.raw() => {
                     return Err(Error::WrongDevice {
                         what: "external stream",
-                        expected: device.ordinal() as i32,
-                        actual,
-                    })
+                        expected: device.ordinal(),
+                        // On every current driver a `CUdevice` equals its ordinal.
+                        actual: usize::try_from(actual).unwrap_or(usize::MAX),
+                    });
                 }
                 Ok(()) | Err(Error::MissingSymbol(_) | Error::DriverTooOld { .. }) => {}
                 Err(e) => return Err(e),

@@ -150,8 +150,8 @@ impl GraphExec {
         if graph.device() != self.device() {
             return Err(cudars_core::Error::WrongDevice {
                 what: "graph",
-                expected: self.device().ordinal() as i32,
-                actual: graph.device().ordinal() as i32,
+                expected: self.device().ordinal(),
+                actual: graph.device().ordinal(),
             }
             .into());
         }

@@ -398,8 +398,8 @@ pub fn alloc_on(stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
                 return a.allocate(stream, size);
             }
             let mut ev = MemoryEvent {
-                device: stream.device().ordinal() as u32,
-                size: size as u64,
+                device: stream.device().ordinal(),
+                size,
                 ptr: 0,
                 stream: stream.identity(),
                 location: Some(std::panic::Location::caller()),

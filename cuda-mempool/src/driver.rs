@@ -165,8 +165,8 @@ fn oom_to_none<T>(r: cudars_core::Result<T>) -> cudars_core::Result<Option<T>> {
 
 fn alloc_event(device: DeviceId, size: u64) -> MemoryEvent {
     MemoryEvent {
-        device: device.0,
-        size,
+        device: device.0 as usize,
+        size: size as usize,
         ptr: 0,
         stream: 0,
         location: None,
@@ -524,8 +524,8 @@ impl MemoryPool<DriverBackend> {
         let dev = device_id(&stream.device());
         let hooked = hooks::any_installed();
         let mut ev = MemoryEvent {
-            device: dev.0,
-            size: size as u64,
+            device: dev.0 as usize,
+            size,
             ptr: 0,
             stream: stream.identity(),
             location: Some(location),
@@ -762,8 +762,8 @@ impl Drop for PoolMemory {
             return;
         };
         let ev = MemoryEvent {
-            device: raw.device().0,
-            size: raw.size(),
+            device: raw.device().0 as usize,
+            size: raw.size() as usize,
             ptr: raw.ptr().0,
             stream: raw.stream().0,
             location: None,

@@ -159,7 +159,7 @@ pub enum PoolError {
         /// The id passed in.
         device: DeviceId,
         /// How many devices the pool serves.
-        count: u32,
+        count: usize,
     },
 
     /// A raw allocation handed to [`MemoryPool::free_raw`](crate::MemoryPool::free_raw)

@@ -769,8 +769,8 @@ impl SimulatedBackend {
 /// An `alloc` hook event for `size` bytes on `device`.
 fn alloc_event(device: DeviceId, size: u64) -> MemoryEvent {
     MemoryEvent {
-        device: device.0,
-        size,
+        device: device.0 as usize,
+        size: size as usize,
         ptr: 0,
         stream: 0,
         location: None,

@@ -150,8 +150,8 @@ pub(crate) fn check_stream(stream: &Stream, device: Device) -> Result<()> {
     } else {
         Err(Error::WrongDevice {
             what: "stream",
-            expected: device.ordinal() as i32,
-            actual: stream.device().ordinal() as i32,
+            expected: device.ordinal(),
+            actual: stream.device().ordinal(),
         })
     }
 }

@@ -307,8 +307,8 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     /// The number of devices the pool serves.
-    pub fn device_count(&self) -> u32 {
-        self.devices.len() as u32
+    pub fn device_count(&self) -> usize {
+        self.devices.len()
     }
 
     /// Whether `device` uses virtual-memory segments.
@@ -321,7 +321,7 @@ impl<B: Backend> MemoryPool<B> {
             .get(device.0 as usize)
             .ok_or(PoolError::InvalidDevice {
                 device,
-                count: self.devices.len() as u32,
+                count: self.devices.len(),
             })
     }
 
