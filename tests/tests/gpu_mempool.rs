@@ -22,31 +22,7 @@ use cudars_mempool::async_pool::{AsyncPool, AsyncPoolSource};
 use cudars_mempool::driver::{device_id, stream_key};
 use cudars_mempool::pinned::PinnedMemoryPool;
 use cudars_mempool::{DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
-use workspace_tests::gpu::dev0;
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    install_segv_backtrace();
-    workspace_tests::gpu::serial()
-}
-
-/// Prints a backtrace on SIGSEGV (diagnostics for a crash inside a driver call).
-fn install_segv_backtrace() {
-    extern "C" fn on_segv(_sig: i32) {
-        eprintln!(
-            "SIGSEGV, backtrace:\n{}",
-            std::backtrace::Backtrace::force_capture()
-        );
-        std::process::exit(139);
-    }
-    extern "C" {
-        fn signal(sig: i32, handler: extern "C" fn(i32)) -> usize;
-    }
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    // SAFETY: installs a handler for SIGSEGV (11); the handler only runs on a crash.
-    ONCE.call_once(|| unsafe {
-        signal(11, on_segv);
-    });
-}
+use workspace_tests::gpu::{dev0, serial_reporting_crashes as serial};
 
 const MIB: usize = 1 << 20;
 /// About 0.1 s of SM clocks: long enough that the host runs well ahead of the kernel.
