@@ -296,21 +296,20 @@ fn alloc(
 }
 
 /// The pool's key for a stream handle of `device`, as the pool's `stream_key` gives it: the
-/// legacy null stream under either name (null, `CU_STREAM_LEGACY`) is 0, the per-thread
-/// default stream the calling thread's own key, any other handle its value. No driver call.
+/// per-thread default stream the calling thread's own key, any other handle the identity
+/// `cuda-core` gives an external stream (`cudars_core::stream::external_identity`: 0 for the
+/// legacy null stream under either name, else the handle's value). No driver call.
 fn key_of(call: &str, device: DeviceId, handle: *mut c_void) -> Result<u64, CallError> {
-    Ok(match handle as usize {
-        cudars_core::stream::LEGACY_HANDLE => 0,
-        cudars_core::stream::PER_THREAD_HANDLE => {
-            let pool = pool(call)?;
-            let dev = pool.backend().device(device).map_err(|e| fail(call, e))?;
-            pool.backend()
-                .stream_key(&Stream::per_thread(&dev))
-                .map_err(|e| fail(call, e))?
-                .0
-        }
-        h => h as u64,
-    })
+    if handle as usize == cudars_core::stream::PER_THREAD_HANDLE {
+        let pool = pool(call)?;
+        let dev = pool.backend().device(device).map_err(|e| fail(call, e))?;
+        return Ok(pool
+            .backend()
+            .stream_key(&Stream::per_thread(&dev))
+            .map_err(|e| fail(call, e))?
+            .0);
+    }
+    Ok(cudars_core::stream::external_identity(handle.cast()))
 }
 
 /// Frees the block at `ptr`. With `stream` (a device and a stream handle, valid for this
