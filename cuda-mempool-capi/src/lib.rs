@@ -215,7 +215,7 @@ thread_local! {
     static LAST_OOM: Cell<Option<OomInfo>> = const { Cell::new(None) };
 }
 
-fn clamp(v: u64) -> i64 {
+fn clamp(v: usize) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
@@ -623,7 +623,7 @@ pub extern "C" fn cuda_mempool_free_bytes(device: c_int) -> i64 {
 #[no_mangle]
 pub extern "C" fn cuda_mempool_n_free_blocks() -> i64 {
     const CALL: &str = "cuda_mempool_n_free_blocks";
-    run(-1, || Ok(clamp(pool(CALL)?.n_free_blocks() as u64)))
+    run(-1, || Ok(clamp(pool(CALL)?.n_free_blocks())))
 }
 
 /// The highest [`cuda_mempool_reserved_bytes`] of `device` so far, or -1 with a
@@ -667,7 +667,7 @@ pub extern "C" fn cuda_mempool_set_limit(device: c_int, bytes: usize) -> c_int {
         let limit = if bytes == 0 {
             Limit::Unlimited
         } else {
-            Limit::Bytes(bytes as u64)
+            Limit::Bytes(bytes)
         };
         pool(CALL)?
             .set_limit(id, limit)

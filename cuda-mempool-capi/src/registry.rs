@@ -149,7 +149,7 @@ mod tests {
         let mut addrs = Vec::new();
         for i in 1..=200u64 {
             let raw = pool
-                .malloc(DeviceId(0), &StreamKey(i % 3), i * 1000)
+                .malloc(DeviceId(0), &StreamKey(i % 3), i as usize * 1000)
                 .expect("malloc")
                 .into_raw();
             let (ptr, size) = (raw.ptr().0, raw.size());

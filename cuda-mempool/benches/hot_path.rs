@@ -33,10 +33,15 @@ const PAIRS: u64 = 2_000_000;
 fn pairs(pool: &MemoryPool<SimulatedBackend>, stream: StreamKey, size: u64, n: u64) -> Duration {
     let dev = DeviceId(0);
     // Warm the cache of this stream.
-    drop(pool.malloc(dev, &stream, size).expect("warm-up allocation"));
+    drop(
+        pool.malloc(dev, &stream, size as usize)
+            .expect("warm-up allocation"),
+    );
     let start = Instant::now();
     for _ in 0..n {
-        let a = pool.malloc(dev, &stream, size).expect("allocation");
+        let a = pool
+            .malloc(dev, &stream, size as usize)
+            .expect("allocation");
         black_box(a.ptr());
         drop(a);
     }

@@ -46,7 +46,7 @@ impl Allocator for DirectAllocator {
             Err(e) if e.is_out_of_memory() => Err(PoolError::OutOfMemory {
                 cause: crate::OomCause::DeviceMemory,
                 device: device_id(&dev),
-                requested: size as u64,
+                requested: size,
                 used: 0,
                 reserved: 0,
                 limit: None,
@@ -286,7 +286,7 @@ impl Allocator for CFunctionAllocator {
                 return Err(PoolError::OutOfMemory {
                     cause: crate::OomCause::DeviceMemory,
                     device: device_id(&device),
-                    requested: size as u64,
+                    requested: size,
                     used: 0,
                     reserved: 0,
                     limit: None,

@@ -508,7 +508,7 @@ impl MemoryPool<DriverBackend> {
     ) -> Result<Allocation<'_, DriverBackend>, PoolError> {
         // The hot path: no hooks, and no capture to ask about (one atomic load each).
         if !hooks::any_installed() && !may_be_capturing(stream) {
-            return self.malloc(device_id(&stream.device()), stream, size as u64);
+            return self.malloc(device_id(&stream.device()), stream, size);
         }
         self.malloc_stream_checked(stream, size, std::panic::Location::caller())
     }
@@ -534,8 +534,8 @@ impl MemoryPool<DriverBackend> {
             hooks::each(|h| h.malloc_pre(&ev));
         }
         let a = match capture_of(stream)? {
-            None => self.malloc(dev, stream, size as u64)?,
-            Some(capture) => self.malloc_captured(stream, capture, size as u64)?,
+            None => self.malloc(dev, stream, size)?,
+            Some(capture) => self.malloc_captured(stream, capture, size)?,
         };
         if hooked {
             ev.ptr = a.ptr().0;
@@ -551,7 +551,7 @@ impl MemoryPool<DriverBackend> {
         &self,
         stream: &Stream,
         capture: u64,
-        size: u64,
+        size: usize,
     ) -> Result<Allocation<'_, DriverBackend>, PoolError> {
         let dev = device_id(&stream.device());
         let pool_id = PrivatePoolId::of_capture(capture);
@@ -675,7 +675,7 @@ pub struct PoolMemory {
     raw: Option<RawAllocation>,
     /// Copied out of `raw` for the accessors.
     ptr: u64,
-    size: u64,
+    size: usize,
     key: StreamKey,
     device: Device,
     /// `Some` until dropped: taken out before the free, so the pool sees the stream's
@@ -691,7 +691,7 @@ impl PoolMemory {
 
     /// The size asked for.
     pub fn size(&self) -> usize {
-        self.size as usize
+        self.size
     }
 
     /// The key of the stream it was allocated on.
@@ -742,7 +742,7 @@ unsafe impl DeviceAlloc for PoolMemory {
         self.ptr as CUdeviceptr
     }
     fn size(&self) -> usize {
-        self.size as usize
+        self.size
     }
     fn record_stream(&self, stream: &Stream) -> cudars_core::Result<()> {
         PoolMemory::record_stream(self, stream).map_err(cudars_core::Error::from)
@@ -763,7 +763,7 @@ impl Drop for PoolMemory {
         };
         let ev = MemoryEvent {
             device: raw.device().0 as usize,
-            size: raw.size() as usize,
+            size: raw.size(),
             ptr: raw.ptr().0,
             stream: raw.stream().0,
             location: None,

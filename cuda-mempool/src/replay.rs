@@ -317,7 +317,7 @@ pub fn replay_on<B: Backend>(
                     pool.synchronize_free_blocks()?;
                     since_sync = 0;
                 }
-                let a = pool.malloc(device, &stream_of(stream), size)?;
+                let a = pool.malloc(device, &stream_of(stream), size as usize)?;
                 after_alloc(stream);
                 streams.insert(stream);
                 requested += size;
@@ -328,7 +328,7 @@ pub fn replay_on<B: Backend>(
             }
             TraceOp::Free { slot } => {
                 if let Some(a) = live.get_mut(slot).and_then(Option::take) {
-                    requested -= a.size();
+                    requested -= a.size() as u64;
                     a.free()?;
                 }
             }

@@ -154,7 +154,7 @@ impl<'p> Run<'p> {
             Op::Malloc { stream, size } => {
                 let Some(s) = self.usable(stream) else { return };
                 let waits = self.sim().calls().stream_wait_fence;
-                match self.pool.malloc(D0, &s, size) {
+                match self.pool.malloc(D0, &s, size as usize) {
                     Ok(a) => {
                         let (start, end) = (a.ptr().0, a.ptr().0 + size);
                         self.check_hazards(s, start, end);
@@ -199,7 +199,10 @@ impl<'p> Run<'p> {
                         Err(e) => return check_error(&e),
                     }
                 }
-                match self.pool.malloc_private(D0, PrivatePoolId(pool), &s, size) {
+                match self
+                    .pool
+                    .malloc_private(D0, PrivatePoolId(pool), &s, size as usize)
+                {
                     Ok(a) => {
                         self.check_hazards(s, a.ptr().0, a.ptr().0 + size);
                         self.private_ranges
@@ -221,7 +224,7 @@ impl<'p> Run<'p> {
                     return;
                 }
                 let e = self.live.swap_remove(pick % self.live.len());
-                let (start, end) = (e.alloc.ptr().0, e.alloc.ptr().0 + e.alloc.size());
+                let (start, end) = (e.alloc.ptr().0, e.alloc.ptr().0 + e.alloc.size() as u64);
                 for user in std::iter::once(e.stream).chain(e.extra.iter().copied()) {
                     let point = self.sim().point(D0, StreamKey(user));
                     self.hazards.push((start, end, user, point));
@@ -308,7 +311,7 @@ impl<'p> Run<'p> {
         let used: u64 = self
             .live
             .iter()
-            .map(|l| l.alloc.size().div_ceil(512) * 512)
+            .map(|l| (l.alloc.size() as u64).div_ceil(512) * 512)
             .sum();
         assert_eq!(st.used.current, used, "used bytes");
         assert_eq!(
@@ -319,7 +322,7 @@ impl<'p> Run<'p> {
         let mut ranges: Vec<(u64, u64)> = self
             .live
             .iter()
-            .map(|l| (l.alloc.ptr().0, l.alloc.ptr().0 + l.alloc.size()))
+            .map(|l| (l.alloc.ptr().0, l.alloc.ptr().0 + l.alloc.size() as u64))
             .collect();
         ranges.sort_unstable();
         for w in ranges.windows(2) {
@@ -347,7 +350,7 @@ impl<'p> Run<'p> {
         let s = StreamKey(99);
         let a = self
             .pool
-            .malloc(D0, &s, 2 * MIB)
+            .malloc(D0, &s, (2 * MIB) as usize)
             .expect("the pool serves after the faults");
         drop(a);
         // ...and gives back everything it can (a page whose release failed under
@@ -355,7 +358,10 @@ impl<'p> Run<'p> {
         self.pool
             .free_all_blocks()
             .expect("free_all_blocks after the faults");
-        assert_eq!(self.pool.total_bytes(), self.sim().physical_bytes(D0));
+        assert_eq!(
+            self.pool.total_bytes(),
+            self.sim().physical_bytes(D0) as usize
+        );
         assert_eq!(self.pool.used_bytes(), 0);
     }
 }

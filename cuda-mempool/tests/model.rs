@@ -278,7 +278,7 @@ impl<'p> Model<'p> {
                 // Statistics go to the cache holding the block (the lender's for a lent block).
                 let m = self.shards.entry((dev.0, e.alloc.held_by())).or_default();
                 m.used.sub(e.rounded);
-                m.requested.sub(e.alloc.size());
+                m.requested.sub(e.alloc.size() as u64);
                 m.active.sub(1);
                 m.frees += 1;
                 e.alloc.free().expect("free");
@@ -355,9 +355,10 @@ impl<'p> Model<'p> {
                 let dev = DeviceId(dev as u32);
                 let before = self.pool.stats(dev).unwrap().reserved.current;
                 let footprint = self.footprint(dev);
-                let r = self
-                    .pool
-                    .set_limit(dev, limit.map_or(Limit::Unlimited, Limit::Bytes));
+                let r = self.pool.set_limit(
+                    dev,
+                    limit.map_or(Limit::Unlimited, |l| Limit::Bytes(l as usize)),
+                );
                 match (limit, r) {
                     (
                         Some(l),
@@ -369,9 +370,9 @@ impl<'p> Model<'p> {
                             l < footprint,
                             "refused a limit of {l} above the footprint {footprint}"
                         );
-                        assert_eq!((el, in_use), (l, footprint));
+                        assert_eq!((el as u64, in_use as u64), (l, footprint));
                         assert_eq!(
-                            self.pool.get_limit(dev).unwrap(),
+                            self.pool.get_limit(dev).unwrap().map(|l| l as u64),
                             self.limits[dev.0 as usize]
                         );
                         assert_eq!(self.pool.stats(dev).unwrap().reserved.current, before);
@@ -381,7 +382,7 @@ impl<'p> Model<'p> {
                             assert!(l >= footprint, "accepted a limit below the footprint");
                         }
                         self.limits[dev.0 as usize] = limit;
-                        assert_eq!(self.pool.get_limit(dev).unwrap(), limit);
+                        assert_eq!(self.pool.get_limit(dev).unwrap().map(|l| l as u64), limit);
                     }
                     (_, Err(e)) => panic!("set_limit failed: {e}"),
                 }
@@ -399,7 +400,7 @@ impl<'p> Model<'p> {
 
     fn malloc(&mut self, dev: DeviceId, stream: StreamKey, size: u64) {
         let footprint = self.footprint(dev);
-        match self.pool.malloc(dev, &stream, size) {
+        match self.pool.malloc(dev, &stream, size as usize) {
             Ok(a) => {
                 if size == 0 {
                     assert!(a.ptr().is_null());
@@ -440,6 +441,8 @@ impl<'p> Model<'p> {
                 limit,
                 ..
             }) => {
+                let (requested, used, reserved) = (requested as u64, used as u64, reserved as u64);
+                let limit = limit.map(|l| l as u64);
                 assert_eq!(device, dev);
                 assert_eq!(requested, size);
                 let rounded = round(size);

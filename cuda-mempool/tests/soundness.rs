@@ -20,7 +20,7 @@ use cudars_mempool::{
     DeviceId, MemoryPool, PoolError, PrivatePoolId, SimDevice, SimulatedBackend, StreamKey,
 };
 
-const MIB: u64 = 1 << 20;
+const MIB: usize = 1 << 20;
 const D0: DeviceId = DeviceId(0);
 
 fn pool(granularity: Option<u64>) -> MemoryPool<SimulatedBackend> {
@@ -54,7 +54,7 @@ impl MemoryHook for PanickingHook {
 /// panic unwound out of `malloc`, through the pool's locks, in the middle of a refill.
 #[test]
 fn a_panicking_memory_hook_leaves_the_pool_working() {
-    for granularity in [None, Some(2 * MIB)] {
+    for granularity in [None, Some(2 * MIB as u64)] {
         let pool = pool(granularity);
         let hook = Arc::new(PanickingHook::default());
         {
@@ -66,7 +66,7 @@ fn a_panicking_memory_hook_leaves_the_pool_working() {
                 hook.calls.load(Ordering::SeqCst) >= 2,
                 "{granularity:?}: the alloc hooks did not run (so this test tests nothing)"
             );
-            assert_eq!(pool.stats(D0).unwrap().used.current, 64 * MIB);
+            assert_eq!(pool.stats(D0).unwrap().used.current, (64 * MIB) as u64);
             drop(a);
         }
         // Another thread: no lock was left held, no state left half-changed.
@@ -74,7 +74,10 @@ fn a_panicking_memory_hook_leaves_the_pool_working() {
             s.spawn(|| {
                 let b = pool.malloc(D0, &StreamKey(2), 96 * MIB).unwrap();
                 let c = pool.malloc(D0, &StreamKey(2), MIB).unwrap();
-                assert!(b.ptr().0 + 96 * MIB <= c.ptr().0 || c.ptr().0 + MIB <= b.ptr().0);
+                assert!(
+                    b.ptr().0 + (96 * MIB) as u64 <= c.ptr().0
+                        || c.ptr().0 + MIB as u64 <= b.ptr().0
+                );
             });
         });
         let stats = pool.stats(D0).unwrap();
@@ -93,7 +96,7 @@ fn a_panicking_memory_hook_leaves_the_pool_working() {
 /// memory that the capture's graph still writes when it replays. Ordinary ids still work.
 #[test]
 fn capture_private_pools_are_refused_to_the_public_calls() {
-    let pool = pool(Some(2 * MIB));
+    let pool = pool(Some((2 * MIB) as u64));
     let capture = PrivatePoolId(PrivatePoolId::CAPTURE_BIT | 7);
     assert!(capture.is_capture_pool());
     match pool.retain_private_pool(D0, capture) {
@@ -125,7 +128,7 @@ fn capture_private_pools_are_refused_to_the_public_calls() {
 /// is not lent to ordinary allocations; releasing the second lets it go.
 #[test]
 fn private_pool_holds_are_released_one_by_one() {
-    let pool = pool(Some(2 * MIB));
+    let pool = pool(Some((2 * MIB) as u64));
     let id = PrivatePoolId(3);
     let first = pool.retain_private_pool(D0, id).unwrap();
     let second = pool.retain_private_pool(D0, id).unwrap();

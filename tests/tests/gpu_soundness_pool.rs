@@ -207,7 +207,7 @@ fn safe_backend_calls_do_not_make_the_pool_lend_a_busy_block() {
     let pool = DevicePool::with_config(DriverBackend::new().unwrap(), PoolConfig::default())
         .expect("pool");
     let id = device_id(&dev);
-    pool.set_limit(id, Limit::Bytes(BLOCK as u64)).unwrap();
+    pool.set_limit(id, Limit::Bytes(BLOCK)).unwrap();
     let n = BLOCK / 4;
     let x = pool.malloc_stream(&a, BLOCK).unwrap();
     let x_addr = x.ptr().0;

@@ -70,7 +70,9 @@ impl<B: Backend> MemoryPool<B> {
     /// [`free_all_blocks`](Self::free_all_blocks) for this device.
     pub fn set_limit(&self, device: DeviceId, limit: Limit) -> Result<(), PoolError> {
         let dev = self.device(device)?;
-        let bytes = limit.resolve(dev.info.total_memory)?;
+        let bytes = limit
+            .resolve(dev.info.total_memory as usize)?
+            .map(|b| b as u64);
         let mut g = lock(&dev.global);
         if let Some(b) = bytes {
             let mut in_use = 0;
@@ -83,9 +85,9 @@ impl<B: Backend> MemoryPool<B> {
             if b < in_use {
                 return Err(PoolError::LimitBelowUsage {
                     device,
-                    limit: b,
-                    used,
-                    in_use,
+                    limit: b as usize,
+                    used: used as usize,
+                    in_use: in_use as usize,
                 });
             }
         }
@@ -97,8 +99,8 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     /// The limit of `device` in bytes, `None` when unlimited.
-    pub fn get_limit(&self, device: DeviceId) -> Result<Option<u64>, PoolError> {
-        Ok(lock(&self.device(device)?.global).limit)
+    pub fn get_limit(&self, device: DeviceId) -> Result<Option<usize>, PoolError> {
+        Ok(lock(&self.device(device)?.global).limit.map(|l| l as usize))
     }
 
     /// Statistics of one device (see [`Stats`] for how peaks of totals are defined).
@@ -141,25 +143,25 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     /// Bytes in live blocks on all devices (CuPy's `used_bytes`).
-    pub fn used_bytes(&self) -> u64 {
+    pub fn used_bytes(&self) -> usize {
         self.devices
             .iter()
             .flat_map(|d| d.all_shards())
             .map(|s| s.state.lock().stats.used.current)
-            .sum()
+            .sum::<u64>() as usize
     }
 
     /// Physical bytes the pool holds on all devices (CuPy's `total_bytes`).
-    pub fn total_bytes(&self) -> u64 {
+    pub fn total_bytes(&self) -> usize {
         self.devices
             .iter()
             .map(|d| lock(&d.global).reserved.current)
-            .sum()
+            .sum::<u64>() as usize
     }
 
     /// Bytes held but not in live blocks on all devices: `total_bytes - used_bytes`
     /// (CuPy's `free_bytes`).
-    pub fn free_bytes(&self) -> u64 {
+    pub fn free_bytes(&self) -> usize {
         self.devices
             .iter()
             .map(|d| {
@@ -170,7 +172,7 @@ impl<B: Backend> MemoryPool<B> {
                     .sum();
                 g.reserved.current.saturating_sub(used)
             })
-            .sum()
+            .sum::<u64>() as usize
     }
 
     /// The number of free blocks holding memory on all devices (CuPy's

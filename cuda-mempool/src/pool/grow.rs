@@ -24,7 +24,9 @@ impl<B: Backend> MemoryPool<B> {
             Choice::None => match dev.page {
                 Some(page) => {
                     let size = policy::address_range_size(rounded, dev.info.total_memory, page)
-                        .ok_or(PoolError::SizeOverflow { size: rounded })?;
+                        .ok_or(PoolError::SizeOverflow {
+                            size: rounded as usize,
+                        })?;
                     let base = self
                         .backend
                         .reserve_address_range(dev.id, size)
@@ -37,8 +39,11 @@ impl<B: Backend> MemoryPool<B> {
                     (h.st.claim(first, base.0, rounded), unmapped)
                 }
                 None => {
-                    let seg_size = policy::plain_segment_size(rounded, last_resort)
-                        .ok_or(PoolError::SizeOverflow { size: rounded })?;
+                    let seg_size = policy::plain_segment_size(rounded, last_resort).ok_or(
+                        PoolError::SizeOverflow {
+                            size: rounded as usize,
+                        },
+                    )?;
                     let base = match self.allocate_plain(h, seg_size)? {
                         Ok(base) => base,
                         Err(cause) => return Ok(Err(cause)),

@@ -49,9 +49,9 @@ impl RawAllocation {
     pub fn ptr(&self) -> DeviceAddress {
         self.ptr
     }
-    /// The size asked for.
-    pub fn size(&self) -> u64 {
-        self.size
+    /// The size asked for, in bytes.
+    pub fn size(&self) -> usize {
+        self.size as usize
     }
     /// The device.
     pub fn device(&self) -> DeviceId {
@@ -164,8 +164,8 @@ impl<'p, B: Backend> Allocation<'p, B> {
     }
 
     /// The size asked for, in bytes.
-    pub fn size(&self) -> u64 {
-        self.raw.size
+    pub fn size(&self) -> usize {
+        self.raw.size as usize
     }
 
     /// Whether this is a zero-sized allocation.

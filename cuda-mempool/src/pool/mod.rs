@@ -273,7 +273,10 @@ impl<B: Backend> MemoryPool<B> {
                 }
                 _ => None,
             };
-            let limit = config.limit.resolve(info.total_memory)?;
+            let limit = config
+                .limit
+                .resolve(info.total_memory as usize)?
+                .map(|l| l as u64);
             devices.push(Device {
                 id,
                 info,
@@ -340,14 +343,14 @@ impl<B: Backend> MemoryPool<B> {
         &self,
         device: DeviceId,
         stream: &B::Stream,
-        size: u64,
+        size: usize,
     ) -> Result<Allocation<'_, B>, PoolError> {
         if size == 0 {
             // As CuPy's empty pointer: nothing is looked at, not even the device.
             return Ok(self.empty_allocation(device));
         }
         let dev = self.device(device)?;
-        self.malloc_in(dev, &dev.shards, None, stream, size)
+        self.malloc_in(dev, &dev.shards, None, stream, size as u64)
     }
 
     /// The allocation of 0 bytes: the null address, owned by no shard.
@@ -382,7 +385,9 @@ impl<B: Backend> MemoryPool<B> {
         if size == 0 {
             return Ok(self.empty_allocation(dev.id));
         }
-        let rounded = policy::round_size(size).ok_or(PoolError::SizeOverflow { size })?;
+        let rounded = policy::round_size(size).ok_or(PoolError::SizeOverflow {
+            size: size as usize,
+        })?;
         let stream_key = self.backend.stream_key(stream)?;
         let key = private_key.unwrap_or(stream_key);
         loop {

@@ -94,7 +94,7 @@ impl<B: Backend> MemoryPool<B> {
         device: DeviceId,
         pool: PrivatePoolId,
         stream: &B::Stream,
-        size: u64,
+        size: usize,
     ) -> Result<Allocation<'_, B>, PoolError> {
         if pool.is_capture_pool() {
             return Err(PoolError::CapturePrivatePool { pool: pool.0 });
@@ -109,8 +109,9 @@ impl<B: Backend> MemoryPool<B> {
         device: DeviceId,
         pool: PrivatePoolId,
         stream: &B::Stream,
-        size: u64,
+        size: usize,
     ) -> Result<Allocation<'_, B>, PoolError> {
+        let size = size as u64;
         let dev = self.device(device)?;
         if size == 0 {
             return self.malloc_in(dev, &dev.private, Some(StreamKey(0)), stream, 0);

@@ -77,10 +77,10 @@ impl<B: Backend> MemoryPool<B> {
         g.last_oom = Some(cause);
         PoolError::OutOfMemory {
             device: h.dev.id,
-            requested: size,
-            used,
-            reserved: g.reserved.current,
-            limit: g.limit,
+            requested: size as usize,
+            used: used as usize,
+            reserved: g.reserved.current as usize,
+            limit: g.limit.map(|l| l as usize),
             cause,
         }
     }
