@@ -278,7 +278,9 @@ impl Function {
             let (mut offset, mut size) = (0usize, 0usize);
             // SAFETY: a live function handle (its module is held) and valid out-pointers; an
             // index past the last parameter is the driver's CUDA_ERROR_INVALID_VALUE.
-            match unsafe { drv!(cuFuncGetParamInfo(self.raw, index, &mut offset, &mut size)) } {
+            match unsafe {
+                drv!(func_get_param_info as "cuFuncGetParamInfo" (self.raw, index, &mut offset, &mut size))
+            } {
                 Ok(()) => params.push(ParamInfo { offset, size }),
                 Err(Error::Driver(e))
                     if e.result() == CUresult::CUDA_ERROR_INVALID_VALUE && index > 0 =>
