@@ -231,7 +231,8 @@ mod tests {
         ));
         let dev = Location::Device(Device::test_only(1)).to_raw().unwrap();
         assert_eq!(dev.type_, CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
-        assert_eq!(dev.id, 1);
+        // SAFETY: `mem_location` initialised the id.
+        assert_eq!(unsafe { cudars_sys::compat::mem_location_id(&dev) }, 1);
         assert_eq!(
             Advice::SetPreferredLocation.to_raw(),
             CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION
