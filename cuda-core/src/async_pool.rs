@@ -40,7 +40,7 @@ use cudars_sys::{
 use crate::driver::drv;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::memory::{check_stream, DeviceAlloc, Location};
+use crate::memory::{check_stream, device_location, DeviceAlloc};
 use crate::stream::Stream;
 use crate::Device;
 
@@ -164,7 +164,7 @@ impl MemPool {
         let props = crate::driver::api()?.mem_pool_props(
             CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
             CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-            Location::Device(*device).to_raw(),
+            device_location(*device),
             max_size.unwrap_or(0),
         )?;
         let _ctx = device.bind()?;

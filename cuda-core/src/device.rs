@@ -51,10 +51,7 @@ impl Device {
     pub fn new(ordinal: usize) -> Result<Device> {
         let count = crate::device_count()?;
         if ordinal >= count || ordinal >= MAX_DEVICES {
-            return Err(Error::InvalidDevice {
-                ordinal: ordinal as i64,
-                count,
-            });
+            return Err(Error::InvalidDevice { ordinal, count });
         }
         let mut raw = 0;
         // SAFETY: valid out-pointer, ordinal checked against the count.
@@ -96,7 +93,7 @@ impl Device {
             }
         }
         Err(Error::InvalidDevice {
-            ordinal: raw as i64,
+            ordinal: usize::try_from(raw).unwrap_or(usize::MAX),
             count,
         })
     }

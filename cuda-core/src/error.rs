@@ -184,8 +184,9 @@ pub enum Error {
     /// A device ordinal outside `0..count`.
     #[error("invalid device ordinal {ordinal}: {count} device(s) present")]
     InvalidDevice {
-        /// The ordinal asked for.
-        ordinal: i64,
+        /// The ordinal asked for (for `Device::from_raw`, the handle's value; a negative
+        /// handle reads as `usize::MAX`).
+        ordinal: usize,
         /// How many devices the driver reports.
         count: usize,
     },
@@ -195,10 +196,10 @@ pub enum Error {
     WrongDevice {
         /// What was passed.
         what: &'static str,
-        /// The device the operation needs.
-        expected: i32,
-        /// The device the object belongs to.
-        actual: i32,
+        /// The ordinal of the device the operation needs.
+        expected: usize,
+        /// The ordinal of the device the object belongs to.
+        actual: usize,
     },
     /// A size computation overflowed (`count * size_of::<T>()`, offset + length, ...).
     #[error("size overflow: {0}")]
@@ -425,10 +426,10 @@ pub enum IpcError {
     /// Shareable memory of one device mapped for a device that cannot access it.
     #[error("shareable memory is on device {memory}; device {requested} has no peer access to it")]
     WrongDevice {
-        /// The device holding the memory.
-        memory: i32,
-        /// The device asked to map it.
-        requested: i32,
+        /// The ordinal of the device holding the memory.
+        memory: usize,
+        /// The ordinal of the device asked to map it.
+        requested: usize,
     },
     /// The memory cannot be exported this way (says why).
     #[error("memory cannot be exported: {0}")]

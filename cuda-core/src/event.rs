@@ -271,8 +271,8 @@ impl Event {
         if stream.device() != inner.device {
             return Err(Error::WrongDevice {
                 what: "stream",
-                expected: inner.device.ordinal() as i32,
-                actual: stream.device().ordinal() as i32,
+                expected: inner.device.ordinal(),
+                actual: stream.device().ordinal(),
             });
         }
         stream.with_context(|d| {
@@ -334,8 +334,8 @@ impl Event {
         if start.device() != end.device() {
             return Err(Error::WrongDevice {
                 what: "end event",
-                expected: start.device().ordinal() as i32,
-                actual: end.device().ordinal() as i32,
+                expected: start.device().ordinal(),
+                actual: end.device().ordinal(),
             });
         }
         if !start.timing_enabled() || !end.timing_enabled() {

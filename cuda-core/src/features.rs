@@ -196,4 +196,31 @@ mod tests {
         let plain = cudars_sys::MissingSymbol::new("cuFoo");
         assert_eq!(Error::from(plain), Error::MissingSymbol(plain));
     }
+
+    /// The GPU machine's case: bindings from 13.4+ headers on a 13.0 driver. cuda-sys's
+    /// `tests/old_driver.rs` shows a fake 13.0 driver's `cuMemGetLocationInfo` call failing
+    /// with exactly this `MissingSymbol` without reaching the driver; here it becomes
+    /// `DriverTooOld`, which every cuda-core call returns through `?`.
+    #[test]
+    fn a_13_4_entry_point_on_a_13_0_driver_is_driver_too_old() {
+        let missing = cudars_sys::MissingSymbol {
+            name: "cuMemGetLocationInfo",
+            needed: 13040,
+            driver: 13000,
+        };
+        assert!(missing.is_driver_too_old());
+        let e = Error::from(missing);
+        assert_eq!(
+            e,
+            Error::DriverTooOld {
+                symbol: "cuMemGetLocationInfo",
+                driver: CudaVersion(13000),
+                needed: CudaVersion(13040),
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "cuMemGetLocationInfo needs a CUDA 13.4 driver; the installed driver supports CUDA 13.0"
+        );
+    }
 }

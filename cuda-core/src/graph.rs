@@ -111,7 +111,7 @@ pub enum CaptureMode {
 
 impl CaptureMode {
     /// The driver's value.
-    pub fn raw(self) -> CUstreamCaptureMode {
+    pub fn to_raw(self) -> CUstreamCaptureMode {
         match self {
             CaptureMode::Global => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
             CaptureMode::ThreadLocal => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
@@ -289,7 +289,7 @@ pub unsafe fn begin_capture(stream: &Stream, mode: CaptureMode) -> Result<()> {
     let _ctx = stream.device().bind()?;
     let _gate = BeginGate::wait();
     // SAFETY: a live, non-null stream of the current context.
-    let begun = unsafe { drv!(cuStreamBeginCapture(stream.raw(), mode.raw())) };
+    let begun = unsafe { drv!(cuStreamBeginCapture(stream.raw(), mode.to_raw())) };
     if begun.is_ok() {
         ACTIVE_CAPTURES.fetch_add(1, Ordering::AcqRel);
     }
@@ -650,7 +650,7 @@ pub struct RelaxedCaptureMode {
 impl RelaxedCaptureMode {
     /// Switches the calling thread to the relaxed mode.
     pub fn new() -> Result<RelaxedCaptureMode> {
-        let mut mode = CaptureMode::Relaxed.raw();
+        let mut mode = CaptureMode::Relaxed.to_raw();
         // SAFETY: valid in/out pointer; the call only exchanges a per-thread setting.
         unsafe { drv!(cuThreadExchangeStreamCaptureMode(&mut mode)) }?;
         Ok(RelaxedCaptureMode {
@@ -900,8 +900,8 @@ impl GraphExecHandle {
         if stream.device() != self.device {
             return Err(Error::WrongDevice {
                 what: "stream",
-                expected: self.device.ordinal() as i32,
-                actual: stream.device().ordinal() as i32,
+                expected: self.device.ordinal(),
+                actual: stream.device().ordinal(),
             });
         }
         Ok(())
@@ -1039,9 +1039,9 @@ mod tests {
 
     #[test]
     fn modes_and_statuses_map_to_the_driver_values() {
-        assert_eq!(CaptureMode::Global.raw().0, 0);
-        assert_eq!(CaptureMode::ThreadLocal.raw().0, 1);
-        assert_eq!(CaptureMode::Relaxed.raw().0, 2);
+        assert_eq!(CaptureMode::Global.to_raw().0, 0);
+        assert_eq!(CaptureMode::ThreadLocal.to_raw().0, 1);
+        assert_eq!(CaptureMode::Relaxed.to_raw().0, 2);
         assert_eq!(CaptureMode::default(), CaptureMode::ThreadLocal);
         assert_eq!(
             status_from_raw(CUstreamCaptureStatus(0)),

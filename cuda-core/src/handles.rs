@@ -426,7 +426,7 @@ fn shared<H>(
     make: impl FnOnce() -> Result<H>,
 ) -> Result<&'static H> {
     let cell = cells.get(device.ordinal()).ok_or(Error::InvalidDevice {
-        ordinal: device.ordinal() as i64,
+        ordinal: device.ordinal(),
         count: MAX_DEVICES,
     })?;
     if let Some(h) = cell.get() {

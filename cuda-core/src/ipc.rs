@@ -415,8 +415,8 @@ impl IpcMapping {
             if existing.device != *device {
                 return Err(Error::WrongDevice {
                     what: "open IPC mapping",
-                    expected: device.ordinal() as i32,
-                    actual: existing.device.ordinal() as i32,
+                    expected: device.ordinal(),
+                    actual: existing.device.ordinal(),
                 });
             }
             return Ok(existing);
@@ -584,7 +584,7 @@ impl PhysicalAllocation {
         let r = unsafe {
             drv!(cuMemExportToShareableHandle(
                 (&mut fd as *mut std::ffi::c_int).cast(),
-                self.handle(),
+                self.raw(),
                 POSIX_FD,
                 0
             ))
@@ -734,8 +734,8 @@ impl SharedMapping {
         let memory = physical.device();
         if memory != *device && !device.can_access_peer(&memory)? {
             return Err(IpcError::WrongDevice {
-                memory: memory.ordinal() as i32,
-                requested: device.ordinal() as i32,
+                memory: memory.ordinal(),
+                requested: device.ordinal(),
             }
             .into());
         }

@@ -384,8 +384,8 @@ fn same_device(view: &DevicePtr, device: Device, what: &'static str) -> Result<(
     } else {
         Err(Error::WrongDevice {
             what,
-            expected: device.ordinal() as i32,
-            actual: view.device().ordinal() as i32,
+            expected: device.ordinal(),
+            actual: view.device().ordinal(),
         })
     }
 }

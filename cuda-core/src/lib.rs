@@ -12,7 +12,7 @@
 //! | [`module`] | [`Module`] from PTX text, cubin or fatbin; [`Function`]: parameter info, occupancy, attributes, launch with a [`LaunchConfig`] (clusters too) | `RawModule` |
 //! | [`kernels`] | ready-made PTX kernels to try the workspace: fill, add, copy, checksum, spin, a slow writer for ordering tests | - |
 //! | [`memory`] | [`DeviceMemory`], [`ManagedMemory`], [`PinnedMemory`], [`HostRegistration`], [`UnownedMemory`], the [`DevicePtr`] view | `Memory`, `ManagedMemory`, `PinnedMemory`, `UnownedMemory`, `MemoryPointer` |
-//! | [`pointer`](mod@pointer) | [`MemoryLocation`] of any address | `get_array_module` |
+//! | [`pointer`](mod@pointer) | the [`Location`] of any address | `get_array_module` |
 //! | [`vmm`] | virtual address ranges, physical allocations, map/unmap | - |
 //! | [`ipc`] | sharing device memory between processes: legacy IPC handles, VMM file descriptors over Unix sockets | `runtime.ipcGetMemHandle`, `ipcOpenMemHandle` |
 //! | [`async_pool`] | the driver's stream-ordered pools (`cuMemPool*`) | `MemoryAsyncPool`, `MemoryAsync` |
@@ -63,9 +63,8 @@ pub use error::{CrateError, DriverError, Error, Result};
 pub use event::{Event, EventBuilder, IpcEventHandle};
 pub use features::Feature;
 pub use memory::{
-    DeviceAlloc, DeviceMemory, DevicePtr, HostRegistration, ManagedMemory, PinnedMemory,
+    DeviceAlloc, DeviceMemory, DevicePtr, HostRegistration, Location, ManagedMemory, PinnedMemory,
     UnownedMemory,
 };
 pub use module::{Function, LaunchConfig, Module, ParamInfo};
-pub use pointer::MemoryLocation;
 pub use stream::{Stream, StreamBuilder, StreamKind, StreamScope};

@@ -278,7 +278,9 @@ impl Function {
             let (mut offset, mut size) = (0usize, 0usize);
             // SAFETY: a live function handle (its module is held) and valid out-pointers; an
             // index past the last parameter is the driver's CUDA_ERROR_INVALID_VALUE.
-            match unsafe { drv!(cuFuncGetParamInfo(self.raw, index, &mut offset, &mut size)) } {
+            match unsafe {
+                drv!(func_get_param_info as "cuFuncGetParamInfo" (self.raw, index, &mut offset, &mut size))
+            } {
                 Ok(()) => params.push(ParamInfo { offset, size }),
                 Err(Error::Driver(e))
                     if e.result() == CUresult::CUDA_ERROR_INVALID_VALUE && index > 0 =>
@@ -461,8 +463,8 @@ impl Function {
         if stream.device() != device {
             return Err(Error::WrongDevice {
                 what: "stream",
-                expected: device.ordinal() as i32,
-                actual: stream.device().ordinal() as i32,
+                expected: device.ordinal(),
+                actual: stream.device().ordinal(),
             });
         }
         Ok(())

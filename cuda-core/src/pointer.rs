@@ -1,13 +1,15 @@
 //! Where does an address live? Device memory (of which device), page-locked host memory,
 //! pageable host memory or managed memory, from the driver's pointer attributes
-//! (`cuPointerGetAttributes`). The Rust home of CuPy's `get_array_module`, made useful for raw
+//! (`cuPointerGetAttributes`), as a [`Location`] (the workspace's one such enum, defined in
+//! [`memory`](crate::memory)). The Rust home of CuPy's `get_array_module`, made useful for raw
 //! pointers: copy routines use it to pick a direct DMA copy or a staging path.
 //!
 //! ```no_run
-//! use cudars_core::pointer::{locate, MemoryLocation};
+//! use cudars_core::pointer::locate;
+//! use cudars_core::Location;
 //!
 //! let v = vec![0u8; 64];
-//! assert_eq!(locate(v.as_ptr())?, MemoryLocation::PageableHost);
+//! assert_eq!(locate(v.as_ptr())?, Location::PageableHost);
 //! # Ok::<(), cudars_core::Error>(())
 //! ```
 
@@ -17,42 +19,14 @@ use cudars_sys::{CUdeviceptr, CUmemorytype, CUpointer_attribute, CUresult};
 
 use crate::driver::drv;
 use crate::error::{Error, Result};
-
-/// Where an address lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MemoryLocation {
-    /// Device memory (`cuMemAlloc`, pools, virtual memory) of the device with this ordinal.
-    Device {
-        /// The device's ordinal.
-        ordinal: usize,
-    },
-    /// Page-locked host memory: allocated by `cuMemHostAlloc`/`cuMemAllocHost` or registered
-    /// with `cuMemHostRegister`. The driver copies it by DMA directly.
-    PinnedHost,
-    /// Managed (unified) memory from `cuMemAllocManaged`, addressable by host and devices.
-    Managed,
-    /// Memory the driver does not know: ordinary (pageable) host memory such as a `Vec`, or
-    /// any address CUDA did not hand out.
-    PageableHost,
-}
-
-impl MemoryLocation {
-    /// `true` for memory the host can address directly (pinned, managed or pageable host).
-    pub fn is_host_accessible(self) -> bool {
-        !matches!(self, MemoryLocation::Device { .. })
-    }
-
-    /// `true` for memory the driver can copy by DMA without staging (device, pinned, managed).
-    pub fn is_driver_memory(self) -> bool {
-        !matches!(self, MemoryLocation::PageableHost)
-    }
-}
+pub use crate::memory::Location;
+use crate::Device;
 
 /// The driver's pointer attributes of an address, as far as it knows them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PointerAttributes {
     /// Where the address lives.
-    pub location: MemoryLocation,
+    pub location: Location,
     /// The ordinal of the device whose context owns the memory, when the driver reports one
     /// (device, managed and pinned memory).
     pub device_ordinal: Option<usize>,
@@ -66,7 +40,7 @@ pub struct PointerAttributes {
 }
 
 /// The driver's attributes of `addr` (`cuPointerGetAttributes`). Addresses the driver does not
-/// know (a `Vec`, a stack variable, 0) answer [`MemoryLocation::PageableHost`], not an error.
+/// know (a `Vec`, a stack variable, 0) answer [`Location::PageableHost`], not an error.
 ///
 /// Asks the location first, then the pointers and the allocation range, each of which is
 /// `None` when the driver does not report it for this kind of memory. [`locate`] asks only
@@ -74,7 +48,7 @@ pub struct PointerAttributes {
 pub fn attributes(addr: CUdeviceptr) -> Result<PointerAttributes> {
     use CUpointer_attribute as A;
     let (location, device_ordinal) = location_of(addr)?;
-    if location == MemoryLocation::PageableHost {
+    if location == Location::PageableHost {
         return Ok(unknown());
     }
     // The device pointer is reported for the current context: make the owner's current.
@@ -116,7 +90,7 @@ pub fn attributes(addr: CUdeviceptr) -> Result<PointerAttributes> {
 }
 
 /// The location and the owning device's ordinal: one `cuPointerGetAttributes` call.
-fn location_of(addr: CUdeviceptr) -> Result<(MemoryLocation, Option<usize>)> {
+fn location_of(addr: CUdeviceptr) -> Result<(Location, Option<usize>)> {
     use CUpointer_attribute as A;
     const ESSENTIAL: [CUpointer_attribute; 3] = [
         A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
@@ -124,7 +98,7 @@ fn location_of(addr: CUdeviceptr) -> Result<(MemoryLocation, Option<usize>)> {
         A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
     ];
     if addr == 0 {
-        return Ok((MemoryLocation::PageableHost, None));
+        return Ok((Location::PageableHost, None));
     }
     // Each slot is 8 zeroed bytes, wide enough for every attribute asked (at most a pointer
     // or a size_t); narrower values (unsigned int, int, bool) land in the low bytes.
@@ -134,7 +108,7 @@ fn location_of(addr: CUdeviceptr) -> Result<(MemoryLocation, Option<usize>)> {
         // The plural call reports unknown pointers as defaults; should a driver reject one
         // instead, it is still memory CUDA does not know.
         Err(Error::Driver(e)) if e.result() == CUresult::CUDA_ERROR_INVALID_VALUE => {
-            return Ok((MemoryLocation::PageableHost, None));
+            return Ok((Location::PageableHost, None));
         }
         Err(e) => return Err(e),
     }
@@ -143,24 +117,22 @@ fn location_of(addr: CUdeviceptr) -> Result<(MemoryLocation, Option<usize>)> {
     let ordinal = slots[2] as u32 as i32;
     let ordinal = (ordinal >= 0).then_some(ordinal as usize);
     let location = if is_managed || memory_type == CUmemorytype::CU_MEMORYTYPE_UNIFIED {
-        MemoryLocation::Managed
+        Location::Managed
     } else if memory_type == CUmemorytype::CU_MEMORYTYPE_DEVICE
         || memory_type == CUmemorytype::CU_MEMORYTYPE_ARRAY
     {
-        MemoryLocation::Device {
-            ordinal: ordinal.unwrap_or(0),
-        }
+        Location::Device(Device::new(ordinal.unwrap_or(0))?)
     } else if memory_type == CUmemorytype::CU_MEMORYTYPE_HOST {
-        MemoryLocation::PinnedHost
+        Location::PinnedHost
     } else {
-        return Ok((MemoryLocation::PageableHost, None));
+        return Ok((Location::PageableHost, None));
     };
     Ok((location, ordinal))
 }
 
 fn unknown() -> PointerAttributes {
     PointerAttributes {
-        location: MemoryLocation::PageableHost,
+        location: Location::PageableHost,
         device_ordinal: None,
         device_pointer: None,
         host_pointer: None,
@@ -190,12 +162,12 @@ fn query(addr: CUdeviceptr, attrs: &[CUpointer_attribute], slots: &mut [u64; 7])
 }
 
 /// Where the memory at `ptr` lives; see [`attributes`].
-pub fn locate<T: ?Sized>(ptr: *const T) -> Result<MemoryLocation> {
+pub fn locate<T: ?Sized>(ptr: *const T) -> Result<Location> {
     Ok(location_of(ptr.cast::<u8>() as usize as CUdeviceptr)?.0)
 }
 
 /// Where device address `addr` lives; see [`attributes`].
-pub fn locate_device(addr: CUdeviceptr) -> Result<MemoryLocation> {
+pub fn locate_device(addr: CUdeviceptr) -> Result<Location> {
     Ok(location_of(addr)?.0)
 }
 
@@ -206,11 +178,11 @@ mod tests {
     #[test]
     fn null_is_not_driver_memory_even_without_a_driver() {
         let a = attributes(0).unwrap();
-        assert_eq!(a.location, MemoryLocation::PageableHost);
+        assert_eq!(a.location, Location::PageableHost);
         assert_eq!(a.device_ordinal, None);
         assert!(a.location.is_host_accessible());
-        assert!(!a.location.is_driver_memory());
-        assert!(!MemoryLocation::Device { ordinal: 0 }.is_host_accessible());
-        assert!(MemoryLocation::Managed.is_driver_memory());
+        assert!(!a.location.is_dma_ready());
+        assert!(!Location::Device(Device::test_only(0)).is_host_accessible());
+        assert!(Location::Managed.is_dma_ready());
     }
 }

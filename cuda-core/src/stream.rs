@@ -65,6 +65,19 @@ pub const PER_THREAD_HANDLE: usize = 0x2;
 /// The driver's explicit handle for the legacy null stream (`CU_STREAM_LEGACY` in `cuda.h`).
 pub const LEGACY_HANDLE: usize = 0x1;
 
+/// The [`Stream::identity`] of a stream known only by its handle (an external stream): 0 for
+/// the legacy null stream under either name (null, [`LEGACY_HANDLE`]), the handle's value
+/// otherwise ([`PER_THREAD_HANDLE`] for the per-thread default stream). No driver call; the
+/// rule [`Stream::external`] applies, for code that has only the handle (the C ABI).
+#[inline]
+pub fn external_identity(raw: CUstream) -> u64 {
+    if raw as usize == LEGACY_HANDLE {
+        0
+    } else {
+        raw as usize as u64
+    }
+}
+
 /// What a [`Stream`] is and who destroys it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StreamKind {
@@ -350,20 +363,17 @@ impl Stream {
                 Ok(()) if actual != device.raw() => {
                     return Err(Error::WrongDevice {
                         what: "external stream",
-                        expected: device.ordinal() as i32,
-                        actual,
-                    })
+                        expected: device.ordinal(),
+                        // On every current driver a `CUdevice` equals its ordinal.
+                        actual: usize::try_from(actual).unwrap_or(usize::MAX),
+                    });
                 }
                 Ok(()) | Err(Error::MissingSymbol(_) | Error::DriverTooOld { .. }) => {}
                 Err(e) => return Err(e),
             }
         }
         // CU_STREAM_LEGACY is the legacy null stream under another name.
-        let identity = if raw as usize == LEGACY_HANDLE {
-            0
-        } else {
-            raw as usize as u64
-        };
+        let identity = external_identity(raw);
         // The implicit handles keep their meaning: CU_STREAM_LEGACY is the legacy null
         // stream, CU_STREAM_PER_THREAD the calling thread's own stream.
         let kind = match raw as usize {
@@ -981,6 +991,17 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn external_identity_names_the_legacy_stream_zero_and_keeps_other_handles() {
+        assert_eq!(external_identity(std::ptr::null_mut()), 0);
+        assert_eq!(external_identity(LEGACY_HANDLE as CUstream), 0);
+        assert_eq!(
+            external_identity(PER_THREAD_HANDLE as CUstream),
+            PER_THREAD_HANDLE as u64
+        );
+        assert_eq!(external_identity(0x7f00_1000 as CUstream), 0x7f00_1000);
+    }
 
     #[test]
     fn priority_within_range_is_kept() {

@@ -48,7 +48,7 @@ use cudars_sys::{
 
 use crate::driver::drv;
 use crate::error::{Error, Result};
-use crate::memory::Location;
+use crate::memory::device_location;
 use crate::Device;
 
 /// Whether `device` supports virtual memory management
@@ -77,7 +77,7 @@ fn device_prop_with(device: &Device, handles: CUmemAllocationHandleType) -> CUme
     CUmemAllocationProp {
         type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
         requestedHandleTypes: handles,
-        location: Location::Device(*device).to_raw(),
+        location: device_location(*device),
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: Default::default(),
     }
@@ -301,8 +301,8 @@ impl PhysicalAllocation {
         std::mem::ManuallyDrop::new(self).handle
     }
 
-    /// The driver handle.
-    pub fn handle(&self) -> CUmemGenericAllocationHandle {
+    /// The driver handle. Stays owned by `self`.
+    pub fn raw(&self) -> CUmemGenericAllocationHandle {
         self.handle
     }
 
@@ -376,7 +376,7 @@ pub fn set_access(addr: CUdeviceptr, len: usize, device: &Device) -> Result<()> 
         return Ok(());
     }
     let desc = CUmemAccessDesc {
-        location: Location::Device(*device).to_raw(),
+        location: device_location(*device),
         flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
     let _ctx = device.bind()?;

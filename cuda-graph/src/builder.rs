@@ -857,8 +857,8 @@ pub(crate) fn host_owner(h: &HostBuffer) -> Owner {
 fn wrong_device(what: &'static str, expected: Device, actual: Device) -> Error {
     cudars_core::Error::WrongDevice {
         what,
-        expected: expected.ordinal() as i32,
-        actual: actual.ordinal() as i32,
+        expected: expected.ordinal(),
+        actual: actual.ordinal(),
     }
     .into()
 }

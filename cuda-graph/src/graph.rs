@@ -609,8 +609,8 @@ impl GraphExec {
         if function.device() != self.device() {
             return Err(cudars_core::Error::WrongDevice {
                 what: "kernel",
-                expected: self.device().ordinal() as i32,
-                actual: function.device().ordinal() as i32,
+                expected: self.device().ordinal(),
+                actual: function.device().ordinal(),
             }
             .into());
         }
@@ -644,8 +644,8 @@ impl GraphExec {
         if function.device() != self.device() {
             return Err(cudars_core::Error::WrongDevice {
                 what: "kernel",
-                expected: self.device().ordinal() as i32,
-                actual: function.device().ordinal() as i32,
+                expected: self.device().ordinal(),
+                actual: function.device().ordinal(),
             }
             .into());
         }
@@ -676,8 +676,8 @@ impl GraphExec {
         if graph.device() != self.device() {
             return Err(cudars_core::Error::WrongDevice {
                 what: "graph",
-                expected: self.device().ordinal() as i32,
-                actual: graph.device().ordinal() as i32,
+                expected: self.device().ordinal(),
+                actual: graph.device().ordinal(),
             }
             .into());
         }
@@ -738,6 +738,14 @@ impl GraphExec {
     /// type changed, ...), re-instantiates from `graph` with the same flags. The outcome says
     /// which happened. Launches already queued run the old version.
     pub fn update(&mut self, graph: &Graph) -> Result<UpdateOutcome> {
+        if graph.device() != self.device() {
+            return Err(cudars_core::Error::WrongDevice {
+                what: "graph",
+                expected: self.device().ordinal(),
+                actual: graph.device().ordinal(),
+            }
+            .into());
+        }
         match self.try_update(graph) {
             Ok(()) => Ok(UpdateOutcome::Updated),
             Err(Error::UpdateRefused { refusal, .. }) => {
@@ -772,8 +780,8 @@ fn owners_of(mems: &[&Mem<'_>], device: Device) -> Result<Vec<Owner>> {
                 if p.device() != device {
                     return Err(cudars_core::Error::WrongDevice {
                         what: "buffer",
-                        expected: device.ordinal() as i32,
-                        actual: p.device().ordinal() as i32,
+                        expected: device.ordinal(),
+                        actual: p.device().ordinal(),
                     }
                     .into());
                 }

@@ -182,10 +182,7 @@ fn plain_pool() -> Result<&'static DevicePool, PoolError> {
     if let Some(p) = POOL.get() {
         return Ok(p);
     }
-    let backend = DriverBackend::plain().map_err(|e| PoolError::Backend {
-        op: "DriverBackend::plain",
-        source: Box::new(e),
-    })?;
+    let backend = DriverBackend::plain().map_err(PoolError::Cuda)?;
     let pool = MemoryPool::with_config(backend, PoolConfig::from_env()?)?;
     Ok(POOL.get_or_init(|| pool))
 }
@@ -218,7 +215,7 @@ thread_local! {
     static LAST_OOM: Cell<Option<OomInfo>> = const { Cell::new(None) };
 }
 
-fn clamp(v: u64) -> i64 {
+fn clamp(v: usize) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
@@ -299,21 +296,20 @@ fn alloc(
 }
 
 /// The pool's key for a stream handle of `device`, as the pool's `stream_key` gives it: the
-/// legacy null stream under either name (null, `CU_STREAM_LEGACY`) is 0, the per-thread
-/// default stream the calling thread's own key, any other handle its value. No driver call.
+/// per-thread default stream the calling thread's own key, any other handle the identity
+/// `cuda-core` gives an external stream (`cudars_core::stream::external_identity`: 0 for the
+/// legacy null stream under either name, else the handle's value). No driver call.
 fn key_of(call: &str, device: DeviceId, handle: *mut c_void) -> Result<u64, CallError> {
-    Ok(match handle as usize {
-        cudars_core::stream::LEGACY_HANDLE => 0,
-        cudars_core::stream::PER_THREAD_HANDLE => {
-            let pool = pool(call)?;
-            let dev = pool.backend().device(device).map_err(|e| fail(call, e))?;
-            pool.backend()
-                .stream_key(&Stream::per_thread(&dev))
-                .map_err(|e| fail(call, e))?
-                .0
-        }
-        h => h as u64,
-    })
+    if handle as usize == cudars_core::stream::PER_THREAD_HANDLE {
+        let pool = pool(call)?;
+        let dev = pool.backend().device(device).map_err(|e| fail(call, e))?;
+        return Ok(pool
+            .backend()
+            .stream_key(&Stream::per_thread(&dev))
+            .map_err(|e| fail(call, e))?
+            .0);
+    }
+    Ok(cudars_core::stream::external_identity(handle.cast()))
 }
 
 /// Frees the block at `ptr`. With `stream` (a device and a stream handle, valid for this
@@ -627,7 +623,7 @@ pub extern "C" fn cuda_mempool_free_bytes(device: c_int) -> i64 {
 #[no_mangle]
 pub extern "C" fn cuda_mempool_n_free_blocks() -> i64 {
     const CALL: &str = "cuda_mempool_n_free_blocks";
-    run(-1, || Ok(clamp(pool(CALL)?.n_free_blocks() as u64)))
+    run(-1, || Ok(clamp(pool(CALL)?.n_free_blocks())))
 }
 
 /// The highest [`cuda_mempool_reserved_bytes`] of `device` so far, or -1 with a
@@ -671,7 +667,7 @@ pub extern "C" fn cuda_mempool_set_limit(device: c_int, bytes: usize) -> c_int {
         let limit = if bytes == 0 {
             Limit::Unlimited
         } else {
-            Limit::Bytes(bytes as u64)
+            Limit::Bytes(bytes)
         };
         pool(CALL)?
             .set_limit(id, limit)

@@ -130,7 +130,7 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cudars_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamId};
+    use cudars_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamKey};
 
     #[test]
     fn shards_spread_consecutive_blocks() {
@@ -149,7 +149,7 @@ mod tests {
         let mut addrs = Vec::new();
         for i in 1..=200u64 {
             let raw = pool
-                .malloc(DeviceId(0), &StreamId(i % 3), i * 1000)
+                .malloc(DeviceId(0), &StreamKey(i % 3), i as usize * 1000)
                 .expect("malloc")
                 .into_raw();
             let (ptr, size) = (raw.ptr().0, raw.size());
@@ -175,11 +175,11 @@ mod tests {
         let pool = MemoryPool::new(SimulatedBackend::h200(1)).expect("pool");
         let reg = Registry::new();
         let a = pool
-            .malloc(DeviceId(0), &StreamId(7), 4096)
+            .malloc(DeviceId(0), &StreamKey(7), 4096)
             .expect("malloc")
             .into_raw();
         let b = pool
-            .malloc(DeviceId(0), &StreamId(7), 4096)
+            .malloc(DeviceId(0), &StreamKey(7), 4096)
             .expect("malloc")
             .into_raw();
         let (pa, pb) = (a.ptr().0, b.ptr().0);

@@ -26,17 +26,22 @@ use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use cudars_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamId};
+use cudars_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamKey};
 
 const PAIRS: u64 = 2_000_000;
 
-fn pairs(pool: &MemoryPool<SimulatedBackend>, stream: StreamId, size: u64, n: u64) -> Duration {
+fn pairs(pool: &MemoryPool<SimulatedBackend>, stream: StreamKey, size: u64, n: u64) -> Duration {
     let dev = DeviceId(0);
     // Warm the cache of this stream.
-    drop(pool.malloc(dev, &stream, size).expect("warm-up allocation"));
+    drop(
+        pool.malloc(dev, &stream, size as usize)
+            .expect("warm-up allocation"),
+    );
     let start = Instant::now();
     for _ in 0..n {
-        let a = pool.malloc(dev, &stream, size).expect("allocation");
+        let a = pool
+            .malloc(dev, &stream, size as usize)
+            .expect("allocation");
         black_box(a.ptr());
         drop(a);
     }
@@ -48,7 +53,7 @@ fn main() {
     println!("single thread, same-size malloc+free pairs");
     for (label, size) in [("512 B", 512u64), ("1 MiB", 1 << 20), ("64 MiB", 64 << 20)] {
         let best = (0..5)
-            .map(|_| pairs(&pool, StreamId(1), size, PAIRS))
+            .map(|_| pairs(&pool, StreamKey(1), size, PAIRS))
             .min()
             .unwrap_or_default();
         println!(
@@ -89,7 +94,7 @@ fn scaling_run(pool: &MemoryPool<SimulatedBackend>, threads: usize) -> f64 {
         for t in 0..threads {
             let barrier = &barrier;
             s.spawn(move || {
-                let stream = StreamId(100 + t as u64);
+                let stream = StreamKey(100 + t as u64);
                 drop(pool.malloc(DeviceId(0), &stream, 512).expect("warm-up"));
                 barrier.wait();
                 pairs(pool, stream, 512, per_thread);

@@ -46,7 +46,7 @@ impl Allocator for DirectAllocator {
             Err(e) if e.is_out_of_memory() => Err(PoolError::OutOfMemory {
                 cause: crate::OomCause::DeviceMemory,
                 device: device_id(&dev),
-                requested: size as u64,
+                requested: size,
                 used: 0,
                 reserved: 0,
                 limit: None,
@@ -286,7 +286,7 @@ impl Allocator for CFunctionAllocator {
                 return Err(PoolError::OutOfMemory {
                     cause: crate::OomCause::DeviceMemory,
                     device: device_id(&device),
-                    requested: size as u64,
+                    requested: size,
                     used: 0,
                     reserved: 0,
                     limit: None,
@@ -398,10 +398,10 @@ pub fn alloc_on(stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
                 return a.allocate(stream, size);
             }
             let mut ev = MemoryEvent {
-                device: stream.device().ordinal() as u32,
-                size: size as u64,
+                device: stream.device().ordinal(),
+                size,
                 ptr: 0,
-                stream: stream.raw() as usize as u64,
+                stream: stream.identity(),
                 location: Some(std::panic::Location::caller()),
             };
             hooks::each(|h| h.malloc_pre(&ev));

@@ -33,10 +33,6 @@ pub enum AsyncPoolSource {
     Handle(MemPool),
 }
 
-fn backend_err(op: &'static str) -> impl FnOnce(cudars_core::Error) -> PoolError {
-    PoolError::backend(op)
-}
-
 /// A stream-ordered pool of one device over a driver memory pool: CuPy's
 /// `MemoryAsyncPool`. Allocations are [`StreamOrderedMemory`] (freed on their stream when
 /// dropped), which converts into `cudars_core`'s `DevicePtr` view.
@@ -71,7 +67,7 @@ impl AsyncPool {
     pub fn new(device: &Device, source: AsyncPoolSource) -> Result<AsyncPool, PoolError> {
         // The driver and the device decide, before any pool call (cudars_core::features).
         cudars_core::features::require(device, cudars_core::Feature::StreamOrderedAllocation)
-            .map_err(backend_err("AsyncPool::new"))?;
+            .map_err(PoolError::Cuda)?;
         let pool = match source {
             AsyncPoolSource::Current => MemPool::current(device),
             AsyncPoolSource::Default => MemPool::default_for(device),
@@ -86,9 +82,9 @@ impl AsyncPool {
                 Ok(p)
             }
         }
-        .map_err(backend_err("AsyncPool::new"))?;
+        .map_err(PoolError::Cuda)?;
         pool.set_release_threshold(u64::MAX)
-            .map_err(backend_err("set_release_threshold"))?;
+            .map_err(PoolError::Cuda)?;
         Ok(AsyncPool {
             pool,
             device: *device,
@@ -116,7 +112,7 @@ impl AsyncPool {
     ) -> Result<StreamOrderedMemory, PoolError> {
         let limit = self.limit.load(Ordering::Relaxed);
         if limit != u64::MAX && size != 0 {
-            let used = self.used_bytes()?;
+            let used = self.used_bytes()? as u64;
             if used.saturating_add(size as u64) > limit {
                 return Err(self.oom(size, Some(limit)));
             }
@@ -139,58 +135,49 @@ impl AsyncPool {
         PoolError::OutOfMemory {
             cause: crate::OomCause::DeviceMemory,
             device: DeviceId(self.device.ordinal() as u32),
-            requested: size as u64,
+            requested: size,
             used: self.used_bytes().unwrap_or(0),
             reserved: self.total_bytes().unwrap_or(0),
-            limit,
+            limit: limit.map(|l| l as usize),
         }
     }
 
     /// Caps the bytes in use (a byte count or a fraction of the device's memory); the
     /// release threshold follows the limit, so the pool caches at most that much.
     pub fn set_limit(&self, limit: Limit) -> Result<(), PoolError> {
-        let total = self
-            .device
-            .total_memory()
-            .map_err(backend_err("total_memory"))? as u64;
-        let bytes = limit.resolve(total)?.unwrap_or(u64::MAX);
+        let total = self.device.total_memory().map_err(PoolError::Cuda)?;
+        let bytes = limit.resolve(total)?.map_or(u64::MAX, |b| b as u64);
         self.pool
             .set_release_threshold(bytes)
-            .map_err(backend_err("set_release_threshold"))?;
+            .map_err(PoolError::Cuda)?;
         self.limit.store(bytes, Ordering::Relaxed);
         Ok(())
     }
 
     /// The limit in bytes, if one is set.
-    pub fn get_limit(&self) -> Option<u64> {
+    pub fn get_limit(&self) -> Option<usize> {
         let l = self.limit.load(Ordering::Relaxed);
-        (l != u64::MAX).then_some(l)
+        (l != u64::MAX).then_some(l as usize)
     }
 
     /// Synchronises the device and returns every cached byte (`cuMemPoolTrimTo(0)`).
     pub fn free_all_blocks(&self) -> Result<(), PoolError> {
-        self.device
-            .synchronize()
-            .map_err(backend_err("cuCtxSynchronize"))?;
-        self.pool.trim_to(0).map_err(backend_err("cuMemPoolTrimTo"))
+        self.device.synchronize().map_err(PoolError::Cuda)?;
+        self.pool.trim_to(0).map_err(PoolError::Cuda)
     }
 
     /// Bytes handed out and not yet freed (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
-    pub fn used_bytes(&self) -> Result<u64, PoolError> {
-        self.pool
-            .used_current()
-            .map_err(backend_err("used_current"))
+    pub fn used_bytes(&self) -> Result<usize, PoolError> {
+        Ok(self.pool.used_current().map_err(PoolError::Cuda)? as usize)
     }
 
     /// Bytes the pool holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
-    pub fn total_bytes(&self) -> Result<u64, PoolError> {
-        self.pool
-            .reserved_current()
-            .map_err(backend_err("reserved_current"))
+    pub fn total_bytes(&self) -> Result<usize, PoolError> {
+        Ok(self.pool.reserved_current().map_err(PoolError::Cuda)? as usize)
     }
 
     /// Bytes held but not in use: `total_bytes - used_bytes`.
-    pub fn free_bytes(&self) -> Result<u64, PoolError> {
+    pub fn free_bytes(&self) -> Result<usize, PoolError> {
         Ok(self.total_bytes()?.saturating_sub(self.used_bytes()?))
     }
 }

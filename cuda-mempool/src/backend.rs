@@ -10,7 +10,7 @@
 //! * the driver backend (built on `cuda-core`), where each method maps onto one or a
 //!   few driver calls, as listed on each method below.
 //!
-//! Devices and streams are opaque ids to the pool ([`DeviceId`], [`StreamId`]); the
+//! Devices and streams are opaque ids to the pool ([`DeviceId`], [`StreamKey`]); the
 //! backend knows what they stand for (a `CUdevice` ordinal and a `CUstream` handle).
 //!
 //! # Two ways to back a segment
@@ -63,11 +63,12 @@ impl fmt::Display for DeviceId {
 /// The key of a stream's cache in the pool ([`Backend::stream_key`]): for the driver
 /// backend `cudars_core::Stream::identity` (unique for streams `cuda-core` created, the
 /// handle's value for external streams, 0 for the legacy default stream). The pool never
-/// turns a key back into a stream; it only compares keys.
+/// turns a key back into a stream; it only compares keys. It is not the driver's stream id
+/// (`cuStreamGetId`, `cudars_core::graph::stream_id`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct StreamId(pub u64);
+pub struct StreamKey(pub u64);
 
-impl fmt::Display for StreamId {
+impl fmt::Display for StreamKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)
     }
@@ -170,7 +171,7 @@ pub struct DeviceInfo {
 pub unsafe trait Backend: Send + Sync + 'static {
     /// A stream the pool may record fences on and make wait: what a request hands in and
     /// what the pool keeps (cloned) while it needs it (a `cudars_core::Stream` for the
-    /// driver backend, a [`StreamId`] for the simulated one).
+    /// driver backend, a [`StreamKey`] for the simulated one).
     type Stream: Clone + Send + Sync + 'static;
     /// A stream-ordering fence (a recorded `CUevent` for the driver backend).
     type Fence: Send + 'static;
@@ -332,7 +333,7 @@ pub unsafe trait Backend: Send + Sync + 'static {
     /// The key of `stream`'s cache. Errors for a stream the pool must not cache on (the
     /// driver backend refuses the per-thread default stream, which names a different
     /// stream on every thread).
-    fn stream_key(&self, stream: &Self::Stream) -> Result<StreamId, crate::PoolError>;
+    fn stream_key(&self, stream: &Self::Stream) -> Result<StreamKey, crate::PoolError>;
 
     /// Whether the pool may let go of its clone of `stream` now that no block made on it
     /// is live: `true` when nobody else keeps the stream (an owned stream whose other

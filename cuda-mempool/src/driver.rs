@@ -6,7 +6,7 @@
 //! * [`DeviceId`]`(n)` is the `CUdevice` ordinal `n` ([`Device::new`]).
 //! * The backend's stream type is `cudars_core::Stream`: a request hands one in, which proves
 //!   the handle valid, and the pool keeps a clone while blocks made on it are live (see
-//!   [`crate::backend`]). Its [`StreamId`] key is [`Stream::identity`]: unique for streams
+//!   [`crate::backend`]). Its [`StreamKey`] is [`Stream::identity`]: unique for streams
 //!   `cuda-core` created, the handle's value for external streams, 0 for the legacy null
 //!   stream. The per-thread default stream names a different stream on every thread: each
 //!   thread's gets a key of its own, and the pool uses its handle only from that thread
@@ -52,7 +52,7 @@ use cudars_core::sys::CUdeviceptr;
 use cudars_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
 use cudars_core::{Device, Event, Stream, StreamKind};
 
-use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamKey};
 use crate::error::PoolError;
 use crate::hooks::{self, MemoryEvent};
 use crate::pool::{Allocation, MemoryPool, PrivatePoolId, RawAllocation};
@@ -60,9 +60,10 @@ use crate::pool::{Allocation, MemoryPool, PrivatePoolId, RawAllocation};
 /// The pool over the CUDA driver: [`MemoryPool`] with the [`DriverBackend`].
 pub type DevicePool = MemoryPool<DriverBackend>;
 
-/// The [`StreamId`] key of a `cuda-core` stream ([`Stream::identity`]).
-pub fn stream_id(stream: &Stream) -> StreamId {
-    StreamId(stream.identity())
+/// The pool's [`StreamKey`] of a `cuda-core` stream: [`Stream::identity`] (not
+/// `cudars_core::graph::stream_id`, the driver's `cuStreamGetId`).
+pub fn stream_key(stream: &Stream) -> StreamKey {
+    StreamKey(stream.identity())
 }
 
 /// The [`DeviceId`] of a `cuda-core` device: its ordinal.
@@ -102,7 +103,7 @@ pub struct DriverFence {
 /// call is reported as `Ok(None)`; other driver failures as errors.
 ///
 /// `Send` and `Sync`: it holds device handles and a mutex-protected event cache. See the
-/// [module documentation](self) for how streams map to [`StreamId`]s and how long they
+/// [module documentation](self) for how streams map to [`StreamKey`]s and how long they
 /// must live.
 ///
 /// Building one is safe, and so is [`MemoryPool::backend`] handing out the pool's: the
@@ -164,8 +165,8 @@ fn oom_to_none<T>(r: cudars_core::Result<T>) -> cudars_core::Result<Option<T>> {
 
 fn alloc_event(device: DeviceId, size: u64) -> MemoryEvent {
     MemoryEvent {
-        device: device.0,
-        size,
+        device: device.0 as usize,
+        size: size as usize,
         ptr: 0,
         stream: 0,
         location: None,
@@ -189,14 +190,14 @@ unsafe impl Backend for DriverBackend {
     type Physical = PhysicalAllocation;
     type Error = cudars_core::Error;
 
-    fn stream_key(&self, stream: &Stream) -> Result<StreamId, PoolError> {
+    fn stream_key(&self, stream: &Stream) -> Result<StreamKey, PoolError> {
         if stream.kind() == StreamKind::PerThread {
             // CU_STREAM_PER_THREAD names the calling thread's own stream: its cache is that
             // thread's, and the pool uses the handle from that thread only (see
             // `pool::per_thread_key`).
             return Ok(crate::pool::per_thread_key());
         }
-        Ok(StreamId(stream.identity()))
+        Ok(StreamKey(stream.identity()))
     }
 
     #[inline]
@@ -304,7 +305,7 @@ unsafe impl Backend for DriverBackend {
         }
         let page = oom_to_none(PhysicalAllocation::new(&dev, to_usize(size)?))?;
         if hooked {
-            ev.ptr = page.as_ref().map_or(0, |p| p.handle());
+            ev.ptr = page.as_ref().map_or(0, |p| p.raw());
             hooks::each(|h| h.alloc_post(&ev));
         }
         Ok(page)
@@ -507,7 +508,7 @@ impl MemoryPool<DriverBackend> {
     ) -> Result<Allocation<'_, DriverBackend>, PoolError> {
         // The hot path: no hooks, and no capture to ask about (one atomic load each).
         if !hooks::any_installed() && !may_be_capturing(stream) {
-            return self.malloc(device_id(&stream.device()), stream, size as u64);
+            return self.malloc(device_id(&stream.device()), stream, size);
         }
         self.malloc_stream_checked(stream, size, std::panic::Location::caller())
     }
@@ -523,8 +524,8 @@ impl MemoryPool<DriverBackend> {
         let dev = device_id(&stream.device());
         let hooked = hooks::any_installed();
         let mut ev = MemoryEvent {
-            device: dev.0,
-            size: size as u64,
+            device: dev.0 as usize,
+            size,
             ptr: 0,
             stream: stream.identity(),
             location: Some(location),
@@ -533,8 +534,8 @@ impl MemoryPool<DriverBackend> {
             hooks::each(|h| h.malloc_pre(&ev));
         }
         let a = match capture_of(stream)? {
-            None => self.malloc(dev, stream, size as u64)?,
-            Some(capture) => self.malloc_captured(stream, capture, size as u64)?,
+            None => self.malloc(dev, stream, size)?,
+            Some(capture) => self.malloc_captured(stream, capture, size)?,
         };
         if hooked {
             ev.ptr = a.ptr().0;
@@ -550,7 +551,7 @@ impl MemoryPool<DriverBackend> {
         &self,
         stream: &Stream,
         capture: u64,
-        size: u64,
+        size: usize,
     ) -> Result<Allocation<'_, DriverBackend>, PoolError> {
         let dev = device_id(&stream.device());
         let pool_id = PrivatePoolId::of_capture(capture);
@@ -674,8 +675,8 @@ pub struct PoolMemory {
     raw: Option<RawAllocation>,
     /// Copied out of `raw` for the accessors.
     ptr: u64,
-    size: u64,
-    key: StreamId,
+    size: usize,
+    key: StreamKey,
     device: Device,
     /// `Some` until dropped: taken out before the free, so the pool sees the stream's
     /// clones as they are without this one.
@@ -690,11 +691,11 @@ impl PoolMemory {
 
     /// The size asked for.
     pub fn size(&self) -> usize {
-        self.size as usize
+        self.size
     }
 
     /// The key of the stream it was allocated on.
-    pub fn stream(&self) -> StreamId {
+    pub fn stream(&self) -> StreamKey {
         self.key
     }
 
@@ -741,7 +742,7 @@ unsafe impl DeviceAlloc for PoolMemory {
         self.ptr as CUdeviceptr
     }
     fn size(&self) -> usize {
-        self.size as usize
+        self.size
     }
     fn record_stream(&self, stream: &Stream) -> cudars_core::Result<()> {
         PoolMemory::record_stream(self, stream).map_err(cudars_core::Error::from)
@@ -761,7 +762,7 @@ impl Drop for PoolMemory {
             return;
         };
         let ev = MemoryEvent {
-            device: raw.device().0,
+            device: raw.device().0 as usize,
             size: raw.size(),
             ptr: raw.ptr().0,
             stream: raw.stream().0,

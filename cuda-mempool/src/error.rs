@@ -46,7 +46,7 @@ use crate::backend::DeviceId;
 
 /// A limit printed for humans: a byte count, or "none".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LimitDisplay(pub Option<u64>);
+pub struct LimitDisplay(pub Option<usize>);
 
 impl std::fmt::Display for LimitDisplay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -114,13 +114,13 @@ pub enum PoolError {
         /// The device.
         device: DeviceId,
         /// The size asked for, before rounding.
-        requested: u64,
+        requested: usize,
         /// Bytes in live blocks on the device (rounded sizes).
-        used: u64,
+        used: usize,
         /// Physical bytes the pool holds on the device after its attempts.
-        reserved: u64,
+        reserved: usize,
         /// The device's limit, if one is set.
-        limit: Option<u64>,
+        limit: Option<usize>,
         /// What ran out.
         cause: OomCause,
     },
@@ -134,11 +134,11 @@ pub enum PoolError {
         /// The device.
         device: DeviceId,
         /// The limit asked for, in bytes.
-        limit: u64,
+        limit: usize,
         /// Bytes in live blocks (rounded sizes).
-        used: u64,
+        used: usize,
         /// Physical bytes the live blocks occupy (whole pages or whole segments).
-        in_use: u64,
+        in_use: usize,
     },
 
     /// A limit that is not a byte count or a fraction in `[0, 1]`, or an unparsable
@@ -150,7 +150,7 @@ pub enum PoolError {
     #[error("requested size {size} bytes overflows when rounded up")]
     SizeOverflow {
         /// The size asked for.
-        size: u64,
+        size: usize,
     },
 
     /// The device id is not one the backend reported.
@@ -159,7 +159,7 @@ pub enum PoolError {
         /// The id passed in.
         device: DeviceId,
         /// How many devices the pool serves.
-        count: u32,
+        count: usize,
     },
 
     /// A raw allocation handed to [`MemoryPool::free_raw`](crate::MemoryPool::free_raw)
@@ -195,8 +195,12 @@ pub enum PoolError {
     /// The backend failed (a driver error for the driver backend).
     #[error("backend call {op} failed: {source}")]
     Backend {
-        /// The [`Backend`](crate::Backend) method that failed, by its name in the trait
-        /// (`record_fence`, `create_physical`, ...).
+        /// The method that failed, by its name in its trait and nothing else: a
+        /// [`Backend`](crate::Backend) method (`record_fence`, `create_physical`, `map_run`,
+        /// ...), or `alloc` for a [`PinnedAllocator`](crate::pinned::PinnedAllocator) that returned
+        /// less than it was asked for. Never a driver entry point (the driver's error in
+        /// `source` names that), a Rust path or free text. A `cuda-core` call made outside
+        /// the traits fails as [`PoolError::Cuda`] instead.
         op: &'static str,
         /// The backend's error.
         #[source]

@@ -37,12 +37,15 @@ use std::sync::{Arc, Mutex};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryEvent {
     /// Device ordinal.
-    pub device: u32,
+    pub device: usize,
     /// Bytes asked for (for `alloc`: the segment or page size).
-    pub size: u64,
+    pub size: usize,
     /// The address: 0 in `*_pre` callbacks of allocations.
     pub ptr: u64,
-    /// The stream handle as an integer (0 for `alloc` events and the legacy stream).
+    /// The stream's key in the pool: the value of its [`StreamKey`](crate::StreamKey)
+    /// (`cudars_core::Stream::identity` for `cuda-core` streams), the same for every event
+    /// of one stream whichever entry point made it, so a hook can pair mallocs with frees
+    /// by stream. 0 for `alloc` events and the legacy stream.
     pub stream: u64,
     /// The caller of the allocating entry point (through `#[track_caller]`), when known.
     pub location: Option<&'static Location<'static>>,
@@ -192,11 +195,11 @@ pub struct LineStat {
     /// Successful mallocs from that line.
     pub count: u64,
     /// Bytes malloc'd from that line.
-    pub bytes: u64,
+    pub bytes: usize,
 }
 
 /// (file, line) -> (count, bytes).
-type LineTable = HashMap<(&'static str, u32), (u64, u64)>;
+type LineTable = HashMap<(&'static str, u32), (u64, usize)>;
 
 /// Attributes malloc'd bytes to the caller's file and line (CuPy's `LineProfileHook`).
 /// Mallocs whose caller is unknown are attributed to `<unknown>:0`.

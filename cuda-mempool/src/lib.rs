@@ -12,11 +12,16 @@
 //!
 //! | module | what it holds |
 //! | --- | --- |
-//! | [`backend`] | the [`Backend`] trait and the id types [`DeviceId`], [`StreamId`], [`DeviceAddress`], [`DeviceInfo`] |
+//! | [`allocator`] | pluggable allocators (CuPy's `set_allocator`): the [`allocator::Allocator`] trait, direct, pool, closure and C-function allocators, the thread's current allocator, [`allocator::alloc`] |
+//! | [`async_pool`] | [`AsyncPool`] over the driver's `cuMemPool*` (CuPy's `MemoryAsyncPool`), from an [`AsyncPoolSource`] |
+//! | [`driver`] | the [`DriverBackend`] over `cuda-core`, [`DevicePool`], [`PoolMemory`], the process-wide [`default_pool`], [`driver::stream_key`] and [`driver::device_id`] |
+//! | [`hooks`] | memory hooks (CuPy's `memory_hook`): [`hooks::MemoryHook`], [`hooks::MemoryEvent`], the `tracing` debug hook and the per-call-site profile |
+//! | [`pinned`] | [`PinnedMemoryPool`] of pinned host blocks reused after their streams' work, [`PinnedBlock`], [`pinned::PinnedAllocator`] |
+//! | [`backend`] | the [`Backend`] trait and the id types [`DeviceId`], [`StreamKey`], [`DeviceAddress`], [`DeviceInfo`] |
 //! | [`ipc`] | pool blocks shared with other processes: [`DevicePool::new_ipc`], [`DevicePool::malloc_ipc`], [`ipc::ExportedBlock`], [`ipc::import_block`] |
 //! | [`peer`] | several GPUs: [`DevicePool::grant_peer_access`] to a block from another device |
 //! | [`policy`] | every policy constant (rounding, size classes, segment sizes, address ranges) with its reason |
-//! | [`pool`] | [`MemoryPool`], its RAII handle [`Allocation`], [`RawAllocation`], [`Limit`], [`PoolConfig`] |
+//! | [`pool`] | [`MemoryPool`], its RAII handle [`Allocation`], [`RawAllocation`], [`Limit`], [`PoolConfig`]; its module documentation maps its files, one line each |
 //! | [`stats`] | [`Stats`], [`Stat`], [`OomCounts`]: used, requested, reserved, active blocks with peaks; allocations, retries, OOMs by cause, fragmentation; shards and streams held; address space reserved and mapped |
 //! | [`error`] | [`PoolError`], the crate's one error type |
 //! | [`sim`] | [`SimulatedBackend`]: fake addresses, capacity, granularity, a virtual clock for fences, call counts |
@@ -35,9 +40,12 @@
 //!   backend and never blocks the host (the one exception: freeing a block marked
 //!   with `record_stream` records a fence on each of its other streams).
 //! * With virtual-memory segments (the default where the device supports them), the
-//!   pool's footprint is the physical pages its live blocks touch plus what it caches;
-//!   free pages are moved to where they are needed before new ones are created, and
-//!   [`MemoryPool::free_all_blocks`] returns every page no live block touches.
+//!   pool's footprint is the physical pages its live blocks touch plus what it caches.
+//!   Without a limit, new pages are created while the pool holds less than
+//!   [`policy::MOVE_SLACK`] allows above the most live memory the device has had; beyond
+//!   that (and always under a limit), fenced free pages are moved to where they are needed
+//!   before new ones are created. [`MemoryPool::free_all_blocks`] returns every page no
+//!   live block touches.
 //! * Out of memory: the pool waits for fences and releases cached memory, retries, and
 //!   then fails with [`PoolError::OutOfMemory`] carrying the requested, used and
 //!   reserved bytes and the limit. [`MemoryPool::set_limit`] is a hard cap.
@@ -105,16 +113,16 @@
 //! ```
 //!
 //! ```
-//! use cudars_mempool::{DeviceId, Limit, MemoryPool, PoolError, SimulatedBackend, StreamId};
+//! use cudars_mempool::{DeviceId, Limit, MemoryPool, PoolError, SimulatedBackend, StreamKey};
 //!
 //! let pool = MemoryPool::new(SimulatedBackend::h200(1))?;
 //! let dev = DeviceId(0);
 //! pool.set_limit(dev, Limit::Bytes(64 << 20))?;
-//! let a = pool.malloc(dev, &StreamId(1), 10 << 20)?;
-//! let err = pool.malloc(dev, &StreamId(1), 60 << 20).unwrap_err();
+//! let a = pool.malloc(dev, &StreamKey(1), 10 << 20)?;
+//! let err = pool.malloc(dev, &StreamKey(1), 60 << 20).unwrap_err();
 //! assert!(matches!(err, PoolError::OutOfMemory { .. }));
 //! drop(a);
-//! let b = pool.malloc(dev, &StreamId(1), 60 << 20)?; // the cached 10 MiB was reused
+//! let b = pool.malloc(dev, &StreamKey(1), 60 << 20)?; // the cached 10 MiB was reused
 //! assert_eq!(pool.total_bytes(), 60 << 20);
 //! # drop(b);
 //! # Ok::<(), PoolError>(())
@@ -139,7 +147,7 @@ pub mod sim;
 pub mod stats;
 
 pub use async_pool::{AsyncPool, AsyncPoolSource};
-pub use backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamId};
+pub use backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamKey};
 pub use driver::{default_pool, DevicePool, DriverBackend, DriverFence, PoolMemory};
 pub use error::{OomCause, PoolError, Result};
 pub use pinned::{default_pinned_pool, PinnedBlock, PinnedMemoryPool};

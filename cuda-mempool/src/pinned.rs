@@ -176,7 +176,7 @@ impl PinnedMemoryPool {
         }
         let rounded = policy::round_size(size as u64)
             .and_then(|r| usize::try_from(r).ok())
-            .ok_or(PoolError::SizeOverflow { size: size as u64 })?;
+            .ok_or(PoolError::SizeOverflow { size })?;
         let key = (device.ordinal(), rounded);
         {
             let mut st = self.inner.lock();
@@ -216,7 +216,7 @@ impl PinnedMemoryPool {
         };
         if mem.len() < rounded {
             return Err(PoolError::Backend {
-                op: "pinned allocator",
+                op: "alloc",
                 source: format!("asked for {rounded} bytes, got {}", mem.len()).into(),
             });
         }
@@ -235,9 +235,9 @@ impl PinnedMemoryPool {
         PoolError::OutOfMemory {
             cause: crate::OomCause::DeviceMemory,
             device: DeviceId(device.ordinal() as u32),
-            requested: size as u64,
-            used: st.used,
-            reserved: st.total,
+            requested: size,
+            used: st.used as usize,
+            reserved: st.total as usize,
             limit: None,
         }
     }
@@ -284,19 +284,19 @@ impl PinnedMemoryPool {
     }
 
     /// Pinned bytes held (in use and cached).
-    pub fn total_bytes(&self) -> u64 {
-        self.inner.lock().total
+    pub fn total_bytes(&self) -> usize {
+        self.inner.lock().total as usize
     }
 
     /// Bytes in blocks handed out (at the 512-byte rounding).
-    pub fn used_bytes(&self) -> u64 {
-        self.inner.lock().used
+    pub fn used_bytes(&self) -> usize {
+        self.inner.lock().used as usize
     }
 
     /// Bytes in cached blocks.
-    pub fn free_bytes(&self) -> u64 {
+    pub fn free_bytes(&self) -> usize {
         let st = self.inner.lock();
-        st.total - st.used
+        (st.total - st.used) as usize
     }
 
     /// Cached blocks (CuPy's `n_free_blocks`).

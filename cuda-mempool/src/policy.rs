@@ -6,7 +6,7 @@
 //! functions instead of repeating the arithmetic.
 //!
 //! The single place that decides whether a cached block is reused for a request is
-//! `ShardState::choose_block` in `pool/shard.rs`; it uses [`block_fits`] below.
+//! `ShardState::choose_block` in `pool/shard/placement.rs`; it uses [`block_fits`] below.
 //!
 //! # Page policy (virtual-memory segments)
 //!
@@ -17,10 +17,14 @@
 //!    pack into the same pages, so neighbours share their boundary pages.
 //! 2. A page no non-free block touches is cached: it stays mapped where it is, so the
 //!    stream that freed it can reuse it without any call.
-//! 3. When a block needs pages, they come first from unmapped pages the pool holds,
-//!    then from cached pages anywhere on the device (unmapped and mapped again where
-//!    needed), and only then from the backend. So the pool holds about the pages its
-//!    live blocks touch, whatever the fragmentation of its address space.
+//! 3. When a block needs pages, they come first from unmapped pages the pool holds.
+//!    Then, on a device without a limit whose pool holds less than [`MOVE_SLACK`] allows
+//!    above the most live memory it has had ([`move_slack_budget`]), from the backend
+//!    (new pages; if the device is full, those go back and the next step runs). Otherwise
+//!    (a limit, or above the slack) from cached pages anywhere on the device (unmapped and
+//!    mapped again where needed), and only then from the backend. So the pool holds at
+//!    most about the pages its live blocks touch plus the slack, whatever the
+//!    fragmentation of its address space. A graph capture's request never moves pages.
 //! 4. A cached page is unmapped only once a completed fence covers every free of the
 //!    memory on it: unmapping is not stream-ordered, so work still running on the page
 //!    must be done.
@@ -164,7 +168,7 @@ pub const ADOPT_BUSY_SHARDS_ABOVE: usize = SHARDS_PER_TABLE;
 /// whose streams take turns holding 128 MiB reserves 4 x 128 MiB on four streams), and
 /// on the GPU a `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per page, tens of
 /// microseconds each. Stealing costs one `cuStreamWaitEvent` (about a microsecond, no
-/// host wait) and no memory. Moving pages instead (rule 4 of the page policy) needs the
+/// host wait) and no memory. Moving pages instead (rules 3 and 4 of the page policy) needs the
 /// fence *completed*: unmapping is not stream-ordered, so a device that lags its host
 /// (every real program) would grow before it could move anything.
 ///

@@ -55,7 +55,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use crate::backend::{Backend, DeviceId, StreamId};
+use crate::backend::{Backend, DeviceId, StreamKey};
 use crate::error::PoolError;
 use crate::pool::{Allocation, MemoryPool, PoolConfig};
 use crate::sim::SimulatedBackend;
@@ -71,7 +71,7 @@ pub enum TraceOp {
         /// Bytes asked for.
         size: u64,
         /// The stream.
-        stream: StreamId,
+        stream: StreamKey,
     },
     /// Free the allocation in `slot`.
     Free {
@@ -247,7 +247,7 @@ pub fn parse_trace(name: &str, text: &str) -> Result<Trace, ReplayError> {
                 ops.push(TraceOp::Alloc {
                     slot: slots,
                     size,
-                    stream: StreamId(stream),
+                    stream: StreamKey(stream),
                 });
                 slots += 1;
             }
@@ -295,8 +295,8 @@ pub fn replay_on<B: Backend>(
     device: DeviceId,
     trace: &Trace,
     rule: FenceRule,
-    mut stream_of: impl FnMut(StreamId) -> B::Stream,
-    mut after_alloc: impl FnMut(StreamId),
+    mut stream_of: impl FnMut(StreamKey) -> B::Stream,
+    mut after_alloc: impl FnMut(StreamKey),
 ) -> Result<ReplayReport, ReplayError> {
     let mut live: Vec<Option<Allocation<'_, B>>> = Vec::with_capacity(trace.slots);
     live.resize_with(trace.slots, || None);
@@ -317,7 +317,7 @@ pub fn replay_on<B: Backend>(
                     pool.synchronize_free_blocks()?;
                     since_sync = 0;
                 }
-                let a = pool.malloc(device, &stream_of(stream), size)?;
+                let a = pool.malloc(device, &stream_of(stream), size as usize)?;
                 after_alloc(stream);
                 streams.insert(stream);
                 requested += size;
@@ -328,7 +328,7 @@ pub fn replay_on<B: Backend>(
             }
             TraceOp::Free { slot } => {
                 if let Some(a) = live.get_mut(slot).and_then(Option::take) {
-                    requested -= a.size();
+                    requested -= a.size() as u64;
                     a.free()?;
                 }
             }
@@ -409,18 +409,18 @@ mod tests {
                 TraceOp::Alloc {
                     slot: 0,
                     size: 100,
-                    stream: StreamId(0)
+                    stream: StreamKey(0)
                 },
                 TraceOp::Alloc {
                     slot: 1,
                     size: 200,
-                    stream: StreamId(1)
+                    stream: StreamKey(1)
                 },
                 TraceOp::Free { slot: 0 },
                 TraceOp::Alloc {
                     slot: 2,
                     size: 50,
-                    stream: StreamId(0)
+                    stream: StreamKey(0)
                 },
                 TraceOp::Free { slot: 1 },
             ]

@@ -23,7 +23,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamKey};
 use crate::hooks::{self, MemoryEvent};
 
 /// Total memory of an NVIDIA H200 as the driver reports it (143,771 MiB).
@@ -239,8 +239,8 @@ pub struct SimFence {
 
 impl SimFence {
     /// The stream it was recorded on.
-    pub fn stream(&self) -> StreamId {
-        StreamId(self.stream)
+    pub fn stream(&self) -> StreamKey {
+        StreamKey(self.stream)
     }
     /// The stream's submitted work count when it was recorded.
     pub fn value(&self) -> u64 {
@@ -387,7 +387,7 @@ impl SimulatedBackend {
     /// The user lets go of `stream`: the pool may release it once it holds no live block
     /// made on it, and the stream is destroyed when the pool does
     /// ([`Backend::stream_released`]) or at once if the pool does not hold it.
-    pub fn drop_stream(&self, stream: StreamId) {
+    pub fn drop_stream(&self, stream: StreamKey) {
         let mut s = self.lock();
         s.dropped.insert(stream.0);
         if s.pool_refs.get(&stream.0).copied().unwrap_or(0) == 0 {
@@ -398,20 +398,20 @@ impl SimulatedBackend {
     /// Makes `stream` a borrowed stream: the pool may rely on it only while it holds live
     /// blocks made on it (as with foreign streams through the C ABI); the test may
     /// [`destroy_stream`](Self::destroy_stream) it once every such block is freed.
-    pub fn borrow_stream(&self, stream: StreamId) {
+    pub fn borrow_stream(&self, stream: StreamKey) {
         self.lock().borrowed.insert(stream.0);
     }
 
     /// Destroys `stream`: any later fence recorded on it or wait made by it is a pool bug
     /// and fails with [`SimError::DestroyedStream`]. Its work still completes.
-    pub fn destroy_stream(&self, stream: StreamId) {
+    pub fn destroy_stream(&self, stream: StreamKey) {
         self.lock().destroyed.insert(stream.0);
     }
 
     /// Marks `stream` as being captured into a graph, or not: what
     /// [`Backend::is_capturing`] answers for it.
     /// Each call with `true` begins a new capture, with an id of its own.
-    pub fn set_capturing(&self, stream: StreamId, capturing: bool) {
+    pub fn set_capturing(&self, stream: StreamKey, capturing: bool) {
         let mut s = self.lock();
         if capturing {
             let id = s.next_capture;
@@ -425,7 +425,7 @@ impl SimulatedBackend {
     /// Creates a stream under an id that may have been used by a destroyed stream (a
     /// handle value the driver reuses): it gets a new, empty timeline, so work of the old
     /// stream does not complete with it.
-    pub fn create_stream(&self, stream: StreamId) {
+    pub fn create_stream(&self, stream: StreamKey) {
         let mut s = self.lock();
         if s.destroyed.remove(&stream.0) {
             let t = s.next_timeline;
@@ -437,7 +437,7 @@ impl SimulatedBackend {
 
     /// Whether `stream` was destroyed ([`destroy_stream`](Self::destroy_stream), or
     /// dropped by the user and released by the pool).
-    pub fn is_destroyed(&self, stream: StreamId) -> bool {
+    pub fn is_destroyed(&self, stream: StreamKey) -> bool {
         self.lock().destroyed.contains(&stream.0)
     }
 
@@ -454,7 +454,7 @@ impl SimulatedBackend {
 
     /// Records one unit of work submitted to `stream` (a kernel launch) and returns the
     /// stream's submitted count.
-    pub fn submit_work(&self, device: DeviceId, stream: StreamId) -> u64 {
+    pub fn submit_work(&self, device: DeviceId, stream: StreamKey) -> u64 {
         let mut s = self.lock();
         let t = timeline(&s, stream.0);
         let c = s.clocks.entry((device.0, t)).or_default();
@@ -463,7 +463,7 @@ impl SimulatedBackend {
     }
 
     /// Completes all work submitted to `stream` so far (and whatever it waited for).
-    pub fn complete_stream(&self, device: DeviceId, stream: StreamId) {
+    pub fn complete_stream(&self, device: DeviceId, stream: StreamKey) {
         let mut s = self.lock();
         let t = timeline(&s, stream.0);
         let to = s.clocks.get(&(device.0, t)).map_or(0, |c| c.submitted);
@@ -480,7 +480,7 @@ impl SimulatedBackend {
     }
 
     /// Work items submitted to a stream so far.
-    pub fn submitted(&self, device: DeviceId, stream: StreamId) -> u64 {
+    pub fn submitted(&self, device: DeviceId, stream: StreamKey) -> u64 {
         let s = self.lock();
         s.clocks
             .get(&(device.0, timeline(&s, stream.0)))
@@ -488,7 +488,7 @@ impl SimulatedBackend {
     }
 
     /// Work items of a stream completed so far.
-    pub fn completed(&self, device: DeviceId, stream: StreamId) -> u64 {
+    pub fn completed(&self, device: DeviceId, stream: StreamKey) -> u64 {
         let s = self.lock();
         s.clocks
             .get(&(device.0, timeline(&s, stream.0)))
@@ -497,7 +497,7 @@ impl SimulatedBackend {
 
     /// The highest submitted count of stream `on` that stream `waiter` was made to
     /// wait for ([`Backend::stream_wait_fence`]); 0 if none.
-    pub fn waited(&self, device: DeviceId, waiter: StreamId, on: StreamId) -> u64 {
+    pub fn waited(&self, device: DeviceId, waiter: StreamKey, on: StreamKey) -> u64 {
         let s = self.lock();
         s.clocks
             .get(&(device.0, timeline(&s, waiter.0)))
@@ -512,8 +512,8 @@ impl SimulatedBackend {
     pub fn is_ordered_after(
         &self,
         device: DeviceId,
-        waiter: StreamId,
-        on: StreamId,
+        waiter: StreamKey,
+        on: StreamKey,
         value: u64,
     ) -> bool {
         let point = self.point(device, on);
@@ -522,7 +522,7 @@ impl SimulatedBackend {
 
     /// The current end of `stream`'s work (its submitted count), on the stream's current
     /// timeline: it stays the same point if the stream is destroyed and its id reused.
-    pub fn point(&self, device: DeviceId, stream: StreamId) -> SimPoint {
+    pub fn point(&self, device: DeviceId, stream: StreamKey) -> SimPoint {
         let s = self.lock();
         let t = timeline(&s, stream.0);
         SimPoint {
@@ -536,7 +536,7 @@ impl SimulatedBackend {
     pub fn is_ordered_after_point(
         &self,
         device: DeviceId,
-        waiter: StreamId,
+        waiter: StreamKey,
         point: SimPoint,
     ) -> bool {
         let s = self.lock();
@@ -769,8 +769,8 @@ impl SimulatedBackend {
 /// An `alloc` hook event for `size` bytes on `device`.
 fn alloc_event(device: DeviceId, size: u64) -> MemoryEvent {
     MemoryEvent {
-        device: device.0,
-        size,
+        device: device.0 as usize,
+        size: size as usize,
         ptr: 0,
         stream: 0,
         location: None,
@@ -784,7 +784,7 @@ fn alloc_event(device: DeviceId, size: u64) -> MemoryEvent {
 // a fence is a value (stream, submitted count) that completes only once the stream's clock
 // reaches it whatever else is done with copies of it, and `release_fence` only counts.
 unsafe impl Backend for SimulatedBackend {
-    type Stream = StreamId;
+    type Stream = StreamKey;
     type Fence = SimFence;
     type Physical = SimPage;
     type Error = SimError;
@@ -802,21 +802,21 @@ unsafe impl Backend for SimulatedBackend {
         })
     }
 
-    fn stream_key(&self, stream: &StreamId) -> Result<StreamId, crate::PoolError> {
+    fn stream_key(&self, stream: &StreamKey) -> Result<StreamKey, crate::PoolError> {
         Ok(*stream)
     }
 
-    fn may_release_stream(&self, stream: &StreamId) -> bool {
+    fn may_release_stream(&self, stream: &StreamKey) -> bool {
         let s = self.lock();
         s.dropped.contains(&stream.0) || s.borrowed.contains(&stream.0)
     }
 
-    fn retain_stream(&self, stream: &StreamId) -> StreamId {
+    fn retain_stream(&self, stream: &StreamKey) -> StreamKey {
         *self.lock().pool_refs.entry(stream.0).or_insert(0) += 1;
         *stream
     }
 
-    fn stream_released(&self, stream: StreamId) {
+    fn stream_released(&self, stream: StreamKey) {
         let mut s = self.lock();
         s.calls.stream_released += 1;
         let refs = s.pool_refs.entry(stream.0).or_insert(0);
@@ -1023,7 +1023,7 @@ unsafe impl Backend for SimulatedBackend {
         Ok(())
     }
 
-    fn record_fence(&self, device: DeviceId, stream: &StreamId) -> Result<SimFence, SimError> {
+    fn record_fence(&self, device: DeviceId, stream: &StreamKey) -> Result<SimFence, SimError> {
         let mut s = self.lock();
         s.calls.record_fence += 1;
         fault(&mut s, SimCall::RecordFence)?;
@@ -1040,7 +1040,7 @@ unsafe impl Backend for SimulatedBackend {
         })
     }
 
-    fn synchronize_stream(&self, stream: &StreamId) -> Result<(), SimError> {
+    fn synchronize_stream(&self, stream: &StreamKey) -> Result<(), SimError> {
         let mut s = self.lock();
         fault(&mut s, SimCall::SynchronizeStream)?;
         alive(&s, stream.0)?;
@@ -1068,11 +1068,11 @@ unsafe impl Backend for SimulatedBackend {
         Ok(done)
     }
 
-    fn is_capturing(&self, stream: &StreamId) -> bool {
+    fn is_capturing(&self, stream: &StreamKey) -> bool {
         self.lock().capturing.contains_key(&stream.0)
     }
 
-    fn capture_id(&self, stream: &StreamId) -> Option<u64> {
+    fn capture_id(&self, stream: &StreamKey) -> Option<u64> {
         self.lock().capturing.get(&stream.0).copied()
     }
 
@@ -1101,7 +1101,7 @@ unsafe impl Backend for SimulatedBackend {
     fn stream_wait_fence(
         &self,
         device: DeviceId,
-        stream: &StreamId,
+        stream: &StreamKey,
         fence: &SimFence,
     ) -> Result<(), SimError> {
         let mut s = self.lock();

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use cudars_mempool::sim::{SimCall, SimError, SimPoint};
 use cudars_mempool::{
     Allocation, DeviceId, MemoryPool, PoolError, PrivateHold, PrivatePoolId, SimDevice,
-    SimulatedBackend, StreamId,
+    SimulatedBackend, StreamKey,
 };
 use proptest::prelude::*;
 
@@ -119,22 +119,22 @@ impl<'p> Run<'p> {
         self.pool.backend()
     }
 
-    fn usable(&mut self, stream: u64) -> Option<StreamId> {
+    fn usable(&mut self, stream: u64) -> Option<StreamKey> {
         if self.dropped.contains(&stream) {
             return None;
         }
         if let Some(i) = self.destroyed.iter().position(|&s| s == stream) {
             // A new foreign stream gets the old handle value.
             self.destroyed.swap_remove(i);
-            self.sim().create_stream(StreamId(stream));
-            self.sim().borrow_stream(StreamId(stream));
+            self.sim().create_stream(StreamKey(stream));
+            self.sim().borrow_stream(StreamKey(stream));
         }
-        Some(StreamId(stream))
+        Some(StreamKey(stream))
     }
 
     /// Memory handed to stream `s` at `[start, end)` that another stream used must come
     /// ordered after that use.
-    fn check_hazards(&mut self, s: StreamId, start: u64, end: u64) {
+    fn check_hazards(&mut self, s: StreamKey, start: u64, end: u64) {
         for &(hs, he, user, point) in &self.hazards {
             if he <= start || hs >= end || user == s.0 {
                 continue;
@@ -154,7 +154,7 @@ impl<'p> Run<'p> {
             Op::Malloc { stream, size } => {
                 let Some(s) = self.usable(stream) else { return };
                 let waits = self.sim().calls().stream_wait_fence;
-                match self.pool.malloc(D0, &s, size) {
+                match self.pool.malloc(D0, &s, size as usize) {
                     Ok(a) => {
                         let (start, end) = (a.ptr().0, a.ptr().0 + size);
                         self.check_hazards(s, start, end);
@@ -199,7 +199,10 @@ impl<'p> Run<'p> {
                         Err(e) => return check_error(&e),
                     }
                 }
-                match self.pool.malloc_private(D0, PrivatePoolId(pool), &s, size) {
+                match self
+                    .pool
+                    .malloc_private(D0, PrivatePoolId(pool), &s, size as usize)
+                {
                     Ok(a) => {
                         self.check_hazards(s, a.ptr().0, a.ptr().0 + size);
                         self.private_ranges
@@ -221,9 +224,9 @@ impl<'p> Run<'p> {
                     return;
                 }
                 let e = self.live.swap_remove(pick % self.live.len());
-                let (start, end) = (e.alloc.ptr().0, e.alloc.ptr().0 + e.alloc.size());
+                let (start, end) = (e.alloc.ptr().0, e.alloc.ptr().0 + e.alloc.size() as u64);
                 for user in std::iter::once(e.stream).chain(e.extra.iter().copied()) {
-                    let point = self.sim().point(D0, StreamId(user));
+                    let point = self.sim().point(D0, StreamKey(user));
                     self.hazards.push((start, end, user, point));
                 }
                 if let Err(err) = e.alloc.free() {
@@ -261,12 +264,12 @@ impl<'p> Run<'p> {
                 if stream <= 2 {
                     // The user drops an owned stream (the pool keeps it while needed).
                     if !self.dropped.contains(&stream) {
-                        self.sim().drop_stream(StreamId(stream));
+                        self.sim().drop_stream(StreamKey(stream));
                         self.dropped.push(stream);
                     }
                 } else if !in_use && !self.destroyed.contains(&stream) {
-                    self.sim().borrow_stream(StreamId(stream));
-                    self.sim().destroy_stream(StreamId(stream));
+                    self.sim().borrow_stream(StreamKey(stream));
+                    self.sim().destroy_stream(StreamKey(stream));
                     self.destroyed.push(stream);
                 }
             }
@@ -308,7 +311,7 @@ impl<'p> Run<'p> {
         let used: u64 = self
             .live
             .iter()
-            .map(|l| l.alloc.size().div_ceil(512) * 512)
+            .map(|l| (l.alloc.size() as u64).div_ceil(512) * 512)
             .sum();
         assert_eq!(st.used.current, used, "used bytes");
         assert_eq!(
@@ -319,7 +322,7 @@ impl<'p> Run<'p> {
         let mut ranges: Vec<(u64, u64)> = self
             .live
             .iter()
-            .map(|l| (l.alloc.ptr().0, l.alloc.ptr().0 + l.alloc.size()))
+            .map(|l| (l.alloc.ptr().0, l.alloc.ptr().0 + l.alloc.size() as u64))
             .collect();
         ranges.sort_unstable();
         for w in ranges.windows(2) {
@@ -344,10 +347,10 @@ impl<'p> Run<'p> {
             h.release();
         }
         // The pool serves again...
-        let s = StreamId(99);
+        let s = StreamKey(99);
         let a = self
             .pool
-            .malloc(D0, &s, 2 * MIB)
+            .malloc(D0, &s, (2 * MIB) as usize)
             .expect("the pool serves after the faults");
         drop(a);
         // ...and gives back everything it can (a page whose release failed under
@@ -355,7 +358,10 @@ impl<'p> Run<'p> {
         self.pool
             .free_all_blocks()
             .expect("free_all_blocks after the faults");
-        assert_eq!(self.pool.total_bytes(), self.sim().physical_bytes(D0));
+        assert_eq!(
+            self.pool.total_bytes(),
+            self.sim().physical_bytes(D0) as usize
+        );
         assert_eq!(self.pool.used_bytes(), 0);
     }
 }
@@ -367,7 +373,7 @@ fn run(ops: &[Op], page: Option<u64>) -> u64 {
         granularity: page,
     }]);
     for s in 3..=STREAMS {
-        sim.borrow_stream(StreamId(s));
+        sim.borrow_stream(StreamKey(s));
     }
     let pool = MemoryPool::new(sim).expect("pool");
     let mut r = Run {

@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use cudars_mempool::sim::SimEvent;
 use cudars_mempool::Backend;
 use cudars_mempool::{
-    Allocation, DeviceId, Limit, MemoryPool, PoolError, SimDevice, SimulatedBackend, StreamId,
+    Allocation, DeviceId, Limit, MemoryPool, PoolError, SimDevice, SimulatedBackend, StreamKey,
 };
 use proptest::prelude::*;
 
@@ -120,7 +120,7 @@ struct Setup {
 struct LiveEntry<'p> {
     alloc: Allocation<'p, SimulatedBackend>,
     rounded: u64,
-    extra: Vec<StreamId>,
+    extra: Vec<StreamKey>,
 }
 
 /// The last use of a piece of physical memory: freed while `stream` had `value` work
@@ -131,7 +131,7 @@ struct Hazard {
     phys: u64,
     start: u64,
     end: u64,
-    stream: StreamId,
+    stream: StreamKey,
     value: u64,
 }
 
@@ -164,15 +164,15 @@ struct Model<'p> {
     setup: Setup,
     pool: &'p MemoryPool<SimulatedBackend>,
     live: Vec<LiveEntry<'p>>,
-    shards: HashMap<(u32, StreamId), ShardModel>,
+    shards: HashMap<(u32, StreamKey), ShardModel>,
     limits: [Option<u64>; DEVICES as usize],
     ooms: [u64; DEVICES as usize],
     max_reserved: [u64; DEVICES as usize],
     hazards: Vec<Hazard>,
 }
 
-fn sid(s: u8) -> StreamId {
-    StreamId(100 + s as u64)
+fn sid(s: u8) -> StreamKey {
+    StreamKey(100 + s as u64)
 }
 
 fn round(size: u64) -> u64 {
@@ -278,7 +278,7 @@ impl<'p> Model<'p> {
                 // Statistics go to the cache holding the block (the lender's for a lent block).
                 let m = self.shards.entry((dev.0, e.alloc.held_by())).or_default();
                 m.used.sub(e.rounded);
-                m.requested.sub(e.alloc.size());
+                m.requested.sub(e.alloc.size() as u64);
                 m.active.sub(1);
                 m.frees += 1;
                 e.alloc.free().expect("free");
@@ -355,9 +355,10 @@ impl<'p> Model<'p> {
                 let dev = DeviceId(dev as u32);
                 let before = self.pool.stats(dev).unwrap().reserved.current;
                 let footprint = self.footprint(dev);
-                let r = self
-                    .pool
-                    .set_limit(dev, limit.map_or(Limit::Unlimited, Limit::Bytes));
+                let r = self.pool.set_limit(
+                    dev,
+                    limit.map_or(Limit::Unlimited, |l| Limit::Bytes(l as usize)),
+                );
                 match (limit, r) {
                     (
                         Some(l),
@@ -369,9 +370,9 @@ impl<'p> Model<'p> {
                             l < footprint,
                             "refused a limit of {l} above the footprint {footprint}"
                         );
-                        assert_eq!((el, in_use), (l, footprint));
+                        assert_eq!((el as u64, in_use as u64), (l, footprint));
                         assert_eq!(
-                            self.pool.get_limit(dev).unwrap(),
+                            self.pool.get_limit(dev).unwrap().map(|l| l as u64),
                             self.limits[dev.0 as usize]
                         );
                         assert_eq!(self.pool.stats(dev).unwrap().reserved.current, before);
@@ -381,7 +382,7 @@ impl<'p> Model<'p> {
                             assert!(l >= footprint, "accepted a limit below the footprint");
                         }
                         self.limits[dev.0 as usize] = limit;
-                        assert_eq!(self.pool.get_limit(dev).unwrap(), limit);
+                        assert_eq!(self.pool.get_limit(dev).unwrap().map(|l| l as u64), limit);
                     }
                     (_, Err(e)) => panic!("set_limit failed: {e}"),
                 }
@@ -397,9 +398,9 @@ impl<'p> Model<'p> {
         }
     }
 
-    fn malloc(&mut self, dev: DeviceId, stream: StreamId, size: u64) {
+    fn malloc(&mut self, dev: DeviceId, stream: StreamKey, size: u64) {
         let footprint = self.footprint(dev);
-        match self.pool.malloc(dev, &stream, size) {
+        match self.pool.malloc(dev, &stream, size as usize) {
             Ok(a) => {
                 if size == 0 {
                     assert!(a.ptr().is_null());
@@ -440,6 +441,8 @@ impl<'p> Model<'p> {
                 limit,
                 ..
             }) => {
+                let (requested, used, reserved) = (requested as u64, used as u64, reserved as u64);
+                let limit = limit.map(|l| l as u64);
                 assert_eq!(device, dev);
                 assert_eq!(requested, size);
                 let rounded = round(size);
@@ -531,7 +534,7 @@ impl<'p> Model<'p> {
             assert!(reserved >= self.footprint(dev));
             self.max_reserved[d as usize] = self.max_reserved[d as usize].max(reserved);
             assert_eq!(st.reserved.peak, self.max_reserved[d as usize]);
-            let shards: Vec<(&StreamId, &ShardModel)> = self
+            let shards: Vec<(&StreamKey, &ShardModel)> = self
                 .shards
                 .iter()
                 .filter(|(k, _)| k.0 == d)

@@ -17,10 +17,10 @@ use std::sync::Arc;
 
 use cudars_mempool::hooks::{self, MemoryEvent, MemoryHook};
 use cudars_mempool::{
-    DeviceId, MemoryPool, PoolError, PrivatePoolId, SimDevice, SimulatedBackend, StreamId,
+    DeviceId, MemoryPool, PoolError, PrivatePoolId, SimDevice, SimulatedBackend, StreamKey,
 };
 
-const MIB: u64 = 1 << 20;
+const MIB: usize = 1 << 20;
 const D0: DeviceId = DeviceId(0);
 
 fn pool(granularity: Option<u64>) -> MemoryPool<SimulatedBackend> {
@@ -54,27 +54,30 @@ impl MemoryHook for PanickingHook {
 /// panic unwound out of `malloc`, through the pool's locks, in the middle of a refill.
 #[test]
 fn a_panicking_memory_hook_leaves_the_pool_working() {
-    for granularity in [None, Some(2 * MIB)] {
+    for granularity in [None, Some(2 * MIB as u64)] {
         let pool = pool(granularity);
         let hook = Arc::new(PanickingHook::default());
         {
             let _guard = hooks::install(hook.clone());
             let a = pool
-                .malloc(D0, &StreamId(1), 64 * MIB)
+                .malloc(D0, &StreamKey(1), 64 * MIB)
                 .expect("the allocation goes on despite the hook's panic");
             assert!(
                 hook.calls.load(Ordering::SeqCst) >= 2,
                 "{granularity:?}: the alloc hooks did not run (so this test tests nothing)"
             );
-            assert_eq!(pool.stats(D0).unwrap().used.current, 64 * MIB);
+            assert_eq!(pool.stats(D0).unwrap().used.current, (64 * MIB) as u64);
             drop(a);
         }
         // Another thread: no lock was left held, no state left half-changed.
         std::thread::scope(|s| {
             s.spawn(|| {
-                let b = pool.malloc(D0, &StreamId(2), 96 * MIB).unwrap();
-                let c = pool.malloc(D0, &StreamId(2), MIB).unwrap();
-                assert!(b.ptr().0 + 96 * MIB <= c.ptr().0 || c.ptr().0 + MIB <= b.ptr().0);
+                let b = pool.malloc(D0, &StreamKey(2), 96 * MIB).unwrap();
+                let c = pool.malloc(D0, &StreamKey(2), MIB).unwrap();
+                assert!(
+                    b.ptr().0 + (96 * MIB) as u64 <= c.ptr().0
+                        || c.ptr().0 + MIB as u64 <= b.ptr().0
+                );
             });
         });
         let stats = pool.stats(D0).unwrap();
@@ -93,14 +96,14 @@ fn a_panicking_memory_hook_leaves_the_pool_working() {
 /// memory that the capture's graph still writes when it replays. Ordinary ids still work.
 #[test]
 fn capture_private_pools_are_refused_to_the_public_calls() {
-    let pool = pool(Some(2 * MIB));
+    let pool = pool(Some((2 * MIB) as u64));
     let capture = PrivatePoolId(PrivatePoolId::CAPTURE_BIT | 7);
     assert!(capture.is_capture_pool());
     match pool.retain_private_pool(D0, capture) {
         Err(PoolError::CapturePrivatePool { pool }) => assert_eq!(pool, capture.0),
         other => panic!("a capture's pool was held from outside: {other:?}"),
     }
-    match pool.malloc_private(D0, capture, &StreamId(1), MIB) {
+    match pool.malloc_private(D0, capture, &StreamKey(1), MIB) {
         Err(PoolError::CapturePrivatePool { pool }) => assert_eq!(pool, capture.0),
         Ok(a) => panic!("an outside allocation in a capture's pool at {}", a.ptr()),
         Err(e) => panic!("{e}"),
@@ -114,7 +117,7 @@ fn capture_private_pools_are_refused_to_the_public_calls() {
     let mine = PrivatePoolId(7);
     assert!(!mine.is_capture_pool());
     let hold = pool.retain_private_pool(D0, mine).unwrap();
-    let a = pool.malloc_private(D0, mine, &StreamId(1), MIB).unwrap();
+    let a = pool.malloc_private(D0, mine, &StreamKey(1), MIB).unwrap();
     drop(a);
     hold.release();
     pool.backend().complete_all();
@@ -125,17 +128,17 @@ fn capture_private_pools_are_refused_to_the_public_calls() {
 /// is not lent to ordinary allocations; releasing the second lets it go.
 #[test]
 fn private_pool_holds_are_released_one_by_one() {
-    let pool = pool(Some(2 * MIB));
+    let pool = pool(Some((2 * MIB) as u64));
     let id = PrivatePoolId(3);
     let first = pool.retain_private_pool(D0, id).unwrap();
     let second = pool.retain_private_pool(D0, id).unwrap();
-    let a = pool.malloc_private(D0, id, &StreamId(1), 4 * MIB).unwrap();
+    let a = pool.malloc_private(D0, id, &StreamKey(1), 4 * MIB).unwrap();
     let private_addr = a.ptr();
     drop(a);
     first.release();
     pool.backend().complete_all();
     assert!(pool.has_private_pool(D0, id).unwrap(), "one hold is left");
-    let b = pool.malloc(D0, &StreamId(1), 4 * MIB).unwrap();
+    let b = pool.malloc(D0, &StreamKey(1), 4 * MIB).unwrap();
     assert_ne!(
         b.ptr(),
         private_addr,

@@ -216,7 +216,7 @@ impl Communicator {
             let config = self.config();
             let settle = config
                 .is_nonblocking()
-                .then(|| (self.as_raw() as usize, config.get_timeout()));
+                .then(|| (self.raw() as usize, config.get_timeout()));
             group::hold(self.hold(), settle, keep);
         }
         if stream.kind() == StreamKind::PerThread {
@@ -299,7 +299,7 @@ impl Communicator {
             Buffers::Apart { .. } => &views,
             Buffers::InPlace(_) => &views[..1],
         };
-        let comm = self.as_raw();
+        let comm = self.raw();
         let dtype = T::DATA_TYPE.to_raw();
         let (sp, rp) = (send as *const c_void, recv as *mut c_void);
         self.issue(views, count, stream, false, |nccl, s| {
@@ -546,7 +546,7 @@ impl Communicator {
                 count,
                 T::DATA_TYPE.to_raw(),
                 peer,
-                self.as_raw(),
+                self.raw(),
                 stream,
             )
         }?;
@@ -568,7 +568,7 @@ impl Communicator {
                 count,
                 T::DATA_TYPE.to_raw(),
                 peer,
-                self.as_raw(),
+                self.raw(),
                 stream,
             )
         }?;

@@ -330,7 +330,7 @@ impl Communicator {
     }
 
     /// The raw handle, for NCCL calls this crate does not wrap. Stays owned by `self`.
-    pub fn as_raw(&self) -> ncclComm_t {
+    pub fn raw(&self) -> ncclComm_t {
         self.raw
     }
 

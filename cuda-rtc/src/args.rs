@@ -70,8 +70,8 @@ fn same_device(what: Device, kernel: Device) -> Result<()> {
     } else {
         Err(Error::Cuda(cudars_core::Error::WrongDevice {
             what: "kernel argument",
-            expected: kernel.ordinal() as i32,
-            actual: what.ordinal() as i32,
+            expected: kernel.ordinal(),
+            actual: what.ordinal(),
         }))
     }
 }

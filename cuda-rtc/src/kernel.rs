@@ -187,8 +187,8 @@ impl Kernel {
         if stream.device() != device {
             return Err(Error::Cuda(cudars_core::Error::WrongDevice {
                 what: "stream",
-                expected: device.ordinal() as i32,
-                actual: stream.device().ordinal() as i32,
+                expected: device.ordinal(),
+                actual: stream.device().ordinal(),
             }));
         }
         let _gate = issue_guard();

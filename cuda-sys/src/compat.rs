@@ -15,6 +15,7 @@
 //! | [`Driver::stream_get_capture_info`] | `cuStreamGetCaptureInfo_v3` (12.3) | `cuStreamGetCaptureInfo_v2` (11.3) when no edge data is asked for; otherwise the typed error |
 //! | [`Driver::stream_get_device`] | `cuStreamGetDevice` (12.8) | emulated exactly: `cuStreamGetCtx`, then `cuCtxGetDevice` with that context pushed |
 //! | [`Driver::event_elapsed_time`] | `cuEventElapsedTime_v2` (12.8) | `cuEventElapsedTime` (2.0), same arguments |
+//! | [`Driver::func_get_param_info`] | `cuFuncGetParamInfo` (12.4; not in 12.0-12.3 headers) | the typed error |
 //! | [`Driver::mem_pool_props`] | `CUmemPoolProps::maxSize` (12.2) | a size limit is the typed error; no limit works everywhere |
 //! | [`Driver::graph_add_conditional_node`] | `cuGraphAddNode` (12.2) with [`ConditionalNodeParams`] (12.3) | the typed error |
 //! | [`Driver::graph_conditional_handle_create`] | `cuGraphConditionalHandleCreate` (12.3) | the typed error |
@@ -31,9 +32,9 @@
 use std::ffi::{c_int, c_uint, c_void, CStr};
 
 use crate::{
-    CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphNode, CUmemAllocationHandleType,
-    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmem_advise, CUresult,
-    CUstream, CUstreamCaptureStatus, Driver, MissingSymbol,
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraph, CUgraphNode,
+    CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation, CUmemLocationType,
+    CUmemPoolProps, CUmem_advise, CUresult, CUstream, CUstreamCaptureStatus, Driver, MissingSymbol,
 };
 
 /// `CU_MEM_LOCATION_TYPE_HOST` (12.2+ headers; the value is part of the ABI).
@@ -48,6 +49,8 @@ pub const DEVICE_CPU: CUdevice = -1;
 pub const CUDA_12_2: u32 = 12020;
 /// The CUDA version that introduced `cuStreamGetCaptureInfo_v3` (edge data).
 pub const CUDA_12_3: u32 = 12030;
+/// The CUDA version that introduced `cuFuncGetParamInfo`.
+pub const CUDA_12_4: u32 = 12040;
 /// The CUDA version that introduced `cuStreamGetDevice` and `cuEventElapsedTime_v2`, and the
 /// switch and if/else conditional graph nodes.
 pub const CUDA_12_8: u32 = 12080;
@@ -153,9 +156,10 @@ type StreamGetCtx = unsafe extern "C" fn(CUstream, *mut CUcontext) -> CUresult;
 type CtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
 type CtxPush = unsafe extern "C" fn(CUcontext) -> CUresult;
 type CtxPop = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+type FuncGetParamInfo = unsafe extern "C" fn(CUfunction, usize, *mut usize, *mut usize) -> CUresult;
 
 /// Every exact ABI the compat methods use: (API name, exported symbol, CUDA version of the ABI).
-pub const COMPAT_ENTRY_POINTS: [(&CStr, &CStr, u32); 15] = [
+pub const COMPAT_ENTRY_POINTS: [(&CStr, &CStr, u32); 16] = [
     (c"cuMemPrefetchAsync", c"cuMemPrefetchAsync_v2", CUDA_12_2),
     (c"cuMemPrefetchAsync", c"cuMemPrefetchAsync", 8000),
     (c"cuMemAdvise", c"cuMemAdvise_v2", CUDA_12_2),
@@ -183,6 +187,7 @@ pub const COMPAT_ENTRY_POINTS: [(&CStr, &CStr, u32); 15] = [
         c"cuGraphConditionalHandleCreate",
         CUDA_12_3,
     ),
+    (c"cuFuncGetParamInfo", c"cuFuncGetParamInfo", CUDA_12_4),
 ];
 
 /// The exact-version entry points behind the compat methods.
@@ -203,6 +208,7 @@ pub(crate) struct CompatTable {
     elapsed_v1: Option<EventElapsed>,
     graph_add_node_v1: Option<GraphAddNodeV1>,
     cond_handle_create: Option<CondHandleCreate>,
+    func_get_param_info: Option<FuncGetParamInfo>,
 }
 
 /// Turns a looked-up address into a typed function pointer.
@@ -249,6 +255,7 @@ impl CompatTable {
                 elapsed_v1: cast(at(12)),
                 graph_add_node_v1: cast(at(13)),
                 cond_handle_create: cast(at(14)),
+                func_get_param_info: cast(at(15)),
             }
         }
     }
@@ -524,6 +531,28 @@ impl Driver {
             // SAFETY: the caller upholds the driver's contract; exact 12.3 ABI.
             Some(f) => Ok(unsafe { f(handle, graph, ctx, default, flags) }),
             None => Err(self.missing("cuGraphConditionalHandleCreate", CUDA_12_3)),
+        }
+    }
+
+    /// `cuFuncGetParamInfo`: the offset and size of a kernel parameter. Declared here, so that
+    /// bindings from 12.0-12.3 headers (which lack it) offer it too; a driver older than 12.4
+    /// gets the typed error.
+    ///
+    /// # Safety
+    ///
+    /// As the driver API's `cuFuncGetParamInfo`: `func` is a live function handle, `offset`
+    /// and `size` valid out-pointers.
+    pub unsafe fn func_get_param_info(
+        &self,
+        func: CUfunction,
+        index: usize,
+        offset: *mut usize,
+        size: *mut usize,
+    ) -> Result<CUresult, MissingSymbol> {
+        match self.compat.func_get_param_info {
+            // SAFETY: the caller upholds the driver's contract; the exact 12.4 ABI.
+            Some(f) => Ok(unsafe { f(func, index, offset, size) }),
+            None => Err(self.missing("cuFuncGetParamInfo", CUDA_12_4)),
         }
     }
 

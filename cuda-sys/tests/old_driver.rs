@@ -33,6 +33,7 @@ const ELAPSED_V2: usize = 9;
 const LOCATION_INFO: usize = 10;
 const GRAPH_ADD_NODE: usize = 11;
 const COND_HANDLE: usize = 12;
+const PARAM_INFO: usize = 13;
 
 fn ran(which: usize, device: CUdevice) -> CUresult {
     LAST.store(which, Ordering::SeqCst);
@@ -187,6 +188,21 @@ extern "C" fn location_info(
     ran(LOCATION_INFO, 4)
 }
 
+/// `cuFuncGetParamInfo` (12.4): parameter `index` at offset `8 * index`, 8 bytes.
+extern "C" fn param_info(
+    _: cudars_sys::CUfunction,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CUresult {
+    // SAFETY: the test passes valid out-pointers.
+    unsafe {
+        *offset = 8 * index;
+        *size = 8;
+    }
+    ran(PARAM_INFO, index as CUdevice)
+}
+
 /// The exact-ABI entry points the fake driver exports: (symbol, ABI version, address).
 fn exact_symbols() -> Vec<(&'static str, u32, *mut c_void)> {
     vec![
@@ -217,6 +233,7 @@ fn exact_symbols() -> Vec<(&'static str, u32, *mut c_void)> {
             12030,
             cond_handle as *mut c_void,
         ),
+        ("cuFuncGetParamInfo", 12040, param_info as *mut c_void),
     ]
 }
 
@@ -693,4 +710,38 @@ fn a_13_0_driver_refuses_the_entry_points_of_13_4_and_later() {
         assert_eq!(LAST.load(Ordering::SeqCst), LOCATION_INFO);
         assert_eq!(id_of(&location), 4);
     }
+}
+
+/// `cuFuncGetParamInfo` is a compat method, so bindings from 12.0-12.3 headers (which lack it)
+/// offer it too: a 12.4 driver gets the call, an older one gives the typed error.
+#[test]
+fn param_info_reaches_a_12_4_driver_and_is_too_old_before() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut offset, mut size) = (0usize, 0usize);
+    let (new, _) = fake_driver(12040);
+    LAST.store(0, Ordering::SeqCst);
+    // SAFETY: the fake accepts any handle; valid out-pointers.
+    let r = unsafe { new.func_get_param_info(std::ptr::null_mut(), 3, &mut offset, &mut size) };
+    assert_eq!(r, Ok(CUresult::CUDA_SUCCESS));
+    assert_eq!(
+        (LAST.load(Ordering::SeqCst), offset, size),
+        (PARAM_INFO, 24, 8)
+    );
+
+    let (old, asked) = fake_driver(12030);
+    LAST.store(0, Ordering::SeqCst);
+    // SAFETY: as above; nothing is called.
+    let r = unsafe { old.func_get_param_info(std::ptr::null_mut(), 0, &mut offset, &mut size) };
+    let err = r.unwrap_err();
+    assert_eq!(
+        (err.name, err.needed, err.driver, err.is_driver_too_old()),
+        ("cuFuncGetParamInfo", 12040, 12030, true)
+    );
+    assert_eq!(LAST.load(Ordering::SeqCst), 0, "the driver was called");
+    assert!(
+        !asked
+            .iter()
+            .any(|(a, _, v)| a == "cuFuncGetParamInfo" && *v == 12040),
+        "a 12.3 driver was asked for the 12.4 entry point"
+    );
 }

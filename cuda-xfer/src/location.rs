@@ -14,68 +14,26 @@
 //! # Ok::<(), cudars_xfer::Error>(())
 //! ```
 
-use cudars_core::pointer::{self, MemoryLocation};
+use cudars_core::pointer;
 use cudars_core::sys::CUdeviceptr;
-use cudars_core::Device;
 
 use crate::buffer::DeviceBuffer;
 use crate::error::Result;
 
-/// Where memory lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Location {
-    /// Device memory of this device.
-    Device(Device),
-    /// Page-locked host memory (allocated pinned or registered): copied by DMA directly.
-    PinnedHost,
-    /// Ordinary host memory the driver does not know (a `Vec`, the stack, a file mapping):
-    /// large copies of it are staged through pinned buffers.
-    PageableHost,
-    /// Managed (unified) memory, reachable from the host and the devices.
-    Managed,
-}
-
-impl Location {
-    /// `true` for device memory (CuPy's `get_array_module` would answer `cupy`).
-    pub fn is_device(self) -> bool {
-        matches!(self, Location::Device(_))
-    }
-
-    /// `true` when the host can read the memory directly (pinned, pageable, managed).
-    pub fn is_host_accessible(self) -> bool {
-        !self.is_device()
-    }
-
-    /// `true` when the driver copies the memory by DMA without staging (anything but
-    /// pageable host memory).
-    pub fn is_dma_ready(self) -> bool {
-        !matches!(self, Location::PageableHost)
-    }
-
-    fn from_core(location: MemoryLocation) -> Result<Location> {
-        Ok(match location {
-            MemoryLocation::Device { ordinal } => Location::Device(Device::new(ordinal)?),
-            MemoryLocation::PinnedHost => Location::PinnedHost,
-            MemoryLocation::Managed => Location::Managed,
-            MemoryLocation::PageableHost => Location::PageableHost,
-            // A kind of memory added to cuda-core later: the driver knows it, so it is
-            // DMA-ready; the closest answer is pinned host memory.
-            #[allow(unreachable_patterns)]
-            _ => Location::PinnedHost,
-        })
-    }
-}
+/// Where memory lives: `cuda-core`'s one [`Location`] enum (device of which device, pinned or
+/// pageable host, managed), re-exported here.
+pub use cudars_core::Location;
 
 /// Where the byte at `ptr` lives. Addresses the driver does not know (and null) are
 /// [`Location::PageableHost`]. Errors only when the driver cannot be reached.
 pub fn locate<T: ?Sized>(ptr: *const T) -> Result<Location> {
-    Location::from_core(pointer::locate(ptr)?)
+    Ok(pointer::locate(ptr)?)
 }
 
 /// Where a device address lives (device memory of which device, managed, or mapped host
 /// memory).
 pub fn locate_device_address(addr: CUdeviceptr) -> Result<Location> {
-    Location::from_core(pointer::locate_device(addr)?)
+    Ok(pointer::locate_device(addr)?)
 }
 
 /// Where a host slice lives, considering all of it: [`Location::PinnedHost`] only when its
@@ -92,7 +50,7 @@ pub fn locate_range(start: *const u8, bytes: usize) -> Result<Location> {
         return Ok(Location::PageableHost);
     }
     let head = pointer::attributes(start as usize as CUdeviceptr)?;
-    let location = Location::from_core(head.location)?;
+    let location = head.location;
     if bytes == 1 || location == Location::PageableHost {
         return Ok(location);
     }
@@ -106,7 +64,7 @@ pub fn locate_range(start: *const u8, bytes: usize) -> Result<Location> {
         }
     }
     let last = (end - 1) as CUdeviceptr;
-    let tail = Location::from_core(pointer::attributes(last)?.location)?;
+    let tail = pointer::attributes(last)?.location;
     Ok(if tail == location {
         location
     } else {
@@ -137,12 +95,11 @@ pub(crate) enum HostDma {
 }
 
 /// How the driver can copy `bytes > 0` bytes at `host`: pinned, registered or managed
-/// memory covering the whole range, or pageable. The transfers' routing test; it skips
-/// building a [`Device`] for the answer.
+/// memory covering the whole range, or pageable. The transfers' routing test.
 pub(crate) fn host_dma(host: *const u8, bytes: usize) -> Result<HostDma> {
-    let class = |l: MemoryLocation| match l {
-        MemoryLocation::PageableHost => HostDma::Pageable,
-        MemoryLocation::PinnedHost => HostDma::Pinned,
+    let class = |l: Location| match l {
+        Location::PageableHost => HostDma::Pageable,
+        Location::PinnedHost => HostDma::Pinned,
         _ => HostDma::Managed,
     };
     if bytes == 0 {
@@ -150,7 +107,7 @@ pub(crate) fn host_dma(host: *const u8, bytes: usize) -> Result<HostDma> {
     }
     let start = host as usize as u64;
     let head = pointer::attributes(start as CUdeviceptr)?;
-    if !head.location.is_driver_memory() {
+    if !head.location.is_dma_ready() {
         return Ok(HostDma::Pageable);
     }
     let end = start.saturating_add(bytes as u64);
@@ -160,7 +117,7 @@ pub(crate) fn host_dma(host: *const u8, bytes: usize) -> Result<HostDma> {
         }
     }
     let tail = pointer::attributes((end - 1) as CUdeviceptr)?;
-    Ok(if tail.location.is_driver_memory() {
+    Ok(if tail.location.is_dma_ready() {
         class(head.location).max_wait(class(tail.location))
     } else {
         HostDma::Pageable

@@ -398,8 +398,8 @@ fn check_stream<T: Pod>(stream: &Stream, buffer: &DeviceBuffer<T>) -> Result<()>
     if stream.device() != buffer.device() {
         return Err(cudars_core::Error::WrongDevice {
             what: "stream",
-            expected: buffer.device().ordinal() as i32,
-            actual: stream.device().ordinal() as i32,
+            expected: buffer.device().ordinal(),
+            actual: stream.device().ordinal(),
         }
         .into());
     }

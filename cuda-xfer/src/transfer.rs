@@ -275,8 +275,8 @@ pub fn copy_to_device_on_stream<T: Pod>(
     if stream.device() != dst.device() {
         return Err(cudars_core::Error::WrongDevice {
             what: "stream",
-            expected: dst.device().ordinal() as i32,
-            actual: stream.device().ordinal() as i32,
+            expected: dst.device().ordinal(),
+            actual: stream.device().ordinal(),
         }
         .into());
     }

@@ -1,5 +1,5 @@
 // An `Allocation` borrows its `MemoryPool`: it cannot outlive it.
-use cudars_mempool::{DeviceId, MemoryPool, SimDevice, SimulatedBackend, StreamId};
+use cudars_mempool::{DeviceId, MemoryPool, SimDevice, SimulatedBackend, StreamKey};
 
 fn main() {
     let allocation;
@@ -9,7 +9,7 @@ fn main() {
             granularity: None,
         }]))
         .unwrap();
-        allocation = pool.malloc(DeviceId(0), &StreamId(0), 512).unwrap();
+        allocation = pool.malloc(DeviceId(0), &StreamKey(0), 512).unwrap();
     }
     drop(allocation);
 }

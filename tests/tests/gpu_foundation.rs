@@ -55,7 +55,7 @@ fn an_invalid_ordinal_is_a_typed_error() {
     let count = cudars_core::device_count().unwrap();
     match Device::new(count) {
         Err(cudars_core::Error::InvalidDevice { ordinal, count: c }) => {
-            assert_eq!(ordinal as usize, count);
+            assert_eq!(ordinal, count);
             assert_eq!(c, count);
         }
         other => panic!("expected InvalidDevice, got {other:?}"),

@@ -12,7 +12,7 @@ use cudars_core::kernels::Kernels;
 use cudars_core::memory::DevicePtr;
 use cudars_core::{Device, Event, Stream};
 use cudars_graph::{CaptureMode, CaptureStatus, Error, UpdateOutcome, UpdateRefusal};
-use workspace_tests::gpu::serial;
+use workspace_tests::gpu::{dev0, serial};
 
 /// Elements in the test buffers: not a multiple of the kernels' block size.
 const N: usize = (1 << 16) + 3;
@@ -21,7 +21,7 @@ const N: usize = (1 << 16) + 3;
 // at a time (`workspace_tests::gpu::serial`) even when the harness runs tests in parallel.
 
 fn setup() -> (Device, Stream, Kernels) {
-    let dev = Device::new(0).expect("device 0");
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     let kernels = Kernels::load(&dev).unwrap();
     (dev, stream, kernels)

@@ -41,14 +41,10 @@ use cudars_core::vmm::{self, PhysicalAllocation};
 use cudars_core::{Device, Error, Event, IpcEventHandle, Stream};
 use cudars_mempool::ipc::import_block;
 use cudars_mempool::{DevicePool, PoolError};
-use workspace_tests::gpu::serial;
+use workspace_tests::gpu::{dev0, serial};
 
 const ROLE: &str = "CUDA_RS_IPC_ROLE";
 const ARG: &str = "CUDA_RS_IPC_ARG";
-
-fn device() -> Device {
-    Device::new(0).expect("a CUDA device is required for the GPU tests")
-}
 
 /// The role this process plays in test `name`, if it is the child of that test.
 fn role() -> Option<String> {
@@ -176,7 +172,7 @@ enum Kind {
 /// flag-waiting kernel, an IPC event after them; the consumer checks every byte.
 fn producer(test: &str, kind: Kind) {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
     let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
     let mut flag = Flag::new(&dev);
@@ -243,7 +239,7 @@ fn producer(test: &str, kind: Kind) {
 /// The consumer: opens every buffer and the event, reports the event pending, waits for the
 /// go-ahead, makes its stream wait on the event and checks every byte.
 fn consumer(kind: Kind) {
-    let dev = device();
+    let dev = dev0();
     let arg = std::env::var(ARG).unwrap();
     let mut parts = arg.split(',');
     let event = Event::open_ipc(
@@ -317,7 +313,7 @@ fn shareable_fds_share_exact_bytes_ordered_by_an_ipc_event() {
         Some("consumer") => consumer(Kind::Shareable),
         _ => {
             assert!(
-                vmm::is_supported(&device()).unwrap(),
+                vmm::is_supported(&dev0()).unwrap(),
                 "the device must support virtual memory management"
             );
             producer(
@@ -350,7 +346,7 @@ fn read_u32s(view: &DevicePtr) -> Vec<u32> {
 fn pool_block_stays_out_of_reuse_while_imported_and_is_reused_after() {
     const TEST: &str = "pool_block_stays_out_of_reuse_while_imported_and_is_reused_after";
     if role().as_deref() == Some("importer") {
-        let dev = device();
+        let dev = dev0();
         let region = IpcRegion::from_hex(&std::env::var(ARG).unwrap()).unwrap();
         let view = import_block(&dev, &region).unwrap();
         assert_eq!(view.len(), BLOCK);
@@ -378,7 +374,7 @@ fn pool_block_stays_out_of_reuse_while_imported_and_is_reused_after() {
         return;
     }
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     let pool = Arc::new(DevicePool::new_ipc().unwrap());
     assert!(pool.can_export(&dev).unwrap());
@@ -435,7 +431,7 @@ fn pool_block_stays_out_of_reuse_while_imported_and_is_reused_after() {
 #[test]
 fn a_vmm_pool_cannot_export_and_says_so() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     assert!(
         vmm::is_supported(&dev).unwrap(),
         "the device must support VMM"
@@ -479,7 +475,7 @@ fn still_works(dev: &Device) {
 #[test]
 fn corrupted_handles_are_typed_errors() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     for bytes in [[0u8; 64], [0xAB; 64]] {
         let err = IpcMapping::open(&dev, &IpcMemHandle(bytes)).unwrap_err();
         println!("{err}");
@@ -507,7 +503,7 @@ fn corrupted_handles_are_typed_errors() {
 #[test]
 fn a_handle_of_this_process_is_refused_with_a_clear_error() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let mem = DeviceMemory::new(&dev, 4096).unwrap();
     let handle = mem.ipc_handle().unwrap();
     let err = IpcMapping::open(&dev, &handle).unwrap_err();
@@ -530,7 +526,7 @@ fn a_handle_of_this_process_is_refused_with_a_clear_error() {
 fn a_handle_opened_twice_and_an_exporter_that_exits_first() {
     const TEST: &str = "a_handle_opened_twice_and_an_exporter_that_exits_first";
     if role().as_deref() == Some("exporter") {
-        let dev = device();
+        let dev = dev0();
         let kept = DeviceMemory::new(&dev, 1 << 20).unwrap();
         let handle = kept.ipc_handle().unwrap();
         let kept = kept.into_ptr();
@@ -543,7 +539,7 @@ fn a_handle_opened_twice_and_an_exporter_that_exits_first() {
         return;
     }
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let (child, mut socket, mut lines) = spawn(TEST, "exporter", "");
     let handle = IpcMemHandle::from_hex(&expect_line(&mut lines, "handle")).unwrap();
     let first = IpcMapping::open(&dev, &handle).unwrap();
@@ -576,7 +572,7 @@ fn a_handle_opened_twice_and_an_exporter_that_exits_first() {
 #[test]
 fn shareable_handles_refuse_bad_input() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     assert!(
         vmm::is_supported(&dev).unwrap(),
         "the device must support VMM"

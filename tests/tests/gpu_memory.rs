@@ -21,7 +21,7 @@ use cudars_core::memory::{
     Advice, AttachFlags, DeviceMemory, DevicePtr, HostRegistration, Location, ManagedMemory,
     PinnedFlags, PinnedMemory, RegisterFlags, UnownedMemory,
 };
-use cudars_core::pointer::{self, MemoryLocation};
+use cudars_core::pointer;
 use cudars_core::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};
 use cudars_core::{Device, Error, Stream};
 use workspace_tests::gpu::{dev0, serial};
@@ -453,7 +453,7 @@ fn managed_memory_written_by_the_device_is_read_on_the_host() {
         let mem = Arc::new(ManagedMemory::new(&dev, MIB + 3, attach).unwrap());
         assert_eq!(
             pointer::locate(mem.as_host_ptr()).unwrap(),
-            MemoryLocation::Managed
+            Location::Managed
         );
         let view = DevicePtr::from_arc(mem.clone());
         view.memset(0x5a).unwrap();
@@ -521,7 +521,7 @@ fn managed_memory_prefetches_to_the_device_and_to_the_host() {
 
     let view = DevicePtr::from_arc(mem.clone());
     view.memset_async(0x42, &stream).unwrap();
-    mem.prefetch(Location::Host, &stream).unwrap();
+    mem.prefetch(Location::HOST, &stream).unwrap();
     stream.synchronize().unwrap();
     assert_eq!(last_prefetch_location(&dev, mem.as_raw(), size), -1);
     // SAFETY: the stream is synchronised; nothing else is queued.
@@ -561,14 +561,14 @@ fn managed_memory_prefetches_to_the_device_and_to_the_host() {
     assert_eq!(read_mostly, 1);
     mem.advise(Advice::UnsetReadMostly, Location::Device(dev))
         .unwrap();
-    mem.advise(Advice::SetPreferredLocation, Location::Host)
+    mem.advise(Advice::SetPreferredLocation, Location::HOST)
         .unwrap();
     mem.advise(Advice::SetAccessedBy, Location::Device(dev))
         .unwrap();
 
     // Prefetch of plain device memory is a driver error, not a crash.
     let plain = DevicePtr::alloc(&dev, 4096).unwrap();
-    assert!(plain.prefetch(Location::Host, &stream).is_err());
+    assert!(plain.prefetch(Location::HOST, &stream).is_err());
 }
 
 #[test]
@@ -590,10 +590,7 @@ fn pinned_memory_flags_mapping_and_typed_views() {
             buf.device_ptr().is_some(),
             flags.contains(PinnedFlags::DEVICE_MAP)
         );
-        assert_eq!(
-            pointer::locate(buf.as_ptr()).unwrap(),
-            MemoryLocation::PinnedHost
-        );
+        assert_eq!(pointer::locate(buf.as_ptr()).unwrap(), Location::PinnedHost);
         let data = pattern(size, flags.0 as u8);
         buf.copy_from_slice(&data);
         let d = DevicePtr::alloc(&dev, size).unwrap();
@@ -635,7 +632,7 @@ fn pinned_memory_flags_mapping_and_typed_views() {
     let (p, n) = words.into_raw();
     assert_eq!(
         pointer::locate(p).unwrap(),
-        MemoryLocation::PinnedHost,
+        Location::PinnedHost,
         "still allocated"
     );
     // SAFETY: `p` came from cuMemHostAlloc on `dev` with these flags and `n` bytes.
@@ -664,7 +661,7 @@ fn host_registration_round_trip() {
     // A borrowed buffer.
     let mut buf = vec![0u8; size];
     let addr = buf.as_ptr();
-    assert_eq!(pointer::locate(addr).unwrap(), MemoryLocation::PageableHost);
+    assert_eq!(pointer::locate(addr).unwrap(), Location::PageableHost);
     {
         let mut reg = HostRegistration::new(
             &dev,
@@ -673,7 +670,7 @@ fn host_registration_round_trip() {
         )
         .unwrap();
         assert_eq!(reg.len_bytes(), size);
-        assert_eq!(pointer::locate(addr).unwrap(), MemoryLocation::PinnedHost);
+        assert_eq!(pointer::locate(addr).unwrap(), Location::PinnedHost);
         // SAFETY: the registered buffer is untouched until the stream is synchronised.
         unsafe { d.copy_to_host_async(reg.as_mut_slice(), &stream).unwrap() };
         stream.synchronize().unwrap();
@@ -695,7 +692,7 @@ fn host_registration_round_trip() {
     }
     assert_eq!(
         pointer::locate(addr).unwrap(),
-        MemoryLocation::PageableHost,
+        Location::PageableHost,
         "unregistered on drop"
     );
     assert_all(&buf[..16], 0xee, "the buffer keeps what the device wrote");
@@ -705,15 +702,12 @@ fn host_registration_round_trip() {
     let words = vec![0u32; 1024];
     let mut reg = HostRegistration::new(&dev, words, RegisterFlags::NONE).unwrap();
     let waddr = reg.as_slice().as_ptr();
-    assert_eq!(pointer::locate(waddr).unwrap(), MemoryLocation::PinnedHost);
+    assert_eq!(pointer::locate(waddr).unwrap(), Location::PinnedHost);
     let w = DevicePtr::alloc(&dev, 4096).unwrap();
     w.memset_u32(0x0102_0304).unwrap();
     w.copy_to_host(reg.as_mut_slice()).unwrap();
     let words = reg.into_inner();
-    assert_eq!(
-        pointer::locate(waddr).unwrap(),
-        MemoryLocation::PageableHost
-    );
+    assert_eq!(pointer::locate(waddr).unwrap(), Location::PageableHost);
     assert!(words.iter().all(|&x| x == 0x0102_0304));
 
     // Empty buffers are not registered.
@@ -788,36 +782,36 @@ fn pointer_attributes_say_where_memory_lives() {
     let d = DeviceMemory::new(&dev, 1 << 16).unwrap();
     let a = pointer::attributes(d.as_raw() + 100).unwrap();
     println!("device memory: {a:?}");
-    assert_eq!(a.location, MemoryLocation::Device { ordinal });
+    assert_eq!(a.location, Location::Device(dev));
     assert_eq!(a.device_ordinal, Some(ordinal));
     assert_eq!(a.device_pointer, Some(d.as_raw() + 100));
     if let Some((start, len)) = a.range {
         assert_eq!((start, len), (d.as_raw(), 1 << 16));
     }
-    assert!(!a.location.is_host_accessible() && a.location.is_driver_memory());
+    assert!(!a.location.is_host_accessible() && a.location.is_dma_ready());
 
     let pinned = PinnedMemory::new(&dev, 4096, PinnedFlags::NONE).unwrap();
     let a = pointer::attributes(pinned.as_ptr() as u64).unwrap();
     println!("pinned memory: {a:?}");
-    assert_eq!(a.location, MemoryLocation::PinnedHost);
+    assert_eq!(a.location, Location::PinnedHost);
     assert_eq!(a.host_pointer, Some(pinned.as_ptr() as usize));
 
     let mut buf = vec![1u8; 8192];
     let addr = buf.as_ptr();
     let reg = HostRegistration::new(&dev, &mut buf[..], RegisterFlags::NONE).unwrap();
-    assert_eq!(pointer::locate(addr).unwrap(), MemoryLocation::PinnedHost);
+    assert_eq!(pointer::locate(addr).unwrap(), Location::PinnedHost);
     drop(reg);
 
     let managed = ManagedMemory::new(&dev, 4096, AttachFlags::GLOBAL).unwrap();
     let a = pointer::attributes(managed.as_raw()).unwrap();
     println!("managed memory: {a:?}");
-    assert_eq!(a.location, MemoryLocation::Managed);
+    assert_eq!(a.location, Location::Managed);
     assert!(a.location.is_host_accessible());
 
     let async_mem = StreamOrderedMemory::new(4096, &stream).unwrap();
     assert_eq!(
         pointer::locate_device(async_mem.as_raw()).unwrap(),
-        MemoryLocation::Device { ordinal }
+        Location::Device(dev)
     );
     drop(async_mem);
     stream.synchronize().unwrap();
@@ -825,18 +819,15 @@ fn pointer_attributes_say_where_memory_lives() {
     let v = vec![0u64; 100];
     let a = pointer::attributes(v.as_ptr() as u64).unwrap();
     println!("Vec memory: {a:?}");
-    assert_eq!(a.location, MemoryLocation::PageableHost);
+    assert_eq!(a.location, Location::PageableHost);
     assert_eq!(a.device_ordinal, None);
     let on_stack = 5u32;
     assert_eq!(
         pointer::locate(std::ptr::addr_of!(on_stack)).unwrap(),
-        MemoryLocation::PageableHost
+        Location::PageableHost
     );
-    assert_eq!(
-        pointer::locate_device(0).unwrap(),
-        MemoryLocation::PageableHost
-    );
-    assert!(!MemoryLocation::PageableHost.is_driver_memory());
+    assert_eq!(pointer::locate_device(0).unwrap(), Location::PageableHost);
+    assert!(!Location::PageableHost.is_dma_ready());
 }
 
 #[test]
@@ -893,9 +884,7 @@ fn virtual_memory_reserve_create_map_access_and_release() {
     range.set_access(g, 2 * g, &dev).unwrap();
     assert_eq!(
         pointer::locate_device(range.base() + g as u64).unwrap(),
-        MemoryLocation::Device {
-            ordinal: dev.ordinal()
-        }
+        Location::Device(dev)
     );
     let owner: Arc<dyn Any + Send + Sync> = range.clone();
     // SAFETY: `base + g .. + 2g` is mapped, read-write for `dev`, and stays mapped while the
@@ -1086,6 +1075,6 @@ fn peer_copies_between_two_devices() {
     ));
     assert_eq!(
         pointer::locate_device(b.as_raw()).unwrap(),
-        MemoryLocation::Device { ordinal: 1 }
+        Location::Device(d1)
     );
 }

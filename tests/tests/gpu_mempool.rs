@@ -19,34 +19,10 @@ use cudars_core::kernels::Kernels;
 use cudars_core::memory::{raw, DevicePtr};
 use cudars_core::{Device, Stream};
 use cudars_mempool::async_pool::{AsyncPool, AsyncPoolSource};
-use cudars_mempool::driver::{device_id, stream_id};
+use cudars_mempool::driver::{device_id, stream_key};
 use cudars_mempool::pinned::PinnedMemoryPool;
 use cudars_mempool::{DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
-use workspace_tests::gpu::dev0;
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    install_segv_backtrace();
-    workspace_tests::gpu::serial()
-}
-
-/// Prints a backtrace on SIGSEGV (diagnostics for a crash inside a driver call).
-fn install_segv_backtrace() {
-    extern "C" fn on_segv(_sig: i32) {
-        eprintln!(
-            "SIGSEGV, backtrace:\n{}",
-            std::backtrace::Backtrace::force_capture()
-        );
-        std::process::exit(139);
-    }
-    extern "C" {
-        fn signal(sig: i32, handler: extern "C" fn(i32)) -> usize;
-    }
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    // SAFETY: installs a handler for SIGSEGV (11); the handler only runs on a crash.
-    ONCE.call_once(|| unsafe {
-        signal(11, on_segv);
-    });
-}
+use workspace_tests::gpu::{dev0, serial_reporting_crashes as serial};
 
 const MIB: usize = 1 << 20;
 /// About 0.1 s of SM clocks: long enough that the host runs well ahead of the kernel.
@@ -82,7 +58,7 @@ fn cross_stream_reuse_waits_for_slow_kernel() {
             DevicePool::with_config(DriverBackend::new().expect("driver"), config).expect("pool");
         let size = 4 * MIB;
         if limited {
-            pool.set_limit(device_id(&dev), Limit::Bytes(size as u64))
+            pool.set_limit(device_id(&dev), Limit::Bytes(size))
                 .expect("limit");
         }
         let n = size / 4;
@@ -147,7 +123,7 @@ fn record_stream_through_a_core_view_delays_reuse_until_that_streams_work_is_don
             let c = Stream::new(&dev).unwrap();
             let pool = Arc::new(DevicePool::new_driver().expect("pool"));
             if limited {
-                pool.set_limit(device_id(&dev), Limit::Bytes(size as u64))
+                pool.set_limit(device_id(&dev), Limit::Bytes(size))
                     .expect("limit");
             }
             let view: DevicePtr = pool.malloc_shared(&a, size).expect("block").into();
@@ -226,10 +202,13 @@ fn oom_on_the_card_is_typed_and_recoverable() {
             cause,
             ..
         }) => {
-            assert_eq!(requested, huge as u64);
-            assert_eq!(used, 8 * MIB as u64);
+            assert_eq!(requested, huge);
+            assert_eq!(used, 8 * MIB);
             assert_eq!(cause, cudars_mempool::OomCause::DeviceMemory);
-            assert_eq!(reserved, reserved_before.current, "nothing reserved for it");
+            assert_eq!(
+                reserved as u64, reserved_before.current,
+                "nothing reserved for it"
+            );
         }
         other => panic!("expected OutOfMemory, got {other:?}"),
     }
@@ -271,20 +250,20 @@ fn limit_holds_on_the_card() {
     let id = device_id(&dev);
     let s = Stream::new(&dev).unwrap();
     let pool = DevicePool::new_driver().unwrap();
-    pool.set_limit(id, Limit::Bytes(64 * MIB as u64)).unwrap();
-    assert_eq!(pool.get_limit(id).unwrap(), Some(64 * MIB as u64));
+    pool.set_limit(id, Limit::Bytes(64 * MIB)).unwrap();
+    assert_eq!(pool.get_limit(id).unwrap(), Some(64 * MIB));
     let a = pool.malloc_stream(&s, 32 * MIB).unwrap();
     let err = pool.malloc_stream(&s, 40 * MIB).unwrap_err();
-    assert!(matches!(err, PoolError::OutOfMemory { limit: Some(l), .. } if l == 64 * MIB as u64));
+    assert!(matches!(err, PoolError::OutOfMemory { limit: Some(l), .. } if l == 64 * MIB));
     let b = pool.malloc_stream(&s, 30 * MIB).unwrap();
     assert!(pool.stats(id).unwrap().reserved.peak <= 64 * MIB as u64);
     assert!(matches!(
-        pool.set_limit(id, Limit::Bytes(MIB as u64)),
+        pool.set_limit(id, Limit::Bytes(MIB)),
         Err(PoolError::LimitBelowUsage { .. })
     ));
     drop((a, b));
     pool.set_limit(id, Limit::Fraction(0.5)).unwrap();
-    let total = dev.total_memory().unwrap() as u64;
+    let total = dev.total_memory().unwrap();
     assert_eq!(pool.get_limit(id).unwrap(), Some(total / 2));
 }
 
@@ -318,9 +297,9 @@ fn memory_returns_and_stats_agree() {
         assert_eq!(st.requested.current, sizes.iter().sum::<usize>() as u64);
         assert_eq!(st.active_blocks.current, sizes.len() as u64);
         assert_eq!(st.allocations, sizes.len() as u64);
-        assert_eq!(pool.used_bytes(), rounded);
+        assert_eq!(pool.used_bytes() as u64, rounded);
         assert_eq!(pool.used_bytes() + pool.free_bytes(), pool.total_bytes());
-        assert!(pool.total_bytes() >= rounded);
+        assert!(pool.total_bytes() as u64 >= rounded);
         let (free1, _) = dev.memory_info().unwrap();
         assert!(
             free0 - free1 >= (1 << 30),
@@ -351,7 +330,7 @@ fn views_and_default_pool() {
     let s = Stream::new(&dev).unwrap();
     let pool = Arc::new(DevicePool::new_driver().unwrap());
     let m = pool.malloc_shared(&s, 4096).unwrap();
-    assert_eq!(m.stream(), stream_id(&s));
+    assert_eq!(m.stream(), stream_key(&s));
     let view: DevicePtr = m.into();
     // `s` lives to the end of the test, after the pools' last use of it.
     let data: Vec<u32> = (0..1024).collect();
@@ -396,16 +375,13 @@ fn async_pool_round_trip() {
     let mut back = vec![0u32; MIB / 4];
     view.copy_to_host(&mut back).unwrap();
     assert!(back.iter().all(|&v| v == 0x1234_5678));
-    assert!(pool.used_bytes().unwrap() >= MIB as u64);
+    assert!(pool.used_bytes().unwrap() >= MIB);
     drop(view);
     s.synchronize().unwrap();
     assert_eq!(pool.used_bytes().unwrap(), 0);
-    assert!(
-        pool.total_bytes().unwrap() >= MIB as u64,
-        "memory stayed cached"
-    );
-    pool.set_limit(Limit::Bytes(8 * MIB as u64)).unwrap();
-    assert_eq!(pool.get_limit(), Some(8 * MIB as u64));
+    assert!(pool.total_bytes().unwrap() >= MIB, "memory stayed cached");
+    pool.set_limit(Limit::Bytes(8 * MIB)).unwrap();
+    assert_eq!(pool.get_limit(), Some(8 * MIB));
     let a = pool.malloc(&s, 6 * MIB).unwrap();
     assert!(matches!(
         pool.malloc(&s, 4 * MIB),
@@ -463,22 +439,18 @@ fn pinned_reuse_waits_for_slow_copy() {
     let q = pool.malloc(&dev, size).unwrap();
     assert!(!s.is_done().unwrap(), "the slow kernel finished too early");
     assert_ne!(q.as_ptr(), p_addr, "reused while the copy was pending");
-    assert_eq!(pool.total_bytes(), 2 * size as u64);
+    assert_eq!(pool.total_bytes(), 2 * size);
     drop(q);
     s.synchronize().unwrap();
     let r1 = pool.malloc(&dev, size).unwrap();
     let r2 = pool.malloc(&dev, size).unwrap();
-    assert_eq!(
-        pool.total_bytes(),
-        2 * size as u64,
-        "no new block after the sync"
-    );
+    assert_eq!(pool.total_bytes(), 2 * size, "no new block after the sync");
     let reused = [&r1, &r2]
         .into_iter()
         .find(|r| r.as_ptr() == p_addr)
         .expect("the copied-into block is reused once the copy is done");
     assert!(words(reused).iter().all(|&v| v == 0xC0FFEE));
-    assert_eq!(pool.used_bytes(), 2 * size as u64);
+    assert_eq!(pool.used_bytes(), 2 * size);
     drop((r1, r2));
     pool.free_all_blocks();
     assert_eq!(pool.total_bytes(), 0);
@@ -621,7 +593,7 @@ fn allocators_and_hooks() {
     drop(pool.malloc_shared(&s, 512).unwrap()); // no hooks any more
     assert_eq!(counting.malloc.load(Ordering::Relaxed), 2);
     let report = profile.report();
-    assert_eq!(report[0].bytes, 3 * MIB as u64);
+    assert_eq!(report[0].bytes, 3 * MIB);
     assert_eq!(report[0].line, line);
     assert!(report[0].file.ends_with("gpu_mempool.rs"));
     cudars_mempool::default_pool()

@@ -10,11 +10,12 @@
 
 use cudars_core::nvtx::{self, Color};
 use cudars_core::profiler::{self, OutputMode};
-use cudars_core::{Device, Error, Stream};
+use cudars_core::{Error, Stream};
+use workspace_tests::gpu::dev0;
 
 #[test]
 fn profiler_start_stop_and_guard_succeed_on_the_device() {
-    let dev = Device::new(0).expect("device 0");
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     profiler::start().unwrap();
     profiler::stop().unwrap();
@@ -52,7 +53,7 @@ fn profiler_initialize_is_unsupported_since_cuda_12() {
 
 #[test]
 fn nvtx_calls_do_not_fail_and_ranges_nest() {
-    let dev = Device::new(0).expect("device 0");
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     nvtx::mark("gpu_misc mark");
     nvtx::mark_colored("gpu_misc coloured mark", Color::RED);

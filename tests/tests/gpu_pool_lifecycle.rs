@@ -254,8 +254,7 @@ fn a_block_of_a_destroyed_stream_is_not_reused_before_its_kernel_ends() {
     let k = Kernels::load(&dev).expect("kernels");
     let pool = DevicePool::new_driver().unwrap();
     let size = 8 * MIB;
-    pool.set_limit(device_id(&dev), Limit::Bytes(size as u64))
-        .unwrap();
+    pool.set_limit(device_id(&dev), Limit::Bytes(size)).unwrap();
     let n = size / 4;
     let a = Stream::builder(&dev).non_blocking(true).build().unwrap();
     let x = pool.malloc_stream(&a, size).unwrap();
@@ -286,8 +285,7 @@ fn a_view_used_on_another_stream_is_not_reused_before_that_work_ends() {
     let k = Kernels::load(&dev).expect("kernels");
     let pool = Arc::new(DevicePool::new_driver().unwrap());
     let size = 8 * MIB;
-    pool.set_limit(device_id(&dev), Limit::Bytes(size as u64))
-        .unwrap();
+    pool.set_limit(device_id(&dev), Limit::Bytes(size)).unwrap();
     let n = size / 4;
     let s1 = Stream::builder(&dev).non_blocking(true).build().unwrap();
     let s2 = Stream::builder(&dev).non_blocking(true).build().unwrap();

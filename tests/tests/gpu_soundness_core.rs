@@ -33,11 +33,7 @@ use cudars_graph::CaptureStatus;
 use cudars_xfer::{DeviceBuffer, PinnedBuffer};
 // Captures refuse some calls of other threads: the tests of this file run one at a time
 // (`workspace_tests::gpu::serial`).
-use workspace_tests::gpu::serial;
-
-fn device() -> Device {
-    Device::new(0).expect("a CUDA device is required for the GPU tests")
-}
+use workspace_tests::gpu::{dev0, serial};
 
 fn read(buf: &DevicePtr) -> Vec<u32> {
     let mut host = vec![0u32; buf.len() / 4];
@@ -55,7 +51,7 @@ fn expect_invalid_argument(r: Result<(), Error>, what: &str) {
 #[test]
 fn kernels_refuse_overlapping_views_and_change_nothing() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     let k = Kernels::load(&dev).unwrap();
     let n = 1 << 16; // u32s
@@ -99,7 +95,7 @@ fn kernels_refuse_overlapping_views_and_change_nothing() {
 #[test]
 fn an_exec_launch_on_a_capturing_stream_is_refused_and_the_capture_goes_on() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     let a = DevicePtr::alloc(&dev, 4096).unwrap();
     let b = DevicePtr::alloc(&dev, 4096).unwrap();
@@ -156,7 +152,7 @@ fn an_exec_launch_on_a_capturing_stream_is_refused_and_the_capture_goes_on() {
 #[test]
 fn the_driver_refuses_a_graph_launch_inside_a_capture() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     let a = DevicePtr::alloc(&dev, 4096).unwrap();
     let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
@@ -207,7 +203,7 @@ fn expect_capturing<T: std::fmt::Debug>(r: cudars_xfer::Result<T>, op: &str) {
 #[test]
 fn host_transfers_refuse_a_capturing_stream() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     let n = 1024;
     let dst = DeviceBuffer::<u32>::zeroed(&dev, n).unwrap();
@@ -276,7 +272,7 @@ fn host_transfers_refuse_a_capturing_stream() {
 #[test]
 fn the_driver_captures_a_pageable_copy_as_a_graph_node() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     let dst = DevicePtr::alloc(&dev, 4096).unwrap();
     let host = vec![5u8; 4096];
@@ -326,7 +322,7 @@ impl Drop for DropReporter {
 #[test]
 fn a_host_callback_drops_device_memory_off_the_driver_thread() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     let k = Kernels::load(&dev).unwrap();
     let (report, dropped) = mpsc::channel();

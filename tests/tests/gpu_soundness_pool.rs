@@ -28,11 +28,7 @@ use cudars_core::{Device, Event, Stream};
 use cudars_mempool::driver::device_id;
 use cudars_mempool::hooks::{self, MemoryEvent, MemoryHook};
 use cudars_mempool::{Backend, DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
-use workspace_tests::gpu::serial;
-
-fn device() -> Device {
-    Device::new(0).expect("a CUDA device is required for the GPU tests")
-}
+use workspace_tests::gpu::{dev0, serial};
 
 const MIB: usize = 1 << 20;
 const BLOCK: usize = 4 * MIB;
@@ -76,7 +72,7 @@ fn any_allocation_gets(
 #[test]
 fn an_exported_block_dropped_without_release_is_never_reused() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     let pool = Arc::new(DevicePool::new_ipc().unwrap());
     let block = pool.malloc_ipc(&stream, BLOCK).unwrap();
@@ -95,7 +91,7 @@ fn an_exported_block_dropped_without_release_is_never_reused() {
 #[test]
 fn release_after_refuses_a_local_event_and_keeps_the_block() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     let pool = Arc::new(DevicePool::new_ipc().unwrap());
     let block = pool.malloc_ipc(&stream, BLOCK).unwrap();
@@ -115,7 +111,7 @@ fn release_after_refuses_a_local_event_and_keeps_the_block() {
 #[test]
 fn an_unsafe_release_gives_the_block_back() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     let pool = Arc::new(DevicePool::new_ipc().unwrap());
     let block = pool.malloc_ipc(&stream, BLOCK).unwrap();
@@ -155,7 +151,7 @@ impl MemoryHook for PanickingHook {
 #[test]
 fn a_panicking_hook_in_the_driver_backend_leaves_the_pool_working() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     for config in [
         PoolConfig::default(),
@@ -203,7 +199,7 @@ fn a_panicking_hook_in_the_driver_backend_leaves_the_pool_working() {
 #[test]
 fn safe_backend_calls_do_not_make_the_pool_lend_a_busy_block() {
     let _g = serial();
-    let dev = device();
+    let dev = dev0();
     let k = Kernels::load(&dev).expect("kernels");
     let a = Stream::new(&dev).unwrap();
     let b = Stream::new(&dev).unwrap();
@@ -211,7 +207,7 @@ fn safe_backend_calls_do_not_make_the_pool_lend_a_busy_block() {
     let pool = DevicePool::with_config(DriverBackend::new().unwrap(), PoolConfig::default())
         .expect("pool");
     let id = device_id(&dev);
-    pool.set_limit(id, Limit::Bytes(BLOCK as u64)).unwrap();
+    pool.set_limit(id, Limit::Bytes(BLOCK)).unwrap();
     let n = BLOCK / 4;
     let x = pool.malloc_stream(&a, BLOCK).unwrap();
     let x_addr = x.ptr().0;

@@ -22,10 +22,7 @@ use cudars_core::kernels::Kernels;
 use cudars_core::stream::StreamKind;
 use cudars_core::sys::{self, CUcontext, CUdevice_attribute, CUdeviceptr, CUresult, CUstream};
 use cudars_core::{Device, Error, Event, Stream};
-
-fn device() -> Device {
-    Device::new(0).expect("a CUDA device is required for the GPU tests")
-}
+use workspace_tests::gpu::dev0;
 
 /// Checks a raw driver call.
 fn ok(r: Result<CUresult, sys::MissingSymbol>, what: &str) {
@@ -175,7 +172,7 @@ fn spin_ms(k: &Kernels, stream: &Stream, cycles: u64) -> f64 {
 
 #[test]
 fn spin_kernel_time_is_linear_in_cycles_and_matches_the_clock_rate() {
-    let dev = device();
+    let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
     let stream = Stream::new(&dev).unwrap();
     // Warm up: JIT, clocks ramping up.
@@ -206,7 +203,7 @@ fn spin_kernel_time_is_linear_in_cycles_and_matches_the_clock_rate() {
 
 #[test]
 fn non_blocking_stream_overlaps_the_legacy_null_stream_and_a_blocking_one_does_not() {
-    let dev = device();
+    let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
     let null = Stream::null(&dev);
     let cycles = cycles_for_ms(&dev, 40.0);
@@ -270,7 +267,7 @@ fn non_blocking_stream_overlaps_the_legacy_null_stream_and_a_blocking_one_does_n
 
 #[test]
 fn host_callback_runs_after_the_kernel_and_sees_its_status() {
-    let dev = device();
+    let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
     let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
     let n = 1 << 16;
@@ -312,7 +309,7 @@ fn host_callback_runs_after_the_kernel_and_sees_its_status() {
 
 #[test]
 fn a_panicking_callback_is_reported_and_the_process_goes_on() {
-    let dev = device();
+    let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
     for stream in [Stream::new(&dev).unwrap(), Stream::null(&dev)] {
         let ran_after = Arc::new(AtomicBool::new(false));
@@ -340,7 +337,7 @@ fn a_panicking_callback_is_reported_and_the_process_goes_on() {
 
 #[test]
 fn current_stream_is_per_thread_and_scopes_nest_and_restore() {
-    let dev = device();
+    let dev = dev0();
     let null = Stream::null(&dev);
     assert_eq!(Stream::current(&dev), null);
     let s1 = Stream::new(&dev).unwrap();
@@ -388,7 +385,7 @@ fn current_stream_is_per_thread_and_scopes_nest_and_restore() {
 
 #[test]
 fn device_scopes_nest_and_restore() {
-    let dev = device();
+    let dev = dev0();
     let ctx_now = || {
         let mut c: CUcontext = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
@@ -432,7 +429,7 @@ fn device_scopes_nest_and_restore() {
 
 #[test]
 fn stream_builder_priorities_kinds_and_queries() {
-    let dev = device();
+    let dev = dev0();
     let (least, greatest) = dev.stream_priority_range().unwrap();
     println!("priority range: least {least}, greatest {greatest}");
     let urgent = Stream::builder(&dev).greatest_priority().build().unwrap();
@@ -487,7 +484,7 @@ fn stream_builder_priorities_kinds_and_queries() {
 
 #[test]
 fn external_stream_is_used_but_not_destroyed() {
-    let dev = device();
+    let dev = dev0();
     let d = sys::driver().unwrap();
     let mut raw: CUstream = std::ptr::null_mut();
     {
@@ -532,7 +529,7 @@ fn external_stream_is_used_but_not_destroyed() {
 
 #[test]
 fn event_timing_errors_are_clear() {
-    let dev = device();
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     let timed_a = Event::timed(&dev).unwrap();
     let timed_b = Event::timed(&dev).unwrap();
@@ -611,7 +608,7 @@ fn event_timing_errors_are_clear() {
 
 #[test]
 fn interprocess_event_is_waited_on_in_a_child_process() {
-    let dev = device();
+    let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
     let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
     let flag = MappedFlag::new(&dev);
@@ -669,7 +666,7 @@ fn interprocess_event_is_waited_on_in_a_child_process() {
 
 #[test]
 fn module_errors_are_clear() {
-    let dev = device();
+    let dev = dev0();
     let err = cudars_core::module::Module::from_ptx(&dev, ".version 7.0\n.target sm_70\nnot ptx")
         .unwrap_err();
     let text = err.to_string();
@@ -698,7 +695,7 @@ fn module_errors_are_clear() {
 #[test]
 fn explicit_handles_survive_a_foreign_context_pop() {
     std::thread::spawn(|| {
-        let dev = device();
+        let dev = dev0();
         let d = sys::driver().unwrap();
         let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
         let other = Stream::builder(&dev).non_blocking(true).build().unwrap();
@@ -777,7 +774,7 @@ fn explicit_handles_survive_a_foreign_context_pop() {
 fn public_kernels_fill_copy_and_checksum() {
     use cudars_core::kernels::checksum_host;
     use cudars_core::DevicePtr;
-    let dev = device();
+    let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
     let k = Kernels::load(&dev).unwrap();
     let n = 1 << 20;

@@ -14,16 +14,17 @@
 )]
 
 use cudars_core::kernels::Kernels;
-use cudars_core::{Device, Stream};
+use cudars_core::Stream;
 use cudars_xfer::staging::{self, route_stats};
 use cudars_xfer::DeviceBuffer;
+use workspace_tests::gpu::dev0;
 
 /// About 0.5 s of SM clocks: the transfer's DMAs are queued well before the fault.
 const SLOW: u64 = 1_000_000_000;
 
 #[test]
 fn a_staged_transfer_whose_wait_fails_leaks_its_slots() {
-    let dev = Device::new(0).expect("device 0");
+    let dev = dev0();
     let k = Kernels::load(&dev).expect("kernels");
     let stream = Stream::new(&dev).unwrap();
     let len = 64 << 20;

@@ -47,6 +47,7 @@ fn main() -> ExitCode {
         Some("ci") => gpu::Options::parse(&args[1..]).and_then(ci),
         Some("gpu-suite") => gpu::Options::parse(&args[1..]).and_then(|opts| gpu::run(opts).1),
         Some("bindings") => bindings(),
+        Some("check-common") => check_common_copies(),
         Some("nccl-bindings") => nccl::bindings(),
         Some("rtc-bindings") => rtc::bindings(),
         Some("gpu-bundle") => headers::gpu_bundle_args(&args[1..]),
@@ -59,7 +60,7 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|gpu-bundle [--headers 12.4]|replay [TRACE...]|bench-report DIR>"
+                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|check-common|gpu-bundle [--headers 12.4]|replay [TRACE...]|bench-report DIR>"
             );
             return ExitCode::from(2);
         }
@@ -86,6 +87,8 @@ fn ci(opts: gpu::Options) -> Result<()> {
 }
 
 fn cpu_steps() -> Result<()> {
+    step("shared helper copies are identical");
+    check_common_copies()?;
     step("cargo fmt --check");
     cargo(&["fmt", "--all", "--check"], &[])?;
     step("clippy, warnings denied");
@@ -327,6 +330,70 @@ fn ci_header_sets() -> Result<()> {
         ));
         headers::ci_set(set)?;
     }
+    Ok(())
+}
+
+/// The copies of the examples' and benchmarks' shared helper (`common/mod.rs`: printing that
+/// survives a closed stdout). Each crate keeps its own copy, since a packaged crate cannot
+/// reach a file outside its directory (`#[path]` would break `cargo package`); the first is
+/// the one to edit, and CI fails when any other differs from it.
+const COMMON_COPIES: &[&str] = &[
+    "cuda-core/examples/common/mod.rs",
+    "cuda-mempool/examples/common/mod.rs",
+    "cuda-mempool/benches/common/mod.rs",
+    "cuda-graph/examples/common/mod.rs",
+    "cuda-xfer/examples/common/mod.rs",
+    "cuda-rtc/examples/common/mod.rs",
+    "tests/src/bin/common/mod.rs",
+];
+
+/// Fails unless every file of [`COMMON_COPIES`] is byte-identical to the first, and no other
+/// `common/mod.rs` under an `examples`, `benches` or `src/bin` folder escaped the list.
+fn check_common_copies() -> Result<()> {
+    let root = util::root();
+    let read = |rel: &str| std::fs::read(root.join(rel)).map_err(|e| format!("read {rel}: {e}"));
+    let canonical = read(COMMON_COPIES[0])?;
+    let mut differ = Vec::new();
+    for rel in &COMMON_COPIES[1..] {
+        if read(rel)? != canonical {
+            differ.push(*rel);
+        }
+    }
+    if !differ.is_empty() {
+        return fail(&format!(
+            "{} differ from {}: copy it over them (one source, several copies)",
+            differ.join(", "),
+            COMMON_COPIES[0]
+        ));
+    }
+    let mut unlisted = Vec::new();
+    for entry in std::fs::read_dir(&root).map_err(|e| format!("read {}: {e}", root.display()))? {
+        let krate = entry.map_err(|e| e.to_string())?.path();
+        for folder in ["examples", "benches", "src/bin"] {
+            let candidate = krate.join(folder).join("common/mod.rs");
+            if candidate.is_file() {
+                let rel = candidate
+                    .strip_prefix(&root)
+                    .map_err(|e| e.to_string())?
+                    .to_string_lossy()
+                    .into_owned();
+                if !COMMON_COPIES.contains(&rel.as_str()) {
+                    unlisted.push(rel);
+                }
+            }
+        }
+    }
+    if !unlisted.is_empty() {
+        return fail(&format!(
+            "{} not in xtask's COMMON_COPIES: add it there",
+            unlisted.join(", ")
+        ));
+    }
+    println!(
+        "xtask: {} copies of {} are identical",
+        COMMON_COPIES.len(),
+        COMMON_COPIES[0]
+    );
     Ok(())
 }
 

@@ -76,8 +76,8 @@ impl GraphHandle {
             if stream.device() != self.device {
                 return Err(Error::WrongDevice {
                     what: "upload stream",
-                    expected: self.device.ordinal() as i32,
-                    actual: stream.device().ordinal() as i32,
+                    expected: self.device.ordinal(),
+                    actual: stream.device().ordinal(),
                 });
             }
         }

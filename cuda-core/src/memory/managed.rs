@@ -78,12 +78,11 @@ pub(crate) fn prefetch_range(
     if len == 0 {
         return Ok(());
     }
+    let to = to.to_raw()?;
     let _ctx = stream.device().bind()?;
     // SAFETY: the stream's context is current; the driver checks that the range is managed.
     // Prefetching moves pages, it never changes their contents.
-    unsafe {
-        drv!(mem_prefetch_async as "cuMemPrefetchAsync" (addr, len, to.to_raw(), 0, stream.raw()))
-    }
+    unsafe { drv!(mem_prefetch_async as "cuMemPrefetchAsync" (addr, len, to, 0, stream.raw())) }
 }
 
 /// Gives `advice` about `len` bytes of managed memory at `addr`.
@@ -97,9 +96,10 @@ pub(crate) fn advise_range(
     if len == 0 {
         return Ok(());
     }
+    let location = location.to_raw()?;
     let _ctx = device.bind()?;
     // SAFETY: a context is current; advice never changes the memory's contents.
-    unsafe { drv!(mem_advise as "cuMemAdvise" (addr, len, advice.to_raw(), location.to_raw())) }
+    unsafe { drv!(mem_advise as "cuMemAdvise" (addr, len, advice.to_raw(), location)) }
 }
 
 /// Managed (unified) memory, addressable from the host and from every device

@@ -118,28 +118,70 @@ pub unsafe trait DeviceAlloc: Send + Sync {
     }
 }
 
-/// Where managed memory is prefetched to, or what a memory advice is about.
+/// Where memory lives, or where it should go: the workspace's one classification of memory
+/// places (re-exported as `cudars_core::Location` and by `cuda-xfer`).
+///
+/// * As an answer ([`pointer::locate`](crate::pointer::locate), `cudars_xfer::locate`): which
+///   device's memory, page-locked or pageable host memory, or managed memory.
+/// * As a target (prefetch and advice of managed memory, `cuMemLocation`): a device, or the
+///   host, named by either host variant ([`Location::HOST`] reads best); [`Location::Managed`]
+///   is no place and is refused with [`Error::InvalidArgument`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Location {
-    /// A device's memory.
+    /// Device memory (`cuMemAlloc`, pools, virtual memory) of this device.
     Device(Device),
-    /// Host memory (`CU_MEM_LOCATION_TYPE_HOST`).
-    Host,
+    /// Page-locked host memory: allocated by `cuMemHostAlloc`/`cuMemAllocHost` or registered
+    /// with `cuMemHostRegister`. The driver copies it by DMA directly.
+    PinnedHost,
+    /// Memory the driver does not know: ordinary (pageable) host memory such as a `Vec`, the
+    /// stack or a file mapping, or any address CUDA did not hand out. Large copies of it are
+    /// staged through pinned buffers.
+    PageableHost,
+    /// Managed (unified) memory from `cuMemAllocManaged`, addressable by host and devices.
+    Managed,
 }
 
 impl Location {
-    /// The driver's `CUmemLocation`.
-    pub fn to_raw(self) -> CUmemLocation {
+    /// The host as a prefetch or advice target (`CU_MEM_LOCATION_TYPE_HOST`).
+    pub const HOST: Location = Location::PageableHost;
+
+    /// `true` for device memory (CuPy's `get_array_module` would answer `cupy`).
+    pub fn is_device(self) -> bool {
+        matches!(self, Location::Device(_))
+    }
+
+    /// `true` for memory the host can address directly (pinned, managed or pageable host).
+    pub fn is_host_accessible(self) -> bool {
+        !self.is_device()
+    }
+
+    /// `true` for memory the driver copies by DMA without staging (device, pinned, managed).
+    pub fn is_dma_ready(self) -> bool {
+        !matches!(self, Location::PageableHost)
+    }
+
+    /// The driver's `CUmemLocation` for this target; [`Error::InvalidArgument`] for
+    /// [`Location::Managed`], which is no place.
+    pub fn to_raw(self) -> Result<CUmemLocation> {
         match self {
-            Location::Device(dev) => cudars_sys::compat::mem_location(
-                CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                dev.ordinal() as i32,
-            ),
-            Location::Host => {
-                cudars_sys::compat::mem_location(cudars_sys::compat::MEM_LOCATION_TYPE_HOST, 0)
-            }
+            Location::Device(dev) => Ok(device_location(dev)),
+            Location::PinnedHost | Location::PageableHost => Ok(cudars_sys::compat::mem_location(
+                cudars_sys::compat::MEM_LOCATION_TYPE_HOST,
+                0,
+            )),
+            Location::Managed => Err(Error::InvalidArgument(
+                "managed memory is no prefetch or advice target: name a device or the host".into(),
+            )),
         }
     }
+}
+
+/// The `CUmemLocation` of `device`'s memory.
+pub(crate) fn device_location(device: Device) -> CUmemLocation {
+    cudars_sys::compat::mem_location(
+        CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        device.ordinal() as i32,
+    )
 }
 
 /// [`Error::WrongDevice`] unless `stream` belongs to `device`.
@@ -150,8 +192,8 @@ pub(crate) fn check_stream(stream: &Stream, device: Device) -> Result<()> {
     } else {
         Err(Error::WrongDevice {
             what: "stream",
-            expected: device.ordinal() as i32,
-            actual: stream.device().ordinal() as i32,
+            expected: device.ordinal(),
+            actual: stream.device().ordinal(),
         })
     }
 }
@@ -179,8 +221,18 @@ mod tests {
 
     #[test]
     fn host_location_maps_to_the_driver_type() {
-        let host = Location::Host.to_raw();
-        assert_eq!(host.type_, cudars_sys::compat::MEM_LOCATION_TYPE_HOST);
+        for host in [Location::HOST, Location::PinnedHost, Location::PageableHost] {
+            let host = host.to_raw().unwrap();
+            assert_eq!(host.type_, cudars_sys::compat::MEM_LOCATION_TYPE_HOST);
+        }
+        assert!(matches!(
+            Location::Managed.to_raw(),
+            Err(Error::InvalidArgument(_))
+        ));
+        let dev = Location::Device(Device::test_only(1)).to_raw().unwrap();
+        assert_eq!(dev.type_, CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
+        // SAFETY: `mem_location` initialised the id.
+        assert_eq!(unsafe { cudars_sys::compat::mem_location_id(&dev) }, 1);
         assert_eq!(
             Advice::SetPreferredLocation.to_raw(),
             CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION

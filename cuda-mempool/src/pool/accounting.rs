@@ -1,11 +1,9 @@
 //! Accounting: releasing the cache (`free_all_*`), limits, and statistics.
 
-use crate::backend::{Backend, DeviceId, StreamId};
+use crate::backend::{Backend, DeviceId, StreamKey};
 use crate::error::PoolError;
 use crate::stats::Stats;
 
-use super::shard::ShardState;
-use super::table::Shard;
 #[cfg(doc)]
 use super::Allocation;
 use super::{lock, Device, Global, Limit, MemoryPool};
@@ -72,7 +70,9 @@ impl<B: Backend> MemoryPool<B> {
     /// [`free_all_blocks`](Self::free_all_blocks) for this device.
     pub fn set_limit(&self, device: DeviceId, limit: Limit) -> Result<(), PoolError> {
         let dev = self.device(device)?;
-        let bytes = limit.resolve(dev.info.total_memory)?;
+        let bytes = limit
+            .resolve(dev.info.total_memory as usize)?
+            .map(|b| b as u64);
         let mut g = lock(&dev.global);
         if let Some(b) = bytes {
             let mut in_use = 0;
@@ -85,9 +85,9 @@ impl<B: Backend> MemoryPool<B> {
             if b < in_use {
                 return Err(PoolError::LimitBelowUsage {
                     device,
-                    limit: b,
-                    used,
-                    in_use,
+                    limit: b as usize,
+                    used: used as usize,
+                    in_use: in_use as usize,
                 });
             }
         }
@@ -99,8 +99,8 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     /// The limit of `device` in bytes, `None` when unlimited.
-    pub fn get_limit(&self, device: DeviceId) -> Result<Option<u64>, PoolError> {
-        Ok(lock(&self.device(device)?.global).limit)
+    pub fn get_limit(&self, device: DeviceId) -> Result<Option<usize>, PoolError> {
+        Ok(lock(&self.device(device)?.global).limit.map(|l| l as usize))
     }
 
     /// Statistics of one device (see [`Stats`] for how peaks of totals are defined).
@@ -133,7 +133,7 @@ impl<B: Backend> MemoryPool<B> {
     /// Statistics of one (device, stream) shard, with exact peaks. All zero for a
     /// stream the pool has not seen. A block another stream borrowed from this stream's
     /// cache counts here, in the lender's figures ([`Allocation::held_by`]).
-    pub fn stream_stats(&self, device: DeviceId, stream: StreamId) -> Result<Stats, PoolError> {
+    pub fn stream_stats(&self, device: DeviceId, stream: StreamKey) -> Result<Stats, PoolError> {
         let dev = self.device(device)?;
         Ok(dev
             .shards
@@ -143,25 +143,25 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     /// Bytes in live blocks on all devices (CuPy's `used_bytes`).
-    pub fn used_bytes(&self) -> u64 {
+    pub fn used_bytes(&self) -> usize {
         self.devices
             .iter()
             .flat_map(|d| d.all_shards())
             .map(|s| s.state.lock().stats.used.current)
-            .sum()
+            .sum::<u64>() as usize
     }
 
     /// Physical bytes the pool holds on all devices (CuPy's `total_bytes`).
-    pub fn total_bytes(&self) -> u64 {
+    pub fn total_bytes(&self) -> usize {
         self.devices
             .iter()
             .map(|d| lock(&d.global).reserved.current)
-            .sum()
+            .sum::<u64>() as usize
     }
 
     /// Bytes held but not in live blocks on all devices: `total_bytes - used_bytes`
     /// (CuPy's `free_bytes`).
-    pub fn free_bytes(&self) -> u64 {
+    pub fn free_bytes(&self) -> usize {
         self.devices
             .iter()
             .map(|d| {
@@ -172,7 +172,7 @@ impl<B: Backend> MemoryPool<B> {
                     .sum();
                 g.reserved.current.saturating_sub(used)
             })
-            .sum()
+            .sum::<u64>() as usize
     }
 
     /// The number of free blocks holding memory on all devices (CuPy's
@@ -184,19 +184,6 @@ impl<B: Backend> MemoryPool<B> {
             .iter()
             .flat_map(|d| d.shards.iter())
             .map(|s| s.state.lock().count_free_blocks())
-            .sum()
-    }
-
-    /// Bytes in live blocks of the device, while `shard` is locked as `st`.
-    pub(super) fn device_used(&self, dev: &Device<B>, shard: &Shard<B>, st: &ShardState<B>) -> u64 {
-        dev.all_shards()
-            .map(|s| {
-                if std::ptr::eq(s, shard) {
-                    st.stats.used.current
-                } else {
-                    s.state.lock().stats.used.current
-                }
-            })
             .sum()
     }
 }

@@ -13,7 +13,7 @@ pub enum Limit {
     /// No cap.
     Unlimited,
     /// At most this many bytes.
-    Bytes(u64),
+    Bytes(usize),
     /// At most this fraction (in `[0, 1]`) of the device's total memory.
     Fraction(f64),
 }
@@ -33,18 +33,18 @@ impl Limit {
                 .map_err(|_| PoolError::InvalidLimit(format!("not a percentage: {text:?}")))?;
             return Ok(Limit::Fraction(p / 100.0));
         }
-        t.parse::<u64>().map(Limit::Bytes).map_err(|_| {
+        t.parse::<usize>().map(Limit::Bytes).map_err(|_| {
             PoolError::InvalidLimit(format!("not a byte count or percentage: {text:?}"))
         })
     }
 
     /// The cap in bytes on a device of `total_memory` bytes (`None`: no cap).
-    pub fn resolve(self, total_memory: u64) -> Result<Option<u64>, PoolError> {
+    pub fn resolve(self, total_memory: usize) -> Result<Option<usize>, PoolError> {
         match self {
             Limit::Unlimited => Ok(None),
             Limit::Bytes(b) => Ok(Some(b)),
             Limit::Fraction(f) if (0.0..=1.0).contains(&f) => {
-                Ok(Some((total_memory as f64 * f).floor() as u64))
+                Ok(Some((total_memory as f64 * f).floor() as usize))
             }
             Limit::Fraction(f) => Err(PoolError::InvalidLimit(format!(
                 "fraction {f} is not in [0, 1]"

@@ -5,29 +5,28 @@ use crate::backend::Backend;
 use crate::error::{OomCause, PoolError};
 use crate::policy::{self, size_class};
 
-use super::shard::{Choice, ShardState};
-use super::table::Shard;
-use super::{Device, Global, MemoryPool};
+use super::shard::Choice;
+use super::{Held, MemoryPool};
 
 impl<B: Backend> MemoryPool<B> {
     /// Serves a request from the cache, mapping pages or adding a segment as needed.
-    /// `Ok(Err(cause))` when memory is short. Device lock and shard lock held.
+    /// `Ok(Err(cause))` when memory is short.
     pub(super) fn grow(
         &self,
-        dev: &Device<B>,
-        g: &mut Global<B>,
-        shard: &Shard<B>,
-        st: &mut ShardState<B>,
+        h: &mut Held<'_, '_, B>,
         rounded: u64,
         last_resort: bool,
     ) -> Result<Result<u32, OomCause>, PoolError> {
-        let (id, unmapped) = match st.choose_block(rounded) {
+        let dev = h.dev;
+        let (id, unmapped) = match h.st.choose_block(rounded) {
             Choice::Ready(id) => return Ok(Ok(id)),
-            Choice::Fit { id, addr, unmapped } => (st.claim(id, addr, rounded), unmapped),
+            Choice::Fit { id, addr, unmapped } => (h.st.claim(id, addr, rounded), unmapped),
             Choice::None => match dev.page {
                 Some(page) => {
                     let size = policy::address_range_size(rounded, dev.info.total_memory, page)
-                        .ok_or(PoolError::SizeOverflow { size: rounded })?;
+                        .ok_or(PoolError::SizeOverflow {
+                            size: rounded as usize,
+                        })?;
                     let base = self
                         .backend
                         .reserve_address_range(dev.id, size)
@@ -35,37 +34,40 @@ impl<B: Backend> MemoryPool<B> {
                     let Some(base) = base else {
                         return Ok(Err(OomCause::AddressSpace));
                     };
-                    let first = st.add_segment(base.0, size, size_class(rounded));
+                    let first = h.st.add_segment(base.0, size, size_class(rounded));
                     let unmapped = rounded.div_ceil(page) as usize;
-                    (st.claim(first, base.0, rounded), unmapped)
+                    (h.st.claim(first, base.0, rounded), unmapped)
                 }
                 None => {
-                    let seg_size = policy::plain_segment_size(rounded, last_resort)
-                        .ok_or(PoolError::SizeOverflow { size: rounded })?;
-                    let base = match self.allocate_plain(dev, g, shard, st, seg_size)? {
+                    let seg_size = policy::plain_segment_size(rounded, last_resort).ok_or(
+                        PoolError::SizeOverflow {
+                            size: rounded as usize,
+                        },
+                    )?;
+                    let base = match self.allocate_plain(h, seg_size)? {
                         Ok(base) => base,
                         Err(cause) => return Ok(Err(cause)),
                     };
-                    let first = st.add_segment(base.0, seg_size, size_class(rounded));
-                    (st.claim(first, base.0, rounded), 0)
+                    let first = h.st.add_segment(base.0, seg_size, size_class(rounded));
+                    (h.st.claim(first, base.0, rounded), 0)
                 }
             },
         };
         if unmapped == 0 {
             return Ok(Ok(id));
         }
-        if let Err(cause) = self.provide_pages(dev, g, shard, st, unmapped)? {
-            st.unclaim(id);
+        if let Err(cause) = self.provide_pages(h, unmapped)? {
+            h.st.unclaim(id);
             return Ok(Err(cause));
         }
-        match st.map_block(&self.backend, id, &mut g.spare) {
+        match h.st.map_block(&self.backend, id, &mut h.g.spare) {
             Ok(true) => Ok(Ok(id)),
             Ok(false) => {
-                st.unclaim(id);
+                h.st.unclaim(id);
                 Ok(Err(OomCause::DeviceMemory))
             }
             Err(e) => {
-                st.unclaim(id);
+                h.st.unclaim(id);
                 Err(e)
             }
         }

@@ -1,6 +1,6 @@
 //! What a caller holds: [`Allocation`], [`RawAllocation`], and the block a raw handle names.
 
-use crate::backend::{Backend, DeviceAddress, DeviceId, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, StreamKey};
 use crate::error::PoolError;
 #[cfg(doc)]
 use crate::policy;
@@ -35,10 +35,10 @@ pub struct RawAllocation {
     pub(super) ptr: DeviceAddress,
     pub(super) size: u64,
     pub(super) device: DeviceId,
-    pub(super) key: StreamId,
+    pub(super) key: StreamKey,
     /// The key of the shard holding the block: `key`, or the lender's for a lent block
     /// (see [`Allocation::held_by`]).
-    pub(super) shard_key: StreamId,
+    pub(super) shard_key: StreamKey,
     pub(super) private: bool,
     pub(super) id: u32,
     pub(super) generation: u64,
@@ -49,9 +49,9 @@ impl RawAllocation {
     pub fn ptr(&self) -> DeviceAddress {
         self.ptr
     }
-    /// The size asked for.
-    pub fn size(&self) -> u64 {
-        self.size
+    /// The size asked for, in bytes.
+    pub fn size(&self) -> usize {
+        self.size as usize
     }
     /// The device.
     pub fn device(&self) -> DeviceId {
@@ -59,7 +59,7 @@ impl RawAllocation {
     }
     /// The key of the stream it was allocated on (for a private pool's block, the key
     /// of its private shard).
-    pub fn stream(&self) -> StreamId {
+    pub fn stream(&self) -> StreamKey {
         self.key
     }
 }
@@ -164,8 +164,8 @@ impl<'p, B: Backend> Allocation<'p, B> {
     }
 
     /// The size asked for, in bytes.
-    pub fn size(&self) -> u64 {
-        self.raw.size
+    pub fn size(&self) -> usize {
+        self.raw.size as usize
     }
 
     /// Whether this is a zero-sized allocation.
@@ -180,7 +180,7 @@ impl<'p, B: Backend> Allocation<'p, B> {
 
     /// The key of the stream the block was allocated on and will be freed on (for a
     /// private pool's block, of its private shard).
-    pub fn stream(&self) -> StreamId {
+    pub fn stream(&self) -> StreamKey {
         self.raw.key
     }
 
@@ -188,7 +188,7 @@ impl<'p, B: Backend> Allocation<'p, B> {
     /// ([`MemoryPool::stream_stats`]) count it: [`stream`](Self::stream), or, for a block
     /// another stream's cache lent to this request (see
     /// [`policy::STEAL_BEFORE_GROWING`]), the lender's.
-    pub fn held_by(&self) -> StreamId {
+    pub fn held_by(&self) -> StreamKey {
         self.raw.shard_key
     }
 

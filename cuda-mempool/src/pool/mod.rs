@@ -69,7 +69,7 @@ mod table;
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamId};
+use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamKey};
 use crate::error::{OomCause, PoolError};
 use crate::policy;
 use crate::stats::{OomCounts, Stat};
@@ -91,7 +91,7 @@ fn thread_token() -> usize {
     TOKEN.with(|t| std::ptr::from_ref(t) as usize)
 }
 
-/// The bit that marks a [`StreamId`] as the key of one thread's per-thread default stream
+/// The bit that marks a [`StreamKey`] as the key of one thread's per-thread default stream
 /// ([`per_thread_key`]), with bit 63 clear. Keys of other streams never look like that: 0
 /// for the legacy stream, a handle's value (a user-space address, below bit 47) for an
 /// external stream, a serial number with bit 63 set for a stream `cuda-core` created.
@@ -101,17 +101,17 @@ pub(crate) const PER_THREAD_KEY_BIT: u64 = 1 << 62;
 /// handle names a different stream on every thread, so each thread's stream gets a key of its
 /// own, [`PER_THREAD_KEY_BIT`] with a serial number of the thread, never reused in the
 /// process (a new thread never inherits an exited thread's cache as its own stream's).
-pub(crate) fn per_thread_key() -> StreamId {
+pub(crate) fn per_thread_key() -> StreamKey {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     thread_local! {
         // No destructor: readable for the whole life of the thread, even while it exits.
         static SERIAL: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
     }
-    StreamId(PER_THREAD_KEY_BIT | SERIAL.with(|s| *s))
+    StreamKey(PER_THREAD_KEY_BIT | SERIAL.with(|s| *s))
 }
 
 /// Whether `key` is a per-thread default stream's key ([`per_thread_key`]).
-pub(crate) fn is_per_thread_key(key: StreamId) -> bool {
+pub(crate) fn is_per_thread_key(key: StreamKey) -> bool {
     // Bit 63 marks the identities of streams cuda-core creates; external handles are
     // user-space addresses, far below bit 62.
     key.0 >> 62 == 1
@@ -122,7 +122,7 @@ pub(crate) fn is_per_thread_key(key: StreamId) -> bool {
 /// on it, makes it wait for nothing and asks nothing about it from this thread: that waits
 /// for a call of the owning thread (frees from other threads stay out of cross-stream reuse
 /// until then).
-pub(crate) fn is_other_threads_stream(key: StreamId) -> bool {
+pub(crate) fn is_other_threads_stream(key: StreamKey) -> bool {
     is_per_thread_key(key) && key != per_thread_key()
 }
 
@@ -170,6 +170,53 @@ impl<B: Backend> Device<B> {
     }
 }
 
+/// The locks a miss holds, with what they guard: the device lock (`g`) and the lock of the
+/// requesting stream's shard (`st`), taken in that order by `malloc_slow`. Every step of
+/// the slow path (`slow_path.rs`, `grow.rs`, `supply.rs`, `recovery.rs`) takes this one
+/// context instead of the four pieces.
+struct Held<'h, 'p, B: Backend> {
+    dev: &'p Device<B>,
+    g: &'h mut Global<B>,
+    /// The requesting shard, locked as `st`.
+    shard: &'p Shard<B>,
+    st: &'h mut ShardState<B>,
+}
+
+impl<'p, B: Backend> Held<'_, 'p, B> {
+    /// The device's stream shards other than the locked one (private shards are never
+    /// searched for memory).
+    fn other_shards(&self) -> impl Iterator<Item = &'p Shard<B>> + 'p {
+        let shard = self.shard;
+        self.dev
+            .shards
+            .iter()
+            .filter(move |s| !std::ptr::eq(*s, shard))
+    }
+
+    /// Bytes in live blocks of the device (the locked shard's read through `st`).
+    fn device_used(&self) -> u64 {
+        self.dev
+            .all_shards()
+            .map(|s| {
+                if std::ptr::eq(s, self.shard) {
+                    self.st.stats.used.current
+                } else {
+                    s.state.lock().stats.used.current
+                }
+            })
+            .sum()
+    }
+}
+
+/// One request on the slow path: the stream's key, the stream, the size asked for and
+/// the size rounded to the pool's unit.
+struct Request<'s, B: Backend> {
+    key: StreamKey,
+    stream: &'s B::Stream,
+    size: u64,
+    rounded: u64,
+}
+
 /// A stream-ordered caching memory pool serving every device of its backend.
 ///
 /// See the [crate documentation](crate) for the semantics and the
@@ -178,10 +225,10 @@ impl<B: Backend> Device<B> {
 /// different streams do not contend on the hot path.
 ///
 /// ```
-/// use cudars_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamId};
+/// use cudars_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamKey};
 ///
 /// let pool = MemoryPool::new(SimulatedBackend::h200(1)).unwrap();
-/// let (dev, stream) = (DeviceId(0), StreamId(7));
+/// let (dev, stream) = (DeviceId(0), StreamKey(7));
 /// let a = pool.malloc(dev, &stream, 1000).unwrap();
 /// assert_eq!(pool.used_bytes(), 1024); // rounded to 512 bytes
 /// let addr = a.ptr();
@@ -226,7 +273,10 @@ impl<B: Backend> MemoryPool<B> {
                 }
                 _ => None,
             };
-            let limit = config.limit.resolve(info.total_memory)?;
+            let limit = config
+                .limit
+                .resolve(info.total_memory as usize)?
+                .map(|l| l as u64);
             devices.push(Device {
                 id,
                 info,
@@ -260,8 +310,8 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     /// The number of devices the pool serves.
-    pub fn device_count(&self) -> u32 {
-        self.devices.len() as u32
+    pub fn device_count(&self) -> usize {
+        self.devices.len()
     }
 
     /// Whether `device` uses virtual-memory segments.
@@ -274,7 +324,7 @@ impl<B: Backend> MemoryPool<B> {
             .get(device.0 as usize)
             .ok_or(PoolError::InvalidDevice {
                 device,
-                count: self.devices.len() as u32,
+                count: self.devices.len(),
             })
     }
 
@@ -293,14 +343,14 @@ impl<B: Backend> MemoryPool<B> {
         &self,
         device: DeviceId,
         stream: &B::Stream,
-        size: u64,
+        size: usize,
     ) -> Result<Allocation<'_, B>, PoolError> {
         if size == 0 {
             // As CuPy's empty pointer: nothing is looked at, not even the device.
             return Ok(self.empty_allocation(device));
         }
         let dev = self.device(device)?;
-        self.malloc_in(dev, &dev.shards, None, stream, size)
+        self.malloc_in(dev, &dev.shards, None, stream, size as u64)
     }
 
     /// The allocation of 0 bytes: the null address, owned by no shard.
@@ -314,8 +364,8 @@ impl<B: Backend> MemoryPool<B> {
                 ptr: DeviceAddress::NULL,
                 size: 0,
                 device,
-                key: StreamId(0),
-                shard_key: StreamId(0),
+                key: StreamKey(0),
+                shard_key: StreamKey(0),
                 private: false,
             },
         }
@@ -328,14 +378,16 @@ impl<B: Backend> MemoryPool<B> {
         &'p self,
         dev: &'p Device<B>,
         table: &'p ShardTable<B>,
-        private_key: Option<StreamId>,
+        private_key: Option<StreamKey>,
         stream: &B::Stream,
         size: u64,
     ) -> Result<Allocation<'p, B>, PoolError> {
         if size == 0 {
             return Ok(self.empty_allocation(dev.id));
         }
-        let rounded = policy::round_size(size).ok_or(PoolError::SizeOverflow { size })?;
+        let rounded = policy::round_size(size).ok_or(PoolError::SizeOverflow {
+            size: size as usize,
+        })?;
         let stream_key = self.backend.stream_key(stream)?;
         let key = private_key.unwrap_or(stream_key);
         loop {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::backend::{Backend, DeviceId, StreamId};
+use crate::backend::{Backend, DeviceId, StreamKey};
 use crate::error::PoolError;
 
 use super::table::Shard;
@@ -28,7 +28,7 @@ pub(super) struct PrivateState {
     /// [`MemoryPool::retain_private_pool`] holds. Released once 0 and no block is live.
     holds: Arc<AtomicUsize>,
     /// Stream key -> the private shard key of that stream's shard in this pool.
-    shards: HashMap<StreamId, StreamId>,
+    shards: HashMap<StreamKey, StreamKey>,
 }
 
 /// The id of a private pool: memory that only allocations into the same private pool
@@ -94,7 +94,7 @@ impl<B: Backend> MemoryPool<B> {
         device: DeviceId,
         pool: PrivatePoolId,
         stream: &B::Stream,
-        size: u64,
+        size: usize,
     ) -> Result<Allocation<'_, B>, PoolError> {
         if pool.is_capture_pool() {
             return Err(PoolError::CapturePrivatePool { pool: pool.0 });
@@ -109,11 +109,12 @@ impl<B: Backend> MemoryPool<B> {
         device: DeviceId,
         pool: PrivatePoolId,
         stream: &B::Stream,
-        size: u64,
+        size: usize,
     ) -> Result<Allocation<'_, B>, PoolError> {
+        let size = size as u64;
         let dev = self.device(device)?;
         if size == 0 {
-            return self.malloc_in(dev, &dev.private, Some(StreamId(0)), stream, 0);
+            return self.malloc_in(dev, &dev.private, Some(StreamKey(0)), stream, 0);
         }
         let stream_key = self.backend.stream_key(stream)?;
         let key = {
@@ -125,7 +126,7 @@ impl<B: Backend> MemoryPool<B> {
             });
             *state.shards.entry(stream_key).or_insert_with(|| {
                 *next_key += 1;
-                StreamId(*next_key)
+                StreamKey(*next_key)
             })
         };
         let mut a = self.malloc_in(dev, &dev.private, Some(key), stream, size)?;

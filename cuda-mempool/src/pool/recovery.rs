@@ -5,99 +5,82 @@
 use crate::backend::Backend;
 use crate::error::{OomCause, PoolError};
 
-use super::shard::ShardState;
-use super::table::Shard;
-use super::{Device, Global, MemoryPool};
+use super::{Held, MemoryPool};
 
 impl<B: Backend> MemoryPool<B> {
     /// Grows, then recovers (waits for record_stream frees, waits for every fence and
     /// releases the cache) and retries. `Ok(Err(cause))` when memory stays short.
     pub(super) fn grow_with_recovery(
         &self,
-        dev: &Device<B>,
-        g: &mut Global<B>,
-        shard: &Shard<B>,
-        st: &mut ShardState<B>,
+        h: &mut Held<'_, '_, B>,
         rounded: u64,
     ) -> Result<Result<u32, OomCause>, PoolError> {
-        if let Ok(id) = self.grow(dev, g, shard, st, rounded, false)? {
+        if let Ok(id) = self.grow(h, rounded, false)? {
             return Ok(Ok(id));
         }
-        if st.private {
+        if h.st.private {
             // During a capture nothing is released to make room (see `malloc_slow`).
             return Ok(Err(OomCause::DeviceMemory));
         }
         // Recovery 1: this stream waits (on the device) for its own record_stream frees.
-        g.retries += 1;
-        if st.stream_wait_pending(&self.backend)? {
-            if let Ok(id) = self.grow(dev, g, shard, st, rounded, false)? {
+        h.g.retries += 1;
+        if h.st.stream_wait_pending(&self.backend)? {
+            if let Ok(id) = self.grow(h, rounded, false)? {
                 return Ok(Ok(id));
             }
         }
         // Recovery 2: wait on the host for every fence of the device, release, retry.
-        self.quiesce(dev, g, shard, st)?;
-        self.grow(dev, g, shard, st, rounded, true)
+        self.quiesce(h)?;
+        self.grow(h, rounded, true)
     }
 
     /// Waits on the host for every fence of the device, so that all free memory is
     /// safe for every stream; in plain mode also releases what that frees.
-    fn quiesce(
-        &self,
-        dev: &Device<B>,
-        g: &mut Global<B>,
-        shard: &Shard<B>,
-        st: &mut ShardState<B>,
-    ) -> Result<(), PoolError> {
-        st.flush_recent();
-        st.wait_fences(&self.backend)?;
-        for other in dev.shards.iter() {
-            if !std::ptr::eq(other, shard) {
-                let mut o = other.state.lock();
-                o.flush_recent();
-                o.wait_fences(&self.backend)?;
-            }
+    fn quiesce(&self, h: &mut Held<'_, '_, B>) -> Result<(), PoolError> {
+        h.st.flush_recent();
+        h.st.wait_fences(&self.backend)?;
+        for other in h.other_shards() {
+            let mut o = other.state.lock();
+            o.flush_recent();
+            o.wait_fences(&self.backend)?;
         }
         // Releasing also gives back the address ranges of wholly free segments, which is
         // what recovers from running out of address space in virtual-memory mode.
-        self.release_device_cache(dev, g, shard, st)
+        self.release_device_cache(h)
     }
 
     /// After a failed request: returns spare pages and this shard's wholly free address
     /// ranges or segments, so the pool holds no more than before the request.
-    pub(super) fn roll_back(
-        &self,
-        dev: &Device<B>,
-        g: &mut Global<B>,
-        st: &mut ShardState<B>,
-    ) -> Result<(), PoolError> {
-        if st.private {
+    pub(super) fn roll_back(&self, h: &mut Held<'_, '_, B>) -> Result<(), PoolError> {
+        if h.st.private {
             // Kept for later: nothing goes back to the driver during a capture.
             return Ok(());
         }
-        let released = st.release_cached(&self.backend, &mut g.spare, &mut g.reserved.current);
-        self.release_spare(dev, g)?;
+        let g = &mut *h.g;
+        let released =
+            h.st.release_cached(&self.backend, &mut g.spare, &mut g.reserved.current);
+        self.release_spare(h.dev, g)?;
         released
     }
 
+    /// Counts an out-of-memory failure of the request and describes it.
     pub(super) fn out_of_memory(
         &self,
-        dev: &Device<B>,
-        g: &mut Global<B>,
-        shard: &Shard<B>,
-        st: &ShardState<B>,
+        h: &mut Held<'_, '_, B>,
         size: u64,
         cause: OomCause,
     ) -> PoolError {
+        let used = h.device_used();
+        let g = &mut *h.g;
         g.ooms += 1;
         g.oom_causes.count(cause);
         g.last_oom = Some(cause);
-        let used = self.device_used(dev, shard, st);
         PoolError::OutOfMemory {
-            device: dev.id,
-            requested: size,
-            used,
-            reserved: g.reserved.current,
-            limit: g.limit,
+            device: h.dev.id,
+            requested: size as usize,
+            used: used as usize,
+            reserved: g.reserved.current as usize,
+            limit: g.limit.map(|l| l as usize),
             cause,
         }
     }

@@ -1,17 +1,17 @@
 //! A miss, in the order it tries: the shard's cache once more, memory lent by another
 //! stream, growth with recovery, and out of memory.
 
-use crate::backend::{Backend, StreamId};
+use crate::backend::{Backend, StreamKey};
 use crate::error::{OomCause, PoolError};
 use crate::policy;
 
-use super::shard::{Choice, ShardState};
+use super::shard::Choice;
 use super::table::Shard;
-use super::{is_per_thread_key, lock, thread_token, Device, Global, MemoryPool};
+use super::{is_per_thread_key, lock, thread_token, Device, Held, MemoryPool, Request};
 
 /// What the slow path hands back: the shard holding the block (the requesting stream's,
 /// or the lender's), that shard's key, the block id and (address, generation).
-type Served<'p, B> = (&'p Shard<B>, StreamId, u32, (u64, u64));
+type Served<'p, B> = (&'p Shard<B>, StreamKey, u32, (u64, u64));
 
 impl<B: Backend> MemoryPool<B> {
     /// The slow path: grows the shard, recovers from memory pressure, or fails with
@@ -22,7 +22,7 @@ impl<B: Backend> MemoryPool<B> {
         &self,
         dev: &'p Device<B>,
         shard: &'p Shard<B>,
-        key: StreamId,
+        key: StreamKey,
         stream: &B::Stream,
         size: u64,
         rounded: u64,
@@ -41,7 +41,19 @@ impl<B: Backend> MemoryPool<B> {
         if st.stream.is_none() {
             st.attach(&self.backend, stream, key)?;
         }
-        let served = self.serve_slow(dev, &mut g, shard, &mut st, key, stream, size, rounded);
+        let mut held = Held {
+            dev,
+            g: &mut g,
+            shard,
+            st: &mut st,
+        };
+        let req = Request {
+            key,
+            stream,
+            size,
+            rounded,
+        };
+        let served = self.serve_slow(&mut held, &req);
         if served.is_err() {
             // A failed request may leave no block made on the stream: the shard must not
             // keep a stream its owner may destroy once this call returns (a C caller may).
@@ -51,68 +63,65 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     /// [`malloc_slow`](Self::malloc_slow) once the shard is attached: the cache, stealing,
-    /// growth, out of memory. Device lock and shard lock held.
-    #[allow(clippy::too_many_arguments)]
+    /// growth, out of memory.
     fn serve_slow<'p>(
         &self,
-        dev: &'p Device<B>,
-        g: &mut Global<B>,
-        shard: &'p Shard<B>,
-        st: &mut ShardState<B>,
-        key: StreamId,
-        stream: &B::Stream,
-        size: u64,
-        rounded: u64,
+        h: &mut Held<'_, 'p, B>,
+        req: &Request<'_, B>,
     ) -> Result<Option<Served<'p, B>>, PoolError> {
+        let Request {
+            key,
+            stream,
+            size,
+            rounded,
+        } = *req;
         let thread = thread_token();
-        st.thread = thread;
-        if let Some(id) = self.take_cached(st, rounded)? {
-            return Ok(Some((shard, key, id, st.mark_live(id, size))));
+        h.st.thread = thread;
+        if let Some(id) = self.take_cached(h.st, rounded)? {
+            return Ok(Some((h.shard, key, id, h.st.mark_live(id, size))));
         }
         // A per-thread default stream never borrows: the fence that a borrowed block's free
         // records on the borrower could then be due on a thread that is not the stream's own
         // (a garbage collector freeing it).
         if self.steal
-            && !st.private
+            && !h.st.private
             && !is_per_thread_key(key)
             && !self.backend.is_capturing(stream)
         {
-            if let Some(served) =
-                self.steal(dev, g, shard, st, key, stream, size, rounded, thread)?
-            {
+            if let Some(served) = self.steal(h, req, thread)? {
                 // Served from another stream's cache: this shard holds no block made on the
                 // stream, so it must not keep a stream its owner may now destroy.
-                self.let_go_if_idle(st);
+                self.let_go_if_idle(h.st);
                 return Ok(Some(served));
             }
         }
         // A request the device (or its limit) could never hold fails at once, before
         // anything is reserved or released.
-        let footprint = policy::round_up(rounded, dev.page.unwrap_or(1)).unwrap_or(u64::MAX);
-        let cause = if g.limit.is_some_and(|l| footprint > l) {
+        let footprint = policy::round_up(rounded, h.dev.page.unwrap_or(1)).unwrap_or(u64::MAX);
+        let cause = if h.g.limit.is_some_and(|l| footprint > l) {
             Some(OomCause::Limit)
-        } else if footprint > dev.info.total_memory {
+        } else if footprint > h.dev.info.total_memory {
             Some(OomCause::DeviceMemory)
         } else {
             None
         };
         if let Some(cause) = cause {
-            return Err(self.out_of_memory(dev, g, shard, st, size, cause));
+            return Err(self.out_of_memory(h, size, cause));
         }
-        let peak_before = g.reserved.peak;
-        let outcome = self.grow_with_recovery(dev, g, shard, st, rounded);
+        let peak_before = h.g.reserved.peak;
+        let outcome = self.grow_with_recovery(h, rounded);
         match outcome {
-            Ok(Ok(id)) => Ok(Some((shard, key, id, st.mark_live(id, size)))),
+            Ok(Ok(id)) => Ok(Some((h.shard, key, id, h.st.mark_live(id, size)))),
             Ok(Err(cause)) => {
                 // Give back whatever this attempt reserved or mapped and is not in use; the
                 // attempt leaves no trace in the peak either.
-                let _ = self.roll_back(dev, g, st);
-                g.reserved.restore_peak(peak_before);
-                Err(self.out_of_memory(dev, g, shard, st, size, cause))
+                let _ = self.roll_back(h);
+                h.g.reserved.restore_peak(peak_before);
+                Err(self.out_of_memory(h, size, cause))
             }
             Err(e) => {
-                let _ = self.roll_back(dev, g, st);
-                g.reserved.restore_peak(peak_before);
+                let _ = self.roll_back(h);
+                h.g.reserved.restore_peak(peak_before);
                 Err(e)
             }
         }
@@ -124,35 +133,31 @@ impl<B: Backend> MemoryPool<B> {
     /// streams' fences, then mapped free blocks of the device's other shards whose streams
     /// this thread drives (`thread`, see the policy). Nothing is
     /// taken when spare pages already cover what this shard's own cache lacks (growing
-    /// then costs no new memory). Device lock and shard lock held.
-    #[allow(clippy::too_many_arguments)]
+    /// then costs no new memory).
     fn steal<'p>(
         &self,
-        dev: &'p Device<B>,
-        g: &mut Global<B>,
-        shard: &'p Shard<B>,
-        st: &mut ShardState<B>,
-        key: StreamId,
-        stream: &B::Stream,
-        size: u64,
-        rounded: u64,
+        h: &mut Held<'_, 'p, B>,
+        req: &Request<'_, B>,
         thread: usize,
     ) -> Result<Option<Served<'p, B>>, PoolError> {
-        if st.has_waitable_pending(&self.backend) {
-            st.stream_wait_pending(&self.backend)?;
-            if let Some(id) = self.take_cached(st, rounded)? {
-                return Ok(Some((shard, key, id, st.mark_live(id, size))));
+        let Request {
+            key,
+            stream,
+            size,
+            rounded,
+        } = *req;
+        if h.st.has_waitable_pending(&self.backend) {
+            h.st.stream_wait_pending(&self.backend)?;
+            if let Some(id) = self.take_cached(h.st, rounded)? {
+                return Ok(Some((h.shard, key, id, h.st.mark_live(id, size))));
             }
         }
-        if let Choice::Fit { unmapped, .. } = st.choose_block(rounded) {
-            if unmapped <= g.spare.len() {
+        if let Choice::Fit { unmapped, .. } = h.st.choose_block(rounded) {
+            if unmapped <= h.g.spare.len() {
                 return Ok(None);
             }
         }
-        for other in dev.shards.iter() {
-            if std::ptr::eq(other, shard) {
-                continue;
-            }
+        for other in h.other_shards() {
             let mut o = other.state.lock();
             if let Some((id, served)) = o.lend(&self.backend, rounded, size, stream, key, thread)? {
                 return Ok(Some((other, o.key, id, served)));

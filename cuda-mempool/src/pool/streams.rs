@@ -1,7 +1,7 @@
 //! Which shard serves a stream: created or adopted at the stream's first request, and
 //! let go of once no block made on the stream is live.
 
-use crate::backend::{Backend, DeviceId, StreamId};
+use crate::backend::{Backend, DeviceId, StreamKey};
 use crate::error::PoolError;
 use crate::policy;
 
@@ -16,7 +16,7 @@ impl<B: Backend> MemoryPool<B> {
         &self,
         dev: &Device<B>,
         table: &ShardTable<B>,
-        key: StreamId,
+        key: StreamKey,
         stream: &B::Stream,
         private: bool,
     ) -> Result<(), PoolError> {

@@ -21,7 +21,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use super::lock::{ShardGuard, ShardLock};
 
 use super::shard::ShardState;
-use crate::backend::{Backend, DeviceId, StreamId};
+use crate::backend::{Backend, DeviceId, StreamKey};
 use crate::policy::SHARDS_PER_TABLE;
 
 /// The state of one (device, stream) pair behind its own lock.
@@ -37,13 +37,13 @@ pub(crate) struct Shard<B: Backend> {
 }
 
 /// The key of retired shards: no stream has it.
-pub(crate) const RETIRED: StreamId = StreamId(u64::MAX);
+pub(crate) const RETIRED: StreamKey = StreamKey(u64::MAX);
 
 impl<B: Backend> Shard<B> {
     /// The key the shard serves now.
     #[inline]
-    pub(crate) fn key(&self) -> StreamId {
-        StreamId(self.key.load(Ordering::Acquire))
+    pub(crate) fn key(&self) -> StreamKey {
+        StreamKey(self.key.load(Ordering::Acquire))
     }
 
     /// Takes a retired shard (see `ShardState::retired`) out of every lookup. Called with
@@ -105,7 +105,7 @@ pub(crate) struct ShardTable<B: Backend> {
 }
 
 /// Spreads stream keys (often pointers, so with zero low bits) over the slots.
-fn slot_of(key: StreamId) -> usize {
+fn slot_of(key: StreamKey) -> usize {
     let h = key.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     // The top bits of the product are the well-mixed ones; SHARDS_PER_TABLE is a
     // power of two no larger than 2^32, so the shift keeps enough of them.
@@ -134,7 +134,7 @@ impl<B: Backend> ShardTable<B> {
 
     /// The shard of `key`, if one exists (its key may change after this returns: check it
     /// under the shard's lock).
-    pub(crate) fn get(&self, key: StreamId) -> Option<&Shard<B>> {
+    pub(crate) fn get(&self, key: StreamKey) -> Option<&Shard<B>> {
         let start = slot_of(key);
         for i in 0..SHARDS_PER_TABLE {
             match self.slots[(start + i) % SHARDS_PER_TABLE].get() {
@@ -150,7 +150,7 @@ impl<B: Backend> ShardTable<B> {
 
     /// The shard of `key` when it sits in its home slot: the hot path.
     #[inline]
-    pub(crate) fn get_home(&self, key: StreamId) -> Option<&Shard<B>> {
+    pub(crate) fn get_home(&self, key: StreamKey) -> Option<&Shard<B>> {
         match self.slots[slot_of(key)].get() {
             Some(shard) if shard.key() == key => Some(shard),
             _ => None,
@@ -167,7 +167,7 @@ impl<B: Backend> ShardTable<B> {
     /// holds [`insert_lock`](Self::insert_lock).
     pub(crate) fn insert(
         &self,
-        key: StreamId,
+        key: StreamKey,
         device: DeviceId,
         page: Option<u64>,
         adoptable: &mut dyn FnMut(&mut ShardState<B>) -> bool,

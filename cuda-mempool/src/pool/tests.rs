@@ -2,40 +2,40 @@ use super::*;
 use crate::sim::{SimCall, SimDevice, SimulatedBackend};
 use crate::stats::Stats;
 
-const MIB: u64 = 1 << 20;
-const S0: StreamId = StreamId(10);
-const S1: StreamId = StreamId(11);
-const S2: StreamId = StreamId(12);
+const MIB: usize = 1 << 20;
+const S0: StreamKey = StreamKey(10);
+const S1: StreamKey = StreamKey(11);
+const S2: StreamKey = StreamKey(12);
 const D0: DeviceId = DeviceId(0);
 
-fn vm_pool(capacity: u64, page: u64) -> MemoryPool<SimulatedBackend> {
+fn vm_pool(capacity: usize, page: usize) -> MemoryPool<SimulatedBackend> {
     MemoryPool::new(SimulatedBackend::new(vec![SimDevice {
-        total_memory: capacity,
-        granularity: Some(page),
+        total_memory: capacity as u64,
+        granularity: Some(page as u64),
     }]))
     .expect("pool")
 }
 
 /// A pool that never steals ([`PoolConfig::steal_before_growing`] off): cross-stream reuse
 /// only after completed fences.
-fn vm_pool_no_steal(capacity: u64, page: u64) -> MemoryPool<SimulatedBackend> {
+fn vm_pool_no_steal(capacity: usize, page: usize) -> MemoryPool<SimulatedBackend> {
     let config = PoolConfig {
         steal_before_growing: false,
         ..PoolConfig::default()
     };
     MemoryPool::with_config(
         SimulatedBackend::new(vec![SimDevice {
-            total_memory: capacity,
-            granularity: Some(page),
+            total_memory: capacity as u64,
+            granularity: Some(page as u64),
         }]),
         config,
     )
     .expect("pool")
 }
 
-fn plain_pool(capacity: u64) -> MemoryPool<SimulatedBackend> {
+fn plain_pool(capacity: usize) -> MemoryPool<SimulatedBackend> {
     MemoryPool::new(SimulatedBackend::new(vec![SimDevice {
-        total_memory: capacity,
+        total_memory: capacity as u64,
         granularity: None,
     }]))
     .expect("pool")
@@ -76,8 +76,8 @@ fn bad_input_is_an_error() {
         })
     ));
     assert!(matches!(
-        pool.malloc(D0, &S0, u64::MAX),
-        Err(PoolError::SizeOverflow { size: u64::MAX })
+        pool.malloc(D0, &S0, usize::MAX),
+        Err(PoolError::SizeOverflow { size: usize::MAX })
     ));
     assert!(matches!(
         pool.set_limit(D0, Limit::Fraction(1.5)),
@@ -224,7 +224,11 @@ fn other_streams_get_memory_only_after_the_fence() {
     let c = pool.malloc(D0, &S1, 8 * MIB).unwrap();
     assert_eq!(pool.total_bytes(), 16 * MIB);
     let c_pages: Vec<u64> = (0..4)
-        .map(|i| sim.translate(D0, c.ptr().0 + i * 2 * MIB).unwrap().0)
+        .map(|i| {
+            sim.translate(D0, c.ptr().0 + (i * 2 * MIB) as u64)
+                .unwrap()
+                .0
+        })
         .collect();
     assert!(c_pages.contains(&a_page), "S0's pages were remapped for S1");
     drop((b, c));
@@ -243,7 +247,7 @@ fn out_of_memory_waits_for_fences_before_failing() {
     let st = pool.stats(D0).unwrap();
     assert_eq!(st.retries, 1);
     assert_eq!(st.ooms, 0);
-    assert_eq!(st.reserved.current, 8 * MIB);
+    assert_eq!(st.reserved.current, (8 * MIB) as u64);
     drop(b);
 }
 
@@ -275,7 +279,7 @@ fn out_of_memory_error_carries_the_figures_and_the_pool_keeps_working() {
     assert_eq!(st.oom_causes.limit, 1);
     assert_eq!(st.oom_causes.total(), st.ooms);
     assert_eq!(st.last_oom, Some(crate::OomCause::Limit));
-    assert!(st.reserved.peak <= 8 * MIB);
+    assert!(st.reserved.peak <= (8 * MIB) as u64);
     let b = pool.malloc(D0, &S0, 2 * MIB).unwrap();
     assert_eq!(pool.used_bytes(), 8 * MIB);
     drop((a, b));
@@ -308,7 +312,7 @@ fn limit_below_usage_is_an_error_that_changes_nothing() {
     pool.set_limit(D0, Limit::Bytes(5 * MIB)).unwrap();
     assert_eq!(pool.get_limit(D0).unwrap(), Some(5 * MIB));
     assert_eq!(pool.total_bytes(), 4 * MIB);
-    assert_eq!(pool.backend().physical_bytes(D0), 4 * MIB);
+    assert_eq!(pool.backend().physical_bytes(D0), (4 * MIB) as u64);
     drop(a);
 }
 
@@ -329,7 +333,7 @@ fn limits_by_fraction_and_from_text() {
     };
     let pool = MemoryPool::with_config(SimulatedBackend::h200(2), config).unwrap();
     let half = crate::sim::H200_TOTAL_MEMORY / 2;
-    assert_eq!(pool.get_limit(DeviceId(1)).unwrap(), Some(half));
+    assert_eq!(pool.get_limit(DeviceId(1)).unwrap(), Some(half as usize));
 }
 
 #[test]
@@ -339,8 +343,8 @@ fn free_all_blocks_returns_free_pages_inside_segments() {
     let a = pool.malloc(D0, &S0, 3 * MIB / 2).unwrap(); // [0, 1.5) MiB: page 0
     let b = pool.malloc(D0, &S0, 5 * MIB).unwrap(); // [1.5, 6.5) MiB: pages 0-3
     let c = pool.malloc(D0, &S0, 3 * MIB / 2).unwrap(); // [6.5, 8) MiB: page 3
-    assert_eq!(b.ptr().0, a.ptr().0 + 3 * MIB / 2);
-    assert_eq!(c.ptr().0, b.ptr().0 + 5 * MIB);
+    assert_eq!(b.ptr().0, a.ptr().0 + (3 * MIB / 2) as u64);
+    assert_eq!(c.ptr().0, b.ptr().0 + (5 * MIB) as u64);
     assert_eq!(pool.total_bytes(), 8 * MIB);
     sim.submit_work(D0, S0);
     drop(b);
@@ -348,7 +352,7 @@ fn free_all_blocks_returns_free_pages_inside_segments() {
     // Pages 1 and 2 ([2, 6) MiB) lie wholly in b's free range and were returned;
     // pages 0 and 3 stay, shared by a and c with b's free range.
     assert_eq!(pool.total_bytes(), 4 * MIB);
-    assert_eq!(sim.physical_bytes(D0), 4 * MIB);
+    assert_eq!(sim.physical_bytes(D0), (4 * MIB) as u64);
     assert_eq!(sim.mapped_pages(D0), 2);
     assert_eq!(
         sim.completed(D0, S0),
@@ -428,7 +432,7 @@ fn pages_are_created_rather_than_moved_within_the_slack_above_the_live_peak() {
     drop(a);
     sim.complete_all(); // its 32 pages are free and fenced: they could move
                         // 1/16 of the live peak: 4 MiB.
-    let slack = 64 * MIB / policy::MOVE_SLACK;
+    let slack = 64 * MIB / policy::MOVE_SLACK as usize;
     // Another stream needs a page: the pool holds 64 MiB, 66 MiB is within the budget of
     // 64 + 4 MiB, so a new page is created and nothing moves.
     let b = pool.malloc(D0, &S1, 2 * MIB).unwrap();
@@ -479,11 +483,11 @@ fn the_move_slack_restarts_after_free_all_blocks_and_ignores_failed_requests() {
     assert_eq!(pool.total_bytes(), 0);
     // 8 MiB live at a time, on one stream after another: the pool follows what is live.
     for k in 0..12u64 {
-        drop(pool.malloc(D0, &StreamId(100 + k), 8 * MIB).unwrap());
+        drop(pool.malloc(D0, &StreamKey(100 + k), 8 * MIB).unwrap());
         sim.complete_all();
     }
     assert!(
-        pool.total_bytes() <= 8 * MIB + 8 * MIB / policy::MOVE_SLACK + 2 * MIB,
+        pool.total_bytes() <= 8 * MIB + 8 * MIB / policy::MOVE_SLACK as usize + 2 * MIB,
         "holds {} MiB for 8 MiB live",
         pool.total_bytes() / MIB
     );
@@ -498,15 +502,15 @@ fn on_a_full_device_the_move_slack_gives_its_pages_back_and_moves_instead() {
     // Two pages wanted, one left on the device: it is not kept, two pages move.
     let b = pool.malloc(D0, &S1, 4 * MIB).unwrap();
     assert_eq!(pool.total_bytes(), 64 * MIB);
-    assert_eq!(sim.physical_bytes(D0), 64 * MIB);
+    assert_eq!(sim.physical_bytes(D0), (64 * MIB) as u64);
     assert_eq!(pool.stats(D0).unwrap().pages_moved, 2);
     assert_eq!(
         pool.stats(D0).unwrap().reserved.peak,
-        64 * MIB,
+        (64 * MIB) as u64,
         "the moment leaves no peak"
     );
     // The device's last page is there for its other users.
-    assert!(sim.allocate(D0, 2 * MIB).unwrap().is_some());
+    assert!(sim.allocate(D0, (2 * MIB) as u64).unwrap().is_some());
     drop(b);
 }
 
@@ -520,7 +524,7 @@ fn free_all_blocks_returns_free_plain_segments() {
     drop((b, c));
     pool.free_all_free().unwrap();
     assert_eq!(pool.total_bytes(), 2 * MIB);
-    assert_eq!(pool.backend().physical_bytes(D0), 2 * MIB);
+    assert_eq!(pool.backend().physical_bytes(D0), (2 * MIB) as u64);
     drop(a);
     pool.free_all_blocks().unwrap();
     assert_eq!(pool.total_bytes(), 0);
@@ -560,9 +564,9 @@ fn record_stream_delays_reuse_until_that_stream_is_done() {
 
 #[test]
 fn a_stream_steals_before_growing_by_waiting_on_the_device() {
-    for page in [Some(2 * MIB), None] {
+    for page in [Some(2 * MIB as u64), None] {
         let pool = MemoryPool::new(SimulatedBackend::new(vec![SimDevice {
-            total_memory: 256 * MIB,
+            total_memory: (256 * MIB) as u64,
             granularity: page,
         }]))
         .unwrap();
@@ -686,25 +690,25 @@ fn stats_track_peaks_and_counts() {
     drop(b);
     let d = pool.malloc(D0, &S0, 100).unwrap();
     let st = pool.stats(D0).unwrap();
-    assert_eq!(st.used.current, 1024 + 512 + 4 * MIB);
+    assert_eq!(st.used.current, (1024 + 512 + 4 * MIB) as u64);
     assert_eq!(
         st.used.peak,
-        (1024 + 2048) + 4 * MIB,
+        ((1024 + 2048) + 4 * MIB) as u64,
         "sum of the shards' peaks"
     );
-    assert_eq!(st.requested.current, 1000 + 100 + 4 * MIB);
+    assert_eq!(st.requested.current, (1000 + 100 + 4 * MIB) as u64);
     assert_eq!(st.active_blocks.current, 3);
     assert_eq!(st.active_blocks.peak, 3);
     assert_eq!(st.allocations, 4);
     assert_eq!(st.frees, 1);
-    assert_eq!(st.reserved.current, 2 * MIB + 4 * MIB);
+    assert_eq!(st.reserved.current, (2 * MIB + 4 * MIB) as u64);
     assert_eq!(st.free_bytes(), st.reserved.current - st.used.current);
     assert!(st.fragmentation() > 0.0 && st.fragmentation() < 1.0);
     let s0 = pool.stream_stats(D0, S0).unwrap();
     assert_eq!(s0.used.peak, 1024 + 2048);
     assert_eq!(s0.active_blocks.peak, 2);
     assert_eq!(
-        pool.stream_stats(D0, StreamId(99)).unwrap(),
+        pool.stream_stats(D0, StreamKey(99)).unwrap(),
         Stats::default()
     );
     assert_eq!(pool.used_bytes() + pool.free_bytes(), pool.total_bytes());
@@ -757,11 +761,11 @@ fn a_generation_jumped_past_u32_still_refuses_stale_handles() {
 fn devices_are_independent() {
     let pool = MemoryPool::new(SimulatedBackend::new(vec![
         SimDevice {
-            total_memory: 16 * MIB,
-            granularity: Some(2 * MIB),
+            total_memory: (16 * MIB) as u64,
+            granularity: Some((2 * MIB) as u64),
         },
         SimDevice {
-            total_memory: 16 * MIB,
+            total_memory: (16 * MIB) as u64,
             granularity: None,
         },
     ]))
@@ -770,8 +774,11 @@ fn devices_are_independent() {
     assert!(!pool.uses_virtual_memory(DeviceId(1)).unwrap());
     let a = pool.malloc(D0, &S0, 16 * MIB).unwrap();
     let b = pool.malloc(DeviceId(1), &S0, 2 * MIB).unwrap();
-    assert_eq!(pool.stats(D0).unwrap().used.current, 16 * MIB);
-    assert_eq!(pool.stats(DeviceId(1)).unwrap().used.current, 2 * MIB);
+    assert_eq!(pool.stats(D0).unwrap().used.current, (16 * MIB) as u64);
+    assert_eq!(
+        pool.stats(DeviceId(1)).unwrap().used.current,
+        (2 * MIB) as u64
+    );
     assert!(matches!(
         pool.malloc(D0, &S1, 512),
         Err(PoolError::OutOfMemory { device: D0, .. })
@@ -783,7 +790,7 @@ fn devices_are_independent() {
 fn many_frees_coalesce_back_into_one_block() {
     let pool = plain_pool(64 * MIB);
     let blocks: Vec<_> = (1..=40u64)
-        .map(|i| pool.malloc(D0, &S0, i * 512).unwrap())
+        .map(|i| pool.malloc(D0, &S0, (i * 512) as usize).unwrap())
         .collect();
     for b in blocks.into_iter().rev().step_by(1) {
         drop(b);
@@ -802,7 +809,7 @@ fn threads_on_their_own_and_on_shared_streams_never_overlap() {
             let (pool, live) = (&pool, &live);
             s.spawn(move || {
                 // Threads 0 and 1 share a stream; 2 and 3 have their own.
-                let stream = StreamId(t.max(1));
+                let stream = StreamKey(t.max(1));
                 let mut mine = Vec::new();
                 let mut x = t + 1;
                 for _ in 0..3000 {
@@ -810,8 +817,8 @@ fn threads_on_their_own_and_on_shared_streams_never_overlap() {
                         .wrapping_mul(6364136223846793005)
                         .wrapping_add(1442695040888963407);
                     if mine.len() < 8 && x % 3 != 0 {
-                        let size = 512 + (x >> 40) % (3 * MIB);
-                        let a = pool.malloc(D0, &stream, size).unwrap();
+                        let size = 512 + (x >> 40) % (3 * MIB) as u64;
+                        let a = pool.malloc(D0, &stream, size as usize).unwrap();
                         let mut l = live.lock().unwrap();
                         let start = a.ptr().0;
                         let end = start + size;
@@ -849,7 +856,7 @@ fn a_dropped_stream_is_released_fenced_and_its_shard_adopted() {
             // The GPU keeps up with every other stream; the others' shards are adopted busy.
             sim.complete_all();
         }
-        let s = StreamId(1000 + i);
+        let s = StreamKey(1000 + i);
         let a = pool.malloc(D0, &s, 3 * MIB).unwrap();
         sim.submit_work(D0, s);
         addrs.push(a.ptr());
@@ -864,15 +871,15 @@ fn a_dropped_stream_is_released_fenced_and_its_shard_adopted() {
         "shards are adopted, not accumulated: {st:?}"
     );
     assert!(st.attached_streams <= 1, "{st:?}");
-    let per_shard = (1u64 << 30) + 256 * MIB; // a small-block range and a large one
+    let per_shard = (1u64 << 30) + (256 * MIB) as u64; // a small-block range and a large one
     assert!(
         st.address_space <= st.shards * per_shard,
         "address space stays bounded: {st:?}"
     );
-    assert!(st.reserved.current <= 16 * MIB, "{st:?}");
+    assert!(st.reserved.current <= (16 * MIB) as u64, "{st:?}");
     // Every dropped stream was destroyed only after the pool let go of it, and never used
     // after (the simulator fails such calls, which would have failed a malloc above).
-    assert!(sim.is_destroyed(StreamId(1000)));
+    assert!(sim.is_destroyed(StreamKey(1000)));
     assert!(sim.calls().stream_released >= 999);
 }
 
@@ -880,7 +887,7 @@ fn a_dropped_stream_is_released_fenced_and_its_shard_adopted() {
 fn a_new_stream_with_a_reused_handle_waits_for_the_old_streams_fence() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let sim = pool.backend();
-    let h = StreamId(0x7f00);
+    let h = StreamKey(0x7f00);
     sim.borrow_stream(h); // a foreign stream, as through the C ABI
     let a = pool.malloc(D0, &h, MIB).unwrap();
     let addr = a.ptr();
@@ -908,7 +915,7 @@ fn a_new_stream_with_a_reused_handle_waits_for_the_old_streams_fence() {
 fn the_pool_never_uses_a_borrowed_stream_after_its_last_block_is_freed() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let sim = pool.backend();
-    let (h1, h2) = (StreamId(0x1000), StreamId(0x2000));
+    let (h1, h2) = (StreamKey(0x1000), StreamKey(0x2000));
     sim.borrow_stream(h1);
     let a = pool.malloc(D0, &h1, 4 * MIB).unwrap();
     sim.submit_work(D0, h1);
@@ -937,7 +944,7 @@ fn out_of_memory_leaves_reserved_bytes_as_they_were() {
             cause, reserved, ..
         }) => {
             assert_eq!(cause, crate::OomCause::DeviceMemory);
-            assert_eq!(reserved, before.reserved.current);
+            assert_eq!(reserved, before.reserved.current as usize);
         }
         other => panic!("{other:?}"),
     }
@@ -976,7 +983,10 @@ fn out_of_memory_in_plain_mode_rolls_back_too() {
         Err(PoolError::OutOfMemory { .. })
     ));
     assert!(pool.total_bytes() <= before);
-    assert_eq!(pool.total_bytes(), pool.backend().physical_bytes(D0));
+    assert_eq!(
+        pool.total_bytes(),
+        pool.backend().physical_bytes(D0) as usize
+    );
     drop(keep);
 }
 
@@ -997,7 +1007,7 @@ fn private_pool_memory_is_reused_only_inside_it_and_released_with_its_holds() {
     let c = pool.malloc(D0, &S0, 4 * MIB).unwrap();
     assert_ne!(c.ptr(), a_addr);
     let under_pressure = pool.malloc(D0, &S1, 200 * MIB).unwrap();
-    let range = under_pressure.ptr().0..under_pressure.ptr().0 + 200 * MIB;
+    let range = under_pressure.ptr().0..under_pressure.ptr().0 + (200 * MIB) as u64;
     assert!(!range.contains(&a_addr.0));
     assert!(pool.has_private_pool(D0, p).unwrap());
     drop((c, under_pressure));
@@ -1006,7 +1016,10 @@ fn private_pool_memory_is_reused_only_inside_it_and_released_with_its_holds() {
     hold.release();
     assert!(!pool.has_private_pool(D0, p).unwrap());
     assert!(pool.total_bytes() < with_private);
-    assert_eq!(pool.total_bytes(), pool.backend().physical_bytes(D0));
+    assert_eq!(
+        pool.total_bytes(),
+        pool.backend().physical_bytes(D0) as usize
+    );
     pool.free_all_blocks().unwrap();
     assert_eq!(pool.total_bytes(), 0);
 }
@@ -1032,7 +1045,7 @@ fn a_record_stream_free_is_covered_by_its_own_streams_detach_fence() {
     // recorded no fence for the owning stream's work on that block.
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let sim = pool.backend();
-    let (a, c) = (StreamId(0x100), StreamId(0x200));
+    let (a, c) = (StreamKey(0x100), StreamKey(0x200));
     sim.borrow_stream(a);
     let x = pool.malloc(D0, &a, MIB).unwrap();
     sim.submit_work(D0, a); // a kernel on A writes the block
@@ -1062,12 +1075,12 @@ fn record_stream_on_a_private_block_is_not_taken_for_its_own_stream() {
     let a = pool.malloc_private(D0, PrivatePoolId(1), &S2, 1).unwrap();
     assert_eq!(
         a.stream(),
-        StreamId(1),
+        StreamKey(1),
         "the private shard key this test is about"
     );
     let p = a.ptr();
-    pool.backend().submit_work(D0, StreamId(1));
-    a.record_stream(&StreamId(1)).unwrap();
+    pool.backend().submit_work(D0, StreamKey(1));
+    a.record_stream(&StreamKey(1)).unwrap();
     a.free().unwrap();
     let b = pool.malloc_private(D0, PrivatePoolId(1), &S2, 1).unwrap();
     assert_ne!(b.ptr(), p, "stream 1 may still use the block");
@@ -1115,15 +1128,18 @@ fn stats_count_streams_shards_and_address_space_reserved_and_mapped() {
     assert_eq!(st.attached_streams, 2);
     let backend = pool.backend();
     assert_eq!(st.address_space, backend.reserved_address_space(D0));
-    assert_eq!(st.mapped, backend.mapped_pages(D0) as u64 * 2 * MIB);
+    assert_eq!(st.mapped, backend.mapped_pages(D0) as u64 * 2 * MIB as u64);
     // 3 MiB and 5 MiB touch two and three 2 MiB pages.
-    assert_eq!(st.mapped, 10 * MIB);
+    assert_eq!(st.mapped, (10 * MIB) as u64);
     assert!(st.mapped <= st.reserved.current && st.mapped <= st.address_space);
 
     // Freed blocks keep their pages mapped in the cache until released.
     drop((a, b));
     let cached = pool.stats(D0).unwrap();
-    assert_eq!(cached.mapped, backend.mapped_pages(D0) as u64 * 2 * MIB);
+    assert_eq!(
+        cached.mapped,
+        backend.mapped_pages(D0) as u64 * 2 * MIB as u64
+    );
     pool.free_all_blocks().unwrap();
     let released = pool.stats(D0).unwrap();
     assert_eq!(released.mapped, 0);
@@ -1134,7 +1150,7 @@ fn stats_count_streams_shards_and_address_space_reserved_and_mapped() {
     let c = plain.malloc(D0, &S0, 3 * MIB).unwrap();
     let st = plain.stats(D0).unwrap();
     assert_eq!(st.mapped, st.reserved.current);
-    assert!(st.mapped >= 3 * MIB);
+    assert!(st.mapped >= (3 * MIB) as u64);
     assert_eq!(st.address_space, 0);
     drop(c);
 }
@@ -1203,7 +1219,7 @@ struct LateSim {
 // SAFETY: every method forwards to the simulated backend, which keeps the contract; the
 // extra `complete_all` only completes work early in the model, which no fence outlives.
 unsafe impl crate::backend::Backend for LateSim {
-    type Stream = StreamId;
+    type Stream = StreamKey;
     type Fence = crate::sim::SimFence;
     type Physical = crate::sim::SimPage;
     type Error = crate::sim::SimError;
@@ -1272,22 +1288,22 @@ unsafe impl crate::backend::Backend for LateSim {
         // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.unmap(d, a, s) }
     }
-    fn stream_key(&self, s: &StreamId) -> Result<StreamId, PoolError> {
+    fn stream_key(&self, s: &StreamKey) -> Result<StreamKey, PoolError> {
         self.inner.stream_key(s)
     }
-    fn may_release_stream(&self, s: &StreamId) -> bool {
+    fn may_release_stream(&self, s: &StreamKey) -> bool {
         self.inner.may_release_stream(s)
     }
-    fn retain_stream(&self, s: &StreamId) -> StreamId {
+    fn retain_stream(&self, s: &StreamKey) -> StreamKey {
         self.inner.retain_stream(s)
     }
-    fn stream_released(&self, s: StreamId) {
+    fn stream_released(&self, s: StreamKey) {
         self.inner.stream_released(s)
     }
-    fn record_fence(&self, d: DeviceId, s: &StreamId) -> Result<Self::Fence, Self::Error> {
+    fn record_fence(&self, d: DeviceId, s: &StreamKey) -> Result<Self::Fence, Self::Error> {
         self.inner.record_fence(d, s)
     }
-    fn synchronize_stream(&self, s: &StreamId) -> Result<(), Self::Error> {
+    fn synchronize_stream(&self, s: &StreamKey) -> Result<(), Self::Error> {
         self.inner.synchronize_stream(s)
     }
     fn fence_completed(&self, f: &Self::Fence) -> Result<bool, Self::Error> {
@@ -1306,12 +1322,12 @@ unsafe impl crate::backend::Backend for LateSim {
     fn stream_wait_fence(
         &self,
         d: DeviceId,
-        s: &StreamId,
+        s: &StreamKey,
         f: &Self::Fence,
     ) -> Result<(), Self::Error> {
         self.inner.stream_wait_fence(d, s, f)
     }
-    fn is_capturing(&self, s: &StreamId) -> bool {
+    fn is_capturing(&self, s: &StreamKey) -> bool {
         self.inner.is_capturing(s)
     }
     fn release_fence(&self, f: Self::Fence) {
@@ -1333,8 +1349,8 @@ fn a_pending_free_completing_while_pages_are_found_leaves_the_claimed_block_alon
         let pool = MemoryPool::with_config(
             LateSim {
                 inner: SimulatedBackend::new(vec![SimDevice {
-                    total_memory: 64 * MIB,
-                    granularity: Some(2 * MIB),
+                    total_memory: (64 * MIB) as u64,
+                    granularity: Some((2 * MIB) as u64),
                 }]),
                 countdown: std::sync::atomic::AtomicI64::new(i64::MAX),
             },
@@ -1359,8 +1375,8 @@ fn a_pending_free_completing_while_pages_are_found_leaves_the_claimed_block_alon
             .countdown
             .store(i64::MAX, std::sync::atomic::Ordering::SeqCst);
         let big = pool.malloc(D0, &S0, 6 * MIB).unwrap();
-        let (r0, r1) = (r.ptr().addr(), r.ptr().addr() + 4 * MIB);
-        let (b0, b1) = (big.ptr().addr(), big.ptr().addr() + 6 * MIB);
+        let (r0, r1) = (r.ptr().addr(), r.ptr().addr() + (4 * MIB) as u64);
+        let (b0, b1) = (big.ptr().addr(), big.ptr().addr() + (6 * MIB) as u64);
         assert!(r1 <= b0 || b1 <= r0, "k={k}: live blocks overlap");
         drop((r, big, c));
     }
@@ -1421,16 +1437,16 @@ fn a_private_shard_let_go_of_during_another_capture_waits_for_the_device_before_
 #[test]
 fn another_threads_per_thread_stream_is_never_used_from_this_thread() {
     // A per-thread key of no thread of this process (serial numbers start at 1).
-    let foreign = StreamId(PER_THREAD_KEY_BIT | (u64::MAX >> 2));
+    let foreign = StreamKey(PER_THREAD_KEY_BIT | (u64::MAX >> 2));
     let own = per_thread_key();
     assert!(is_other_threads_stream(foreign));
     assert!(!is_other_threads_stream(own) && is_per_thread_key(own));
-    assert!(!is_per_thread_key(S0) && !is_per_thread_key(StreamId(0)));
+    assert!(!is_per_thread_key(S0) && !is_per_thread_key(StreamKey(0)));
     // The identities cuda-core gives the streams it creates (bit 63 and a serial number)
     // and external handles (user-space addresses) are never per-thread keys: the H200 run
     // caught the first colliding with an earlier choice of bit.
-    assert!(!is_per_thread_key(StreamId((1 << 63) | 5)));
-    assert!(!is_per_thread_key(StreamId(0x7f12_3456_7000)));
+    assert!(!is_per_thread_key(StreamKey((1 << 63) | 5)));
+    assert!(!is_per_thread_key(StreamKey(0x7f12_3456_7000)));
 
     let pool = vm_pool(8 * MIB, 2 * MIB);
     let sim = pool.backend();
@@ -1520,7 +1536,7 @@ fn per_thread_blocks_freed_by_another_thread_are_reused_by_their_own_thread() {
         });
         let own = per_thread_key();
         for i in 0..2000u64 {
-            let a = pool.malloc(D0, &own, (1 + i % 16) * MIB).unwrap();
+            let a = pool.malloc(D0, &own, (1 + i % 16) as usize * MIB).unwrap();
             sim.submit_work(D0, own);
             tx.send(a.into_raw()).unwrap();
         }
@@ -1529,9 +1545,9 @@ fn per_thread_blocks_freed_by_another_thread_are_reused_by_their_own_thread() {
     });
     let reserved = pool.stats(D0).unwrap().reserved.peak;
     assert!(
-        reserved <= 256 * MIB,
+        reserved <= (256 * MIB) as u64,
         "the owner's cache grew to {} MiB: blocks freed on another thread were not reused",
-        reserved / MIB
+        reserved / MIB as u64
     );
 }
 
@@ -1557,10 +1573,14 @@ fn eight_per_thread_streams_with_a_collector_stay_bounded() {
                 let sim = pool.backend();
                 let mut kept = std::collections::VecDeque::new();
                 for i in 0..400u64 {
-                    let x = pool.malloc(D0, &own, (1 + (i * 7 + t) % 16) * MIB).unwrap();
+                    let x = pool
+                        .malloc(D0, &own, (1 + (i * 7 + t) % 16) as usize * MIB)
+                        .unwrap();
                     sim.submit_work(D0, own);
                     tx.send(x.into_raw()).unwrap();
-                    let y = pool.malloc(D0, &own, (1 + (i * 5 + t) % 16) * MIB).unwrap();
+                    let y = pool
+                        .malloc(D0, &own, (1 + (i * 5 + t) % 16) as usize * MIB)
+                        .unwrap();
                     sim.submit_work(D0, own);
                     kept.push_back(y.into_raw());
                     if kept.len() > 4 {
@@ -1579,9 +1599,9 @@ fn eight_per_thread_streams_with_a_collector_stay_bounded() {
     });
     let s = pool.stats(D0).unwrap();
     assert!(
-        s.reserved.peak <= 8 * 200 * MIB,
+        s.reserved.peak <= (8 * 200 * MIB) as u64,
         "reserved peaked at {} MiB for 8 threads of at most ~7 x 16 MiB live each",
-        s.reserved.peak / MIB
+        s.reserved.peak / MIB as u64
     );
 }
 
@@ -1602,7 +1622,7 @@ impl Watch {
 }
 // SAFETY: forwards (test probe).
 unsafe impl crate::backend::Backend for Watch {
-    type Stream = StreamId;
+    type Stream = StreamKey;
     type Fence = crate::sim::SimFence;
     type Physical = crate::sim::SimPage;
     type Error = crate::sim::SimError;
@@ -1657,22 +1677,22 @@ unsafe impl crate::backend::Backend for Watch {
         // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.unmap(d, a, s) }
     }
-    fn stream_key(&self, s: &StreamId) -> Result<StreamId, PoolError> {
+    fn stream_key(&self, s: &StreamKey) -> Result<StreamKey, PoolError> {
         self.inner.stream_key(s)
     }
-    fn may_release_stream(&self, s: &StreamId) -> bool {
+    fn may_release_stream(&self, s: &StreamKey) -> bool {
         self.inner.may_release_stream(s)
     }
-    fn retain_stream(&self, s: &StreamId) -> StreamId {
+    fn retain_stream(&self, s: &StreamKey) -> StreamKey {
         self.inner.retain_stream(s)
     }
-    fn stream_released(&self, s: StreamId) {
+    fn stream_released(&self, s: StreamKey) {
         self.inner.stream_released(s)
     }
-    fn record_fence(&self, d: DeviceId, s: &StreamId) -> Result<Self::Fence, Self::Error> {
+    fn record_fence(&self, d: DeviceId, s: &StreamKey) -> Result<Self::Fence, Self::Error> {
         self.inner.record_fence(d, s)
     }
-    fn synchronize_stream(&self, s: &StreamId) -> Result<(), Self::Error> {
+    fn synchronize_stream(&self, s: &StreamKey) -> Result<(), Self::Error> {
         self.inner.synchronize_stream(s)
     }
     fn fence_completed(&self, f: &Self::Fence) -> Result<bool, Self::Error> {
@@ -1684,12 +1704,12 @@ unsafe impl crate::backend::Backend for Watch {
     fn stream_wait_fence(
         &self,
         d: DeviceId,
-        s: &StreamId,
+        s: &StreamKey,
         f: &Self::Fence,
     ) -> Result<(), Self::Error> {
         self.inner.stream_wait_fence(d, s, f)
     }
-    fn is_capturing(&self, s: &StreamId) -> bool {
+    fn is_capturing(&self, s: &StreamKey) -> bool {
         self.inner.is_capturing(s)
     }
     fn synchronize_device(&self, d: DeviceId) -> Result<(), Self::Error> {
@@ -1705,7 +1725,7 @@ unsafe impl crate::backend::Backend for Watch {
 /// that used it still runs (it counted a detached shard as fenced).
 #[test]
 fn dropping_the_pool_waits_for_the_work_of_a_retired_shard() {
-    for granularity in [None, Some(2 * MIB)] {
+    for granularity in [None, Some(2 * MIB as u64)] {
         let inner = std::sync::Arc::new(SimulatedBackend::new(vec![SimDevice {
             total_memory: 1 << 30,
             granularity,
@@ -1750,7 +1770,7 @@ impl crate::hooks::MemoryHook for BombHook {
 fn a_hook_panic_payload_that_panics_on_drop_stays_out_of_the_pool() {
     let pool = MemoryPool::new(SimulatedBackend::new(vec![SimDevice {
         total_memory: 1 << 30,
-        granularity: Some(2 * MIB),
+        granularity: Some((2 * MIB) as u64),
     }]))
     .unwrap();
     let escaped = {

@@ -142,7 +142,7 @@ fn run() -> Result<(), BoxError> {
         // The same pair without the capture check and hooks of `malloc_stream` (the generic
         // `MemoryPool::malloc`): the detection's cost is the difference, in the same run.
         let plain = ns_per_call(10_000, 21, 100_000, || {
-            drop(pool.malloc(id, &stream, size as u64).expect("pool malloc"));
+            drop(pool.malloc(id, &stream, size).expect("pool malloc"));
         });
         report.row(
             &format!("pool_pair_without_capture_check_{name}"),
@@ -207,7 +207,7 @@ fn run() -> Result<(), BoxError> {
         let generic = scaling(threads, |i| {
             let s = &streams[i];
             let pool = &pool;
-            move || drop(pool.malloc(id, s, MIB as u64).expect("pool malloc"))
+            move || drop(pool.malloc(id, s, MIB).expect("pool malloc"))
         });
         // One pool per thread: nothing of the pool is shared between the threads.
         let own_pools: Vec<DevicePool> = (0..threads)

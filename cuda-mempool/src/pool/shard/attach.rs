@@ -1,7 +1,7 @@
 //! Holding and letting go of the shard's stream: attach, detach, and the conditions to
 //! adopt an idle shard for another stream.
 
-use crate::backend::{Backend, StreamId};
+use crate::backend::{Backend, StreamKey};
 use crate::error::PoolError;
 
 use super::ShardState;
@@ -126,7 +126,7 @@ impl<B: Backend> ShardState<B> {
         &mut self,
         backend: &B,
         stream: &B::Stream,
-        key: StreamId,
+        key: StreamKey,
     ) -> Result<(), PoolError> {
         self.poll_fences(backend)?;
         if self.epoch > self.safe_epoch {

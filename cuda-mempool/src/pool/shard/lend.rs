@@ -1,7 +1,7 @@
 //! Lending a free block of the shard to another stream's request, before the pool grows
 //! (see [`policy::STEAL_BEFORE_GROWING`]).
 
-use crate::backend::{Backend, StreamId};
+use crate::backend::{Backend, StreamKey};
 use crate::error::PoolError;
 #[cfg(doc)]
 use crate::policy;
@@ -37,7 +37,7 @@ impl<B: Backend> ShardState<B> {
         rounded: u64,
         requested: u64,
         borrower: &B::Stream,
-        borrower_key: StreamId,
+        borrower_key: StreamKey,
         borrower_thread: usize,
     ) -> Result<Option<LentBlock>, PoolError> {
         if self.private || self.retired || self.thread != borrower_thread {

@@ -57,7 +57,7 @@ mod recent;
 
 use std::collections::{BTreeSet, VecDeque};
 
-use crate::backend::{Backend, DeviceId, StreamId};
+use crate::backend::{Backend, DeviceId, StreamKey};
 use crate::error::PoolError;
 use crate::policy::SizeClass;
 use crate::stats::Stats;
@@ -99,7 +99,7 @@ pub(crate) struct Block<S> {
     freed_epoch: u64,
     requested: u64,
     /// Other streams the live block is used on (`record_stream`), kept until its free.
-    extra_streams: Vec<(StreamId, S)>,
+    extra_streams: Vec<(StreamKey, S)>,
     /// Lent to another stream's request ([`ShardState::lend`]): the borrower is the first
     /// of `extra_streams`, and this shard's own stream did not use the block.
     lent: bool,
@@ -132,20 +132,20 @@ struct PendingFree<F> {
     block: u32,
     fences: Vec<FenceSlot<F>>,
     /// A lent block given back ([`ShardState::lend`]): the borrower's key.
-    returned: Option<StreamId>,
+    returned: Option<StreamKey>,
 }
 
 pub(crate) struct ShardState<B: Backend> {
     pub(crate) device: DeviceId,
     /// The key of the stream this shard caches for (changes when a detached shard is
     /// adopted by another stream).
-    pub(crate) key: StreamId,
+    pub(crate) key: StreamKey,
     /// The stream, while attached (see the crate's `backend` module): fences are recorded
     /// on it and it is made to wait only while this is `Some`.
     pub(crate) stream: Option<B::Stream>,
     /// The key of `stream` while attached: `key`, except for a private shard, whose `key`
     /// is a private shard key that may equal some stream's key.
-    stream_key: StreamId,
+    stream_key: StreamKey,
     /// Page size of virtual-memory segments; `0` in plain-segment mode.
     page: u64,
     /// A shard of a private pool (graph capture): its free memory is never given to other
@@ -207,7 +207,7 @@ fn inner_pages(base: u64, page: u64, addr: u64, len: u64) -> (usize, usize) {
 }
 
 impl<B: Backend> ShardState<B> {
-    pub(crate) fn new(device: DeviceId, key: StreamId, page: Option<u64>) -> Self {
+    pub(crate) fn new(device: DeviceId, key: StreamKey, page: Option<u64>) -> Self {
         ShardState {
             device,
             key,
@@ -354,7 +354,7 @@ impl<B: Backend> ShardState<B> {
         id: u32,
         generation: u64,
         stream: &B::Stream,
-        key: StreamId,
+        key: StreamKey,
     ) -> Result<(), PoolError> {
         // The stream the block's own fences are recorded on (not the shard key: a private
         // shard's key may equal another stream's key). Detached, there is none.

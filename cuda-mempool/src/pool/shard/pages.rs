@@ -323,7 +323,6 @@ impl<B: Backend> ShardState<B> {
 /// Maps the pending `run` of `(slot, page)` pairs (consecutive slots) with one
 /// [`Backend::map_run`] call and records them in `pages`; on failure the pages go back to
 /// `spare` and nothing is recorded. Empties `run`.
-#[allow(clippy::too_many_arguments)]
 fn map_run<B: Backend>(
     backend: &B,
     device: DeviceId,
@@ -359,7 +358,7 @@ fn map_run<B: Backend>(
                 spare.push(phys);
             }
         }
-        return Err(PoolError::backend("map")(failure.error));
+        return Err(PoolError::backend("map_run")(failure.error));
     }
     for (i, phys) in run.drain(..) {
         let _ = pages.put(i, phys);
