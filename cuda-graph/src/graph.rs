@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cudars_core::graph::explicit as ex;
 use cudars_core::graph::{GraphExecHandle, GraphHandle, InstantiateFlags, UpdateRefusal};
 use cudars_core::module::{Function, LaunchConfig};
-use cudars_core::sys::{CUcontext, CUgraphNode};
+use cudars_core::sys::{CUcontext, CUgraphNode, CUresult};
 use cudars_core::{Device, DevicePtr, Event, Stream};
 
 use crate::builder::{
@@ -500,6 +500,10 @@ impl GraphExec {
     /// Points copy node `node` at new pitched ends and extent for later launches, checked as
     /// [`GraphBuilder::add_memcpy_3d`](crate::GraphBuilder::add_memcpy_3d) checks them; a
     /// [`GraphAlloc`](crate::GraphAlloc) end is refused as in [`set_memcpy`](Self::set_memcpy).
+    /// When the driver will not change the node in place (driver 580 refuses new ends for a
+    /// 3-D pitched node), the result is [`Error::UpdateRefused`] with
+    /// [`UpdateRefusal::ParametersChanged`] and the node keeps its old parameters: use
+    /// [`update`](Self::update) with a graph built with the new ends.
     pub fn set_memcpy_3d(
         &mut self,
         node: NodeId,
@@ -536,7 +540,23 @@ impl GraphExec {
         let ctx = self.ctx()?;
         // SAFETY: a memcpy node of the graph this was made from; every byte copied lies in
         // both buffers (checked), which this executable graph keeps (installed below).
-        unsafe { self.handle.set_memcpy_params(raw, &params, ctx) }?;
+        match unsafe { self.handle.set_memcpy_params(raw, &params, ctx) } {
+            Ok(()) => {}
+            // The ranges were checked above: what the driver refuses now is the in-place
+            // change itself (driver 580 refuses it for 3-D pitched nodes). The node keeps its
+            // old parameters; a whole-graph update or a new instantiation takes the change.
+            Err(e)
+                if e.driver()
+                    .is_some_and(|d| d.result() == CUresult::CUDA_ERROR_INVALID_VALUE) =>
+            {
+                return Err(Error::UpdateRefused {
+                    refusal: UpdateRefusal::ParametersChanged,
+                    node: Some(node),
+                    from: None,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
         self.replace_owners(Some(node), owners);
         Ok(())
     }

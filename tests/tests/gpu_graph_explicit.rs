@@ -249,21 +249,34 @@ fn pitched_2d_and_3d_copy_nodes() {
     // SAFETY: the launch is complete.
     unsafe { host.read(&mut flat) }.unwrap();
     assert_eq!(flat, data[..64 * 7]);
-    // The 3-D node updated: the same block into another buffer of the same layout (the
-    // driver takes new addresses in an executable copy node, not a new shape or pitch).
+    // The 3-D node pointed at another buffer of the same layout. A driver that takes the
+    // change in place copies into `moved` from now on; one that refuses it (driver 580 does,
+    // for 3-D pitched nodes) must say so as a typed refusal and keep copying into `dst`.
     let moved = t.alloc(dp * dr * slices);
     moved.memset(0).unwrap();
-    exec.set_memcpy_3d(
+    dst.memset(0).unwrap();
+    let updated = exec.set_memcpy_3d(
         n3,
         Pitched::new(&moved, dp, dr),
         Pitched::new(&src, sp, sr),
         e3,
-    )
-    .unwrap();
+    );
+    let target = match updated {
+        Ok(()) => &moved,
+        Err(Error::UpdateRefused {
+            refusal: UpdateRefusal::ParametersChanged,
+            node: Some(n),
+            from: None,
+        }) if n == n3 => {
+            println!("the driver refused the in-place 3-D copy update (typed)");
+            &dst
+        }
+        Err(e) => panic!("unexpected: {e}"),
+    };
     exec.launch(&t.stream).unwrap();
     t.stream.synchronize().unwrap();
-    let mut got = vec![0u8; moved.len()];
-    moved.copy_to_host(&mut got).unwrap();
+    let mut got = vec![0u8; target.len()];
+    target.copy_to_host(&mut got).unwrap();
     for z in 0..slices {
         for r in 0..dr {
             for x in 0..dp {
@@ -275,11 +288,22 @@ fn pitched_2d_and_3d_copy_nodes() {
                 assert_eq!(
                     got[(z * dr + r) * dp + x],
                     want,
-                    "moved: slice {z} row {r} byte {x}"
+                    "after update: slice {z} row {r} byte {x}"
                 );
             }
         }
     }
+    let other = if std::ptr::eq(target, &moved) {
+        &dst
+    } else {
+        &moved
+    };
+    let mut untouched = vec![1u8; other.len()];
+    other.copy_to_host(&mut untouched).unwrap();
+    assert!(
+        untouched.iter().all(|&b| b == 0),
+        "the other buffer was written"
+    );
 }
 
 #[test]
