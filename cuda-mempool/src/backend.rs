@@ -50,15 +50,7 @@
 
 use std::fmt;
 
-/// A device, as the backend numbers them (a `CUdevice` ordinal for the driver backend).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DeviceId(pub u32);
-
-impl fmt::Display for DeviceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
+pub use crate::device_id::DeviceId;
 
 /// The key of a stream's cache in the pool ([`Backend::stream_key`]): for the driver
 /// backend `cudars_core::Stream::identity` (unique for streams `cuda-core` created, the

@@ -42,7 +42,7 @@
 //! # }
 //! ```
 
-use crate::backend::DeviceId;
+use crate::device_id::DeviceId;
 
 /// A limit printed for humans: a byte count, or "none".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -133,6 +133,7 @@
 pub mod allocator;
 pub mod async_pool;
 pub mod backend;
+mod device_id;
 pub mod driver;
 pub mod error;
 pub mod hooks;
