@@ -53,10 +53,12 @@
 //! [`FenceRule::SynchronizeEvery`] after every `n` operations.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backend::{Backend, DeviceId, StreamKey};
 use crate::error::PoolError;
+use crate::history::{Recorder, RecordingBackend, Snapshot};
 use crate::pool::{Allocation, MemoryPool, PoolConfig};
 use crate::sim::SimulatedBackend;
 use crate::stats::Stats;
@@ -295,8 +297,22 @@ pub fn replay_on<B: Backend>(
     device: DeviceId,
     trace: &Trace,
     rule: FenceRule,
+    stream_of: impl FnMut(StreamKey) -> B::Stream,
+    after_alloc: impl FnMut(StreamKey),
+) -> Result<ReplayReport, ReplayError> {
+    replay_with(pool, device, trace, rule, stream_of, after_alloc, None)
+}
+
+/// [`replay_on`], recording every malloc and free (at the operation's index as virtual
+/// time) and an out-of-memory failure into `recorder` when one is given.
+fn replay_with<B: Backend>(
+    pool: &MemoryPool<B>,
+    device: DeviceId,
+    trace: &Trace,
+    rule: FenceRule,
     mut stream_of: impl FnMut(StreamKey) -> B::Stream,
     mut after_alloc: impl FnMut(StreamKey),
+    recorder: Option<&Recorder>,
 ) -> Result<ReplayReport, ReplayError> {
     let mut live: Vec<Option<Allocation<'_, B>>> = Vec::with_capacity(trace.slots);
     live.resize_with(trace.slots, || None);
@@ -305,7 +321,10 @@ pub fn replay_on<B: Backend>(
     let mut streams = std::collections::HashSet::new();
     let mut since_sync = 0u64;
     let start = Instant::now();
-    for op in &trace.ops {
+    for (index, op) in trace.ops.iter().enumerate() {
+        if let Some(r) = recorder {
+            r.set_time(index as u64);
+        }
         match *op {
             TraceOp::Alloc { slot, size, stream } => {
                 let sync = match rule {
@@ -317,7 +336,34 @@ pub fn replay_on<B: Backend>(
                     pool.synchronize_free_blocks()?;
                     since_sync = 0;
                 }
-                let a = pool.malloc(device, &stream_of(stream), size as usize)?;
+                let a = match pool.malloc(device, &stream_of(stream), size as usize) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        if let (
+                            Some(r),
+                            PoolError::OutOfMemory {
+                                used,
+                                reserved,
+                                cause,
+                                ..
+                            },
+                        ) = (recorder, &e)
+                        {
+                            r.out_of_memory(
+                                device,
+                                Some(stream),
+                                size,
+                                *cause,
+                                *used as u64,
+                                *reserved as u64,
+                            );
+                        }
+                        return Err(e.into());
+                    }
+                };
+                if let Some(r) = recorder {
+                    r.malloc(device, stream, size, a.ptr(), None);
+                }
                 after_alloc(stream);
                 streams.insert(stream);
                 requested += size;
@@ -329,6 +375,9 @@ pub fn replay_on<B: Backend>(
             TraceOp::Free { slot } => {
                 if let Some(a) = live.get_mut(slot).and_then(Option::take) {
                     requested -= a.size() as u64;
+                    if let Some(r) = recorder {
+                        r.free(device, a.stream(), a.size() as u64, a.ptr());
+                    }
                     a.free()?;
                 }
             }
@@ -337,6 +386,10 @@ pub fn replay_on<B: Backend>(
     }
     let elapsed = start.elapsed();
     let stats = pool.stats(device)?;
+    if let Some(r) = recorder {
+        // What the pool does when the blocks still live are dropped is not the trace's.
+        r.set_enabled(false);
+    }
     drop(live);
     let ops = trace.ops.len() as u64;
     let peak_reserved = stats.reserved.peak;
@@ -380,6 +433,55 @@ pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport, Re
             }
         },
     )
+}
+
+/// [`replay`], recording into `recorder`: the pool runs on a [`RecordingBackend`] over the
+/// simulated device, so the history holds its segments, pages and cross-stream fences as
+/// well as every malloc and free (virtual time: the operation's index in the trace). Returns
+/// the report and the [`Snapshot`] at the end of the trace, before the blocks still live
+/// are freed. On out of memory the history ends with the failure, and the error is returned.
+///
+/// ```
+/// use std::sync::Arc;
+/// use cudars_mempool::history::{Clock, Recorder};
+/// use cudars_mempool::replay::{parse_trace, replay_recorded, ReplayOptions};
+///
+/// let trace = parse_trace("t", "a 1 1000 0\na 2 3000 1\nf 1\n")?;
+/// let rec = Arc::new(Recorder::new(1 << 16, Clock::Virtual));
+/// let (report, snapshot) = replay_recorded(&trace, &ReplayOptions::default(), &rec)?;
+/// assert_eq!(rec.history().figures().peak_active, report.peak_requested);
+/// assert_eq!(snapshot.live.len(), 1);
+/// # Ok::<(), cudars_mempool::replay::ReplayError>(())
+/// ```
+pub fn replay_recorded(
+    trace: &Trace,
+    options: &ReplayOptions,
+    recorder: &Arc<Recorder>,
+) -> Result<(ReplayReport, Snapshot), ReplayError> {
+    let backend = RecordingBackend::new(SimulatedBackend::h200(1), recorder.clone());
+    let pool = MemoryPool::with_config(backend, options.config)?;
+    let device = DeviceId(0);
+    let sim = pool.backend().inner();
+    let report = replay_with(
+        &pool,
+        device,
+        trace,
+        options.fence_rule,
+        |s| s,
+        |stream| {
+            sim.submit_work(device, stream);
+            if options.device_keeps_up {
+                sim.complete_stream(device, stream);
+            }
+        },
+        Some(recorder),
+    )?;
+    // `replay_with` paused the recorder before dropping the blocks still live at the end,
+    // so the history (and its snapshot) ends with them live.
+    let snapshot = recorder.history().snapshot();
+    drop(pool);
+    recorder.set_enabled(true);
+    Ok((report, snapshot))
 }
 
 /// Loads and replays a trace file (see [`replay`]).

@@ -1,0 +1,388 @@
+//! Memory history: a bounded ring of what the pool and its backend did, a [`Snapshot`] of
+//! what is where, and a self-contained HTML report of both ([`report`]).
+//!
+//! A [`Recorder`] keeps the last [`Recorder::capacity`] [`Event`]s in order; older ones are
+//! dropped and counted ([`History::dropped`]). Each event carries a time (virtual, set by
+//! the caller with [`Recorder::set_time`], or real: nanoseconds since the recorder was
+//! made), the device, the stream, a size, an address and optionally the caller's location.
+//!
+//! Where events come from, in this first slice:
+//! * [`RecordingBackend`] wraps any [`Backend`](crate::Backend) and records what the pool
+//!   asks of it: segments (plain allocations and address ranges), physical pages created,
+//!   mapped, unmapped and released, fences recorded and streams made to wait for another
+//!   stream's fence (a steal or a hand-over);
+//! * the trace replay ([`replay::replay_recorded`](crate::replay::replay_recorded)) records
+//!   every malloc and free, the out-of-memory failure if any (with the pool's used and
+//!   reserved bytes) and produces a [`Snapshot`] at the end;
+//! * [`Recorder::record_limit`] and [`Recorder::record_private_pool`] for code that changes
+//!   a limit or creates and releases a private pool.
+//!
+//! The pool itself does not record yet (it is not wired to a recorder).
+//!
+//! ```
+//! use cudars_mempool::history::{Clock, EventKind, Recorder};
+//! use cudars_mempool::{DeviceAddress, DeviceId, StreamKey};
+//!
+//! let rec = Recorder::new(2, Clock::Virtual);
+//! for i in 0..3u64 {
+//!     rec.set_time(i);
+//!     rec.malloc(DeviceId(0), StreamKey(1), 512, DeviceAddress(0x1000 * (i + 1)), None);
+//! }
+//! let h = rec.history();
+//! assert_eq!(h.events.len(), 2); // the ring keeps the newest two
+//! assert_eq!(h.dropped, 1);
+//! assert_eq!(h.events[0].seq, 1);
+//! assert!(matches!(h.events[1].kind, EventKind::Malloc));
+//! ```
+
+mod backend;
+pub mod report;
+mod snapshot;
+
+use std::collections::VecDeque;
+use std::panic::Location;
+use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
+
+use crate::backend::{DeviceAddress, DeviceId, StreamKey};
+use crate::error::OomCause;
+use crate::pool::PrivatePoolId;
+
+pub use backend::{RecordedPage, RecordingBackend};
+pub use snapshot::{FreeBlock, LiveBlock, PoolTag, Segment, SegmentKind, Snapshot};
+
+/// Where event times come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Clock {
+    /// The caller sets the time ([`Recorder::set_time`]), e.g. the operation index of a
+    /// trace replay.
+    Virtual,
+    /// Nanoseconds since the recorder was made.
+    Real,
+}
+
+/// What happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A block was handed out; `size` is the size asked for.
+    Malloc,
+    /// A block was freed; `size` is the size it was asked for with.
+    Free,
+    /// A plain segment was allocated (`cuMemAlloc`); it holds `size` bytes of memory.
+    SegmentAlloc,
+    /// A plain segment was returned (`cuMemFree`).
+    SegmentFree,
+    /// An address range was reserved (`cuMemAddressReserve`): no memory behind it.
+    RangeReserve,
+    /// An address range was given back (`cuMemAddressFree`).
+    RangeRelease,
+    /// A physical page was created (`cuMemCreate`); `addr` is 0.
+    PageCreate,
+    /// A physical page was released (`cuMemRelease`); `addr` is 0.
+    PageRelease,
+    /// A physical page was mapped at `addr` (`cuMemMap`).
+    PageMap,
+    /// The page at `addr` was unmapped (`cuMemUnmap`).
+    PageUnmap,
+    /// A fence was recorded on `stream` (the hand-over point of its frees).
+    FenceRecord,
+    /// `stream` was made to wait for a fence of another stream on the device: memory
+    /// stolen, or handed over, across streams.
+    StreamWait,
+    /// The device's limit changed; `size` is the new limit (`u64::MAX`: none).
+    LimitChange,
+    /// A private pool was created (a graph capture's).
+    PrivatePoolCreate(PrivatePoolId),
+    /// A private pool was released.
+    PrivatePoolRelease(PrivatePoolId),
+    /// A request of `size` bytes failed: what ran out, and the pool's state then.
+    OutOfMemory {
+        /// What ran out.
+        cause: OomCause,
+        /// Bytes in live blocks on the device.
+        used: u64,
+        /// Physical bytes the pool held on the device.
+        reserved: u64,
+    },
+}
+
+/// One recorded event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// Position in the recording (0 for the first event ever recorded, gapless).
+    pub seq: u64,
+    /// Virtual time, or nanoseconds since the recorder was made ([`Clock`]).
+    pub time: u64,
+    /// The device.
+    pub device: DeviceId,
+    /// The stream, where one is involved.
+    pub stream: Option<StreamKey>,
+    /// Bytes (see [`EventKind`] for each kind's meaning).
+    pub size: u64,
+    /// The address (0 where none).
+    pub addr: DeviceAddress,
+    /// The caller's location, where it was captured.
+    pub location: Option<&'static Location<'static>>,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// A copy of what a recorder holds ([`Recorder::history`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct History {
+    /// The clock of the times.
+    pub clock: Clock,
+    /// The recorded events, oldest first, `seq` increasing by one.
+    pub events: Vec<Event>,
+    /// Events recorded but no longer held: dropped from the front of the full ring, or
+    /// forgotten by [`Recorder::clear`].
+    pub dropped: u64,
+}
+
+/// Figures read off a history (see [`History::figures`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Figures {
+    /// The highest sum of the sizes of live blocks (malloc minus free).
+    pub peak_active: u64,
+    /// The highest physical memory held: plain segments plus created pages.
+    pub peak_reserved: u64,
+    /// Out-of-memory events.
+    pub ooms: u64,
+    /// The time of the last event.
+    pub end_time: u64,
+}
+
+impl History {
+    /// Running sums over the events: active bytes and physical bytes held, with their peaks.
+    /// Only meaningful when nothing was dropped and the recording started with the pool.
+    pub fn figures(&self) -> Figures {
+        let mut f = Figures::default();
+        let (mut active, mut reserved) = (0u64, 0u64);
+        for e in &self.events {
+            match e.kind {
+                EventKind::Malloc => active += e.size,
+                EventKind::Free => active = active.saturating_sub(e.size),
+                EventKind::SegmentAlloc | EventKind::PageCreate => reserved += e.size,
+                EventKind::SegmentFree | EventKind::PageRelease => {
+                    reserved = reserved.saturating_sub(e.size)
+                }
+                EventKind::OutOfMemory { .. } => f.ooms += 1,
+                _ => {}
+            }
+            f.peak_active = f.peak_active.max(active);
+            f.peak_reserved = f.peak_reserved.max(reserved);
+            f.end_time = f.end_time.max(e.time);
+        }
+        f
+    }
+}
+
+struct Ring {
+    events: VecDeque<Event>,
+    next_seq: u64,
+    dropped: u64,
+    time: u64,
+    enabled: bool,
+}
+
+/// A bounded, thread-safe ring of [`Event`]s.
+pub struct Recorder {
+    capacity: usize,
+    clock: Clock,
+    start: Instant,
+    ring: Mutex<Ring>,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("capacity", &self.capacity)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Recorder {
+    /// A recorder keeping the newest `capacity` events (at least one), recording from now on.
+    pub fn new(capacity: usize, clock: Clock) -> Self {
+        let capacity = capacity.max(1);
+        Recorder {
+            capacity,
+            clock,
+            start: Instant::now(),
+            ring: Mutex::new(Ring {
+                events: VecDeque::with_capacity(capacity.min(1 << 16)),
+                next_seq: 0,
+                dropped: 0,
+                time: 0,
+                enabled: true,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The most events kept.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// Pauses (`false`) or resumes (`true`) recording; paused, [`record`](Self::record)
+    /// keeps nothing.
+    pub fn set_enabled(&self, enabled: bool) {
+        self.lock().enabled = enabled;
+    }
+
+    /// Whether recording is on.
+    pub fn is_enabled(&self) -> bool {
+        self.lock().enabled
+    }
+
+    /// Sets the virtual time of the events recorded from now on (ignored by a
+    /// [`Clock::Real`] recorder).
+    pub fn set_time(&self, time: u64) {
+        self.lock().time = time;
+    }
+
+    /// Records one event (its `seq` and `time` are filled in here; the values passed are
+    /// ignored), dropping the oldest if the ring is full.
+    pub fn record(&self, mut event: Event) {
+        let now = match self.clock {
+            Clock::Real => Some(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)),
+            Clock::Virtual => None,
+        };
+        let mut ring = self.lock();
+        if !ring.enabled {
+            return;
+        }
+        event.seq = ring.next_seq;
+        event.time = now.unwrap_or(ring.time);
+        ring.next_seq += 1;
+        if ring.events.len() == self.capacity {
+            ring.events.pop_front();
+            ring.dropped += 1;
+        }
+        ring.events.push_back(event);
+    }
+
+    /// Records an event of `kind` from its parts.
+    pub fn event(
+        &self,
+        kind: EventKind,
+        device: DeviceId,
+        stream: Option<StreamKey>,
+        size: u64,
+        addr: DeviceAddress,
+        location: Option<&'static Location<'static>>,
+    ) {
+        self.record(Event {
+            seq: 0,
+            time: 0,
+            device,
+            stream,
+            size,
+            addr,
+            location,
+            kind,
+        });
+    }
+
+    /// Records a malloc of `size` bytes at `addr` on `stream`.
+    pub fn malloc(
+        &self,
+        device: DeviceId,
+        stream: StreamKey,
+        size: u64,
+        addr: DeviceAddress,
+        location: Option<&'static Location<'static>>,
+    ) {
+        self.event(EventKind::Malloc, device, Some(stream), size, addr, location);
+    }
+
+    /// Records the free of the block of `size` bytes at `addr`, made on `stream`.
+    pub fn free(&self, device: DeviceId, stream: StreamKey, size: u64, addr: DeviceAddress) {
+        self.event(EventKind::Free, device, Some(stream), size, addr, None);
+    }
+
+    /// Records a limit change (`None`: no limit), with the caller's location.
+    #[track_caller]
+    pub fn record_limit(&self, device: DeviceId, limit: Option<u64>) {
+        self.event(
+            EventKind::LimitChange,
+            device,
+            None,
+            limit.unwrap_or(u64::MAX),
+            DeviceAddress(0),
+            Some(Location::caller()),
+        );
+    }
+
+    /// Records the creation (`created`) or release of a private pool, with the caller's
+    /// location.
+    #[track_caller]
+    pub fn record_private_pool(
+        &self,
+        device: DeviceId,
+        stream: Option<StreamKey>,
+        id: PrivatePoolId,
+        created: bool,
+    ) {
+        let kind = if created {
+            EventKind::PrivatePoolCreate(id)
+        } else {
+            EventKind::PrivatePoolRelease(id)
+        };
+        self.event(kind, device, stream, 0, DeviceAddress(0), Some(Location::caller()));
+    }
+
+    /// Records an out-of-memory failure of a request of `requested` bytes.
+    pub fn out_of_memory(
+        &self,
+        device: DeviceId,
+        stream: Option<StreamKey>,
+        requested: u64,
+        cause: OomCause,
+        used: u64,
+        reserved: u64,
+    ) {
+        self.event(
+            EventKind::OutOfMemory {
+                cause,
+                used,
+                reserved,
+            },
+            device,
+            stream,
+            requested,
+            DeviceAddress(0),
+            None,
+        );
+    }
+
+    /// A copy of the events held, oldest first.
+    pub fn history(&self) -> History {
+        let ring = self.lock();
+        History {
+            clock: self.clock,
+            events: ring.events.iter().copied().collect(),
+            dropped: ring.dropped,
+        }
+    }
+
+    /// Forgets every event held (sequence numbers go on).
+    pub fn clear(&self) {
+        let mut ring = self.lock();
+        ring.dropped += ring.events.len() as u64;
+        ring.events.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,481 @@
+//! A self-contained HTML report of a [`History`]: one file, inline SVG and a few lines of
+//! inline JavaScript for hovering, nothing loaded from the network.
+//!
+//! It shows:
+//! * active memory over time, stacked by allocation: the largest
+//!   [`ReportOptions::max_blocks`] blocks each as a band (hovering shows size, stream, call
+//!   site and lifetime), the rest as one grey band on top;
+//! * physical memory held (reserved) against active memory;
+//! * out-of-memory events, as red lines on both charts;
+//! * the figures, and a summary of the [`Snapshot`] at the end.
+//!
+//! Time runs over [`ReportOptions::columns`] columns; a column shows the most the grey band
+//! and the lines reached within it, so short peaks stay visible. The exact peaks are in the
+//! figures and in the embedded data (`<script id="memviz-data" type="application/json">`).
+//!
+//! ```
+//! use cudars_mempool::history::{report, Clock, Recorder};
+//! use cudars_mempool::{DeviceAddress, DeviceId, StreamKey};
+//!
+//! let rec = Recorder::new(100, Clock::Virtual);
+//! rec.malloc(DeviceId(0), StreamKey(1), 4096, DeviceAddress(0x1000), None);
+//! rec.set_time(1);
+//! rec.free(DeviceId(0), StreamKey(1), 4096, DeviceAddress(0x1000));
+//! let h = rec.history();
+//! let page = report::html(&h, &h.snapshot(), &report::ReportOptions::default());
+//! assert!(page.contains("\"peak_active\":4096"));
+//! assert!(!page.contains("http://") && !page.contains("https://"));
+//! ```
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use super::{EventKind, History, Snapshot};
+
+/// How to draw the report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReportOptions {
+    /// The page's title.
+    pub title: String,
+    /// The most blocks drawn as bands of their own (the largest); the rest share one band.
+    pub max_blocks: usize,
+    /// Columns of the time axis.
+    pub columns: usize,
+}
+
+impl Default for ReportOptions {
+    fn default() -> Self {
+        ReportOptions {
+            title: "memory history".to_string(),
+            max_blocks: 400,
+            columns: 600,
+        }
+    }
+}
+
+/// One block's life, `end` exclusive (`u64::MAX`: live at the end).
+struct Life {
+    start: u64,
+    end: u64,
+    size: u64,
+    stream: u64,
+    site: String,
+    addr: u64,
+}
+
+const WIDTH: f64 = 1000.0;
+const HEIGHT: f64 = 300.0;
+const LEFT: f64 = 70.0;
+
+/// Escapes text for HTML.
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A JSON string literal, safe inside a `<script>` element.
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            '<' => o.push_str("\\u003c"),
+            '>' => o.push_str("\\u003e"),
+            '&' => o.push_str("\\u0026"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// Bytes for humans.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// The report page for `history` and the `snapshot` taken at its end.
+pub fn html(history: &History, snapshot: &Snapshot, options: &ReportOptions) -> String {
+    let figures = history.figures();
+    let t_end = figures.end_time.saturating_add(1);
+    let columns = options.columns.clamp(1, 4096) as u64;
+    let cols = columns.min(t_end).max(1);
+    let col = |t: u64| -> usize { ((u128::from(t) * u128::from(cols)) / u128::from(t_end)) as usize };
+    let x = |c: usize| LEFT + c as f64 * (WIDTH - LEFT) / cols as f64;
+
+    // Block lives, and the running sums per column.
+    let mut lives: Vec<Life> = Vec::new();
+    let mut open: HashMap<(u32, u64), usize> = HashMap::new();
+    let n = cols as usize;
+    let (mut active_max, mut reserved_max) = (vec![0u64; n], vec![0u64; n]);
+    let (mut active, mut reserved) = (0u64, 0u64);
+    let mut ooms: Vec<(u64, u64, u64, u64, String)> = Vec::new();
+    let mut streams: Vec<u64> = Vec::new();
+    for e in &history.events {
+        let c = col(e.time).min(n - 1);
+        match e.kind {
+            EventKind::Malloc => {
+                active += e.size;
+                let stream = e.stream.map_or(0, |s| s.0);
+                if !streams.contains(&stream) {
+                    streams.push(stream);
+                }
+                open.insert((e.device.0, e.addr.0), lives.len());
+                lives.push(Life {
+                    start: e.time,
+                    end: u64::MAX,
+                    size: e.size,
+                    stream,
+                    site: e
+                        .location
+                        .map_or_else(|| "(not recorded)".to_string(), |l| l.to_string()),
+                    addr: e.addr.0,
+                });
+            }
+            EventKind::Free => {
+                active = active.saturating_sub(e.size);
+                if let Some(i) = open.remove(&(e.device.0, e.addr.0)) {
+                    lives[i].end = e.time;
+                }
+            }
+            EventKind::SegmentAlloc | EventKind::PageCreate => reserved += e.size,
+            EventKind::SegmentFree | EventKind::PageRelease => {
+                reserved = reserved.saturating_sub(e.size)
+            }
+            EventKind::OutOfMemory {
+                cause,
+                used,
+                reserved,
+            } => ooms.push((e.time, e.size, used, reserved, cause.to_string())),
+            _ => {}
+        }
+        active_max[c] = active_max[c].max(active);
+        reserved_max[c] = reserved_max[c].max(reserved);
+    }
+    // Carry the level across columns without events.
+    for i in 1..n {
+        if active_max[i] == 0 && reserved_max[i] == 0 {
+            active_max[i] = active_max[i - 1];
+            reserved_max[i] = reserved_max[i - 1];
+        }
+    }
+
+    // The largest blocks get bands, in order of allocation.
+    let mut order: Vec<usize> = (0..lives.len()).collect();
+    order.sort_by(|&a, &b| lives[b].size.cmp(&lives[a].size).then(a.cmp(&b)));
+    order.truncate(options.max_blocks);
+    order.sort_unstable();
+    let span = |l: &Life| -> (usize, usize) {
+        let last = if l.end == u64::MAX {
+            n - 1
+        } else {
+            col(l.end.saturating_sub(1).max(l.start)).min(n - 1)
+        };
+        (col(l.start).min(n - 1), last)
+    };
+    // Per column: the bands' stacked top; each band's (column, offset) changes.
+    let mut top = vec![0u64; n];
+    let mut bands: Vec<(usize, Vec<(usize, u64)>)> = Vec::with_capacity(order.len());
+    for &i in &order {
+        let (c0, c1) = span(&lives[i]);
+        let mut pts: Vec<(usize, u64)> = Vec::new();
+        for (c, t) in top.iter_mut().enumerate().take(c1 + 1).skip(c0) {
+            if pts.last().map(|p| p.1) != Some(*t) {
+                pts.push((c, *t));
+            }
+            *t += lives[i].size;
+        }
+        bands.push((i, pts));
+    }
+    let band_sum: Vec<u64> = top.clone();
+    let other: Vec<u64> = (0..n)
+        .map(|c| active_max[c].saturating_sub(band_sum[c]))
+        .collect();
+    let y_max = (0..n)
+        .map(|c| band_sum[c] + other[c])
+        .chain(reserved_max.iter().copied())
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let y = |v: u64| HEIGHT - 10.0 - (v as f64 / y_max) * (HEIGHT - 30.0);
+
+    let mut svg1 = String::new();
+    let _ = write!(
+        svg1,
+        "<svg id=\"stack\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"100%\" role=\"img\" aria-label=\"active memory stacked by allocation\">"
+    );
+    axes(&mut svg1, y_max, &y, t_end);
+    for (k, (i, pts)) in bands.iter().enumerate() {
+        let l = &lives[*i];
+        let (_, c1) = span(l);
+        let mut points = String::new();
+        // Upper edge forwards, lower edge backwards, as steps.
+        let mut upper = Vec::new();
+        for (j, &(c, off)) in pts.iter().enumerate() {
+            let next = pts.get(j + 1).map_or(c1 + 1, |p| p.0);
+            upper.push((x(c), y(off + l.size)));
+            upper.push((x(next), y(off + l.size)));
+        }
+        let mut lower = Vec::new();
+        for (j, &(c, off)) in pts.iter().enumerate() {
+            let next = pts.get(j + 1).map_or(c1 + 1, |p| p.0);
+            lower.push((x(c), y(off)));
+            lower.push((x(next), y(off)));
+        }
+        lower.reverse();
+        for (px, py) in upper.iter().chain(lower.iter()) {
+            let _ = write!(points, "{px:.1},{py:.1} ");
+        }
+        let hue = (l.stream.wrapping_mul(97) % 360) as f64;
+        let light = 45 + (k * 37 % 30);
+        let _ = write!(
+            svg1,
+            "<polygon data-i=\"{k}\" points=\"{}\" fill=\"hsl({hue},60%,{light}%)\" stroke=\"#fff\" stroke-width=\"0.2\"/>",
+            points.trim_end()
+        );
+    }
+    // The other blocks, on top of the bands.
+    let mut pts = String::new();
+    for c in 0..n {
+        let _ = write!(
+            pts,
+            "{:.1},{:.1} {:.1},{:.1} ",
+            x(c),
+            y(band_sum[c] + other[c]),
+            x(c + 1),
+            y(band_sum[c] + other[c])
+        );
+    }
+    for c in (0..n).rev() {
+        let _ = write!(
+            pts,
+            "{:.1},{:.1} {:.1},{:.1} ",
+            x(c + 1),
+            y(band_sum[c]),
+            x(c),
+            y(band_sum[c])
+        );
+    }
+    let _ = write!(
+        svg1,
+        "<polygon data-i=\"other\" points=\"{}\" fill=\"#bbb\"/>",
+        pts.trim_end()
+    );
+    oom_lines(&mut svg1, &ooms, &x, &col, n);
+    svg1.push_str("</svg>");
+
+    let mut svg2 = String::new();
+    let _ = write!(
+        svg2,
+        "<svg id=\"lines\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"100%\" role=\"img\" aria-label=\"reserved and active memory\">"
+    );
+    axes(&mut svg2, y_max, &y, t_end);
+    for (series, colour, name) in [
+        (&reserved_max, "#d62728", "reserved"),
+        (&active_max, "#1f77b4", "active"),
+    ] {
+        let mut p = String::new();
+        for (c, v) in series.iter().enumerate() {
+            let _ = write!(
+                p,
+                "{:.1},{:.1} {:.1},{:.1} ",
+                x(c),
+                y(*v),
+                x(c + 1),
+                y(*v)
+            );
+        }
+        let _ = write!(
+            svg2,
+            "<polyline class=\"{name}\" points=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\"/>",
+            p.trim_end()
+        );
+    }
+    oom_lines(&mut svg2, &ooms, &x, &col, n);
+    svg2.push_str("</svg>");
+
+    // The embedded data: figures, and what hovering shows.
+    let mut data = String::new();
+    let _ = write!(
+        data,
+        "{{\"title\":{},\"clock\":{},\"events\":{},\"dropped\":{},\"end_time\":{},\"peak_active\":{},\"peak_reserved\":{},\"ooms\":[",
+        json_str(&options.title),
+        json_str(match history.clock {
+            super::Clock::Virtual => "virtual",
+            super::Clock::Real => "ns",
+        }),
+        history.events.len(),
+        history.dropped,
+        figures.end_time,
+        figures.peak_active,
+        figures.peak_reserved,
+    );
+    for (j, (t, size, used, res, cause)) in ooms.iter().enumerate() {
+        let sep = if j == 0 { "" } else { "," };
+        let _ = write!(
+            data,
+            "{sep}{{\"time\":{t},\"requested\":{size},\"used\":{used},\"reserved\":{res},\"cause\":{}}}",
+            json_str(cause)
+        );
+    }
+    data.push_str("],\"blocks\":[");
+    for (k, (i, _)) in bands.iter().enumerate() {
+        let l = &lives[*i];
+        let sep = if k == 0 { "" } else { "," };
+        let end = if l.end == u64::MAX {
+            "null".to_string()
+        } else {
+            l.end.to_string()
+        };
+        let _ = write!(
+            data,
+            "{sep}[{},{},{end},{},{},{}]",
+            l.size,
+            l.start,
+            l.stream,
+            json_str(&format!("{:#x}", l.addr)),
+            json_str(&l.site)
+        );
+    }
+    data.push_str("]}");
+
+    let free_bytes: u64 = snapshot.free.iter().map(|f| f.size).sum();
+    let largest_free = snapshot.free.iter().map(|f| f.size).max().unwrap_or(0);
+    let oom_text = if ooms.is_empty() {
+        "none".to_string()
+    } else {
+        ooms.iter()
+            .map(|o| {
+                format!(
+                    "at {} asking {} ({}; used {}, reserved {})",
+                    o.0,
+                    human(o.1),
+                    o.4,
+                    human(o.2),
+                    human(o.3)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let title = esc(&options.title);
+    let clock = match history.clock {
+        super::Clock::Virtual => "time: operation index",
+        super::Clock::Real => "time: ns since recording began",
+    };
+    format!(
+        r#"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body{{font:14px system-ui,sans-serif;margin:1.5em;max-width:1100px;color:#222}}
+table{{border-collapse:collapse}}td{{padding:2px 10px 2px 0}}
+#tip{{position:fixed;display:none;background:#fffbe8;border:1px solid #888;padding:4px 8px;font:12px monospace;pointer-events:none;white-space:pre}}
+polygon[data-i]:hover{{opacity:.7}}
+</style></head><body>
+<h1>{title}</h1>
+<table>
+<tr><td>events</td><td>{events} ({dropped} dropped)</td></tr>
+<tr><td>peak active</td><td>{peak_active} ({peak_active_b} bytes)</td></tr>
+<tr><td>peak reserved</td><td>{peak_reserved} ({peak_reserved_b} bytes)</td></tr>
+<tr><td>streams</td><td>{streams}</td></tr>
+<tr><td>out of memory</td><td>{oom_text}</td></tr>
+<tr><td>at the end</td><td>{live} live blocks ({live_bytes}), {segments} segments ({backed} backed), {nfree} free blocks ({free_bytes}, largest {largest_free})</td></tr>
+</table>
+<h2>Active memory, stacked by allocation</h2>
+<p>The {bands} largest blocks as bands in allocation order (colour by stream), the other {others} blocks in grey on top; {clock}, 0 to {t_end}; red lines: out of memory. Hover for details.</p>
+{svg1}
+<h2>Reserved against active memory</h2>
+<p><span style="color:#d62728">reserved</span>: physical memory the pool holds (plain segments and created pages); <span style="color:#1f77b4">active</span>: bytes in live blocks.</p>
+{svg2}
+<div id="tip"></div>
+<script id="memviz-data" type="application/json">{data}</script>
+<script>
+(function(){{
+var d=JSON.parse(document.getElementById('memviz-data').textContent);
+var tip=document.getElementById('tip');
+function h(b){{var u=['B','KiB','MiB','GiB','TiB'],i=0;while(b>=1024&&i<4){{b/=1024;i++;}}return (i?b.toFixed(1):b)+' '+u[i];}}
+document.getElementById('stack').addEventListener('mousemove',function(e){{
+var i=e.target.getAttribute&&e.target.getAttribute('data-i');
+if(i===null||i===undefined){{tip.style.display='none';return;}}
+var t;
+if(i==='other'){{t='other blocks (too small to draw each)';}}else{{
+var b=d.blocks[+i];
+t='size    '+h(b[0])+' ('+b[0]+' B)\nstream  '+b[3]+'\naddress '+b[4]+'\nsite    '+b[5]+'\nlife    '+b[1]+' .. '+(b[2]===null?'end':b[2]);}}
+tip.textContent=t;tip.style.display='block';tip.style.left=(e.clientX+12)+'px';tip.style.top=(e.clientY+12)+'px';}});
+document.getElementById('stack').addEventListener('mouseleave',function(){{tip.style.display='none';}});
+}})();
+</script>
+</body></html>
+"#,
+        events = history.events.len(),
+        dropped = history.dropped,
+        peak_active = human(figures.peak_active),
+        peak_active_b = figures.peak_active,
+        peak_reserved = human(figures.peak_reserved),
+        peak_reserved_b = figures.peak_reserved,
+        streams = streams.len(),
+        live = snapshot.live.len(),
+        live_bytes = human(snapshot.active_bytes()),
+        segments = snapshot.segments.len(),
+        backed = human(snapshot.backed_bytes()),
+        nfree = snapshot.free.len(),
+        free_bytes = human(free_bytes),
+        largest_free = human(largest_free),
+        bands = bands.len(),
+        others = lives.len() - bands.len(),
+    )
+}
+
+/// The y axis with a few labelled lines, and the x axis's ends.
+fn axes(svg: &mut String, y_max: f64, y: &dyn Fn(u64) -> f64, t_end: u64) {
+    for k in 0..=4u64 {
+        let v = (y_max * k as f64 / 4.0) as u64;
+        let py = y(v);
+        let _ = write!(
+            svg,
+            "<line x1=\"{LEFT}\" x2=\"{WIDTH}\" y1=\"{py:.1}\" y2=\"{py:.1}\" stroke=\"#eee\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\">{}</text>",
+            LEFT - 4.0,
+            py + 3.0,
+            esc(&human(v))
+        );
+    }
+    let _ = write!(
+        svg,
+        "<text x=\"{LEFT}\" y=\"{HEIGHT}\" font-size=\"10\">0</text><text x=\"{WIDTH}\" y=\"{HEIGHT}\" font-size=\"10\" text-anchor=\"end\">{t_end}</text>"
+    );
+}
+
+fn oom_lines(
+    svg: &mut String,
+    ooms: &[(u64, u64, u64, u64, String)],
+    x: &dyn Fn(usize) -> f64,
+    col: &dyn Fn(u64) -> usize,
+    n: usize,
+) {
+    for o in ooms {
+        let px = x(col(o.0).min(n - 1));
+        let _ = write!(
+            svg,
+            "<line class=\"oom\" x1=\"{px:.1}\" x2=\"{px:.1}\" y1=\"0\" y2=\"{HEIGHT}\" stroke=\"red\" stroke-width=\"1.5\"><title>out of memory: {} asked, {}</title></line>",
+            esc(&human(o.1)),
+            esc(&o.4)
+        );
+    }
+}

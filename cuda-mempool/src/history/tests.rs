@@ -1,0 +1,223 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::pool::{Limit, MemoryPool};
+use crate::replay::{load_trace, parse_trace, replay_recorded, ReplayOptions};
+use crate::sim::SimulatedBackend;
+
+const D: DeviceId = DeviceId(0);
+
+#[test]
+fn ring_keeps_the_newest_in_order() {
+    let rec = Recorder::new(4, Clock::Virtual);
+    for i in 0..10u64 {
+        rec.set_time(100 + i);
+        rec.malloc(D, StreamKey(i % 3), i, DeviceAddress(i << 12), None);
+    }
+    let h = rec.history();
+    assert_eq!(h.events.len(), 4);
+    assert_eq!(h.dropped, 6);
+    let seqs: Vec<u64> = h.events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, vec![6, 7, 8, 9]);
+    let times: Vec<u64> = h.events.iter().map(|e| e.time).collect();
+    assert_eq!(times, vec![106, 107, 108, 109]);
+    assert_eq!(h.events[3].size, 9);
+    assert_eq!(h.events[3].stream, Some(StreamKey(0)));
+    rec.clear();
+    assert!(rec.history().events.is_empty());
+    assert_eq!(rec.history().dropped, 10);
+    rec.free(D, StreamKey(1), 1, DeviceAddress(0x1000));
+    assert_eq!(rec.history().events[0].seq, 10);
+}
+
+#[test]
+fn capacity_zero_keeps_one_and_pause_keeps_none() {
+    let rec = Recorder::new(0, Clock::Real);
+    assert_eq!(rec.capacity(), 1);
+    rec.set_enabled(false);
+    rec.malloc(D, StreamKey(1), 1, DeviceAddress(1), None);
+    assert!(rec.history().events.is_empty());
+    rec.set_enabled(true);
+    rec.malloc(D, StreamKey(1), 1, DeviceAddress(1), None);
+    rec.malloc(D, StreamKey(1), 2, DeviceAddress(2), None);
+    let h = rec.history();
+    assert_eq!(h.events.len(), 1);
+    assert_eq!(h.events[0].size, 2);
+    // Paused events take no sequence number.
+    assert_eq!(h.events[0].seq, 1);
+}
+
+#[test]
+fn real_clock_is_monotonic_across_threads() {
+    let rec = Arc::new(Recorder::new(10_000, Clock::Real));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let rec = rec.clone();
+            std::thread::spawn(move || {
+                for i in 0..500u64 {
+                    rec.malloc(D, StreamKey(t), 512, DeviceAddress((t << 32) | (i << 9)), None);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let h = rec.history();
+    assert_eq!(h.events.len(), 2000);
+    for w in h.events.windows(2) {
+        assert_eq!(w[1].seq, w[0].seq + 1);
+        assert!(w[1].time >= w[0].time);
+    }
+    assert_eq!(h.figures().peak_active, 2000 * 512);
+}
+
+#[test]
+fn locations_and_kinds() {
+    let rec = Recorder::new(16, Clock::Virtual);
+    rec.record_limit(D, Some(1 << 30));
+    let line = line!() - 1;
+    rec.record_private_pool(D, Some(StreamKey(3)), PrivatePoolId(7), true);
+    rec.record_private_pool(D, None, PrivatePoolId(7), false);
+    rec.out_of_memory(D, Some(StreamKey(3)), 99, OomCause::Limit, 5, 6);
+    let h = rec.history();
+    let loc = h.events[0].location.unwrap();
+    assert_eq!(loc.file(), file!());
+    assert_eq!(loc.line(), line);
+    assert_eq!(h.events[0].kind, EventKind::LimitChange);
+    assert_eq!(h.events[0].size, 1 << 30);
+    assert_eq!(h.events[1].kind, EventKind::PrivatePoolCreate(PrivatePoolId(7)));
+    assert_eq!(h.events[2].kind, EventKind::PrivatePoolRelease(PrivatePoolId(7)));
+    assert_eq!(
+        h.events[3].kind,
+        EventKind::OutOfMemory {
+            cause: OomCause::Limit,
+            used: 5,
+            reserved: 6
+        }
+    );
+    assert_eq!(h.figures().ooms, 1);
+}
+
+/// A scripted sequence on a recorded pool: the snapshot holds exactly the blocks live.
+#[test]
+fn snapshot_after_a_script() {
+    let rec = Arc::new(Recorder::new(1 << 12, Clock::Virtual));
+    let pool = MemoryPool::new(RecordingBackend::new(SimulatedBackend::h200(1), rec.clone()))
+        .unwrap();
+    let s1 = StreamKey(1);
+    let s2 = StreamKey(2);
+    let mut blocks = Vec::new();
+    for (i, (stream, size)) in [(s1, 1000u64), (s1, 3 << 20), (s2, 4096), (s1, 512), (s2, 50 << 20)]
+        .into_iter()
+        .enumerate()
+    {
+        rec.set_time(i as u64);
+        let a = pool.malloc(D, &stream, size as usize).unwrap();
+        rec.malloc(D, stream, size, a.ptr(), None);
+        blocks.push(a);
+    }
+    rec.set_time(10);
+    let freed = blocks.remove(1);
+    rec.free(D, freed.stream(), freed.size() as u64, freed.ptr());
+    freed.free().unwrap();
+
+    let h = rec.history();
+    let snap = h.snapshot();
+    let mut expected: Vec<(u64, u64, StreamKey)> = blocks
+        .iter()
+        .map(|b| (b.ptr().0, b.size() as u64, b.stream()))
+        .collect();
+    expected.sort();
+    let got: Vec<(u64, u64, StreamKey)> =
+        snap.live.iter().map(|b| (b.addr.0, b.size, b.stream)).collect();
+    assert_eq!(got, expected);
+    assert_eq!(snap.active_bytes(), 1000 + 4096 + 512 + (50 << 20));
+    // The segments' memory is what the pool holds; the free blocks are that memory outside
+    // the live blocks, and lie inside segments.
+    let stats = pool.stats(D).unwrap();
+    assert_eq!(snap.backed_bytes(), stats.reserved.current);
+    let live_rounded: u64 = snap.live.iter().map(|b| b.size.div_ceil(512) * 512).sum();
+    let free: u64 = snap.free.iter().map(|f| f.size).sum();
+    assert_eq!(free + live_rounded, snap.backed_bytes());
+    for f in &snap.free {
+        assert!(snap
+            .segments
+            .iter()
+            .any(|s| s.base.0 <= f.addr.0 && f.addr.0 + f.size <= s.base.0 + s.size));
+        assert!(f.stream.is_some());
+    }
+    // Before the free, the freed block was live.
+    assert_eq!(h.snapshot_at(4).live.len(), 5);
+    assert_eq!(h.figures().peak_reserved, stats.reserved.peak);
+    assert!(h.events.iter().any(|e| e.kind == EventKind::PageMap));
+    drop(blocks);
+}
+
+/// Out of memory in a recorded replay: the history ends with it, with the pool's figures.
+#[test]
+fn replay_records_out_of_memory() {
+    let trace = parse_trace("oom", "a 1 40000000 0\na 2 40000000 1\na 3 40000000 0\n").unwrap();
+    let mut options = ReplayOptions::default();
+    options.config.limit = Limit::Bytes(96 << 20);
+    let rec = Arc::new(Recorder::new(1 << 12, Clock::Virtual));
+    assert!(replay_recorded(&trace, &options, &rec).is_err());
+    let h = rec.history();
+    let oom = h
+        .events
+        .iter()
+        .find(|e| matches!(e.kind, EventKind::OutOfMemory { .. }))
+        .expect("an out-of-memory event");
+    assert_eq!(oom.time, 2);
+    assert_eq!(oom.size, 40_000_000);
+    let EventKind::OutOfMemory { used, reserved, .. } = oom.kind else {
+        unreachable!()
+    };
+    assert!(used >= 80_000_000 && reserved <= 96 << 20);
+    let page = report::html(&h, &h.snapshot(), &report::ReportOptions::default());
+    assert!(page.contains("class=\"oom\""));
+}
+
+fn traces() -> Vec<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
+    let mut v: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "trace"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Every trace in `../../shared/traces`: the recorded history's peaks equal the replay's, and so do the
+/// figures embedded in the report.
+#[test]
+fn recorded_replay_peaks_match_the_report() {
+    let paths = traces();
+    // The two public traces are required: a missing one fails, never passes silently.
+    for name in ["lm_varlen", "multistream"] {
+        assert!(
+            paths.iter().any(|p| p.file_stem().is_some_and(|s| s == name)),
+            "trace {name}.trace is required in ../../shared/traces"
+        );
+    }
+    for path in paths {
+        let trace = load_trace(&path).unwrap();
+        let rec = Arc::new(Recorder::new(1 << 22, Clock::Virtual));
+        let (report, snapshot) =
+            replay_recorded(&trace, &ReplayOptions::default(), &rec).unwrap();
+        let h = rec.history();
+        assert_eq!(h.dropped, 0);
+        let f = h.figures();
+        assert_eq!(f.peak_active, report.peak_requested, "{}", trace.name);
+        assert_eq!(f.peak_reserved, report.peak_reserved, "{}", trace.name);
+        assert_eq!(snapshot.backed_bytes(), report.stats.reserved.current);
+        let page = report::html(&h, &snapshot, &report::ReportOptions::default());
+        assert!(page.contains(&format!("\"peak_active\":{}", report.peak_requested)));
+        assert!(page.contains(&format!("\"peak_reserved\":{}", report.peak_reserved)));
+        assert!(page.len() < 500 << 10, "{}: {} bytes", trace.name, page.len());
+    }
+}
