@@ -9,6 +9,7 @@
 //! | `rtc-bindings` | regenerates `cuda-rtc-sys/src/generated/rtc.rs` from the `nvrtc.h` and `nvJitLink.h` found |
 //! | `gpu-bundle [--headers SET]` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh`; with `--headers 13.5`, from those headers into `target/gpu-bundle-13.5/` |
 //! | `replay [TRACE...]` | replays allocation traces (default `../shared/traces/*.trace`) through MemoryPool on the simulated backend |
+//! | `memviz TRACE --out FILE.html` | replays a trace through MemoryPool on the simulated backend with a history recorder and writes the self-contained HTML report (`cudars_mempool::history::report`) |
 //! | `bench-report DIR` | `results.csv` + `peers.csv` of one benchmark run -> `bench/results/REPORT.md` and SVG plots |
 //!
 //! Arguments are parsed by hand: five commands and three flags, where an argument parser would
@@ -52,6 +53,7 @@ fn main() -> ExitCode {
         Some("rtc-bindings") => rtc::bindings(),
         Some("gpu-bundle") => headers::gpu_bundle_args(&args[1..]),
         Some("replay") => replay(&args[1..]),
+        Some("memviz") => memviz(&args[1..]),
         Some("bench-report") => match args.get(1) {
             Some(dir) => report::bench_report(std::path::Path::new(dir)),
             None => {
@@ -60,7 +62,7 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|check-common|gpu-bundle [--headers 12.4]|replay [TRACE...]|bench-report DIR>"
+                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|check-common|gpu-bundle [--headers 12.4]|replay [TRACE...]|memviz TRACE --out FILE.html|bench-report DIR>"
             );
             return ExitCode::from(2);
         }
@@ -319,6 +321,43 @@ fn replay(traces: &[String]) -> Result<()> {
     ];
     args.extend(files.iter().map(String::as_str));
     cargo(&args, &[])
+}
+
+/// `memviz TRACE --out FILE.html`: runs the `memviz` example of cudars-mempool (release), with
+/// both paths made absolute so they mean what they meant where `cargo xtask` was run.
+fn memviz(args: &[String]) -> Result<()> {
+    let usage = "usage: cargo xtask memviz TRACE --out FILE.html";
+    let (mut trace, mut out) = (None, None);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--out" | "-o" => out = it.next(),
+            _ if trace.is_none() => trace = Some(a),
+            _ => return fail(&format!("unexpected argument {a:?}; {usage}")),
+        }
+    }
+    let (Some(trace), Some(out)) = (trace, out) else {
+        return fail(usage);
+    };
+    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let trace = cwd.join(trace).to_string_lossy().into_owned();
+    let out = cwd.join(out).to_string_lossy().into_owned();
+    cargo(
+        &[
+            "run",
+            "--quiet",
+            "--release",
+            "-p",
+            "cudars-mempool",
+            "--example",
+            "memviz",
+            "--",
+            &trace,
+            "--out",
+            &out,
+        ],
+        &[],
+    )
 }
 
 /// The other header sets (see `headers::ci_set`).

@@ -303,7 +303,14 @@ impl Recorder {
         addr: DeviceAddress,
         location: Option<&'static Location<'static>>,
     ) {
-        self.event(EventKind::Malloc, device, Some(stream), size, addr, location);
+        self.event(
+            EventKind::Malloc,
+            device,
+            Some(stream),
+            size,
+            addr,
+            location,
+        );
     }
 
     /// Records the free of the block of `size` bytes at `addr`, made on `stream`.
@@ -339,7 +346,14 @@ impl Recorder {
         } else {
             EventKind::PrivatePoolRelease(id)
         };
-        self.event(kind, device, stream, 0, DeviceAddress(0), Some(Location::caller()));
+        self.event(
+            kind,
+            device,
+            stream,
+            0,
+            DeviceAddress(0),
+            Some(Location::caller()),
+        );
     }
 
     /// Records an out-of-memory failure of a request of `requested` bytes.

@@ -2,15 +2,15 @@
 //! inline JavaScript for hovering, nothing loaded from the network.
 //!
 //! It shows:
-//! * active memory over time, stacked by allocation: the largest
-//!   [`ReportOptions::max_blocks`] blocks each as a band (hovering shows size, stream, call
-//!   site and lifetime), the rest as one grey band on top;
+//! * active memory over time, stacked by allocation: the [`ReportOptions::max_blocks`]
+//!   blocks that weigh most (bytes times lifetime) each as a band at exact times (hovering
+//!   shows size, stream, call site and lifetime), over a grey area of all active memory;
 //! * physical memory held (reserved) against active memory;
 //! * out-of-memory events, as red lines on both charts;
 //! * the figures, and a summary of the [`Snapshot`] at the end.
 //!
-//! Time runs over [`ReportOptions::columns`] columns; a column shows the most the grey band
-//! and the lines reached within it, so short peaks stay visible. The exact peaks are in the
+//! The grey area and the lines run over [`ReportOptions::columns`] columns, each showing the
+//! most reached within it, so short peaks stay visible. The exact peaks are in the
 //! figures and in the embedded data (`<script id="memviz-data" type="application/json">`).
 //!
 //! ```
@@ -37,7 +37,7 @@ use super::{EventKind, History, Snapshot};
 pub struct ReportOptions {
     /// The page's title.
     pub title: String,
-    /// The most blocks drawn as bands of their own (the largest); the rest share one band.
+    /// The most blocks drawn as bands of their own (those of most bytes times lifetime).
     pub max_blocks: usize,
     /// Columns of the time axis.
     pub columns: usize,
@@ -117,7 +117,8 @@ pub fn html(history: &History, snapshot: &Snapshot, options: &ReportOptions) -> 
     let t_end = figures.end_time.saturating_add(1);
     let columns = options.columns.clamp(1, 4096) as u64;
     let cols = columns.min(t_end).max(1);
-    let col = |t: u64| -> usize { ((u128::from(t) * u128::from(cols)) / u128::from(t_end)) as usize };
+    let col =
+        |t: u64| -> usize { ((u128::from(t) * u128::from(cols)) / u128::from(t_end)) as usize };
     let x = |c: usize| LEFT + c as f64 * (WIDTH - LEFT) / cols as f64;
 
     // Block lives, and the running sums per column.
@@ -177,44 +178,52 @@ pub fn html(history: &History, snapshot: &Snapshot, options: &ReportOptions) -> 
         }
     }
 
-    // The largest blocks get bands, in order of allocation.
+    // The blocks that weigh most (bytes times lifetime) get bands, stacked in order of
+    // allocation at exact times: a band steps down when an earlier band ends.
+    let end_of = |l: &Life| l.end.min(t_end);
     let mut order: Vec<usize> = (0..lives.len()).collect();
-    order.sort_by(|&a, &b| lives[b].size.cmp(&lives[a].size).then(a.cmp(&b)));
+    let weight =
+        |l: &Life| u128::from(l.size) * u128::from(end_of(l).saturating_sub(l.start).max(1));
+    order.sort_by(|&a, &b| weight(&lives[b]).cmp(&weight(&lives[a])).then(a.cmp(&b)));
     order.truncate(options.max_blocks);
     order.sort_unstable();
-    let span = |l: &Life| -> (usize, usize) {
-        let last = if l.end == u64::MAX {
-            n - 1
-        } else {
-            col(l.end.saturating_sub(1).max(l.start)).min(n - 1)
-        };
-        (col(l.start).min(n - 1), last)
-    };
-    // Per column: the bands' stacked top; each band's (column, offset) changes.
-    let mut top = vec![0u64; n];
-    let mut bands: Vec<(usize, Vec<(usize, u64)>)> = Vec::with_capacity(order.len());
-    for &i in &order {
-        let (c0, c1) = span(&lives[i]);
-        let mut pts: Vec<(usize, u64)> = Vec::new();
-        for (c, t) in top.iter_mut().enumerate().take(c1 + 1).skip(c0) {
-            if pts.last().map(|p| p.1) != Some(*t) {
-                pts.push((c, *t));
+    // Each band: (life, [(time, offset)]) with the offset from that time on.
+    let mut bands: Vec<(usize, Vec<(u64, u64)>)> = Vec::with_capacity(order.len());
+    for (k, &i) in order.iter().enumerate() {
+        let l = &lives[i];
+        let (s0, e0) = (l.start, end_of(l));
+        let mut offset = 0u64;
+        let mut ends: Vec<(u64, u64)> = Vec::new();
+        for &j in &order[..k] {
+            let o = &lives[j];
+            let oe = end_of(o);
+            if o.start <= s0 && oe > s0 {
+                offset += o.size;
+                if oe < e0 {
+                    ends.push((oe, o.size));
+                }
             }
-            *t += lives[i].size;
+        }
+        ends.sort_unstable();
+        let mut pts = vec![(s0, offset)];
+        for (t, size) in ends {
+            offset -= size;
+            match pts.last_mut() {
+                Some(p) if p.0 == t => p.1 = offset,
+                _ => pts.push((t, offset)),
+            }
         }
         bands.push((i, pts));
     }
-    let band_sum: Vec<u64> = top.clone();
-    let other: Vec<u64> = (0..n)
-        .map(|c| active_max[c].saturating_sub(band_sum[c]))
-        .collect();
-    let y_max = (0..n)
-        .map(|c| band_sum[c] + other[c])
-        .chain(reserved_max.iter().copied())
+    let y_max = active_max
+        .iter()
+        .chain(reserved_max.iter())
+        .copied()
         .max()
         .unwrap_or(0)
         .max(1) as f64;
     let y = |v: u64| HEIGHT - 10.0 - (v as f64 / y_max) * (HEIGHT - 30.0);
+    let xt = |t: u64| LEFT + t as f64 * (WIDTH - LEFT) / t_end as f64;
 
     let mut svg1 = String::new();
     let _ = write!(
@@ -222,62 +231,54 @@ pub fn html(history: &History, snapshot: &Snapshot, options: &ReportOptions) -> 
         "<svg id=\"stack\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"100%\" role=\"img\" aria-label=\"active memory stacked by allocation\">"
     );
     axes(&mut svg1, y_max, &y, t_end);
+    // All active memory, per column at its most, in grey: what the bands leave uncovered
+    // is the other blocks'.
+    let mut pts = format!("{:.1},{:.1} ", x(0), y(0));
+    for (c, v) in active_max.iter().enumerate() {
+        let _ = write!(
+            pts,
+            "{:.1},{:.1} {:.1},{:.1} ",
+            x(c),
+            y(*v),
+            x(c + 1),
+            y(*v)
+        );
+    }
+    let _ = write!(pts, "{:.1},{:.1}", x(n), y(0));
+    let _ = write!(
+        svg1,
+        "<polygon data-i=\"other\" points=\"{pts}\" fill=\"#c8c8c8\"/>"
+    );
     for (k, (i, pts)) in bands.iter().enumerate() {
         let l = &lives[*i];
-        let (_, c1) = span(l);
-        let mut points = String::new();
-        // Upper edge forwards, lower edge backwards, as steps.
+        let e0 = end_of(l);
         let mut upper = Vec::new();
-        for (j, &(c, off)) in pts.iter().enumerate() {
-            let next = pts.get(j + 1).map_or(c1 + 1, |p| p.0);
-            upper.push((x(c), y(off + l.size)));
-            upper.push((x(next), y(off + l.size)));
-        }
         let mut lower = Vec::new();
-        for (j, &(c, off)) in pts.iter().enumerate() {
-            let next = pts.get(j + 1).map_or(c1 + 1, |p| p.0);
-            lower.push((x(c), y(off)));
-            lower.push((x(next), y(off)));
+        // A band at least one column wide, so that short lives stay visible.
+        let min_right = xt(l.start) + (WIDTH - LEFT) / n as f64;
+        for (j, &(t, off)) in pts.iter().enumerate() {
+            let right = match pts.get(j + 1) {
+                Some(p) => xt(p.0),
+                None => xt(e0).max(min_right).min(WIDTH),
+            };
+            upper.push((xt(t), y(off + l.size)));
+            upper.push((right, y(off + l.size)));
+            lower.push((xt(t), y(off)));
+            lower.push((right, y(off)));
         }
         lower.reverse();
+        let mut points = String::new();
         for (px, py) in upper.iter().chain(lower.iter()) {
             let _ = write!(points, "{px:.1},{py:.1} ");
         }
         let hue = (l.stream.wrapping_mul(97) % 360) as f64;
-        let light = 45 + (k * 37 % 30);
+        let light = 40 + (k * 37 % 30);
         let _ = write!(
             svg1,
-            "<polygon data-i=\"{k}\" points=\"{}\" fill=\"hsl({hue},60%,{light}%)\" stroke=\"#fff\" stroke-width=\"0.2\"/>",
+            "<polygon data-i=\"{k}\" points=\"{}\" fill=\"hsl({hue},65%,{light}%)\" stroke=\"#fff\" stroke-width=\"0.2\"/>",
             points.trim_end()
         );
     }
-    // The other blocks, on top of the bands.
-    let mut pts = String::new();
-    for c in 0..n {
-        let _ = write!(
-            pts,
-            "{:.1},{:.1} {:.1},{:.1} ",
-            x(c),
-            y(band_sum[c] + other[c]),
-            x(c + 1),
-            y(band_sum[c] + other[c])
-        );
-    }
-    for c in (0..n).rev() {
-        let _ = write!(
-            pts,
-            "{:.1},{:.1} {:.1},{:.1} ",
-            x(c + 1),
-            y(band_sum[c]),
-            x(c),
-            y(band_sum[c])
-        );
-    }
-    let _ = write!(
-        svg1,
-        "<polygon data-i=\"other\" points=\"{}\" fill=\"#bbb\"/>",
-        pts.trim_end()
-    );
     oom_lines(&mut svg1, &ooms, &x, &col, n);
     svg1.push_str("</svg>");
 
@@ -293,14 +294,7 @@ pub fn html(history: &History, snapshot: &Snapshot, options: &ReportOptions) -> 
     ] {
         let mut p = String::new();
         for (c, v) in series.iter().enumerate() {
-            let _ = write!(
-                p,
-                "{:.1},{:.1} {:.1},{:.1} ",
-                x(c),
-                y(*v),
-                x(c + 1),
-                y(*v)
-            );
+            let _ = write!(p, "{:.1},{:.1} {:.1},{:.1} ", x(c), y(*v), x(c + 1), y(*v));
         }
         let _ = write!(
             svg2,
@@ -399,7 +393,7 @@ polygon[data-i]:hover{{opacity:.7}}
 <tr><td>at the end</td><td>{live} live blocks ({live_bytes}), {segments} segments ({backed} backed), {nfree} free blocks ({free_bytes}, largest {largest_free})</td></tr>
 </table>
 <h2>Active memory, stacked by allocation</h2>
-<p>The {bands} largest blocks as bands in allocation order (colour by stream), the other {others} blocks in grey on top; {clock}, 0 to {t_end}; red lines: out of memory. Hover for details.</p>
+<p>The {bands} blocks that weigh most (bytes times lifetime) as bands stacked in allocation order (colour by stream); grey: all active memory, at its most within each column, so what the bands leave grey is the other {others} blocks'; {clock}, 0 to {t_end}; red lines: out of memory. Hover for details.</p>
 {svg1}
 <h2>Reserved against active memory</h2>
 <p><span style="color:#d62728">reserved</span>: physical memory the pool holds (plain segments and created pages); <span style="color:#1f77b4">active</span>: bytes in live blocks.</p>

@@ -206,7 +206,10 @@ fn build<'a>(events: impl Iterator<Item = &'a Event>, time: u64) -> Snapshot {
     }
     for seg in segments.values_mut() {
         if seg.kind == SegmentKind::Virtual {
-            let (lo, hi) = ((seg.device.0, seg.base.0), (seg.device.0, seg.base.0 + seg.size));
+            let (lo, hi) = (
+                (seg.device.0, seg.base.0),
+                (seg.device.0, seg.base.0 + seg.size),
+            );
             seg.pages = pages
                 .range(lo..hi)
                 .map(|(&(_, a), &s)| (DeviceAddress(a), s))

@@ -55,7 +55,13 @@ fn real_clock_is_monotonic_across_threads() {
             let rec = rec.clone();
             std::thread::spawn(move || {
                 for i in 0..500u64 {
-                    rec.malloc(D, StreamKey(t), 512, DeviceAddress((t << 32) | (i << 9)), None);
+                    rec.malloc(
+                        D,
+                        StreamKey(t),
+                        512,
+                        DeviceAddress((t << 32) | (i << 9)),
+                        None,
+                    );
                 }
             })
         })
@@ -86,8 +92,14 @@ fn locations_and_kinds() {
     assert_eq!(loc.line(), line);
     assert_eq!(h.events[0].kind, EventKind::LimitChange);
     assert_eq!(h.events[0].size, 1 << 30);
-    assert_eq!(h.events[1].kind, EventKind::PrivatePoolCreate(PrivatePoolId(7)));
-    assert_eq!(h.events[2].kind, EventKind::PrivatePoolRelease(PrivatePoolId(7)));
+    assert_eq!(
+        h.events[1].kind,
+        EventKind::PrivatePoolCreate(PrivatePoolId(7))
+    );
+    assert_eq!(
+        h.events[2].kind,
+        EventKind::PrivatePoolRelease(PrivatePoolId(7))
+    );
     assert_eq!(
         h.events[3].kind,
         EventKind::OutOfMemory {
@@ -103,14 +115,23 @@ fn locations_and_kinds() {
 #[test]
 fn snapshot_after_a_script() {
     let rec = Arc::new(Recorder::new(1 << 12, Clock::Virtual));
-    let pool = MemoryPool::new(RecordingBackend::new(SimulatedBackend::h200(1), rec.clone()))
-        .unwrap();
+    let pool = MemoryPool::new(RecordingBackend::new(
+        SimulatedBackend::h200(1),
+        rec.clone(),
+    ))
+    .unwrap();
     let s1 = StreamKey(1);
     let s2 = StreamKey(2);
     let mut blocks = Vec::new();
-    for (i, (stream, size)) in [(s1, 1000u64), (s1, 3 << 20), (s2, 4096), (s1, 512), (s2, 50 << 20)]
-        .into_iter()
-        .enumerate()
+    for (i, (stream, size)) in [
+        (s1, 1000u64),
+        (s1, 3 << 20),
+        (s2, 4096),
+        (s1, 512),
+        (s2, 50 << 20),
+    ]
+    .into_iter()
+    .enumerate()
     {
         rec.set_time(i as u64);
         let a = pool.malloc(D, &stream, size as usize).unwrap();
@@ -129,8 +150,11 @@ fn snapshot_after_a_script() {
         .map(|b| (b.ptr().0, b.size() as u64, b.stream()))
         .collect();
     expected.sort();
-    let got: Vec<(u64, u64, StreamKey)> =
-        snap.live.iter().map(|b| (b.addr.0, b.size, b.stream)).collect();
+    let got: Vec<(u64, u64, StreamKey)> = snap
+        .live
+        .iter()
+        .map(|b| (b.addr.0, b.size, b.stream))
+        .collect();
     assert_eq!(got, expected);
     assert_eq!(snap.active_bytes(), 1000 + 4096 + 512 + (50 << 20));
     // The segments' memory is what the pool holds; the free blocks are that memory outside
@@ -200,15 +224,16 @@ fn recorded_replay_peaks_match_the_report() {
     // The two public traces are required: a missing one fails, never passes silently.
     for name in ["lm_varlen", "multistream"] {
         assert!(
-            paths.iter().any(|p| p.file_stem().is_some_and(|s| s == name)),
+            paths
+                .iter()
+                .any(|p| p.file_stem().is_some_and(|s| s == name)),
             "trace {name}.trace is required in ../../shared/traces"
         );
     }
     for path in paths {
         let trace = load_trace(&path).unwrap();
         let rec = Arc::new(Recorder::new(1 << 22, Clock::Virtual));
-        let (report, snapshot) =
-            replay_recorded(&trace, &ReplayOptions::default(), &rec).unwrap();
+        let (report, snapshot) = replay_recorded(&trace, &ReplayOptions::default(), &rec).unwrap();
         let h = rec.history();
         assert_eq!(h.dropped, 0);
         let f = h.figures();
@@ -218,6 +243,11 @@ fn recorded_replay_peaks_match_the_report() {
         let page = report::html(&h, &snapshot, &report::ReportOptions::default());
         assert!(page.contains(&format!("\"peak_active\":{}", report.peak_requested)));
         assert!(page.contains(&format!("\"peak_reserved\":{}", report.peak_reserved)));
-        assert!(page.len() < 500 << 10, "{}: {} bytes", trace.name, page.len());
+        assert!(
+            page.len() < 500 << 10,
+            "{}: {} bytes",
+            trace.name,
+            page.len()
+        );
     }
 }
