@@ -462,6 +462,10 @@ pub fn replay_recorded(
     let pool = MemoryPool::with_config(backend, options.config)?;
     let device = DeviceId(0);
     let sim = pool.backend().inner();
+    if let Some(limit) = pool.get_limit(device)? {
+        recorder.set_time(0);
+        recorder.record_limit(device, Some(limit as u64));
+    }
     let report = replay_with(
         &pool,
         device,

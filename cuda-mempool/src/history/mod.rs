@@ -254,16 +254,16 @@ impl Recorder {
     /// Records one event (its `seq` and `time` are filled in here; the values passed are
     /// ignored), dropping the oldest if the ring is full.
     pub fn record(&self, mut event: Event) {
-        let now = match self.clock {
-            Clock::Real => Some(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)),
-            Clock::Virtual => None,
-        };
         let mut ring = self.lock();
         if !ring.enabled {
             return;
         }
         event.seq = ring.next_seq;
-        event.time = now.unwrap_or(ring.time);
+        // Read under the lock, so that times never decrease along the sequence.
+        event.time = match self.clock {
+            Clock::Real => u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX),
+            Clock::Virtual => ring.time,
+        };
         ring.next_seq += 1;
         if ring.events.len() == self.capacity {
             ring.events.pop_front();

@@ -187,6 +187,8 @@ fn replay_records_out_of_memory() {
     let rec = Arc::new(Recorder::new(1 << 12, Clock::Virtual));
     assert!(replay_recorded(&trace, &options, &rec).is_err());
     let h = rec.history();
+    assert_eq!(h.events[0].kind, EventKind::LimitChange);
+    assert_eq!(h.events[0].size, 96 << 20);
     let oom = h
         .events
         .iter()
