@@ -1,5 +1,6 @@
 //! Memory history: a bounded ring of what the pool and its backend did, a [`Snapshot`] of
-//! what is where, and a self-contained HTML report of both ([`report`]).
+//! what is where, a self-contained HTML report of both ([`report`]) and their export to
+//! PyTorch's memory snapshot pickle ([`torch`]), which PyTorch's memory viewer opens.
 //!
 //! A [`Recorder`] keeps the last [`Recorder::capacity`] [`Event`]s in order; older ones are
 //! dropped and counted ([`History::dropped`]). Each event carries a time (virtual, set by
@@ -38,6 +39,7 @@
 mod backend;
 pub mod report;
 mod snapshot;
+pub mod torch;
 
 use std::collections::VecDeque;
 use std::panic::Location;

@@ -253,3 +253,77 @@ fn recorded_replay_peaks_match_the_report() {
         );
     }
 }
+
+/// The PyTorch snapshot of a replayed shared trace, loaded by Python's own `pickle`: the keys
+/// are there, each segment's blocks add up to its size and the segments to the reserved
+/// bytes, and the running sum of the trace's `alloc` / `free_completed` entries peaks at the
+/// replay's peak. Python 3 is required (it is on CI): without it the test fails.
+#[test]
+fn history_torch_snapshot_loads_in_python() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/traces/multistream.trace");
+    let trace =
+        load_trace(&path).unwrap_or_else(|e| panic!("trace {} is required: {e}", path.display()));
+    let rec = Arc::new(Recorder::new(1 << 22, Clock::Virtual));
+    let (report, snapshot) = replay_recorded(&trace, &ReplayOptions::default(), &rec).unwrap();
+    let h = rec.history();
+    assert_eq!(h.dropped, 0);
+    let bytes = torch::torch_snapshot(&h, &snapshot);
+    let file = std::env::temp_dir().join(format!(
+        "cudars-torch-snapshot-{}.pickle",
+        std::process::id()
+    ));
+    std::fs::write(&file, &bytes).unwrap();
+    let script = r#"
+import pickle, sys
+d = pickle.load(open(sys.argv[1], "rb"))
+reserved, peak, live = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+assert set(d) >= {"segments", "device_traces"}, sorted(d)
+keys = {"device", "address", "total_size", "allocated_size", "active_size",
+        "requested_size", "stream", "segment_type", "blocks"}
+for s in d["segments"]:
+    assert keys <= set(s), sorted(s)
+    assert s["segment_type"] in ("small", "large")
+    assert sum(b["size"] for b in s["blocks"]) == s["total_size"], s["address"]
+    act = [b for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert sum(b["size"] for b in act) == s["allocated_size"]
+    assert sum(b["requested_size"] for b in act) == s["requested_size"]
+    for b in s["blocks"]:
+        assert s["address"] <= b["address"] < s["address"] + max(s["total_size"], 1) or s["is_expandable"]
+        assert b["state"] in ("active_allocated", "inactive")
+total = sum(s["total_size"] for s in d["segments"])
+assert total == reserved, (total, reserved)
+requested = sum(s["requested_size"] for s in d["segments"])
+assert requested == live, (requested, live)
+(trace,) = d["device_traces"]
+cur = top = 0
+for e in trace:
+    assert {"action", "addr", "size", "stream", "frames"} <= set(e), e
+    if e["action"] == "alloc":
+        cur += e["size"]
+    elif e["action"] == "free_completed":
+        cur -= e["size"]
+    top = max(top, cur)
+assert top == peak, (top, peak)
+assert cur == live, (cur, live)
+print("ok", len(d["segments"]), len(trace), top)
+"#;
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&file)
+        .arg(report.stats.reserved.current.to_string())
+        .arg(report.peak_requested.to_string())
+        .arg(snapshot.active_bytes().to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("python3 is required to check the pickle: {e}"));
+    let _ = std::fs::remove_file(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "python3 rejected the snapshot: {}{}",
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("ok "), "{stdout}");
+}
