@@ -9,7 +9,7 @@
 //! | `rtc-bindings` | regenerates `cuda-rtc-sys/src/generated/rtc.rs` from the `nvrtc.h` and `nvJitLink.h` found |
 //! | `gpu-bundle [--headers SET]` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh`; with `--headers 13.5`, from those headers into `target/gpu-bundle-13.5/` |
 //! | `replay [TRACE...]` | replays allocation traces (default `../shared/traces/*.trace`) through MemoryPool on the simulated backend |
-//! | `memviz TRACE --out FILE.html` | replays a trace through MemoryPool on the simulated backend with a history recorder and writes the self-contained HTML report (`cudars_mempool::history::report`) |
+//! | `memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]` | replays a trace through MemoryPool on the simulated backend with a history recorder and writes the self-contained HTML report (`cudars_mempool::history::report`) and/or PyTorch's memory snapshot pickle (`cudars_mempool::history::torch`) |
 //! | `bench-report DIR` | `results.csv` + `peers.csv` of one benchmark run -> `bench/results/REPORT.md` and SVG plots |
 //!
 //! Arguments are parsed by hand: five commands and three flags, where an argument parser would
@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|check-common|gpu-bundle [--headers 12.4]|replay [TRACE...]|memviz TRACE --out FILE.html|bench-report DIR>"
+                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|check-common|gpu-bundle [--headers 12.4]|replay [TRACE...]|memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]|bench-report DIR>"
             );
             return ExitCode::from(2);
         }
@@ -323,41 +323,52 @@ fn replay(traces: &[String]) -> Result<()> {
     cargo(&args, &[])
 }
 
-/// `memviz TRACE --out FILE.html`: runs the `memviz` example of cudars-mempool (release), with
-/// both paths made absolute so they mean what they meant where `cargo xtask` was run.
+/// `memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]`: runs the `memviz` example
+/// of cudars-mempool (release), with every path made absolute so it means what it meant where
+/// `cargo xtask` was run. `--out` writes the HTML report, `--torch-snapshot` PyTorch's memory
+/// snapshot pickle (`cudars_mempool::history::torch`); at least one is needed.
 fn memviz(args: &[String]) -> Result<()> {
-    let usage = "usage: cargo xtask memviz TRACE --out FILE.html";
-    let (mut trace, mut out) = (None, None);
+    let usage = "usage: cargo xtask memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]";
+    let (mut trace, mut out, mut pickle) = (None, None, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--out" | "-o" => out = it.next(),
+            "--torch-snapshot" => pickle = it.next(),
             _ if trace.is_none() => trace = Some(a),
             _ => return fail(&format!("unexpected argument {a:?}; {usage}")),
         }
     }
-    let (Some(trace), Some(out)) = (trace, out) else {
+    let Some(trace) = trace else {
         return fail(usage);
     };
+    if out.is_none() && pickle.is_none() {
+        return fail(usage);
+    }
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let trace = cwd.join(trace).to_string_lossy().into_owned();
-    let out = cwd.join(out).to_string_lossy().into_owned();
-    cargo(
-        &[
-            "run",
-            "--quiet",
-            "--release",
-            "-p",
-            "cudars-mempool",
-            "--example",
-            "memviz",
-            "--",
-            &trace,
-            "--out",
-            &out,
-        ],
-        &[],
-    )
+    let abs = |p: &String| cwd.join(p).to_string_lossy().into_owned();
+    let mut run: Vec<String> = [
+        "run",
+        "--quiet",
+        "--release",
+        "-p",
+        "cudars-mempool",
+        "--example",
+        "memviz",
+        "--",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    run.push(abs(trace));
+    if let Some(out) = out {
+        run.extend(["--out".to_owned(), abs(out)]);
+    }
+    if let Some(pickle) = pickle {
+        run.extend(["--torch-snapshot".to_owned(), abs(pickle)]);
+    }
+    let run: Vec<&str> = run.iter().map(String::as_str).collect();
+    cargo(&run, &[])
 }
 
 /// The other header sets (see `headers::ci_set`).

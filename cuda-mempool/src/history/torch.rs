@@ -8,7 +8,8 @@
 //!
 //! * `"segments"`: one dict per segment held: `device`, `address`, `total_size`,
 //!   `allocated_size`, `active_size`, `requested_size`, `stream`, `segment_type`
-//!   (`"small"` for a segment of at most 2 MiB, else `"large"`), `is_expandable` (a
+//!   (`"small"` for a segment of at most 2 MiB of address space, else `"large"`),
+//!   `is_expandable` (a
 //!   reserved address range with pages mapped into it) and `blocks`: the live blocks
 //!   (`state` `"active_allocated"`, `size` rounded up to [`policy::ROUND`](crate::policy::ROUND),
 //!   `requested_size` as asked) and the free memory between them (`"inactive"`), in
@@ -273,7 +274,7 @@ pub fn torch_value(history: &History, snapshot: &Snapshot) -> Value {
             ("stream", seg.stream.map_or(0, |s| s.0).into()),
             (
                 "segment_type",
-                if total <= SMALL_SEGMENT {
+                if seg.size <= SMALL_SEGMENT {
                     "small"
                 } else {
                     "large"
