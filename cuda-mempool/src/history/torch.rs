@@ -21,7 +21,7 @@
 //!   size asked for, so the running sum of the trace is the history's active bytes),
 //!   `segment_alloc`/`segment_free` for plain segments, `segment_map`/`segment_unmap` for
 //!   pages mapped into a reserved range, and `oom` (with `size` the request) for an
-//!   out-of-memory failure. With a [`Clock::Virtual`] recorder `time_us` is the virtual
+//!   out-of-memory failure (its `device_free` is 0: the history does not know it). With a [`Clock::Virtual`] recorder `time_us` is the virtual
 //!   time itself; with [`Clock::Real`] it is microseconds since the recorder was made.
 //! * `frames` hold the caller's location where one was captured
 //!   (`{filename, line, name}`), else nothing.
@@ -313,14 +313,20 @@ pub fn torch_value(history: &History, snapshot: &Snapshot) -> Value {
             e.addr
         };
         for action in actions {
-            traces[e.device.0 as usize].push(dict(vec![
+            let mut entry = vec![
                 ("action", (*action).into()),
                 ("addr", addr.0.into()),
                 ("size", e.size.into()),
                 ("stream", e.stream.map_or(0, |s| s.0).into()),
                 ("time_us", time_us(e.time).into()),
                 ("frames", frames(e.location)),
-            ]));
+            ];
+            if matches!(e.kind, EventKind::OutOfMemory { .. }) {
+                // PyTorch's `trace` printout reads the device's free bytes of an `oom`; the
+                // history does not know them.
+                entry.push(("device_free", 0u64.into()));
+            }
+            traces[e.device.0 as usize].push(dict(entry));
         }
     }
     dict(vec![
@@ -382,5 +388,36 @@ mod tests {
         let long = body(&Value::List(vec![Value::None; 2500]));
         assert_eq!(long.iter().filter(|&&b| b == b'(').count(), 3);
         assert_eq!(long.iter().filter(|&&b| b == b'e').count(), 3);
+    }
+
+    #[test]
+    fn history_torch_oom_entry_has_device_free() {
+        use crate::backend::{DeviceId, StreamKey};
+        use crate::error::OomCause;
+        use crate::history::Recorder;
+        let rec = Recorder::new(8, Clock::Virtual);
+        rec.malloc(DeviceId(1), StreamKey(7), 512, DeviceAddress(0x1000), None);
+        rec.out_of_memory(DeviceId(1), None, 1 << 40, OomCause::Limit, 512, 0);
+        let h = rec.history();
+        let Value::Dict(top) = torch_value(&h, &h.snapshot()) else {
+            panic!("not a dict")
+        };
+        let traces = &top.iter().find(|(k, _)| k == "device_traces").unwrap().1;
+        let Value::List(devices) = traces else {
+            panic!("not a list")
+        };
+        assert_eq!(devices.len(), 2);
+        assert_eq!(devices[0], Value::List(Vec::new()));
+        let Value::List(entries) = &devices[1] else {
+            panic!("not a list")
+        };
+        assert_eq!(entries.len(), 2);
+        let Value::Dict(oom) = &entries[1] else {
+            panic!("not a dict")
+        };
+        let get = |k: &str| oom.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        assert_eq!(get("action"), Some("oom".into()));
+        assert_eq!(get("size"), Some(Value::Int(1 << 40)));
+        assert_eq!(get("device_free"), Some(Value::Int(0)));
     }
 }
