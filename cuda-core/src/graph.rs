@@ -39,8 +39,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudars_sys::{
-    CUgraph, CUgraphExec, CUgraphExecUpdateResult, CUgraphExecUpdateResultInfo,
-    CUgraphInstantiate_flags, CUresult, CUstreamCaptureMode, CUstreamCaptureStatus,
+    CUgraph, CUgraphExec, CUgraphExecUpdateResult, CUgraphInstantiate_flags, CUresult,
+    CUstreamCaptureMode, CUstreamCaptureStatus,
 };
 
 use crate::driver::drv;
@@ -957,29 +957,7 @@ impl GraphExecHandle {
         &mut self,
         graph: &GraphHandle,
     ) -> Result<std::result::Result<(), UpdateRefusal>> {
-        let _ctx = self.device.bind()?;
-        let mut info = CUgraphExecUpdateResultInfo {
-            result: CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS,
-            errorNode: std::ptr::null_mut(),
-            errorFromNode: std::ptr::null_mut(),
-        };
-        // SAFETY: live graphs; valid out-pointer.
-        match unsafe { drv!(cuGraphExecUpdate(self.raw, graph.raw, &mut info)) } {
-            Ok(()) => {
-                // Later launches use the new graph's memory: keep it alive too (the old
-                // owners stay, since a launch in flight may still use them).
-                let mut keep: Vec<_> = self.keep.iter().cloned().collect();
-                keep.extend(graph.keep.iter().cloned());
-                self.keep = Arc::new(keep);
-                Ok(Ok(()))
-            }
-            Err(Error::Driver(e))
-                if e.result() == CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE =>
-            {
-                Ok(Err(refusal_from_raw(info.result)))
-            }
-            Err(e) => Err(e),
-        }
+        Ok(self.update_detailed(graph)?.map_err(|f| f.refusal))
     }
 }
 

@@ -854,7 +854,7 @@ pub(crate) fn host_owner(h: &HostBuffer) -> Owner {
     Owner::Host(h.inner.clone() as Arc<dyn Any + Send + Sync>)
 }
 
-fn wrong_device(what: &'static str, expected: Device, actual: Device) -> Error {
+pub(crate) fn wrong_device(what: &'static str, expected: Device, actual: Device) -> Error {
     cudars_core::Error::WrongDevice {
         what,
         expected: expected.ordinal(),

@@ -627,12 +627,11 @@ impl GraphExec {
     ) -> Result<()> {
         let raw = self.node(node, NodeKind::Kernel)?;
         if function.device() != self.device() {
-            return Err(cudars_core::Error::WrongDevice {
-                what: "kernel",
-                expected: self.device().ordinal(),
-                actual: function.device().ordinal(),
-            }
-            .into());
+            return Err(crate::builder::wrong_device(
+                "kernel",
+                self.device(),
+                function.device(),
+            ));
         }
         let mems: Vec<Mem<'_>> = keep.iter().map(|p| Mem::from(*p)).collect();
         let owners = owners_of(&mems.iter().collect::<Vec<_>>(), self.device())?;
@@ -662,12 +661,11 @@ impl GraphExec {
         let raw = self.node(node, NodeKind::Kernel)?;
         let function = kernel.function();
         if function.device() != self.device() {
-            return Err(cudars_core::Error::WrongDevice {
-                what: "kernel",
-                expected: self.device().ordinal(),
-                actual: function.device().ordinal(),
-            }
-            .into());
+            return Err(crate::builder::wrong_device(
+                "kernel",
+                self.device(),
+                function.device(),
+            ));
         }
         let owners = crate::builder::arg_owners(&args, self.device())?;
         let handle = &self.handle;
@@ -694,12 +692,11 @@ impl GraphExec {
     /// of its own allocation nodes, which this executable graph's allocation nodes never map.
     pub fn try_update(&mut self, graph: &Graph) -> Result<()> {
         if graph.device() != self.device() {
-            return Err(cudars_core::Error::WrongDevice {
-                what: "graph",
-                expected: self.device().ordinal(),
-                actual: graph.device().ordinal(),
-            }
-            .into());
+            return Err(crate::builder::wrong_device(
+                "graph",
+                self.device(),
+                graph.device(),
+            ));
         }
         if !Arc::ptr_eq(&graph.table, &self.table) {
             let alloc = graph
@@ -759,12 +756,11 @@ impl GraphExec {
     /// which happened. Launches already queued run the old version.
     pub fn update(&mut self, graph: &Graph) -> Result<UpdateOutcome> {
         if graph.device() != self.device() {
-            return Err(cudars_core::Error::WrongDevice {
-                what: "graph",
-                expected: self.device().ordinal(),
-                actual: graph.device().ordinal(),
-            }
-            .into());
+            return Err(crate::builder::wrong_device(
+                "graph",
+                self.device(),
+                graph.device(),
+            ));
         }
         match self.try_update(graph) {
             Ok(()) => Ok(UpdateOutcome::Updated),
