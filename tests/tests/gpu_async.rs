@@ -237,10 +237,28 @@ fn futures_dropped_mid_flight_are_collected_and_their_buffers_outlive_the_device
     let src = DeviceBuffer::<u32>::alloc(&dev, len).unwrap();
     k.fill(&stream, src.as_ptr(), 7).unwrap();
     let before = completion::stats();
-    for round in 0..20 {
-        // The device is busy for a while: everything below is in flight when dropped.
-        k.spin(&stream, k.cycles_for(Duration::from_millis(20)))
-            .unwrap();
+    // Gates: mapped words the host opens. Work queued behind a closed gate cannot finish, so
+    // every future below is pending when polled and dropped, whatever the timing (a spin
+    // kernel of a fixed length lost that race once on an H200). Two per round.
+    const ROUNDS: usize = 20;
+    let gates = PinnedMemory::new(&dev, 8 * ROUNDS, PinnedFlags::DEVICE_MAP).unwrap();
+    let gates_dev = gates.device_ptr().expect("mapped");
+    let gates_host = gates.as_ptr() as usize as *mut u32;
+    // SAFETY: 8 * ROUNDS bytes of live pinned memory; no kernel reads it yet.
+    unsafe { std::ptr::write_bytes(gates_host, 0, 2 * ROUNDS) };
+    let bound = k.cycles_for(Duration::from_secs(30));
+    let close = |i: usize| {
+        // SAFETY: word `i` of the gates, which outlive every kernel (dropped after the stream
+        // is drained below).
+        unsafe { k.wait_flag_raw(&stream, gates_dev + 4 * i as u64, bound) }.unwrap();
+    };
+    // SAFETY: word `i` of the live gates; the device only reads it.
+    let open = |i: usize| unsafe { std::ptr::write_volatile(gates_host.add(i), 1) };
+    for round in 0..ROUNDS {
+        // The last round's buffers are freed first: freeing pinned memory waits for the whole
+        // device, which would wait for the gate this round closes.
+        reactor_drains(Duration::from_secs(10));
+        close(2 * round);
         // Never polled: nothing registered.
         drop(stream.completion_with(WakeStrategy::Poll).unwrap());
         // Polled once, then dropped, for each kind of wait.
@@ -253,6 +271,8 @@ fn futures_dropped_mid_flight_are_collected_and_their_buffers_outlive_the_device
         let mut on_event = stream.record(None).unwrap().completion();
         assert!(!poll_once(&mut on_event));
         drop(on_event);
+        // A staged upload may wait on the host for its own chunks: the gate opens first.
+        open(2 * round);
         // Transfers: the device reads the Vec and writes the pinned buffer after the
         // futures are gone; the reactor keeps both until then.
         let (on_device, up) = to_device_async(vec![round as u32; len], &stream).unwrap();
@@ -261,6 +281,7 @@ fn futures_dropped_mid_flight_are_collected_and_their_buffers_outlive_the_device
         // done by now: either way the drop must be safe.
         let _ = poll_once(&mut up);
         drop(up);
+        close(2 * round + 1);
         let out = PinnedBuffer::<u32>::zeroed(&dev, len).unwrap();
         let mut down = to_host_async(&src, out, &stream).unwrap().into_future();
         assert!(!poll_once(&mut down));
@@ -268,8 +289,13 @@ fn futures_dropped_mid_flight_are_collected_and_their_buffers_outlive_the_device
         // And a value handed over directly.
         let done = stream.record(None).unwrap();
         completion::drop_after(&done, on_device).unwrap();
+        if round + 1 < ROUNDS {
+            open(2 * round + 1);
+        }
     }
+    // The last round's work is still behind its gate: the reactor must hold it.
     let held = completion::stats().waits;
+    open(2 * ROUNDS - 1);
     println!("held after the drops: {held} waits");
     assert!(
         held > 0,
@@ -277,6 +303,7 @@ fn futures_dropped_mid_flight_are_collected_and_their_buffers_outlive_the_device
     );
     let rt = multi_thread(2);
     rt.block_on(async { stream.completion().unwrap().await.unwrap() });
+    drop(gates);
     // Host-function waits are collected at the next health check (100 ms).
     reactor_drains(Duration::from_secs(2));
     let after = completion::stats();

@@ -11,8 +11,10 @@
 //! - The future (any thread, any executor) stores its waker, reads the outcome, and on drop
 //!   marks the wait cancelled and drops its own waker.
 //! - The reactor thread queries sources, completes waits, wakes (consuming the waker), and is
-//!   the only place where an entry, with its source and payload, is dropped: so a source (an
-//!   event) lives until the reactor lets go of it, whatever the future did.
+//!   the only place where an entry with its source is dropped: so a source (an event) lives
+//!   until the reactor lets go of it, whatever the future did. A reached entry's payload goes
+//!   to the reactor's drop thread: its `Drop` may wait for the whole device (freeing pinned
+//!   host memory synchronizes), which must not hold up the waits of other streams.
 //! - A host function (driver thread, [`host_wake`]) may not call CUDA nor drop anything that
 //!   could: it completes the wait, wakes through `wake_by_ref` and parks the waker in a slot
 //!   that is dropped later elsewhere, then says it is done with the shared state, its last
@@ -218,7 +220,7 @@ impl HostRef {
     fn leak(self) {}
 }
 
-/// Something dropped on the reactor thread after its source completed.
+/// Something dropped (on the reactor's drop thread) after its source completed.
 pub(crate) type Payload = Box<dyn Send>;
 
 /// One wait the reactor watches.
@@ -281,12 +283,10 @@ impl<S: Source> Entry<S> {
         self.source.as_ref()
     }
 
-    /// Finishes a reached entry: recycles the source, drops the payload (a panicking
-    /// `Drop` is caught), releases the host reference.
-    fn finish_reached(mut self) {
-        if let Some(payload) = self.payload.take() {
-            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
-        }
+    /// Finishes a reached entry: releases the host reference, recycles the source, and
+    /// gives the payload back for the drop thread.
+    fn finish_reached(mut self) -> Option<Payload> {
+        let payload = self.payload.take();
         if let Some(host) = self.host.take() {
             host.release();
         }
@@ -295,6 +295,7 @@ impl<S: Source> Entry<S> {
                 source.recycle();
             }
         }
+        payload
     }
 
     /// Gives up on the entry as [`finish_failed`](Self::finish_failed) does: for a
@@ -347,6 +348,10 @@ pub(crate) struct Reactor<S: Source> {
     rounds: AtomicU64,
     sleeps: AtomicU64,
     queries: AtomicU64,
+    /// The drop thread's queue (started at the first payload; `None` when it could not be).
+    dropper: OnceLock<Option<std::sync::mpsc::Sender<Payload>>>,
+    /// Payloads sent to the drop thread and not yet dropped (counted as waits).
+    drops_pending: AtomicUsize,
 }
 
 impl<S: Source> Reactor<S> {
@@ -367,6 +372,8 @@ impl<S: Source> Reactor<S> {
             rounds: AtomicU64::new(0),
             sleeps: AtomicU64::new(0),
             queries: AtomicU64::new(0),
+            dropper: OnceLock::new(),
+            drops_pending: AtomicUsize::new(0),
         }
     }
 
@@ -383,7 +390,9 @@ impl<S: Source> Reactor<S> {
     pub(crate) fn stats(&self) -> ReactorStats {
         let queued = lock(&self.incoming).entries.len();
         ReactorStats {
-            waits: self.entries.load(Ordering::Relaxed) + queued,
+            waits: self.entries.load(Ordering::Relaxed)
+                + queued
+                + self.drops_pending.load(Ordering::Acquire),
             completed: self.completed.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
             rounds: self.rounds.load(Ordering::Relaxed),
@@ -540,7 +549,7 @@ impl<S: Source> Reactor<S> {
     }
 
     /// One pass over every entry; `true` when any finished.
-    fn round(&self, list: &mut Vec<Entry<S>>, now: Instant, config: &PollConfig) -> bool {
+    fn round(&'static self, list: &mut Vec<Entry<S>>, now: Instant, config: &PollConfig) -> bool {
         let mut progressed = false;
         let mut i = 0;
         while i < list.len() {
@@ -552,12 +561,44 @@ impl<S: Source> Reactor<S> {
             progressed = true;
             let entry = list.swap_remove(i);
             match verdict {
-                Verdict::Reached => entry.finish_reached(),
+                Verdict::Reached => {
+                    if let Some(payload) = entry.finish_reached() {
+                        self.drop_payload(payload);
+                    }
+                }
                 Verdict::Failed => entry.finish_failed(),
                 Verdict::Dropped | Verdict::Keep => drop(entry),
             }
         }
         progressed
+    }
+
+    /// Drops a reached entry's payload on the drop thread (a panicking `Drop` is caught
+    /// there), counted in the stats' waits until it is dropped; inline, on this thread, when
+    /// the drop thread cannot be started.
+    fn drop_payload(&'static self, payload: Payload) {
+        let dropper = self.dropper.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<Payload>();
+            std::thread::Builder::new()
+                .name(format!("{}-drops", self.name))
+                .spawn(move || {
+                    for payload in rx {
+                        let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+                        self.drops_pending.fetch_sub(1, Ordering::Release);
+                    }
+                })
+                .ok()
+                .map(|_| tx)
+        });
+        self.drops_pending.fetch_add(1, Ordering::AcqRel);
+        let unsent = match dropper {
+            Some(tx) => tx.send(payload).err().map(|e| e.0),
+            None => Some(payload),
+        };
+        if let Some(payload) = unsent {
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+            self.drops_pending.fetch_sub(1, Ordering::Release);
+        }
     }
 
     fn judge(&self, e: &mut Entry<S>, now: Instant, config: &PollConfig) -> Verdict {

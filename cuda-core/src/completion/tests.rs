@@ -472,7 +472,7 @@ impl Drop for Probe {
 }
 
 #[test]
-fn a_payload_is_dropped_on_the_reactor_after_its_point_and_leaked_after_a_fault() {
+fn a_payload_is_dropped_on_the_drop_thread_after_its_point_and_leaked_after_a_fault() {
     let r = TestReactor::new();
     let ctx: Arc<FakeContext> = Arc::default();
     let counters = Arc::new(Counters::default());
@@ -485,7 +485,7 @@ fn a_payload_is_dropped_on_the_reactor_after_its_point_and_leaked_after_a_fault(
     assert!(seen.lock().unwrap().is_none(), "kept while pending");
     state.store(REACHED, Ordering::Release);
     eventually("dropped", || seen.lock().unwrap().is_some());
-    assert_eq!(seen.lock().unwrap().as_deref(), Some("test-reactor"));
+    assert_eq!(seen.lock().unwrap().as_deref(), Some("test-reactor-drops"));
 
     let (fake, _state) = Fake::new(&ctx, &counters);
     let leaked = Arc::new(Mutex::new(None));
@@ -497,6 +497,44 @@ fn a_payload_is_dropped_on_the_reactor_after_its_point_and_leaked_after_a_fault(
     assert_eq!(r.0.stats().failed, 1);
     std::thread::sleep(Duration::from_millis(5));
     assert!(leaked.lock().unwrap().is_none(), "leaked, never dropped");
+}
+
+/// A payload whose drop blocks until released (as freeing pinned host memory waits for the
+/// whole device).
+struct Blocking(std::sync::mpsc::Receiver<()>);
+
+impl Drop for Blocking {
+    fn drop(&mut self) {
+        let _ = self.0.recv_timeout(Duration::from_secs(10));
+    }
+}
+
+#[test]
+fn a_payload_whose_drop_blocks_holds_up_no_other_wait_and_counts_until_dropped() {
+    let r = TestReactor::new();
+    let ctx: Arc<FakeContext> = Arc::default();
+    let counters = Arc::new(Counters::default());
+    let (release, gate) = std::sync::mpsc::channel();
+    let (fake, state) = Fake::new(&ctx, &counters);
+    r.0.register(Entry::payload(fake, Box::new(Blocking(gate))))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    state.store(REACHED, Ordering::Release);
+    // The payload's drop is now blocked; another wait still completes.
+    let (fake, state) = Fake::new(&ctx, &counters);
+    let mut wait = Wait::new(r.0, fake, false);
+    let (c, waker) = counting();
+    assert!(poll_with(&mut wait, &waker).is_pending());
+    state.store(REACHED, Ordering::Release);
+    eventually("woken past a blocked drop", || {
+        c.wakes.load(Ordering::SeqCst) == 1
+    });
+    assert!(matches!(poll_with(&mut wait, &waker), Poll::Ready(Ok(()))));
+    eventually("only the blocked drop left", || r.0.stats().waits == 1);
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(r.0.stats().waits, 1, "the blocked drop still counts");
+    release.send(()).unwrap();
+    eventually("drop finished", || r.0.stats().waits == 0);
 }
 
 #[test]
