@@ -412,6 +412,7 @@ impl Stream {
     }
 
     /// What kind of stream this is.
+    #[inline]
     pub fn kind(&self) -> StreamKind {
         self.kind
     }
@@ -430,6 +431,7 @@ impl Stream {
     /// How many `Stream` values share this stream's owner (this one included): `Some(1)`
     /// when no other clone exists, so dropping this value destroys an owned stream. `None`
     /// for streams without an owner (null, per-thread, external without owner).
+    #[inline]
     pub fn clone_count(&self) -> Option<usize> {
         self.owner.as_ref().map(Arc::strong_count)
     }

@@ -190,6 +190,7 @@ unsafe impl Backend for DriverBackend {
     type Physical = PhysicalAllocation;
     type Error = cudars_core::Error;
 
+    #[inline]
     fn stream_key(&self, stream: &Stream) -> Result<StreamKey, PoolError> {
         if stream.kind() == StreamKind::PerThread {
             // CU_STREAM_PER_THREAD names the calling thread's own stream: its cache is that
