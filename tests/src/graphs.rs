@@ -34,6 +34,13 @@ extern "C" __global__ void cond_positive(cudaGraphConditionalHandle h, const uns
 extern "C" __global__ void count_step(unsigned* iterations) {
     if (blockIdx.x == 0 && threadIdx.x == 0) *iterations += 1;
 }
+// loop_step without a condition: counts and decrements while the counter is > 0.
+extern "C" __global__ void guarded_step(unsigned* counter, unsigned* iterations) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        unsigned c = *counter;
+        if (c > 0) { *counter = c - 1; *iterations += 1; }
+    }
+}
 "#;
 
 /// [`GRAPH_KERNELS`] compiled for `dev` and loaded (NVRTC, no cache).
