@@ -54,6 +54,7 @@ use cudars_core::{Device, Event, Stream, StreamKind};
 
 use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamKey};
 use crate::error::PoolError;
+use crate::history::{EventKind, Recorder, RecorderSlot};
 use crate::hooks::{self, MemoryEvent};
 use crate::pool::{Allocation, MemoryPool, PrivatePoolId, RawAllocation};
 
@@ -119,6 +120,8 @@ pub struct DriverBackend {
     /// graph; removed when the graph releases it.
     captures: Arc<Mutex<HashSet<(u32, u64)>>>,
     virtual_memory: bool,
+    /// The recorder of [`Backend::set_recorder`], when one is in.
+    history: RecorderSlot,
 }
 
 impl DriverBackend {
@@ -142,6 +145,7 @@ impl DriverBackend {
             events,
             captures: Arc::default(),
             virtual_memory: true,
+            history: RecorderSlot::default(),
         })
     }
 
@@ -245,6 +249,10 @@ unsafe impl Backend for DriverBackend {
         }
         let mem = oom_to_none(DeviceMemory::new(&dev, to_usize(size)?))?;
         let ptr = mem.map(|m| DeviceAddress(m.into_raw()));
+        if let Some(addr) = ptr {
+            self.history
+                .note(EventKind::SegmentAlloc, device, None, size, addr);
+        }
         if hooked {
             ev.ptr = ptr.map_or(0, |p| p.0);
             hooks::each(|h| h.alloc_post(&ev));
@@ -264,6 +272,8 @@ unsafe impl Backend for DriverBackend {
         // cuMemAlloc and detached with `into_raw`, which nothing uses any more. Dropping
         // frees it.
         drop(unsafe { DeviceMemory::from_raw(dev, ptr.0 as CUdeviceptr, to_usize(size)?) });
+        self.history
+            .note(EventKind::SegmentFree, device, None, size, ptr);
         Ok(())
     }
 
@@ -275,7 +285,12 @@ unsafe impl Backend for DriverBackend {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         let range = oom_to_none(VirtualRange::reserve(&dev, to_usize(size)?, 0))?;
-        Ok(range.map(|r| DeviceAddress(r.into_raw().0)))
+        let base = range.map(|r| DeviceAddress(r.into_raw().0));
+        if let Some(addr) = base {
+            self.history
+                .note(EventKind::RangeReserve, device, None, size, addr);
+        }
+        Ok(base)
     }
 
     unsafe fn release_address_range(
@@ -289,6 +304,8 @@ unsafe impl Backend for DriverBackend {
         // SAFETY: the caller's contract: exactly one reservation made by
         // `reserve_address_range` (detached with `into_raw`); nothing is mapped in it.
         drop(unsafe { VirtualRange::from_raw(dev, base.0 as CUdeviceptr, to_usize(size)?) });
+        self.history
+            .note(EventKind::RangeRelease, device, None, size, base);
         Ok(())
     }
 
@@ -305,6 +322,11 @@ unsafe impl Backend for DriverBackend {
             hooks::each(|h| h.alloc_pre(&ev));
         }
         let page = oom_to_none(PhysicalAllocation::new(&dev, to_usize(size)?))?;
+        if page.is_some() {
+            let none = DeviceAddress(0);
+            self.history
+                .note(EventKind::PageCreate, device, None, size, none);
+        }
         if hooked {
             ev.ptr = page.as_ref().map_or(0, |p| p.raw());
             hooks::each(|h| h.alloc_post(&ev));
@@ -314,11 +336,15 @@ unsafe impl Backend for DriverBackend {
 
     unsafe fn release_physical(
         &self,
-        _device: DeviceId,
+        device: DeviceId,
         page: Self::Physical,
     ) -> Result<(), Self::Error> {
         let _relaxed = relaxed()?;
+        let size = page.size() as u64;
         drop(page);
+        let none = DeviceAddress(0);
+        self.history
+            .note(EventKind::PageRelease, device, None, size, none);
         Ok(())
     }
 
@@ -340,6 +366,8 @@ unsafe impl Backend for DriverBackend {
             let _ = unsafe { vmm::unmap(addr, page.size()) };
             return Err(e);
         }
+        let (size, at) = (page.size() as u64, DeviceAddress(addr as u64));
+        self.history.note(EventKind::PageMap, device, None, size, at);
         Ok(())
     }
 
@@ -383,6 +411,11 @@ unsafe impl Backend for DriverBackend {
             let left_mapped = undo(pages.len());
             return Err(MapRunFailure { error, left_mapped });
         }
+        for i in 0..pages.len() {
+            let at = DeviceAddress(addr.0 + i as u64 * page_size);
+            self.history
+                .note(EventKind::PageMap, device, None, page_size, at);
+        }
         Ok(())
     }
 
@@ -397,7 +430,10 @@ unsafe impl Backend for DriverBackend {
         let _ctx = dev.bind()?;
         // SAFETY: the caller's contract: exactly one page it mapped, every fence covering
         // work on it completed, no live block touching it.
-        unsafe { vmm::unmap(addr.0 as CUdeviceptr, to_usize(size)?) }
+        unsafe { vmm::unmap(addr.0 as CUdeviceptr, to_usize(size)?) }?;
+        self.history
+            .note(EventKind::PageUnmap, device, None, size, addr);
+        Ok(())
     }
 
     fn record_fence(&self, device: DeviceId, stream: &Stream) -> Result<Self::Fence, Self::Error> {
@@ -414,6 +450,12 @@ unsafe impl Backend for DriverBackend {
             None => Event::new(&dev)?,
         };
         event.record(stream)?;
+        if self.history.is_on() {
+            let key = Backend::stream_key(self, stream).ok();
+            let none = DeviceAddress(0);
+            self.history
+                .note(EventKind::FenceRecord, device, key, 0, none);
+        }
         Ok(DriverFence { event })
     }
 
@@ -438,8 +480,13 @@ unsafe impl Backend for DriverBackend {
         stream: &Stream,
         fence: &Self::Fence,
     ) -> Result<(), Self::Error> {
-        let _ = device;
-        stream.wait_event(&fence.event)
+        stream.wait_event(&fence.event)?;
+        if self.history.is_on() {
+            let key = Backend::stream_key(self, stream).ok();
+            let none = DeviceAddress(0);
+            self.history.note(EventKind::StreamWait, device, key, 0, none);
+        }
+        Ok(())
     }
 
     fn capture_id(&self, stream: &Stream) -> Option<u64> {
@@ -456,6 +503,10 @@ unsafe impl Backend for DriverBackend {
     fn synchronize_device(&self, device: DeviceId) -> Result<(), Self::Error> {
         let _relaxed = relaxed()?;
         self.device(device)?.synchronize()
+    }
+
+    fn set_recorder(&self, recorder: Option<Arc<Recorder>>) {
+        self.history.set(recorder);
     }
 
     fn is_capturing(&self, stream: &Stream) -> bool {

@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamKey};
+use crate::history::{EventKind, Recorder, RecorderSlot};
 use crate::hooks::{self, MemoryEvent};
 
 /// Total memory of an NVIDIA H200 as the driver reports it (143,771 MiB).
@@ -303,6 +304,8 @@ struct State {
 /// A simulated set of devices; see the [module documentation](self).
 pub struct SimulatedBackend {
     state: Mutex<State>,
+    /// The recorder of [`Backend::set_recorder`], when one is in.
+    history: RecorderSlot,
 }
 
 impl std::fmt::Debug for SimulatedBackend {
@@ -356,6 +359,7 @@ impl SimulatedBackend {
                 calls: SimCalls::default(),
                 events: None,
             }),
+            history: RecorderSlot::default(),
         }
     }
 
@@ -833,6 +837,10 @@ unsafe impl Backend for SimulatedBackend {
             hooks::each(|h| h.alloc_pre(&ev));
         }
         let ptr = self.allocate_plain(device, size)?;
+        if let Some(addr) = ptr {
+            self.history
+                .note(EventKind::SegmentAlloc, device, None, size, addr);
+        }
         if hooked {
             ev.ptr = ptr.map_or(0, |p| p.0);
             hooks::each(|h| h.alloc_post(&ev));
@@ -861,6 +869,9 @@ unsafe impl Backend for SimulatedBackend {
                         id,
                     });
                 }
+                drop(s);
+                self.history
+                    .note(EventKind::SegmentFree, device, None, size, ptr);
                 Ok(())
             }
             _ => Err(SimError::BadFree(ptr.0)),
@@ -887,7 +898,11 @@ unsafe impl Backend for SimulatedBackend {
             return Ok(None);
         };
         d.ranges.insert(base, size);
-        Ok(Some(DeviceAddress(base)))
+        drop(s);
+        let addr = DeviceAddress(base);
+        self.history
+            .note(EventKind::RangeReserve, device, None, size, addr);
+        Ok(Some(addr))
     }
 
     unsafe fn release_address_range(
@@ -910,6 +925,9 @@ unsafe impl Backend for SimulatedBackend {
             return Err(SimError::RangeInUse(base.0));
         }
         d.ranges.remove(&base.0);
+        drop(s);
+        self.history
+            .note(EventKind::RangeRelease, device, None, size, base);
         Ok(())
     }
 
@@ -920,6 +938,11 @@ unsafe impl Backend for SimulatedBackend {
             hooks::each(|h| h.alloc_pre(&ev));
         }
         let page = self.create_page(device, size)?;
+        if page.is_some() {
+            let none = DeviceAddress(0);
+            self.history
+                .note(EventKind::PageCreate, device, None, size, none);
+        }
         if hooked {
             ev.ptr = page.as_ref().map_or(0, |p| p.id);
             hooks::each(|h| h.alloc_post(&ev));
@@ -939,6 +962,10 @@ unsafe impl Backend for SimulatedBackend {
             Some(None) => {
                 d.pages.remove(&page.id);
                 d.physical -= g;
+                drop(s);
+                let none = DeviceAddress(0);
+                self.history
+                    .note(EventKind::PageRelease, device, None, g, none);
                 Ok(())
             }
         }
@@ -986,6 +1013,8 @@ unsafe impl Backend for SimulatedBackend {
                 page: page.id,
             });
         }
+        drop(s);
+        self.history.note(EventKind::PageMap, device, None, g, addr);
         Ok(())
     }
 
@@ -1020,6 +1049,8 @@ unsafe impl Backend for SimulatedBackend {
                 page: id,
             });
         }
+        drop(s);
+        self.history.note(EventKind::PageUnmap, device, None, g, addr);
         Ok(())
     }
 
@@ -1033,6 +1064,10 @@ unsafe impl Backend for SimulatedBackend {
         }
         let t = timeline(&s, stream.0);
         let value = s.clocks.entry((device.0, t)).or_default().submitted;
+        drop(s);
+        let none = DeviceAddress(0);
+        self.history
+            .note(EventKind::FenceRecord, device, Some(*stream), 0, none);
         Ok(SimFence {
             device: device.0,
             stream: t,
@@ -1118,10 +1153,18 @@ unsafe impl Backend for SimulatedBackend {
         c.log.push((at, fence.stream, fence.value));
         let w = c.waited.entry(fence.stream).or_insert(0);
         *w = (*w).max(fence.value);
+        drop(s);
+        let none = DeviceAddress(0);
+        self.history
+            .note(EventKind::StreamWait, device, Some(*stream), 0, none);
         Ok(())
     }
 
     fn release_fence(&self, _fence: SimFence) {
         self.lock().calls.release_fence += 1;
+    }
+
+    fn set_recorder(&self, recorder: Option<std::sync::Arc<Recorder>>) {
+        self.history.set(recorder);
     }
 }

@@ -18,7 +18,12 @@
 //! * [`Recorder::record_limit`] and [`Recorder::record_private_pool`] for code that changes
 //!   a limit or creates and releases a private pool.
 //!
-//! The pool itself does not record yet (it is not wired to a recorder).
+//! A live pool records too: [`MemoryPool::start_history`](crate::MemoryPool::start_history)
+//! first records what the pool holds at that moment (segments, pages, live blocks), then
+//! every malloc and free, out-of-memory failure, limit change and private pool, and its
+//! backend's segment, page and fence calls ([`Backend::set_recorder`](crate::Backend::set_recorder):
+//! the driver and simulated backends implement it). Off, it costs the hot path one relaxed
+//! load of a flag.
 //!
 //! ```
 //! use cudars_mempool::history::{Clock, EventKind, Recorder};
@@ -43,7 +48,8 @@ pub mod torch;
 
 use std::collections::VecDeque;
 use std::panic::Location;
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use crate::backend::{DeviceAddress, DeviceId, StreamKey};
@@ -397,6 +403,69 @@ impl Recorder {
         let mut ring = self.lock();
         ring.dropped += ring.events.len() as u64;
         ring.events.clear();
+    }
+}
+
+/// A recorder that can be put in and taken out while the code that records runs: what a
+/// live pool and a backend hold. Empty, [`is_on`](Self::is_on) is one relaxed load.
+#[derive(Debug, Default)]
+pub(crate) struct RecorderSlot {
+    on: AtomicBool,
+    recorder: Mutex<Option<Arc<Recorder>>>,
+}
+
+impl RecorderSlot {
+    /// Whether a recorder is in (a hint: check [`get`](Self::get)'s answer).
+    #[inline]
+    pub(crate) fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Puts `recorder` in (`None`: takes it out); returns the one it replaces.
+    pub(crate) fn set(&self, recorder: Option<Arc<Recorder>>) -> Option<Arc<Recorder>> {
+        let mut slot = self.recorder.lock().unwrap_or_else(PoisonError::into_inner);
+        self.on.store(recorder.is_some(), Ordering::Release);
+        std::mem::replace(&mut slot, recorder)
+    }
+
+    /// The recorder in the slot.
+    pub(crate) fn get(&self) -> Option<Arc<Recorder>> {
+        if !self.is_on() {
+            return None;
+        }
+        self.recorder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records an event of `kind` when a recorder is in.
+    #[inline]
+    pub(crate) fn note(
+        &self,
+        kind: EventKind,
+        device: DeviceId,
+        stream: Option<StreamKey>,
+        size: u64,
+        addr: DeviceAddress,
+    ) {
+        if self.is_on() {
+            self.note_slow(kind, device, stream, size, addr);
+        }
+    }
+
+    #[cold]
+    fn note_slow(
+        &self,
+        kind: EventKind,
+        device: DeviceId,
+        stream: Option<StreamKey>,
+        size: u64,
+        addr: DeviceAddress,
+    ) {
+        if let Some(r) = self.get() {
+            r.event(kind, device, stream, size, addr, None);
+        }
     }
 }
 

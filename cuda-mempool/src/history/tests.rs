@@ -327,3 +327,113 @@ print("ok", len(d["segments"]), len(trace), top)
     );
     assert!(stdout.starts_with("ok "), "{stdout}");
 }
+
+/// The addresses and requested sizes of `snapshot`'s live blocks, sorted.
+fn live_set(snapshot: &Snapshot) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = snapshot.live.iter().map(|b| (b.addr.0, b.size)).collect();
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn a_live_pool_records_from_a_baseline_until_stopped() {
+    for virtual_memory in [true, false] {
+        let config = crate::PoolConfig {
+            virtual_memory,
+            ..crate::PoolConfig::default()
+        };
+        let pool = MemoryPool::with_config(SimulatedBackend::h200(1), config).unwrap();
+        // Before the recording: live blocks, freed blocks, two streams.
+        let kept = pool.malloc(D, &StreamKey(1), 3 << 20).unwrap();
+        let other = pool.malloc(D, &StreamKey(2), 5000).unwrap();
+        drop(pool.malloc(D, &StreamKey(1), 7 << 20).unwrap());
+        let rec = Arc::new(Recorder::new(1 << 16, Clock::Real));
+        assert!(pool.start_history(Arc::clone(&rec)).is_none());
+        let base = rec.history();
+        assert_eq!(
+            live_set(&base.snapshot()),
+            vec![(kept.ptr().0, 3 << 20), (other.ptr().0, 5000)]
+                .into_iter()
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            "the baseline holds the live blocks (virtual memory: {virtual_memory})"
+        );
+        let reserved = pool.stats(D).unwrap().reserved.current;
+        assert_eq!(base.snapshot().backed_bytes(), reserved, "the baseline holds the memory");
+
+        // While recording: a block that grows the pool, frees, a limit, out of memory.
+        let big = pool.malloc(D, &StreamKey(3), 64 << 20).unwrap();
+        drop(other);
+        pool.set_limit(D, Limit::Bytes(1 << 30)).unwrap();
+        let oom = pool.malloc(D, &StreamKey(3), 2 << 30);
+        assert!(matches!(oom, Err(crate::PoolError::OutOfMemory { .. })));
+        let h = rec.history();
+        assert_eq!(h.dropped, 0);
+        let snap = h.snapshot();
+        assert_eq!(
+            live_set(&snap),
+            {
+                let mut v = vec![(kept.ptr().0, 3 << 20), (big.ptr().0, 64 << 20)];
+                v.sort_unstable();
+                v
+            },
+            "the snapshot is the pool's live set"
+        );
+        let stats = pool.stats(D).unwrap();
+        assert_eq!(snap.backed_bytes(), stats.reserved.current);
+        assert_eq!(snap.active_bytes(), stats.requested.current);
+        let kinds: Vec<EventKind> = h.events.iter().map(|e| e.kind).collect();
+        assert!(kinds.contains(&EventKind::LimitChange));
+        assert!(kinds.iter().any(|k| matches!(k, EventKind::OutOfMemory { .. })));
+        assert!(
+            kinds.iter().any(|k| matches!(
+                k,
+                EventKind::SegmentAlloc | EventKind::PageMap
+            )),
+            "the backend's calls are recorded"
+        );
+
+        // Stopped: nothing more.
+        let stopped = pool.stop_history().expect("the recorder");
+        assert!(Arc::ptr_eq(&stopped, &rec));
+        assert!(pool.history_recorder().is_none());
+        let n = rec.history().events.len();
+        drop(pool.malloc(D, &StreamKey(4), 1 << 20).unwrap());
+        drop(big);
+        assert_eq!(rec.history().events.len(), n, "nothing recorded once stopped");
+        drop(kept);
+    }
+}
+
+#[test]
+fn a_recording_from_the_start_matches_the_pool_figures_and_frees_before_reuse() {
+    let pool = MemoryPool::new(SimulatedBackend::h200(1)).unwrap();
+    let rec = Arc::new(Recorder::new(1 << 16, Clock::Real));
+    pool.start_history(Arc::clone(&rec));
+    // Threads reusing addresses: every free must come before the next malloc of its address.
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let pool = &pool;
+            s.spawn(move || {
+                for i in 0..200u64 {
+                    let a = pool.malloc(D, &StreamKey(t % 2 + 1), 512 * (1 + i % 7) as usize);
+                    drop(a.unwrap());
+                }
+            });
+        }
+    });
+    let h = rec.history();
+    let mut live = std::collections::HashSet::new();
+    for e in &h.events {
+        match e.kind {
+            EventKind::Malloc => assert!(live.insert(e.addr.0), "malloc of a live address"),
+            EventKind::Free => assert!(live.remove(&e.addr.0), "free of an address not live"),
+            _ => {}
+        }
+    }
+    assert!(live.is_empty());
+    let stats = pool.stats(D).unwrap();
+    assert_eq!(h.figures().peak_reserved, stats.reserved.peak);
+    assert_eq!(h.snapshot().backed_bytes(), stats.reserved.current);
+}

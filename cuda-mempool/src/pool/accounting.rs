@@ -92,6 +92,9 @@ impl<B: Backend> MemoryPool<B> {
             }
         }
         g.limit = bytes;
+        if self.history.is_on() {
+            self.note_limit(device, bytes);
+        }
         if bytes.is_some_and(|b| g.reserved.current > b) {
             self.free_device_blocks(dev, &mut g)?;
         }

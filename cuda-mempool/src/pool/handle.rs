@@ -107,8 +107,12 @@ impl<B: Backend> MemoryPool<B> {
         if raw.size == 0 {
             return Ok(());
         }
-        self.raw_shard(&raw)?
-            .release(&self.backend, raw.id, raw.generation)
+        let mut st = self.raw_shard(&raw)?;
+        if self.history.is_on() {
+            // Under the shard's lock: the free comes before any reuse of the address.
+            self.note_free(&raw);
+        }
+        st.release(&self.backend, raw.id, raw.generation)
     }
 
     /// Marks a detached allocation as used on `stream` too (see
@@ -220,9 +224,13 @@ impl<'p, B: Backend> Allocation<'p, B> {
     /// fence record for a `record_stream` block; the block is still freed safely).
     pub fn free(mut self) -> Result<(), PoolError> {
         match self.shard.take() {
-            Some(shard) => self
-                .pool
-                .free_block(shard, self.raw.id, self.raw.generation),
+            Some(shard) => {
+                if self.pool.history.is_on() {
+                    self.pool.note_free(&self.raw);
+                }
+                self.pool
+                    .free_block(shard, self.raw.id, self.raw.generation)
+            }
             None => Ok(()),
         }
     }
@@ -240,6 +248,10 @@ impl<B: Backend> Drop for Allocation<'_, B> {
     #[inline]
     fn drop(&mut self) {
         if let Some(shard) = self.shard.take() {
+            if self.pool.history.is_on() {
+                // Before the release: the free comes before any reuse of the address.
+                self.pool.note_free(&self.raw);
+            }
             // The only possible error is a failed fence record for a record_stream
             // block, which stays safely pending; `free()` reports it.
             let _ = self

@@ -14,6 +14,7 @@
 //! | `recovery.rs` | the out-of-memory steps: wait, release, retry, roll back, report |
 //! | `private.rs` | private pools (graph captures): [`PrivatePoolId`], [`PrivateHold`], and their release |
 //! | `accounting.rs` | `free_all_*`, limits and statistics |
+//! | `history.rs` | recording a live pool's history: start, stop, the baseline, the pool's own events |
 //! | `table.rs` | the per-device table of stream shards |
 //! | `lock.rs` | the shard lock |
 //! | `shard/` | the state of one (device, stream) shard: its blocks, segments, pages and fences (a map of its own) |
@@ -57,6 +58,7 @@ mod accounting;
 mod config;
 mod grow;
 mod handle;
+mod history;
 mod lock;
 mod private;
 mod recovery;
@@ -241,6 +243,8 @@ pub struct MemoryPool<B: Backend> {
     devices: Box<[Device<B>]>,
     /// [`PoolConfig::steal_before_growing`].
     steal: bool,
+    /// The history recorder, when a recording is on ([`MemoryPool::start_history`]).
+    history: crate::history::RecorderSlot,
 }
 
 impl<B: Backend> MemoryPool<B> {
@@ -301,6 +305,7 @@ impl<B: Backend> MemoryPool<B> {
             backend,
             devices: devices.into_boxed_slice(),
             steal: config.steal_before_growing,
+            history: Default::default(),
         })
     }
 
@@ -420,6 +425,9 @@ impl<B: Backend> MemoryPool<B> {
                     None => continue,
                 },
             };
+            if self.history.is_on() {
+                self.note_malloc(dev.id, stream_key_of_alloc, size, addr);
+            }
             return Ok(Allocation {
                 pool: self,
                 shard: Some(shard),

@@ -120,6 +120,9 @@ impl<B: Backend> MemoryPool<B> {
         let key = {
             let mut p = lock(&dev.privates);
             let Privates { pools, next_key } = &mut *p;
+            if self.history.is_on() && !pools.contains_key(&pool) {
+                self.note_private(device, pool, true);
+            }
             let state = pools.entry(pool).or_insert_with(|| PrivateState {
                 holds: Arc::new(AtomicUsize::new(0)),
                 shards: HashMap::new(),
@@ -159,6 +162,9 @@ impl<B: Backend> MemoryPool<B> {
     ) -> Result<PrivateHold, PoolError> {
         let dev = self.device(device)?;
         let mut p = lock(&dev.privates);
+        if self.history.is_on() && !p.pools.contains_key(&pool) {
+            self.note_private(device, pool, true);
+        }
         let state = p.pools.entry(pool).or_insert_with(|| PrivateState {
             holds: Arc::new(AtomicUsize::new(0)),
             shards: HashMap::new(),
@@ -228,6 +234,9 @@ impl<B: Backend> MemoryPool<B> {
             g.spare = spare;
             {
                 p.pools.remove(&id);
+                if self.history.is_on() {
+                    self.note_private(dev.id, id, false);
+                }
                 // A failed release leaves the page leaked and counted; nothing to report here.
                 let _ = self.release_spare(dev, &mut g);
             }

@@ -75,13 +75,17 @@ impl<B: Backend> MemoryPool<B> {
         g.ooms += 1;
         g.oom_causes.count(cause);
         g.last_oom = Some(cause);
-        PoolError::OutOfMemory {
+        let error = PoolError::OutOfMemory {
             device: h.dev.id,
             requested: size as usize,
             used: used as usize,
             reserved: g.reserved.current as usize,
             limit: g.limit.map(|l| l as usize),
             cause,
+        };
+        if self.history.is_on() {
+            self.note_oom(&error, h.st.key);
         }
+        error
     }
 }

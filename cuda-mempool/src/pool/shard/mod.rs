@@ -12,6 +12,7 @@
 //! | `fences.rs` | epochs, fences and pending frees: when free memory is safe for other streams |
 //! | `attach.rs` | holding and letting go of the stream: attach, detach, adoption |
 //! | `lend.rs` | lending a free block to another stream's request |
+//! | `history.rs` | what the shard holds as history events (where a recording of a live pool starts) |
 //!
 //! # Blocks and segments
 //!
@@ -49,6 +50,7 @@
 
 mod attach;
 mod fences;
+mod history;
 mod lend;
 mod page_table;
 mod pages;

@@ -1,0 +1,139 @@
+//! Recording a live pool's history: start and stop, the baseline a recording starts
+//! from, and the events the pool itself records (the backend records its own calls).
+//!
+//! Off, the hot path pays one relaxed load of the slot's flag in `malloc` and in `free`.
+
+use std::sync::Arc;
+
+use crate::backend::{Backend, DeviceAddress, DeviceId, StreamKey};
+use crate::error::PoolError;
+use crate::history::{EventKind, Recorder};
+
+use super::lock::ShardGuard;
+use super::shard::ShardState;
+use super::{lock, MemoryPool, PrivatePoolId, RawAllocation};
+
+impl<B: Backend> MemoryPool<B> {
+    /// Starts recording this pool's history into `recorder` (PyTorch's
+    /// `torch.cuda.memory._record_memory_history`): first what the pool holds now (its
+    /// segments, mapped pages and spare pages, and its live blocks, as if made at this
+    /// instant), then every malloc and free, out-of-memory failure, limit change and
+    /// private pool, and the backend's segment, page and fence calls where the backend
+    /// records ([`Backend::set_recorder`]: the driver and simulated backends do). A
+    /// recorder already in is replaced and returned.
+    ///
+    /// The baseline is taken with every device's lock and every shard's lock held, so no
+    /// allocation, free or growth falls between it and the events that follow.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use cudars_mempool::history::{Clock, Recorder};
+    /// use cudars_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamKey};
+    ///
+    /// let pool = MemoryPool::new(SimulatedBackend::h200(1))?;
+    /// let before = pool.malloc(DeviceId(0), &StreamKey(1), 4096)?;
+    /// let rec = Arc::new(Recorder::new(1 << 16, Clock::Real));
+    /// pool.start_history(Arc::clone(&rec));
+    /// let after = pool.malloc(DeviceId(0), &StreamKey(1), 1 << 20)?;
+    /// let snapshot = rec.history().snapshot();
+    /// assert_eq!(snapshot.active_bytes(), 4096 + (1 << 20));
+    /// # drop((before, after));
+    /// # Ok::<(), cudars_mempool::PoolError>(())
+    /// ```
+    pub fn start_history(&self, recorder: Arc<Recorder>) -> Option<Arc<Recorder>> {
+        let mut globals = Vec::with_capacity(self.devices.len());
+        let mut shards: Vec<ShardGuard<'_, ShardState<B>>> = Vec::new();
+        for dev in self.devices.iter() {
+            // The device lock, then its shards (the pool's lock order).
+            globals.push((dev, lock(&dev.global)));
+            shards.extend(dev.all_shards().map(|s| s.state.lock()));
+        }
+        for (dev, g) in &globals {
+            if let Some(page) = dev.page {
+                for _ in &g.spare {
+                    let none = DeviceAddress(0);
+                    recorder.event(EventKind::PageCreate, dev.id, None, page, none, None);
+                }
+            }
+            recorder.record_limit(dev.id, g.limit);
+        }
+        for st in &shards {
+            st.record_baseline(&recorder);
+        }
+        self.backend.set_recorder(Some(Arc::clone(&recorder)));
+        let old = self.history.set(Some(recorder));
+        drop(shards);
+        drop(globals);
+        old
+    }
+
+    /// Stops recording and returns the recorder (`None` if none was in). The recorder
+    /// keeps its events: render them with [`history::report`](crate::history::report) or
+    /// [`history::torch`](crate::history::torch).
+    pub fn stop_history(&self) -> Option<Arc<Recorder>> {
+        self.backend.set_recorder(None);
+        self.history.set(None)
+    }
+
+    /// The recorder in use, if a recording is on.
+    pub fn history_recorder(&self) -> Option<Arc<Recorder>> {
+        self.history.get()
+    }
+
+    /// Records a block handed out: `key` is the stream it was made on.
+    #[cold]
+    pub(super) fn note_malloc(&self, device: DeviceId, key: StreamKey, size: u64, addr: u64) {
+        if let Some(r) = self.history.get() {
+            r.malloc(device, key, size, DeviceAddress(addr), None);
+        }
+    }
+
+    /// Records the free of a block, before it is released (so that the free comes before
+    /// any later malloc of the same address).
+    #[cold]
+    pub(super) fn note_free(&self, raw: &RawAllocation) {
+        if let Some(r) = self.history.get() {
+            r.free(raw.device, raw.key, raw.size, raw.ptr);
+        }
+    }
+
+    /// Records an out-of-memory failure with the device's figures then.
+    #[cold]
+    pub(super) fn note_oom(&self, error: &PoolError, stream: StreamKey) {
+        let (Some(r), PoolError::OutOfMemory {
+            device,
+            requested,
+            used,
+            reserved,
+            cause,
+            ..
+        }) = (self.history.get(), error)
+        else {
+            return;
+        };
+        r.out_of_memory(
+            *device,
+            Some(stream),
+            *requested as u64,
+            *cause,
+            *used as u64,
+            *reserved as u64,
+        );
+    }
+
+    /// Records a limit change.
+    #[cold]
+    pub(super) fn note_limit(&self, device: DeviceId, limit: Option<u64>) {
+        if let Some(r) = self.history.get() {
+            r.record_limit(device, limit);
+        }
+    }
+
+    /// Records the creation or release of a private pool.
+    #[cold]
+    pub(super) fn note_private(&self, device: DeviceId, id: PrivatePoolId, created: bool) {
+        if let Some(r) = self.history.get() {
+            r.record_private_pool(device, None, id, created);
+        }
+    }
+}
