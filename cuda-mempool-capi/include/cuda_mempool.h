@@ -268,6 +268,21 @@ int cuda_mempool_set_limit(int device, size_t bytes);
 /* The cap of `device` in bytes, 0 if none, or -1 on failure. */
 int64_t cuda_mempool_get_limit(int device);
 
+/* ---- memory history (the pool's timeline) ---- */
+
+/* Starts recording what the pool does (PyTorch's _record_memory_history): what it holds
+ * now, then every malloc, free, segment, page, fence, limit change and out-of-memory
+ * failure, keeping the newest `max_events` (0: 1,000,000). Returns 0 or -1. */
+int cuda_mempool_history_start(size_t max_events);
+
+/* Stops the recording; its events stay for cuda_mempool_history_dump. Returns 0 or -1. */
+int cuda_mempool_history_stop(void);
+
+/* Writes the recording (on, or the last one stopped) to `path`: format 0 is a
+ * self-contained HTML report, 1 PyTorch's memory snapshot pickle (memory_viz opens it).
+ * Written to a temporary name, then renamed. Returns 0 or -1. */
+int cuda_mempool_history_dump(const char *path, int format);
+
 /* ---- errors ---- */
 
 /* The message of the calling thread's most recent failure, or NULL if there was none.

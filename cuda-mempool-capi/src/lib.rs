@@ -92,13 +92,14 @@ pub use cupy::{
 };
 pub use torch_alloc::cuda_mempool_torch_alloc;
 
-use std::ffi::{c_char, c_int, c_void};
-use std::sync::{LazyLock, Mutex, OnceLock, PoisonError};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
 
 use std::cell::Cell;
 
 use cudars_core::sys::CUstream;
 use cudars_core::Stream;
+use cudars_mempool::history::{self, Clock, Recorder};
 use cudars_mempool::{
     default_pool, Backend, DeviceId, DevicePool, DriverBackend, Limit, MemoryPool, PoolConfig,
     PoolError,
@@ -130,6 +131,9 @@ pub const EXPORTED_FUNCTIONS: &[&str] = &[
     "cuda_mempool_free_all_blocks",
     "cuda_mempool_set_limit",
     "cuda_mempool_get_limit",
+    "cuda_mempool_history_start",
+    "cuda_mempool_history_stop",
+    "cuda_mempool_history_dump",
     "cuda_mempool_last_error",
     "cuda_mempool_clear_error",
 ];
@@ -687,6 +691,86 @@ pub extern "C" fn cuda_mempool_get_limit(device: c_int) -> i64 {
         i64::try_from(limit.unwrap_or(0)).map_err(|_| fail(CALL, "limit does not fit in int64_t"))
     })
 }
+
+/// Starts recording the pool's memory history (PyTorch's `_record_memory_history`): what
+/// the pool holds now, then every malloc, free, segment, page, fence, limit change and
+/// out-of-memory failure, keeping the newest `max_events` (at least one; 0 means 1,000,000).
+/// A recording already on is replaced (its events are dropped). Returns 0, or -1 with a
+/// last-error message when the pool cannot be created.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_history_start(max_events: usize) -> c_int {
+    const CALL: &str = "cuda_mempool_history_start";
+    run(-1, || {
+        let capacity = if max_events == 0 { 1_000_000 } else { max_events };
+        let recorder = Arc::new(Recorder::new(capacity, Clock::Real));
+        pool(CALL)?.start_history(recorder);
+        Ok(0)
+    })
+}
+
+/// Stops the recording, keeping its events for [`cuda_mempool_history_dump`]. Returns 0
+/// (also when none was on), or -1 with a last-error message.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_history_stop() -> c_int {
+    const CALL: &str = "cuda_mempool_history_stop";
+    run(-1, || {
+        if let Some(r) = pool(CALL)?.stop_history() {
+            *STOPPED.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
+        }
+        Ok(0)
+    })
+}
+
+/// Writes the recording (on, or the last one stopped) to the file `path` (UTF-8, NUL
+/// terminated): `format` 0 is the self-contained HTML report, 1 PyTorch's memory snapshot
+/// pickle (what `torch.cuda.memory._dump_snapshot` writes; open it at
+/// pytorch.org/memory_viz or with `python -m torch.cuda._memory_viz`). The file is written
+/// to a temporary name and renamed, so a reader never sees half of it. Returns 0, or -1
+/// with a last-error message (no recording, a bad format or path, an I/O error).
+///
+/// # Safety
+///
+/// `path` is null (refused) or points to a NUL-terminated string that stays valid for the
+/// call.
+#[no_mangle]
+pub unsafe extern "C" fn cuda_mempool_history_dump(path: *const c_char, format: c_int) -> c_int {
+    const CALL: &str = "cuda_mempool_history_dump";
+    run(-1, || {
+        if path.is_null() {
+            return Err(fail(CALL, "path is null"));
+        }
+        // SAFETY: the caller's contract: a NUL-terminated string valid for the call.
+        let path = unsafe { CStr::from_ptr(path) }
+            .to_str()
+            .map_err(|_| fail(CALL, "path is not UTF-8"))?;
+        let recorder = match pool(CALL)?.history_recorder() {
+            Some(r) => r,
+            None => STOPPED
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+                .ok_or_else(|| fail(CALL, "no history recorded: call cuda_mempool_history_start first"))?,
+        };
+        let history = recorder.history();
+        let snapshot = history.snapshot();
+        let bytes = match format {
+            0 => history::report::html(&history, &snapshot, &Default::default()).into_bytes(),
+            1 => history::torch::torch_snapshot(&history, &snapshot),
+            other => return Err(fail(CALL, format!("format {other}: 0 (HTML) or 1 (PyTorch pickle)"))),
+        };
+        let tmp = format!("{path}.tmp{}", std::process::id());
+        std::fs::write(&tmp, &bytes)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                fail(CALL, format!("{path}: {e}"))
+            })?;
+        Ok(0)
+    })
+}
+
+/// The recorder of the last [`cuda_mempool_history_stop`].
+static STOPPED: Mutex<Option<Arc<Recorder>>> = Mutex::new(None);
 
 /// The message of the most recent failure of this API on the calling thread, or null
 /// when there has been none (or since [`cuda_mempool_clear_error`]). The string stays

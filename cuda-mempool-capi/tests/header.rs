@@ -83,6 +83,12 @@ exports! {
         extern "C" fn(c_int, usize) -> c_int;
     cuda_mempool_get_limit = "int64_t(int)":
         extern "C" fn(c_int) -> i64;
+    cuda_mempool_history_start = "int(size_t)":
+        extern "C" fn(usize) -> c_int;
+    cuda_mempool_history_stop = "int(void)":
+        extern "C" fn() -> c_int;
+    cuda_mempool_history_dump = "int(const char*,int)":
+        unsafe extern "C" fn(*const c_char, c_int) -> c_int;
     cuda_mempool_last_error = "const char*(void)":
         extern "C" fn() -> *const c_char;
     cuda_mempool_clear_error = "void(void)":

@@ -101,6 +101,20 @@ fn child_without_driver() {
     // SAFETY: a null stream is always acceptable.
     assert_eq!(unsafe { cuda_mempool_set_current_stream(0, null) }, -1);
     expect_error("cuda_mempool_set_current_stream");
+    assert_eq!(cuda_mempool_history_start(16), -1);
+    expect_error("cuda_mempool_history_start");
+    assert_eq!(cuda_mempool_history_stop(), -1);
+    expect_error("cuda_mempool_history_stop");
+    // SAFETY: null is refused before anything is read.
+    assert_eq!(unsafe { cuda_mempool_history_dump(std::ptr::null(), 0) }, -1);
+    let msg = last_error();
+    assert!(msg.contains("path is null"), "{msg}");
+    cuda_mempool_clear_error();
+    let path = c"/tmp/cudars-no-history.html";
+    // SAFETY: a NUL-terminated literal.
+    assert_eq!(unsafe { cuda_mempool_history_dump(path.as_ptr(), 0) }, -1);
+    expect_error("cuda_mempool_history_dump");
+    assert!(!std::path::Path::new("/tmp/cudars-no-history.html").exists());
 
     // Nothing was handed out, and calls that need no driver still work.
     assert_eq!(cuda_mempool_live_allocations(), 0);
