@@ -155,6 +155,9 @@ def load(lib=None):
         "cuda_mempool_set_current_stream": (cint, [cint, vp]),
         "cuda_mempool_cupy_set_stream_hooks": (cint, [vp] * 6),
         "cuda_mempool_cupy_held_streams": (i64, []),
+        "cuda_mempool_history_start": (cint, [ctypes.c_size_t]),
+        "cuda_mempool_history_stop": (cint, []),
+        "cuda_mempool_history_dump": (cint, [ctypes.c_char_p, cint]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(so, name)
@@ -513,6 +516,33 @@ class MemoryPool:
 
     def live_allocations(self):
         return self._value(self._so.cuda_mempool_live_allocations(), "live_allocations")
+
+    def record_history(self, enabled=True, max_events=0):
+        """Starts (or, ``enabled=False``, stops) recording the pool's memory history, as
+        ``torch.cuda.memory._record_memory_history`` does for PyTorch: what the pool holds
+        now, then every malloc, free, segment, page, fence, limit change and out-of-memory
+        failure, the newest ``max_events`` kept (0: one million). Starting again replaces the
+        recording. Write it out with :meth:`dump_report` or :meth:`dump_snapshot`."""
+        if enabled:
+            self._value(self._so.cuda_mempool_history_start(max_events), "history_start")
+        else:
+            self._value(self._so.cuda_mempool_history_stop(), "history_stop")
+
+    def _dump(self, path, fmt):
+        if self._so.cuda_mempool_history_dump(os.fsencode(path), fmt) != 0:
+            raise RuntimeError(f"cuda_mempool_history_dump: {_last_error(self._so)}")
+
+    def dump_report(self, path):
+        """Writes the recording (running, or the last one stopped) as one self-contained HTML
+        file: active memory over time by allocation, reserved against used, the segment and
+        page map, out-of-memory events. It opens offline in any browser."""
+        self._dump(path, 0)
+
+    def dump_snapshot(self, path):
+        """Writes the recording as PyTorch's memory snapshot pickle (what
+        ``torch.cuda.memory._dump_snapshot`` writes): open it at pytorch.org/memory_viz or
+        with ``python -m torch.cuda._memory_viz``."""
+        self._dump(path, 1)
 
 
 def install(lib=None, replace_default_pool=True):

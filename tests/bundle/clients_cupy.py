@@ -593,6 +593,57 @@ def steal_calls(args, rep):
     cp.cuda.Device(0).synchronize()
 
 
+def history_scenario(args, rep):
+    """Issue 37: the module's record_history / dump_report / dump_snapshot on a live CuPy
+    program, the snapshot opened by PyTorch's own memory_viz code."""
+    import pickle
+    import subprocess
+    import tempfile
+
+    cp, cmp, pool, kern, khz = setup(args)
+    keep = [cp.empty(3 * MIB, dtype=cp.uint8)]  # live before the recording starts
+    pool.record_history()
+    s1 = cp.cuda.Stream(non_blocking=True)
+    with s1:
+        keep.append(cp.ones(5 * MIB // 4, dtype=cp.float32))
+        for i in range(20):
+            t = cp.zeros((i + 1) * 4096, dtype=cp.uint8)
+            del t
+    keep.append(cp.arange(1000, dtype=cp.int64))
+    cp.cuda.Device(0).synchronize()
+    live = sum(a.nbytes for a in keep)
+    out = tempfile.mkdtemp(prefix="cudars-history-")
+    html, snap = os.path.join(out, "report.html"), os.path.join(out, "snapshot.pickle")
+    pool.dump_report(html)
+    pool.dump_snapshot(snap)
+    pool.record_history(False)
+    text = open(html, encoding="utf-8").read()
+    rep.check(text.startswith("<!DOCTYPE html>") and "<svg" in text and "http://" not in
+              text.replace("http://www.w3.org", ""),
+              f"the HTML report is one self-contained page ({len(text)} bytes)")
+    with open(snap, "rb") as f:
+        data = pickle.load(f)
+    active = [b for seg in data["segments"] for b in seg["blocks"]
+              if b["state"] == "active_allocated"]
+    requested = sum(b["requested_size"] for b in active)
+    rep.check(requested == live,
+              f"the snapshot's active blocks ({len(active)}, {requested} bytes) are the live "
+              f"arrays ({len(keep)}, {live} bytes)")
+    traces = data.get("device_traces", [[]])
+    allocs = sum(1 for e in traces[0] if e.get("action") == "alloc")
+    rep.check(allocs >= 20 + 2, f"the trace holds the allocations made while recording ({allocs})")
+    for cmd in (["stats", snap], ["trace_plot", snap, "-o", os.path.join(out, "trace.html")],
+                ["segment_plot", snap, "-o", os.path.join(out, "segments.html")]):
+        r = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz"] + cmd,
+                           capture_output=True, text=True, timeout=120)
+        rep.check(r.returncode == 0,
+                  f"PyTorch's memory_viz {cmd[0]} reads our snapshot "
+                  f"(rc {r.returncode}; {(r.stdout + r.stderr).strip()[-300:]})")
+        if cmd[0] == "stats" and r.returncode == 0:
+            rep.info("memory_viz stats: " + " | ".join(r.stdout.strip().splitlines()[:6]))
+    del keep
+
+
 def ptds_scenario(args, rep, whole_program):
     """Item 3: CuPy's per-thread default stream, 8 threads, frees from a collector thread."""
     import queue
@@ -689,7 +740,7 @@ def ptds_scenario(args, rep, whole_program):
 
 SCENARIOS = ["cross_nonblocking", "cross_blocking", "cross_default", "destroyed_stream",
              "threads", "churn", "oom", "oom_limit", "graph", "stream_hold", "steal_calls",
-             "ptds_threads", "ptds_program"]
+             "ptds_threads", "ptds_program", "history"]
 # The plain route (--mode plain): the same scenarios through CuPy's four documented lines.
 PLAIN = ["cross_nonblocking", "cross_blocking", "threads", "oom", "oom_limit", "steal_calls",
          "ptds_threads"]
@@ -727,6 +778,8 @@ def child(args):
             ptds_scenario(args, rep, False)
         elif name == "ptds_program":
             ptds_scenario(args, rep, True)
+        elif name == "history":
+            history_scenario(args, rep)
         else:
             rep.check(False, f"unknown scenario {name}")
     except Exception as e:  # noqa: BLE001

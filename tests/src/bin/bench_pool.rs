@@ -7,6 +7,8 @@
 //!   the release threshold at `u64::MAX`. Target <= 50 ns.
 //! - `raw_cumemalloc_pair_1MiB`: `cuMemAlloc` + `cuMemFree`, for context.
 //! - `async_pool_pair_{512B,1MiB,64MiB}`: cuda-mempool's `AsyncPool`, raw column as above.
+//! - `pool_pair_history_on_1MiB`: the 1 MiB pair while the memory history records (issue 37);
+//!   raw: the same pair with the recording off (the `pool_pair_1MiB` figure).
 //! - `pool_scaling_{1,2,4,8,16}t`: million 1 MiB pairs per second, each thread on its own
 //!   stream, threads released together by a barrier; 16 threads >= 14x one thread. Raw
 //!   column: a CPU-bound loop that shares nothing, on the same threads, scaled to the
@@ -44,6 +46,7 @@ use cudars_core::memory::{DeviceMemory, PinnedFlags, PinnedMemory};
 use cudars_core::{Device, Stream};
 use cudars_mempool::async_pool::{AsyncPool, AsyncPoolSource};
 use cudars_mempool::driver::device_id;
+use cudars_mempool::history::{Clock, Recorder};
 use cudars_mempool::pinned::PinnedMemoryPool;
 use cudars_mempool::replay::{self, ReplayOptions, TraceOp};
 use cudars_mempool::DevicePool;
@@ -166,6 +169,22 @@ fn run() -> Result<(), BoxError> {
                 ext,
                 Some(raw),
                 "cuMemAllocAsync",
+                Target::None,
+            );
+            // The memory history recording (issue 37): the same pair with a recorder on,
+            // against the pair with it off (the first row: one relaxed load per call).
+            let rec = Arc::new(Recorder::new(1 << 20, Clock::Real));
+            pool.start_history(rec);
+            let recorded = ns_per_call(10_000, 21, 100_000, || {
+                drop(pool.malloc_stream(&stream, size).expect("pool malloc"));
+            });
+            pool.stop_history();
+            report.row(
+                "pool_pair_history_on_1MiB",
+                "ns",
+                recorded,
+                Some(ours),
+                "history off",
                 Target::None,
             );
         }
