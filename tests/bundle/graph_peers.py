@@ -68,6 +68,22 @@ def core():
     return cc
 
 
+def make_condition(gb, default):
+    """The builder's condition: create_conditional_handle (cuda.core 0.3-1.0) or
+    create_condition (later releases, a GraphCondition that launch() unwraps)."""
+    for name in ("create_conditional_handle", "create_condition"):
+        f = getattr(gb, name, None)
+        if f is None:
+            continue
+        for kwargs in ({"default_value": default}, {}):
+            try:
+                return f(**kwargs)
+            except TypeError:
+                continue
+    raise AttributeError("GraphBuilder has neither create_conditional_handle nor create_condition "
+                         f"(cuda.core attributes: {[a for a in dir(gb) if not a.startswith('_')]})")
+
+
 def main():
     samples = 200
     if "--samples" in sys.argv:
@@ -89,7 +105,7 @@ def main():
 
     # The while node: reset the counter, then loop on the device.
     gb = dev.create_graph_builder().begin_building()
-    handle = gb.create_conditional_handle(default_value=1)
+    handle = make_condition(gb, 1)
     cc.launch(gb, one, reset, int(counter.handle), ctypes.c_uint(ITERATIONS))
     body = gb.while_loop(handle)
     body.begin_building()
