@@ -5,7 +5,8 @@
 //! The CuPy example multiplies random matrices; `cuda-core` has no array library, so each
 //! stream runs the fill kernel of `cudars_core::kernels` (PTX JIT-compiled by the driver, no
 //! `nvcc` needed) over a million-element buffer instead, then copies the result back
-//! asynchronously.
+//! asynchronously. The kernel stays hand-written PTX here: `cuda-core` has no compiler of its
+//! own (`cudars-rtc`, which compiles CUDA C++, depends on `cuda-core`, not the reverse).
 //!
 //! Run with `cargo run --release -p cudars-core --example streams`; exits 0 on a machine with a
 //! GPU, prints the error and exits 1 otherwise.

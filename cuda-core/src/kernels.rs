@@ -2,10 +2,12 @@
 //! kernels for ordering tests, as PTX text that the driver JIT-compiles
 //! ([`Module::from_ptx`]), so nothing needs `nvcc` or a CUDA toolkit at build time.
 //!
-//! Until the workspace compiles kernels from source (the planned `cuda-rtc`), this is the
-//! quickest way to put real device work on a stream: the workspace's own GPU tests and
-//! benchmarks use it, and so can a downstream crate (an example, a test of its allocator, a
-//! benchmark of its stream ordering).
+//! `cuda-core` compiles no CUDA C++ (`cuda-rtc`, which does, depends on this crate), so this
+//! is the quickest way to put real device work on a stream with `cuda-core` alone: its
+//! examples use it, and so can a downstream crate (an example, a test of its allocator, a
+//! benchmark of its stream ordering). The workspace's GPU tests of these kernels use them;
+//! its other GPU tests and benchmarks use the same kernels written in CUDA C++ and compiled
+//! by `cuda-rtc` (the `workspace-tests` crate's `kernels` module).
 //!
 //! [`PTX`] holds seven entry points over `u32` elements:
 //!

@@ -45,6 +45,11 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+// The fills that `Tensor.fill_u32` / `spin_fill_u32` and `Imported.fill_u32` offer (test
+// helpers for the clients) are cuda-core's hand-written PTX kernels, on purpose: they need
+// only the driver, whereas kernels compiled by cuda-rtc would make this Python extension load
+// libnvrtc (a separate ~100 MB library a user of the module may not have) and compile on first
+// use, for two fills.
 use cudars_core::kernels::Kernels;
 use cudars_core::memory::DevicePtr;
 use cudars_core::{Device, Event, Stream};

@@ -2,26 +2,71 @@
 //! replayed many times, with its parameter changed between epochs by updating the executable
 //! graph in place instead of re-capturing from scratch.
 //!
-//! The kernel is `add_u32` from `cudars_core::kernels` (PTX JIT-compiled by the driver, so
-//! nothing needs `nvcc`). Run with
-//! `cargo run --release --example capture_replay`.
+//! The kernel is `add_u32`, CUDA C++ compiled at run time by `cudars-rtc` (NVRTC, so nothing
+//! needs `nvcc`; `$CUDA_NVRTC_LIBRARY` names the library when it is not on the loader's
+//! path). Run with `cargo run --release --example capture_replay`.
 
 mod common;
 use common::println;
 
 use std::time::Instant;
 
-use cudars_core::kernels::Kernels;
-use cudars_core::{memory::DevicePtr, Device, Stream};
+use cudars_core::{memory::DevicePtr, Device, LaunchConfig, Stream};
 use cudars_graph::{CaptureMode, Graph, UpdateOutcome};
+use cudars_rtc::{Kernel, Program};
 
 const N: usize = 4096;
 const KERNELS_PER_STEP: u32 = 8;
 const STEPS: usize = 1000;
 
+/// `p[i] += v` for `i < n`, one thread per element.
+const ADD_U32: &str = r#"
+extern "C" __global__ void add_u32(unsigned* p, unsigned v, unsigned long long n) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i < n) p[i] += v;
+}
+"#;
+
+/// The add kernel, and its launch over `N` elements.
+struct Add {
+    kernel: Kernel,
+    config: LaunchConfig,
+}
+
+impl Add {
+    fn load(dev: &Device) -> cudars_core::Result<Add> {
+        let kernel = Program::new(ADD_U32)
+            .name("add_u32.cu")
+            .device(dev)?
+            .compile()? // NVRTC the first time; the disk cache afterwards
+            .load(dev)?
+            .kernel("add_u32")?;
+        let config = kernel.config_for_elements(N as u64, 0)?;
+        Ok(Add { kernel, config })
+    }
+
+    /// Queues `work[i] += v` for every element of `work` (`N` u32s).
+    fn add(&self, stream: &Stream, work: &DevicePtr, v: u32) -> cudars_core::Result<()> {
+        if work.len() != N * 4 {
+            return Err(cudars_core::Error::InvalidArgument(format!(
+                "add: {} bytes, not {N} u32s",
+                work.len()
+            )));
+        }
+        // SAFETY: `add_u32` reads and writes `p[i]` for `i < N` only, one thread each, and
+        // `work` holds N u32s (checked above); the launch marks it as used by `stream` (and
+        // keeps it alive in a graph being captured).
+        unsafe {
+            self.kernel
+                .launch(stream, &self.config, (work, v, N as u64))
+        }?;
+        Ok(())
+    }
+}
+
 /// One step: reset `work` to `seed`, add 1 to it KERNELS_PER_STEP times, copy it to `out`.
 fn step(
-    kernel: &Kernels,
+    kernel: &Add,
     stream: &Stream,
     work: &DevicePtr,
     out: &DevicePtr,
@@ -35,7 +80,7 @@ fn step(
 }
 
 fn capture_step(
-    kernel: &Kernels,
+    kernel: &Add,
     stream: &Stream,
     work: &DevicePtr,
     out: &DevicePtr,
@@ -56,7 +101,7 @@ fn main() {
 fn run() -> Result<(), cudars_graph::Error> {
     let dev = Device::new(0)?;
     let stream = Stream::new(&dev)?;
-    let kernel = Kernels::load(&dev)?;
+    let kernel = Add::load(&dev)?;
     let work = DevicePtr::alloc(&dev, N * 4)?;
     let out = DevicePtr::alloc(&dev, N * 4)?;
 

@@ -3,14 +3,15 @@
 //!
 //! Each request takes a slot (two pinned host buffers and a device buffer; the slots are
 //! made once, since allocating pinned or device memory is a synchronous driver call), fills
-//! its input, queues on its stream `copy_to_device_async` -> the `add_u32` kernel of
-//! `cudars_core::kernels` -> `to_host_async`, and awaits the two transfers (`Pending` is
+//! its input, queues on its stream `copy_to_device_async` -> an `add_u32` kernel (CUDA C++
+//! compiled at run time by `cudars-rtc`) -> `to_host_async`, and awaits the two transfers
+//! (`Pending` is
 //! `IntoFuture`): the buffers come back when the device is done with them, and the task
 //! sleeps meanwhile. A ticker task measures how late the runtime runs it: a blocked worker
 //! would show up there.
 //!
 //! Run with `cargo run --release -p cudars-xfer --example async_requests`. Exits 0 on a
-//! machine with a GPU, 1 (with the driver's error) without.
+//! machine with a GPU and NVRTC (`$CUDA_NVRTC_LIBRARY`), 1 (with the error) without.
 
 mod common;
 use common::println;
@@ -20,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudars_core::completion;
-use cudars_core::kernels::Kernels;
-use cudars_core::{Device, Stream};
+use cudars_core::{Device, LaunchConfig, Stream};
+use cudars_rtc::{Kernel, Program};
 use cudars_xfer::{copy_to_device_async, to_host_async, DeviceBuffer, PinnedBuffer};
 
 const REQUESTS: usize = 2_000;
@@ -32,6 +33,14 @@ const LEN: usize = 64 * 1024;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// `p[i] += v` for `i < n`, one thread per element.
+const ADD_U32: &str = r#"
+extern "C" __global__ void add_u32(unsigned* p, unsigned v, unsigned long long n) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i < n) p[i] += v;
+}
+"#;
+
 /// What one request in flight holds.
 struct Slot {
     input: PinnedBuffer<u32>,
@@ -40,7 +49,9 @@ struct Slot {
 }
 
 struct Service {
-    kernels: Kernels,
+    add: Kernel,
+    /// One thread per element of a request.
+    add_config: LaunchConfig,
     streams: Vec<Stream>,
     slots: Mutex<Vec<Slot>>,
     free: tokio::sync::Semaphore,
@@ -64,7 +75,15 @@ impl Service {
         }
         // Queue the three steps; none of these calls waits for the device.
         let upload = copy_to_device_async(slot.input, &slot.device, stream)?;
-        self.kernels.add(stream, slot.device.as_ptr(), id as u32)?;
+        // SAFETY: `add_u32` reads and writes `p[i]` for `i < LEN` only, one thread each, and
+        // the device buffer holds LEN u32s; the launch marks it as used by `stream`.
+        unsafe {
+            self.add.launch(
+                stream,
+                &self.add_config,
+                (slot.device.as_ptr(), id as u32, LEN as u64),
+            )
+        }?;
         let download = to_host_async(&slot.device, slot.output, stream)?;
         // Await them: the task sleeps, the worker thread serves other requests.
         slot.input = upload.await?;
@@ -95,8 +114,15 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), BoxError> {
     let dev = Device::new(0)?;
+    let add = Program::new(ADD_U32)
+        .name("add_u32.cu")
+        .device(&dev)?
+        .compile()? // NVRTC the first time; the disk cache afterwards
+        .load(&dev)?
+        .kernel("add_u32")?;
     let service = Arc::new(Service {
-        kernels: Kernels::load(&dev)?,
+        add_config: add.config_for_elements(LEN as u64, 0)?,
+        add,
         streams: (0..STREAMS)
             .map(|_| Stream::builder(&dev).non_blocking(true).build())
             .collect::<Result<_, _>>()?,

@@ -4,7 +4,9 @@
 //! machine without a GPU does not build them, and `cargo xtask gpu-bundle` does. A GPU test
 //! never passes without a GPU: it fails at its first driver call.
 //!
-//! The kernels the tests and benchmarks launch are the public `cudars_core::kernels`.
+//! The kernels the tests and benchmarks launch are [`kernels`]: CUDA C++ compiled by NVRTC
+//! (`cuda-rtc`), with the entry points, launch geometry and checks of `cuda-core`'s
+//! hand-written PTX (`cudars_core::kernels`), which the tests about those PTX kernels use.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -17,6 +19,8 @@ pub mod bench;
 pub mod gpu;
 
 pub mod graphs;
+
+pub mod kernels;
 
 pub mod nccl_check;
 

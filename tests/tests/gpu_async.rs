@@ -28,11 +28,11 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use cudars_core::completion::{self, WakeStrategy};
-use cudars_core::kernels::Kernels;
 use cudars_core::memory::{PinnedFlags, PinnedMemory};
 use cudars_core::{DevicePtr, Stream};
 use cudars_xfer::{to_device_async, to_host_async, DeviceBuffer, PinnedBuffer};
 use workspace_tests::gpu::{dev0, serial};
+use workspace_tests::kernels::Kernels;
 
 fn multi_thread(workers: usize) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

@@ -17,7 +17,6 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use cudars_core::kernels::Kernels;
 use cudars_core::memory::DevicePtr;
 use cudars_core::{Device, Stream};
 use cudars_dlpack::ffi::{device_type, DLDevice};
@@ -27,6 +26,7 @@ use cudars_dlpack::{
 };
 use cudars_mempool::DevicePool;
 use workspace_tests::gpu::{dev0, serial};
+use workspace_tests::kernels::Kernels;
 
 /// About 0.1 s of SM clocks on an H200: the host runs far ahead of the producer's kernel.
 const SLOW: u64 = 200_000_000;

@@ -8,11 +8,11 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use cudars_core::kernels::Kernels;
 use cudars_core::memory::DevicePtr;
 use cudars_core::{Device, Event, Stream};
 use cudars_graph::{CaptureMode, CaptureStatus, Error, UpdateOutcome, UpdateRefusal};
 use workspace_tests::gpu::{dev0, serial};
+use workspace_tests::kernels::Kernels;
 
 /// Elements in the test buffers: not a multiple of the kernels' block size.
 const N: usize = (1 << 16) + 3;

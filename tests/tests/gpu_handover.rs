@@ -4,7 +4,9 @@
 //! after the launch. A fresh non-blocking stream B asks for the same size and gets A's
 //! memory, ordered after A on the device only (stealing before growing). Every use of the
 //! new block that a safe API offers, synchronous calls (legacy stream), other streams,
-//! `cuda-xfer`, the safe kernels, must come after A's kernel: after everything has
+//! `cuda-xfer`, the safe kernels (`cuda-core`'s PTX `Kernels::fill`, and the NVRTC kernels
+//! of `workspace_tests::kernels`, whose views `cuda-rtc` marks), must come after A's kernel:
+//! after everything has
 //! finished, the block holds the new owner's data, never the old kernel's. The same for a
 //! block reused on its own stream by a synchronous call, and for stream-ordered memory
 //! (`cuMemAllocAsync`), whose driver pool reuses memory the same ways.
@@ -19,11 +21,12 @@
 use std::sync::Arc;
 
 use cudars_core::async_pool::StreamOrderedMemory;
-use cudars_core::kernels::Kernels;
+use cudars_core::kernels::Kernels as PtxKernels;
 use cudars_core::memory::DevicePtr;
 use cudars_core::{Device, Stream};
 use cudars_mempool::DevicePool;
 use workspace_tests::gpu::{dev0, serial};
+use workspace_tests::kernels::Kernels;
 
 /// About 0.1 s of SM clocks: the host runs far ahead of the old owner's kernel.
 const SLOW: u64 = 200_000_000;
@@ -43,8 +46,11 @@ enum Use {
     CopyFromDevice,
     /// `memset_u32_async` on a third stream.
     AsyncOnOtherStream,
-    /// The safe `Kernels::fill` on a third stream.
+    /// `workspace_tests::kernels::Kernels::fill` (NVRTC, through `cuda-rtc`'s argument
+    /// marking) on a third stream.
     KernelOnOtherStream,
+    /// `cuda-core`'s safe `kernels::Kernels::fill` (PTX) on a third stream.
+    PtxKernelOnOtherStream,
     /// `cudars_xfer::copy_to_device` (synchronous, possibly staged).
     XferCopyToDevice,
     /// `cudars_xfer::copy_to_device_on_stream` on a third stream.
@@ -54,13 +60,14 @@ enum Use {
     ReadAfterOwnWrite,
 }
 
-const USES: [Use; 9] = [
+const USES: [Use; 10] = [
     Use::CopyFromHost,
     Use::MemsetU32,
     Use::MemsetU8,
     Use::CopyFromDevice,
     Use::AsyncOnOtherStream,
     Use::KernelOnOtherStream,
+    Use::PtxKernelOnOtherStream,
     Use::XferCopyToDevice,
     Use::XferOnOtherStream,
     Use::ReadAfterOwnWrite,
@@ -78,6 +85,7 @@ fn apply(
     own: &Stream,
     dev: &Device,
     k: &Kernels,
+    ptx: &PtxKernels,
 ) -> (u32, Option<Vec<u32>>) {
     let n = block.len() / 4;
     let other = non_blocking(dev);
@@ -95,6 +103,7 @@ fn apply(
         }
         Use::AsyncOnOtherStream => block.memset_u32_async(NEW, &other).unwrap(),
         Use::KernelOnOtherStream => k.fill(&other, block, NEW).unwrap(),
+        Use::PtxKernelOnOtherStream => ptx.fill(&other, block, NEW).unwrap(),
         Use::XferCopyToDevice => {
             let buf = cudars_xfer::DeviceBuffer::<u32>::from_ptr(block.clone()).unwrap();
             cudars_xfer::copy_to_device(&vec![NEW; n], &buf).unwrap();
@@ -125,6 +134,7 @@ fn stolen_pool_block_is_safe_for_every_use() {
     let _s = serial();
     let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
+    let ptx = PtxKernels::load(&dev).unwrap();
     let mut failures = Vec::new();
     let mut stolen = 0;
     let mut runs = 0;
@@ -142,7 +152,7 @@ fn stolen_pool_block_is_safe_for_every_use() {
             let same = block.as_raw() == old_addr;
             stolen += usize::from(same);
             runs += 1;
-            let (want, read) = apply(how, &block, &b, &dev, &k);
+            let (want, read) = apply(how, &block, &b, &dev, &k, &ptx);
             a.synchronize().unwrap();
             b.synchronize().unwrap();
             let mut host = vec![0u32; size / 4];
@@ -175,6 +185,7 @@ fn same_stream_reuse_then_synchronous_use() {
     let _s = serial();
     let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
+    let ptx = PtxKernels::load(&dev).unwrap();
     let pool = Arc::new(DevicePool::new_driver().unwrap());
     let a = non_blocking(&dev);
     for size in SIZES {
@@ -185,7 +196,7 @@ fn same_stream_reuse_then_synchronous_use() {
             drop(old);
             let block: DevicePtr = pool.malloc_shared(&a, size).unwrap().into();
             assert_eq!(block.as_raw(), old_addr, "same-stream reuse is immediate");
-            let (want, _) = apply(how, &block, &a, &dev, &k);
+            let (want, _) = apply(how, &block, &a, &dev, &k, &ptx);
             a.synchronize().unwrap();
             let mut host = vec![0u32; size / 4];
             block.copy_to_host(&mut host).unwrap();
@@ -206,6 +217,7 @@ fn stream_ordered_memory_reuse_then_synchronous_use() {
     let _s = serial();
     let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
+    let ptx = PtxKernels::load(&dev).unwrap();
     let mut reused = 0;
     for size in SIZES {
         for how in [
@@ -222,7 +234,7 @@ fn stream_ordered_memory_reuse_then_synchronous_use() {
             let b = Arc::new(non_blocking(&dev));
             let block: DevicePtr = StreamOrderedMemory::new(size, &b).unwrap().into();
             reused += usize::from(block.as_raw() == old_addr);
-            let (want, read) = apply(how, &block, &b, &dev, &k);
+            let (want, read) = apply(how, &block, &b, &dev, &k, &ptx);
             a.synchronize().unwrap();
             b.synchronize().unwrap();
             let mut host = vec![0u32; size / 4];

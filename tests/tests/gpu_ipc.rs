@@ -34,7 +34,6 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 
 use cudars_core::ipc::{self, IpcError, IpcMapping, IpcMemHandle, IpcRegion, SharedMapping};
-use cudars_core::kernels::Kernels;
 use cudars_core::memory::{DeviceMemory, DevicePtr, PinnedFlags, PinnedMemory};
 use cudars_core::sys::CUdevice_attribute;
 use cudars_core::vmm::{self, PhysicalAllocation};
@@ -42,6 +41,7 @@ use cudars_core::{Device, Error, Event, IpcEventHandle, Stream};
 use cudars_mempool::ipc::import_block;
 use cudars_mempool::{DevicePool, PoolError};
 use workspace_tests::gpu::{dev0, serial};
+use workspace_tests::kernels::Kernels;
 
 const ROLE: &str = "CUDA_RS_IPC_ROLE";
 const ARG: &str = "CUDA_RS_IPC_ARG";

@@ -20,12 +20,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudars_core::kernels::Kernels;
 use cudars_core::memory::{AttachFlags, DevicePtr, ManagedMemory};
 use cudars_core::{Device, Stream};
 use cudars_mempool::driver::device_id;
 use cudars_mempool::{DevicePool, Limit, PoolError};
 use workspace_tests::gpu::serial;
+use workspace_tests::kernels::Kernels;
 
 /// Devices 0 and 1; fails clearly with fewer than two, or without peer access between them.
 fn two_devices() -> (Device, Device) {

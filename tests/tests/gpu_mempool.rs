@@ -15,7 +15,6 @@
 
 use std::sync::Arc;
 
-use cudars_core::kernels::Kernels;
 use cudars_core::memory::{raw, DevicePtr};
 use cudars_core::{Device, Stream};
 use cudars_mempool::async_pool::{AsyncPool, AsyncPoolSource};
@@ -23,6 +22,7 @@ use cudars_mempool::driver::{device_id, stream_key};
 use cudars_mempool::pinned::PinnedMemoryPool;
 use cudars_mempool::{DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
 use workspace_tests::gpu::{dev0, serial_reporting_crashes as serial};
+use workspace_tests::kernels::Kernels;
 
 const MIB: usize = 1 << 20;
 /// About 0.1 s of SM clocks: long enough that the host runs well ahead of the kernel.

@@ -25,12 +25,12 @@ use std::time::{Duration, Instant};
 
 use cudars_core::async_pool::StreamOrderedMemory;
 use cudars_core::graph::CaptureMode;
-use cudars_core::kernels::Kernels;
 use cudars_core::memory::{raw, DevicePtr};
 use cudars_core::{Device, Stream};
 use cudars_mempool::driver::device_id;
 use cudars_mempool::{DevicePool, Limit, PoolError};
 use workspace_tests::gpu::{dev0, serial};
+use workspace_tests::kernels::Kernels;
 
 const MIB: usize = 1 << 20;
 /// About 0.1 s of SM clocks.

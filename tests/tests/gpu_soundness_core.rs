@@ -3,7 +3,9 @@
 //! driver behaviour each fix stands on, made explicit:
 //!
 //! * `Kernels::copy` / `Kernels::checksum` refuse overlapping views (the raw kernels forbid
-//!   them; an overlapping copy gave wrong elements on an H200) and change nothing then;
+//!   them; an overlapping copy gave wrong elements on an H200) and change nothing then:
+//!   `cuda-core`'s own PTX kernels (`cudars_core::kernels`), and the NVRTC-compiled
+//!   `workspace_tests::kernels` the other tests use, through the same test body;
 //! * an executable graph launched on a stream that is being captured is refused up front
 //!   (`cudars_core::graph` and `cuda-graph`), and the capture goes on; the driver itself
 //!   refuses `cuGraphLaunch` there and invalidates the capture;
@@ -11,6 +13,9 @@
 //!   driver captures a pageable copy as a node reading the host address at every replay);
 //! * a host callback's captures (a `DevicePtr` whose drop frees device memory) are dropped
 //!   off the driver's callback thread.
+//!
+//! This file tests `cuda-core`'s safe launchers of its hand-written PTX, so it keeps them (with
+//! `gpu_stream_event.rs`, it keeps the PTX path tested).
 #![cfg(feature = "gpu")]
 #![allow(
     clippy::unwrap_used,
@@ -34,6 +39,7 @@ use cudars_xfer::{DeviceBuffer, PinnedBuffer};
 // Captures refuse some calls of other threads: the tests of this file run one at a time
 // (`workspace_tests::gpu::serial`).
 use workspace_tests::gpu::{dev0, serial};
+use workspace_tests::kernels::SafeKernels;
 
 fn read(buf: &DevicePtr) -> Vec<u32> {
     let mut host = vec![0u32; buf.len() / 4];
@@ -51,9 +57,18 @@ fn expect_invalid_argument(r: Result<(), Error>, what: &str) {
 #[test]
 fn kernels_refuse_overlapping_views_and_change_nothing() {
     let _g = serial();
-    let dev = dev0();
+    refuse_overlapping_views(&Kernels::load(&dev0()).unwrap());
+}
+
+#[test]
+fn nvrtc_kernels_refuse_overlapping_views_and_change_nothing() {
+    let _g = serial();
+    refuse_overlapping_views(&workspace_tests::kernels::Kernels::load(&dev0()).unwrap());
+}
+
+fn refuse_overlapping_views(k: &impl SafeKernels) {
+    let dev = k.device();
     let stream = Stream::new(&dev).unwrap();
-    let k = Kernels::load(&dev).unwrap();
     let n = 1 << 16; // u32s
     let pattern: Vec<u32> = (0..n as u32)
         .map(|i| i.wrapping_mul(2_654_435_761))

@@ -22,13 +22,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use cudars_core::kernels::Kernels;
 use cudars_core::memory::{raw, DevicePtr};
 use cudars_core::{Device, Event, Stream};
 use cudars_mempool::driver::device_id;
 use cudars_mempool::hooks::{self, MemoryEvent, MemoryHook};
 use cudars_mempool::{Backend, DevicePool, DriverBackend, Limit, PoolConfig, PoolError};
 use workspace_tests::gpu::{dev0, serial};
+use workspace_tests::kernels::Kernels;
 
 const MIB: usize = 1 << 20;
 const BLOCK: usize = 4 * MIB;

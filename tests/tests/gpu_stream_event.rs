@@ -1,5 +1,9 @@
 //! GPU tests of streams, events, host callbacks, current-stream and device scopes, and
-//! interprocess events (issue 3). Kernels are PTX text from `cudars_core::kernels`.
+//! interprocess events (issue 3). Kernels are CUDA C++ compiled by NVRTC
+//! (`workspace_tests::kernels`), except in the tests of `cuda-core`'s hand-written PTX:
+//! `module_errors_are_clear` (a PTX module's functions) and the fill / copy / checksum test,
+//! which runs the same checks on `cudars_core::kernels` (PTX, JIT-compiled by the driver) and
+//! on the NVRTC kernels. This file and `gpu_soundness_core.rs` keep the PTX path tested.
 //!
 //! Run with `--test-threads=1`: several tests measure concurrency and timing.
 #![cfg(feature = "gpu")]
@@ -18,11 +22,11 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use cudars_core::event::IpcEventHandle;
-use cudars_core::kernels::Kernels;
 use cudars_core::stream::StreamKind;
 use cudars_core::sys::{self, CUcontext, CUdevice_attribute, CUdeviceptr, CUresult, CUstream};
 use cudars_core::{Device, Error, Event, Stream};
 use workspace_tests::gpu::dev0;
+use workspace_tests::kernels::{checksum_host, Kernels, SafeKernels};
 
 /// Checks a raw driver call.
 fn ok(r: Result<CUresult, sys::MissingSymbol>, what: &str) {
@@ -175,7 +179,7 @@ fn spin_kernel_time_is_linear_in_cycles_and_matches_the_clock_rate() {
     let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
     let stream = Stream::new(&dev).unwrap();
-    // Warm up: JIT, clocks ramping up.
+    // Warm up: module load, clocks ramping up.
     k.spin(&stream, cycles_for_ms(&dev, 50.0)).unwrap();
     stream.synchronize().unwrap();
 
@@ -673,7 +677,8 @@ fn module_errors_are_clear() {
     println!("bad PTX error: {text}");
     assert!(matches!(err, Error::InvalidArgument(_)));
     assert!(text.contains("cuModuleLoadDataEx"), "{text}");
-    let k = Kernels::load(&dev).unwrap();
+    // cuda-core's PTX module, JIT-compiled by the driver.
+    let k = cudars_core::kernels::Kernels::load(&dev).unwrap();
     assert!(k.module().function("no_such_kernel").is_err());
     let f = k.module().function(cudars_core::kernels::SPIN).unwrap();
     let stream = Stream::new(&dev).unwrap();
@@ -768,15 +773,25 @@ fn explicit_handles_survive_a_foreign_context_pop() {
     .unwrap();
 }
 
-/// The public kernels (`cudars_core::kernels`) do what their table says: fill, add, copy,
-/// checksum on views, and their checks refuse bad views before launching anything.
+/// The public kernels (`cudars_core::kernels`, PTX) do what their table says: fill, add,
+/// copy, checksum on views, and their checks refuse bad views before launching anything.
 #[test]
 fn public_kernels_fill_copy_and_checksum() {
-    use cudars_core::kernels::checksum_host;
-    use cudars_core::DevicePtr;
     let dev = dev0();
+    fill_copy_and_checksum(&cudars_core::kernels::Kernels::load(&dev).unwrap());
+}
+
+/// The NVRTC kernels (`workspace_tests::kernels`) pass the same checks as the PTX ones.
+#[test]
+fn nvrtc_kernels_fill_copy_and_checksum_as_the_ptx_ones() {
+    let dev = dev0();
+    fill_copy_and_checksum(&Kernels::load(&dev).unwrap());
+}
+
+fn fill_copy_and_checksum(k: &impl SafeKernels) {
+    use cudars_core::DevicePtr;
+    let dev = k.device();
     let stream = Stream::new(&dev).unwrap();
-    let k = Kernels::load(&dev).unwrap();
     let n = 1 << 20;
     let a = DevicePtr::alloc(&dev, n * 4).unwrap();
     let b = DevicePtr::alloc(&dev, n * 4).unwrap();
@@ -817,4 +832,31 @@ fn public_kernels_fill_copy_and_checksum() {
         k.checksum(&stream, &a, &sum.slice(..4).unwrap()),
         Err(Error::InvalidArgument(_))
     ));
+    // A sub-view (1000 elements: not a multiple of the block size) changes only its own
+    // elements; the slow fill writes every element of its view.
+    k.fill(&stream, &a, 0).unwrap();
+    let mid = a.slice(4..4 * 1001).unwrap();
+    k.fill(&stream, &mid, 5).unwrap();
+    k.add(&stream, &mid, 2).unwrap();
+    k.fill_after_spin(&stream, &b, 9, k.cycles_for(Duration::from_millis(1)))
+        .unwrap();
+    stream.synchronize().unwrap();
+    a.copy_to_host(&mut host).unwrap();
+    assert_eq!(host[0], 0);
+    assert!(host[1..1001].iter().all(|&v| v == 7));
+    assert!(host[1001..].iter().all(|&v| v == 0));
+    b.copy_to_host(&mut host).unwrap();
+    assert!(host.iter().all(|&v| v == 9));
+    // Empty views: nothing is written, and the checksum of nothing is 0.
+    let empty = a.slice(8..8).unwrap();
+    k.fill(&stream, &empty, 1).unwrap();
+    k.add(&stream, &empty, 1).unwrap();
+    k.copy(&stream, &empty, &b.slice(..0).unwrap()).unwrap();
+    k.fill_after_spin(&stream, &empty, 1, 1000).unwrap();
+    k.checksum(&stream, &empty, &sum).unwrap();
+    stream.synchronize().unwrap();
+    sum.copy_to_host(&mut out).unwrap();
+    assert_eq!(out[0], 0);
+    a.copy_to_host(&mut host).unwrap();
+    assert_eq!(&host[..3], &[0, 7, 7]);
 }

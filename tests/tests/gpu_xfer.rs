@@ -14,7 +14,6 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use cudars_core::kernels::Kernels;
 use cudars_core::memory::{AttachFlags, DevicePtr, ManagedMemory};
 use cudars_core::{Device, Stream};
 use cudars_xfer::half::{bf16, f16};
@@ -33,6 +32,7 @@ use cudars_xfer::{
     to_host_into, DeviceBuffer, Error, PinnedBuffer,
 };
 use workspace_tests::gpu::{dev0, serial};
+use workspace_tests::kernels::Kernels;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;

@@ -13,11 +13,11 @@
     reason = "test code: a failed check panics with its message"
 )]
 
-use cudars_core::kernels::Kernels;
 use cudars_core::Stream;
 use cudars_xfer::staging::{self, route_stats};
 use cudars_xfer::DeviceBuffer;
 use workspace_tests::gpu::dev0;
+use workspace_tests::kernels::Kernels;
 
 /// About 0.5 s of SM clocks: the transfer's DMAs are queued well before the fault.
 const SLOW: u64 = 1_000_000_000;

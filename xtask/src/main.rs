@@ -2,7 +2,7 @@
 //!
 //! | command | what |
 //! | --- | --- |
-//! | `ci [--gpu\|--no-gpu] [--sanitize]` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), packaging, the bindings snapshot check, the main example with and without headers, a snapshot build of cuda-sys switching to bindgen when headers and libclang appear, the CUDA 12.0/12.4/12.8 and 13.5 header sets (bindgen, `cargo check`, cuda-sys tests), the NCCL and NVRTC bindings, cuda-rtc's tests with NVRTC on the CPU (when the library is found); then the GPU suite when a GPU is usable (`--gpu` requires it, `--no-gpu` skips it, `--sanitize` runs it under compute-sanitizer); ends with one `GPU suite: ...` line |
+//! | `ci [--gpu\|--no-gpu] [--sanitize]` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), packaging, the bindings snapshot check, the main example with and without headers, a snapshot build of cuda-sys switching to bindgen when headers and libclang appear, the CUDA 12.0/12.4/12.8 and 13.5 header sets (bindgen, `cargo check`, cuda-sys tests), the NCCL and NVRTC bindings, cuda-rtc's tests with NVRTC on the CPU and the GPU tests' kernels compiled by it (when the library is found); then the GPU suite when a GPU is usable (`--gpu` requires it, `--no-gpu` skips it, `--sanitize` runs it under compute-sanitizer); ends with one `GPU suite: ...` line |
 //! | `gpu-suite [--gpu\|--no-gpu] [--sanitize]` | only the GPU part of `ci` |
 //! | `bindings` | regenerates `cuda-sys/src/generated/driver.rs` from the headers found |
 //! | `nccl-bindings` | regenerates `cuda-nccl-sys/src/generated/nccl.rs` from the `nccl.h` found |
@@ -164,7 +164,7 @@ fn cpu_steps() -> Result<()> {
         ],
         &[],
     )?;
-    step("cuda-rtc with NVRTC on the CPU (no GPU needed)");
+    step("cuda-rtc and the test kernels with NVRTC on the CPU (no GPU needed)");
     rtc::ci_nvrtc_tests()?;
     step("docs, warnings denied");
     cargo(

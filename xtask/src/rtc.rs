@@ -100,8 +100,8 @@ fn nvrtc_library() -> Option<(PathBuf, Option<PathBuf>)> {
         .then(|| (nvrtc, jit.is_file().then_some(jit)))
 }
 
-/// CI step: cuda-rtc's tests that run NVRTC for real (on the CPU), and cuda-graph's NVRTC
-/// prelude check, when the library is there.
+/// CI step: cuda-rtc's tests that run NVRTC for real (on the CPU), cuda-graph's NVRTC
+/// prelude check, and the compile of the GPU tests' kernels, when the library is there.
 pub fn ci_nvrtc_tests() -> Result<()> {
     let Some((nvrtc, jit)) = nvrtc_library() else {
         println!(
@@ -138,6 +138,19 @@ pub fn ci_nvrtc_tests() -> Result<()> {
             "nvrtc-tests",
             "--test",
             "nvrtc_conditional",
+        ],
+        &env,
+    )?;
+    // The GPU tests' kernels (workspace_tests::kernels) compile, with the parameters their
+    // launchers pass.
+    cargo(
+        &[
+            "test",
+            "-p",
+            "workspace-tests",
+            "--features",
+            "nvrtc-tests",
+            "--lib",
         ],
         &env,
     )

@@ -42,10 +42,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudars_core::completion::{self, PollConfig, WakeStrategy};
-use cudars_core::kernels::Kernels;
 use cudars_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
 use cudars_core::{Device, Event, Stream};
 use workspace_tests::bench::{Report, Target};
+use workspace_tests::kernels::Kernels;
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 

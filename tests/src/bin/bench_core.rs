@@ -25,11 +25,11 @@ use common::println;
 use std::ffi::c_void;
 use std::time::Instant;
 
-use cudars_core::kernels::Kernels;
 use cudars_core::memory::{DevicePtr, PinnedFlags, PinnedMemory};
 use cudars_core::sys::{self, CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags};
 use cudars_core::{Device, Event, Stream};
 use workspace_tests::bench::{median, Report, Target};
+use workspace_tests::kernels::Kernels;
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -293,7 +293,7 @@ fn run() -> BoxResult<()> {
     // 5. Kernel launch issue.
     {
         let kernels = Kernels::load(&dev)?;
-        let spin = kernels.module().function(cudars_core::kernels::SPIN)?;
+        let spin = kernels.module().function(workspace_tests::kernels::SPIN)?;
         let raw_fn = spin.raw();
         let (ours, raw) = compare(
             200,

@@ -36,11 +36,11 @@ use common::println;
 
 use std::time::Instant;
 
-use cudars_core::kernels::Kernels;
 use cudars_core::memory::DevicePtr;
 use cudars_core::{Device, Event, Stream};
 use cudars_graph::{CaptureMode, GraphExec};
 use workspace_tests::bench::{median, Report, Target};
+use workspace_tests::kernels::Kernels;
 
 const OPS: usize = 100;
 const WARMUP: usize = 30;

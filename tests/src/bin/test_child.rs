@@ -153,9 +153,9 @@ mod async_fault {
     use std::time::{Duration, Instant};
 
     use cudars_core::completion::{self, WakeStrategy};
-    use cudars_core::kernels::Kernels;
     use cudars_core::{Device, Stream};
     use cudars_xfer::{to_host_async, DeviceBuffer, PinnedBuffer};
+    use workspace_tests::kernels::Kernels;
 
     type Outcome = (Instant, Result<(), String>, Option<u32>);
 
