@@ -246,12 +246,45 @@ fn one_thread() -> LaunchConfig {
     LaunchConfig::new((1, 1, 1), (1, 1, 1))
 }
 
+/// A launch checked against the kernel's parameters where the driver reports them
+/// (`cuFuncGetParamInfo`, CUDA 12.4+), unchecked before.
+trait LaunchKnown {
+    /// # Safety
+    ///
+    /// `cudars_rtc::Kernel::launch`'s contract; on a driver without parameter info, also
+    /// `launch_unchecked`'s (the launchers of this module pass each kernel's declared
+    /// parameters).
+    unsafe fn launch_known<A: KernelArgs>(
+        &self,
+        stream: &Stream,
+        config: &LaunchConfig,
+        args: A,
+    ) -> cudars_rtc::Result<()>;
+}
+
+impl LaunchKnown for Kernel {
+    unsafe fn launch_known<A: KernelArgs>(
+        &self,
+        stream: &Stream,
+        config: &LaunchConfig,
+        args: A,
+    ) -> cudars_rtc::Result<()> {
+        if self.params().is_some() {
+            // SAFETY: the caller's contract, which is `launch`'s.
+            unsafe { self.launch(stream, config, args) }
+        } else {
+            // SAFETY: the caller's contract; the arguments are the declared parameters.
+            unsafe { self.launch_unchecked(stream, config, args) }
+        }
+    }
+}
+
 impl Kernels {
     /// Compiles [`SOURCE`] for `device` (or finds it in the cache), loads it, and checks every
     /// kernel's parameters, as the driver reports them, against its launcher's arguments.
-    /// Fails with the loader's error without NVRTC, and with
-    /// [`cudars_rtc::Error::SignatureUnknown`] (as a `cuda-core` error) on a driver older than
-    /// CUDA 12.4, which cannot report parameters.
+    /// Fails with the loader's error without NVRTC. A driver older than CUDA 12.4 cannot
+    /// report parameters: then nothing is checked here and the launches go unchecked (the
+    /// source's parameter layouts equal `cuda-core`'s PTX ones: a CPU test compares them).
     pub fn load(device: &Device) -> Result<Kernels> {
         let module = program().device(device)?.compile()?.load(device)?;
         let kernel = |name: &str| -> Result<Kernel> { Ok(module.kernel(name)?) };
@@ -271,16 +304,22 @@ impl Kernels {
                 .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)?
                 .max(1) as u32,
         };
-        check_signatures(&|name| {
-            let kernel = kernels.by_name(name).ok_or_else(|| {
-                cudars_rtc::Error::InvalidArgument(format!("{name} is not an entry point"))
+        // A driver without parameter info (before CUDA 12.4) reports none: nothing to check.
+        let known = ENTRY_POINTS
+            .iter()
+            .all(|n| kernels.by_name(n).is_some_and(|k| k.params().is_some()));
+        if known {
+            check_signatures(&|name| {
+                let kernel = kernels.by_name(name).ok_or_else(|| {
+                    cudars_rtc::Error::InvalidArgument(format!("{name} is not an entry point"))
+                })?;
+                kernel.params().map(<[ParamInfo]>::to_vec).ok_or_else(|| {
+                    cudars_rtc::Error::SignatureUnknown {
+                        kernel: name.to_string(),
+                    }
+                })
             })?;
-            kernel.params().map(<[ParamInfo]>::to_vec).ok_or_else(|| {
-                cudars_rtc::Error::SignatureUnknown {
-                    kernel: name.to_string(),
-                }
-            })
-        })?;
+        }
         Ok(kernels)
     }
 
@@ -334,7 +373,7 @@ impl Kernels {
     /// clocks and touches no memory.
     pub fn spin(&self, stream: &Stream, cycles: u64) -> Result<()> {
         // SAFETY: `spin` takes one u64 (checked) and touches no memory.
-        unsafe { self.spin.launch(stream, &one_thread(), (cycles,)) }?;
+        unsafe { self.spin.launch_known(stream, &one_thread(), (cycles,)) }?;
         Ok(())
     }
 
@@ -356,7 +395,7 @@ impl Kernels {
         // kernel is done).
         unsafe {
             self.fill
-                .launch(stream, &self.elementwise(n), (view, value, n))
+                .launch_known(stream, &self.elementwise(n), (view, value, n))
         }?;
         Ok(())
     }
@@ -375,7 +414,7 @@ impl Kernels {
         // element from one thread.
         unsafe {
             self.add
-                .launch(stream, &self.elementwise(n), (view, value, n))
+                .launch_known(stream, &self.elementwise(n), (view, value, n))
         }?;
         Ok(())
     }
@@ -408,7 +447,7 @@ impl Kernels {
         // overlap (checked above); the launch marks both as used by `stream`.
         unsafe {
             self.copy
-                .launch(stream, &self.elementwise(n), (dst, src, n))
+                .launch_known(stream, &self.elementwise(n), (dst, src, n))
         }?;
         Ok(())
     }
@@ -441,7 +480,7 @@ impl Kernels {
         // by `stream`.
         unsafe {
             self.checksum
-                .launch(stream, &self.elementwise(n.max(1)), (src, n, &out8))
+                .launch_known(stream, &self.elementwise(n.max(1)), (src, n, &out8))
         }?;
         Ok(())
     }
@@ -462,7 +501,7 @@ impl Kernels {
         // SAFETY: as in `fill` (no write at all when `n` is 0).
         unsafe {
             self.spin_then_fill
-                .launch(stream, &self.resident(n), (view, value, n, cycles))
+                .launch_known(stream, &self.resident(n), (view, value, n, cycles))
         }?;
         Ok(())
     }
@@ -488,7 +527,7 @@ impl Kernels {
         // thread.
         unsafe {
             self.fill
-                .launch(stream, &self.elementwise(n), (ptr, value, n))
+                .launch_known(stream, &self.elementwise(n), (ptr, value, n))
         }?;
         Ok(())
     }
@@ -512,7 +551,7 @@ impl Kernels {
         // by one thread.
         unsafe {
             self.add
-                .launch(stream, &self.elementwise(n), (ptr, value, n))
+                .launch_known(stream, &self.elementwise(n), (ptr, value, n))
         }?;
         Ok(())
     }
@@ -538,7 +577,7 @@ impl Kernels {
         // thread.
         unsafe {
             self.copy
-                .launch(stream, &self.elementwise(n), (dst, src, n))
+                .launch_known(stream, &self.elementwise(n), (dst, src, n))
         }?;
         Ok(())
     }
@@ -562,7 +601,7 @@ impl Kernels {
         // atomically.
         unsafe {
             self.checksum
-                .launch(stream, &self.elementwise(n.max(1)), (src, n, out))
+                .launch_known(stream, &self.elementwise(n.max(1)), (src, n, out))
         }?;
         Ok(())
     }
@@ -586,7 +625,7 @@ impl Kernels {
         // thread.
         unsafe {
             self.spin_then_fill
-                .launch(stream, &self.resident(n), (ptr, value, n, cycles))
+                .launch_known(stream, &self.resident(n), (ptr, value, n, cycles))
         }?;
         Ok(())
     }
@@ -607,7 +646,7 @@ impl Kernels {
         // SAFETY: the caller's contract covers the flag, which the kernel only reads.
         unsafe {
             self.wait_flag
-                .launch(stream, &one_thread(), (flag, max_cycles))
+                .launch_known(stream, &one_thread(), (flag, max_cycles))
         }?;
         Ok(())
     }
