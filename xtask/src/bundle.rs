@@ -343,7 +343,11 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
         .to_string();
     // What travels to the device machine is an xz archive of the folder (binaries pack ~8:1);
     // the folder itself is over the carry limit once every test, bench and example is in.
-    let archive = dir.with_extension("tar.xz");
+    // Not `with_extension`: the 13.5 bundle's directory name has a dot of its own.
+    let archive = dir.with_file_name(format!(
+        "{}.tar.xz",
+        dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    ));
     let name = dir
         .file_name()
         .ok_or("the bundle folder has no name")?
@@ -634,7 +638,23 @@ case "$mode" in
     fi ;;
   examples)
     export CUDA_RS_TRACES="$here/traces"
-    for e in "$here"/examples/*; do [ -x "$e" ] || continue; echo "=== $(basename "$e")"; "$e"; echo "(exit $?)"; done; exit 0 ;;
+    viz="${TMPDIR:-/tmp}/cudars-memviz.$$"
+    for e in "$here"/examples/*; do
+      [ -x "$e" ] || continue; echo "=== $(basename "$e")"
+      case "$(basename "$e")" in
+        # A replayed trace as the HTML report and PyTorch's snapshot, which PyTorch's own
+        # memory_viz then reads (when PyTorch is installed).
+        memviz) "$e" "$here/traces/multistream.trace" --out "$viz.html" --torch-snapshot "$viz.pickle"
+          echo "(exit $?)"
+          if python3 -c "import torch" 2>/dev/null; then
+            python3 -m torch.cuda._memory_viz stats "$viz.pickle" 2>/dev/null | head -n 8
+            python3 -m torch.cuda._memory_viz trace_plot "$viz.pickle" -o "$viz.trace.html" 2>/dev/null
+            echo "(memory_viz trace_plot exit $?)"
+          fi
+          rm -f "$viz".* ;;
+        *) "$e"; echo "(exit $?)" ;;
+      esac
+    done; exit 0 ;;
   all) "$0" examples; run_tests; two_gpu; "$0" bench; ;;
   *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|graph-bench|dlpack-bench|workloads|examples|all] [args]"; exit 2 ;;
 esac
