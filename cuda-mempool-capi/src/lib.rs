@@ -701,7 +701,11 @@ pub extern "C" fn cuda_mempool_get_limit(device: c_int) -> i64 {
 pub extern "C" fn cuda_mempool_history_start(max_events: usize) -> c_int {
     const CALL: &str = "cuda_mempool_history_start";
     run(-1, || {
-        let capacity = if max_events == 0 { 1_000_000 } else { max_events };
+        let capacity = if max_events == 0 {
+            1_000_000
+        } else {
+            max_events
+        };
         let recorder = Arc::new(Recorder::new(capacity, Clock::Real));
         pool(CALL)?.start_history(recorder);
         Ok(0)
@@ -749,14 +753,24 @@ pub unsafe extern "C" fn cuda_mempool_history_dump(path: *const c_char, format: 
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone()
-                .ok_or_else(|| fail(CALL, "no history recorded: call cuda_mempool_history_start first"))?,
+                .ok_or_else(|| {
+                    fail(
+                        CALL,
+                        "no history recorded: call cuda_mempool_history_start first",
+                    )
+                })?,
         };
         let history = recorder.history();
         let snapshot = history.snapshot();
         let bytes = match format {
             0 => history::report::html(&history, &snapshot, &Default::default()).into_bytes(),
             1 => history::torch::torch_snapshot(&history, &snapshot),
-            other => return Err(fail(CALL, format!("format {other}: 0 (HTML) or 1 (PyTorch pickle)"))),
+            other => {
+                return Err(fail(
+                    CALL,
+                    format!("format {other}: 0 (HTML) or 1 (PyTorch pickle)"),
+                ))
+            }
         };
         let tmp = format!("{path}.tmp{}", std::process::id());
         std::fs::write(&tmp, &bytes)

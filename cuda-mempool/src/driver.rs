@@ -367,7 +367,8 @@ unsafe impl Backend for DriverBackend {
             return Err(e);
         }
         let (size, at) = (page.size() as u64, DeviceAddress(addr as u64));
-        self.history.note(EventKind::PageMap, device, None, size, at);
+        self.history
+            .note(EventKind::PageMap, device, None, size, at);
         Ok(())
     }
 
@@ -484,7 +485,8 @@ unsafe impl Backend for DriverBackend {
         if self.history.is_on() {
             let key = Backend::stream_key(self, stream).ok();
             let none = DeviceAddress(0);
-            self.history.note(EventKind::StreamWait, device, key, 0, none);
+            self.history
+                .note(EventKind::StreamWait, device, key, 0, none);
         }
         Ok(())
     }

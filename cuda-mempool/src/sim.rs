@@ -1050,7 +1050,8 @@ unsafe impl Backend for SimulatedBackend {
             });
         }
         drop(s);
-        self.history.note(EventKind::PageUnmap, device, None, g, addr);
+        self.history
+            .note(EventKind::PageUnmap, device, None, g, addr);
         Ok(())
     }
 

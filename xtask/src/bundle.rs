@@ -346,7 +346,8 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
     // Not `with_extension`: the 13.5 bundle's directory name has a dot of its own.
     let archive = dir.with_file_name(format!(
         "{}.tar.xz",
-        dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        dir.file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
     ));
     let name = dir
         .file_name()

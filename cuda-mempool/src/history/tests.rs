@@ -360,7 +360,11 @@ fn a_live_pool_records_from_a_baseline_until_stopped() {
             "the baseline holds the live blocks (virtual memory: {virtual_memory})"
         );
         let reserved = pool.stats(D).unwrap().reserved.current;
-        assert_eq!(base.snapshot().backed_bytes(), reserved, "the baseline holds the memory");
+        assert_eq!(
+            base.snapshot().backed_bytes(),
+            reserved,
+            "the baseline holds the memory"
+        );
 
         // While recording: a block that grows the pool, frees, a limit, out of memory.
         let big = pool.malloc(D, &StreamKey(3), 64 << 20).unwrap();
@@ -385,12 +389,13 @@ fn a_live_pool_records_from_a_baseline_until_stopped() {
         assert_eq!(snap.active_bytes(), stats.requested.current);
         let kinds: Vec<EventKind> = h.events.iter().map(|e| e.kind).collect();
         assert!(kinds.contains(&EventKind::LimitChange));
-        assert!(kinds.iter().any(|k| matches!(k, EventKind::OutOfMemory { .. })));
+        assert!(kinds
+            .iter()
+            .any(|k| matches!(k, EventKind::OutOfMemory { .. })));
         assert!(
-            kinds.iter().any(|k| matches!(
-                k,
-                EventKind::SegmentAlloc | EventKind::PageMap
-            )),
+            kinds
+                .iter()
+                .any(|k| matches!(k, EventKind::SegmentAlloc | EventKind::PageMap)),
             "the backend's calls are recorded"
         );
 
@@ -401,7 +406,11 @@ fn a_live_pool_records_from_a_baseline_until_stopped() {
         let n = rec.history().events.len();
         drop(pool.malloc(D, &StreamKey(4), 1 << 20).unwrap());
         drop(big);
-        assert_eq!(rec.history().events.len(), n, "nothing recorded once stopped");
+        assert_eq!(
+            rec.history().events.len(),
+            n,
+            "nothing recorded once stopped"
+        );
         drop(kept);
     }
 }

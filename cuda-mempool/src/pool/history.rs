@@ -100,14 +100,17 @@ impl<B: Backend> MemoryPool<B> {
     /// Records an out-of-memory failure with the device's figures then.
     #[cold]
     pub(super) fn note_oom(&self, error: &PoolError, stream: StreamKey) {
-        let (Some(r), PoolError::OutOfMemory {
-            device,
-            requested,
-            used,
-            reserved,
-            cause,
-            ..
-        }) = (self.history.get(), error)
+        let (
+            Some(r),
+            PoolError::OutOfMemory {
+                device,
+                requested,
+                used,
+                reserved,
+                cause,
+                ..
+            },
+        ) = (self.history.get(), error)
         else {
             return;
         };

@@ -221,7 +221,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     iters.memset_u32(0)?;
     looped10.launch(&stream)?;
     stream.synchronize()?;
-    assert_eq!(read_u32(&iters), ITERATIONS, "the unrolled while node: 100 steps");
+    assert_eq!(
+        read_u32(&iters),
+        ITERATIONS,
+        "the unrolled while node: 100 steps"
+    );
     let while10_us = sample_us(|| {
         looped10.launch(&stream).unwrap();
         stream.synchronize().unwrap();
@@ -229,7 +233,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let guarded10 = guarded_graph(&dev, &guarded, &counter, &iters, UNROLL);
     iters.memset_u32(0)?;
     let rounds = readback_loop(&guarded10, &counter, &stream);
-    assert_eq!((rounds, read_u32(&iters)), (ITERATIONS / UNROLL as u32, ITERATIONS));
+    assert_eq!(
+        (rounds, read_u32(&iters)),
+        (ITERATIONS / UNROLL as u32, ITERATIONS)
+    );
     let readback10_us = sample_us(|| {
         readback_loop(&guarded10, &counter, &stream);
     });

@@ -15,15 +15,36 @@ impl<B: Backend> ShardState<B> {
             match &seg.backing {
                 Backing::Plain => {
                     let base = DeviceAddress(seg.base);
-                    rec.event(EventKind::SegmentAlloc, self.device, None, seg.size, base, None);
+                    rec.event(
+                        EventKind::SegmentAlloc,
+                        self.device,
+                        None,
+                        seg.size,
+                        base,
+                        None,
+                    );
                 }
                 Backing::Virtual(table) => {
                     let base = DeviceAddress(seg.base);
-                    rec.event(EventKind::RangeReserve, self.device, None, seg.size, base, None);
+                    rec.event(
+                        EventKind::RangeReserve,
+                        self.device,
+                        None,
+                        seg.size,
+                        base,
+                        None,
+                    );
                     let slots = seg.size.div_ceil(self.page.max(1)) as usize;
                     for i in (0..slots).filter(|&i| table.is_mapped(i)) {
                         let at = DeviceAddress(seg.base + i as u64 * self.page);
-                        rec.event(EventKind::PageCreate, self.device, None, self.page, none, None);
+                        rec.event(
+                            EventKind::PageCreate,
+                            self.device,
+                            None,
+                            self.page,
+                            none,
+                            None,
+                        );
                         rec.event(EventKind::PageMap, self.device, None, self.page, at, None);
                     }
                 }
