@@ -106,10 +106,8 @@ fn child_without_driver() {
     assert_eq!(cuda_mempool_history_stop(), -1);
     expect_error("cuda_mempool_history_stop");
     // SAFETY: null is refused before anything is read.
-    assert_eq!(
-        unsafe { cuda_mempool_history_dump(std::ptr::null(), 0) },
-        -1
-    );
+    let refused = unsafe { cuda_mempool_history_dump(std::ptr::null(), 0) };
+    assert_eq!(refused, -1);
     let msg = last_error();
     assert!(msg.contains("path is null"), "{msg}");
     cuda_mempool_clear_error();
