@@ -10,11 +10,13 @@
 //! | `gpu-bundle [--headers SET]` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh`; with `--headers 13.5`, from those headers into `target/gpu-bundle-13.5/` |
 //! | `replay [TRACE...]` | replays allocation traces (default `../shared/traces/*.trace`) through MemoryPool on the simulated backend |
 //! | `memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]` | replays a trace through MemoryPool on the simulated backend with a history recorder and writes the self-contained HTML report (`cudars_mempool::history::report`) and/or PyTorch's memory snapshot pickle (`cudars_mempool::history::torch`) |
+//! | `memviz-check` | the report of the multistream trace in headless Chromium: a screenshot (`target/memviz-screenshot.png`), its plot's pixels, no console output (a step of `ci`) |
 //! | `bench-report DIR` | `results.csv` + `peers.csv` of one benchmark run -> `bench/results/REPORT.md` and SVG plots |
 //!
 //! Arguments are parsed by hand: five commands and three flags, where an argument parser would
 //! add a dozen crates to every `cargo xtask` build.
 
+mod browser;
 mod bundle;
 mod gpu;
 mod headers;
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
         Some("gpu-bundle") => headers::gpu_bundle_args(&args[1..]),
         Some("replay") => replay(&args[1..]),
         Some("memviz") => memviz(&args[1..]),
+        Some("memviz-check") => browser::ci_memviz_screenshot().map(|line| println!("{line}")),
         Some("bench-report") => match args.get(1) {
             Some(dir) => report::bench_report(std::path::Path::new(dir)),
             None => {
@@ -166,6 +169,8 @@ fn cpu_steps() -> Result<()> {
     )?;
     step("cuda-rtc and the test kernels with NVRTC on the CPU (no GPU needed)");
     rtc::ci_nvrtc_tests()?;
+    step("the memory report in headless Chromium: a screenshot, its pixels, its console");
+    println!("{}", browser::ci_memviz_screenshot()?);
     step("docs, warnings denied");
     cargo(
         &["doc", "--workspace", "--no-deps", "--all-features"],

@@ -94,6 +94,9 @@ pub enum EventKind {
     PageUnmap,
     /// A fence was recorded on `stream` (the hand-over point of its frees).
     FenceRecord,
+    /// The block at `addr` (`size` bytes asked for) was marked as used on `stream` too
+    /// (`record_stream`): its free waits for that stream's work.
+    RecordStream,
     /// `stream` was made to wait for a fence of another stream on the device: memory
     /// stolen, or handed over, across streams.
     StreamWait,

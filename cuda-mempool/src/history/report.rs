@@ -350,6 +350,26 @@ pub fn html(history: &History, snapshot: &Snapshot, options: &ReportOptions) -> 
     }
     data.push_str("]}");
 
+    // The segment and page map at a few instants, one shown at a time (a slider picks).
+    let instants = map_instants(history, figures.end_time);
+    let mut maps = String::new();
+    let mut labels = Vec::new();
+    // The peak of active memory is shown first.
+    let map_first = instants.iter().position(|i| i.1).unwrap_or(0);
+    for (i, (t, peak)) in instants.iter().enumerate() {
+        maps.push_str(&segment_map(&history.snapshot_at(*t), i, i == map_first));
+        labels.push(json_str(&format!(
+            "time {t}{}",
+            if *peak {
+                " (peak of active memory)"
+            } else {
+                ""
+            }
+        )));
+    }
+    let map_last = instants.len().saturating_sub(1);
+    let map_labels = labels.join(",");
+
     let free_bytes: u64 = snapshot.free.iter().map(|f| f.size).sum();
     let largest_free = snapshot.free.iter().map(|f| f.size).max().unwrap_or(0);
     let oom_text = if ooms.is_empty() {
@@ -398,6 +418,9 @@ polygon[data-i]:hover{{opacity:.7}}
 <h2>Reserved against active memory</h2>
 <p><span style="color:#d62728">reserved</span>: physical memory the pool holds (plain segments and created pages); <span style="color:#1f77b4">active</span>: bytes in live blocks.</p>
 {svg2}
+<h2>Segments and pages</h2>
+<p>One row per segment the pool held at the chosen instant: grey its address space, pale blue the memory behind it (all of a plain segment, the mapped pages of a virtual one), coloured the live blocks (by stream). <input id="mapat" type="range" min="0" max="{map_last}" value="{map_first}"> <span id="mapt"></span></p>
+{maps}
 <div id="tip"></div>
 <script id="memviz-data" type="application/json">{data}</script>
 <script>
@@ -414,6 +437,9 @@ var b=d.blocks[+i];
 t='size    '+h(b[0])+' ('+b[0]+' B)\nstream  '+b[3]+'\naddress '+b[4]+'\nsite    '+b[5]+'\nlife    '+b[1]+' .. '+(b[2]===null?'end':b[2]);}}
 tip.textContent=t;tip.style.display='block';tip.style.left=(e.clientX+12)+'px';tip.style.top=(e.clientY+12)+'px';}});
 document.getElementById('stack').addEventListener('mouseleave',function(){{tip.style.display='none';}});
+var at=document.getElementById('mapat'),mt=document.getElementById('mapt'),ml=[{map_labels}];
+function show(){{var k=+at.value;document.querySelectorAll('svg.segmap').forEach(function(m,i){{m.style.display=i===k?'':'none';}});mt.textContent=ml[k];}}
+at.addEventListener('input',show);show();
 }})();
 </script>
 </body></html>
@@ -435,6 +461,177 @@ document.getElementById('stack').addEventListener('mouseleave',function(){{tip.s
         bands = bands.len(),
         others = lives.len() - bands.len(),
     )
+}
+
+/// Segments drawn at most in one map (the rest are counted below it).
+const MAP_ROWS: usize = 48;
+/// Live blocks drawn at most in one map, the largest first (the rest are counted).
+const MAP_BLOCKS: usize = 200;
+/// Instants the segment map is drawn at, spread over the recording (plus the peak).
+const MAP_INSTANTS: u64 = 6;
+
+/// The instants of the segment map: evenly spread from the first event to the last, and the
+/// time of the peak of active memory, in order, without repeats.
+fn map_instants(history: &History, end_time: u64) -> Vec<(u64, bool)> {
+    let (mut active, mut peak, mut peak_t) = (0u64, 0u64, 0u64);
+    for e in &history.events {
+        match e.kind {
+            EventKind::Malloc => active += e.size,
+            EventKind::Free => active = active.saturating_sub(e.size),
+            _ => {}
+        }
+        if active > peak {
+            (peak, peak_t) = (active, e.time);
+        }
+    }
+    let start = history.events.first().map_or(0, |e| e.time);
+    let span = end_time.saturating_sub(start);
+    let mut v: Vec<(u64, bool)> = (1..=MAP_INSTANTS)
+        .map(|k| (start + span * k / MAP_INSTANTS, false))
+        .collect();
+    v.push((peak_t, true));
+    v.sort_unstable();
+    v.dedup_by(|a, b| {
+        let same = a.0 == b.0;
+        if same {
+            b.1 |= a.1;
+        }
+        same
+    });
+    v
+}
+
+/// One segment map: a row per segment (address space grey, memory behind it pale blue,
+/// live blocks coloured by stream), at most [`MAP_ROWS`] rows.
+fn segment_map(snap: &Snapshot, id: usize, shown: bool) -> String {
+    const ROW: f64 = 14.0;
+    let rows = snap.segments.len().min(MAP_ROWS);
+    let height = (rows.max(1) as f64) * ROW + 16.0;
+    // One scale for every row, up to the furthest byte in use: all of a plain segment; the
+    // last mapped page or live block of a virtual one (the pool reserves far more address
+    // space than it maps, which would shrink the memory to nothing).
+    let extent = |g: &super::Segment| -> u64 {
+        match g.kind {
+            super::SegmentKind::Plain => g.size,
+            super::SegmentKind::Virtual => {
+                let end = g.base.0 + g.size;
+                let pages = g.pages.iter().map(|p| p.0 .0 + p.1);
+                let live = snap
+                    .live
+                    .iter()
+                    .filter(|b| b.device == g.device && b.addr.0 >= g.base.0 && b.addr.0 < end)
+                    .map(|b| b.addr.0 + round(b.size));
+                pages.chain(live).max().map_or(0, |e| e - g.base.0)
+            }
+        }
+    };
+    let widest = snap
+        .segments
+        .iter()
+        .take(MAP_ROWS)
+        .map(extent)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let scale = |bytes: u64| (WIDTH - LEFT) * bytes.min(widest) as f64 / widest as f64;
+    let mut svg = String::new();
+    let display = if shown { "" } else { " style=\"display:none\"" };
+    let _ = write!(
+        svg,
+        "<svg class=\"segmap\" id=\"map-{id}\" viewBox=\"0 0 {WIDTH} {height:.0}\" width=\"100%\" role=\"img\" aria-label=\"segments and pages\"{display}>"
+    );
+    for (r, seg) in snap.segments.iter().take(MAP_ROWS).enumerate() {
+        let y = r as f64 * ROW;
+        let _ = write!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"9\" text-anchor=\"end\">{}</text><rect x=\"{LEFT}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#e4e4e4\"><title>segment {:#x}, {} of address space (drawn up to its last byte in use)</title></rect>",
+            LEFT - 4.0,
+            y + ROW - 4.0,
+            esc(&human(seg.size)),
+            scale(seg.size),
+            ROW - 3.0,
+            seg.base.0,
+            esc(&human(seg.size))
+        );
+        let mut backed: Vec<(u64, u64)> = Vec::new();
+        match seg.kind {
+            super::SegmentKind::Plain => backed.push((seg.base.0, seg.size)),
+            // Runs of adjacent mapped pages, one rectangle each.
+            super::SegmentKind::Virtual => {
+                for &(addr, len) in &seg.pages {
+                    match backed.last_mut() {
+                        Some(run) if run.0 + run.1 == addr.0 => run.1 += len,
+                        _ => backed.push((addr.0, len)),
+                    }
+                }
+            }
+        }
+        for (addr, len) in backed {
+            let _ = write!(
+                svg,
+                "<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{:.1}\" fill=\"#b9d4ea\"/>",
+                LEFT + scale(addr - seg.base.0),
+                scale(len).max(0.5),
+                ROW - 3.0
+            );
+        }
+    }
+    // The largest live blocks of the drawn segments, at most MAP_BLOCKS of them.
+    let drawn = &snap.segments[..rows];
+    let mut blocks: Vec<(usize, &super::LiveBlock)> = snap
+        .live
+        .iter()
+        .filter_map(|b| {
+            drawn
+                .iter()
+                .position(|g| {
+                    g.device == b.device && b.addr.0 >= g.base.0 && b.addr.0 < g.base.0 + g.size
+                })
+                .map(|r| (r, b))
+        })
+        .collect();
+    let hidden = blocks.len().saturating_sub(MAP_BLOCKS);
+    blocks.sort_unstable_by_key(|b| std::cmp::Reverse(b.1.size));
+    blocks.truncate(MAP_BLOCKS);
+    for (r, b) in blocks {
+        let (seg, y) = (&drawn[r], r as f64 * ROW);
+        // The stream's hue, as in the stacked plot.
+        let hue = (b.stream.0.wrapping_mul(97) % 360) as f64;
+        let _ = write!(
+            svg,
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.2}\" height=\"{:.1}\" fill=\"hsl({hue},65%,45%)\"><title>{} at {:#x}, stream {}</title></rect>",
+            LEFT + scale(b.addr.0 - seg.base.0),
+            y + 2.0,
+            scale(round(b.size)).max(0.5),
+            ROW - 7.0,
+            esc(&human(b.size)),
+            b.addr.0,
+            b.stream.0
+        );
+    }
+    if hidden > 0 {
+        let _ = write!(
+            svg,
+            "<text x=\"{WIDTH}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\">{hidden} smaller live blocks not drawn</text>",
+            rows as f64 * ROW + 12.0
+        );
+    }
+    if snap.segments.len() > MAP_ROWS {
+        let _ = write!(
+            svg,
+            "<text x=\"{LEFT}\" y=\"{:.1}\" font-size=\"10\">{} more segments not drawn</text>",
+            rows as f64 * ROW + 12.0,
+            snap.segments.len() - MAP_ROWS
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// Rounds a block's size up to the pool's granule, as it occupies its segment.
+fn round(size: u64) -> u64 {
+    let r = crate::policy::ROUND;
+    size.div_ceil(r).saturating_mul(r)
 }
 
 /// The y axis with a few labelled lines, and the x axis's ends.

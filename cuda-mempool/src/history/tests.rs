@@ -366,8 +366,10 @@ fn a_live_pool_records_from_a_baseline_until_stopped() {
             "the baseline holds the memory"
         );
 
-        // While recording: a block that grows the pool, frees, a limit, out of memory.
+        // While recording: a block that grows the pool, a record_stream, frees, a limit, out
+        // of memory.
         let big = pool.malloc(D, &StreamKey(3), 64 << 20).unwrap();
+        big.record_stream(&StreamKey(5)).unwrap();
         drop(other);
         pool.set_limit(D, Limit::Bytes(1 << 30)).unwrap();
         let oom = pool.malloc(D, &StreamKey(3), 2 << 30);
@@ -389,6 +391,12 @@ fn a_live_pool_records_from_a_baseline_until_stopped() {
         assert_eq!(snap.active_bytes(), stats.requested.current);
         let kinds: Vec<EventKind> = h.events.iter().map(|e| e.kind).collect();
         assert!(kinds.contains(&EventKind::LimitChange));
+        let marked = h.events.iter().find(|e| e.kind == EventKind::RecordStream);
+        assert_eq!(
+            marked.map(|e| (e.addr, e.stream, e.size)),
+            Some((big.ptr(), Some(StreamKey(5)), 64 << 20)),
+            "record_stream is recorded with the block and the other stream"
+        );
         assert!(kinds
             .iter()
             .any(|k| matches!(k, EventKind::OutOfMemory { .. })));

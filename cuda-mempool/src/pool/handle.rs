@@ -127,7 +127,11 @@ impl<B: Backend> MemoryPool<B> {
         }
         let key = self.backend.stream_key(stream)?;
         let mut st = self.raw_shard(raw)?;
-        st.record_stream(&self.backend, raw.id, raw.generation, stream, key)
+        st.record_stream(&self.backend, raw.id, raw.generation, stream, key)?;
+        if self.history.is_on() {
+            self.note_record_stream(raw, key);
+        }
+        Ok(())
     }
 }
 
@@ -214,7 +218,11 @@ impl<'p, B: Backend> Allocation<'p, B> {
                     self.raw.generation,
                     stream,
                     key,
-                )
+                )?;
+                if self.pool.history.is_on() {
+                    self.pool.note_record_stream(&self.raw, key);
+                }
+                Ok(())
             }
             None => Ok(()),
         }

@@ -97,6 +97,21 @@ impl<B: Backend> MemoryPool<B> {
         }
     }
 
+    /// Records that a block is used on stream `key` too.
+    #[cold]
+    pub(super) fn note_record_stream(&self, raw: &RawAllocation, key: StreamKey) {
+        if let Some(r) = self.history.get() {
+            r.event(
+                EventKind::RecordStream,
+                raw.device,
+                Some(key),
+                raw.size,
+                raw.ptr,
+                None,
+            );
+        }
+    }
+
     /// Records an out-of-memory failure with the device's figures then.
     #[cold]
     pub(super) fn note_oom(&self, error: &PoolError, stream: StreamKey) {
