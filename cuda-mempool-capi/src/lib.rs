@@ -729,8 +729,10 @@ pub extern "C" fn cuda_mempool_history_stop() -> c_int {
 /// terminated): `format` 0 is the self-contained HTML report, 1 PyTorch's memory snapshot
 /// pickle (what `torch.cuda.memory._dump_snapshot` writes; open it at
 /// pytorch.org/memory_viz or with `python -m torch.cuda._memory_viz`). The file is written
-/// to a temporary name and renamed, so a reader never sees half of it. Returns 0, or -1
-/// with a last-error message (no recording, a bad format or path, an I/O error).
+/// to a new temporary file beside it and renamed, so a reader never sees half of it.
+/// Returns 0, or -1 with a last-error message (no recording, a bad format or path, an I/O
+/// error, or a recording whose ring dropped events: its baseline is gone, so the file would
+/// be wrong; start again with a larger `max_events`).
 ///
 /// # Safety
 ///
@@ -747,6 +749,12 @@ pub unsafe extern "C" fn cuda_mempool_history_dump(path: *const c_char, format: 
         let path = unsafe { CStr::from_ptr(path) }
             .to_str()
             .map_err(|_| fail(CALL, "path is not UTF-8"))?;
+        if format != 0 && format != 1 {
+            return Err(fail(
+                CALL,
+                format!("format {format}: 0 (HTML) or 1 (PyTorch pickle)"),
+            ));
+        }
         let recorder = match pool(CALL)?.history_recorder() {
             Some(r) => r,
             None => STOPPED
@@ -761,26 +769,44 @@ pub unsafe extern "C" fn cuda_mempool_history_dump(path: *const c_char, format: 
                 })?,
         };
         let history = recorder.history();
+        if history.dropped > 0 {
+            return Err(fail(
+                CALL,
+                format!(
+                    "the recording dropped {} events (its ring holds {}), so what the pool held \
+                     is no longer known: start again with a larger max_events",
+                    history.dropped,
+                    recorder.capacity()
+                ),
+            ));
+        }
         let snapshot = history.snapshot();
         let bytes = match format {
             0 => history::report::html(&history, &snapshot, &Default::default()).into_bytes(),
-            1 => history::torch::torch_snapshot(&history, &snapshot),
-            other => {
-                return Err(fail(
-                    CALL,
-                    format!("format {other}: 0 (HTML) or 1 (PyTorch pickle)"),
-                ))
-            }
+            _ => history::torch::torch_snapshot(&history, &snapshot),
         };
-        let tmp = format!("{path}.tmp{}", std::process::id());
-        std::fs::write(&tmp, &bytes)
-            .and_then(|()| std::fs::rename(&tmp, path))
-            .map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                fail(CALL, format!("{path}: {e}"))
-            })?;
+        write_new_then_rename(path, &bytes).map_err(|e| fail(CALL, format!("{path}: {e}")))?;
         Ok(0)
     })
+}
+
+/// Writes `bytes` to a new file beside `path` (created exclusively: never an existing file
+/// or a link someone placed there), then renames it to `path`.
+fn write_new_then_rename(path: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = format!("{path}.{}.{serial}.tmp", std::process::id());
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// The recorder of the last [`cuda_mempool_history_stop`].

@@ -212,7 +212,8 @@ impl<'p, B: Backend> Allocation<'p, B> {
         match self.shard {
             Some(shard) => {
                 let key = self.pool.backend.stream_key(stream)?;
-                shard.state.lock().record_stream(
+                let mut st = shard.state.lock();
+                st.record_stream(
                     &self.pool.backend,
                     self.raw.id,
                     self.raw.generation,
@@ -220,6 +221,7 @@ impl<'p, B: Backend> Allocation<'p, B> {
                     key,
                 )?;
                 if self.pool.history.is_on() {
+                    // Under the shard lock, as every note of a block.
                     self.pool.note_record_stream(&self.raw, key);
                 }
                 Ok(())
@@ -232,13 +234,7 @@ impl<'p, B: Backend> Allocation<'p, B> {
     /// fence record for a `record_stream` block; the block is still freed safely).
     pub fn free(mut self) -> Result<(), PoolError> {
         match self.shard.take() {
-            Some(shard) => {
-                if self.pool.history.is_on() {
-                    self.pool.note_free(&self.raw);
-                }
-                self.pool
-                    .free_block(shard, self.raw.id, self.raw.generation)
-            }
+            Some(shard) => self.pool.free_block(shard, &self.raw),
             None => Ok(()),
         }
     }
@@ -256,15 +252,7 @@ impl<B: Backend> Drop for Allocation<'_, B> {
     #[inline]
     fn drop(&mut self) {
         if let Some(shard) = self.shard.take() {
-            if self.pool.history.is_on() {
-                // Before the release: the free comes before any reuse of the address.
-                self.pool.note_free(&self.raw);
-            }
-            // The only possible error is a failed fence record for a record_stream
-            // block, which stays safely pending; `free()` reports it.
-            let _ = self
-                .pool
-                .free_block(shard, self.raw.id, self.raw.generation);
+            let _ = self.pool.free_block(shard, &self.raw);
         }
     }
 }

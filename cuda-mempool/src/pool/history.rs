@@ -22,8 +22,19 @@ impl<B: Backend> MemoryPool<B> {
     /// records ([`Backend::set_recorder`]: the driver and simulated backends do). A
     /// recorder already in is replaced and returned.
     ///
-    /// The baseline is taken with every device's lock and every shard's lock held, so no
-    /// allocation, free or growth falls between it and the events that follow.
+    /// The baseline is taken with every device's lock and every shard's lock held, and the
+    /// pool notes a block's malloc, free and `record_stream` under its shard's lock (a grow
+    /// under the device lock), so no allocation, free or growth falls between the baseline
+    /// and the events that follow. Starts and stops are serialized.
+    ///
+    /// The ring keeps the newest events: once it has dropped some
+    /// ([`History::dropped`](crate::history::History::dropped)), the baseline is gone and a
+    /// snapshot rebuilt from the history is incomplete; size the recorder for the run.
+    ///
+    /// While the baseline is taken, every device's lock is held together: a thread that holds
+    /// one device's lock while it waits on the host for another device's work (a
+    /// multi-device program with host-side dependencies between devices) delays the start
+    /// until that work is done, and allocations on the other devices wait meanwhile.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -41,6 +52,7 @@ impl<B: Backend> MemoryPool<B> {
     /// # Ok::<(), cudars_mempool::PoolError>(())
     /// ```
     pub fn start_history(&self, recorder: Arc<Recorder>) -> Option<Arc<Recorder>> {
+        let _control = lock(&self.history_control);
         let mut globals = Vec::with_capacity(self.devices.len());
         let mut shards: Vec<ShardGuard<'_, ShardState<B>>> = Vec::new();
         for dev in self.devices.iter() {
@@ -71,8 +83,12 @@ impl<B: Backend> MemoryPool<B> {
     /// keeps its events: render them with [`history::report`](crate::history::report) or
     /// [`history::torch`](crate::history::torch).
     pub fn stop_history(&self) -> Option<Arc<Recorder>> {
+        let _control = lock(&self.history_control);
+        // The pool's notes first: a block noted after the backend stopped would lie in a
+        // segment the history never saw.
+        let old = self.history.set(None);
         self.backend.set_recorder(None);
-        self.history.set(None)
+        old
     }
 
     /// The recorder in use, if a recording is on.

@@ -245,6 +245,8 @@ pub struct MemoryPool<B: Backend> {
     steal: bool,
     /// The history recorder, when a recording is on ([`MemoryPool::start_history`]).
     history: crate::history::RecorderSlot,
+    /// Serializes [`MemoryPool::start_history`] and [`MemoryPool::stop_history`].
+    history_control: Mutex<()>,
 }
 
 impl<B: Backend> MemoryPool<B> {
@@ -306,6 +308,7 @@ impl<B: Backend> MemoryPool<B> {
             devices: devices.into_boxed_slice(),
             steal: config.steal_before_growing,
             history: Default::default(),
+            history_control: Mutex::new(()),
         })
     }
 
@@ -414,8 +417,14 @@ impl<B: Backend> MemoryPool<B> {
                 if st.stream.is_none() {
                     st.attach(&self.backend, stream, key)?;
                 }
-                self.take_cached(&mut st, rounded)?
-                    .map(|id| (id, st.mark_live(id, size)))
+                let r = self
+                    .take_cached(&mut st, rounded)?
+                    .map(|id| (id, st.mark_live(id, size)));
+                if let (true, Some((_, (addr, _)))) = (self.history.is_on(), r) {
+                    // Under the shard lock: start_history's baseline is either before or after.
+                    self.note_malloc(dev.id, key, size, addr);
+                }
+                r
             };
             let stream_key_of_alloc = key;
             let (shard, shard_key, id, (addr, generation)) = match fast {
@@ -425,9 +434,6 @@ impl<B: Backend> MemoryPool<B> {
                     None => continue,
                 },
             };
-            if self.history.is_on() {
-                self.note_malloc(dev.id, stream_key_of_alloc, size, addr);
-            }
             return Ok(Allocation {
                 pool: self,
                 shard: Some(shard),
@@ -492,8 +498,12 @@ impl<B: Backend> MemoryPool<B> {
     /// The free of a block handle: the hot path's other half, inlined into the handle's
     /// drop as [`malloc`](Self::malloc)'s fast path is into its caller.
     #[inline]
-    fn free_block(&self, shard: &Shard<B>, id: u32, generation: u64) -> Result<(), PoolError> {
-        shard.lock_retiring().release(&self.backend, id, generation)
+    fn free_block(&self, shard: &Shard<B>, raw: &RawAllocation) -> Result<(), PoolError> {
+        let mut st = shard.lock_retiring();
+        if self.history.is_on() {
+            self.note_free(raw);
+        }
+        st.release(&self.backend, raw.id, raw.generation)
     }
 }
 

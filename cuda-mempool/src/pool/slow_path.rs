@@ -54,6 +54,10 @@ impl<B: Backend> MemoryPool<B> {
             rounded,
         };
         let served = self.serve_slow(&mut held, &req);
+        if let (true, Ok(Some((_, _, _, (addr, _))))) = (self.history.is_on(), &served) {
+            // Under the device lock: start_history's baseline is either before or after.
+            self.note_malloc(dev.id, key, size, *addr);
+        }
         if served.is_err() {
             // A failed request may leave no block made on the stream: the shard must not
             // keep a stream its owner may destroy once this call returns (a C caller may).
