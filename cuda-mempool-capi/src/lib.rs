@@ -730,9 +730,9 @@ pub extern "C" fn cuda_mempool_history_stop() -> c_int {
 /// pickle (what `torch.cuda.memory._dump_snapshot` writes; open it at
 /// pytorch.org/memory_viz or with `python -m torch.cuda._memory_viz`). The file is written
 /// to a new temporary file beside it and renamed, so a reader never sees half of it.
-/// Returns 0, or -1 with a last-error message (no recording, a bad format or path, an I/O
-/// error, or a recording whose ring dropped events: its baseline is gone, so the file would
-/// be wrong; start again with a larger `max_events`).
+/// The segments and live blocks are the pool's at the time of the dump; the timeline holds
+/// the newest `max_events` events. Returns 0, or -1 with a last-error message (no
+/// recording, a bad format or path, an I/O error).
 ///
 /// # Safety
 ///
@@ -769,18 +769,9 @@ pub unsafe extern "C" fn cuda_mempool_history_dump(path: *const c_char, format: 
                 })?,
         };
         let history = recorder.history();
-        if history.dropped > 0 {
-            return Err(fail(
-                CALL,
-                format!(
-                    "the recording dropped {} events (its ring holds {}), so what the pool held \
-                     is no longer known: start again with a larger max_events",
-                    history.dropped,
-                    recorder.capacity()
-                ),
-            ));
-        }
-        let snapshot = history.snapshot();
+        // The segments and blocks from the pool itself: a ring that dropped its oldest
+        // events no longer holds what the pool had when it started.
+        let snapshot = pool(CALL)?.snapshot();
         let bytes = match format {
             0 => history::report::html(&history, &snapshot, &Default::default()).into_bytes(),
             _ => history::torch::torch_snapshot(&history, &snapshot),

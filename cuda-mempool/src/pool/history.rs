@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::backend::{Backend, DeviceAddress, DeviceId, StreamKey};
 use crate::error::PoolError;
-use crate::history::{EventKind, Recorder};
+use crate::history::{Clock, EventKind, Recorder, Snapshot};
 
 use super::lock::ShardGuard;
 use super::shard::ShardState;
@@ -53,10 +53,45 @@ impl<B: Backend> MemoryPool<B> {
     /// ```
     pub fn start_history(&self, recorder: Arc<Recorder>) -> Option<Arc<Recorder>> {
         let _control = lock(&self.history_control);
+        self.with_everything_locked(
+            || {
+                self.backend.set_recorder(Some(Arc::clone(&recorder)));
+                self.history.set(Some(Arc::clone(&recorder)))
+            },
+            &recorder,
+        )
+    }
+
+    /// What the pool holds now (PyTorch's `torch.cuda.memory._snapshot()`): its live blocks,
+    /// its segments with their mapped pages, and the free memory between blocks, read with
+    /// every device's lock and every shard's lock held (so, one instant), whether or not a
+    /// recording is on. A dump of a long recording whose ring dropped its beginning takes
+    /// its segments from here.
+    ///
+    /// ```
+    /// use cudars_mempool::{DeviceId, MemoryPool, SimulatedBackend, StreamKey};
+    ///
+    /// let pool = MemoryPool::new(SimulatedBackend::h200(1))?;
+    /// let a = pool.malloc(DeviceId(0), &StreamKey(1), 4096)?;
+    /// let snap = pool.snapshot();
+    /// assert_eq!(snap.live.len(), 1);
+    /// assert_eq!(snap.live[0].addr, a.ptr());
+    /// assert_eq!(snap.backed_bytes(), pool.stats(DeviceId(0))?.reserved.current);
+    /// # Ok::<(), cudars_mempool::PoolError>(())
+    /// ```
+    pub fn snapshot(&self) -> Snapshot {
+        let rec = Recorder::new(usize::MAX, Clock::Virtual);
+        self.with_everything_locked(|| (), &rec);
+        rec.history().snapshot()
+    }
+
+    /// With every device's lock and then every shard's lock held (the pool's lock order):
+    /// records what the pool holds into `recorder` (spare pages, limits, each shard's
+    /// segments, pages and live blocks), then runs `then`.
+    fn with_everything_locked<R>(&self, then: impl FnOnce() -> R, recorder: &Recorder) -> R {
         let mut globals = Vec::with_capacity(self.devices.len());
         let mut shards: Vec<ShardGuard<'_, ShardState<B>>> = Vec::new();
         for dev in self.devices.iter() {
-            // The device lock, then its shards (the pool's lock order).
             globals.push((dev, lock(&dev.global)));
             shards.extend(dev.all_shards().map(|s| s.state.lock()));
         }
@@ -70,13 +105,12 @@ impl<B: Backend> MemoryPool<B> {
             recorder.record_limit(dev.id, g.limit);
         }
         for st in &shards {
-            st.record_baseline(&recorder);
+            st.record_baseline(recorder);
         }
-        self.backend.set_recorder(Some(Arc::clone(&recorder)));
-        let old = self.history.set(Some(recorder));
+        let r = then();
         drop(shards);
         drop(globals);
-        old
+        r
     }
 
     /// Stops recording and returns the recorder (`None` if none was in). The recorder
