@@ -569,6 +569,7 @@ impl MemoryPool<DriverBackend> {
 
     /// [`malloc_stream`](Self::malloc_stream) with hooks or a possible capture.
     #[inline(never)]
+    #[track_caller]
     fn malloc_stream_checked(
         &self,
         stream: &Stream,
@@ -601,6 +602,7 @@ impl MemoryPool<DriverBackend> {
     /// Allocates on a stream being captured (capture id `capture`) from the capture's
     /// private pool, tying the pool's lifetime to the graph on the first allocation.
     #[inline(never)]
+    #[track_caller]
     fn malloc_captured(
         &self,
         stream: &Stream,

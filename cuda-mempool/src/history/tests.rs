@@ -391,6 +391,16 @@ fn a_live_pool_records_from_a_baseline_until_stopped() {
         assert_eq!(snap.active_bytes(), stats.requested.current);
         let kinds: Vec<EventKind> = h.events.iter().map(|e| e.kind).collect();
         assert!(kinds.contains(&EventKind::LimitChange));
+        let made = h
+            .events
+            .iter()
+            .find(|e| e.kind == EventKind::Malloc && e.addr == big.ptr())
+            .expect("the big block's malloc");
+        assert_eq!(
+            made.location.map(|l| l.file()),
+            Some(file!()),
+            "a malloc's site is its caller's"
+        );
         let marked = h.events.iter().find(|e| e.kind == EventKind::RecordStream);
         assert_eq!(
             marked.map(|e| (e.addr, e.stream, e.size)),

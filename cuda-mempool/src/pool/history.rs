@@ -130,11 +130,19 @@ impl<B: Backend> MemoryPool<B> {
         self.history.get()
     }
 
-    /// Records a block handed out: `key` is the stream it was made on.
+    /// Records a block handed out: `key` is the stream it was made on, `site` the caller of
+    /// the pool's `malloc` (through `#[track_caller]`: `DevicePool::malloc_stream`'s caller).
     #[cold]
-    pub(super) fn note_malloc(&self, device: DeviceId, key: StreamKey, size: u64, addr: u64) {
+    pub(super) fn note_malloc(
+        &self,
+        device: DeviceId,
+        key: StreamKey,
+        size: u64,
+        addr: u64,
+        site: &'static std::panic::Location<'static>,
+    ) {
         if let Some(r) = self.history.get() {
-            r.malloc(device, key, size, DeviceAddress(addr), None);
+            r.malloc(device, key, size, DeviceAddress(addr), Some(site));
         }
     }
 

@@ -347,6 +347,7 @@ impl<B: Backend> MemoryPool<B> {
     ///
     /// The pool keeps a clone of `stream` while blocks made on it are live (see the
     /// crate's `backend` module), and never uses it after letting go of it.
+    #[track_caller]
     pub fn malloc(
         &self,
         device: DeviceId,
@@ -382,6 +383,7 @@ impl<B: Backend> MemoryPool<B> {
     /// The allocation path of [`malloc`](Self::malloc) and
     /// [`malloc_private`](Self::malloc_private): `key` is `None` for the stream's own
     /// shard in `table`, or a private shard key.
+    #[track_caller]
     fn malloc_in<'p>(
         &'p self,
         dev: &'p Device<B>,
@@ -422,7 +424,8 @@ impl<B: Backend> MemoryPool<B> {
                     .map(|id| (id, st.mark_live(id, size)));
                 if let (true, Some((_, (addr, _)))) = (self.history.is_on(), r) {
                     // Under the shard lock: start_history's baseline is either before or after.
-                    self.note_malloc(dev.id, key, size, addr);
+                    let site = std::panic::Location::caller();
+                    self.note_malloc(dev.id, key, size, addr, site);
                 }
                 r
             };

@@ -89,6 +89,7 @@ impl<B: Backend> MemoryPool<B> {
     ///
     /// Ids with [`PrivatePoolId::CAPTURE_BIT`] set belong to graph captures and are refused
     /// with [`PoolError::CapturePrivatePool`].
+    #[track_caller]
     pub fn malloc_private(
         &self,
         device: DeviceId,
@@ -104,6 +105,7 @@ impl<B: Backend> MemoryPool<B> {
 
     /// [`malloc_private`](Self::malloc_private) without the check of the id: the driver
     /// layer's allocations of a capture into the capture's own pool.
+    #[track_caller]
     pub(crate) fn malloc_in_private(
         &self,
         device: DeviceId,

@@ -18,6 +18,7 @@ impl<B: Backend> MemoryPool<B> {
     /// out of memory after rolling back what it reserved. `Ok(None)` when the shard was
     /// adopted by another key or detached while the lock was dropped: start again.
     #[inline(never)]
+    #[track_caller]
     pub(super) fn malloc_slow<'p>(
         &self,
         dev: &'p Device<B>,
@@ -56,7 +57,8 @@ impl<B: Backend> MemoryPool<B> {
         let served = self.serve_slow(&mut held, &req);
         if let (true, Ok(Some((_, _, _, (addr, _))))) = (self.history.is_on(), &served) {
             // Under the device lock: start_history's baseline is either before or after.
-            self.note_malloc(dev.id, key, size, *addr);
+            let site = std::panic::Location::caller();
+            self.note_malloc(dev.id, key, size, *addr, site);
         }
         if served.is_err() {
             // A failed request may leave no block made on the stream: the shard must not
