@@ -26,6 +26,13 @@
 //! reported (a `tracing` WARN event, target `cudars_mempool::hooks`, after the panic hook's
 //! own message) and dropped, and the operation goes on as if the hook had returned. The
 //! pool's state is never left half-changed by a hook.
+//!
+//! # Hooks must not call the pool
+//!
+//! Because `alloc` hooks run with the pool's device lock held, an `alloc` hook that calls
+//! back into the same pool (an allocation, `stats`, `free_all_blocks`, `start_history`,
+//! `snapshot`) waits for that lock forever. Record what you need and act on it after the
+//! hooked call returns.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
