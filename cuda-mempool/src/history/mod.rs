@@ -106,6 +106,9 @@ pub enum EventKind {
     PrivatePoolCreate(PrivatePoolId),
     /// A private pool was released.
     PrivatePoolRelease(PrivatePoolId),
+    /// The block at `addr`, just handed out, belongs to this private pool (a graph
+    /// capture's): it follows the block's `Malloc`.
+    PrivateBlock(PrivatePoolId),
     /// A request of `size` bytes failed: what ran out, and the pool's state then.
     OutOfMemory {
         /// What ran out.

@@ -95,8 +95,9 @@ pub struct FreeBlock {
 /// Rebuilt from a [`History`] that starts with the pool ([`History::dropped`] is 0):
 /// a live block covers its size rounded up to
 /// [`policy::ROUND`](crate::policy::ROUND); free blocks are the backed memory of a
-/// segment outside every live block. Until the pool itself records, blocks are tagged
-/// [`PoolTag::Shared`].
+/// segment outside every live block. A live block is tagged with its private pool where the
+/// history says so ([`EventKind::PrivateBlock`](super::EventKind::PrivateBlock)), else
+/// [`PoolTag::Shared`]; free blocks are tagged [`PoolTag::Shared`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
     /// The time of the snapshot.
@@ -173,6 +174,11 @@ fn build<'a>(events: impl Iterator<Item = &'a Event>, time: u64) -> Snapshot {
             }
             EventKind::Free => {
                 live.remove(&key);
+            }
+            EventKind::PrivateBlock(id) => {
+                if let Some(b) = live.get_mut(&key) {
+                    b.pool = PoolTag::Private(id);
+                }
             }
             EventKind::SegmentAlloc | EventKind::RangeReserve => {
                 let kind = if e.kind == EventKind::SegmentAlloc {

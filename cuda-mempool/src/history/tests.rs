@@ -597,3 +597,36 @@ fn after_the_ring_wraps_the_pool_snapshot_still_holds_everything() {
     assert_eq!(snap.backed_bytes(), pool.stats(D).unwrap().reserved.current);
     pool.stop_history();
 }
+
+#[test]
+fn private_pool_blocks_are_tagged_in_the_baseline_and_live() {
+    use crate::pool::PrivatePoolId;
+    let pool = MemoryPool::new(SimulatedBackend::h200(1)).unwrap();
+    let id = PrivatePoolId(7);
+    let hold = pool.retain_private_pool(D, id).unwrap();
+    let before = pool.malloc_private(D, id, &StreamKey(1), 4096).unwrap();
+    let rec = Arc::new(Recorder::new(1 << 12, Clock::Real));
+    pool.start_history(Arc::clone(&rec));
+    let after = pool.malloc_private(D, id, &StreamKey(1), 8192).unwrap();
+    let shared = pool.malloc(D, &StreamKey(1), 4096).unwrap();
+    let h = rec.history();
+    assert!(
+        h.events
+            .iter()
+            .any(|e| e.kind == EventKind::PrivatePoolCreate(id)),
+        "the pool's existing private pool is in the baseline"
+    );
+    for snap in [h.snapshot(), pool.snapshot()] {
+        let tag = |a: DeviceAddress| snap.live.iter().find(|b| b.addr == a).map(|b| b.pool);
+        assert_eq!(tag(before.ptr()), Some(PoolTag::Private(id)), "made before");
+        assert_eq!(
+            tag(after.ptr()),
+            Some(PoolTag::Private(id)),
+            "made while recording"
+        );
+        assert_eq!(tag(shared.ptr()), Some(PoolTag::Shared));
+    }
+    pool.stop_history();
+    drop((before, after, shared));
+    hold.release();
+}

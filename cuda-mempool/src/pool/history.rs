@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use crate::backend::{Backend, DeviceAddress, DeviceId, StreamKey};
 use crate::error::PoolError;
+use std::collections::HashMap;
+
 use crate::history::{Clock, EventKind, Recorder, Snapshot};
 
 use super::lock::ShardGuard;
@@ -89,9 +91,21 @@ impl<B: Backend> MemoryPool<B> {
     /// records what the pool holds into `recorder` (spare pages, limits, each shard's
     /// segments, pages and live blocks), then runs `then`.
     fn with_everything_locked<R>(&self, then: impl FnOnce() -> R, recorder: &Recorder) -> R {
+        let mut privates = Vec::with_capacity(self.devices.len());
         let mut globals = Vec::with_capacity(self.devices.len());
         let mut shards: Vec<ShardGuard<'_, ShardState<B>>> = Vec::new();
+        // Which private pool each private shard serves, by shard key.
+        let mut pool_of: HashMap<(DeviceId, StreamKey), PrivatePoolId> = HashMap::new();
         for dev in self.devices.iter() {
+            // The private pools, the device lock, then its shards (the pool's lock order).
+            let p = lock(&dev.privates);
+            for (id, state) in p.pools.iter() {
+                recorder.record_private_pool(dev.id, None, *id, true);
+                for key in state.shards.values() {
+                    pool_of.insert((dev.id, *key), *id);
+                }
+            }
+            privates.push(p);
             globals.push((dev, lock(&dev.global)));
             shards.extend(dev.all_shards().map(|s| s.state.lock()));
         }
@@ -106,10 +120,14 @@ impl<B: Backend> MemoryPool<B> {
         }
         for st in &shards {
             st.record_baseline(recorder);
+            if let Some(id) = pool_of.get(&(st.device, st.key)).filter(|_| st.private) {
+                st.record_private_blocks(recorder, *id);
+            }
         }
         let r = then();
         drop(shards);
         drop(globals);
+        drop(privates);
         r
     }
 
@@ -167,6 +185,15 @@ impl<B: Backend> MemoryPool<B> {
                 raw.ptr,
                 None,
             );
+        }
+    }
+
+    /// Records that a block just handed out belongs to private pool `pool`.
+    #[cold]
+    pub(super) fn note_private_block(&self, raw: &RawAllocation, pool: PrivatePoolId) {
+        if let Some(r) = self.history.get() {
+            let kind = EventKind::PrivateBlock(pool);
+            r.event(kind, raw.device, Some(raw.key), raw.size, raw.ptr, None);
         }
     }
 

@@ -28,7 +28,7 @@ pub(super) struct PrivateState {
     /// [`MemoryPool::retain_private_pool`] holds. Released once 0 and no block is live.
     holds: Arc<AtomicUsize>,
     /// Stream key -> the private shard key of that stream's shard in this pool.
-    shards: HashMap<StreamKey, StreamKey>,
+    pub(super) shards: HashMap<StreamKey, StreamKey>,
 }
 
 /// The id of a private pool: memory that only allocations into the same private pool
@@ -136,6 +136,10 @@ impl<B: Backend> MemoryPool<B> {
         };
         let mut a = self.malloc_in(dev, &dev.private, Some(key), stream, size)?;
         a.raw.private = true;
+        if self.history.is_on() {
+            // After its Malloc; the caller holds the block, so its Free comes later.
+            self.note_private_block(&a.raw, pool);
+        }
         Ok(a)
     }
 

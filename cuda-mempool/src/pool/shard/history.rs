@@ -2,6 +2,7 @@
 
 use crate::backend::{Backend, DeviceAddress, StreamKey};
 use crate::history::{EventKind, Recorder};
+use crate::pool::PrivatePoolId;
 
 use super::{Backing, BlockState, ShardState};
 
@@ -57,6 +58,16 @@ impl<B: Backend> ShardState<B> {
                 _ => self.key,
             };
             self.record_live(rec, stream, b.requested, b.addr);
+        }
+    }
+
+    /// Records that each live block of this (private) shard belongs to private pool `id`,
+    /// after [`record_baseline`](Self::record_baseline) has recorded their mallocs.
+    pub(crate) fn record_private_blocks(&self, rec: &Recorder, id: PrivatePoolId) {
+        for b in self.blocks.iter().filter(|b| b.state == BlockState::Live) {
+            let at = DeviceAddress(b.addr);
+            let kind = EventKind::PrivateBlock(id);
+            rec.event(kind, self.device, Some(self.key), b.requested, at, None);
         }
     }
 
