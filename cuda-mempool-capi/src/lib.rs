@@ -746,9 +746,11 @@ pub unsafe extern "C" fn cuda_mempool_history_dump(path: *const c_char, format: 
             return Err(fail(CALL, "path is null"));
         }
         // SAFETY: the caller's contract: a NUL-terminated string valid for the call.
-        let path = unsafe { CStr::from_ptr(path) }
-            .to_str()
-            .map_err(|_| fail(CALL, "path is not UTF-8"))?;
+        let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
+        // Any bytes the file system takes (Python passes `os.fsencode(path)`).
+        let path = std::path::Path::new(
+            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes),
+        );
         if format != 0 && format != 1 {
             return Err(fail(
                 CALL,
@@ -776,18 +778,21 @@ pub unsafe extern "C" fn cuda_mempool_history_dump(path: *const c_char, format: 
             0 => history::report::html(&history, &snapshot, &Default::default()).into_bytes(),
             _ => history::torch::torch_snapshot(&history, &snapshot),
         };
-        write_new_then_rename(path, &bytes).map_err(|e| fail(CALL, format!("{path}: {e}")))?;
+        write_new_then_rename(path, &bytes)
+            .map_err(|e| fail(CALL, format!("{}: {e}", path.display())))?;
         Ok(0)
     })
 }
 
 /// Writes `bytes` to a new file beside `path` (created exclusively: never an existing file
 /// or a link someone placed there), then renames it to `path`.
-fn write_new_then_rename(path: &str, bytes: &[u8]) -> std::io::Result<()> {
+fn write_new_then_rename(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = format!("{path}.{}.{serial}.tmp", std::process::id());
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.{serial}.tmp", std::process::id()));
+    let tmp = std::path::PathBuf::from(tmp);
     let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
