@@ -31,7 +31,7 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 
 use cudars_core::memory::{DeviceAlloc, DevicePtr, Handover};
-use cudars_core::{Device, Stream};
+use cudars_core::{Device, Stream, StreamKind};
 
 use crate::dtype::{DlElem, ElemType};
 use crate::error::{Error, Result};
@@ -79,6 +79,14 @@ impl ImportedTensor {
     /// complete when it is given `None` for `ordered_on`, else ordered before the stream it is
     /// given (what DLPack's `stream` argument asks of the producer). A view made otherwise
     /// lets safe calls read or write the memory while the producer still writes it.
+    ///
+    /// The view of [`UntypedView::into_device_ptr`] spans every byte from the first element
+    /// to the last, and safe calls may write it: the caller also vouches that, until the
+    /// deleter runs, no other code uses that span, the bytes between a strided tensor's
+    /// elements and a tensor flagged read-only included (or that it never makes a device
+    /// view of such a tensor: check [`ImportedTensor::is_read_only`] and
+    /// [`TensorView::is_contiguous`] first, or import with [`Expect::mutable`] and
+    /// [`Expect::contiguous`], which refuse them).
     pub unsafe fn from_versioned(tensor: *mut DLManagedTensorVersioned) -> Result<ImportedTensor> {
         let Some(ptr) = NonNull::new(tensor) else {
             return Err(Error::Null("DLManagedTensorVersioned"));
@@ -582,8 +590,9 @@ impl UntypedView {
     /// never released under running work.
     ///
     /// The tensor must be on `device` ([`Error::WrongDevice`]); managed memory is taken to be
-    /// usable from it. Writes through the view to a tensor its producer marked read-only
-    /// break the producer's contract: check with [`Expect::mutable`] first.
+    /// usable from it. The view spans every byte from the first element to the last and is
+    /// writable: that it may be is part of what the `unsafe` constructor's caller vouched
+    /// for (its `# Safety`), for strided and read-only tensors too.
     pub fn into_device_ptr(
         self,
         device: &Device,
@@ -616,7 +625,7 @@ impl UntypedView {
             device: *device,
             start,
             size,
-            streams: Mutex::new(Vec::new()),
+            streams: Mutex::new(Some(Vec::new())),
             tensor: Some(self.tensor),
         }))
     }
@@ -629,8 +638,10 @@ struct ImportedAlloc {
     device: Device,
     start: u64,
     size: usize,
-    /// Streams that used the memory: waited for before the deleter runs.
-    streams: Mutex<Vec<Stream>>,
+    /// Streams that used the memory: waited for before the deleter runs. `None` once a
+    /// stream that names no one stream was used (the per-thread default stream names the
+    /// calling thread's, an external one may be any): then the whole device is waited for.
+    streams: Mutex<Option<Vec<Stream>>>,
     /// `Some` until dropped.
     tensor: Option<ImportedTensor>,
 }
@@ -660,11 +671,17 @@ unsafe impl DeviceAlloc for ImportedAlloc {
             .streams
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !streams
-            .iter()
-            .any(|s| s.raw() == stream.raw() && s.device() == stream.device())
-        {
-            streams.push(stream.clone());
+        if matches!(stream.kind(), StreamKind::PerThread | StreamKind::External) {
+            // The drop may run on another thread, where the handle names another stream (or
+            // the foreign stream is gone): wait for the device then (as cuda-core's owners do).
+            *streams = None;
+        } else if let Some(list) = streams.as_mut() {
+            if !list
+                .iter()
+                .any(|s| s.raw() == stream.raw() && s.device() == stream.device())
+            {
+                list.push(stream.clone());
+            }
         }
         Ok(())
     }
@@ -683,10 +700,15 @@ impl Drop for ImportedAlloc {
                 .get_mut()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
-        let mut done = true;
-        for s in &streams {
-            done &= s.record(None).and_then(|e| e.synchronize()).is_ok();
-        }
+        let done = match streams {
+            None => self.device.synchronize().is_ok(),
+            Some(streams) => streams.iter().all(|s| {
+                // A stream being captured would take the fence as a graph node, which says
+                // nothing about the work already issued: then the memory is leaked.
+                !cudars_core::graph::touches_capture(s)
+                    && s.record(None).and_then(|e| e.synchronize()).is_ok()
+            }),
+        };
         if !done {
             // Work may still use the memory: never hand it back under it.
             std::mem::forget(self.tensor.take());

@@ -725,7 +725,7 @@ pub extern "C" fn cuda_mempool_history_stop() -> c_int {
     })
 }
 
-/// Writes the recording (on, or the last one stopped) to the file `path` (UTF-8, NUL
+/// Writes the recording (on, or the last one stopped) to the file `path` (any bytes, NUL
 /// terminated): `format` 0 is the self-contained HTML report, 1 PyTorch's memory snapshot
 /// pickle (what `torch.cuda.memory._dump_snapshot` writes; open it at
 /// pytorch.org/memory_viz or with `python -m torch.cuda._memory_viz`). The file is written

@@ -347,13 +347,16 @@ pub(crate) fn stream_completion(stream: &Stream, strategy: WakeStrategy) -> Resu
 }
 
 /// Drops `value` once the work recorded in `event` is done, without blocking: at once when
-/// it is already done, else on the reactor thread when the reactor sees it complete. If the
+/// it is already done, else on the reactor's drop thread once the reactor sees it complete. If the
 /// event reports an error (the device failed; it may still be using what `value` owns),
 /// `value` is leaked, never dropped, and the error is returned when it is known now.
 ///
 /// For what the device still reads or writes when its owner goes away: a host buffer of a
 /// transfer whose future was dropped, device memory of a kernel in flight. `value`'s `Drop`
-/// runs on the reactor thread, so it should be quick (a panic there is caught).
+/// runs on the reactor's drop thread, never on the reactor's polling thread, so a slow drop
+/// (freeing pinned memory waits for the device) holds up no other wait; a panic there is
+/// caught. `event` must not be recorded again by anyone until then: a later record would
+/// move the point the drop waits for.
 ///
 /// ```no_run
 /// use cudars_core::{completion, Device, DevicePtr, Stream};
