@@ -30,6 +30,7 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
+use super::snapshot::round;
 use super::{EventKind, History, Snapshot};
 
 /// How to draw the report.
@@ -626,12 +627,6 @@ fn segment_map(snap: &Snapshot, id: usize, shown: bool) -> String {
     }
     svg.push_str("</svg>");
     svg
-}
-
-/// Rounds a block's size up to the pool's granule, as it occupies its segment.
-fn round(size: u64) -> u64 {
-    let r = crate::policy::ROUND;
-    size.div_ceil(r).saturating_mul(r)
 }
 
 /// The y axis with a few labelled lines, and the x axis's ends.

@@ -122,7 +122,8 @@ impl Snapshot {
     }
 }
 
-fn round(size: u64) -> u64 {
+/// A block's size rounded up to the pool's granule, as it occupies its segment.
+pub(super) fn round(size: u64) -> u64 {
     let r = crate::policy::ROUND;
     size.div_ceil(r).saturating_mul(r)
 }
