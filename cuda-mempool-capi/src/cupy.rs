@@ -384,6 +384,55 @@ fn raise(error: (MakeErrorFn, SetErrorFn), size: usize, device: c_int, cupy_fail
     unsafe { cuda_mempool_throw_runtime_error(crate::error::last_error_ptr()) }
 }
 
+/// Which thread runs the plain route's one-time setup now, if any (see [`ensure_registered`]).
+static SETUP: std::sync::Mutex<Option<std::thread::ThreadId>> = std::sync::Mutex::new(None);
+
+/// Makes sure the CuPy module's hooks are registered, running the setup
+/// ([`python::register_hooks`]) on this thread when nobody has: one thread at a time. The
+/// setup runs Python code, which lets other threads run; one that allocates meanwhile waits,
+/// with the GIL released, until the setup has finished, rather than run a second setup beside
+/// it (which found the module half executed, failed, and handed CuPy a null pointer that
+/// CuPy took for memory at address 0: an illegal address on the GPU, seen with 8 threads
+/// making their first allocations at once). An allocation made by the setup itself, on this
+/// thread, is refused. Needs the GIL; `Err` as [`python::register_hooks`].
+fn ensure_registered(py: &python::Api, call: &str) -> Result<(), bool> {
+    let me = std::thread::current().id();
+    loop {
+        if hooks().is_some() {
+            return Ok(());
+        }
+        let busy = {
+            let mut s = SETUP
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let busy = *s;
+            if busy.is_none() {
+                *s = Some(me);
+            }
+            busy
+        };
+        match busy {
+            None => {
+                let done = python::register_hooks(py, call);
+                *SETUP
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+                return done;
+            }
+            Some(t) if t == me => {
+                return run(Err(false), || {
+                    Err(fail(
+                        call,
+                        "an allocation during the plain route's own setup (the CuPy module \
+                         allocated while it was being imported)",
+                    ))
+                });
+            }
+            Some(_) => python::wait_without_gil(py),
+        }
+    }
+}
+
 /// The plain route's allocation ([`crate::cuda_mempool_cupy_malloc`]): as
 /// [`cuda_mempool_cupy_stream_malloc`], first registering the hooks through the CuPy module
 /// when nobody has (see [`python`]). Called without the GIL (through `ctypes.CDLL`, say), it
@@ -405,13 +454,13 @@ pub(crate) fn plain_malloc(call: &str, size: usize, device: c_int) -> *mut c_voi
     // SAFETY: as above; released below, on every path that returns (none throws while held).
     let gil = (!caller_holds_gil).then(|| unsafe { (py.gil_ensure)() });
     let mut result = Ok(std::ptr::null_mut());
-    let mut registered = hooks().is_some();
-    if !registered {
-        match python::register_hooks(py, call) {
-            Ok(()) => registered = true,
-            Err(pending) => result = Err(pending),
+    let registered = match ensure_registered(py, call) {
+        Ok(()) => true,
+        Err(pending) => {
+            result = Err(pending);
+            false
         }
-    }
+    };
     let hooks = hooks();
     if registered {
         result = stream_malloc(call, hooks.as_ref(), size, device);
@@ -434,6 +483,10 @@ pub(crate) fn plain_malloc(call: &str, size: usize, device: c_int) -> *mut c_voi
             },
             // The module's setup raised, which it does only when CuPy catches C++ exceptions.
             None if pending => python::throw_pending(py),
+            // No hooks, no exception pending: a CuPy that catches C++ exceptions gets one
+            // (Cython raises a RuntimeError with the message), never a null pointer, which it
+            // would take for memory at address 0.
+            None if python::cupy_catches(py) => python::throw_pending(py),
             None => std::ptr::null_mut(),
         },
         (Err(pending), Some(state)) => {
@@ -479,6 +532,9 @@ pub(crate) mod python {
         long_from: unsafe extern "C" fn(c_ulonglong) -> Obj,
         long_as: unsafe extern "C" fn(Obj) -> c_long,
         decref: unsafe extern "C" fn(Obj),
+        save_thread: unsafe extern "C" fn() -> *mut c_void,
+        restore_thread: unsafe extern "C" fn(*mut c_void),
+        utf8: unsafe extern "C" fn(Obj, *mut isize) -> *const c_char,
     }
 
     extern "C" {
@@ -534,6 +590,11 @@ pub(crate) mod python {
             long_from: f!("PyLong_FromUnsignedLongLong" as unsafe extern "C" fn(c_ulonglong) -> Obj),
             long_as: f!("PyLong_AsLong" as unsafe extern "C" fn(Obj) -> c_long),
             decref: f!("Py_DecRef" as unsafe extern "C" fn(Obj)),
+            save_thread: f!("PyEval_SaveThread" as unsafe extern "C" fn() -> *mut c_void),
+            restore_thread: f!("PyEval_RestoreThread" as unsafe extern "C" fn(*mut c_void)),
+            utf8: f!(
+                "PyUnicode_AsUTF8AndSize" as unsafe extern "C" fn(Obj, *mut isize) -> *const c_char
+            ),
         })
     }
 
@@ -642,14 +703,75 @@ pub(crate) mod python {
         }
     }
 
+    /// Lets other Python threads run for a moment: releases the GIL, sleeps, takes it back.
+    /// Needs the GIL (held by this thread: the caller's or ensured).
+    pub(crate) fn wait_without_gil(py: &Api) {
+        // SAFETY: this thread holds the GIL; the state is restored on the same thread, and no
+        // Python object is touched while it is released.
+        unsafe {
+            let state = (py.save_thread)();
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            (py.restore_thread)(state);
+        }
+    }
+
+    /// Whether the process's CuPy catches a C++ exception thrown by a `CFunctionAllocator`'s
+    /// `malloc` (CuPy 14.1 and later declare it `except +`), read once from
+    /// `cupy.__version__`; false when that cannot be read. Needs the GIL; clears what its own
+    /// lookups raise.
+    pub(crate) fn cupy_catches(py: &Api) -> bool {
+        static CATCHES: OnceLock<bool> = OnceLock::new();
+        *CATCHES.get_or_init(|| {
+            // SAFETY: the caller holds the GIL; each new reference is released once; the
+            // UTF-8 buffer belongs to the string object and is read before its release.
+            unsafe {
+                let module = (py.import)(c"cupy".as_ptr());
+                if module.is_null() {
+                    (py.err_clear)();
+                    return false;
+                }
+                let version = (py.get_attr)(module, c"__version__".as_ptr());
+                (py.decref)(module);
+                if version.is_null() {
+                    (py.err_clear)();
+                    return false;
+                }
+                let mut len = 0isize;
+                let text = (py.utf8)(version, &mut len);
+                let parsed = if text.is_null() || len < 0 {
+                    (py.err_clear)();
+                    None
+                } else {
+                    let bytes = std::slice::from_raw_parts(text.cast::<u8>(), len as usize);
+                    std::str::from_utf8(bytes).ok().and_then(super::major_minor)
+                };
+                (py.decref)(version);
+                parsed.is_some_and(|v| v >= (14, 1))
+            }
+        })
+    }
+
     /// Throws the C++ exception that makes CuPy's Cython code raise the pending Python
-    /// exception. Needs the GIL, held by a caller that catches C++ exceptions (CuPy's
+    /// exception (with none pending, a `RuntimeError` with the last error's message). Needs
+    /// the GIL, held by a caller that catches C++ exceptions (CuPy's
     /// `malloc`, declared `except +` from CuPy 14.1: the module raises only then).
     pub(crate) fn throw_pending(py: &Api) -> ! {
         let _ = py;
         // SAFETY: the caller catches C++ exceptions (above); the message is copied by C++.
         unsafe { super::cuda_mempool_throw_runtime_error(crate::error::last_error_ptr()) }
     }
+}
+
+/// `(major, minor)` of a version string such as `14.2.0` or `14.1.0rc1`.
+fn major_minor(v: &str) -> Option<(u32, u32)> {
+    let mut it = v.split('.');
+    let major = it.next()?.parse().ok()?;
+    let minor: String = it
+        .next()?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    Some((major, minor.parse().ok()?))
 }
 
 unsafe extern "C-unwind" {
@@ -669,6 +791,17 @@ pub extern "C" fn cuda_mempool_cupy_held_streams() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cupy_versions_parse_to_major_and_minor() {
+        assert_eq!(major_minor("14.2.0"), Some((14, 2)));
+        assert_eq!(major_minor("14.1.0rc1"), Some((14, 1)));
+        assert_eq!(major_minor("13.6.0"), Some((13, 6)));
+        assert_eq!(major_minor("15.0b1"), Some((15, 0)));
+        assert_eq!(major_minor("dev"), None);
+        assert_eq!(major_minor("14"), None);
+        assert_eq!(major_minor("14.x"), None);
+    }
     use crate::error::{clear_last_error, last_error_message};
 
     unsafe extern "C" fn current() -> isize {

@@ -14,6 +14,15 @@
 //!   [`complete_all`](SimulatedBackend::complete_all), or a host wait on a fence (which
 //!   runs the stream up to the fence). A stream that waits on another stream's fence
 //!   cannot complete past that wait before the other stream reaches the fence.
+//! * **The per-thread default stream**: [`SimulatedBackend::PER_THREAD`] stands for the
+//!   driver's `CU_STREAM_PER_THREAD` handle: every call resolves it to the calling thread's
+//!   own stream (its key [`Backend::stream_key`] gives), so a fence recorded with it on
+//!   another thread lands on that thread's stream, as on the GPU.
+//! * **Memory use**: [`submit_use`](SimulatedBackend::submit_use) is a work item that reads
+//!   and writes an address range. Unmapping or freeing memory that incomplete work uses, and
+//!   a block handed to a stream not ordered after incomplete work of another stream on it
+//!   ([`check_handout`](SimulatedBackend::check_handout)), are recorded as
+//!   [`violations`](SimulatedBackend::violations): on a GPU, an illegal address or wrong data.
 //! * **Accounting**: every backend call is counted ([`SimCalls`]); optionally every
 //!   mapping change is logged ([`SimEvent`]) for tests to inspect.
 //! * **Hooks**: `allocate` and `create_physical` run the `alloc` memory hooks
@@ -299,6 +308,10 @@ struct State {
     next_id: u64,
     calls: SimCalls,
     events: Option<Vec<SimEvent>>,
+    /// Work items that use memory: (device, timeline, position, address, length).
+    uses: Vec<(u32, u64, u64, u64, u64)>,
+    /// What [`SimulatedBackend::violations`] returns.
+    violations: Vec<String>,
 }
 
 /// A simulated set of devices; see the [module documentation](self).
@@ -320,6 +333,10 @@ const ADDRESS_WINDOW_BITS: u32 = 48;
 const GUARD: u64 = 64 << 10;
 
 impl SimulatedBackend {
+    /// The per-thread default stream's handle (`CU_STREAM_PER_THREAD`): it names the calling
+    /// thread's own stream in every call.
+    pub const PER_THREAD: StreamKey = StreamKey(u64::MAX - 2);
+
     /// Simulated devices with the given configurations (ids `0..devices.len()`).
     pub fn new(devices: Vec<SimDevice>) -> Self {
         let devices = devices
@@ -347,7 +364,8 @@ impl SimulatedBackend {
                 devices,
                 clocks: HashMap::new(),
                 timelines: HashMap::new(),
-                next_timeline: 1 << 62,
+                // Below the per-thread keys' bit (1 << 62), above any key a test names.
+                next_timeline: 1 << 61,
                 dropped: Default::default(),
                 borrowed: Default::default(),
                 destroyed: Default::default(),
@@ -358,6 +376,8 @@ impl SimulatedBackend {
                 next_id: 1,
                 calls: SimCalls::default(),
                 events: None,
+                uses: Vec::new(),
+                violations: Vec::new(),
             }),
             history: RecorderSlot::default(),
         }
@@ -417,12 +437,13 @@ impl SimulatedBackend {
     /// Each call with `true` begins a new capture, with an id of its own.
     pub fn set_capturing(&self, stream: StreamKey, capturing: bool) {
         let mut s = self.lock();
+        let stream = resolve(stream.0);
         if capturing {
             let id = s.next_capture;
             s.next_capture += 1;
-            s.capturing.insert(stream.0, id);
+            s.capturing.insert(stream, id);
         } else {
-            s.capturing.remove(&stream.0);
+            s.capturing.remove(&stream);
         }
     }
 
@@ -471,6 +492,18 @@ impl SimulatedBackend {
         let mut s = self.lock();
         let t = timeline(&s, stream.0);
         let to = s.clocks.get(&(device.0, t)).map_or(0, |c| c.submitted);
+        complete_to(&mut s, device.0, t, to);
+    }
+
+    /// Completes the first `value` work items of `stream` (and whatever they waited for);
+    /// nothing if they had.
+    pub fn complete_up_to(&self, device: DeviceId, stream: StreamKey, value: u64) {
+        let mut s = self.lock();
+        let t = timeline(&s, stream.0);
+        let to = s
+            .clocks
+            .get(&(device.0, t))
+            .map_or(0, |c| c.submitted.min(value));
         complete_to(&mut s, device.0, t, to);
     }
 
@@ -543,33 +576,61 @@ impl SimulatedBackend {
         waiter: StreamKey,
         point: SimPoint,
     ) -> bool {
-        let s = self.lock();
-        let (w, o, value) = (timeline(&s, waiter.0), point.timeline, point.value);
-        let done = s.clocks.get(&(device.0, o)).map_or(0, |c| c.completed);
-        if done >= value || w == o {
-            return true;
+        ordered_after(
+            &self.lock(),
+            device.0,
+            waiter.0,
+            point.timeline,
+            point.value,
+        )
+    }
+
+    /// Submits a work item to `stream` that uses `[addr, addr + len)` (a kernel reading and
+    /// writing a block), and returns the stream's submitted count. Memory it uses must stay
+    /// mapped, and go to no stream that is not ordered after it, until it completes.
+    pub fn submit_use(&self, device: DeviceId, stream: StreamKey, addr: u64, len: u64) -> u64 {
+        let mut s = self.lock();
+        let t = timeline(&s, stream.0);
+        let c = s.clocks.entry((device.0, t)).or_default();
+        c.submitted += 1;
+        let pos = c.submitted;
+        // Completed uses are of no interest any more.
+        let st = &mut *s;
+        let clocks = &st.clocks;
+        st.uses
+            .retain(|&(d, t, p, ..)| clocks.get(&(d, t)).is_some_and(|c| p > c.completed));
+        st.uses.push((device.0, t, pos, addr, len));
+        pos
+    }
+
+    /// Checks that `stream`, given `[addr, addr + len)` now, runs its later work after every
+    /// incomplete work item of other streams using that memory; records a violation (and
+    /// returns false) for each one it is not ordered after.
+    pub fn check_handout(&self, device: DeviceId, stream: StreamKey, addr: u64, len: u64) -> bool {
+        let mut s = self.lock();
+        let mut found = Vec::new();
+        for &(d, t, pos, a, l) in &s.uses {
+            if d == device.0
+                && a < addr + len
+                && addr < a + l
+                && !ordered_after(&s, d, stream.0, t, pos)
+            {
+                found.push(format!(
+                    "[{addr:#x}, +{len:#x}) handed to stream {:#x} while work {pos} of stream \
+                     {t:#x} may still use [{a:#x}, +{l:#x})",
+                    timeline(&s, stream.0)
+                ));
+            }
         }
-        // Depth-first over (timeline, position): the waiter sees everything its waits up to
-        // `position` ordered it after.
-        let mut best: HashMap<u64, u64> = HashMap::new();
-        let mut stack = vec![(w, u64::MAX)];
-        while let Some((t, pos)) = stack.pop() {
-            if t == o && pos >= value {
-                return true;
-            }
-            if best.get(&t).is_some_and(|&p| p >= pos) {
-                continue;
-            }
-            best.insert(t, pos);
-            if let Some(c) = s.clocks.get(&(device.0, t)) {
-                for &(at, other, ov) in &c.log {
-                    if at <= pos {
-                        stack.push((other, ov));
-                    }
-                }
-            }
-        }
-        false
+        let ok = found.is_empty();
+        add_violations(&mut s, found);
+        ok
+    }
+
+    /// What went wrong so far: memory unmapped or freed under incomplete work, and handouts
+    /// not ordered after the memory's earlier users (see [`submit_use`](Self::submit_use)).
+    pub fn violations(&self) -> Vec<String> {
+        self.lock().violations.clone()
     }
 
     /// Physical bytes held on a device: pages created plus plain allocations.
@@ -641,9 +702,74 @@ impl SimulatedBackend {
     }
 }
 
-/// The key in `State::clocks` of the current timeline of stream `id`.
+/// The stream `id` names on the calling thread: [`SimulatedBackend::PER_THREAD`] is the
+/// thread's own per-thread stream.
+fn resolve(id: u64) -> u64 {
+    if id == SimulatedBackend::PER_THREAD.0 {
+        crate::pool::per_thread_key().0
+    } else {
+        id
+    }
+}
+
+/// The key in `State::clocks` of the current timeline of stream `id` (as named on the
+/// calling thread).
 fn timeline(s: &State, id: u64) -> u64 {
+    let id = resolve(id);
     s.timelines.get(&id).copied().unwrap_or(id)
+}
+
+/// Whether the calling thread's `waiter` runs its later work after the first `value` items
+/// of timeline `o` (see [`SimulatedBackend::is_ordered_after`]).
+fn ordered_after(s: &State, device: u32, waiter: u64, o: u64, value: u64) -> bool {
+    let w = timeline(s, waiter);
+    let done = s.clocks.get(&(device, o)).map_or(0, |c| c.completed);
+    if done >= value || w == o {
+        return true;
+    }
+    // Depth-first over (timeline, position): the waiter sees everything its waits up to
+    // `position` ordered it after.
+    let mut best: HashMap<u64, u64> = HashMap::new();
+    let mut stack = vec![(w, u64::MAX)];
+    while let Some((t, pos)) = stack.pop() {
+        if t == o && pos >= value {
+            return true;
+        }
+        if best.get(&t).is_some_and(|&p| p >= pos) {
+            continue;
+        }
+        best.insert(t, pos);
+        if let Some(c) = s.clocks.get(&(device, t)) {
+            for &(at, other, ov) in &c.log {
+                if at <= pos {
+                    stack.push((other, ov));
+                }
+            }
+        }
+    }
+    false
+}
+
+/// Records a violation for each incomplete work item using memory in `[addr, addr + len)`
+/// of `device` (memory about to be unmapped or freed).
+fn check_unused(s: &mut State, device: u32, addr: u64, len: u64, what: &str) {
+    let mut found = Vec::new();
+    for &(d, t, pos, a, l) in &s.uses {
+        let done = s.clocks.get(&(d, t)).map_or(0, |c| c.completed);
+        if d == device && pos > done && a < addr + len && addr < a + l {
+            found.push(format!(
+                "{what} [{addr:#x}, +{len:#x}) while work {pos} of stream {t:#x} (completed {done}) \
+                 still uses [{a:#x}, +{l:#x})"
+            ));
+        }
+    }
+    add_violations(s, found);
+}
+
+/// Keeps the first violations (a broken pool would otherwise fill memory with them).
+fn add_violations(s: &mut State, found: Vec<String>) {
+    let room = 64usize.saturating_sub(s.violations.len());
+    s.violations.extend(found.into_iter().take(room));
 }
 
 /// Fails the call if a failure of `kind` is due.
@@ -670,6 +796,7 @@ fn fault(s: &mut State, kind: SimCall) -> Result<(), SimError> {
 
 /// Fails when `stream` no longer exists.
 fn alive(s: &State, stream: u64) -> Result<(), SimError> {
+    let stream = resolve(stream);
     if s.destroyed.contains(&stream) {
         return Err(SimError::DestroyedStream(stream));
     }
@@ -807,10 +934,14 @@ unsafe impl Backend for SimulatedBackend {
     }
 
     fn stream_key(&self, stream: &StreamKey) -> Result<StreamKey, crate::PoolError> {
-        Ok(*stream)
+        Ok(StreamKey(resolve(stream.0)))
     }
 
     fn may_release_stream(&self, stream: &StreamKey) -> bool {
+        if *stream == Self::PER_THREAD {
+            // As the driver backend: let go once its blocks are freed.
+            return true;
+        }
         let s = self.lock();
         s.dropped.contains(&stream.0) || s.borrowed.contains(&stream.0)
     }
@@ -862,6 +993,7 @@ unsafe impl Backend for SimulatedBackend {
             Some(&(sz, id)) if sz == size => {
                 d.plain.remove(&ptr.0);
                 d.physical -= size;
+                check_unused(&mut s, device.0, ptr.0, size, "freed");
                 if let Some(ev) = s.events.as_mut() {
                     ev.push(SimEvent::Deallocate {
                         device,
@@ -1039,6 +1171,8 @@ unsafe impl Backend for SimulatedBackend {
             .mapped
             .remove(&addr.0)
             .ok_or(SimError::NotMapped(addr.0))?;
+        check_unused(&mut s, device.0, addr.0, size, "unmapped");
+        let d = dev_mut(&mut s, device)?;
         if let Some(slot) = d.pages.get_mut(&id) {
             *slot = None;
         }
@@ -1105,11 +1239,11 @@ unsafe impl Backend for SimulatedBackend {
     }
 
     fn is_capturing(&self, stream: &StreamKey) -> bool {
-        self.lock().capturing.contains_key(&stream.0)
+        self.lock().capturing.contains_key(&resolve(stream.0))
     }
 
     fn capture_id(&self, stream: &StreamKey) -> Option<u64> {
-        self.lock().capturing.get(&stream.0).copied()
+        self.lock().capturing.get(&resolve(stream.0)).copied()
     }
 
     fn synchronize_device(&self, device: DeviceId) -> Result<(), SimError> {

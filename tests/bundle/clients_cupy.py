@@ -32,6 +32,11 @@ Scenarios (each in its own process; --only NAME runs a subset):
                      never overwritten, no thread raises.
   ptds_program       the same with CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 (the whole program's
                      default stream is the per-thread one), 8 threads and the collector.
+  plain_first_touch  the plain route only: in 10 fresh processes, 8 threads (on their own
+                     streams or the per-thread one) make the process's first allocations at
+                     the same moment, so that the library's one-time setup (importing the CuPy
+                     module, which lets other threads run) races their allocations: every
+                     allocation is served at a real address with the right data, or raises.
   plain_*            the plain route (CuPy's documented four lines: CFunctionAllocator over
                      cuda_mempool_cupy_malloc / cuda_mempool_cupy_free, no module install):
                      plain_cross_nonblocking, plain_cross_blocking, plain_threads, plain_oom,
@@ -644,6 +649,64 @@ def history_scenario(args, rep):
     del keep
 
 
+def first_touch_once(args, rep):
+    """One fresh process of plain_first_touch: 8 threads released together make the
+    process's first allocations (the plain route's setup runs inside the first of them)."""
+    import cupy as cp
+
+    install_plain(cp, args.lib)
+    cp.cuda.Device(0).use()
+    n_threads = 8
+    gate = threading.Barrier(n_threads)
+    results = [None] * n_threads
+
+    def work(t):
+        try:
+            stream = cp.cuda.Stream.ptds if t % 2 else cp.cuda.Stream(non_blocking=True)
+            with stream:
+                gate.wait()
+                arrs = [cp.empty((1 + t) * MIB // 4, dtype=cp.float32) for _ in range(4)]
+                ptrs = [a.data.ptr for a in arrs]
+                for i, a in enumerate(arrs):
+                    a.fill(float(t * 10 + i))
+                stream.synchronize()
+                wrong = sum(int((a != float(t * 10 + i)).sum()) for i, a in enumerate(arrs))
+                results[t] = (ptrs, wrong, None)
+        except Exception as e:  # noqa: BLE001 - reported below
+            results[t] = ([], 0, f"{type(e).__name__}: {e}")
+
+    ts = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    cp.cuda.Device(0).synchronize()
+    raised = [f"thread {t}: {r[2]}" for t, r in enumerate(results) if r[2]]
+    zero = [t for t, r in enumerate(results) if any(p == 0 for p in r[0])]
+    wrong = sum(r[1] for r in results)
+    rep.info(f"{n_threads} threads' first allocations: {sum(len(r[0]) for r in results)} served, "
+             f"{len(raised)} raised")
+    rep.check(not zero, "no allocation at address 0" + (f" (threads {zero})" if zero else ""))
+    rep.check(wrong == 0, f"every element right ({wrong} wrong)")
+    rep.check(not raised, "no thread raised" + ("" if not raised else ": " + "; ".join(raised[:3])))
+
+
+def first_touch(args, rep):
+    """plain_first_touch: first_touch_once in 10 fresh processes."""
+    import subprocess
+
+    runs, bad = 10, []
+    for r in range(runs):
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", "plain_first_touch_once",
+               "--lib", args.lib]
+        out = subprocess.run(cmd, env=common.child_env(args.lib), capture_output=True,
+                             text=True, timeout=300)
+        if out.returncode != 0:
+            bad.append(f"process {r}: exit {out.returncode}: {(out.stdout + out.stderr)[-800:]}")
+    rep.check(not bad, f"{runs} fresh processes, 8 threads making each one's first allocations "
+                       f"at once: all served right" + ("" if not bad else ": " + " | ".join(bad[:2])))
+
+
 def ptds_scenario(args, rep, whole_program):
     """Item 3: CuPy's per-thread default stream, 8 threads, frees from a collector thread."""
     import queue
@@ -743,7 +806,7 @@ SCENARIOS = ["cross_nonblocking", "cross_blocking", "cross_default", "destroyed_
              "ptds_threads", "ptds_program", "history"]
 # The plain route (--mode plain): the same scenarios through CuPy's four documented lines.
 PLAIN = ["cross_nonblocking", "cross_blocking", "threads", "oom", "oom_limit", "steal_calls",
-         "ptds_threads"]
+         "ptds_threads", "first_touch"]
 
 
 def child(args):
@@ -780,6 +843,10 @@ def child(args):
             ptds_scenario(args, rep, True)
         elif name == "history":
             history_scenario(args, rep)
+        elif name == "first_touch" and args.mode == "plain":
+            first_touch(args, rep)
+        elif name == "first_touch_once" and args.mode == "plain":
+            first_touch_once(args, rep)
         else:
             rep.check(False, f"unknown scenario {name}")
     except Exception as e:  # noqa: BLE001
