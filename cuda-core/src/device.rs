@@ -166,6 +166,8 @@ impl Device {
                 _not_send: PhantomData,
             });
         }
+        // The thread's current context changes: what this crate noted about it is stale.
+        crate::stream::forget_context();
         // SAFETY: a retained primary context; popped by the binding's Drop.
         unsafe { drv!(cuCtxPushCurrent(target)) }?;
         Ok(ContextBinding {
@@ -339,6 +341,13 @@ impl Drop for DeviceScope {
 pub struct ContextBinding {
     pushed: bool,
     _not_send: PhantomData<*const ()>,
+}
+
+impl ContextBinding {
+    /// Whether the binding pushed the context (it was not current).
+    pub(crate) fn pushed(&self) -> bool {
+        self.pushed
+    }
 }
 
 impl Drop for ContextBinding {

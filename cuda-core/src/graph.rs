@@ -35,7 +35,7 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudars_sys::{
@@ -175,14 +175,60 @@ pub fn captures_in_progress() -> bool {
     ACTIVE_CAPTURES.load(Ordering::Acquire) != 0
 }
 
-/// Safe calls between their capture check and their issue (see [`issue_guard`]).
-static ISSUING: AtomicUsize = AtomicUsize::new(0);
+/// Safe calls between their capture check and their issue on threads whose [`IssueFlag`]
+/// cannot be used (a thread being torn down): see [`issue_guard`].
+static ISSUING_UNFLAGGED: AtomicUsize = AtomicUsize::new(0);
 /// Captures waiting in [`begin_capture`] for those calls to finish.
 static BEGINNING: AtomicUsize = AtomicUsize::new(0);
 
+/// One thread's "between a capture check and the issue" flag, on a cache line of its own (a
+/// flag shared by all threads made every launch bounce one line between the cores).
+#[repr(align(64))]
+struct IssueFlag(AtomicBool);
+
+/// Every flag ever handed to a thread (leaked, reused after their thread exits): what
+/// [`BeginGate::wait`] scans.
+static ALL_FLAGS: Mutex<Vec<&'static IssueFlag>> = Mutex::new(Vec::new());
+/// Flags of exited threads, for new threads.
+static FREE_FLAGS: Mutex<Vec<&'static IssueFlag>> = Mutex::new(Vec::new());
+
+/// A thread's flag; gives it back when the thread exits.
+struct FlagSlot(&'static IssueFlag);
+
+impl FlagSlot {
+    fn new() -> FlagSlot {
+        let reused = FREE_FLAGS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        FlagSlot(reused.unwrap_or_else(|| {
+            let flag: &'static IssueFlag = Box::leak(Box::new(IssueFlag(AtomicBool::new(false))));
+            ALL_FLAGS
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(flag);
+            flag
+        }))
+    }
+}
+
+impl Drop for FlagSlot {
+    fn drop(&mut self) {
+        // A guard cannot outlive its thread's slot: the flag is down here.
+        self.0 .0.store(false, Ordering::SeqCst);
+        FREE_FLAGS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(self.0);
+    }
+}
+
 thread_local! {
-    /// This thread's nesting of [`issue_guard`]s (only the outermost counts in `ISSUING`).
-    static ISSUE_DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// This thread's nesting of [`issue_guard`]s (only the outermost raises the thread's
+    /// flag), and whether the outermost counted in [`ISSUING_UNFLAGGED`] instead.
+    static ISSUE_DEPTH: std::cell::Cell<(usize, bool)> = const { std::cell::Cell::new((0, false)) };
+    /// This thread's flag.
+    static ISSUE_FLAG: FlagSlot = FlagSlot::new();
 }
 
 /// Held by a safe call from the moment it decides something by a stream's capture status
@@ -202,37 +248,65 @@ pub struct IssueGuard {
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
-/// Takes an [`IssueGuard`]: about four atomic operations when no capture is beginning.
+/// Takes an [`IssueGuard`]: when no capture is beginning, one store to a flag of this
+/// thread's own and one load (each thread raises its own flag and then looks for a beginning
+/// capture; [`begin_capture`] announces itself and then looks at every thread's flag, so one of
+/// the two always sees the other).
 #[inline]
 pub fn issue_guard() -> IssueGuard {
-    ISSUE_DEPTH.with(|depth| {
-        if depth.get() == 0 {
-            loop {
-                while BEGINNING.load(Ordering::SeqCst) != 0 {
-                    std::thread::yield_now();
-                }
-                ISSUING.fetch_add(1, Ordering::SeqCst);
-                if BEGINNING.load(Ordering::SeqCst) == 0 {
-                    break;
-                }
-                ISSUING.fetch_sub(1, Ordering::SeqCst);
-            }
+    ISSUE_DEPTH.with(|state| {
+        let (depth, unflagged) = state.get();
+        if depth == 0 {
+            state.set((1, enter_issue()));
+        } else {
+            state.set((depth + 1, unflagged));
         }
-        depth.set(depth.get() + 1);
     });
     IssueGuard {
         _not_send: std::marker::PhantomData,
     }
 }
 
+/// Raises this thread's flag (or, on a thread being torn down, counts in
+/// [`ISSUING_UNFLAGGED`]) once no capture is beginning; returns whether it counted.
+#[inline]
+fn enter_issue() -> bool {
+    let flag = ISSUE_FLAG.try_with(|f| f.0).ok();
+    loop {
+        while BEGINNING.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+        match flag {
+            Some(f) => f.0.store(true, Ordering::SeqCst),
+            None => {
+                ISSUING_UNFLAGGED.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        if BEGINNING.load(Ordering::SeqCst) == 0 {
+            return flag.is_none();
+        }
+        match flag {
+            Some(f) => f.0.store(false, Ordering::SeqCst),
+            None => {
+                ISSUING_UNFLAGGED.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
 impl Drop for IssueGuard {
     #[inline]
     fn drop(&mut self) {
-        ISSUE_DEPTH.with(|depth| {
-            let d = depth.get().saturating_sub(1);
-            depth.set(d);
+        ISSUE_DEPTH.with(|state| {
+            let (depth, unflagged) = state.get();
+            let d = depth.saturating_sub(1);
+            state.set((d, unflagged));
             if d == 0 {
-                ISSUING.fetch_sub(1, Ordering::SeqCst);
+                if unflagged {
+                    ISSUING_UNFLAGGED.fetch_sub(1, Ordering::SeqCst);
+                } else {
+                    let _ = ISSUE_FLAG.try_with(|f| f.0 .0.store(false, Ordering::Release));
+                }
             }
         });
     }
@@ -247,9 +321,23 @@ impl BeginGate {
     fn wait() -> BeginGate {
         BEGINNING.fetch_add(1, Ordering::SeqCst);
         // This thread's own guard, if it holds one, does not count.
-        let own = ISSUE_DEPTH.with(|d| usize::from(d.get() > 0));
-        while ISSUING.load(Ordering::SeqCst) > own {
+        let (depth, unflagged) = ISSUE_DEPTH.with(std::cell::Cell::get);
+        let own_flag = ISSUE_FLAG.try_with(|f| std::ptr::from_ref(f.0)).ok();
+        let own_unflagged = usize::from(depth > 0 && unflagged);
+        while ISSUING_UNFLAGGED.load(Ordering::SeqCst) > own_unflagged {
             std::thread::yield_now();
+        }
+        let flags: Vec<&'static IssueFlag> = ALL_FLAGS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for f in flags {
+            if Some(std::ptr::from_ref(f)) == own_flag {
+                continue;
+            }
+            while f.0.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
         }
         BeginGate
     }
@@ -1011,6 +1099,63 @@ mod tests {
         late.join().unwrap();
         issuer.join().unwrap();
         assert!(waited.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn issues_of_many_threads_never_overlap_a_beginning_capture() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        // 6 threads issue in a loop (some nested, some from short-lived threads, whose flags
+        // go back and are reused) while captures begin on another thread: while a gate is
+        // held, no issue is between its guard's start and end.
+        let inside = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers: Vec<_> = (0..6)
+            .map(|t| {
+                let (inside, stop) = (Arc::clone(&inside), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    let issue = move || {
+                        let g = super::issue_guard();
+                        let nested = (t % 2 == 0).then(super::issue_guard);
+                        inside.fetch_add(1, Ordering::SeqCst);
+                        std::hint::spin_loop();
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        drop(nested);
+                        drop(g);
+                    };
+                    while !stop.load(Ordering::SeqCst) {
+                        if t == 5 {
+                            std::thread::spawn(issue.clone()).join().unwrap();
+                        } else {
+                            issue();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..200 {
+            let gate = super::BeginGate::wait();
+            assert_eq!(
+                inside.load(Ordering::SeqCst),
+                0,
+                "an issue overlapped a beginning capture"
+            );
+            std::thread::yield_now();
+            assert_eq!(inside.load(Ordering::SeqCst), 0);
+            drop(gate);
+        }
+        // The beginning thread's own guard does not hold it back.
+        let own = super::issue_guard();
+        drop(super::BeginGate::wait());
+        drop(own);
+        stop.store(true, Ordering::SeqCst);
+        for w in workers {
+            w.join().unwrap();
+        }
+        let flags = ALL_FLAGS.lock().unwrap().len();
+        assert!(
+            flags < 64,
+            "{flags} flags for at most ~10 live threads: exited threads' flags are reused"
+        );
     }
 
     use super::*;

@@ -404,7 +404,6 @@ impl Function {
                 self.name
             )));
         }
-        let _ctx = self.module.device.bind()?;
         let mut value = CUlaunchAttributeValue { pad: [0; 64] };
         value.clusterDim.x = c.0;
         value.clusterDim.y = c.1;
@@ -431,17 +430,20 @@ impl Function {
         } else {
             params.as_mut_ptr()
         };
-        // SAFETY: the module's context is current and the stream belongs to its device; the
-        // config and its one attribute live for the call; the caller upholds the parameter
-        // and memory contract above.
-        unsafe {
-            drv!(cuLaunchKernelEx(
-                &raw_config,
-                self.raw,
-                kernel_params,
-                std::ptr::null_mut(),
-            ))
-        }
+        crate::stream::launch_in_context(self.module.device, stream.is_implicit(), || {
+            // SAFETY: the module's context is current (or the driver refuses the launch and
+            // it is retried with it current: `launch_in_context`), and the stream belongs to
+            // its device; the config and its one attribute live for the call; the caller
+            // upholds the parameter and memory contract above.
+            unsafe {
+                drv!(cuLaunchKernelEx(
+                    &raw_config,
+                    self.raw,
+                    kernel_params,
+                    std::ptr::null_mut(),
+                ))
+            }
+        })
     }
 
     /// The checks every launch makes before the driver is called.
@@ -498,29 +500,31 @@ impl Function {
         params: &mut [*mut c_void],
     ) -> Result<()> {
         self.check_launch(stream, grid, block)?;
-        let _ctx = self.module.device.bind()?;
         let kernel_params = if params.is_empty() {
             std::ptr::null_mut()
         } else {
             params.as_mut_ptr()
         };
-        // SAFETY: the module's context is current and the stream belongs to its device; the
-        // caller upholds the parameter and memory contract above.
-        unsafe {
-            drv!(cuLaunchKernel(
-                self.raw,
-                grid.0,
-                grid.1,
-                grid.2,
-                block.0,
-                block.1,
-                block.2,
-                shared_bytes,
-                stream.raw(),
-                kernel_params,
-                std::ptr::null_mut(),
-            ))
-        }
+        crate::stream::launch_in_context(self.module.device, stream.is_implicit(), || {
+            // SAFETY: the module's context is current (or the driver refuses the launch and
+            // it is retried with it current: `launch_in_context`), and the stream belongs to
+            // its device; the caller upholds the parameter and memory contract above.
+            unsafe {
+                drv!(cuLaunchKernel(
+                    self.raw,
+                    grid.0,
+                    grid.1,
+                    grid.2,
+                    block.0,
+                    block.1,
+                    block.2,
+                    shared_bytes,
+                    stream.raw(),
+                    kernel_params,
+                    std::ptr::null_mut(),
+                ))
+            }
+        })
     }
 }
 

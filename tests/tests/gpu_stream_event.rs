@@ -773,6 +773,76 @@ fn explicit_handles_survive_a_foreign_context_pop() {
     .unwrap();
 }
 
+/// Foreign code changes the thread's context behind the launch path's note (cuda-core's
+/// `launch_in_context`, which launches without asking the driver while the context it last
+/// saw current is still noted): the context popped, then another context of the same device
+/// made current. Every launch must still run with the right data, the driver's refusal of
+/// the first try retried with the device's context pushed, and the thread left with the
+/// context foreign code set.
+#[test]
+fn launches_survive_a_foreign_context_change() {
+    std::thread::spawn(|| {
+        let dev = dev0();
+        let d = sys::driver().unwrap();
+        let k = Kernels::load(&dev).unwrap();
+        let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
+        let buf = cudars_core::memory::DevicePtr::alloc(&dev, 4096).unwrap();
+        let current = || {
+            let mut c: CUcontext = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            ok(unsafe { d.cuCtxGetCurrent(&mut c) }, "cuCtxGetCurrent");
+            c
+        };
+        let fill_and_check = |value: u32, what: &str| {
+            k.fill(&stream, &buf, value)
+                .unwrap_or_else(|e| panic!("launch {what}: {e}"));
+            stream.synchronize().unwrap();
+            let mut host = vec![0u32; 1024];
+            buf.copy_to_host(&mut host).unwrap();
+            assert!(
+                host.iter().all(|&x| x == value),
+                "launch {what}: wrong data"
+            );
+        };
+        // Notes the primary context as current (a launch with it current).
+        let arm = || {
+            dev.make_current().unwrap();
+            fill_and_check(1, "with the context current");
+        };
+        arm();
+        // SAFETY: NULL unsets the thread's context, as foreign code may.
+        ok(
+            unsafe { d.cuCtxSetCurrent(std::ptr::null_mut()) },
+            "cuCtxSetCurrent",
+        );
+        fill_and_check(2, "after a foreign pop");
+        assert!(current().is_null(), "the launch left a context current");
+
+        arm();
+        let mut other: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and device; no creation parameters; the new context is
+        // made current on this thread (foreign code's context).
+        ok(
+            unsafe { d.cuCtxCreate(&mut other, std::ptr::null_mut(), 0, dev.raw()) },
+            "cuCtxCreate",
+        );
+        assert_eq!(current(), other);
+        fill_and_check(3, "with another context current");
+        fill_and_check(4, "again with another context current");
+        assert_eq!(
+            current(),
+            other,
+            "the launch changed foreign code's context"
+        );
+        // SAFETY: the context this test created, current on this thread; destroying it
+        // leaves the thread with no context.
+        ok(unsafe { d.cuCtxDestroy(other) }, "cuCtxDestroy");
+        fill_and_check(5, "after the foreign context was destroyed");
+    })
+    .join()
+    .unwrap();
+}
+
 /// The public kernels (`cudars_core::kernels`, PTX) do what their table says: fill, add,
 /// copy, checksum on views, and their checks refuse bad views before launching anything.
 #[test]

@@ -33,7 +33,7 @@ type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 const COLD_RUNS: usize = 7;
 const WARM_RUNS: usize = 41;
-const LAUNCH_BATCHES: usize = 61;
+const LAUNCH_BATCHES: usize = 301;
 const LAUNCHES_PER_BATCH: usize = 200;
 
 fn main() {
