@@ -275,6 +275,11 @@ int64_t cuda_mempool_get_limit(int device);
  * failure, keeping the newest `max_events` (0: 1,000,000). Returns 0 or -1. */
 int cuda_mempool_history_start(size_t max_events);
 
+/* cuda_mempool_history_start, capturing the native call stack of each allocation and
+ * out-of-memory failure too (slower: microseconds per allocation, more at the dump).
+ * Returns 0 or -1. */
+int cuda_mempool_history_start_backtraces(size_t max_events);
+
 /* Stops the recording; its events stay for cuda_mempool_history_dump. Returns 0 or -1. */
 int cuda_mempool_history_stop(void);
 

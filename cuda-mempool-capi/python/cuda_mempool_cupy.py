@@ -156,6 +156,7 @@ def load(lib=None):
         "cuda_mempool_cupy_set_stream_hooks": (cint, [vp] * 6),
         "cuda_mempool_cupy_held_streams": (i64, []),
         "cuda_mempool_history_start": (cint, [ctypes.c_size_t]),
+        "cuda_mempool_history_start_backtraces": (cint, [ctypes.c_size_t]),
         "cuda_mempool_history_stop": (cint, []),
         "cuda_mempool_history_dump": (cint, [ctypes.c_char_p, cint]),
     }
@@ -517,13 +518,18 @@ class MemoryPool:
     def live_allocations(self):
         return self._value(self._so.cuda_mempool_live_allocations(), "live_allocations")
 
-    def record_history(self, enabled=True, max_events=0):
+    def record_history(self, enabled=True, max_events=0, backtraces=False):
         """Starts (or, ``enabled=False``, stops) recording the pool's memory history, as
         ``torch.cuda.memory._record_memory_history`` does for PyTorch: what the pool holds
         now, then every malloc, free, segment, page, fence, limit change and out-of-memory
-        failure, the newest ``max_events`` kept (0: one million). Starting again replaces the
-        recording. Write it out with :meth:`dump_report` or :meth:`dump_snapshot`."""
-        if enabled:
+        failure, the newest ``max_events`` kept (0: one million). With ``backtraces=True``
+        the native call stack of each allocation is captured too (slower). Starting again
+        replaces the recording. Write it out with :meth:`dump_report` or
+        :meth:`dump_snapshot`."""
+        if enabled and backtraces:
+            self._value(self._so.cuda_mempool_history_start_backtraces(max_events),
+                        "history_start_backtraces")
+        elif enabled:
             self._value(self._so.cuda_mempool_history_start(max_events), "history_start")
         else:
             self._value(self._so.cuda_mempool_history_stop(), "history_stop")

@@ -132,6 +132,7 @@ pub const EXPORTED_FUNCTIONS: &[&str] = &[
     "cuda_mempool_set_limit",
     "cuda_mempool_get_limit",
     "cuda_mempool_history_start",
+    "cuda_mempool_history_start_backtraces",
     "cuda_mempool_history_stop",
     "cuda_mempool_history_dump",
     "cuda_mempool_last_error",
@@ -707,6 +708,26 @@ pub extern "C" fn cuda_mempool_history_start(max_events: usize) -> c_int {
             max_events
         };
         let recorder = Arc::new(Recorder::new(capacity, Clock::Real));
+        pool(CALL)?.start_history(recorder);
+        Ok(0)
+    })
+}
+
+/// [`cuda_mempool_history_start`], capturing the native call stack of each allocation and
+/// out-of-memory failure too (the report's call sites and the snapshot's `frames` then name
+/// the caller's functions: the framework's C++ or the interpreter's, not Python lines). A
+/// capture costs microseconds per allocation, and resolving the frames at the dump much more
+/// (once per stack): for finding where memory goes, not for timing.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_history_start_backtraces(max_events: usize) -> c_int {
+    const CALL: &str = "cuda_mempool_history_start_backtraces";
+    run(-1, || {
+        let capacity = if max_events == 0 {
+            1_000_000
+        } else {
+            max_events
+        };
+        let recorder = Arc::new(Recorder::new(capacity, Clock::Real).with_backtraces(true));
         pool(CALL)?.start_history(recorder);
         Ok(0)
     })

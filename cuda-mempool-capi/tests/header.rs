@@ -85,6 +85,8 @@ exports! {
         extern "C" fn(c_int) -> i64;
     cuda_mempool_history_start = "int(size_t)":
         extern "C" fn(usize) -> c_int;
+    cuda_mempool_history_start_backtraces = "int(size_t)":
+        extern "C" fn(usize) -> c_int;
     cuda_mempool_history_stop = "int(void)":
         extern "C" fn() -> c_int;
     cuda_mempool_history_dump = "int(const char*,int)":

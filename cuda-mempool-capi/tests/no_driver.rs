@@ -103,6 +103,8 @@ fn child_without_driver() {
     expect_error("cuda_mempool_set_current_stream");
     assert_eq!(cuda_mempool_history_start(16), -1);
     expect_error("cuda_mempool_history_start");
+    assert_eq!(cuda_mempool_history_start_backtraces(16), -1);
+    expect_error("cuda_mempool_history_start_backtraces");
     assert_eq!(cuda_mempool_history_stop(), -1);
     expect_error("cuda_mempool_history_stop");
     // SAFETY: null is refused before anything is read.

@@ -646,6 +646,23 @@ def history_scenario(args, rep):
                   f"(rc {r.returncode}; {(r.stdout + r.stderr).strip()[-300:]})")
         if cmd[0] == "stats" and r.returncode == 0:
             rep.info("memory_viz stats: " + " | ".join(r.stdout.strip().splitlines()[:6]))
+    # With native call stacks: each allocation's frames name its callers.
+    pool.record_history(backtraces=True)
+    with s1:
+        keep.append(cp.full(1000, 7.0, dtype=cp.float32))
+    cp.cuda.Device(0).synchronize()
+    snap2 = os.path.join(out, "snapshot_stacks.pickle")
+    pool.dump_snapshot(snap2)
+    pool.record_history(False)
+    with open(snap2, "rb") as f:
+        data = pickle.load(f)
+    allocs = [e for e in data.get("device_traces", [[]])[0] if e.get("action") == "alloc"]
+    deep = [e for e in allocs if len(e.get("frames", [])) > 1]
+    names = [fr["name"] for fr in (deep[0]["frames"] if deep else [])][:4]
+    rep.info(f"backtraces: {len(deep)} of {len(allocs)} allocations with call stacks; "
+             f"innermost callers: {names}")
+    rep.check(allocs and len(deep) == len(allocs),
+              "with backtraces, every recorded allocation carries its native call stack")
     del keep
 
 

@@ -44,6 +44,7 @@
 mod backend;
 pub mod report;
 mod snapshot;
+mod stack;
 pub mod torch;
 
 use std::collections::VecDeque;
@@ -58,6 +59,7 @@ use crate::pool::PrivatePoolId;
 
 pub use backend::{RecordedPage, RecordingBackend};
 pub use snapshot::{FreeBlock, LiveBlock, PoolTag, Segment, SegmentKind, Snapshot};
+pub use stack::{CallStack, Frame};
 
 /// Where event times come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,6 +153,9 @@ pub struct History {
     /// Events recorded but no longer held: dropped from the front of the full ring, or
     /// forgotten by [`Recorder::clear`].
     pub dropped: u64,
+    /// The call stacks captured with events (a recorder made
+    /// [`with_backtraces`](Recorder::with_backtraces)), by the event's `seq`, in order.
+    pub stacks: Vec<(u64, CallStack)>,
 }
 
 /// Figures read off a history (see [`History::figures`]).
@@ -167,6 +172,14 @@ pub struct Figures {
 }
 
 impl History {
+    /// The call stack captured with event `seq`, if one was.
+    pub fn stack(&self, seq: u64) -> Option<&CallStack> {
+        self.stacks
+            .binary_search_by_key(&seq, |(s, _)| *s)
+            .ok()
+            .map(|i| &self.stacks[i].1)
+    }
+
     /// Running sums over the events: active bytes and physical bytes held, with their peaks.
     /// Only meaningful when nothing was dropped and the recording started with the pool.
     pub fn figures(&self) -> Figures {
@@ -193,6 +206,8 @@ impl History {
 
 struct Ring {
     events: VecDeque<Event>,
+    /// (seq, stack) of held events that have one, in seq order.
+    stacks: VecDeque<(u64, CallStack)>,
     next_seq: u64,
     dropped: u64,
     time: u64,
@@ -203,6 +218,7 @@ struct Ring {
 pub struct Recorder {
     capacity: usize,
     clock: Clock,
+    backtraces: bool,
     start: Instant,
     ring: Mutex<Ring>,
 }
@@ -223,9 +239,11 @@ impl Recorder {
         Recorder {
             capacity,
             clock,
+            backtraces: false,
             start: Instant::now(),
             ring: Mutex::new(Ring {
                 events: VecDeque::with_capacity(capacity.min(1 << 16)),
+                stacks: VecDeque::new(),
                 next_seq: 0,
                 dropped: 0,
                 time: 0,
@@ -236,6 +254,21 @@ impl Recorder {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Ring> {
         self.ring.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The same recorder, capturing a call stack ([`CallStack`]) with each malloc and out of
+    /// memory it records (`true`), or not. Off by default: a capture costs microseconds
+    /// (the stack is walked under the pool's shard lock), and resolving its frames for a
+    /// report or a PyTorch snapshot much more, once per stack. The caller's location
+    /// (`#[track_caller]`) is recorded either way.
+    pub fn with_backtraces(mut self, on: bool) -> Self {
+        self.backtraces = on;
+        self
+    }
+
+    /// Whether call stacks are captured ([`with_backtraces`](Self::with_backtraces)).
+    pub fn backtraces(&self) -> bool {
+        self.backtraces
     }
 
     /// The most events kept.
@@ -268,6 +301,12 @@ impl Recorder {
     /// Records one event (its `seq` and `time` are filled in here; the values passed are
     /// ignored), dropping the oldest if the ring is full.
     pub fn record(&self, mut event: Event) {
+        let stack = (self.backtraces
+            && matches!(
+                event.kind,
+                EventKind::Malloc | EventKind::OutOfMemory { .. }
+            ))
+        .then(CallStack::capture);
         let mut ring = self.lock();
         if !ring.enabled {
             return;
@@ -280,8 +319,15 @@ impl Recorder {
         };
         ring.next_seq += 1;
         if ring.events.len() == self.capacity {
-            ring.events.pop_front();
+            if let Some(old) = ring.events.pop_front() {
+                if ring.stacks.front().is_some_and(|(s, _)| *s == old.seq) {
+                    ring.stacks.pop_front();
+                }
+            }
             ring.dropped += 1;
+        }
+        if let Some(stack) = stack {
+            ring.stacks.push_back((event.seq, stack));
         }
         ring.events.push_back(event);
     }
@@ -401,6 +447,7 @@ impl Recorder {
             clock: self.clock,
             events: ring.events.iter().copied().collect(),
             dropped: ring.dropped,
+            stacks: ring.stacks.iter().cloned().collect(),
         }
     }
 
@@ -409,6 +456,7 @@ impl Recorder {
         let mut ring = self.lock();
         ring.dropped += ring.events.len() as u64;
         ring.events.clear();
+        ring.stacks.clear();
     }
 }
 

@@ -145,9 +145,7 @@ pub fn html(history: &History, snapshot: &Snapshot, options: &ReportOptions) -> 
                     end: u64::MAX,
                     size: e.size,
                     stream,
-                    site: e
-                        .location
-                        .map_or_else(|| "(not recorded)".to_string(), |l| l.to_string()),
+                    site: site(history, e),
                     addr: e.addr.0,
                 });
             }
@@ -663,5 +661,21 @@ fn oom_lines(
             esc(&human(o.1)),
             esc(&o.4)
         );
+    }
+}
+
+/// Who allocated: the innermost frame of the caller's captured stack (function and file:line),
+/// else the caller's location, else "(not recorded)".
+fn site(history: &History, e: &super::Event) -> String {
+    let frame = history
+        .stack(e.seq)
+        .and_then(|s| s.caller_frames().first().cloned());
+    match (frame, e.location) {
+        (Some(f), _) => match (f.file, f.line) {
+            (Some(file), Some(line)) => format!("{} ({file}:{line})", f.name),
+            _ => f.name,
+        },
+        (None, Some(l)) => l.to_string(),
+        (None, None) => "(not recorded)".to_string(),
     }
 }

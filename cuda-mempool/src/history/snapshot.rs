@@ -33,6 +33,10 @@ pub struct LiveBlock {
     pub since: u64,
     /// Who allocated it, where known.
     pub location: Option<&'static Location<'static>>,
+    /// The `seq` of its malloc event in the history it was rebuilt from (its call stack, if
+    /// one was captured: [`History::stack`]); `None` for a block the history did not see
+    /// allocated.
+    pub seq: Option<u64>,
 }
 
 /// How a segment is backed.
@@ -170,6 +174,7 @@ fn build<'a>(events: impl Iterator<Item = &'a Event>, time: u64) -> Snapshot {
                         pool: PoolTag::Shared,
                         since: e.time,
                         location: e.location,
+                        seq: Some(e.seq),
                     },
                 );
             }

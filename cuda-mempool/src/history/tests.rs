@@ -626,3 +626,66 @@ fn private_pool_blocks_are_tagged_in_the_baseline_and_live() {
     drop((before, after, shared));
     hold.release();
 }
+
+#[inline(never)]
+fn allocate_for_the_stack_test(pool: &MemoryPool<SimulatedBackend>) -> crate::RawAllocation {
+    pool.malloc(D, &StreamKey(1), 4096).unwrap().into_raw()
+}
+
+#[test]
+fn backtraces_come_with_mallocs_and_leave_with_their_events() {
+    let pool = MemoryPool::new(SimulatedBackend::h200(1)).unwrap();
+    // Off by default: no stacks.
+    let plain = Arc::new(Recorder::new(64, Clock::Real));
+    assert!(!plain.backtraces());
+    pool.start_history(Arc::clone(&plain));
+    pool.free_raw(allocate_for_the_stack_test(&pool)).unwrap();
+    pool.stop_history();
+    assert!(plain.history().stacks.is_empty());
+
+    let rec = Arc::new(Recorder::new(8, Clock::Real).with_backtraces(true));
+    pool.start_history(Arc::clone(&rec));
+    let raw = allocate_for_the_stack_test(&pool);
+    let h = rec.history();
+    let malloc = h
+        .events
+        .iter()
+        .rfind(|e| e.kind == EventKind::Malloc)
+        .expect("the malloc");
+    let stack = h.stack(malloc.seq).expect("a stack with the malloc");
+    assert!(
+        stack
+            .caller_frames()
+            .iter()
+            .any(|f| f.name.contains("allocate_for_the_stack_test")),
+        "the caller's frame in {:?}",
+        stack.frames()
+    );
+    assert!(h.stacks.iter().all(|(s, _)| h.events.iter().any(
+        |e| e.seq == *s && matches!(e.kind, EventKind::Malloc | EventKind::OutOfMemory { .. })
+    )));
+    // The report's call site and PyTorch's frames name the caller.
+    let snapshot = h.snapshot();
+    let page = report::html(&h, &snapshot, &report::ReportOptions::default());
+    assert!(page.contains("allocate_for_the_stack_test"));
+    let torch = torch::torch_snapshot(&h, &snapshot);
+    let needle = b"allocate_for_the_stack_test";
+    assert!(torch.windows(needle.len()).any(|w| w == needle));
+    pool.free_raw(raw).unwrap();
+    // The ring (8 events) wraps: stacks leave with their events.
+    for _ in 0..20 {
+        pool.free_raw(allocate_for_the_stack_test(&pool)).unwrap();
+    }
+    let h = rec.history();
+    assert!(h.dropped > 0);
+    let first = h.events[0].seq;
+    assert!(h.stacks.iter().all(|(s, _)| *s >= first));
+    assert_eq!(
+        h.stacks.len(),
+        h.events
+            .iter()
+            .filter(|e| e.kind == EventKind::Malloc)
+            .count()
+    );
+    pool.stop_history();
+}

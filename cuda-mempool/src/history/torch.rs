@@ -41,7 +41,7 @@
 use std::collections::BTreeMap;
 use std::panic::Location;
 
-use super::{Clock, EventKind, History, Snapshot};
+use super::{CallStack, Clock, EventKind, History, Snapshot};
 use crate::backend::DeviceAddress;
 use crate::history::SegmentKind;
 
@@ -71,6 +71,12 @@ impl From<u64> for Value {
 impl From<u32> for Value {
     fn from(v: u32) -> Self {
         Value::Int(i128::from(v))
+    }
+}
+
+impl From<String> for Value {
+    fn from(v: String) -> Value {
+        Value::Str(v)
     }
 }
 
@@ -197,7 +203,27 @@ fn dict(items: Vec<(&str, Value)>) -> Value {
     Value::Dict(items.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
 
-fn frames(location: Option<&'static Location<'static>>) -> Value {
+/// PyTorch's `frames` list: the captured call stack's frames from the pool's caller on,
+/// where one was captured, else the caller's location (one frame), else none.
+fn frames(location: Option<&'static Location<'static>>, stack: Option<&CallStack>) -> Value {
+    if let Some(stack) = stack {
+        return Value::List(
+            stack
+                .caller_frames()
+                .iter()
+                .map(|f| {
+                    dict(vec![
+                        (
+                            "filename",
+                            f.file.clone().unwrap_or_else(|| "??".into()).into(),
+                        ),
+                        ("line", u64::from(f.line.unwrap_or(0)).into()),
+                        ("name", f.name.clone().into()),
+                    ])
+                })
+                .collect(),
+        );
+    }
     Value::List(
         location
             .map(|l| {
@@ -233,7 +259,10 @@ pub fn torch_value(history: &History, snapshot: &Snapshot) -> Value {
                 ("size", round(b.size).into()),
                 ("requested_size", b.size.into()),
                 ("state", "active_allocated".into()),
-                ("frames", frames(b.location)),
+                (
+                    "frames",
+                    frames(b.location, b.seq.and_then(|q| history.stack(q))),
+                ),
             ]),
         );
     }
@@ -319,7 +348,7 @@ pub fn torch_value(history: &History, snapshot: &Snapshot) -> Value {
                 ("size", e.size.into()),
                 ("stream", e.stream.map_or(0, |s| s.0).into()),
                 ("time_us", time_us(e.time).into()),
-                ("frames", frames(e.location)),
+                ("frames", frames(e.location, history.stack(e.seq))),
             ];
             if matches!(e.kind, EventKind::OutOfMemory { .. }) {
                 // PyTorch's `trace` printout reads the device's free bytes of an `oom`; the

@@ -1,0 +1,161 @@
+//! [`CallStack`]: a backtrace captured with an event, for recorders that ask for them
+//! ([`Recorder::with_backtraces`](super::Recorder::with_backtraces)).
+
+use std::backtrace::Backtrace;
+use std::sync::{Arc, OnceLock};
+
+/// One frame of a [`CallStack`], as the standard library resolves it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// The function (demangled), or `"<unknown>"`.
+    pub name: String,
+    /// The source file, where the debug information has it.
+    pub file: Option<String>,
+    /// The line in `file`.
+    pub line: Option<u32>,
+}
+
+struct Inner {
+    backtrace: Backtrace,
+    frames: OnceLock<Vec<Frame>>,
+}
+
+/// A backtrace captured when an event was recorded. Cheap to clone (shared); its frames are
+/// resolved once, on first use ([`frames`](Self::frames)), which is what costs: symbolisation
+/// reads the program's debug information. Two stacks are equal when they are the same
+/// capture.
+#[derive(Clone)]
+pub struct CallStack(Arc<Inner>);
+
+impl CallStack {
+    /// Captures the calling thread's stack now, whatever `RUST_BACKTRACE` says.
+    pub fn capture() -> CallStack {
+        CallStack(Arc::new(Inner {
+            backtrace: Backtrace::force_capture(),
+            frames: OnceLock::new(),
+        }))
+    }
+
+    /// Every frame, innermost first (the capture itself and the recorder included).
+    pub fn frames(&self) -> &[Frame] {
+        self.0
+            .frames
+            .get_or_init(|| parse(&self.0.backtrace.to_string()))
+    }
+
+    /// The frames from the caller of the pool on: the innermost run of the standard
+    /// library's capture, of this crate's pool and recorder, and of the C ABI is left out
+    /// (when every frame is such, all are kept).
+    pub fn caller_frames(&self) -> &[Frame] {
+        let all = self.frames();
+        let machinery = |f: &Frame| {
+            let n = f.name.trim_start_matches('<');
+            if n.contains("::tests::") {
+                return false;
+            }
+            [
+                "std::",
+                "core::",
+                "alloc::",
+                "cudars_mempool::",
+                "cudars_mempool_capi::",
+            ]
+            .iter()
+            .any(|p| n.starts_with(p))
+        };
+        match all.iter().position(|f| !machinery(f)) {
+            Some(i) => &all[i..],
+            None => all,
+        }
+    }
+}
+
+impl PartialEq for CallStack {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for CallStack {}
+
+impl std::fmt::Debug for CallStack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("CallStack")
+            .field(&self.0.frames.get().map_or(0, Vec::len))
+            .finish()
+    }
+}
+
+/// Frames of a backtrace as the standard library prints it: `  N: name` lines, each followed
+/// by zero or more `at file:line:column` lines (the first one counts).
+fn parse(text: &str) -> Vec<Frame> {
+    let mut frames: Vec<Frame> = Vec::new();
+    for line in text.lines() {
+        let t = line.trim_start();
+        if let Some(at) = t.strip_prefix("at ") {
+            let Some(f) = frames.last_mut() else { continue };
+            if f.file.is_some() {
+                continue;
+            }
+            // file:line:column, where the file may itself hold colons.
+            let mut parts = at.rsplitn(3, ':');
+            let (col, line_no, file) = (parts.next(), parts.next(), parts.next());
+            match (file, line_no.and_then(|l| l.parse().ok()), col) {
+                (Some(file), Some(l), Some(_)) => {
+                    f.file = Some(file.to_string());
+                    f.line = Some(l);
+                }
+                _ => f.file = Some(at.to_string()),
+            }
+            continue;
+        }
+        if let Some((n, name)) = t.split_once(": ") {
+            if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
+                frames.push(Frame {
+                    name: name.trim().to_string(),
+                    file: None,
+                    line: None,
+                });
+            }
+        }
+    }
+    frames
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_standard_librarys_print_parses_into_frames() {
+        let text = "   0: std::backtrace::Backtrace::force_capture\n             at /rustc/abc/library/std/src/backtrace.rs:312:13\n   1: cudars_mempool::history::Recorder::record\n             at ./src/history/mod.rs:270:9\n   2: my_app::train::step\n             at C:\\proj\\src\\train.rs:42:5\n             at ./src/inlined.rs:7:1\n   3: __libc_start_main\n   4: <unknown>\n";
+        let f = parse(text);
+        assert_eq!(f.len(), 5);
+        assert_eq!(f[0].name, "std::backtrace::Backtrace::force_capture");
+        assert_eq!(f[0].line, Some(312));
+        assert_eq!(f[2].file.as_deref(), Some("C:\\proj\\src\\train.rs"));
+        assert_eq!(f[2].line, Some(42));
+        assert_eq!(f[3].file, None);
+        assert_eq!(f[4].name, "<unknown>");
+    }
+
+    #[inline(never)]
+    fn outer_caller() -> CallStack {
+        CallStack::capture()
+    }
+
+    #[test]
+    fn a_capture_has_frames_and_is_shared() {
+        let s = outer_caller();
+        let t = s.clone();
+        assert_eq!(s, t);
+        assert_ne!(s, outer_caller());
+        // A test binary built with debug information resolves its own frames.
+        assert!(!s.frames().is_empty());
+        assert!(
+            s.frames().iter().any(|f| f.name.contains("outer_caller")),
+            "{:?}",
+            s.frames()
+        );
+    }
+}
