@@ -795,20 +795,26 @@ pub unsafe extern "C" fn cuda_mempool_history_dump(path: *const c_char, format: 
         // The segments and blocks from the pool itself: a ring that dropped its oldest
         // events no longer holds what the pool had when it started.
         let snapshot = pool(CALL)?.snapshot();
-        let bytes = match format {
-            0 => history::report::html(&history, &snapshot, &Default::default()).into_bytes(),
-            _ => history::torch::torch_snapshot(&history, &snapshot),
-        };
-        write_new_then_rename(path, &bytes)
-            .map_err(|e| fail(CALL, format!("{}: {e}", path.display())))?;
+        // The pickle is streamed to the file, event by event (a million events would
+        // otherwise be a gigabyte in memory); the report is one page.
+        write_new_then_rename(path, |f| match format {
+            0 => std::io::Write::write_all(
+                f,
+                history::report::html(&history, &snapshot, &Default::default()).as_bytes(),
+            ),
+            _ => history::torch::write_torch_snapshot(&history, &snapshot, f),
+        })
+        .map_err(|e| fail(CALL, format!("{}: {e}", path.display())))?;
         Ok(0)
     })
 }
 
-/// Writes `bytes` to a new file beside `path` (created exclusively: never an existing file
-/// or a link someone placed there), then renames it to `path`.
-fn write_new_then_rename(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
+/// Writes a new file beside `path` with `write` (created exclusively: never an existing file
+/// or a link someone placed there; buffered), then renames it to `path`.
+fn write_new_then_rename(
+    path: &std::path::Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut tmp = path.as_os_str().to_owned();
@@ -818,7 +824,13 @@ fn write_new_then_rename(path: &std::path::Path, bytes: &[u8]) -> std::io::Resul
         .write(true)
         .create_new(true)
         .open(&tmp)
-        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|f| {
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            write(&mut w)?;
+            w.into_inner()
+                .map_err(std::io::IntoInnerError::into_error)?
+                .sync_all()
+        })
         .and_then(|()| std::fs::rename(&tmp, path));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);

@@ -50,7 +50,7 @@ pub mod torch;
 use std::collections::VecDeque;
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
 use crate::backend::{DeviceAddress, DeviceId, StreamKey};
@@ -461,23 +461,28 @@ impl Recorder {
 }
 
 /// A recorder that can be put in and taken out while the code that records runs: what a
-/// live pool and a backend hold. Empty, [`is_on`](Self::is_on) is one relaxed load.
+/// live pool and a backend hold. Empty, [`is_on`](Self::is_on) is one relaxed load; in, a
+/// note reads the recorder under a shared lock (no reference count touched).
 #[derive(Debug, Default)]
 pub(crate) struct RecorderSlot {
     on: AtomicBool,
-    recorder: Mutex<Option<Arc<Recorder>>>,
+    recorder: RwLock<Option<Arc<Recorder>>>,
 }
 
 impl RecorderSlot {
-    /// Whether a recorder is in (a hint: check [`get`](Self::get)'s answer).
+    /// Whether a recorder is in (a hint: [`with`](Self::with) checks).
     #[inline]
     pub(crate) fn is_on(&self) -> bool {
         self.on.load(Ordering::Relaxed)
     }
 
-    /// Puts `recorder` in (`None`: takes it out); returns the one it replaces.
+    /// Puts `recorder` in (`None`: takes it out); returns the one it replaces. Waits for
+    /// notes in progress.
     pub(crate) fn set(&self, recorder: Option<Arc<Recorder>>) -> Option<Arc<Recorder>> {
-        let mut slot = self.recorder.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = self
+            .recorder
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         self.on.store(recorder.is_some(), Ordering::Release);
         std::mem::replace(&mut slot, recorder)
     }
@@ -488,9 +493,19 @@ impl RecorderSlot {
             return None;
         }
         self.recorder
-            .lock()
+            .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Runs `f` with the recorder in the slot, if one is.
+    #[inline]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&Recorder) -> R) -> Option<R> {
+        if !self.is_on() {
+            return None;
+        }
+        let slot = self.recorder.read().unwrap_or_else(PoisonError::into_inner);
+        slot.as_deref().map(f)
     }
 
     /// Records an event of `kind` when a recorder is in.
@@ -517,9 +532,7 @@ impl RecorderSlot {
         size: u64,
         addr: DeviceAddress,
     ) {
-        if let Some(r) = self.get() {
-            r.event(kind, device, stream, size, addr, None);
-        }
+        self.with(|r| r.event(kind, device, stream, size, addr, None));
     }
 }
 

@@ -321,27 +321,42 @@ pub fn torch_value(history: &History, snapshot: &Snapshot) -> Value {
         devices = devices.max(e.device.0.saturating_add(1));
     }
     let mut traces: Vec<Vec<Value>> = vec![Vec::new(); devices as usize];
+    for e in &history.events {
+        traces[e.device.0 as usize].extend(trace_entries(history, e));
+    }
+    dict(vec![
+        ("segments", Value::List(segments)),
+        (
+            "device_traces",
+            Value::List(traces.into_iter().map(Value::List).collect()),
+        ),
+    ])
+}
+
+/// The `device_traces` entries of one event (none, one, or two for a free).
+fn trace_entries(history: &History, e: &super::Event) -> Vec<Value> {
     let time_us = |t: u64| match history.clock {
         Clock::Virtual => t,
         Clock::Real => t / 1000,
     };
-    for e in &history.events {
-        let actions: &[&str] = match e.kind {
-            EventKind::Malloc => &["alloc"],
-            EventKind::Free => &["free_requested", "free_completed"],
-            EventKind::SegmentAlloc => &["segment_alloc"],
-            EventKind::SegmentFree => &["segment_free"],
-            EventKind::PageMap => &["segment_map"],
-            EventKind::PageUnmap => &["segment_unmap"],
-            EventKind::OutOfMemory { .. } => &["oom"],
-            _ => &[],
-        };
-        let addr = if matches!(e.kind, EventKind::OutOfMemory { .. }) {
-            DeviceAddress(0)
-        } else {
-            e.addr
-        };
-        for action in actions {
+    let actions: &[&str] = match e.kind {
+        EventKind::Malloc => &["alloc"],
+        EventKind::Free => &["free_requested", "free_completed"],
+        EventKind::SegmentAlloc => &["segment_alloc"],
+        EventKind::SegmentFree => &["segment_free"],
+        EventKind::PageMap => &["segment_map"],
+        EventKind::PageUnmap => &["segment_unmap"],
+        EventKind::OutOfMemory { .. } => &["oom"],
+        _ => &[],
+    };
+    let addr = if matches!(e.kind, EventKind::OutOfMemory { .. }) {
+        DeviceAddress(0)
+    } else {
+        e.addr
+    };
+    actions
+        .iter()
+        .map(|action| {
             let mut entry = vec![
                 ("action", (*action).into()),
                 ("addr", addr.0.into()),
@@ -355,22 +370,120 @@ pub fn torch_value(history: &History, snapshot: &Snapshot) -> Value {
                 // history does not know them.
                 entry.push(("device_free", 0u64.into()));
             }
-            traces[e.device.0 as usize].push(dict(entry));
+            dict(entry)
+        })
+        .collect()
+}
+
+/// Writes the PyTorch snapshot pickle of `snapshot` and its `history` to `out`, event by
+/// event: the same bytes as [`torch_snapshot`], without holding the whole pickle (or a value
+/// tree of every event) in memory, which for a million events is about a gigabyte. Wrap a
+/// file in a `BufWriter`.
+pub fn write_torch_snapshot(
+    history: &History,
+    snapshot: &Snapshot,
+    out: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    let empty = History {
+        clock: history.clock,
+        events: Vec::new(),
+        dropped: 0,
+        stacks: Vec::new(),
+    };
+    // The segments (bounded by what the pool holds) as a value; the traces streamed.
+    let Value::Dict(mut top) = torch_value(&empty, snapshot) else {
+        unreachable!("torch_value returns a dict")
+    };
+    let segments = top.swap_remove(0).1;
+    // As `torch_value` counts them: at least one, and every device of a segment or event.
+    let devices = history
+        .events
+        .iter()
+        .map(|e| e.device.0)
+        .chain(snapshot.segments.iter().map(|s| s.device.0))
+        .map(|d| d.saturating_add(1))
+        .fold(1, u32::max);
+    let mut buf = vec![PROTO, 2, EMPTY_DICT, MARK];
+    encode_str("segments", &mut buf);
+    encode(&segments, &mut buf);
+    encode_str("device_traces", &mut buf);
+    // The list of devices, in batches as `encode` writes a list.
+    buf.push(EMPTY_LIST);
+    for first in (0..devices).step_by(BATCH) {
+        buf.push(MARK);
+        for device in first..devices.min(first.saturating_add(BATCH as u32)) {
+            buf.push(EMPTY_LIST);
+            let mut in_batch = 0;
+            for e in history.events.iter().filter(|e| e.device.0 == device) {
+                for entry in trace_entries(history, e) {
+                    if in_batch == 0 {
+                        buf.push(MARK);
+                    }
+                    encode(&entry, &mut buf);
+                    in_batch += 1;
+                    if in_batch == BATCH {
+                        buf.push(APPENDS);
+                        in_batch = 0;
+                        out.write_all(&buf)?;
+                        buf.clear();
+                    }
+                }
+            }
+            if in_batch > 0 {
+                buf.push(APPENDS);
+            }
         }
+        buf.push(APPENDS);
+        out.write_all(&buf)?;
+        buf.clear();
     }
-    dict(vec![
-        ("segments", Value::List(segments)),
-        (
-            "device_traces",
-            Value::List(traces.into_iter().map(Value::List).collect()),
-        ),
-    ])
+    buf.extend_from_slice(&[SETITEMS, STOP]);
+    out.write_all(&buf)
 }
 
 /// The bytes of the PyTorch snapshot pickle of `snapshot` and its `history` (see the
 /// [module](self)); write them to a `.pickle` file.
 pub fn torch_snapshot(history: &History, snapshot: &Snapshot) -> Vec<u8> {
     pickle(&torch_value(history, snapshot))
+}
+
+#[cfg(test)]
+mod streaming_tests {
+    use super::*;
+    use crate::backend::{DeviceId, StreamKey};
+    use crate::error::OomCause;
+    use crate::history::Recorder;
+
+    #[test]
+    fn the_streamed_pickle_is_the_value_trees_byte_for_byte() {
+        // Two devices (one with no events in the middle), frees (two entries each), more
+        // entries than a batch, an out of memory, an empty history.
+        for n in [0u64, 1, 499, 500, 1200] {
+            let rec = Recorder::new(1 << 14, Clock::Virtual);
+            for i in 0..n {
+                rec.set_time(i);
+                let d = DeviceId(if i % 3 == 0 { 2 } else { 0 });
+                let a = DeviceAddress(0x10000 + (i % 7) * 0x1000);
+                rec.malloc(d, StreamKey(i % 4), 512 * (1 + i % 5), a, None);
+                rec.free(d, StreamKey(i % 4), 512 * (1 + i % 5), a);
+            }
+            rec.out_of_memory(DeviceId(0), None, 1 << 40, OomCause::Limit, 0, 0);
+            // A segment on a device with no other event.
+            rec.event(
+                EventKind::SegmentAlloc,
+                DeviceId(4),
+                None,
+                2 << 20,
+                DeviceAddress(0x9000_0000),
+                None,
+            );
+            let h = rec.history();
+            let s = h.snapshot();
+            let mut streamed = Vec::new();
+            write_torch_snapshot(&h, &s, &mut streamed).unwrap();
+            assert_eq!(streamed, torch_snapshot(&h, &s), "{n} events");
+        }
+    }
 }
 
 #[cfg(test)]

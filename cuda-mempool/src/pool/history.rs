@@ -159,18 +159,16 @@ impl<B: Backend> MemoryPool<B> {
         addr: u64,
         site: &'static std::panic::Location<'static>,
     ) {
-        if let Some(r) = self.history.get() {
-            r.malloc(device, key, size, DeviceAddress(addr), Some(site));
-        }
+        self.history
+            .with(|r| r.malloc(device, key, size, DeviceAddress(addr), Some(site)));
     }
 
     /// Records the free of a block, before it is released (so that the free comes before
     /// any later malloc of the same address).
     #[cold]
     pub(super) fn note_free(&self, raw: &RawAllocation) {
-        if let Some(r) = self.history.get() {
-            r.free(raw.device, raw.key, raw.size, raw.ptr);
-        }
+        self.history
+            .with(|r| r.free(raw.device, raw.key, raw.size, raw.ptr));
     }
 
     /// Records that a block is used on stream `key` too.
