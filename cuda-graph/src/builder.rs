@@ -1352,17 +1352,19 @@ impl<'a> GraphBuilder<'a> {
         }
         let (idx, raw) = self.prepare(deps, NodeKind::Child)?;
         let mut owners: Vec<Owner> = child.all_owners();
-        owners.extend(
-            child
-                .core_handle()
-                .kept_alive()
-                .iter()
-                .map(|o| Owner::Device(DevicePtr::from_arc(Arc::clone(o)))),
-        );
         let _ctx = self.device.bind()?;
-        // SAFETY: a live graph and nodes of it; everything the child's nodes use is kept by
-        // this graph (the owners above).
-        let node = unsafe { ex::add_child_graph_node(self.graph(), &raw, child.core_handle()) }?;
+        let graph = self.graph();
+        // The child is copied (`cuGraphAddChildGraphNode` reads it) with its calls serialised.
+        let node = child.with_core(|h| {
+            owners.extend(
+                h.kept_alive()
+                    .iter()
+                    .map(|o| Owner::Device(DevicePtr::from_arc(Arc::clone(o)))),
+            );
+            // SAFETY: a live graph and nodes of it; everything the child's nodes use is kept
+            // by this graph (the owners above).
+            unsafe { ex::add_child_graph_node(graph, &raw, h) }
+        })?;
         Ok(self.record(idx, node, NodeKind::Child, owners))
     }
 

@@ -4,7 +4,7 @@ use std::cell::Cell;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cudars_core::graph::explicit as ex;
 use cudars_core::graph::{GraphExecHandle, GraphHandle, InstantiateFlags, UpdateRefusal};
@@ -20,21 +20,71 @@ use crate::error::{CaptureId, Error, Result};
 
 /// A graph's driver handle, shared by its [`Graph`] and the executable graphs made from it:
 /// the driver names an executable graph's nodes, for node updates, by the nodes of the graph
-/// it was instantiated from, so that graph must outlive them.
+/// it was instantiated from, so that graph must outlive them. Every driver call that reads
+/// or writes the graph, the executable graphs' node updates included (they name its nodes),
+/// holds `calls`: the driver does not synchronise calls on one graph ("no API or pair of
+/// APIs is guaranteed to be safe to call on the same graph object from two different
+/// threads"), and a graph and an executable graph made from it may be on two threads.
 #[derive(Debug)]
-struct SharedGraph(GraphHandle);
+struct SharedGraph {
+    handle: GraphHandle,
+    calls: Mutex<()>,
+}
 
 impl SharedGraph {
     fn new(handle: GraphHandle) -> Arc<SharedGraph> {
-        Arc::new(SharedGraph(handle))
+        Arc::new(SharedGraph {
+            handle,
+            calls: Mutex::new(()),
+        })
+    }
+
+    /// The handle, with the graph's calls serialised while the guard lives.
+    fn lock(&self) -> SharedGraphGuard<'_> {
+        SharedGraphGuard {
+            _calls: self.calls.lock().unwrap_or_else(PoisonError::into_inner),
+            handle: &self.handle,
+        }
     }
 }
 
-// SAFETY: `GraphHandle` is `Send`, not `Sync`: calls on one graph must not overlap. Only the
-// `Graph` that made this value calls the handle, and `Graph` is not `Sync`; an executable
-// graph holds its reference only to keep the graph and its nodes alive, and never calls it.
-// The last reference's drop destroys the graph, with no other reference left to call it.
+/// The graph's handle while no other call on the graph runs (see [`SharedGraph`]).
+struct SharedGraphGuard<'a> {
+    _calls: MutexGuard<'a, ()>,
+    handle: &'a GraphHandle,
+}
+
+impl std::ops::Deref for SharedGraphGuard<'_> {
+    type Target = GraphHandle;
+    fn deref(&self) -> &GraphHandle {
+        self.handle
+    }
+}
+
+// SAFETY: `GraphHandle` is `Send`, not `Sync`: calls on one graph must not overlap. Every
+// call on the handle is made through `lock`, which holds `calls` for the call (the `Graph`'s
+// own calls, the bare handle it lends out, and its executable graphs' node updates and
+// updates), so no two overlap whatever threads they come from. The last reference's drop
+// destroys the graph, with no other reference left to call it.
 unsafe impl Sync for SharedGraph {}
+
+/// The bare `cuda-core` handle of a [`Graph`], lent by [`Graph::handle`]: while it lives, no
+/// other call on the graph runs (executable graphs made from it wait to update their nodes).
+/// Not `Send`. Dereferences to the handle.
+pub struct GraphHandleRef<'a>(SharedGraphGuard<'a>);
+
+impl std::ops::Deref for GraphHandleRef<'_> {
+    type Target = GraphHandle;
+    fn deref(&self) -> &GraphHandle {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for GraphHandleRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("GraphHandleRef").field(&**self).finish()
+    }
+}
 
 /// A graph, captured or built: the recorded work, not yet runnable. Make it runnable with
 /// [`Graph::instantiate`]; one graph can be instantiated any number of times.
@@ -115,7 +165,7 @@ impl Graph {
 
     /// The device the graph runs on (whose stream was captured, or that it was built for).
     pub fn device(&self) -> Device {
-        self.handle.0.device()
+        self.handle.handle.device()
     }
 
     /// The underlying `cuda-core` handle, when it keeps alive everything the graph's nodes
@@ -126,28 +176,33 @@ impl Graph {
     /// also for a built graph with allocation nodes: an update through the bare handles
     /// would hand their addresses to another executable graph (see
     /// [`GraphExec::try_update`]).
-    pub fn handle(&self) -> Option<&GraphHandle> {
+    ///
+    /// While the reference lives, no other call on the graph runs: executable graphs made
+    /// from it wait to update their nodes (the driver does not synchronise calls on one
+    /// graph). Keep it briefly.
+    pub fn handle(&self) -> Option<GraphHandleRef<'_>> {
         let allocates = self
             .table
             .nodes
             .values()
             .any(|e| e.kind == NodeKind::MemAlloc);
         if !allocates && self.owners.values().all(Vec::is_empty) {
-            Some(&self.handle.0)
+            Some(GraphHandleRef(self.handle.lock()))
         } else {
             None
         }
     }
 
-    /// The handle, for this crate's own calls that keep the owners alive themselves.
-    pub(crate) fn core_handle(&self) -> &GraphHandle {
-        &self.handle.0
+    /// Runs `f` with the handle, the graph's calls serialised (for this crate's own calls
+    /// that keep the owners alive themselves).
+    pub(crate) fn with_core<R>(&self, f: impl FnOnce(&GraphHandle) -> R) -> R {
+        f(&self.handle.lock())
     }
 
     /// Number of nodes: one per captured operation (memset, copy, kernel, event wait, ...) or
     /// added node; the nodes of conditional bodies and child graphs are not counted.
     pub fn node_count(&self) -> Result<usize> {
-        Ok(self.handle.0.node_count()?)
+        Ok(self.handle.lock().node_count()?)
     }
 
     /// A deep copy, independent of this graph (`cuGraphClone`). It keeps alive what this
@@ -155,7 +210,7 @@ impl Graph {
     /// them, so its executable graphs take no node updates.
     pub fn try_clone(&self) -> Result<Graph> {
         Ok(Graph {
-            handle: SharedGraph::new(self.handle.0.clone_graph()?),
+            handle: SharedGraph::new(self.handle.lock().clone_graph()?),
             _not_sync: PhantomData,
             capture: None,
             table: Arc::default(),
@@ -171,7 +226,7 @@ impl Graph {
     /// Writes the graph as a Graphviz DOT file for debugging (`cuGraphDebugDotPrint`);
     /// `verbose` adds each node's parameters. Render with `dot -Tsvg graph.dot -o graph.svg`.
     pub fn write_dot(&self, path: impl AsRef<Path>, verbose: bool) -> Result<()> {
-        Ok(self.handle.0.write_dot(path, verbose)?)
+        Ok(self.handle.lock().write_dot(path, verbose)?)
     }
 
     /// An executable graph, ready to [`launch`](GraphExec::launch).
@@ -208,11 +263,11 @@ impl Graph {
                     | InstantiateFlags::USE_NODE_PRIORITY.0)
                 == 0 =>
             {
-                self.handle.0.instantiate(flags)?
+                self.handle.lock().instantiate(flags)?
             }
             _ => self
                 .handle
-                .0
+                .lock()
                 .instantiate_with_params(flags, upload, &mut blamed)
                 .map_err(|source| Error::Instantiate {
                     node: self.table.by_raw.get(&(blamed as usize)).copied(),
@@ -490,9 +545,12 @@ impl GraphExec {
         let owners = owners_of(&[&dst, &src], self.device())?;
         let params = ex::memcpy_1d_params(end_of(&dst), end_of(&src), bytes);
         let ctx = self.ctx()?;
+        // The update names a node of the source graph: its calls serialised.
+        let source = self.source.lock();
         // SAFETY: a memcpy node of the graph this was made from (checked above); the new
         // ranges are kept allocated by this executable graph (owners, installed below).
         unsafe { self.handle.set_memcpy_params(raw, &params, ctx) }?;
+        drop(source);
         self.replace_owners(Some(node), owners);
         Ok(())
     }
@@ -538,9 +596,13 @@ impl GraphExec {
             extent.depth,
         );
         let ctx = self.ctx()?;
+        // The update names a node of the source graph: its calls serialised.
+        let source = self.source.lock();
         // SAFETY: a memcpy node of the graph this was made from; every byte copied lies in
         // both buffers (checked), which this executable graph keeps (installed below).
-        match unsafe { self.handle.set_memcpy_params(raw, &params, ctx) } {
+        let set = unsafe { self.handle.set_memcpy_params(raw, &params, ctx) };
+        drop(source);
+        match set {
             Ok(()) => {}
             // The ranges were checked above: what the driver refuses now is the in-place
             // change itself (driver 580 refuses it for 3-D pitched nodes). The node keeps its
@@ -573,9 +635,12 @@ impl GraphExec {
         let owners = owners_of(&[&Mem::from(dst)], self.device())?;
         let params = ex::memset_params(addr, value, element as u32, count);
         let ctx = self.ctx()?;
+        // The update names a node of the source graph: its calls serialised.
+        let source = self.source.lock();
         // SAFETY: a memset node of the graph this was made from; the new range is kept
         // allocated by this executable graph.
         unsafe { self.handle.set_memset_params(raw, &params, ctx) }?;
+        drop(source);
         self.replace_owners(Some(node), owners);
         Ok(())
     }
@@ -602,10 +667,13 @@ impl GraphExec {
     pub fn set_host(&mut self, node: NodeId, f: impl FnMut() + Send + 'static) -> Result<()> {
         let raw = self.node(node, NodeKind::Host)?;
         let (cb, data) = host_callback(f);
+        // The update names a node of the source graph: its calls serialised.
+        let source = self.source.lock();
         // SAFETY: a host node of the graph this was made from; the trampoline is sound for
         // `data`, kept alive by this executable graph (installed below) until its launches
         // complete.
         unsafe { self.handle.set_host_params(raw, HOST_TRAMPOLINE, data) }?;
+        drop(source);
         self.replace_owners(Some(node), vec![Owner::Host(cb)]);
         Ok(())
     }
@@ -635,9 +703,12 @@ impl GraphExec {
         }
         let mems: Vec<Mem<'_>> = keep.iter().map(|p| Mem::from(*p)).collect();
         let owners = owners_of(&mems.iter().collect::<Vec<_>>(), self.device())?;
+        // The update names a node of the source graph: its calls serialised.
+        let source = self.source.lock();
         // SAFETY: a kernel node of the graph this was made from; the caller upholds the
         // argument contract; the kept buffers are installed below.
         unsafe { self.handle.set_kernel_params(raw, function, config, params) }?;
+        drop(source);
         self.replace_owners(Some(node), owners);
         Ok(())
     }
@@ -714,7 +785,12 @@ impl GraphExec {
                 });
             }
         }
-        match self.handle.update_detailed(&graph.handle.0)? {
+        let updated = {
+            // The new graph's calls serialised; the executable graph is ours (`&mut self`).
+            let source = graph.handle.lock();
+            self.handle.update_detailed(&source)?
+        };
+        match updated {
             Ok(()) => {
                 self.adopt(graph, false);
                 Ok(())
@@ -765,7 +841,10 @@ impl GraphExec {
         match self.try_update(graph) {
             Ok(()) => Ok(UpdateOutcome::Updated),
             Err(Error::UpdateRefused { refusal, .. }) => {
-                self.handle = graph.handle.0.instantiate(self.flags | graph.extra_flags)?;
+                self.handle = graph
+                    .handle
+                    .lock()
+                    .instantiate(self.flags | graph.extra_flags)?;
                 self.source = Arc::clone(&graph.handle);
                 // The old executable graph's launches are not ordered with the new one's:
                 // its fence guards what it used.

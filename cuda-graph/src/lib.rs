@@ -95,4 +95,4 @@ pub use cudars_core::graph::{
     CaptureInfo, CaptureMode, CaptureStatus, InstantiateFlags, UpdateRefusal,
 };
 pub use error::{BoxError, CaptureId, Error, Result};
-pub use graph::{Graph, GraphExec, UpdateOutcome};
+pub use graph::{Graph, GraphExec, GraphHandleRef, UpdateOutcome};

@@ -10,7 +10,7 @@
 //! | --- | --- |
 //! | a host buffer cannot be touched before its async copy completes | `xfer_to_host_async_rejects_borrow`, `xfer_pending_owns_host_buffer`, `xfer_scope_slice_untouchable`, `xfer_to_device_async_source_untouchable`, `copy_to_host_async_needs_unsafe`, `copy_from_host_async_needs_unsafe`, `host_registration_holds_buffer` |
 //! | a view (block) cannot outlive its pool; a capture cannot outlive its stream | `allocation_outlives_pool`, `device_pool_allocation_outlives_pool`, `graph_capture_outlives_stream` |
-//! | a non-`Send` type cannot cross threads | `device_scope_not_send`, `stream_scope_not_send`, `context_binding_not_send`, `allocator_guard_not_send`, `hook_guard_not_send`, `graph_capture_not_send`, `relaxed_capture_mode_not_send`, `nvtx_range_not_send`, `profile_guard_not_send` |
+//! | a non-`Send` type cannot cross threads | `device_scope_not_send`, `stream_scope_not_send`, `context_binding_not_send`, `allocator_guard_not_send`, `hook_guard_not_send`, `graph_capture_not_send`, `relaxed_capture_mode_not_send`, `nvtx_range_not_send`, `profile_guard_not_send`, `graph_handle_ref_not_send` |
 //! | a non-`Sync` type cannot be shared between threads | `graph_capture_not_sync`, `graph_not_sync`, `graph_exec_not_sync`, `core_graph_handle_not_sync`, `core_graph_exec_handle_not_sync`, `nvtx_range_not_sync`, `profile_guard_not_sync` |
 //! | a host callback cannot borrow from its caller, nor drop its captures inside the driver's callback | `add_callback_rejects_borrow`, `add_callback_cannot_drop_capture` |
 //! | a conditional node's body builder cannot leave its closure, nor trade places with another builder | `graph_body_escapes_closure`, `graph_body_swapped_with_root` |

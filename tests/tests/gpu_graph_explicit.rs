@@ -1051,3 +1051,39 @@ fn node_updates_work_after_the_graph_is_dropped() {
     assert!(read_u32(&a).iter().all(|&x| x == 5));
     assert!(read_u32(&b).iter().all(|&x| x == 7));
 }
+
+/// A graph on one thread and an executable graph made from it on another: the driver does
+/// not synchronise calls on one graph, and the executable graph's node updates name the
+/// graph's nodes. The graph's own calls (node count, instantiation, clone, the lent bare
+/// handle) and the node updates run at the same time; each must succeed and the executable
+/// graph must write what its last update says.
+#[test]
+fn node_updates_and_graph_calls_from_two_threads() {
+    let _s = serial();
+    let t = Setup::new();
+    let buf = t.alloc(4 * 4096);
+    let mut g = GraphBuilder::new(&t.dev).unwrap();
+    let node = g.add_memset_u32(&[], &buf, 1).unwrap();
+    let graph = g.finish().unwrap();
+    let mut exec = graph.instantiate().unwrap();
+    let stream = Stream::builder(&t.dev).non_blocking(true).build().unwrap();
+    std::thread::scope(|s| {
+        let updater = s.spawn(|| {
+            for v in 0..300u32 {
+                exec.set_memset_u32(node, &buf, v).unwrap();
+                exec.launch(&stream).unwrap();
+            }
+            stream.synchronize().unwrap();
+            assert!(
+                read_u32(&buf).iter().all(|&x| x == 299),
+                "the last update's value"
+            );
+        });
+        for _ in 0..100 {
+            assert_eq!(graph.node_count().unwrap(), 1);
+            drop(graph.instantiate().unwrap());
+            drop(graph.try_clone().unwrap());
+        }
+        updater.join().unwrap();
+    });
+}
