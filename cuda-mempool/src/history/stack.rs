@@ -45,7 +45,8 @@ impl CallStack {
 
     /// The frames from the caller of the pool on: the innermost run of the standard
     /// library's capture, of this crate's pool and recorder, and of the C ABI is left out
-    /// (when every frame is such, all are kept).
+    /// (when every frame is such, all are kept). Frames of a library without symbols read
+    /// `<unknown>` or borrow the name of the nearest exported function.
     pub fn caller_frames(&self) -> &[Frame] {
         let all = self.frames();
         let machinery = |f: &Frame| {
@@ -59,6 +60,9 @@ impl CallStack {
                 "alloc::",
                 "cudars_mempool::",
                 "cudars_mempool_capi::",
+                // The C ABI's exported functions (and, in a stripped library, the name the
+                // nearest export lends to its private functions).
+                "cuda_mempool_",
             ]
             .iter()
             .any(|p| n.starts_with(p))
