@@ -290,14 +290,29 @@ fn asymmetric_fences() -> bool {
 
 /// The beginning capture's side of [`asymmetric_fences`] (only called once they are on): a
 /// memory barrier on every running thread of the process. Should the expedited command fail
-/// even though it registered, the global one (which waits until every CPU has scheduled,
-/// slower but as good an order) is used.
+/// even though it registered (a child process after `fork`, say), the global one (which waits
+/// until every CPU has scheduled, slower but as good an order) is used. Should both fail, the
+/// process aborts: issues already raised their flags with plain stores, and without a barrier
+/// a capture could begin between one's check and its issue (work slipping into a graph that
+/// does not keep its memory alive).
 fn barrier_on_all_threads() {
     #[cfg(target_os = "linux")]
     {
         use rustix::thread::{membarrier, MembarrierCommand};
-        if membarrier(MembarrierCommand::PrivateExpedited).is_err() {
-            let _ = membarrier(MembarrierCommand::Global);
+        if membarrier(MembarrierCommand::PrivateExpedited).is_ok() {
+            return;
+        }
+        if membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok()
+            && membarrier(MembarrierCommand::PrivateExpedited).is_ok()
+        {
+            return;
+        }
+        if membarrier(MembarrierCommand::Global).is_err() {
+            eprintln!(
+                "cudars-core: membarrier failed after it had been registered; a capture cannot \
+                 be ordered after the safe calls in flight (aborting rather than risk it)"
+            );
+            std::process::abort();
         }
     }
 }

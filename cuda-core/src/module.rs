@@ -430,7 +430,7 @@ impl Function {
         } else {
             params.as_mut_ptr()
         };
-        crate::stream::launch_in_context(self.module.device, stream.is_implicit(), || {
+        crate::stream::launch_in_context(self.module.device, stream, || {
             // SAFETY: the module's context is current (or the driver refuses the launch and
             // it is retried with it current: `launch_in_context`), and the stream belongs to
             // its device; the config and its one attribute live for the call; the caller
@@ -505,7 +505,7 @@ impl Function {
         } else {
             params.as_mut_ptr()
         };
-        crate::stream::launch_in_context(self.module.device, stream.is_implicit(), || {
+        crate::stream::launch_in_context(self.module.device, stream, || {
             // SAFETY: the module's context is current (or the driver refuses the launch and
             // it is retried with it current: `launch_in_context`), and the stream belongs to
             // its device; the caller upholds the parameter and memory contract above.

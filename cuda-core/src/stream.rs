@@ -833,19 +833,26 @@ thread_local! {
 /// refuses the launch (`CUDA_ERROR_INVALID_CONTEXT` with no context current,
 /// `CUDA_ERROR_INVALID_HANDLE` or `CUDA_ERROR_INVALID_CONTEXT` with another one: a refused
 /// launch queues nothing), which clears the note and retries with the context pushed for the
-/// call. The GPU test `launches_survive_a_foreign_context_change` makes both changes behind
-/// the note's back. An implicit stream handle names the *current* context's stream, so for
-/// it the context is always checked.
+/// call (also `CUDA_ERROR_CONTEXT_IS_DESTROYED`, a destroyed foreign context left current). The
+/// GPU test `launches_survive_a_foreign_context_change` makes these changes behind the note's
+/// back.
+///
+/// The note is used only for a stream this crate created while no capture begun through it
+/// runs: a launch refused on a stream being captured could invalidate the capture, and foreign
+/// code captures foreign streams (and the implicit ones) without telling this crate.
 #[inline]
 pub(crate) fn launch_in_context(
     device: Device,
-    implicit: bool,
+    stream: &Stream,
     mut call: impl FnMut() -> Result<()>,
 ) -> Result<()> {
     let target = device.primary_context()? as usize;
-    if !implicit && KNOWN_CONTEXT.try_with(std::cell::Cell::get) == Ok(target) {
+    let noted = stream.kind() == StreamKind::Owned
+        && !crate::graph::captures_in_progress()
+        && KNOWN_CONTEXT.try_with(std::cell::Cell::get) == Ok(target);
+    if noted {
         match call() {
-            Err(e) if is_invalid_context(&e) || is_invalid_handle(&e) => forget_context(),
+            Err(e) if is_stale_context(&e) => forget_context(),
             other => return other,
         }
     }
@@ -856,9 +863,17 @@ pub(crate) fn launch_in_context(
     call()
 }
 
-fn is_invalid_handle(e: &Error) -> bool {
-    e.driver()
-        .is_some_and(|d| d.result() == CUresult::CUDA_ERROR_INVALID_HANDLE)
+/// What the driver answers a launch made with another context current than the function's,
+/// or none, or a destroyed one.
+fn is_stale_context(e: &Error) -> bool {
+    e.driver().is_some_and(|d| {
+        [
+            CUresult::CUDA_ERROR_INVALID_CONTEXT,
+            CUresult::CUDA_ERROR_INVALID_HANDLE,
+            CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED,
+        ]
+        .contains(&d.result())
+    })
 }
 
 /// The thread's current stream for `device`; shorthand for [`Stream::current`] (CuPy's

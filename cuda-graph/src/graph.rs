@@ -4,7 +4,7 @@ use std::cell::Cell;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use cudars_core::graph::explicit as ex;
 use cudars_core::graph::{GraphExecHandle, GraphHandle, InstantiateFlags, UpdateRefusal};
@@ -28,29 +28,91 @@ use crate::error::{CaptureId, Error, Result};
 #[derive(Debug)]
 struct SharedGraph {
     handle: GraphHandle,
-    calls: Mutex<()>,
+    calls: CallLock,
 }
 
 impl SharedGraph {
     fn new(handle: GraphHandle) -> Arc<SharedGraph> {
         Arc::new(SharedGraph {
             handle,
-            calls: Mutex::new(()),
+            calls: CallLock::default(),
         })
     }
 
     /// The handle, with the graph's calls serialised while the guard lives.
     fn lock(&self) -> SharedGraphGuard<'_> {
         SharedGraphGuard {
-            _calls: self.calls.lock().unwrap_or_else(PoisonError::into_inner),
+            _calls: self.calls.lock(),
             handle: &self.handle,
         }
     }
 }
 
-/// The graph's handle while no other call on the graph runs (see [`SharedGraph`]).
+/// A lock one thread may take again while it holds it: the calls of one thread on a graph are
+/// sequential anyway, and a thread holding the bare handle ([`Graph::handle`]) may go on to
+/// instantiate the graph or update an executable graph made from it. Other threads wait.
+#[derive(Debug, Default)]
+struct CallLock {
+    /// The holding thread and how many times it holds the lock.
+    state: Mutex<Option<(std::thread::ThreadId, usize)>>,
+    released: Condvar,
+}
+
+impl CallLock {
+    fn lock(&self) -> CallGuard<'_> {
+        let me = std::thread::current().id();
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            match &mut *state {
+                None => {
+                    *state = Some((me, 1));
+                    break;
+                }
+                Some((owner, depth)) if *owner == me => {
+                    *depth += 1;
+                    break;
+                }
+                Some(_) => {
+                    state = self
+                        .released
+                        .wait(state)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+            }
+        }
+        CallGuard {
+            lock: self,
+            _not_send: PhantomData,
+        }
+    }
+}
+
+/// One hold of a [`CallLock`]; released on the thread that took it (not `Send`).
+struct CallGuard<'a> {
+    lock: &'a CallLock,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        let mut state = self
+            .lock
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, depth)) = &mut *state {
+            *depth -= 1;
+            if *depth == 0 {
+                *state = None;
+                self.lock.released.notify_one();
+            }
+        }
+    }
+}
+
+/// The graph's handle while no other thread's call on the graph runs (see [`SharedGraph`]).
 struct SharedGraphGuard<'a> {
-    _calls: MutexGuard<'a, ()>,
+    _calls: CallGuard<'a>,
     handle: &'a GraphHandle,
 }
 
@@ -69,8 +131,9 @@ impl std::ops::Deref for SharedGraphGuard<'_> {
 unsafe impl Sync for SharedGraph {}
 
 /// The bare `cuda-core` handle of a [`Graph`], lent by [`Graph::handle`]: while it lives, no
-/// other call on the graph runs (executable graphs made from it wait to update their nodes).
-/// Not `Send`. Dereferences to the handle.
+/// other thread's call on the graph runs (executable graphs made from it, on other threads,
+/// wait to update their nodes); this thread's own calls go on. Not `Send`. Dereferences to
+/// the handle.
 pub struct GraphHandleRef<'a>(SharedGraphGuard<'a>);
 
 impl std::ops::Deref for GraphHandleRef<'_> {
@@ -177,9 +240,10 @@ impl Graph {
     /// would hand their addresses to another executable graph (see
     /// [`GraphExec::try_update`]).
     ///
-    /// While the reference lives, no other call on the graph runs: executable graphs made
-    /// from it wait to update their nodes (the driver does not synchronise calls on one
-    /// graph). Keep it briefly.
+    /// While the reference lives, no other thread's call on the graph runs: executable graphs
+    /// made from it, on other threads, wait to update their nodes (the driver does not
+    /// synchronise calls on one graph). This thread may go on using the graph and its
+    /// executable graphs meanwhile. Keep it briefly.
     pub fn handle(&self) -> Option<GraphHandleRef<'_>> {
         let allocates = self
             .table
@@ -904,5 +968,39 @@ impl Drop for GraphExec {
             std::mem::forget(std::mem::take(&mut self.owners));
             std::mem::forget(std::mem::take(&mut self.retired));
         }
+    }
+}
+
+#[cfg(test)]
+mod call_lock_tests {
+    use super::CallLock;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn one_thread_takes_it_again_and_others_wait() {
+        let lock = Arc::new(CallLock::default());
+        let outer = lock.lock();
+        let inner = lock.lock(); // the same thread: no deadlock
+        let entered = Arc::new(AtomicBool::new(false));
+        let (l2, e2) = (Arc::clone(&lock), Arc::clone(&entered));
+        let other = std::thread::spawn(move || {
+            let _g = l2.lock();
+            e2.store(true, Ordering::SeqCst);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(
+            !entered.load(Ordering::SeqCst),
+            "another thread got in while held"
+        );
+        drop(inner);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(
+            !entered.load(Ordering::SeqCst),
+            "released before the outer hold ended"
+        );
+        drop(outer);
+        other.join().unwrap();
+        assert!(entered.load(Ordering::SeqCst));
     }
 }

@@ -298,11 +298,12 @@ def _cupy_checks_malloc_errors():
     """Whether CuPy's CFunctionAllocator catches a C++ exception thrown by its malloc and
     raises the pending Python exception (CuPy 14.1 and later: the malloc function type is
     declared ``except +``). An older CuPy would let the C++ exception end the process."""
-    try:
-        major, minor = (int(x) for x in cupy.__version__.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (14, 1)
+    # As the library reads it: the leading digits of the first two parts ("14.1.0rc1" is
+    # 14.1).
+    import re
+
+    m = re.match(r"(\d+)\.(\d+)", cupy.__version__)
+    return m is not None and (int(m.group(1)), int(m.group(2))) >= (14, 1)
 
 
 # Whether the library releases the references _make_error hands over

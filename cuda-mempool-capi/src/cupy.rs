@@ -397,6 +397,7 @@ static SETUP: std::sync::Mutex<Option<std::thread::ThreadId>> = std::sync::Mutex
 /// thread, is refused. Needs the GIL; `Err` as [`python::register_hooks`].
 fn ensure_registered(py: &python::Api, call: &str) -> Result<(), bool> {
     let me = std::thread::current().id();
+    let waited = std::time::Instant::now();
     loop {
         if hooks().is_some() {
             return Ok(());
@@ -428,10 +429,28 @@ fn ensure_registered(py: &python::Api, call: &str) -> Result<(), bool> {
                     ))
                 });
             }
-            Some(_) => python::wait_without_gil(py),
+            Some(_) => {
+                if waited.elapsed() > SETUP_WAIT {
+                    return run(Err(false), || {
+                        Err(fail(
+                            call,
+                            format!(
+                                "the plain route's setup on another thread has not finished \
+                                 in {} s",
+                                SETUP_WAIT.as_secs()
+                            ),
+                        ))
+                    });
+                }
+                python::wait_without_gil(py)
+            }
         }
     }
 }
+
+/// How long an allocation waits for another thread's setup of the plain route (an import
+/// that takes longer is stuck: the allocation fails rather than hang with it).
+const SETUP_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The plain route's allocation ([`crate::cuda_mempool_cupy_malloc`]): as
 /// [`cuda_mempool_cupy_stream_malloc`], first registering the hooks through the CuPy module
@@ -477,9 +496,14 @@ pub(crate) fn plain_malloc(call: &str, size: usize, device: c_int) -> *mut c_voi
         (Err(pending), None) => match hooks {
             Some(h) => match h.error {
                 Some(error) => raise(error, size, device, pending),
-                // An older CuPy, which would not catch a C++ exception: null only (CuPy's own
-                // pending exception, if any, is raised by Python after the call).
-                None => std::ptr::null_mut(),
+                // An older CuPy, which would not catch a C++ exception: null, with a Python
+                // exception pending (CuPy's own, or one with the message).
+                None => {
+                    if !pending {
+                        python::set_runtime_error(py);
+                    }
+                    std::ptr::null_mut()
+                }
             },
             // The module's setup raised, which it does only when CuPy catches C++ exceptions.
             None if pending => python::throw_pending(py),
@@ -487,7 +511,10 @@ pub(crate) fn plain_malloc(call: &str, size: usize, device: c_int) -> *mut c_voi
             // (Cython raises a RuntimeError with the message), never a null pointer, which it
             // would take for memory at address 0.
             None if python::cupy_catches(py) => python::throw_pending(py),
-            None => std::ptr::null_mut(),
+            None => {
+                python::set_runtime_error(py);
+                std::ptr::null_mut()
+            }
         },
         (Err(pending), Some(state)) => {
             if pending {
@@ -535,6 +562,9 @@ pub(crate) mod python {
         save_thread: unsafe extern "C" fn() -> *mut c_void,
         restore_thread: unsafe extern "C" fn(*mut c_void),
         utf8: unsafe extern "C" fn(Obj, *mut isize) -> *const c_char,
+        err_set_string: unsafe extern "C" fn(Obj, *const c_char),
+        /// `PyExc_RuntimeError`: the address of the interpreter's `PyObject *` variable.
+        runtime_error: usize,
     }
 
     extern "C" {
@@ -595,6 +625,8 @@ pub(crate) mod python {
             utf8: f!(
                 "PyUnicode_AsUTF8AndSize" as unsafe extern "C" fn(Obj, *mut isize) -> *const c_char
             ),
+            err_set_string: f!("PyErr_SetString" as unsafe extern "C" fn(Obj, *const c_char)),
+            runtime_error: symbol("PyExc_RuntimeError\0")? as usize,
         })
     }
 
@@ -720,35 +752,65 @@ pub(crate) mod python {
     /// `cupy.__version__`; false when that cannot be read. Needs the GIL; clears what its own
     /// lookups raise.
     pub(crate) fn cupy_catches(py: &Api) -> bool {
-        static CATCHES: OnceLock<bool> = OnceLock::new();
-        *CATCHES.get_or_init(|| {
-            // SAFETY: the caller holds the GIL; each new reference is released once; the
-            // UTF-8 buffer belongs to the string object and is read before its release.
-            unsafe {
-                let module = (py.import)(c"cupy".as_ptr());
-                if module.is_null() {
-                    (py.err_clear)();
-                    return false;
-                }
-                let version = (py.get_attr)(module, c"__version__".as_ptr());
-                (py.decref)(module);
-                if version.is_null() {
-                    (py.err_clear)();
-                    return false;
-                }
-                let mut len = 0isize;
-                let text = (py.utf8)(version, &mut len);
-                let parsed = if text.is_null() || len < 0 {
-                    (py.err_clear)();
-                    None
-                } else {
-                    let bytes = std::slice::from_raw_parts(text.cast::<u8>(), len as usize);
-                    std::str::from_utf8(bytes).ok().and_then(super::major_minor)
-                };
-                (py.decref)(version);
-                parsed.is_some_and(|v| v >= (14, 1))
+        // 0: not known yet, 1: catches, 2: does not. No lock: the lookup runs Python code,
+        // which may let another thread in here (it then looks too); a lookup that fails is
+        // not remembered.
+        static CATCHES: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+        match CATCHES.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => return true,
+            2 => return false,
+            _ => {}
+        }
+        // SAFETY: the caller holds the GIL; each new reference is released once; the UTF-8
+        // buffer belongs to the string object and is read before its release.
+        let version = unsafe {
+            let module = (py.import)(c"cupy".as_ptr());
+            if module.is_null() {
+                (py.err_clear)();
+                return false;
             }
-        })
+            let version = (py.get_attr)(module, c"__version__".as_ptr());
+            (py.decref)(module);
+            if version.is_null() {
+                (py.err_clear)();
+                return false;
+            }
+            let mut len = 0isize;
+            let text = (py.utf8)(version, &mut len);
+            let parsed = if text.is_null() || len < 0 {
+                (py.err_clear)();
+                None
+            } else {
+                let bytes = std::slice::from_raw_parts(text.cast::<u8>(), len as usize);
+                std::str::from_utf8(bytes).ok().and_then(super::major_minor)
+            };
+            (py.decref)(version);
+            parsed
+        };
+        let Some(version) = version else {
+            return false;
+        };
+        let catches = version >= (14, 1);
+        CATCHES.store(
+            if catches { 1 } else { 2 },
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        catches
+    }
+
+    /// Leaves a Python `RuntimeError` with the last error's message pending (for a caller
+    /// that returns null to a CuPy that does not catch C++ exceptions: the interpreter then
+    /// raises it at its next check, rather than CuPy going on with address 0 unawares).
+    /// Needs the GIL.
+    pub(crate) fn set_runtime_error(py: &Api) {
+        // SAFETY: the caller holds the GIL; `runtime_error` is the address of the
+        // interpreter's `PyExc_RuntimeError` variable (set at its start, never changed), so
+        // reading it gives a valid exception type; the message is NUL-terminated and copied
+        // by the call.
+        unsafe {
+            let kind = *(py.runtime_error as *const Obj);
+            (py.err_set_string)(kind, crate::error::last_error_ptr());
+        }
     }
 
     /// Throws the C++ exception that makes CuPy's Cython code raise the pending Python

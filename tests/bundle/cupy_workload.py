@@ -37,13 +37,18 @@ def child(mode, lib, steps):
     import numpy as np
 
     so = None
-    if mode == "pool":
+    if mode in ("pool", "pool-history"):
         so = ctypes.CDLL(lib)
         malloc = ctypes.cast(so.cuda_mempool_cupy_malloc, ctypes.c_void_p).value
         free = ctypes.cast(so.cuda_mempool_cupy_free, ctypes.c_void_p).value
         # param is unused by the library; `so` keeps the functions alive.
         allocator = cp.cuda.memory.CFunctionAllocator(0, malloc, free, so)
         cp.cuda.set_allocator(allocator.malloc)
+    if mode == "pool-history":
+        # Issue 37 (history_workload.py): the recording starts before the first allocation.
+        from history_workload import record_start
+
+        record_start(so)
     # Both modes: no pinned pool difference, the default one in each.
 
     cp.cuda.Device(0).use()
@@ -97,6 +102,12 @@ def child(mode, lib, steps):
         free_now, _ = cp.cuda.runtime.memGetInfo()
         peak = max(peak, total - free_now - baseline)
 
+    history = {}
+    if mode == "pool-history":
+        from history_workload import record_finish
+
+        cp.cuda.Device(0).synchronize()
+        history = record_finish(so, "cupy")
     # The allocator's own cost in this process, after the workload: cupy.empty + del of
     # 1 MiB on the current stream; ns a pair (median of 5 batches of 4000).
     samples = []
@@ -107,7 +118,7 @@ def child(mode, lib, steps):
         for _ in range(4000):
             cp.empty(1 << 20, dtype=cp.uint8)
         samples.append((time.perf_counter_ns() - t0) / 4000)
-    extra = {"pair_ns": statistics.median(samples)}
+    extra = {"pair_ns": statistics.median(samples), **history}
     if so is not None:
         for name in ("used_bytes", "reserved_bytes", "peak_reserved_bytes"):
             fn = getattr(so, "cuda_mempool_" + name)
@@ -155,7 +166,7 @@ def main():
     ap.add_argument("--lib", default=DEFAULT_LIB)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--child", choices=["cupy", "pool"])
+    ap.add_argument("--child", choices=["cupy", "pool", "pool-history"])
     args = ap.parse_args()
     if args.child:
         child(args.child, args.lib, args.steps)

@@ -61,11 +61,20 @@ def child(mode, lib, steps):
     # The allocator must be swapped before anything initialises CUDA in PyTorch.
     import torch
 
-    if mode == "pool":
+    history_so = None
+    if mode in ("pool", "pool-history"):
         alloc = torch.cuda.memory.CUDAPluggableAllocator(
             lib, "cuda_mempool_torch_alloc", "cuda_mempool_torch_free"
         )
         torch.cuda.memory.change_current_allocator(alloc)
+    if mode == "pool-history":
+        # Issue 37 (history_workload.py): the recording starts before the first allocation.
+        import ctypes
+
+        from history_workload import record_start
+
+        history_so = ctypes.CDLL(lib)  # the library instance PyTorch loaded
+        record_start(history_so)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(SEED)
     dev = torch.device("cuda", 0)
@@ -146,10 +155,17 @@ def child(mode, lib, steps):
         free, _ = torch.cuda.mem_get_info(dev)
         peak = max(peak, total - free - baseline)
 
+    history = {}
+    if history_so is not None:
+        from history_workload import record_finish
+
+        torch.cuda.synchronize(dev)
+        history = record_finish(history_so, "torch")
     # The allocator's own cost in this process, after the workload: torch.empty + del of
     # 1 MiB on the current (default) stream, PAIRS times; ns a pair (median of 5 batches).
-    extra = {"pair_ns": alloc_pair_ns(lambda: torch.empty(1 << 20, dtype=torch.uint8, device=dev))}
-    if mode == "pool":
+    extra = {"pair_ns": alloc_pair_ns(lambda: torch.empty(1 << 20, dtype=torch.uint8, device=dev)),
+             **history}
+    if mode in ("pool", "pool-history"):
         import ctypes
 
         so = ctypes.CDLL(lib)  # the same library instance PyTorch loaded
@@ -214,7 +230,7 @@ def main():
     ap.add_argument("--lib", default=DEFAULT_LIB)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--child", choices=["torch", "pool"])
+    ap.add_argument("--child", choices=["torch", "pool", "pool-history"])
     args = ap.parse_args()
     if args.child:
         child(args.child, args.lib, args.steps)

@@ -1086,4 +1086,11 @@ fn node_updates_and_graph_calls_from_two_threads() {
         }
         updater.join().unwrap();
     });
+    // The bare handle held while this thread goes on with the same graph: no deadlock.
+    let plain = GraphBuilder::new(&t.dev).unwrap().finish().unwrap();
+    let held = plain.handle().expect("a graph whose nodes hold nothing");
+    assert_eq!(held.node_count().unwrap(), 0);
+    assert_eq!(plain.node_count().unwrap(), 0);
+    drop(plain.instantiate().unwrap());
+    drop(held);
 }

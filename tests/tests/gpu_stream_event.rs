@@ -820,12 +820,17 @@ fn launches_survive_a_foreign_context_change() {
 
         arm();
         let mut other: CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer and device; no creation parameters; the new context is
-        // made current on this thread (foreign code's context).
-        ok(
-            unsafe { d.cuCtxCreate(&mut other, std::ptr::null_mut(), 0, dev.raw()) },
-            "cuCtxCreate",
-        );
+        // `cuCtxCreate_v2(CUcontext*, unsigned flags, CUdevice)`, the same in every driver
+        // since CUDA 3.2 (the bindings' `cuCtxCreate` differs between the 12 and 13 headers).
+        // SAFETY: the driver library cuda-sys loaded; the symbol has this signature.
+        let lib = unsafe { libloading::Library::new(d.path()) }.unwrap();
+        type CtxCreate = unsafe extern "C" fn(*mut CUcontext, u32, i32) -> CUresult;
+        // SAFETY: as above.
+        let create = unsafe { lib.get::<CtxCreate>(b"cuCtxCreate_v2\0") }.unwrap();
+        // SAFETY: valid out-pointer and device, flags 0; the new context is made current on
+        // this thread (foreign code's context).
+        let created = unsafe { create(&mut other, 0, dev.raw()) };
+        assert_eq!(created, CUresult::CUDA_SUCCESS, "cuCtxCreate_v2");
         assert_eq!(current(), other);
         fill_and_check(3, "with another context current");
         fill_and_check(4, "again with another context current");

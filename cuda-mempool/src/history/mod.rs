@@ -300,13 +300,39 @@ impl Recorder {
 
     /// Records one event (its `seq` and `time` are filled in here; the values passed are
     /// ignored), dropping the oldest if the ring is full.
-    pub fn record(&self, mut event: Event) {
+    pub fn record(&self, event: Event) {
         let stack = (self.backtraces
             && matches!(
                 event.kind,
                 EventKind::Malloc | EventKind::OutOfMemory { .. }
             ))
         .then(CallStack::capture);
+        self.record_with(event, stack);
+    }
+
+    /// Records a block that was live when the recording started (a pool's baseline): a
+    /// malloc with no location and no call stack, whatever the recorder captures.
+    pub fn baseline_malloc(
+        &self,
+        device: DeviceId,
+        stream: StreamKey,
+        size: u64,
+        addr: DeviceAddress,
+    ) {
+        let event = Event {
+            seq: 0,
+            time: 0,
+            device,
+            stream: Some(stream),
+            size,
+            addr,
+            location: None,
+            kind: EventKind::Malloc,
+        };
+        self.record_with(event, None);
+    }
+
+    fn record_with(&self, mut event: Event, stack: Option<CallStack>) {
         let mut ring = self.lock();
         if !ring.enabled {
             return;

@@ -643,8 +643,19 @@ fn backtraces_come_with_mallocs_and_leave_with_their_events() {
     pool.stop_history();
     assert!(plain.history().stacks.is_empty());
 
+    // A block made before the recording: its baseline malloc has no stack (one captured
+    // there would name the caller of start_history).
+    let before = allocate_for_the_stack_test(&pool);
     let rec = Arc::new(Recorder::new(8, Clock::Real).with_backtraces(true));
     pool.start_history(Arc::clone(&rec));
+    let baseline = rec.history();
+    let first = baseline
+        .events
+        .iter()
+        .find(|e| e.kind == EventKind::Malloc && e.addr == before.ptr())
+        .expect("the baseline's malloc of the earlier block");
+    assert!(baseline.stack(first.seq).is_none());
+    pool.free_raw(before).unwrap();
     let raw = allocate_for_the_stack_test(&pool);
     let h = rec.history();
     let malloc = h
@@ -668,9 +679,19 @@ fn backtraces_come_with_mallocs_and_leave_with_their_events() {
     let snapshot = h.snapshot();
     let page = report::html(&h, &snapshot, &report::ReportOptions::default());
     assert!(page.contains("allocate_for_the_stack_test"));
-    let torch = torch::torch_snapshot(&h, &snapshot);
     let needle = b"allocate_for_the_stack_test";
-    assert!(torch.windows(needle.len()).any(|w| w == needle));
+    // Rebuilt from the history, or read off the live pool (whose blocks name no event of
+    // the recording: found by address): the live block's frames name the caller, and the
+    // streamed pickle is the value tree's, byte for byte.
+    let live = pool.snapshot();
+    assert!(live.live.iter().all(|b| b.seq.is_none()));
+    for snap in [&snapshot, &live] {
+        let torch = torch::torch_snapshot(&h, snap);
+        assert!(torch.windows(needle.len()).any(|w| w == needle));
+        let mut streamed = Vec::new();
+        torch::write_torch_snapshot(&h, snap, &mut streamed).unwrap();
+        assert_eq!(streamed, torch);
+    }
     pool.free_raw(raw).unwrap();
     // The ring (8 events) wraps: stacks leave with their events.
     for _ in 0..20 {

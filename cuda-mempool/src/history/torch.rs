@@ -249,6 +249,41 @@ const SMALL_SEGMENT: u64 = 2 << 20;
 /// The snapshot as PyTorch's `torch.cuda.memory._snapshot()` dict (see the
 /// [module](self) for its keys).
 pub fn torch_value(history: &History, snapshot: &Snapshot) -> Value {
+    let segments = segments_value(history, snapshot);
+    let devices = history
+        .events
+        .iter()
+        .map(|e| e.device.0)
+        .chain(snapshot.segments.iter().map(|s| s.device.0))
+        .map(|d| d.saturating_add(1))
+        .fold(1, u32::max);
+    let mut traces: Vec<Vec<Value>> = vec![Vec::new(); devices as usize];
+    for e in &history.events {
+        traces[e.device.0 as usize].extend(trace_entries(history, e));
+    }
+    dict(vec![
+        ("segments", segments),
+        (
+            "device_traces",
+            Value::List(traces.into_iter().map(Value::List).collect()),
+        ),
+    ])
+}
+
+/// The `segments` list: each segment with its blocks, live and free. A live block's frames
+/// come from the call stack of its malloc in `history`: by the block's `seq` when the
+/// snapshot was rebuilt from that history, else (a snapshot of the live pool, numbered by
+/// another recorder) by the history's last malloc at the block's address.
+fn segments_value(history: &History, snapshot: &Snapshot) -> Value {
+    let mut last_malloc: std::collections::HashMap<(u32, u64), u64> =
+        std::collections::HashMap::new();
+    for e in history
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::Malloc)
+    {
+        last_malloc.insert((e.device.0, e.addr.0), e.seq);
+    }
     // Blocks of each segment: live ones and free ones, keyed by (device, address).
     let mut blocks: BTreeMap<(u32, u64), Value> = BTreeMap::new();
     for b in &snapshot.live {
@@ -261,7 +296,12 @@ pub fn torch_value(history: &History, snapshot: &Snapshot) -> Value {
                 ("state", "active_allocated".into()),
                 (
                     "frames",
-                    frames(b.location, b.seq.and_then(|q| history.stack(q))),
+                    frames(
+                        b.location,
+                        b.seq
+                            .or_else(|| last_malloc.get(&(b.device.0, b.addr.0)).copied())
+                            .and_then(|q| history.stack(q)),
+                    ),
                 ),
             ]),
         );
@@ -278,10 +318,8 @@ pub fn torch_value(history: &History, snapshot: &Snapshot) -> Value {
             ]),
         );
     }
-    let mut devices = 1u32;
     let mut segments = Vec::with_capacity(snapshot.segments.len());
     for seg in &snapshot.segments {
-        devices = devices.max(seg.device.0.saturating_add(1));
         let (lo, hi) = (
             (seg.device.0, seg.base.0),
             (seg.device.0, seg.base.0.saturating_add(seg.size)),
@@ -317,20 +355,7 @@ pub fn torch_value(history: &History, snapshot: &Snapshot) -> Value {
             ),
         ]));
     }
-    for e in &history.events {
-        devices = devices.max(e.device.0.saturating_add(1));
-    }
-    let mut traces: Vec<Vec<Value>> = vec![Vec::new(); devices as usize];
-    for e in &history.events {
-        traces[e.device.0 as usize].extend(trace_entries(history, e));
-    }
-    dict(vec![
-        ("segments", Value::List(segments)),
-        (
-            "device_traces",
-            Value::List(traces.into_iter().map(Value::List).collect()),
-        ),
-    ])
+    Value::List(segments)
 }
 
 /// The `device_traces` entries of one event (none, one, or two for a free).
@@ -384,17 +409,8 @@ pub fn write_torch_snapshot(
     snapshot: &Snapshot,
     out: &mut impl std::io::Write,
 ) -> std::io::Result<()> {
-    let empty = History {
-        clock: history.clock,
-        events: Vec::new(),
-        dropped: 0,
-        stacks: Vec::new(),
-    };
     // The segments (bounded by what the pool holds) as a value; the traces streamed.
-    let Value::Dict(mut top) = torch_value(&empty, snapshot) else {
-        unreachable!("torch_value returns a dict")
-    };
-    let segments = top.swap_remove(0).1;
+    let segments = segments_value(history, snapshot);
     // As `torch_value` counts them: at least one, and every device of a segment or event.
     let devices = history
         .events
