@@ -646,10 +646,14 @@ def history_scenario(args, rep):
                   f"(rc {r.returncode}; {(r.stdout + r.stderr).strip()[-300:]})")
         if cmd[0] == "stats" and r.returncode == 0:
             rep.info("memory_viz stats: " + " | ".join(r.stdout.strip().splitlines()[:6]))
-    # With native call stacks: each allocation's frames name its callers.
+    # With native call stacks: each allocation made while recording carries its callers'
+    # frames; the blocks live before it started (its baseline) carry none (their allocating
+    # stack is not known).
+    before = {a.data.ptr for a in keep}
     pool.record_history(backtraces=True)
     with s1:
-        keep.append(cp.full(1000, 7.0, dtype=cp.float32))
+        fresh = cp.full(1000, 7.0, dtype=cp.float32)
+    keep.append(fresh)
     cp.cuda.Device(0).synchronize()
     snap2 = os.path.join(out, "snapshot_stacks.pickle")
     pool.dump_snapshot(snap2)
@@ -657,12 +661,16 @@ def history_scenario(args, rep):
     with open(snap2, "rb") as f:
         data = pickle.load(f)
     allocs = [e for e in data.get("device_traces", [[]])[0] if e.get("action") == "alloc"]
-    deep = [e for e in allocs if len(e.get("frames", [])) > 1]
+    made = [e for e in allocs if e["addr"] not in before]
+    baseline = [e for e in allocs if e["addr"] in before]
+    deep = [e for e in made if len(e.get("frames", [])) > 1]
     names = [fr["name"] for fr in (deep[0]["frames"] if deep else [])][:4]
-    rep.info(f"backtraces: {len(deep)} of {len(allocs)} allocations with call stacks; "
-             f"innermost callers: {names}")
-    rep.check(allocs and len(deep) == len(allocs),
-              "with backtraces, every recorded allocation carries its native call stack")
+    rep.info(f"backtraces: {len(deep)} of the {len(made)} allocations made while recording "
+             f"with call stacks ({len(baseline)} baseline blocks); innermost callers: {names}")
+    rep.check(made and len(deep) == len(made) and fresh.data.ptr in {e["addr"] for e in deep}
+              and all(len(e.get("frames", [])) == 0 for e in baseline),
+              "with backtraces, every allocation made while recording carries its native call "
+              "stack, and the blocks from before it none")
     del keep
 
 
