@@ -28,7 +28,7 @@ use std::time::Instant;
 use cudars_core::sys::{self, CUresult, CUstream};
 use cudars_core::{Device, DevicePtr, LaunchConfig, Stream};
 use cudars_rtc::{Cache, Origin, Program};
-use workspace_tests::bench::{median, Report, Target};
+use workspace_tests::bench::{median, ns_per_call, Report, Target};
 use workspace_tests::rtc::{EMPTY, SAXPY};
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -246,6 +246,32 @@ fn run() -> BoxResult<()> {
             Target::RatioAtMost(1.03),
         );
     }
+    // The host-side parts of a typed launch, each alone (no raw figure: they are what the
+    // launch rows' overhead is made of): the issue guard, and preparing the arguments (device
+    // checks, the buffer's `record_stream`).
+    let guard = ns_per_call(10_000, 21, 200_000, || {
+        drop(std::hint::black_box(cudars_core::graph::issue_guard()));
+    });
+    report.row(
+        "rtc launch part: issue guard",
+        "ns",
+        guard,
+        None,
+        "-",
+        Target::None,
+    );
+    let prepare = ns_per_call(10_000, 21, 200_000, || {
+        let args = std::hint::black_box((&buf, 256u64));
+        cudars_rtc::KernelArgs::prepare(&args, dev, &stream).expect("prepare");
+    });
+    report.row(
+        "rtc launch part: prepare (&DevicePtr, u64)",
+        "ns",
+        prepare,
+        None,
+        "-",
+        Target::None,
+    );
     stream.synchronize()?;
     Ok(())
 }
