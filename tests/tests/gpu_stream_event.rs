@@ -848,6 +848,65 @@ fn launches_survive_a_foreign_context_change() {
     .unwrap();
 }
 
+/// Two devices, and foreign code making the other device's context current behind the launch
+/// path's note (cudart and NCCL switch devices so): launches on either device, alternating,
+/// run with the right data, and the thread keeps the context foreign code set.
+#[test]
+#[ignore = "needs two GPUs"]
+fn launches_on_two_devices_with_the_other_current() {
+    let count = cudars_core::device_count().unwrap();
+    assert!(count >= 2, "this test needs two GPUs, found {count}");
+    std::thread::spawn(|| {
+        let d = sys::driver().unwrap();
+        let devs = [Device::new(0).unwrap(), Device::new(1).unwrap()];
+        let kernels: Vec<Kernels> = devs.iter().map(|v| Kernels::load(v).unwrap()).collect();
+        let streams: Vec<Stream> = devs
+            .iter()
+            .map(|v| Stream::builder(v).non_blocking(true).build().unwrap())
+            .collect();
+        let bufs: Vec<cudars_core::memory::DevicePtr> = devs
+            .iter()
+            .map(|v| cudars_core::memory::DevicePtr::alloc(v, 4096).unwrap())
+            .collect();
+        let current = || {
+            let mut c: CUcontext = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            ok(unsafe { d.cuCtxGetCurrent(&mut c) }, "cuCtxGetCurrent");
+            c
+        };
+        let fill = |i: usize, value: u32, what: &str| {
+            kernels[i]
+                .fill(&streams[i], &bufs[i], value)
+                .unwrap_or_else(|e| panic!("launch on device {i} {what}: {e}"));
+            streams[i].synchronize().unwrap();
+            let mut host = vec![0u32; 1024];
+            bufs[i].copy_to_host(&mut host).unwrap();
+            assert!(
+                host.iter().all(|&x| x == value),
+                "device {i} {what}: wrong data"
+            );
+        };
+        // The note says device 0's context (a launch with it current) ...
+        devs[0].make_current().unwrap();
+        fill(0, 1, "with its context current");
+        // ... then foreign code makes device 1's context current.
+        let other = devs[1].primary_context().unwrap();
+        // SAFETY: a retained primary context, made current as foreign code would.
+        ok(unsafe { d.cuCtxSetCurrent(other) }, "cuCtxSetCurrent");
+        for round in 0..50u32 {
+            fill(0, 10 + round, "with the other device's context current");
+            fill(1, 100 + round, "its own context current");
+            assert_eq!(
+                current(),
+                other,
+                "round {round}: the launch changed the context"
+            );
+        }
+    })
+    .join()
+    .unwrap();
+}
+
 /// The public kernels (`cudars_core::kernels`, PTX) do what their table says: fill, add,
 /// copy, checksum on views, and their checks refuse bad views before launching anything.
 #[test]
