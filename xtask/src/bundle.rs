@@ -52,7 +52,10 @@ const NOT_BUNDLED: &[&str] = &["compile_fail"];
 
 /// The tests that need two GPUs (`#[ignore = "needs two GPUs"]`), by name: the only ignored
 /// tests the suite may have, which `run.sh` runs by themselves (`run.sh two-gpu`).
-const TWO_GPU_TESTS: &[&str] = &["peer_copies_between_two_devices"];
+const TWO_GPU_TESTS: &[&str] = &[
+    "peer_copies_between_two_devices",
+    "launches_on_two_devices_with_the_other_current",
+];
 
 /// Helper binaries that tests start as child processes; bundled in `helpers/`, never run as
 /// tests or benchmarks.
