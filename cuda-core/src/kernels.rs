@@ -346,8 +346,94 @@ pub fn checksum_host(data: &[u32]) -> u64 {
     data.iter().fold(0u64, |s, &x| s.wrapping_add(u64::from(x)))
 }
 
-/// Threads per block for the element-wise kernels.
-const BLOCK: u32 = 256;
+pub use checks::BLOCK;
+use checks::{disjoint, same_device, u32_words as words};
+
+/// The checks this module's safe launchers make before anything is issued, for launchers
+/// of your own kernels over [`DevicePtr`] views (the workspace's NVRTC test kernels use
+/// them): whole aligned `u32` views, the module's device, views read and written not
+/// overlapping, and the one-dimensional grid the element-wise kernels use.
+pub mod checks {
+    use crate::device::Device;
+    use crate::error::{Error, Result};
+    use crate::memory::DevicePtr;
+    use crate::stream::Stream;
+    use crate::sys::CUdeviceptr;
+
+    /// Threads per block for the element-wise kernels.
+    pub const BLOCK: u32 = 256;
+
+    /// The number of whole `u32` elements of `view`, or [`Error::InvalidArgument`] (naming
+    /// `what`) when its address or length is not a multiple of 4.
+    pub fn u32_words(view: &DevicePtr, what: &str) -> Result<u64> {
+        if !view.as_raw().is_multiple_of(4) || !view.len().is_multiple_of(4) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: a view at {:#x} of {} bytes is not a whole number of aligned u32s",
+                view.as_raw(),
+                view.len()
+            )));
+        }
+        Ok(view.len() as u64 / 4)
+    }
+
+    /// [`Error::WrongDevice`] (naming `what`) unless `view` is memory of `device`.
+    pub fn same_device(view: &DevicePtr, device: Device, what: &'static str) -> Result<()> {
+        if view.device() == device {
+            Ok(())
+        } else {
+            Err(Error::WrongDevice {
+                what,
+                expected: device.ordinal(),
+                actual: view.device().ordinal(),
+            })
+        }
+    }
+
+    /// [`Error::WrongDevice`] unless `stream` is a stream of `device` (the check every view
+    /// operation of `cuda-core` makes).
+    pub fn stream_of(stream: &Stream, device: Device) -> Result<()> {
+        crate::memory::check_stream(stream, device)
+    }
+
+    /// `true` when the byte ranges `a..a + a_len` and `b..b + b_len` share a byte (empty
+    /// ranges share none).
+    pub fn ranges_overlap(a: CUdeviceptr, a_len: usize, b: CUdeviceptr, b_len: usize) -> bool {
+        a_len != 0
+            && b_len != 0
+            && b < a.saturating_add(a_len as CUdeviceptr)
+            && a < b.saturating_add(b_len as CUdeviceptr)
+    }
+
+    /// [`Error::InvalidArgument`] when two views of one device overlap: what a kernel that
+    /// reads one and writes the other forbids, refused as
+    /// [`DevicePtr::copy_from_device`] refuses it. Views of different devices never overlap
+    /// (each device's addresses are its own); the launchers reject them anyway.
+    pub fn disjoint(
+        op: &str,
+        a_what: &str,
+        a: &DevicePtr,
+        b_what: &str,
+        b: &DevicePtr,
+    ) -> Result<()> {
+        if a.device() == b.device() && ranges_overlap(a.as_raw(), a.len(), b.as_raw(), b.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: {a_what} {:#x}+{} and {b_what} {:#x}+{} overlap",
+                a.as_raw(),
+                a.len(),
+                b.as_raw(),
+                b.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Blocks of [`BLOCK`] threads for `n` elements, at most `cap` blocks (at least one
+    /// when `cap` is 0; none for no elements).
+    pub fn grid(n: u64, cap: u32) -> u32 {
+        let blocks = n.div_ceil(u64::from(BLOCK));
+        blocks.min(u64::from(cap.max(1))) as u32
+    }
+}
 
 /// The [`PTX`] module loaded on one device, with a launcher for each kernel.
 ///
@@ -364,58 +450,6 @@ pub struct Kernels {
     wait_flag: Function,
     sm_count: u32,
     clock_khz: u32,
-}
-
-/// The number of whole `u32` elements of `view`, or [`Error::InvalidArgument`] when its
-/// address or length is not a multiple of 4.
-fn words(view: &DevicePtr, what: &str) -> Result<u64> {
-    if !view.as_raw().is_multiple_of(4) || !view.len().is_multiple_of(4) {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: a view at {:#x} of {} bytes is not a whole number of aligned u32s",
-            view.as_raw(),
-            view.len()
-        )));
-    }
-    Ok(view.len() as u64 / 4)
-}
-
-/// [`Error::WrongDevice`] unless `view` is memory of `device`.
-fn same_device(view: &DevicePtr, device: Device, what: &'static str) -> Result<()> {
-    if view.device() == device {
-        Ok(())
-    } else {
-        Err(Error::WrongDevice {
-            what,
-            expected: device.ordinal(),
-            actual: view.device().ordinal(),
-        })
-    }
-}
-
-/// `true` when the byte ranges `a..a + a_len` and `b..b + b_len` share a byte (empty ranges
-/// share none).
-fn ranges_overlap(a: CUdeviceptr, a_len: usize, b: CUdeviceptr, b_len: usize) -> bool {
-    a_len != 0
-        && b_len != 0
-        && b < a.saturating_add(a_len as CUdeviceptr)
-        && a < b.saturating_add(b_len as CUdeviceptr)
-}
-
-/// [`Error::InvalidArgument`] when two views of the module's device overlap: what the raw
-/// kernels forbid, refused as [`DevicePtr::copy_from_device`] refuses it. Views of different
-/// devices never overlap (each device's addresses are its own); the launchers reject them
-/// anyway.
-fn disjoint(op: &str, a_what: &str, a: &DevicePtr, b_what: &str, b: &DevicePtr) -> Result<()> {
-    if a.device() == b.device() && ranges_overlap(a.as_raw(), a.len(), b.as_raw(), b.len()) {
-        return Err(Error::InvalidArgument(format!(
-            "{op}: {a_what} {:#x}+{} and {b_what} {:#x}+{} overlap",
-            a.as_raw(),
-            a.len(),
-            b.as_raw(),
-            b.len()
-        )));
-    }
-    Ok(())
 }
 
 impl Kernels {
@@ -463,12 +497,6 @@ impl Kernels {
         u64::try_from(cycles).unwrap_or(u64::MAX)
     }
 
-    /// Blocks of [`BLOCK`] threads for `n` elements, at most `cap` blocks.
-    fn grid(n: u64, cap: u32) -> u32 {
-        let blocks = n.div_ceil(u64::from(BLOCK));
-        blocks.min(u64::from(cap.max(1))) as u32
-    }
-
     /// Launches `f` in `BLOCK`-thread blocks, enough for `n` elements and at most `cap`.
     ///
     /// # Safety
@@ -482,7 +510,7 @@ impl Kernels {
         cap: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
-        let grid = Self::grid(n, cap);
+        let grid = checks::grid(n, cap);
         // SAFETY: the caller's contract.
         unsafe { f.launch(stream, (grid, 1, 1), (BLOCK, 1, 1), 0, params) }
     }
@@ -784,6 +812,7 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
+    use super::checks::ranges_overlap;
     use super::*;
 
     #[test]
@@ -893,10 +922,10 @@ mod tests {
 
     #[test]
     fn grids_are_capped_and_never_empty() {
-        assert_eq!(Kernels::grid(0, 10), 0);
-        assert_eq!(Kernels::grid(1, 10), 1);
-        assert_eq!(Kernels::grid(257, 10), 2);
-        assert_eq!(Kernels::grid(1 << 30, 10), 10);
-        assert_eq!(Kernels::grid(1 << 30, 0), 1);
+        assert_eq!(checks::grid(0, 10), 0);
+        assert_eq!(checks::grid(1, 10), 1);
+        assert_eq!(checks::grid(257, 10), 2);
+        assert_eq!(checks::grid(1 << 30, 10), 10);
+        assert_eq!(checks::grid(1 << 30, 0), 1);
     }
 }

@@ -700,15 +700,19 @@ pub extern "C" fn cuda_mempool_get_limit(device: c_int) -> i64 {
 /// last-error message when the pool cannot be created.
 #[no_mangle]
 pub extern "C" fn cuda_mempool_history_start(max_events: usize) -> c_int {
-    const CALL: &str = "cuda_mempool_history_start";
+    history_start("cuda_mempool_history_start", max_events, false)
+}
+
+/// Starts a recording of `max_events` (0: 1,000,000), with call stacks or not.
+fn history_start(call: &str, max_events: usize, backtraces: bool) -> c_int {
     run(-1, || {
         let capacity = if max_events == 0 {
             1_000_000
         } else {
             max_events
         };
-        let recorder = Arc::new(Recorder::new(capacity, Clock::Real));
-        pool(CALL)?.start_history(recorder);
+        let recorder = Recorder::new(capacity, Clock::Real).with_backtraces(backtraces);
+        pool(call)?.start_history(Arc::new(recorder));
         Ok(0)
     })
 }
@@ -720,17 +724,7 @@ pub extern "C" fn cuda_mempool_history_start(max_events: usize) -> c_int {
 /// (once per stack): for finding where memory goes, not for timing.
 #[no_mangle]
 pub extern "C" fn cuda_mempool_history_start_backtraces(max_events: usize) -> c_int {
-    const CALL: &str = "cuda_mempool_history_start_backtraces";
-    run(-1, || {
-        let capacity = if max_events == 0 {
-            1_000_000
-        } else {
-            max_events
-        };
-        let recorder = Arc::new(Recorder::new(capacity, Clock::Real).with_backtraces(true));
-        pool(CALL)?.start_history(recorder);
-        Ok(0)
-    })
+    history_start("cuda_mempool_history_start_backtraces", max_events, true)
 }
 
 /// Stops the recording, keeping its events for [`cuda_mempool_history_dump`]. Returns 0

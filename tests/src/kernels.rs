@@ -116,7 +116,7 @@ extern "C" __global__ void wait_flag(const u32* flag, u64 max_cycles) {
 "#;
 
 /// Threads per block of the element-wise kernels (`cuda-core`'s).
-pub const BLOCK: u32 = 256;
+pub use cudars_core::kernels::BLOCK;
 
 /// [`SOURCE`] as a program (NVRTC's default options, a cubin, the global cache), before its
 /// architecture is set.
@@ -167,74 +167,12 @@ pub struct Kernels {
     clock_khz: u32,
 }
 
-/// The number of whole `u32` elements of `view`, or [`Error::InvalidArgument`] when its
-/// address or length is not a multiple of 4.
-fn words(view: &DevicePtr, what: &str) -> Result<u64> {
-    if !view.as_raw().is_multiple_of(4) || !view.len().is_multiple_of(4) {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: a view at {:#x} of {} bytes is not a whole number of aligned u32s",
-            view.as_raw(),
-            view.len()
-        )));
-    }
-    Ok(view.len() as u64 / 4)
-}
-
-/// [`Error::WrongDevice`] unless `view` is memory of `device`.
-fn same_device(view: &DevicePtr, device: Device, what: &'static str) -> Result<()> {
-    if view.device() == device {
-        Ok(())
-    } else {
-        Err(Error::WrongDevice {
-            what,
-            expected: device.ordinal(),
-            actual: view.device().ordinal(),
-        })
-    }
-}
-
-/// [`Error::WrongDevice`] unless `stream` is a stream of `device`.
-fn check_stream(stream: &Stream, device: Device) -> Result<()> {
-    if stream.device() == device {
-        Ok(())
-    } else {
-        Err(Error::WrongDevice {
-            what: "stream",
-            expected: device.ordinal(),
-            actual: stream.device().ordinal(),
-        })
-    }
-}
-
-/// `true` when the byte ranges `a..a + a_len` and `b..b + b_len` share a byte (empty ranges
-/// share none).
-fn ranges_overlap(a: CUdeviceptr, a_len: usize, b: CUdeviceptr, b_len: usize) -> bool {
-    a_len != 0
-        && b_len != 0
-        && b < a.saturating_add(a_len as CUdeviceptr)
-        && a < b.saturating_add(b_len as CUdeviceptr)
-}
-
-/// [`Error::InvalidArgument`] when two views of one device overlap (views of different
-/// devices never do; the launchers reject them anyway).
-fn disjoint(op: &str, a_what: &str, a: &DevicePtr, b_what: &str, b: &DevicePtr) -> Result<()> {
-    if a.device() == b.device() && ranges_overlap(a.as_raw(), a.len(), b.as_raw(), b.len()) {
-        return Err(Error::InvalidArgument(format!(
-            "{op}: {a_what} {:#x}+{} and {b_what} {:#x}+{} overlap",
-            a.as_raw(),
-            a.len(),
-            b.as_raw(),
-            b.len()
-        )));
-    }
-    Ok(())
-}
-
-/// Blocks of [`BLOCK`] threads for `n` elements, at most `cap` blocks (`cuda-core`'s grid).
-fn grid(n: u64, cap: u32) -> u32 {
-    let blocks = n.div_ceil(u64::from(BLOCK));
-    blocks.min(u64::from(cap.max(1))) as u32
-}
+// The checks are cuda-core's own (`cudars_core::kernels::checks`): same errors, same order.
+#[cfg(test)]
+use cudars_core::kernels::checks::ranges_overlap;
+use cudars_core::kernels::checks::{
+    disjoint, grid, same_device, stream_of as check_stream, u32_words as words,
+};
 
 /// A one-dimensional launch of [`BLOCK`]-thread blocks for `n` elements, at most `cap`.
 fn config_1d(n: u64, cap: u32) -> LaunchConfig {
@@ -520,16 +458,8 @@ impl Kernels {
         value: u32,
         n: u64,
     ) -> Result<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        // SAFETY: the caller's contract covers the memory; each element is written by one
-        // thread.
-        unsafe {
-            self.fill
-                .launch_known(stream, &self.elementwise(n), (ptr, value, n))
-        }?;
-        Ok(())
+        // SAFETY: the caller's contract; `fill_u32` takes `(u32*, u32, u64)`.
+        unsafe { self.ptr_value_n(&self.fill, stream, ptr, value, n) }
     }
 
     /// Queues `add_u32(ptr, value, n)` on `stream`. Does nothing when `n` is 0.
@@ -544,15 +474,30 @@ impl Kernels {
         value: u32,
         n: u64,
     ) -> Result<()> {
+        // SAFETY: the caller's contract; `add_u32` takes `(u32*, u32, u64)`.
+        unsafe { self.ptr_value_n(&self.add, stream, ptr, value, n) }
+    }
+
+    /// `kernel(ptr, value, n)` for the fill and add kernels, element-wise; nothing when `n` is
+    /// 0.
+    ///
+    /// # Safety
+    ///
+    /// As [`Kernels::fill_u32_raw`]; `kernel` takes `(u32* ptr, u32 value, u64 n)`.
+    unsafe fn ptr_value_n(
+        &self,
+        kernel: &Kernel,
+        stream: &Stream,
+        ptr: CUdeviceptr,
+        value: u32,
+        n: u64,
+    ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
         // SAFETY: the caller's contract covers the memory; each element is read and written
         // by one thread.
-        unsafe {
-            self.add
-                .launch_known(stream, &self.elementwise(n), (ptr, value, n))
-        }?;
+        unsafe { kernel.launch_known(stream, &self.elementwise(n), (ptr, value, n)) }?;
         Ok(())
     }
 

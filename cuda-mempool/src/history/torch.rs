@@ -250,13 +250,7 @@ const SMALL_SEGMENT: u64 = 2 << 20;
 /// [module](self) for its keys).
 pub fn torch_value(history: &History, snapshot: &Snapshot) -> Value {
     let segments = segments_value(history, snapshot);
-    let devices = history
-        .events
-        .iter()
-        .map(|e| e.device.0)
-        .chain(snapshot.segments.iter().map(|s| s.device.0))
-        .map(|d| d.saturating_add(1))
-        .fold(1, u32::max);
+    let devices = device_count(history, snapshot);
     let mut traces: Vec<Vec<Value>> = vec![Vec::new(); devices as usize];
     for e in &history.events {
         traces[e.device.0 as usize].extend(trace_entries(history, e));
@@ -268,6 +262,18 @@ pub fn torch_value(history: &History, snapshot: &Snapshot) -> Value {
             Value::List(traces.into_iter().map(Value::List).collect()),
         ),
     ])
+}
+
+/// How many `device_traces` lists the snapshot has: at least one, and one for every device of
+/// a segment or an event.
+fn device_count(history: &History, snapshot: &Snapshot) -> u32 {
+    history
+        .events
+        .iter()
+        .map(|e| e.device.0)
+        .chain(snapshot.segments.iter().map(|s| s.device.0))
+        .map(|d| d.saturating_add(1))
+        .fold(1, u32::max)
 }
 
 /// The `segments` list: each segment with its blocks, live and free. A live block's frames
@@ -411,14 +417,7 @@ pub fn write_torch_snapshot(
 ) -> std::io::Result<()> {
     // The segments (bounded by what the pool holds) as a value; the traces streamed.
     let segments = segments_value(history, snapshot);
-    // As `torch_value` counts them: at least one, and every device of a segment or event.
-    let devices = history
-        .events
-        .iter()
-        .map(|e| e.device.0)
-        .chain(snapshot.segments.iter().map(|s| s.device.0))
-        .map(|d| d.saturating_add(1))
-        .fold(1, u32::max);
+    let devices = device_count(history, snapshot);
     let mut buf = vec![PROTO, 2, EMPTY_DICT, MARK];
     encode_str("segments", &mut buf);
     encode(&segments, &mut buf);
