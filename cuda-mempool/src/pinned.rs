@@ -176,7 +176,7 @@ impl PinnedMemoryPool {
         }
         let rounded = policy::round_size(size as u64)
             .and_then(|r| usize::try_from(r).ok())
-            .ok_or(PoolError::SizeOverflow { size })?;
+            .ok_or_else(|| PoolError::SizeOverflow { size })?;
         let key = (device.ordinal(), rounded);
         {
             let mut st = self.inner.lock();

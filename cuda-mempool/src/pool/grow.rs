@@ -24,7 +24,7 @@ impl<B: Backend> MemoryPool<B> {
             Choice::None => match dev.page {
                 Some(page) => {
                     let size = policy::address_range_size(rounded, dev.info.total_memory, page)
-                        .ok_or(PoolError::SizeOverflow {
+                        .ok_or_else(|| PoolError::SizeOverflow {
                             size: rounded as usize,
                         })?;
                     let base = self

@@ -110,7 +110,7 @@ impl<B: Backend> MemoryPool<B> {
         let mut st = self.raw_shard(&raw)?;
         if self.history.is_on() {
             // Under the shard's lock: the free comes before any reuse of the address.
-            self.note_free(&raw);
+            self.note_free(raw.device, raw.key, raw.size, raw.ptr);
         }
         st.release(&self.backend, raw.id, raw.generation)
     }
@@ -234,7 +234,10 @@ impl<'p, B: Backend> Allocation<'p, B> {
     /// fence record for a `record_stream` block; the block is still freed safely).
     pub fn free(mut self) -> Result<(), PoolError> {
         match self.shard.take() {
-            Some(shard) => self.pool.free_block(shard, &self.raw),
+            Some(shard) => {
+                let r = &self.raw;
+                self.pool.free_block(shard, r.id, r.generation, r.key)
+            }
             None => Ok(()),
         }
     }
@@ -251,8 +254,11 @@ impl<'p, B: Backend> Allocation<'p, B> {
 impl<B: Backend> Drop for Allocation<'_, B> {
     #[inline]
     fn drop(&mut self) {
-        if let Some(shard) = self.shard.take() {
-            let _ = self.pool.free_block(shard, &self.raw);
+        // Reads the handle without writing it (no `take`): a handle written here would be
+        // copied out of the caller's result first (see `MemoryPool::free_block`).
+        if let Some(shard) = self.shard {
+            let r = &self.raw;
+            let _ = self.pool.free_block(shard, r.id, r.generation, r.key);
         }
     }
 }

@@ -172,9 +172,14 @@ impl<B: Backend> MemoryPool<B> {
     /// Records the free of a block, before it is released (so that the free comes before
     /// any later malloc of the same address).
     #[cold]
-    pub(super) fn note_free(&self, raw: &RawAllocation) {
-        self.history
-            .with(|r| r.free(raw.device, raw.key, raw.size, raw.ptr));
+    pub(super) fn note_free(
+        &self,
+        device: DeviceId,
+        key: StreamKey,
+        size: u64,
+        ptr: DeviceAddress,
+    ) {
+        self.history.with(|r| r.free(device, key, size, ptr));
     }
 
     /// Records that a block is used on stream `key` too.

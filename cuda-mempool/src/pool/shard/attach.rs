@@ -11,11 +11,22 @@ impl<B: Backend> ShardState<B> {
     /// [`detach`](Self::detach)); the free of a stream's last live block calls it.
     #[inline(never)]
     pub(crate) fn detach_if_released(&mut self, backend: &B) -> Result<(), PoolError> {
+        if self.may_detach(backend) {
+            self.detach(backend)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether [`detach_if_released`](Self::detach_if_released) lets go of the stream (once
+    /// it is idle): a private shard at once (it is not where a stream's ordinary work
+    /// allocates, and its clone would keep an owned stream alive), another when the backend
+    /// says the stream may go.
+    #[inline]
+    pub(crate) fn may_detach(&self, backend: &B) -> bool {
         match &self.stream {
-            // A private shard lets go at once: it is not where a stream's ordinary work
-            // allocates, and its clone would keep an owned stream alive.
-            Some(s) if self.private || backend.may_release_stream(s) => self.detach(backend),
-            _ => Ok(()),
+            Some(s) => self.private || backend.may_release_stream(s),
+            None => false,
         }
     }
 
@@ -41,6 +52,7 @@ impl<B: Backend> ShardState<B> {
     /// every free so far (unless one already does), then hands the stream back to the
     /// backend. If the fence cannot be recorded the shard stays attached (the stream is
     /// kept, so nothing it cached is reused unfenced) and the error is returned.
+    #[inline(never)]
     pub(crate) fn detach(&mut self, backend: &B) -> Result<(), PoolError> {
         if !self.stream_idle() {
             return Ok(());
