@@ -11,7 +11,8 @@
 //!   stream. The per-thread default stream names a different stream on every thread: each
 //!   thread's gets a key of its own, and the pool uses its handle only from that thread
 //!   (a free from another thread, a garbage collector's, leaves the block out of
-//!   cross-stream reuse until the owning thread fences it).
+//!   cross-stream reuse until the owning thread fences it, or until out-of-memory recovery
+//!   synchronises the device).
 //!
 //! # Stream lifetime
 //!

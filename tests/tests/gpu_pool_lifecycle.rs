@@ -11,7 +11,8 @@
 //! * a view's memset on a second stream, then a drop: the block is not reused before the
 //!   memset (the owner's record_stream hook);
 //! * a graph whose captured buffer is dropped before replay keeps it alive;
-//! * the per-thread default stream is refused by the pools and stream-ordered memory.
+//! * the per-thread default stream gets a cache per thread (stream-ordered memory refuses it);
+//! * out of memory recovers what a collector freed for another thread's per-thread stream.
 #![cfg(feature = "gpu")]
 #![allow(
     clippy::unwrap_used,
@@ -274,6 +275,68 @@ fn a_block_of_a_destroyed_stream_is_not_reused_before_its_kernel_ends() {
         bad, 0,
         "{bad} words of the new block were overwritten by the old kernel"
     );
+}
+
+/// Out of memory with the memory freed for another thread's per-thread default stream: that
+/// thread fills the pool's limit on `Stream::per_thread` and starts a slow kernel on each
+/// block; a collector thread frees them (it cannot record a fence on the other thread's
+/// stream, and that thread keeps its stream); a request on a third stream that needs that
+/// memory is served once a device synchronisation covers the frees, and holds its own data
+/// after everything (the old kernels wrote first). It failed with out of memory, 0 bytes in
+/// use, before.
+#[test]
+fn out_of_memory_recovers_blocks_freed_for_another_threads_per_thread_stream() {
+    let _s = serial();
+    let dev = dev0();
+    let k = Kernels::load(&dev).expect("kernels");
+    let pool = DevicePool::new_driver().unwrap();
+    let size = 8 * MIB;
+    pool.set_limit(device_id(&dev), Limit::Bytes(2 * size))
+        .unwrap();
+    let n = size / 4;
+    let (blocks_tx, blocks_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|sc| {
+        // Dropped however this closure ends: the other thread never waits forever.
+        let done_tx = done_tx;
+        let (pool, k) = (&pool, &k);
+        sc.spawn(move || {
+            let ptds = Stream::per_thread(&dev);
+            let blocks: Vec<_> = (0..2)
+                .map(|_| pool.malloc_stream(&ptds, size).unwrap().into_raw())
+                .collect();
+            for b in &blocks {
+                // SAFETY: b holds n u32s, freed (by the collector) after this launch.
+                unsafe { k.spin_then_fill_raw(&ptds, b.ptr().0, 0xAAAA_AAAA, n as u64, SLOW) }
+                    .unwrap();
+            }
+            for b in blocks {
+                blocks_tx.send(b).unwrap();
+            }
+            drop(blocks_tx);
+            // Alive, its stream attached, until the request below is done.
+            let _ = done_rx.recv();
+        });
+        for b in blocks_rx {
+            pool.free_raw(b).unwrap();
+        }
+        let s = Stream::builder(&dev).non_blocking(true).build().unwrap();
+        let y = pool
+            .malloc_stream(&s, 2 * size)
+            .expect("the memory freed for the other thread's stream is recovered");
+        // SAFETY: y holds 2n u32s, alive until after the read.
+        unsafe { k.fill_u32_raw(&s, y.ptr().0, 0xBBBB_BBBB, 2 * n as u64) }.unwrap();
+        s.synchronize().unwrap();
+        dev.synchronize().unwrap();
+        let host = read_u32(y.ptr().0, 2 * n);
+        let bad = host.iter().filter(|&&v| v != 0xBBBB_BBBB).count();
+        assert_eq!(
+            bad, 0,
+            "{bad} words of the new block were overwritten by the other thread's kernels"
+        );
+        drop(y);
+        drop(done_tx);
+    });
 }
 
 /// Issues 26 (item 4) and 25: a view of pool memory used by a memset on a second stream,

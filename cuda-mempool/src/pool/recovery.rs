@@ -39,10 +39,24 @@ impl<B: Backend> MemoryPool<B> {
     fn quiesce(&self, h: &mut Held<'_, '_, B>) -> Result<(), PoolError> {
         h.st.flush_recent();
         h.st.wait_fences(&self.backend)?;
+        // Frees on another thread's per-thread default stream get no fence from this thread
+        // (the handle names this thread's stream): the epochs they reached are noted, and one
+        // synchronisation of the device covers them (a garbage collector's frees of blocks
+        // made on other threads' per-thread streams, CuPy's `Stream.ptds`).
+        let mut uncovered = Vec::new();
         for other in h.other_shards() {
             let mut o = other.state.lock();
             o.flush_recent();
             o.wait_fences(&self.backend)?;
+            if let Some(epoch) = o.unfenced_on_other_thread() {
+                uncovered.push((other, epoch));
+            }
+        }
+        // A failed synchronisation leaves those frees as they were: unsafe for other streams.
+        if !uncovered.is_empty() && self.backend.synchronize_device(h.dev.id).is_ok() {
+            for (other, epoch) in uncovered {
+                other.state.lock().covered_up_to(epoch);
+            }
         }
         // Releasing also gives back the address ranges of wholly free segments, which is
         // what recovers from running out of address space in virtual-memory mode.

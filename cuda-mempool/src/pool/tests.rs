@@ -1432,8 +1432,8 @@ fn a_private_shard_let_go_of_during_another_capture_waits_for_the_device_before_
 /// its handle names the calling thread's stream, so the pool uses a per-thread stream's
 /// handle only from the thread whose stream it is. A free on another thread (a garbage
 /// collector) records no fence there and detaches nothing: that memory stays out of
-/// cross-stream reuse (no wait on it either) until the owner fences it; the owner's own frees
-/// are fenced as any borrowed stream's.
+/// cross-stream reuse (no wait with that handle either) until the owner fences it, or out of
+/// memory synchronises the device; the owner's own frees are fenced as any borrowed stream's.
 #[test]
 fn another_threads_per_thread_stream_is_never_used_from_this_thread() {
     // A per-thread key of no thread of this process (serial numbers start at 1).
@@ -1461,23 +1461,22 @@ fn another_threads_per_thread_stream_is_never_used_from_this_thread() {
         after.record_fence, before.record_fence,
         "no fence on another thread's stream"
     );
-    // The device is full: S1 cannot have that memory (no fence covers it), and the pool
-    // neither waits for nor records on the foreign stream while it tries.
-    let err = pool.malloc(D0, &S1, 6 * MIB).unwrap_err();
-    assert!(matches!(err, PoolError::OutOfMemory { .. }), "{err}");
+    // The device is full: S1 can have that memory only after the foreign stream's work. No
+    // fence can be recorded there from this thread (the handle names this thread's stream),
+    // and the pool neither records on nor waits with the foreign handle: out-of-memory
+    // recovery synchronises the whole device instead.
+    let work = sim.submitted(D0, foreign);
+    let c = pool.malloc(D0, &S1, 6 * MIB).unwrap();
     assert_eq!(sim.calls().record_fence, before.record_fence);
     assert_eq!(sim.waited(D0, S1, foreign), 0);
     assert_eq!(
         sim.completed(D0, foreign),
-        0,
-        "no host wait for the foreign stream"
+        work,
+        "the device synchronisation covered the foreign stream's work"
     );
-    // free_all_blocks cannot prove it safe either: the memory stays reserved.
-    pool.free_all_blocks().unwrap();
-    assert_eq!(pool.total_bytes(), 8 * MIB);
-    // The owner thread's stream still reuses its own frees at once.
-    let b = pool.malloc(D0, &foreign, 8 * MIB).unwrap();
-    drop(b);
+    sim.check_handout(D0, S1, c.ptr().0, c.size() as u64);
+    drop(c);
+    assert!(sim.violations().is_empty(), "{:?}", sim.violations());
 
     // This thread's own per-thread stream: its last free records the detach fence, and another
     // stream then gets the memory once the fence completes.
@@ -1956,4 +1955,51 @@ fn per_thread_handle_blocks_freed_by_a_collector_are_never_unmapped_or_lent_unde
             assert_eq!(pool.stats(D0).unwrap().used.current, 0);
         }
     }
+}
+
+#[test]
+fn out_of_memory_recovers_what_a_collector_freed_on_another_threads_per_thread_stream() {
+    // Another thread fills the device on its per-thread stream, uses every block there, and
+    // hands them to this thread, which frees them: no fence covers those frees (this thread
+    // cannot record one on the other thread's stream), and the other thread keeps its stream.
+    // This thread's request then needs that memory: the recovery synchronises the device and
+    // reuses it, after the other thread's work.
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let pt = SimulatedBackend::PER_THREAD;
+    let (blocks_tx, blocks_rx) = std::sync::mpsc::channel::<RawAllocation>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|sc| {
+        // Dropped however this closure ends, so that the other thread never waits forever.
+        let done_tx = done_tx;
+        let pool = &pool;
+        sc.spawn(move || {
+            let sim = pool.backend();
+            let key = sim.stream_key(&pt).unwrap();
+            let blocks: Vec<_> = (0..4)
+                .map(|_| pool.malloc(D0, &pt, 16 * MIB).unwrap().into_raw())
+                .collect();
+            for b in blocks {
+                sim.submit_use(D0, key, b.ptr().0, b.size() as u64);
+                blocks_tx.send(b).unwrap();
+            }
+            drop(blocks_tx);
+            // Alive, with its stream attached, until the other thread is done (or failed).
+            let _ = done_rx.recv();
+        });
+        for b in blocks_rx {
+            pool.free_raw(b).unwrap();
+        }
+        let mine = pool
+            .malloc(D0, &S0, 32 * MIB)
+            .expect("the collector's frees are recovered");
+        pool.backend()
+            .check_handout(D0, S0, mine.ptr().0, mine.size() as u64);
+        drop(mine);
+        done_tx.send(()).unwrap();
+    });
+    assert!(
+        pool.backend().violations().is_empty(),
+        "{:?}",
+        pool.backend().violations()
+    );
 }

@@ -123,6 +123,22 @@ impl<B: Backend> ShardState<B> {
     /// per-thread default stream (its handle would name this thread's stream). Frees that
     /// need a fence then wait, out of cross-stream reuse, for a later call that can record
     /// one.
+    /// The epoch of this shard's frees when some of them are on another thread's per-thread
+    /// default stream and no fence covers them (this thread cannot record one there); `None`
+    /// otherwise. See [`covered_up_to`](Self::covered_up_to).
+    pub(crate) fn unfenced_on_other_thread(&self) -> Option<u64> {
+        let unfenced = self.stream.is_some() && self.epoch > self.safe_epoch;
+        (unfenced && !self.private && super::is_other_threads_stream(self.stream_key))
+            .then_some(self.epoch)
+    }
+
+    /// Records that every free up to `epoch` has completed on the device: the caller
+    /// synchronised the whole device after reading `epoch` (work issued before a free was
+    /// issued before the synchronisation began).
+    pub(crate) fn covered_up_to(&mut self, epoch: u64) {
+        self.safe_epoch = self.safe_epoch.max(epoch);
+    }
+
     fn usable_stream(&self, backend: &B) -> Option<&B::Stream> {
         if super::is_other_threads_stream(self.stream_key) {
             return None;
