@@ -71,9 +71,11 @@
  * wait, only from that thread. A block freed from another thread (a garbage collector) is
  * reused at once by its own thread's stream, and by other streams only after its thread has
  * fenced it (at that thread's next free of its last live block), or once an allocation that
- * ran out of memory has synchronised the device (cuCtxSynchronize, before it fails); until
- * then it stays out of cross-stream reuse. Such a stream never takes memory other streams
- * still use.
+ * ran out of memory has synchronised the device (cuCtxSynchronize, before it fails; never
+ * while a capture is known on the device: one begun through cuda-core, or one that allocated
+ * from this library and whose graph still lives, since the synchronisation would invalidate
+ * it; a capture that never allocated here is not known); until then it stays out of
+ * cross-stream reuse. Such a stream never takes memory other streams still use.
  *
  * Graph captures: while a stream is captured, the library never records a fence on it or
  * makes it wait; blocks whose fence would be due there stay out of cross-stream reuse until

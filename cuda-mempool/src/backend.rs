@@ -401,6 +401,15 @@ pub unsafe trait Backend: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether [`synchronize_device`](Self::synchronize_device) may run now as an
+    /// optional step (the out-of-memory recovery's): `false` while a capture may be running
+    /// on the device, since a device-wide wait fails during any capture in the context and
+    /// invalidates it, whatever the calling thread's capture mode. The default: `true`.
+    fn may_synchronize_device(&self, device: DeviceId) -> bool {
+        let _ = device;
+        true
+    }
+
     /// Gives a fence back once the pool no longer needs it (`cuEventDestroy`, or back
     /// into the backend's own cache of events). Cannot fail from the pool's point of view.
     /// Safe: a `Self::Fence` value is always one the backend made (see the trait's

@@ -508,6 +508,19 @@ unsafe impl Backend for DriverBackend {
         self.device(device)?.synchronize()
     }
 
+    fn may_synchronize_device(&self, device: DeviceId) -> bool {
+        // Captures this process began through cuda-core, and those that allocated from the
+        // pool (their graphs still hold private pools): a foreign capture that never
+        // allocated here is unknown (see the C header).
+        !cudars_core::graph::captures_in_progress()
+            && !self
+                .captures
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .any(|(d, _)| *d == device.0)
+    }
+
     fn set_recorder(&self, recorder: Option<Arc<Recorder>>) {
         self.history.set(recorder);
     }
@@ -910,9 +923,11 @@ fn capture_of(stream: &Stream) -> Result<Option<u64>, PoolError> {
     })
 }
 
-/// Relaxes the calling thread's capture mode for a backend call: the pool's allocating and
-/// synchronising driver calls must neither fail nor invalidate a capture in global mode
-/// that another thread (or this one, for a private pool) has running.
+/// Relaxes the calling thread's capture mode for a backend call: the pool's allocating driver
+/// calls must neither fail nor invalidate a capture in global mode that another thread (or
+/// this one, for a private pool) has running. (A device-wide synchronisation is not made safe
+/// by this: `cuCtxSynchronize` fails during any capture in the context and invalidates it;
+/// see [`Backend::may_synchronize_device`].)
 fn relaxed() -> cudars_core::Result<cudars_core::graph::RelaxedCaptureMode> {
     cudars_core::graph::RelaxedCaptureMode::new()
 }

@@ -1238,6 +1238,12 @@ unsafe impl Backend for SimulatedBackend {
         Ok(done)
     }
 
+    /// No device-wide wait while any stream is being captured (as on a real device, where
+    /// it would invalidate the capture).
+    fn may_synchronize_device(&self, _device: DeviceId) -> bool {
+        self.lock().capturing.is_empty()
+    }
+
     fn is_capturing(&self, stream: &StreamKey) -> bool {
         self.lock().capturing.contains_key(&resolve(stream.0))
     }

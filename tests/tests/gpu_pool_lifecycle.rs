@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudars_core::async_pool::StreamOrderedMemory;
-use cudars_core::graph::CaptureMode;
+use cudars_core::graph::{self as core_graph, CaptureMode};
 use cudars_core::memory::{raw, DevicePtr};
 use cudars_core::{Device, Stream};
 use cudars_mempool::driver::device_id;
@@ -286,6 +286,19 @@ fn a_block_of_a_destroyed_stream_is_not_reused_before_its_kernel_ends() {
 /// use, before.
 #[test]
 fn out_of_memory_recovers_blocks_freed_for_another_threads_per_thread_stream() {
+    collector_out_of_memory(false);
+}
+
+/// The same while this thread captures another stream: the recovery must not synchronise the
+/// device (`cuCtxSynchronize` fails during any capture and invalidates it), so the request
+/// fails with out of memory, the capture ends valid, and once it has ended the request is
+/// served, after the other thread's kernels.
+#[test]
+fn out_of_memory_does_not_synchronise_the_device_during_a_capture() {
+    collector_out_of_memory(true);
+}
+
+fn collector_out_of_memory(during_capture: bool) {
     let _s = serial();
     let dev = dev0();
     let k = Kernels::load(&dev).expect("kernels");
@@ -321,6 +334,19 @@ fn out_of_memory_recovers_blocks_freed_for_another_threads_per_thread_stream() {
             pool.free_raw(b).unwrap();
         }
         let s = Stream::builder(&dev).non_blocking(true).build().unwrap();
+        if during_capture {
+            let cap = Stream::builder(&dev).non_blocking(true).build().unwrap();
+            // SAFETY: nothing is captured; the capture is ended below.
+            unsafe { core_graph::begin_capture(&cap, CaptureMode::ThreadLocal) }.unwrap();
+            let refused = pool.malloc_stream(&s, 2 * size);
+            let ended = core_graph::end_capture(&cap);
+            assert!(
+                matches!(refused, Err(PoolError::OutOfMemory { .. })),
+                "during the capture: {refused:?}"
+            );
+            let graph = ended.expect("the capture was not invalidated by the pool");
+            assert_eq!(graph.node_count().unwrap(), 0);
+        }
         let y = pool
             .malloc_stream(&s, 2 * size)
             .expect("the memory freed for the other thread's stream is recovered");

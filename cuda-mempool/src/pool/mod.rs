@@ -415,7 +415,9 @@ impl<B: Backend> MemoryPool<B> {
         let key = private_key.unwrap_or(stream_key);
         if let Some(shard) = table.get_home(key) {
             let mut st = shard.state.lock();
-            if !st.retired && st.key == key && st.stream.is_some() {
+            // History again under the lock: a recording started meanwhile has this shard in
+            // its baseline, and its malloc must be noted (the search does).
+            if !st.retired && st.key == key && st.stream.is_some() && !self.history.is_on() {
                 if let Some(id) = st.take_recent(rounded) {
                     let (addr, generation) = st.mark_live(id, size);
                     drop(st);

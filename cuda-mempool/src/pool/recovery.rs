@@ -1,6 +1,7 @@
 //! The out-of-memory steps: the requesting stream waits for its own `record_stream`
-//! frees, the host waits for every fence and the cache is released, each followed by a
-//! retry; a request that still fails rolls back what it reserved and reports the shortage.
+//! frees, the host waits for every fence (and, for frees on other threads' per-thread
+//! streams, which no fence of this thread covers, for the whole device when no capture may
+//! be running) and the cache is released, each followed by a retry; a request that still fails rolls back what it reserved and reports the shortage.
 
 use crate::backend::Backend;
 use crate::error::{OomCause, PoolError};
@@ -52,8 +53,12 @@ impl<B: Backend> MemoryPool<B> {
                 uncovered.push((other, epoch));
             }
         }
-        // A failed synchronisation leaves those frees as they were: unsafe for other streams.
-        if !uncovered.is_empty() && self.backend.synchronize_device(h.dev.id).is_ok() {
+        // Not while a capture may run on the device (the synchronisation would invalidate it):
+        // those frees then stay out of reach, as a failed synchronisation leaves them.
+        if !uncovered.is_empty()
+            && self.backend.may_synchronize_device(h.dev.id)
+            && self.backend.synchronize_device(h.dev.id).is_ok()
+        {
             for (other, epoch) in uncovered {
                 other.state.lock().covered_up_to(epoch);
             }

@@ -1461,6 +1461,9 @@ fn another_threads_per_thread_stream_is_never_used_from_this_thread() {
         after.record_fence, before.record_fence,
         "no fence on another thread's stream"
     );
+    // The owner thread's stream reuses its own frees at once.
+    let b = pool.malloc(D0, &foreign, 8 * MIB).unwrap();
+    drop(b);
     // The device is full: S1 can have that memory only after the foreign stream's work. No
     // fence can be recorded there from this thread (the handle names this thread's stream),
     // and the pool neither records on nor waits with the foreign handle: out-of-memory
@@ -1957,6 +1960,48 @@ fn per_thread_handle_blocks_freed_by_a_collector_are_never_unmapped_or_lent_unde
     }
 }
 
+/// The same hand-over while a capture runs on the device: the recovery does not synchronise
+/// the device (that would invalidate the capture), so the request fails with out of memory
+/// and nothing is handed out under the other thread's work.
+#[test]
+fn out_of_memory_does_not_synchronise_the_device_during_a_capture() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let pt = SimulatedBackend::PER_THREAD;
+    let sim = pool.backend();
+    let blocks = std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let key = sim.stream_key(&pt).unwrap();
+            let blocks: Vec<_> = (0..4)
+                .map(|_| pool.malloc(D0, &pt, 16 * MIB).unwrap().into_raw())
+                .collect();
+            for b in &blocks {
+                sim.submit_use(D0, key, b.ptr().0, b.size() as u64);
+            }
+            (key, blocks)
+        })
+        .join()
+        .unwrap()
+    });
+    let (key, blocks) = blocks;
+    for b in blocks {
+        pool.free_raw(b).unwrap();
+    }
+    sim.set_capturing(S2, true);
+    let work = sim.submitted(D0, key);
+    let err = pool.malloc(D0, &S0, 32 * MIB).unwrap_err();
+    assert!(matches!(err, PoolError::OutOfMemory { .. }), "{err}");
+    assert!(
+        sim.completed(D0, key) < work,
+        "no device-wide wait during the capture"
+    );
+    sim.set_capturing(S2, false);
+    // Once the capture is over, the same request is served after that work.
+    let mine = pool.malloc(D0, &S0, 32 * MIB).unwrap();
+    sim.check_handout(D0, S0, mine.ptr().0, mine.size() as u64);
+    drop(mine);
+    assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+}
+
 #[test]
 fn out_of_memory_recovers_what_a_collector_freed_on_another_threads_per_thread_stream() {
     // Another thread fills the device on its per-thread stream, uses every block there, and
@@ -2001,5 +2046,51 @@ fn out_of_memory_recovers_what_a_collector_freed_on_another_threads_per_thread_s
         pool.backend().violations().is_empty(),
         "{:?}",
         pool.backend().violations()
+    );
+}
+
+/// A recording started while another thread allocates on the hot path: every free recorded
+/// has its malloc recorded (or the block in the baseline). The hot path once read "no
+/// recording" before taking the shard lock and handed out a block the baseline had just
+/// listed as free, without noting its malloc (found by review; most of 2,000 recordings).
+#[test]
+fn a_recording_started_under_the_hot_path_misses_no_malloc() {
+    use crate::history::{Clock, EventKind, Recorder};
+    use std::sync::atomic::{AtomicBool, Ordering as O};
+    use std::sync::Arc;
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    // The hot path's case: S1's shard holds a recent 4 KiB block.
+    drop(pool.malloc(D0, &S1, 4096).unwrap());
+    let stop = AtomicBool::new(false);
+    let mut unmatched = 0usize;
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(O::Relaxed) {
+                drop(pool.malloc(D0, &S1, 4096).unwrap());
+            }
+        });
+        for _ in 0..300 {
+            let rec = Arc::new(Recorder::new(1 << 16, Clock::Virtual));
+            pool.start_history(Arc::clone(&rec));
+            std::thread::yield_now();
+            pool.stop_history();
+            let history = rec.history();
+            assert_eq!(history.dropped, 0, "the ring held every event");
+            let mut live = std::collections::HashSet::new();
+            for e in history.events {
+                match e.kind {
+                    EventKind::Malloc => {
+                        live.insert(e.addr.0);
+                    }
+                    EventKind::Free if !live.remove(&e.addr.0) => unmatched += 1,
+                    _ => {}
+                }
+            }
+        }
+        stop.store(true, O::Relaxed);
+    });
+    assert_eq!(
+        unmatched, 0,
+        "frees recorded whose malloc the recording lacks"
     );
 }

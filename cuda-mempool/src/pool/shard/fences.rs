@@ -116,13 +116,6 @@ impl<B: Backend> ShardState<B> {
         self.poll_fences(backend)
     }
 
-    /// The attached stream, if the pool may record a fence on it or make it wait from this
-    /// thread now: not while it is being captured (a fence there would be a node of the
-    /// graph; for the legacy stream, the backend counts a capture of a blocking stream of the
-    /// device, which makes the legacy stream unusable), nor when it is another thread's
-    /// per-thread default stream (its handle would name this thread's stream). Frees that
-    /// need a fence then wait, out of cross-stream reuse, for a later call that can record
-    /// one.
     /// The epoch of this shard's frees when some of them are on another thread's per-thread
     /// default stream and no fence covers them (this thread cannot record one there); `None`
     /// otherwise. See [`covered_up_to`](Self::covered_up_to).
@@ -139,6 +132,13 @@ impl<B: Backend> ShardState<B> {
         self.safe_epoch = self.safe_epoch.max(epoch);
     }
 
+    /// The attached stream, if the pool may record a fence on it or make it wait from this
+    /// thread now: not while it is being captured (a fence there would be a node of the
+    /// graph; for the legacy stream, the backend counts a capture of a blocking stream of the
+    /// device, which makes the legacy stream unusable), nor when it is another thread's
+    /// per-thread default stream (its handle would name this thread's stream). Frees that
+    /// need a fence then wait, out of cross-stream reuse, for a later call that can record
+    /// one.
     fn usable_stream(&self, backend: &B) -> Option<&B::Stream> {
         if super::is_other_threads_stream(self.stream_key) {
             return None;

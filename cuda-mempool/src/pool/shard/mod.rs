@@ -38,8 +38,10 @@
 //! Each free stamps the block with the shard's next *epoch*. A fence recorded on the
 //! shard's stream when the epoch is `e` covers every free stamped `<= e`; once it has
 //! completed, `safe_epoch >= e`, and free memory stamped `<= safe_epoch` may be used by
-//! other streams (its pages unmapped and mapped elsewhere). Coalescing keeps the larger
-//! stamp, so a merged range is never considered safe too early.
+//! other streams (its pages unmapped and mapped elsewhere). A synchronisation of the whole
+//! device does the same for the epoch read before it (out-of-memory recovery, for frees on
+//! another thread's per-thread stream, where this thread cannot record a fence). Coalescing
+//! keeps the larger stamp, so a merged range is never considered safe too early.
 //!
 //! # Indexing
 //!

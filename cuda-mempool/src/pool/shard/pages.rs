@@ -152,8 +152,8 @@ impl<B: Backend> ShardState<B> {
                 let va = DeviceAddress(base + i as u64 * page);
                 // SAFETY: page `i` of this segment was mapped at `va` (the table held it) by
                 // this shard through `backend`; it lies wholly inside a free block whose
-                // frees a completed fence covers (`freed_epoch <= safe_epoch`), so no live
-                // block touches it and no work uses it any more.
+                // frees a completed fence or device synchronisation covers (`freed_epoch <=
+                // safe_epoch`), so no live block touches it and no work uses it any more.
                 if let Err(e) = unsafe { backend.unmap(self.device, va, page) } {
                     // Still mapped: back where it was (the slot was just emptied).
                     let _ = pages.put(i, phys);
