@@ -2,6 +2,7 @@
 //! ([`Recorder::with_backtraces`](super::Recorder::with_backtraces)).
 
 use std::backtrace::Backtrace;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 /// One frame of a [`CallStack`], as the standard library resolves it.
@@ -48,29 +49,7 @@ impl CallStack {
     /// (when every frame is such, all are kept). Frames of a library without symbols read
     /// `<unknown>` or borrow the name of the nearest exported function.
     pub fn caller_frames(&self) -> &[Frame] {
-        let all = self.frames();
-        let machinery = |f: &Frame| {
-            let n = f.name.trim_start_matches('<');
-            if n.contains("::tests::") {
-                return false;
-            }
-            [
-                "std::",
-                "core::",
-                "alloc::",
-                "cudars_mempool::",
-                "cudars_mempool_capi::",
-                // The C ABI's exported functions (and, in a stripped library, the name the
-                // nearest export lends to its private functions).
-                "cuda_mempool_",
-            ]
-            .iter()
-            .any(|p| n.starts_with(p))
-        };
-        match all.iter().position(|f| !machinery(f)) {
-            Some(i) => &all[i..],
-            None => all,
-        }
+        callers(self.frames())
     }
 }
 
@@ -126,6 +105,78 @@ fn parse(text: &str) -> Vec<Frame> {
     frames
 }
 
+/// [`CallStack::caller_frames`] of `all`.
+fn callers(all: &[Frame]) -> &[Frame] {
+    let machinery = |f: &Frame| {
+        let n = f.name.trim_start_matches('<');
+        if n.contains("::tests::") {
+            return false;
+        }
+        let named = [
+            "std::",
+            "core::",
+            "alloc::",
+            "cudars_mempool::",
+            "cudars_mempool_capi::",
+            // The C ABI's exported functions (and, in a stripped library, the name the
+            // nearest export lends to its private functions).
+            "cuda_mempool_",
+        ]
+        .iter()
+        .any(|p| n.starts_with(p));
+        // An inlined frame carries its function's bare name in optimised builds
+        // ("capture", "malloc", "call_once<...>"): its source file tells whose it is.
+        named || f.file.as_deref().is_some_and(is_machinery_source)
+    };
+    let mut is_machinery: Vec<bool> = all.iter().map(machinery).collect();
+    // An inlined frame printed without a file, under a bare name ("malloc_in<...>"),
+    // belongs with the frame it was inlined into: the next one outwards.
+    for i in (0..all.len().saturating_sub(1)).rev() {
+        let f = &all[i];
+        let head = f.name.split('<').next().unwrap_or("");
+        if f.file.is_none() && !head.is_empty() && !head.contains("::") {
+            // (Never the other way: a C ABI export's name stays machinery.)
+            is_machinery[i] |= is_machinery[i + 1];
+        }
+    }
+    match is_machinery.iter().position(|m| !m) {
+        Some(i) => &all[i..],
+        None => all,
+    }
+}
+
+/// Whether a frame's source file belongs to the standard library or to this crate's pool and
+/// C ABI (not their test files). The paths are the ones rustc recorded, absolute; the
+/// standard library's print shortens those under the current directory to `./...`, which is
+/// undone here.
+fn is_machinery_source(path: &str) -> bool {
+    if path.starts_with("/rustc/")
+        || ["library/std/", "library/core/", "library/alloc/"]
+            .iter()
+            .any(|d| path.contains(d))
+    {
+        return true;
+    }
+    let file = match path.strip_prefix("./") {
+        Some(rest) => match std::env::current_dir() {
+            Ok(dir) => dir.join(rest),
+            Err(_) => return false,
+        },
+        None => PathBuf::from(path),
+    };
+    if file.file_name().is_some_and(|n| n == "tests.rs") {
+        return false;
+    }
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let capi = crate_dir
+        .parent()
+        .map(|p| p.join("cuda-mempool-capi").join("src"));
+    file.starts_with(crate_dir.join("src"))
+        || capi.is_some_and(|c| file.starts_with(c))
+        // A registry copy of the C ABI crate beside this one.
+        || path.contains("/cudars-mempool-capi-")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +192,63 @@ mod tests {
         assert_eq!(f[2].line, Some(42));
         assert_eq!(f[3].file, None);
         assert_eq!(f[4].name, "<unknown>");
+    }
+
+    /// An optimised build with line tables: inlined frames carry bare names, the pool's
+    /// files absolute or (under the current directory) `./`-relative, one inlined frame no
+    /// file at all; the caller is the first frame outside the standard library and the pool.
+    #[test]
+    fn callers_skip_the_pools_inlined_frames_of_an_optimised_build() {
+        let frame = |name: &str, file: Option<String>| Frame {
+            name: name.to_string(),
+            file,
+            line: Some(1),
+        };
+        let own = |rel: &str| Some(format!("{}/src/{rel}", env!("CARGO_MANIFEST_DIR")));
+        let all = vec![
+            frame(
+                "std::backtrace::Backtrace::force_capture",
+                Some("/rustc/abc/library/std/src/backtrace.rs".into()),
+            ),
+            frame("capture", own("history/stack.rs")),
+            frame(
+                "call_once<fn() -> cudars_mempool::history::stack::CallStack, ()>",
+                Some("/rustc/abc/library/core/src/ops/function.rs".into()),
+            ),
+            frame("record", own("history/mod.rs")),
+            frame(
+                "note_malloc<cudars_mempool::sim::SimulatedBackend>",
+                own("pool/history.rs"),
+            ),
+            frame("malloc_in<cudars_mempool::sim::SimulatedBackend>", None),
+            frame(
+                "malloc<cudars_mempool::sim::SimulatedBackend>",
+                own("pool/mod.rs"),
+            ),
+            frame("train_step", Some("/home/user/app/src/train.rs".into())),
+            frame("main", Some("/home/user/app/src/main.rs".into())),
+        ];
+        let found = callers(&all);
+        assert_eq!(found.first().map(|f| f.name.as_str()), Some("train_step"));
+        assert_eq!(found.len(), 2);
+        // The standard library's print shortens paths under the current directory.
+        let cwd = std::env::current_dir().unwrap();
+        if let Ok(rel) = Path::new(env!("CARGO_MANIFEST_DIR")).strip_prefix(&cwd) {
+            let short = format!("./{}", rel.join("src/pool/mod.rs").display());
+            assert!(is_machinery_source(&short), "{short}");
+        }
+        // The crate's own test files are callers, not machinery.
+        assert!(!is_machinery_source(&own("pool/tests.rs").unwrap()));
+        assert!(is_machinery_source(&own("pool/shard/mod.rs").unwrap()));
+        assert!(!is_machinery_source("/home/user/app/src/pool/mod.rs"));
+        // A stripped C ABI library under Python: the export stays machinery, the
+        // interpreter's frame (no file either) is the caller.
+        let c = vec![
+            frame("cuda_mempool_cupy_malloc", None),
+            frame("_PyObject_Call", None),
+            frame("_PyEval_EvalFrameDefault", None),
+        ];
+        assert_eq!(callers(&c)[0].name, "_PyObject_Call");
     }
 
     #[inline(never)]

@@ -2058,12 +2058,20 @@ fn a_recording_started_under_the_hot_path_misses_no_malloc() {
     use crate::history::{Clock, EventKind, Recorder};
     use std::sync::atomic::{AtomicBool, Ordering as O};
     use std::sync::Arc;
+    /// Stops the allocating thread however the scope ends (a failed check included).
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, O::Relaxed);
+        }
+    }
     let pool = vm_pool(64 * MIB, 2 * MIB);
     // The hot path's case: S1's shard holds a recent 4 KiB block.
     drop(pool.malloc(D0, &S1, 4096).unwrap());
     let stop = AtomicBool::new(false);
-    let mut unmatched = 0usize;
+    let (mut unmatched, mut checked) = (0usize, 0usize);
     std::thread::scope(|sc| {
+        let _stop = Stop(&stop);
         sc.spawn(|| {
             while !stop.load(O::Relaxed) {
                 drop(pool.malloc(D0, &S1, 4096).unwrap());
@@ -2075,7 +2083,11 @@ fn a_recording_started_under_the_hot_path_misses_no_malloc() {
             std::thread::yield_now();
             pool.stop_history();
             let history = rec.history();
-            assert_eq!(history.dropped, 0, "the ring held every event");
+            if history.dropped != 0 {
+                // The ring overflowed (this thread was descheduled): its start is gone.
+                continue;
+            }
+            checked += 1;
             let mut live = std::collections::HashSet::new();
             for e in history.events {
                 match e.kind {
@@ -2087,8 +2099,8 @@ fn a_recording_started_under_the_hot_path_misses_no_malloc() {
                 }
             }
         }
-        stop.store(true, O::Relaxed);
     });
+    assert!(checked > 0, "every recording overflowed its ring");
     assert_eq!(
         unmatched, 0,
         "frees recorded whose malloc the recording lacks"
