@@ -419,22 +419,9 @@ impl<B: Backend> MemoryPool<B> {
             // its baseline, and its malloc must be noted (the search does).
             if !st.retired && st.key == key && st.stream.is_some() && !self.history.is_on() {
                 if let Some(id) = st.take_recent(rounded) {
-                    let (addr, generation) = st.mark_live(id, size);
+                    let served = st.mark_live(id, size);
                     drop(st);
-                    return Ok(Allocation {
-                        pool: self,
-                        shard: Some(shard),
-                        raw: RawAllocation {
-                            id,
-                            generation,
-                            ptr: DeviceAddress(addr),
-                            size,
-                            device: dev.id,
-                            key,
-                            shard_key: key,
-                            private: false,
-                        },
-                    });
+                    return Ok(self.handle(dev.id, shard, key, key, (id, served), size));
                 }
             }
             return self.malloc_search(dev, table, private_key, stream, size, Some((shard, st)));
@@ -506,20 +493,43 @@ impl<B: Backend> MemoryPool<B> {
                     None => continue,
                 },
             };
-            return Ok(Allocation {
-                pool: self,
-                shard: Some(shard),
-                raw: RawAllocation {
-                    id,
-                    generation,
-                    ptr: DeviceAddress(addr),
-                    size,
-                    device: dev.id,
-                    key: stream_key_of_alloc,
-                    shard_key,
-                    private: false,
-                },
-            });
+            return Ok(self.handle(
+                dev.id,
+                shard,
+                stream_key_of_alloc,
+                shard_key,
+                (id, (addr, generation)),
+                size,
+            ));
+        }
+    }
+
+    /// The handle of a block just served: `key` is the stream it was made on, `shard_key` the
+    /// shard holding it (the lender's for a lent block), `served` its id, address and
+    /// generation.
+    #[inline(always)]
+    fn handle<'p>(
+        &'p self,
+        device: DeviceId,
+        shard: &'p Shard<B>,
+        key: StreamKey,
+        shard_key: StreamKey,
+        (id, (addr, generation)): (u32, (u64, u64)),
+        size: u64,
+    ) -> Allocation<'p, B> {
+        Allocation {
+            pool: self,
+            shard: Some(shard),
+            raw: RawAllocation {
+                id,
+                generation,
+                ptr: DeviceAddress(addr),
+                size,
+                device,
+                key,
+                shard_key,
+                private: false,
+            },
         }
     }
 
