@@ -107,6 +107,8 @@ fn parse(text: &str) -> Vec<Frame> {
 
 /// [`CallStack::caller_frames`] of `all`.
 fn callers(all: &[Frame]) -> &[Frame] {
+    // Read once: the standard library's print shortened paths under it.
+    let cwd = std::env::current_dir().ok();
     let machinery = |f: &Frame| {
         let n = f.name.trim_start_matches('<');
         if n.contains("::tests::") {
@@ -126,7 +128,10 @@ fn callers(all: &[Frame]) -> &[Frame] {
         .any(|p| n.starts_with(p));
         // An inlined frame carries its function's bare name in optimised builds
         // ("capture", "malloc", "call_once<...>"): its source file tells whose it is.
-        named || f.file.as_deref().is_some_and(is_machinery_source)
+        named
+            || f.file
+                .as_deref()
+                .is_some_and(|p| is_machinery_source(p, cwd.as_deref()))
     };
     let mut is_machinery: Vec<bool> = all.iter().map(machinery).collect();
     // An inlined frame printed without a file, under a bare name ("malloc_in<...>"),
@@ -148,8 +153,8 @@ fn callers(all: &[Frame]) -> &[Frame] {
 /// Whether a frame's source file belongs to the standard library or to this crate's pool and
 /// C ABI (not their test files). The paths are the ones rustc recorded, absolute; the
 /// standard library's print shortens those under the current directory to `./...`, which is
-/// undone here.
-fn is_machinery_source(path: &str) -> bool {
+/// undone here with `cwd`, the current directory (read once per stack by the caller).
+fn is_machinery_source(path: &str, cwd: Option<&Path>) -> bool {
     if path.starts_with("/rustc/")
         || ["library/std/", "library/core/", "library/alloc/"]
             .iter()
@@ -158,9 +163,9 @@ fn is_machinery_source(path: &str) -> bool {
         return true;
     }
     let file = match path.strip_prefix("./") {
-        Some(rest) => match std::env::current_dir() {
-            Ok(dir) => dir.join(rest),
-            Err(_) => return false,
+        Some(rest) => match cwd {
+            Some(dir) => dir.join(rest),
+            None => return false,
         },
         None => PathBuf::from(path),
     };
@@ -235,12 +240,15 @@ mod tests {
         let cwd = std::env::current_dir().unwrap();
         if let Ok(rel) = Path::new(env!("CARGO_MANIFEST_DIR")).strip_prefix(&cwd) {
             let short = format!("./{}", rel.join("src/pool/mod.rs").display());
-            assert!(is_machinery_source(&short), "{short}");
+            assert!(is_machinery_source(&short, Some(&cwd)), "{short}");
         }
         // The crate's own test files are callers, not machinery.
-        assert!(!is_machinery_source(&own("pool/tests.rs").unwrap()));
-        assert!(is_machinery_source(&own("pool/shard/mod.rs").unwrap()));
-        assert!(!is_machinery_source("/home/user/app/src/pool/mod.rs"));
+        assert!(!is_machinery_source(&own("pool/tests.rs").unwrap(), None));
+        assert!(is_machinery_source(
+            &own("pool/shard/mod.rs").unwrap(),
+            None
+        ));
+        assert!(!is_machinery_source("/home/user/app/src/pool/mod.rs", None));
         // A stripped C ABI library under Python: the export stays machinery, the
         // interpreter's frame (no file either) is the caller.
         let c = vec![
