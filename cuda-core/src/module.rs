@@ -8,7 +8,7 @@
 //!
 //! | what | call |
 //! | --- | --- |
-//! | load PTX text / a cubin / a fatbin, or any of them by its first bytes | [`Module::from_ptx`], [`Module::from_cubin`], [`Module::from_fatbin`], [`Module::from_image`] |
+//! | load PTX text (safe), a cubin / a fatbin, or any of them by its first bytes (`unsafe`: the driver trusts the bytes) | [`Module::from_ptx`], [`Module::from_cubin`], [`Module::from_fatbin`], [`Module::from_image`] |
 //! | a kernel by its (lowered) name | [`Module::function`] |
 //! | its parameters' offsets and sizes (CUDA 12.4+ drivers) | [`Function::param_info`] |
 //! | occupancy: block size for the most resident threads, blocks per SM | [`Function::max_potential_block_size`], [`Function::max_active_blocks_per_sm`] |
@@ -101,16 +101,28 @@ impl Module {
         unsafe { Self::load_data(device, image.as_ptr() as *const c_void, "PTX") }
     }
 
-    /// Loads a cubin (an ELF image for `device`'s architecture, as NVRTC, nvJitLink or
-    /// `nvcc -cubin` make it). The image is checked first (ELF magic, 64-bit, its header,
+    /// Loads a cubin (an ELF image for `device`'s architecture, as NVRTC, nvJitLink, `ptxas`
+    /// or `nvcc -cubin` make it). The image is checked first (ELF magic, 64-bit, its header,
     /// section and program tables inside `image`): anything else is
     /// [`Error::InvalidArgument`], and the driver is not called. A cubin for another
     /// architecture is the driver's `CUDA_ERROR_NO_BINARY_FOR_GPU`, with the JIT log.
-    pub fn from_cubin(device: &Device, image: &[u8]) -> Result<Module> {
+    ///
+    /// # Safety
+    ///
+    /// `image` must be a cubin made by NVIDIA's tools (NVRTC, nvJitLink, `ptxas`, `nvcc`,
+    /// `fatbinary`), unmodified, or come from a source the caller trusts as much. The driver's
+    /// loader (`cuModuleLoadDataEx`, which is given no length) follows the section indices,
+    /// string offsets, symbol indices, relocations and `.nv.info` records inside the image
+    /// without checking them, and the check above covers only the tables' extents: crafted
+    /// or corrupted bytes that pass it can make the loader read or write out of bounds, crash
+    /// or hang the process (reproduced on driver 580 with a changed section-name index, a
+    /// section name offset, a symbol's section index and a relocation offset). Images that
+    /// `cudars-rtc` compiled itself (`Compiled::load`) are loaded safely.
+    pub unsafe fn from_cubin(device: &Device, image: &[u8]) -> Result<Module> {
         check_elf(image)?;
         let aligned = aligned_copy(image);
         // SAFETY: a checked ELF image whose tables lie inside the 8-aligned copy, which
-        // outlives the call.
+        // outlives the call; the caller vouches for everything inside it (see `# Safety`).
         unsafe { Self::load_data(device, aligned.as_ptr() as *const c_void, "cubin") }
     }
 
@@ -118,20 +130,33 @@ impl Module {
     /// the driver picks the cubin for `device`, or JIT-compiles its PTX. Checked first (magic,
     /// and the size its header declares lies inside `image`): anything else is
     /// [`Error::InvalidArgument`], and the driver is not called.
-    pub fn from_fatbin(device: &Device, image: &[u8]) -> Result<Module> {
+    ///
+    /// # Safety
+    ///
+    /// As for [`from_cubin`](Self::from_cubin): the image must come from NVIDIA's tools,
+    /// unmodified, or a source trusted as much; the driver follows the offsets inside it, and
+    /// inside the cubins it holds, without checking them.
+    pub unsafe fn from_fatbin(device: &Device, image: &[u8]) -> Result<Module> {
         check_fatbin(image)?;
         let aligned = aligned_copy(image);
         // SAFETY: a checked fatbin whose declared size lies inside the 8-aligned copy, which
-        // outlives the call.
+        // outlives the call; the caller vouches for everything inside it (see `# Safety`).
         unsafe { Self::load_data(device, aligned.as_ptr() as *const c_void, "fatbin") }
     }
 
     /// Loads any image by its first bytes ([`ImageKind::detect`]): a cubin, a fatbin, or PTX
-    /// text (a trailing NUL is allowed). Anything else is [`Error::InvalidArgument`].
-    pub fn from_image(device: &Device, image: &[u8]) -> Result<Module> {
+    /// text (a trailing NUL is allowed). Anything else is [`Error::InvalidArgument`]. PTX
+    /// alone needs no promise: [`from_ptx`](Self::from_ptx) is safe.
+    ///
+    /// # Safety
+    ///
+    /// A cubin or a fatbin must meet [`from_cubin`](Self::from_cubin)'s contract.
+    pub unsafe fn from_image(device: &Device, image: &[u8]) -> Result<Module> {
         match ImageKind::detect(image) {
-            Some(ImageKind::Cubin) => Self::from_cubin(device, image),
-            Some(ImageKind::Fatbin) => Self::from_fatbin(device, image),
+            // SAFETY: the caller's promise about cubins.
+            Some(ImageKind::Cubin) => unsafe { Self::from_cubin(device, image) },
+            // SAFETY: the caller's promise about fatbins.
+            Some(ImageKind::Fatbin) => unsafe { Self::from_fatbin(device, image) },
             Some(ImageKind::Ptx) => {
                 let text = image.strip_suffix(&[0]).unwrap_or(image);
                 match std::str::from_utf8(text) {
@@ -615,6 +640,9 @@ impl ImageKind {
     /// Checks `image` as [`Module::from_image`] does before the driver reads it: a cubin's
     /// ELF tables and sections, and a fatbin's declared size, must lie inside the bytes; PTX
     /// is any other non-empty text. Returns the kind, or [`Error::InvalidArgument`].
+    ///
+    /// Passing finds truncated and mislabelled images; it does not make bytes safe to load
+    /// (see [`Module::from_cubin`]'s `# Safety`).
     pub fn check(image: &[u8]) -> Result<ImageKind> {
         match ImageKind::detect(image) {
             Some(ImageKind::Cubin) => check_elf(image).map(|()| ImageKind::Cubin),

@@ -2,8 +2,22 @@
 //!
 //! An entry is keyed by a SHA-256 over everything that decides the compiler's output: the
 //! program's name and source, every in-memory header (name and text, in order), every option
-//! (in order), the name expressions, the compiler's version, the architecture and the kind of
-//! output. Change any of them and the key changes.
+//! (in order), the name expressions, every file on disk that the program's `#include`s can
+//! reach (each candidate path and its content's hash: see [`crate::includes`]), the
+//! compiler's version, the architecture and the kind of output. Change any of them and the
+//! key changes. A program whose includes cannot be resolved without the preprocessor (a
+//! computed `#include MACRO`) is compiled every time and never cached
+//! ([`CacheStats::uncacheable`]).
+//!
+//! **Whom the disk cache trusts.** A cubin read from disk goes to the driver's loader, which
+//! does not survive crafted bytes (see `cudars_core::Module::from_cubin`). The cache
+//! therefore reads and writes only a directory owned by the effective user that no other user
+//! may write (mode without group or other write bits; it is created `0700`), and loads only
+//! entries that are regular files (not symbolic links), owned by that user, writable by no
+//! one else. Anything else is counted in [`CacheStats::untrusted`] and never loaded, and
+//! an untrusted directory is not written either (memory only). The checksum beside it finds
+//! accidental damage (a torn write, a flipped bit); it is not a signature: whoever can write
+//! files as this user can plant an entry, as they could plant a library.
 //!
 //! On disk each entry is one file, `<key>.rtc`, in the cache directory:
 //!
@@ -67,6 +81,8 @@ pub(crate) struct KeyInputs<'a> {
     pub headers: &'a [(String, String)],
     pub options: &'a [String],
     pub name_expressions: &'a [String],
+    /// The digest of what the includes reach on disk ([`crate::includes`]).
+    pub disk: [u8; 32],
     pub compiler: (u32, u32),
     pub arch: Arch,
     pub output: Output,
@@ -98,6 +114,7 @@ impl KeyInputs<'_> {
         for e in self.name_expressions {
             field(&mut h, e.as_bytes());
         }
+        h.update(self.disk);
         h.update(self.compiler.0.to_le_bytes());
         h.update(self.compiler.1.to_le_bytes());
         field(&mut h, self.arch.sm().as_bytes());
@@ -250,6 +267,12 @@ pub struct CacheStats {
     pub writes: u64,
     /// Disk writes that failed (the compile still succeeded).
     pub write_failures: u64,
+    /// Compiles that could not be cached: the program's includes could not be resolved
+    /// without the preprocessor, or a file they reach changed while NVRTC ran.
+    pub uncacheable: u64,
+    /// Disk entries or directories refused as untrusted (owned by another user, writable by
+    /// another user, or not a regular file): never loaded.
+    pub untrusted: u64,
 }
 
 #[derive(Default)]
@@ -260,6 +283,8 @@ struct Counters {
     corrupt: AtomicU64,
     writes: AtomicU64,
     write_failures: AtomicU64,
+    uncacheable: AtomicU64,
+    untrusted: AtomicU64,
 }
 
 /// Compiled programs in memory (per process) and on disk (per user; shared by processes).
@@ -351,7 +376,14 @@ impl Cache {
             corrupt: c.corrupt.load(Ordering::Relaxed),
             writes: c.writes.load(Ordering::Relaxed),
             write_failures: c.write_failures.load(Ordering::Relaxed),
+            uncacheable: c.uncacheable.load(Ordering::Relaxed),
+            untrusted: c.untrusted.load(Ordering::Relaxed),
         }
+    }
+
+    /// Counts a compile that could not be cached.
+    pub(crate) fn note_uncacheable(&self) {
+        self.counters.uncacheable.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Forgets the in-memory entries (the disk keeps its own).
@@ -372,7 +404,15 @@ impl Cache {
             return Some((Arc::clone(e), Origin::Memory));
         }
         if let Some(path) = self.entry_path(key) {
-            if let Ok(bytes) = fs::read(&path) {
+            let read = match trust::read_entry(&path) {
+                trust::Read::Bytes(bytes) => Some(bytes),
+                trust::Read::Missing => None,
+                trust::Read::Untrusted => {
+                    self.counters.untrusted.fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+            };
+            if let Some(bytes) = read {
                 match Entry::decode(&bytes, key) {
                     Some(entry) => {
                         let entry = Arc::new(entry);
@@ -397,6 +437,11 @@ impl Cache {
         if let Some(path) = self.entry_path(key) {
             match write_atomically(&path, &entry.encode(key)) {
                 Ok(()) => self.counters.writes.fetch_add(1, Ordering::Relaxed),
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    // An untrusted directory (see the module): memory only.
+                    self.counters.untrusted.fetch_add(1, Ordering::Relaxed);
+                    self.counters.write_failures.fetch_add(1, Ordering::Relaxed)
+                }
                 Err(_) => self.counters.write_failures.fetch_add(1, Ordering::Relaxed),
             };
         }
@@ -404,11 +449,91 @@ impl Cache {
     }
 }
 
+/// The disk cache's trust checks (see the [module](self)).
+mod trust {
+    use std::fs;
+    use std::io::Read as _;
+    use std::path::Path;
+
+    /// What reading an entry gave.
+    pub(super) enum Read {
+        Bytes(Vec<u8>),
+        Missing,
+        Untrusted,
+    }
+
+    /// Whether `meta` is owned by this process's effective user and writable by no one
+    /// else.
+    #[cfg(unix)]
+    pub(super) fn owned_and_private(meta: &fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        meta.uid() == rustix::process::geteuid().as_raw() && meta.mode() & 0o022 == 0
+    }
+
+    #[cfg(not(unix))]
+    pub(super) fn owned_and_private(_meta: &fs::Metadata) -> bool {
+        true
+    }
+
+    /// The directory `dir` exists (created `0700` if it did not), is a directory (a symbolic
+    /// link to one is followed), and is owned by this user and writable by no one else.
+    pub(super) fn directory(dir: &Path, create: bool) -> std::io::Result<bool> {
+        if create && !dir.exists() {
+            let mut b = fs::DirBuilder::new();
+            b.recursive(true);
+            #[cfg(unix)]
+            std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+            b.create(dir)?;
+        }
+        let meta = fs::metadata(dir)?;
+        Ok(meta.is_dir() && owned_and_private(&meta))
+    }
+
+    /// Reads the entry at `path` if its directory and the file itself pass the checks. The
+    /// file is opened without following a symbolic link, and its owner and mode are read
+    /// from the open file, so it cannot be swapped between the check and the read.
+    pub(super) fn read_entry(path: &Path) -> Read {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        match directory(dir, false) {
+            Ok(true) => {}
+            Ok(false) => return Read::Untrusted,
+            Err(_) => return Read::Missing,
+        }
+        let mut options = fs::OpenOptions::new();
+        options.read(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::custom_flags(
+            &mut options,
+            rustix::fs::OFlags::NOFOLLOW.bits() as i32,
+        );
+        let mut file = match options.open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Read::Missing,
+            // A symbolic link (ELOOP) or a file we may not read.
+            Err(_) => return Read::Untrusted,
+        };
+        match file.metadata() {
+            Ok(m) if m.is_file() && owned_and_private(&m) => {}
+            _ => return Read::Untrusted,
+        }
+        let mut bytes = Vec::new();
+        match file.read_to_end(&mut bytes) {
+            Ok(_) => Read::Bytes(bytes),
+            Err(_) => Read::Missing,
+        }
+    }
+}
+
 /// Writes `bytes` to a temporary file beside `path`, syncs it and renames it over `path`, so
 /// readers see the old file or the new one whole. The temporary file is removed on failure.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
+    if !trust::directory(dir, true)? {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the cache directory is owned or writable by another user",
+        ));
+    }
     let name = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -419,7 +544,11 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()>
         TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
     ));
     let written = (|| {
-        let mut f = fs::File::create(&temp)?;
+        let mut options = fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut f = options.open(&temp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         drop(f);
@@ -447,6 +576,7 @@ mod tests {
             headers,
             options,
             name_expressions: exprs,
+            disk: [0; 32],
             compiler: (13, 0),
             arch: Arch::new(9, 0),
             output: Output::Cubin,
@@ -502,6 +632,10 @@ mod tests {
             },
             KeyInputs {
                 name: "other.cu",
+                ..base
+            },
+            KeyInputs {
+                disk: [1; 32],
                 ..base
             },
         ];
@@ -668,6 +802,57 @@ mod tests {
         assert_eq!(cache.stats().write_failures, 1);
         assert!(cache.get(&key).is_some(), "still served from memory");
         fs::remove_file(&file).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn entries_and_directories_others_may_write_are_never_loaded() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = temp_dir("trust");
+        let key = inputs("src", &[], &[], &[]).key();
+        Cache::in_dir(&dir).put(&key, entry());
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700, "the directory is created private");
+        let path = Cache::in_dir(&dir).entry_path(&key).unwrap();
+        assert_eq!(mode(&path), 0o600, "entries are written private");
+        let expect_untrusted = |why: &str| {
+            let c = Cache::in_dir(&dir);
+            assert!(c.get(&key).is_none(), "{why}: not loaded");
+            assert_eq!(c.stats().untrusted, 1, "{why}: counted");
+        };
+        // An entry another user may write.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).unwrap();
+        expect_untrusted("a world-writable entry");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(
+            Cache::in_dir(&dir).get(&key).is_some(),
+            "private again: loaded"
+        );
+        // A symbolic link in place of the entry (to a whole, valid entry elsewhere).
+        let elsewhere = dir.join("elsewhere");
+        fs::rename(&path, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        expect_untrusted("a symbolic link");
+        fs::remove_file(&path).unwrap();
+        fs::rename(&elsewhere, &path).unwrap();
+        // An entry owned by another user (only root can make one).
+        if rustix::process::geteuid().is_root() {
+            let nobody = rustix::process::Uid::from_raw(65534);
+            rustix::fs::chown(&path, Some(nobody), None).unwrap();
+            expect_untrusted("another user's entry");
+            rustix::fs::chown(&path, Some(rustix::process::geteuid()), None).unwrap();
+        }
+        // A directory others may write: nothing is read from it, or written to it.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        expect_untrusted("a world-writable directory");
+        let c = Cache::in_dir(&dir);
+        let other = inputs("other", &[], &[], &[]).key();
+        c.put(&other, entry());
+        assert!(!c.entry_path(&other).unwrap().exists(), "not written there");
+        assert_eq!((c.stats().writes, c.stats().untrusted), (0, 1));
+        assert!(c.get(&other).is_some(), "still served from memory");
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! | module | what | CuPy / cuda.core |
 //! | --- | --- | --- |
 //! | [`program`] | [`Program`]: source, in-memory headers, options, name expressions, architecture from a [`Device`](cudars_core::Device) or given; [`Output`] PTX, cubin, LTO-IR, or LTO-IR linked by nvJitLink; [`Compiled`] with the log and lowered names | `RawModule(code=...)`, `cuda.core.Program` |
-//! | [`cache`] | [`Cache`]: in memory, and on disk in `$CUDA_RTC_CACHE_DIR` (default `~/.cache/cudars-rtc`), keyed by SHA-256 of everything that decides the output, written by rename, checksummed | `compile_with_cache`, `CUPY_CACHE_DIR` |
+//! | [`cache`] | [`Cache`]: in memory, and on disk in `$CUDA_RTC_CACHE_DIR` (default `~/.cache/cudars-rtc`), keyed by SHA-256 of everything that decides the output, the files its includes reach included; written by rename, checksummed, read only from a directory and files of this user's that no one else may write | `compile_with_cache`, `CUPY_CACHE_DIR` |
+//! | [`includes`] | what a program's `#include`s can reach on disk, for the key | - |
 //! | [`kernel`] | [`KernelModule`] (a loaded program), [`Kernel`]: lookup by name or name expression, parameter info, occupancy, checked and unchecked launches | `RawKernel` |
 //! | [`args`] | [`KernelArg`], [`KernelArgs`]: device views as pointers (marked on the stream), scalars and [`ByValue`] structs by value | - |
 //! | [`link`] | [`Linker`]: nvJitLink over cubin, PTX and LTO-IR | `cuda.core.Linker` |
@@ -48,6 +49,7 @@ pub mod args;
 pub mod cache;
 pub mod compiler;
 pub mod error;
+pub mod includes;
 pub mod kernel;
 pub mod link;
 pub mod program;

@@ -20,8 +20,8 @@ use crate::error::{link_error, Error, Result};
 /// let b = Program::new("__device__ float twice(float v) { return 2 * v; }")
 ///     .option("-rdc=true").arch(arch).output(Output::LtoIr).compile()?;
 /// let mut linker = Linker::new(Compiler::global()?, arch, &["-lto"])?;
-/// linker.add_ltoir(a.image(), "a")?;
-/// linker.add_ltoir(b.image(), "b")?;
+/// linker.add_compiled(&a)?;
+/// linker.add_compiled(&b)?;
 /// let (cubin, _log) = linker.finish()?;
 /// # Ok::<(), cudars_rtc::Error>(())
 /// ```
@@ -72,9 +72,31 @@ impl<'a> Linker<'a> {
         self.check(r, "nvJitLinkAddData")
     }
 
-    /// Adds LTO-IR ([`Output::LtoIr`](crate::Output::LtoIr)).
-    pub fn add_ltoir(&mut self, data: &[u8], name: &str) -> Result<()> {
+    /// Adds LTO-IR ([`Output::LtoIr`](crate::Output::LtoIr)) as bytes.
+    ///
+    /// # Safety
+    ///
+    /// `data` must be LTO-IR made by NVIDIA's tools (NVRTC with `-dlto`, `nvcc -dlto`),
+    /// unmodified, or come from a source trusted as much: nvJitLink parses the bytes as
+    /// NVVM bitcode and does not promise to survive crafted input.
+    /// [`add_compiled`](Self::add_compiled) needs no such promise.
+    pub unsafe fn add_ltoir(&mut self, data: &[u8], name: &str) -> Result<()> {
         self.add(nvJitLinkInputType::NVJITLINK_INPUT_LTOIR, data, name)
+    }
+
+    /// Adds a program this crate compiled ([`Output::LtoIr`](crate::Output::LtoIr),
+    /// [`Output::Ptx`](crate::Output::Ptx), [`Output::Cubin`](crate::Output::Cubin) or
+    /// [`Output::LtoCubin`](crate::Output::LtoCubin)), under its name.
+    pub fn add_compiled(&mut self, compiled: &crate::Compiled) -> Result<()> {
+        use crate::Output;
+        let kind = match compiled.output() {
+            Output::LtoIr => nvJitLinkInputType::NVJITLINK_INPUT_LTOIR,
+            Output::Ptx => nvJitLinkInputType::NVJITLINK_INPUT_PTX,
+            Output::Cubin | Output::LtoCubin => nvJitLinkInputType::NVJITLINK_INPUT_CUBIN,
+        };
+        // The image is NVRTC's or nvJitLink's own output (compiled in this process, or read
+        // from a cache entry this user wrote): what nvJitLink was made to read.
+        self.add(kind, compiled.image(), compiled.name())
     }
 
     /// Adds PTX text.
@@ -86,8 +108,14 @@ impl<'a> Linker<'a> {
         )
     }
 
-    /// Adds a cubin.
-    pub fn add_cubin(&mut self, data: &[u8], name: &str) -> Result<()> {
+    /// Adds a cubin as bytes.
+    ///
+    /// # Safety
+    ///
+    /// `data` must be a cubin made by NVIDIA's tools, unmodified, or come from a source
+    /// trusted as much (the contract of `cudars_core::Module::from_cubin`): nvJitLink follows
+    /// the indices and offsets inside it.
+    pub unsafe fn add_cubin(&mut self, data: &[u8], name: &str) -> Result<()> {
         self.add(nvJitLinkInputType::NVJITLINK_INPUT_CUBIN, data, name)
     }
 
@@ -143,6 +171,16 @@ impl<'a> Linker<'a> {
         }?;
         self.check(r, "nvJitLinkGetLinkedCubin")?;
         Ok((cubin, self.log(true)))
+    }
+
+    /// Links and loads the cubin on `device`: the module, and nvJitLink's info log. Safe
+    /// where loading [`finish`](Self::finish)'s bytes yourself is not: these are nvJitLink's
+    /// own output, never touched in between.
+    pub fn load(self, device: &cudars_core::Device) -> Result<(crate::KernelModule, String)> {
+        let (cubin, log) = self.finish()?;
+        // SAFETY: nvJitLink's linked cubin, unmodified (it has not left this function).
+        let module = unsafe { cudars_core::Module::from_cubin(device, &cubin)? };
+        Ok((crate::KernelModule::new(module, Vec::new(), None), log))
     }
 }
 

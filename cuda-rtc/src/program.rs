@@ -12,6 +12,7 @@ use crate::arch::Arch;
 use crate::cache::{Cache, CacheKey, Entry, KeyInputs, Origin};
 use crate::compiler::Compiler;
 use crate::error::{check, nvrtc_error, Error, Result};
+use crate::includes::{self, Scan};
 use crate::kernel::KernelModule;
 use crate::link::Linker;
 
@@ -160,7 +161,8 @@ impl<'c> Program<'c> {
         self.option("--use_fast_math")
     }
 
-    /// `-I<dir>`: headers on disk.
+    /// `-I<dir>`: headers on disk. The cache key covers the files found there (see
+    /// [`crate::includes`]).
     pub fn include_path(self, dir: impl AsRef<std::path::Path>) -> Self {
         self.option(format!("-I{}", dir.as_ref().display()))
     }
@@ -226,19 +228,39 @@ impl<'c> Program<'c> {
         all
     }
 
-    /// The cache key of this program with `compiler`.
-    pub fn cache_key(&self, compiler: &Compiler) -> Result<CacheKey> {
+    /// The cache key of this program with `compiler`, as of now: it covers the files its
+    /// `#include`s reach on disk (see [`crate::includes`]), so it changes when they do.
+    /// `None` when the program cannot be cached (a computed `#include MACRO`, too many files
+    /// reached): such a program is compiled every time.
+    pub fn cache_key(&self, compiler: &Compiler) -> Result<Option<CacheKey>> {
         let arch = self.arch.ok_or_else(no_arch)?;
-        Ok(self.key_inputs(compiler, arch).key())
+        Ok(match self.scan_includes() {
+            Scan::Complete { digest, .. } => Some(self.key_inputs(compiler, arch, digest).key()),
+            Scan::Uncacheable(_) => None,
+        })
     }
 
-    fn key_inputs<'a>(&'a self, compiler: &Compiler, arch: Arch) -> KeyInputs<'a> {
+    /// Why this program cannot be cached, if it cannot: [`compile`](Self::compile) then runs
+    /// NVRTC every time. `None` when it can.
+    pub fn uncacheable_reason(&self) -> Option<String> {
+        match self.scan_includes() {
+            Scan::Complete { .. } => None,
+            Scan::Uncacheable(why) => Some(why),
+        }
+    }
+
+    fn scan_includes(&self) -> Scan {
+        includes::scan(&self.name, &self.source, &self.headers, &self.options)
+    }
+
+    fn key_inputs<'a>(&'a self, compiler: &Compiler, arch: Arch, disk: [u8; 32]) -> KeyInputs<'a> {
         KeyInputs {
             name: &self.name,
             source: &self.source,
             headers: &self.headers,
             options: &self.options,
             name_expressions: &self.name_expressions,
+            disk,
             compiler: compiler.version(),
             arch,
             output: self.output,
@@ -253,27 +275,53 @@ impl<'c> Program<'c> {
     }
 
     /// Compiles with `compiler`, through the cache chosen.
+    ///
+    /// The key covers every file the program's `#include`s can reach on disk (see
+    /// [`crate::includes`]); a program whose includes cannot be resolved without the
+    /// preprocessor ([`uncacheable_reason`](Self::uncacheable_reason)) is compiled every
+    /// time and never cached ([`CacheStats::uncacheable`](crate::CacheStats::uncacheable)),
+    /// and so is one whose headers changed while NVRTC read them.
     pub fn compile_with(&self, compiler: &Compiler) -> Result<Compiled> {
         let arch = self.arch.ok_or_else(no_arch)?;
-        let key = self.key_inputs(compiler, arch).key();
         let cache = match self.cache {
             CacheChoice::Global => Some(Cache::global()),
             CacheChoice::This(c) => Some(c),
             CacheChoice::None => None,
         };
-        if let Some((entry, origin)) = cache.and_then(|c| c.get(&key)) {
-            return Ok(Compiled {
-                entry,
-                key,
-                origin,
-                name: self.name.clone(),
-            });
+        let before = match (cache, self.scan_includes()) {
+            (Some(_), Scan::Complete { digest, .. }) => Some(digest),
+            (Some(c), Scan::Uncacheable(_)) => {
+                c.note_uncacheable();
+                None
+            }
+            (None, _) => None,
+        };
+        // An uncached compile still gets a key: of the program's own inputs, with no files.
+        let key = self
+            .key_inputs(compiler, arch, before.unwrap_or([0xff; 32]))
+            .key();
+        if let (Some(c), Some(_)) = (cache, before) {
+            if let Some((entry, origin)) = c.get(&key) {
+                return Ok(Compiled {
+                    entry,
+                    key,
+                    origin,
+                    name: self.name.clone(),
+                });
+            }
         }
         compiler.check_arch(arch)?;
         let entry = self.run_nvrtc(compiler, arch)?;
-        let entry = match cache {
-            Some(c) => c.put(&key, entry),
-            None => Arc::new(entry),
+        let entry = match (cache, before) {
+            // Only if nothing the compiler may have read changed while it ran.
+            (Some(c), Some(digest)) => match self.scan_includes() {
+                Scan::Complete { digest: after, .. } if after == digest => c.put(&key, entry),
+                _ => {
+                    c.note_uncacheable();
+                    Arc::new(entry)
+                }
+            },
+            _ => Arc::new(entry),
         };
         Ok(Compiled {
             entry,
@@ -416,7 +464,8 @@ impl<'c> Program<'c> {
         drop(program);
         if self.output == Output::LtoCubin {
             let mut linker = Linker::new(compiler, arch, &["-lto"])?;
-            linker.add_ltoir(&image, &self.name)?;
+            // SAFETY: NVRTC's LTO-IR, made just above.
+            unsafe { linker.add_ltoir(&image, &self.name)? };
             let (cubin, link_log) = linker.finish()?;
             image = cubin;
             if !link_log.trim().is_empty() {
@@ -596,11 +645,17 @@ impl Compiled {
                     self.ptx()
                         .ok_or_else(|| Error::InvalidArgument("PTX is not UTF-8".into()))?,
                 )?,
+                // The image is NVRTC's or nvJitLink's output, unmodified: compiled in this
+                // process, or read from a disk cache entry that this user wrote (the cache
+                // refuses entries and directories that another user owns or may write, and a
+                // checksum finds accidental damage; see `cache`).
                 Output::Cubin | Output::LtoCubin => match ImageKind::detect(&self.entry.image) {
-                    Some(ImageKind::Fatbin) => {
+                    // SAFETY: NVIDIA's tools made the image (above).
+                    Some(ImageKind::Fatbin) => unsafe {
                         cudars_core::Module::from_fatbin(device, &self.entry.image)?
-                    }
-                    _ => cudars_core::Module::from_cubin(device, &self.entry.image)?,
+                    },
+                    // SAFETY: NVIDIA's tools made the image (above).
+                    _ => unsafe { cudars_core::Module::from_cubin(device, &self.entry.image)? },
                 },
             };
         Ok(KernelModule::new(

@@ -312,3 +312,115 @@ fn concurrent_compiles_of_one_source_leave_one_valid_entry() {
     assert_eq!(hit.origin(), Origin::Disk);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Soundness round 3, item 1: a header included from disk (`-I<dir>`) changes, and the same
+/// program compiles again. The old key hashed the option string only, so the memory cache
+/// (and, in a later process, the disk cache) returned the image of the old header.
+#[test]
+fn an_edited_header_on_disk_is_compiled_again_not_served_stale() {
+    let root = temp_dir("stale-header");
+    let inc = root.join("include");
+    std::fs::create_dir_all(&inc).unwrap();
+    std::fs::write(inc.join("bound.h"), "#define BOUND 1111\n").unwrap();
+    let src = r#"
+        #include "bound.h"
+        extern "C" __global__ void k(int* out) { out[0] = BOUND; }
+    "#;
+    let cache = Cache::in_dir(root.join("cache"));
+    let program = || {
+        Program::new(src)
+            .include_path(&inc)
+            .arch(HOPPER)
+            .output(Output::Ptx)
+            .cache(&cache)
+    };
+    let first = program().compile_with(compiler()).unwrap();
+    assert_eq!(first.origin(), Origin::Compiled);
+    assert!(first.ptx().unwrap().contains("1111"));
+    // Unchanged: a memory hit.
+    assert_eq!(
+        program().compile_with(compiler()).unwrap().origin(),
+        Origin::Memory
+    );
+    // The header changes: compiled again, with the new value, under another key.
+    std::fs::write(inc.join("bound.h"), "#define BOUND 2222\n").unwrap();
+    let second = program().compile_with(compiler()).unwrap();
+    assert_eq!(
+        second.origin(),
+        Origin::Compiled,
+        "served stale from memory"
+    );
+    let text = second.ptx().unwrap();
+    assert!(text.contains("2222") && !text.contains("1111"), "{text}");
+    assert_ne!(first.key(), second.key());
+    // A later process (a fresh cache over the same directory) with the old header back gets
+    // the old entry from disk, and with the new one the new entry: each as compiled.
+    std::fs::write(inc.join("bound.h"), "#define BOUND 1111\n").unwrap();
+    let later = Cache::in_dir(root.join("cache"));
+    let again = Program::new(src)
+        .include_path(&inc)
+        .arch(HOPPER)
+        .output(Output::Ptx)
+        .cache(&later)
+        .compile_with(compiler())
+        .unwrap();
+    assert_eq!(again.origin(), Origin::Disk);
+    assert!(again.ptx().unwrap().contains("1111"));
+    // A header that appears earlier in the search path shadows the old one: a new key too.
+    let front = root.join("front");
+    std::fs::create_dir_all(&front).unwrap();
+    std::fs::write(front.join("bound.h"), "#define BOUND 3333\n").unwrap();
+    let shadowed = Program::new(src)
+        .include_path(&front)
+        .include_path(&inc)
+        .arch(HOPPER)
+        .output(Output::Ptx)
+        .cache(&cache)
+        .compile_with(compiler())
+        .unwrap();
+    assert!(shadowed.ptx().unwrap().contains("3333"));
+    std::fs::write(front.join("bound.h"), "#define BOUND 4444\n").unwrap();
+    let reshadowed = Program::new(src)
+        .include_path(&front)
+        .include_path(&inc)
+        .arch(HOPPER)
+        .output(Output::Ptx)
+        .cache(&cache)
+        .compile_with(compiler())
+        .unwrap();
+    assert_eq!(reshadowed.origin(), Origin::Compiled);
+    assert!(reshadowed.ptx().unwrap().contains("4444"));
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A computed `#include` cannot be keyed without the preprocessor: such a program compiles
+/// every time (the right kernel), is never cached, and says why.
+#[test]
+fn a_computed_include_is_compiled_every_time() {
+    let root = temp_dir("computed");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("v.h"), "#define V 5\n").unwrap();
+    let src =
+        "#define HDR \"v.h\"\n#include HDR\nextern \"C\" __global__ void k(int* o) { o[0] = V; }\n";
+    let cache = Cache::memory_only();
+    let p = Program::new(src)
+        .include_path(&root)
+        .arch(HOPPER)
+        .output(Output::Ptx)
+        .cache(&cache);
+    assert!(p.uncacheable_reason().unwrap().contains("macro"));
+    assert!(p.cache_key(compiler()).unwrap().is_none());
+    for value in ["5", "6"] {
+        std::fs::write(root.join("v.h"), format!("#define V {value}\n")).unwrap();
+        let c = p.compile_with(compiler()).unwrap();
+        assert_eq!(c.origin(), Origin::Compiled);
+        assert!(
+            c.ptx().unwrap().contains(&format!(", {value};")),
+            "{}",
+            c.ptx().unwrap()
+        );
+    }
+    let st = cache.stats();
+    assert_eq!((st.uncacheable, st.memory_hits, st.writes), (2, 0, 0));
+    std::fs::remove_dir_all(&root).unwrap();
+}

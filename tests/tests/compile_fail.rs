@@ -19,6 +19,7 @@
 //! | a pool fence's event cannot be taken out, and a fence cannot be cloned or forged | `pool_fence_event_private`, `pool_fence_not_clone`, `pool_fence_not_constructible` |
 //! | a private pool's hold is released once | `pool_private_hold_not_clone` |
 //! | an IPC-exported block goes back to the pool at once only on an `unsafe` word | `pool_exported_block_release_needs_unsafe` |
+//! | image bytes reach the driver's loader or nvJitLink only on an `unsafe` word | `module_image_load_needs_unsafe`, `rtc_linker_bytes_need_unsafe` |
 //!
 //! (`cuda-nccl` keeps its own suite, `cuda-nccl/tests/ui`: a communicator cannot be shared
 //! between threads, a group guard cannot cross them.)

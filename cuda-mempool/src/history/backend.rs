@@ -273,7 +273,286 @@ unsafe impl<B: Backend> Backend for RecordingBackend<B> {
         self.inner.synchronize_device(device)
     }
 
+    fn may_synchronize_device(&self, device: DeviceId) -> bool {
+        // Not the trait's default (`true`): the wrapped driver backend says `false` while a
+        // capture may run, and a device-wide wait then would invalidate that capture.
+        self.inner.may_synchronize_device(device)
+    }
+
     fn release_fence(&self, fence: Self::Fence) {
         self.inner.release_fence(fence)
+    }
+
+    fn set_recorder(&self, recorder: Option<Arc<super::Recorder>>) {
+        // The wrapped backend records too when asked (a pool's `start_history`); this
+        // wrapper keeps recording into its own recorder as well.
+        self.inner.set_recorder(recorder)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every method of [`Backend`] is forwarded: a wrapper that leaves one to the trait's
+    //! default silently changes the wrapped backend's answer (the default
+    //! `may_synchronize_device` is `true`, which let the out-of-memory recovery synchronise
+    //! the device during another thread's capture).
+
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    use super::RecordingBackend;
+    use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamKey};
+    use crate::history::{Clock, Recorder};
+    use crate::sim::SimulatedBackend;
+
+    /// A simulated backend that counts the calls of every method and answers each provided
+    /// method with something its default never says.
+    struct Probe {
+        sim: SimulatedBackend,
+        calls: Mutex<BTreeMap<&'static str, usize>>,
+    }
+
+    impl Probe {
+        fn hit(&self, name: &'static str) {
+            *self.calls.lock().unwrap().entry(name).or_default() += 1;
+        }
+    }
+
+    // SAFETY: every method forwards to the simulated backend, which keeps the trait's
+    // promises; the overridden provided methods answer questions only (no memory, page or
+    // fence is touched by them).
+    unsafe impl Backend for Probe {
+        type Stream = <SimulatedBackend as Backend>::Stream;
+        type Fence = <SimulatedBackend as Backend>::Fence;
+        type Physical = <SimulatedBackend as Backend>::Physical;
+        type Error = <SimulatedBackend as Backend>::Error;
+        fn device_count(&self) -> Result<u32, Self::Error> {
+            self.hit("device_count");
+            self.sim.device_count()
+        }
+        fn device_info(&self, device: DeviceId) -> Result<DeviceInfo, Self::Error> {
+            self.hit("device_info");
+            self.sim.device_info(device)
+        }
+        fn allocate(&self, d: DeviceId, size: u64) -> Result<Option<DeviceAddress>, Self::Error> {
+            self.hit("allocate");
+            self.sim.allocate(d, size)
+        }
+        unsafe fn deallocate(
+            &self,
+            d: DeviceId,
+            p: DeviceAddress,
+            size: u64,
+        ) -> Result<(), Self::Error> {
+            self.hit("deallocate");
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.sim.deallocate(d, p, size) }
+        }
+        fn reserve_address_range(
+            &self,
+            d: DeviceId,
+            size: u64,
+        ) -> Result<Option<DeviceAddress>, Self::Error> {
+            self.hit("reserve_address_range");
+            self.sim.reserve_address_range(d, size)
+        }
+        unsafe fn release_address_range(
+            &self,
+            d: DeviceId,
+            b: DeviceAddress,
+            size: u64,
+        ) -> Result<(), Self::Error> {
+            self.hit("release_address_range");
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.sim.release_address_range(d, b, size) }
+        }
+        fn create_physical(
+            &self,
+            d: DeviceId,
+            size: u64,
+        ) -> Result<Option<Self::Physical>, Self::Error> {
+            self.hit("create_physical");
+            self.sim.create_physical(d, size)
+        }
+        unsafe fn release_physical(
+            &self,
+            d: DeviceId,
+            page: Self::Physical,
+        ) -> Result<(), Self::Error> {
+            self.hit("release_physical");
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.sim.release_physical(d, page) }
+        }
+        unsafe fn map(
+            &self,
+            d: DeviceId,
+            a: DeviceAddress,
+            page: &Self::Physical,
+        ) -> Result<(), Self::Error> {
+            self.hit("map");
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.sim.map(d, a, page) }
+        }
+        unsafe fn map_run(
+            &self,
+            d: DeviceId,
+            a: DeviceAddress,
+            page_size: u64,
+            pages: &[&Self::Physical],
+        ) -> Result<(), MapRunFailure<Self::Error>> {
+            self.hit("map_run");
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.sim.map_run(d, a, page_size, pages) }
+        }
+        unsafe fn unmap(
+            &self,
+            d: DeviceId,
+            a: DeviceAddress,
+            size: u64,
+        ) -> Result<(), Self::Error> {
+            self.hit("unmap");
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.sim.unmap(d, a, size) }
+        }
+        fn stream_key(&self, s: &Self::Stream) -> Result<StreamKey, crate::PoolError> {
+            self.hit("stream_key");
+            self.sim.stream_key(s)
+        }
+        fn may_release_stream(&self, s: &Self::Stream) -> bool {
+            self.hit("may_release_stream");
+            self.sim.may_release_stream(s)
+        }
+        fn retain_stream(&self, s: &Self::Stream) -> Self::Stream {
+            self.hit("retain_stream");
+            self.sim.retain_stream(s)
+        }
+        fn stream_released(&self, s: Self::Stream) {
+            self.hit("stream_released");
+            self.sim.stream_released(s)
+        }
+        fn record_fence(&self, d: DeviceId, s: &Self::Stream) -> Result<Self::Fence, Self::Error> {
+            self.hit("record_fence");
+            self.sim.record_fence(d, s)
+        }
+        fn synchronize_stream(&self, s: &Self::Stream) -> Result<(), Self::Error> {
+            self.hit("synchronize_stream");
+            self.sim.synchronize_stream(s)
+        }
+        fn fence_completed(&self, f: &Self::Fence) -> Result<bool, Self::Error> {
+            self.hit("fence_completed");
+            self.sim.fence_completed(f)
+        }
+        fn wait_fence(&self, f: &Self::Fence) -> Result<(), Self::Error> {
+            self.hit("wait_fence");
+            self.sim.wait_fence(f)
+        }
+        fn stream_wait_fence(
+            &self,
+            d: DeviceId,
+            s: &Self::Stream,
+            f: &Self::Fence,
+        ) -> Result<(), Self::Error> {
+            self.hit("stream_wait_fence");
+            self.sim.stream_wait_fence(d, s, f)
+        }
+        fn is_capturing(&self, _s: &Self::Stream) -> bool {
+            self.hit("is_capturing");
+            true
+        }
+        fn capture_id(&self, _s: &Self::Stream) -> Option<u64> {
+            self.hit("capture_id");
+            Some(77)
+        }
+        fn synchronize_device(&self, d: DeviceId) -> Result<(), Self::Error> {
+            self.hit("synchronize_device");
+            self.sim.synchronize_device(d)
+        }
+        fn may_synchronize_device(&self, _d: DeviceId) -> bool {
+            self.hit("may_synchronize_device");
+            false
+        }
+        fn release_fence(&self, f: Self::Fence) {
+            self.hit("release_fence");
+            self.sim.release_fence(f)
+        }
+        fn set_recorder(&self, _r: Option<Arc<Recorder>>) {
+            self.hit("set_recorder");
+        }
+    }
+
+    /// The names of the methods the `Backend` trait declares, read from its source.
+    fn trait_methods() -> Vec<String> {
+        let src = include_str!("../backend.rs");
+        let start = src.find("pub unsafe trait Backend").expect("the trait");
+        let body = &src[start..];
+        let end = body.find("\n}\n").expect("the trait's end");
+        let mut names: Vec<String> = body[..end]
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim_start();
+                let rest = l
+                    .strip_prefix("unsafe fn ")
+                    .or_else(|| l.strip_prefix("fn "))?;
+                Some(rest.split(['(', '<']).next()?.to_string())
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn the_recording_backend_forwards_every_method() {
+        let probe = Probe {
+            sim: SimulatedBackend::h200(1),
+            calls: Mutex::new(BTreeMap::new()),
+        };
+        let b = RecordingBackend::new(probe, Arc::new(Recorder::new(1024, Clock::Virtual)));
+        let d = DeviceId(0);
+        let s = StreamKey(1);
+        // The answers that differ from the trait's defaults come through unchanged.
+        assert!(!b.may_synchronize_device(d), "may_synchronize_device");
+        assert!(b.is_capturing(&s), "is_capturing");
+        assert_eq!(b.capture_id(&s), Some(77), "capture_id");
+        // Everything else is called once through the wrapper.
+        b.device_count().unwrap();
+        b.device_info(d).unwrap();
+        let seg = b.allocate(d, 2 << 20).unwrap().unwrap();
+        // SAFETY: the segment was allocated just above and is not used.
+        unsafe { b.deallocate(d, seg, 2 << 20) }.unwrap();
+        let range = b.reserve_address_range(d, 4 << 20).unwrap().unwrap();
+        let p1 = b.create_physical(d, 2 << 20).unwrap().unwrap();
+        let p2 = b.create_physical(d, 2 << 20).unwrap().unwrap();
+        // SAFETY: fresh pages mapped into a fresh range, then unmapped before release.
+        unsafe {
+            b.map(d, range, &p1).unwrap();
+            b.unmap(d, range, 2 << 20).unwrap();
+            b.map_run(d, range, 2 << 20, &[&p1, &p2]).unwrap();
+            b.unmap(d, range, 2 << 20).unwrap();
+            b.unmap(d, DeviceAddress(range.0 + (2 << 20)), 2 << 20).unwrap();
+            b.release_physical(d, p1).unwrap();
+            b.release_physical(d, p2).unwrap();
+            b.release_address_range(d, range, 4 << 20).unwrap();
+        }
+        b.stream_key(&s).unwrap();
+        let kept = b.retain_stream(&s);
+        let _ = b.may_release_stream(&kept);
+        b.stream_released(kept);
+        let f = b.record_fence(d, &s).unwrap();
+        b.fence_completed(&f).unwrap();
+        b.wait_fence(&f).unwrap();
+        b.stream_wait_fence(d, &s, &f).unwrap();
+        b.release_fence(f);
+        b.synchronize_stream(&s).unwrap();
+        b.synchronize_device(d).unwrap();
+        b.set_recorder(None);
+
+        let calls = b.inner().calls.lock().unwrap().clone();
+        let seen: Vec<String> = calls.keys().map(|k| k.to_string()).collect();
+        assert_eq!(
+            seen,
+            trait_methods(),
+            "every Backend method reaches the wrapped backend through RecordingBackend \
+             (a method added to the trait must be forwarded, and called here)"
+        );
     }
 }
