@@ -422,7 +422,9 @@ fn refuse_capture(stream: &Stream) -> Result<()> {
     };
     if may && crate::graph::capture_info(stream)?.status != crate::graph::CaptureStatus::None {
         return Err(Error::InvalidArgument(
-            "stream-ordered memory cannot be allocated on a stream being captured: the driver              would hand out graph memory, backed only while the graph runs; allocate before              the capture, or use a pool that serves captures (cudars_mempool)"
+            "stream-ordered memory cannot be allocated on a stream being captured: the driver \
+             would hand out graph memory, backed only while the graph runs; allocate before \
+             the capture, or use a pool that serves captures (cudars_mempool)"
                 .into(),
         ));
     }
@@ -508,8 +510,52 @@ impl fmt::Debug for StreamOrderedMemory {
     }
 }
 
+impl StreamOrderedMemory {
+    /// The allocation moved into a value the release thread frees later; `self` is left
+    /// empty (its drop does nothing).
+    fn moved_out(&mut self) -> StreamOrderedMemory {
+        let keep = crate::memory::Handover::completed(&self.stream);
+        StreamOrderedMemory {
+            ptr: std::mem::take(&mut self.ptr),
+            size: self.size,
+            stream: Arc::clone(&self.stream),
+            used_on: std::sync::Mutex::new(std::mem::take(
+                &mut *self
+                    .used_on
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            )),
+            handover: std::mem::replace(&mut self.handover, keep),
+        }
+    }
+}
+
 impl Drop for StreamOrderedMemory {
     fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        // Not inside a host function (no CUDA call there). And not while the allocating
+        // stream, or a stream that used the memory, is being captured (by anyone): the
+        // `cuMemFreeAsync` and the events that order it would be recorded into the graph
+        // (a free at every replay), not made now. Later, on the release thread: at once
+        // for a host function, else at its next poll where no capture touches them.
+        let when = if crate::release::inside_host_function() {
+            Some(crate::release::When::Now)
+        } else {
+            let used = self
+                .used_on
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            (crate::graph::touches_capture(&self.stream)
+                || used.iter().any(crate::graph::touches_capture))
+            .then_some(crate::release::When::Poll)
+        };
+        if let Some(when) = when {
+            let moved = self.moved_out();
+            crate::release::defer(Box::new(moved), when);
+            return;
+        }
         let others = std::mem::take(
             &mut *self
                 .used_on

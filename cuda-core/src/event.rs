@@ -61,6 +61,21 @@ unsafe impl Sync for EventInner {}
 
 impl Drop for EventInner {
     fn drop(&mut self) {
+        if self.raw.is_null() {
+            return;
+        }
+        if crate::release::inside_host_function() {
+            // No cuEventDestroy inside a host function: a copy destroys it on the release
+            // thread.
+            let moved = EventInner {
+                raw: std::mem::replace(&mut self.raw, std::ptr::null_mut()),
+                device: self.device,
+                flags: self.flags,
+                recorded: AtomicBool::new(false),
+            };
+            crate::release::defer(Box::new(moved), crate::release::When::Now);
+            return;
+        }
         // SAFETY: we created (or opened) the event and this is its last reference; the
         // driver defers destruction until recorded work ends.
         let _ = with_context(self.device, false, |_| unsafe {

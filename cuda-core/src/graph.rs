@@ -468,8 +468,12 @@ pub fn end_capture(stream: &Stream) -> Result<GraphHandle> {
         Err(_) => capture_info(stream).is_ok_and(|i| i.status == CaptureStatus::None),
     };
     let keep = if ended {
-        let _ =
+        let before =
             ACTIVE_CAPTURES.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if before == Ok(1) {
+            // Frees deferred while captures ran may go now.
+            crate::release::captures_ended();
+        }
         take_capture_owners(id)
     } else {
         Arc::default()
@@ -699,6 +703,8 @@ unsafe extern "C" fn release_hook_trampoline(data: *mut std::ffi::c_void) {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         if let Some(callback) = callback {
+            // What the callback drops releases on the release thread, not here.
+            let _inside = crate::release::HostFunctionScope::enter();
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(callback));
         }
     }

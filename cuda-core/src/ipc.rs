@@ -517,22 +517,61 @@ impl fmt::Debug for IpcMapping {
     }
 }
 
+impl IpcMapping {
+    /// This mapping's handle, moved into a value the release thread closes later; `self`
+    /// is left empty (its drop does nothing).
+    fn moved_out(&mut self) -> IpcMapping {
+        IpcMapping {
+            ptr: std::mem::take(&mut self.ptr),
+            size: self.size,
+            device: self.device,
+            handle: self.handle,
+            cross: std::mem::take(&mut self.cross),
+        }
+    }
+}
+
 impl Drop for IpcMapping {
     fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        // `cuIpcCloseMemHandle` is not stream-ordered: the device must be synchronised first,
+        // which is forbidden inside a host function and fails (and invalidates the capture)
+        // while a capture runs. Then the close is deferred, never made without the wait.
+        if let Some(when) = crate::release::free_must_wait() {
+            let moved = self.moved_out();
+            crate::release::defer(Box::new(moved), when);
+            return;
+        }
         let mut registry = open_registry();
         // Work that other devices' streams queued on the mapping (peer copies, kernels of a
         // peer): the device synchronisation below does not cover it. If a wait fails that
         // work may still run: the mapping is left open (leaked), never closed under it.
-        let others_done = self.cross.wait_all();
-        if others_done {
-            if let Ok(_ctx) = self.device.bind() {
-                // cuIpcCloseMemHandle is not stream-ordered: let queued work of this device
-                // that reads or writes the mapping finish first. Failures cannot be reported
-                // from Drop.
-                let _ = self.device.synchronize();
-                // SAFETY: we opened this mapping and this is its last user; no work uses it.
-                let _ = unsafe { drv!(cuIpcCloseMemHandle(self.ptr)) };
+        if !self.cross.wait_all() {
+            crate::release::note_leak();
+        } else if let Ok(_ctx) = self.device.bind() {
+            // Queued work of this device that reads or writes the mapping finishes first.
+            match self.device.synchronize() {
+                Ok(()) => {
+                    // SAFETY: we opened this mapping and this is its last user; the device
+                    // is idle and other devices' uses are done, so no work uses it.
+                    let _ = unsafe { drv!(cuIpcCloseMemHandle(self.ptr)) };
+                }
+                // A capture that foreign code runs: try again when captures end (or at
+                // `release::release_deferred`).
+                Err(e) if crate::release::retry_may_succeed(&e) => {
+                    let moved = self.moved_out();
+                    registry.retain(|_, w| w.strong_count() > 0);
+                    drop(registry);
+                    crate::release::defer(Box::new(moved), crate::release::When::AfterCaptures);
+                    return;
+                }
+                // The context failed: the mapping stays open rather than close under work.
+                Err(_) => crate::release::note_leak(),
             }
+        } else {
+            crate::release::note_leak();
         }
         registry.retain(|_, w| w.strong_count() > 0);
     }
@@ -709,6 +748,8 @@ pub struct SharedMapping {
     device: Device,
     /// Work of other devices' streams on the mapping, waited for before it is unmapped.
     cross: CrossDeviceUses,
+    /// The fields were moved into a value the release thread drops (see `Drop`).
+    moved: bool,
 }
 
 impl SharedMapping {
@@ -751,6 +792,7 @@ impl SharedMapping {
             physical: ManuallyDrop::new(physical),
             device: *device,
             cross: CrossDeviceUses::default(),
+            moved: false,
         })
     }
 
@@ -797,16 +839,59 @@ impl fmt::Debug for SharedMapping {
     }
 }
 
+impl SharedMapping {
+    /// The mapping moved into a value the release thread unmaps later; `self` is left
+    /// marked as moved (its drop does nothing).
+    fn moved_out(&mut self) -> SharedMapping {
+        self.moved = true;
+        SharedMapping {
+            // SAFETY: each field is taken once: `moved` makes this value's drop skip them.
+            range: ManuallyDrop::new(unsafe { ManuallyDrop::take(&mut self.range) }),
+            // SAFETY: as above.
+            physical: ManuallyDrop::new(unsafe { ManuallyDrop::take(&mut self.physical) }),
+            device: self.device,
+            cross: std::mem::take(&mut self.cross),
+            moved: false,
+        }
+    }
+}
+
 impl Drop for SharedMapping {
     fn drop(&mut self) {
+        if self.moved {
+            return;
+        }
+        // `cuMemUnmap` is not stream-ordered: the device must be synchronised first, which
+        // is forbidden inside a host function and fails (invalidating the capture) while a
+        // capture runs. Then the unmap is deferred, never made without the wait.
+        if let Some(when) = crate::release::free_must_wait() {
+            let moved = self.moved_out();
+            crate::release::defer(Box::new(moved), when);
+            return;
+        }
         // Work that other devices' streams queued on the mapping (a peer granted access with
         // `grant_access`): the device synchronisation below does not cover it. If a wait
         // fails that work may still run: everything is leaked, never unmapped under it.
         if !self.cross.wait_all() {
+            crate::release::note_leak();
             return;
         }
-        // cuMemUnmap is not stream-ordered: let queued work on the memory finish first.
-        let _ = self.device.synchronize();
+        // Queued work on the memory finishes first.
+        match self.device.synchronize() {
+            Ok(()) => {}
+            // A capture that foreign code runs: try again when captures end (or at
+            // `release::release_deferred`).
+            Err(e) if crate::release::retry_may_succeed(&e) => {
+                let moved = self.moved_out();
+                crate::release::defer(Box::new(moved), crate::release::When::AfterCaptures);
+                return;
+            }
+            // The context failed: leaked, never unmapped under work that may still run.
+            Err(_) => {
+                crate::release::note_leak();
+                return;
+            }
+        }
         // SAFETY: the mapping is ours, made in `map`; the device is idle and other devices'
         // uses are done, and no view of it outlives this value (views own it through an
         // Arc).

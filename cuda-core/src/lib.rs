@@ -18,6 +18,7 @@
 //! | [`async_pool`] | the driver's stream-ordered pools (`cuMemPool*`) | `MemoryAsyncPool`, `MemoryAsync` |
 //! | [`graph`] | thin capture / instantiate / launch wrappers (the `cuda-graph` crate builds on them) | `Graph` |
 //! | [`profiler`] | start/stop and a guard; `initialize` is unsupported since CUDA 12 | `cuda.profile()`, `profiler` |
+//! | [`release`] | releases deferred out of host functions and past captures: one release thread, [`release::deferred_count`], [`release::release_deferred`] | - |
 //! | [`nvtx`] | marks, ranges and range guards with optional colour | `nvtx` |
 //! | `handles` (feature `library-handles`) | per-device cuBLAS / cuSOLVER handles, libraries opened at run time | `get_cublas_handle` |
 //! | [`error`] | [`Error`], [`DriverError`], [`CrateError`]: the error every crate of the workspace converts into, so `?` works across crates | `CUDARuntimeError` |
@@ -52,6 +53,7 @@ pub mod module;
 pub mod nvtx;
 pub mod pointer;
 pub mod profiler;
+pub mod release;
 pub mod stream;
 pub mod vmm;
 

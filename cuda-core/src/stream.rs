@@ -39,9 +39,12 @@
 //! some: the last [`DevicePtr`](crate::DevicePtr) of pool memory records an event and frees,
 //! the last clone of a [`Stream`] destroys it. So the closure is an `FnMut` called once, which
 //! cannot move its captures out, and after it returns the closure, with everything it
-//! captured (and a panic's payload), is handed to one cleanup thread of this crate, started
-//! at the first [`Stream::add_callback`], which drops it there. Values are therefore dropped
-//! a little after the callback ran, never inside it.
+//! captured (and a panic's payload), is handed to the [release thread](crate::release) of
+//! this crate, started at the first [`Stream::add_callback`], which drops it there. Values
+//! are therefore dropped a little after the callback ran, never inside it. A value the
+//! closure drops anyway (taken out of a captured `Option`) is caught too: the callback runs
+//! in a [`HostFunctionScope`](crate::release::HostFunctionScope), and memory, streams and
+//! events of this crate dropped there release on the release thread.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -111,6 +114,20 @@ unsafe impl Sync for Owner {}
 
 impl Drop for Owner {
     fn drop(&mut self) {
+        if self.destroy && crate::release::inside_host_function() {
+            // No cuStreamDestroy inside a host function: a copy of this owner destroys the
+            // stream on the release thread.
+            self.destroy = false;
+            let moved = Owner {
+                raw: self.raw,
+                device: self.device,
+                destroy: true,
+                panics: std::mem::take(&mut self.panics),
+                _keep_alive: self._keep_alive.take(),
+            };
+            crate::release::defer(Box::new(moved), crate::release::When::Now);
+            return;
+        }
         if self.destroy {
             let raw = self.raw;
             // SAFETY: we created the stream and this is the last reference to it; the driver
@@ -591,12 +608,13 @@ impl Stream {
     ///
     /// It is called exactly once, and is an `FnMut` so that it cannot move what it captured
     /// out and drop it in the callback: the closure and its captures are dropped after it
-    /// returns, on a cleanup thread of this crate (see the
+    /// returns, on the release thread of this crate (see the
     /// [module documentation](self#what-a-host-callback-captures-is-dropped-off-the-drivers-thread)),
     /// so capturing a [`DevicePtr`](crate::DevicePtr) of pool memory, an event or a stream,
-    /// whose drop calls the driver, is fine. (Taking such a value out with `Option::take`
-    /// and dropping it inside is a CUDA call in the callback, which the rule above forbids.)
-    /// Should that thread fail to start, the closures are leaked instead.
+    /// whose drop calls the driver, is fine. Taking such a value out with `Option::take` and
+    /// dropping it inside is caught as well: a [`DevicePtr`](crate::DevicePtr), a [`Stream`],
+    /// an [`Event`] and this crate's memory owners dropped inside the callback release on the
+    /// release thread. Should that thread fail to start, the closures are leaked instead.
     ///
     /// ```no_run
     /// use std::sync::mpsc;
@@ -612,8 +630,8 @@ impl Stream {
     where
         F: FnMut(Result<()>) + Send + 'static,
     {
-        // Start the cleanup thread here, on the caller's thread, not inside the callback.
-        let _ = cleanup_thread();
+        // Start the release thread here, on the caller's thread, not inside the callback.
+        cleanup_thread();
         let payload = Box::new(CallbackPayload {
             callback: Box::new(callback),
             panics: self.panic_slot(),
@@ -974,46 +992,23 @@ struct CallbackPayload {
     panics: Arc<PanicSlot>,
 }
 
-/// Something to drop on the cleanup thread.
+/// Something to drop off the driver's thread.
 type Deferred = Box<dyn Send>;
 
-/// The cleanup thread's channel: started once (see [`Stream::add_callback`]); `None` when the
-/// thread could not be started.
-fn cleanup_thread() -> Option<&'static std::sync::mpsc::Sender<Deferred>> {
-    static CLEANUP: OnceLock<Option<std::sync::mpsc::Sender<Deferred>>> = OnceLock::new();
-    CLEANUP
-        .get_or_init(|| {
-            let (tx, rx) = std::sync::mpsc::channel::<Deferred>();
-            std::thread::Builder::new()
-                .name("cuda-core-callback-drops".into())
-                .spawn(move || {
-                    for value in rx {
-                        // A panicking Drop must not end the thread (later values would leak).
-                        let _ = catch_unwind(AssertUnwindSafe(move || drop(value)));
-                    }
-                })
-                .ok()
-                .map(|_| tx)
-        })
-        .as_ref()
+/// Starts the release thread (on the caller's thread, never inside a callback).
+fn cleanup_thread() {
+    drop(crate::release::HostFunctionScope::enter());
 }
 
-/// Drops `value` on the cleanup thread, never on the calling (driver) thread; leaks it when
+/// Drops `value` on the release thread, never on the calling (driver) thread; leaks it when
 /// that thread is not running.
 fn drop_off_thread(value: Deferred) {
-    match cleanup_thread() {
-        Some(tx) => {
-            if let Err(std::sync::mpsc::SendError(value)) = tx.send(value) {
-                std::mem::forget(value);
-            }
-        }
-        None => std::mem::forget(value),
-    }
+    crate::release::defer(value, crate::release::When::Now);
 }
 
 /// The `CUstreamCallback` every host callback goes through: reclaims the payload, runs the
 /// closure under `catch_unwind`, keeps a panic's message for the stream, and hands the
-/// closure (with its captures) and any panic payload to the cleanup thread, so that no
+/// closure (with its captures) and any panic payload to the release thread, so that no
 /// captured value is dropped inside the driver's callback (see the module documentation).
 unsafe extern "C" fn trampoline(_stream: CUstream, status: CUresult, data: *mut c_void) {
     // SAFETY: `data` came from Box::into_raw in add_callback and the driver calls each
@@ -1032,7 +1027,12 @@ unsafe extern "C" fn trampoline(_stream: CUstream, status: CUresult, data: *mut 
         )))
     };
     // Called through `&mut`: the closure's captures outlive the call, whatever it does.
-    let outcome = catch_unwind(AssertUnwindSafe(|| callback(status)));
+    // Inside the scope, a value of this crate that the closure drops anyway (taken out of
+    // an `Option` it captured) releases on the release thread, not here.
+    let outcome = {
+        let _inside = crate::release::HostFunctionScope::enter();
+        catch_unwind(AssertUnwindSafe(|| callback(status)))
+    };
     drop_off_thread(Box::new(callback));
     if let Err(panic) = outcome {
         let message = panic_message(&*panic);
@@ -1153,7 +1153,7 @@ mod tests {
             }),
             panics: Arc::clone(&slot),
         });
-        let _ = cleanup_thread();
+        cleanup_thread();
         // SAFETY: the payload comes from Box::into_raw, as the driver would pass it.
         unsafe {
             trampoline(

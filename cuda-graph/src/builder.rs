@@ -874,6 +874,9 @@ pub(crate) unsafe extern "C" fn host_trampoline(data: *mut c_void) {
     // SAFETY: `data` is the `HostCallback` of an `Arc` that every graph and executable graph
     // holding the node keeps alive until its launches have completed.
     let callback = unsafe { &*(data as *const HostCallback) };
+    // A value of cuda-core that the closure drops here (taken out of a captured `Option`)
+    // releases on cuda-core's release thread: no CUDA call inside the host function.
+    let _inside = cudars_core::release::HostFunctionScope::enter();
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut f = callback.f.lock().unwrap_or_else(PoisonError::into_inner);
         (f)();
@@ -1295,7 +1298,11 @@ impl<'a> GraphBuilder<'a> {
     /// A host function node: `f` runs on a driver thread at each launch, after `deps`.
     ///
     /// `f` must not call CUDA (the driver forbids it in host nodes and may deadlock): set
-    /// flags, count, send on a channel. A panic in `f` is caught and the graph goes on. The
+    /// flags, count, send on a channel. A cuda-core value that `f` drops (a
+    /// [`DevicePtr`](cudars_core::DevicePtr) taken out of a captured `Option`, a stream, an
+    /// event, memory) releases later on cuda-core's
+    /// [release thread](cudars_core::release), not inside the host function. A panic in `f`
+    /// is caught and the graph goes on. The
     /// graph and its executable graphs keep `f` alive until their launches have completed.
     /// Calls from launches of different executable graphs do not overlap (a mutex serialises
     /// them).

@@ -29,7 +29,8 @@ use cudars_core::graph::{self as core_graph, CaptureMode};
 use cudars_core::memory::{raw, DevicePtr};
 use cudars_core::{Device, Stream};
 use cudars_mempool::driver::device_id;
-use cudars_mempool::{DevicePool, Limit, PoolError};
+use cudars_mempool::history::{Clock, Recorder, RecordingBackend};
+use cudars_mempool::{Backend, DevicePool, DriverBackend, Limit, MemoryPool, PoolError};
 use workspace_tests::gpu::{dev0, serial};
 use workspace_tests::kernels::Kernels;
 
@@ -298,25 +299,50 @@ fn out_of_memory_does_not_synchronise_the_device_during_a_capture() {
     collector_out_of_memory(true);
 }
 
+/// Soundness round 3, item 4: the same through a pool that records its history
+/// (`RecordingBackend` over the driver backend). The wrapper left `may_synchronize_device`
+/// to the trait's default (`true`), so the recovery synchronised the device during the
+/// capture and invalidated it (`end_capture` failed with
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
+#[test]
+fn a_recording_pool_does_not_synchronise_the_device_during_a_capture() {
+    let _s = serial();
+    let recorder = Arc::new(Recorder::new(1 << 16, Clock::Real));
+    let backend = RecordingBackend::new(DriverBackend::new().unwrap(), Arc::clone(&recorder));
+    let pool = MemoryPool::new(backend).unwrap();
+    collector_out_of_memory_on(&pool, true);
+    assert!(
+        !recorder.history().events.is_empty(),
+        "the pool recorded its history meanwhile"
+    );
+}
+
 fn collector_out_of_memory(during_capture: bool) {
     let _s = serial();
+    let pool = DevicePool::new_driver().unwrap();
+    collector_out_of_memory_on(&pool, during_capture);
+}
+
+fn collector_out_of_memory_on<B>(pool: &MemoryPool<B>, during_capture: bool)
+where
+    B: Backend<Stream = Stream>,
+{
     let dev = dev0();
     let k = Kernels::load(&dev).expect("kernels");
-    let pool = DevicePool::new_driver().unwrap();
+    let id = device_id(&dev);
     let size = 8 * MIB;
-    pool.set_limit(device_id(&dev), Limit::Bytes(2 * size))
-        .unwrap();
+    pool.set_limit(id, Limit::Bytes(2 * size)).unwrap();
     let n = size / 4;
     let (blocks_tx, blocks_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     std::thread::scope(|sc| {
         // Dropped however this closure ends: the other thread never waits forever.
         let done_tx = done_tx;
-        let (pool, k) = (&pool, &k);
+        let k = &k;
         sc.spawn(move || {
             let ptds = Stream::per_thread(&dev);
             let blocks: Vec<_> = (0..2)
-                .map(|_| pool.malloc_stream(&ptds, size).unwrap().into_raw())
+                .map(|_| pool.malloc(id, &ptds, size).unwrap().into_raw())
                 .collect();
             for b in &blocks {
                 // SAFETY: b holds n u32s, freed (by the collector) after this launch.
@@ -338,7 +364,7 @@ fn collector_out_of_memory(during_capture: bool) {
             let cap = Stream::builder(&dev).non_blocking(true).build().unwrap();
             // SAFETY: nothing is captured; the capture is ended below.
             unsafe { core_graph::begin_capture(&cap, CaptureMode::ThreadLocal) }.unwrap();
-            let refused = pool.malloc_stream(&s, 2 * size);
+            let refused = pool.malloc(id, &s, 2 * size);
             let ended = core_graph::end_capture(&cap);
             assert!(
                 matches!(refused, Err(PoolError::OutOfMemory { .. })),
@@ -348,7 +374,7 @@ fn collector_out_of_memory(during_capture: bool) {
             assert_eq!(graph.node_count().unwrap(), 0);
         }
         let y = pool
-            .malloc_stream(&s, 2 * size)
+            .malloc(id, &s, 2 * size)
             .expect("the memory freed for the other thread's stream is recovered");
         // SAFETY: y holds 2n u32s, alive until after the read.
         unsafe { k.fill_u32_raw(&s, y.ptr().0, 0xBBBB_BBBB, 2 * n as u64) }.unwrap();

@@ -364,7 +364,7 @@ fn a_host_callback_drops_device_memory_off_the_driver_thread() {
         "the callback's captured DevicePtr was dropped inside the driver's callback"
     );
     assert_ne!(drop_thread, std::thread::current().id());
-    assert_eq!(drop_name.as_deref(), Some("cuda-core-callback-drops"));
+    assert_eq!(drop_name.as_deref(), Some("cuda-core-release"));
     // The stream and the device work on.
     stream.synchronize().unwrap();
     let again = DevicePtr::alloc(&dev, 4096).unwrap();

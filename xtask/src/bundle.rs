@@ -34,6 +34,7 @@ pub const SUITE: &[&str] = &[
     "gpu_handover",
     "gpu_soundness_pool",
     "gpu_soundness_core",
+    "gpu_soundness_round3",
     "gpu_rtc",
     "gpu_async",
     "gpu_async_fault",

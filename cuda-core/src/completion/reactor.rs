@@ -15,10 +15,11 @@
 //!   until the reactor lets go of it, whatever the future did. A reached entry's payload goes
 //!   to the reactor's drop thread: its `Drop` may wait for the whole device (freeing pinned
 //!   host memory synchronizes), which must not hold up the waits of other streams.
-//! - A host function (driver thread, [`host_wake`]) may not call CUDA nor drop anything that
-//!   could: it completes the wait, wakes through `wake_by_ref` and parks the waker in a slot
-//!   that is dropped later elsewhere, then says it is done with the shared state, its last
-//!   access. It never drops a reference count.
+//! - A host function (driver thread, [`host_wake`]) may not call CUDA, drop anything that
+//!   could, nor run an executor's code (a waker may poll a task inline, and the task may call
+//!   CUDA): it only says it ran, its last access to the shared state, and signals the
+//!   reactor, which completes the wait and wakes the task on its own thread. It never drops
+//!   a reference count and never touches a waker.
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -67,9 +68,8 @@ pub(crate) struct Shared {
     error: OnceLock<Error>,
     /// The waker of the last poll.
     waker: Mutex<Option<Waker>>,
-    /// A waker a host function used (`wake_by_ref`): it must not be dropped there, so it
-    /// waits here until the shared state is dropped, never on the driver's thread.
-    spent: Mutex<Option<Waker>>,
+    /// Whom a host function tells that it ran (the reactor holding the wait).
+    signal: OnceLock<&'static dyn HostSignal>,
     /// The future was dropped before the outcome: the reactor drops the entry.
     cancelled: AtomicBool,
     /// The host function ran and will not touch this state again.
@@ -82,7 +82,7 @@ impl Shared {
             state: AtomicU8::new(PENDING),
             error: OnceLock::new(),
             waker: Mutex::new(None),
-            spent: Mutex::new(None),
+            signal: OnceLock::new(),
             cancelled: AtomicBool::new(false),
             host_done: AtomicBool::new(false),
         }
@@ -128,22 +128,6 @@ impl Shared {
         true
     }
 
-    /// Completes successfully from a host function: nothing is dropped here (the waker is
-    /// woken by reference and parked in `spent`).
-    fn complete_from_host(&self) {
-        if !self.claim() {
-            return;
-        }
-        self.state.store(DONE, Ordering::Release);
-        let waker = lock(&self.waker).take();
-        if let Some(w) = waker {
-            w.wake_by_ref();
-            // `spent` is written only here, once: the old value is `None`.
-            let old = lock(&self.spent).replace(w);
-            std::mem::forget(old);
-        }
-    }
-
     /// The future's side of a poll: the outcome, or `Pending` with the waker stored.
     pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<()>> {
         if let Some(outcome) = self.outcome() {
@@ -173,8 +157,17 @@ impl Shared {
     }
 }
 
+/// Told by a host function that it ran: the reactor, which then completes the wait and
+/// wakes the task on its own thread.
+pub(crate) trait HostSignal: Sync {
+    /// A host function ran (called on the driver's thread: no CUDA, no executor code).
+    fn host_fired(&self);
+}
+
 /// The host function of [`WakeStrategy::HostFunction`](super::WakeStrategy::HostFunction):
-/// completes the wait and wakes the task, with no CUDA call and nothing dropped.
+/// says the work before it is done and signals the reactor, which completes the wait and
+/// wakes the task. No CUDA call, nothing dropped, no waker touched here: a waker is the
+/// executor's code (it may run the task inline), and the task may call CUDA.
 ///
 /// # Safety
 ///
@@ -184,9 +177,13 @@ pub(crate) unsafe extern "C" fn host_wake(data: *mut c_void) {
     // SAFETY: the caller's contract: the reference behind `data` is alive until we set
     // `host_done` below, our last access.
     let shared = unsafe { &*(data as *const Shared) };
-    // A waker that panics must not unwind into the driver.
-    let _ = catch_unwind(AssertUnwindSafe(|| shared.complete_from_host()));
+    // Read before `host_done`: afterwards the state may be gone. The reactor is 'static.
+    let signal = shared.signal.get().copied();
     shared.host_done.store(true, Ordering::Release);
+    if let Some(signal) = signal {
+        // A panic must not unwind into the driver.
+        let _ = catch_unwind(AssertUnwindSafe(|| signal.host_fired()));
+    }
 }
 
 /// The reference a host function holds on a wait's shared state (from `Arc::into_raw`).
@@ -328,6 +325,8 @@ enum Verdict {
 
 struct Incoming<S: Source> {
     entries: Vec<Entry<S>>,
+    /// A host function ran since the last round.
+    host_fired: bool,
     /// The reactor waits on the condition variable (empty list, or sleeping): registrations
     /// that arrive then notify it.
     parked: bool,
@@ -359,6 +358,7 @@ impl<S: Source> Reactor<S> {
         Reactor {
             incoming: Mutex::new(Incoming {
                 entries: Vec::new(),
+                host_fired: false,
                 parked: false,
                 stop: false,
             }),
@@ -429,6 +429,10 @@ impl<S: Source> Reactor<S> {
             drop(incoming);
             return Err((Error::Reactor("the reactor has stopped".into()), entry));
         }
+        if let (Some(_), Some(shared)) = (&entry.host, &entry.shared) {
+            // A host function that runs before this is seen at the round after the push.
+            let _ = shared.signal.set(self);
+        }
         incoming.entries.push(entry);
         if incoming.parked {
             incoming.parked = false;
@@ -476,6 +480,7 @@ impl<S: Source> Reactor<S> {
                     // Work arrived at an idle reactor: start with the spin.
                     backoff = Backoff::new(config);
                 }
+                incoming.host_fired = false;
                 list.append(&mut incoming.entries);
             }
             if !prepared {
@@ -519,16 +524,19 @@ impl<S: Source> Reactor<S> {
                     if incoming.stop {
                         break;
                     }
-                    if !incoming.entries.is_empty() {
+                    if !incoming.entries.is_empty() || incoming.host_fired {
                         continue;
                     }
                     // New registrations during a back-off sleep (at most `max_sleep`) wait
                     // for its end; during a sleep until the next health check (only
                     // host-function waits held) they wake the reactor, as at an idle one.
+                    // A host function that ran wakes it in either case.
                     incoming.parked = !polled;
                     let (mut incoming, _) = self
                         .wakeup
-                        .wait_timeout(incoming, d)
+                        .wait_timeout_while(incoming, d, |i| {
+                            !i.host_fired && !i.stop && (polled || i.entries.is_empty())
+                        })
                         .unwrap_or_else(PoisonError::into_inner);
                     incoming.parked = false;
                     if incoming.stop {
@@ -608,6 +616,11 @@ impl<S: Source> Reactor<S> {
                 .as_ref()
                 .is_some_and(|s| s.host_done.load(Ordering::Acquire));
             if host_done {
+                // The host function only said so: the wait is completed, and the task woken,
+                // here on the reactor's thread.
+                if let Some(shared) = &e.shared {
+                    shared.complete(Ok(()));
+                }
                 self.completed.fetch_add(1, Ordering::Relaxed);
                 return Verdict::Reached;
             }
@@ -782,6 +795,15 @@ impl<S: Source> Wait<S> {
                 Poll::Ready(Err(e))
             }
         }
+    }
+}
+
+impl<S: Source> HostSignal for Reactor<S> {
+    fn host_fired(&self) {
+        let mut incoming = lock(&self.incoming);
+        incoming.host_fired = true;
+        drop(incoming);
+        self.wakeup.notify_one();
     }
 }
 

@@ -350,8 +350,12 @@ impl Drop for ThreadWaker {
 }
 
 #[test]
-fn a_host_function_wakes_without_dropping_and_the_reactor_releases_its_reference() {
-    let r = TestReactor::new();
+fn a_host_function_only_signals_and_the_reactor_wakes_the_task_on_its_own_thread() {
+    // A health check far away: the wake must come from the host function's signal.
+    let r = TestReactor::with(PollConfig {
+        health_interval: Duration::from_secs(5),
+        ..test_config()
+    });
     let (ctx, counters) = (Arc::default(), Arc::new(Counters::default()));
     let (fake, _state) = Fake::new(&ctx, &counters);
     let shared = Arc::new(Shared::new());
@@ -371,8 +375,11 @@ fn a_host_function_wakes_without_dropping_and_the_reactor_releases_its_reference
     let waker = Waker::from(Arc::clone(&tw));
     assert!(poll_with(&mut wait, &waker).is_pending());
     drop(waker);
+    eventually("asleep", || r.0.stats().sleeps >= 1);
 
-    // The "driver thread" runs the host function.
+    // The "driver thread" runs the host function: it must not run the waker (executor
+    // code, which may poll the task inline, and the task may call CUDA).
+    let fired = Instant::now();
     let driver = std::thread::spawn(move || {
         // SAFETY: `data` is the reference the entry holds, and the function runs once.
         unsafe { host_wake(data as *mut std::ffi::c_void) };
@@ -380,15 +387,21 @@ fn a_host_function_wakes_without_dropping_and_the_reactor_releases_its_reference
     })
     .join()
     .unwrap();
-    assert_eq!(*tw.woken_on.lock().unwrap(), vec![driver], "woken there");
+    eventually("woken", || !tw.woken_on.lock().unwrap().is_empty());
+    assert!(
+        fired.elapsed() < Duration::from_secs(1),
+        "woken by the signal, not the health check: {:?}",
+        fired.elapsed()
+    );
+    let woken_on = tw.woken_on.lock().unwrap().clone();
+    assert_eq!(woken_on.len(), 1);
+    assert_ne!(woken_on[0], driver, "the waker ran on the driver's thread");
     drop(tw);
-    assert!(dropped_on.lock().unwrap().is_none(), "the waker is kept");
     let (_, other) = counting();
     assert!(matches!(poll_with(&mut wait, &other), Poll::Ready(Ok(()))));
     drop(wait);
-    // The reactor sees the host function done, releases its reference, and with it the
-    // last one: the shared state and the waker parked in it are dropped off the driver's
-    // thread.
+    // The reactor released its reference, and with it the last one: the shared state and
+    // the waker are dropped off the driver's thread.
     eventually("released", || weak.upgrade().is_none());
     let on = dropped_on.lock().unwrap().expect("dropped");
     assert_ne!(on, driver, "the waker was dropped on the driver's thread");

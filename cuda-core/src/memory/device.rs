@@ -126,14 +126,29 @@ impl Drop for DeviceMemory {
         if self.size == 0 || self.ptr == 0 {
             return;
         }
+        // `cuMemFree` relies on the device's implicit wait for the work that still uses the
+        // memory. Inside a host function it is forbidden; while a capture begun through this
+        // crate runs, the wait is one a capture forbids (the driver documents nothing for
+        // it). Either way the free is made later, on the release thread.
+        if let Some(when) = crate::release::free_must_wait() {
+            let moved = DeviceMemory {
+                ptr: std::mem::take(&mut self.ptr),
+                size: std::mem::take(&mut self.size),
+                device: self.device,
+                cross: std::mem::take(&mut self.cross),
+            };
+            crate::release::defer(Box::new(moved), when);
+            return;
+        }
         // Other devices' work first: `cuMemFree` waits for this device's work only. If a
         // wait fails that work may still run: the memory is leaked, never freed under it.
         if !self.cross.wait_all() {
+            crate::release::note_leak();
             return;
         }
         // A failure cannot be reported from Drop; the memory then stays allocated. A capture
-        // running now (a graph keeps alive the memory its captured work uses, so not on this
-        // memory) would refuse the free and be invalidated: relax this thread's mode.
+        // that foreign code began (this crate cannot see it) would refuse the free and be
+        // invalidated: relax this thread's mode.
         let _relaxed = crate::graph::RelaxedCaptureMode::new();
         if let Ok(_ctx) = self.device.bind() {
             // SAFETY: we own the allocation, made by cuMemAlloc in this device's context,

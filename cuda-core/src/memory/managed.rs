@@ -241,9 +241,22 @@ impl Drop for ManagedMemory {
         if self.size == 0 || self.ptr == 0 {
             return;
         }
+        // Not inside a host function, nor while a capture of this crate runs (see
+        // `DeviceMemory`'s drop): later, on the release thread.
+        if let Some(when) = crate::release::free_must_wait() {
+            let moved = ManagedMemory {
+                ptr: std::mem::take(&mut self.ptr),
+                size: std::mem::take(&mut self.size),
+                device: self.device,
+                cross: std::mem::take(&mut self.cross),
+            };
+            crate::release::defer(Box::new(moved), when);
+            return;
+        }
         // Other devices' work first (`cuMemFree` waits for this device's only); leaked if a
         // wait fails, since that work may still run.
         if !self.cross.wait_all() {
+            crate::release::note_leak();
             return;
         }
         // Relaxed, so that a capture running now is neither refused nor invalidated.

@@ -73,6 +73,35 @@ pub struct DevicePtr {
     device: Device,
 }
 
+/// What a view drops instead of its owner inside a host function: nothing to release.
+struct Released(Device);
+
+// SAFETY: an empty range (address 0, no bytes): nothing to read, write or free.
+unsafe impl DeviceAlloc for Released {
+    fn device(&self) -> Device {
+        self.0
+    }
+    fn as_raw(&self) -> CUdeviceptr {
+        0
+    }
+    fn size(&self) -> usize {
+        0
+    }
+}
+
+impl Drop for DevicePtr {
+    #[inline]
+    fn drop(&mut self) {
+        // The last view of an owner frees it (cuMemFree, a pool's fence, an unmap): never
+        // inside a host function, where CUDA calls are forbidden. There the owner goes to the
+        // release thread (only the last reference frees; others just count down there).
+        if crate::release::inside_host_function() {
+            let owner = std::mem::replace(&mut self.owner, Arc::new(Released(self.device)));
+            crate::release::defer(Box::new(owner), crate::release::When::Now);
+        }
+    }
+}
+
 impl DevicePtr {
     /// A view of the whole of `alloc`, which the view (and its clones) now owns.
     pub fn new<A: DeviceAlloc + 'static>(alloc: A) -> DevicePtr {

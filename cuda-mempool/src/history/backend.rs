@@ -528,7 +528,8 @@ mod tests {
             b.unmap(d, range, 2 << 20).unwrap();
             b.map_run(d, range, 2 << 20, &[&p1, &p2]).unwrap();
             b.unmap(d, range, 2 << 20).unwrap();
-            b.unmap(d, DeviceAddress(range.0 + (2 << 20)), 2 << 20).unwrap();
+            b.unmap(d, DeviceAddress(range.0 + (2 << 20)), 2 << 20)
+                .unwrap();
             b.release_physical(d, p1).unwrap();
             b.release_physical(d, p2).unwrap();
             b.release_address_range(d, range, 4 << 20).unwrap();
