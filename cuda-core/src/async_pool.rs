@@ -510,6 +510,16 @@ impl fmt::Debug for StreamOrderedMemory {
     }
 }
 
+/// Whether work issued to `stream` now would be captured: `touches_capture` for the legacy
+/// stream (a blocking stream's capture takes it in), the capture status otherwise; an error
+/// when the driver cannot say.
+fn capture_state(stream: &Stream) -> Result<bool> {
+    if stream.kind() == crate::StreamKind::LegacyNull {
+        return Ok(crate::graph::touches_capture(stream));
+    }
+    crate::graph::is_capturing(stream)
+}
+
 impl StreamOrderedMemory {
     /// The allocation moved into a value the release thread frees later; `self` is left
     /// empty (its drop does nothing).
@@ -538,23 +548,39 @@ impl Drop for StreamOrderedMemory {
         // Not inside a host function (no CUDA call there). And not while the allocating
         // stream, or a stream that used the memory, is being captured (by anyone): the
         // `cuMemFreeAsync` and the events that order it would be recorded into the graph
-        // (a free at every replay), not made now. Later, on the release thread: at once
-        // for a host function, else at its next poll where no capture touches them.
-        let when = if crate::release::inside_host_function() {
-            Some(crate::release::When::Now)
-        } else {
+        // (the driver refuses a free of eager memory there, which leaked it), not made now.
+        // Later, on the release thread: at once for a host function, else at its next poll
+        // where no capture touches them. The capture gate, held to the free, keeps a capture
+        // of this crate from beginning between the check and the free.
+        if crate::release::inside_host_function() {
+            let moved = self.moved_out();
+            crate::release::defer(Box::new(moved), crate::release::When::Now);
+            return;
+        }
+        let _gate = crate::graph::issue_guard();
+        let captured = {
             let used = self
                 .used_on
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            (crate::graph::touches_capture(&self.stream)
-                || used.iter().any(crate::graph::touches_capture))
-            .then_some(crate::release::When::Poll)
+            std::iter::once(&*self.stream)
+                .chain(used.iter())
+                .map(capture_state)
+                .try_fold(false, |any, s| s.map(|c| any || c))
         };
-        if let Some(when) = when {
-            let moved = self.moved_out();
-            crate::release::defer(Box::new(moved), when);
-            return;
+        match captured {
+            Ok(false) => {}
+            Ok(true) => {
+                let moved = self.moved_out();
+                crate::release::defer(Box::new(moved), crate::release::When::Poll);
+                return;
+            }
+            // The stream cannot be asked (destroyed under an external handle, a failed
+            // context): its work may still run, so the memory is leaked, never freed early.
+            Err(_) => {
+                crate::release::note_leak();
+                return;
+            }
         }
         let others = std::mem::take(
             &mut *self
@@ -570,6 +596,7 @@ impl Drop for StreamOrderedMemory {
                 .and_then(|e| e.record(other).map(|()| e))
                 .and_then(|e| self.stream.wait_event(&e));
             if ordered.is_err() && other.synchronize().is_err() {
+                crate::release::note_leak();
                 return;
             }
         }

@@ -539,11 +539,14 @@ impl Drop for IpcMapping {
         // `cuIpcCloseMemHandle` is not stream-ordered: the device must be synchronised first,
         // which is forbidden inside a host function and fails (and invalidates the capture)
         // while a capture runs. Then the close is deferred, never made without the wait.
-        if let Some(when) = crate::release::free_must_wait() {
-            let moved = self.moved_out();
-            crate::release::defer(Box::new(moved), when);
-            return;
-        }
+        let _gate = match crate::release::free_must_wait() {
+            Ok(gate) => gate,
+            Err(when) => {
+                let moved = self.moved_out();
+                crate::release::defer(Box::new(moved), when);
+                return;
+            }
+        };
         let mut registry = open_registry();
         // Work that other devices' streams queued on the mapping (peer copies, kernels of a
         // peer): the device synchronisation below does not cover it. If a wait fails that
@@ -558,13 +561,14 @@ impl Drop for IpcMapping {
                     // is idle and other devices' uses are done, so no work uses it.
                     let _ = unsafe { drv!(cuIpcCloseMemHandle(self.ptr)) };
                 }
-                // A capture that foreign code runs: try again when captures end (or at
-                // `release::release_deferred`).
+                // A capture that foreign code runs (this one invalidated it): try again at
+                // `release::release_deferred`, or when a capture of this crate ends; never by
+                // polling, which would invalidate that capture again at each try.
                 Err(e) if crate::release::retry_may_succeed(&e) => {
                     let moved = self.moved_out();
                     registry.retain(|_, w| w.strong_count() > 0);
                     drop(registry);
-                    crate::release::defer(Box::new(moved), crate::release::When::AfterCaptures);
+                    crate::release::defer(Box::new(moved), crate::release::When::Parked);
                     return;
                 }
                 // The context failed: the mapping stays open rather than close under work.
@@ -864,11 +868,14 @@ impl Drop for SharedMapping {
         // `cuMemUnmap` is not stream-ordered: the device must be synchronised first, which
         // is forbidden inside a host function and fails (invalidating the capture) while a
         // capture runs. Then the unmap is deferred, never made without the wait.
-        if let Some(when) = crate::release::free_must_wait() {
-            let moved = self.moved_out();
-            crate::release::defer(Box::new(moved), when);
-            return;
-        }
+        let _gate = match crate::release::free_must_wait() {
+            Ok(gate) => gate,
+            Err(when) => {
+                let moved = self.moved_out();
+                crate::release::defer(Box::new(moved), when);
+                return;
+            }
+        };
         // Work that other devices' streams queued on the mapping (a peer granted access with
         // `grant_access`): the device synchronisation below does not cover it. If a wait
         // fails that work may still run: everything is leaked, never unmapped under it.
@@ -879,11 +886,12 @@ impl Drop for SharedMapping {
         // Queued work on the memory finishes first.
         match self.device.synchronize() {
             Ok(()) => {}
-            // A capture that foreign code runs: try again when captures end (or at
-            // `release::release_deferred`).
+            // A capture that foreign code runs (this one invalidated it): try again at
+            // `release::release_deferred`, or when a capture of this crate ends; never by
+            // polling, which would invalidate that capture again at each try.
             Err(e) if crate::release::retry_may_succeed(&e) => {
                 let moved = self.moved_out();
-                crate::release::defer(Box::new(moved), crate::release::When::AfterCaptures);
+                crate::release::defer(Box::new(moved), crate::release::When::Parked);
                 return;
             }
             // The context failed: leaked, never unmapped under work that may still run.

@@ -7,22 +7,33 @@
 //! | inside a host function (a [`Stream::add_callback`](crate::Stream::add_callback) closure, a graph host node) | CUDA forbids CUDA calls there; a free may deadlock or fail | at once, on the release thread ([`When::Now`]) |
 //! | while a capture begun through this crate runs (`cuMemFree`, `cuMemFreeHost`, `cuIpcCloseMemHandle`, `cuMemUnmap` of memory whose free relies on the device's implicit wait) | a capture forbids the implicit device wait those frees rely on, and a device synchronisation fails and invalidates the capture | once no capture begun through this crate runs ([`When::AfterCaptures`]), or at [`release_deferred`] |
 //! | while its stream is being captured (`cuMemFreeAsync` would become a node of the graph) | the free would be recorded, not made | at the next poll (every [`POLL`]) where the stream is not captured ([`When::Poll`]) |
+//! | after a device synchronisation failed because a capture that foreign code began runs (the driver reports `CUDA_ERROR_STREAM_CAPTURE_*`) | the work that uses the memory may still run | at [`release_deferred`], or when a capture of this crate ends ([`When::Parked`]); never by polling, since each try would invalidate the foreign capture again |
 //!
 //! The value's own `Drop` decides: it runs again on the release thread, outside any host
 //! function, and either releases or defers itself again. Nothing is freed before the wait
 //! it needs has succeeded; memory whose wait fails for another reason (a device fault) is
 //! leaked, as every owner in the workspace does.
 //!
+//! Covered: [`DevicePtr`](crate::DevicePtr) (any owner behind it), [`Stream`](crate::Stream),
+//! [`Event`](crate::Event), [`DeviceMemory`](crate::DeviceMemory),
+//! [`ManagedMemory`](crate::ManagedMemory), [`PinnedMemory`](crate::PinnedMemory),
+//! [`StreamOrderedMemory`](crate::async_pool::StreamOrderedMemory) and the IPC mappings
+//! ([`IpcMapping`](crate::ipc::IpcMapping), [`SharedMapping`](crate::ipc::SharedMapping)).
+//! Other handles (modules, graphs, virtual ranges, host registrations) still call the driver
+//! where they drop: do not drop them inside a host function.
+//!
 //! [`deferred_count`] says how many values wait. A program whose captures are begun by
 //! foreign code (the CUDA runtime, PyTorch) is not told when they end: call
-//! [`release_deferred`] after them.
+//! [`release_deferred`] after them. While a capture begun through this crate runs, frees of
+//! the types above wait for it, on every thread and device: a capture that is never ended
+//! holds them for good.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Mutex, OnceLock, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often values deferred with [`When::Poll`] are tried again.
 pub const POLL: Duration = Duration::from_millis(50);
@@ -36,6 +47,9 @@ pub(crate) enum When {
     AfterCaptures,
     /// At the next poll ([`POLL`]), and at the moments of [`When::AfterCaptures`].
     Poll,
+    /// Only at [`release_deferred`] or when a capture of this crate ends: a retry that would
+    /// disturb a foreign capture (a device synchronisation invalidates it).
+    Parked,
 }
 
 enum Message {
@@ -102,7 +116,9 @@ pub fn release_deferred() {
 
 /// Tells the release thread that no capture begun through this crate runs any more.
 pub(crate) fn captures_ended() {
-    if WAITING.load(Ordering::Acquire) != 0 {
+    // SeqCst with `defer`'s increment: either this sees the value counted, or the release
+    // thread, receiving it later, sees the capture count at 0.
+    if WAITING.load(Ordering::SeqCst) != 0 {
         send(Message::CapturesEnded);
     }
 }
@@ -111,12 +127,13 @@ pub(crate) fn captures_ended() {
 /// thread cannot run (it could not be started), never dropped here.
 pub(crate) fn defer(value: Box<dyn Send>, when: When) {
     if when != When::Now {
-        WAITING.fetch_add(1, Ordering::AcqRel);
+        WAITING.fetch_add(1, Ordering::SeqCst);
     }
     if let Some(Message::Drop(value, when)) = try_send(Message::Drop(value, when)) {
         if when != When::Now {
-            WAITING.fetch_sub(1, Ordering::AcqRel);
+            WAITING.fetch_sub(1, Ordering::SeqCst);
         }
+        note_leak();
         std::mem::forget(value);
     }
 }
@@ -149,47 +166,63 @@ fn release_thread() -> Option<&'static Mutex<Sender<Message>>> {
             std::thread::Builder::new()
                 .name("cuda-core-release".into())
                 .spawn(move || {
-                    let mut after_captures: Vec<Box<dyn Send>> = Vec::new();
-                    let mut polled: Vec<Box<dyn Send>> = Vec::new();
+                    let mut waiting: Vec<(Box<dyn Send>, When)> = Vec::new();
+                    let mut next_poll: Option<Instant> = None;
+                    // Drops a value (its Drop releases it, or defers it again: a re-deferred
+                    // value is counted again before this one is uncounted, so the count never
+                    // shows a false 0). A panicking Drop must not end the thread.
+                    let release = |value: Box<dyn Send>, counted: bool| {
+                        let _ = catch_unwind(AssertUnwindSafe(move || drop(value)));
+                        if counted {
+                            WAITING.fetch_sub(1, Ordering::SeqCst);
+                        }
+                    };
                     loop {
-                        let message = if polled.is_empty() {
-                            match rx.recv() {
+                        let message = match next_poll {
+                            None => match rx.recv() {
                                 Ok(m) => Some(m),
                                 Err(_) => return,
-                            }
-                        } else {
-                            match rx.recv_timeout(POLL) {
-                                Ok(m) => Some(m),
-                                Err(RecvTimeoutError::Timeout) => None,
-                                Err(RecvTimeoutError::Disconnected) => return,
-                            }
-                        };
-                        let retry = |items: &mut Vec<Box<dyn Send>>| {
-                            for value in std::mem::take(items) {
-                                WAITING.fetch_sub(1, Ordering::AcqRel);
-                                // The value's Drop releases it, or defers it again.
-                                let _ = catch_unwind(AssertUnwindSafe(move || drop(value)));
-                            }
-                        };
-                        match message {
-                            Some(Message::Drop(value, When::Now)) => {
-                                // A panicking Drop must not end the thread.
-                                let _ = catch_unwind(AssertUnwindSafe(move || drop(value)));
-                            }
-                            Some(Message::Drop(value, When::AfterCaptures)) => {
-                                if crate::graph::captures_in_progress() {
-                                    after_captures.push(value);
-                                } else {
-                                    WAITING.fetch_sub(1, Ordering::AcqRel);
-                                    let _ = catch_unwind(AssertUnwindSafe(move || drop(value)));
+                            },
+                            Some(due) => {
+                                let left = due.saturating_duration_since(Instant::now());
+                                match rx.recv_timeout(left) {
+                                    Ok(m) => Some(m),
+                                    Err(RecvTimeoutError::Timeout) => None,
+                                    Err(RecvTimeoutError::Disconnected) => return,
                                 }
                             }
-                            Some(Message::Drop(value, When::Poll)) => polled.push(value),
-                            Some(Message::CapturesEnded) | Some(Message::RetryAll) => {
-                                retry(&mut after_captures);
-                                retry(&mut polled);
+                        };
+                        let mut retry_all = false;
+                        match message {
+                            Some(Message::Drop(value, When::Now)) => release(value, false),
+                            Some(Message::Drop(value, When::AfterCaptures))
+                                if !crate::graph::captures_in_progress() =>
+                            {
+                                release(value, true)
                             }
-                            None => retry(&mut polled),
+                            Some(Message::Drop(value, when)) => {
+                                if when == When::Poll && next_poll.is_none() {
+                                    next_poll = Some(Instant::now() + POLL);
+                                }
+                                waiting.push((value, when));
+                            }
+                            Some(Message::CapturesEnded | Message::RetryAll) => retry_all = true,
+                            None => {}
+                        }
+                        // Polled values at their deadline, whatever messages keep arriving.
+                        let poll_due = next_poll.is_some_and(|due| Instant::now() >= due);
+                        if retry_all || poll_due {
+                            let (now, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut waiting)
+                                .into_iter()
+                                .partition(|(_, when)| retry_all || *when == When::Poll);
+                            waiting = keep;
+                            next_poll = None;
+                            for (value, _) in now {
+                                release(value, true);
+                            }
+                        }
+                        if next_poll.is_none() && waiting.iter().any(|(_, w)| *w == When::Poll) {
+                            next_poll = Some(Instant::now() + POLL);
                         }
                     }
                 })
@@ -199,18 +232,22 @@ fn release_thread() -> Option<&'static Mutex<Sender<Message>>> {
         .as_ref()
 }
 
-/// Whether a free that relies on the device's implicit wait (`cuMemFree`, `cuMemFreeHost`)
-/// must be deferred, and until when: inside a host function (at once, elsewhere), or while
-/// a capture begun through this crate runs (until it ends).
+/// Whether a free that relies on the device's implicit wait (`cuMemFree`, `cuMemFreeHost`,
+/// an unmap after a device synchronisation) may be made now. `Ok` holds the capture gate
+/// ([`issue_guard`](crate::graph::issue_guard)): keep it until the free is made, so that no
+/// capture begun through this crate starts between the check and the free. `Err` says until
+/// when to defer it: inside a host function (at once, elsewhere), or while a capture begun
+/// through this crate runs (until it ends).
 #[inline]
-pub(crate) fn free_must_wait() -> Option<When> {
+pub(crate) fn free_must_wait() -> std::result::Result<crate::graph::IssueGuard, When> {
     if inside_host_function() {
-        Some(When::Now)
-    } else if crate::graph::captures_in_progress() {
-        Some(When::AfterCaptures)
-    } else {
-        None
+        return Err(When::Now);
     }
+    let gate = crate::graph::issue_guard();
+    if crate::graph::captures_in_progress() {
+        return Err(When::AfterCaptures);
+    }
+    Ok(gate)
 }
 
 /// Releases that failed for a reason no retry fixes (a device fault): the memory or

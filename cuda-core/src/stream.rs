@@ -43,8 +43,10 @@
 //! this crate, started at the first [`Stream::add_callback`], which drops it there. Values
 //! are therefore dropped a little after the callback ran, never inside it. A value the
 //! closure drops anyway (taken out of a captured `Option`) is caught too: the callback runs
-//! in a [`HostFunctionScope`](crate::release::HostFunctionScope), and memory, streams and
-//! events of this crate dropped there release on the release thread.
+//! in a [`HostFunctionScope`](crate::release::HostFunctionScope), and the types the
+//! [release](crate::release) module lists (views, streams, events, this crate's device,
+//! managed, pinned and stream-ordered memory, IPC mappings) release on the release thread
+//! when dropped there.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -612,9 +614,10 @@ impl Stream {
     /// [module documentation](self#what-a-host-callback-captures-is-dropped-off-the-drivers-thread)),
     /// so capturing a [`DevicePtr`](crate::DevicePtr) of pool memory, an event or a stream,
     /// whose drop calls the driver, is fine. Taking such a value out with `Option::take` and
-    /// dropping it inside is caught as well: a [`DevicePtr`](crate::DevicePtr), a [`Stream`],
-    /// an [`Event`] and this crate's memory owners dropped inside the callback release on the
-    /// release thread. Should that thread fail to start, the closures are leaked instead.
+    /// dropping it inside is caught as well for the types the [release](crate::release)
+    /// module lists (a [`DevicePtr`](crate::DevicePtr), a [`Stream`], an [`Event`], this
+    /// crate's memory owners): they release on the release thread. Should that thread fail to
+    /// start, the closures are leaked instead.
     ///
     /// ```no_run
     /// use std::sync::mpsc;

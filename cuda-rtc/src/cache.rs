@@ -12,12 +12,14 @@
 //! **Whom the disk cache trusts.** A cubin read from disk goes to the driver's loader, which
 //! does not survive crafted bytes (see `cudars_core::Module::from_cubin`). The cache
 //! therefore reads and writes only a directory owned by the effective user that no other user
-//! may write (mode without group or other write bits; it is created `0700`), and loads only
+//! may write (mode without group or other write bits; it is created `0700`, and a directory of
+//! this user's that others may write loses those bits), and loads only
 //! entries that are regular files (not symbolic links), owned by that user, writable by no
 //! one else. Anything else is counted in [`CacheStats::untrusted`] and never loaded, and
 //! an untrusted directory is not written either (memory only). The checksum beside it finds
 //! accidental damage (a torn write, a flipped bit); it is not a signature: whoever can write
-//! files as this user can plant an entry, as they could plant a library.
+//! files as this user can plant an entry, as they could plant a library. (These checks exist on
+//! Unix; elsewhere the directory is trusted as it is.)
 //!
 //! On disk each entry is one file, `<key>.rtc`, in the cache directory:
 //!
@@ -486,7 +488,24 @@ mod trust {
             b.create(dir)?;
         }
         let meta = fs::metadata(dir)?;
-        Ok(meta.is_dir() && owned_and_private(&meta))
+        if !meta.is_dir() {
+            return Ok(false);
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+            // This user's directory that others may write (an older cache made under a
+            // umask of 002): take the write bits away. Entries others wrote meanwhile are
+            // still refused one by one at open (owner and mode of each file).
+            if meta.uid() == rustix::process::geteuid().as_raw() && meta.mode() & 0o022 != 0 {
+                let mode = meta.mode() & 0o7755;
+                if fs::set_permissions(dir, fs::Permissions::from_mode(mode)).is_ok() {
+                    let meta = fs::metadata(dir)?;
+                    return Ok(meta.is_dir() && owned_and_private(&meta));
+                }
+            }
+        }
+        Ok(owned_and_private(&meta))
     }
 
     /// Reads the entry at `path` if its directory and the file itself pass the checks. The
@@ -842,16 +861,26 @@ mod tests {
             expect_untrusted("another user's entry");
             rustix::fs::chown(&path, Some(rustix::process::geteuid()), None).unwrap();
         }
-        // A directory others may write: nothing is read from it, or written to it.
+        // This user's directory that others may write: its write bits for others go, and
+        // the entries in it are still checked one by one.
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
-        expect_untrusted("a world-writable directory");
-        let c = Cache::in_dir(&dir);
-        let other = inputs("other", &[], &[], &[]).key();
-        c.put(&other, entry());
-        assert!(!c.entry_path(&other).unwrap().exists(), "not written there");
-        assert_eq!((c.stats().writes, c.stats().untrusted), (0, 1));
-        assert!(c.get(&other).is_some(), "still served from memory");
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(Cache::in_dir(&dir).get(&key).is_some());
+        assert_eq!(mode(&dir), 0o755, "group and other write bits taken away");
+        // A directory owned by another user that others may write: nothing is read from it,
+        // or written to it (only root can make one here).
+        if rustix::process::geteuid().is_root() {
+            let nobody = rustix::process::Uid::from_raw(65534);
+            rustix::fs::chown(&dir, Some(nobody), None).unwrap();
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+            expect_untrusted("another user's world-writable directory");
+            let c = Cache::in_dir(&dir);
+            let other = inputs("other", &[], &[], &[]).key();
+            c.put(&other, entry());
+            assert!(!c.entry_path(&other).unwrap().exists(), "not written there");
+            assert_eq!((c.stats().writes, c.stats().untrusted), (0, 1));
+            assert!(c.get(&other).is_some(), "still served from memory");
+            rustix::fs::chown(&dir, Some(rustix::process::geteuid()), None).unwrap();
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -28,6 +28,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use sha2::{Digest, Sha256};
 
@@ -60,6 +61,8 @@ struct PathOptions {
     include_dirs: Vec<PathBuf>,
     pre_includes: Vec<String>,
     no_source_include: bool,
+    /// An option that makes the compiler read files the scanner does not follow.
+    uncacheable: Option<String>,
 }
 
 fn path_options(options: &[String]) -> PathOptions {
@@ -88,14 +91,38 @@ fn path_options(options: &[String]) -> PathOptions {
             out.pre_includes.push(f.to_string());
         } else if o == "--no-source-include" || o == "-no-source-include" {
             out.no_source_include = true;
+        } else if o.contains("pch") {
+            // Precompiled headers (NVRTC 12.8+: --pch, --create-pch, --use-pch, --pch-dir):
+            // files the key does not follow.
+            out.uncacheable = Some(format!(
+                "the option `{o}` reads or writes precompiled headers"
+            ));
         }
     }
     out
 }
 
-/// `text` with comments replaced by a space and line splices (`\` newline) removed; string
-/// and character literals are kept as they are.
+/// Whether a raw string literal (`R"delim(...)delim"`, with an optional `u8`, `u`, `U` or
+/// `L` prefix) opens at `b[quote]`, the `"`.
+fn raw_string_at(b: &[u8], quote: usize) -> bool {
+    if quote == 0 || b[quote - 1] != b'R' {
+        return false;
+    }
+    let mut start = quote - 1;
+    for prefix in [&b"u8"[..], b"u", b"U", b"L"] {
+        if start >= prefix.len() && &b[start - prefix.len()..start] == prefix {
+            start -= prefix.len();
+            break;
+        }
+    }
+    start == 0 || !(b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'_')
+}
+
+/// `text` with comments replaced by a space and line splices (`\` newline) removed; string,
+/// raw string and character literals are kept as they are (a `/*` inside one opens no
+/// comment). A byte-order mark at the start is dropped.
 fn strip(text: &str) -> String {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let joined = text.replace("\\\r\n", "").replace("\\\n", "");
     let b = joined.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -118,6 +145,25 @@ fn strip(text: &str) -> String {
                 }
                 i = (i + 2).min(b.len());
                 out.push(b' ');
+            }
+            b'"' if raw_string_at(b, i) => {
+                // R"delim( ... )delim": copied whole, whatever it holds.
+                let open = b[i + 1..]
+                    .iter()
+                    .position(|&c| c == b'(')
+                    .map(|p| i + 1 + p);
+                let end = open.and_then(|open| {
+                    let mut close = vec![b')'];
+                    close.extend_from_slice(&b[i + 1..open]);
+                    close.push(b'"');
+                    b[open..]
+                        .windows(close.len())
+                        .position(|w| w == close.as_slice())
+                        .map(|p| open + p + close.len())
+                });
+                let end = end.unwrap_or(b.len());
+                out.extend_from_slice(&b[i..end]);
+                i = end;
             }
             q @ (b'"' | b'\'') => {
                 out.push(q);
@@ -174,6 +220,19 @@ fn references(text: &str) -> Result<Vec<Reference>, String> {
             .or_else(|| t.strip_prefix("??="));
         if let Some(d) = after_hash {
             let d = d.trim_start();
+            // Directives that name a file and that this scanner does not follow.
+            for other in ["import", "embed"] {
+                if d.strip_prefix(other).is_some_and(|r| {
+                    !r.chars()
+                        .next()
+                        .is_some_and(|c| c.is_alphanumeric() || c == '_')
+                }) {
+                    return Err(format!(
+                        "`{}` reads a file the key cannot follow",
+                        line.trim()
+                    ));
+                }
+            }
             let rest = d
                 .strip_prefix("include_next")
                 .or_else(|| d.strip_prefix("include"));
@@ -195,13 +254,22 @@ fn references(text: &str) -> Result<Vec<Reference>, String> {
                 continue;
             }
         }
-        // `__has_include("x")`, `__has_include(<x>)`, `__has_include_next(...)`, anywhere.
+        if line.contains("__has_embed") {
+            return Err(format!(
+                "`{}` asks about a file the key cannot follow",
+                line.trim()
+            ));
+        }
+        // `__has_include("x")`, `__has_include(<x>)`, `__has_include_next(...)` and
+        // `__has_include__(...)`, anywhere.
         let mut from = 0;
         while let Some(at) = line[from..].find("__has_include") {
             let start = from + at + "__has_include".len();
-            let rest = line[start..]
+            let rest = &line[start..];
+            let rest = rest
                 .strip_prefix("_next")
-                .unwrap_or(&line[start..]);
+                .or_else(|| rest.strip_prefix("__"))
+                .unwrap_or(rest);
             let Some(arg) = rest.trim_start().strip_prefix('(') else {
                 // `defined(__has_include)` and the like: no file named.
                 from = start;
@@ -222,10 +290,9 @@ fn references(text: &str) -> Result<Vec<Reference>, String> {
     Ok(refs)
 }
 
-/// One text to scan: its references are resolved from `dir` (its own directory, for quoted
-/// names), then the program's directory and the `-I` directories.
+/// The references of one text, and the directory its quoted names are resolved from first.
 struct Pending {
-    text: String,
+    refs: Result<Vec<Reference>, String>,
     dir: Option<PathBuf>,
 }
 
@@ -268,6 +335,82 @@ fn field(h: &mut Sha256, bytes: &[u8]) {
     h.update(bytes);
 }
 
+/// What identifies a file's content without reading it: device, inode, size, and the
+/// modification and status-change times in nanoseconds (the status-change time cannot be set
+/// back by a user), as git and ccache use it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Stamp([i64; 6]);
+
+#[cfg(unix)]
+fn stamp(m: &std::fs::Metadata) -> Stamp {
+    use std::os::unix::fs::MetadataExt as _;
+    Stamp([
+        m.dev() as i64,
+        m.ino() as i64,
+        m.size() as i64,
+        m.mtime()
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(m.mtime_nsec()),
+        m.ctime()
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(m.ctime_nsec()),
+        m.mode() as i64,
+    ])
+}
+
+#[cfg(not(unix))]
+fn stamp(m: &std::fs::Metadata) -> Stamp {
+    let t = m
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as i64);
+    Stamp([0, 0, m.len() as i64, t, 0, 0])
+}
+
+/// A file read once: its stamp, its content's SHA-256 and its references.
+type Memo =
+    std::collections::HashMap<PathBuf, (Stamp, [u8; 32], Arc<Result<Vec<Reference>, String>>)>;
+
+/// Files already read, by path: a file whose stamp is unchanged is not read again, so a cache
+/// hit costs a `stat` per candidate path, not a read and a hash per header.
+fn memo() -> &'static Mutex<Memo> {
+    static MEMO: OnceLock<Mutex<Memo>> = OnceLock::new();
+    MEMO.get_or_init(Default::default)
+}
+
+/// The digest and references of the file at `path` (with `meta`), from the memo when its stamp
+/// is unchanged.
+fn read_file(
+    path: &Path,
+    meta: &std::fs::Metadata,
+) -> std::io::Result<([u8; 32], Arc<Result<Vec<Reference>, String>>)> {
+    let st = stamp(meta);
+    if let Some((s, digest, refs)) = memo()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(path)
+    {
+        if *s == st {
+            return Ok((*digest, Arc::clone(refs)));
+        }
+    }
+    let content = std::fs::read(path)?;
+    let digest: [u8; 32] = Sha256::digest(&content).into();
+    let refs = Arc::new(references(&String::from_utf8_lossy(&content)));
+    // Kept only if the file did not change while it was read.
+    if std::fs::metadata(path).is_ok_and(|m| stamp(&m) == st) {
+        let mut memo = memo()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if memo.len() > 4 * MAX_FILES {
+            memo.clear();
+        }
+        memo.insert(path.to_path_buf(), (st, digest, Arc::clone(&refs)));
+    }
+    Ok((digest, refs))
+}
+
 /// Scans the program named `name` (whose directory NVRTC searches for quoted includes),
 /// its `source`, its in-memory `headers` and its `options`: see the [module](self).
 pub(crate) fn scan(
@@ -277,42 +420,44 @@ pub(crate) fn scan(
     options: &[String],
 ) -> Scan {
     let opts = path_options(options);
+    if let Some(why) = opts.uncacheable {
+        return Scan::Uncacheable(why);
+    }
     let source_dir = (!opts.no_source_include).then(|| parent(Path::new(name)));
     let mut h = Sha256::new();
     let mut queue: VecDeque<Pending> = VecDeque::new();
     queue.push_back(Pending {
-        text: source.to_string(),
+        refs: references(source),
         dir: source_dir.clone(),
     });
-    for (_, text) in headers {
+    for (header_name, text) in headers {
+        // Its quoted names may be resolved from its own (relative) directory, or the
+        // program's: both are probed.
         queue.push_back(Pending {
-            text: text.clone(),
-            dir: source_dir.clone(),
+            refs: references(text),
+            dir: Some(parent(Path::new(header_name))),
         });
     }
     // Pre-included files: resolved like quoted names from the working directory and the
     // search path.
-    let mut pre: Vec<(Reference, Option<PathBuf>)> = opts
-        .pre_includes
-        .iter()
-        .map(|f| (Reference::Quoted(f.clone()), Some(PathBuf::from("."))))
-        .collect();
+    queue.push_back(Pending {
+        refs: Ok(opts
+            .pre_includes
+            .iter()
+            .map(|f| Reference::Quoted(f.clone()))
+            .collect()),
+        dir: Some(PathBuf::from(".")),
+    });
     let mut probed: HashSet<PathBuf> = HashSet::new();
     let mut files = 0usize;
     let mut bytes = 0u64;
-    loop {
-        let (refs, own_dir) = if let Some(p) = pre.pop() {
-            (vec![p.0], p.1)
-        } else if let Some(item) = queue.pop_front() {
-            match references(&item.text) {
-                Ok(r) => (r, item.dir),
-                Err(why) => return Scan::Uncacheable(why),
-            }
-        } else {
-            break;
+    while let Some(item) = queue.pop_front() {
+        let refs = match item.refs {
+            Ok(r) => r,
+            Err(why) => return Scan::Uncacheable(why),
         };
         for r in refs {
-            for path in candidates(&r, own_dir.as_deref(), source_dir.as_deref(), &opts) {
+            for path in candidates(&r, item.dir.as_deref(), source_dir.as_deref(), &opts) {
                 if !probed.insert(path.clone()) {
                     continue;
                 }
@@ -327,12 +472,12 @@ pub(crate) fn scan(
                                 MAX_BYTES >> 20
                             ));
                         }
-                        match std::fs::read(&path) {
-                            Ok(content) => {
+                        match read_file(&path, &m) {
+                            Ok((digest, refs)) => {
                                 h.update([1]);
-                                h.update(Sha256::digest(&content));
+                                h.update(digest);
                                 queue.push_back(Pending {
-                                    text: String::from_utf8_lossy(&content).into_owned(),
+                                    refs: (*refs).clone(),
                                     dir: Some(parent(&path)),
                                 });
                             }
@@ -385,6 +530,49 @@ mod tests {
                 Reference::Angle("g.h".into()),
             ]
         );
+    }
+
+    #[test]
+    fn raw_strings_byte_order_marks_and_other_spellings() {
+        // A `/*` inside a raw string opens no comment that would hide the include after it.
+        let text = "const char* s = R\"x(\n/*\n)x\";\n#include \"real.h\"\n//*/\n";
+        assert_eq!(
+            references(text).unwrap(),
+            vec![Reference::Quoted("real.h".into())]
+        );
+        let bom = "\u{feff}#include \"first.h\"\n";
+        assert_eq!(
+            references(bom).unwrap(),
+            vec![Reference::Quoted("first.h".into())]
+        );
+        let old = "#if __has_include__(\"h.h\")\n#endif\n";
+        assert_eq!(
+            references(old).unwrap(),
+            vec![Reference::Quoted("h.h".into())]
+        );
+        assert!(references("#import \"x.h\"\n").is_err());
+        assert!(references("#embed \"x.bin\"\n").is_err());
+        assert!(references("#if __has_embed(\"x.bin\")\n#endif\n").is_err());
+        assert!(references("#important_pragma\n").is_ok());
+        match scan("p.cu", "", &[], &["--use-pch=a.pch".to_string()]) {
+            Scan::Uncacheable(why) => assert!(why.contains("precompiled"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unchanged_file_is_not_read_again_and_a_changed_one_is() {
+        let root = temp_dir("memo");
+        let f = root.join("m.h");
+        std::fs::write(&f, "int a;\n").unwrap();
+        let opts = vec![format!("-I{}", root.display())];
+        let a = digest(scan("p.cu", "#include <m.h>\n", &[], &opts));
+        assert_eq!(a, digest(scan("p.cu", "#include <m.h>\n", &[], &opts)));
+        // Same size, rewritten: the stamp (times) changes, so the file is read again.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&f, "int b;\n").unwrap();
+        assert_ne!(a, digest(scan("p.cu", "#include <m.h>\n", &[], &opts)));
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

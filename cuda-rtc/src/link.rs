@@ -92,7 +92,14 @@ impl<'a> Linker<'a> {
         let kind = match compiled.output() {
             Output::LtoIr => nvJitLinkInputType::NVJITLINK_INPUT_LTOIR,
             Output::Ptx => nvJitLinkInputType::NVJITLINK_INPUT_PTX,
-            Output::Cubin | Output::LtoCubin => nvJitLinkInputType::NVJITLINK_INPUT_CUBIN,
+            Output::Cubin | Output::LtoCubin => {
+                match cudars_core::module::ImageKind::detect(compiled.image()) {
+                    Some(cudars_core::module::ImageKind::Fatbin) => {
+                        nvJitLinkInputType::NVJITLINK_INPUT_FATBIN
+                    }
+                    _ => nvJitLinkInputType::NVJITLINK_INPUT_CUBIN,
+                }
+            }
         };
         // The image is NVRTC's or nvJitLink's own output (compiled in this process, or read
         // from a cache entry this user wrote): what nvJitLink was made to read.

@@ -29,7 +29,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use cudars_core::async_pool::StreamOrderedMemory;
+use cudars_core::async_pool::{MemPool, StreamOrderedMemory};
 use cudars_core::completion::WakeStrategy;
 use cudars_core::graph::{self as core_graph, CaptureMode};
 use cudars_core::ipc::SharedMapping;
@@ -169,20 +169,22 @@ fn a_planted_cache_entry_is_never_loaded() {
         .unwrap()
         .expect("the program is cacheable");
     let planted = entry_bytes(&key.0, (cc_major, cc_minor), intruder.image());
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>)> = vec![
-        (
-            "a world-writable entry",
-            Box::new(|p: &Path| {
-                std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666)).unwrap()
-            }),
-        ),
-        (
+    let cases: Vec<(&str, Box<dyn Fn(&Path)>)> = vec![(
+        "a world-writable entry",
+        Box::new(|p: &Path| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666)).unwrap()
+        }),
+    )];
+    // Only root can give a file to another user.
+    let mut cases = cases;
+    if std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0) {
+        cases.push((
             "an entry owned by another user",
             Box::new(|p: &Path| {
                 std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
             }),
-        ),
-    ];
+        ));
+    }
     for (what, make_foreign) in cases {
         let _ = std::fs::remove_dir_all(&dir);
         // The directory as this user's cache makes it (0700).
@@ -205,9 +207,12 @@ fn a_planted_cache_entry_is_never_loaded() {
         assert_eq!(origin, Origin::Compiled);
         assert_eq!(cache.stats().untrusted, 1, "{what}");
     }
-    // The same entry, this user's and private, is one the user wrote: loaded (the cache
-    // trusts its own user, as a library path does).
-    std::fs::remove_file(Cache::in_dir(&dir).entry_path(&key).unwrap()).unwrap();
+    // The entry the cache wrote itself (this user's, private) is loaded from disk by a later
+    // process: the checks refuse only what another user could have written.
+    let later = Cache::in_dir(&dir);
+    let (value, origin) = run_k(&dev, FROM_HEADER, &include, &later);
+    assert_eq!((value, origin), (7, Origin::Disk));
+    assert_eq!(later.stats().untrusted, 0);
     std::fs::remove_dir_all(&root).unwrap();
 }
 
@@ -222,6 +227,10 @@ fn a_shared_mapping_dropped_during_another_threads_capture_outlives_its_kernel()
     let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
     let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
+    // Allocated before the capture: a capture in global mode refuses cuMemAlloc and
+    // cuMemCreate on every thread.
+    let mapping = SharedMapping::new(&dev, 8 << 20).unwrap().into_ptr();
+    let check = DevicePtr::alloc(&dev, 4).unwrap();
     let (capturing_tx, capturing_rx) = mpsc::channel();
     let (end_tx, end_rx) = mpsc::channel::<()>();
     let capturer = std::thread::spawn(move || {
@@ -234,7 +243,6 @@ fn a_shared_mapping_dropped_during_another_threads_capture_outlives_its_kernel()
         core_graph::end_capture(&cap).map(|_| ())
     });
     capturing_rx.recv().unwrap();
-    let mapping = SharedMapping::new(&dev, 8 << 20).unwrap().into_ptr();
     // A slow writer (about half a second), then the last view is dropped under it.
     k.fill_after_spin(
         &stream,
@@ -243,7 +251,6 @@ fn a_shared_mapping_dropped_during_another_threads_capture_outlives_its_kernel()
         k.cycles_for(Duration::from_millis(500)),
     )
     .unwrap();
-    let check = DevicePtr::alloc(&dev, 4).unwrap();
     drop(mapping);
     let deferred = release::deferred_count();
     println!("dropped under the kernel during the capture: {deferred} release(s) deferred");
@@ -317,9 +324,13 @@ fn stream_ordered_memory_dropped_during_its_streams_capture_is_freed_after_it() 
     let _s = serial();
     let dev = dev0();
     let stream = Arc::new(Stream::builder(&dev).non_blocking(true).build().unwrap());
-    let mem = DevicePtr::new(StreamOrderedMemory::new(1 << 20, &stream).unwrap());
+    let pool = MemPool::current(&dev).unwrap();
+    stream.synchronize().unwrap();
+    let used_before = pool.used_current().unwrap();
+    let mem = DevicePtr::new(StreamOrderedMemory::new(64 << 20, &stream).unwrap());
     mem.memset_u32_async(1, &stream).unwrap();
     stream.synchronize().unwrap();
+    let used_during = pool.used_current().unwrap();
     // SAFETY: nothing but the drop happens during the capture; it is ended below.
     unsafe { core_graph::begin_capture(&stream, CaptureMode::ThreadLocal) }.unwrap();
     drop(mem);
@@ -333,6 +344,15 @@ fn stream_ordered_memory_dropped_during_its_streams_capture_is_freed_after_it() 
     }
     assert_eq!(release::deferred_count(), 0, "never freed");
     stream.synchronize().unwrap();
+    let used_after = pool.used_current().unwrap();
+    println!(
+        "the driver pool's used bytes: {used_before} before, {used_during} while allocated, \
+         {used_after} after the capture ended"
+    );
+    assert_eq!(
+        used_after, used_before,
+        "the memory was never freed (leaked)"
+    );
 }
 
 /// Design (c), host nodes: a graph host node's closure takes the last view of device memory

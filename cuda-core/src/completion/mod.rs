@@ -37,10 +37,11 @@
 //! # Wake strategies
 //!
 //! [`WakeStrategy::Poll`] (the default) is the reactor above. [`WakeStrategy::HostFunction`]
-//! puts a host function (`cuLaunchHostFunc`) after the recorded event: it only marks the
-//! wait complete and calls the waker by reference (no CUDA call, nothing dropped there: the
-//! waker is dropped later, off the driver's thread), while the reactor checks the wait's
-//! health. A host function occupies the stream until it has run, which costs a stream of
+//! puts a host function (`cuLaunchHostFunc`) after the recorded event: it only marks that it
+//! ran and signals the reactor, which completes the wait and wakes the task on its own thread
+//! (no CUDA call, nothing dropped and no waker touched on the driver's thread: a waker is the
+//! executor's code, which may poll the task inline, and the task may call CUDA), while the
+//! reactor also checks the wait's health. A host function occupies the stream until it has run, which costs a stream of
 //! many small awaited operations throughput; the benchmark `bench_async` measures both.
 //! The strategy applies to [`Stream::completion`]; an event alone has no stream to put a
 //! host function on, so [`Event::completion`] is always polled.
@@ -83,8 +84,8 @@ pub enum WakeStrategy {
     /// Adds nothing to the stream.
     #[default]
     Poll,
-    /// A host function queued after the recorded event marks the wait complete and wakes
-    /// the task; the reactor checks the event every [`PollConfig::health_interval`] so that
+    /// A host function queued after the recorded event says the work is done and signals
+    /// the reactor, which wakes the task on its own thread; the reactor checks the event every [`PollConfig::health_interval`] so that
     /// a device fault (after which host functions never run) still ends the wait. The host
     /// function holds the stream until it has run.
     HostFunction,

@@ -130,16 +130,19 @@ impl Drop for DeviceMemory {
         // memory. Inside a host function it is forbidden; while a capture begun through this
         // crate runs, the wait is one a capture forbids (the driver documents nothing for
         // it). Either way the free is made later, on the release thread.
-        if let Some(when) = crate::release::free_must_wait() {
-            let moved = DeviceMemory {
-                ptr: std::mem::take(&mut self.ptr),
-                size: std::mem::take(&mut self.size),
-                device: self.device,
-                cross: std::mem::take(&mut self.cross),
-            };
-            crate::release::defer(Box::new(moved), when);
-            return;
-        }
+        let _gate = match crate::release::free_must_wait() {
+            Ok(gate) => gate,
+            Err(when) => {
+                let moved = DeviceMemory {
+                    ptr: std::mem::take(&mut self.ptr),
+                    size: std::mem::take(&mut self.size),
+                    device: self.device,
+                    cross: std::mem::take(&mut self.cross),
+                };
+                crate::release::defer(Box::new(moved), when);
+                return;
+            }
+        };
         // Other devices' work first: `cuMemFree` waits for this device's work only. If a
         // wait fails that work may still run: the memory is leaked, never freed under it.
         if !self.cross.wait_all() {

@@ -243,16 +243,19 @@ impl Drop for ManagedMemory {
         }
         // Not inside a host function, nor while a capture of this crate runs (see
         // `DeviceMemory`'s drop): later, on the release thread.
-        if let Some(when) = crate::release::free_must_wait() {
-            let moved = ManagedMemory {
-                ptr: std::mem::take(&mut self.ptr),
-                size: std::mem::take(&mut self.size),
-                device: self.device,
-                cross: std::mem::take(&mut self.cross),
-            };
-            crate::release::defer(Box::new(moved), when);
-            return;
-        }
+        let _gate = match crate::release::free_must_wait() {
+            Ok(gate) => gate,
+            Err(when) => {
+                let moved = ManagedMemory {
+                    ptr: std::mem::take(&mut self.ptr),
+                    size: std::mem::take(&mut self.size),
+                    device: self.device,
+                    cross: std::mem::take(&mut self.cross),
+                };
+                crate::release::defer(Box::new(moved), when);
+                return;
+            }
+        };
         // Other devices' work first (`cuMemFree` waits for this device's only); leaked if a
         // wait fails, since that work may still run.
         if !self.cross.wait_all() {

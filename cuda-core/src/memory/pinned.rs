@@ -278,17 +278,20 @@ impl Drop for PinnedMemory {
         }
         // `cuMemFreeHost` synchronises: not inside a host function, nor while a capture of
         // this crate runs (see `DeviceMemory`'s drop); later, on the release thread.
-        if let Some(when) = crate::release::free_must_wait() {
-            let moved = PinnedMemory {
-                ptr: self.ptr,
-                size: std::mem::take(&mut self.size),
-                flags: self.flags,
-                device_ptr: self.device_ptr,
-                device: self.device,
-            };
-            crate::release::defer(Box::new(moved), when);
-            return;
-        }
+        let _gate = match crate::release::free_must_wait() {
+            Ok(gate) => gate,
+            Err(when) => {
+                let moved = PinnedMemory {
+                    ptr: self.ptr,
+                    size: std::mem::take(&mut self.size),
+                    flags: self.flags,
+                    device_ptr: self.device_ptr,
+                    device: self.device,
+                };
+                crate::release::defer(Box::new(moved), when);
+                return;
+            }
+        };
         // A capture in global or thread-local mode (this thread's or another's) would refuse
         // the free and be invalidated by it: relax this thread's mode for the call.
         let _relaxed = crate::graph::RelaxedCaptureMode::new();

@@ -285,8 +285,12 @@ unsafe impl<B: Backend> Backend for RecordingBackend<B> {
 
     fn set_recorder(&self, recorder: Option<Arc<super::Recorder>>) {
         // The wrapped backend records too when asked (a pool's `start_history`); this
-        // wrapper keeps recording into its own recorder as well.
-        self.inner.set_recorder(recorder)
+        // wrapper keeps recording into its own recorder as well. Not into the same recorder
+        // twice: the wrapper already records these calls there.
+        match &recorder {
+            Some(r) if Arc::ptr_eq(r, &self.recorder) => self.inner.set_recorder(None),
+            _ => self.inner.set_recorder(recorder),
+        }
     }
 }
 
