@@ -12,6 +12,7 @@
 #   indexing_tests math_tests statistics_tests (a chunk may name a file or folder under
 #   cupy_tests, e.g. core_tests/fusion_tests)
 # Environment: CUPY_SUITE_WORKERS=N runs pytest-xdist with N workers when it can be imported;
+#   CUPY_SUITE_TEST_TIMEOUT=S bounds each test (pytest-timeout, when it can be imported);
 #   CUPY_SUITE_TIMEOUT=S bounds each run (default 1500 s); CUPY_SUITE_DEADLINE=EPOCH starts no
 #   run that would end after it (those print "not run"); CUPY_SUITE_MODES (default
 #   "cupy ours"); CUPY_OWN_LOGS=DIR keeps each run's whole output there.
@@ -34,7 +35,12 @@ mkdir -p "$work/plugin"
 cp "$here/cupy_suite_conftest.py" "$work/plugin/cudars_cupy_suite.py"
 xdist=()
 if [ -n "${CUPY_SUITE_WORKERS:-}" ] && python3 -c 'import xdist' 2>/dev/null; then
-  xdist=(-n "$CUPY_SUITE_WORKERS")
+  xdist=(-n "$CUPY_SUITE_WORKERS" -p no:benchmark)
+fi
+# CUPY_SUITE_TEST_TIMEOUT=S fails any single test that runs longer (pytest-timeout), so a
+# hanging or very slow test costs S seconds in both runs instead of the whole chunk.
+if [ -n "${CUPY_SUITE_TEST_TIMEOUT:-}" ] && python3 -c 'import pytest_timeout' 2>/dev/null; then
+  xdist+=(--timeout "$CUPY_SUITE_TEST_TIMEOUT")
 fi
 echo "CuPy $(python3 -c 'import cupy; print(cupy.__version__)'), pytest $(python3 -c 'import pytest; print(pytest.__version__)'), workers: ${CUPY_SUITE_WORKERS:-1}${xdist[*]:+ (xdist)}"
 passed=0; failed=0; not_run=0
