@@ -2,7 +2,7 @@
 //! trace: name, operations, peak requested, peak reserved, their ratio and ns/op.
 //!
 //! ```text
-//! cargo run -p cudars-mempool --release --example replay -- /work/shared/traces/*.trace
+//! cargo run -p cudars-mempool --release --example replay -- traces/*.trace
 //! cargo run -p cudars-mempool --release --example replay -- --all-rules TRACE...
 //! ```
 //!
@@ -30,12 +30,10 @@ fn main() -> std::process::ExitCode {
     }
     if paths.is_empty() {
         // No arguments: the traces in $CUDA_RS_TRACES (set by the GPU bundle's run.sh), else
-        // the steering repo's shared/traces beside the checkout.
+        // the repository's traces/.
         let dir = std::env::var_os("CUDA_RS_TRACES")
             .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces")
-            });
+            .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces"));
         if let Ok(entries) = std::fs::read_dir(&dir) {
             paths = entries
                 .flatten()

@@ -1,4 +1,4 @@
-//! Replays of the real PyTorch traces in `../shared/traces` on the simulated backend.
+//! Replays of the real PyTorch traces in `traces/` on the simulated backend.
 //!
 //! Target (BRIEF sections 6 and 10): peak reserved / peak requested <= 1.05 on every
 //! trace, under every fence rule, the default (never synchronise) included.
@@ -18,7 +18,7 @@ const TARGET_RATIO: f64 = 1.05;
 
 fn trace(name: &str) -> Trace {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/traces")
+        .join("../traces")
         .join(format!("{name}.trace"));
     match load_trace(&path) {
         Ok(t) => t,

@@ -43,7 +43,7 @@ for mode in cupy ours plain; do
   only="$(comm -13 "$work/cupy.failed" "$work/$mode.failed")"
   n_only=$(printf '%s' "$only" | grep -c . || true)
   n_both=$(comm -12 "$work/cupy.failed" "$work/$mode.failed" | grep -c . || true)
-  p=$(printf '%s\n' "$summary" | sed -nE 's/.* ([0-9]+) passed.*/\1/p'); p=${p:-0}
+  p=$(printf '%s\n' "$summary" | sed -nE 's/^(.*[^0-9])?([0-9]+) passed.*/\2/p'); p=${p:-0}
   echo "    $mode: $p passed; $n_only failing only on $mode (pass on CuPy's pool); $n_both failing on both"
   if [ -n "$only" ]; then
     printf '%s\n' "$only" | sed 's/^/    only on '"$mode"': /'

@@ -9,11 +9,16 @@ use std::process::Command;
 
 use crate::util::{cargo, fail, root, Result};
 
-/// The trace rendered: one of the two public traces of the steering repository.
-const TRACE: &str = "../shared/traces/multistream.trace";
+/// The trace rendered: one of the two recorded PyTorch traces in the repository's `traces/`.
+const TRACE: &str = "traces/multistream.trace";
 /// The browser window (the report is about 1200 pixels wide).
 const WIDTH: u32 = 1400;
 const HEIGHT: u32 = 2400;
+
+/// Whether headless Chromium is there (the reason when it is not).
+pub fn chromium_found() -> Result<()> {
+    chromium().map(|_| ())
+}
 
 fn chromium() -> Result<PathBuf> {
     let candidates = [

@@ -319,9 +319,9 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
                 .map_err(|e| format!("copy {}: {e}", entry.path().display()))?;
         }
     }
-    // The recorded allocation traces, for the replay benchmark (read from the steering
-    // repo's shared/ beside the checkout; absent traces leave the replay rows out, loudly).
-    let traces = root().join("../shared/traces");
+    // The recorded allocation traces, for the replay benchmark (the repository's traces/;
+    // absent traces leave the replay rows out, loudly).
+    let traces = root().join("traces");
     if traces.is_dir() {
         fs::create_dir_all(dir.join("traces")).map_err(|e| e.to_string())?;
         for entry in fs::read_dir(&traces).map_err(|e| e.to_string())? {

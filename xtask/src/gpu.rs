@@ -28,20 +28,25 @@ pub struct Options {
     pub want: Want,
     /// `--sanitize`: under `compute-sanitizer --tool memcheck`; implies `--gpu`.
     pub sanitize: bool,
+    /// `--strict` (or `CI` set): steps that need a tool the machine may lack (headless
+    /// Chromium) fail without it instead of being skipped with a line saying so.
+    pub strict: bool,
 }
 
 impl Options {
-    /// Reads `--gpu`, `--no-gpu` and `--sanitize`; anything else is an error.
+    /// Reads `--gpu`, `--no-gpu`, `--sanitize` and `--strict`; anything else is an error.
     pub fn parse(args: &[String]) -> Result<Options> {
         let mut opts = Options {
             want: Want::Auto,
             sanitize: false,
+            strict: std::env::var_os("CI").is_some_and(|v| !v.is_empty()),
         };
         for arg in args {
             match arg.as_str() {
                 "--gpu" => opts.want = Want::Require,
                 "--no-gpu" => opts.want = Want::Skip,
                 "--sanitize" => opts.sanitize = true,
+                "--strict" => opts.strict = true,
                 other => return Err(format!("unknown option `{other}`")),
             }
         }

@@ -205,7 +205,7 @@ fn replay_records_out_of_memory() {
 }
 
 fn traces() -> Vec<std::path::PathBuf> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces");
     let mut v: Vec<_> = std::fs::read_dir(&dir)
         .map(|d| {
             d.flatten()
@@ -218,7 +218,7 @@ fn traces() -> Vec<std::path::PathBuf> {
     v
 }
 
-/// Every trace in `../../shared/traces`: the recorded history's peaks equal the replay's, and so do the
+/// Every trace in `traces/` (the repository's copy): the recorded history's peaks equal the replay's, and so do the
 /// figures embedded in the report.
 #[test]
 fn recorded_replay_peaks_match_the_report() {
@@ -229,7 +229,7 @@ fn recorded_replay_peaks_match_the_report() {
             paths
                 .iter()
                 .any(|p| p.file_stem().is_some_and(|s| s == name)),
-            "trace {name}.trace is required in ../../shared/traces"
+            "trace {name}.trace is required in traces/"
         );
     }
     for path in paths {
@@ -260,8 +260,7 @@ fn recorded_replay_peaks_match_the_report() {
 /// replay's peak. Python 3 is required (it is on CI): without it the test fails.
 #[test]
 fn history_torch_snapshot_loads_in_python() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/traces/multistream.trace");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/multistream.trace");
     let trace =
         load_trace(&path).unwrap_or_else(|e| panic!("trace {} is required: {e}", path.display()));
     let rec = Arc::new(Recorder::new(1 << 22, Clock::Virtual));

@@ -22,7 +22,7 @@
 //!   backend, whose device completes nothing by itself. Target <= 1.05. Plus
 //!   `replay_<trace>_ns_per_op` (the replay loop's host time per operation) and
 //!   `replay_<trace>_no_steal` (the same with `PoolConfig::steal_before_growing` off).
-//!   Traces are read from `$CUDA_RS_TRACES` (default `../shared/traces`).
+//!   Traces are read from `$CUDA_RS_TRACES` (default `traces`).
 //! - `pinned_pool_pair`: ns per 4 KiB pinned malloc+free pair; raw: `cuMemHostAlloc` +
 //!   `cuMemFreeHost`. Target <= 100 ns.
 #![allow(
@@ -299,7 +299,7 @@ fn run() -> Result<(), BoxError> {
     // Trace replays.
     let dir = std::env::var_os("CUDA_RS_TRACES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("../shared/traces"));
+        .unwrap_or_else(|| PathBuf::from("traces"));
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map_err(|e| format!("cannot read traces in {}: {e}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
