@@ -417,7 +417,7 @@ fn refuse_capture(stream: &Stream) -> Result<()> {
         crate::StreamKind::LegacyNull => false,
         crate::StreamKind::External => true,
         crate::StreamKind::Owned | crate::StreamKind::PerThread => {
-            crate::graph::captures_in_progress()
+            crate::capture_gate::captures_in_progress()
         }
     };
     if may && crate::graph::capture_info(stream)?.status != crate::graph::CaptureStatus::None {
@@ -557,7 +557,7 @@ impl Drop for StreamOrderedMemory {
             crate::release::defer(Box::new(moved), crate::release::When::Now);
             return;
         }
-        let _gate = crate::graph::issue_guard();
+        let _gate = crate::capture_gate::issue_guard();
         let captured = {
             let used = self
                 .used_on

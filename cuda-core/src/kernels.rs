@@ -561,7 +561,7 @@ impl Kernels {
         let n = words(view, "fill")?;
         same_device(view, self.device(), "view")?;
         check_stream(stream, self.device())?;
-        let _gate = crate::graph::issue_guard();
+        let _gate = crate::capture_gate::issue_guard();
         view.record_stream(stream)?;
         // SAFETY: the view is live device memory of the module's device, `n` aligned u32s,
         // kept from being freed or reused before the kernel is done by `record_stream`
@@ -575,7 +575,7 @@ impl Kernels {
         let n = words(view, "add")?;
         same_device(view, self.device(), "view")?;
         check_stream(stream, self.device())?;
-        let _gate = crate::graph::issue_guard();
+        let _gate = crate::capture_gate::issue_guard();
         view.record_stream(stream)?;
         // SAFETY: as in `fill`.
         unsafe { self.add_u32_raw(stream, view.as_raw(), value, n) }
@@ -600,7 +600,7 @@ impl Kernels {
         same_device(src, self.device(), "source")?;
         disjoint("copy", "destination", dst, "source", src)?;
         check_stream(stream, self.device())?;
-        let _gate = crate::graph::issue_guard();
+        let _gate = crate::capture_gate::issue_guard();
         dst.record_stream(stream)?;
         src.record_stream(stream)?;
         // SAFETY: both views are live device memory of the module's device, `n` aligned u32s
@@ -628,7 +628,7 @@ impl Kernels {
         let out8 = out.slice(..8)?;
         disjoint("checksum", "output", &out8, "source", src)?;
         check_stream(stream, self.device())?;
-        let _gate = crate::graph::issue_guard();
+        let _gate = crate::capture_gate::issue_guard();
         src.record_stream(stream)?;
         out8.memset_async(0, stream)?;
         // SAFETY: `src` is `n` aligned u32s and `out8` 8 aligned bytes of live device memory
@@ -650,7 +650,7 @@ impl Kernels {
         let n = words(view, "fill_after_spin")?;
         same_device(view, self.device(), "view")?;
         check_stream(stream, self.device())?;
-        let _gate = crate::graph::issue_guard();
+        let _gate = crate::capture_gate::issue_guard();
         view.record_stream(stream)?;
         // SAFETY: as in `fill`.
         unsafe { self.spin_then_fill_raw(stream, view.as_raw(), value, n, cycles) }

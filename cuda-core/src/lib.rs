@@ -37,6 +37,7 @@ mod driver;
 mod version;
 
 pub mod async_pool;
+mod capture_gate;
 pub mod completion;
 pub mod device;
 pub mod error;

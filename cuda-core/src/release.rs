@@ -4,10 +4,10 @@
 //!
 //! | where the value drops | why not here | when the release thread drops it |
 //! | --- | --- | --- |
-//! | inside a host function (a [`Stream::add_callback`](crate::Stream::add_callback) closure, a graph host node) | CUDA forbids CUDA calls there; a free may deadlock or fail | at once, on the release thread ([`When::Now`]) |
-//! | while a capture begun through this crate runs (`cuMemFree`, `cuMemFreeHost`, `cuIpcCloseMemHandle`, `cuMemUnmap` of memory whose free relies on the device's implicit wait) | a capture forbids the implicit device wait those frees rely on, and a device synchronisation fails and invalidates the capture | once no capture begun through this crate runs ([`When::AfterCaptures`]), or at [`release_deferred`] |
-//! | while its stream is being captured (`cuMemFreeAsync` would become a node of the graph) | the free would be recorded, not made | at the next poll (every [`POLL`]) where the stream is not captured ([`When::Poll`]) |
-//! | after a device synchronisation failed because a capture that foreign code began runs (the driver reports `CUDA_ERROR_STREAM_CAPTURE_*`) | the work that uses the memory may still run | at [`release_deferred`], or when a capture of this crate ends ([`When::Parked`]); never by polling, since each try would invalidate the foreign capture again |
+//! | inside a host function (a [`Stream::add_callback`](crate::Stream::add_callback) closure, a graph host node) | CUDA forbids CUDA calls there; a free may deadlock or fail | at once, on the release thread |
+//! | while a capture begun through this crate runs (`cuMemFree`, `cuMemFreeHost`, `cuIpcCloseMemHandle`, `cuMemUnmap` of memory whose free relies on the device's implicit wait) | a capture forbids the implicit device wait those frees rely on, and a device synchronisation fails and invalidates the capture | once no capture begun through this crate runs, or at [`release_deferred`] |
+//! | while its stream is being captured (`cuMemFreeAsync` would become a node of the graph) | the free would be recorded, not made | at the next poll (every [`POLL`]) where the stream is not captured |
+//! | after a device synchronisation failed because a capture that foreign code began runs (the driver reports `CUDA_ERROR_STREAM_CAPTURE_*`) | the work that uses the memory may still run | at [`release_deferred`], or when a capture of this crate ends; never by polling, since each try would invalidate the foreign capture again |
 //!
 //! The value's own `Drop` decides: it runs again on the release thread, outside any host
 //! function, and either releases or defers itself again. Nothing is freed before the wait
@@ -35,7 +35,7 @@ use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-/// How often values deferred with [`When::Poll`] are tried again.
+/// How often values deferred until their stream leaves its capture are tried again.
 pub const POLL: Duration = Duration::from_millis(50);
 
 /// When the release thread drops a deferred value.
@@ -196,7 +196,7 @@ fn release_thread() -> Option<&'static Mutex<Sender<Message>>> {
                         match message {
                             Some(Message::Drop(value, When::Now)) => release(value, false),
                             Some(Message::Drop(value, When::AfterCaptures))
-                                if !crate::graph::captures_in_progress() =>
+                                if !crate::capture_gate::captures_in_progress() =>
                             {
                                 release(value, true)
                             }
@@ -239,12 +239,12 @@ fn release_thread() -> Option<&'static Mutex<Sender<Message>>> {
 /// when to defer it: inside a host function (at once, elsewhere), or while a capture begun
 /// through this crate runs (until it ends).
 #[inline]
-pub(crate) fn free_must_wait() -> std::result::Result<crate::graph::IssueGuard, When> {
+pub(crate) fn free_must_wait() -> std::result::Result<crate::capture_gate::IssueGuard, When> {
     if inside_host_function() {
         return Err(When::Now);
     }
-    let gate = crate::graph::issue_guard();
-    if crate::graph::captures_in_progress() {
+    let gate = crate::capture_gate::issue_guard();
+    if crate::capture_gate::captures_in_progress() {
         return Err(When::AfterCaptures);
     }
     Ok(gate)

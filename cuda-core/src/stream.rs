@@ -869,7 +869,7 @@ pub(crate) fn launch_in_context(
 ) -> Result<()> {
     let target = device.primary_context()? as usize;
     let noted = stream.kind() == StreamKind::Owned
-        && !crate::graph::captures_in_progress()
+        && !crate::capture_gate::captures_in_progress()
         && KNOWN_CONTEXT.try_with(std::cell::Cell::get) == Ok(target);
     if noted {
         match call() {

@@ -1299,7 +1299,7 @@ impl<'a> GraphBuilder<'a> {
     ///
     /// `f` must not call CUDA (the driver forbids it in host nodes and may deadlock): set
     /// flags, count, send on a channel. A cuda-core value that `f` drops (a
-    /// [`DevicePtr`](cudars_core::DevicePtr) taken out of a captured `Option`, a stream, an
+    /// [`DevicePtr`] taken out of a captured `Option`, a stream, an
     /// event, memory) releases later on cuda-core's
     /// [release thread](cudars_core::release), not inside the host function. A panic in `f`
     /// is caught and the graph goes on. The

@@ -8,7 +8,7 @@
 //! NVRTC 13.0). A key that hashed only the option string `-I<dir>` kept returning the old
 //! image after a header in `<dir>` changed (soundness round 3, item 1).
 //!
-//! [`scan`] over-approximates what the compiler may read, so that a change to anything it
+//! The scan over-approximates what the compiler may read, so that a change to anything it
 //! reads changes the key:
 //! - every `#include`, `#include_next` and `__has_include` of the program and of every
 //!   header reached (in memory or on disk) is followed, whether or not a `#if` around it is
@@ -20,7 +20,7 @@
 //!   the compiler could look, gives another key;
 //! - an include the scanner cannot resolve without running the preprocessor (a computed
 //!   `#include MACRO`, a `__has_include` of a macro) makes the program
-//!   [`Uncacheable`](Scan::Uncacheable): it is compiled every time, never cached. So are
+//!   uncacheable ([`Program::uncacheable_reason`](crate::Program::uncacheable_reason)): it is compiled every time, never cached. So are
 //!   programs that reach more than [`MAX_FILES`] files or [`MAX_BYTES`] bytes.
 //!
 //! Names NVRTC resolves itself (its built-in headers, when no directory has them) add only
@@ -369,8 +369,10 @@ fn stamp(m: &std::fs::Metadata) -> Stamp {
 }
 
 /// A file read once: its stamp, its content's SHA-256 and its references.
-type Memo =
-    std::collections::HashMap<PathBuf, (Stamp, [u8; 32], Arc<Result<Vec<Reference>, String>>)>;
+type Memo = std::collections::HashMap<PathBuf, (Stamp, [u8; 32], Refs)>;
+
+/// What a text refers to, or why it cannot be scanned.
+type Refs = Arc<Result<Vec<Reference>, String>>;
 
 /// Files already read, by path: a file whose stamp is unchanged is not read again, so a cache
 /// hit costs a `stat` per candidate path, not a read and a hash per header.
@@ -381,10 +383,7 @@ fn memo() -> &'static Mutex<Memo> {
 
 /// The digest and references of the file at `path` (with `meta`), from the memo when its stamp
 /// is unchanged.
-fn read_file(
-    path: &Path,
-    meta: &std::fs::Metadata,
-) -> std::io::Result<([u8; 32], Arc<Result<Vec<Reference>, String>>)> {
+fn read_file(path: &Path, meta: &std::fs::Metadata) -> std::io::Result<([u8; 32], Refs)> {
     let st = stamp(meta);
     if let Some((s, digest, refs)) = memo()
         .lock()

@@ -169,7 +169,8 @@ fn a_planted_cache_entry_is_never_loaded() {
         .unwrap()
         .expect("the program is cacheable");
     let planted = entry_bytes(&key.0, (cc_major, cc_minor), intruder.image());
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>)> = vec![(
+    type MakeForeign = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, MakeForeign)> = vec![(
         "a world-writable entry",
         Box::new(|p: &Path| {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666)).unwrap()

@@ -275,7 +275,7 @@ impl DevicePtr {
         let src: &[u8] = bytemuck::cast_slice(src);
         self.check_len("copy_from_host_async", src.len())?;
         check_stream(stream, self.device)?;
-        let _gate = crate::graph::issue_guard();
+        let _gate = crate::capture_gate::issue_guard();
         self.record_stream(stream)?;
         // SAFETY: live device range of the stream's device; the caller keeps `src` alive and
         // unmodified until the stream has run the copy.
@@ -320,7 +320,7 @@ impl DevicePtr {
         let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
         self.check_len("copy_to_host_async", dst.len())?;
         check_stream(stream, self.device)?;
-        let _gate = crate::graph::issue_guard();
+        let _gate = crate::capture_gate::issue_guard();
         self.record_stream(stream)?;
         // SAFETY: live device range of the stream's device; the caller keeps `dst` alive and
         // untouched until the stream has run the copy.
@@ -375,7 +375,7 @@ impl DevicePtr {
     pub fn copy_from_device_async(&self, src: &DevicePtr, stream: &Stream) -> Result<()> {
         self.check_device_copy("copy_from_device_async", src)?;
         check_stream(stream, self.device)?;
-        let _gate = crate::graph::issue_guard();
+        let _gate = crate::capture_gate::issue_guard();
         self.record_stream(stream)?;
         src.record_stream(stream)?;
         if src.device == self.device {
@@ -412,7 +412,7 @@ impl DevicePtr {
     /// Queues setting every byte of the view to `value` on `stream` (`cuMemsetD8Async`).
     pub fn memset_async(&self, value: u8, stream: &Stream) -> Result<()> {
         check_stream(stream, self.device)?;
-        let _gate = crate::graph::issue_guard();
+        let _gate = crate::capture_gate::issue_guard();
         self.record_stream(stream)?;
         // SAFETY: live device range of the stream's device.
         unsafe { raw::memset_d8_async(&self.device, self.addr, value, self.len, stream) }
@@ -448,7 +448,7 @@ impl DevicePtr {
     pub fn memset_u16_async(&self, value: u16, stream: &Stream) -> Result<()> {
         let n = self.elements(2, "memset_u16_async")?;
         check_stream(stream, self.device)?;
-        let _gate = crate::graph::issue_guard();
+        let _gate = crate::capture_gate::issue_guard();
         self.record_stream(stream)?;
         // SAFETY: as in `memset_u16`; the stream is of this device.
         unsafe { raw::memset_d16_async(&self.device, self.addr, value, n, stream) }
@@ -472,7 +472,7 @@ impl DevicePtr {
     pub fn memset_u32_async(&self, value: u32, stream: &Stream) -> Result<()> {
         let n = self.elements(4, "memset_u32_async")?;
         check_stream(stream, self.device)?;
-        let _gate = crate::graph::issue_guard();
+        let _gate = crate::capture_gate::issue_guard();
         self.record_stream(stream)?;
         // SAFETY: as in `memset_u32`; the stream is of this device.
         unsafe { raw::memset_d32_async(&self.device, self.addr, value, n, stream) }
@@ -481,7 +481,7 @@ impl DevicePtr {
     /// Prefetches the view's bytes to `to`, ordered on `stream` (`cuMemPrefetchAsync`).
     /// Only for managed memory: the driver rejects other memory.
     pub fn prefetch(&self, to: Location, stream: &Stream) -> Result<()> {
-        let _gate = crate::graph::issue_guard();
+        let _gate = crate::capture_gate::issue_guard();
         self.record_stream(stream)?;
         prefetch_range(self.addr, self.len, to, stream)
     }
