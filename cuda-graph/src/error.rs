@@ -40,7 +40,10 @@
 
 use std::fmt;
 
-use cudars_core::graph::CaptureStatus;
+use cudars_core::graph::{CaptureStatus, UpdateRefusal};
+
+use crate::builder::extent::Extent;
+use crate::builder::node::NodeId;
 
 /// Any error, boxed: what [`Error::other`] wraps.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -140,20 +143,20 @@ pub enum Error {
     /// update, before the driver was called (a node of another graph, a use of a graph
     /// allocation out of order, ...).
     #[error(transparent)]
-    Build(#[from] crate::builder::BuildError),
+    Build(#[from] BuildError),
 
     /// The driver refused to update an executable graph ([`GraphExec::try_update`]): the
     /// reason, and the node it blamed when it named one. The executable graph is unchanged.
     ///
     /// [`GraphExec::try_update`]: crate::GraphExec::try_update
-    #[error("{}", crate::builder::describe_refusal(*refusal, *node, *from))]
+    #[error("{}", describe_refusal(*refusal, *node, *from))]
     UpdateRefused {
         /// Why.
         refusal: cudars_core::graph::UpdateRefusal,
         /// The node of the new graph the driver blamed, when it named one this crate built.
-        node: Option<crate::builder::NodeId>,
+        node: Option<NodeId>,
         /// For a changed edge, the node at its other end.
-        from: Option<crate::builder::NodeId>,
+        from: Option<NodeId>,
     },
 
     /// Instantiation failed; `node` is the node the driver blamed, when it named one this
@@ -161,7 +164,7 @@ pub enum Error {
     #[error("instantiating the graph failed{}: {source}", match node { Some(n) => format!(" at {n}"), None => String::new() })]
     Instantiate {
         /// The node the driver blamed.
-        node: Option<crate::builder::NodeId>,
+        node: Option<NodeId>,
         /// The driver's error.
         source: cudars_core::Error,
     },
@@ -289,4 +292,139 @@ mod tests {
         assert_eq!(e.to_string(), "disk");
         assert!(e.core().is_none() && e.capture().is_none());
     }
+}
+
+/// A node refused before the driver was called.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A dependency (or a node to update) that belongs to another graph.
+    #[error("{node} belongs to another graph than graph #{graph}")]
+    ForeignNode {
+        /// The node passed.
+        node: NodeId,
+        /// The graph it was passed to.
+        graph: u64,
+    },
+    /// A condition handle made for another graph.
+    #[error("the condition handle was made for graph #{handle_graph}, not graph #{graph}")]
+    ForeignHandle {
+        /// The graph the handle belongs to.
+        handle_graph: u64,
+        /// The graph of the conditional node.
+        graph: u64,
+    },
+    /// A graph allocation used in another graph than the one that allocates it.
+    #[error("the graph allocation of {alloc} is used in graph #{graph}")]
+    ForeignAllocation {
+        /// The allocation node.
+        alloc: NodeId,
+        /// The graph it was used in.
+        graph: u64,
+    },
+    /// A kind of node a conditional body cannot hold.
+    #[error("a conditional node's body cannot hold a {kind}")]
+    NotAllowedInBody {
+        /// What was refused.
+        kind: &'static str,
+    },
+    /// A use of a graph allocation that does not depend on its allocation node.
+    #[error("a node using the graph allocation of {alloc} must depend on that allocation node")]
+    NotOrderedAfterAllocation {
+        /// The allocation node.
+        alloc: NodeId,
+    },
+    /// A use of a graph allocation after its free node, or a second free.
+    #[error("the graph allocation of {alloc} was freed by {free}")]
+    AllocationFreed {
+        /// The allocation node.
+        alloc: NodeId,
+        /// The free node.
+        free: NodeId,
+    },
+    /// A free node that does not depend on a node that uses the allocation.
+    #[error("the free node must depend on {user}, which uses the allocation")]
+    UseNotBeforeFree {
+        /// The node using the allocation.
+        user: NodeId,
+    },
+    /// A copy or memset of zero bytes.
+    #[error("a {kind} of zero bytes")]
+    Empty {
+        /// The node kind.
+        kind: &'static str,
+    },
+    /// A memset whose destination is not a whole number of aligned elements.
+    #[error("memset of {element}-byte elements: the destination (address {addr:#x}, {len} bytes) must be aligned to and a multiple of {element} bytes")]
+    Misaligned {
+        /// Element size.
+        element: usize,
+        /// Destination address.
+        addr: u64,
+        /// Destination length.
+        len: usize,
+    },
+    /// A host-to-host copy.
+    #[error("a graph copy needs at least one device end")]
+    HostToHost,
+    /// A pitched copy whose rows do not fit the pitch, or whose slices do not fit the rows.
+    #[error("pitched copy: the {end} (pitch {pitch} bytes, {rows} rows per slice) cannot hold rows of {} bytes, {} per slice", extent.width, extent.height)]
+    BadPitch {
+        /// `"destination"` or `"source"`.
+        end: &'static str,
+        /// Its pitch.
+        pitch: usize,
+        /// Its rows per slice.
+        rows: usize,
+        /// The copy's extent.
+        extent: Extent,
+    },
+    /// A node update of a node that is not in this executable graph.
+    #[error("{node} is not a node of this executable graph")]
+    NotInExecutable {
+        /// The node.
+        node: NodeId,
+    },
+    /// A node update of the wrong kind (a memset's parameters for a kernel node, say).
+    #[error("{node} is a {actual}, not a {expected}")]
+    WrongKind {
+        /// The node.
+        node: NodeId,
+        /// The kind the update is for.
+        expected: &'static str,
+        /// The node's kind.
+        actual: &'static str,
+    },
+    /// A body closure left another builder in its place (swapped builders).
+    #[error("a conditional body's builder was replaced inside its closure")]
+    BodyReplaced,
+}
+
+/// The text of [`Error::UpdateRefused`].
+pub(crate) fn describe_refusal(
+    refusal: UpdateRefusal,
+    node: Option<NodeId>,
+    from: Option<NodeId>,
+) -> String {
+    let mut text = format!("the executable graph cannot be updated: {refusal}");
+    match (node, from) {
+        (Some(n), Some(f)) => text.push_str(&format!(" (at {n}, edge from {f})")),
+        (Some(n), None) => text.push_str(&format!(" (at {n})")),
+        _ => {}
+    }
+    text
+}
+
+/// The error of an operand on another device than the graph's.
+pub(crate) fn wrong_device(
+    what: &'static str,
+    expected: cudars_core::Device,
+    actual: cudars_core::Device,
+) -> Error {
+    cudars_core::Error::WrongDevice {
+        what,
+        expected: expected.ordinal(),
+        actual: actual.ordinal(),
+    }
+    .into()
 }

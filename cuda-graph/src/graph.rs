@@ -1,22 +1,17 @@
 //! Graphs, captured or built ([`Graph`]), and executable graphs ([`GraphExec`]).
 
 use std::cell::Cell;
-use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
-use cudars_core::graph::explicit as ex;
 use cudars_core::graph::{GraphExecHandle, GraphHandle, InstantiateFlags, UpdateRefusal};
-use cudars_core::module::{Function, LaunchConfig};
-use cudars_core::sys::{CUcontext, CUgraphNode, CUresult};
+use cudars_core::sys::{CUcontext, CUgraphNode};
 use cudars_core::{Device, DevicePtr, Event, Stream};
 
-use crate::builder::{
-    check_pitched, copy_size, host_callback, memset_target, BuildError, DeviceMem, Extent, Mem,
-    NodeId, NodeKind, NodeOwners, NodeTable, Owner, Pitched, HOST_TRAMPOLINE,
-};
-use crate::error::{CaptureId, Error, Result};
+use crate::builder::node::{NodeId, NodeKind};
+use crate::builder::registry::{NodeOwners, NodeTable, Owner};
+use crate::error::{BuildError, CaptureId, Error, Result};
 
 /// A graph's driver handle, shared by its [`Graph`] and the executable graphs made from it:
 /// the driver names an executable graph's nodes, for node updates, by the nodes of the graph
@@ -26,7 +21,7 @@ use crate::error::{CaptureId, Error, Result};
 /// APIs is guaranteed to be safe to call on the same graph object from two different
 /// threads"), and a graph and an executable graph made from it may be on two threads.
 #[derive(Debug)]
-struct SharedGraph {
+pub(crate) struct SharedGraph {
     handle: GraphHandle,
     calls: CallLock,
 }
@@ -40,7 +35,7 @@ impl SharedGraph {
     }
 
     /// The handle, with the graph's calls serialised while the guard lives.
-    fn lock(&self) -> SharedGraphGuard<'_> {
+    pub(crate) fn lock(&self) -> SharedGraphGuard<'_> {
         SharedGraphGuard {
             _calls: self.calls.lock(),
             handle: &self.handle,
@@ -111,7 +106,7 @@ impl Drop for CallGuard<'_> {
 }
 
 /// The graph's handle while no other thread's call on the graph runs (see [`SharedGraph`]).
-struct SharedGraphGuard<'a> {
+pub(crate) struct SharedGraphGuard<'a> {
     _calls: CallGuard<'a>,
     handle: &'a GraphHandle,
 }
@@ -369,9 +364,9 @@ pub enum UpdateOutcome {
 /// launch of a graph that holds any says when). Dropping the executable graph waits for that
 /// event before it lets them go.
 pub struct GraphExec {
-    handle: GraphExecHandle,
+    pub(crate) handle: GraphExecHandle,
     /// The graph `handle` was instantiated from: node updates name its nodes.
-    source: Arc<SharedGraph>,
+    pub(crate) source: Arc<SharedGraph>,
     flags: InstantiateFlags,
     table: Arc<NodeTable>,
     owners: NodeOwners,
@@ -539,7 +534,7 @@ impl GraphExec {
     }
 
     /// Replaces the owners of `node` (or of every node) and retires the old host-side ones.
-    fn replace_owners(&mut self, node: Option<NodeId>, new: Vec<Owner>) {
+    pub(crate) fn replace_owners(&mut self, node: Option<NodeId>, new: Vec<Owner>) {
         let old: Vec<Owner> = match node {
             Some(n) => {
                 let old = if new.is_empty() {
@@ -560,7 +555,7 @@ impl GraphExec {
 
     /// The driver node of `node`, when it is a node of this executable graph's graph of
     /// `kind`.
-    fn node(&self, node: NodeId, kind: NodeKind) -> Result<CUgraphNode> {
+    pub(crate) fn node(&self, node: NodeId, kind: NodeKind) -> Result<CUgraphNode> {
         let Some(entry) = self.table.nodes.get(&node) else {
             return Err(BuildError::NotInExecutable { node }.into());
         };
@@ -579,238 +574,8 @@ impl GraphExec {
         Ok(entry.raw as CUgraphNode)
     }
 
-    fn ctx(&self) -> Result<CUcontext> {
+    pub(crate) fn ctx(&self) -> Result<CUcontext> {
         Ok(self.device().primary_context()?)
-    }
-
-    /// Points copy node `node` at new buffers for later launches
-    /// (`cuGraphExecMemcpyNodeSetParams`): same kinds of memory at each end (the driver
-    /// refuses a change of kind), any length. A [`GraphAlloc`](crate::GraphAlloc) is refused here
-    /// (its ordering was checked against the graph's own nodes only when the node was added).
-    /// The new buffers are kept alive; the old ones are let go once no launch uses them.
-    pub fn set_memcpy<'m>(
-        &mut self,
-        node: NodeId,
-        dst: impl Into<Mem<'m>>,
-        src: impl Into<Mem<'m>>,
-    ) -> Result<()> {
-        let (dst, src) = (dst.into(), src.into());
-        let raw = self.node(node, NodeKind::Memcpy)?;
-        for m in [&dst, &src] {
-            if let Mem::Device(DeviceMem::Alloc(a)) = m {
-                return Err(BuildError::ForeignAllocation {
-                    alloc: a.node(),
-                    graph: node.graph(),
-                }
-                .into());
-            }
-        }
-        let bytes = copy_size(&dst, &src)?;
-        let owners = owners_of(&[&dst, &src], self.device())?;
-        let params = ex::memcpy_1d_params(end_of(&dst), end_of(&src), bytes);
-        let ctx = self.ctx()?;
-        // The update names a node of the source graph: its calls serialised.
-        let source = self.source.lock();
-        // SAFETY: a memcpy node of the graph this was made from (checked above); the new
-        // ranges are kept allocated by this executable graph (owners, installed below).
-        unsafe { self.handle.set_memcpy_params(raw, &params, ctx) }?;
-        drop(source);
-        self.replace_owners(Some(node), owners);
-        Ok(())
-    }
-
-    /// Points copy node `node` at new pitched ends and extent for later launches, checked as
-    /// [`GraphBuilder::add_memcpy_3d`](crate::GraphBuilder::add_memcpy_3d) checks them; a
-    /// [`GraphAlloc`](crate::GraphAlloc) end is refused as in [`set_memcpy`](Self::set_memcpy).
-    /// When the driver will not change the node in place (driver 580 refuses new ends for a
-    /// 3-D pitched node), the result is [`Error::UpdateRefused`] with
-    /// [`UpdateRefusal::ParametersChanged`] and the node keeps its old parameters: use
-    /// [`update`](Self::update) with a graph built with the new ends.
-    pub fn set_memcpy_3d(
-        &mut self,
-        node: NodeId,
-        dst: Pitched<'_>,
-        src: Pitched<'_>,
-        extent: Extent,
-    ) -> Result<()> {
-        let raw = self.node(node, NodeKind::Memcpy)?;
-        for m in [&dst.mem, &src.mem] {
-            if let Mem::Device(DeviceMem::Alloc(a)) = m {
-                return Err(BuildError::ForeignAllocation {
-                    alloc: a.node(),
-                    graph: node.graph(),
-                }
-                .into());
-            }
-        }
-        check_pitched(&dst, &src, extent)?;
-        let owners = owners_of(&[&dst.mem, &src.mem], self.device())?;
-        let rows = |p: &Pitched<'_>| {
-            if extent.depth == 1 {
-                p.rows.max(extent.height)
-            } else {
-                p.rows
-            }
-        };
-        let params = ex::memcpy_3d_params(
-            (end_of(&dst.mem), dst.pitch, rows(&dst)),
-            (end_of(&src.mem), src.pitch, rows(&src)),
-            extent.width,
-            extent.height,
-            extent.depth,
-        );
-        let ctx = self.ctx()?;
-        // The update names a node of the source graph: its calls serialised.
-        let source = self.source.lock();
-        // SAFETY: a memcpy node of the graph this was made from; every byte copied lies in
-        // both buffers (checked), which this executable graph keeps (installed below).
-        let set = unsafe { self.handle.set_memcpy_params(raw, &params, ctx) };
-        drop(source);
-        match set {
-            Ok(()) => {}
-            // The ranges were checked above: what the driver refuses now is the in-place
-            // change itself (driver 580 refuses it for 3-D pitched nodes). The node keeps its
-            // old parameters; a whole-graph update or a new instantiation takes the change.
-            Err(e)
-                if e.driver()
-                    .is_some_and(|d| d.result() == CUresult::CUDA_ERROR_INVALID_VALUE) =>
-            {
-                return Err(Error::UpdateRefused {
-                    refusal: UpdateRefusal::ParametersChanged,
-                    node: Some(node),
-                    from: None,
-                });
-            }
-            Err(e) => return Err(e.into()),
-        }
-        self.replace_owners(Some(node), owners);
-        Ok(())
-    }
-
-    fn set_memset(
-        &mut self,
-        node: NodeId,
-        dst: &DevicePtr,
-        value: u32,
-        element: usize,
-    ) -> Result<()> {
-        let raw = self.node(node, NodeKind::Memset)?;
-        let (addr, count) = memset_target(&DeviceMem::Ptr(dst), element)?;
-        let owners = owners_of(&[&Mem::from(dst)], self.device())?;
-        let params = ex::memset_params(addr, value, element as u32, count);
-        let ctx = self.ctx()?;
-        // The update names a node of the source graph: its calls serialised.
-        let source = self.source.lock();
-        // SAFETY: a memset node of the graph this was made from; the new range is kept
-        // allocated by this executable graph.
-        unsafe { self.handle.set_memset_params(raw, &params, ctx) }?;
-        drop(source);
-        self.replace_owners(Some(node), owners);
-        Ok(())
-    }
-
-    /// Points memset node `node` at `dst` with `value` (bytes) for later launches
-    /// (`cuGraphExecMemsetNodeSetParams`; the element size must stay the node's).
-    pub fn set_memset_u8(&mut self, node: NodeId, dst: &DevicePtr, value: u8) -> Result<()> {
-        self.set_memset(node, dst, u32::from(value), 1)
-    }
-
-    /// [`set_memset_u8`](Self::set_memset_u8) with 2-byte elements.
-    pub fn set_memset_u16(&mut self, node: NodeId, dst: &DevicePtr, value: u16) -> Result<()> {
-        self.set_memset(node, dst, u32::from(value), 2)
-    }
-
-    /// [`set_memset_u8`](Self::set_memset_u8) with 4-byte elements.
-    pub fn set_memset_u32(&mut self, node: NodeId, dst: &DevicePtr, value: u32) -> Result<()> {
-        self.set_memset(node, dst, value, 4)
-    }
-
-    /// Makes host node `node` run `f` at later launches (`cuGraphExecHostNodeSetParams`);
-    /// the old closure is dropped once no launch can call it. The rules of
-    /// [`GraphBuilder::add_host`](crate::GraphBuilder::add_host) apply.
-    pub fn set_host(&mut self, node: NodeId, f: impl FnMut() + Send + 'static) -> Result<()> {
-        let raw = self.node(node, NodeKind::Host)?;
-        let (cb, data) = host_callback(f);
-        // The update names a node of the source graph: its calls serialised.
-        let source = self.source.lock();
-        // SAFETY: a host node of the graph this was made from; the trampoline is sound for
-        // `data`, kept alive by this executable graph (installed below) until its launches
-        // complete.
-        unsafe { self.handle.set_host_params(raw, HOST_TRAMPOLINE, data) }?;
-        drop(source);
-        self.replace_owners(Some(node), vec![Owner::Host(cb)]);
-        Ok(())
-    }
-
-    /// Sets kernel node `node`'s launch and arguments for later launches
-    /// (`cuGraphExecKernelNodeSetParams`); `keep` replaces the buffers kept for the node.
-    ///
-    /// # Safety
-    ///
-    /// [`GraphBuilder::add_kernel`](crate::GraphBuilder::add_kernel)'s contract for the new
-    /// arguments; `function` is the node's kernel or one the driver accepts in its place.
-    pub unsafe fn set_kernel(
-        &mut self,
-        node: NodeId,
-        function: &Function,
-        config: &LaunchConfig,
-        params: &mut [*mut c_void],
-        keep: &[&DevicePtr],
-    ) -> Result<()> {
-        let raw = self.node(node, NodeKind::Kernel)?;
-        if function.device() != self.device() {
-            return Err(crate::builder::wrong_device(
-                "kernel",
-                self.device(),
-                function.device(),
-            ));
-        }
-        let mems: Vec<Mem<'_>> = keep.iter().map(|p| Mem::from(*p)).collect();
-        let owners = owners_of(&mems.iter().collect::<Vec<_>>(), self.device())?;
-        // The update names a node of the source graph: its calls serialised.
-        let source = self.source.lock();
-        // SAFETY: a kernel node of the graph this was made from; the caller upholds the
-        // argument contract; the kept buffers are installed below.
-        unsafe { self.handle.set_kernel_params(raw, function, config, params) }?;
-        drop(source);
-        self.replace_owners(Some(node), owners);
-        Ok(())
-    }
-
-    /// Sets kernel node `node`'s launch and typed arguments for later launches, checked
-    /// like [`GraphBuilder::add_kernel_typed`](crate::GraphBuilder::add_kernel_typed); the
-    /// new buffers are kept, the old ones let go once no launch uses them.
-    ///
-    /// # Safety
-    ///
-    /// As [`GraphBuilder::add_kernel_typed`](crate::GraphBuilder::add_kernel_typed).
-    #[cfg(feature = "rtc")]
-    pub unsafe fn set_kernel_typed<A: cudars_rtc::KernelArgs>(
-        &mut self,
-        node: NodeId,
-        kernel: &cudars_rtc::Kernel,
-        config: &LaunchConfig,
-        args: A,
-    ) -> Result<()> {
-        kernel.check::<A>().map_err(Error::other)?;
-        let raw = self.node(node, NodeKind::Kernel)?;
-        let function = kernel.function();
-        if function.device() != self.device() {
-            return Err(crate::builder::wrong_device(
-                "kernel",
-                self.device(),
-                function.device(),
-            ));
-        }
-        let owners = crate::builder::arg_owners(&args, self.device())?;
-        let handle = &self.handle;
-        // SAFETY: a kernel node of the graph this was made from; arguments checked against
-        // the parameters; buffers kept (installed below); the caller upholds the rest.
-        args.with_params(|params| unsafe {
-            handle.set_kernel_params(raw, function, config, params)
-        })?;
-        self.replace_owners(Some(node), owners);
-        Ok(())
     }
 
     /// Makes later launches run `graph` instead, which must have the same shape (the same
@@ -827,7 +592,7 @@ impl GraphExec {
     /// of its own allocation nodes, which this executable graph's allocation nodes never map.
     pub fn try_update(&mut self, graph: &Graph) -> Result<()> {
         if graph.device() != self.device() {
-            return Err(crate::builder::wrong_device(
+            return Err(crate::error::wrong_device(
                 "graph",
                 self.device(),
                 graph.device(),
@@ -896,7 +661,7 @@ impl GraphExec {
     /// which happened. Launches already queued run the old version.
     pub fn update(&mut self, graph: &Graph) -> Result<UpdateOutcome> {
         if graph.device() != self.device() {
-            return Err(crate::builder::wrong_device(
+            return Err(crate::error::wrong_device(
                 "graph",
                 self.device(),
                 graph.device(),
@@ -921,36 +686,6 @@ impl GraphExec {
             Err(e) => Err(e),
         }
     }
-}
-
-fn end_of(m: &Mem<'_>) -> ex::CopyEnd {
-    match m {
-        Mem::Device(DeviceMem::Ptr(p)) => ex::CopyEnd::Device(p.as_raw()),
-        Mem::Device(DeviceMem::Alloc(a)) => ex::CopyEnd::Device(a.as_raw()),
-        Mem::Host(h) => ex::CopyEnd::Host(h.as_ptr().cast_mut().cast()),
-    }
-}
-
-fn owners_of(mems: &[&Mem<'_>], device: Device) -> Result<Vec<Owner>> {
-    let mut out = Vec::new();
-    for m in mems {
-        match m {
-            Mem::Device(DeviceMem::Ptr(p)) => {
-                if p.device() != device {
-                    return Err(cudars_core::Error::WrongDevice {
-                        what: "buffer",
-                        expected: device.ordinal(),
-                        actual: p.device().ordinal(),
-                    }
-                    .into());
-                }
-                out.push(Owner::Device((*p).clone()));
-            }
-            Mem::Device(DeviceMem::Alloc(_)) => {}
-            Mem::Host(h) => out.push(crate::builder::host_owner(h)),
-        }
-    }
-    Ok(out)
 }
 
 impl Drop for GraphExec {

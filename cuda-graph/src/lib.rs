@@ -84,15 +84,16 @@ pub mod builder;
 mod capture;
 mod error;
 mod graph;
+mod node_update;
 
 pub use builder::{
-    BuildError, ConditionalHandle, DeviceMem, Extent, GraphAlloc, GraphBuilder, HostBuffer, Mem,
-    NodeId, NodeKind, Pitched, SET_CONDITIONAL_PRELUDE,
+    ConditionalHandle, DeviceMem, Extent, GraphAlloc, GraphBuilder, HostBuffer, Mem, NodeId,
+    NodeKind, Pitched, SET_CONDITIONAL_PRELUDE,
 };
 pub use capture::{capture, capture_begin, capture_status, capture_with, Capture};
 pub use cudars_core::graph::explicit::ConditionalKind;
 pub use cudars_core::graph::{
     CaptureInfo, CaptureMode, CaptureStatus, InstantiateFlags, UpdateRefusal,
 };
-pub use error::{BoxError, CaptureId, Error, Result};
+pub use error::{BoxError, BuildError, CaptureId, Error, Result};
 pub use graph::{Graph, GraphExec, GraphHandleRef, UpdateOutcome};

@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use sha2::{Digest, Sha256};
 
 use crate::arch::Arch;
-use crate::program::Output;
+use crate::output::Output;
 
 /// The variable naming the disk cache's directory; set and empty turns the disk cache off.
 pub const CACHE_DIR_ENV: &str = "CUDA_RTC_CACHE_DIR";

@@ -4,11 +4,12 @@
 //!
 //! | module | what | CuPy / cuda.core |
 //! | --- | --- | --- |
-//! | [`program`] | [`Program`]: source, in-memory headers, options, name expressions, architecture from a [`Device`](cudars_core::Device) or given; [`Output`] PTX, cubin, LTO-IR, or LTO-IR linked by nvJitLink; [`Compiled`] with the log and lowered names | `RawModule(code=...)`, `cuda.core.Program` |
+//! | [`program`] | [`Program`]: source, in-memory headers, options, name expressions, architecture from a [`Device`](cudars_core::Device) or given; [`Compiled`] with the log and lowered names | `RawModule(code=...)`, `cuda.core.Program` |
 //! | [`cache`] | [`Cache`]: in memory, and on disk in `$CUDA_RTC_CACHE_DIR` (default `~/.cache/cudars-rtc`), keyed by SHA-256 of everything that decides the output, the files its includes reach included; written by rename, checksummed, read only from a directory and files of this user's that no one else may write | `compile_with_cache`, `CUPY_CACHE_DIR` |
 //! | [`includes`] | what a program's `#include`s can reach on disk, for the key | - |
 //! | [`kernel`] | [`KernelModule`] (a loaded program), [`Kernel`]: lookup by name or name expression, parameter info, occupancy, checked and unchecked launches | `RawKernel` |
 //! | [`args`] | [`KernelArg`], [`KernelArgs`]: device views as pointers (marked on the stream), scalars and [`ByValue`] structs by value | - |
+//! | [`output`] | [`Output`]: PTX, cubin, LTO-IR, or LTO-IR linked into a cubin | - |
 //! | [`link`] | [`Linker`]: nvJitLink over cubin, PTX and LTO-IR | `cuda.core.Linker` |
 //! | [`arch`] | [`Arch`]: `sm_90`, `sm_90a`, `compute_100f` | - |
 //! | [`compiler`] | [`Compiler`]: the opened NVRTC, its version and architectures | - |
@@ -52,6 +53,7 @@ pub mod error;
 pub mod includes;
 pub mod kernel;
 pub mod link;
+pub mod output;
 pub mod program;
 
 pub use arch::Arch;
@@ -62,7 +64,8 @@ pub use cudars_core::module::{LaunchConfig, ParamInfo};
 pub use error::{Error, Result};
 pub use kernel::{Kernel, KernelModule};
 pub use link::Linker;
-pub use program::{Compiled, Output, Program};
+pub use output::Output;
+pub use program::{Compiled, Program};
 
 /// The raw bindings, for what this crate does not wrap.
 pub use cudars_rtc_sys as sys;

@@ -5,6 +5,7 @@
 //! | `ci [--gpu\|--no-gpu] [--sanitize] [--strict]` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), packaging, the bindings snapshot check, the main example with and without headers, a snapshot build of cuda-sys switching to bindgen when headers and libclang appear, the CUDA 12.0/12.4/12.8 and 13.5 header sets (bindgen, `cargo check`, cuda-sys tests), the NCCL and NVRTC bindings, cuda-rtc's tests with NVRTC on the CPU and the GPU tests' kernels compiled by it (when the library is found), the memory report in headless Chromium (skipped with a line when Chromium is absent, unless `--strict` or `CI` is set); then the GPU suite when a GPU is usable (`--gpu` requires it, `--no-gpu` skips it, `--sanitize` runs it under compute-sanitizer); ends with one `GPU suite: ...` line |
 //! | `gpu-suite [--gpu\|--no-gpu] [--sanitize]` | only the GPU part of `ci` |
 //! | `check-common` | the helper files copied into several crates are identical (a step of `ci`) |
+//! | `circles` | the circles of files in each library crate (files that name each other through their `use` paths), and the files over 800 lines |
 //! | `bindings` | regenerates `cuda-sys/src/generated/driver.rs` from the headers found |
 //! | `nccl-bindings` | regenerates `cuda-nccl-sys/src/generated/nccl.rs` from the `nccl.h` found |
 //! | `rtc-bindings` | regenerates `cuda-rtc-sys/src/generated/rtc.rs` from the `nvrtc.h` and `nvJitLink.h` found |
@@ -14,11 +15,12 @@
 //! | `memviz-check` | the report of the multistream trace in headless Chromium: a screenshot (`target/memviz-screenshot.png`), its plot's pixels, no console output (a step of `ci`) |
 //! | `bench-report DIR` | `results.csv` + `peers.csv` of one benchmark run -> `bench/results/REPORT.md` and SVG plots |
 //!
-//! Arguments are parsed by hand: eleven commands and a handful of flags, where an argument
+//! Arguments are parsed by hand: twelve commands and a handful of flags, where an argument
 //! parser would add a dozen crates to every `cargo xtask` build.
 
 mod browser;
 mod bundle;
+mod circles;
 mod gpu;
 mod headers;
 mod nccl;
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         Some("gpu-suite") => gpu::Options::parse(&args[1..]).and_then(|opts| gpu::run(opts).1),
         Some("bindings") => bindings(),
         Some("check-common") => check_common_copies(),
+        Some("circles") => circles::run(),
         Some("nccl-bindings") => nccl::bindings(),
         Some("rtc-bindings") => rtc::bindings(),
         Some("gpu-bundle") => headers::gpu_bundle_args(&args[1..]),
@@ -66,7 +69,7 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize] [--strict]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|check-common|gpu-bundle [--headers 12.4]|replay [TRACE...]|memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]|bench-report DIR>"
+                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize] [--strict]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|check-common|circles|gpu-bundle [--headers 12.4]|replay [TRACE...]|memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]|bench-report DIR>"
             );
             return ExitCode::from(2);
         }
