@@ -18,7 +18,7 @@
 //! | `table.rs` | the per-device table of stream shards |
 //! | `lock.rs` | the shard lock |
 //! | `shard/` | the state of one (device, stream) shard: its blocks, segments, pages and fences (a map of its own) |
-//! | `tests.rs` | the pool's unit tests |
+//! | `tests/` | the pool's unit tests on the simulated backend, a file per concept |
 //!
 //! # Structure
 //!
