@@ -57,8 +57,10 @@ impl std::fmt::Display for LimitDisplay {
     }
 }
 
-/// What ran out when a request failed with [`PoolError::OutOfMemory`].
+/// What ran out when a request failed with [`PoolError::OutOfMemory`]. Non-exhaustive: a
+/// pool that learns to tell another cause apart adds a variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum OomCause {
     /// The device's limit ([`MemoryPool::set_limit`](crate::MemoryPool::set_limit)) cannot
     /// take the request.
