@@ -13,12 +13,12 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-/// Captures begun through [`begin_capture`](crate::graph::begin_capture)(crate::graph::begin_capture) and not yet ended, in the whole process. Lets
+/// Captures begun through [`begin_capture`](crate::graph::begin_capture) and not yet ended, in the whole process. Lets
 /// allocators check "is any capture running?" with one atomic load before asking the driver
 /// about a particular stream.
 static ACTIVE_CAPTURES: AtomicUsize = AtomicUsize::new(0);
 
-/// `true` while a capture begun through this crate ([`begin_capture`](crate::graph::begin_capture)(crate::graph::begin_capture), and so `cuda-graph`)
+/// `true` while a capture begun through this crate ([`begin_capture`](crate::graph::begin_capture), and so `cuda-graph`)
 /// has not ended. Captures that foreign code (the CUDA runtime, PyTorch) begins directly are
 /// not counted.
 #[inline]

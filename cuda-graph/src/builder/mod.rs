@@ -104,6 +104,7 @@ mod tests;
 mod typed;
 pub(crate) mod validate;
 
+pub use crate::error::BuildError;
 pub use conditional::{ConditionalHandle, SET_CONDITIONAL_PRELUDE};
 pub use extent::Extent;
 pub use graph_builder::GraphBuilder;
