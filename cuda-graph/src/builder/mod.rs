@@ -5,7 +5,7 @@
 //!
 //! Every `add_*` method takes the nodes the new node depends on and returns the new node's
 //! [`NodeId`]. A node id names its graph: passing a node of another graph (another builder,
-//! or a conditional node's body) is [`BuildError::ForeignNode`](crate::BuildError::ForeignNode), before the driver is called.
+//! or a conditional node's body) is [`BuildError::ForeignNode`], before the driver is called.
 //! Dependencies can only name nodes that exist already, so a graph built this way has no
 //! cycle. Repeated dependencies count once. A graph may be empty.
 //!
@@ -39,7 +39,7 @@
 //! `cudaGraphSetConditional(handle, value)`, the handle passed as an `unsigned long long`
 //! argument ([`SET_CONDITIONAL_PRELUDE`] declares it for NVRTC sources). Bodies may hold
 //! kernel, copy (device to device), memset, empty, child graph and conditional nodes: other
-//! kinds are [`BuildError::NotAllowedInBody`](crate::BuildError::NotAllowedInBody). If and while need a CUDA 12.3 driver, if/else
+//! kinds are [`BuildError::NotAllowedInBody`]. If and while need a CUDA 12.3 driver, if/else
 //! and switch 12.8: an older one is `cudars_core::Error::DriverTooOld`.
 //!
 //! ```no_run
