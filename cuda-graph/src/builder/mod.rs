@@ -87,7 +87,7 @@
 //! | `conditional` | conditional nodes: [`ConditionalHandle`], if, if/else, while, switch, bodies |
 //! | `typed` | (feature `rtc`) kernel nodes with checked arguments |
 //!
-//! [`BuildError`](crate::BuildError), the builder's refusals, lives in the crate's `error` module.
+//! [`BuildError`], the builder's refusals, lives in the crate's `error` module.
 
 mod conditional;
 pub(crate) mod extent;
