@@ -517,6 +517,32 @@ impl fmt::Debug for IpcMapping {
     }
 }
 
+/// How the wait before releasing a mapping went ([`wait_before_release`]).
+enum ReleaseWait {
+    /// No work uses the mapping any more.
+    Done,
+    /// A capture that foreign code runs refused the device synchronisation (and was
+    /// invalidated by it): try again at `release::release_deferred`, or when a capture of this
+    /// crate ends, never by polling, which would invalidate that capture again at each try.
+    Retry,
+    /// A wait failed for good (a device fault): work may still use the mapping.
+    Failed,
+}
+
+/// Waits for the work that other devices' streams queued on a mapping (noted in `cross`:
+/// synchronising `device` does not cover it), then for all of `device`'s work: what
+/// `cuIpcCloseMemHandle` and `cuMemUnmap` need first, since neither is stream-ordered.
+fn wait_before_release(device: &Device, cross: &CrossDeviceUses) -> ReleaseWait {
+    if !cross.wait_all() {
+        return ReleaseWait::Failed;
+    }
+    match device.synchronize() {
+        Ok(()) => ReleaseWait::Done,
+        Err(e) if crate::release::retry_may_succeed(&e) => ReleaseWait::Retry,
+        Err(_) => ReleaseWait::Failed,
+    }
+}
+
 impl IpcMapping {
     /// This mapping's handle, moved into a value the release thread closes later; `self`
     /// is left empty (its drop does nothing).
@@ -539,44 +565,32 @@ impl Drop for IpcMapping {
         // `cuIpcCloseMemHandle` is not stream-ordered: the device must be synchronised first,
         // which is forbidden inside a host function and fails (and invalidates the capture)
         // while a capture runs. Then the close is deferred, never made without the wait.
-        let _gate = match crate::release::free_must_wait() {
-            Ok(gate) => gate,
-            Err(when) => {
-                let moved = self.moved_out();
-                crate::release::defer(Box::new(moved), when);
-                return;
-            }
+        let Some(_gate) = crate::release::gate_or_defer(|| Box::new(self.moved_out())) else {
+            return;
         };
         let mut registry = open_registry();
-        // Work that other devices' streams queued on the mapping (peer copies, kernels of a
-        // peer): the device synchronisation below does not cover it. If a wait fails that
-        // work may still run: the mapping is left open (leaked), never closed under it.
-        if !self.cross.wait_all() {
-            crate::release::note_leak();
-        } else if let Ok(_ctx) = self.device.bind() {
-            // Queued work of this device that reads or writes the mapping finishes first.
-            match self.device.synchronize() {
-                Ok(()) => {
-                    // SAFETY: we opened this mapping and this is its last user; the device
-                    // is idle and other devices' uses are done, so no work uses it.
-                    let _ = unsafe { drv!(cuIpcCloseMemHandle(self.ptr)) };
-                }
-                // A capture that foreign code runs (this one invalidated it): try again at
-                // `release::release_deferred`, or when a capture of this crate ends; never by
-                // polling, which would invalidate that capture again at each try.
-                Err(e) if crate::release::retry_may_succeed(&e) => {
-                    let moved = self.moved_out();
-                    registry.retain(|_, w| w.strong_count() > 0);
-                    drop(registry);
-                    crate::release::defer(Box::new(moved), crate::release::When::Parked);
-                    return;
-                }
-                // The context failed: the mapping stays open rather than close under work.
-                Err(_) => crate::release::note_leak(),
+        let ctx = self.device.bind();
+        match ctx
+            .as_ref()
+            .map(|_| wait_before_release(&self.device, &self.cross))
+        {
+            Ok(ReleaseWait::Done) => {
+                // SAFETY: we opened this mapping and this is its last user; the device is
+                // idle and other devices' uses are done, so no work uses it.
+                let _ = unsafe { drv!(cuIpcCloseMemHandle(self.ptr)) };
             }
-        } else {
-            crate::release::note_leak();
+            Ok(ReleaseWait::Retry) => {
+                let moved = self.moved_out();
+                registry.retain(|_, w| w.strong_count() > 0);
+                drop(registry);
+                crate::release::defer(Box::new(moved), crate::release::When::Parked);
+                return;
+            }
+            // A wait failed (or the context cannot be made current): work may still use
+            // the mapping, which stays open (leaked), never closed under it.
+            Ok(ReleaseWait::Failed) | Err(_) => crate::release::note_leak(),
         }
+        drop(ctx);
         registry.retain(|_, w| w.strong_count() > 0);
     }
 }
@@ -868,34 +882,18 @@ impl Drop for SharedMapping {
         // `cuMemUnmap` is not stream-ordered: the device must be synchronised first, which
         // is forbidden inside a host function and fails (invalidating the capture) while a
         // capture runs. Then the unmap is deferred, never made without the wait.
-        let _gate = match crate::release::free_must_wait() {
-            Ok(gate) => gate,
-            Err(when) => {
-                let moved = self.moved_out();
-                crate::release::defer(Box::new(moved), when);
-                return;
-            }
-        };
-        // Work that other devices' streams queued on the mapping (a peer granted access with
-        // `grant_access`): the device synchronisation below does not cover it. If a wait
-        // fails that work may still run: everything is leaked, never unmapped under it.
-        if !self.cross.wait_all() {
-            crate::release::note_leak();
+        let Some(_gate) = crate::release::gate_or_defer(|| Box::new(self.moved_out())) else {
             return;
-        }
-        // Queued work on the memory finishes first.
-        match self.device.synchronize() {
-            Ok(()) => {}
-            // A capture that foreign code runs (this one invalidated it): try again at
-            // `release::release_deferred`, or when a capture of this crate ends; never by
-            // polling, which would invalidate that capture again at each try.
-            Err(e) if crate::release::retry_may_succeed(&e) => {
+        };
+        match wait_before_release(&self.device, &self.cross) {
+            ReleaseWait::Done => {}
+            ReleaseWait::Retry => {
                 let moved = self.moved_out();
                 crate::release::defer(Box::new(moved), crate::release::When::Parked);
                 return;
             }
-            // The context failed: leaked, never unmapped under work that may still run.
-            Err(_) => {
+            // Work may still use the memory: everything is leaked, never unmapped under it.
+            ReleaseWait::Failed => {
                 crate::release::note_leak();
                 return;
             }

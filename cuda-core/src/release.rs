@@ -84,7 +84,7 @@ impl HostFunctionScope {
     /// Enters the scope. Starts the release thread first if it is not running (a thread is
     /// spawned, which makes no CUDA call).
     pub fn enter() -> HostFunctionScope {
-        let _ = release_thread();
+        start();
         INSIDE_HOST_FUNCTION.with(|c| c.set(c.get() + 1));
         HostFunctionScope {
             _not_send: std::marker::PhantomData,
@@ -96,6 +96,12 @@ impl Drop for HostFunctionScope {
     fn drop(&mut self) {
         INSIDE_HOST_FUNCTION.with(|c| c.set(c.get().saturating_sub(1)));
     }
+}
+
+/// Starts the release thread if it is not running (a thread is spawned; no CUDA call): for
+/// callers that are about to hand work to a host function.
+pub(crate) fn start() {
+    let _ = release_thread();
 }
 
 /// Values waiting for [`When::AfterCaptures`] or [`When::Poll`].
@@ -239,7 +245,7 @@ fn release_thread() -> Option<&'static Mutex<Sender<Message>>> {
 /// when to defer it: inside a host function (at once, elsewhere), or while a capture begun
 /// through this crate runs (until it ends).
 #[inline]
-pub(crate) fn free_must_wait() -> std::result::Result<crate::capture_gate::IssueGuard, When> {
+fn free_must_wait() -> std::result::Result<crate::capture_gate::IssueGuard, When> {
     if inside_host_function() {
         return Err(When::Now);
     }
@@ -248,6 +254,23 @@ pub(crate) fn free_must_wait() -> std::result::Result<crate::capture_gate::Issue
         return Err(When::AfterCaptures);
     }
     Ok(gate)
+}
+
+/// The capture gate for a free that relies on the device's implicit wait (see
+/// [`free_must_wait`]), held until the free is made; or, when the free must wait, `None`
+/// after handing what `move_out` takes out of the value (leaving it empty) to the release
+/// thread.
+#[inline]
+pub(crate) fn gate_or_defer(
+    move_out: impl FnOnce() -> Box<dyn Send>,
+) -> Option<crate::capture_gate::IssueGuard> {
+    match free_must_wait() {
+        Ok(gate) => Some(gate),
+        Err(when) => {
+            defer(move_out(), when);
+            None
+        }
+    }
 }
 
 /// Releases that failed for a reason no retry fixes (a device fault): the memory or

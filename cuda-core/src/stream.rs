@@ -1000,7 +1000,7 @@ type Deferred = Box<dyn Send>;
 
 /// Starts the release thread (on the caller's thread, never inside a callback).
 fn cleanup_thread() {
-    drop(crate::release::HostFunctionScope::enter());
+    crate::release::start();
 }
 
 /// Drops `value` on the release thread, never on the calling (driver) thread; leaks it when

@@ -370,24 +370,20 @@ fn an_edited_header_on_disk_is_compiled_again_not_served_stale() {
     let front = root.join("front");
     std::fs::create_dir_all(&front).unwrap();
     std::fs::write(front.join("bound.h"), "#define BOUND 3333\n").unwrap();
-    let shadowed = Program::new(src)
-        .include_path(&front)
-        .include_path(&inc)
-        .arch(HOPPER)
-        .output(Output::Ptx)
-        .cache(&cache)
-        .compile_with(compiler())
-        .unwrap();
+    let with_front = || {
+        Program::new(src)
+            .include_path(&front)
+            .include_path(&inc)
+            .arch(HOPPER)
+            .output(Output::Ptx)
+            .cache(&cache)
+            .compile_with(compiler())
+            .unwrap()
+    };
+    let shadowed = with_front();
     assert!(shadowed.ptx().unwrap().contains("3333"));
     std::fs::write(front.join("bound.h"), "#define BOUND 4444\n").unwrap();
-    let reshadowed = Program::new(src)
-        .include_path(&front)
-        .include_path(&inc)
-        .arch(HOPPER)
-        .output(Output::Ptx)
-        .cache(&cache)
-        .compile_with(compiler())
-        .unwrap();
+    let reshadowed = with_front();
     assert_eq!(reshadowed.origin(), Origin::Compiled);
     assert!(reshadowed.ptx().unwrap().contains("4444"));
     std::fs::remove_dir_all(&root).unwrap();

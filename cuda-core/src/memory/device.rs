@@ -121,6 +121,19 @@ impl fmt::Debug for DeviceMemory {
     }
 }
 
+impl DeviceMemory {
+    /// The allocation moved into a value the release thread frees later; `self` is left
+    /// empty (its drop does nothing).
+    fn moved_out(&mut self) -> DeviceMemory {
+        DeviceMemory {
+            ptr: std::mem::take(&mut self.ptr),
+            size: std::mem::take(&mut self.size),
+            device: self.device,
+            cross: std::mem::take(&mut self.cross),
+        }
+    }
+}
+
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
         if self.size == 0 || self.ptr == 0 {
@@ -130,18 +143,8 @@ impl Drop for DeviceMemory {
         // memory. Inside a host function it is forbidden; while a capture begun through this
         // crate runs, the wait is one a capture forbids (the driver documents nothing for
         // it). Either way the free is made later, on the release thread.
-        let _gate = match crate::release::free_must_wait() {
-            Ok(gate) => gate,
-            Err(when) => {
-                let moved = DeviceMemory {
-                    ptr: std::mem::take(&mut self.ptr),
-                    size: std::mem::take(&mut self.size),
-                    device: self.device,
-                    cross: std::mem::take(&mut self.cross),
-                };
-                crate::release::defer(Box::new(moved), when);
-                return;
-            }
+        let Some(_gate) = crate::release::gate_or_defer(|| Box::new(self.moved_out())) else {
+            return;
         };
         // Other devices' work first: `cuMemFree` waits for this device's work only. If a
         // wait fails that work may still run: the memory is leaked, never freed under it.

@@ -236,6 +236,19 @@ impl fmt::Debug for ManagedMemory {
     }
 }
 
+impl ManagedMemory {
+    /// The allocation moved into a value the release thread frees later; `self` is left
+    /// empty (its drop does nothing).
+    fn moved_out(&mut self) -> ManagedMemory {
+        ManagedMemory {
+            ptr: std::mem::take(&mut self.ptr),
+            size: std::mem::take(&mut self.size),
+            device: self.device,
+            cross: std::mem::take(&mut self.cross),
+        }
+    }
+}
+
 impl Drop for ManagedMemory {
     fn drop(&mut self) {
         if self.size == 0 || self.ptr == 0 {
@@ -243,18 +256,8 @@ impl Drop for ManagedMemory {
         }
         // Not inside a host function, nor while a capture of this crate runs (see
         // `DeviceMemory`'s drop): later, on the release thread.
-        let _gate = match crate::release::free_must_wait() {
-            Ok(gate) => gate,
-            Err(when) => {
-                let moved = ManagedMemory {
-                    ptr: std::mem::take(&mut self.ptr),
-                    size: std::mem::take(&mut self.size),
-                    device: self.device,
-                    cross: std::mem::take(&mut self.cross),
-                };
-                crate::release::defer(Box::new(moved), when);
-                return;
-            }
+        let Some(_gate) = crate::release::gate_or_defer(|| Box::new(self.moved_out())) else {
+            return;
         };
         // Other devices' work first (`cuMemFree` waits for this device's only); leaked if a
         // wait fails, since that work may still run.

@@ -271,6 +271,20 @@ impl fmt::Debug for PinnedMemory {
     }
 }
 
+impl PinnedMemory {
+    /// The allocation moved into a value the release thread frees later; `self` is left
+    /// empty (its drop does nothing).
+    fn moved_out(&mut self) -> PinnedMemory {
+        PinnedMemory {
+            ptr: self.ptr,
+            size: std::mem::take(&mut self.size),
+            flags: self.flags,
+            device_ptr: self.device_ptr,
+            device: self.device,
+        }
+    }
+}
+
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
         if self.size == 0 {
@@ -278,19 +292,8 @@ impl Drop for PinnedMemory {
         }
         // `cuMemFreeHost` synchronises: not inside a host function, nor while a capture of
         // this crate runs (see `DeviceMemory`'s drop); later, on the release thread.
-        let _gate = match crate::release::free_must_wait() {
-            Ok(gate) => gate,
-            Err(when) => {
-                let moved = PinnedMemory {
-                    ptr: self.ptr,
-                    size: std::mem::take(&mut self.size),
-                    flags: self.flags,
-                    device_ptr: self.device_ptr,
-                    device: self.device,
-                };
-                crate::release::defer(Box::new(moved), when);
-                return;
-            }
+        let Some(_gate) = crate::release::gate_or_defer(|| Box::new(self.moved_out())) else {
+            return;
         };
         // A capture in global or thread-local mode (this thread's or another's) would refuse
         // the free and be invalidated by it: relax this thread's mode for the call.
