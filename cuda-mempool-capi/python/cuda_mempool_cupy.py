@@ -229,6 +229,7 @@ def _make_python_malloc(so):
         if size == 0:
             return MemoryPointer(Unowned(0, 0, None, device), 0)
         stream = current_stream(device)
+        size = (size + _ROUND - 1) & -_ROUND  # the block's real size, as CuPy's pool reports
         ptr = alloc(size, device, stream.ptr)
         if not ptr:
             _raise_failure(so, size, device)
@@ -236,6 +237,10 @@ def _make_python_malloc(so):
 
     return malloc
 
+
+# The pool's rounding (cuda-mempool's policy::ROUND): every block is a multiple of it, and
+# ``mem.size`` reports the rounded size, as CuPy's MemoryPool does.
+_ROUND = 512
 
 # The C path's held streams: handle -> [CuPy Stream object, number of holds]. The library
 # holds a stream once while it has live blocks (a second hold can come from a race between
@@ -382,12 +387,18 @@ def _make_c_malloc(so, lib_owner):
     addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
     cfa = _cupy_memory.CFunctionAllocator(
         0, addr(so.cuda_mempool_cupy_stream_malloc), addr(so.cuda_mempool_cupy_free), lib_owner)
-    if _hooks[4] is not None:
-        return cfa.malloc, "c"
     cfa_malloc = cfa.malloc
+    if _hooks[4] is not None:
+        def malloc(size):
+            # The block's real size (the pool rounds to 512 bytes), so that ``mem.size`` is
+            # what CuPy's own pool reports: CuPy's code and tests rely on it.
+            return cfa_malloc((size + 511) & -512)
+
+        return malloc, "c"
     get_device = _runtime.getDevice
 
     def malloc(size):
+        size = (size + 511) & -512
         mem = cfa_malloc(size)
         if mem.ptr or not size:
             return mem

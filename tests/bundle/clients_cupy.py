@@ -43,6 +43,9 @@ Scenarios (each in its own process; --only NAME runs a subset):
                      plain_oom_limit, plain_steal_calls, plain_ptds_threads; the library sets
                      up CuPy's stream lookup itself (here from the copy of the module embedded
                      in the library: lib/ is taken off sys.path).
+  block_size         every route of the module reports mem.size at the pool's 512-byte rounding
+                     (as CuPy's pool does), and cupy.percentile over blocks whose tails hold
+                     NaN gives numpy's result.
 
 Usage: python3 clients_cupy.py [--lib PATH] [--seconds S] [--streams N] [--sanitize] [--only X]
 Prints PASS/FAIL lines and "N passed, N failed"; exit status 1 on any failure.
@@ -828,10 +831,44 @@ def ptds_scenario(args, rep, whole_program):
 
 SCENARIOS = ["cross_nonblocking", "cross_blocking", "cross_default", "destroyed_stream",
              "threads", "churn", "oom", "oom_limit", "graph", "stream_hold", "steal_calls",
-             "ptds_threads", "ptds_program", "history"]
+             "ptds_threads", "ptds_program", "history", "block_size"]
 # The plain route (--mode plain): the same scenarios through CuPy's four documented lines.
 PLAIN = ["cross_nonblocking", "cross_blocking", "threads", "oom", "oom_limit", "steal_calls",
          "ptds_threads", "first_touch"]
+
+
+def block_size(args, rep):
+    """``mem.size`` is the block's real, 512-rounded size on every route of the module (CuPy's
+    pool reports it so, and CuPy's code and tests rely on it: test_percentile_memory_access),
+    and percentile over a block whose tail holds NaN reads only its own elements."""
+    import numpy as np
+
+    cp, cmp, pool, kern, khz = setup(args)
+    so = cmp.library()
+    routes = {pool.path: pool.malloc, "python": cmp._make_python_malloc(so)}
+    for route, malloc in routes.items():
+        for size in (1, 100, 511, 512, 513, 4000, MIB + 1, 3 * MIB + 7):
+            m = malloc(size)
+            got = m.mem.size
+            rep.check(got % 512 == 0 and size <= got < size + 512 and m.ptr != 0,
+                      f"{route} route: {size} bytes give mem.size {got}")
+            del m
+    original = cp.cuda.get_allocator()
+
+    def nan_tail(size):
+        memptr = original(size)
+        n = memptr.mem.size // 4
+        cp.ndarray((n,), dtype=cp.float32, memptr=memptr).fill(cp.nan)
+        return memptr
+
+    a = np.random.default_rng(0).random(1001, dtype=np.float32)
+    want = np.percentile(a, [0, 25, 50, 75, 100])
+    cp.cuda.set_allocator(nan_tail)
+    try:
+        got = cp.percentile(cp.asarray(a), cp.asarray([0.0, 25.0, 50.0, 75.0, 100.0])).get()
+    finally:
+        cp.cuda.set_allocator(original)
+    rep.check(np.allclose(got, want), f"percentile with NaN past every block's end: {got} vs {want}")
 
 
 def child(args):
@@ -868,6 +905,8 @@ def child(args):
             ptds_scenario(args, rep, True)
         elif name == "history":
             history_scenario(args, rep)
+        elif name == "block_size":
+            block_size(args, rep)
         elif name == "first_touch" and args.mode == "plain":
             first_touch(args, rep)
         elif name == "first_touch_once" and args.mode == "plain":
