@@ -127,7 +127,7 @@ impl Device {
     /// Makes this device current on the calling thread (CuPy's `Device.use()`).
     pub fn make_current(&self) -> Result<()> {
         let ctx = self.primary_context()?;
-        crate::stream::forget_context();
+        crate::context_note::forget_context();
         // SAFETY: a retained primary context.
         unsafe { drv!(cuCtxSetCurrent(ctx)) }
     }
@@ -167,7 +167,7 @@ impl Device {
             });
         }
         // The thread's current context changes: what this crate noted about it is stale.
-        crate::stream::forget_context();
+        crate::context_note::forget_context();
         // SAFETY: a retained primary context; popped by the binding's Drop.
         unsafe { drv!(cuCtxPushCurrent(target)) }?;
         Ok(ContextBinding {
@@ -331,7 +331,7 @@ impl Drop for DeviceScope {
         // SAFETY: `previous` was current on this thread (or null) when the scope began.
         // A failure here cannot be reported from Drop; the driver keeps its state.
         let _ = unsafe { drv!(cuCtxSetCurrent(self.previous)) };
-        crate::stream::forget_context();
+        crate::context_note::forget_context();
     }
 }
 
@@ -356,7 +356,7 @@ impl Drop for ContextBinding {
             let mut popped: CUcontext = std::ptr::null_mut();
             // SAFETY: we pushed exactly one context on this thread.
             let _ = unsafe { drv!(cuCtxPopCurrent(&mut popped)) };
-            crate::stream::forget_context();
+            crate::context_note::forget_context();
         }
     }
 }

@@ -254,30 +254,6 @@ impl Event {
         Arc::strong_count(&self.inner) == 1
     }
 
-    /// A future that resolves when the work recorded in this event is done (at once when
-    /// nothing was recorded, as [`Event::query`]): `Ok(())`, or the error that stopped the
-    /// device (a failed stream, a device fault), which reaches every pending future of the
-    /// context. Runtime-agnostic; see [`crate::completion`]. It holds a clone of the event,
-    /// so the event lives until the future (and the reactor's entry for it) is gone.
-    ///
-    /// Always polled by the reactor thread ([`WakeStrategy::Poll`](crate::completion::WakeStrategy::Poll)):
-    /// an event has no stream to put a host function on. The event need not be untimed,
-    /// but untimed events (the default) are cheaper to query.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> cudars_core::Result<()> {
-    /// use cudars_core::{Device, Stream};
-    /// let dev = Device::new(0)?;
-    /// let stream = Stream::new(&dev)?;
-    /// // ... queue work on `stream` ...
-    /// let done = stream.record(None)?;
-    /// done.completion().await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn completion(&self) -> crate::completion::Completion {
-        crate::completion::event_completion(self)
-    }
-
     /// Records the event at the current end of `stream`'s work (CuPy's `Event.record`).
     /// A stream of another device is [`Error::WrongDevice`].
     #[inline]
@@ -509,6 +485,54 @@ impl IpcEventHandle {
             *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
         }
         Ok(IpcEventHandle(bytes))
+    }
+}
+
+
+// Recording on and waiting for events, seen from the stream: here beside the event, so that
+// the stream module need not know this one.
+impl Stream {
+    /// Records an event at the current end of the stream's work and returns it (CuPy's
+    /// `Stream.record(event=None)`): `event` when given (a clone sharing it), else a new
+    /// event with **timing off**, as [`Event::new`] (the workspace's one timing rule, see
+    /// [`crate::event`]; CuPy's `record()` makes a timed one: that is
+    /// [`record_timed`](Self::record_timed)).
+    pub fn record(&self, event: Option<&Event>) -> Result<Event> {
+        let event = match event {
+            Some(e) => e.clone(),
+            None => Event::new(&self.device())?,
+        };
+        event.record(self)?;
+        Ok(event)
+    }
+
+    /// Records a new event with **timing on** ([`Event::timed`]) at the current end of the
+    /// stream's work and returns it, for [`Event::elapsed`].
+    ///
+    /// ```no_run
+    /// use cudars_core::{Device, Event, Stream};
+    /// let dev = Device::new(0)?;
+    /// let stream = Stream::new(&dev)?;
+    /// let start = stream.record_timed()?;
+    /// // ... queue work on `stream` ...
+    /// let end = stream.record_timed()?;
+    /// end.synchronize()?;
+    /// println!("{:?}", Event::elapsed(&start, &end)?);
+    /// # Ok::<(), cudars_core::Error>(())
+    /// ```
+    pub fn record_timed(&self) -> Result<Event> {
+        let event = Event::timed(&self.device())?;
+        event.record(self)?;
+        Ok(event)
+    }
+
+    /// Makes later work on this stream wait for `event`'s recorded work (the event may
+    /// belong to another device).
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        self.with_context(|_| {
+            // SAFETY: live stream and event.
+            unsafe { drv!(cuStreamWaitEvent(self.raw(), event.raw(), 0)) }
+        })
     }
 }
 

@@ -62,7 +62,7 @@ use cudars_sys::{
 
 use crate::driver::drv;
 use crate::error::{Error, Result};
-use crate::graph::CrossDeviceUses;
+use crate::cross_device::CrossDeviceUses;
 use crate::memory::{DeviceAlloc, DeviceMemory, DevicePtr};
 use crate::stream::Stream;
 use crate::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};

@@ -38,6 +38,8 @@ mod version;
 
 pub mod async_pool;
 mod capture_gate;
+mod context_note;
+mod cross_device;
 pub mod completion;
 pub mod device;
 pub mod error;

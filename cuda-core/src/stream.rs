@@ -62,7 +62,6 @@ use cudars_sys::{CUcontext, CUresult, CUstream, CUstream_flags, Driver};
 
 use crate::driver::{api, check, drv};
 use crate::error::{DriverError, Error, Result};
-use crate::event::Event;
 use crate::Device;
 
 /// The driver's handle for the per-thread default stream (`CU_STREAM_PER_THREAD` in `cuda.h`).
@@ -498,80 +497,6 @@ impl Stream {
         })
     }
 
-    /// Records an event at the current end of the stream's work and returns it (CuPy's
-    /// `Stream.record(event=None)`): `event` when given (a clone sharing it), else a new
-    /// event with **timing off**, as [`Event::new`] (the workspace's one timing rule, see
-    /// [`crate::event`]; CuPy's `record()` makes a timed one: that is
-    /// [`record_timed`](Self::record_timed)).
-    pub fn record(&self, event: Option<&Event>) -> Result<Event> {
-        let event = match event {
-            Some(e) => e.clone(),
-            None => Event::new(&self.device)?,
-        };
-        event.record(self)?;
-        Ok(event)
-    }
-
-    /// A future that resolves when the device has done all the work queued on this stream
-    /// so far (later work does not count): `Ok(())`, or the error that stopped the device (a
-    /// failed stream, a device fault). Records an untimed event (reused from a small
-    /// per-device pool) and waits for it with the process's
-    /// [`wake_strategy`](crate::completion::wake_strategy); runtime-agnostic, see
-    /// [`crate::completion`].
-    ///
-    /// A stream being captured into a graph is refused with [`Error::InvalidArgument`]: the
-    /// point would be a graph node, reached only when the graph is launched.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> cudars_core::Result<()> {
-    /// use cudars_core::{Device, Stream};
-    /// let dev = Device::new(0)?;
-    /// let stream = Stream::new(&dev)?;
-    /// // ... queue work on `stream` ...
-    /// stream.completion()?.await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn completion(&self) -> Result<crate::completion::Completion> {
-        crate::completion::stream_completion(self, crate::completion::wake_strategy())
-    }
-
-    /// As [`Stream::completion`], with the given wake strategy for this wait.
-    pub fn completion_with(
-        &self,
-        strategy: crate::completion::WakeStrategy,
-    ) -> Result<crate::completion::Completion> {
-        crate::completion::stream_completion(self, strategy)
-    }
-
-    /// Records a new event with **timing on** ([`Event::timed`]) at the current end of the
-    /// stream's work and returns it, for [`Event::elapsed`].
-    ///
-    /// ```no_run
-    /// use cudars_core::{Device, Event, Stream};
-    /// let dev = Device::new(0)?;
-    /// let stream = Stream::new(&dev)?;
-    /// let start = stream.record_timed()?;
-    /// // ... queue work on `stream` ...
-    /// let end = stream.record_timed()?;
-    /// end.synchronize()?;
-    /// println!("{:?}", Event::elapsed(&start, &end)?);
-    /// # Ok::<(), cudars_core::Error>(())
-    /// ```
-    pub fn record_timed(&self) -> Result<Event> {
-        let event = Event::timed(&self.device)?;
-        event.record(self)?;
-        Ok(event)
-    }
-
-    /// Makes later work on this stream wait for `event`'s recorded work (the event may
-    /// belong to another device).
-    pub fn wait_event(&self, event: &Event) -> Result<()> {
-        self.with_context(|_| {
-            // SAFETY: live stream and event.
-            unsafe { drv!(cuStreamWaitEvent(self.raw, event.raw(), 0)) }
-        })
-    }
-
     /// The stream's priority (numerically lower is more urgent).
     pub fn priority(&self) -> Result<i32> {
         let mut priority = 0;
@@ -615,7 +540,7 @@ impl Stream {
     /// so capturing a [`DevicePtr`](crate::DevicePtr) of pool memory, an event or a stream,
     /// whose drop calls the driver, is fine. Taking such a value out with `Option::take` and
     /// dropping it inside is caught as well for the types the [release](crate::release)
-    /// module lists (a [`DevicePtr`](crate::DevicePtr), a [`Stream`], an [`Event`], this
+    /// module lists (a [`DevicePtr`](crate::DevicePtr), a [`Stream`], an [`Event`](crate::Event), this
     /// crate's memory owners): they release on the release thread. Should that thread fail to
     /// start, the closures are leaked instead.
     ///
@@ -783,7 +708,7 @@ pub(crate) fn with_context<T>(
     let d = api()?;
     let binding = if implicit {
         Some(device.bind()?)
-    } else if context_seen() {
+    } else if crate::context_note::context_seen() {
         None
     } else {
         let mut current: CUcontext = std::ptr::null_mut();
@@ -795,52 +720,19 @@ pub(crate) fn with_context<T>(
         if current.is_null() {
             Some(device.bind()?)
         } else {
-            remember_context();
+            crate::context_note::remember_context();
             None
         }
     };
     match call(d) {
         Err(e) if !implicit && is_invalid_context(&e) => {
-            forget_context();
+            crate::context_note::forget_context();
             drop(binding);
             let _ctx = device.bind()?;
             call(d)
         }
         other => other,
     }
-}
-
-thread_local! {
-    /// `true` once this thread was seen with a context current, until this crate pops or
-    /// replaces it (see [`with_context`]).
-    static CONTEXT_SEEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether this thread was seen with a context current (see [`with_context`]). `false`
-/// while the thread is being torn down.
-#[inline]
-fn context_seen() -> bool {
-    CONTEXT_SEEN.try_with(std::cell::Cell::get).unwrap_or(false)
-}
-
-/// Notes that a context is current on this thread.
-#[inline]
-pub(crate) fn remember_context() {
-    let _ = CONTEXT_SEEN.try_with(|c| c.set(true));
-}
-
-/// Clears the note: this crate popped or replaced the thread's current context, so the next
-/// call asks the driver again.
-#[inline]
-pub(crate) fn forget_context() {
-    let _ = CONTEXT_SEEN.try_with(|c| c.set(false));
-    let _ = KNOWN_CONTEXT.try_with(|c| c.set(0));
-}
-
-thread_local! {
-    /// The context this thread was last seen with current by [`launch_in_context`] (0: none
-    /// known), until this crate pops or replaces it ([`forget_context`]).
-    static KNOWN_CONTEXT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Runs a kernel launch (`call`) of a function of `device`'s primary context, with that
@@ -870,16 +762,16 @@ pub(crate) fn launch_in_context(
     let target = device.primary_context()? as usize;
     let noted = stream.kind() == StreamKind::Owned
         && !crate::capture_gate::captures_in_progress()
-        && KNOWN_CONTEXT.try_with(std::cell::Cell::get) == Ok(target);
+        && crate::context_note::known_context() == Some(target);
     if noted {
         match call() {
-            Err(e) if is_stale_context(&e) => forget_context(),
+            Err(e) if is_stale_context(&e) => crate::context_note::forget_context(),
             other => return other,
         }
     }
     let binding = device.bind()?;
     if !binding.pushed() {
-        let _ = KNOWN_CONTEXT.try_with(|c| c.set(target));
+        crate::context_note::note_known_context(target);
     }
     call()
 }

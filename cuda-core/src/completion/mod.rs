@@ -396,3 +396,64 @@ pub fn drop_after<T: Send + 'static>(event: &Event, value: T) -> Result<()> {
         },
     }
 }
+
+// The entry points live here, beside what they build, so that the event and stream modules
+// need not know this one.
+impl Event {
+    /// A future that resolves when the work recorded in this event is done (at once when
+    /// nothing was recorded, as [`Event::query`]): `Ok(())`, or the error that stopped the
+    /// device (a failed stream, a device fault), which reaches every pending future of the
+    /// context. Runtime-agnostic; see [`crate::completion`]. It holds a clone of the event,
+    /// so the event lives until the future (and the reactor's entry for it) is gone.
+    ///
+    /// Always polled by the reactor thread ([`WakeStrategy::Poll`]):
+    /// an event has no stream to put a host function on. The event need not be untimed,
+    /// but untimed events (the default) are cheaper to query.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> cudars_core::Result<()> {
+    /// use cudars_core::{Device, Stream};
+    /// let dev = Device::new(0)?;
+    /// let stream = Stream::new(&dev)?;
+    /// // ... queue work on `stream` ...
+    /// let done = stream.record(None)?;
+    /// done.completion().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn completion(&self) -> Completion {
+        event_completion(self)
+    }
+}
+
+impl Stream {
+    /// A future that resolves when the device has done all the work queued on this stream
+    /// so far (later work does not count): `Ok(())`, or the error that stopped the device (a
+    /// failed stream, a device fault). Records an untimed event (reused from a small
+    /// per-device pool) and waits for it with the process's
+    /// [`wake_strategy`]; runtime-agnostic, see
+    /// [`crate::completion`].
+    ///
+    /// A stream being captured into a graph is refused with [`Error::InvalidArgument`]: the
+    /// point would be a graph node, reached only when the graph is launched.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> cudars_core::Result<()> {
+    /// use cudars_core::{Device, Stream};
+    /// let dev = Device::new(0)?;
+    /// let stream = Stream::new(&dev)?;
+    /// // ... queue work on `stream` ...
+    /// stream.completion()?.await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn completion(&self) -> Result<Completion> {
+        stream_completion(self, wake_strategy())
+    }
+
+    /// As [`Stream::completion`], with the given wake strategy for this wait.
+    pub fn completion_with(
+        &self,
+        strategy: WakeStrategy,
+    ) -> Result<Completion> {
+        stream_completion(self, strategy)
+    }
+}

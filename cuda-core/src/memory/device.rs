@@ -10,7 +10,7 @@ use cudars_sys::CUdeviceptr;
 use super::{DeviceAlloc, DevicePtr};
 use crate::driver::drv;
 use crate::error::Result;
-use crate::graph::CrossDeviceUses;
+use crate::cross_device::CrossDeviceUses;
 use crate::stream::Stream;
 use crate::Device;
 

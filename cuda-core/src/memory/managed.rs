@@ -8,7 +8,7 @@ use cudars_sys::{CUdeviceptr, CUmemAttach_flags, CUmem_advise};
 use super::{DeviceAlloc, DevicePtr, Location};
 use crate::driver::drv;
 use crate::error::Result;
-use crate::graph::CrossDeviceUses;
+use crate::cross_device::CrossDeviceUses;
 use crate::stream::Stream;
 use crate::Device;
 
