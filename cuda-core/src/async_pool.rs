@@ -40,7 +40,7 @@ use cudars_sys::{
 use crate::driver::drv;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::memory::{check_stream, device_location, DeviceAlloc};
+use crate::memory::{device_location, DeviceAlloc};
 use crate::stream::Stream;
 use crate::Device;
 
@@ -320,7 +320,7 @@ impl MemPool {
     /// with [`free_async`]. The stream must belong to the pool's device. Size 0 returns
     /// address 0 without a driver call.
     pub fn alloc_async(&self, size: usize, stream: &Stream) -> Result<CUdeviceptr> {
-        check_stream(stream, self.device)?;
+        stream.expect_device(self.device)?;
         if size == 0 {
             return Ok(0);
         }

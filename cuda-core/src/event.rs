@@ -259,13 +259,7 @@ impl Event {
     #[inline]
     pub fn record(&self, stream: &Stream) -> Result<()> {
         let inner = &*self.inner;
-        if stream.device() != inner.device {
-            return Err(Error::WrongDevice {
-                what: "stream",
-                expected: inner.device.ordinal(),
-                actual: stream.device().ordinal(),
-            });
-        }
+        stream.expect_device(inner.device)?;
         stream.with_context(|d| {
             // SAFETY: live event and stream of the same device (an implicit stream handle has
             // its device's context current).

@@ -52,7 +52,7 @@ use crate::Device;
 pub mod explicit;
 
 use crate::capture_gate::{self, BeginGate};
-pub use crate::capture_gate::{captures_in_progress, issue_guard, IssueGuard};
+pub use crate::capture_gate::captures_in_progress;
 
 /// What a graph keeps alive: the owners of the memory its captured operations use.
 type KeepAlive = Arc<Vec<Arc<dyn DeviceAlloc>>>;
@@ -694,17 +694,6 @@ impl GraphExecHandle {
         self.device
     }
 
-    fn check_stream(&self, stream: &Stream) -> Result<()> {
-        if stream.device() != self.device {
-            return Err(Error::WrongDevice {
-                what: "stream",
-                expected: self.device.ordinal(),
-                actual: stream.device().ordinal(),
-            });
-        }
-        Ok(())
-    }
-
     /// Runs the graph on `stream`, after the stream's earlier work and the graph's previous
     /// launches (`cuGraphLaunch`). Any stream of the graph's device works, the legacy null
     /// stream included; a stream of another device is [`Error::WrongDevice`].
@@ -716,8 +705,7 @@ impl GraphExecHandle {
     /// capturing stream is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` on driver 580, and
     /// invalidates the capture.)
     pub fn launch(&self, stream: &Stream) -> Result<()> {
-        self.check_stream(stream)?;
-        let _gate = issue_guard();
+        let _issue = stream.issue(self.device)?;
         if is_capturing(stream)? {
             return Err(Error::Unsupported(
                 "launching an executable graph on a stream that is being captured (the \
@@ -740,7 +728,7 @@ impl GraphExecHandle {
     /// Uploads the graph's work descriptions to the device on `stream` ahead of the first
     /// launch, so that launch does not pay for it (`cuGraphUpload`).
     pub fn upload(&self, stream: &Stream) -> Result<()> {
-        self.check_stream(stream)?;
+        stream.expect_device(self.device)?;
         let _ctx = self.device.bind()?;
         // SAFETY: a live executable graph and a stream of its device; its context is current.
         unsafe { drv!(cuGraphUpload(self.raw, stream.raw())) }

@@ -63,7 +63,7 @@ use std::time::Duration;
 use cudars_sys::{CUdevice_attribute, CUdeviceptr};
 
 use crate::error::{Error, Result};
-use crate::memory::{check_stream, DevicePtr};
+use crate::memory::DevicePtr;
 use crate::module::{Function, Module};
 use crate::{Device, Stream};
 
@@ -357,7 +357,6 @@ pub mod checks {
     use crate::device::Device;
     use crate::error::{Error, Result};
     use crate::memory::DevicePtr;
-    use crate::stream::Stream;
     use crate::sys::CUdeviceptr;
 
     /// Threads per block for the element-wise kernels.
@@ -387,12 +386,6 @@ pub mod checks {
                 actual: view.device().ordinal(),
             })
         }
-    }
-
-    /// [`Error::WrongDevice`] unless `stream` is a stream of `device` (the check every view
-    /// operation of `cuda-core` makes).
-    pub fn stream_of(stream: &Stream, device: Device) -> Result<()> {
-        crate::memory::check_stream(stream, device)
     }
 
     /// `true` when the byte ranges `a..a + a_len` and `b..b + b_len` share a byte (empty
@@ -512,7 +505,7 @@ impl Kernels {
     ) -> Result<()> {
         let grid = checks::grid(n, cap);
         // SAFETY: the caller's contract.
-        unsafe { f.launch(stream, (grid, 1, 1), (BLOCK, 1, 1), 0, params) }
+        unsafe { f.launch(&stream.issue_any(), (grid, 1, 1), (BLOCK, 1, 1), 0, params) }
     }
 
     /// `f(ptr, value, n)` for the fill and add kernels; nothing when `n` is 0.
@@ -550,7 +543,7 @@ impl Kernels {
         // memory.
         unsafe {
             self.spin
-                .launch(stream, (1, 1, 1), (1, 1, 1), 0, &mut params)
+                .launch(&stream.issue_any(), (1, 1, 1), (1, 1, 1), 0, &mut params)
         }
     }
 
@@ -560,9 +553,8 @@ impl Kernels {
     pub fn fill(&self, stream: &Stream, view: &DevicePtr, value: u32) -> Result<()> {
         let n = words(view, "fill")?;
         same_device(view, self.device(), "view")?;
-        check_stream(stream, self.device())?;
-        let _gate = crate::capture_gate::issue_guard();
-        view.record_stream(stream)?;
+        let issue = stream.issue(self.device())?;
+        view.record_stream(&issue)?;
         // SAFETY: the view is live device memory of the module's device, `n` aligned u32s,
         // kept from being freed or reused before the kernel is done by `record_stream`
         // above (as the view's own asynchronous operations do); `launch` checks the stream.
@@ -574,9 +566,8 @@ impl Kernels {
     pub fn add(&self, stream: &Stream, view: &DevicePtr, value: u32) -> Result<()> {
         let n = words(view, "add")?;
         same_device(view, self.device(), "view")?;
-        check_stream(stream, self.device())?;
-        let _gate = crate::capture_gate::issue_guard();
-        view.record_stream(stream)?;
+        let issue = stream.issue(self.device())?;
+        view.record_stream(&issue)?;
         // SAFETY: as in `fill`.
         unsafe { self.add_u32_raw(stream, view.as_raw(), value, n) }
     }
@@ -599,10 +590,9 @@ impl Kernels {
         same_device(dst, self.device(), "destination")?;
         same_device(src, self.device(), "source")?;
         disjoint("copy", "destination", dst, "source", src)?;
-        check_stream(stream, self.device())?;
-        let _gate = crate::capture_gate::issue_guard();
-        dst.record_stream(stream)?;
-        src.record_stream(stream)?;
+        let issue = stream.issue(self.device())?;
+        dst.record_stream(&issue)?;
+        src.record_stream(&issue)?;
         // SAFETY: both views are live device memory of the module's device, `n` aligned u32s
         // each, not overlapping (checked above), marked as used by `stream` above; `launch`
         // checks the stream.
@@ -627,9 +617,8 @@ impl Kernels {
         same_device(out, self.device(), "output")?;
         let out8 = out.slice(..8)?;
         disjoint("checksum", "output", &out8, "source", src)?;
-        check_stream(stream, self.device())?;
-        let _gate = crate::capture_gate::issue_guard();
-        src.record_stream(stream)?;
+        let issue = stream.issue(self.device())?;
+        src.record_stream(&issue)?;
         out8.memset_async(0, stream)?;
         // SAFETY: `src` is `n` aligned u32s and `out8` 8 aligned bytes of live device memory
         // of the module's device, not overlapping (checked above), marked as used by `stream`
@@ -649,9 +638,8 @@ impl Kernels {
     ) -> Result<()> {
         let n = words(view, "fill_after_spin")?;
         same_device(view, self.device(), "view")?;
-        check_stream(stream, self.device())?;
-        let _gate = crate::capture_gate::issue_guard();
-        view.record_stream(stream)?;
+        let issue = stream.issue(self.device())?;
+        view.record_stream(&issue)?;
         // SAFETY: as in `fill`.
         unsafe { self.spin_then_fill_raw(stream, view.as_raw(), value, n, cycles) }
     }
@@ -805,7 +793,7 @@ impl Kernels {
         // SAFETY: parameters match the kernel's signature; the caller vouches for the memory.
         unsafe {
             self.wait_flag
-                .launch(stream, (1, 1, 1), (1, 1, 1), 0, &mut params)
+                .launch(&stream.issue_any(), (1, 1, 1), (1, 1, 1), 0, &mut params)
         }
     }
 }

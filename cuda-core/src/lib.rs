@@ -46,6 +46,7 @@ pub mod error;
 pub mod event;
 pub mod features;
 pub mod graph;
+pub mod issue;
 #[cfg(feature = "library-handles")]
 pub mod handles;
 #[cfg(unix)]
@@ -71,5 +72,6 @@ pub use memory::{
     DeviceAlloc, DeviceMemory, DevicePtr, HostRegistration, Location, ManagedMemory, PinnedMemory,
     UnownedMemory,
 };
+pub use issue::Issue;
 pub use module::{Function, LaunchConfig, Module, ParamInfo};
 pub use stream::{Stream, StreamBuilder, StreamKind, StreamScope};

@@ -1,5 +1,5 @@
 //! Modules and kernels: PTX text JIT-compiled by the driver, or cubin and fatbin images
-//! (`cuModuleLoadDataEx`), and their functions launched on a [`Stream`] (`cuLaunchKernel`, or
+//! (`cuModuleLoadDataEx`), and their functions launched on a [`Stream`](crate::Stream) (`cuLaunchKernel`, or
 //! `cuLaunchKernelEx` with thread-block clusters).
 //!
 //! CuPy reaches kernels through `RawModule`/`RawKernel`; here the thin driver-level pair is
@@ -32,8 +32,11 @@
 //! let stream = Stream::new(&dev)?;
 //! let mut arg: u64 = 0;
 //! let mut params = [&mut arg as *mut u64 as *mut c_void];
+//! // The issue checks the stream's device and holds the capture gate until it drops.
+//! let issue = stream.issue(dev)?;
 //! // SAFETY: `nothing` takes one u64 and touches no memory.
-//! unsafe { kernel.launch(&stream, (1, 1, 1), (1, 1, 1), 0, &mut params)? };
+//! unsafe { kernel.launch(&issue, (1, 1, 1), (1, 1, 1), 0, &mut params)? };
+//! drop(issue);
 //! stream.synchronize()?;
 //! # Ok::<(), cudars_core::Error>(())
 //! ```
@@ -48,7 +51,7 @@ use cudars_sys::{
 
 use crate::driver::drv;
 use crate::error::{Error, Result};
-use crate::stream::Stream;
+use crate::issue::Issue;
 use crate::Device;
 
 /// Bytes kept of the JIT compiler's error log.
@@ -405,7 +408,7 @@ impl Function {
     #[inline]
     pub unsafe fn launch_with(
         &self,
-        stream: &Stream,
+        issue: &Issue<'_>,
         config: &LaunchConfig,
         params: &mut [*mut c_void],
     ) -> Result<()> {
@@ -413,7 +416,7 @@ impl Function {
             // SAFETY: the caller's contract is `launch`'s.
             return unsafe {
                 self.launch(
-                    stream,
+                    issue,
                     config.grid,
                     config.block,
                     config.shared_mem_bytes,
@@ -421,7 +424,7 @@ impl Function {
                 )
             };
         };
-        self.check_launch(stream, config.grid, config.block)?;
+        self.check_launch(issue, config.grid, config.block)?;
         let (g, c) = (config.grid, cluster);
         if c.0 == 0 || c.1 == 0 || c.2 == 0 || g.0 % c.0 != 0 || g.1 % c.1 != 0 || g.2 % c.2 != 0 {
             return Err(Error::InvalidArgument(format!(
@@ -446,7 +449,7 @@ impl Function {
             blockDimY: config.block.1,
             blockDimZ: config.block.2,
             sharedMemBytes: config.shared_mem_bytes,
-            hStream: stream.raw(),
+            hStream: issue.raw(),
             attrs: attrs.as_mut_ptr(),
             numAttrs: attrs.len() as u32,
         };
@@ -455,7 +458,7 @@ impl Function {
         } else {
             params.as_mut_ptr()
         };
-        crate::stream::launch_in_context(self.module.device, stream, || {
+        crate::stream::launch_in_context(self.module.device, issue.stream(), || {
             // SAFETY: the module's context is current (or the driver refuses the launch and
             // it is retried with it current: `launch_in_context`), and the stream belongs to
             // its device; the config and its one attribute live for the call; the caller
@@ -475,7 +478,7 @@ impl Function {
     #[inline]
     fn check_launch(
         &self,
-        stream: &Stream,
+        issue: &Issue<'_>,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
     ) -> Result<()> {
@@ -486,15 +489,7 @@ impl Function {
                 self.name
             )));
         }
-        let device = self.module.device;
-        if stream.device() != device {
-            return Err(Error::WrongDevice {
-                what: "stream",
-                expected: device.ordinal(),
-                actual: stream.device().ordinal(),
-            });
-        }
-        Ok(())
+        issue.expect_device("stream", self.module.device)
     }
 
     /// Queues the kernel on `stream` with `grid` blocks of `block` threads and
@@ -518,19 +513,19 @@ impl Function {
     ///   accesses, data races between its threads).
     pub unsafe fn launch(
         &self,
-        stream: &Stream,
+        issue: &Issue<'_>,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
         shared_bytes: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
-        self.check_launch(stream, grid, block)?;
+        self.check_launch(issue, grid, block)?;
         let kernel_params = if params.is_empty() {
             std::ptr::null_mut()
         } else {
             params.as_mut_ptr()
         };
-        crate::stream::launch_in_context(self.module.device, stream, || {
+        crate::stream::launch_in_context(self.module.device, issue.stream(), || {
             // SAFETY: the module's context is current (or the driver refuses the launch and
             // it is retried with it current: `launch_in_context`), and the stream belongs to
             // its device; the caller upholds the parameter and memory contract above.
@@ -544,7 +539,7 @@ impl Function {
                     block.1,
                     block.2,
                     shared_bytes,
-                    stream.raw(),
+                    issue.raw(),
                     kernel_params,
                     std::ptr::null_mut(),
                 ))

@@ -240,7 +240,7 @@ fn release_thread() -> Option<&'static Mutex<Sender<Message>>> {
 
 /// Whether a free that relies on the device's implicit wait (`cuMemFree`, `cuMemFreeHost`,
 /// an unmap after a device synchronisation) may be made now. `Ok` holds the capture gate
-/// ([`issue_guard`](crate::graph::issue_guard)): keep it until the free is made, so that no
+/// (the capture gate): keep it until the free is made, so that no
 /// capture begun through this crate starts between the check and the free. `Err` says until
 /// when to defer it: inside a host function (at once, elsewhere), or while a capture begun
 /// through this crate runs (until it ends).

@@ -161,7 +161,7 @@ pub unsafe fn prepare_for_consumer(
     let Some(consumer) = unsafe { consumer.to_stream(&view.device()) }? else {
         return Ok(());
     };
-    view.record_stream(&consumer)?;
+    view.record_stream(&consumer.issue_any())?;
     if let Some(producer) = producer {
         order_after(producer, &consumer, event)?;
     }

@@ -485,10 +485,10 @@ impl GraphExec {
         } else {
             None
         };
-        let _gate = cudars_core::graph::issue_guard();
-        if stream.device() == self.device() && !cudars_core::graph::is_capturing(stream)? {
+        let issue = stream.issue_any();
+        if issue.device() == self.device() && !cudars_core::graph::is_capturing(stream)? {
             for p in &self.device_owners {
-                p.record_stream(stream)?;
+                p.record_stream(&issue)?;
             }
         }
         self.handle.launch(stream)?;

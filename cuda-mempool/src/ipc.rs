@@ -193,7 +193,8 @@ impl ExportedBlock {
             return Err(PoolError::NotInterprocessEvent);
         }
         stream.wait_event(importer_done).map_err(PoolError::Cuda)?;
-        self.view.record_stream(stream).map_err(PoolError::Cuda)?;
+        let issue = stream.issue_any();
+        self.view.record_stream(&issue).map_err(PoolError::Cuda)?;
         self.released = true;
         Ok(())
     }

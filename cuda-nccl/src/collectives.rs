@@ -200,9 +200,9 @@ impl Communicator {
         let nccl = library()?;
         // From the marks (which decide by the stream's capture status) to the NCCL call, a
         // capture begun meanwhile through cuda-core waits.
-        let _gate = cudars_core::graph::issue_guard();
+        let issue = stream.issue_any();
         for view in views {
-            view.record_stream(stream)?;
+            view.record_stream(&issue)?;
         }
         let own = if own_group {
             Some(GroupGuard::begin()?)

@@ -492,15 +492,16 @@ impl Communicator {
     }
 
     pub(crate) fn check_stream(&self, stream: &Stream) -> Result<()> {
-        let actual = stream.device().ordinal();
-        if actual != self.device.ordinal() {
-            return Err(Error::WrongDevice {
+        stream.expect_device(self.device).map_err(|e| match e {
+            cudars_core::Error::WrongDevice {
+                expected, actual, ..
+            } => Error::WrongDevice {
                 what: "the stream",
-                expected: self.device.ordinal(),
+                expected,
                 actual,
-            });
-        }
-        Ok(())
+            },
+            e => e.into(),
+        })
     }
 
     /// After an init-like call: checks `r`, and in non-blocking mode polls until the new

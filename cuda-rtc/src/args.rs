@@ -10,7 +10,7 @@ use std::ffi::c_void;
 
 use cudars_core::memory::{DeviceMemory, DevicePtr};
 use cudars_core::module::ParamInfo;
-use cudars_core::{Device, Stream};
+use cudars_core::{Device, Issue};
 
 use crate::error::{Error, Result};
 
@@ -22,10 +22,12 @@ pub trait KernelArg {
     /// The value passed.
     fn raw(&self) -> Self::Raw;
 
-    /// Called before the launch, under the launch's issue guard: checks the argument against
-    /// the kernel's `device` and marks memory as used by `stream`. An error stops the launch.
-    fn prepare(&self, device: Device, stream: &Stream) -> Result<()> {
-        let _ = (device, stream);
+    /// Called before the launch, with the launch's [`Issue`] (the capture gate held, the
+    /// stream checked to be of the kernel's device, [`Issue::device`]): checks the argument
+    /// against that device and marks memory as used ([`DevicePtr::record_stream`]). An error
+    /// stops the launch.
+    fn prepare(&self, issue: &Issue<'_>) -> Result<()> {
+        let _ = issue;
         Ok(())
     }
 
@@ -83,9 +85,9 @@ impl KernelArg for &DevicePtr {
         self.as_raw()
     }
     #[inline]
-    fn prepare(&self, device: Device, stream: &Stream) -> Result<()> {
-        same_device(self.device(), device)?;
-        Ok(self.record_stream(stream)?)
+    fn prepare(&self, issue: &Issue<'_>) -> Result<()> {
+        same_device(self.device(), issue.device())?;
+        Ok(self.record_stream(issue)?)
     }
     fn keep_alive(&self, device: Device) -> Result<Option<DevicePtr>> {
         same_device(self.device(), device)?;
@@ -100,9 +102,9 @@ impl KernelArg for &DeviceMemory {
         self.as_raw()
     }
     #[inline]
-    fn prepare(&self, device: Device, _stream: &Stream) -> Result<()> {
+    fn prepare(&self, issue: &Issue<'_>) -> Result<()> {
         // `cuMemFree` waits for the device: nothing to record.
-        same_device(self.device(), device)
+        same_device(self.device(), issue.device())
     }
     fn keep_alive(&self, _device: Device) -> Result<Option<DevicePtr>> {
         Err(Error::Cuda(cudars_core::Error::Unsupported(
@@ -125,7 +127,7 @@ pub trait KernelArgs {
     fn check(kernel: &str, params: &[ParamInfo]) -> Result<()>;
 
     /// [`KernelArg::prepare`] of each argument, in order.
-    fn prepare(&self, device: Device, stream: &Stream) -> Result<()>;
+    fn prepare(&self, issue: &Issue<'_>) -> Result<()>;
 
     /// [`KernelArg::keep_alive`] of each argument, in order: the buffers go to `kept`.
     fn keep_alive(&self, device: Device, kept: &mut Vec<DevicePtr>) -> Result<()>;
@@ -172,7 +174,7 @@ impl KernelArgs for () {
     fn check(kernel: &str, params: &[ParamInfo]) -> Result<()> {
         check_count(kernel, params, 0)
     }
-    fn prepare(&self, _device: Device, _stream: &Stream) -> Result<()> {
+    fn prepare(&self, _issue: &Issue<'_>) -> Result<()> {
         Ok(())
     }
     fn keep_alive(&self, _device: Device, _kept: &mut Vec<DevicePtr>) -> Result<()> {
@@ -197,8 +199,8 @@ macro_rules! tuple_args {
                 Ok(())
             }
             #[inline]
-            fn prepare(&self, device: Device, stream: &Stream) -> Result<()> {
-                $(self.$idx.prepare(device, stream)?;)+
+            fn prepare(&self, issue: &Issue<'_>) -> Result<()> {
+                $(self.$idx.prepare(issue)?;)+
                 Ok(())
             }
             fn keep_alive(&self, device: Device, kept: &mut Vec<DevicePtr>) -> Result<()> {

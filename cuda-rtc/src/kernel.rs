@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudars_core::graph::issue_guard;
 use cudars_core::module::{Function, LaunchConfig, ParamInfo};
 use cudars_core::{Device, Module, Stream};
 
@@ -183,19 +182,11 @@ impl Kernel {
         config: &LaunchConfig,
         args: A,
     ) -> Result<()> {
-        let device = self.function.device();
-        if stream.device() != device {
-            return Err(Error::Cuda(cudars_core::Error::WrongDevice {
-                what: "stream",
-                expected: device.ordinal(),
-                actual: stream.device().ordinal(),
-            }));
-        }
-        let _gate = issue_guard();
-        args.prepare(device, stream)?;
+        let issue = stream.issue(self.function.device())?;
+        args.prepare(&issue)?;
         // SAFETY: the caller upholds the parameter and memory contract; the buffers are
-        // marked as used by `stream` above, so they outlive the kernel.
-        args.with_params(|params| unsafe { self.function.launch_with(stream, config, params) })?;
+        // marked as used by `stream` above, inside the same gate, so they outlive the kernel.
+        args.with_params(|params| unsafe { self.function.launch_with(&issue, config, params) })?;
         Ok(())
     }
 }

@@ -395,15 +395,7 @@ pub fn to_host_async<B: TransferBuffer>(
 }
 
 fn check_stream<T: Pod>(stream: &Stream, buffer: &DeviceBuffer<T>) -> Result<()> {
-    if stream.device() != buffer.device() {
-        return Err(cudars_core::Error::WrongDevice {
-            what: "stream",
-            expected: buffer.device().ordinal(),
-            actual: stream.device().ordinal(),
-        }
-        .into());
-    }
-    Ok(())
+    Ok(stream.expect_device(buffer.device())?)
 }
 
 /// Records the completion event after an issued copy and wraps everything in a `Pending`.

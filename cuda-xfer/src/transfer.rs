@@ -84,18 +84,18 @@ pub(crate) fn route(
 /// graph would read (or write) it after the transfer gave the buffer back: freed, or reused
 /// heap memory. (Asked of the driver each time, so captures begun by foreign code count too.)
 ///
-/// The guard it returns is held until the transfer's work and fence are issued: a capture
-/// that another thread begins through `cuda-core` in between waits for it
-/// ([`cudars_core::graph::issue_guard`]).
-pub(crate) fn refuse_capture(
-    stream: &Stream,
+/// The [`Issue`](cudars_core::Issue) it returns is held until the transfer's work and fence
+/// are issued: a capture that another thread begins through `cuda-core` in between waits for
+/// it.
+pub(crate) fn refuse_capture<'s>(
+    stream: &'s Stream,
     op: &'static str,
-) -> Result<cudars_core::graph::IssueGuard> {
-    let gate = cudars_core::graph::issue_guard();
+) -> Result<cudars_core::Issue<'s>> {
+    let issue = stream.issue_any();
     if cudars_core::graph::is_capturing(stream)? {
         return Err(crate::Error::Capturing { op });
     }
-    Ok(gate)
+    Ok(issue)
 }
 
 /// Waits until the work queued so far on `device`'s legacy default stream is done: what a
@@ -272,14 +272,7 @@ pub fn copy_to_device_on_stream<T: Pod>(
     stream: &Stream,
 ) -> Result<()> {
     check_same_len("copy_to_device_on_stream", dst.len(), src.len())?;
-    if stream.device() != dst.device() {
-        return Err(cudars_core::Error::WrongDevice {
-            what: "stream",
-            expected: dst.device().ordinal(),
-            actual: stream.device().ordinal(),
-        }
-        .into());
-    }
+    stream.expect_device(dst.device())?;
     let _gate = refuse_capture(stream, "copy_to_device_on_stream")?;
     let bytes: &[u8] = bytemuck::cast_slice(src);
     if bytes.is_empty() {

@@ -38,7 +38,6 @@
 
 use std::time::Duration;
 
-use cudars_core::graph::issue_guard;
 use cudars_core::module::{LaunchConfig, ParamInfo};
 use cudars_core::sys::{CUdevice_attribute, CUdeviceptr};
 use cudars_core::{Device, DevicePtr, Error, Module, Result, Stream};
@@ -171,7 +170,7 @@ pub struct Kernels {
 #[cfg(test)]
 use cudars_core::kernels::checks::ranges_overlap;
 use cudars_core::kernels::checks::{
-    disjoint, grid, same_device, stream_of as check_stream, u32_words as words,
+    disjoint, grid, same_device, u32_words as words,
 };
 
 /// A one-dimensional launch of [`BLOCK`]-thread blocks for `n` elements, at most `cap`.
@@ -322,10 +321,9 @@ impl Kernels {
     pub fn fill(&self, stream: &Stream, view: &DevicePtr, value: u32) -> Result<()> {
         let n = words(view, "fill")?;
         same_device(view, self.device(), "view")?;
-        check_stream(stream, self.device())?;
-        let _gate = issue_guard();
+        let issue = stream.issue(self.device())?;
         if n == 0 {
-            return view.record_stream(stream);
+            return view.record_stream(&issue);
         }
         // SAFETY: `fill_u32` writes `ptr[i]` for `i < n` only, each element from one thread;
         // the view holds `n` aligned u32s of the module's device, and the launch marks it as
@@ -343,10 +341,9 @@ impl Kernels {
     pub fn add(&self, stream: &Stream, view: &DevicePtr, value: u32) -> Result<()> {
         let n = words(view, "add")?;
         same_device(view, self.device(), "view")?;
-        check_stream(stream, self.device())?;
-        let _gate = issue_guard();
+        let issue = stream.issue(self.device())?;
         if n == 0 {
-            return view.record_stream(stream);
+            return view.record_stream(&issue);
         }
         // SAFETY: as in `fill`: `add_u32` reads and writes `ptr[i]` for `i < n` only, each
         // element from one thread.
@@ -374,11 +371,10 @@ impl Kernels {
         same_device(dst, self.device(), "destination")?;
         same_device(src, self.device(), "source")?;
         disjoint("copy", "destination", dst, "source", src)?;
-        check_stream(stream, self.device())?;
-        let _gate = issue_guard();
+        let issue = stream.issue(self.device())?;
         if n == 0 {
-            dst.record_stream(stream)?;
-            return src.record_stream(stream);
+            dst.record_stream(&issue)?;
+            return src.record_stream(&issue);
         }
         // SAFETY: `copy_u32` reads `src[i]` and writes `dst[i]` for `i < n` only, each element
         // from one thread; both views hold `n` aligned u32s of the module's device and do not
@@ -408,9 +404,8 @@ impl Kernels {
         same_device(out, self.device(), "output")?;
         let out8 = out.slice(..8)?;
         disjoint("checksum", "output", &out8, "source", src)?;
-        check_stream(stream, self.device())?;
-        let _gate = issue_guard();
-        src.record_stream(stream)?;
+        let issue = stream.issue(self.device())?;
+        src.record_stream(&issue)?;
         out8.memset_async(0, stream)?;
         // SAFETY: `checksum_u32` reads `src[i]` for `i < n` and adds atomically to the one
         // 8-aligned u64 at `out8`; `src` holds `n` aligned u32s, neither overlaps the other
@@ -435,7 +430,7 @@ impl Kernels {
     ) -> Result<()> {
         let n = words(view, "fill_after_spin")?;
         same_device(view, self.device(), "view")?;
-        check_stream(stream, self.device())?;
+        stream.expect_device(self.device())?;
         // SAFETY: as in `fill` (no write at all when `n` is 0).
         unsafe {
             self.spin_then_fill

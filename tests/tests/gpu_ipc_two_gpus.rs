@@ -55,9 +55,11 @@ fn kernel_on_device0_uses_a_block_of_device1(pool: Arc<DevicePool>) {
     s1.synchronize().unwrap();
     pool.grant_peer_access(&block, &d0).unwrap();
     // Device 0 reads and writes device 1's block: += 10, then fill a prefix.
-    block.record_stream(&s0).unwrap();
+    let issue = s0.issue_any(); // peer memory: any device's
+    block.record_stream(&issue).unwrap();
     // SAFETY: the block lives until after s0 is synchronised; nothing else uses it meanwhile.
     unsafe { k0.add_u32_raw(&s0, block.as_raw(), 10, n as u64) }.unwrap();
+    drop(issue);
     // SAFETY: as above.
     unsafe { k0.fill_u32_raw(&s0, block.as_raw(), 0xABCD, 1000) }.unwrap();
     s0.synchronize().unwrap();

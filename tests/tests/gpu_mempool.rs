@@ -129,11 +129,13 @@ fn record_stream_through_a_core_view_delays_reuse_until_that_streams_work_is_don
             let view: DevicePtr = pool.malloc_shared(&a, size).expect("block").into();
             let old = view.as_raw();
             // The only mark of B: on the view.
-            view.record_stream(&b).expect("record_stream on the view");
+            let issue = b.issue(view.device()).expect("issue");
+            view.record_stream(&issue).expect("record_stream on the view");
             // SAFETY: the view holds n u32s; the pool keeps the block out of reuse until B's
             // work is done because of the record_stream above (what this test checks), and
             // the test synchronises B before the pool is dropped.
             unsafe { k.spin_then_fill_raw(&b, old, 0xAAAA_AAAA, n as u64, SLOW) }.unwrap();
+            drop(issue);
             drop(view); // freed on A, with B's mark
             let next = if next_on_a { &a } else { &c };
             let new: DevicePtr = pool

@@ -423,9 +423,11 @@ fn a_view_used_on_another_stream_is_not_reused_before_that_work_ends() {
     // cannot see).
     drop(w);
     let v: DevicePtr = pool.malloc_shared(&s1, size).unwrap().into();
-    v.record_stream(&s2).unwrap();
+    let issue = s2.issue(v.device()).unwrap();
+    v.record_stream(&issue).unwrap();
     // SAFETY: v holds n u32s; the owner waits for s2 before any reuse.
     unsafe { k.spin_then_fill_raw(&s2, v.as_raw(), 0xDEAD_DEAD, n as u64, SLOW) }.unwrap();
+    drop(issue);
     drop(v);
     let w = pool.malloc_stream(&s1, size).unwrap();
     // SAFETY: as above.

@@ -684,11 +684,13 @@ fn module_errors_are_clear() {
     let stream = Stream::new(&dev).unwrap();
     let mut c = 1u64;
     let mut params = [&mut c as *mut u64 as *mut c_void];
+    let issue = stream.issue(dev).unwrap();
     // SAFETY: zero grid is rejected before the driver.
-    let r = unsafe { f.launch(&stream, (0, 1, 1), (1, 1, 1), 0, &mut params) };
+    let r = unsafe { f.launch(&issue, (0, 1, 1), (1, 1, 1), 0, &mut params) };
     assert!(matches!(r, Err(Error::InvalidArgument(_))));
     // SAFETY: spin takes one u64.
-    unsafe { f.launch(&stream, (1, 1, 1), (1, 1, 1), 0, &mut params) }.unwrap();
+    unsafe { f.launch(&issue, (1, 1, 1), (1, 1, 1), 0, &mut params) }.unwrap();
+    drop(issue);
     stream.synchronize().unwrap();
 }
 

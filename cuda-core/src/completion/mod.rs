@@ -303,7 +303,7 @@ pub(crate) fn event_completion(event: &Event) -> Completion {
 pub(crate) fn stream_completion(stream: &Stream, strategy: WakeStrategy) -> Result<Completion> {
     // The capture check and the record go together: a capture begun through this crate
     // waits for both.
-    let _issue = crate::capture_gate::issue_guard();
+    let _issue = stream.issue_any();
     let may_capture =
         stream.kind() == StreamKind::External || crate::capture_gate::captures_in_progress();
     if may_capture && crate::graph::touches_capture(stream) {

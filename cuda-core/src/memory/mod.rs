@@ -184,19 +184,6 @@ pub(crate) fn device_location(device: Device) -> CUmemLocation {
     )
 }
 
-/// [`Error::WrongDevice`] unless `stream` belongs to `device`.
-#[inline]
-pub(crate) fn check_stream(stream: &Stream, device: Device) -> Result<()> {
-    if stream.device() == device {
-        Ok(())
-    } else {
-        Err(Error::WrongDevice {
-            what: "stream",
-            expected: device.ordinal(),
-            actual: stream.device().ordinal(),
-        })
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -9,8 +9,9 @@ use cudars_sys::CUdeviceptr;
 
 use super::managed::{advise_range, prefetch_range};
 use super::raw;
-use super::{check_stream, Advice, DeviceAlloc, DeviceMemory, Location};
+use super::{Advice, DeviceAlloc, DeviceMemory, Location};
 use crate::error::{Error, Result};
+use crate::issue::Issue;
 use crate::stream::Stream;
 use crate::Device;
 
@@ -132,7 +133,8 @@ impl DevicePtr {
         &self.owner
     }
 
-    /// Notes that work on `stream` uses this memory, so that it is neither freed nor reused
+    /// Notes that work issued with `issue` (on its stream, `stream` below) uses this memory, so
+    /// that it is neither freed nor reused
     /// before that work is done (PyTorch's `record_stream`), whatever the owner: pool blocks
     /// and stream-ordered memory then make their free wait for `stream`; memory whose free
     /// waits for the device needs nothing. While `stream` is being captured into a graph
@@ -147,14 +149,20 @@ impl DevicePtr {
     /// let dev = Device::new(0)?;
     /// let other = Stream::new(&dev)?;
     /// let buf = DevicePtr::alloc(&dev, 4096)?;
-    /// buf.record_stream(&other)?; // before launching a kernel on `other` that uses `buf`
+    /// let issue = other.issue(dev)?; // the capture gate, held until `issue` drops
+    /// buf.record_stream(&issue)?;    // then launch a kernel that uses `buf` with `issue`
     /// # Ok::<(), cudars_core::Error>(())
     /// ```
     ///
     /// It also orders `stream` after the work of the memory's earlier owners when `stream` is
     /// not the memory's allocation stream (see [`Handover`](super::Handover)): call it
     /// *before* issuing the work, and issue nothing if it fails.
-    pub fn record_stream(&self, stream: &Stream) -> Result<()> {
+    ///
+    /// Taking an [`Issue`] (not a stream) is what keeps the capture gate closed from this
+    /// mark until the work is issued: a capture begun on another thread in between would
+    /// capture work whose memory nothing keeps alive.
+    pub fn record_stream(&self, issue: &Issue<'_>) -> Result<()> {
+        let stream = issue.stream();
         self.owner.record_stream(stream)?;
         crate::graph::keep_alive_in_capture(stream, &self.owner)
     }
@@ -274,9 +282,8 @@ impl DevicePtr {
     ) -> Result<()> {
         let src: &[u8] = bytemuck::cast_slice(src);
         self.check_len("copy_from_host_async", src.len())?;
-        check_stream(stream, self.device)?;
-        let _gate = crate::capture_gate::issue_guard();
-        self.record_stream(stream)?;
+        let issue = stream.issue(self.device)?;
+        self.record_stream(&issue)?;
         // SAFETY: live device range of the stream's device; the caller keeps `src` alive and
         // unmodified until the stream has run the copy.
         unsafe { raw::copy_htod_async(&self.device, self.addr, src.as_ptr(), self.len, stream) }
@@ -319,9 +326,8 @@ impl DevicePtr {
     ) -> Result<()> {
         let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
         self.check_len("copy_to_host_async", dst.len())?;
-        check_stream(stream, self.device)?;
-        let _gate = crate::capture_gate::issue_guard();
-        self.record_stream(stream)?;
+        let issue = stream.issue(self.device)?;
+        self.record_stream(&issue)?;
         // SAFETY: live device range of the stream's device; the caller keeps `dst` alive and
         // untouched until the stream has run the copy.
         unsafe { raw::copy_dtoh_async(&self.device, dst.as_mut_ptr(), self.addr, self.len, stream) }
@@ -374,10 +380,9 @@ impl DevicePtr {
     /// the stream has run the copy (pools that free in stream order do this for you).
     pub fn copy_from_device_async(&self, src: &DevicePtr, stream: &Stream) -> Result<()> {
         self.check_device_copy("copy_from_device_async", src)?;
-        check_stream(stream, self.device)?;
-        let _gate = crate::capture_gate::issue_guard();
-        self.record_stream(stream)?;
-        src.record_stream(stream)?;
+        let issue = stream.issue(self.device)?;
+        self.record_stream(&issue)?;
+        src.record_stream(&issue)?;
         if src.device == self.device {
             // SAFETY: both ranges are live device memory of the stream's device.
             unsafe { raw::copy_dtod_async(&self.device, self.addr, src.addr, self.len, stream) }
@@ -411,9 +416,8 @@ impl DevicePtr {
 
     /// Queues setting every byte of the view to `value` on `stream` (`cuMemsetD8Async`).
     pub fn memset_async(&self, value: u8, stream: &Stream) -> Result<()> {
-        check_stream(stream, self.device)?;
-        let _gate = crate::capture_gate::issue_guard();
-        self.record_stream(stream)?;
+        let issue = stream.issue(self.device)?;
+        self.record_stream(&issue)?;
         // SAFETY: live device range of the stream's device.
         unsafe { raw::memset_d8_async(&self.device, self.addr, value, self.len, stream) }
     }
@@ -447,9 +451,8 @@ impl DevicePtr {
     /// Queues [`memset_u16`](Self::memset_u16) on `stream` (`cuMemsetD16Async`).
     pub fn memset_u16_async(&self, value: u16, stream: &Stream) -> Result<()> {
         let n = self.elements(2, "memset_u16_async")?;
-        check_stream(stream, self.device)?;
-        let _gate = crate::capture_gate::issue_guard();
-        self.record_stream(stream)?;
+        let issue = stream.issue(self.device)?;
+        self.record_stream(&issue)?;
         // SAFETY: as in `memset_u16`; the stream is of this device.
         unsafe { raw::memset_d16_async(&self.device, self.addr, value, n, stream) }
     }
@@ -471,9 +474,8 @@ impl DevicePtr {
     /// Queues [`memset_u32`](Self::memset_u32) on `stream` (`cuMemsetD32Async`).
     pub fn memset_u32_async(&self, value: u32, stream: &Stream) -> Result<()> {
         let n = self.elements(4, "memset_u32_async")?;
-        check_stream(stream, self.device)?;
-        let _gate = crate::capture_gate::issue_guard();
-        self.record_stream(stream)?;
+        let issue = stream.issue(self.device)?;
+        self.record_stream(&issue)?;
         // SAFETY: as in `memset_u32`; the stream is of this device.
         unsafe { raw::memset_d32_async(&self.device, self.addr, value, n, stream) }
     }
@@ -481,8 +483,8 @@ impl DevicePtr {
     /// Prefetches the view's bytes to `to`, ordered on `stream` (`cuMemPrefetchAsync`).
     /// Only for managed memory: the driver rejects other memory.
     pub fn prefetch(&self, to: Location, stream: &Stream) -> Result<()> {
-        let _gate = crate::capture_gate::issue_guard();
-        self.record_stream(stream)?;
+        let issue = stream.issue_any();
+        self.record_stream(&issue)?;
         prefetch_range(self.addr, self.len, to, stream)
     }
 

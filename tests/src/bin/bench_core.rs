@@ -301,7 +301,7 @@ fn run() -> BoxResult<()> {
                 let mut cycles = 0u64;
                 let mut params = [&mut cycles as *mut u64 as *mut c_void];
                 // SAFETY: `spin` takes one u64 and touches no memory.
-                unsafe { spin.launch(&stream, (1, 1, 1), (1, 1, 1), 0, &mut params) }?;
+                unsafe { spin.launch(&stream.issue_any(), (1, 1, 1), (1, 1, 1), 0, &mut params) }?;
                 Ok(())
             },
             || {

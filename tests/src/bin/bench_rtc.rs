@@ -250,10 +250,10 @@ fn run() -> BoxResult<()> {
     // launch rows' overhead is made of): the issue guard, and preparing the arguments (device
     // checks, the buffer's `record_stream`).
     let guard = ns_per_call(10_000, 21, 200_000, || {
-        drop(std::hint::black_box(cudars_core::graph::issue_guard()));
+        drop(std::hint::black_box(stream.issue(dev).expect("issue")));
     });
     report.row(
-        "rtc launch part: issue guard",
+        "rtc launch part: stream.issue (device check, capture gate)",
         "ns",
         guard,
         None,
@@ -262,10 +262,11 @@ fn run() -> BoxResult<()> {
     );
     let prepare = ns_per_call(10_000, 21, 200_000, || {
         let args = std::hint::black_box((&buf, 256u64));
-        cudars_rtc::KernelArgs::prepare(&args, dev, &stream).expect("prepare");
+        let issue = stream.issue(dev).expect("issue");
+        cudars_rtc::KernelArgs::prepare(&args, &issue).expect("prepare");
     });
     report.row(
-        "rtc launch part: prepare (&DevicePtr, u64)",
+        "rtc launch part: issue + prepare (&DevicePtr, u64)",
         "ns",
         prepare,
         None,
