@@ -90,9 +90,10 @@ thread_local! {
 /// cost nothing more. Captures that foreign code begins (the CUDA runtime, PyTorch, CuPy) on
 /// a stream are not held back: issue such a stream's work on the thread that captures it.
 ///
-/// Code that passes a view's address to its own unsafe calls takes one around
-/// [`DevicePtr::record_stream`](crate::memory::DevicePtr::record_stream) and the issue.
-/// Not `Send`: the nesting is per thread.
+/// Users reach it through [`Issue`](crate::Issue) ([`Stream::issue`](crate::Stream::issue)),
+/// which [`DevicePtr::record_stream`](crate::memory::DevicePtr::record_stream) and
+/// [`Function::launch`](crate::Function::launch) take; cuda-core's free paths take it
+/// directly. Not `Send`: the nesting is per thread.
 #[derive(Debug)]
 #[must_use = "the guard covers the issue only while it lives"]
 pub struct IssueGuard {

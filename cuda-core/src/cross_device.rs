@@ -117,4 +117,3 @@ fn wait_for_stream(stream: &Stream) -> Result<()> {
     event.record(stream)?;
     event.synchronize()
 }
-

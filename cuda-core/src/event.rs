@@ -482,7 +482,6 @@ impl IpcEventHandle {
     }
 }
 
-
 // Recording on and waiting for events, seen from the stream: here beside the event, so that
 // the stream module need not know this one.
 impl Stream {

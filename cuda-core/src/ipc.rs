@@ -60,9 +60,9 @@ use cudars_sys::{
     CUmemGenericAllocationHandle, CUresult, CU_IPC_HANDLE_SIZE,
 };
 
+use crate::cross_device::CrossDeviceUses;
 use crate::driver::drv;
 use crate::error::{Error, Result};
-use crate::cross_device::CrossDeviceUses;
 use crate::memory::{DeviceAlloc, DeviceMemory, DevicePtr};
 use crate::stream::Stream;
 use crate::vmm::{self, Granularity, PhysicalAllocation, VirtualRange};

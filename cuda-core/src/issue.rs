@@ -41,6 +41,13 @@ use crate::Device;
 /// waits for it). Made by [`Stream::issue`]; taken by everything that marks memory as used
 /// by the stream or queues work that uses it. Nesting costs nothing.
 ///
+/// Bind it to a name and keep it until the work is issued: a temporary (`record_stream(&
+/// stream.issue(dev)?)`) drops at the end of its statement, and a capture may then begin
+/// before the work is issued. While you hold one, do not block on other threads and do not
+/// begin a capture: a capture that another thread begins waits for this `Issue`, and two
+/// threads that each hold one and each begin a capture wait for each other. Leaking one
+/// (`mem::forget`) keeps every later capture of other threads waiting.
+///
 /// Not `Send`: the gate is the thread's.
 ///
 /// ```compile_fail

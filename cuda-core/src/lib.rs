@@ -38,19 +38,19 @@ mod version;
 
 pub mod async_pool;
 mod capture_gate;
+pub mod completion;
 mod context_note;
 mod cross_device;
-pub mod completion;
 pub mod device;
 pub mod error;
 pub mod event;
 pub mod features;
 pub mod graph;
-pub mod issue;
 #[cfg(feature = "library-handles")]
 pub mod handles;
 #[cfg(unix)]
 pub mod ipc;
+pub mod issue;
 pub mod kernels;
 pub mod memory;
 pub mod module;
@@ -68,10 +68,10 @@ pub use driver::{bindings_version, device_count, driver_version, is_available, C
 pub use error::{CrateError, DriverError, Error, Result};
 pub use event::{Event, EventBuilder, IpcEventHandle};
 pub use features::Feature;
+pub use issue::Issue;
 pub use memory::{
     DeviceAlloc, DeviceMemory, DevicePtr, HostRegistration, Location, ManagedMemory, PinnedMemory,
     UnownedMemory,
 };
-pub use issue::Issue;
 pub use module::{Function, LaunchConfig, Module, ParamInfo};
 pub use stream::{Stream, StreamBuilder, StreamKind, StreamScope};

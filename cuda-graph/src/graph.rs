@@ -485,8 +485,8 @@ impl GraphExec {
         } else {
             None
         };
-        let issue = stream.issue_any();
-        if issue.device() == self.device() && !cudars_core::graph::is_capturing(stream)? {
+        let issue = stream.issue(self.device())?;
+        if !cudars_core::graph::is_capturing(stream)? {
             for p in &self.device_owners {
                 p.record_stream(&issue)?;
             }

@@ -734,8 +734,10 @@ impl MemoryPool<DriverBackend> {
 ///
 /// Once the fence is seen complete, later uses cost one atomic load. Code that takes the
 /// bare address ([`as_raw`](Self::as_raw)) into its own unsafe calls must do the same:
-/// `record_stream` before work on another stream, `prepare_synchronous_use` before a
-/// synchronous call.
+/// mark it before work on another stream (through a `DevicePtr` view, `view.record_stream(&
+/// issue)` with the `Issue` the work is issued with, which also keeps the block alive in a
+/// graph being captured; [`record_stream`](Self::record_stream) here is the pool-level mark
+/// alone), `prepare_synchronous_use` before a synchronous call.
 ///
 /// `Send` and `Sync`: an address and an `Arc` of a `Sync` pool.
 #[derive(Debug)]

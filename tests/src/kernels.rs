@@ -169,9 +169,7 @@ pub struct Kernels {
 // The checks are cuda-core's own (`cudars_core::kernels::checks`): same errors, same order.
 #[cfg(test)]
 use cudars_core::kernels::checks::ranges_overlap;
-use cudars_core::kernels::checks::{
-    disjoint, grid, same_device, u32_words as words,
-};
+use cudars_core::kernels::checks::{disjoint, grid, same_device, u32_words as words};
 
 /// A one-dimensional launch of [`BLOCK`]-thread blocks for `n` elements, at most `cap`.
 fn config_1d(n: u64, cap: u32) -> LaunchConfig {

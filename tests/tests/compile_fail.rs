@@ -20,6 +20,7 @@
 //! | a private pool's hold is released once | `pool_private_hold_not_clone` |
 //! | an IPC-exported block goes back to the pool at once only on an `unsafe` word | `pool_exported_block_release_needs_unsafe` |
 //! | image bytes reach the driver's loader or nvJitLink only on an `unsafe` word | `module_image_load_needs_unsafe`, `rtc_linker_bytes_need_unsafe` |
+//! | memory is marked and kernels are launched only with an `Issue` (the capture gate held from the mark to the launch) | `launch_needs_an_issue`, `record_stream_needs_an_issue`, `kernel_arg_prepare_needs_an_issue`, `issue_not_send` |
 //!
 //! (`cuda-nccl` keeps its own suite, `cuda-nccl/tests/ui`: a communicator cannot be shared
 //! between threads, a group guard cannot cross them.)

@@ -130,7 +130,8 @@ fn record_stream_through_a_core_view_delays_reuse_until_that_streams_work_is_don
             let old = view.as_raw();
             // The only mark of B: on the view.
             let issue = b.issue(view.device()).expect("issue");
-            view.record_stream(&issue).expect("record_stream on the view");
+            view.record_stream(&issue)
+                .expect("record_stream on the view");
             // SAFETY: the view holds n u32s; the pool keeps the block out of reuse until B's
             // work is done because of the record_stream above (what this test checks), and
             // the test synchronises B before the pool is dropped.

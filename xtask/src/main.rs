@@ -18,12 +18,12 @@
 //! Arguments are parsed by hand: twelve commands and a handful of flags, where an argument
 //! parser would add a dozen crates to every `cargo xtask` build.
 
+mod bindings;
 mod browser;
 mod bundle;
 mod circles;
 mod gpu;
 mod headers;
-mod nccl;
 mod report;
 mod rtc;
 mod util;
@@ -52,11 +52,11 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => gpu::Options::parse(&args[1..]).and_then(ci),
         Some("gpu-suite") => gpu::Options::parse(&args[1..]).and_then(|opts| gpu::run(opts).1),
-        Some("bindings") => bindings(),
+        Some("bindings") => bindings::regenerate(&bindings::CUDA),
         Some("check-common") => check_common_copies(),
         Some("circles") => circles::run(),
-        Some("nccl-bindings") => nccl::bindings(),
-        Some("rtc-bindings") => rtc::bindings(),
+        Some("nccl-bindings") => bindings::regenerate(&bindings::NCCL),
+        Some("rtc-bindings") => bindings::regenerate(&bindings::RTC),
         Some("gpu-bundle") => headers::gpu_bundle_args(&args[1..]),
         Some("replay") => replay(&args[1..]),
         Some("memviz") => memviz(&args[1..]),
@@ -118,27 +118,11 @@ fn cpu_steps(opts: &gpu::Options) -> Result<()> {
         &["build", "--workspace", "--all-targets", "--all-features"],
         &[],
     )?;
-    step("bindings");
-    let build = util::cuda_sys_build_info(&[])?;
-    let source = build.source;
-    println!("xtask: cuda-sys bindings: {source}");
-    if source.starts_with("bindgen") {
-        let fresh = std::fs::read_to_string(build.out_dir.join("driver.rs"))
-            .map_err(|e| format!("read fresh bindings: {e}"))?;
-        let snapshot =
-            std::fs::read_to_string(util::root().join("cuda-sys/src/generated/driver.rs"))
-                .map_err(|e| format!("read snapshot: {e}"))?;
-        if fresh != snapshot {
-            return fail("the bindings snapshot differs from a fresh generation: run `cargo xtask bindings` and commit");
-        }
-        println!("xtask: the snapshot matches a fresh generation");
-    } else {
-        println!("xtask: no headers or libclang: the snapshot check needs them and is skipped");
+    for krate in bindings::ALL {
+        step(&format!("{} bindings", krate.what));
+        bindings::check_fresh(krate)?;
     }
-    step("NCCL bindings");
-    nccl::ci_bindings_check()?;
-    step("NVRTC / nvJitLink bindings");
-    rtc::ci_bindings_check()?;
+    let build = util::cuda_sys_build_info(&[])?;
     if build.nvtx {
         step("NVTX ranges reach a tool (tests/tests/gpu_nvtx.rs needs no GPU)");
         cargo(
@@ -200,13 +184,10 @@ fn cpu_steps(opts: &gpu::Options) -> Result<()> {
         ("CUDA_SYS_USE_SNAPSHOT", "1"),
         ("CARGO_TARGET_DIR", "target/snapshot"),
     ];
-    let source = util::cuda_sys_build_info(&env)?.source;
-    if !source.starts_with("snapshot") {
-        return fail(&format!("expected the snapshot path, got: {source}"));
+    for krate in bindings::ALL {
+        bindings::snapshot_build(krate, &env)?;
     }
     cargo(&["test", "-p", "workspace-tests", "--test", "loader"], &env)?;
-    nccl::ci_snapshot_build(&env)?;
-    rtc::ci_snapshot_build(&env)?;
     example_check(&env)?;
     Ok(())
 }
@@ -296,18 +277,6 @@ fn example_check(env: &[(&str, &str)]) -> Result<()> {
             "device_info exited with {code:?}:\n{stdout}\n{stderr}"
         )),
     }
-}
-
-fn bindings() -> Result<()> {
-    let build = util::cuda_sys_build_info(&[])?;
-    let (source, out_dir) = (build.source, build.out_dir);
-    if !source.starts_with("bindgen") {
-        return fail(&format!("bindings were not generated ({source}); install libclang and point CUDA_INCLUDE_DIR at cuda.h"));
-    }
-    let target = util::root().join("cuda-sys/src/generated/driver.rs");
-    std::fs::copy(out_dir.join("driver.rs"), &target).map_err(|e| format!("copy: {e}"))?;
-    println!("xtask: wrote {} from {source}", target.display());
-    Ok(())
 }
 
 /// Replays traces through `MemoryPool` on the simulated backend (the pool's `replay` example):

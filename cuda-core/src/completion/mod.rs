@@ -450,10 +450,7 @@ impl Stream {
     }
 
     /// As [`Stream::completion`], with the given wake strategy for this wait.
-    pub fn completion_with(
-        &self,
-        strategy: WakeStrategy,
-    ) -> Result<Completion> {
+    pub fn completion_with(&self, strategy: WakeStrategy) -> Result<Completion> {
         stream_completion(self, strategy)
     }
 }

@@ -73,13 +73,7 @@ impl GraphHandle {
         error_node: &mut CUgraphNode,
     ) -> Result<GraphExecHandle> {
         if let Some(stream) = upload {
-            if stream.device() != self.device {
-                return Err(Error::WrongDevice {
-                    what: "upload stream",
-                    expected: self.device.ordinal(),
-                    actual: stream.device().ordinal(),
-                });
-            }
+            stream.expect_device(self.device)?;
         }
         let _ctx = self.device.bind()?;
         let mut params = cudars_sys::CUDA_GRAPH_INSTANTIATE_PARAMS {

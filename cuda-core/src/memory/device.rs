@@ -8,9 +8,9 @@ use std::sync::Arc;
 use cudars_sys::CUdeviceptr;
 
 use super::{DeviceAlloc, DevicePtr};
+use crate::cross_device::CrossDeviceUses;
 use crate::driver::drv;
 use crate::error::Result;
-use crate::cross_device::CrossDeviceUses;
 use crate::stream::Stream;
 use crate::Device;
 

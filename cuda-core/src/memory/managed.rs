@@ -6,9 +6,9 @@ use std::ops::BitOr;
 use cudars_sys::{CUdeviceptr, CUmemAttach_flags, CUmem_advise};
 
 use super::{DeviceAlloc, DevicePtr, Location};
+use crate::cross_device::CrossDeviceUses;
 use crate::driver::drv;
 use crate::error::Result;
-use crate::cross_device::CrossDeviceUses;
 use crate::stream::Stream;
 use crate::Device;
 

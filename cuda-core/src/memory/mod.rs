@@ -184,7 +184,6 @@ pub(crate) fn device_location(device: Device) -> CUmemLocation {
     )
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
