@@ -619,7 +619,9 @@ def history_scenario(args, rep):
             del t
     keep.append(cp.arange(1000, dtype=cp.int64))
     cp.cuda.Device(0).synchronize()
-    live = sum(a.nbytes for a in keep)
+    # What the allocator was asked for: each array's block size (mem.size; the module asks
+    # the pool for the 512-rounded size, as CuPy's pool reports it).
+    live = sum(a.data.mem.size for a in keep)
     out = tempfile.mkdtemp(prefix="cudars-history-")
     html, snap = os.path.join(out, "report.html"), os.path.join(out, "snapshot.pickle")
     pool.dump_report(html)
