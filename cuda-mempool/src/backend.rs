@@ -415,14 +415,6 @@ pub unsafe trait Backend: Send + Sync + 'static {
     /// Safe: a `Self::Fence` value is always one the backend made (see the trait's
     /// `# Safety`), and once given back nothing outside the backend can reach it.
     fn release_fence(&self, fence: Self::Fence);
-
-    /// Records this backend's segment, page and fence calls into `recorder` from now on
-    /// (`None`: stop), as [`RecordingBackend`](crate::history::RecordingBackend) does for
-    /// any backend. [`MemoryPool::start_history`](crate::MemoryPool::start_history) calls
-    /// it. The default records nothing (the history then holds the pool's own events only).
-    fn set_recorder(&self, recorder: Option<std::sync::Arc<crate::history::Recorder>>) {
-        let _ = recorder;
-    }
 }
 
 /// A failed [`Backend::map_run`]: the error, and the pages left mapped.

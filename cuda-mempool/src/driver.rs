@@ -55,7 +55,6 @@ use cudars_core::{Device, Event, Stream, StreamKind};
 
 use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamKey};
 use crate::error::PoolError;
-use crate::history::{EventKind, Recorder, RecorderSlot};
 use crate::hooks::{self, MemoryEvent};
 use crate::pool::{Allocation, MemoryPool, PrivatePoolId, RawAllocation};
 
@@ -121,8 +120,6 @@ pub struct DriverBackend {
     /// graph; removed when the graph releases it.
     captures: Arc<Mutex<HashSet<(u32, u64)>>>,
     virtual_memory: bool,
-    /// The recorder of [`Backend::set_recorder`], when one is in.
-    history: RecorderSlot,
 }
 
 impl DriverBackend {
@@ -146,7 +143,6 @@ impl DriverBackend {
             events,
             captures: Arc::default(),
             virtual_memory: true,
-            history: RecorderSlot::default(),
         })
     }
 
@@ -165,16 +161,6 @@ fn oom_to_none<T>(r: cudars_core::Result<T>) -> cudars_core::Result<Option<T>> {
         Ok(v) => Ok(Some(v)),
         Err(e) if e.is_out_of_memory() => Ok(None),
         Err(e) => Err(e),
-    }
-}
-
-fn alloc_event(device: DeviceId, size: u64) -> MemoryEvent {
-    MemoryEvent {
-        device: device.0 as usize,
-        size: size as usize,
-        ptr: 0,
-        stream: 0,
-        location: None,
     }
 }
 
@@ -243,22 +229,8 @@ unsafe impl Backend for DriverBackend {
     fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DeviceAddress>, Self::Error> {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
-        let hooked = hooks::any_installed();
-        let mut ev = alloc_event(device, size);
-        if hooked {
-            hooks::each(|h| h.alloc_pre(&ev));
-        }
         let mem = oom_to_none(DeviceMemory::new(&dev, to_usize(size)?))?;
-        let ptr = mem.map(|m| DeviceAddress(m.into_raw()));
-        if let Some(addr) = ptr {
-            self.history
-                .note(EventKind::SegmentAlloc, device, None, size, addr);
-        }
-        if hooked {
-            ev.ptr = ptr.map_or(0, |p| p.0);
-            hooks::each(|h| h.alloc_post(&ev));
-        }
-        Ok(ptr)
+        Ok(mem.map(|m| DeviceAddress(m.into_raw())))
     }
 
     unsafe fn deallocate(
@@ -273,8 +245,6 @@ unsafe impl Backend for DriverBackend {
         // cuMemAlloc and detached with `into_raw`, which nothing uses any more. Dropping
         // frees it.
         drop(unsafe { DeviceMemory::from_raw(dev, ptr.0 as CUdeviceptr, to_usize(size)?) });
-        self.history
-            .note(EventKind::SegmentFree, device, None, size, ptr);
         Ok(())
     }
 
@@ -286,12 +256,7 @@ unsafe impl Backend for DriverBackend {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
         let range = oom_to_none(VirtualRange::reserve(&dev, to_usize(size)?, 0))?;
-        let base = range.map(|r| DeviceAddress(r.into_raw().0));
-        if let Some(addr) = base {
-            self.history
-                .note(EventKind::RangeReserve, device, None, size, addr);
-        }
-        Ok(base)
+        Ok(range.map(|r| DeviceAddress(r.into_raw().0)))
     }
 
     unsafe fn release_address_range(
@@ -305,8 +270,6 @@ unsafe impl Backend for DriverBackend {
         // SAFETY: the caller's contract: exactly one reservation made by
         // `reserve_address_range` (detached with `into_raw`); nothing is mapped in it.
         drop(unsafe { VirtualRange::from_raw(dev, base.0 as CUdeviceptr, to_usize(size)?) });
-        self.history
-            .note(EventKind::RangeRelease, device, None, size, base);
         Ok(())
     }
 
@@ -317,22 +280,7 @@ unsafe impl Backend for DriverBackend {
     ) -> Result<Option<Self::Physical>, Self::Error> {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
-        let hooked = hooks::any_installed();
-        let mut ev = alloc_event(device, size);
-        if hooked {
-            hooks::each(|h| h.alloc_pre(&ev));
-        }
-        let page = oom_to_none(PhysicalAllocation::new(&dev, to_usize(size)?))?;
-        if page.is_some() {
-            let none = DeviceAddress(0);
-            self.history
-                .note(EventKind::PageCreate, device, None, size, none);
-        }
-        if hooked {
-            ev.ptr = page.as_ref().map_or(0, |p| p.raw());
-            hooks::each(|h| h.alloc_post(&ev));
-        }
-        Ok(page)
+        oom_to_none(PhysicalAllocation::new(&dev, to_usize(size)?))
     }
 
     unsafe fn release_physical(
@@ -340,12 +288,9 @@ unsafe impl Backend for DriverBackend {
         device: DeviceId,
         page: Self::Physical,
     ) -> Result<(), Self::Error> {
+        let _ = device;
         let _relaxed = relaxed()?;
-        let size = page.size() as u64;
         drop(page);
-        let none = DeviceAddress(0);
-        self.history
-            .note(EventKind::PageRelease, device, None, size, none);
         Ok(())
     }
 
@@ -367,9 +312,6 @@ unsafe impl Backend for DriverBackend {
             let _ = unsafe { vmm::unmap(addr, page.size()) };
             return Err(e);
         }
-        let (size, at) = (page.size() as u64, DeviceAddress(addr as u64));
-        self.history
-            .note(EventKind::PageMap, device, None, size, at);
         Ok(())
     }
 
@@ -413,11 +355,6 @@ unsafe impl Backend for DriverBackend {
             let left_mapped = undo(pages.len());
             return Err(MapRunFailure { error, left_mapped });
         }
-        for i in 0..pages.len() {
-            let at = DeviceAddress(addr.0 + i as u64 * page_size);
-            self.history
-                .note(EventKind::PageMap, device, None, page_size, at);
-        }
         Ok(())
     }
 
@@ -433,8 +370,6 @@ unsafe impl Backend for DriverBackend {
         // SAFETY: the caller's contract: exactly one page it mapped, every fence covering
         // work on it completed, no live block touching it.
         unsafe { vmm::unmap(addr.0 as CUdeviceptr, to_usize(size)?) }?;
-        self.history
-            .note(EventKind::PageUnmap, device, None, size, addr);
         Ok(())
     }
 
@@ -452,12 +387,6 @@ unsafe impl Backend for DriverBackend {
             None => Event::new(&dev)?,
         };
         event.record(stream)?;
-        if self.history.is_on() {
-            let key = Backend::stream_key(self, stream).ok();
-            let none = DeviceAddress(0);
-            self.history
-                .note(EventKind::FenceRecord, device, key, 0, none);
-        }
         Ok(DriverFence { event })
     }
 
@@ -482,14 +411,8 @@ unsafe impl Backend for DriverBackend {
         stream: &Stream,
         fence: &Self::Fence,
     ) -> Result<(), Self::Error> {
-        stream.wait_event(&fence.event)?;
-        if self.history.is_on() {
-            let key = Backend::stream_key(self, stream).ok();
-            let none = DeviceAddress(0);
-            self.history
-                .note(EventKind::StreamWait, device, key, 0, none);
-        }
-        Ok(())
+        let _ = device;
+        stream.wait_event(&fence.event)
     }
 
     fn capture_id(&self, stream: &Stream) -> Option<u64> {
@@ -519,10 +442,6 @@ unsafe impl Backend for DriverBackend {
                 .unwrap_or_else(PoisonError::into_inner)
                 .iter()
                 .any(|(d, _)| *d == device.0)
-    }
-
-    fn set_recorder(&self, recorder: Option<Arc<Recorder>>) {
-        self.history.set(recorder);
     }
 
     fn is_capturing(&self, stream: &Stream) -> bool {

@@ -10,9 +10,9 @@
 //! * [`LineProfileHook`]: attributes malloc'd bytes to the caller's file and line, through
 //!   `#[track_caller]` on the allocating entry points (CuPy's `LineProfileHook`).
 //!
-//! Where they fire: `alloc` hooks in the [`DriverBackend`](crate::DriverBackend) (plain
-//! segments and virtual-memory pages; the [`SimulatedBackend`](crate::SimulatedBackend) runs
-//! them too); `malloc` hooks in
+//! Where they fire: `alloc` hooks in the pool's one observation seam, around each backend
+//! allocation of a plain segment or a virtual-memory page, whatever the backend (the same
+//! seam records the memory [`history`](crate::history)); `malloc` hooks in
 //! [`DevicePool::malloc_stream`](crate::DevicePool::malloc_stream),
 //! [`DevicePool::malloc_shared`](crate::DevicePool::malloc_shared) and
 //! [`allocator::alloc`](crate::allocator::alloc); `free` hooks when a
@@ -64,7 +64,8 @@ pub struct MemoryEvent {
 pub trait MemoryHook: Send + Sync {
     /// Before the backend allocates a segment or page.
     fn alloc_pre(&self, _event: &MemoryEvent) {}
-    /// After the backend allocated (`ptr` is 0 when the device was out of memory).
+    /// After the backend allocated: `ptr` is the segment's address, 1 for a physical page
+    /// (it has no address until mapped), 0 when the device was out of memory.
     fn alloc_post(&self, _event: &MemoryEvent) {}
     /// Before a pool `malloc`.
     fn malloc_pre(&self, _event: &MemoryEvent) {}

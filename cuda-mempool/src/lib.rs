@@ -15,7 +15,7 @@
 //! | [`allocator`] | pluggable allocators (CuPy's `set_allocator`): the [`allocator::Allocator`] trait, direct, pool, closure and C-function allocators, the thread's current allocator, [`allocator::alloc`] |
 //! | [`async_pool`] | [`AsyncPool`] over the driver's `cuMemPool*` (CuPy's `MemoryAsyncPool`), from an [`AsyncPoolSource`] |
 //! | [`driver`] | the [`DriverBackend`] over `cuda-core`, [`DevicePool`], [`PoolMemory`], the process-wide [`default_pool`], [`driver::stream_key`] and [`driver::device_id`] |
-//! | [`history`] | memory history: [`history::Recorder`], a bounded ring of events (mallocs, frees, segments, pages, fences, limits, private pools, out of memory), [`history::RecordingBackend`], [`history::Snapshot`] and the HTML [`history::report`] |
+//! | [`history`] | memory history: [`history::Recorder`], a bounded ring of events (mallocs, frees, segments, pages, fences, limits, private pools, out of memory), [`history::Snapshot`] and the HTML [`history::report`] |
 //! | [`hooks`] | memory hooks (CuPy's `memory_hook`): [`hooks::MemoryHook`], [`hooks::MemoryEvent`], the `tracing` debug hook and the per-call-site profile |
 //! | [`pinned`] | [`PinnedMemoryPool`] of pinned host blocks reused after their streams' work, [`PinnedBlock`], [`pinned::PinnedAllocator`] |
 //! | [`backend`] | the [`Backend`] trait and the id types [`DeviceId`], [`StreamKey`], [`DeviceAddress`], [`DeviceInfo`] |
@@ -141,10 +141,12 @@ pub mod history;
 pub mod hooks;
 #[cfg(unix)]
 pub mod ipc;
+mod observe;
 pub mod peer;
 pub mod pinned;
 pub mod policy;
 pub mod pool;
+mod private_id;
 pub mod replay;
 pub mod sim;
 pub mod stats;

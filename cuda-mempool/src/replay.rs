@@ -58,7 +58,7 @@ use std::time::Instant;
 
 use crate::backend::{Backend, DeviceId, StreamKey};
 use crate::error::PoolError;
-use crate::history::{Recorder, RecordingBackend, Snapshot};
+use crate::history::{Recorder, Snapshot};
 use crate::pool::{Allocation, MemoryPool, PoolConfig};
 use crate::sim::SimulatedBackend;
 use crate::stats::Stats;
@@ -435,8 +435,8 @@ pub fn replay(trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport, Re
     )
 }
 
-/// [`replay`], recording into `recorder`: the pool runs on a [`RecordingBackend`] over the
-/// simulated device, so the history holds its segments, pages and cross-stream fences as
+/// [`replay`], recording into `recorder`: the pool's backend calls on the simulated device
+/// are recorded (its observation seam), so the history holds its segments, pages and cross-stream fences as
 /// well as every malloc and free (virtual time: the operation's index in the trace). Returns
 /// the report and the [`Snapshot`] at the end of the trace, before the blocks still live
 /// are freed. On out of memory the history ends with the failure, and the error is returned.
@@ -458,10 +458,10 @@ pub fn replay_recorded(
     options: &ReplayOptions,
     recorder: &Arc<Recorder>,
 ) -> Result<(ReplayReport, Snapshot), ReplayError> {
-    let backend = RecordingBackend::new(SimulatedBackend::h200(1), recorder.clone());
-    let pool = MemoryPool::with_config(backend, options.config)?;
+    let pool = MemoryPool::with_config(SimulatedBackend::h200(1), options.config)?;
+    pool.record_backend_calls(Some(recorder.clone()));
     let device = DeviceId(0);
-    let sim = pool.backend().inner();
+    let sim = pool.backend();
     if let Some(limit) = pool.get_limit(device)? {
         recorder.set_time(0);
         recorder.record_limit(device, Some(limit as u64));

@@ -33,8 +33,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamKey};
-use crate::history::{EventKind, Recorder, RecorderSlot};
-use crate::hooks::{self, MemoryEvent};
 
 /// Total memory of an NVIDIA H200 as the driver reports it (143,771 MiB).
 pub const H200_TOTAL_MEMORY: u64 = 150_754_820_096;
@@ -317,8 +315,6 @@ struct State {
 /// A simulated set of devices; see the [module documentation](self).
 pub struct SimulatedBackend {
     state: Mutex<State>,
-    /// The recorder of [`Backend::set_recorder`], when one is in.
-    history: RecorderSlot,
 }
 
 impl std::fmt::Debug for SimulatedBackend {
@@ -379,7 +375,6 @@ impl SimulatedBackend {
                 uses: Vec::new(),
                 violations: Vec::new(),
             }),
-            history: RecorderSlot::default(),
         }
     }
 
@@ -897,17 +892,6 @@ impl SimulatedBackend {
     }
 }
 
-/// An `alloc` hook event for `size` bytes on `device`.
-fn alloc_event(device: DeviceId, size: u64) -> MemoryEvent {
-    MemoryEvent {
-        device: device.0 as usize,
-        size: size as usize,
-        ptr: 0,
-        stream: 0,
-        location: None,
-    }
-}
-
 // SAFETY: the simulated device's memory is fake (addresses in a private window that nothing
 // dereferences), so no call can cause undefined behaviour; beyond that the contract of
 // `Backend` holds as a model: ranges, pages and plain segments never overlap, misuse of the
@@ -962,21 +946,7 @@ unsafe impl Backend for SimulatedBackend {
     }
 
     fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DeviceAddress>, SimError> {
-        let hooked = hooks::any_installed();
-        let mut ev = alloc_event(device, size);
-        if hooked {
-            hooks::each(|h| h.alloc_pre(&ev));
-        }
-        let ptr = self.allocate_plain(device, size)?;
-        if let Some(addr) = ptr {
-            self.history
-                .note(EventKind::SegmentAlloc, device, None, size, addr);
-        }
-        if hooked {
-            ev.ptr = ptr.map_or(0, |p| p.0);
-            hooks::each(|h| h.alloc_post(&ev));
-        }
-        Ok(ptr)
+        self.allocate_plain(device, size)
     }
 
     unsafe fn deallocate(
@@ -1002,8 +972,6 @@ unsafe impl Backend for SimulatedBackend {
                     });
                 }
                 drop(s);
-                self.history
-                    .note(EventKind::SegmentFree, device, None, size, ptr);
                 Ok(())
             }
             _ => Err(SimError::BadFree(ptr.0)),
@@ -1032,8 +1000,6 @@ unsafe impl Backend for SimulatedBackend {
         d.ranges.insert(base, size);
         drop(s);
         let addr = DeviceAddress(base);
-        self.history
-            .note(EventKind::RangeReserve, device, None, size, addr);
         Ok(Some(addr))
     }
 
@@ -1058,28 +1024,11 @@ unsafe impl Backend for SimulatedBackend {
         }
         d.ranges.remove(&base.0);
         drop(s);
-        self.history
-            .note(EventKind::RangeRelease, device, None, size, base);
         Ok(())
     }
 
     fn create_physical(&self, device: DeviceId, size: u64) -> Result<Option<SimPage>, SimError> {
-        let hooked = hooks::any_installed();
-        let mut ev = alloc_event(device, size);
-        if hooked {
-            hooks::each(|h| h.alloc_pre(&ev));
-        }
-        let page = self.create_page(device, size)?;
-        if page.is_some() {
-            let none = DeviceAddress(0);
-            self.history
-                .note(EventKind::PageCreate, device, None, size, none);
-        }
-        if hooked {
-            ev.ptr = page.as_ref().map_or(0, |p| p.id);
-            hooks::each(|h| h.alloc_post(&ev));
-        }
-        Ok(page)
+        self.create_page(device, size)
     }
 
     unsafe fn release_physical(&self, device: DeviceId, page: SimPage) -> Result<(), SimError> {
@@ -1094,10 +1043,6 @@ unsafe impl Backend for SimulatedBackend {
             Some(None) => {
                 d.pages.remove(&page.id);
                 d.physical -= g;
-                drop(s);
-                let none = DeviceAddress(0);
-                self.history
-                    .note(EventKind::PageRelease, device, None, g, none);
                 Ok(())
             }
         }
@@ -1146,7 +1091,6 @@ unsafe impl Backend for SimulatedBackend {
             });
         }
         drop(s);
-        self.history.note(EventKind::PageMap, device, None, g, addr);
         Ok(())
     }
 
@@ -1184,8 +1128,6 @@ unsafe impl Backend for SimulatedBackend {
             });
         }
         drop(s);
-        self.history
-            .note(EventKind::PageUnmap, device, None, g, addr);
         Ok(())
     }
 
@@ -1200,9 +1142,6 @@ unsafe impl Backend for SimulatedBackend {
         let t = timeline(&s, stream.0);
         let value = s.clocks.entry((device.0, t)).or_default().submitted;
         drop(s);
-        let none = DeviceAddress(0);
-        self.history
-            .note(EventKind::FenceRecord, device, Some(*stream), 0, none);
         Ok(SimFence {
             device: device.0,
             stream: t,
@@ -1294,18 +1233,10 @@ unsafe impl Backend for SimulatedBackend {
         c.log.push((at, fence.stream, fence.value));
         let w = c.waited.entry(fence.stream).or_insert(0);
         *w = (*w).max(fence.value);
-        drop(s);
-        let none = DeviceAddress(0);
-        self.history
-            .note(EventKind::StreamWait, device, Some(*stream), 0, none);
         Ok(())
     }
 
     fn release_fence(&self, _fence: SimFence) {
         self.lock().calls.release_fence += 1;
-    }
-
-    fn set_recorder(&self, recorder: Option<std::sync::Arc<Recorder>>) {
-        self.history.set(recorder);
     }
 }

@@ -29,7 +29,7 @@ use cudars_core::graph::{self as core_graph, CaptureMode};
 use cudars_core::memory::{raw, DevicePtr};
 use cudars_core::{Device, Stream};
 use cudars_mempool::driver::device_id;
-use cudars_mempool::history::{Clock, Recorder, RecordingBackend};
+use cudars_mempool::history::{Clock, Recorder};
 use cudars_mempool::{Backend, DevicePool, DriverBackend, Limit, MemoryPool, PoolError};
 use workspace_tests::gpu::{dev0, serial};
 use workspace_tests::kernels::Kernels;
@@ -299,17 +299,18 @@ fn out_of_memory_does_not_synchronise_the_device_during_a_capture() {
     collector_out_of_memory(true);
 }
 
-/// Soundness round 3, item 4: the same through a pool that records its history
-/// (`RecordingBackend` over the driver backend). The wrapper left `may_synchronize_device`
-/// to the trait's default (`true`), so the recovery synchronised the device during the
-/// capture and invalidated it (`end_capture` failed with
-/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
+/// Soundness round 3, item 4: the same through a pool that records its history. The old
+/// wrapper that recorded (`RecordingBackend`, over the driver backend) left
+/// `may_synchronize_device` to the trait's default (`true`), so the recovery synchronised
+/// the device during the capture and invalidated it (`end_capture` failed with
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`). Recording now goes through the pool's one
+/// observation seam, which forwards every method it does not observe.
 #[test]
 fn a_recording_pool_does_not_synchronise_the_device_during_a_capture() {
     let _s = serial();
     let recorder = Arc::new(Recorder::new(1 << 16, Clock::Real));
-    let backend = RecordingBackend::new(DriverBackend::new().unwrap(), Arc::clone(&recorder));
-    let pool = MemoryPool::new(backend).unwrap();
+    let pool = MemoryPool::new(DriverBackend::new().unwrap()).unwrap();
+    pool.start_history(Arc::clone(&recorder));
     collector_out_of_memory_on(&pool, true);
     assert!(
         !recorder.history().events.is_empty(),

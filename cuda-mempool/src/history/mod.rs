@@ -7,11 +7,12 @@
 //! the caller with [`Recorder::set_time`], or real: nanoseconds since the recorder was
 //! made), the device, the stream, a size, an address and optionally the caller's location.
 //!
-//! Where events come from, in this first slice:
-//! * [`RecordingBackend`] wraps any [`Backend`](crate::Backend) and records what the pool
-//!   asks of it: segments (plain allocations and address ranges), physical pages created,
-//!   mapped, unmapped and released, fences recorded and streams made to wait for another
-//!   stream's fence (a steal or a hand-over);
+//! Where events come from:
+//! * the pool's one observation seam (`observe.rs`, around whatever backend the pool has)
+//!   records what the pool asks of its backend: segments (plain allocations and address
+//!   ranges), physical pages created, mapped, unmapped and released, fences recorded and
+//!   streams made to wait for another stream's fence (a steal or a hand-over); it fires the
+//!   memory [`hooks`](crate::hooks) around segments and pages too;
 //! * the trace replay ([`replay::replay_recorded`](crate::replay::replay_recorded)) records
 //!   every malloc and free, the out-of-memory failure if any (with the pool's used and
 //!   reserved bytes) and produces a [`Snapshot`] at the end;
@@ -21,9 +22,8 @@
 //! A live pool records too: [`MemoryPool::start_history`](crate::MemoryPool::start_history)
 //! first records what the pool holds at that moment (segments, pages, live blocks), then
 //! every malloc and free, out-of-memory failure, limit change and private pool, and its
-//! backend's segment, page and fence calls ([`Backend::set_recorder`](crate::Backend::set_recorder):
-//! the driver and simulated backends implement it). Off, it costs the hot path one relaxed
-//! load of a flag.
+//! backend's segment, page and fence calls (through the observation seam, whatever the
+//! backend). Off, it costs the hot path one relaxed load of a flag.
 //!
 //! ```
 //! use cudars_mempool::history::{Clock, EventKind, Recorder};
@@ -41,7 +41,6 @@
 //! assert!(matches!(h.events[1].kind, EventKind::Malloc));
 //! ```
 
-mod backend;
 pub mod report;
 mod snapshot;
 mod stack;
@@ -55,9 +54,8 @@ use std::time::Instant;
 
 use crate::backend::{DeviceAddress, DeviceId, StreamKey};
 use crate::error::OomCause;
-use crate::pool::PrivatePoolId;
+use crate::private_id::PrivatePoolId;
 
-pub use backend::{RecordedPage, RecordingBackend};
 pub use snapshot::{FreeBlock, LiveBlock, PoolTag, Segment, SegmentKind, Snapshot};
 pub use stack::{CallStack, Frame};
 

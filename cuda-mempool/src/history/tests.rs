@@ -115,11 +115,8 @@ fn locations_and_kinds() {
 #[test]
 fn snapshot_after_a_script() {
     let rec = Arc::new(Recorder::new(1 << 12, Clock::Virtual));
-    let pool = MemoryPool::new(RecordingBackend::new(
-        SimulatedBackend::h200(1),
-        rec.clone(),
-    ))
-    .unwrap();
+    let pool = MemoryPool::new(SimulatedBackend::h200(1)).unwrap();
+    pool.record_backend_calls(Some(rec.clone()));
     let s1 = StreamKey(1);
     let s2 = StreamKey(2);
     let mut blocks = Vec::new();

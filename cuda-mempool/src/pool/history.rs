@@ -20,9 +20,9 @@ impl<B: Backend> MemoryPool<B> {
     /// `torch.cuda.memory._record_memory_history`): first what the pool holds now (its
     /// segments, mapped pages and spare pages, and its live blocks, as if made at this
     /// instant), then every malloc and free, out-of-memory failure, limit change and
-    /// private pool, and the backend's segment, page and fence calls where the backend
-    /// records ([`Backend::set_recorder`]: the driver and simulated backends do). A
-    /// recorder already in is replaced and returned.
+    /// private pool, and the backend's segment, page and fence calls (through the pool's
+    /// observation seam, whatever the backend). A recorder already in is replaced and
+    /// returned.
     ///
     /// The baseline is taken with every device's lock and every shard's lock held, and the
     /// pool notes a block's malloc, free and `record_stream` under its shard's lock (a grow

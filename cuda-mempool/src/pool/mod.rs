@@ -73,6 +73,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, StreamKey};
 use crate::error::{OomCause, PoolError};
+use crate::observe::Observed;
 use crate::policy;
 use crate::stats::{OomCounts, Stat};
 
@@ -240,7 +241,8 @@ struct Request<'s, B: Backend> {
 /// assert_eq!(b.ptr(), addr); // reused at once on the same stream
 /// ```
 pub struct MemoryPool<B: Backend> {
-    backend: B,
+    /// The backend, inside the pool's one observation seam (hooks and history).
+    backend: Observed<B>,
     devices: Box<[Device<B>]>,
     /// [`PoolConfig::steal_before_growing`].
     steal: bool,
@@ -305,7 +307,7 @@ impl<B: Backend> MemoryPool<B> {
             });
         }
         Ok(MemoryPool {
-            backend,
+            backend: Observed::new(backend),
             devices: devices.into_boxed_slice(),
             steal: config.steal_before_growing,
             history: Default::default(),
@@ -315,7 +317,17 @@ impl<B: Backend> MemoryPool<B> {
 
     /// The backend (for example to drive a [`SimulatedBackend`](crate::SimulatedBackend)'s clock).
     pub fn backend(&self) -> &B {
-        &self.backend
+        self.backend.inner()
+    }
+
+    /// Records only what the pool asks of its backend (segments, pages, fences) into
+    /// `recorder` (`None`: stop), not the pool's own mallocs and frees: for the trace replay,
+    /// which records those itself in the trace's terms.
+    pub(crate) fn record_backend_calls(
+        &self,
+        recorder: Option<std::sync::Arc<crate::history::Recorder>>,
+    ) {
+        self.backend.set_recorder(recorder);
     }
 
     /// The number of devices the pool serves.
@@ -623,9 +635,9 @@ impl<B: Backend> Drop for MemoryPool<B> {
                 g.reserved.sub(released);
             }
             for p in spare {
-                // SAFETY: spare pages are this device's, from `create_physical`, unmapped.
-                let _ = unsafe { self.backend.release_physical(dev.id, p) };
                 if let Some(page) = dev.page {
+                    // SAFETY: spare pages are this device's, from `create_physical`, unmapped.
+                    let _ = unsafe { self.backend.release_physical(dev.id, p, page) };
                     g.reserved.sub(page);
                 }
             }

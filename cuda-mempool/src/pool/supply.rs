@@ -64,7 +64,7 @@ impl<B: Backend> MemoryPool<B> {
                 if let Some(p) = h.g.spare.pop() {
                     // SAFETY: a spare page, made by `create_physical` for this device just
                     // above and mapped nowhere.
-                    unsafe { self.backend.release_physical(dev.id, p) }
+                    unsafe { self.backend.release_physical(dev.id, p, page) }
                         .map_err(PoolError::backend("release_physical"))?;
                     h.g.reserved.sub(page);
                 }
@@ -202,7 +202,7 @@ impl<B: Backend> MemoryPool<B> {
         while let Some(p) = g.spare.pop() {
             // SAFETY: spare pages were made by `create_physical` for this device and are
             // mapped nowhere (they go to the spare list only unmapped).
-            unsafe { self.backend.release_physical(dev.id, p) }
+            unsafe { self.backend.release_physical(dev.id, p, page) }
                 .map_err(PoolError::backend("release_physical"))?;
             g.reserved.sub(page);
         }

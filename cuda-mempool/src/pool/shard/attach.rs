@@ -3,6 +3,7 @@
 
 use crate::backend::{Backend, StreamKey};
 use crate::error::PoolError;
+use crate::observe::Observed;
 
 use super::ShardState;
 
@@ -10,7 +11,7 @@ impl<B: Backend> ShardState<B> {
     /// Detaches the stream if the backend says its owner may now destroy it (see
     /// [`detach`](Self::detach)); the free of a stream's last live block calls it.
     #[inline(never)]
-    pub(crate) fn detach_if_released(&mut self, backend: &B) -> Result<(), PoolError> {
+    pub(crate) fn detach_if_released(&mut self, backend: &Observed<B>) -> Result<(), PoolError> {
         if self.may_detach(backend) {
             self.detach(backend)
         } else {
@@ -23,7 +24,7 @@ impl<B: Backend> ShardState<B> {
     /// allocates, and its clone would keep an owned stream alive), another when the backend
     /// says the stream may go.
     #[inline]
-    pub(crate) fn may_detach(&self, backend: &B) -> bool {
+    pub(crate) fn may_detach(&self, backend: &Observed<B>) -> bool {
         match &self.stream {
             Some(s) => self.private || backend.may_release_stream(s),
             None => false,
@@ -53,7 +54,7 @@ impl<B: Backend> ShardState<B> {
     /// backend. If the fence cannot be recorded the shard stays attached (the stream is
     /// kept, so nothing it cached is reused unfenced) and the error is returned.
     #[inline(never)]
-    pub(crate) fn detach(&mut self, backend: &B) -> Result<(), PoolError> {
+    pub(crate) fn detach(&mut self, backend: &Observed<B>) -> Result<(), PoolError> {
         if !self.stream_idle() {
             return Ok(());
         }
@@ -136,7 +137,7 @@ impl<B: Backend> ShardState<B> {
     /// on error.
     pub(crate) fn attach(
         &mut self,
-        backend: &B,
+        backend: &Observed<B>,
         stream: &B::Stream,
         key: StreamKey,
     ) -> Result<(), PoolError> {
@@ -169,7 +170,7 @@ impl<B: Backend> ShardState<B> {
 
     /// Whether a detached shard's memory is all covered by completed fences, so that
     /// adopting it costs the new stream no wait (polls the fences).
-    pub(crate) fn is_settled(&mut self, backend: &B) -> bool {
+    pub(crate) fn is_settled(&mut self, backend: &Observed<B>) -> bool {
         !self.retired
             && self.pending.is_empty()
             && self.poll_fences(backend).is_ok()

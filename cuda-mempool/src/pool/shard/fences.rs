@@ -3,13 +3,18 @@
 
 use crate::backend::{Backend, DeviceId};
 use crate::error::PoolError;
+use crate::observe::Observed;
 use crate::policy::MAX_OUTSTANDING_FENCES;
 
 use super::{BlockState, FenceSlot, PendingFree, ShardState};
 
 impl<B: Backend> ShardState<B> {
     #[inline(never)]
-    pub(super) fn release_shared(&mut self, backend: &B, id: u32) -> Result<(), PoolError> {
+    pub(super) fn release_shared(
+        &mut self,
+        backend: &Observed<B>,
+        id: u32,
+    ) -> Result<(), PoolError> {
         let b = &mut self.blocks[id as usize];
         b.state = BlockState::Pending;
         let returned = b
@@ -98,7 +103,7 @@ impl<B: Backend> ShardState<B> {
 
     /// Records a fence covering every free so far unless one is outstanding that does,
     /// then polls the outstanding fences.
-    pub(super) fn refresh_fences(&mut self, backend: &B) -> Result<(), PoolError> {
+    pub(super) fn refresh_fences(&mut self, backend: &Observed<B>) -> Result<(), PoolError> {
         let covered = self.fences.back().is_some_and(|(e, _)| *e >= self.epoch);
         if self.epoch > self.safe_epoch && !covered && self.fences.len() < MAX_OUTSTANDING_FENCES {
             // A detached shard has no stream to record on, and needs none: its detach
@@ -139,14 +144,14 @@ impl<B: Backend> ShardState<B> {
     /// per-thread default stream (its handle would name this thread's stream). Frees that
     /// need a fence then wait, out of cross-stream reuse, for a later call that can record
     /// one.
-    fn usable_stream(&self, backend: &B) -> Option<&B::Stream> {
+    fn usable_stream(&self, backend: &Observed<B>) -> Option<&B::Stream> {
         if super::is_other_threads_stream(self.stream_key) {
             return None;
         }
         self.stream.as_ref().filter(|s| !backend.is_capturing(s))
     }
 
-    pub(super) fn poll_fences(&mut self, backend: &B) -> Result<(), PoolError> {
+    pub(super) fn poll_fences(&mut self, backend: &Observed<B>) -> Result<(), PoolError> {
         while let Some((_, f)) = self.fences.front() {
             let done = backend
                 .fence_completed(f)
@@ -186,7 +191,7 @@ impl<B: Backend> ShardState<B> {
     /// Blocks the host until every free of this shard so far is covered by a completed
     /// fence, and every pending free's fences have completed (a stream this thread may not
     /// fence now gets no new fence: see [`fully_fenced`](Self::fully_fenced)).
-    pub(crate) fn wait_fences(&mut self, backend: &B) -> Result<(), PoolError> {
+    pub(crate) fn wait_fences(&mut self, backend: &Observed<B>) -> Result<(), PoolError> {
         self.wait_pending(backend)?;
         while let Some(f) = self.held_fences.last() {
             backend
@@ -234,7 +239,7 @@ impl<B: Backend> ShardState<B> {
     }
 
     /// Moves pending frees whose fences have all completed into the free set.
-    pub(crate) fn poll_pending(&mut self, backend: &B) -> Result<(), PoolError> {
+    pub(crate) fn poll_pending(&mut self, backend: &Observed<B>) -> Result<(), PoolError> {
         let mut i = 0;
         while i < self.pending.len() {
             let mut done = true;
@@ -283,7 +288,7 @@ impl<B: Backend> ShardState<B> {
 
     /// Blocks the host until every pending free's fences have completed, then frees
     /// those blocks.
-    fn wait_pending(&mut self, backend: &B) -> Result<(), PoolError> {
+    fn wait_pending(&mut self, backend: &Observed<B>) -> Result<(), PoolError> {
         self.settle_pending(backend, false, false, |backend, _, f| {
             backend
                 .wait_fence(f)
@@ -295,7 +300,7 @@ impl<B: Backend> ShardState<B> {
     /// free's fences, after which those blocks are safe for this stream and are freed.
     /// Returns whether there was any. A fence recorded on this stream later covers the
     /// waited-for work too, so the usual epoch rule then holds for other streams.
-    pub(crate) fn stream_wait_pending(&mut self, backend: &B) -> Result<bool, PoolError> {
+    pub(crate) fn stream_wait_pending(&mut self, backend: &Observed<B>) -> Result<bool, PoolError> {
         let Some(stream) = self.usable_stream(backend).cloned() else {
             return Ok(false);
         };
@@ -312,7 +317,7 @@ impl<B: Backend> ShardState<B> {
     /// given back, which then join the free set (see [`stream_wait_pending`](Self::stream_wait_pending)).
     /// Best effort: a failed wait leaves the rest pending, where they stay safe.
     #[inline(never)]
-    pub(crate) fn stream_wait_returns(&mut self, backend: &B) {
+    pub(crate) fn stream_wait_returns(&mut self, backend: &Observed<B>) {
         let Some(stream) = self.usable_stream(backend).cloned() else {
             return;
         };
@@ -332,7 +337,7 @@ impl<B: Backend> ShardState<B> {
 
     fn settle_pending(
         &mut self,
-        backend: &B,
+        backend: &Observed<B>,
         ordered_after: bool,
         only_returned: bool,
         settle: impl Fn(&B, DeviceId, &B::Fence) -> Result<(), PoolError>,
@@ -370,7 +375,7 @@ impl<B: Backend> ShardState<B> {
     /// [`MAX_OUTSTANDING_FENCES`] gives the older ones up: the new one covers all they do.
     pub(super) fn fence_covering(
         &mut self,
-        backend: &B,
+        backend: &Observed<B>,
         epoch: u64,
     ) -> Result<Option<&B::Fence>, PoolError> {
         if !self.fences.iter().any(|(e, _)| *e >= epoch) {
@@ -396,7 +401,7 @@ impl<B: Backend> ShardState<B> {
 
     /// Whether the shard has frees waiting for other streams' fences that its own stream
     /// could wait for on the device (attached, not capturing).
-    pub(crate) fn has_waitable_pending(&self, backend: &B) -> bool {
+    pub(crate) fn has_waitable_pending(&self, backend: &Observed<B>) -> bool {
         self.has_pending() && self.usable_stream(backend).is_some()
     }
 }

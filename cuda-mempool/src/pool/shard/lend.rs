@@ -3,6 +3,7 @@
 
 use crate::backend::{Backend, StreamKey};
 use crate::error::PoolError;
+use crate::observe::Observed;
 #[cfg(doc)]
 use crate::policy;
 
@@ -33,7 +34,7 @@ impl<B: Backend> ShardState<B> {
     /// nothing and is returned.
     pub(crate) fn lend(
         &mut self,
-        backend: &B,
+        backend: &Observed<B>,
         rounded: u64,
         requested: u64,
         borrower: &B::Stream,

@@ -63,6 +63,7 @@ use std::collections::{BTreeSet, VecDeque};
 
 use crate::backend::{Backend, DeviceId, StreamKey};
 use crate::error::PoolError;
+use crate::observe::Observed;
 use crate::policy::SizeClass;
 use crate::stats::Stats;
 
@@ -354,7 +355,7 @@ impl<B: Backend> ShardState<B> {
     /// Adds `stream` to the streams a live block is used on.
     pub(crate) fn record_stream(
         &mut self,
-        backend: &B,
+        backend: &Observed<B>,
         id: u32,
         generation: u64,
         stream: &B::Stream,
@@ -421,7 +422,7 @@ impl<B: Backend> ShardState<B> {
     #[inline]
     pub(crate) fn release(
         &mut self,
-        backend: &B,
+        backend: &Observed<B>,
         id: u32,
         generation: u64,
     ) -> Result<(), PoolError> {
@@ -453,7 +454,11 @@ impl<B: Backend> ShardState<B> {
 
     /// [`release`](Self::release) of a block used on other streams too.
     #[inline(never)]
-    fn release_shared_then_detach(&mut self, backend: &B, id: u32) -> Result<(), PoolError> {
+    fn release_shared_then_detach(
+        &mut self,
+        backend: &Observed<B>,
+        id: u32,
+    ) -> Result<(), PoolError> {
         // A failed fence record on another stream still frees the block (safely, see
         // `release_shared`); the stream of this shard must be let go of all the same.
         let result = self.release_shared(backend, id);

@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 
 use crate::backend::{Backend, DeviceAddress, DeviceId};
 use crate::error::PoolError;
+use crate::observe::Observed;
 use crate::policy::SizeClass;
 
 use super::page_table::PageTable;
@@ -57,7 +58,7 @@ impl<B: Backend> ShardState<B> {
     /// caller gives the block back) and an error or `false` is returned.
     pub(crate) fn map_block(
         &mut self,
-        backend: &B,
+        backend: &Observed<B>,
         id: u32,
         spare: &mut Vec<B::Physical>,
     ) -> Result<bool, PoolError> {
@@ -101,7 +102,7 @@ impl<B: Backend> ShardState<B> {
     /// blocks first moved 8x more pages at the same peak).
     pub(crate) fn reclaim_pages(
         &mut self,
-        backend: &B,
+        backend: &Observed<B>,
         spare: &mut Vec<B::Physical>,
         want: usize,
     ) -> Result<(), PoolError> {
@@ -171,7 +172,7 @@ impl<B: Backend> ShardState<B> {
     /// then the address ranges of segments left wholly free and unmapped.
     pub(crate) fn release_cached(
         &mut self,
-        backend: &B,
+        backend: &Observed<B>,
         spare: &mut Vec<B::Physical>,
         reserved: &mut u64,
     ) -> Result<(), PoolError> {
@@ -232,7 +233,11 @@ impl<B: Backend> ShardState<B> {
     /// Releases everything this shard holds, live or not (the pool is being dropped
     /// and has waited for every fence). Returns the plain bytes released; pages go to
     /// `spare`.
-    pub(crate) fn release_everything(&mut self, backend: &B, spare: &mut Vec<B::Physical>) -> u64 {
+    pub(crate) fn release_everything(
+        &mut self,
+        backend: &Observed<B>,
+        spare: &mut Vec<B::Physical>,
+    ) -> u64 {
         let mut released = 0;
         for f in self.held_fences.drain(..) {
             backend.release_fence(f);
@@ -324,7 +329,7 @@ impl<B: Backend> ShardState<B> {
 /// [`Backend::map_run`] call and records them in `pages`; on failure the pages go back to
 /// `spare` and nothing is recorded. Empties `run`.
 fn map_run<B: Backend>(
-    backend: &B,
+    backend: &Observed<B>,
     device: DeviceId,
     base: u64,
     page: u64,
