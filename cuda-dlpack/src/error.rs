@@ -1,6 +1,6 @@
 //! The crate's error type: every refusal of an export or an import is a variant of its own.
 
-use crate::dtype::ElemType;
+use crate::elem::ElemType;
 
 /// Why an export or an import was refused, or a CUDA call failed.
 #[derive(Debug, thiserror::Error)]

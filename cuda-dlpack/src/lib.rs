@@ -35,6 +35,7 @@
 //! CuPy and JAX) is the `cudars-dlpack-py` crate beside this one.
 
 pub mod dtype;
+mod elem;
 pub mod error;
 pub mod export;
 pub mod ffi;

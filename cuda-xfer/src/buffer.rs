@@ -74,7 +74,7 @@ impl<T: Pod> DeviceBuffer<T> {
         let buf = DeviceBuffer::alloc(device, len)?;
         if !buf.is_empty() {
             buf.ptr.memset(0)?;
-            crate::transfer::land(device)?;
+            land(device)?;
         }
         Ok(buf)
     }
@@ -166,4 +166,11 @@ impl<T> fmt::Debug for DeviceBuffer<T> {
             .field("ptr", &self.ptr)
             .finish()
     }
+}
+
+/// Waits until the work queued so far on `device`'s legacy default stream is done: what a
+/// synchronous driver copy that may return early still owes (see the `transfer` module's
+/// docs).
+pub(crate) fn land(device: &Device) -> Result<()> {
+    Ok(cudars_core::Stream::null(device).synchronize()?)
 }

@@ -98,11 +98,7 @@ pub(crate) fn refuse_capture<'s>(
     Ok(issue)
 }
 
-/// Waits until the work queued so far on `device`'s legacy default stream is done: what a
-/// synchronous driver copy that may return early still owes (see the module docs).
-pub(crate) fn land(device: &Device) -> Result<()> {
-    Ok(Stream::null(device).synchronize()?)
-}
+pub(crate) use crate::buffer::land;
 
 /// Copies `src` into `dst` (same length), synchronously; `Ok(true)` when the copy still has
 /// to [`land`] on `dst`'s device before it is visible to every stream.
