@@ -552,7 +552,7 @@ impl Imported {
     }
     /// The device ordinal (`None`: managed memory).
     #[getter]
-    fn device(&self) -> Option<i32> {
+    fn device(&self) -> Option<usize> {
         self.layout.device
     }
     /// `(major, minor)`, or `None` for a legacy capsule.
@@ -572,7 +572,7 @@ impl Imported {
     }
     /// Bytes of its elements.
     #[getter]
-    fn nbytes(&self) -> u64 {
+    fn nbytes(&self) -> usize {
         self.layout.nbytes()
     }
     /// Whether it came through the producer's C exchange API.
@@ -859,7 +859,7 @@ fn from_dlpack(
         }
     };
     let expect = Expect::new()
-        .device(ordinal as i32)
+        .device(ordinal)
         .allow_managed(true)
         .contiguous(contiguous)
         .mutable(writable);

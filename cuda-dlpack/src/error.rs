@@ -31,11 +31,14 @@ pub enum Error {
     /// The tensor is on another GPU than the one named.
     #[error("the tensor is on CUDA device {actual}, not device {expected}")]
     WrongDevice {
-        /// The device asked for.
-        expected: i32,
-        /// The tensor's device.
-        actual: i32,
+        /// The device ordinal asked for.
+        expected: usize,
+        /// The tensor's device ordinal.
+        actual: usize,
     },
+    /// The tensor's `DLDevice::device_id` is no device ordinal (negative).
+    #[error("the tensor's CUDA device id {0} is negative")]
+    InvalidDevice(i32),
     /// The tensor's `DLDataType` has no [`ElemType`] here (vector lanes, complex, fp8, ...).
     #[error("unsupported DLPack dtype (code {code}, bits {bits}, lanes {lanes})")]
     UnsupportedDType {

@@ -243,12 +243,17 @@ impl ImportedTensor {
                 },
             });
         }
-        if let Some(expected) = expect.device {
-            if !managed && device.device_id != expected {
-                return Err(Error::WrongDevice {
-                    expected,
-                    actual: device.device_id,
-                });
+        let ordinal = if managed {
+            None
+        } else {
+            Some(
+                usize::try_from(device.device_id)
+                    .map_err(|_| Error::InvalidDevice(device.device_id))?,
+            )
+        };
+        if let (Some(expected), Some(actual)) = (expect.device, ordinal) {
+            if actual != expected {
+                return Err(Error::WrongDevice { expected, actual });
             }
         }
         let elem = self.elem_type()?;
@@ -266,7 +271,7 @@ impl ImportedTensor {
         // Broadcast (zero) strides let `numel` exceed what the memory holds: its bytes must
         // still be a number (`Layout::nbytes`).
         numel
-            .checked_mul(elem.size() as u64)
+            .checked_mul(elem.size())
             .ok_or(Error::Overflow("element bytes"))?;
         let strides = match self.strides() {
             Some(s) => s.to_vec(),
@@ -313,11 +318,7 @@ impl ImportedTensor {
         let first_byte = i64::try_from(lo).map_err(|_| Error::Overflow("first byte reached"))?;
         Ok(Layout {
             elem,
-            device: if managed {
-                None
-            } else {
-                Some(device.device_id)
-            },
+            device: if managed { None } else { ordinal },
             addr,
             shape,
             strides,
@@ -400,7 +401,7 @@ impl std::fmt::Debug for ImportedTensor {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Expect {
-    device: Option<i32>,
+    device: Option<usize>,
     allow_managed: bool,
     contiguous: bool,
     mutable: bool,
@@ -414,7 +415,7 @@ impl Expect {
     }
 
     /// Only a tensor on this device ordinal.
-    pub fn device(mut self, ordinal: i32) -> Expect {
+    pub fn device(mut self, ordinal: usize) -> Expect {
         self.device = Some(ordinal);
         self
     }
@@ -450,7 +451,7 @@ pub struct Layout {
     /// The element type.
     pub elem: ElemType,
     /// The device ordinal (`None` for managed memory).
-    pub device: Option<i32>,
+    pub device: Option<usize>,
     /// The address of element `[0, ..., 0]`: data pointer plus byte offset.
     pub addr: u64,
     /// The shape.
@@ -464,14 +465,14 @@ pub struct Layout {
     /// Bytes from the first byte any element reaches to one past the last.
     pub span: usize,
     /// The number of elements.
-    pub numel: u64,
+    pub numel: usize,
 }
 
 impl Layout {
     /// Bytes of the elements (`numel * size`; exact for a checked layout, saturating at
-    /// `u64::MAX` for one built by hand).
-    pub fn nbytes(&self) -> u64 {
-        self.numel.saturating_mul(self.elem.size() as u64)
+    /// `usize::MAX` for one built by hand).
+    pub fn nbytes(&self) -> usize {
+        self.numel.saturating_mul(self.elem.size())
     }
 }
 
@@ -505,7 +506,7 @@ impl<T: DlElem> TensorView<T> {
         &self.layout.strides
     }
     /// The number of elements.
-    pub fn numel(&self) -> u64 {
+    pub fn numel(&self) -> usize {
         self.layout.numel
     }
     /// Whether the layout is compact row-major.
@@ -599,9 +600,9 @@ impl UntypedView {
         ordered_on: Option<&Stream>,
     ) -> Result<DevicePtr> {
         if let Some(actual) = self.layout.device {
-            if actual != device.ordinal() as i32 {
+            if actual != device.ordinal() {
                 return Err(Error::WrongDevice {
-                    expected: device.ordinal() as i32,
+                    expected: device.ordinal(),
                     actual,
                 });
             }

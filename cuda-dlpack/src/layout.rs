@@ -17,10 +17,12 @@ pub fn check_shape(shape: &[i64]) -> Result<()> {
 }
 
 /// The number of elements of `shape` (1 for a scalar, `ndim == 0`).
-pub fn numel(shape: &[i64]) -> Result<u64> {
+pub fn numel(shape: &[i64]) -> Result<usize> {
     check_shape(shape)?;
-    shape.iter().try_fold(1u64, |n, &d| {
-        n.checked_mul(d as u64)
+    shape.iter().try_fold(1usize, |n, &d| {
+        usize::try_from(d)
+            .ok()
+            .and_then(|d| n.checked_mul(d))
             .ok_or(Error::Overflow("element count"))
     })
 }

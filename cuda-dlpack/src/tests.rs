@@ -264,6 +264,17 @@ fn device_refusals() {
         import(t).into_view::<f32>(&Expect::new()).is_ok(),
         "no device asked"
     );
+    // A negative device id is no ordinal: refused whether or not a device is asked for.
+    let (t, drops) = export_on(cuda(-1), 16, &spec).unwrap();
+    assert!(matches!(
+        import(t).into_view::<f32>(&Expect::new()),
+        Err(Error::InvalidDevice(-1))
+    ));
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        1,
+        "the refused tensor is released"
+    );
 
     let managed = DLDevice {
         device_type: device_type::CUDA_MANAGED,
@@ -505,5 +516,5 @@ fn element_bytes_past_u64_are_refused_not_overflowed() {
         span: 8,
         numel: 1 << 62,
     };
-    assert_eq!(layout.nbytes(), u64::MAX, "a hand-made layout saturates");
+    assert_eq!(layout.nbytes(), usize::MAX, "a hand-made layout saturates");
 }

@@ -142,7 +142,7 @@ pub fn capture_begin(stream: &Stream, mode: CaptureMode) -> Result<Capture<'_>> 
         mode,
         id: CaptureId {
             id: 0,
-            stream: stream_id,
+            stream_id,
             device: stream.device().ordinal(),
         },
         events: RefCell::new(Vec::new()),

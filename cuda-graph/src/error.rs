@@ -57,8 +57,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct CaptureId {
     /// The capture sequence's id, unique in the process (`cuStreamGetCaptureInfo`).
     pub id: u64,
-    /// The id of the stream the capture began on (`cuStreamGetId`).
-    pub stream: u64,
+    /// The driver's id of the stream the capture began on (`cuStreamGetId`; not a handle,
+    /// not a pool's stream key).
+    pub stream_id: u64,
     /// The ordinal of the stream's device.
     pub device: usize,
 }
@@ -68,7 +69,7 @@ impl fmt::Display for CaptureId {
         write!(
             f,
             "stream capture #{} (begun on stream {} of device {})",
-            self.id, self.stream, self.device
+            self.id, self.stream_id, self.device
         )
     }
 }
@@ -239,7 +240,7 @@ mod tests {
     fn id() -> CaptureId {
         CaptureId {
             id: 7,
-            stream: 3,
+            stream_id: 3,
             device: 0,
         }
     }

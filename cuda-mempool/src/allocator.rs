@@ -401,7 +401,7 @@ pub fn alloc_on(stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
                 device: stream.device().ordinal(),
                 size,
                 ptr: 0,
-                stream: stream.identity(),
+                stream: crate::backend::StreamKey(stream.identity()),
                 location: Some(std::panic::Location::caller()),
             };
             hooks::each(|h| h.malloc_pre(&ev));

@@ -515,7 +515,7 @@ impl MemoryPool<DriverBackend> {
             device: dev.0 as usize,
             size,
             ptr: 0,
-            stream: stream.identity(),
+            stream: StreamKey(stream.identity()),
             location: Some(location),
         };
         if hooked {
@@ -585,7 +585,7 @@ impl MemoryPool<DriverBackend> {
                 return Err(match tied {
                     Err(e) => PoolError::Cuda(e),
                     Ok(_) => PoolError::CaptureInProgress {
-                        stream: stream.raw() as usize as u64,
+                        handle: stream.raw() as usize as u64,
                     },
                 });
             }
@@ -756,7 +756,7 @@ impl Drop for PoolMemory {
             device: raw.device().0 as usize,
             size: raw.size(),
             ptr: raw.ptr().0,
-            stream: raw.stream().0,
+            stream: raw.stream(),
             location: None,
         };
         if hooked {

@@ -94,10 +94,10 @@ pub enum PoolError {
     /// An allocation on a stream that is being captured into a CUDA graph: the graph would
     /// keep using the block after it is freed and handed to someone else. Allocate before
     /// the capture, or use `AsyncPool`, whose allocations become graph memory nodes.
-    #[error("stream {stream:#x} is being captured into a CUDA graph: MemoryPool does not allocate during capture (use AsyncPool, or allocate before capturing)")]
+    #[error("stream {handle:#x} is being captured into a CUDA graph: MemoryPool does not allocate during capture (use AsyncPool, or allocate before capturing)")]
     CaptureInProgress {
-        /// The capturing stream (its raw handle).
-        stream: u64,
+        /// The capturing stream's raw handle (`CUstream` as an integer; not a stream key).
+        handle: u64,
     },
     /// The per-thread default stream used where it cannot be ordered: it names a different
     /// stream on every thread, so a block cannot be marked with another thread's (or for

@@ -40,6 +40,8 @@ use std::marker::PhantomData;
 use std::panic::Location;
 use std::sync::{Arc, Mutex};
 
+use crate::backend::StreamKey;
+
 /// What a hook is told about one operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryEvent {
@@ -49,11 +51,11 @@ pub struct MemoryEvent {
     pub size: usize,
     /// The address: 0 in `*_pre` callbacks of allocations.
     pub ptr: u64,
-    /// The stream's key in the pool: the value of its [`StreamKey`](crate::StreamKey)
-    /// (`cudars_core::Stream::identity` for `cuda-core` streams), the same for every event
-    /// of one stream whichever entry point made it, so a hook can pair mallocs with frees
-    /// by stream. 0 for `alloc` events and the legacy stream.
-    pub stream: u64,
+    /// The stream's key in the pool ([`StreamKey`]: `cudars_core::Stream::identity` for
+    /// `cuda-core` streams), the same for every event of one stream whichever entry point
+    /// made it, so a hook can pair mallocs with frees by stream. `StreamKey(0)` for `alloc`
+    /// events and the legacy stream.
+    pub stream: StreamKey,
     /// The caller of the allocating entry point (through `#[track_caller]`), when known.
     pub location: Option<&'static Location<'static>>,
 }
@@ -166,7 +168,7 @@ macro_rules! debug_event {
             device = $e.device,
             size = $e.size,
             ptr = $e.ptr,
-            stream = $e.stream,
+            stream = $e.stream.0,
             location = ?$e.location.map(|l| (l.file(), l.line())),
         )
     };
@@ -290,7 +292,7 @@ mod tests {
             device: 0,
             size: 1,
             ptr: 0,
-            stream: 0,
+            stream: StreamKey(0),
             location: None,
         };
         assert!(!any_installed());
@@ -322,7 +324,7 @@ mod tests {
             device: 0,
             size: 1,
             ptr: 0,
-            stream: 0,
+            stream: StreamKey(0),
             location: None,
         };
         let _gp = install(Arc::new(Panics));
@@ -347,7 +349,7 @@ mod tests {
                 device: 0,
                 size,
                 ptr: 1,
-                stream: 0,
+                stream: StreamKey(0),
                 location: Some(here),
             });
         }
@@ -355,7 +357,7 @@ mod tests {
             device: 0,
             size: 5,
             ptr: 1,
-            stream: 0,
+            stream: StreamKey(0),
             location: None,
         });
         let r = p.report();

@@ -41,7 +41,7 @@ fn alloc_event(device: DeviceId, size: u64) -> MemoryEvent {
         device: device.0 as usize,
         size: usize::try_from(size).unwrap_or(usize::MAX),
         ptr: 0,
-        stream: 0,
+        stream: crate::backend::StreamKey(0),
         location: None,
     }
 }
