@@ -1208,10 +1208,7 @@ mod exchange {
             };
             let elem = ElemType::from_dl(p.dtype).map_err(|e| e.to_string())?;
             let n = cudars_dlpack::layout::numel(&shape).map_err(|e| e.to_string())?;
-            let bytes = usize::try_from(n)
-                .ok()
-                .and_then(|n| n.checked_mul(elem.size()))
-                .ok_or("size overflow")?;
+            let bytes = n.checked_mul(elem.size()).ok_or("size overflow")?;
             let device =
                 Device::new(p.device.device_id.max(0) as usize).map_err(|e| e.to_string())?;
             let view = DevicePtr::alloc(&device, bytes).map_err(|e| e.to_string())?;

@@ -398,15 +398,16 @@ pub fn alloc_on(stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
                 return a.allocate(stream, size);
             }
             let mut ev = MemoryEvent {
-                device: stream.device().ordinal(),
-                size,
-                ptr: 0,
-                stream: crate::backend::StreamKey(stream.identity()),
+                kind: crate::history::EventKind::Malloc,
+                device: crate::driver::device_id(&stream.device()),
+                stream: Some(crate::backend::StreamKey(stream.identity())),
+                size: size as u64,
+                addr: crate::DeviceAddress(0),
                 location: Some(std::panic::Location::caller()),
             };
             hooks::each(|h| h.malloc_pre(&ev));
             let p = a.allocate(stream, size)?;
-            ev.ptr = p.as_raw();
+            ev.addr = crate::DeviceAddress(p.as_raw());
             hooks::each(|h| h.malloc_post(&ev));
             Ok(p)
         }

@@ -55,6 +55,7 @@ use cudars_core::{Device, Event, Stream, StreamKind};
 
 use crate::backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamKey};
 use crate::error::PoolError;
+use crate::history::EventKind;
 use crate::hooks::{self, MemoryEvent};
 use crate::pool::{Allocation, MemoryPool, PrivatePoolId, RawAllocation};
 
@@ -512,10 +513,11 @@ impl MemoryPool<DriverBackend> {
         let dev = device_id(&stream.device());
         let hooked = hooks::any_installed();
         let mut ev = MemoryEvent {
-            device: dev.0 as usize,
-            size,
-            ptr: 0,
-            stream: StreamKey(stream.identity()),
+            kind: EventKind::Malloc,
+            device: dev,
+            stream: Some(StreamKey(stream.identity())),
+            size: size as u64,
+            addr: DeviceAddress(0),
             location: Some(location),
         };
         if hooked {
@@ -526,7 +528,7 @@ impl MemoryPool<DriverBackend> {
             Some(capture) => self.malloc_captured(stream, capture, size)?,
         };
         if hooked {
-            ev.ptr = a.ptr().0;
+            ev.addr = a.ptr();
             hooks::each(|h| h.malloc_post(&ev));
         }
         Ok(a)
@@ -753,10 +755,11 @@ impl Drop for PoolMemory {
             return;
         };
         let ev = MemoryEvent {
-            device: raw.device().0 as usize,
-            size: raw.size(),
-            ptr: raw.ptr().0,
-            stream: raw.stream(),
+            kind: EventKind::Free,
+            device: raw.device(),
+            stream: Some(raw.stream()),
+            size: raw.size() as u64,
+            addr: raw.ptr(),
             location: None,
         };
         if hooked {

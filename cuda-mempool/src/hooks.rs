@@ -37,28 +37,13 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::panic::Location;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::StreamKey;
-
-/// What a hook is told about one operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemoryEvent {
-    /// Device ordinal.
-    pub device: usize,
-    /// Bytes asked for (for `alloc`: the segment or page size).
-    pub size: usize,
-    /// The address: 0 in `*_pre` callbacks of allocations.
-    pub ptr: u64,
-    /// The stream's key in the pool ([`StreamKey`]: `cudars_core::Stream::identity` for
-    /// `cuda-core` streams), the same for every event of one stream whichever entry point
-    /// made it, so a hook can pair mallocs with frees by stream. `StreamKey(0)` for `alloc`
-    /// events and the legacy stream.
-    pub stream: StreamKey,
-    /// The caller of the allocating entry point (through `#[track_caller]`), when known.
-    pub location: Option<&'static Location<'static>>,
-}
+/// What a hook is told about one operation: the pool's one event type, the same the memory
+/// history records ([`history::Record`](crate::history::Record)). `kind` says which
+/// operation: `SegmentAlloc` or `PageCreate` for `alloc_*`, `Malloc` for `malloc_*`, `Free`
+/// for `free_*`.
+pub use crate::memory_event::MemoryEvent;
 
 /// Callbacks around memory operations; every method defaults to doing nothing.
 /// Hooks must be `Send + Sync` (they are shared through `Arc`) and must not allocate from
@@ -66,8 +51,9 @@ pub struct MemoryEvent {
 pub trait MemoryHook: Send + Sync {
     /// Before the backend allocates a segment or page.
     fn alloc_pre(&self, _event: &MemoryEvent) {}
-    /// After the backend allocated: `ptr` is the segment's address, 1 for a physical page
-    /// (it has no address until mapped), 0 when the device was out of memory.
+    /// After the backend allocated: `addr` is the segment's address; for a physical page
+    /// (`kind` `PageCreate`, no address until mapped) 1; 0 when the device was out of
+    /// memory.
     fn alloc_post(&self, _event: &MemoryEvent) {}
     /// Before a pool `malloc`.
     fn malloc_pre(&self, _event: &MemoryEvent) {}
@@ -165,10 +151,11 @@ macro_rules! debug_event {
         tracing::debug!(
             target: "cudars_mempool::hooks",
             op = $name,
-            device = $e.device,
+            kind = ?$e.kind,
+            device = $e.device.0,
             size = $e.size,
-            ptr = $e.ptr,
-            stream = $e.stream.0,
+            addr = $e.addr.0,
+            stream = $e.stream.map(|s| s.0),
             location = ?$e.location.map(|l| (l.file(), l.line())),
         )
     };
@@ -205,11 +192,11 @@ pub struct LineStat {
     /// Successful mallocs from that line.
     pub count: u64,
     /// Bytes malloc'd from that line.
-    pub bytes: usize,
+    pub bytes: u64,
 }
 
 /// (file, line) -> (count, bytes).
-type LineTable = HashMap<(&'static str, u32), (u64, usize)>;
+type LineTable = HashMap<(&'static str, u32), (u64, u64)>;
 
 /// Attributes malloc'd bytes to the caller's file and line (CuPy's `LineProfileHook`).
 /// Mallocs whose caller is unknown are attributed to `<unknown>:0`.
@@ -289,10 +276,11 @@ mod tests {
         let a = Arc::new(Count::default());
         let b = Arc::new(Count::default());
         let e = MemoryEvent {
-            device: 0,
+            kind: crate::history::EventKind::Malloc,
+            device: crate::DeviceId(0),
+            stream: None,
             size: 1,
-            ptr: 0,
-            stream: StreamKey(0),
+            addr: crate::DeviceAddress(0),
             location: None,
         };
         assert!(!any_installed());
@@ -321,10 +309,11 @@ mod tests {
     fn a_panicking_hook_does_not_unwind_and_later_hooks_still_run() {
         let counted = Arc::new(Count::default());
         let e = MemoryEvent {
-            device: 0,
+            kind: crate::history::EventKind::Malloc,
+            device: crate::DeviceId(0),
+            stream: None,
             size: 1,
-            ptr: 0,
-            stream: StreamKey(0),
+            addr: crate::DeviceAddress(0),
             location: None,
         };
         let _gp = install(Arc::new(Panics));
@@ -343,21 +332,23 @@ mod tests {
     #[track_caller]
     fn line_profile_attributes_bytes() {
         let p = LineProfileHook::new();
-        let here = Location::caller();
+        let here = std::panic::Location::caller();
         for size in [100, 200] {
             p.malloc_post(&MemoryEvent {
-                device: 0,
+                kind: crate::history::EventKind::Malloc,
+                device: crate::DeviceId(0),
+                stream: None,
                 size,
-                ptr: 1,
-                stream: StreamKey(0),
+                addr: crate::DeviceAddress(1),
                 location: Some(here),
             });
         }
         p.malloc_post(&MemoryEvent {
-            device: 0,
+            kind: crate::history::EventKind::Malloc,
+            device: crate::DeviceId(0),
+            stream: None,
             size: 5,
-            ptr: 1,
-            stream: StreamKey(0),
+            addr: crate::DeviceAddress(1),
             location: None,
         });
         let r = p.report();

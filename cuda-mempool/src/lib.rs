@@ -141,6 +141,7 @@ pub mod history;
 pub mod hooks;
 #[cfg(unix)]
 pub mod ipc;
+mod memory_event;
 mod observe;
 pub mod peer;
 pub mod pinned;

@@ -35,13 +35,14 @@ impl<B> Deref for Observed<B> {
     }
 }
 
-/// The hook event of a backend allocation of `size` bytes on `device`.
-fn alloc_event(device: DeviceId, size: u64) -> MemoryEvent {
+/// The hook event of a backend allocation (`kind`) of `size` bytes on `device`.
+fn alloc_event(kind: EventKind, device: DeviceId, size: u64) -> MemoryEvent {
     MemoryEvent {
-        device: device.0 as usize,
-        size: usize::try_from(size).unwrap_or(usize::MAX),
-        ptr: 0,
-        stream: crate::backend::StreamKey(0),
+        kind,
+        device,
+        stream: None,
+        size,
+        addr: NO_ADDRESS,
         location: None,
     }
 }
@@ -51,6 +52,7 @@ fn alloc_event(device: DeviceId, size: u64) -> MemoryEvent {
 /// post hook.
 #[inline]
 fn around_alloc<T, E>(
+    kind: EventKind,
     device: DeviceId,
     size: u64,
     call: impl FnOnce() -> Result<Option<T>, E>,
@@ -59,10 +61,10 @@ fn around_alloc<T, E>(
     if !hooks::any_installed() {
         return call();
     }
-    let mut ev = alloc_event(device, size);
+    let mut ev = alloc_event(kind, device, size);
     hooks::each(|h| h.alloc_pre(&ev));
     let got = call()?;
-    ev.ptr = got.as_ref().map_or(0, addr);
+    ev.addr = DeviceAddress(got.as_ref().map_or(0, addr));
     hooks::each(|h| h.alloc_post(&ev));
     Ok(got)
 }
@@ -94,6 +96,7 @@ impl<B: Backend> Observed<B> {
         size: u64,
     ) -> Result<Option<DeviceAddress>, B::Error> {
         let got = around_alloc(
+            EventKind::SegmentAlloc,
             device,
             size,
             || self.backend.allocate(device, size),
@@ -164,6 +167,7 @@ impl<B: Backend> Observed<B> {
         size: u64,
     ) -> Result<Option<B::Physical>, B::Error> {
         let got = around_alloc(
+            EventKind::PageCreate,
             device,
             size,
             || self.backend.create_physical(device, size),
@@ -352,10 +356,10 @@ mod tests {
     struct Count(Mutex<Vec<(&'static str, u64)>>);
     impl MemoryHook for Count {
         fn alloc_pre(&self, e: &MemoryEvent) {
-            self.0.lock().unwrap().push(("pre", e.ptr));
+            self.0.lock().unwrap().push(("pre", e.addr.0));
         }
         fn alloc_post(&self, e: &MemoryEvent) {
-            self.0.lock().unwrap().push(("post", e.ptr));
+            self.0.lock().unwrap().push(("post", e.addr.0));
         }
     }
 

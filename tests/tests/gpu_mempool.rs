@@ -596,7 +596,7 @@ fn allocators_and_hooks() {
     drop(pool.malloc_shared(&s, 512).unwrap()); // no hooks any more
     assert_eq!(counting.malloc.load(Ordering::Relaxed), 2);
     let report = profile.report();
-    assert_eq!(report[0].bytes, 3 * MIB);
+    assert_eq!(report[0].bytes, 3 * MIB as u64);
     assert_eq!(report[0].line, line);
     assert!(report[0].file.ends_with("gpu_mempool.rs"));
     cudars_mempool::default_pool()

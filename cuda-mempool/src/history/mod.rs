@@ -2,7 +2,7 @@
 //! what is where, a self-contained HTML report of both ([`report`]) and their export to
 //! PyTorch's memory snapshot pickle ([`torch`]), which PyTorch's memory viewer opens.
 //!
-//! A [`Recorder`] keeps the last [`Recorder::capacity`] [`Event`]s in order; older ones are
+//! A [`Recorder`] keeps the last [`Recorder::capacity`] [`Record`]s (each a [`MemoryEvent`] with its place) in order; older ones are
 //! dropped and counted ([`History::dropped`]). Each event carries a time (virtual, set by
 //! the caller with [`Recorder::set_time`], or real: nanoseconds since the recorder was
 //! made), the device, the stream, a size, an address and optionally the caller's location.
@@ -54,6 +54,7 @@ use std::time::Instant;
 
 use crate::backend::{DeviceAddress, DeviceId, StreamKey};
 use crate::error::OomCause;
+pub use crate::memory_event::{EventKind, MemoryEvent};
 use crate::private_id::PrivatePoolId;
 
 pub use snapshot::{FreeBlock, LiveBlock, PoolTag, Segment, SegmentKind, Snapshot};
@@ -69,76 +70,23 @@ pub enum Clock {
     Real,
 }
 
-/// What happened.
+/// One recorded event: the [`MemoryEvent`] (the same type the memory hooks are told), with
+/// its place in the recording. Its fields read through it (`record.size`, `record.kind`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventKind {
-    /// A block was handed out; `size` is the size asked for.
-    Malloc,
-    /// A block was freed; `size` is the size it was asked for with.
-    Free,
-    /// A plain segment was allocated (`cuMemAlloc`); it holds `size` bytes of memory.
-    SegmentAlloc,
-    /// A plain segment was returned (`cuMemFree`).
-    SegmentFree,
-    /// An address range was reserved (`cuMemAddressReserve`): no memory behind it.
-    RangeReserve,
-    /// An address range was given back (`cuMemAddressFree`).
-    RangeRelease,
-    /// A physical page was created (`cuMemCreate`); `addr` is 0.
-    PageCreate,
-    /// A physical page was released (`cuMemRelease`); `addr` is 0.
-    PageRelease,
-    /// A physical page was mapped at `addr` (`cuMemMap`).
-    PageMap,
-    /// The page at `addr` was unmapped (`cuMemUnmap`).
-    PageUnmap,
-    /// A fence was recorded on `stream` (the hand-over point of its frees).
-    FenceRecord,
-    /// The block at `addr` (`size` bytes asked for) was marked as used on `stream` too
-    /// (`record_stream`): its free waits for that stream's work.
-    RecordStream,
-    /// `stream` was made to wait for a fence of another stream on the device: memory
-    /// stolen, or handed over, across streams.
-    StreamWait,
-    /// The device's limit changed; `size` is the new limit (`u64::MAX`: none).
-    LimitChange,
-    /// A private pool was created (a graph capture's).
-    PrivatePoolCreate(PrivatePoolId),
-    /// A private pool was released.
-    PrivatePoolRelease(PrivatePoolId),
-    /// The block at `addr`, just handed out, belongs to this private pool (a graph
-    /// capture's): it follows the block's `Malloc`.
-    PrivateBlock(PrivatePoolId),
-    /// A request of `size` bytes failed: what ran out, and the pool's state then.
-    OutOfMemory {
-        /// What ran out.
-        cause: OomCause,
-        /// Bytes in live blocks on the device.
-        used: u64,
-        /// Physical bytes the pool held on the device.
-        reserved: u64,
-    },
-}
-
-/// One recorded event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Event {
+pub struct Record {
     /// Position in the recording (0 for the first event ever recorded, gapless).
     pub seq: u64,
     /// Virtual time, or nanoseconds since the recorder was made ([`Clock`]).
     pub time: u64,
-    /// The device.
-    pub device: DeviceId,
-    /// The stream, where one is involved.
-    pub stream: Option<StreamKey>,
-    /// Bytes (see [`EventKind`] for each kind's meaning).
-    pub size: u64,
-    /// The address (0 where none).
-    pub addr: DeviceAddress,
-    /// The caller's location, where it was captured.
-    pub location: Option<&'static Location<'static>>,
     /// What happened.
-    pub kind: EventKind,
+    pub event: MemoryEvent,
+}
+
+impl std::ops::Deref for Record {
+    type Target = MemoryEvent;
+    fn deref(&self) -> &MemoryEvent {
+        &self.event
+    }
 }
 
 /// A copy of what a recorder holds ([`Recorder::history`]).
@@ -147,7 +95,7 @@ pub struct History {
     /// The clock of the times.
     pub clock: Clock,
     /// The recorded events, oldest first, `seq` increasing by one.
-    pub events: Vec<Event>,
+    pub events: Vec<Record>,
     /// Events recorded but no longer held: dropped from the front of the full ring, or
     /// forgotten by [`Recorder::clear`].
     pub dropped: u64,
@@ -203,7 +151,7 @@ impl History {
 }
 
 struct Ring {
-    events: VecDeque<Event>,
+    events: VecDeque<Record>,
     /// (seq, stack) of held events that have one, in seq order.
     stacks: VecDeque<(u64, CallStack)>,
     next_seq: u64,
@@ -212,7 +160,7 @@ struct Ring {
     enabled: bool,
 }
 
-/// A bounded, thread-safe ring of [`Event`]s.
+/// A bounded, thread-safe ring of [`Record`]s.
 pub struct Recorder {
     capacity: usize,
     clock: Clock,
@@ -298,7 +246,7 @@ impl Recorder {
 
     /// Records one event (its `seq` and `time` are filled in here; the values passed are
     /// ignored), dropping the oldest if the ring is full.
-    pub fn record(&self, event: Event) {
+    pub fn record(&self, event: MemoryEvent) {
         let stack = (self.backtraces
             && matches!(
                 event.kind,
@@ -317,29 +265,31 @@ impl Recorder {
         size: u64,
         addr: DeviceAddress,
     ) {
-        let event = Event {
-            seq: 0,
-            time: 0,
+        let event = MemoryEvent {
+            kind: EventKind::Malloc,
             device,
             stream: Some(stream),
             size,
             addr,
             location: None,
-            kind: EventKind::Malloc,
         };
         self.record_with(event, None);
     }
 
-    fn record_with(&self, mut event: Event, stack: Option<CallStack>) {
+    fn record_with(&self, event: MemoryEvent, stack: Option<CallStack>) {
         let mut ring = self.lock();
         if !ring.enabled {
             return;
         }
-        event.seq = ring.next_seq;
         // Read under the lock, so that times never decrease along the sequence.
-        event.time = match self.clock {
+        let time = match self.clock {
             Clock::Real => u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX),
             Clock::Virtual => ring.time,
+        };
+        let event = Record {
+            seq: ring.next_seq,
+            time,
+            event,
         };
         ring.next_seq += 1;
         if ring.events.len() == self.capacity {
@@ -366,15 +316,13 @@ impl Recorder {
         addr: DeviceAddress,
         location: Option<&'static Location<'static>>,
     ) {
-        self.record(Event {
-            seq: 0,
-            time: 0,
+        self.record(MemoryEvent {
+            kind,
             device,
             stream,
             size,
             addr,
             location,
-            kind,
         });
     }
 

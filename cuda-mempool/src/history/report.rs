@@ -666,7 +666,7 @@ fn oom_lines(
 
 /// Who allocated: the innermost frame of the caller's captured stack (function and file:line),
 /// else the caller's location, else "(not recorded)".
-fn site(history: &History, e: &super::Event) -> String {
+fn site(history: &History, e: &super::Record) -> String {
     let frame = history
         .stack(e.seq)
         .and_then(|s| s.caller_frames().first().cloned());

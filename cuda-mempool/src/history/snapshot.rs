@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::panic::Location;
 
-use super::{Event, EventKind, History};
+use super::{EventKind, History, Record};
 use crate::backend::{DeviceAddress, DeviceId, StreamKey};
 use crate::pool::PrivatePoolId;
 
@@ -147,7 +147,7 @@ impl History {
 
 type Key = (u32, u64);
 
-fn build<'a>(events: impl Iterator<Item = &'a Event>, time: u64) -> Snapshot {
+fn build<'a>(events: impl Iterator<Item = &'a Record>, time: u64) -> Snapshot {
     let mut live: BTreeMap<Key, LiveBlock> = BTreeMap::new();
     let mut segments: BTreeMap<Key, Segment> = BTreeMap::new();
     let mut pages: BTreeMap<Key, u64> = BTreeMap::new();

@@ -365,7 +365,7 @@ fn segments_value(history: &History, snapshot: &Snapshot) -> Value {
 }
 
 /// The `device_traces` entries of one event (none, one, or two for a free).
-fn trace_entries(history: &History, e: &super::Event) -> Vec<Value> {
+fn trace_entries(history: &History, e: &super::Record) -> Vec<Value> {
     let time_us = |t: u64| match history.clock {
         Clock::Virtual => t,
         Clock::Real => t / 1000,
