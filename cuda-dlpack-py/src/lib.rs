@@ -1137,7 +1137,9 @@ mod exchange {
             // SAFETY: the caller hands over an owned tensor (ownership is stolen).
             let imported = unsafe { ImportedTensor::from_versioned(tensor) }.map_err(dl_err)?;
             let d = imported.device();
-            let dev = per_device(d.device_id.max(0) as usize)?;
+            let ordinal = usize::try_from(d.device_id)
+                .map_err(|_| dl_err(cudars_dlpack::Error::InvalidDevice(d.device_id)))?;
+            let dev = per_device(ordinal)?;
             let stream = dev.producer.clone();
             let obj = make_imported(
                 imported,
@@ -1166,10 +1168,13 @@ mod exchange {
                 return Err(PyValueError::new_err("null out pointer"));
             }
             let stream = if device_type == device_type::CUDA {
-                per_device(device_id.max(0) as usize)?
-                    .producer
-                    .raw()
-                    .cast::<c_void>()
+                per_device(
+                    usize::try_from(device_id)
+                        .map_err(|_| dl_err(cudars_dlpack::Error::InvalidDevice(device_id)))?,
+                )?
+                .producer
+                .raw()
+                .cast::<c_void>()
             } else {
                 std::ptr::null_mut()
             };
@@ -1209,8 +1214,11 @@ mod exchange {
             let elem = ElemType::from_dl(p.dtype).map_err(|e| e.to_string())?;
             let n = cudars_dlpack::layout::numel(&shape).map_err(|e| e.to_string())?;
             let bytes = n.checked_mul(elem.size()).ok_or("size overflow")?;
-            let device =
-                Device::new(p.device.device_id.max(0) as usize).map_err(|e| e.to_string())?;
+            let device = Device::new(
+                usize::try_from(p.device.device_id)
+                    .map_err(|_| format!("negative device id {}", p.device.device_id))?,
+            )
+            .map_err(|e| e.to_string())?;
             let view = DevicePtr::alloc(&device, bytes).map_err(|e| e.to_string())?;
             let spec = TensorSpec::new(elem, shape);
             let t = ExportedTensor::from_view(&view, &spec).map_err(|e| e.to_string())?;

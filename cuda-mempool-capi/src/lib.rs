@@ -220,7 +220,7 @@ thread_local! {
     static LAST_OOM: Cell<Option<OomInfo>> = const { Cell::new(None) };
 }
 
-fn clamp(v: usize) -> i64 {
+fn clamp(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
@@ -273,7 +273,7 @@ fn alloc(
             } = &e
             {
                 let info = (
-                    clamp(*requested),
+                    clamp(*requested as u64),
                     clamp(*used),
                     clamp(*reserved),
                     limit.map_or(-1, clamp),
@@ -628,7 +628,7 @@ pub extern "C" fn cuda_mempool_free_bytes(device: c_int) -> i64 {
 #[no_mangle]
 pub extern "C" fn cuda_mempool_n_free_blocks() -> i64 {
     const CALL: &str = "cuda_mempool_n_free_blocks";
-    run(-1, || Ok(clamp(pool(CALL)?.n_free_blocks())))
+    run(-1, || Ok(clamp(pool(CALL)?.n_free_blocks() as u64)))
 }
 
 /// The highest [`cuda_mempool_reserved_bytes`] of `device` so far, or -1 with a

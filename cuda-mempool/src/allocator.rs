@@ -400,7 +400,11 @@ pub fn alloc_on(stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
             let mut ev = MemoryEvent {
                 kind: crate::history::EventKind::Malloc,
                 device: crate::driver::device_id(&stream.device()),
-                stream: Some(crate::backend::StreamKey(stream.identity())),
+                stream: Some(if stream.kind() == cudars_core::StreamKind::PerThread {
+                    crate::pool::per_thread_key()
+                } else {
+                    crate::backend::StreamKey(stream.identity())
+                }),
                 size: size as u64,
                 addr: crate::DeviceAddress(0),
                 location: Some(std::panic::Location::caller()),

@@ -112,7 +112,7 @@ impl AsyncPool {
     ) -> Result<StreamOrderedMemory, PoolError> {
         let limit = self.limit.load(Ordering::Relaxed);
         if limit != u64::MAX && size != 0 {
-            let used = self.used_bytes()? as u64;
+            let used = self.used_bytes()?;
             if used.saturating_add(size as u64) > limit {
                 return Err(self.oom(size, Some(limit)));
             }
@@ -138,7 +138,7 @@ impl AsyncPool {
             requested: size,
             used: self.used_bytes().unwrap_or(0),
             reserved: self.total_bytes().unwrap_or(0),
-            limit: limit.map(|l| l as usize),
+            limit,
         }
     }
 
@@ -167,17 +167,17 @@ impl AsyncPool {
     }
 
     /// Bytes handed out and not yet freed (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
-    pub fn used_bytes(&self) -> Result<usize, PoolError> {
-        Ok(self.pool.used_current().map_err(PoolError::Cuda)? as usize)
+    pub fn used_bytes(&self) -> Result<u64, PoolError> {
+        self.pool.used_current().map_err(PoolError::Cuda)
     }
 
     /// Bytes the pool holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
-    pub fn total_bytes(&self) -> Result<usize, PoolError> {
-        Ok(self.pool.reserved_current().map_err(PoolError::Cuda)? as usize)
+    pub fn total_bytes(&self) -> Result<u64, PoolError> {
+        self.pool.reserved_current().map_err(PoolError::Cuda)
     }
 
     /// Bytes held but not in use: `total_bytes - used_bytes`.
-    pub fn free_bytes(&self) -> Result<usize, PoolError> {
+    pub fn free_bytes(&self) -> Result<u64, PoolError> {
         Ok(self.total_bytes()?.saturating_sub(self.used_bytes()?))
     }
 }

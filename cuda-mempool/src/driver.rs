@@ -515,7 +515,7 @@ impl MemoryPool<DriverBackend> {
         let mut ev = MemoryEvent {
             kind: EventKind::Malloc,
             device: dev,
-            stream: Some(StreamKey(stream.identity())),
+            stream: Backend::stream_key(self.backend(), stream).ok(),
             size: size as u64,
             addr: DeviceAddress(0),
             location: Some(location),

@@ -46,7 +46,7 @@ use crate::device_id::DeviceId;
 
 /// A limit printed for humans: a byte count, or "none".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LimitDisplay(pub Option<usize>);
+pub struct LimitDisplay(pub Option<u64>);
 
 impl std::fmt::Display for LimitDisplay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -118,11 +118,11 @@ pub enum PoolError {
         /// The size asked for, before rounding.
         requested: usize,
         /// Bytes in live blocks on the device (rounded sizes).
-        used: usize,
+        used: u64,
         /// Physical bytes the pool holds on the device after its attempts.
-        reserved: usize,
+        reserved: u64,
         /// The device's limit, if one is set.
-        limit: Option<usize>,
+        limit: Option<u64>,
         /// What ran out.
         cause: OomCause,
     },
@@ -136,11 +136,11 @@ pub enum PoolError {
         /// The device.
         device: DeviceId,
         /// The limit asked for, in bytes.
-        limit: usize,
+        limit: u64,
         /// Bytes in live blocks (rounded sizes).
-        used: usize,
+        used: u64,
         /// Physical bytes the live blocks occupy (whole pages or whole segments).
-        in_use: usize,
+        in_use: u64,
     },
 
     /// A limit that is not a byte count or a fraction in `[0, 1]`, or an unparsable

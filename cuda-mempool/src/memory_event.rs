@@ -76,8 +76,10 @@ pub struct MemoryEvent {
     /// Bytes (see [`EventKind`] for each kind's meaning; for a hook's malloc and free, the
     /// size asked for; for its `alloc`, the segment or page size).
     pub size: u64,
-    /// The address (0 where none: in the `*_pre` hooks of allocations, for a page, and when
-    /// the device was out of memory).
+    /// The address: 0 where none (in the `*_pre` hooks of allocations, in the history's
+    /// `PageCreate` and `PageRelease`, and when the device was out of memory). One exception:
+    /// the `alloc_post` hook of a page made reports 1 (a page has no address until mapped,
+    /// and 0 there means out of memory).
     pub addr: DeviceAddress,
     /// The caller of the allocating entry point (through `#[track_caller]`), when known.
     pub location: Option<&'static Location<'static>>,

@@ -211,15 +211,21 @@ impl<B: Backend> Observed<B> {
         pages: &[&B::Physical],
     ) -> Result<(), MapRunFailure<B::Error>> {
         // SAFETY: the caller's contract is the method's.
-        unsafe { self.backend.map_run(device, addr, page_size, pages) }?;
+        let mapped = unsafe { self.backend.map_run(device, addr, page_size, pages) };
         if self.history.is_on() {
-            for i in 0..pages.len() as u64 {
+            // Every page on success; on a failure, the pages left mapped (the pool keeps
+            // them in its table and unmaps them later, through here).
+            let noted: Vec<u64> = match &mapped {
+                Ok(()) => (0..pages.len() as u64).collect(),
+                Err(f) => f.left_mapped.iter().map(|&i| i as u64).collect(),
+            };
+            for i in noted {
                 let at = DeviceAddress(addr.0 + i * page_size);
                 self.history
                     .note(EventKind::PageMap, device, None, page_size, at);
             }
         }
-        Ok(())
+        mapped
     }
 
     /// [`Backend::unmap`], with a `PageUnmap` note.
@@ -417,5 +423,42 @@ mod tests {
                 pool.stats(DeviceId(0)).unwrap().reserved.peak
             );
         }
+    }
+
+    /// A block marked on a second stream and freed waits in the pending list; the next
+    /// malloc on its own stream settles it with a stream wait, which the history records
+    /// (the pending path reaches the backend through the seam too).
+    #[test]
+    fn the_pending_path_records_its_stream_waits() {
+        let pool = MemoryPool::new(SimulatedBackend::h200(1)).unwrap();
+        // One 2 MiB page in all: the second malloc must reuse the first block.
+        pool.set_limit(DeviceId(0), crate::Limit::Bytes(2 << 20))
+            .unwrap();
+        let rec = Arc::new(Recorder::new(1 << 12, Clock::Virtual));
+        pool.start_history(Arc::clone(&rec));
+        let a = pool.malloc(DeviceId(0), &StreamKey(1), 2 << 20).unwrap();
+        a.record_stream(&StreamKey(2)).unwrap();
+        // Work on the second stream that the device has not done: the free must wait for it.
+        pool.backend().submit_work(DeviceId(0), StreamKey(2));
+        drop(a);
+        let waits = |rec: &Recorder| {
+            rec.history()
+                .events
+                .iter()
+                .filter(|e| e.kind == EventKind::StreamWait)
+                .count()
+        };
+        let before = waits(&rec);
+        let b = pool.malloc(DeviceId(0), &StreamKey(1), 2 << 20).unwrap();
+        assert!(
+            waits(&rec) > before,
+            "no StreamWait noted: {:?}",
+            rec.history()
+                .events
+                .iter()
+                .map(|e| e.kind)
+                .collect::<Vec<_>>()
+        );
+        drop(b);
     }
 }

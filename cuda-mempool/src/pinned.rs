@@ -236,8 +236,8 @@ impl PinnedMemoryPool {
             cause: crate::OomCause::DeviceMemory,
             device: DeviceId(device.ordinal() as u32),
             requested: size,
-            used: st.used as usize,
-            reserved: st.total as usize,
+            used: st.used,
+            reserved: st.total,
             limit: None,
         }
     }

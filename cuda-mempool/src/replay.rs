@@ -349,14 +349,7 @@ fn replay_with<B: Backend>(
                             },
                         ) = (recorder, &e)
                         {
-                            r.out_of_memory(
-                                device,
-                                Some(stream),
-                                size,
-                                *cause,
-                                *used as u64,
-                                *reserved as u64,
-                            );
+                            r.out_of_memory(device, Some(stream), size, *cause, *used, *reserved);
                         }
                         return Err(e.into());
                     }

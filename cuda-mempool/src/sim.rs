@@ -25,9 +25,9 @@
 //!   [`violations`](SimulatedBackend::violations): on a GPU, an illegal address or wrong data.
 //! * **Accounting**: every backend call is counted ([`SimCalls`]); optionally every
 //!   mapping change is logged ([`SimEvent`]) for tests to inspect.
-//! * **Hooks**: `allocate` and `create_physical` run the `alloc` memory hooks
-//!   ([`crate::hooks`]) as the driver backend does (with the pool's locks held), so hook
-//!   behaviour can be tested without a GPU.
+//! * **Hooks and history** are the pool's (its observation seam, around any backend): a
+//!   pool on this backend fires the `alloc` memory hooks ([`crate::hooks`]) and records its
+//!   history as it does on the driver backend, so both can be tested without a GPU.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -845,7 +845,7 @@ fn take_va(d: &mut DevState, size: u64, align: u64) -> Option<u64> {
 }
 
 impl SimulatedBackend {
-    /// `allocate` without the hooks.
+    /// `allocate`.
     fn allocate_plain(
         &self,
         device: DeviceId,
@@ -868,7 +868,7 @@ impl SimulatedBackend {
         Ok(Some(DeviceAddress(base)))
     }
 
-    /// `create_physical` without the hooks.
+    /// `create_physical`.
     fn create_page(&self, device: DeviceId, size: u64) -> Result<Option<SimPage>, SimError> {
         let mut s = self.lock();
         s.calls.create_physical += 1;

@@ -358,10 +358,7 @@ impl<'p> Run<'p> {
         self.pool
             .free_all_blocks()
             .expect("free_all_blocks after the faults");
-        assert_eq!(
-            self.pool.total_bytes(),
-            self.sim().physical_bytes(D0) as usize
-        );
+        assert_eq!(self.pool.total_bytes(), self.sim().physical_bytes(D0));
         assert_eq!(self.pool.used_bytes(), 0);
     }
 }

@@ -370,7 +370,7 @@ impl<'p> Model<'p> {
                             l < footprint,
                             "refused a limit of {l} above the footprint {footprint}"
                         );
-                        assert_eq!((el as u64, in_use as u64), (l, footprint));
+                        assert_eq!((el, in_use), (l, footprint));
                         assert_eq!(
                             self.pool.get_limit(dev).unwrap().map(|l| l as u64),
                             self.limits[dev.0 as usize]
@@ -441,8 +441,7 @@ impl<'p> Model<'p> {
                 limit,
                 ..
             }) => {
-                let (requested, used, reserved) = (requested as u64, used as u64, reserved as u64);
-                let limit = limit.map(|l| l as u64);
+                let requested = requested as u64;
                 assert_eq!(device, dev);
                 assert_eq!(requested, size);
                 let rounded = round(size);

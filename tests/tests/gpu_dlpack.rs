@@ -162,7 +162,7 @@ fn a_pool_block_stays_out_of_reuse_while_exported() {
     assert!(read_u32(&ptr).iter().all(|&x| x == 7));
     assert_eq!(drops.load(Ordering::SeqCst), 0);
     assert!(
-        pool.used_bytes() >= SIZE,
+        pool.used_bytes() >= SIZE as u64,
         "the exported block counts as used"
     );
     drop(ptr);

@@ -206,12 +206,9 @@ fn oom_on_the_card_is_typed_and_recoverable() {
             ..
         }) => {
             assert_eq!(requested, huge);
-            assert_eq!(used, 8 * MIB);
+            assert_eq!(used, 8 * MIB as u64);
             assert_eq!(cause, cudars_mempool::OomCause::DeviceMemory);
-            assert_eq!(
-                reserved as u64, reserved_before.current,
-                "nothing reserved for it"
-            );
+            assert_eq!(reserved, reserved_before.current, "nothing reserved for it");
         }
         other => panic!("expected OutOfMemory, got {other:?}"),
     }
@@ -257,7 +254,7 @@ fn limit_holds_on_the_card() {
     assert_eq!(pool.get_limit(id).unwrap(), Some(64 * MIB));
     let a = pool.malloc_stream(&s, 32 * MIB).unwrap();
     let err = pool.malloc_stream(&s, 40 * MIB).unwrap_err();
-    assert!(matches!(err, PoolError::OutOfMemory { limit: Some(l), .. } if l == 64 * MIB));
+    assert!(matches!(err, PoolError::OutOfMemory { limit: Some(l), .. } if l == 64 * MIB as u64));
     let b = pool.malloc_stream(&s, 30 * MIB).unwrap();
     assert!(pool.stats(id).unwrap().reserved.peak <= 64 * MIB as u64);
     assert!(matches!(
@@ -300,9 +297,9 @@ fn memory_returns_and_stats_agree() {
         assert_eq!(st.requested.current, sizes.iter().sum::<usize>() as u64);
         assert_eq!(st.active_blocks.current, sizes.len() as u64);
         assert_eq!(st.allocations, sizes.len() as u64);
-        assert_eq!(pool.used_bytes() as u64, rounded);
+        assert_eq!(pool.used_bytes(), rounded);
         assert_eq!(pool.used_bytes() + pool.free_bytes(), pool.total_bytes());
-        assert!(pool.total_bytes() as u64 >= rounded);
+        assert!(pool.total_bytes() >= rounded);
         let (free1, _) = dev.memory_info().unwrap();
         assert!(
             free0 - free1 >= (1 << 30),
@@ -378,11 +375,14 @@ fn async_pool_round_trip() {
     let mut back = vec![0u32; MIB / 4];
     view.copy_to_host(&mut back).unwrap();
     assert!(back.iter().all(|&v| v == 0x1234_5678));
-    assert!(pool.used_bytes().unwrap() >= MIB);
+    assert!(pool.used_bytes().unwrap() >= MIB as u64);
     drop(view);
     s.synchronize().unwrap();
     assert_eq!(pool.used_bytes().unwrap(), 0);
-    assert!(pool.total_bytes().unwrap() >= MIB, "memory stayed cached");
+    assert!(
+        pool.total_bytes().unwrap() >= MIB as u64,
+        "memory stayed cached"
+    );
     pool.set_limit(Limit::Bytes(8 * MIB)).unwrap();
     assert_eq!(pool.get_limit(), Some(8 * MIB));
     let a = pool.malloc(&s, 6 * MIB).unwrap();

@@ -244,8 +244,8 @@ impl Recorder {
         self.lock().time = time;
     }
 
-    /// Records one event (its `seq` and `time` are filled in here; the values passed are
-    /// ignored), dropping the oldest if the ring is full.
+    /// Records one event, with the next `seq` and the recorder's time, dropping the oldest
+    /// if the ring is full.
     pub fn record(&self, event: MemoryEvent) {
         let stack = (self.backtraces
             && matches!(

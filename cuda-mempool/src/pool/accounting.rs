@@ -85,9 +85,9 @@ impl<B: Backend> MemoryPool<B> {
             if b < in_use {
                 return Err(PoolError::LimitBelowUsage {
                     device,
-                    limit: b as usize,
-                    used: used as usize,
-                    in_use: in_use as usize,
+                    limit: b,
+                    used,
+                    in_use,
                 });
             }
         }
@@ -146,25 +146,25 @@ impl<B: Backend> MemoryPool<B> {
     }
 
     /// Bytes in live blocks on all devices (CuPy's `used_bytes`).
-    pub fn used_bytes(&self) -> usize {
+    pub fn used_bytes(&self) -> u64 {
         self.devices
             .iter()
             .flat_map(|d| d.all_shards())
             .map(|s| s.state.lock().stats.used.current)
-            .sum::<u64>() as usize
+            .sum()
     }
 
     /// Physical bytes the pool holds on all devices (CuPy's `total_bytes`).
-    pub fn total_bytes(&self) -> usize {
+    pub fn total_bytes(&self) -> u64 {
         self.devices
             .iter()
             .map(|d| lock(&d.global).reserved.current)
-            .sum::<u64>() as usize
+            .sum()
     }
 
     /// Bytes held but not in live blocks on all devices: `total_bytes - used_bytes`
     /// (CuPy's `free_bytes`).
-    pub fn free_bytes(&self) -> usize {
+    pub fn free_bytes(&self) -> u64 {
         self.devices
             .iter()
             .map(|d| {
@@ -175,7 +175,7 @@ impl<B: Backend> MemoryPool<B> {
                     .sum();
                 g.reserved.current.saturating_sub(used)
             })
-            .sum::<u64>() as usize
+            .sum()
     }
 
     /// The number of free blocks holding memory on all devices (CuPy's

@@ -1,5 +1,6 @@
 //! Recording a live pool's history: start and stop, the baseline a recording starts
-//! from, and the events the pool itself records (the backend records its own calls).
+//! from, and the events the pool itself records (its backend calls are recorded by the
+//! observation seam, `observe.rs`).
 //!
 //! Off, the hot path pays one relaxed load of the slot's flag in `malloc` and in `free`.
 
@@ -228,8 +229,8 @@ impl<B: Backend> MemoryPool<B> {
             Some(stream),
             *requested as u64,
             *cause,
-            *used as u64,
-            *reserved as u64,
+            *used,
+            *reserved,
         );
     }
 

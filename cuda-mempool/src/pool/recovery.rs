@@ -97,9 +97,9 @@ impl<B: Backend> MemoryPool<B> {
         let error = PoolError::OutOfMemory {
             device: h.dev.id,
             requested: size as usize,
-            used: used as usize,
-            reserved: g.reserved.current as usize,
-            limit: g.limit.map(|l| l as usize),
+            used,
+            reserved: g.reserved.current,
+            limit: g.limit,
             cause,
         };
         if self.history.is_on() {

@@ -340,7 +340,7 @@ impl<B: Backend> ShardState<B> {
         backend: &Observed<B>,
         ordered_after: bool,
         only_returned: bool,
-        settle: impl Fn(&B, DeviceId, &B::Fence) -> Result<(), PoolError>,
+        settle: impl Fn(&Observed<B>, DeviceId, &B::Fence) -> Result<(), PoolError>,
     ) -> Result<(), PoolError> {
         let mut i = 0;
         while i < self.pending.len() {

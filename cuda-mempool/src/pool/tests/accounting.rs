@@ -32,7 +32,10 @@ fn stats_track_peaks_and_counts() {
         pool.stream_stats(D0, StreamKey(99)).unwrap(),
         Stats::default()
     );
-    assert_eq!(pool.used_bytes() + pool.free_bytes(), pool.total_bytes());
+    assert_eq!(
+        (pool.used_bytes() as usize) + (pool.free_bytes() as usize),
+        (pool.total_bytes() as usize)
+    );
     drop((a, c, d));
 }
 
@@ -40,7 +43,11 @@ fn stats_track_peaks_and_counts() {
 fn raw_handles_are_checked() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let raw = pool.malloc(D0, &S0, 4096).unwrap().into_raw();
-    assert_eq!(pool.used_bytes(), 4096, "a raw allocation stays allocated");
+    assert_eq!(
+        (pool.used_bytes() as usize),
+        4096,
+        "a raw allocation stays allocated"
+    );
     pool.record_stream_raw(&raw, &S1).unwrap();
     let addr = raw.ptr();
     pool.free_raw(raw).unwrap();
@@ -54,9 +61,9 @@ fn raw_handles_are_checked() {
         pool.free_raw(stale),
         Err(PoolError::InvalidHandle { .. })
     ));
-    assert_eq!(pool.used_bytes(), 4096);
+    assert_eq!((pool.used_bytes() as usize), 4096);
     pool.free_raw(again).unwrap();
-    assert_eq!(pool.used_bytes(), 0);
+    assert_eq!((pool.used_bytes() as usize), 0);
 }
 
 #[test]
@@ -74,7 +81,11 @@ fn a_generation_jumped_past_u32_still_refuses_stale_handles() {
         pool.free_raw(stale),
         Err(PoolError::InvalidHandle { .. })
     ));
-    assert_eq!(pool.used_bytes(), 4096, "the live block was not freed");
+    assert_eq!(
+        (pool.used_bytes() as usize),
+        4096,
+        "the live block was not freed"
+    );
     pool.free_raw(live).unwrap();
 }
 
@@ -161,6 +172,6 @@ fn threads_on_their_own_and_on_shared_streams_never_overlap() {
             });
         }
     });
-    assert_eq!(pool.used_bytes(), 0);
+    assert_eq!((pool.used_bytes() as usize), 0);
     assert_eq!(pool.stats(D0).unwrap().active_blocks.current, 0);
 }

@@ -51,9 +51,9 @@ fn bad_input_is_an_error() {
 fn sizes_are_rounded_to_512_bytes() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let a = pool.malloc(D0, &S0, 1).unwrap();
-    assert_eq!(pool.used_bytes(), 512);
+    assert_eq!((pool.used_bytes() as usize), 512);
     let b = pool.malloc(D0, &S0, 513).unwrap();
-    assert_eq!(pool.used_bytes(), 512 + 1024);
+    assert_eq!((pool.used_bytes() as usize), 512 + 1024);
     assert_eq!(b.ptr().0, a.ptr().0 + 512, "small blocks are packed");
     let st = pool.stats(D0).unwrap();
     assert_eq!(st.requested.current, 514);
@@ -70,7 +70,7 @@ fn split_and_coalesce() {
     assert_eq!(b.ptr().0, base + 1024);
     assert_eq!(c.ptr().0, base + 2048);
     // One 2 MiB segment: the remainder after c is the only free block.
-    assert_eq!(pool.total_bytes(), 2 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 2 * MIB);
     assert_eq!(pool.n_free_blocks(), 1);
     drop(b);
     assert_eq!(pool.n_free_blocks(), 2, "b sits between two live blocks");
@@ -145,5 +145,5 @@ fn small_and_large_blocks_use_separate_segments() {
         "different address ranges"
     );
     // 1 page for the small block, 2 for the large one.
-    assert_eq!(pool.total_bytes(), 3 * 2 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 3 * 2 * MIB);
 }

@@ -11,13 +11,13 @@ fn free_all_blocks_returns_free_pages_inside_segments() {
     let c = pool.malloc(D0, &S0, 3 * MIB / 2).unwrap(); // [6.5, 8) MiB: page 3
     assert_eq!(b.ptr().0, a.ptr().0 + (3 * MIB / 2) as u64);
     assert_eq!(c.ptr().0, b.ptr().0 + (5 * MIB) as u64);
-    assert_eq!(pool.total_bytes(), 8 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 8 * MIB);
     sim.submit_work(D0, S0);
     drop(b);
     pool.free_all_blocks().unwrap();
     // Pages 1 and 2 ([2, 6) MiB) lie wholly in b's free range and were returned;
     // pages 0 and 3 stay, shared by a and c with b's free range.
-    assert_eq!(pool.total_bytes(), 4 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 4 * MIB);
     assert_eq!(sim.physical_bytes(D0), (4 * MIB) as u64);
     assert_eq!(sim.mapped_pages(D0), 2);
     assert_eq!(
@@ -27,7 +27,7 @@ fn free_all_blocks_returns_free_pages_inside_segments() {
     );
     drop((a, c));
     pool.free_all_blocks().unwrap();
-    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!((pool.total_bytes() as usize), 0);
     assert_eq!(sim.physical_bytes(D0), 0);
     assert_eq!(
         sim.reserved_address_space(D0),
@@ -56,12 +56,12 @@ fn a_request_goes_where_pages_are_still_mapped_inside_a_free_range() {
     assert_eq!(r.ptr(), q_ptr, "placed on the mapped pages");
     assert_eq!(sim.calls().map, calls.map, "nothing mapped");
     assert_eq!(sim.calls().create_physical, calls.create_physical);
-    assert_eq!(pool.total_bytes(), 4 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 4 * MIB);
     // A request that no mapped run can hold still gets pages, and moves none: the free
     // pages under `r`'s range are not free.
     let big = pool.malloc(D0, &S0, 6 * MIB).unwrap();
     assert_eq!(pool.stats(D0).unwrap().pages_moved, 0);
-    assert_eq!(pool.total_bytes(), 4 * MIB + 6 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 4 * MIB + 6 * MIB);
     drop((r, big));
 }
 
@@ -103,12 +103,12 @@ fn pages_are_created_rather_than_moved_within_the_slack_above_the_live_peak() {
     // 64 + 4 MiB, so a new page is created and nothing moves.
     let b = pool.malloc(D0, &S1, 2 * MIB).unwrap();
     assert_eq!(pool.stats(D0).unwrap().pages_moved, 0);
-    assert_eq!(pool.total_bytes(), 66 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 66 * MIB);
     // Two more pages would make 70 MiB, beyond 64 + 4: they are taken from the free pages.
     assert!(66 * MIB + 4 * MIB > 64 * MIB + slack);
     let c = pool.malloc(D0, &S1, 4 * MIB).unwrap();
     assert_eq!(pool.stats(D0).unwrap().pages_moved, 2);
-    assert_eq!(pool.total_bytes(), 66 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 66 * MIB);
     drop((b, c));
 }
 
@@ -127,7 +127,7 @@ fn a_limit_turns_the_move_slack_off() {
         }
         let b = pool.malloc(D0, &S1, 2 * MIB).unwrap();
         assert_eq!(
-            pool.total_bytes(),
+            (pool.total_bytes() as usize),
             64 * MIB,
             "limit set after the peak: {limit_after_peak}"
         );
@@ -146,16 +146,16 @@ fn the_move_slack_restarts_after_free_all_blocks_and_ignores_failed_requests() {
     drop(live);
     sim.complete_all();
     pool.free_all_blocks().unwrap();
-    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!((pool.total_bytes() as usize), 0);
     // 8 MiB live at a time, on one stream after another: the pool follows what is live.
     for k in 0..12u64 {
         drop(pool.malloc(D0, &StreamKey(100 + k), 8 * MIB).unwrap());
         sim.complete_all();
     }
     assert!(
-        pool.total_bytes() <= 8 * MIB + 8 * MIB / policy::MOVE_SLACK as usize + 2 * MIB,
+        (pool.total_bytes() as usize) <= 8 * MIB + 8 * MIB / policy::MOVE_SLACK as usize + 2 * MIB,
         "holds {} MiB for 8 MiB live",
-        pool.total_bytes() / MIB
+        (pool.total_bytes() as usize) / MIB
     );
 }
 
@@ -167,7 +167,7 @@ fn on_a_full_device_the_move_slack_gives_its_pages_back_and_moves_instead() {
     sim.complete_all();
     // Two pages wanted, one left on the device: it is not kept, two pages move.
     let b = pool.malloc(D0, &S1, 4 * MIB).unwrap();
-    assert_eq!(pool.total_bytes(), 64 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 64 * MIB);
     assert_eq!(sim.physical_bytes(D0), (64 * MIB) as u64);
     assert_eq!(pool.stats(D0).unwrap().pages_moved, 2);
     assert_eq!(
@@ -186,14 +186,14 @@ fn free_all_blocks_returns_free_plain_segments() {
     let a = pool.malloc(D0, &S0, 512).unwrap();
     let b = pool.malloc(D0, &S0, 3 * MIB).unwrap();
     let c = pool.malloc(D0, &S1, 40 * MIB).unwrap();
-    assert_eq!(pool.total_bytes(), 2 * MIB + 20 * MIB + 40 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 2 * MIB + 20 * MIB + 40 * MIB);
     drop((b, c));
     pool.free_all_free().unwrap();
-    assert_eq!(pool.total_bytes(), 2 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 2 * MIB);
     assert_eq!(pool.backend().physical_bytes(D0), (2 * MIB) as u64);
     drop(a);
     pool.free_all_blocks().unwrap();
-    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!((pool.total_bytes() as usize), 0);
 }
 
 #[test]
@@ -202,6 +202,6 @@ fn plain_mode_falls_back_to_an_exact_segment_under_the_limit() {
     pool.set_limit(D0, Limit::Bytes(3 * MIB)).unwrap();
     // A 2.5 MiB request would normally get a 20 MiB segment.
     let a = pool.malloc(D0, &S0, 5 * MIB / 2).unwrap();
-    assert_eq!(pool.total_bytes(), 5 * MIB / 2);
+    assert_eq!((pool.total_bytes() as usize), 5 * MIB / 2);
     drop(a);
 }

@@ -26,18 +26,18 @@ fn other_streams_get_memory_only_after_the_fence() {
     let a_page = sim.translate(D0, a.ptr().0).unwrap().0;
     sim.submit_work(D0, S0); // a kernel on S0 uses `a`
     drop(a);
-    assert_eq!(pool.total_bytes(), 8 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 8 * MIB);
 
     // S0's work is pending: S1 must not get those pages, so new ones are created.
     let b = pool.malloc(D0, &S1, 8 * MIB).unwrap();
     assert_ne!(sim.translate(D0, b.ptr().0).unwrap().0, a_page);
-    assert_eq!(pool.total_bytes(), 16 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 16 * MIB);
     assert_eq!(sim.completed(D0, S0), 0, "no host wait");
 
     // Once S0's work completes, its pages move to S1 instead of growing the pool.
     sim.complete_stream(D0, S0);
     let c = pool.malloc(D0, &S1, 8 * MIB).unwrap();
-    assert_eq!(pool.total_bytes(), 16 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 16 * MIB);
     let c_pages: Vec<u64> = (0..4)
         .map(|i| {
             sim.translate(D0, c.ptr().0 + (i * 2 * MIB) as u64)
@@ -83,9 +83,9 @@ fn out_of_memory_error_carries_the_figures_and_the_pool_keeps_working() {
             assert_eq!(cause, crate::OomCause::Limit);
             assert_eq!(device, D0);
             assert_eq!(requested, 4 * MIB);
-            assert_eq!(used, 6 * MIB);
-            assert!(reserved <= 8 * MIB);
-            assert_eq!(limit, Some(8 * MIB));
+            assert_eq!(used, 6 * MIB as u64);
+            assert!(reserved <= 8 * MIB as u64);
+            assert_eq!(limit, Some(8 * MIB as u64));
         }
         other => panic!("expected out of memory, got {other:?}"),
     }
@@ -96,7 +96,7 @@ fn out_of_memory_error_carries_the_figures_and_the_pool_keeps_working() {
     assert_eq!(st.last_oom, Some(crate::OomCause::Limit));
     assert!(st.reserved.peak <= (8 * MIB) as u64);
     let b = pool.malloc(D0, &S0, 2 * MIB).unwrap();
-    assert_eq!(pool.used_bytes(), 8 * MIB);
+    assert_eq!((pool.used_bytes() as usize), 8 * MIB);
     drop((a, b));
 }
 
@@ -107,7 +107,7 @@ fn limit_below_usage_is_an_error_that_changes_nothing() {
     let a = pool.malloc(D0, &S0, 3 * MIB).unwrap(); // touches 2 pages
     let b = pool.malloc(D0, &S0, 4 * MIB).unwrap();
     drop(b);
-    let before = pool.total_bytes();
+    let before = pool.total_bytes() as usize;
     match pool.set_limit(D0, Limit::Bytes(3 * MIB)) {
         Err(PoolError::LimitBelowUsage {
             limit,
@@ -115,18 +115,18 @@ fn limit_below_usage_is_an_error_that_changes_nothing() {
             in_use,
             ..
         }) => {
-            assert_eq!(limit, 3 * MIB);
-            assert_eq!(used, 3 * MIB);
-            assert_eq!(in_use, 4 * MIB);
+            assert_eq!(limit, 3 * MIB as u64);
+            assert_eq!(used, 3 * MIB as u64);
+            assert_eq!(in_use, 4 * MIB as u64);
         }
         other => panic!("expected LimitBelowUsage, got {other:?}"),
     }
     assert_eq!(pool.get_limit(D0).unwrap(), Some(32 * MIB));
-    assert_eq!(pool.total_bytes(), before);
+    assert_eq!((pool.total_bytes() as usize), before);
     // A limit between what is in use and what is held releases the cache.
     pool.set_limit(D0, Limit::Bytes(5 * MIB)).unwrap();
     assert_eq!(pool.get_limit(D0).unwrap(), Some(5 * MIB));
-    assert_eq!(pool.total_bytes(), 4 * MIB);
+    assert_eq!((pool.total_bytes() as usize), 4 * MIB);
     assert_eq!(pool.backend().physical_bytes(D0), (4 * MIB) as u64);
     drop(a);
 }

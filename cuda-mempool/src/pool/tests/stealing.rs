@@ -37,12 +37,16 @@ fn a_stream_steals_before_growing_by_waiting_on_the_device() {
         let p = a.ptr();
         let v0 = sim.submit_work(D0, S0); // a kernel on S0 uses `a`
         drop(a);
-        let reserved = pool.total_bytes();
+        let reserved = pool.total_bytes() as usize;
 
         // S1 takes S0's free memory instead of growing: it waits for S0 on the device.
         let b = pool.malloc(D0, &S1, 8 * MIB).unwrap();
         assert_eq!(b.ptr(), p, "S0's block lent to S1 ({page:?})");
-        assert_eq!(pool.total_bytes(), reserved, "no growth ({page:?})");
+        assert_eq!(
+            (pool.total_bytes() as usize),
+            reserved,
+            "no growth ({page:?})"
+        );
         assert!(sim.waited(D0, S1, S0) >= v0, "S1 waits for S0's use");
         assert_eq!(sim.completed(D0, S0), 0, "no host wait");
         assert_eq!(pool.stats(D0).unwrap().active_blocks.current, 1);
@@ -54,7 +58,7 @@ fn a_stream_steals_before_growing_by_waiting_on_the_device() {
         assert_eq!(c.ptr(), p, "the block came back to S0 ({page:?})");
         assert!(sim.waited(D0, S0, S1) >= v1, "S0 waits for S1's use");
         assert_eq!(sim.completed(D0, S1), 0, "no host wait");
-        assert_eq!(pool.total_bytes(), reserved);
+        assert_eq!((pool.total_bytes() as usize), reserved);
         drop(c);
     }
 }
@@ -68,7 +72,7 @@ fn stealing_off_keeps_streams_independent() {
     drop(a);
     let b = pool.malloc(D0, &S1, 8 * MIB).unwrap();
     assert_eq!(sim.waited(D0, S1, S0), 0);
-    assert_eq!(pool.total_bytes(), 16 * MIB, "grown instead");
+    assert_eq!((pool.total_bytes() as usize), 16 * MIB, "grown instead");
     drop(b);
 }
 
@@ -124,7 +128,7 @@ fn a_lender_stream_can_go_while_its_block_is_lent() {
     drop(c);
     sim.complete_all();
     pool.free_all_blocks().unwrap();
-    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!((pool.total_bytes() as usize), 0);
 }
 
 #[test]
