@@ -171,6 +171,93 @@ fn run() -> Result<(), BoxError> {
                 "cuMemAllocAsync",
                 Target::None,
             );
+            // Where the external-stream pair's time goes (issue 49 asks for the breakdown
+            // before any change), each part alone in the same run:
+            // 1. the capture question every allocation on a foreign stream asks the driver;
+            let query = ns_per_call(10_000, 21, 100_000, || {
+                std::hint::black_box(
+                    cudars_core::graph::capture_info(&foreign).expect("capture info"),
+                );
+            });
+            report.row(
+                "external_part_capture_query",
+                "ns",
+                query,
+                Some(ext),
+                "pool_pair_external_stream_1MiB",
+                Target::None,
+            );
+            // 2. the pair with another block kept live on the stream: the stream's shard
+            //    stays attached, so no detach (fence record) and re-attach per pair;
+            let keep = pool.malloc_stream(&foreign, size).expect("pool malloc");
+            let held = ns_per_call(10_000, 21, 100_000, || {
+                drop(pool.malloc_stream(&foreign, size).expect("pool malloc"));
+            });
+            drop(keep);
+            report.row(
+                "external_part_pair_stream_held",
+                "ns",
+                held,
+                Some(ext),
+                "pool_pair_external_stream_1MiB",
+                Target::None,
+            );
+            // 3. wrapping the handle as the C ABI does on every call (`Stream::external`: it
+            //    asks the driver the stream's capture status and device);
+            let wrap = ns_per_call(10_000, 21, 100_000, || {
+                // SAFETY: `stream` outlives the wrapper, which is dropped at once.
+                std::hint::black_box(
+                    unsafe { Stream::external(&dev, stream.raw()) }.expect("wrap"),
+                );
+            });
+            report.row(
+                "external_part_wrap_handle",
+                "ns",
+                wrap,
+                Some(ext),
+                "pool_pair_external_stream_1MiB",
+                Target::None,
+            );
+            // 4. the C ABI's pair, as PyTorch's pluggable allocator makes it (its own pool,
+            //    the library's global one): cuda_mempool_alloc + cuda_mempool_torch_free on
+            //    the raw handle;
+            let raw_handle = stream.raw().cast::<std::ffi::c_void>();
+            let ordinal = dev.ordinal() as std::ffi::c_int;
+            let capi = ns_per_call(10_000, 21, 100_000, || {
+                // SAFETY: a live stream of device `ordinal`; the block is freed at once, on
+                // the stream it was made on.
+                unsafe {
+                    let p = cudars_mempool_capi::cuda_mempool_alloc(size, ordinal, raw_handle);
+                    assert!(!p.is_null(), "C ABI alloc");
+                    cudars_mempool_capi::cuda_mempool_torch_free(
+                        p,
+                        size as isize,
+                        ordinal,
+                        raw_handle,
+                    );
+                }
+            });
+            report.row(
+                "capi_pair_alloc_torch_free_1MiB",
+                "ns",
+                capi,
+                Some(raw),
+                "cuMemAllocAsync",
+                Target::None,
+            );
+            // 5. a fence record on the stream (what a detach records) alone.
+            let fence = cudars_core::Event::new(&dev)?;
+            let record = ns_per_call(10_000, 21, 100_000, || {
+                fence.record(&foreign).expect("event record");
+            });
+            report.row(
+                "external_part_event_record",
+                "ns",
+                record,
+                Some(ext),
+                "pool_pair_external_stream_1MiB",
+                Target::None,
+            );
             // The memory history recording (issue 37): the same pair with a recorder on,
             // against the pair with it off (the first row: one relaxed load per call).
             let rec = Arc::new(Recorder::new(1 << 20, Clock::Real));
