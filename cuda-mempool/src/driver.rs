@@ -511,25 +511,26 @@ impl MemoryPool<DriverBackend> {
         location: &'static std::panic::Location<'static>,
     ) -> Result<Allocation<'_, DriverBackend>, PoolError> {
         let dev = device_id(&stream.device());
-        let hooked = hooks::any_installed();
-        let mut ev = MemoryEvent {
+        // The event (and the stream key it names) only when a hook will read it: this path
+        // also serves every allocation on a foreign or per-thread stream.
+        let mut ev = hooks::any_installed().then(|| MemoryEvent {
             kind: EventKind::Malloc,
             device: dev,
             stream: Backend::stream_key(self.backend(), stream).ok(),
             size: size as u64,
             addr: DeviceAddress(0),
             location: Some(location),
-        };
-        if hooked {
-            hooks::each(|h| h.malloc_pre(&ev));
+        });
+        if let Some(ev) = &ev {
+            hooks::each(|h| h.malloc_pre(ev));
         }
         let a = match capture_of(stream)? {
             None => self.malloc(dev, stream, size)?,
             Some(capture) => self.malloc_captured(stream, capture, size)?,
         };
-        if hooked {
+        if let Some(ev) = &mut ev {
             ev.addr = a.ptr();
-            hooks::each(|h| h.malloc_post(&ev));
+            hooks::each(|h| h.malloc_post(ev));
         }
         Ok(a)
     }

@@ -25,7 +25,6 @@ unsafe impl crate::backend::Backend for LateSim {
         self.inner.allocate(d, s)
     }
     unsafe fn deallocate(&self, d: DeviceId, p: DeviceAddress, s: u64) -> Result<(), Self::Error> {
-        // SAFETY: forwarded with the caller's contract.
         // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.deallocate(d, p, s) }
     }
@@ -42,7 +41,6 @@ unsafe impl crate::backend::Backend for LateSim {
         b: DeviceAddress,
         s: u64,
     ) -> Result<(), Self::Error> {
-        // SAFETY: forwarded with the caller's contract.
         // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.release_address_range(d, b, s) }
     }
@@ -50,7 +48,6 @@ unsafe impl crate::backend::Backend for LateSim {
         self.inner.create_physical(d, s)
     }
     unsafe fn release_physical(&self, d: DeviceId, p: Self::Physical) -> Result<(), Self::Error> {
-        // SAFETY: forwarded with the caller's contract.
         // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.release_physical(d, p) }
     }
@@ -60,7 +57,6 @@ unsafe impl crate::backend::Backend for LateSim {
         a: DeviceAddress,
         p: &Self::Physical,
     ) -> Result<(), Self::Error> {
-        // SAFETY: forwarded with the caller's contract.
         // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.map(d, a, p) }
     }
@@ -71,12 +67,10 @@ unsafe impl crate::backend::Backend for LateSim {
         ps: u64,
         pages: &[&Self::Physical],
     ) -> Result<(), crate::backend::MapRunFailure<Self::Error>> {
-        // SAFETY: forwarded with the caller's contract.
         // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.map_run(d, a, ps, pages) }
     }
     unsafe fn unmap(&self, d: DeviceId, a: DeviceAddress, s: u64) -> Result<(), Self::Error> {
-        // SAFETY: forwarded with the caller's contract.
         // SAFETY: forwards the pool's call with the caller's guarantees.
         unsafe { self.inner.unmap(d, a, s) }
     }
