@@ -26,6 +26,33 @@ pub fn captures_in_progress() -> bool {
     ACTIVE_CAPTURES.load(Ordering::Acquire) != 0
 }
 
+/// Captures that foreign code announced ([`announce_capture_begin`]) and has not ended: PyTorch
+/// tells its allocator when each of its captures begins and ends.
+static ANNOUNCED_CAPTURES: AtomicUsize = AtomicUsize::new(0);
+
+/// `true` while a capture announced with [`announce_capture_begin`] has not been ended with
+/// [`announce_capture_end`]. With [`captures_in_progress`], what an allocator asks before it
+/// asks the driver about a stream whose captures are all announced
+/// ([`Stream::external_announced`](crate::Stream::external_announced)).
+#[inline]
+pub fn announced_captures_in_progress() -> bool {
+    ANNOUNCED_CAPTURES.load(Ordering::Acquire) != 0
+}
+
+/// Announces that foreign code is about to begin a graph capture (call it before the capture
+/// begins). Until the matching [`announce_capture_end`], allocators ask the driver about every
+/// stream made with [`Stream::external_announced`](crate::Stream::external_announced).
+/// Announcing a capture that never begins only costs those questions.
+pub fn announce_capture_begin() {
+    ANNOUNCED_CAPTURES.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Ends an announcement of [`announce_capture_begin`] (call it after the capture ended). An
+/// end without a begin is ignored (the count never goes below zero).
+pub fn announce_capture_end() {
+    let _ = ANNOUNCED_CAPTURES.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+}
+
 /// Safe calls between their capture check and their issue on threads whose [`IssueFlag`]
 /// cannot be used (a thread being torn down): see [`issue_guard`].
 static ISSUING_UNFLAGGED: AtomicUsize = AtomicUsize::new(0);

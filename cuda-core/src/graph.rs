@@ -51,7 +51,10 @@ use crate::Device;
 
 pub mod explicit;
 
-pub use crate::capture_gate::captures_in_progress;
+pub use crate::capture_gate::{
+    announce_capture_begin, announce_capture_end, announced_captures_in_progress,
+    captures_in_progress,
+};
 use crate::capture_gate::{self, BeginGate};
 
 /// What a graph keeps alive: the owners of the memory its captured operations use.

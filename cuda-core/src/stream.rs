@@ -82,6 +82,36 @@ pub fn external_identity(raw: CUstream) -> u64 {
     }
 }
 
+/// The tag of an external stream's [`Stream::identity`] when it is the driver's id of the
+/// stream, its two top bits: it keeps those identities apart from handle values (user-space
+/// addresses, below 2^47), from the identities of streams this crate creates (the top bit
+/// alone) and from the keys a pool gives per-thread default streams (the next bit alone).
+pub const EXTERNAL_UID_TAG: u64 = 3 << 62;
+
+/// The [`Stream::identity`] that [`Stream::external`] gives the explicit handle `raw` on a
+/// driver that numbers its streams (`cuStreamGetId`, CUDA 12.0): the driver's id, tagged with
+/// [`EXTERNAL_UID_TAG`]. `None` where the driver cannot say. One driver call (made with a
+/// context current, as every call of this crate): for code that has only the handle and must
+/// tell whether it still names the stream it named before (the C ABI's per-thread memo of
+/// wrapped handles).
+///
+/// # Safety
+///
+/// `raw` is a valid explicit stream handle of `device` (not null, `CU_STREAM_LEGACY` or
+/// `CU_STREAM_PER_THREAD`) during the call.
+#[inline]
+pub unsafe fn external_uid(device: &Device, raw: CUstream) -> Option<u64> {
+    if is_implicit(raw) {
+        return None;
+    }
+    let mut id: std::ffi::c_ulonglong = 0;
+    let asked = with_context(*device, false, |d| {
+        // SAFETY: the caller's contract: a valid explicit handle; a valid out-pointer.
+        check(unsafe { d.cuStreamGetId(raw, &mut id) }?, "cuStreamGetId")
+    });
+    (asked.is_ok() && id < 1 << 62).then_some(id | EXTERNAL_UID_TAG)
+}
+
 /// What a [`Stream`] is and who destroys it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StreamKind {
@@ -154,6 +184,8 @@ pub struct Stream {
     owner: Option<Arc<Owner>>,
     /// See [`Stream::identity`].
     identity: u64,
+    /// See [`Stream::external_announced`].
+    announced: bool,
 }
 
 /// Identities of streams this crate creates: the top bit set, so they never collide with a
@@ -280,6 +312,7 @@ impl Stream {
             device,
             kind: StreamKind::Owned,
             identity: NEXT_OWNED_IDENTITY.fetch_add(1, Ordering::Relaxed),
+            announced: false,
             owner: Some(Arc::new(Owner {
                 raw,
                 device,
@@ -313,6 +346,7 @@ impl Stream {
             kind: StreamKind::LegacyNull,
             owner: None,
             identity: 0,
+            announced: false,
         }
     }
 
@@ -325,6 +359,7 @@ impl Stream {
             kind: StreamKind::PerThread,
             owner: None,
             identity: PER_THREAD_HANDLE as u64,
+            announced: false,
         }
     }
 
@@ -346,7 +381,24 @@ impl Stream {
     /// captured there must be kept alive by the caller for as long as the graph can run
     /// (captures begun through [`crate::graph`] do that themselves).
     pub unsafe fn external(device: &Device, raw: CUstream) -> Result<Stream> {
-        Stream::wrap_external(device, raw, None)
+        Stream::wrap_external(device, raw, None, false)
+    }
+
+    /// As [`Stream::external`], for a stream whose every graph capture is announced to this
+    /// crate: begun between [`graph::announce_capture_begin`](crate::graph::announce_capture_begin)
+    /// and [`graph::announce_capture_end`](crate::graph::announce_capture_end) (PyTorch tells
+    /// its allocator when its captures begin and end; the `cuda-mempool` C ABI relays that).
+    /// Allocators then ask the driver whether the stream is being captured only while an
+    /// announced capture (or one begun through [`crate::graph`]) runs, instead of at every
+    /// allocation: see [`Stream::captures_announced`].
+    ///
+    /// # Safety
+    ///
+    /// As [`Stream::external`]; and no capture of `raw` (by any code) begins or runs outside
+    /// an announced window while this `Stream` or a clone of it is used. Otherwise a pool could
+    /// hand a capture memory it also hands to other work, which a replay then overwrites.
+    pub unsafe fn external_announced(device: &Device, raw: CUstream) -> Result<Stream> {
+        Stream::wrap_external(device, raw, None, true)
     }
 
     /// As [`Stream::external`], keeping `owner` alive (dropped with the last clone) so that
@@ -361,13 +413,14 @@ impl Stream {
         raw: CUstream,
         owner: O,
     ) -> Result<Stream> {
-        Stream::wrap_external(device, raw, Some(Box::new(owner)))
+        Stream::wrap_external(device, raw, Some(Box::new(owner)), false)
     }
 
     fn wrap_external(
         device: &Device,
         raw: CUstream,
         keep_alive: Option<Box<dyn Any + Send + Sync>>,
+        announced: bool,
     ) -> Result<Stream> {
         // The driver refuses to say a stream's device while the stream is being captured
         // (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED): then the caller's word is taken.
@@ -390,8 +443,15 @@ impl Stream {
                 Err(e) => return Err(e),
             }
         }
-        // CU_STREAM_LEGACY is the legacy null stream under another name.
-        let identity = external_identity(raw);
+        // CU_STREAM_LEGACY is the legacy null stream under another name. An explicit handle
+        // is known by the driver's id of the stream where the driver has one (never reused,
+        // unlike the handle's value), else by its value.
+        let identity = if is_implicit(raw) {
+            external_identity(raw)
+        } else {
+            // SAFETY: the caller vouches for the handle.
+            unsafe { external_uid(device, raw) }.unwrap_or_else(|| external_identity(raw))
+        };
         // The implicit handles keep their meaning: CU_STREAM_LEGACY is the legacy null
         // stream, CU_STREAM_PER_THREAD the calling thread's own stream.
         let kind = match raw as usize {
@@ -404,6 +464,7 @@ impl Stream {
             device: *device,
             kind,
             identity,
+            announced: announced && kind == StreamKind::External,
             owner: keep_alive.map(|k| {
                 Arc::new(Owner {
                     raw,
@@ -437,13 +498,37 @@ impl Stream {
 
     /// A number that identifies this stream while it lives, for caches keyed by stream:
     /// unique in the process and never reused for streams this crate created (clones share
-    /// it); the handle's value for an external stream (the driver may give that value to a
-    /// new stream once the old one is destroyed); 0 for the legacy null stream (also under
+    /// it); for an external stream, the driver's id of the stream (`cuStreamGetId`, never
+    /// reused either) tagged with [`EXTERNAL_UID_TAG`], or, on a driver without that call,
+    /// the handle's value (which the driver may give to a new stream once the old one is
+    /// destroyed: see [`Stream::identity_is_unique`]); 0 for the legacy null stream (also under
     /// its `CU_STREAM_LEGACY` handle); [`PER_THREAD_HANDLE`] for the per-thread default
     /// stream, which names a different stream on every thread.
     #[inline]
     pub fn identity(&self) -> u64 {
         self.identity
+    }
+
+    /// Whether [`identity`](Self::identity) names this stream alone for the life of the
+    /// process: a stream this crate created, or an external one known by the driver's id. A
+    /// cache keyed by such an identity can never meet another stream under the same key.
+    #[inline]
+    pub fn identity_is_unique(&self) -> bool {
+        match self.kind {
+            StreamKind::Owned => true,
+            StreamKind::External => self.identity & EXTERNAL_UID_TAG == EXTERNAL_UID_TAG,
+            StreamKind::LegacyNull | StreamKind::PerThread => false,
+        }
+    }
+
+    /// Whether every capture of this stream is announced (made by
+    /// [`Stream::external_announced`]): then "no capture is in progress"
+    /// ([`graph::captures_in_progress`](crate::graph::captures_in_progress) and
+    /// [`graph::announced_captures_in_progress`](crate::graph::announced_captures_in_progress)
+    /// both false) means this stream is not being captured, without asking the driver.
+    #[inline]
+    pub fn captures_announced(&self) -> bool {
+        self.announced
     }
 
     /// How many `Stream` values share this stream's owner (this one included): `Some(1)`

@@ -43,8 +43,12 @@
  *    frees of blocks allocated on or marked with that stream): the fence that guards a
  *    freed block is recorded at the free, never later. After the last block allocated on
  *    (or marked with) a stream has been freed, the library never touches that handle
- *    again, so the stream may then be destroyed at once, even while the pool still
- *    caches memory freed on it;
+ *    again until a call hands it in again, so the stream may then be destroyed at once,
+ *    even while the pool still caches memory freed on it. (A stream that keeps coming back,
+ *    a framework's stream, is kept at the free of its last block without a fence: its cache
+ *    serves it again at once when it comes back, recognised by the driver's id of the
+ *    stream, and other streams reach that memory only after an allocation that ran out of
+ *    memory has synchronised the device. A stream used once is fenced as before.);
  *  - a new stream that happens to get the handle value of a destroyed one never inherits
  *    the old stream's cached blocks without the old stream's fences;
  *  - a request that cannot be met leaves the pool as it was: whatever it reserved or
@@ -142,6 +146,24 @@ void *cuda_mempool_torch_alloc(ssize_t size, int device, cuda_mempool_stream_t s
  * differs from the block's own stream, the block is also marked as used on `stream`.
  * NULL is ignored; an unknown pointer changes nothing and records an error. */
 void cuda_mempool_torch_free(void *ptr, ssize_t size, int device, cuda_mempool_stream_t stream);
+
+/* PyTorch's capture hooks, for the pluggable allocator's set_begin_allocate_to_pool,
+ * set_end_allocate_to_pool_fn and set_release_pool. Their C++ types are
+ * void(int, std::pair<uint64_t, uint64_t>, std::function<bool(cudaStream_t)>) and
+ * void(int, std::pair<uint64_t, uint64_t>): on x86-64 Linux the pool id arrives as two
+ * 64-bit values, the filter as a pointer to the caller's object (not used). Begin and end
+ * count PyTorch's captures; release does nothing (a private pool goes with its graph). */
+void cuda_mempool_torch_begin_allocate_to_pool(int device, uint64_t pool_a, uint64_t pool_b,
+                                               void *filter);
+void cuda_mempool_torch_end_allocate_to_pool(int device, uint64_t pool_a, uint64_t pool_b);
+void cuda_mempool_torch_release_pool(int device, uint64_t pool_a, uint64_t pool_b);
+
+/* Call once the three hooks are set on the allocator PyTorch uses, while no capture runs:
+ * cuda_mempool_torch_alloc then asks the driver whether its stream is being captured only
+ * while a PyTorch capture runs (PyTorch's own allocator works the same way), not at every
+ * allocation. Streams PyTorch allocates on must then be captured only through PyTorch's
+ * graph API, which announces its captures. Returns 0. */
+int cuda_mempool_torch_announce_captures(void);
 
 /* ---- CuPy: cupy.cuda.memory.CFunctionAllocator(param, malloc, free, owner), whose
  *      functions CuPy calls as void* malloc(void* param, size_t size, int device_id)

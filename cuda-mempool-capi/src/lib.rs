@@ -93,6 +93,7 @@ pub use cupy::{
 pub use torch_alloc::cuda_mempool_torch_alloc;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
 
 use std::cell::Cell;
@@ -115,6 +116,10 @@ pub const EXPORTED_FUNCTIONS: &[&str] = &[
     "cuda_mempool_last_oom",
     "cuda_mempool_torch_alloc",
     "cuda_mempool_torch_free",
+    "cuda_mempool_torch_begin_allocate_to_pool",
+    "cuda_mempool_torch_end_allocate_to_pool",
+    "cuda_mempool_torch_release_pool",
+    "cuda_mempool_torch_announce_captures",
     "cuda_mempool_cupy_malloc",
     "cuda_mempool_cupy_free",
     "cuda_mempool_set_current_stream",
@@ -235,6 +240,41 @@ unsafe fn wrap_stream(
     device: DeviceId,
     stream: *mut c_void,
 ) -> Result<Stream, CallError> {
+    // SAFETY: the caller's contract.
+    unsafe { wrap_stream_as(call, device, stream, false) }
+}
+
+/// Whether PyTorch's capture hooks are installed ([`cuda_mempool_torch_announce_captures`]):
+/// then the PyTorch entry points wrap their streams as streams whose captures are announced.
+static TORCH_ANNOUNCES: AtomicBool = AtomicBool::new(false);
+
+/// How many wrapped handles each thread remembers.
+const MEMO_SLOTS: usize = 4;
+
+thread_local! {
+    /// The calling thread's last wrapped explicit handles: (device, handle, announced, the
+    /// `Stream`), most recent first. An entry is used again only when the driver's id of the
+    /// stream the handle names now is the one the entry was made with, so a handle reused by
+    /// a new stream is wrapped (and checked) anew.
+    static MEMO: std::cell::RefCell<Vec<(u32, usize, bool, Stream)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`wrap_stream`], with `announced` (the caller's captures of the stream are announced:
+/// [`Stream::external_announced`]). An explicit handle the calling thread wrapped before is
+/// recognised by the driver's id of its stream (one `cuStreamGetId`) and its wrapper reused:
+/// no capture question, no device question.
+///
+/// # Safety
+///
+/// As [`wrap_stream`]; with `announced`, every capture of the stream is announced
+/// ([`cuda_mempool_torch_announce_captures`]).
+unsafe fn wrap_stream_as(
+    call: &str,
+    device: DeviceId,
+    stream: *mut c_void,
+    announced: bool,
+) -> Result<Stream, CallError> {
     let dev = pool(call)?
         .backend()
         .device(device)
@@ -242,8 +282,41 @@ unsafe fn wrap_stream(
     if stream.is_null() {
         return Ok(Stream::null(&dev));
     }
-    // SAFETY: the caller's contract (above).
-    unsafe { Stream::external(&dev, stream as CUstream) }.map_err(|e| fail(call, e))
+    let raw = stream as CUstream;
+    let handle = stream as usize;
+    if handle > cudars_core::stream::PER_THREAD_HANDLE {
+        // SAFETY: the caller's contract: a valid explicit stream of `device`.
+        if let Some(uid) = unsafe { cudars_core::stream::external_uid(&dev, raw) } {
+            let hit = MEMO.with(|m| {
+                m.borrow()
+                    .iter()
+                    .find(|(d, h, a, s)| {
+                        *d == device.0 && *h == handle && *a == announced && s.identity() == uid
+                    })
+                    .map(|(.., s)| s.clone())
+            });
+            if let Some(s) = hit {
+                return Ok(s);
+            }
+        }
+    }
+    let s = if announced {
+        // SAFETY: the caller's contract (captures announced).
+        unsafe { Stream::external_announced(&dev, raw) }
+    } else {
+        // SAFETY: the caller's contract is wrap_stream's.
+        unsafe { Stream::external(&dev, raw) }
+    }
+    .map_err(|e| fail(call, e))?;
+    if s.identity_is_unique() {
+        let _ = MEMO.try_with(|m| {
+            let mut m = m.borrow_mut();
+            m.retain(|(d, h, a, _)| !(*d == device.0 && *h == handle && *a == announced));
+            m.insert(0, (device.0, handle, announced, s.clone()));
+            m.truncate(MEMO_SLOTS);
+        });
+    }
+    Ok(s)
 }
 
 /// Allocates from the pool on `stream` and records the block (with `hold`, the stream handle
@@ -284,7 +357,7 @@ fn alloc(
         }
     };
     let addr = raw.ptr().0;
-    if let Some(stale) = LIVE.insert_held(raw, hold) {
+    if let Some(stale) = LIVE.insert_with(raw, hold, stream.raw() as usize) {
         // The pool handed out an address the registry still holds: the pool and the
         // registry disagree. Keep the new block recorded, report, and leave the stale
         // entry's memory to the pool.
@@ -300,21 +373,29 @@ fn alloc(
     Ok(to_c_ptr(addr))
 }
 
-/// The pool's key for a stream handle of `device`, as the pool's `stream_key` gives it: the
-/// per-thread default stream the calling thread's own key, any other handle the identity
-/// `cuda-core` gives an external stream (`cudars_core::stream::external_identity`: 0 for the
-/// legacy null stream under either name, else the handle's value). No driver call.
-fn key_of(call: &str, device: DeviceId, handle: *mut c_void) -> Result<u64, CallError> {
+/// Whether `handle` (of `device`, valid for this call) names the stream a live block was
+/// allocated on, whose handle was `own`: the per-thread default stream by the pool's key of
+/// the calling thread's stream, any other handle by its value (the legacy stream under either
+/// name). Equal values name the same stream: the block is live, so its stream has not been
+/// destroyed and its handle not reused. No driver call.
+fn is_own_stream(
+    call: &str,
+    device: DeviceId,
+    handle: *mut c_void,
+    own: usize,
+    raw: &cudars_mempool::RawAllocation,
+) -> Result<bool, CallError> {
     if handle as usize == cudars_core::stream::PER_THREAD_HANDLE {
         let pool = pool(call)?;
         let dev = pool.backend().device(device).map_err(|e| fail(call, e))?;
-        return Ok(pool
+        let key = pool
             .backend()
             .stream_key(&Stream::per_thread(&dev))
-            .map_err(|e| fail(call, e))?
-            .0);
+            .map_err(|e| fail(call, e))?;
+        return Ok(key == raw.stream());
     }
-    Ok(cudars_core::stream::external_identity(handle.cast()))
+    let ident = |h: usize| cudars_core::stream::external_identity(h as CUstream);
+    Ok(ident(handle as usize) == ident(own))
 }
 
 /// Frees the block at `ptr`. With `stream` (a device and a stream handle, valid for this
@@ -330,17 +411,17 @@ fn free(
         return Ok(());
     }
     let addr = ptr as usize as u64;
-    let (raw, hold) = LIVE.remove_held(addr).ok_or_else(|| {
+    let (raw, hold, own_handle) = LIVE.remove_with(addr).ok_or_else(|| {
         fail(
             call,
             format!("{addr:#x} is not a live allocation of this pool (double free, or another allocator's pointer)"),
         )
     })?;
     let own = match stream {
-        Some((device, handle)) => match key_of(call, device, handle) {
-            Ok(key) => key == raw.stream().0,
+        Some((device, handle)) => match is_own_stream(call, device, handle, own_handle, &raw) {
+            Ok(own) => own,
             Err(e) => {
-                LIVE.insert_held(raw, hold);
+                LIVE.insert_with(raw, hold, own_handle);
                 return Err(e);
             }
         },
@@ -355,7 +436,7 @@ fn free(
                 Err(e) => {
                     // The block stays live (and recorded): freeing it unmarked could hand it
                     // out while the other stream still uses it.
-                    LIVE.insert_held(raw, hold);
+                    LIVE.insert_with(raw, hold, own_handle);
                     return Err(e);
                 }
             }
@@ -374,7 +455,7 @@ fn free(
             // If even that fails the block stays live: freed unmarked, it could be handed
             // out while that stream still uses it.
             if s.synchronize().is_err() {
-                LIVE.insert_held(raw, hold);
+                LIVE.insert_with(raw, hold, own_handle);
                 return marked.map_err(|e| fail(call, e));
             }
             marked = Ok(());
@@ -417,6 +498,85 @@ pub unsafe extern "C" fn cuda_mempool_alloc(
         let s = unsafe { wrap_stream(CALL, id, stream) }?;
         alloc(CALL, &s, size as u64, None)
     })
+}
+
+/// The allocation behind `cuda_mempool_torch_alloc` (called by its C++ half, not exported in
+/// the header): as [`cuda_mempool_alloc`], with the stream wrapped as one whose captures
+/// PyTorch announces once [`cuda_mempool_torch_announce_captures`] was called.
+///
+/// # Safety
+///
+/// As [`cuda_mempool_alloc`].
+#[no_mangle]
+pub unsafe extern "C" fn cuda_mempool_torch_alloc_inner(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    const CALL: &str = "cuda_mempool_torch_alloc";
+    run(std::ptr::null_mut(), || {
+        if size == 0 {
+            return Ok(std::ptr::null_mut());
+        }
+        let id = device_id(CALL, device)?;
+        let announced = TORCH_ANNOUNCES.load(Ordering::Acquire);
+        // SAFETY: the caller's contract is wrap_stream's; with `announced`, PyTorch's hooks
+        // announce its captures (cuda_mempool_torch_announce_captures' contract).
+        let s = unsafe { wrap_stream_as(CALL, id, stream, announced) }?;
+        alloc(CALL, &s, size as u64, None)
+    })
+}
+
+/// PyTorch's `beginAllocateToPool` hook (`allocator._allocator.set_begin_allocate_to_pool`):
+/// PyTorch calls it before it begins a graph capture (`torch.cuda.graph`, `torch.compile`'s
+/// CUDA graphs). Its C++ type is `void(int, std::pair<uint64_t, uint64_t>,
+/// std::function<bool(cudaStream_t)>)`: on x86-64 Linux the pool id arrives as two 64-bit
+/// values and the filter as a pointer to the caller's object, which is not used (the caller
+/// destroys it). Counts the capture as announced: until its end, every allocation through
+/// `cuda_mempool_torch_alloc` asks the driver whether its stream is being captured.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_torch_begin_allocate_to_pool(
+    device: c_int,
+    pool_a: u64,
+    pool_b: u64,
+    filter: *mut c_void,
+) {
+    let _ = (device, pool_a, pool_b, filter);
+    cudars_core::graph::announce_capture_begin();
+}
+
+/// PyTorch's `endAllocateToPool` hook (`set_end_allocate_to_pool_fn`), called after the
+/// capture ended: ends the announcement of
+/// [`cuda_mempool_torch_begin_allocate_to_pool`].
+#[no_mangle]
+pub extern "C" fn cuda_mempool_torch_end_allocate_to_pool(device: c_int, pool_a: u64, pool_b: u64) {
+    let _ = (device, pool_a, pool_b);
+    cudars_core::graph::announce_capture_end();
+}
+
+/// PyTorch's `releasePool` hook (`set_release_pool`): nothing to do. A capture's private pool
+/// is released when its graph and every executable graph made from it are destroyed, which
+/// the pool learns from the graph itself.
+#[no_mangle]
+pub extern "C" fn cuda_mempool_torch_release_pool(device: c_int, pool_a: u64, pool_b: u64) {
+    let _ = (device, pool_a, pool_b);
+}
+
+/// Declares that PyTorch announces its captures: from now on `cuda_mempool_torch_alloc` asks
+/// the driver whether its stream is being captured only while an announced capture (or one
+/// begun through `cuda-core`) runs, instead of at every allocation. Returns 0.
+///
+/// # Safety
+///
+/// Call it only after setting the three hooks above on the allocator PyTorch uses, while no
+/// capture runs; and capture the streams PyTorch allocates on only through PyTorch's graph API
+/// (`torch.cuda.graph`, `torch.cuda.CUDAGraph`, `torch.compile`), which announces them, as
+/// PyTorch's own allocator requires. A capture begun directly (`cudaStreamBeginCapture` on a
+/// PyTorch stream) would be served cached memory that a replay then overwrites.
+#[no_mangle]
+pub unsafe extern "C" fn cuda_mempool_torch_announce_captures() -> c_int {
+    TORCH_ANNOUNCES.store(true, Ordering::Release);
+    0
 }
 
 /// Gives back a block from any allocating function of this library. Null is ignored; an

@@ -38,11 +38,13 @@ impl Hasher for PtrHasher {
     }
 }
 
-/// A recorded allocation and the stream hold taken for it, if any.
+/// A recorded allocation, the stream hold taken for it, if any, and the handle of the stream
+/// it was allocated on (as the caller passed it).
 #[derive(Debug)]
 struct Entry {
     raw: RawAllocation,
     hold: Option<usize>,
+    handle: usize,
 }
 
 type Map = HashMap<u64, Entry, BuildHasherDefault<PtrHasher>>;
@@ -91,10 +93,29 @@ impl Registry {
     /// [`Registry::insert`], noting `hold`: the stream handle kept alive for this block
     /// (returned by [`Registry::remove_held`] when the block is removed).
     pub fn insert_held(&self, raw: RawAllocation, hold: Option<usize>) -> Option<RawAllocation> {
+        self.insert_with(raw, hold, 0)
+    }
+
+    /// [`Registry::insert_held`], noting also `handle`, the stream handle the block was
+    /// allocated on (returned by [`Registry::remove_with`]): a free that names a stream can
+    /// tell the block's own without asking the driver.
+    pub fn insert_with(
+        &self,
+        raw: RawAllocation,
+        hold: Option<usize>,
+        handle: usize,
+    ) -> Option<RawAllocation> {
         let ptr = raw.ptr().0;
         self.map(ptr)
-            .insert(ptr, Entry { raw, hold })
+            .insert(ptr, Entry { raw, hold, handle })
             .map(|e| e.raw)
+    }
+
+    /// Removes and returns the allocation at `ptr` with its stream hold and stream handle.
+    pub fn remove_with(&self, ptr: u64) -> Option<(RawAllocation, Option<usize>, usize)> {
+        self.map(ptr)
+            .remove(&ptr)
+            .map(|e| (e.raw, e.hold, e.handle))
     }
 
     /// Removes and returns the allocation at `ptr`, if one is recorded.
@@ -104,7 +125,7 @@ impl Registry {
 
     /// Removes and returns the allocation at `ptr` with the stream hold noted for it.
     pub fn remove_held(&self, ptr: u64) -> Option<(RawAllocation, Option<usize>)> {
-        self.map(ptr).remove(&ptr).map(|e| (e.raw, e.hold))
+        self.remove_with(ptr).map(|(raw, hold, _)| (raw, hold))
     }
 
     /// Runs `f` on the allocation at `ptr`, if one is recorded, left in place (under the

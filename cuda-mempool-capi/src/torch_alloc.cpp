@@ -71,6 +71,11 @@ std::string last_error_text() {
 
 }  // namespace
 
+// The Rust allocation behind this trampoline (lib.rs): cuda_mempool_alloc with PyTorch's
+// capture announcements.
+extern "C" void *cuda_mempool_torch_alloc_inner(size_t size, int device,
+                                                cuda_mempool_stream_t stream);
+
 extern "C" void *cuda_mempool_torch_alloc_throwing(ssize_t size, int device,
                                                    cuda_mempool_stream_t stream) {
     if (size < 0) {
@@ -81,7 +86,7 @@ extern "C" void *cuda_mempool_torch_alloc_throwing(ssize_t size, int device,
     if (size == 0) {
         return nullptr;  // PyTorch's own allocator also hands out no memory for 0 bytes.
     }
-    void *ptr = cuda_mempool_alloc(static_cast<size_t>(size), device, stream);
+    void *ptr = cuda_mempool_torch_alloc_inner(static_cast<size_t>(size), device, stream);
     if (ptr == nullptr) {
         throw_failure(size, device);
     }

@@ -43,6 +43,14 @@ exports! {
         unsafe extern "C-unwind" fn(isize, c_int, Stream) -> *mut c_void;
     cuda_mempool_torch_free = "void(void*,ssize_t,int,cuda_mempool_stream_t)":
         unsafe extern "C" fn(*mut c_void, isize, c_int, Stream);
+    cuda_mempool_torch_begin_allocate_to_pool = "void(int,uint64_t,uint64_t,void*)":
+        extern "C" fn(c_int, u64, u64, *mut c_void);
+    cuda_mempool_torch_end_allocate_to_pool = "void(int,uint64_t,uint64_t)":
+        extern "C" fn(c_int, u64, u64);
+    cuda_mempool_torch_release_pool = "void(int,uint64_t,uint64_t)":
+        extern "C" fn(c_int, u64, u64);
+    cuda_mempool_torch_announce_captures = "int(void)":
+        unsafe extern "C" fn() -> c_int;
     cuda_mempool_cupy_malloc = "void*(void*,size_t,int)":
         extern "C-unwind" fn(*mut c_void, usize, c_int) -> *mut c_void;
     cuda_mempool_cupy_free = "void(void*,void*,int)":

@@ -193,6 +193,17 @@ unsafe impl Backend for DriverBackend {
         Ok(StreamKey(stream.identity()))
     }
 
+    /// A foreign stream known by the driver's id of it (never reused, so a later request
+    /// under the same key is the same stream, valid again), with no keep-alive owner, and
+    /// not being captured (asked of the driver only where [`may_be_capturing`] says so).
+    #[inline]
+    fn may_linger(&self, stream: &Stream) -> bool {
+        stream.kind() == StreamKind::External
+            && stream.identity_is_unique()
+            && stream.clone_count().is_none()
+            && !self.is_capturing(stream)
+    }
+
     #[inline]
     fn may_release_stream(&self, stream: &Stream) -> bool {
         match stream.kind() {
@@ -822,15 +833,36 @@ pub fn malloc(stream: &Stream, size: usize) -> Result<DevicePtr, PoolError> {
 
 /// Whether `stream` may be being captured: streams this crate created only while a capture
 /// begun through `cuda-core` runs (one atomic load); external streams always, since foreign
-/// code captures them; the legacy stream never.
+/// code captures them, except those whose captures are announced
+/// ([`Stream::external_announced`]: PyTorch's, through the C ABI), only while an announced
+/// capture or one of `cuda-core` runs; the legacy stream never.
 #[inline]
 fn may_be_capturing(stream: &Stream) -> bool {
-    match stream.kind() {
+    capture_question(
+        stream.kind(),
+        stream.is_implicit(),
+        stream.captures_announced(),
+        cudars_core::graph::captures_in_progress(),
+        cudars_core::graph::announced_captures_in_progress(),
+    )
+}
+
+/// [`may_be_capturing`]'s rule, as a function of what it reads.
+#[inline]
+fn capture_question(
+    kind: StreamKind,
+    implicit: bool,
+    announced: bool,
+    ours_running: bool,
+    announced_running: bool,
+) -> bool {
+    match kind {
         StreamKind::LegacyNull => false,
-        StreamKind::External => !stream.is_implicit(),
+        StreamKind::External if announced => ours_running || announced_running,
+        StreamKind::External => !implicit,
         // CuPy captures its per-thread stream (`Stream.ptds`): foreign code, so ask.
         StreamKind::PerThread => true,
-        StreamKind::Owned => cudars_core::graph::captures_in_progress(),
+        StreamKind::Owned => ours_running,
     }
 }
 
@@ -855,4 +887,38 @@ fn capture_of(stream: &Stream) -> Result<Option<u64>, PoolError> {
 /// see [`Backend::may_synchronize_device`].)
 fn relaxed() -> cudars_core::Result<cudars_core::graph::RelaxedCaptureMode> {
     cudars_core::graph::RelaxedCaptureMode::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{capture_question, StreamKind};
+
+    #[test]
+    fn the_capture_question_is_skipped_only_where_a_capture_would_have_been_seen() {
+        use StreamKind::*;
+        // (kind, implicit, announced, ours running, announced running) -> ask the driver?
+        let cases = [
+            (LegacyNull, true, false, true, true, false),
+            (PerThread, true, false, false, false, true),
+            (Owned, false, false, false, false, false),
+            (Owned, false, false, true, false, true),
+            // An announced foreign capture says nothing about streams this crate created,
+            // whose captures all go through cuda-core.
+            (Owned, false, false, false, true, false),
+            // Unannounced foreign streams: always, whatever runs.
+            (External, false, false, false, false, true),
+            (External, true, false, false, false, false),
+            // Announced streams: only while some capture that could be theirs runs.
+            (External, false, true, false, false, false),
+            (External, false, true, false, true, true),
+            (External, false, true, true, false, true),
+        ];
+        for (kind, implicit, announced, ours, theirs, ask) in cases {
+            assert_eq!(
+                capture_question(kind, implicit, announced, ours, theirs),
+                ask,
+                "{kind:?} implicit={implicit} announced={announced} ours={ours} theirs={theirs}"
+            );
+        }
+    }
 }

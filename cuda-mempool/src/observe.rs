@@ -308,6 +308,7 @@ mod tests {
         "map",
         "stream_key",
         "may_release_stream",
+        "may_linger",
         "retain_stream",
         "stream_released",
         "synchronize_stream",

@@ -294,6 +294,9 @@ struct State {
     borrowed: std::collections::HashSet<u64>,
     /// Streams that no longer exist.
     destroyed: std::collections::HashSet<u64>,
+    /// Handle -> how many times it was created again after a destroy (the generation in
+    /// [`SimulatedBackend::stream_uid`]).
+    generations: HashMap<u64, u64>,
     /// Streams being captured into a graph ([`SimulatedBackend::set_capturing`]), with
     /// the id of their capture.
     capturing: HashMap<u64, u64>,
@@ -365,6 +368,7 @@ impl SimulatedBackend {
                 dropped: Default::default(),
                 borrowed: Default::default(),
                 destroyed: Default::default(),
+                generations: Default::default(),
                 capturing: Default::default(),
                 next_capture: 1,
                 pool_refs: HashMap::new(),
@@ -451,8 +455,22 @@ impl SimulatedBackend {
             let t = s.next_timeline;
             s.next_timeline += 1;
             s.timelines.insert(stream.0, t);
+            *s.generations.entry(stream.0).or_insert(0) += 1;
         }
         s.dropped.remove(&stream.0);
+    }
+
+    /// The stream that `handle` names now, as the driver backend knows an external stream:
+    /// by an identity never reused (`cuStreamGetId`), here the handle with its generation
+    /// (how many times it was created again after a destroy). The pool keys such a stream by
+    /// this value, so a handle reused by a new stream is another key; the backend lets a
+    /// borrowed stream named so *linger* ([`Backend::may_linger`]); and any use of the value
+    /// after its handle was destroyed, or created again, fails with
+    /// [`SimError::DestroyedStream`].
+    pub fn stream_uid(&self, handle: StreamKey) -> StreamKey {
+        assert!(handle.0 <= HANDLE_MASK, "simulated handles with uids are below 2^40");
+        let s = self.lock();
+        StreamKey(UID_TAG | (generation(&s, handle.0) << GEN_SHIFT) | handle.0)
     }
 
     /// Whether `stream` was destroyed ([`destroy_stream`](Self::destroy_stream), or
@@ -702,10 +720,20 @@ impl SimulatedBackend {
 fn resolve(id: u64) -> u64 {
     if id == SimulatedBackend::PER_THREAD.0 {
         crate::pool::per_thread_key().0
+    } else if id & UID_TAG == UID_TAG && id & !(UID_TAG | GEN_MASK | HANDLE_MASK) == 0 {
+        // A stream named with its generation (see `SimulatedBackend::stream_uid`): its handle.
+        id & HANDLE_MASK
     } else {
         id
     }
 }
+
+/// Streams named with a generation ([`SimulatedBackend::stream_uid`]): the tag bit, the
+/// generation's bits and the handle's bits.
+const UID_TAG: u64 = 3 << 62;
+const GEN_SHIFT: u32 = 40;
+const GEN_MASK: u64 = ((1 << 20) - 1) << GEN_SHIFT;
+const HANDLE_MASK: u64 = (1 << GEN_SHIFT) - 1;
 
 /// The key in `State::clocks` of the current timeline of stream `id` (as named on the
 /// calling thread).
@@ -789,13 +817,26 @@ fn fault(s: &mut State, kind: SimCall) -> Result<(), SimError> {
     Ok(())
 }
 
-/// Fails when `stream` no longer exists.
+/// Fails when `stream` no longer exists (a stream named with its generation also when its
+/// handle now names a later stream: the driver would reach that other stream).
 fn alive(s: &State, stream: u64) -> Result<(), SimError> {
-    let stream = resolve(stream);
-    if s.destroyed.contains(&stream) {
-        return Err(SimError::DestroyedStream(stream));
+    let handle = resolve(stream);
+    if s.destroyed.contains(&handle) {
+        return Err(SimError::DestroyedStream(handle));
+    }
+    if stream != SimulatedBackend::PER_THREAD.0
+        && stream & UID_TAG == UID_TAG
+        && handle != stream
+        && (stream & GEN_MASK) >> GEN_SHIFT != generation(s, handle)
+    {
+        return Err(SimError::DestroyedStream(handle));
     }
     Ok(())
+}
+
+/// How many times `handle` was created again after a destroy.
+fn generation(s: &State, handle: u64) -> u64 {
+    s.generations.get(&handle).copied().unwrap_or(0)
 }
 
 fn complete_to(s: &mut State, device: u32, stream: u64, value: u64) {
@@ -918,7 +959,12 @@ unsafe impl Backend for SimulatedBackend {
     }
 
     fn stream_key(&self, stream: &StreamKey) -> Result<StreamKey, crate::PoolError> {
-        Ok(StreamKey(resolve(stream.0)))
+        let handle = resolve(stream.0);
+        if stream.0 != Self::PER_THREAD.0 && stream.0 & UID_TAG == UID_TAG && handle != stream.0 {
+            // Named with its generation (`stream_uid`): a key no later stream shares.
+            return Ok(*stream);
+        }
+        Ok(StreamKey(handle))
     }
 
     fn may_release_stream(&self, stream: &StreamKey) -> bool {
@@ -927,7 +973,18 @@ unsafe impl Backend for SimulatedBackend {
             return true;
         }
         let s = self.lock();
-        s.dropped.contains(&stream.0) || s.borrowed.contains(&stream.0)
+        let handle = resolve(stream.0);
+        s.dropped.contains(&handle) || s.borrowed.contains(&handle)
+    }
+
+    fn may_linger(&self, stream: &StreamKey) -> bool {
+        let s = self.lock();
+        let handle = resolve(stream.0);
+        stream.0 != Self::PER_THREAD.0
+            && stream.0 & UID_TAG == UID_TAG
+            && handle != stream.0
+            && s.borrowed.contains(&handle)
+            && !s.capturing.contains_key(&handle)
     }
 
     fn retain_stream(&self, stream: &StreamKey) -> StreamKey {

@@ -431,6 +431,8 @@ impl<B: Backend> MemoryPool<B> {
             // its baseline, and its malloc must be noted (the search does).
             if !st.retired && st.key == key && st.stream.is_some() && !self.history.is_on() {
                 if let Some(id) = st.take_recent(rounded) {
+                    // The key names this stream alone (a lingering one's does): it is back.
+                    st.lingering = false;
                     let served = st.mark_live(id, size);
                     drop(st);
                     return Ok(self.handle(dev.id, shard, key, key, (id, served), size));
@@ -486,6 +488,7 @@ impl<B: Backend> MemoryPool<B> {
                 if st.stream.is_none() {
                     st.attach(&self.backend, stream, key)?;
                 }
+                st.resume();
                 let r = self
                     .take_cached(&mut st, rounded)?
                     .map(|id| (id, st.mark_live(id, size)));

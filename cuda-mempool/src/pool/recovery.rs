@@ -41,7 +41,8 @@ impl<B: Backend> MemoryPool<B> {
         h.st.flush_recent();
         h.st.wait_fences(&self.backend)?;
         // Frees on another thread's per-thread default stream get no fence from this thread
-        // (the handle names this thread's stream): the epochs they reached are noted, and one
+        // (the handle names this thread's stream), nor do a lingering stream's (it may be
+        // gone): the epochs they reached are noted, and one
         // synchronisation of the device covers them (a garbage collector's frees of blocks
         // made on other threads' per-thread streams, CuPy's `Stream.ptds`).
         let mut uncovered = Vec::new();
@@ -60,7 +61,9 @@ impl<B: Backend> MemoryPool<B> {
             && self.backend.synchronize_device(h.dev.id).is_ok()
         {
             for (other, epoch) in uncovered {
-                other.state.lock().covered_up_to(epoch);
+                let mut o = other.state.lock();
+                o.covered_up_to(epoch);
+                o.forget_lingering(&self.backend);
             }
         }
         // Releasing also gives back the address ranges of wholly free segments, which is

@@ -42,6 +42,7 @@ impl<B: Backend> MemoryPool<B> {
         if st.stream.is_none() {
             st.attach(&self.backend, stream, key)?;
         }
+        st.resume();
         let mut held = Held {
             dev,
             g: &mut g,

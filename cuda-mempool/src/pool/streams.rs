@@ -66,6 +66,8 @@ impl<B: Backend> MemoryPool<B> {
         if let Some(shard) = dev.shards.get(key) {
             let mut st = shard.lock_retiring();
             if st.key == key && st.stream_idle() {
+                // The owner hands the stream in, valid now: a lingering shard may fence it.
+                st.resume();
                 st.detach(&self.backend)?;
             }
         }

@@ -245,6 +245,106 @@ fn run() -> Result<(), BoxError> {
                 "cuMemAllocAsync",
                 Target::None,
             );
+            // Issue 49's fast path, through the entry points PyTorch calls: the pair on a
+            // stream the framework created, against the pool's pair on its own stream
+            // (`ours`, target: at most 2x, and at most 150 ns). PyTorch's route
+            // (cuda_mempool_torch_alloc + cuda_mempool_torch_free) before and after the
+            // capture hooks are installed (cuda_mempool_torch_announce_captures: the driver is
+            // asked about captures only while PyTorch's run), the plain C route, and the two
+            // driver calls that bound it from below.
+            let torch_pair = || {
+                ns_per_call(10_000, 21, 100_000, || {
+                    // SAFETY: a live stream of device `ordinal`; freed at once, on its stream.
+                    unsafe {
+                        let p = cudars_mempool_capi::cuda_mempool_torch_alloc(
+                            size as isize,
+                            ordinal,
+                            raw_handle,
+                        );
+                        assert!(!p.is_null(), "torch alloc");
+                        cudars_mempool_capi::cuda_mempool_torch_free(
+                            p,
+                            size as isize,
+                            ordinal,
+                            raw_handle,
+                        );
+                    }
+                })
+            };
+            let unannounced = torch_pair();
+            report.row(
+                "capi_torch_pair_1MiB",
+                "ns",
+                unannounced,
+                Some(ours),
+                "pool_pair_1MiB",
+                Target::None,
+            );
+            // SAFETY: no capture runs in this program; nothing here captures PyTorch streams.
+            unsafe { cudars_mempool_capi::cuda_mempool_torch_announce_captures() };
+            let announced = torch_pair();
+            report.row(
+                "capi_torch_pair_announced_1MiB",
+                "ns",
+                announced,
+                Some(ours),
+                "pool_pair_1MiB",
+                Target::AtMost(150.0),
+            );
+            // The same with another block live on the stream (a training step's tensors):
+            let keep = unsafe {
+                // SAFETY: as above; freed below.
+                cudars_mempool_capi::cuda_mempool_torch_alloc(size as isize, ordinal, raw_handle)
+            };
+            let busy = torch_pair();
+            // SAFETY: a live block of this library, freed once.
+            unsafe { cudars_mempool_capi::cuda_mempool_free(keep) };
+            report.row(
+                "capi_torch_pair_announced_stream_busy_1MiB",
+                "ns",
+                busy,
+                Some(ours),
+                "pool_pair_1MiB",
+                Target::AtMost(150.0),
+            );
+            let plain_c = ns_per_call(10_000, 21, 100_000, || {
+                // SAFETY: as above.
+                unsafe {
+                    let p = cudars_mempool_capi::cuda_mempool_alloc(size, ordinal, raw_handle);
+                    assert!(!p.is_null(), "C ABI alloc");
+                    cudars_mempool_capi::cuda_mempool_free(p);
+                }
+            });
+            report.row(
+                "capi_plain_pair_1MiB",
+                "ns",
+                plain_c,
+                Some(ours),
+                "pool_pair_1MiB",
+                Target::None,
+            );
+            let uid = ns_per_call(10_000, 21, 100_000, || {
+                // SAFETY: a live explicit stream of `dev`.
+                std::hint::black_box(unsafe {
+                    cudars_core::stream::external_uid(&dev, stream.raw())
+                });
+            });
+            report.row(
+                "driver_floor_cuStreamGetId",
+                "ns",
+                uid,
+                Some(announced),
+                "capi_torch_pair_announced_1MiB",
+                Target::None,
+            );
+            report.row(
+                "driver_floor_capture_query",
+                "ns",
+                query,
+                Some(announced),
+                "capi_torch_pair_announced_1MiB",
+                Target::None,
+            );
             // 5. a fence record on the stream (what a detach records) alone.
             let fence = cudars_core::Event::new(&dev)?;
             let record = ns_per_call(10_000, 21, 100_000, || {

@@ -19,6 +19,50 @@ impl<B: Backend> ShardState<B> {
         }
     }
 
+    /// The free of the stream's last live block, when the stream may go: a recurring stream
+    /// that the backend lets linger ([`Backend::may_linger`]) keeps its shard attached with
+    /// no fence and no driver call (`lingering`); any other detaches with its fence. A
+    /// lingering shard's frees are covered by no fence: other streams reach them only after
+    /// a device-wide synchronisation (out-of-memory recovery), and the same stream's next
+    /// request takes them back at once, in its own order.
+    ///
+    /// [`Backend::may_linger`]: crate::Backend::may_linger
+    #[inline]
+    pub(crate) fn let_go(&mut self, backend: &Observed<B>) -> Result<(), PoolError> {
+        if self.lingering {
+            return Ok(());
+        }
+        if self.recurring
+            && !self.private
+            && self.stream.as_ref().is_some_and(|s| backend.may_linger(s))
+        {
+            self.lingering = true;
+            return Ok(());
+        }
+        self.detach(backend)
+    }
+
+    /// Ends lingering: the caller holds the same stream, valid now (a request with the
+    /// shard's key, or the owner's `release_stream`).
+    #[inline]
+    pub(crate) fn resume(&mut self) {
+        self.lingering = false;
+    }
+
+    /// A lingering shard whose frees a device-wide synchronisation covered lets go of its
+    /// stream without touching it (nothing is recorded on it: its owner may have destroyed
+    /// it), so that the shard can be adopted. Its key stays its stream's, so the stream, if
+    /// it comes back, attaches again as a recurring one.
+    pub(crate) fn forget_lingering(&mut self, backend: &Observed<B>) {
+        if self.lingering && self.epoch <= self.safe_epoch && self.stream_idle() {
+            self.lingering = false;
+            self.detached_key = Some(self.stream_key);
+            if let Some(stream) = self.stream.take() {
+                backend.stream_released(stream);
+            }
+        }
+    }
+
     /// Whether [`detach_if_released`](Self::detach_if_released) lets go of the stream (once
     /// it is idle): a private shard at once (it is not where a stream's ordinary work
     /// allocates, and its clone would keep an owned stream alive), another when the backend
@@ -55,7 +99,8 @@ impl<B: Backend> ShardState<B> {
     /// kept, so nothing it cached is reused unfenced) and the error is returned.
     #[inline(never)]
     pub(crate) fn detach(&mut self, backend: &Observed<B>) -> Result<(), PoolError> {
-        if !self.stream_idle() {
+        if !self.stream_idle() || self.lingering {
+            // A lingering stream may be gone: nothing is recorded on it (see `let_go`).
             return Ok(());
         }
         if self.stream.is_none() {
@@ -99,6 +144,7 @@ impl<B: Backend> ShardState<B> {
             if let Some(stream) = self.stream.take() {
                 backend.stream_released(stream);
             }
+            self.detached_key = None;
             return polled;
         }
         self.flush_recent();
@@ -127,6 +173,7 @@ impl<B: Backend> ShardState<B> {
         if let Some(stream) = self.stream.take() {
             backend.stream_released(stream);
         }
+        self.detached_key = (!self.retired).then_some(self.stream_key);
         result
     }
 
@@ -159,7 +206,9 @@ impl<B: Backend> ShardState<B> {
                 // reuse by `stream` is safe. Other streams still go by the fences.
             }
         }
-        self.stream_key = backend.stream_key(stream)?;
+        let stream_key = backend.stream_key(stream)?;
+        self.recurring = self.detached_key == Some(stream_key);
+        self.stream_key = stream_key;
         self.key = key;
         if self.private {
             self.attach_capture = backend.capture_id(stream);

@@ -121,13 +121,16 @@ impl<B: Backend> ShardState<B> {
         self.poll_fences(backend)
     }
 
-    /// The epoch of this shard's frees when some of them are on another thread's per-thread
-    /// default stream and no fence covers them (this thread cannot record one there); `None`
+    /// The epoch of this shard's frees when some of them are on a stream no fence can be
+    /// recorded on now, another thread's per-thread default stream (this thread cannot record
+    /// one there) or a lingering stream (it may be gone), and no fence covers them; `None`
     /// otherwise. See [`covered_up_to`](Self::covered_up_to).
     pub(crate) fn unfenced_on_other_thread(&self) -> Option<u64> {
         let unfenced = self.stream.is_some() && self.epoch > self.safe_epoch;
-        (unfenced && !self.private && super::is_other_threads_stream(self.stream_key))
-            .then_some(self.epoch)
+        (unfenced
+            && !self.private
+            && (self.lingering || super::is_other_threads_stream(self.stream_key)))
+        .then_some(self.epoch)
     }
 
     /// Records that every free up to `epoch` has completed on the device: the caller
@@ -145,7 +148,7 @@ impl<B: Backend> ShardState<B> {
     /// need a fence then wait, out of cross-stream reuse, for a later call that can record
     /// one.
     fn usable_stream(&self, backend: &Observed<B>) -> Option<&B::Stream> {
-        if super::is_other_threads_stream(self.stream_key) {
+        if self.lingering || super::is_other_threads_stream(self.stream_key) {
             return None;
         }
         self.stream.as_ref().filter(|s| !backend.is_capturing(s))

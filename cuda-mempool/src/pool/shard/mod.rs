@@ -188,6 +188,18 @@ pub(crate) struct ShardState<B: Backend> {
     lent: u64,
     /// Pending frees that are lent blocks given back.
     returned: usize,
+    /// The stream's last block was freed and the shard kept the stream without a fence
+    /// (see [`linger`](Self::linger)): its owner may have destroyed it since, so the pool
+    /// records nothing on it and makes it wait for nothing until a request brings the same
+    /// stream back (which a key that names one stream for the life of the process proves).
+    pub(crate) lingering: bool,
+    /// The key of the stream this shard last let go of with a detach fence: a request of the
+    /// same stream attaching again makes the stream *recurring*, and a recurring stream
+    /// lingers at its next last free instead of detaching (a stream used once, a temporary,
+    /// detaches with its fence as before, so its memory stays fenced for other streams).
+    pub(crate) detached_key: Option<StreamKey>,
+    /// See [`detached_key`](Self::detached_key).
+    pub(crate) recurring: bool,
     /// The host thread that last took the slow path on this shard (a token of
     /// `pool::thread_token`): only requests of that thread may borrow from it.
     pub(crate) thread: usize,
@@ -221,6 +233,9 @@ impl<B: Backend> ShardState<B> {
             page: page.unwrap_or(0),
             private: false,
             retired: false,
+            lingering: false,
+            detached_key: None,
+            recurring: false,
             blocks: Vec::new(),
             vacant: Vec::new(),
             free: [BTreeSet::new(), BTreeSet::new()],
@@ -447,7 +462,7 @@ impl<B: Backend> ShardState<B> {
             self.coalesce_insert(oldest);
         }
         if self.stream_idle() && self.may_detach(backend) {
-            return self.detach(backend);
+            return self.let_go(backend);
         }
         Ok(())
     }
@@ -462,8 +477,8 @@ impl<B: Backend> ShardState<B> {
         // A failed fence record on another stream still frees the block (safely, see
         // `release_shared`); the stream of this shard must be let go of all the same.
         let result = self.release_shared(backend, id);
-        let detached = if self.stream_idle() {
-            self.detach_if_released(backend)
+        let detached = if self.stream_idle() && self.may_detach(backend) {
+            self.let_go(backend)
         } else {
             Ok(())
         };

@@ -47,6 +47,7 @@ fn plain_pool(capacity: usize) -> MemoryPool<SimulatedBackend> {
 mod accounting;
 mod alloc;
 mod lifecycle;
+mod lingering;
 mod pages;
 mod per_thread;
 mod races;
