@@ -50,7 +50,8 @@ pub fn announce_capture_begin() {
 /// Ends an announcement of [`announce_capture_begin`] (call it after the capture ended). An
 /// end without a begin is ignored (the count never goes below zero).
 pub fn announce_capture_end() {
-    let _ = ANNOUNCED_CAPTURES.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    let _ =
+        ANNOUNCED_CAPTURES.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
 }
 
 /// Safe calls between their capture check and their issue on threads whose [`IssueFlag`]

@@ -51,11 +51,11 @@ use crate::Device;
 
 pub mod explicit;
 
+use crate::capture_gate::{self, BeginGate};
 pub use crate::capture_gate::{
     announce_capture_begin, announce_capture_end, announced_captures_in_progress,
     captures_in_progress,
 };
-use crate::capture_gate::{self, BeginGate};
 
 /// What a graph keeps alive: the owners of the memory its captured operations use.
 type KeepAlive = Arc<Vec<Arc<dyn DeviceAlloc>>>;

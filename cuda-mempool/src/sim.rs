@@ -468,7 +468,10 @@ impl SimulatedBackend {
     /// after its handle was destroyed, or created again, fails with
     /// [`SimError::DestroyedStream`].
     pub fn stream_uid(&self, handle: StreamKey) -> StreamKey {
-        assert!(handle.0 <= HANDLE_MASK, "simulated handles with uids are below 2^40");
+        assert!(
+            handle.0 <= HANDLE_MASK,
+            "simulated handles with uids are below 2^40"
+        );
         let s = self.lock();
         StreamKey(UID_TAG | (generation(&s, handle.0) << GEN_SHIFT) | handle.0)
     }

@@ -14,7 +14,15 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_LIB = os.path.join(HERE, "lib", "libcudars_mempool_capi.so")
+# CUDARS_FROM_WHEEL=1: the clients run from the installed `cudars` wheel (issue 49): its library,
+# its CuPy module and its `cudars.torch.install()`, nothing from the bundle's lib/.
+FROM_WHEEL = os.environ.get("CUDARS_FROM_WHEEL") == "1"
+if FROM_WHEEL:
+    import cudars
+
+    DEFAULT_LIB = cudars.library_path()
+else:
+    DEFAULT_LIB = os.path.join(HERE, "lib", "libcudars_mempool_capi.so")
 SANITIZER = ["compute-sanitizer", "--tool", "memcheck", "--target-processes", "all",
              "--error-exitcode", "86", "--print-limit", "20", "--report-api-errors", "no"]
 
@@ -37,7 +45,8 @@ def child_env(lib):
     env["NCCL_NVLS_ENABLE"] = "0"
     env["CUDA_MEMPOOL_CAPI_LIB"] = os.path.abspath(lib)
     libdir = os.path.dirname(os.path.abspath(lib))
-    env["PYTHONPATH"] = libdir + os.pathsep + env.get("PYTHONPATH", "")
+    if not FROM_WHEEL:
+        env["PYTHONPATH"] = libdir + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 

@@ -134,9 +134,16 @@ def setup(args):
         pool = install_plain(cp, args.lib)
         cmp = None
     else:
-        import cuda_mempool_cupy as cmp
+        if common.FROM_WHEEL:
+            import cudars.cupy
+            from cudars import _cuda_mempool_cupy as cmp
 
-        pool = cmp.install(args.lib)
+            assert os.path.samefile(args.lib, cudars.library_path()), args.lib
+            pool = cudars.cupy.install()
+        else:
+            import cuda_mempool_cupy as cmp
+
+            pool = cmp.install(args.lib)
     cp.cuda.Device(0).use()
     kern = cp.RawKernel(SPIN_SRC, "spin_fill")
     clock_khz = cp.cuda.runtime.getDeviceProperties(0)["clockRate"]

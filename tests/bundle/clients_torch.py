@@ -56,6 +56,16 @@ def use_pool(lib, record_stream=True):
     loaded, so the same pool)."""
     import torch
 
+    if common.FROM_WHEEL and record_stream:
+        # The wheel's one-call install (record_stream, empty_cache and the capture hooks).
+        import cudars
+        import cudars.torch
+
+        assert os.path.samefile(lib, cudars.library_path()), lib
+        cudars.torch.install()
+        so = cudars.library()
+        so.cuda_mempool_set_limit.argtypes = [ctypes.c_int, ctypes.c_size_t]
+        return so
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
         lib, "cuda_mempool_torch_alloc", "cuda_mempool_torch_free")
     so = ctypes.CDLL(lib)
@@ -246,6 +256,102 @@ def oom(args, rep, with_limit):
     del keep
 
 
+# ---- issue 49's fast path: the capture hooks, and a foreign stream reused after destroy ----
+
+def capture_between(args, rep):
+    """A capture begun between two allocations on a stream whose earlier block lingers in the
+    pool: the capture's temporaries come from its private pool (PyTorch announced the capture
+    through the hooks), so eager memory allocated after the capture is never what a replay
+    writes."""
+    import torch
+
+    use_pool(args.lib)
+    dev = torch.device("cuda", 0)
+    n = 1 * MIB
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(3):  # the stream recurs: its last block's free lingers
+            t = torch.empty(n, dtype=torch.float32, device=dev)
+            t.fill_(0.0)
+            del t
+        x = torch.full((n,), 3.0, device=dev)
+    s.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        tmp = x * 2.0          # a temporary, freed during the capture
+        y = tmp + 1.0
+        del tmp
+    tmp_like = []
+    with torch.cuda.stream(s):
+        for _ in range(4):      # eager blocks of the temporary's size, after the capture
+            z = torch.full((n,), 7.0, device=dev)
+            tmp_like.append(z)
+        for _ in range(20):
+            g.replay()
+    torch.cuda.synchronize()
+    clobbered = sum(int((z != 7.0).sum().item()) for z in tmp_like)
+    rep.check(clobbered == 0, f"eager blocks allocated after the capture keep their values "
+                              f"through 20 replays ({clobbered} elements overwritten)")
+    rep.check(bool((y == 7.0).all().item()), "the graph computes x * 2 + 1")
+    del g, y, tmp_like
+
+
+def reused_stream(args, rep):
+    """A foreign stream (cuStreamCreate, wrapped by torch.cuda.ExternalStream) used in rounds,
+    its last block freed while a slow kernel still writes it, then destroyed; a new stream
+    (often under the same handle value) allocates at once: it must not get memory the old
+    stream's kernel still writes."""
+    import torch
+
+    use_pool(args.lib)
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev = torch.device("cuda", 0)
+    torch.cuda.init()
+    torch.empty(1, device=dev)  # the primary context is current on this thread
+    n = 4 * MIB
+    props = torch.cuda.get_device_properties(0)
+    clock_khz = getattr(props, "clock_rate", 0) or 1_980_000
+    cycles = int(0.2 * clock_khz * 1000)
+    torch.cuda._sleep(1000)
+    reused = 0
+    for rnd in range(3):
+        h = ctypes.c_void_p()
+        rep.check(cuda.cuStreamCreate(ctypes.byref(h), 1) == 0, f"round {rnd}: cuStreamCreate")
+        old = torch.cuda.ExternalStream(h.value)
+        with torch.cuda.stream(old):
+            for _ in range(3):  # recurring: the last free lingers without a fence
+                w = torch.empty(n, dtype=torch.float32, device=dev)
+                w.fill_(0.0)
+                del w
+            a = torch.empty(n, dtype=torch.float32, device=dev)
+            torch.cuda._sleep(cycles)
+            a.fill_(1.0)
+            ptr_a = a.data_ptr()
+            del a
+        done = torch.cuda.Event()
+        done.record(old)
+        del old
+        rep.check(cuda.cuStreamDestroy_v2(h) == 0, f"round {rnd}: cuStreamDestroy")
+        h2 = ctypes.c_void_p()
+        rep.check(cuda.cuStreamCreate(ctypes.byref(h2), 1) == 0, f"round {rnd}: new stream")
+        reused += int(h2.value == h.value)
+        new = torch.cuda.ExternalStream(h2.value)
+        with torch.cuda.stream(new):
+            b = torch.empty(n, dtype=torch.float32, device=dev)
+            b.fill_(2.0)
+        overlap = not done.query()
+        torch.cuda.synchronize()
+        wrong = int((b != 2.0).sum().item())
+        rep.check(overlap, f"round {rnd}: the old stream's kernel still ran at the new allocation")
+        rep.check(wrong == 0, f"round {rnd}: {wrong} of {n} elements of the new stream's block "
+                              f"overwritten (same block: {b.data_ptr() == ptr_a}, handle "
+                              f"reused: {h2.value == h.value})")
+        del b, new
+        torch.cuda.synchronize()
+        cuda.cuStreamDestroy_v2(h2)
+    rep.info(f"the driver reused the destroyed stream's handle in {reused} of 3 rounds")
+
+
 # ---- graph: a training step captured with torch.cuda.graph ----
 
 def graph_losses(mode, lib):
@@ -368,8 +474,8 @@ def compare(rep, name, ours, ref):
     rep.check(all(a == a for a in ours), f"{name}: no NaN loss")
 
 
-SCENARIOS = ["cross_stream", "cross_record_stream", "steal_calls", "oom", "oom_limit", "graph", "compile",
-             "compile_noasserts"]
+SCENARIOS = ["cross_stream", "cross_record_stream", "steal_calls", "oom", "oom_limit", "graph",
+             "capture_between", "reused_stream", "compile", "compile_noasserts"]
 
 
 def child(args):
@@ -392,6 +498,10 @@ def child(args):
             oom(args, rep, False)
         elif name == "oom_limit":
             oom(args, rep, True)
+        elif name == "capture_between":
+            capture_between(args, rep)
+        elif name == "reused_stream":
+            reused_stream(args, rep)
         elif name == "graph":
             ours = graph_losses("pool", args.lib)
             compare(rep, "torch.cuda.graph training step, 100 replays", ours,

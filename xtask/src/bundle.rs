@@ -296,6 +296,9 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
     if !ext_found {
         return fail("cargo built no libcudars_dlpack_py.so for the DLPack extension module");
     }
+    // The `cudars` wheel (issue 49): the clients install it on the GPU machine and run from it.
+    let wheel = crate::wheel::build(&dir.join("wheels"), &env)?;
+    total += fs::metadata(&wheel).map_err(|e| e.to_string())?.len();
     let header = root().join("cuda-mempool-capi/include/cuda_mempool.h");
     if header.is_file() {
         total += fs::copy(&header, dir.join("lib/cuda_mempool.h")).map_err(|e| e.to_string())?;

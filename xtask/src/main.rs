@@ -27,6 +27,7 @@ mod headers;
 mod report;
 mod rtc;
 mod util;
+mod wheel;
 
 use std::process::ExitCode;
 
@@ -58,6 +59,7 @@ fn main() -> ExitCode {
         Some("nccl-bindings") => bindings::regenerate(&bindings::NCCL),
         Some("rtc-bindings") => bindings::regenerate(&bindings::RTC),
         Some("gpu-bundle") => headers::gpu_bundle_args(&args[1..]),
+        Some("wheel") => wheel::wheel_args(&args[1..]),
         Some("replay") => replay(&args[1..]),
         Some("memviz") => memviz(&args[1..]),
         Some("memviz-check") => browser::ci_memviz_screenshot().map(|line| println!("{line}")),
@@ -69,7 +71,7 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize] [--strict]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|check-common|circles|gpu-bundle [--headers 12.4]|replay [TRACE...]|memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]|bench-report DIR>"
+                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize] [--strict]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|check-common|circles|gpu-bundle [--headers 12.4]|wheel [--out DIR]|replay [TRACE...]|memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]|bench-report DIR>"
             );
             return ExitCode::from(2);
         }
@@ -172,6 +174,8 @@ fn cpu_steps(opts: &gpu::Options) -> Result<()> {
     )?;
     step("packaging");
     package()?;
+    step("the Python wheel: built, installed into a fresh virtual environment, CPU test");
+    wheel::ci_check()?;
     step("GPU suite detection without a driver");
     detection_check()?;
     step("main example");

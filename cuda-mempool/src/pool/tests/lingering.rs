@@ -27,9 +27,18 @@ fn a_recurring_foreign_stream_lingers_without_driver_calls() {
         drop(a);
     }
     let after = sim.calls();
-    assert_eq!(after.record_fence, before.record_fence, "no fence at the last frees");
-    assert_eq!(after.stream_wait_fence, before.stream_wait_fence, "no wait at the attaches");
-    assert_eq!(after.stream_released, before.stream_released, "the stream is kept");
+    assert_eq!(
+        after.record_fence, before.record_fence,
+        "no fence at the last frees"
+    );
+    assert_eq!(
+        after.stream_wait_fence, before.stream_wait_fence,
+        "no wait at the attaches"
+    );
+    assert_eq!(
+        after.stream_released, before.stream_released,
+        "the stream is kept"
+    );
     assert_eq!(pool.stats(D0).unwrap().attached_streams, 1);
     assert!(sim.violations().is_empty(), "{:?}", sim.violations());
 }
@@ -45,13 +54,16 @@ fn a_temporary_foreign_stream_still_detaches_with_its_fence() {
     let a = pool.malloc(D0, &s, MIB).unwrap();
     sim.submit_use(D0, s, a.ptr().0, MIB as u64);
     drop(a);
-    assert_eq!(sim.calls().record_fence, fences + 1, "its first last free fences it");
+    assert_eq!(
+        sim.calls().record_fence,
+        fences + 1,
+        "its first last free fences it"
+    );
     assert_eq!(pool.stats(D0).unwrap().attached_streams, 0);
 }
 
 #[test]
-fn a_handle_reused_after_its_lingering_stream_was_destroyed_never_meets_the_old_cache_unordered()
-{
+fn a_handle_reused_after_its_lingering_stream_was_destroyed_never_meets_the_old_cache_unordered() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let sim = pool.backend();
     let h = StreamKey(0x7f00);
@@ -63,7 +75,10 @@ fn a_handle_reused_after_its_lingering_stream_was_destroyed_never_meets_the_old_
     sim.destroy_stream(h); // allowed: no block made on it is live
     sim.create_stream(h); // a new stream gets the same handle value
     let new = sim.stream_uid(h);
-    assert_ne!(new, old, "a new stream under the same handle is another key");
+    assert_ne!(
+        new, old,
+        "a new stream under the same handle is another key"
+    );
     let b = pool.malloc(D0, &new, MIB).unwrap();
     assert!(
         sim.check_handout(D0, new, b.ptr().0, MIB as u64),
@@ -137,7 +152,11 @@ fn a_capture_begun_between_two_allocations_stops_the_stream_from_lingering() {
     let fences = sim.calls().record_fence;
     let released = sim.calls().stream_released;
     drop(a);
-    assert_eq!(sim.calls().record_fence, fences, "nothing recorded into the capture");
+    assert_eq!(
+        sim.calls().record_fence,
+        fences,
+        "nothing recorded into the capture"
+    );
     assert!(
         sim.calls().stream_released > released,
         "a capturing stream does not linger"

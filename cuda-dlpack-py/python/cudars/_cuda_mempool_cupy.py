@@ -1,0 +1,1 @@
+../../../cuda-mempool-capi/python/cuda_mempool_cupy.py
