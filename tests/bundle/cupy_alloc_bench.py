@@ -40,8 +40,11 @@ def pair_costs(args):
 
     import cupy as cp
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(args.lib)))
-    import cuda_mempool_cupy as cmp
+    if os.environ.get("CUDARS_FROM_WHEEL") == "1":
+        from cudars import _cuda_mempool_cupy as cmp
+    else:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(args.lib)))
+        import cuda_mempool_cupy as cmp
 
     cp.cuda.Device(0).use()
     module_pool = cmp.MemoryPool(args.lib)
@@ -98,6 +101,11 @@ def workload_child(mode, lib, steps):
 
         pool = cmp.install(lib)
         print(f"MODULE_PATH {pool.path}", flush=True)
+    elif mode == "wheel":
+        import cudars.cupy
+
+        pool = cudars.cupy.install()
+        print(f"MODULE_PATH {pool.path} (cudars wheel)", flush=True)
     import cupy_workload
 
     # cupy_workload.child installs the CFunctionAllocator only for mode "pool"; "cupy" leaves

@@ -62,6 +62,12 @@ def child(mode, lib, steps):
     import torch
 
     history_so = None
+    if mode == "wheel":
+        # The installed `cudars` wheel's one call (record_stream, empty_cache, capture hooks).
+        import cudars.torch
+
+        cudars.torch.install()
+        lib = cudars.library_path()
     if mode in ("pool", "pool-history"):
         alloc = torch.cuda.memory.CUDAPluggableAllocator(
             lib, "cuda_mempool_torch_alloc", "cuda_mempool_torch_free"
@@ -165,7 +171,13 @@ def child(mode, lib, steps):
     # 1 MiB on the current (default) stream, PAIRS times; ns a pair (median of 5 batches).
     extra = {"pair_ns": alloc_pair_ns(lambda: torch.empty(1 << 20, dtype=torch.uint8, device=dev)),
              **history}
-    if mode in ("pool", "pool-history"):
+    # The same on a stream PyTorch created (torch.cuda.Stream: a handle the allocator did not
+    # make, what issue 49's fast path serves).
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        extra["pair_stream_ns"] = alloc_pair_ns(
+            lambda: torch.empty(1 << 20, dtype=torch.uint8, device=dev))
+    if mode in ("pool", "pool-history", "wheel"):
         import ctypes
 
         so = ctypes.CDLL(lib)  # the same library instance PyTorch loaded

@@ -196,6 +196,7 @@ def interleave(label, names, make_cmd, args, steps, deadline):
                 "step_ms": statistics.median(steady) * 1e3,
                 "peak_mib": res["peak_reserved"] / MIB,
                 "pair_ns": res.get("pair_ns"),
+                "pair_stream_ns": res.get("pair_stream_ns"),
                 "wall_s": time.time() - t0,
                 "results": res.get("losses") or res.get("results"),
             }
@@ -278,8 +279,17 @@ def main():
     ap.add_argument("--cpus", default="auto",
                     help="CPU list every run is pinned to (e.g. 4-7), 'auto' (4 CPUs from the "
                          "middle of the allowed set), or 'none'")
+    ap.add_argument("--from-wheel", action="store_true",
+                    help="ours from the installed cudars wheel (cudars.torch.install(), "
+                         "cudars.cupy.install()) instead of the bundle's lib/")
     args = ap.parse_args()
     global CPUS
+    if args.from_wheel:
+        import cudars
+
+        args.lib = cudars.library_path()
+        TORCH["ours"] = ("wheel", {})
+        CUPY["ours"] = ("wheel", {"CUDARS_FROM_WHEEL": "1"})
     if args.with_plain:
         TORCH["ours-plain"] = ("pool", PLAIN)
         CUPY["ours-plain"] = ("module", PLAIN)
@@ -373,6 +383,11 @@ def main():
             pairs = {k: statistics.median([r["pair_ns"] for r in v]) for k, v in torch_runs.items()}
             print("torch.empty(1 MiB) + del, ns a pair (median over runs): "
                   + ", ".join(f"{k} {v:.0f}" for k, v in pairs.items()))
+            side = {k: quartiles([r["pair_stream_ns"] for r in v if r.get("pair_stream_ns")])
+                    for k, v in torch_runs.items() if any(r.get("pair_stream_ns") for r in v)}
+            print("torch.empty(1 MiB) + del on a torch.cuda.Stream, ns a pair (q1 / median / q3 "
+                  "over runs): " + ", ".join(f"{k} {v[0]:.0f} / {v[1]:.0f} / {v[2]:.0f}"
+                                             for k, v in side.items()))
     out_dir = os.environ.get("BENCH_OUT")
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
