@@ -98,7 +98,9 @@ pub const EXTERNAL_UID_TAG: u64 = 3 << 62;
 /// # Safety
 ///
 /// `raw` is a valid explicit stream handle of `device` (not null, `CU_STREAM_LEGACY` or
-/// `CU_STREAM_PER_THREAD`) during the call.
+/// `CU_STREAM_PER_THREAD`) during the call, and is not being captured: the driver refuses the
+/// question during a capture and invalidates the capture (a capture in global mode even when
+/// another thread asks).
 #[inline]
 pub unsafe fn external_uid(device: &Device, raw: CUstream) -> Option<u64> {
     if is_implicit(raw) {
@@ -422,9 +424,12 @@ impl Stream {
         keep_alive: Option<Box<dyn Any + Send + Sync>>,
         announced: bool,
     ) -> Result<Stream> {
-        // The driver refuses to say a stream's device while the stream is being captured
-        // (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED): then the caller's word is taken.
-        if !is_implicit(raw) && !is_capturing(*device, raw) {
+        // The driver refuses to say a stream's device or id while the stream is being
+        // captured (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, which also invalidates the capture):
+        // then the caller's word is taken for the device, and the handle's value is the
+        // identity (not unique: see `identity_is_unique`).
+        let capturing = !is_implicit(raw) && is_capturing(*device, raw);
+        if !is_implicit(raw) && !capturing {
             let mut actual = 0;
             let asked = with_context(*device, false, |_| {
                 // SAFETY: the caller vouches for the handle; valid out-pointer.
@@ -446,10 +451,10 @@ impl Stream {
         // CU_STREAM_LEGACY is the legacy null stream under another name. An explicit handle
         // is known by the driver's id of the stream where the driver has one (never reused,
         // unlike the handle's value), else by its value.
-        let identity = if is_implicit(raw) {
+        let identity = if is_implicit(raw) || capturing {
             external_identity(raw)
         } else {
-            // SAFETY: the caller vouches for the handle.
+            // SAFETY: the caller vouches for the handle, which is not being captured.
             unsafe { external_uid(device, raw) }.unwrap_or_else(|| external_identity(raw))
         };
         // The implicit handles keep their meaning: CU_STREAM_LEGACY is the legacy null

@@ -284,8 +284,31 @@ unsafe fn wrap_stream_as(
     }
     let raw = stream as CUstream;
     let handle = stream as usize;
-    if handle > cudars_core::stream::PER_THREAD_HANDLE {
-        // SAFETY: the caller's contract: a valid explicit stream of `device`.
+    // The memo serves announced streams while no capture that could be theirs runs: the
+    // driver's id may not be asked of a stream being captured (that invalidates the capture),
+    // and whether another stream is, only a capture question would tell (the wrapper below
+    // asks it first).
+    let no_capture = announced
+        && !cudars_core::graph::captures_in_progress()
+        && !cudars_core::graph::announced_captures_in_progress();
+    if no_capture && handle > cudars_core::stream::PER_THREAD_HANDLE {
+        // A remembered stream with a block of its own live now is still this handle's: its
+        // owner may not destroy it before that block is freed, and a handle names one stream
+        // at a time (the caller vouches for it during this call). No driver call then.
+        let remembered = MEMO.with(|m| {
+            m.borrow()
+                .iter()
+                .find(|(d, h, a, _)| *d == device.0 && *h == handle && *a == announced)
+                .map(|(.., s)| s.clone())
+        });
+        if let Some(s) = remembered {
+            let pool = pool(call)?;
+            if pool.stream_is_busy(device, cudars_mempool::StreamKey(s.identity())) {
+                return Ok(s);
+            }
+        }
+        // SAFETY: the caller's contract: a valid explicit stream of `device`, announced, so
+        // not being captured while no announced capture runs.
         if let Some(uid) = unsafe { cudars_core::stream::external_uid(&dev, raw) } {
             let hit = MEMO.with(|m| {
                 m.borrow()
@@ -308,7 +331,7 @@ unsafe fn wrap_stream_as(
         unsafe { Stream::external(&dev, raw) }
     }
     .map_err(|e| fail(call, e))?;
-    if s.identity_is_unique() {
+    if announced && s.identity_is_unique() {
         let _ = MEMO.try_with(|m| {
             let mut m = m.borrow_mut();
             m.retain(|(d, h, a, _)| !(*d == device.0 && *h == handle && *a == announced));

@@ -338,9 +338,9 @@ pub unsafe trait Backend: Send + Sync + 'static {
     /// fence, *lingering*, when [`may_release_stream`](Self::may_release_stream) says it may
     /// go: only for a stream whose [`stream_key`](Self::stream_key) names it alone for the
     /// life of the process (so a request under that key proves the same stream is back and
-    /// valid), and that is not being captured. A lingering stream is never used again until
-    /// such a request comes: its owner may destroy it. Called on the free of a stream's last
-    /// live block, so it must be cheap. The default never lingers.
+    /// valid). A lingering stream is never used again until such a request comes: its owner
+    /// may destroy it. Called on the free of a stream's last live block, so it must be cheap.
+    /// The default never lingers.
     fn may_linger(&self, stream: &Self::Stream) -> bool {
         let _ = stream;
         false

@@ -194,14 +194,15 @@ unsafe impl Backend for DriverBackend {
     }
 
     /// A foreign stream known by the driver's id of it (never reused, so a later request
-    /// under the same key is the same stream, valid again), with no keep-alive owner, and
-    /// not being captured (asked of the driver only where [`may_be_capturing`] says so).
+    /// under the same key is the same stream, valid again), with no keep-alive owner. No
+    /// driver call: a lingering stream is used again only by its own requests, in its own
+    /// order, as a stream whose last block is not yet freed is (a free during a capture
+    /// included).
     #[inline]
     fn may_linger(&self, stream: &Stream) -> bool {
         stream.kind() == StreamKind::External
             && stream.identity_is_unique()
             && stream.clone_count().is_none()
-            && !self.is_capturing(stream)
     }
 
     #[inline]

@@ -987,7 +987,6 @@ unsafe impl Backend for SimulatedBackend {
             && stream.0 & UID_TAG == UID_TAG
             && handle != stream.0
             && s.borrowed.contains(&handle)
-            && !s.capturing.contains_key(&handle)
     }
 
     fn retain_stream(&self, stream: &StreamKey) -> StreamKey {

@@ -56,6 +56,22 @@ impl<B: Backend> MemoryPool<B> {
         }
     }
 
+    /// Whether a block made on the stream of `key` (a [`Backend::stream_key`]) is live now on
+    /// `device`: while one is, the stream's owner may not destroy it (the pool's contract for
+    /// foreign streams), so a handle that named the stream when the block was made still names
+    /// it. The C ABI asks this before it trusts its per-thread memo of a handle without asking
+    /// the driver. One lookup and one lock, no backend call; `false` for an unknown key.
+    pub fn stream_is_busy(&self, device: DeviceId, key: StreamKey) -> bool {
+        let Ok(dev) = self.device(device) else {
+            return false;
+        };
+        let Some(shard) = dev.shards.get_home(key).or_else(|| dev.shards.get(key)) else {
+            return false;
+        };
+        let st = shard.state.lock();
+        !st.retired && st.key == key && !st.private && st.is_attached() && !st.stream_idle()
+    }
+
     /// Lets the pool forget `stream` now (it detaches from it where no block made on it
     /// is live), instead of at the next new stream. Call it before destroying a foreign
     /// stream whose blocks are all freed, or to bound what the pool holds. Memory the

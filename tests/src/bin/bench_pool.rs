@@ -252,6 +252,11 @@ fn run() -> Result<(), BoxError> {
             // capture hooks are installed (cuda_mempool_torch_announce_captures: the driver is
             // asked about captures only while PyTorch's run), the plain C route, and the two
             // driver calls that bound it from below.
+            // PyTorch's route on a stream of its own (a stream that reaches the pool through
+            // one route only, as in a PyTorch program: the pool keeps the wrapper of the request
+            // that attached it).
+            let torch_stream = Stream::new(&dev)?;
+            let torch_handle = torch_stream.raw().cast::<std::ffi::c_void>();
             let torch_pair = || {
                 ns_per_call(10_000, 21, 100_000, || {
                     // SAFETY: a live stream of device `ordinal`; freed at once, on its stream.
@@ -259,14 +264,14 @@ fn run() -> Result<(), BoxError> {
                         let p = cudars_mempool_capi::cuda_mempool_torch_alloc(
                             size as isize,
                             ordinal,
-                            raw_handle,
+                            torch_handle,
                         );
                         assert!(!p.is_null(), "torch alloc");
                         cudars_mempool_capi::cuda_mempool_torch_free(
                             p,
                             size as isize,
                             ordinal,
-                            raw_handle,
+                            torch_handle,
                         );
                     }
                 })
@@ -294,7 +299,7 @@ fn run() -> Result<(), BoxError> {
             // The same with another block live on the stream (a training step's tensors):
             let keep = unsafe {
                 // SAFETY: as above; freed below.
-                cudars_mempool_capi::cuda_mempool_torch_alloc(size as isize, ordinal, raw_handle)
+                cudars_mempool_capi::cuda_mempool_torch_alloc(size as isize, ordinal, torch_handle)
             };
             let busy = torch_pair();
             // SAFETY: a live block of this library, freed once.
@@ -323,10 +328,65 @@ fn run() -> Result<(), BoxError> {
                 "pool_pair_1MiB",
                 Target::None,
             );
+            // The parts of the torch route's pair, each alone: the pool's pair on the stream
+            // wrapped as PyTorch's route wraps it (announced: no capture question; lingering
+            // at the last free), the same through into_raw/free_raw (what the C layer calls),
+            // and with the C layer's registry insert and remove around it.
+            // SAFETY: `stream` outlives the wrapper and every block made on it here; nothing
+            // captures it.
+            let announced_stream = unsafe { Stream::external_announced(&dev, torch_stream.raw()) }?;
+            let part_pool = ns_per_call(10_000, 21, 100_000, || {
+                drop(
+                    pool.malloc_stream(&announced_stream, size)
+                        .expect("pool malloc"),
+                );
+            });
+            report.row(
+                "capi_part_pool_pair_announced",
+                "ns",
+                part_pool,
+                Some(announced),
+                "capi_torch_pair_announced_1MiB",
+                Target::None,
+            );
+            let part_raw = ns_per_call(10_000, 21, 100_000, || {
+                let raw = pool
+                    .malloc_stream(&announced_stream, size)
+                    .expect("pool malloc")
+                    .into_raw();
+                pool.free_raw(raw).expect("free_raw");
+            });
+            report.row(
+                "capi_part_raw_pair",
+                "ns",
+                part_raw,
+                Some(announced),
+                "capi_torch_pair_announced_1MiB",
+                Target::None,
+            );
+            let registry = cudars_mempool_capi::registry::Registry::new();
+            let part_reg = ns_per_call(10_000, 21, 100_000, || {
+                let raw = pool
+                    .malloc_stream(&announced_stream, size)
+                    .expect("pool malloc")
+                    .into_raw();
+                let addr = raw.ptr().0;
+                assert!(registry.insert_with(raw, None, 1).is_none());
+                let (raw, _, _) = registry.remove_with(addr).expect("recorded");
+                pool.free_raw(raw).expect("free_raw");
+            });
+            report.row(
+                "capi_part_raw_pair_registry",
+                "ns",
+                part_reg,
+                Some(announced),
+                "capi_torch_pair_announced_1MiB",
+                Target::None,
+            );
             let uid = ns_per_call(10_000, 21, 100_000, || {
                 // SAFETY: a live explicit stream of `dev`.
                 std::hint::black_box(unsafe {
-                    cudars_core::stream::external_uid(&dev, stream.raw())
+                    cudars_core::stream::external_uid(&dev, torch_stream.raw())
                 });
             });
             report.row(

@@ -135,34 +135,66 @@ fn the_same_stream_coming_back_takes_its_lingering_cache_in_its_own_order() {
 }
 
 #[test]
-fn a_capture_begun_between_two_allocations_stops_the_stream_from_lingering() {
+fn a_capture_begun_between_two_allocations_gets_private_memory_and_no_fence() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let sim = pool.backend();
     let s = recurring(&pool, 0x7f00);
     let a = pool.malloc(D0, &s, MIB).unwrap();
+    let a_addr = a.ptr();
+    sim.submit_use(D0, s, a_addr.0, MIB as u64);
     // A capture begins on the stream between this allocation and the next: the next comes
-    // from the capture's private pool (as the driver layer routes it), and the free of the
-    // eager block during the capture does not linger (the stream is let go of as any
-    // capturing stream's last block: no fence recorded into the capture).
+    // from the capture's private pool (as the driver layer routes it), never from the stream's
+    // cache; the free of the eager block during the capture records nothing into the capture
+    // (the stream lingers, untouched, as any stream whose last block is freed).
     sim.set_capturing(s, true);
     let id = PrivatePoolId(7);
     let hold = pool.retain_private_pool(D0, id).unwrap();
     let p = pool.malloc_private(D0, id, &s, MIB).unwrap();
-    assert_ne!(p.ptr(), a.ptr());
-    let fences = sim.calls().record_fence;
-    let released = sim.calls().stream_released;
+    assert_ne!(p.ptr(), a_addr);
+    let calls = sim.calls();
     drop(a);
+    let after = sim.calls();
     assert_eq!(
-        sim.calls().record_fence,
-        fences,
+        after.record_fence, calls.record_fence,
         "nothing recorded into the capture"
     );
-    assert!(
-        sim.calls().stream_released > released,
-        "a capturing stream does not linger"
-    );
-    drop(p);
-    drop(hold);
+    assert_eq!(after.stream_wait_fence, calls.stream_wait_fence);
+    let q = pool.malloc_private(D0, id, &s, MIB).unwrap();
+    assert_ne!(q.ptr(), a_addr, "the eager cache never serves the capture");
+    drop((p, q));
     sim.set_capturing(s, false);
+    drop(hold);
+    // After the capture, the stream's own cache serves it again, in its own order.
+    let b = pool.malloc(D0, &s, MIB).unwrap();
+    assert!(sim.check_handout(D0, s, b.ptr().0, MIB as u64));
+    drop(b);
+    assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+}
+
+#[test]
+fn a_stream_is_busy_exactly_while_a_block_made_on_it_is_live() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let s = recurring(&pool, 0x7f00);
+    let key = pool.backend().stream_key(&s).unwrap();
+    assert!(!pool.stream_is_busy(D0, key), "lingering: no live block");
+    let a = pool.malloc(D0, &s, MIB).unwrap();
+    assert!(pool.stream_is_busy(D0, key));
+    let b = pool.malloc(D0, &s, 2 * MIB).unwrap();
+    drop(a);
+    assert!(pool.stream_is_busy(D0, key), "one block still live");
+    drop(b);
+    assert!(!pool.stream_is_busy(D0, key));
+    assert!(
+        !pool.stream_is_busy(D0, StreamKey(0x1234)),
+        "an unknown key"
+    );
+    // Another stream's block makes that stream busy, not this one.
+    let other = StreamKey(0x9000);
+    let o = pool.malloc(D0, &other, MIB).unwrap();
+    assert!(pool.stream_is_busy(D0, other));
+    assert!(!pool.stream_is_busy(D0, key));
+    drop(o);
+    assert!(!pool.stream_is_busy(DeviceId(7), key), "an unknown device");
     assert!(sim.violations().is_empty(), "{:?}", sim.violations());
 }
