@@ -32,7 +32,9 @@ def main():
     import cudars
 
     here = os.path.dirname(os.path.abspath(cudars.__file__))
-    check("imported from the installed package", "site-packages" in here, here)
+    # Installed (site-packages, or pip's --target folder), not the source tree's package.
+    check("imported from the installed package",
+          os.path.join("cuda-dlpack-py", "python") not in here, here)
     check("no framework imported by `import cudars`",
           "torch" not in sys.modules and "cupy" not in sys.modules)
     check("version", re.fullmatch(r"\d+\.\d+\.\d+", cudars.__version__) is not None,
