@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Round 9, call 2 (issue 49, after call 1's fix: no cuStreamGetId on a capturing stream):
 # bench_pool's pair rows through each C entry point with their parts and the driver floors
-# (3 runs), the PyTorch and CuPy clients from the installed wheel.
+# (3 runs), the PyTorch client, the torch.cuda.MemPool route probe and the CuPy client, from
+# the installed wheel.
 set -u
 cd "$(dirname "$0")/../../.."
 t0=$(date +%s)
@@ -22,6 +23,8 @@ done | tee $OUT/pairs.txt
 echo "=== clients_torch.py from the wheel  [$(( $(date +%s) - t0 )) s]"
 CUDARS_FROM_WHEEL=1 timeout 200 python3 $B/clients_torch.py > $OUT/clients_torch.txt 2>&1
 grep -E "^--- |FAIL|passed, .* failed$" $OUT/clients_torch.txt | tail -20
+echo "=== torch_mempool_probe.py (route evaluation)  [$(( $(date +%s) - t0 )) s]"
+timeout 150 python3 $B/torch_mempool_probe.py 2>&1 | tee $OUT/mempool_probe.txt | tail -20
 echo "=== clients_cupy.py --seconds 6 from the wheel  [$(( $(date +%s) - t0 )) s]"
 left=$(( 590 - ($(date +%s) - t0) ))
 CUDARS_FROM_WHEEL=1 timeout $left python3 $B/clients_cupy.py --seconds 6 > $OUT/clients_cupy.txt 2>&1
