@@ -292,21 +292,6 @@ unsafe fn wrap_stream_as(
         && !cudars_core::graph::captures_in_progress()
         && !cudars_core::graph::announced_captures_in_progress();
     if no_capture && handle > cudars_core::stream::PER_THREAD_HANDLE {
-        // A remembered stream with a block of its own live now is still this handle's: its
-        // owner may not destroy it before that block is freed, and a handle names one stream
-        // at a time (the caller vouches for it during this call). No driver call then.
-        let remembered = MEMO.with(|m| {
-            m.borrow()
-                .iter()
-                .find(|(d, h, a, _)| *d == device.0 && *h == handle && *a == announced)
-                .map(|(.., s)| s.clone())
-        });
-        if let Some(s) = remembered {
-            let pool = pool(call)?;
-            if pool.stream_is_busy(device, cudars_mempool::StreamKey(s.identity())) {
-                return Ok(s);
-            }
-        }
         // SAFETY: the caller's contract: a valid explicit stream of `device`, announced, so
         // not being captured while no announced capture runs.
         if let Some(uid) = unsafe { cudars_core::stream::external_uid(&dev, raw) } {
@@ -340,6 +325,41 @@ unsafe fn wrap_stream_as(
         });
     }
     Ok(s)
+}
+
+/// PyTorch's fast path: a block for a stream this thread remembers (announced), served while
+/// a block made on that stream is live, with no driver call: its owner may not destroy the
+/// stream before that block is freed, and a handle names one stream at a time (the caller
+/// vouches for it during this call), so the remembered stream is still this handle's
+/// ([`DevicePool::malloc_stream_if_busy`], which also checks that no capture can run on it).
+/// `Ok(None)` when the path does not apply: the caller takes the general one.
+fn alloc_remembered(
+    call: &str,
+    device: DeviceId,
+    stream: *mut c_void,
+    size: usize,
+) -> Result<Option<*mut c_void>, CallError> {
+    let handle = stream as usize;
+    if handle <= cudars_core::stream::PER_THREAD_HANDLE {
+        return Ok(None);
+    }
+    let remembered = MEMO.with(|m| {
+        m.borrow()
+            .iter()
+            .find(|(d, h, a, _)| *d == device.0 && *h == handle && *a)
+            .map(|(.., s)| s.clone())
+    });
+    let Some(s) = remembered else {
+        return Ok(None);
+    };
+    let pool = pool(call)?;
+    let Some(a) = pool
+        .malloc_stream_if_busy(&s, size)
+        .map_err(|e| fail(call, e))?
+    else {
+        return Ok(None);
+    };
+    record(call, a.into_raw(), None, handle).map(Some)
 }
 
 /// Allocates from the pool on `stream` and records the block (with `hold`, the stream handle
@@ -379,8 +399,19 @@ fn alloc(
             return Err(fail(call, e));
         }
     };
+    record(call, raw, hold, stream.raw() as usize)
+}
+
+/// Records a block just served (with `hold`, the stream handle the [`cupy`] module holds for
+/// it, and `handle`, the stream it was allocated on) and returns its address.
+fn record(
+    call: &str,
+    raw: cudars_mempool::RawAllocation,
+    hold: Option<usize>,
+    handle: usize,
+) -> Result<*mut c_void, CallError> {
     let addr = raw.ptr().0;
-    if let Some(stale) = LIVE.insert_with(raw, hold, stream.raw() as usize) {
+    if let Some(stale) = LIVE.insert_with(raw, hold, handle) {
         // The pool handed out an address the registry still holds: the pool and the
         // registry disagree. Keep the new block recorded, report, and leave the stale
         // entry's memory to the pool.
@@ -543,6 +574,12 @@ pub unsafe extern "C" fn cuda_mempool_torch_alloc_inner(
         }
         let id = device_id(CALL, device)?;
         let announced = TORCH_ANNOUNCES.load(Ordering::Acquire);
+        if announced {
+            LAST_OOM.with(|c| c.set(None));
+            if let Some(p) = alloc_remembered(CALL, id, stream, size)? {
+                return Ok(p);
+            }
+        }
         // SAFETY: the caller's contract is wrap_stream's; with `announced`, PyTorch's hooks
         // announce its captures (cuda_mempool_torch_announce_captures' contract).
         let s = unsafe { wrap_stream_as(CALL, id, stream, announced) }?;

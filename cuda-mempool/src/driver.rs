@@ -513,6 +513,23 @@ impl MemoryPool<DriverBackend> {
         self.malloc_stream_checked(stream, size, std::panic::Location::caller())
     }
 
+    /// [`MemoryPool::malloc_if_busy`] on `stream`'s device, when no hook is installed and no
+    /// capture can be running on `stream` (the questions [`malloc_stream`](Self::malloc_stream)
+    /// asks, with the same cheap answers); `Ok(None)` otherwise, nothing done. For a caller
+    /// that remembers a wrapper of a foreign stream (the C ABI's per-thread memo) and may use
+    /// it without asking the driver while a block made on the stream is live.
+    #[inline]
+    pub fn malloc_stream_if_busy(
+        &self,
+        stream: &Stream,
+        size: usize,
+    ) -> Result<Option<Allocation<'_, DriverBackend>>, PoolError> {
+        if hooks::any_installed() || may_be_capturing(stream) {
+            return Ok(None);
+        }
+        self.malloc_if_busy(device_id(&stream.device()), stream, size)
+    }
+
     /// [`malloc_stream`](Self::malloc_stream) with hooks or a possible capture.
     #[inline(never)]
     #[track_caller]

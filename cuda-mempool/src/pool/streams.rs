@@ -7,7 +7,7 @@ use crate::policy;
 
 use super::shard::ShardState;
 use super::table::{Inserted, ShardTable};
-use super::{Device, MemoryPool};
+use super::{Allocation, Device, MemoryPool};
 
 impl<B: Backend> MemoryPool<B> {
     /// Creates (or adopts) the shard of `key` in `table` and attaches `stream` to it.
@@ -70,6 +70,56 @@ impl<B: Backend> MemoryPool<B> {
         };
         let st = shard.state.lock();
         !st.retired && st.key == key && !st.private && st.is_attached() && !st.stream_idle()
+    }
+
+    /// The fast path of a caller that remembers `stream` but cannot tell, without asking the
+    /// driver, whether its handle still names the stream it remembers (the C ABI's memo):
+    /// serves `size` bytes from the stream's recently freed blocks only while a block made on
+    /// the stream is live, since its owner may not destroy the stream before that block is
+    /// freed, so the handle still names it. `Ok(None)`, with nothing done, otherwise (no live
+    /// block, no recent block of that size, a memory history recording): the caller then
+    /// checks the stream and takes the general path. One lookup and one lock, no backend call.
+    #[inline]
+    pub fn malloc_if_busy(
+        &self,
+        device: DeviceId,
+        stream: &B::Stream,
+        size: usize,
+    ) -> Result<Option<Allocation<'_, B>>, PoolError> {
+        let dev = self.device(device)?;
+        let (Some(rounded), Ok(key)) = (
+            policy::round_size(size as u64),
+            self.backend.stream_key(stream),
+        ) else {
+            return Ok(None);
+        };
+        let Some(shard) = dev.shards.get_home(key) else {
+            return Ok(None);
+        };
+        let mut st = shard.state.lock();
+        if size == 0
+            || st.retired
+            || st.key != key
+            || st.private
+            || st.stream.is_none()
+            || st.stream_idle()
+            || self.history.is_on()
+        {
+            return Ok(None);
+        }
+        let Some(id) = st.take_recent(rounded) else {
+            return Ok(None);
+        };
+        let served = st.mark_live(id, size as u64);
+        drop(st);
+        Ok(Some(self.handle(
+            dev.id,
+            shard,
+            key,
+            key,
+            (id, served),
+            size as u64,
+        )))
     }
 
     /// Lets the pool forget `stream` now (it detaches from it where no block made on it

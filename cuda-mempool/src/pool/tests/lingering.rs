@@ -198,3 +198,45 @@ fn a_stream_is_busy_exactly_while_a_block_made_on_it_is_live() {
     assert!(!pool.stream_is_busy(DeviceId(7), key), "an unknown device");
     assert!(sim.violations().is_empty(), "{:?}", sim.violations());
 }
+
+#[test]
+fn the_busy_fast_path_serves_only_a_busy_stream_from_its_recent_blocks() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let s = recurring(&pool, 0x7f00);
+    assert!(
+        pool.malloc_if_busy(D0, &s, MIB).unwrap().is_none(),
+        "no live block: the handle may name another stream now"
+    );
+    let keep = pool.malloc(D0, &s, 2 * MIB).unwrap();
+    let a = pool.malloc(D0, &s, MIB).unwrap();
+    let addr = a.ptr();
+    drop(a);
+    let calls = sim.calls();
+    let b = pool
+        .malloc_if_busy(D0, &s, MIB)
+        .unwrap()
+        .expect("busy, a recent block");
+    assert_eq!(b.ptr(), addr, "the stream's own recent block, in its order");
+    assert_eq!(sim.calls(), calls, "no backend call");
+    assert!(
+        pool.malloc_if_busy(D0, &s, 8 * MIB).unwrap().is_none(),
+        "no recent block of that size: the general path"
+    );
+    assert!(pool
+        .malloc_if_busy(D0, &StreamKey(0x9000), MIB)
+        .unwrap()
+        .is_none());
+    drop(b);
+    pool.start_history(std::sync::Arc::new(crate::history::Recorder::new(
+        16,
+        crate::history::Clock::Real,
+    )));
+    assert!(
+        pool.malloc_if_busy(D0, &s, MIB).unwrap().is_none(),
+        "a recording takes the general path, which notes the allocation"
+    );
+    pool.stop_history();
+    drop(keep);
+    assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+}
