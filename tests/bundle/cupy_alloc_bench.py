@@ -93,7 +93,11 @@ def pair_costs(args):
 def workload_child(mode, lib, steps):
     """One run of cupy_workload.py's workload; prints RESULT with its median step time."""
     sys.path.insert(0, HERE)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(lib)))
+    libdir = os.path.dirname(os.path.abspath(lib))
+    if not os.path.exists(os.path.join(libdir, "__init__.py")):
+        # The bundle's lib/ (cuda_mempool_cupy.py). Never the installed wheel's package
+        # folder: its cupy.py and torch.py would shadow the frameworks.
+        sys.path.insert(0, libdir)
     import cupy as cp
 
     if mode == "module":

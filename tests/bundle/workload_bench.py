@@ -310,7 +310,9 @@ def main():
         # Allocation cost through each CuPy path, one process, same run.
         out = subprocess.run([sys.executable, os.path.join(HERE, "cupy_alloc_bench.py"),
                               "--pairs-only", "--lib", args.lib, "--iters", str(args.pair_iters),
-                              "--repeats", "7"], capture_output=True, text=True)
+                              "--repeats", "7"], capture_output=True, text=True,
+                             env=dict(os.environ, **({"CUDARS_FROM_WHEEL": "1"}
+                                                     if args.from_wheel else {})))
         sys.stdout.write(out.stdout)
         pairs = None
         for line in out.stdout.splitlines():
