@@ -8,10 +8,19 @@
 # with cuda-mempool and passes with CuPy's pool, or a run that did not complete).
 #
 # Usage: bash cupy_own_tests.sh [extra pytest args, e.g. -k graph]
-# Needs python3 with CuPy 14.x and pytest; lib/ beside this script.
+# Needs python3 with CuPy 14.x and pytest; lib/ beside this script (or, with
+# CUDARS_FROM_WHEEL=1, the cudars wheel importable).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 lib="$here/lib/libcudars_mempool_capi.so"
+libpath="$here/lib"
+# CUDARS_FROM_WHEEL=1: ours and plain from the installed cudars wheel (its library, and
+# cudars.cupy.install() for ours), nothing from lib/.
+if [ "${CUDARS_FROM_WHEEL:-}" = 1 ]; then
+  lib="$(python3 -c 'import cudars; print(cudars.library_path())')" || { echo "FAIL: no cudars wheel importable"; echo "0 passed, 1 failed"; exit 1; }
+  libpath=""
+  echo "from the installed wheel: $lib"
+fi
 if ! python3 -c 'import pytest, cupy' 2>/dev/null; then
   echo "FAIL: python3 cannot import pytest and cupy"; echo "0 passed, 1 failed"; exit 1
 fi
@@ -27,7 +36,7 @@ passed=0; failed=0
 for mode in cupy ours plain; do
   start=$(date +%s)
   out="$(cd "$work" && CUDA_MEMPOOL_CUPY_SUITE=$mode CUDA_MEMPOOL_CAPI_LIB="$lib" \
-    PYTHONPATH="$here/lib${PYTHONPATH:+:$PYTHONPATH}" timeout 1500 \
+    PYTHONPATH="${libpath}${libpath:+${PYTHONPATH:+:}}${PYTHONPATH:-}" timeout 1500 \
     python3 -m pytest -q -rfE -p no:cacheprovider --import-mode=importlib suite "$@" 2>&1)"; rc=$?
   printf '%s\n' "$out" > "$work/$mode.log"
   # CUPY_OWN_LOGS=DIR keeps each mode's whole pytest output there.

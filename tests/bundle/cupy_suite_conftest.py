@@ -16,7 +16,12 @@ import pytest
 
 _MODE = os.environ.get("CUDA_MEMPOOL_CUPY_SUITE", "cupy")
 
-if _MODE == "ours":
+if _MODE == "ours" and os.environ.get("CUDARS_FROM_WHEEL") == "1":
+    # The installed cudars wheel (issue 49): its one call.
+    import cudars.cupy
+
+    _POOL = cudars.cupy.install()
+elif _MODE == "ours":
     import cuda_mempool_cupy
 
     _POOL = cuda_mempool_cupy.install(os.environ["CUDA_MEMPOOL_CAPI_LIB"])
