@@ -445,10 +445,11 @@ unsafe impl Backend for DriverBackend {
     }
 
     fn may_synchronize_device(&self, device: DeviceId) -> bool {
-        // Captures this process began through cuda-core, and those that allocated from the
-        // pool (their graphs still hold private pools): a foreign capture that never
-        // allocated here is unknown (see the C header).
+        // Captures this process began through cuda-core, those announced (PyTorch's, through
+        // the C ABI), and those that allocated from the pool (their graphs still hold private
+        // pools): a foreign capture that never allocated here is unknown (see the C header).
         !cudars_core::graph::captures_in_progress()
+            && !cudars_core::graph::announced_captures_in_progress()
             && !self
                 .captures
                 .lock()

@@ -130,6 +130,13 @@ pub const MAX_OUTSTANDING_FENCES: usize = 4;
 /// never write a shared cache line on the hot path.
 pub const SHARDS_PER_TABLE: usize = 64;
 
+/// How many foreign streams of a device may linger at once (keep their cache past the free
+/// of their last block, with no fence: see `ShardState::let_go`). A lingering stream's owner
+/// may destroy it, and its cache is then reachable only after a device-wide synchronisation,
+/// so the count is bounded; past it, a stream detaches with its fence as before. A program's
+/// recurring streams (PyTorch's pool of streams, a few side streams) fit well below it.
+pub const MAX_LINGERING_STREAMS: usize = 32;
+
 /// A new stream adopts the shard of a stream the pool let go of (its cache, pages and
 /// address ranges) only when that shard's last fence has completed, so the new stream never
 /// waits for someone else's work. Once a device holds this many shards, a new stream adopts

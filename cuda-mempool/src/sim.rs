@@ -822,16 +822,20 @@ fn fault(s: &mut State, kind: SimCall) -> Result<(), SimError> {
 
 /// Fails when `stream` no longer exists (a stream named with its generation also when its
 /// handle now names a later stream: the driver would reach that other stream).
-fn alive(s: &State, stream: u64) -> Result<(), SimError> {
+///
+/// Such a use is also recorded as a violation: on a GPU it is undefined behaviour, which the
+/// pool's callers may not see (some discard the error of a best-effort call).
+fn alive(s: &mut State, stream: u64) -> Result<(), SimError> {
     let handle = resolve(stream);
-    if s.destroyed.contains(&handle) {
-        return Err(SimError::DestroyedStream(handle));
-    }
-    if stream != SimulatedBackend::PER_THREAD.0
+    let stale = stream != SimulatedBackend::PER_THREAD.0
         && stream & UID_TAG == UID_TAG
         && handle != stream
-        && (stream & GEN_MASK) >> GEN_SHIFT != generation(s, handle)
-    {
+        && (stream & GEN_MASK) >> GEN_SHIFT != generation(s, handle);
+    if s.destroyed.contains(&handle) || stale {
+        add_violations(
+            s,
+            vec![format!("stream {handle:#x} used after it was destroyed")],
+        );
         return Err(SimError::DestroyedStream(handle));
     }
     Ok(())
@@ -1194,7 +1198,7 @@ unsafe impl Backend for SimulatedBackend {
         let mut s = self.lock();
         s.calls.record_fence += 1;
         fault(&mut s, SimCall::RecordFence)?;
-        alive(&s, stream.0)?;
+        alive(&mut s, stream.0)?;
         if device.0 as usize >= s.devices.len() {
             return Err(SimError::NoDevice(device.0));
         }
@@ -1211,7 +1215,7 @@ unsafe impl Backend for SimulatedBackend {
     fn synchronize_stream(&self, stream: &StreamKey) -> Result<(), SimError> {
         let mut s = self.lock();
         fault(&mut s, SimCall::SynchronizeStream)?;
-        alive(&s, stream.0)?;
+        alive(&mut s, stream.0)?;
         let t = timeline(&s, stream.0);
         let targets: Vec<(u32, u64)> = s
             .clocks
@@ -1243,11 +1247,16 @@ unsafe impl Backend for SimulatedBackend {
     }
 
     fn is_capturing(&self, stream: &StreamKey) -> bool {
-        self.lock().capturing.contains_key(&resolve(stream.0))
+        let mut s = self.lock();
+        // A question about a destroyed stream is a use of it (recorded as a violation).
+        let _ = alive(&mut s, stream.0);
+        s.capturing.contains_key(&resolve(stream.0))
     }
 
     fn capture_id(&self, stream: &StreamKey) -> Option<u64> {
-        self.lock().capturing.get(&resolve(stream.0)).copied()
+        let mut s = self.lock();
+        let _ = alive(&mut s, stream.0);
+        s.capturing.get(&resolve(stream.0)).copied()
     }
 
     fn synchronize_device(&self, device: DeviceId) -> Result<(), SimError> {
@@ -1281,7 +1290,7 @@ unsafe impl Backend for SimulatedBackend {
         let mut s = self.lock();
         s.calls.stream_wait_fence += 1;
         fault(&mut s, SimCall::StreamWaitFence)?;
-        alive(&s, stream.0)?;
+        alive(&mut s, stream.0)?;
         let t = timeline(&s, stream.0);
         let c = s.clocks.entry((device.0, t)).or_default();
         // The wait is itself a command of the stream: work after it cannot complete

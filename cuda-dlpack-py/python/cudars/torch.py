@@ -9,7 +9,13 @@ PyTorch offers set too:
 * the CUDA-graph hooks (``begin/end_allocate_to_pool``): PyTorch announces each capture
   (``torch.cuda.graph``, ``torch.compile``'s CUDA graphs), so an allocation asks the driver
   whether its stream is being captured only while one runs, as PyTorch's own allocator does.
-  Streams PyTorch allocates on must then be captured through PyTorch's graph API only.
+
+With those announcements, a stream PyTorch allocates on must be captured through PyTorch's
+graph API only. A capture begun by other code on a stream PyTorch also allocates on (say a
+``torch.cuda.ExternalStream`` over a CuPy stream that CuPy captures) would be served cached
+memory that the graph's replays then overwrite. A program that mixes captures that way calls
+``install(announce_captures=False)``: every allocation then asks the driver (about 100 ns
+more a call).
 
 Call it before the first CUDA tensor (PyTorch refuses to change a used allocator).
 """
@@ -28,9 +34,11 @@ def installed():
     return _installed is not None
 
 
-def install():
+def install(announce_captures=True):
     """Makes the pool PyTorch's CUDA allocator; returns the ``CUDAPluggableAllocator``.
-    Raises :class:`cudars.CudarsError` if PyTorch has allocated CUDA memory already."""
+    With ``announce_captures`` (the default) PyTorch's capture hooks gate the capture
+    question (see the module's docs); ``False`` asks the driver at every allocation. Raises
+    :class:`cudars.CudarsError` if PyTorch has allocated CUDA memory already."""
     global _installed
     if _installed is not None:
         return _installed
@@ -43,7 +51,7 @@ def install():
     addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
     hooks.set_record_stream_fn(addr(so.cuda_mempool_record_stream))
     hooks.set_reset_fn(addr(so.cuda_mempool_free_all_blocks))
-    announced = all(
+    announced = announce_captures and all(
         hasattr(hooks, n)
         for n in ("set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn", "set_release_pool")
     )

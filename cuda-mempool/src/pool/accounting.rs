@@ -30,10 +30,21 @@ impl<B: Backend> MemoryPool<B> {
         // (`policy::MOVE_SLACK`): a program that empties its cache after a transient peak gets
         // a footprint that follows its memory from then on.
         g.live_high = 0;
+        // Frees no fence of this thread can cover (lingering streams, other threads'
+        // per-thread streams) are covered by one synchronisation of the device when no
+        // capture may run, so that their memory goes back too.
+        let mut uncovered = Vec::new();
         for shard in dev.shards.iter() {
             let mut st = shard.state.lock();
             st.flush_recent();
             st.wait_fences(&self.backend)?;
+            if let Some(epoch) = st.unfenced_on_other_thread() {
+                uncovered.push((shard, epoch));
+            }
+        }
+        self.cover_by_device_sync(dev.id, uncovered);
+        for shard in dev.shards.iter() {
+            let mut st = shard.state.lock();
             st.release_cached(&self.backend, &mut g.spare, &mut g.reserved.current)?;
         }
         self.release_spare(dev, g)

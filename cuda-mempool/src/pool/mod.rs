@@ -432,7 +432,7 @@ impl<B: Backend> MemoryPool<B> {
             if !st.retired && st.key == key && st.stream.is_some() && !self.history.is_on() {
                 if let Some(id) = st.take_recent(rounded) {
                     // The key names this stream alone (a lingering one's does): it is back.
-                    st.lingering = false;
+                    st.resume();
                     let served = st.mark_live(id, size);
                     drop(st);
                     return Ok(self.handle(dev.id, shard, key, key, (id, served), size));
@@ -448,6 +448,42 @@ impl<B: Backend> MemoryPool<B> {
     #[inline(never)]
     #[track_caller]
     fn malloc_search<'p>(
+        &'p self,
+        dev: &'p Device<B>,
+        table: &'p ShardTable<B>,
+        private_key: Option<StreamKey>,
+        stream: &B::Stream,
+        size: u64,
+        locked: Option<(&'p Shard<B>, ShardGuard<'p, ShardState<B>>)>,
+    ) -> Result<Allocation<'p, B>, PoolError> {
+        let served = self.malloc_search_in(dev, table, private_key, stream, size, locked);
+        if served.is_err() && private_key.is_none() {
+            self.settle_after_failure(table, stream);
+        }
+        served
+    }
+
+    /// After a request that failed (out of memory, a backend error): the stream's shard may
+    /// have attached or resumed the stream and now holds no live block made on it, so its
+    /// owner may destroy the stream once this call returns. Let go of it now, while the
+    /// caller vouches for it: linger, or detach with its fence, as a last free does.
+    #[cold]
+    fn settle_after_failure(&self, table: &ShardTable<B>, stream: &B::Stream) {
+        let Ok(key) = self.backend.stream_key(stream) else {
+            return;
+        };
+        if let Some(shard) = table.get(key) {
+            let mut st = shard.lock_retiring();
+            if st.key == key && st.is_attached() && !st.lingering && st.stream_idle() {
+                let _ = st.let_go(&self.backend);
+            }
+        }
+    }
+
+    /// [`malloc_search`](Self::malloc_search)'s body.
+    #[inline(always)]
+    #[track_caller]
+    fn malloc_search_in<'p>(
         &'p self,
         dev: &'p Device<B>,
         table: &'p ShardTable<B>,

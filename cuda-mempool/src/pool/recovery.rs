@@ -54,21 +54,32 @@ impl<B: Backend> MemoryPool<B> {
                 uncovered.push((other, epoch));
             }
         }
-        // Not while a capture may run on the device (the synchronisation would invalidate it):
-        // those frees then stay out of reach, as a failed synchronisation leaves them.
-        if !uncovered.is_empty()
-            && self.backend.may_synchronize_device(h.dev.id)
-            && self.backend.synchronize_device(h.dev.id).is_ok()
-        {
-            for (other, epoch) in uncovered {
-                let mut o = other.state.lock();
-                o.covered_up_to(epoch);
-                o.forget_lingering(&self.backend);
-            }
-        }
+        self.cover_by_device_sync(h.dev.id, uncovered);
         // Releasing also gives back the address ranges of wholly free segments, which is
         // what recovers from running out of address space in virtual-memory mode.
         self.release_device_cache(h)
+    }
+
+    /// Frees that no fence can cover (`uncovered`: shards with the epoch each reached, read
+    /// before this call) are covered by one synchronisation of the device, and the lingering
+    /// shards among them let go of their streams without touching them. Not while a capture
+    /// may run on the device (the synchronisation would invalidate it): those frees then stay
+    /// out of reach, as a failed synchronisation leaves them.
+    pub(super) fn cover_by_device_sync(
+        &self,
+        device: crate::backend::DeviceId,
+        uncovered: Vec<(&super::table::Shard<B>, u64)>,
+    ) {
+        if !uncovered.is_empty()
+            && self.backend.may_synchronize_device(device)
+            && self.backend.synchronize_device(device).is_ok()
+        {
+            for (shard, epoch) in uncovered {
+                let mut st = shard.state.lock();
+                st.covered_up_to(epoch);
+                st.forget_lingering(&self.backend);
+            }
+        }
     }
 
     /// After a failed request: returns spare pages and this shard's wholly free address

@@ -15,8 +15,8 @@
 //! re-checks the key under the shard's lock, since an adoption may have changed it.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use super::lock::{ShardGuard, ShardLock};
 
@@ -102,6 +102,9 @@ pub(crate) struct ShardTable<B: Backend> {
     next: OnceLock<Box<ShardTable<B>>>,
     /// Serialises creating and adopting shards (only the first table's lock is used).
     insert: Mutex<()>,
+    /// How many shards of the table (and of the tables chained to it) linger (see
+    /// `ShardState::let_go`), against `policy::MAX_LINGERING_STREAMS`.
+    lingering: Arc<AtomicUsize>,
 }
 
 /// Spreads stream keys (often pointers, so with zero low bits) over the slots.
@@ -125,10 +128,17 @@ pub(crate) enum Inserted<'t, B: Backend> {
 
 impl<B: Backend> ShardTable<B> {
     pub(crate) fn new() -> Self {
+        Self::sharing(Arc::new(AtomicUsize::new(0)))
+    }
+
+    /// A table counting its lingering shards in `lingering` (a chained table shares its
+    /// first table's count).
+    fn sharing(lingering: Arc<AtomicUsize>) -> Self {
         ShardTable {
             slots: (0..SHARDS_PER_TABLE).map(|_| OnceLock::new()).collect(),
             next: OnceLock::new(),
             insert: Mutex::new(()),
+            lingering,
         }
     }
 
@@ -198,13 +208,20 @@ impl<B: Backend> ShardTable<B> {
                         // Only inserters fill slots, and they hold the insert lock.
                         let shard = slot.get_or_init(|| Shard {
                             key: AtomicU64::new(key.0),
-                            state: ShardLock::new(ShardState::new(device, key, page)),
+                            state: ShardLock::new(ShardState::new(
+                                device,
+                                key,
+                                page,
+                                Arc::clone(&self.lingering),
+                            )),
                         });
                         return Inserted::Created(shard);
                     }
                 }
             }
-            table = table.next.get_or_init(|| Box::new(ShardTable::new()));
+            table = table
+                .next
+                .get_or_init(|| Box::new(ShardTable::sharing(Arc::clone(&self.lingering))));
         }
     }
 

@@ -1,9 +1,12 @@
 //! Holding and letting go of the shard's stream: attach, detach, and the conditions to
 //! adopt an idle shard for another stream.
 
+use std::sync::atomic::Ordering;
+
 use crate::backend::{Backend, StreamKey};
 use crate::error::PoolError;
 use crate::observe::Observed;
+use crate::policy::MAX_LINGERING_STREAMS;
 
 use super::ShardState;
 
@@ -27,6 +30,10 @@ impl<B: Backend> ShardState<B> {
     /// request takes them back at once, in its own order.
     ///
     /// [`Backend::may_linger`]: crate::Backend::may_linger
+    ///
+    /// At most [`MAX_LINGERING_STREAMS`] shards of a device linger at once: past that a
+    /// stream detaches with its fence, so that the memory of streams destroyed while
+    /// lingering stays bounded.
     #[inline]
     pub(crate) fn let_go(&mut self, backend: &Observed<B>) -> Result<(), PoolError> {
         if self.lingering {
@@ -35,6 +42,12 @@ impl<B: Backend> ShardState<B> {
         if self.recurring
             && !self.private
             && self.stream.as_ref().is_some_and(|s| backend.may_linger(s))
+            && self
+                .lingering_count
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < MAX_LINGERING_STREAMS).then_some(n + 1)
+                })
+                .is_ok()
         {
             self.lingering = true;
             return Ok(());
@@ -46,7 +59,10 @@ impl<B: Backend> ShardState<B> {
     /// shard's key, or the owner's `release_stream`).
     #[inline]
     pub(crate) fn resume(&mut self) {
-        self.lingering = false;
+        if self.lingering {
+            self.lingering = false;
+            self.lingering_count.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// A lingering shard whose frees a device-wide synchronisation covered lets go of its
@@ -55,7 +71,7 @@ impl<B: Backend> ShardState<B> {
     /// it comes back, attaches again as a recurring one.
     pub(crate) fn forget_lingering(&mut self, backend: &Observed<B>) {
         if self.lingering && self.epoch <= self.safe_epoch && self.stream_idle() {
-            self.lingering = false;
+            self.resume();
             self.detached_key = Some(self.stream_key);
             if let Some(stream) = self.stream.take() {
                 backend.stream_released(stream);

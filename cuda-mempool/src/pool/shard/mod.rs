@@ -60,6 +60,8 @@ mod placement;
 mod recent;
 
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 
 use crate::backend::{Backend, DeviceId, StreamKey};
 use crate::error::PoolError;
@@ -200,6 +202,8 @@ pub(crate) struct ShardState<B: Backend> {
     pub(crate) detached_key: Option<StreamKey>,
     /// See [`detached_key`](Self::detached_key).
     pub(crate) recurring: bool,
+    /// The count of lingering shards of this shard's table (`policy::MAX_LINGERING_STREAMS`).
+    pub(crate) lingering_count: Arc<AtomicUsize>,
     /// The host thread that last took the slow path on this shard (a token of
     /// `pool::thread_token`): only requests of that thread may borrow from it.
     pub(crate) thread: usize,
@@ -224,7 +228,12 @@ fn inner_pages(base: u64, page: u64, addr: u64, len: u64) -> (usize, usize) {
 }
 
 impl<B: Backend> ShardState<B> {
-    pub(crate) fn new(device: DeviceId, key: StreamKey, page: Option<u64>) -> Self {
+    pub(crate) fn new(
+        device: DeviceId,
+        key: StreamKey,
+        page: Option<u64>,
+        lingering_count: Arc<AtomicUsize>,
+    ) -> Self {
         ShardState {
             device,
             key,
@@ -236,6 +245,7 @@ impl<B: Backend> ShardState<B> {
             lingering: false,
             detached_key: None,
             recurring: false,
+            lingering_count,
             blocks: Vec::new(),
             vacant: Vec::new(),
             free: [BTreeSet::new(), BTreeSet::new()],

@@ -164,8 +164,11 @@ fn a_capture_begun_between_two_allocations_gets_private_memory_and_no_fence() {
     drop((p, q));
     sim.set_capturing(s, false);
     drop(hold);
-    // After the capture, the stream's own cache serves it again, in its own order.
+    // After the capture, the stream's own cache serves it again, in its own order: the block
+    // freed during the capture lingered (a stream that let go of a capturing stream's cache
+    // would have retired it, and served another address).
     let b = pool.malloc(D0, &s, MIB).unwrap();
+    assert_eq!(b.ptr(), a_addr);
     assert!(sim.check_handout(D0, s, b.ptr().0, MIB as u64));
     drop(b);
     assert!(sim.violations().is_empty(), "{:?}", sim.violations());
@@ -239,4 +242,100 @@ fn the_busy_fast_path_serves_only_a_busy_stream_from_its_recent_blocks() {
     pool.stop_history();
     drop(keep);
     assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+}
+
+#[test]
+fn lingering_streams_are_bounded_and_the_rest_detach_with_their_fence() {
+    let pool = vm_pool(1 << 30, 2 * MIB);
+    let sim = pool.backend();
+    let max = crate::policy::MAX_LINGERING_STREAMS as u64;
+    let streams: Vec<StreamKey> = (0..max + 8)
+        .map(|i| recurring(&pool, 0x10_0000 + i))
+        .collect();
+    let st = pool.stats(D0).unwrap();
+    assert_eq!(st.attached_streams, max, "{st:?}");
+    // The streams past the bound detach at every last free, with their fence.
+    let before = sim.calls().record_fence;
+    for s in &streams {
+        let a = pool.malloc(D0, s, MIB).unwrap();
+        sim.submit_use(D0, *s, a.ptr().0, MIB as u64);
+        drop(a);
+    }
+    assert_eq!(sim.calls().record_fence - before, 8);
+    // A lingering one coming back leaves room for another.
+    assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+}
+
+#[test]
+fn free_all_blocks_gives_back_the_cache_of_a_destroyed_lingering_stream() {
+    let pool = vm_pool(64 * MIB, 2 * MIB);
+    let sim = pool.backend();
+    let h = StreamKey(0x7f00);
+    let s = recurring(&pool, h.0);
+    let a = pool.malloc(D0, &s, 8 * MIB).unwrap();
+    sim.submit_use(D0, s, a.ptr().0, 8 * MIB as u64);
+    drop(a); // lingers, unfenced
+    sim.destroy_stream(h);
+    assert!(sim.physical_bytes(D0) >= 8 * MIB as u64);
+    pool.free_all_blocks().unwrap();
+    assert_eq!(
+        sim.physical_bytes(D0),
+        0,
+        "one device synchronisation covers it"
+    );
+    assert_eq!(pool.stats(D0).unwrap().attached_streams, 0);
+    assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+}
+
+#[test]
+fn a_failed_request_leaves_no_stream_attached_that_its_owner_may_destroy() {
+    for (what, fail) in [
+        ("out of memory", None),
+        (
+            "a backend error while growing",
+            Some(crate::sim::SimCall::CreatePhysical),
+        ),
+        (
+            "a fence query failing",
+            Some(crate::sim::SimCall::FenceCompleted),
+        ),
+    ] {
+        let pool = vm_pool(64 * MIB, 2 * MIB);
+        let sim = pool.backend();
+        let h = StreamKey(0x7f00);
+        let s = recurring(&pool, h.0);
+        if fail == Some(crate::sim::SimCall::FenceCompleted) {
+            // A whole page freed while marked with another stream: its free waits for that
+            // stream's fence, which the next request polls (and the poll fails).
+            let b = pool.malloc(D0, &s, 2 * MIB).unwrap();
+            b.record_stream(&StreamKey(0x9100)).unwrap();
+            sim.submit_work(D0, StreamKey(0x9100));
+            drop(b);
+        }
+        // The lingering stream comes back with a request that fails...
+        let size = match fail {
+            Some(crate::sim::SimCall::FenceCompleted) => {
+                sim.inject_failure(crate::sim::SimCall::FenceCompleted, 1);
+                2 * MIB
+            }
+            Some(call) => {
+                sim.inject_failure(call, 1);
+                8 * MIB
+            }
+            None => 128 * MIB,
+        };
+        assert!(pool.malloc(D0, &s, size).is_err(), "{what}");
+        sim.clear_failures();
+        // ...so no block made on it is live and its owner destroys it. Nothing may touch it
+        // afterwards: not the next new stream's clean-up, not a free_all_blocks.
+        sim.destroy_stream(h);
+        let t = StreamKey(0x9000);
+        drop(pool.malloc(D0, &t, MIB).unwrap());
+        pool.free_all_blocks().unwrap();
+        assert!(
+            sim.violations().is_empty(),
+            "{what}: {:?}",
+            sim.violations()
+        );
+    }
 }
