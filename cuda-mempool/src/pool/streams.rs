@@ -59,8 +59,8 @@ impl<B: Backend> MemoryPool<B> {
     /// Whether a block made on the stream of `key` (a [`Backend::stream_key`]) is live now on
     /// `device`: while one is, the stream's owner may not destroy it (the pool's contract for
     /// foreign streams), so a handle that named the stream when the block was made still names
-    /// it. The C ABI asks this before it trusts its per-thread memo of a handle without asking
-    /// the driver. One lookup and one lock, no backend call; `false` for an unknown key.
+    /// it. ([`malloc_if_busy`](Self::malloc_if_busy) serves a request on that ground.) One
+    /// lookup and one lock, no backend call; `false` for an unknown key.
     pub fn stream_is_busy(&self, device: DeviceId, key: StreamKey) -> bool {
         let Ok(dev) = self.device(device) else {
             return false;
