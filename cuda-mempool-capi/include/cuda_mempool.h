@@ -75,11 +75,14 @@
  * wait, only from that thread. A block freed from another thread (a garbage collector) is
  * reused at once by its own thread's stream, and by other streams only after its thread has
  * fenced it (at that thread's next free of its last live block), or once an allocation that
- * ran out of memory has synchronised the device (cuCtxSynchronize, before it fails; never
- * while a capture is known on the device: one begun through cuda-core, or one that allocated
+ * ran out of memory, or cuda_mempool_free_all_blocks, has synchronised the device
+ * (cuCtxSynchronize; never while a capture is known on the device: one begun through
+ * cuda-core, one PyTorch announced through the capture hooks below, or one that allocated
  * from this library and whose graph still lives, since the synchronisation would invalidate
  * it; a capture that never allocated here is not known); until then it stays out of
- * cross-stream reuse. Such a stream never takes memory other streams still use.
+ * cross-stream reuse. Such a stream never takes memory other streams still use. The same
+ * holds for the cache of a lingering stream (see the guarantees above; at most 32 streams
+ * of a device linger).
  *
  * Graph captures: while a stream is captured, the library never records a fence on it or
  * makes it wait; blocks whose fence would be due there stay out of cross-stream reuse until

@@ -871,7 +871,10 @@ pub extern "C" fn cuda_mempool_live_allocations() -> i64 {
 
 /// Returns every cached block the pool can give back to the driver, on every device
 /// (CuPy's `free_all_blocks`, PyTorch's `empty_cache`). Waits on the host for the work
-/// that used the freed memory. Returns 0, or -1 with a last-error message.
+/// that used the freed memory; frees that no fence can cover (lingering streams, other
+/// threads' per-thread streams) are covered by one synchronisation of the device when no
+/// capture the pool knows of may run. Like the frameworks' own, it must not be called during
+/// a capture the pool does not know of. Returns 0, or -1 with a last-error message.
 #[no_mangle]
 pub extern "C" fn cuda_mempool_free_all_blocks() -> c_int {
     const CALL: &str = "cuda_mempool_free_all_blocks";

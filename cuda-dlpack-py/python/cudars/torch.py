@@ -27,6 +27,7 @@ from . import CudarsError, library, library_path
 __all__ = ["install", "installed"]
 
 _installed = None
+_announced = None
 
 
 def installed():
@@ -39,8 +40,12 @@ def install(announce_captures=True):
     With ``announce_captures`` (the default) PyTorch's capture hooks gate the capture
     question (see the module's docs); ``False`` asks the driver at every allocation. Raises
     :class:`cudars.CudarsError` if PyTorch has allocated CUDA memory already."""
-    global _installed
+    global _installed, _announced
     if _installed is not None:
+        if announce_captures != _announced:
+            raise CudarsError(
+                f"cudars.torch.install(announce_captures={announce_captures}): already "
+                f"installed with announce_captures={_announced}")
         return _installed
     import torch
 
@@ -51,11 +56,14 @@ def install(announce_captures=True):
     addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
     hooks.set_record_stream_fn(addr(so.cuda_mempool_record_stream))
     hooks.set_reset_fn(addr(so.cuda_mempool_free_all_blocks))
-    announced = announce_captures and all(
+    # The capture hooks go in either way: they also tell the pool not to synchronise the
+    # device while a PyTorch capture runs. Only the announcement makes allocations trust them.
+    hooked = all(
         hasattr(hooks, n)
         for n in ("set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn", "set_release_pool")
     )
-    if announced:
+    announced = announce_captures and hooked
+    if hooked:
         hooks.set_begin_allocate_to_pool(addr(so.cuda_mempool_torch_begin_allocate_to_pool))
         hooks.set_end_allocate_to_pool_fn(addr(so.cuda_mempool_torch_end_allocate_to_pool))
         hooks.set_release_pool(addr(so.cuda_mempool_torch_release_pool))
@@ -67,4 +75,5 @@ def install(announce_captures=True):
         # After the hooks are in place and before any capture can run.
         so.cuda_mempool_torch_announce_captures()
     _installed = alloc
+    _announced = announce_captures
     return alloc

@@ -15,7 +15,11 @@ impl<B: Backend> MemoryPool<B> {
     ///
     /// This waits on the host for the fences of all freed memory first, since memory
     /// can be returned only once no work uses it; it is meant for phase changes, not
-    /// the hot path.
+    /// the hot path. Frees no fence can cover (lingering foreign streams, other threads'
+    /// per-thread streams) are covered by one synchronisation of the device, unless a capture
+    /// the pool knows of may run. Like CuPy's and PyTorch's own `free_all_blocks` /
+    /// `empty_cache`, which free memory through the driver, it must not be called while a
+    /// capture the pool does not know of runs.
     pub fn free_all_blocks(&self) -> Result<(), PoolError> {
         for dev in self.devices.iter() {
             self.collect_private_pools(dev);
@@ -40,6 +44,9 @@ impl<B: Backend> MemoryPool<B> {
             st.wait_fences(&self.backend)?;
             if let Some(epoch) = st.unfenced_on_other_thread() {
                 uncovered.push((shard, epoch));
+            } else {
+                // A lingering stream whose frees are all covered needs no synchronisation.
+                st.forget_lingering(&self.backend);
             }
         }
         self.cover_by_device_sync(dev.id, uncovered);

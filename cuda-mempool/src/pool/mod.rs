@@ -466,7 +466,8 @@ impl<B: Backend> MemoryPool<B> {
     /// After a request that failed (out of memory, a backend error): the stream's shard may
     /// have attached or resumed the stream and now holds no live block made on it, so its
     /// owner may destroy the stream once this call returns. Let go of it now, while the
-    /// caller vouches for it: linger, or detach with its fence, as a last free does.
+    /// caller vouches for it, as a last free does: only a stream the backend says may go
+    /// (a kept stream stays), lingering or detaching with its fence.
     #[cold]
     fn settle_after_failure(&self, table: &ShardTable<B>, stream: &B::Stream) {
         let Ok(key) = self.backend.stream_key(stream) else {
@@ -474,7 +475,12 @@ impl<B: Backend> MemoryPool<B> {
         };
         if let Some(shard) = table.get(key) {
             let mut st = shard.lock_retiring();
-            if st.key == key && st.is_attached() && !st.lingering && st.stream_idle() {
+            if st.key == key
+                && st.is_attached()
+                && !st.lingering
+                && st.stream_idle()
+                && st.may_detach(&self.backend)
+            {
                 let _ = st.let_go(&self.backend);
             }
         }

@@ -246,7 +246,8 @@ fn the_busy_fast_path_serves_only_a_busy_stream_from_its_recent_blocks() {
 
 #[test]
 fn lingering_streams_are_bounded_and_the_rest_detach_with_their_fence() {
-    let pool = vm_pool(1 << 30, 2 * MIB);
+    // No stealing: each stream's blocks are its own shard's, so each last free is its own.
+    let pool = vm_pool_no_steal(1 << 30, 2 * MIB);
     let sim = pool.backend();
     let max = crate::policy::MAX_LINGERING_STREAMS as u64;
     let streams: Vec<StreamKey> = (0..max + 8)
@@ -262,7 +263,22 @@ fn lingering_streams_are_bounded_and_the_rest_detach_with_their_fence() {
         drop(a);
     }
     assert_eq!(sim.calls().record_fence - before, 8);
-    // A lingering one coming back leaves room for another.
+    // A lingering one coming back leaves room for another. (The stream past the bound comes
+    // back once first: its detached shard may have been adopted by a newer stream meanwhile,
+    // and a stream is recurring only once it came back to its own shard.)
+    let back = pool.malloc(D0, &streams[0], MIB).unwrap();
+    let extra = streams[max as usize];
+    drop(pool.malloc(D0, &extra, MIB).unwrap());
+    let a = pool.malloc(D0, &extra, MIB).unwrap();
+    sim.submit_use(D0, extra, a.ptr().0, MIB as u64);
+    let before = sim.calls().record_fence;
+    drop(a);
+    assert_eq!(
+        sim.calls().record_fence,
+        before,
+        "it lingers now, with no fence"
+    );
+    drop(back);
     assert!(sim.violations().is_empty(), "{:?}", sim.violations());
 }
 
@@ -338,4 +354,20 @@ fn a_failed_request_leaves_no_stream_attached_that_its_owner_may_destroy() {
             sim.violations()
         );
     }
+}
+
+#[test]
+fn the_simulator_counts_a_capture_question_about_a_destroyed_stream_as_a_violation() {
+    let sim = SimulatedBackend::h200(1);
+    let h = StreamKey(0x7f00);
+    sim.borrow_stream(h);
+    let s = sim.stream_uid(h);
+    assert!(!sim.is_capturing(&s));
+    assert!(sim.violations().is_empty());
+    sim.destroy_stream(h);
+    sim.create_stream(h);
+    let _ = sim.capture_id(&s); // the old stream, by its stale uid
+    assert_eq!(sim.violations().len(), 1, "{:?}", sim.violations());
+    let _ = sim.is_capturing(&s);
+    assert_eq!(sim.violations().len(), 2, "{:?}", sim.violations());
 }
