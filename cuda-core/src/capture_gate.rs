@@ -49,7 +49,18 @@ pub fn announce_capture_begin() {
 
 /// Ends an announcement of [`announce_capture_begin`] (call it after the capture ended). An
 /// end without a begin is ignored (the count never goes below zero).
-pub fn announce_capture_end() {
+///
+/// # Safety
+///
+/// The caller ends a capture it announced, and that capture has ended. An end too many
+/// (while another announced capture runs) would let allocators skip the capture question for
+/// a stream being captured ([`Stream::external_announced`](crate::Stream::external_announced)),
+/// and serve it memory that the graph's replays then overwrite. A safe program cannot:
+///
+/// ```compile_fail,E0133
+/// cudars_core::graph::announce_capture_end();
+/// ```
+pub unsafe fn announce_capture_end() {
     let _ =
         ANNOUNCED_CAPTURES.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
 }

@@ -241,7 +241,7 @@ unsafe fn wrap_stream(
     stream: *mut c_void,
 ) -> Result<Stream, CallError> {
     // SAFETY: the caller's contract.
-    unsafe { wrap_stream_as(call, device, stream, false) }
+    unsafe { wrap_stream_as(call, device, stream, false, None) }
 }
 
 /// Whether PyTorch's capture hooks are installed ([`cuda_mempool_torch_announce_captures`]):
@@ -252,18 +252,33 @@ static TORCH_ANNOUNCES: AtomicBool = AtomicBool::new(false);
 const MEMO_SLOTS: usize = 4;
 
 thread_local! {
-    /// The calling thread's last wrapped explicit handles: (device, handle, announced, the
-    /// `Stream`), most recent first. An entry is used again only when the driver's id of the
-    /// stream the handle names now is the one the entry was made with, so a handle reused by
-    /// a new stream is wrapped (and checked) anew.
-    static MEMO: std::cell::RefCell<Vec<(u32, usize, bool, Stream)>> =
+    /// The calling thread's last wrapped explicit handles of announced streams
+    /// ([`Stream::external_announced`]): (device, handle, the `Stream`), most recent first. An
+    /// entry is used again only while a block made on its stream is live, or when the driver's
+    /// id of the stream the handle names now is the one the entry was made with: a handle
+    /// reused by a new stream is wrapped (and checked) anew.
+    static MEMO: std::cell::RefCell<Vec<(u32, usize, Stream)>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The calling thread's remembered wrapper of `handle` on `device`, if any (not yet checked
+/// against the stream the handle names now).
+fn remembered(device: DeviceId, handle: usize) -> Option<Stream> {
+    MEMO.try_with(|m| {
+        m.borrow()
+            .iter()
+            .find(|(d, h, _)| *d == device.0 && *h == handle)
+            .map(|(.., s)| s.clone())
+    })
+    .ok()
+    .flatten()
+}
+
 /// [`wrap_stream`], with `announced` (the caller's captures of the stream are announced:
-/// [`Stream::external_announced`]). An explicit handle the calling thread wrapped before is
-/// recognised by the driver's id of its stream (one `cuStreamGetId`) and its wrapper reused:
-/// no capture question, no device question.
+/// [`Stream::external_announced`]). For an announced explicit handle while no capture that
+/// could be its stream's runs, `memo` (the calling thread's remembered wrapper, from
+/// [`remembered`]) is reused when the driver's id of the stream the handle names now is the
+/// one it was made with (one `cuStreamGetId`): no capture question, no device question.
 ///
 /// # Safety
 ///
@@ -274,6 +289,7 @@ unsafe fn wrap_stream_as(
     device: DeviceId,
     stream: *mut c_void,
     announced: bool,
+    memo: Option<Stream>,
 ) -> Result<Stream, CallError> {
     let dev = pool(call)?
         .backend()
@@ -291,21 +307,12 @@ unsafe fn wrap_stream_as(
     let no_capture = announced
         && !cudars_core::graph::captures_in_progress()
         && !cudars_core::graph::announced_captures_in_progress();
-    if no_capture && handle > cudars_core::stream::PER_THREAD_HANDLE {
-        // SAFETY: the caller's contract: a valid explicit stream of `device`, announced, so
-        // not being captured while no announced capture runs.
-        if let Some(uid) = unsafe { cudars_core::stream::external_uid(&dev, raw) } {
-            let hit = MEMO.with(|m| {
-                m.borrow()
-                    .iter()
-                    .find(|(d, h, a, s)| {
-                        *d == device.0 && *h == handle && *a == announced && s.identity() == uid
-                    })
-                    .map(|(.., s)| s.clone())
-            });
-            if let Some(s) = hit {
-                return Ok(s);
-            }
+    if let (true, Some(s)) = (no_capture, memo) {
+        // SAFETY: the caller's contract: a valid explicit stream of `device` (the memo holds
+        // explicit handles only), announced, so not being captured while no announced
+        // capture runs.
+        if unsafe { cudars_core::stream::external_uid(&dev, raw) } == Some(s.identity()) {
+            return Ok(s);
         }
     }
     let s = if announced {
@@ -319,47 +326,33 @@ unsafe fn wrap_stream_as(
     if announced && s.identity_is_unique() {
         let _ = MEMO.try_with(|m| {
             let mut m = m.borrow_mut();
-            m.retain(|(d, h, a, _)| !(*d == device.0 && *h == handle && *a == announced));
-            m.insert(0, (device.0, handle, announced, s.clone()));
+            m.retain(|(d, h, _)| !(*d == device.0 && *h == handle));
+            m.insert(0, (device.0, handle, s.clone()));
             m.truncate(MEMO_SLOTS);
         });
     }
     Ok(s)
 }
 
-/// PyTorch's fast path: a block for a stream this thread remembers (announced), served while
-/// a block made on that stream is live, with no driver call: its owner may not destroy the
-/// stream before that block is freed, and a handle names one stream at a time (the caller
-/// vouches for it during this call), so the remembered stream is still this handle's
-/// ([`DevicePool::malloc_stream_if_busy`], which also checks that no capture can run on it).
-/// `Ok(None)` when the path does not apply: the caller takes the general one.
+/// PyTorch's fast path: a block for the stream `memo` this thread remembers for the handle,
+/// served while a block made on that stream is live, with no driver call: its owner may not
+/// destroy the stream before that block is freed, and a handle names one stream at a time
+/// (the caller vouches for it during this call), so the remembered stream is still this
+/// handle's ([`DevicePool::malloc_stream_if_busy`], which also checks that no capture can run
+/// on it). `Ok(None)` when the path does not apply: the caller takes the general one.
 fn alloc_remembered(
     call: &str,
-    device: DeviceId,
-    stream: *mut c_void,
+    memo: &Stream,
     size: usize,
 ) -> Result<Option<*mut c_void>, CallError> {
-    let handle = stream as usize;
-    if handle <= cudars_core::stream::PER_THREAD_HANDLE {
-        return Ok(None);
-    }
-    let remembered = MEMO.with(|m| {
-        m.borrow()
-            .iter()
-            .find(|(d, h, a, _)| *d == device.0 && *h == handle && *a)
-            .map(|(.., s)| s.clone())
-    });
-    let Some(s) = remembered else {
-        return Ok(None);
-    };
     let pool = pool(call)?;
     let Some(a) = pool
-        .malloc_stream_if_busy(&s, size)
+        .malloc_stream_if_busy(memo, size)
         .map_err(|e| fail(call, e))?
     else {
         return Ok(None);
     };
-    record(call, a.into_raw(), None, handle).map(Some)
+    record(call, a.into_raw(), None, memo.raw() as usize).map(Some)
 }
 
 /// Allocates from the pool on `stream` and records the block (with `hold`, the stream handle
@@ -574,15 +567,19 @@ pub unsafe extern "C" fn cuda_mempool_torch_alloc_inner(
         }
         let id = device_id(CALL, device)?;
         let announced = TORCH_ANNOUNCES.load(Ordering::Acquire);
-        if announced {
+        let explicit = stream as usize > cudars_core::stream::PER_THREAD_HANDLE;
+        let memo = (announced && explicit)
+            .then(|| remembered(id, stream as usize))
+            .flatten();
+        if let Some(m) = &memo {
             LAST_OOM.with(|c| c.set(None));
-            if let Some(p) = alloc_remembered(CALL, id, stream, size)? {
+            if let Some(p) = alloc_remembered(CALL, m, size)? {
                 return Ok(p);
             }
         }
         // SAFETY: the caller's contract is wrap_stream's; with `announced`, PyTorch's hooks
         // announce its captures (cuda_mempool_torch_announce_captures' contract).
-        let s = unsafe { wrap_stream_as(CALL, id, stream, announced) }?;
+        let s = unsafe { wrap_stream_as(CALL, id, stream, announced, memo) }?;
         alloc(CALL, &s, size as u64, None)
     })
 }
@@ -608,10 +605,20 @@ pub extern "C" fn cuda_mempool_torch_begin_allocate_to_pool(
 /// PyTorch's `endAllocateToPool` hook (`set_end_allocate_to_pool_fn`), called after the
 /// capture ended: ends the announcement of
 /// [`cuda_mempool_torch_begin_allocate_to_pool`].
+///
+/// # Safety
+///
+/// Called once for each begin, after its capture ended (PyTorch's calls are). An end too many
+/// would let allocations on a stream PyTorch is capturing skip the capture question.
 #[no_mangle]
-pub extern "C" fn cuda_mempool_torch_end_allocate_to_pool(device: c_int, pool_a: u64, pool_b: u64) {
+pub unsafe extern "C" fn cuda_mempool_torch_end_allocate_to_pool(
+    device: c_int,
+    pool_a: u64,
+    pool_b: u64,
+) {
     let _ = (device, pool_a, pool_b);
-    cudars_core::graph::announce_capture_end();
+    // SAFETY: the caller's contract: the end of a capture PyTorch announced, after it ended.
+    unsafe { cudars_core::graph::announce_capture_end() };
 }
 
 /// PyTorch's `releasePool` hook (`set_release_pool`): nothing to do. A capture's private pool

@@ -46,7 +46,7 @@ exports! {
     cuda_mempool_torch_begin_allocate_to_pool = "void(int,uint64_t,uint64_t,void*)":
         extern "C" fn(c_int, u64, u64, *mut c_void);
     cuda_mempool_torch_end_allocate_to_pool = "void(int,uint64_t,uint64_t)":
-        extern "C" fn(c_int, u64, u64);
+        unsafe extern "C" fn(c_int, u64, u64);
     cuda_mempool_torch_release_pool = "void(int,uint64_t,uint64_t)":
         extern "C" fn(c_int, u64, u64);
     cuda_mempool_torch_announce_captures = "int(void)":

@@ -153,8 +153,11 @@ pub struct DeviceInfo {
 ///   `Self::Fence` value, so every such value must be one the backend made.
 /// * **Streams.** [`stream_key`](Self::stream_key) gives equal keys only to streams whose
 ///   work is ordered (the same stream, or one that took a destroyed one's handle value, which
-///   the pool orders after the old one's fence); [`is_capturing`](Self::is_capturing) is
-///   `true` whenever work issued to the stream is recorded into a graph rather than run.
+///   the pool orders after the old one's fence); [`may_linger`](Self::may_linger) is `true`
+///   only for a stream whose key no other stream ever gets, not even after it is destroyed
+///   (the pool hands a lingering stream's unfenced cache to the next request with that key);
+///   [`is_capturing`](Self::is_capturing) is `true` whenever work issued to the stream is
+///   recorded into a graph rather than run.
 /// * **Safe methods are harmless.** Calling any safe method from outside the pool, with any
 ///   arguments, changes nothing the pool relies on: it neither frees, unmaps nor remaps
 ///   memory or address space the pool holds, nor changes the meaning of a fence the pool

@@ -723,7 +723,7 @@ impl SimulatedBackend {
 fn resolve(id: u64) -> u64 {
     if id == SimulatedBackend::PER_THREAD.0 {
         crate::pool::per_thread_key().0
-    } else if id & UID_TAG == UID_TAG && id & !(UID_TAG | GEN_MASK | HANDLE_MASK) == 0 {
+    } else if is_uid(id) {
         // A stream named with its generation (see `SimulatedBackend::stream_uid`): its handle.
         id & HANDLE_MASK
     } else {
@@ -731,7 +731,14 @@ fn resolve(id: u64) -> u64 {
     }
 }
 
-/// Streams named with a generation ([`SimulatedBackend::stream_uid`]): the tag bit, the
+/// Whether `id` names a stream with its generation ([`SimulatedBackend::stream_uid`]).
+fn is_uid(id: u64) -> bool {
+    id != SimulatedBackend::PER_THREAD.0
+        && id & UID_TAG == UID_TAG
+        && id & !(UID_TAG | GEN_MASK | HANDLE_MASK) == 0
+}
+
+/// Streams named with a generation ([`SimulatedBackend::stream_uid`]): the tag bits, the
 /// generation's bits and the handle's bits.
 const UID_TAG: u64 = 3 << 62;
 const GEN_SHIFT: u32 = 40;
@@ -827,10 +834,7 @@ fn fault(s: &mut State, kind: SimCall) -> Result<(), SimError> {
 /// pool's callers may not see (some discard the error of a best-effort call).
 fn alive(s: &mut State, stream: u64) -> Result<(), SimError> {
     let handle = resolve(stream);
-    let stale = stream != SimulatedBackend::PER_THREAD.0
-        && stream & UID_TAG == UID_TAG
-        && handle != stream
-        && (stream & GEN_MASK) >> GEN_SHIFT != generation(s, handle);
+    let stale = is_uid(stream) && (stream & GEN_MASK) >> GEN_SHIFT != generation(s, handle);
     if s.destroyed.contains(&handle) || stale {
         add_violations(
             s,
@@ -966,12 +970,11 @@ unsafe impl Backend for SimulatedBackend {
     }
 
     fn stream_key(&self, stream: &StreamKey) -> Result<StreamKey, crate::PoolError> {
-        let handle = resolve(stream.0);
-        if stream.0 != Self::PER_THREAD.0 && stream.0 & UID_TAG == UID_TAG && handle != stream.0 {
+        if is_uid(stream.0) {
             // Named with its generation (`stream_uid`): a key no later stream shares.
             return Ok(*stream);
         }
-        Ok(StreamKey(handle))
+        Ok(StreamKey(resolve(stream.0)))
     }
 
     fn may_release_stream(&self, stream: &StreamKey) -> bool {
@@ -985,12 +988,7 @@ unsafe impl Backend for SimulatedBackend {
     }
 
     fn may_linger(&self, stream: &StreamKey) -> bool {
-        let s = self.lock();
-        let handle = resolve(stream.0);
-        stream.0 != Self::PER_THREAD.0
-            && stream.0 & UID_TAG == UID_TAG
-            && handle != stream.0
-            && s.borrowed.contains(&handle)
+        is_uid(stream.0) && self.lock().borrowed.contains(&resolve(stream.0))
     }
 
     fn retain_stream(&self, stream: &StreamKey) -> StreamKey {

@@ -56,22 +56,6 @@ impl<B: Backend> MemoryPool<B> {
         }
     }
 
-    /// Whether a block made on the stream of `key` (a [`Backend::stream_key`]) is live now on
-    /// `device`: while one is, the stream's owner may not destroy it (the pool's contract for
-    /// foreign streams), so a handle that named the stream when the block was made still names
-    /// it. ([`malloc_if_busy`](Self::malloc_if_busy) serves a request on that ground.) One
-    /// lookup and one lock, no backend call; `false` for an unknown key.
-    pub fn stream_is_busy(&self, device: DeviceId, key: StreamKey) -> bool {
-        let Ok(dev) = self.device(device) else {
-            return false;
-        };
-        let Some(shard) = dev.shards.get_home(key).or_else(|| dev.shards.get(key)) else {
-            return false;
-        };
-        let st = shard.state.lock();
-        !st.retired && st.key == key && !st.private && st.is_attached() && !st.stream_idle()
-    }
-
     /// The fast path of a caller that remembers `stream` but cannot tell, without asking the
     /// driver, whether its handle still names the stream it remembers (the C ABI's memo):
     /// serves `size` bytes from the stream's recently freed blocks only while a block made on

@@ -297,8 +297,8 @@ fn run() -> Result<(), BoxError> {
                 Target::AtMost(150.0),
             );
             // The same with another block live on the stream (a training step's tensors):
+            // SAFETY: a live stream of device `ordinal`; the block is freed below.
             let keep = unsafe {
-                // SAFETY: as above; freed below.
                 cudars_mempool_capi::cuda_mempool_torch_alloc(size as isize, ordinal, torch_handle)
             };
             let busy = torch_pair();

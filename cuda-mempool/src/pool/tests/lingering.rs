@@ -175,34 +175,6 @@ fn a_capture_begun_between_two_allocations_gets_private_memory_and_no_fence() {
 }
 
 #[test]
-fn a_stream_is_busy_exactly_while_a_block_made_on_it_is_live() {
-    let pool = vm_pool(64 * MIB, 2 * MIB);
-    let sim = pool.backend();
-    let s = recurring(&pool, 0x7f00);
-    let key = pool.backend().stream_key(&s).unwrap();
-    assert!(!pool.stream_is_busy(D0, key), "lingering: no live block");
-    let a = pool.malloc(D0, &s, MIB).unwrap();
-    assert!(pool.stream_is_busy(D0, key));
-    let b = pool.malloc(D0, &s, 2 * MIB).unwrap();
-    drop(a);
-    assert!(pool.stream_is_busy(D0, key), "one block still live");
-    drop(b);
-    assert!(!pool.stream_is_busy(D0, key));
-    assert!(
-        !pool.stream_is_busy(D0, StreamKey(0x1234)),
-        "an unknown key"
-    );
-    // Another stream's block makes that stream busy, not this one.
-    let other = StreamKey(0x9000);
-    let o = pool.malloc(D0, &other, MIB).unwrap();
-    assert!(pool.stream_is_busy(D0, other));
-    assert!(!pool.stream_is_busy(D0, key));
-    drop(o);
-    assert!(!pool.stream_is_busy(DeviceId(7), key), "an unknown device");
-    assert!(sim.violations().is_empty(), "{:?}", sim.violations());
-}
-
-#[test]
 fn the_busy_fast_path_serves_only_a_busy_stream_from_its_recent_blocks() {
     let pool = vm_pool(64 * MIB, 2 * MIB);
     let sim = pool.backend();
