@@ -1,0 +1,1 @@
+//! cuBLAS (skeleton; being written).

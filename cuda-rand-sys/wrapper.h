@@ -1,0 +1,2 @@
+/* What cuda-rand-sys binds: cuRAND's host API. */
+#include <curand.h>

@@ -1,0 +1,1 @@
+//! cuRAND on cuda-core's streams and views (skeleton; being written).
