@@ -1,8 +1,9 @@
-//! The three raw-binding crates (cuda-sys, cuda-nccl-sys, cuda-rtc-sys) in one table, and
-//! what `cargo xtask` does with each: regenerate the checked-in snapshot (`bindings`,
-//! `nccl-bindings`, `rtc-bindings`), check it against a fresh generation, and build from it
-//! when no headers are found (steps of `ci`). A new `-sys` crate (the math libraries) is one
-//! more row.
+//! The raw-binding crates (cuda-sys, cuda-nccl-sys, cuda-rtc-sys, cuda-blas-sys,
+//! cuda-rand-sys) in one table, and what `cargo xtask` does with each: regenerate the
+//! checked-in snapshot (`bindings`, `nccl-bindings`, `rtc-bindings`, `blas-bindings`,
+//! `rand-bindings`), check it against a fresh generation, and build from it when no headers
+//! are found (steps of `ci`). A new `-sys` crate (another math library, built with
+//! `cudars_loader::build`) is one more row.
 
 use std::path::PathBuf;
 
@@ -64,8 +65,58 @@ pub const RTC: SysCrate = SysCrate {
     hint: "install libclang and point CUDA_INCLUDE_DIR (or CUDA_RTC_INCLUDE_DIR) at nvrtc.h and nvJitLink.h",
 };
 
+/// cuda-blas-sys: cuBLAS and cuBLASLt (its build script is `cudars_loader::build`).
+pub const BLAS: SysCrate = SysCrate {
+    package: "cudars-blas-sys",
+    what: "cuBLAS / cuBLASLt",
+    snapshot: "cuda-blas-sys/src/generated/blas.rs",
+    generated: "blas.rs",
+    source_var: "CUDA_BLAS_SYS_BINDINGS_SOURCE",
+    snapshot_var: "CUDA_BLAS_SYS_USE_SNAPSHOT",
+    command: "blas-bindings",
+    hint: "install libclang and point CUDA_BLAS_INCLUDE_DIR at cublas_v2.h and cublasLt.h (crt/ beside them) and CUDA_INCLUDE_DIR at the CUDA runtime headers (.ci/run fetches both)",
+};
+
+/// cuda-rand-sys: cuRAND's host API (its build script is `cudars_loader::build`).
+pub const RAND: SysCrate = SysCrate {
+    package: "cudars-rand-sys",
+    what: "cuRAND",
+    snapshot: "cuda-rand-sys/src/generated/rand.rs",
+    generated: "rand.rs",
+    source_var: "CUDA_RAND_SYS_BINDINGS_SOURCE",
+    snapshot_var: "CUDA_RAND_SYS_USE_SNAPSHOT",
+    command: "rand-bindings",
+    hint: "install libclang and point CUDA_RAND_INCLUDE_DIR at curand.h (crt/ beside it) and CUDA_INCLUDE_DIR at the CUDA runtime headers (.ci/run fetches both)",
+};
+
 /// Every raw-binding crate, in dependency order.
-pub const ALL: [&SysCrate; 3] = [&CUDA, &NCCL, &RTC];
+pub const ALL: [&SysCrate; 5] = [&CUDA, &NCCL, &RTC, &BLAS, &RAND];
+
+/// The environment of `ci`'s no-header build: cuda-sys on its snapshot, in a target directory
+/// of its own ([`snapshot_build`] adds each crate's own snapshot variable).
+pub const SNAPSHOT_ENV: [(&str, &str); 2] = [
+    ("CUDA_SYS_USE_SNAPSHOT", "1"),
+    ("CARGO_TARGET_DIR", "target/snapshot"),
+];
+
+/// `cargo xtask bindings-check`: the bindings steps of `ci` alone, for every crate of [`ALL`]:
+/// each snapshot against a fresh generation ([`check_fresh`]), then each crate built from its
+/// snapshot and its library tests ([`snapshot_build`]).
+pub fn check_all() -> Result<()> {
+    for krate in ALL {
+        println!("\n=== xtask: {} bindings", krate.what);
+        check_fresh(krate)?;
+    }
+    for krate in ALL {
+        println!("\n=== xtask: {} from its snapshot", krate.package);
+        snapshot_build(krate, &SNAPSHOT_ENV)?;
+    }
+    println!(
+        "xtask: bindings of {} checked",
+        ALL.map(|k| k.package).join(", ")
+    );
+    Ok(())
+}
 
 /// Builds the crate; returns where its bindings came from (`bindgen ...` or `snapshot ...`)
 /// and its `OUT_DIR`.
@@ -136,6 +187,13 @@ pub fn check_fresh(krate: &SysCrate) -> Result<()> {
             "xtask: the {} snapshot matches a fresh generation",
             krate.what
         );
+    } else if headers_found_but_failed(&source) {
+        // The headers were there and libclang ran, but the generation failed (a header it
+        // includes is missing, or the post-processing broke): the snapshot would hide that.
+        return fail(&format!(
+            "the {} headers were found but the bindings could not be generated ({source}); {}",
+            krate.what, krate.hint
+        ));
     } else {
         println!(
             "xtask: no headers or libclang for {}: the snapshot check needs them and is skipped",
@@ -143,6 +201,23 @@ pub fn check_fresh(krate: &SysCrate) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A snapshot build whose reason says the headers were found and libclang ran, but bindgen
+/// or the code after it failed (`snapshot (bindgen failed: ... 'crt/host_defines.h' file not
+/// found)`, `snapshot (parse bindgen output: ...)`): every reason but the build scripts' own
+/// for a missing header (`<header> not found (looked in ...)`), a missing libclang (`bindgen
+/// could not run`) or a variable asking for the snapshot (`DOCS_RS is set`,
+/// `<CRATE>_USE_SNAPSHOT is set`).
+fn headers_found_but_failed(source: &str) -> bool {
+    let Some(why) = source.strip_prefix("snapshot (") else {
+        return false;
+    };
+    let skipped = (why.contains(" not found (looked in ") && !why.starts_with("bindgen"))
+        || why.starts_with("bindgen could not run")
+        || why.starts_with("DOCS_RS is set")
+        || why.contains("_USE_SNAPSHOT is set");
+    !skipped
 }
 
 /// CI step on the no-header build (`env` selects the snapshot target dir): the crate must
@@ -162,4 +237,31 @@ pub fn snapshot_build(krate: &SysCrate, env: &[(&str, &str)]) -> Result<()> {
         return Ok(());
     }
     cargo(&["test", "-p", krate.package, "--lib"], &env)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::headers_found_but_failed;
+
+    #[test]
+    fn only_a_failed_generation_from_found_headers_fails_the_check() {
+        for skipped in [
+            "bindgen over /usr/local/cuda/include",
+            "snapshot (cuda.h not found (looked in CUDA_INCLUDE_DIR, CUDA_PATH and /usr/include))",
+            "snapshot (curand.h not found (looked in CUDA_RAND_INCLUDE_DIR, CUDA_INCLUDE_DIR and /usr/include))",
+            "snapshot (bindgen could not run (libclang missing?))",
+            "snapshot (bindgen could not run: Unable to find libclang)",
+            "snapshot (DOCS_RS is set)",
+            "snapshot (CUDA_BLAS_SYS_USE_SNAPSHOT is set)",
+        ] {
+            assert!(!headers_found_but_failed(skipped), "{skipped}");
+        }
+        for failed in [
+            "snapshot (bindgen failed: clang diagnosed error: driver_types.h:59:10: fatal error: 'crt/host_defines.h' file not found\n)",
+            "snapshot (parse bindgen output: expected `;`)",
+            "snapshot (generated tokens do not parse: unexpected token)",
+        ] {
+            assert!(headers_found_but_failed(failed), "{failed}");
+        }
+    }
 }

@@ -513,6 +513,17 @@ if command -v python3 >/dev/null; then
     for f in "$base/cu13/lib/libnvJitLink.so.13" "$base/nvjitlink/lib/libnvJitLink.so.12"; do
       if [ -z "${CUDA_NVJITLINK_LIBRARY:-}" ] && [ -f "$f" ]; then export CUDA_NVJITLINK_LIBRARY="$f"; fi
     done
+    # cuda-blas-sys and cuda-rand-sys (cudars-loader) open cuBLAS, cuBLASLt and cuRAND the
+    # same way: PyTorch's and CuPy's nvidia-cublas and nvidia-curand wheels.
+    for f in "$base/cu13/lib/libcublas.so.13" "$base/cublas/lib/libcublas.so.12"; do
+      if [ -z "${CUDA_CUBLAS_LIBRARY:-}" ] && [ -f "$f" ]; then export CUDA_CUBLAS_LIBRARY="$f"; fi
+    done
+    for f in "$base/cu13/lib/libcublasLt.so.13" "$base/cublas/lib/libcublasLt.so.12"; do
+      if [ -z "${CUDA_CUBLASLT_LIBRARY:-}" ] && [ -f "$f" ]; then export CUDA_CUBLASLT_LIBRARY="$f"; fi
+    done
+    for f in "$base/cu13/lib/libcurand.so.10" "$base/curand/lib/libcurand.so.10"; do
+      if [ -z "${CUDA_CURAND_LIBRARY:-}" ] && [ -f "$f" ]; then export CUDA_CURAND_LIBRARY="$f"; fi
+    done
   done
 fi
 test_timeout=600

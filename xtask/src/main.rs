@@ -2,20 +2,24 @@
 //!
 //! | command | what |
 //! | --- | --- |
-//! | `ci [--gpu\|--no-gpu] [--sanitize] [--strict]` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), packaging, the bindings snapshot check, the main example with and without headers, a snapshot build of cuda-sys switching to bindgen when headers and libclang appear, the CUDA 12.0/12.4/12.8 and 13.5 header sets (bindgen, `cargo check`, cuda-sys tests), the NCCL and NVRTC bindings, cuda-rtc's tests with NVRTC on the CPU and the GPU tests' kernels compiled by it (when the library is found), the memory report in headless Chromium (skipped with a line when Chromium is absent, unless `--strict` or `CI` is set); then the GPU suite when a GPU is usable (`--gpu` requires it, `--no-gpu` skips it, `--sanitize` runs it under compute-sanitizer); ends with one `GPU suite: ...` line |
+//! | `ci [--gpu\|--no-gpu] [--sanitize] [--strict]` | fmt, clippy (warnings denied), build, CPU tests, docs (warnings denied), packaging, the bindings snapshot check, the main example with and without headers, a snapshot build of cuda-sys switching to bindgen when headers and libclang appear, the CUDA 12.0/12.4/12.8 and 13.5 header sets (bindgen, `cargo check`, cuda-sys tests), the NCCL, NVRTC, cuBLAS and cuRAND bindings (each snapshot against a fresh generation, then built from the snapshot), cuda-rtc's tests with NVRTC on the CPU and the GPU tests' kernels compiled by it (when the library is found), the memory report in headless Chromium (skipped with a line when Chromium is absent, unless `--strict` or `CI` is set); then the GPU suite when a GPU is usable (`--gpu` requires it, `--no-gpu` skips it, `--sanitize` runs it under compute-sanitizer); ends with one `GPU suite: ...` line |
 //! | `gpu-suite [--gpu\|--no-gpu] [--sanitize]` | only the GPU part of `ci` |
 //! | `check-common` | the helper files copied into several crates are identical (a step of `ci`) |
 //! | `circles` | the circles of files in each library crate (files that name each other through their `use` paths), and the files over 800 lines |
 //! | `bindings` | regenerates `cuda-sys/src/generated/driver.rs` from the headers found |
 //! | `nccl-bindings` | regenerates `cuda-nccl-sys/src/generated/nccl.rs` from the `nccl.h` found |
 //! | `rtc-bindings` | regenerates `cuda-rtc-sys/src/generated/rtc.rs` from the `nvrtc.h` and `nvJitLink.h` found |
+//! | `blas-bindings` | regenerates `cuda-blas-sys/src/generated/blas.rs` from the `cublas_v2.h` and `cublasLt.h` found (`CUDA_BLAS_INCLUDE_DIR`, with `crt/`; `.ci/run` fetches them) |
+//! | `rand-bindings` | regenerates `cuda-rand-sys/src/generated/rand.rs` from the `curand.h` found (`CUDA_RAND_INCLUDE_DIR`, with `crt/`; `.ci/run` fetches it) |
+//! | `wheel [--out DIR]` | builds the `cudars` Python wheel (maturin) into `DIR` |
+//! | `bindings-check` | the bindings steps of `ci` alone, for every `-sys` crate: each snapshot against a fresh generation (when the headers and libclang are found; headers found but a failed generation is an error), then each crate built from its snapshot (`target/snapshot`) and its library tests |
 //! | `gpu-bundle [--headers SET]` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh`; with `--headers 13.5`, from those headers into `target/gpu-bundle-13.5/` |
 //! | `replay [TRACE...]` | replays allocation traces (default `traces/*.trace`) through MemoryPool on the simulated backend |
 //! | `memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]` | replays a trace through MemoryPool on the simulated backend with a history recorder and writes the self-contained HTML report (`cudars_mempool::history::report`) and/or PyTorch's memory snapshot pickle (`cudars_mempool::history::torch`) |
 //! | `memviz-check` | the report of the multistream trace in headless Chromium: a screenshot (`target/memviz-screenshot.png`), its plot's pixels, no console output (a step of `ci`) |
 //! | `bench-report DIR` | `results.csv` + `peers.csv` of one benchmark run -> `bench/results/REPORT.md` and SVG plots |
 //!
-//! Arguments are parsed by hand: twelve commands and a handful of flags, where an argument
+//! Arguments are parsed by hand: sixteen commands and a handful of flags, where an argument
 //! parser would add a dozen crates to every `cargo xtask` build.
 
 mod bindings;
@@ -45,6 +49,11 @@ const LIBRARY_PACKAGES: &[&str] = &[
     "cudars-nccl",
     "cudars-rtc-sys",
     "cudars-rtc",
+    "cudars-loader",
+    "cudars-blas-sys",
+    "cudars-blas",
+    "cudars-rand-sys",
+    "cudars-rand",
     "cudars-dlpack",
 ];
 
@@ -58,6 +67,9 @@ fn main() -> ExitCode {
         Some("circles") => circles::run(),
         Some("nccl-bindings") => bindings::regenerate(&bindings::NCCL),
         Some("rtc-bindings") => bindings::regenerate(&bindings::RTC),
+        Some("blas-bindings") => bindings::regenerate(&bindings::BLAS),
+        Some("rand-bindings") => bindings::regenerate(&bindings::RAND),
+        Some("bindings-check") => bindings::check_all(),
         Some("gpu-bundle") => headers::gpu_bundle_args(&args[1..]),
         Some("wheel") => wheel::wheel_args(&args[1..]),
         Some("replay") => replay(&args[1..]),
@@ -71,7 +83,7 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize] [--strict]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|check-common|circles|gpu-bundle [--headers 12.4]|wheel [--out DIR]|replay [TRACE...]|memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]|bench-report DIR>"
+                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize] [--strict]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|blas-bindings|rand-bindings|bindings-check|check-common|circles|gpu-bundle [--headers 12.4]|wheel [--out DIR]|replay [TRACE...]|memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]|bench-report DIR>"
             );
             return ExitCode::from(2);
         }
@@ -183,11 +195,8 @@ fn cpu_steps(opts: &gpu::Options) -> Result<()> {
     step("cuda-sys switches from the snapshot to bindgen when headers and libclang appear");
     headers::ci_rerun_check()?;
     ci_header_sets()?;
-    step("main example and loader tests on the snapshot (no headers)");
-    let env = [
-        ("CUDA_SYS_USE_SNAPSHOT", "1"),
-        ("CARGO_TARGET_DIR", "target/snapshot"),
-    ];
+    step("the -sys crates on their snapshots (no headers), with the main example and loader tests");
+    let env = bindings::SNAPSHOT_ENV;
     for krate in bindings::ALL {
         bindings::snapshot_build(krate, &env)?;
     }
@@ -196,24 +205,48 @@ fn cpu_steps(opts: &gpu::Options) -> Result<()> {
     Ok(())
 }
 
+/// The packages [`package`] also verifies: built from their `.crate` with `DOCS_RS=1` and no
+/// headers. `cudars-loader` must be among them, ahead of the math `-sys` crates: their build
+/// scripts use it (feature `build`), and the local registry `cargo package` builds them against
+/// holds only the packages named.
+const VERIFIED_PACKAGES: &[&str] = &[
+    "cudars-sys",
+    "cudars-loader",
+    "cudars-blas-sys",
+    "cudars-rand-sys",
+];
+
 /// `cargo package` for every library crate, in dependency order against a local overlay
-/// registry (`--workspace`). Verifying each package means building it again from its
-/// `.crate`, so only `cudars-sys` is verified, where it matters: its build script and bindings
-/// snapshot must work inside the packaged crate with no headers and no libclang, as on
-/// docs.rs (`DOCS_RS=1`). The others are checked for contents and manifest (`--no-verify`).
+/// registry (`--workspace`; it holds only the packages named, so every workspace dependency of
+/// a package must be in [`LIBRARY_PACKAGES`]). Verifying each package means building it again
+/// from its `.crate`, so only the crates whose build script falls back on a bindings snapshot
+/// are verified, where it matters: `cudars-sys` and the math `-sys` crates (with
+/// `cudars-loader`, their build scripts' generator) must build inside the packaged crate with
+/// no headers and no libclang, as on docs.rs (`DOCS_RS=1`). The others are checked for
+/// contents and manifest (`--no-verify`).
 fn package() -> Result<()> {
     let mut args = vec!["package", "--allow-dirty", "--no-verify", "--quiet"];
     for p in LIBRARY_PACKAGES {
         args.extend(["-p", p]);
     }
     cargo(&args, &[])?;
+    let mut args = vec!["package", "--allow-dirty", "--quiet"];
+    for p in VERIFIED_PACKAGES {
+        args.extend(["-p", p]);
+    }
     cargo(
-        &["package", "--allow-dirty", "--quiet", "-p", "cudars-sys"],
-        &[("DOCS_RS", "1"), ("CUDA_INCLUDE_DIR", "/nonexistent")],
+        &args,
+        &[
+            ("DOCS_RS", "1"),
+            ("CUDA_INCLUDE_DIR", "/nonexistent"),
+            ("CUDA_BLAS_INCLUDE_DIR", "/nonexistent"),
+            ("CUDA_RAND_INCLUDE_DIR", "/nonexistent"),
+        ],
     )?;
     println!(
-        "xtask: packaged {}; cudars-sys verified (built from its .crate with DOCS_RS=1)",
-        LIBRARY_PACKAGES.join(", ")
+        "xtask: packaged {}; verified {} (built from their .crate with DOCS_RS=1)",
+        LIBRARY_PACKAGES.join(", "),
+        VERIFIED_PACKAGES.join(", ")
     );
     Ok(())
 }
