@@ -20,7 +20,7 @@ use crate::error::{check, Error, Result};
 use crate::handle::with_call;
 use crate::shape::{
     batch_elements, check_view, fits_int, gemm_plan, mat_elements, Mat, Op, Order, Plan, Span,
-    Vector,
+    Vector, View,
 };
 
 /// How much precision a routine may trade for speed.
@@ -152,53 +152,21 @@ impl<'a, T: Element> Gemm<'a, T> {
         self
     }
 
-    /// Checks the shapes and views (with `batch` matrices `strides` apart, or one), returning
-    /// the column-major plan.
+    /// Checks the shapes and views (see [`check_gemm`]).
     fn check(
         &self,
         routine: &'static str,
         stream: &Stream,
         strides: Option<(usize, [usize; 3])>,
     ) -> Result<Plan> {
-        let plan = gemm_plan(routine, &self.a, self.op_a, &self.b, self.op_b, &self.c)?;
-        fits_int(routine, "m", plan.m)?;
-        fits_int(routine, "n", plan.n)?;
-        fits_int(routine, "k", plan.k)?;
-        let device = stream.device();
-        let mut spans: [Span; 3] = [Span { start: 0, end: 0 }; 3];
-        for (i, (name, m)) in [("a", &self.a), ("b", &self.b), ("c", &self.c)]
-            .into_iter()
-            .enumerate()
-        {
-            let (r, c, _) = m.stored();
-            let each = mat_elements(routine, name, r, c, m.ld)?;
-            let total = match strides {
-                None => each,
-                Some((batch, s)) => batch_elements(routine, name, each, s[i], batch)?,
-            };
-            spans[i] = check_view::<T>(routine, name, m.ptr, device, total)?;
-        }
-        for (i, input) in [(0, "a"), (1, "b")] {
-            if spans[2].overlaps(&spans[i]) {
-                return Err(Error::Overlap {
-                    routine,
-                    output: "c",
-                    input,
-                });
-            }
-        }
-        if let Some((batch, s)) = strides {
-            let (r, c, _) = self.c.stored();
-            let each = mat_elements(routine, "c", r, c, self.c.ld)?;
-            if batch > 1 && each > 0 && (s[2] as u64) < each {
-                return Err(Error::Overlap {
-                    routine,
-                    output: "c",
-                    input: "c (the next matrix of the batch: stride_c is less than one matrix)",
-                });
-            }
-        }
-        Ok(plan)
+        check_gemm(
+            routine,
+            (&self.a, self.op_a),
+            (&self.b, self.op_b),
+            &self.c,
+            stream.device().ordinal(),
+            strides,
+        )
     }
 
     /// Operands in the call's order (A and B swap for a row-major C).
@@ -322,6 +290,58 @@ impl<'a, T: Element> Gemm<'a, T> {
         })
     }
 }
+
+/// Checks `c = op_a(a) op_b(b)`: shapes, leading dimensions, each view's length (with
+/// `batch` matrices `strides` apart, or one), alignment, device, overlaps; returns the
+/// column-major plan. Pure: no library call.
+pub(crate) fn check_gemm<T: Element, P: View>(
+    routine: &'static str,
+    (a, op_a): (&Mat<'_, T, P>, Op),
+    (b, op_b): (&Mat<'_, T, P>, Op),
+    c: &Mat<'_, T, P>,
+    device: usize,
+    strides: Option<(usize, [usize; 3])>,
+) -> Result<Plan> {
+    let plan = gemm_plan(routine, a, op_a, b, op_b, c)?;
+    fits_int(routine, "m", plan.m)?;
+    fits_int(routine, "n", plan.n)?;
+    fits_int(routine, "k", plan.k)?;
+    let mut spans: [Span; 3] = [Span { start: 0, end: 0 }; 3];
+    for (i, (name, m)) in [("a", a), ("b", b), ("c", c)]
+        .into_iter()
+        .enumerate()
+    {
+        let (r, cc, _) = m.stored();
+        let each = mat_elements(routine, name, r, cc, m.ld)?;
+        let total = match strides {
+            None => each,
+            Some((batch, s)) => batch_elements(routine, name, each, s[i], batch)?,
+        };
+        spans[i] = check_view::<T>(routine, name, m.ptr, device, total)?;
+    }
+    for (i, input) in [(0, "a"), (1, "b")] {
+        if spans[2].overlaps(&spans[i]) {
+            return Err(Error::Overlap {
+                routine,
+                output: "c",
+                input,
+            });
+        }
+    }
+    if let Some((batch, s)) = strides {
+        let (r, cc, _) = c.stored();
+        let each = mat_elements(routine, "c", r, cc, c.ld)?;
+        if batch > 1 && each > 0 && (s[2] as u64) < each {
+            return Err(Error::Overlap {
+                routine,
+                output: "c",
+                input: "c (the next matrix of the batch: stride_c is less than one matrix)",
+            });
+        }
+    }
+    Ok(plan)
+}
+
 
 /// Element strides between the matrices of a strided batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -472,11 +492,11 @@ pub fn gemm_batched<T: Element>(stream: &Stream, gemms: &[Gemm<'_, T>]) -> Resul
 }
 
 /// Checks a vector: increment, length limits, device, alignment and extent.
-fn check_vector<T: Element>(
+pub(crate) fn check_vector<T: Element, P: View>(
     routine: &'static str,
     argument: &'static str,
-    v: &Vector<'_, T>,
-    device: cudars_core::Device,
+    v: &Vector<'_, T, P>,
+    device: usize,
 ) -> Result<Span> {
     fits_int(routine, argument, v.len)?;
     if v.inc == 0 {
@@ -505,7 +525,7 @@ pub fn gemv<T: Element>(
     scalars: (T::Scalar, T::Scalar),
 ) -> Result<()> {
     const R: &str = "gemv";
-    let device = stream.device();
+    let device = stream.device().ordinal();
     let (ar, ac) = if op == Op::N {
         (a.rows, a.cols)
     } else {
@@ -646,7 +666,7 @@ pub fn axpy<T: Element>(
     y: Vector<'_, T>,
 ) -> Result<()> {
     const R: &str = "axpy";
-    let device = stream.device();
+    let device = stream.device().ordinal();
     if x.len != y.len {
         return Err(Error::shape(
             R,
@@ -698,7 +718,7 @@ pub fn axpy<T: Element>(
 /// `x = alpha x` (`cublasScalEx`).
 pub fn scal<T: Element>(stream: &Stream, alpha: T::Scalar, x: Vector<'_, T>) -> Result<()> {
     const R: &str = "scal";
-    check_vector(R, "x", &x, stream.device())?;
+    check_vector(R, "x", &x, stream.device().ordinal())?;
     if x.len == 0 {
         return Ok(());
     }
@@ -740,7 +760,7 @@ fn reduction<T: Element, R: bytemuck::Pod>(
     marks: &[&DevicePtr],
 ) -> Result<()> {
     if let Out::Device(p) = &out {
-        check_view::<R>(routine, "result", p, stream.device(), 1)?;
+        check_view::<R>(routine, "result", *p, stream.device().ordinal(), 1)?;
     }
     with_call(stream, |call| {
         for p in marks {
@@ -785,7 +805,7 @@ fn dot_impl<T: Element>(
     out: Out<'_, T>,
 ) -> Result<()> {
     const R: &str = "dot";
-    let device = stream.device();
+    let device = stream.device().ordinal();
     if x.len != y.len {
         return Err(Error::shape(
             R,
@@ -832,8 +852,8 @@ fn dot_impl<T: Element>(
 pub fn dot<T: Element>(stream: &Stream, x: Vector<'_, T>, y: Vector<'_, T>) -> Result<T> {
     let mut r = T::zeroed();
     if x.len == 0 {
-        check_vector("dot", "x", &x, stream.device())?;
-        check_vector("dot", "y", &y, stream.device())?;
+        check_vector("dot", "x", &x, stream.device().ordinal())?;
+        check_vector("dot", "y", &y, stream.device().ordinal())?;
         return Ok(r);
     }
     dot_impl(stream, x, y, true, Out::Host(&mut r))?;
@@ -852,7 +872,7 @@ pub fn dot_into<T: Element>(
 
 fn nrm2_impl<T: Element>(stream: &Stream, x: Vector<'_, T>, out: Out<'_, T::Real>) -> Result<()> {
     const R: &str = "nrm2";
-    check_vector(R, "x", &x, stream.device())?;
+    check_vector(R, "x", &x, stream.device().ordinal())?;
     let lib = cublas()?;
     reduction::<T, T::Real>(
         R,
@@ -886,7 +906,7 @@ fn nrm2_impl<T: Element>(stream: &Stream, x: Vector<'_, T>, out: Out<'_, T::Real
 pub fn nrm2<T: Element>(stream: &Stream, x: Vector<'_, T>) -> Result<T::Real> {
     let mut r = <T::Real as bytemuck::Zeroable>::zeroed();
     if x.len == 0 {
-        check_vector("nrm2", "x", &x, stream.device())?;
+        check_vector("nrm2", "x", &x, stream.device().ordinal())?;
         return Ok(r);
     }
     nrm2_impl(stream, x, Out::Host(&mut r))?;
@@ -908,7 +928,7 @@ pub fn geam<T: Element>(
     c: Mat<'_, T>,
 ) -> Result<()> {
     const R: &str = "geam";
-    let device = stream.device();
+    let device = stream.device().ordinal();
     let shape = |m: &Mat<'_, T>, op: Op| {
         if op == Op::N {
             (m.rows, m.cols)

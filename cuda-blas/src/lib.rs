@@ -70,3 +70,6 @@ pub use element::{bf16, f16, Complex32, Complex64, Element};
 pub use error::{Error, Result};
 pub use lt::{Epilogue, Fp8, Fp8Matmul, LtMatmul, MAX_PLANS};
 pub use shape::{Mat, Op, Order, Vector};
+
+#[cfg(test)]
+mod tests;

@@ -34,7 +34,7 @@ use crate::blas::MathMode;
 use crate::element::Element;
 use crate::error::{check, Error, Result};
 use crate::handle::{with_call, Call};
-use crate::shape::{check_view, fits_int, gemm_plan, mat_elements, Mat, Op, Order, Span};
+use crate::shape::{check_view, fits_int, gemm_plan, mat_elements, Mat, Op, Order, Span, View};
 
 /// Plans kept per handle before the cache is emptied.
 pub const MAX_PLANS: usize = 256;
@@ -439,77 +439,15 @@ impl<'a, T: Element> LtMatmul<'a, T> {
 
     /// Issues the matmul on `stream`. Nothing is issued when an argument is refused.
     pub fn run(&self, stream: &Stream) -> Result<()> {
-        const R: &str = "lt_matmul";
-        let device = stream.device();
-        let plan = gemm_plan(R, &self.a, self.op_a, &self.b, self.op_b, &self.c)?;
-        fits_int(R, "m", plan.m)?;
-        fits_int(R, "n", plan.n)?;
-        fits_int(R, "k", plan.k)?;
-        let mut spans = [Span { start: 0, end: 0 }; 3];
-        for (i, (name, m)) in [("a", &self.a), ("b", &self.b), ("c", &self.c)]
-            .into_iter()
-            .enumerate()
-        {
-            let (r, c, _) = m.stored();
-            let n = mat_elements(R, name, r, c, m.ld)?;
-            spans[i] = check_view::<T>(R, name, m.ptr, device, n)?;
-        }
-        for (i, input) in [(0, "a"), (1, "b")] {
-            if spans[2].overlaps(&spans[i]) {
-                return Err(Error::Overlap { routine: R, output: "c", input });
-            }
-        }
-        // Bias: one value per row of the stored output (m of the call), or for the gradients
-        // of A / B, m / n of the call.
-        let bias_len = match self.epilogue {
-            Epilogue::BgradB => plan.n,
-            _ => plan.m,
-        } as u64;
-        let bias = match (self.epilogue.uses_bias(), self.bias) {
-            (true, Some(b)) => {
-                let s = check_view::<T>(R, "bias", b, device, bias_len)?;
-                if self.epilogue.writes_bias() {
-                    for (i, input) in [(0, "a"), (1, "b"), (2, "c")] {
-                        if s.overlaps(&spans[i]) {
-                            return Err(Error::Overlap { routine: R, output: "bias", input });
-                        }
-                    }
-                }
-                b.as_raw()
-            }
-            (true, None) => {
-                return Err(Error::shape(R, "bias", format!("{:?} needs a bias buffer", self.epilogue)))
-            }
-            (false, Some(_)) => {
-                return Err(Error::shape(R, "bias", format!("{:?} takes no bias buffer", self.epilogue)))
-            }
-            (false, None) => 0,
-        };
-        let (aux, aux_ld) = match (self.epilogue.uses_aux(), self.aux) {
-            (true, Some((p, ld))) => {
-                if ld % 8 != 0 {
-                    return Err(Error::shape(R, "aux", format!("leading dimension {ld} is not a multiple of 8")));
-                }
-                let n = mat_elements(R, "aux", plan.m, plan.n, ld)?;
-                let s = check_view::<T>(R, "aux", p, device, n)?;
-                for (i, input) in [(0, "a"), (1, "b"), (2, "c")] {
-                    if s.overlaps(&spans[i]) {
-                        return Err(Error::Overlap { routine: R, output: "aux", input });
-                    }
-                }
-                (p.as_raw(), ld)
-            }
-            (true, None) => {
-                return Err(Error::shape(R, "aux", format!("{:?} needs an auxiliary buffer", self.epilogue)))
-            }
-            (false, Some(_)) => {
-                return Err(Error::shape(R, "aux", format!("{:?} takes no auxiliary buffer", self.epilogue)))
-            }
-            (false, None) => (0, 0),
-        };
-        if T::COMPLEX && self.epilogue != Epilogue::None {
-            return Err(Error::Unsupported { routine: R, why: "epilogues are for real types".into() });
-        }
+        let device = stream.device().ordinal();
+        let (plan, bias, aux, aux_ld) = check_lt(
+            (&self.a, self.op_a),
+            (&self.b, self.op_b),
+            &self.c,
+            self.epilogue,
+            (self.bias, self.aux),
+            device,
+        )?;
         if plan.m == 0 || plan.n == 0 {
             return Ok(());
         }
@@ -599,6 +537,91 @@ impl<'a, T: Element> LtMatmul<'a, T> {
     }
 }
 
+/// Checks an [`LtMatmul`]: the GEMM's shapes and views, then the bias and auxiliary buffers
+/// the epilogue needs (present, long enough, aligned, on the device, not overlapping what the
+/// call writes). Returns the plan, the bias and aux addresses (0: none) and aux's leading
+/// dimension. Pure: no library call.
+pub(crate) fn check_lt<T: Element, P: View>(
+    (a, op_a): (&Mat<'_, T, P>, Op),
+    (b, op_b): (&Mat<'_, T, P>, Op),
+    c: &Mat<'_, T, P>,
+    epilogue: Epilogue,
+    (bias, aux): (Option<&P>, Option<(&P, usize)>),
+    device: usize,
+) -> Result<(crate::shape::Plan, u64, u64, usize)> {
+    const R: &str = "lt_matmul";
+    let plan = gemm_plan(R, a, op_a, b, op_b, c)?;
+    fits_int(R, "m", plan.m)?;
+    fits_int(R, "n", plan.n)?;
+    fits_int(R, "k", plan.k)?;
+    let mut spans = [Span { start: 0, end: 0 }; 3];
+    for (i, (name, m)) in [("a", a), ("b", b), ("c", c)]
+        .into_iter()
+        .enumerate()
+    {
+        let (r, c, _) = m.stored();
+        let n = mat_elements(R, name, r, c, m.ld)?;
+        spans[i] = check_view::<T>(R, name, m.ptr, device, n)?;
+    }
+    for (i, input) in [(0, "a"), (1, "b")] {
+        if spans[2].overlaps(&spans[i]) {
+            return Err(Error::Overlap { routine: R, output: "c", input });
+        }
+    }
+    // Bias: one value per row of the stored output (m of the call), or for the gradients
+    // of A / B, m / n of the call.
+    let bias_len = match epilogue {
+        Epilogue::BgradB => plan.n,
+        _ => plan.m,
+    } as u64;
+    let bias = match (epilogue.uses_bias(), bias) {
+        (true, Some(bv)) => {
+            let s = check_view::<T>(R, "bias", bv, device, bias_len)?;
+            if epilogue.writes_bias() {
+                for (i, input) in [(0, "a"), (1, "b"), (2, "c")] {
+                    if s.overlaps(&spans[i]) {
+                        return Err(Error::Overlap { routine: R, output: "bias", input });
+                    }
+                }
+            }
+            bv.addr()
+        }
+        (true, None) => {
+            return Err(Error::shape(R, "bias", format!("{:?} needs a bias buffer", epilogue)))
+        }
+        (false, Some(_)) => {
+            return Err(Error::shape(R, "bias", format!("{:?} takes no bias buffer", epilogue)))
+        }
+        (false, None) => 0,
+    };
+    let (aux, aux_ld) = match (epilogue.uses_aux(), aux) {
+        (true, Some((p, ld))) => {
+            if ld % 8 != 0 {
+                return Err(Error::shape(R, "aux", format!("leading dimension {ld} is not a multiple of 8")));
+            }
+            let n = mat_elements(R, "aux", plan.m, plan.n, ld)?;
+            let s = check_view::<T>(R, "aux", p, device, n)?;
+            for (i, input) in [(0, "a"), (1, "b"), (2, "c")] {
+                if s.overlaps(&spans[i]) {
+                    return Err(Error::Overlap { routine: R, output: "aux", input });
+                }
+            }
+            (p.addr(), ld)
+        }
+        (true, None) => {
+            return Err(Error::shape(R, "aux", format!("{:?} needs an auxiliary buffer", epilogue)))
+        }
+        (false, Some(_)) => {
+            return Err(Error::shape(R, "aux", format!("{:?} takes no auxiliary buffer", epilogue)))
+        }
+        (false, None) => (0, 0),
+    };
+    if T::COMPLEX && epilogue != Epilogue::None {
+        return Err(Error::Unsupported { routine: R, why: "epilogues are for real types".into() });
+    }
+    Ok((plan, bias, aux, aux_ld))
+}
+
 /// An FP8 element kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Fp8 {
@@ -641,18 +664,19 @@ impl<D: Element> Fp8Matmul<'_, D> {
     /// Issues the FP8 matmul on `stream`.
     pub fn run(&self, stream: &Stream) -> Result<()> {
         const R: &str = "fp8_matmul";
-        let device = stream.device();
+        let dev = stream.device();
+        let device = dev.ordinal();
         if D::COMPLEX || D::DATA_TYPE == cudaDataType::CUDA_R_64F {
             return Err(Error::Unsupported { routine: R, why: format!("output type {}", D::NAME) });
         }
         if self.d.order != Order::ColMajor {
             return Err(Error::Unsupported { routine: R, why: "d must be column-major".into() });
         }
-        let (cc_major, cc_minor) = device.compute_capability()?;
+        let (cc_major, cc_minor) = dev.compute_capability()?;
         if (cc_major, cc_minor) < (8, 9) {
             return Err(Error::Unsupported {
                 routine: R,
-                why: format!("FP8 needs compute capability 8.9 or later; device {} is {cc_major}.{cc_minor}", device.ordinal()),
+                why: format!("FP8 needs compute capability 8.9 or later; device {device} is {cc_major}.{cc_minor}"),
             });
         }
         if self.a.1 == Fp8::E5M2 && self.b.1 == Fp8::E5M2 {

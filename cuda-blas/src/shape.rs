@@ -21,10 +21,36 @@ use std::marker::PhantomData;
 
 use cudars_blas_sys::cublasOperation_t;
 use cudars_core::memory::DevicePtr;
-use cudars_core::Device;
 
 use crate::element::Element;
 use crate::error::{Error, Result};
+
+/// What the checks need of a view: its first address, its length in bytes and its device.
+/// Implemented for [`DevicePtr`], which is what the routines take; the checks are generic so
+/// they can be tested without a GPU.
+pub trait View {
+    /// The address of the first byte.
+    fn addr(&self) -> u64;
+    /// Bytes in the view.
+    fn bytes(&self) -> usize;
+    /// The ordinal of the memory's device.
+    fn device_ordinal(&self) -> usize;
+}
+
+impl View for DevicePtr {
+    #[inline]
+    fn addr(&self) -> u64 {
+        self.as_raw()
+    }
+    #[inline]
+    fn bytes(&self) -> usize {
+        self.len()
+    }
+    #[inline]
+    fn device_ordinal(&self) -> usize {
+        self.device().ordinal()
+    }
+}
 
 /// The operation applied to an input matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -64,9 +90,9 @@ pub enum Order {
 
 /// A matrix in a device view: `rows x cols` elements of `T`, laid out in `order` with leading
 /// dimension `ld`, starting at the view's first byte.
-#[derive(Debug, Clone, Copy)]
-pub struct Mat<'a, T> {
-    pub(crate) ptr: &'a DevicePtr,
+#[derive(Debug)]
+pub struct Mat<'a, T, P: View = DevicePtr> {
+    pub(crate) ptr: &'a P,
     pub(crate) rows: usize,
     pub(crate) cols: usize,
     pub(crate) ld: usize,
@@ -74,9 +100,22 @@ pub struct Mat<'a, T> {
     _t: PhantomData<T>,
 }
 
-impl<'a, T: Element> Mat<'a, T> {
+impl<T, P: View> Clone for Mat<'_, T, P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T, P: View> Copy for Mat<'_, T, P> {}
+impl<T, P: View> Clone for Vector<'_, T, P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T, P: View> Copy for Vector<'_, T, P> {}
+
+impl<'a, T: Element, P: View> Mat<'a, T, P> {
     /// A column-major `rows x cols` matrix, packed (`ld = rows`).
-    pub fn col_major(ptr: &'a DevicePtr, rows: usize, cols: usize) -> Self {
+    pub fn col_major(ptr: &'a P, rows: usize, cols: usize) -> Self {
         Mat {
             ptr,
             rows,
@@ -88,7 +127,7 @@ impl<'a, T: Element> Mat<'a, T> {
     }
 
     /// A row-major `rows x cols` matrix, packed (`ld = cols`).
-    pub fn row_major(ptr: &'a DevicePtr, rows: usize, cols: usize) -> Self {
+    pub fn row_major(ptr: &'a P, rows: usize, cols: usize) -> Self {
         Mat {
             ptr,
             rows,
@@ -135,17 +174,17 @@ impl<'a, T: Element> Mat<'a, T> {
 }
 
 /// A vector in a device view: `len` elements of `T`, `inc` elements apart (`inc >= 1`).
-#[derive(Debug, Clone, Copy)]
-pub struct Vector<'a, T> {
-    pub(crate) ptr: &'a DevicePtr,
+#[derive(Debug)]
+pub struct Vector<'a, T, P: View = DevicePtr> {
+    pub(crate) ptr: &'a P,
     pub(crate) len: usize,
     pub(crate) inc: usize,
     _t: PhantomData<T>,
 }
 
-impl<'a, T: Element> Vector<'a, T> {
+impl<'a, T: Element, P: View> Vector<'a, T, P> {
     /// `len` contiguous elements.
-    pub fn new(ptr: &'a DevicePtr, len: usize) -> Self {
+    pub fn new(ptr: &'a P, len: usize) -> Self {
         Vector {
             ptr,
             len,
@@ -155,8 +194,8 @@ impl<'a, T: Element> Vector<'a, T> {
     }
 
     /// Every element of the view (its length divided by the element size).
-    pub fn whole(ptr: &'a DevicePtr) -> Self {
-        Vector::new(ptr, ptr.len() / std::mem::size_of::<T>())
+    pub fn whole(ptr: &'a P) -> Self {
+        Vector::new(ptr, ptr.bytes() / std::mem::size_of::<T>())
     }
 
     /// The same vector with elements `inc` apart (checked when used).
@@ -207,42 +246,42 @@ pub(crate) fn fits_int(routine: &'static str, argument: &'static str, v: usize) 
 pub(crate) fn check_view<T>(
     routine: &'static str,
     argument: &'static str,
-    ptr: &DevicePtr,
-    device: Device,
+    ptr: &impl View,
+    device: usize,
     elements: u64,
 ) -> Result<Span> {
-    if ptr.device() != device {
+    if ptr.device_ordinal() != device {
         return Err(Error::WrongDevice {
             routine,
             argument,
-            expected: device.ordinal(),
-            actual: ptr.device().ordinal(),
+            expected: device,
+            actual: ptr.device_ordinal(),
         });
     }
     let size = std::mem::size_of::<T>() as u64;
     let needed = elements.checked_mul(size).ok_or_else(|| {
         Error::shape(routine, argument, format!("{elements} elements overflow"))
     })?;
-    if needed > ptr.len() as u64 {
+    if needed > ptr.bytes() as u64 {
         return Err(Error::BufferTooSmall {
             routine,
             argument,
             needed,
-            len: ptr.len(),
+            len: ptr.bytes(),
         });
     }
     let align = std::mem::align_of::<T>();
-    if needed > 0 && ptr.as_raw() % align as u64 != 0 {
+    if needed > 0 && ptr.addr() % align as u64 != 0 {
         return Err(Error::Misaligned {
             routine,
             argument,
-            addr: ptr.as_raw(),
+            addr: ptr.addr(),
             align,
         });
     }
     Ok(Span {
-        start: ptr.as_raw(),
-        end: ptr.as_raw() + needed,
+        start: ptr.addr(),
+        end: ptr.addr() + needed,
     })
 }
 
@@ -346,7 +385,7 @@ fn flip(routine: &'static str, argument: &'static str, op: Op, complex: bool) ->
 }
 
 /// Logical shape of `op(mat)`.
-fn op_shape<T: Element>(m: &Mat<'_, T>, op: Op) -> (usize, usize) {
+fn op_shape<T: Element, P: View>(m: &Mat<'_, T, P>, op: Op) -> (usize, usize) {
     if op.transposes() {
         (m.cols, m.rows)
     } else {
@@ -355,13 +394,13 @@ fn op_shape<T: Element>(m: &Mat<'_, T>, op: Op) -> (usize, usize) {
 }
 
 /// Checks `C = op_a(A) op_b(B)`'s shapes and maps it to cuBLAS's column-major call.
-pub(crate) fn gemm_plan<T: Element>(
+pub(crate) fn gemm_plan<T: Element, P: View>(
     routine: &'static str,
-    a: &Mat<'_, T>,
+    a: &Mat<'_, T, P>,
     op_a: Op,
-    b: &Mat<'_, T>,
+    b: &Mat<'_, T, P>,
     op_b: Op,
-    c: &Mat<'_, T>,
+    c: &Mat<'_, T, P>,
 ) -> Result<Plan> {
     let (am, ak) = op_shape(a, op_a);
     let (bk, bn) = op_shape(b, op_b);
