@@ -39,6 +39,8 @@ pub const SUITE: &[&str] = &[
     "gpu_async",
     "gpu_async_fault",
     "gpu_dlpack",
+    "gpu_blas",
+    "gpu_rand",
 ];
 
 /// Test binaries bundled but run by their own mode, not by `run.sh tests` on one GPU: the
