@@ -415,6 +415,7 @@ const COMMON_COPIES: &[&str] = &[
     "cuda-graph/examples/common/mod.rs",
     "cuda-xfer/examples/common/mod.rs",
     "cuda-rtc/examples/common/mod.rs",
+    "cuda-blas/examples/common/mod.rs",
     "tests/src/bin/common/mod.rs",
 ];
 
