@@ -42,50 +42,92 @@ fn main() {
     let b = |n| buffer(&stream, n);
     let (x, t, w_true) = (b(BATCH * INPUT), b(BATCH * OUTPUT), b(OUTPUT * INPUT));
     let (w1, b1, w2, b2) = (b(HIDDEN * INPUT), b(HIDDEN), b(OUTPUT * HIDDEN), b(OUTPUT));
-    let (pre, h, y, dy) = (b(BATCH * HIDDEN), b(BATCH * HIDDEN), b(BATCH * OUTPUT), b(BATCH * OUTPUT));
-    let (dw1, db1, dw2, db2, dh) = (b(HIDDEN * INPUT), b(HIDDEN), b(OUTPUT * HIDDEN), b(OUTPUT), b(BATCH * HIDDEN));
+    let (pre, h, y, dy) = (
+        b(BATCH * HIDDEN),
+        b(BATCH * HIDDEN),
+        b(BATCH * OUTPUT),
+        b(BATCH * OUTPUT),
+    );
+    let (dw1, db1, dw2, db2, dh) = (
+        b(HIDDEN * INPUT),
+        b(HIDDEN),
+        b(OUTPUT * HIDDEN),
+        b(OUTPUT),
+        b(BATCH * HIDDEN),
+    );
     rng.normal::<f32>(&x, 0.0, 1.0).unwrap();
     rng.normal::<f32>(&w_true, 0.0, 0.2).unwrap();
-    rng.normal::<f32>(&w1, 0.0, (1.0 / INPUT as f32).sqrt()).unwrap();
-    rng.normal::<f32>(&w2, 0.0, (1.0 / HIDDEN as f32).sqrt()).unwrap();
-    // The target: a linear map of the input, t = x W_true^T.
-    Gemm::new(Mat::<f32>::row_major(&x, BATCH, INPUT), Mat::row_major(&w_true, OUTPUT, INPUT), Mat::row_major(&t, BATCH, OUTPUT))
-        .op_b(Op::T)
-        .run(&stream)
+    rng.normal::<f32>(&w1, 0.0, (1.0 / INPUT as f32).sqrt())
         .unwrap();
+    rng.normal::<f32>(&w2, 0.0, (1.0 / HIDDEN as f32).sqrt())
+        .unwrap();
+    // The target: a linear map of the input, t = x W_true^T.
+    Gemm::new(
+        Mat::<f32>::row_major(&x, BATCH, INPUT),
+        Mat::row_major(&w_true, OUTPUT, INPUT),
+        Mat::row_major(&t, BATCH, OUTPUT),
+    )
+    .op_b(Op::T)
+    .run(&stream)
+    .unwrap();
 
     let step = |s: &Stream| -> cudars_blas::Result<()> {
         // Forward: pre = x W1^T + b1 (kept in the aux buffer), h = gelu(pre); y = h W2^T + b2.
-        LtMatmul::new(Mat::<f32>::row_major(&x, BATCH, INPUT), Mat::row_major(&w1, HIDDEN, INPUT), Mat::row_major(&h, BATCH, HIDDEN))
-            .op_b(Op::T)
-            .epilogue(Epilogue::GeluAuxBias)
-            .bias(&b1)
-            .aux(&pre, HIDDEN)
-            .run(s)?;
-        LtMatmul::new(Mat::<f32>::row_major(&h, BATCH, HIDDEN), Mat::row_major(&w2, OUTPUT, HIDDEN), Mat::row_major(&y, BATCH, OUTPUT))
-            .op_b(Op::T)
-            .epilogue(Epilogue::Bias)
-            .bias(&b2)
-            .run(s)?;
+        LtMatmul::new(
+            Mat::<f32>::row_major(&x, BATCH, INPUT),
+            Mat::row_major(&w1, HIDDEN, INPUT),
+            Mat::row_major(&h, BATCH, HIDDEN),
+        )
+        .op_b(Op::T)
+        .epilogue(Epilogue::GeluAuxBias)
+        .bias(&b1)
+        .aux(&pre, HIDDEN)
+        .run(s)?;
+        LtMatmul::new(
+            Mat::<f32>::row_major(&h, BATCH, HIDDEN),
+            Mat::row_major(&w2, OUTPUT, HIDDEN),
+            Mat::row_major(&y, BATCH, OUTPUT),
+        )
+        .op_b(Op::T)
+        .epilogue(Epilogue::Bias)
+        .bias(&b2)
+        .run(s)?;
         // dy = (y - t) * 2 / batch.
         let k = 2.0 / BATCH as f32;
-        geam(s, (k, Mat::<f32>::row_major(&y, BATCH, OUTPUT), Op::N), (-k, Mat::row_major(&t, BATCH, OUTPUT), Op::N), Mat::row_major(&dy, BATCH, OUTPUT))?;
+        geam(
+            s,
+            (k, Mat::<f32>::row_major(&y, BATCH, OUTPUT), Op::N),
+            (-k, Mat::row_major(&t, BATCH, OUTPUT), Op::N),
+            Mat::row_major(&dy, BATCH, OUTPUT),
+        )?;
         // dW2 = dy^T h, db2 = the column sums of dy.
-        LtMatmul::new(Mat::<f32>::row_major(&dy, BATCH, OUTPUT), Mat::row_major(&h, BATCH, HIDDEN), Mat::row_major(&dw2, OUTPUT, HIDDEN))
-            .op_a(Op::T)
-            .epilogue(Epilogue::BgradB)
-            .bias(&db2)
-            .run(s)?;
+        LtMatmul::new(
+            Mat::<f32>::row_major(&dy, BATCH, OUTPUT),
+            Mat::row_major(&h, BATCH, HIDDEN),
+            Mat::row_major(&dw2, OUTPUT, HIDDEN),
+        )
+        .op_a(Op::T)
+        .epilogue(Epilogue::BgradB)
+        .bias(&db2)
+        .run(s)?;
         // dpre = (dy W2) * gelu'(pre), db1 = its column sums.
-        LtMatmul::new(Mat::<f32>::row_major(&dy, BATCH, OUTPUT), Mat::row_major(&w2, OUTPUT, HIDDEN), Mat::row_major(&dh, BATCH, HIDDEN))
-            .epilogue(Epilogue::DGeluBgrad)
-            .bias(&db1)
-            .aux(&pre, HIDDEN)
-            .run(s)?;
+        LtMatmul::new(
+            Mat::<f32>::row_major(&dy, BATCH, OUTPUT),
+            Mat::row_major(&w2, OUTPUT, HIDDEN),
+            Mat::row_major(&dh, BATCH, HIDDEN),
+        )
+        .epilogue(Epilogue::DGeluBgrad)
+        .bias(&db1)
+        .aux(&pre, HIDDEN)
+        .run(s)?;
         // dW1 = dpre^T x.
-        Gemm::new(Mat::<f32>::row_major(&dh, BATCH, HIDDEN), Mat::row_major(&x, BATCH, INPUT), Mat::row_major(&dw1, HIDDEN, INPUT))
-            .op_a(Op::T)
-            .run(s)?;
+        Gemm::new(
+            Mat::<f32>::row_major(&dh, BATCH, HIDDEN),
+            Mat::row_major(&x, BATCH, INPUT),
+            Mat::row_major(&dw1, HIDDEN, INPUT),
+        )
+        .op_a(Op::T)
+        .run(s)?;
         // SGD.
         for (w, g) in [(&w1, &dw1), (&b1, &db1), (&w2, &dw2), (&b2, &db2)] {
             axpy(s, -LR, Vector::<f32>::whole(g), Vector::whole(w))?;
@@ -102,7 +144,10 @@ fn main() {
     // One eager step (handles, workspaces and plans made), then the capture.
     step(&stream).unwrap();
     let first = loss(&stream);
-    let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| step(s).map_err(cudars_graph::Error::other)).unwrap();
+    let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+        step(s).map_err(cudars_graph::Error::other)
+    })
+    .unwrap();
     let exec = graph.instantiate().unwrap();
     println!("captured step: {} nodes", graph.node_count().unwrap());
     let mut last = first;
@@ -114,5 +159,8 @@ fn main() {
         println!("after {} replays: loss {last:.5}", (epoch + 1) * 100);
     }
     println!("loss {first:.5} -> {last:.5}");
-    assert!(last < first * 0.5, "the loss did not fall: {first} -> {last}");
+    assert!(
+        last < first * 0.5,
+        "the loss did not fall: {first} -> {last}"
+    );
 }

@@ -9,8 +9,7 @@
 use std::ffi::c_void;
 
 use cudars_blas_sys::{
-    cublas, cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cublasPointerMode_t,
-    cudaDataType,
+    cublas, cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cublasPointerMode_t, cudaDataType,
 };
 use cudars_core::memory::DevicePtr;
 use cudars_core::Stream;
@@ -194,11 +193,11 @@ impl<'a, T: Element> Gemm<'a, T> {
             }
             call.set_pointer_mode(cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST)?;
             call.set_math(self.math.handle_mode())?;
-            // SAFETY: the shapes, leading dimensions and view lengths were checked against
-            // the plan (`check`): the library reads and writes inside the views; the views are
-            // of the handle's device and marked for its stream; alpha and beta are host
-            // scalars of the compute type, alive for the call.
             check(
+                // SAFETY: the shapes, leading dimensions and view lengths were checked against
+                // the plan (`check`): the library reads and writes inside the views; the views are
+                // of the handle's device and marked for its stream; alpha and beta are host
+                // scalars of the compute type, alive for the call.
                 unsafe {
                     lib.cublasGemmEx(
                         call.raw(),
@@ -246,7 +245,11 @@ impl<'a, T: Element> Gemm<'a, T> {
         for (name, v) in [("stride_a", s[0]), ("stride_b", s[1]), ("stride_c", s[2])] {
             i64::try_from(v).map_err(|_| Error::shape(R, name, format!("{v} exceeds i64")))?;
         }
-        let (sa, sb) = if plan.swapped { (s[1], s[0]) } else { (s[0], s[1]) };
+        let (sa, sb) = if plan.swapped {
+            (s[1], s[0])
+        } else {
+            (s[0], s[1])
+        };
         let lib = cublas()?;
         let (a, b) = self.operands(&plan);
         with_call(stream, |call| {
@@ -255,9 +258,9 @@ impl<'a, T: Element> Gemm<'a, T> {
             }
             call.set_pointer_mode(cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST)?;
             call.set_math(self.math.handle_mode())?;
-            // SAFETY: as `run`, with every view checked to hold its whole batch
-            // (`batch_elements`) and the outputs not overlapping.
             check(
+                // SAFETY: as `run`, with every view checked to hold its whole batch
+                // (`batch_elements`) and the outputs not overlapping.
                 unsafe {
                     lib.cublasGemmStridedBatchedEx(
                         call.raw(),
@@ -307,10 +310,7 @@ pub(crate) fn check_gemm<T: Element, P: View>(
     fits_int(routine, "n", plan.n)?;
     fits_int(routine, "k", plan.k)?;
     let mut spans: [Span; 3] = [Span { start: 0, end: 0 }; 3];
-    for (i, (name, m)) in [("a", a), ("b", b), ("c", c)]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, (name, m)) in [("a", a), ("b", b), ("c", c)].into_iter().enumerate() {
         let (r, cc, _) = m.stored();
         let each = mat_elements(routine, name, r, cc, m.ld)?;
         let total = match strides {
@@ -341,7 +341,6 @@ pub(crate) fn check_gemm<T: Element, P: View>(
     }
     Ok(plan)
 }
-
 
 /// Element strides between the matrices of a strided batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -458,10 +457,10 @@ pub fn gemm_batched<T: Element>(stream: &Stream, gemms: &[Gemm<'_, T>]) -> Resul
         }
         call.set_pointer_mode(cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST)?;
         call.set_math(first.math.handle_mode())?;
-        // SAFETY: every GEMM of the batch was checked as `Gemm::run` checks one, with the
-        // first's shapes; the three device arrays hold `count` addresses each, copied before
-        // the call and marked for the stream; the outputs overlap nothing.
         check(
+            // SAFETY: every GEMM of the batch was checked as `Gemm::run` checks one, with the
+            // first's shapes; the three device arrays hold `count` addresses each, copied before
+            // the call and marked for the stream; the outputs overlap nothing.
             unsafe {
                 lib.cublasGemmBatchedEx(
                     call.raw(),
@@ -576,7 +575,8 @@ pub fn gemv<T: Element>(
     } else {
         op
     };
-    let half = T::DATA_TYPE == cudaDataType::CUDA_R_16F || T::DATA_TYPE == cudaDataType::CUDA_R_16BF;
+    let half =
+        T::DATA_TYPE == cudaDataType::CUDA_R_16F || T::DATA_TYPE == cudaDataType::CUDA_R_16BF;
     if half && (x.inc != 1 || y.inc != 1) {
         return Err(Error::Unsupported {
             routine: R,
@@ -604,23 +604,67 @@ pub fn gemv<T: Element>(
             (&alpha as *const T::Scalar).cast::<c_void>(),
             (&beta as *const T::Scalar).cast::<c_void>(),
         );
-        // SAFETY (all arms): the stored matrix's shape and `lda`, the vectors' lengths and
+        // SAFETY: (all arms) the stored matrix's shape and `lda`, the vectors' lengths and
         // increments were checked against the views (of the handle's device, marked for its
         // stream); `y` overlaps neither input; the scalars are host values of the element's
         // scalar type alive for the call.
         let status = unsafe {
             match T::DATA_TYPE {
                 cudaDataType::CUDA_R_32F => lib.cublasSgemv_v2(
-                    h, t, m, n, al.cast(), pa as _, lda, px as _, ix, be.cast(), py as _, iy,
+                    h,
+                    t,
+                    m,
+                    n,
+                    al.cast(),
+                    pa as _,
+                    lda,
+                    px as _,
+                    ix,
+                    be.cast(),
+                    py as _,
+                    iy,
                 ),
                 cudaDataType::CUDA_R_64F => lib.cublasDgemv_v2(
-                    h, t, m, n, al.cast(), pa as _, lda, px as _, ix, be.cast(), py as _, iy,
+                    h,
+                    t,
+                    m,
+                    n,
+                    al.cast(),
+                    pa as _,
+                    lda,
+                    px as _,
+                    ix,
+                    be.cast(),
+                    py as _,
+                    iy,
                 ),
                 cudaDataType::CUDA_C_32F => lib.cublasCgemv_v2(
-                    h, t, m, n, al.cast(), pa as _, lda, px as _, ix, be.cast(), py as _, iy,
+                    h,
+                    t,
+                    m,
+                    n,
+                    al.cast(),
+                    pa as _,
+                    lda,
+                    px as _,
+                    ix,
+                    be.cast(),
+                    py as _,
+                    iy,
                 ),
                 cudaDataType::CUDA_C_64F => lib.cublasZgemv_v2(
-                    h, t, m, n, al.cast(), pa as _, lda, px as _, ix, be.cast(), py as _, iy,
+                    h,
+                    t,
+                    m,
+                    n,
+                    al.cast(),
+                    pa as _,
+                    lda,
+                    px as _,
+                    ix,
+                    be.cast(),
+                    py as _,
+                    iy,
                 ),
                 _ => {
                     // y (len ar) = op(A) (ar x ac) x (ac x 1), as one GEMM column.
@@ -692,9 +736,9 @@ pub fn axpy<T: Element>(
         y.ptr.record_stream(&call.issue)?;
         call.set_pointer_mode(cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST)?;
         call.set_math(cublasMath_t::CUBLAS_DEFAULT_MATH)?;
-        // SAFETY: lengths and increments checked against the views (handle's device, marked);
-        // `alpha` is a host scalar of the execution type.
         check(
+            // SAFETY: lengths and increments checked against the views (handle's device, marked);
+            // `alpha` is a host scalar of the execution type.
             unsafe {
                 lib.cublasAxpyEx(
                     call.raw(),
@@ -727,8 +771,8 @@ pub fn scal<T: Element>(stream: &Stream, alpha: T::Scalar, x: Vector<'_, T>) -> 
         x.ptr.record_stream(&call.issue)?;
         call.set_pointer_mode(cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST)?;
         call.set_math(cublasMath_t::CUBLAS_DEFAULT_MATH)?;
-        // SAFETY: length and increment checked against the view (handle's device, marked).
         check(
+            // SAFETY: length and increment checked against the view (handle's device, marked).
             unsafe {
                 lib.cublasScalEx(
                     call.raw(),
@@ -752,18 +796,25 @@ enum Out<'p, R> {
     Device(&'p DevicePtr),
 }
 
-fn reduction<T: Element, R: bytemuck::Pod>(
+fn reduction<R: bytemuck::Pod>(
     routine: &'static str,
     stream: &Stream,
     out: Out<'_, R>,
     issue_call: impl FnOnce(cudars_blas_sys::cublasHandle_t, *mut c_void) -> Result<()>,
-    marks: &[&DevicePtr],
+    marks: &[(&DevicePtr, Span)],
 ) -> Result<()> {
     if let Out::Device(p) = &out {
-        check_view::<R>(routine, "result", *p, stream.device().ordinal(), 1)?;
+        let r = check_view::<R>(routine, "result", *p, stream.device().ordinal(), 1)?;
+        if marks.iter().any(|(_, s)| s.overlaps(&r)) {
+            return Err(Error::Overlap {
+                routine,
+                output: "result",
+                input: "x or y",
+            });
+        }
     }
     with_call(stream, |call| {
-        for p in marks {
+        for (p, _) in marks {
             p.record_stream(&call.issue)?;
         }
         match out {
@@ -777,7 +828,7 @@ fn reduction<T: Element, R: bytemuck::Pod>(
                     });
                 }
                 call.set_pointer_mode(cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST)?;
-        call.set_math(cublasMath_t::CUBLAS_DEFAULT_MATH)?;
+                call.set_math(cublasMath_t::CUBLAS_DEFAULT_MATH)?;
                 // cuBLAS blocks until the host result is written.
                 issue_call(call.raw(), (r as *mut R).cast())
             }
@@ -813,15 +864,15 @@ fn dot_impl<T: Element>(
             format!("x has {} elements, y {}", x.len, y.len),
         ));
     }
-    check_vector(R, "x", &x, device)?;
-    check_vector(R, "y", &y, device)?;
+    let sx = check_vector(R, "x", &x, device)?;
+    let sy = check_vector(R, "y", &y, device)?;
     let lib = cublas()?;
     let (name, f) = if conjugate && T::COMPLEX {
         ("cublasDotcEx", true)
     } else {
         ("cublasDotEx", false)
     };
-    reduction::<T, T>(
+    reduction::<T>(
         R,
         stream,
         out,
@@ -831,19 +882,37 @@ fn dot_impl<T: Element>(
             let status = unsafe {
                 if f {
                     lib.cublasDotcEx(
-                        h, x.len as i32, x.raw(), T::DATA_TYPE, x.inc as i32, y.raw(),
-                        T::DATA_TYPE, y.inc as i32, result, T::DATA_TYPE, execution::<T>(),
+                        h,
+                        x.len as i32,
+                        x.raw(),
+                        T::DATA_TYPE,
+                        x.inc as i32,
+                        y.raw(),
+                        T::DATA_TYPE,
+                        y.inc as i32,
+                        result,
+                        T::DATA_TYPE,
+                        execution::<T>(),
                     )
                 } else {
                     lib.cublasDotEx(
-                        h, x.len as i32, x.raw(), T::DATA_TYPE, x.inc as i32, y.raw(),
-                        T::DATA_TYPE, y.inc as i32, result, T::DATA_TYPE, execution::<T>(),
+                        h,
+                        x.len as i32,
+                        x.raw(),
+                        T::DATA_TYPE,
+                        x.inc as i32,
+                        y.raw(),
+                        T::DATA_TYPE,
+                        y.inc as i32,
+                        result,
+                        T::DATA_TYPE,
+                        execution::<T>(),
                     )
                 }
             };
             check(status, name)
         },
-        &[x.ptr, y.ptr],
+        &[(x.ptr, sx), (y.ptr, sy)],
     )
 }
 
@@ -872,16 +941,16 @@ pub fn dot_into<T: Element>(
 
 fn nrm2_impl<T: Element>(stream: &Stream, x: Vector<'_, T>, out: Out<'_, T::Real>) -> Result<()> {
     const R: &str = "nrm2";
-    check_vector(R, "x", &x, stream.device().ordinal())?;
+    let sx = check_vector(R, "x", &x, stream.device().ordinal())?;
     let lib = cublas()?;
-    reduction::<T, T::Real>(
+    reduction::<T::Real>(
         R,
         stream,
         out,
         |h, result| {
-            // SAFETY: length and increment checked against the view; `result` is a host
-            // `T::Real` alive for the (blocking) call or a checked device view of one.
             check(
+                // SAFETY: length and increment checked against the view; `result` is a host
+                // `T::Real` alive for the (blocking) call or a checked device view of one.
                 unsafe {
                     lib.cublasNrm2Ex(
                         h,
@@ -897,7 +966,7 @@ fn nrm2_impl<T: Element>(stream: &Stream, x: Vector<'_, T>, out: Out<'_, T::Real
                 "cublasNrm2Ex",
             )
         },
-        &[x.ptr],
+        &[(x.ptr, sx)],
     )
 }
 
@@ -990,7 +1059,8 @@ pub fn geam<T: Element>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let half = T::DATA_TYPE == cudaDataType::CUDA_R_16F || T::DATA_TYPE == cudaDataType::CUDA_R_16BF;
+    let half =
+        T::DATA_TYPE == cudaDataType::CUDA_R_16F || T::DATA_TYPE == cudaDataType::CUDA_R_16BF;
     if half {
         return crate::lt::transform::<T>(stream, (alpha, &a, ea), (beta, &b, eb), &c, (m, n));
     }
@@ -1010,22 +1080,70 @@ pub fn geam<T: Element>(
             (&alpha as *const T::Scalar).cast::<c_void>(),
             (&beta as *const T::Scalar).cast::<c_void>(),
         );
-        // SAFETY (all arms): shapes and leading dimensions checked against the views (the
+        // SAFETY: (all arms) shapes and leading dimensions checked against the views (the
         // handle's device, marked for its stream); C overlaps no input except B exactly, in
         // place, which the library allows; host scalars alive for the call.
         let status = unsafe {
             match T::DATA_TYPE {
                 cudaDataType::CUDA_R_32F => lib.cublasSgeam(
-                    h, ta, tb, mi, ni, al.cast(), pa as _, la, be.cast(), pb as _, lb, pc as _, lc,
+                    h,
+                    ta,
+                    tb,
+                    mi,
+                    ni,
+                    al.cast(),
+                    pa as _,
+                    la,
+                    be.cast(),
+                    pb as _,
+                    lb,
+                    pc as _,
+                    lc,
                 ),
                 cudaDataType::CUDA_R_64F => lib.cublasDgeam(
-                    h, ta, tb, mi, ni, al.cast(), pa as _, la, be.cast(), pb as _, lb, pc as _, lc,
+                    h,
+                    ta,
+                    tb,
+                    mi,
+                    ni,
+                    al.cast(),
+                    pa as _,
+                    la,
+                    be.cast(),
+                    pb as _,
+                    lb,
+                    pc as _,
+                    lc,
                 ),
                 cudaDataType::CUDA_C_32F => lib.cublasCgeam(
-                    h, ta, tb, mi, ni, al.cast(), pa as _, la, be.cast(), pb as _, lb, pc as _, lc,
+                    h,
+                    ta,
+                    tb,
+                    mi,
+                    ni,
+                    al.cast(),
+                    pa as _,
+                    la,
+                    be.cast(),
+                    pb as _,
+                    lb,
+                    pc as _,
+                    lc,
                 ),
                 _ => lib.cublasZgeam(
-                    h, ta, tb, mi, ni, al.cast(), pa as _, la, be.cast(), pb as _, lb, pc as _, lc,
+                    h,
+                    ta,
+                    tb,
+                    mi,
+                    ni,
+                    al.cast(),
+                    pa as _,
+                    la,
+                    be.cast(),
+                    pb as _,
+                    lb,
+                    pc as _,
+                    lc,
                 ),
             }
         };

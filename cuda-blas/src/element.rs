@@ -61,10 +61,58 @@ macro_rules! element {
     };
 }
 
-element!(f32, f32, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F, false, 1.0, 0.0, f32, CUDA_R_32F, CUDA_R_32F);
-element!(f64, f64, CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, false, 1.0, 0.0, f64, CUDA_R_64F, CUDA_R_64F);
-element!(f16, f32, CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, false, 1.0, 0.0, f16, CUDA_R_16F, CUDA_R_32F);
-element!(bf16, f32, CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, false, 1.0, 0.0, bf16, CUDA_R_16BF, CUDA_R_32F);
+element!(
+    f32,
+    f32,
+    CUDA_R_32F,
+    CUDA_R_32F,
+    CUBLAS_COMPUTE_32F,
+    false,
+    1.0,
+    0.0,
+    f32,
+    CUDA_R_32F,
+    CUDA_R_32F
+);
+element!(
+    f64,
+    f64,
+    CUDA_R_64F,
+    CUDA_R_64F,
+    CUBLAS_COMPUTE_64F,
+    false,
+    1.0,
+    0.0,
+    f64,
+    CUDA_R_64F,
+    CUDA_R_64F
+);
+element!(
+    f16,
+    f32,
+    CUDA_R_16F,
+    CUDA_R_32F,
+    CUBLAS_COMPUTE_32F,
+    false,
+    1.0,
+    0.0,
+    f16,
+    CUDA_R_16F,
+    CUDA_R_32F
+);
+element!(
+    bf16,
+    f32,
+    CUDA_R_16BF,
+    CUDA_R_32F,
+    CUBLAS_COMPUTE_32F,
+    false,
+    1.0,
+    0.0,
+    bf16,
+    CUDA_R_16BF,
+    CUDA_R_32F
+);
 element!(
     Complex32,
     Complex32,

@@ -20,7 +20,12 @@
 //! * **Bounded.** At most [`MAX_HANDLES_PER_DEVICE`] handles per device: when a new stream
 //!   needs one beyond that, the handles of streams nobody else holds any more are destroyed
 //!   first, then the least recently used. [`clear`] destroys all of them.
-//! * **Destroy errors** are counted ([`destroy_failures`]), never panic.
+//! * **Destroy errors** are counted ([`destroy_failures`]), never panic. `cublasDestroy`
+//!   synchronises the device, which would invalidate another thread's capture: while a capture
+//!   begun through `cuda-core` (or announced by a framework) runs, dropped handles wait
+//!   ([`handles_awaiting_destruction`]) and are destroyed at the next handle creation or
+//!   [`clear`] after it. Creation runs in the relaxed capture mode for the same reason.
+//!   Captures that foreign code begins without announcing them are not seen.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -107,30 +112,88 @@ unsafe impl Send for State {}
 
 impl Drop for State {
     fn drop(&mut self) {
+        self.lt_plans.clear();
+        let raw = Raw {
+            blas: self.raw,
+            lt: self.lt,
+            device: self.device,
+        };
+        // cublasDestroy synchronises the device: inside another thread's capture that would
+        // invalidate it. While a capture may run, the handles wait in the graveyard (their
+        // workspaces go back to the pool now, in stream order, which is capture-safe).
+        if capture_may_run() {
+            grave()
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(raw);
+        } else {
+            raw.destroy();
+        }
+    }
+}
+
+/// The raw handles of a dropped state.
+struct Raw {
+    blas: cublasHandle_t,
+    lt: cublasLtHandle_t,
+    device: Device,
+}
+
+// SAFETY: raw handles nobody uses any more, destroyed once by whichever thread buries them.
+unsafe impl Send for Raw {}
+
+impl Raw {
+    fn destroy(self) {
         let Ok(_ctx) = self.device.bind() else {
             DESTROY_FAILURES.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        self.lt_plans.clear();
+        let _relaxed = graph::RelaxedCaptureMode::new();
         if !self.lt.is_null() {
             if let Ok(lt) = cublaslt() {
-                // SAFETY: a cuBLASLt handle this state created and never destroyed.
-                let ok = check(unsafe { lt.cublasLtDestroy(self.lt) }, "cublasLtDestroy");
-                if ok.is_err() {
+                // SAFETY: a cuBLASLt handle a state created and never destroyed.
+                if check(unsafe { lt.cublasLtDestroy(self.lt) }, "cublasLtDestroy").is_err() {
                     DESTROY_FAILURES.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
         if let Ok(lib) = cublas() {
-            // SAFETY: a cuBLAS handle this state created and never destroyed; its device's
-            // context is current. Work it queued stays ordered on its stream; the workspaces
-            // (dropped after this) go back to the pool in that stream's order.
-            let ok = check(unsafe { lib.cublasDestroy_v2(self.raw) }, "cublasDestroy_v2");
-            if ok.is_err() {
+            // SAFETY: a cuBLAS handle a state created and never destroyed; its device's
+            // context is current. Work it queued stays ordered on its stream.
+            let status = unsafe { lib.cublasDestroy_v2(self.blas) };
+            if check(status, "cublasDestroy_v2").is_err() {
                 DESTROY_FAILURES.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
+}
+
+/// Whether a capture may be running anywhere in the process (begun through `cuda-core` or
+/// announced by a framework).
+fn capture_may_run() -> bool {
+    graph::captures_in_progress() || graph::announced_captures_in_progress()
+}
+
+fn grave() -> &'static Mutex<Vec<Raw>> {
+    static GRAVE: Mutex<Vec<Raw>> = Mutex::new(Vec::new());
+    &GRAVE
+}
+
+/// Destroys the handles that waited for captures to end, when none may run now.
+fn bury() {
+    if capture_may_run() {
+        return;
+    }
+    let dead: Vec<Raw> =
+        std::mem::take(&mut *grave().lock().unwrap_or_else(PoisonError::into_inner));
+    for r in dead {
+        r.destroy();
+    }
+}
+
+/// Handles waiting for captures to end before they are destroyed.
+pub fn handles_awaiting_destruction() -> usize {
+    grave().lock().unwrap_or_else(PoisonError::into_inner).len()
 }
 
 /// The cache key: device, stream identity, and for the per-thread default stream the thread.
@@ -190,6 +253,7 @@ pub fn clear() {
         .map(|(_, v)| v)
         .collect();
     drop(all);
+    bury();
 }
 
 /// The handle state of `stream`, created on first use.
@@ -213,6 +277,7 @@ fn shared(stream: &Stream) -> Result<Shared> {
         None => {
             evict(&mut map, k.device);
             let s = Arc::new(Mutex::new(State::new(stream)?));
+            bury();
             map.insert(k, Arc::clone(&s));
             s
         }
@@ -226,16 +291,17 @@ fn shared(stream: &Stream) -> Result<Shared> {
 /// value may be a new stream with an old value).
 fn same_stream(s: &Shared, stream: &Stream) -> bool {
     stream.identity_is_unique()
-        || s.lock().unwrap_or_else(PoisonError::into_inner).stream.raw() == stream.raw()
+        || s.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .stream
+            .raw()
+            == stream.raw()
 }
 
-/// Makes room for one more handle of `device`: first the handles of streams only the cache
-/// still holds, then the least recently used.
+/// Before a new handle of `device` is made: drops the handles of streams nobody else holds
+/// any more (their owners dropped every clone; the stream dies with the handle), then, beyond
+/// [`MAX_HANDLES_PER_DEVICE`], the least recently used.
 fn evict(map: &mut HashMap<Key, Shared>, device: usize) {
-    let count = map.keys().filter(|k| k.device == device).count();
-    if count < MAX_HANDLES_PER_DEVICE {
-        return;
-    }
     map.retain(|k, s| {
         k.device != device
             || Arc::strong_count(s) > 1
@@ -263,6 +329,9 @@ impl State {
         let lib = cublas()?;
         let device = stream.device();
         let _ctx = device.bind()?;
+        // cublasCreate allocates: inside another thread's capture in global mode that call
+        // would be refused and invalidate the capture.
+        let _relaxed = graph::RelaxedCaptureMode::new()?;
         let mut raw: cublasHandle_t = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; the device's primary context is current, which is the
         // context cuBLAS's runtime binds the handle to.
@@ -282,9 +351,9 @@ impl State {
             last_used: 0,
             lt_plans: crate::lt::PlanCache::default(),
         };
-        // SAFETY: a live handle; the stream is a live stream of the handle's device (held by
-        // the state for the handle's life). (On failure `state` drops and destroys the handle.)
         check(
+            // SAFETY: a live handle; the stream is a live stream of the handle's device (held by
+            // the state for the handle's life). (On failure `state` drops and destroys the handle.)
             unsafe { lib.cublasSetStream_v2(raw, stream.raw() as cudaStream_t) },
             "cublasSetStream_v2",
         )?;
@@ -322,6 +391,7 @@ impl Call<'_, '_> {
         if self.state.lt.is_null() {
             let lt = cublaslt()?;
             let mut raw: cublasLtHandle_t = std::ptr::null_mut();
+            let _relaxed = graph::RelaxedCaptureMode::new()?;
             // SAFETY: a valid out-pointer; the handle's device is current (the call bound it).
             check(unsafe { lt.cublasLtCreate(&mut raw) }, "cublasLtCreate")?;
             self.state.lt = raw;
@@ -338,8 +408,8 @@ impl Call<'_, '_> {
     pub(crate) fn set_math(&mut self, math: cublasMath_t) -> Result<()> {
         if self.state.math != math {
             let lib = cublas()?;
-            // SAFETY: a live handle, used under its mutex.
             check(
+                // SAFETY: a live handle, used under its mutex.
                 unsafe { lib.cublasSetMathMode(self.state.raw, math) },
                 "cublasSetMathMode",
             )?;
@@ -352,8 +422,8 @@ impl Call<'_, '_> {
     pub(crate) fn set_pointer_mode(&mut self, mode: cublasPointerMode_t) -> Result<()> {
         if self.state.pointer_mode != mode {
             let lib = cublas()?;
-            // SAFETY: a live handle, used under its mutex.
             check(
+                // SAFETY: a live handle, used under its mutex.
                 unsafe { lib.cublasSetPointerMode_v2(self.state.raw, mode) },
                 "cublasSetPointerMode_v2",
             )?;
@@ -447,10 +517,10 @@ fn bind_workspace(state: &mut State, issue: &Issue<'_>, capture: Option<u64>) ->
         }
         .map_or((0, 0), |p| (p.as_raw(), p.len()));
         let lib = cublas()?;
-        // SAFETY: a live handle under its mutex; the workspace is a live pool block of the
-        // handle's device, `len` bytes, 512-byte aligned (cuBLAS asks 256), held by the state
-        // for as long as it is bound (and by the capture's graphs when captured).
         check(
+            // SAFETY: a live handle under its mutex; the workspace is a live pool block of the
+            // handle's device, `len` bytes, 512-byte aligned (cuBLAS asks 256), held by the state
+            // for as long as it is bound (and by the capture's graphs when captured).
             unsafe { lib.cublasSetWorkspace_v2(state.raw, addr as *mut std::ffi::c_void, len) },
             "cublasSetWorkspace_v2",
         )?;

@@ -63,7 +63,7 @@ mod lt;
 pub mod shape;
 
 pub use blas::{
-    axpy, dot, dot_into, gemm_batched, gemv, geam, nrm2, nrm2_into, scal, Gemm, MathMode,
+    axpy, dot, dot_into, geam, gemm_batched, gemv, nrm2, nrm2_into, scal, Gemm, MathMode,
     StridedBatch,
 };
 pub use element::{bf16, f16, Complex32, Complex64, Element};

@@ -175,8 +175,8 @@ impl PlanCache {
 }
 
 fn set_desc<V>(lt: &CublasLt, desc: cublasLtMatmulDesc_t, attr: DescAttr, v: &V) -> Result<()> {
-    // SAFETY: a live descriptor; `v` is the attribute's documented type, read for the call.
     check(
+        // SAFETY: a live descriptor; `v` is the attribute's documented type, read for the call.
         unsafe {
             lt.cublasLtMatmulDescSetAttribute(
                 desc,
@@ -189,10 +189,16 @@ fn set_desc<V>(lt: &CublasLt, desc: cublasLtMatmulDesc_t, attr: DescAttr, v: &V)
     )
 }
 
-fn layout(lt: &CublasLt, ty: cudaDataType, rows: usize, cols: usize, ld: usize) -> Result<cublasLtMatrixLayout_t> {
+fn layout(
+    lt: &CublasLt,
+    ty: cudaDataType,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+) -> Result<cublasLtMatrixLayout_t> {
     let mut l: cublasLtMatrixLayout_t = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer; the dimensions were checked by the caller.
     check(
+        // SAFETY: a valid out-pointer; the dimensions were checked by the caller.
         unsafe { lt.cublasLtMatrixLayoutCreate(&mut l, ty, rows as u64, cols as u64, ld as i64) },
         "cublasLtMatrixLayoutCreate",
     )?;
@@ -231,8 +237,8 @@ fn plan_for<'c>(call: &'c mut Call<'_, '_>, spec: &Spec) -> Result<&'c Plan> {
             layouts: [std::ptr::null_mut(); 3],
             algo: cublasLtMatmulAlgo_t::default(),
         };
-        // SAFETY: a valid out-pointer; compute and scale types are a documented pair.
         check(
+            // SAFETY: a valid out-pointer; compute and scale types are a documented pair.
             unsafe {
                 lt.cublasLtMatmulDescCreate(
                     &mut p.desc,
@@ -242,22 +248,45 @@ fn plan_for<'c>(call: &'c mut Call<'_, '_>, spec: &Spec) -> Result<&'c Plan> {
             },
             "cublasLtMatmulDescCreate",
         )?;
-        set_desc(lt, p.desc, DescAttr::CUBLASLT_MATMUL_DESC_TRANSA, &cublasOperation_t(spec.key.transa))?;
-        set_desc(lt, p.desc, DescAttr::CUBLASLT_MATMUL_DESC_TRANSB, &cublasOperation_t(spec.key.transb))?;
-        set_desc(lt, p.desc, DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE, &cublasLtEpilogue_t(spec.key.epilogue))?;
+        set_desc(
+            lt,
+            p.desc,
+            DescAttr::CUBLASLT_MATMUL_DESC_TRANSA,
+            &cublasOperation_t(spec.key.transa),
+        )?;
+        set_desc(
+            lt,
+            p.desc,
+            DescAttr::CUBLASLT_MATMUL_DESC_TRANSB,
+            &cublasOperation_t(spec.key.transb),
+        )?;
+        set_desc(
+            lt,
+            p.desc,
+            DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE,
+            &cublasLtEpilogue_t(spec.key.epilogue),
+        )?;
         if spec.key.fast_accum {
             set_desc(lt, p.desc, DescAttr::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &1i8)?;
         }
         if spec.key.lds[3] != 0 {
-            set_desc(lt, p.desc, DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(spec.key.lds[3] as i64))?;
+            set_desc(
+                lt,
+                p.desc,
+                DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                &(spec.key.lds[3] as i64),
+            )?;
         }
         for i in 0..3 {
             let (r, c, ld) = spec.shapes[i];
             p.layouts[i] = layout(lt, spec.types[i], r, c, ld)?;
         }
         let mut pref: cublasLtMatmulPreference_t = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer.
-        check(unsafe { lt.cublasLtMatmulPreferenceCreate(&mut pref) }, "cublasLtMatmulPreferenceCreate")?;
+        check(
+            // SAFETY: a valid out-pointer.
+            unsafe { lt.cublasLtMatmulPreferenceCreate(&mut pref) },
+            "cublasLtMatmulPreferenceCreate",
+        )?;
         let chosen = choose(lt, handle, &p, pref, ws, &spec.key.aligns);
         // SAFETY: the preference this function created.
         let _ = unsafe { lt.cublasLtMatmulPreferenceDestroy(pref) };
@@ -267,7 +296,10 @@ fn plan_for<'c>(call: &'c mut Call<'_, '_>, spec: &Spec) -> Result<&'c Plan> {
     cache
         .plans
         .get(&spec.key)
-        .ok_or_else(|| Error::Unsupported { routine: "lt_matmul", why: "plan cache".into() })
+        .ok_or_else(|| Error::Unsupported {
+            routine: "lt_matmul",
+            why: "plan cache".into(),
+        })
 }
 
 fn choose(
@@ -279,32 +311,65 @@ fn choose(
     aligns: &[u16; 4],
 ) -> Result<cublasLtMatmulAlgo_t> {
     let set = |attr: PrefAttr, v: u64| -> Result<()> {
-        // SAFETY: a live preference; both attributes are uint64 / uint32 and read for the call.
         check(
+            // SAFETY: a live preference; both attributes are uint64 / uint32 and read for the call.
             unsafe {
                 if attr == PrefAttr::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES {
-                    lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, (&v as *const u64).cast(), 8)
+                    lt.cublasLtMatmulPreferenceSetAttribute(
+                        pref,
+                        attr,
+                        (&v as *const u64).cast(),
+                        8,
+                    )
                 } else {
                     let v32 = v as u32;
-                    lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, (&v32 as *const u32).cast(), 4)
+                    lt.cublasLtMatmulPreferenceSetAttribute(
+                        pref,
+                        attr,
+                        (&v32 as *const u32).cast(),
+                        4,
+                    )
                 }
             },
             "cublasLtMatmulPreferenceSetAttribute",
         )
     };
-    set(PrefAttr::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws as u64)?;
-    set(PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, aligns[0] as u64)?;
-    set(PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, aligns[1] as u64)?;
-    set(PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, aligns[2] as u64)?;
-    set(PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, aligns[2] as u64)?;
+    set(
+        PrefAttr::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+        ws as u64,
+    )?;
+    set(
+        PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+        aligns[0] as u64,
+    )?;
+    set(
+        PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        aligns[1] as u64,
+    )?;
+    set(
+        PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+        aligns[2] as u64,
+    )?;
+    set(
+        PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+        aligns[2] as u64,
+    )?;
     let mut result = cublasLtMatmulHeuristicResult_t::default();
     let mut count = 0;
-    // SAFETY: live descriptors and preference; out-pointers for one result and the count.
     check(
+        // SAFETY: live descriptors and preference; out-pointers for one result and the count.
         unsafe {
             lt.cublasLtMatmulAlgoGetHeuristic(
-                handle, p.desc, p.layouts[0], p.layouts[1], p.layouts[2], p.layouts[2], pref, 1,
-                &mut result, &mut count,
+                handle,
+                p.desc,
+                p.layouts[0],
+                p.layouts[1],
+                p.layouts[2],
+                p.layouts[2],
+                pref,
+                1,
+                &mut result,
+                &mut count,
             )
         },
         "cublasLtMatmulAlgoGetHeuristic",
@@ -451,7 +516,11 @@ impl<'a, T: Element> LtMatmul<'a, T> {
         if plan.m == 0 || plan.n == 0 {
             return Ok(());
         }
-        let (a, b) = if plan.swapped { (&self.b, &self.a) } else { (&self.a, &self.b) };
+        let (a, b) = if plan.swapped {
+            (&self.b, &self.a)
+        } else {
+            (&self.a, &self.b)
+        };
         let stored = |m: &Mat<'_, T>, op: Op| {
             let (r, c, _) = m.stored();
             // The layout describes the matrix as stored; the op says how it is read.
@@ -479,7 +548,11 @@ impl<'a, T: Element> LtMatmul<'a, T> {
         let spec = Spec {
             key,
             scale_type: T::SCALAR_TYPE,
-            shapes: [stored(a, plan.transa), stored(b, plan.transb), stored(&self.c, Op::N)],
+            shapes: [
+                stored(a, plan.transa),
+                stored(b, plan.transb),
+                stored(&self.c, Op::N),
+            ],
             types: [T::DATA_TYPE; 3],
         };
         let lt = cublaslt()?;
@@ -501,16 +574,26 @@ impl<'a, T: Element> LtMatmul<'a, T> {
             let raw_stream = call.issue.raw() as cudaStream_t;
             let p = plan_for(call, &spec)?;
             if bias != 0 {
-                set_desc(lt, p.desc, DescAttr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
+                set_desc(
+                    lt,
+                    p.desc,
+                    DescAttr::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    &bias,
+                )?;
             }
             if aux != 0 {
-                set_desc(lt, p.desc, DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux)?;
+                set_desc(
+                    lt,
+                    p.desc,
+                    DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                    &aux,
+                )?;
             }
-            // SAFETY: shapes, leading dimensions and every buffer (bias, aux) were checked
-            // against their views (the handle's device, marked for its stream); the plan's
-            // layouts are those shapes; the algorithm was chosen for them, this workspace size
-            // and these alignments; the workspace is the handle's, bound to this stream.
             check(
+                // SAFETY: shapes, leading dimensions and every buffer (bias, aux) were checked
+                // against their views (the handle's device, marked for its stream); the plan's
+                // layouts are those shapes; the algorithm was chosen for them, this workspace size
+                // and these alignments; the workspace is the handle's, bound to this stream.
                 unsafe {
                     lt.cublasLtMatmul(
                         handle,
@@ -555,17 +638,18 @@ pub(crate) fn check_lt<T: Element, P: View>(
     fits_int(R, "n", plan.n)?;
     fits_int(R, "k", plan.k)?;
     let mut spans = [Span { start: 0, end: 0 }; 3];
-    for (i, (name, m)) in [("a", a), ("b", b), ("c", c)]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, (name, m)) in [("a", a), ("b", b), ("c", c)].into_iter().enumerate() {
         let (r, c, _) = m.stored();
         let n = mat_elements(R, name, r, c, m.ld)?;
         spans[i] = check_view::<T>(R, name, m.ptr, device, n)?;
     }
     for (i, input) in [(0, "a"), (1, "b")] {
         if spans[2].overlaps(&spans[i]) {
-            return Err(Error::Overlap { routine: R, output: "c", input });
+            return Err(Error::Overlap {
+                routine: R,
+                output: "c",
+                input,
+            });
         }
     }
     // Bias: one value per row of the stored output (m of the call), or for the gradients
@@ -580,44 +664,75 @@ pub(crate) fn check_lt<T: Element, P: View>(
             if epilogue.writes_bias() {
                 for (i, input) in [(0, "a"), (1, "b"), (2, "c")] {
                     if s.overlaps(&spans[i]) {
-                        return Err(Error::Overlap { routine: R, output: "bias", input });
+                        return Err(Error::Overlap {
+                            routine: R,
+                            output: "bias",
+                            input,
+                        });
                     }
                 }
             }
             bv.addr()
         }
         (true, None) => {
-            return Err(Error::shape(R, "bias", format!("{:?} needs a bias buffer", epilogue)))
+            return Err(Error::shape(
+                R,
+                "bias",
+                format!("{:?} needs a bias buffer", epilogue),
+            ))
         }
         (false, Some(_)) => {
-            return Err(Error::shape(R, "bias", format!("{:?} takes no bias buffer", epilogue)))
+            return Err(Error::shape(
+                R,
+                "bias",
+                format!("{:?} takes no bias buffer", epilogue),
+            ))
         }
         (false, None) => 0,
     };
     let (aux, aux_ld) = match (epilogue.uses_aux(), aux) {
         (true, Some((p, ld))) => {
             if ld % 8 != 0 {
-                return Err(Error::shape(R, "aux", format!("leading dimension {ld} is not a multiple of 8")));
+                return Err(Error::shape(
+                    R,
+                    "aux",
+                    format!("leading dimension {ld} is not a multiple of 8"),
+                ));
             }
             let n = mat_elements(R, "aux", plan.m, plan.n, ld)?;
             let s = check_view::<T>(R, "aux", p, device, n)?;
             for (i, input) in [(0, "a"), (1, "b"), (2, "c")] {
                 if s.overlaps(&spans[i]) {
-                    return Err(Error::Overlap { routine: R, output: "aux", input });
+                    return Err(Error::Overlap {
+                        routine: R,
+                        output: "aux",
+                        input,
+                    });
                 }
             }
             (p.addr(), ld)
         }
         (true, None) => {
-            return Err(Error::shape(R, "aux", format!("{:?} needs an auxiliary buffer", epilogue)))
+            return Err(Error::shape(
+                R,
+                "aux",
+                format!("{:?} needs an auxiliary buffer", epilogue),
+            ))
         }
         (false, Some(_)) => {
-            return Err(Error::shape(R, "aux", format!("{:?} takes no auxiliary buffer", epilogue)))
+            return Err(Error::shape(
+                R,
+                "aux",
+                format!("{:?} takes no auxiliary buffer", epilogue),
+            ))
         }
         (false, None) => (0, 0),
     };
     if T::COMPLEX && epilogue != Epilogue::None {
-        return Err(Error::Unsupported { routine: R, why: "epilogues are for real types".into() });
+        return Err(Error::Unsupported {
+            routine: R,
+            why: "epilogues are for real types".into(),
+        });
     }
     Ok((plan, bias, aux, aux_ld))
 }
@@ -667,10 +782,16 @@ impl<D: Element> Fp8Matmul<'_, D> {
         let dev = stream.device();
         let device = dev.ordinal();
         if D::COMPLEX || D::DATA_TYPE == cudaDataType::CUDA_R_64F {
-            return Err(Error::Unsupported { routine: R, why: format!("output type {}", D::NAME) });
+            return Err(Error::Unsupported {
+                routine: R,
+                why: format!("output type {}", D::NAME),
+            });
         }
         if self.d.order != Order::ColMajor {
-            return Err(Error::Unsupported { routine: R, why: "d must be column-major".into() });
+            return Err(Error::Unsupported {
+                routine: R,
+                why: "d must be column-major".into(),
+            });
         }
         let (cc_major, cc_minor) = dev.compute_capability()?;
         if (cc_major, cc_minor) < (8, 9) {
@@ -680,12 +801,19 @@ impl<D: Element> Fp8Matmul<'_, D> {
             });
         }
         if self.a.1 == Fp8::E5M2 && self.b.1 == Fp8::E5M2 {
-            return Err(Error::Unsupported { routine: R, why: "E5M2 x E5M2 has no kernel".into() });
+            return Err(Error::Unsupported {
+                routine: R,
+                why: "E5M2 x E5M2 has no kernel".into(),
+            });
         }
         let (m, n, k) = (self.d.rows, self.d.cols, self.k);
         fits_int(R, "k", k)?;
         if k % 16 != 0 || m % 16 != 0 || n % 16 != 0 {
-            return Err(Error::shape(R, "k", format!("FP8 needs m, n and k multiples of 16 (m {m}, n {n}, k {k})")));
+            return Err(Error::shape(
+                R,
+                "k",
+                format!("FP8 needs m, n and k multiples of 16 (m {m}, n {n}, k {k})"),
+            ));
         }
         let ea = mat_elements(R, "a", k, m, self.a.2)?;
         let eb = mat_elements(R, "b", k, n, self.b.2)?;
@@ -697,7 +825,11 @@ impl<D: Element> Fp8Matmul<'_, D> {
         check_view::<f32>(R, "b_scale", self.scales.1, device, 1)?;
         for (s, input) in [(sa, "a"), (sb, "b")] {
             if sd.overlaps(&s) {
-                return Err(Error::Overlap { routine: R, output: "d", input });
+                return Err(Error::Overlap {
+                    routine: R,
+                    output: "d",
+                    input,
+                });
             }
         }
         if m == 0 || n == 0 {
@@ -739,11 +871,21 @@ impl<D: Element> Fp8Matmul<'_, D> {
             let handle = call.lt()?;
             let raw_stream = call.issue.raw() as cudaStream_t;
             let p = plan_for(call, &spec)?;
-            set_desc(lt, p.desc, DescAttr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &self.scales.0.as_raw())?;
-            set_desc(lt, p.desc, DescAttr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &self.scales.1.as_raw())?;
-            // SAFETY: as `LtMatmul::run`: shapes, leading dimensions, the scales and the output
-            // were checked against their views and marked; the plan matches them.
+            set_desc(
+                lt,
+                p.desc,
+                DescAttr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                &self.scales.0.as_raw(),
+            )?;
+            set_desc(
+                lt,
+                p.desc,
+                DescAttr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                &self.scales.1.as_raw(),
+            )?;
             check(
+                // SAFETY: as `LtMatmul::run`: shapes, leading dimensions, the scales and the output
+                // were checked against their views and marked; the plan matches them.
                 unsafe {
                     lt.cublasLtMatmul(
                         handle,
@@ -787,8 +929,8 @@ pub(crate) fn transform<T: Element>(
         let handle = call.lt()?;
         let raw_stream = call.issue.raw() as cudaStream_t;
         let mut desc: cublasLtMatrixTransformDesc_t = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; f32 scales for 16-bit data.
         check(
+            // SAFETY: a valid out-pointer; f32 scales for 16-bit data.
             unsafe { lt.cublasLtMatrixTransformDescCreate(&mut desc, T::SCALAR_TYPE) },
             "cublasLtMatrixTransformDescCreate",
         )?;
@@ -798,8 +940,8 @@ pub(crate) fn transform<T: Element>(
                 (TransAttr::CUBLASLT_MATRIX_TRANSFORM_DESC_TRANSB, eb),
             ] {
                 let v = op.raw();
-                // SAFETY: a live descriptor; the attribute is a cublasOperation_t.
                 check(
+                    // SAFETY: a live descriptor; the attribute is a cublasOperation_t.
                     unsafe {
                         lt.cublasLtMatrixTransformDescSetAttribute(
                             desc,
@@ -855,7 +997,10 @@ pub(crate) fn transform<T: Element>(
                             let _ = lt.cublasLtMatrixLayoutDestroy(l);
                         }
                     }
-                    Err(Error::Unsupported { routine: "geam", why: "layout creation failed".into() })
+                    Err(Error::Unsupported {
+                        routine: "geam",
+                        why: "layout creation failed".into(),
+                    })
                 }
             };
             // SAFETY: created above.

@@ -259,9 +259,9 @@ pub(crate) fn check_view<T>(
         });
     }
     let size = std::mem::size_of::<T>() as u64;
-    let needed = elements.checked_mul(size).ok_or_else(|| {
-        Error::shape(routine, argument, format!("{elements} elements overflow"))
-    })?;
+    let needed = elements
+        .checked_mul(size)
+        .ok_or_else(|| Error::shape(routine, argument, format!("{elements} elements overflow")))?;
     if needed > ptr.bytes() as u64 {
         return Err(Error::BufferTooSmall {
             routine,
@@ -271,7 +271,7 @@ pub(crate) fn check_view<T>(
         });
     }
     let align = std::mem::align_of::<T>();
-    if needed > 0 && ptr.addr() % align as u64 != 0 {
+    if needed > 0 && !ptr.addr().is_multiple_of(align as u64) {
         return Err(Error::Misaligned {
             routine,
             argument,
@@ -415,10 +415,7 @@ pub(crate) fn gemm_plan<T: Element, P: View>(
         return Err(Error::shape(
             routine,
             "c",
-            format!(
-                "c is {}x{} but op(a) op(b) is {am}x{bn}",
-                c.rows, c.cols
-            ),
+            format!("c is {}x{} but op(a) op(b) is {am}x{bn}", c.rows, c.cols),
         ));
     }
     let ea = effective(routine, "a", op_a, a.stored().2, T::COMPLEX)?;

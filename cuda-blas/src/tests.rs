@@ -46,7 +46,11 @@ fn refused<T: std::fmt::Debug>(r: crate::Result<T>) -> Error {
 
 #[test]
 fn a_valid_gemm_maps_to_the_column_major_call() {
-    let (a, b, c) = (fake(GB, 64 * 32 * 4), fake(2 * GB, 32 * 16 * 4), fake(3 * GB, 64 * 16 * 4));
+    let (a, b, c) = (
+        fake(GB, 64 * 32 * 4),
+        fake(2 * GB, 32 * 16 * 4),
+        fake(3 * GB, 64 * 16 * 4),
+    );
     let plan = check_gemm::<f32, Fake>(
         "gemm",
         (&Mat::col_major(&a, 64, 32), Op::N),
@@ -64,7 +68,11 @@ fn a_valid_gemm_maps_to_the_column_major_call() {
 fn a_row_major_output_swaps_the_operands_and_transposes_the_problem() {
     // C (m x n, row-major) = A (m x k, row-major) B^T (B: n x k, row-major).
     let (m, n, k) = (8, 4, 16);
-    let (a, b, c) = (fake(GB, m * k * 4), fake(2 * GB, n * k * 4), fake(3 * GB, m * n * 4));
+    let (a, b, c) = (
+        fake(GB, m * k * 4),
+        fake(2 * GB, n * k * 4),
+        fake(3 * GB, m * n * 4),
+    );
     let plan = check_gemm::<f32, Fake>(
         "gemm",
         (&Mat::row_major(&a, m, k), Op::N),
@@ -123,7 +131,11 @@ fn gemm_refuses_each_view_that_is_too_short() {
     for (i, name) in ["a", "b", "c"].iter().enumerate() {
         let mut sizes = [16 * 16 * 8; 3];
         sizes[i] -= 8; // one f64 short
-        let (a, b, c) = (fake(GB, sizes[0]), fake(2 * GB, sizes[1]), fake(3 * GB, sizes[2]));
+        let (a, b, c) = (
+            fake(GB, sizes[0]),
+            fake(2 * GB, sizes[1]),
+            fake(3 * GB, sizes[2]),
+        );
         let e = refused(check_gemm::<f64, Fake>(
             "gemm",
             (&Mat::col_major(&a, 16, 16), Op::N),
@@ -134,7 +146,10 @@ fn gemm_refuses_each_view_that_is_too_short() {
         ));
         match e {
             Error::BufferTooSmall {
-                argument, needed, len, ..
+                argument,
+                needed,
+                len,
+                ..
             } => {
                 assert_eq!(argument, *name);
                 assert_eq!(needed, 16 * 16 * 8);
@@ -157,7 +172,17 @@ fn a_leading_dimension_counts_in_the_length_needed() {
         0,
         None,
     ));
-    assert!(matches!(e, Error::BufferTooSmall { argument: "a", needed: 96, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::BufferTooSmall {
+                argument: "a",
+                needed: 96,
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -171,7 +196,17 @@ fn gemm_refuses_misaligned_views_and_other_devices() {
         0,
         None,
     ));
-    assert!(matches!(e, Error::Misaligned { argument: "a", align: 4, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Misaligned {
+                argument: "a",
+                align: 4,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let b1 = Fake {
         addr: 2 * GB,
         bytes: 4096,
@@ -187,7 +222,15 @@ fn gemm_refuses_misaligned_views_and_other_devices() {
         None,
     ));
     assert!(
-        matches!(e, Error::WrongDevice { argument: "b", expected: 0, actual: 1, .. }),
+        matches!(
+            e,
+            Error::WrongDevice {
+                argument: "b",
+                expected: 0,
+                actual: 1,
+                ..
+            }
+        ),
         "{e}"
     );
 }
@@ -205,7 +248,17 @@ fn gemm_refuses_an_output_that_overlaps_an_input() {
         0,
         None,
     ));
-    assert!(matches!(e, Error::Overlap { output: "c", input: "a", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Overlap {
+                output: "c",
+                input: "a",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -220,7 +273,10 @@ fn strided_batches_need_every_matrix_and_outputs_that_do_not_overlap() {
         0,
         Some((4, [16, 16, 16])),
     ));
-    assert!(matches!(e, Error::BufferTooSmall { argument: "c", .. }), "{e}");
+    assert!(
+        matches!(e, Error::BufferTooSmall { argument: "c", .. }),
+        "{e}"
+    );
     let c = fake(3 * GB, 4 * 16 * 4);
     let e = refused(check_gemm::<f32, Fake>(
         "gemm_strided_batched",
@@ -285,12 +341,32 @@ fn dimensions_beyond_32_bits_are_refused_before_any_length_check() {
 #[test]
 fn vectors_refuse_a_zero_increment_and_count_their_stride() {
     let x = fake(GB, 10 * 4);
-    let e = refused(check_vector::<f32, Fake>("axpy", "x", &Vector::new(&x, 4).with_inc(0), 0));
+    let e = refused(check_vector::<f32, Fake>(
+        "axpy",
+        "x",
+        &Vector::new(&x, 4).with_inc(0),
+        0,
+    ));
     assert!(matches!(e, Error::Shape { argument: "x", .. }), "{e}");
     // 4 elements 3 apart: 3 * 3 + 1 = 10 elements.
     check_vector::<f32, Fake>("axpy", "x", &Vector::new(&x, 4).with_inc(3), 0).unwrap();
-    let e = refused(check_vector::<f32, Fake>("axpy", "x", &Vector::new(&x, 4).with_inc(4), 0));
-    assert!(matches!(e, Error::BufferTooSmall { needed: 52, len: 40, .. }), "{e}");
+    let e = refused(check_vector::<f32, Fake>(
+        "axpy",
+        "x",
+        &Vector::new(&x, 4).with_inc(4),
+        0,
+    ));
+    assert!(
+        matches!(
+            e,
+            Error::BufferTooSmall {
+                needed: 52,
+                len: 40,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert_eq!(Vector::<f32, Fake>::whole(&x).len(), 10);
 }
 
@@ -307,19 +383,65 @@ fn epilogues_need_exactly_the_buffers_they_use() {
     };
     assert!(run(Epilogue::None, None, None).is_ok());
     let e = refused(run(Epilogue::ReluBias, None, None));
-    assert!(matches!(e, Error::Shape { argument: "bias", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Shape {
+                argument: "bias",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = refused(run(Epilogue::Relu, Some(&bias), None));
-    assert!(matches!(e, Error::Shape { argument: "bias", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Shape {
+                argument: "bias",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let short = fake(4 * GB, 3 * 4);
     let e = refused(run(Epilogue::Bias, Some(&short), None));
-    assert!(matches!(e, Error::BufferTooSmall { argument: "bias", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::BufferTooSmall {
+                argument: "bias",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = refused(run(Epilogue::GeluAux, None, None));
-    assert!(matches!(e, Error::Shape { argument: "aux", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Shape {
+                argument: "aux",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = refused(run(Epilogue::GeluAux, None, Some((&aux, 6))));
     assert!(e.to_string().contains("multiple of 8"), "{e}");
     assert!(run(Epilogue::GeluAux, None, Some((&aux, 8))).is_ok());
     // A gradient written into an input is refused.
     let into_a = fake(GB, 16);
     let e = refused(run(Epilogue::BgradA, Some(&into_a), None));
-    assert!(matches!(e, Error::Overlap { output: "bias", input: "a", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Overlap {
+                output: "bias",
+                input: "a",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
