@@ -13,7 +13,7 @@
 //! | [`LtMatmul`] | matmul with an [`Epilogue`] (bias, ReLU, GELU and backward forms) | `cublasLtMatmul` |
 //! | [`Fp8Matmul`] | e4m3/e5m2 inputs with scales (compute capability 8.9+) | `cublasLtMatmul` |
 //!
-//! Elements: `f32`, `f64`, [`f16`], [`bf16`], [`Complex32`], [`Complex64`] ([`Element`]);
+//! Elements: `f32`, `f64`, [`f16`](struct@f16), [`bf16`](struct@bf16), [`Complex32`], [`Complex64`] ([`Element`]);
 //! `alpha` and `beta` are `f32` for the 16-bit types. [`MathMode`] chooses TF32 or pedantic
 //! precision.
 //!
@@ -59,7 +59,7 @@ mod blas;
 mod element;
 mod error;
 pub mod handle;
-mod lt;
+pub mod lt;
 pub mod shape;
 
 pub use blas::{
