@@ -473,6 +473,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   bench     every benchmark binary (their own output), then peers.py, rtc_peers.py,
 #             bench_dlpack.py and workload_bench.py
 #   rtc-bench bench_rtc and rtc_peers.py alone (cuda-rtc beside CuPy RawKernel and cuda.core)
+#   blas-bench bench_blas alone (GEMM TFLOP/s, small-GEMM issue, captured GEMMs; it runs
+#             blas_peers.py first: torch.matmul, torch.cuda.graph and CuPy beside each row)
 #   graph-bench bench_graph_explicit and graph_peers.py alone (explicit graphs, conditional
 #             nodes and updates beside cuda.core)
 #   dlpack-bench  bench_dlpack.py alone (one DLPack exchange each way through lib/cudars_dlpack,
@@ -634,6 +636,12 @@ case "$mode" in
     echo "=== bench_rtc"; "$here/bench/bench_rtc" || echo "(exit $?)"
     echo "=== rtc peers (CuPy RawKernel, cuda.core Program)"; python3 "$here/rtc_peers.py" "${extra[@]}" || echo "(exit $?)"
     exit 0 ;;
+  blas-bench)
+    # bench_blas, which first runs blas_peers.py (torch.matmul, torch.cuda.graph, CuPy) and
+    # prints each row beside the peers' figures and the ratio.
+    echo "CUDA_CUBLAS_LIBRARY=${CUDA_CUBLAS_LIBRARY:-unset}"
+    echo "=== bench_blas"; "$here/bench/bench_blas" "${extra[@]}" || echo "(exit $?)"
+    exit 0 ;;
   graph-bench)
     # bench_graph_explicit, then the same loop and update through cuda.core (graph_peers.py).
     export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
@@ -677,7 +685,7 @@ case "$mode" in
       esac
     done; exit 0 ;;
   all) "$0" examples; run_tests; two_gpu; "$0" bench; ;;
-  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|graph-bench|dlpack-bench|workloads|examples|all] [args]"; exit 2 ;;
+  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|blas-bench|graph-bench|dlpack-bench|workloads|examples|all] [args]"; exit 2 ;;
 esac
 echo "GPU suite: $passed passed, $failed failed on $device"
 [ "$failed" -eq 0 ]

@@ -7,9 +7,9 @@
 //!   stream and workspace; 41 rounds in alternating order, median ratio of the rounds;
 //! - a captured graph of 100 GEMMs (512^3 bf16), replay time.
 //!
-//! `blas_peers.py` (run first by the device script) writes the peers' figures for the same
-//! rows as `name value` lines to the file named by the first argument; this binary reads it
-//! and prints `ours / peer / ratio` rows.
+//! `blas_peers.py` writes the peers' figures for the same rows as `name value` lines to a
+//! file: the one named by the first argument, else this binary runs the bundle's script first
+//! (`$CUDA_RS_BUNDLE_DIR/blas_peers.py`). Each row prints ours, each peer's, and the ratio.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -97,8 +97,29 @@ fn batched_tflops<T: Element>(stream: &Stream, math: MathMode) -> f64 {
     2.0 * (n as f64).powi(3) * batch as f64 / s / 1e12
 }
 
+/// The peers' file: the first argument, else `blas_peers.py` of the bundle run now into a
+/// temporary file (when `$CUDA_RS_BUNDLE_DIR` has it and `python3` runs).
+fn peers_file() -> Option<String> {
+    if let Some(p) = std::env::args().nth(1) {
+        return Some(p);
+    }
+    let dir = std::env::var("CUDA_RS_BUNDLE_DIR").ok()?;
+    let script = std::path::Path::new(&dir).join("blas_peers.py");
+    if !script.is_file() {
+        return None;
+    }
+    let out = std::env::temp_dir().join(format!("blas_peers_{}.txt", std::process::id()));
+    let status = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .ok()?;
+    status.success().then(|| out.to_string_lossy().into_owned())
+}
+
 fn main() {
-    let peers = peers(std::env::args().nth(1));
+    let peers = peers(peers_file());
     let dev = cudars_core::Device::new(0).unwrap();
     let stream = Stream::new(&dev).unwrap();
     println!("bench_blas on {} (cuBLAS {})", dev.name().unwrap_or_default(), cudars_blas_sys::cublas().map(|l| l.path().to_string()).unwrap_or_default());
