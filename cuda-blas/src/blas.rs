@@ -104,6 +104,10 @@ pub struct Gemm<'a, T: Element> {
     pub beta: T::Scalar,
     /// Precision.
     pub math: MathMode,
+    /// `alpha` and `beta` read from device memory (one `T::Scalar` each, cuBLAS's device
+    /// pointer mode) instead of `alpha` and `beta` above: the values at the time the GEMM
+    /// runs, so a captured GEMM replays with whatever they hold then.
+    pub device_scalars: Option<(&'a DevicePtr, &'a DevicePtr)>,
 }
 
 impl<'a, T: Element> Gemm<'a, T> {
@@ -118,6 +122,7 @@ impl<'a, T: Element> Gemm<'a, T> {
             alpha: T::one(),
             beta: T::zero(),
             math: MathMode::Default,
+            device_scalars: None,
         }
     }
 
@@ -136,6 +141,12 @@ impl<'a, T: Element> Gemm<'a, T> {
     /// `alpha`.
     pub fn alpha(mut self, alpha: T::Scalar) -> Self {
         self.alpha = alpha;
+        self
+    }
+
+    /// `alpha` and `beta` from device memory (see [`Gemm::device_scalars`](Self#structfield.device_scalars)).
+    pub fn scalars_on_device(mut self, alpha: &'a DevicePtr, beta: &'a DevicePtr) -> Self {
+        self.device_scalars = Some((alpha, beta));
         self
     }
 
@@ -158,14 +169,44 @@ impl<'a, T: Element> Gemm<'a, T> {
         stream: &Stream,
         strides: Option<(usize, [usize; 3])>,
     ) -> Result<Plan> {
-        check_gemm(
+        let device = stream.device().ordinal();
+        let plan = check_gemm(
             routine,
             (&self.a, self.op_a),
             (&self.b, self.op_b),
             &self.c,
-            stream.device().ordinal(),
+            device,
             strides,
-        )
+        )?;
+        if let Some((alpha, beta)) = self.device_scalars {
+            check_scalars::<T, DevicePtr>(routine, (alpha, beta), &self.c, device)?;
+        }
+        Ok(plan)
+    }
+
+    /// The scalars' pointers and the pointer mode they need; marks device scalars.
+    fn scalars(
+        &self,
+        call: &mut crate::handle::Call<'_, '_>,
+    ) -> Result<(*const c_void, *const c_void)> {
+        match self.device_scalars {
+            Some((alpha, beta)) => {
+                alpha.record_stream(&call.issue)?;
+                beta.record_stream(&call.issue)?;
+                call.set_pointer_mode(cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE)?;
+                Ok((
+                    alpha.as_raw() as *const c_void,
+                    beta.as_raw() as *const c_void,
+                ))
+            }
+            None => {
+                call.set_pointer_mode(cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST)?;
+                Ok((
+                    (&self.alpha as *const T::Scalar).cast(),
+                    (&self.beta as *const T::Scalar).cast(),
+                ))
+            }
+        }
     }
 
     /// Operands in the call's order (A and B swap for a row-major C).
@@ -191,7 +232,7 @@ impl<'a, T: Element> Gemm<'a, T> {
             for p in [a.ptr, b.ptr, self.c.ptr] {
                 p.record_stream(&call.issue)?;
             }
-            call.set_pointer_mode(cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST)?;
+            let (alpha, beta) = self.scalars(call)?;
             call.set_math(self.math.handle_mode())?;
             check(
                 // SAFETY: the shapes, leading dimensions and view lengths were checked against
@@ -206,14 +247,14 @@ impl<'a, T: Element> Gemm<'a, T> {
                         plan.m as i32,
                         plan.n as i32,
                         plan.k as i32,
-                        (&self.alpha as *const T::Scalar).cast(),
+                        alpha,
                         a.ptr.as_raw() as *const c_void,
                         T::DATA_TYPE,
                         a.ld as i32,
                         b.ptr.as_raw() as *const c_void,
                         T::DATA_TYPE,
                         b.ld as i32,
-                        (&self.beta as *const T::Scalar).cast(),
+                        beta,
                         self.c.ptr.as_raw() as *mut c_void,
                         T::DATA_TYPE,
                         self.c.ld as i32,
@@ -256,7 +297,7 @@ impl<'a, T: Element> Gemm<'a, T> {
             for p in [a.ptr, b.ptr, self.c.ptr] {
                 p.record_stream(&call.issue)?;
             }
-            call.set_pointer_mode(cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST)?;
+            let (alpha, beta) = self.scalars(call)?;
             call.set_math(self.math.handle_mode())?;
             check(
                 // SAFETY: as `run`, with every view checked to hold its whole batch
@@ -269,7 +310,7 @@ impl<'a, T: Element> Gemm<'a, T> {
                         plan.m as i32,
                         plan.n as i32,
                         plan.k as i32,
-                        (&self.alpha as *const T::Scalar).cast(),
+                        alpha,
                         a.ptr.as_raw() as *const c_void,
                         T::DATA_TYPE,
                         a.ld as i32,
@@ -278,7 +319,7 @@ impl<'a, T: Element> Gemm<'a, T> {
                         T::DATA_TYPE,
                         b.ld as i32,
                         sb as i64,
-                        (&self.beta as *const T::Scalar).cast(),
+                        beta,
                         self.c.ptr.as_raw() as *mut c_void,
                         T::DATA_TYPE,
                         self.c.ld as i32,
@@ -342,6 +383,35 @@ pub(crate) fn check_gemm<T: Element, P: View>(
     Ok(plan)
 }
 
+/// Checks device-resident `alpha` and `beta`: one scalar each, aligned, on the device, and
+/// not inside the output. Pure: no library call.
+pub(crate) fn check_scalars<T: Element, P: View>(
+    routine: &'static str,
+    (alpha, beta): (&P, &P),
+    c: &Mat<'_, T, P>,
+    device: usize,
+) -> Result<()> {
+    let (r, cc, _) = c.stored();
+    let out = check_view::<T>(
+        routine,
+        "c",
+        c.ptr,
+        device,
+        mat_elements(routine, "c", r, cc, c.ld)?,
+    )?;
+    for (name, p) in [("alpha", alpha), ("beta", beta)] {
+        let s = check_view::<T::Scalar>(routine, name, p, device, 1)?;
+        if s.overlaps(&out) {
+            return Err(Error::Overlap {
+                routine,
+                output: "c",
+                input: name,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Element strides between the matrices of a strided batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StridedBatch {
@@ -378,6 +448,8 @@ pub fn gemm_batched<T: Element>(stream: &Stream, gemms: &[Gemm<'_, T>]) -> Resul
             && g.math == first.math
             && bytemuck::bytes_of(&g.alpha) == bytemuck::bytes_of(&first.alpha)
             && bytemuck::bytes_of(&g.beta) == bytemuck::bytes_of(&first.beta)
+            && g.device_scalars.map(|(a, b)| (a.as_raw(), b.as_raw()))
+                == first.device_scalars.map(|(a, b)| (a.as_raw(), b.as_raw()))
     };
     let mut outputs: Vec<Span> = Vec::with_capacity(gemms.len());
     let mut inputs: Vec<Span> = Vec::with_capacity(2 * gemms.len());
@@ -455,7 +527,7 @@ pub fn gemm_batched<T: Element>(stream: &Stream, gemms: &[Gemm<'_, T>]) -> Resul
                 p.record_stream(&call.issue)?;
             }
         }
-        call.set_pointer_mode(cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST)?;
+        let (alpha, beta) = first.scalars(call)?;
         call.set_math(first.math.handle_mode())?;
         check(
             // SAFETY: every GEMM of the batch was checked as `Gemm::run` checks one, with the
@@ -469,14 +541,14 @@ pub fn gemm_batched<T: Element>(stream: &Stream, gemms: &[Gemm<'_, T>]) -> Resul
                     plan.m as i32,
                     plan.n as i32,
                     plan.k as i32,
-                    (&first.alpha as *const T::Scalar).cast(),
+                    alpha,
                     at(0) as *const *const c_void,
                     T::DATA_TYPE,
                     a0.ld as i32,
                     at(1) as *const *const c_void,
                     T::DATA_TYPE,
                     b0.ld as i32,
-                    (&first.beta as *const T::Scalar).cast(),
+                    beta,
                     at(2) as *const *mut c_void,
                     T::DATA_TYPE,
                     first.c.ld as i32,

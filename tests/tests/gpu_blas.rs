@@ -225,6 +225,29 @@ fn gemm_matches_the_cpu_for_every_type_and_transpose() {
 }
 
 #[test]
+fn scalars_read_from_device_memory_when_the_gemm_runs() {
+    let _s = serial();
+    let dev = dev0();
+    let stream = Stream::new(&dev).unwrap();
+    let n = 16;
+    let da = upload(&stream, &vec![1f32; n * n]);
+    let dc = upload(&stream, &vec![1f32; n * n]);
+    let alpha = upload(&stream, &[2f32]);
+    let beta = upload(&stream, &[3f32]);
+    // C = 2 * (A A) + 3 * C = 2 * n + 3.
+    Gemm::new(Mat::<f32>::col_major(&da, n, n), Mat::col_major(&da, n, n), Mat::col_major(&dc, n, n))
+        .scalars_on_device(&alpha, &beta)
+        .run(&stream)
+        .unwrap();
+    assert!(download::<f32>(&dc, n * n).iter().all(|&v| v == 2.0 * n as f32 + 3.0));
+    // Host scalars again on the same handle (the pointer mode switches back).
+    Gemm::new(Mat::<f32>::col_major(&da, n, n), Mat::col_major(&da, n, n), Mat::col_major(&dc, n, n))
+        .run(&stream)
+        .unwrap();
+    assert!(download::<f32>(&dc, n * n).iter().all(|&v| v == n as f32));
+}
+
+#[test]
 fn row_major_gemm_equals_the_column_major_reference() {
     let _s = serial();
     let dev = dev0();
