@@ -11,12 +11,16 @@
 //!   ([`cudars_mempool::allocator::alloc_on`]) on its stream, [`workspace_bytes`] long
 //!   (`$CUDARS_BLAS_WORKSPACE_BYTES`, else 32 MiB on compute capability 9.0 and later, 4 MiB
 //!   before, PyTorch's sizes). The same buffer serves cuBLASLt's calls on that stream.
-//! * **Captures.** While the stream is being captured, the calls of that capture use a
-//!   workspace taken from the pool *during* the capture, so from the capture's private pool:
-//!   the graph keeps it (captures begun through `cuda-core`/`cuda-graph` hold it until every
-//!   graph made from them is destroyed; the private pool frees it then in any case), no memory
-//!   node is recorded, and the eager workspace is never written by a replay. Rebinding is one
-//!   `cublasSetWorkspace` when the mode changes.
+//! * **Captures.** While the stream is being captured, calls use the stream's capture
+//!   workspace: taken from the pool during the first capture (so from its private pool, and
+//!   no memory node is recorded) and kept for every later capture of the stream, so repeated
+//!   captures do not grow memory (PyTorch keeps one workspace per handle and stream the same
+//!   way). Every graph made from a capture begun through `cuda-core`/`cuda-graph` keeps it
+//!   alive; one captured by foreign code (PyTorch, CuPy) cannot be seen, so a workspace such a
+//!   capture used is never freed. The eager workspace is never written by a replay. Graphs
+//!   captured on one stream share its capture workspace: replay them in one stream's order
+//!   (as one replays PyTorch's graphs of one capture stream), not at the same time on
+//!   different streams. Rebinding is one `cublasSetWorkspace` when the mode changes.
 //! * **Bounded.** At most [`MAX_HANDLES_PER_DEVICE`] handles per device: when a new stream
 //!   needs one beyond that, the handles of streams nobody else holds any more are destroyed
 //!   first, then the least recently used. [`clear`] destroys all of them.
@@ -84,8 +88,8 @@ enum Bound {
     Library,
     /// The eager workspace.
     Eager,
-    /// The workspace of capture `id`.
-    Capture(u64),
+    /// The capture workspace.
+    Capture,
 }
 
 /// A cached handle and its settings.
@@ -96,7 +100,15 @@ pub(crate) struct State {
     stream: Stream,
     workspace_bytes: usize,
     eager: Option<DevicePtr>,
-    capture: Option<(u64, DevicePtr)>,
+    /// The workspace of captured calls, taken from the pool during the first capture (so from
+    /// its private pool) and kept for every later capture of this stream.
+    capture: Option<DevicePtr>,
+    /// The capture whose graphs were last asked to keep `capture` alive.
+    capture_id: Option<u64>,
+    /// A capture did not keep `capture` alive (one begun by foreign code): its graphs may
+    /// replay into it for as long as they live, which nothing here can see, so it is never
+    /// freed.
+    capture_unkept: bool,
     bound: Bound,
     math: cublasMath_t,
     pointer_mode: cublasPointerMode_t,
@@ -110,9 +122,23 @@ pub(crate) struct State {
 // so long as calls do not overlap.
 unsafe impl Send for State {}
 
+/// Capture workspaces that foreign graphs may still replay into: never freed.
+fn forever() -> &'static Mutex<Vec<DevicePtr>> {
+    static FOREVER: Mutex<Vec<DevicePtr>> = Mutex::new(Vec::new());
+    &FOREVER
+}
+
 impl Drop for State {
     fn drop(&mut self) {
         self.lt_plans.clear();
+        if self.capture_unkept {
+            if let Some(p) = self.capture.take() {
+                forever()
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(p);
+            }
+        }
         let raw = Raw {
             blas: self.raw,
             lt: self.lt,
@@ -345,6 +371,8 @@ impl State {
             workspace_bytes: workspace_bytes(&device),
             eager: None,
             capture: None,
+            capture_id: None,
+            capture_unkept: false,
             bound: Bound::Library,
             math: cublasMath_t::CUBLAS_DEFAULT_MATH,
             pointer_mode: cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST,
@@ -380,7 +408,7 @@ impl Call<'_, '_> {
     pub(crate) fn workspace(&self) -> (u64, usize) {
         let ws = match self.state.bound {
             Bound::Eager => self.state.eager.as_ref(),
-            Bound::Capture(_) => self.state.capture.as_ref().map(|(_, p)| p),
+            Bound::Capture => self.state.capture.as_ref(),
             Bound::Library => None,
         };
         ws.map_or((0, 0), |p| (p.as_raw(), p.len()))
@@ -483,8 +511,8 @@ pub(crate) fn with_call<R>(
     f(&mut call)
 }
 
-/// Binds the eager workspace (outside a capture) or capture `id`'s (inside), taking it from
-/// the pool on first need.
+/// Binds the eager workspace (outside a capture) or the capture workspace (inside), taking
+/// each from the pool on first need.
 fn bind_workspace(state: &mut State, issue: &Issue<'_>, capture: Option<u64>) -> Result<()> {
     if state.workspace_bytes == 0 {
         return Ok(());
@@ -499,37 +527,43 @@ fn bind_workspace(state: &mut State, issue: &Issue<'_>, capture: Option<u64>) ->
             Bound::Eager
         }
         Some(id) => {
-            if state.capture.as_ref().is_none_or(|(c, _)| *c != id) {
-                // Taken during the capture: from its private pool. Marked with the issue, so a
-                // capture begun through cuda-core keeps it for its graphs' life.
+            if state.capture.is_none() {
+                // Taken during the capture: from its private pool.
                 let p = cudars_mempool::allocator::alloc_on(&state.stream, state.workspace_bytes)
                     .map_err(|e| Error::pool("cuBLAS workspace (capture)", e))?;
-                p.record_stream(issue)?;
-                state.capture = Some((id, p));
+                state.capture = Some(p);
             }
-            Bound::Capture(id)
+            if state.capture_id != Some(id) {
+                if let Some(p) = &state.capture {
+                    // Each capture's graphs keep the workspace alive (captures begun through
+                    // cuda-core take a reference); one that does not is foreign, and the
+                    // workspace is then never freed.
+                    let before = Arc::strong_count(p.owner());
+                    p.record_stream(issue)?;
+                    if Arc::strong_count(p.owner()) == before {
+                        state.capture_unkept = true;
+                    }
+                }
+                state.capture_id = Some(id);
+            }
+            Bound::Capture
         }
     };
     if state.bound != want {
         let (addr, len) = match want {
             Bound::Eager => state.eager.as_ref(),
-            _ => state.capture.as_ref().map(|(_, p)| p),
+            _ => state.capture.as_ref(),
         }
         .map_or((0, 0), |p| (p.as_raw(), p.len()));
         let lib = cublas()?;
         check(
             // SAFETY: a live handle under its mutex; the workspace is a live pool block of the
-            // handle's device, `len` bytes, 512-byte aligned (cuBLAS asks 256), held by the state
-            // for as long as it is bound (and by the capture's graphs when captured).
+            // handle's device, `len` bytes, 512-byte aligned (cuBLAS asks 256), held by the
+            // state for as long as it is bound (and by the capture's graphs when captured).
             unsafe { lib.cublasSetWorkspace_v2(state.raw, addr as *mut std::ffi::c_void, len) },
             "cublasSetWorkspace_v2",
         )?;
         state.bound = want;
-    }
-    if capture.is_none() && state.capture.is_some() {
-        // The capture is over: its workspace goes back to its private pool (its graphs keep
-        // what they use).
-        state.capture = None;
     }
     Ok(())
 }

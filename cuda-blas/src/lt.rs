@@ -23,9 +23,10 @@ use cudars_blas_sys::{
     cublasComputeType_t, cublasLtEpilogue_t, cublasLtMatmulAlgo_t,
     cublasLtMatmulDescAttributes_t as DescAttr, cublasLtMatmulDesc_t,
     cublasLtMatmulHeuristicResult_t, cublasLtMatmulPreferenceAttributes_t as PrefAttr,
-    cublasLtMatmulPreference_t, cublasLtMatrixLayout_t,
-    cublasLtMatrixTransformDescAttributes_t as TransAttr, cublasLtMatrixTransformDesc_t,
-    cublasOperation_t, cublaslt, cudaDataType, cudaStream_t, CublasLt,
+    cublasLtMatmulPreference_t, cublasLtMatrixLayoutAttribute_t as LayoutAttr,
+    cublasLtMatrixLayout_t, cublasLtMatrixTransformDescAttributes_t as TransAttr,
+    cublasLtMatrixTransformDesc_t, cublasOperation_t, cublaslt, cudaDataType, cudaStream_t,
+    CublasLt,
 };
 use cudars_core::memory::DevicePtr;
 use cudars_core::Stream;
@@ -135,6 +136,8 @@ struct PlanKey {
     aligns: [u16; 4],
     fast_accum: bool,
     workspace: usize,
+    /// Batch count and the element strides of A, B, C (count 1: not batched).
+    batch: [u64; 4],
 }
 
 /// Descriptors and the chosen algorithm of one shape.
@@ -186,6 +189,21 @@ fn set_desc<V>(lt: &CublasLt, desc: cublasLtMatmulDesc_t, attr: DescAttr, v: &V)
             )
         },
         "cublasLtMatmulDescSetAttribute",
+    )
+}
+
+fn set_layout<V>(lt: &CublasLt, l: cublasLtMatrixLayout_t, attr: LayoutAttr, v: &V) -> Result<()> {
+    check(
+        // SAFETY: a live layout; `v` is the attribute's documented type, read for the call.
+        unsafe {
+            lt.cublasLtMatrixLayoutSetAttribute(
+                l,
+                attr,
+                (v as *const V).cast(),
+                std::mem::size_of::<V>(),
+            )
+        },
+        "cublasLtMatrixLayoutSetAttribute",
     )
 }
 
@@ -280,6 +298,20 @@ fn plan_for<'c>(call: &'c mut Call<'_, '_>, spec: &Spec) -> Result<&'c Plan> {
         for i in 0..3 {
             let (r, c, ld) = spec.shapes[i];
             p.layouts[i] = layout(lt, spec.types[i], r, c, ld)?;
+            if spec.key.batch[0] > 1 {
+                set_layout(
+                    lt,
+                    p.layouts[i],
+                    LayoutAttr::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                    &(spec.key.batch[0] as i32),
+                )?;
+                set_layout(
+                    lt,
+                    p.layouts[i],
+                    LayoutAttr::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                    &(spec.key.batch[i + 1] as i64),
+                )?;
+            }
         }
         let mut pref: cublasLtMatmulPreference_t = std::ptr::null_mut();
         check(
@@ -504,18 +536,86 @@ impl<'a, T: Element> LtMatmul<'a, T> {
 
     /// Issues the matmul on `stream`. Nothing is issued when an argument is refused.
     pub fn run(&self, stream: &Stream) -> Result<()> {
+        self.run_inner(stream, None)
+    }
+
+    /// `batch` matmuls of this shape, the i-th matrices `i * stride` elements after the first
+    /// (cuBLASLt's strided batch: one call). Epilogues that read or write a bias or
+    /// auxiliary buffer are refused here ([`Error::Unsupported`]); each view must hold its
+    /// whole batch and the outputs must not overlap, as [`Gemm::run_strided_batched`] checks.
+    ///
+    /// [`Gemm::run_strided_batched`]: crate::Gemm::run_strided_batched
+    pub fn run_strided_batched(
+        &self,
+        stream: &Stream,
+        batch: usize,
+        strides: crate::StridedBatch,
+    ) -> Result<()> {
+        self.run_inner(stream, Some((batch, strides)))
+    }
+
+    fn run_inner(
+        &self,
+        stream: &Stream,
+        batched: Option<(usize, crate::StridedBatch)>,
+    ) -> Result<()> {
+        const R: &str = "lt_matmul";
         let device = stream.device().ordinal();
-        let (plan, bias, aux, aux_ld) = check_lt(
-            (&self.a, self.op_a),
-            (&self.b, self.op_b),
-            &self.c,
-            self.epilogue,
-            (self.bias, self.aux),
-            device,
-        )?;
-        if plan.m == 0 || plan.n == 0 {
+        let (plan, bias, aux, aux_ld) = match batched {
+            None => check_lt(
+                (&self.a, self.op_a),
+                (&self.b, self.op_b),
+                &self.c,
+                self.epilogue,
+                (self.bias, self.aux),
+                device,
+            )?,
+            Some((count, st)) => {
+                if self.epilogue.uses_bias()
+                    || self.epilogue.uses_aux()
+                    || self.bias.is_some()
+                    || self.aux.is_some()
+                {
+                    return Err(Error::Unsupported {
+                        routine: R,
+                        why: format!(
+                            "{:?} with a bias or auxiliary buffer in a strided batch",
+                            self.epilogue
+                        ),
+                    });
+                }
+                fits_int(R, "batch", count)?;
+                let plan = crate::blas::check_gemm(
+                    R,
+                    (&self.a, self.op_a),
+                    (&self.b, self.op_b),
+                    &self.c,
+                    device,
+                    Some((count, [st.a, st.b, st.c])),
+                )?;
+                (plan, 0, 0, 0)
+            }
+        };
+        if plan.m == 0 || plan.n == 0 || batched.is_some_and(|(n, _)| n == 0) {
             return Ok(());
         }
+        if T::COMPLEX && self.epilogue != Epilogue::None {
+            return Err(Error::Unsupported {
+                routine: R,
+                why: "epilogues are for real types".into(),
+            });
+        }
+        let batch = match batched {
+            None => [1, 0, 0, 0],
+            Some((count, st)) => {
+                let (sa, sb) = if plan.swapped {
+                    (st.b, st.a)
+                } else {
+                    (st.a, st.b)
+                };
+                [count as u64, sa as u64, sb as u64, st.c as u64]
+            }
+        };
         let (a, b) = if plan.swapped {
             (&self.b, &self.a)
         } else {
@@ -544,6 +644,7 @@ impl<'a, T: Element> LtMatmul<'a, T> {
             ],
             fast_accum: false,
             workspace: 0,
+            batch,
         };
         let spec = Spec {
             key,
@@ -851,6 +952,7 @@ impl<D: Element> Fp8Matmul<'_, D> {
             ],
             fast_accum: true,
             workspace: 0,
+            batch: [1, 0, 0, 0],
         };
         let spec = Spec {
             key,

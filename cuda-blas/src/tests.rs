@@ -455,14 +455,43 @@ fn device_scalars_must_hold_one_scalar_and_stay_out_of_the_output() {
     check_scalars::<f32, Fake>("gemm", (&alpha, &beta), &mc, 0).unwrap();
     let short = fake(GB, 2);
     let e = refused(check_scalars::<f32, Fake>("gemm", (&short, &beta), &mc, 0));
-    assert!(matches!(e, Error::BufferTooSmall { argument: "alpha", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::BufferTooSmall {
+                argument: "alpha",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let inside = fake(3 * GB + 8, 4);
-    let e = refused(check_scalars::<f32, Fake>("gemm", (&alpha, &inside), &mc, 0));
+    let e = refused(check_scalars::<f32, Fake>(
+        "gemm",
+        (&alpha, &inside),
+        &mc,
+        0,
+    ));
     assert!(matches!(e, Error::Overlap { input: "beta", .. }), "{e}");
     // f16 GEMMs take f32 scalars: two bytes are too few.
     let c16 = fake(3 * GB, 16 * 2);
     let m16 = Mat::<crate::f16, Fake>::col_major(&c16, 4, 4);
     let two = fake(GB, 2);
-    let e = refused(check_scalars::<crate::f16, Fake>("gemm", (&two, &beta), &m16, 0));
-    assert!(matches!(e, Error::BufferTooSmall { argument: "alpha", needed: 4, .. }), "{e}");
+    let e = refused(check_scalars::<crate::f16, Fake>(
+        "gemm",
+        (&two, &beta),
+        &m16,
+        0,
+    ));
+    assert!(
+        matches!(
+            e,
+            Error::BufferTooSmall {
+                argument: "alpha",
+                needed: 4,
+                ..
+            }
+        ),
+        "{e}"
+    );
 }

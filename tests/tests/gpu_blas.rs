@@ -319,6 +319,27 @@ fn batched_gemms_strided_and_by_pointer_arrays() {
         );
         assert_close("strided batch", &got[i * m * n..(i + 1) * m * n], &want, &mag, 1e-5);
     }
+    // The same batch through cuBLASLt: the same numbers.
+    let dc2 = upload(&stream, &vec![0f32; m * n * batch]);
+    LtMatmul::new(
+        Mat::<f32>::col_major(&da, m, k),
+        Mat::col_major(&db, k, n),
+        Mat::col_major(&dc2, m, n),
+    )
+    .run_strided_batched(
+        &stream,
+        batch,
+        StridedBatch {
+            a: m * k,
+            b: k * n,
+            c: m * n,
+        },
+    )
+    .unwrap();
+    let got2: Vec<f32> = download(&dc2, m * n * batch);
+    for (i, (x, y)) in got.iter().zip(&got2).enumerate() {
+        assert!((x - y).abs() <= 1e-5 * (k as f32), "lt batch element {i}: {x} vs {y}");
+    }
     // The same products by pointer arrays, on separate views.
     let views: Vec<(DevicePtr, DevicePtr, DevicePtr)> = (0..batch)
         .map(|i| {
@@ -398,7 +419,9 @@ fn level12<T: El>(stream: &Stream, rng: &mut Rng, tol: f64) {
         })
         .collect();
     assert_close("scal", &download::<T>(&dxs, n), &want, &vec![3.0; n], tol);
-    // dot (conjugating x for complex types), to the host and to the device.
+    // dot (conjugating x for complex types), to the host and to the device, with y2 as axpy
+    // left it.
+    let y2: Vec<T> = download(&dy2, n);
     let want = x.iter().zip(&y2).fold((0.0, 0.0), |s, (a, b)| {
         let a = a.parts();
         let p = mul((a.0, -a.1), b.parts());
@@ -699,7 +722,13 @@ fn out_of_memory_while_taking_a_workspace_is_typed_and_leaks_nothing() {
     let dc = upload(&stream, &vec![0f32; n * n]);
     stream.synchronize().unwrap();
     let used = pool.stats(id).unwrap().used.current;
-    pool.set_limit(id, cudars_mempool::Limit::Bytes(used as usize + (1 << 20))).unwrap();
+    // The limit just above what the live blocks occupy (whole pages): asking for less says how
+    // much that is.
+    let in_use = match pool.set_limit(id, cudars_mempool::Limit::Bytes(0)) {
+        Err(cudars_mempool::PoolError::LimitBelowUsage { in_use, .. }) => in_use,
+        other => panic!("a limit of 0 must be refused: {other:?}"),
+    };
+    pool.set_limit(id, cudars_mempool::Limit::Bytes(in_use as usize + (1 << 20))).unwrap();
     // A new stream: its handle needs a workspace (32 MiB on Hopper, 4 MiB before) > 1 MiB.
     let fresh = Stream::new(&dev).unwrap();
     let r = Gemm::new(Mat::<f32>::col_major(&da, n, n), Mat::col_major(&da, n, n), Mat::col_major(&dc, n, n)).run(&fresh);
@@ -739,4 +768,34 @@ fn a_refused_call_leaves_the_output_untouched() {
         .run(&stream)
         .unwrap_err();
     assert!(matches!(e, Error::Misaligned { .. }), "{e}");
+}
+
+#[test]
+#[ignore = "needs two GPUs"]
+fn an_operand_on_another_device_is_refused_before_anything_runs() {
+    let _s = serial();
+    let devices = cudars_core::Device::all().unwrap();
+    assert!(devices.len() >= 2, "this test needs two GPUs, found {}", devices.len());
+    let (d0, d1) = (devices[0], devices[1]);
+    let s0 = Stream::new(&d0).unwrap();
+    let s1 = Stream::new(&d1).unwrap();
+    let n = 16;
+    let a0 = upload(&s0, &vec![1f32; n * n]);
+    let c0 = upload(&s0, &vec![5f32; n * n]);
+    let b1 = upload(&s1, &vec![1f32; n * n]);
+    let e = Gemm::new(Mat::<f32>::col_major(&a0, n, n), Mat::col_major(&b1, n, n), Mat::col_major(&c0, n, n))
+        .run(&s0)
+        .unwrap_err();
+    assert!(matches!(e, Error::WrongDevice { argument: "b", expected: 0, actual: 1, .. }), "{e}");
+    // The stream of device 1 with device 0's matrices: refused too.
+    let e = Gemm::new(Mat::<f32>::col_major(&a0, n, n), Mat::col_major(&a0, n, n), Mat::col_major(&c0, n, n))
+        .run(&s1)
+        .unwrap_err();
+    assert!(matches!(e, Error::WrongDevice { expected: 1, actual: 0, .. }), "{e}");
+    assert!(download::<f32>(&c0, n * n).iter().all(|&v| v == 5.0));
+    // Each device's own GEMM works, with a handle of its own.
+    Gemm::new(Mat::<f32>::col_major(&b1, n, n), Mat::col_major(&b1, n, n), Mat::col_major(&upload(&s1, &vec![0f32; n * n]), n, n))
+        .run(&s1)
+        .unwrap();
+    s1.synchronize().unwrap();
 }

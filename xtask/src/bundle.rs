@@ -58,6 +58,8 @@ const NOT_BUNDLED: &[&str] = &["compile_fail"];
 const TWO_GPU_TESTS: &[&str] = &[
     "peer_copies_between_two_devices",
     "launches_on_two_devices_with_the_other_current",
+    "another_devices_view_and_stream_are_refused_when_there_are_two_devices",
+    "an_operand_on_another_device_is_refused_before_anything_runs",
 ];
 
 /// Helper binaries that tests start as child processes; bundled in `helpers/`, never run as
