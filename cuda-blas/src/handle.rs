@@ -392,7 +392,7 @@ impl State {
 /// What a routine gets while it issues its call: the handles, the workspace, and the
 /// [`Issue`] that holds the capture gate (mark every operand with it first).
 pub(crate) struct Call<'a, 's> {
-    state: MutexGuard<'a, State>,
+    pub(crate) state: MutexGuard<'a, State>,
     pub(crate) issue: Issue<'s>,
     /// The capture this call is recorded into, if any.
     pub(crate) capture: Option<u64>,
@@ -566,4 +566,63 @@ fn bind_workspace(state: &mut State, issue: &Issue<'_>, capture: Option<u64>) ->
         state.bound = want;
     }
     Ok(())
+}
+
+/// Runs `f` with `stream`'s cached cuBLAS handle, for the cuBLAS routines this crate does not
+/// wrap: the handle locked for the call (no other thread uses it meanwhile), its device
+/// current, bound to `stream` with the right workspace (the capture workspace while `stream`
+/// is captured), and the capture gate held by the [`Issue`] `f` gets.
+///
+/// Calling cuBLAS with the handle is `unsafe` in `f`, and its contract is the caller's: every
+/// view the call reads or writes must be valid for it, and marked with the issue first
+/// (`view.record_stream(issue)`, the ordering rule of pool blocks). Settings `f` changes are
+/// read back afterwards (pointer mode, math mode) or restored (the stream, the workspace), so
+/// the crate's own calls stay right.
+///
+/// ```no_run
+/// use cudars_core::{Device, Stream};
+/// let dev = Device::new(0)?;
+/// let stream = Stream::new(&dev)?;
+/// let version = cudars_blas::handle::with_raw_handle(&stream, |handle, _issue| {
+///     let lib = cudars_blas_sys::cublas().expect("opened by the handle");
+///     let mut v = 0;
+///     // SAFETY: a live handle and a valid out-pointer.
+///     let status = unsafe { lib.cublasGetVersion_v2(handle, &mut v) };
+///     status.map(|s| (s.is_success(), v))
+/// })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn with_raw_handle<R>(
+    stream: &Stream,
+    f: impl FnOnce(cublasHandle_t, &Issue<'_>) -> R,
+) -> Result<R> {
+    with_call(stream, |call| {
+        let raw = call.raw();
+        let out = f(raw, &call.issue);
+        let lib = cublas()?;
+        let state = &mut *call.state;
+        let mut bound_stream: cudaStream_t = std::ptr::null_mut();
+        // SAFETY: a live handle under its mutex; valid out-pointers.
+        let asked = unsafe {
+            (
+                lib.cublasGetStream_v2(raw, &mut bound_stream),
+                lib.cublasGetPointerMode_v2(raw, &mut state.pointer_mode),
+                lib.cublasGetMathMode(raw, &mut state.math),
+            )
+        };
+        check(asked.0, "cublasGetStream_v2")?;
+        check(asked.1, "cublasGetPointerMode_v2")?;
+        check(asked.2, "cublasGetMathMode")?;
+        if bound_stream != state.stream.raw() as cudaStream_t {
+            check(
+                // SAFETY: a live handle; its own stream, held by the state.
+                unsafe { lib.cublasSetStream_v2(raw, state.stream.raw() as cudaStream_t) },
+                "cublasSetStream_v2",
+            )?;
+        }
+        // The workspace may have been changed (or reset by a stream change): bind it again
+        // at the next call.
+        state.bound = Bound::Library;
+        Ok(out)
+    })
 }

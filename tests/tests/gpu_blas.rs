@@ -799,3 +799,36 @@ fn an_operand_on_another_device_is_refused_before_anything_runs() {
         .unwrap();
     s1.synchronize().unwrap();
 }
+
+#[test]
+fn the_raw_handle_escape_hatch_restores_what_it_changes() {
+    let _s = serial();
+    let dev = dev0();
+    let stream = Stream::new(&dev).unwrap();
+    let n = 8;
+    let da = upload(&stream, &vec![1f32; n * n]);
+    let dc = upload(&stream, &vec![0f32; n * n]);
+    let other = Stream::new(&dev).unwrap();
+    cudars_blas::handle::with_raw_handle(&stream, |h, _issue| {
+        let lib = cudars_blas_sys::cublas().unwrap();
+        // SAFETY: a live handle; a live stream of its device.
+        unsafe {
+            assert!(lib
+                .cublasSetPointerMode_v2(h, cudars_blas_sys::cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE)
+                .unwrap()
+                .is_success());
+            assert!(lib
+                .cublasSetStream_v2(h, other.raw() as cudars_blas_sys::cudaStream_t)
+                .unwrap()
+                .is_success());
+        }
+    })
+    .unwrap();
+    // Host scalars on this stream again: right results, on the right stream.
+    Gemm::new(Mat::<f32>::col_major(&da, n, n), Mat::col_major(&da, n, n), Mat::col_major(&dc, n, n))
+        .alpha(2.0)
+        .run(&stream)
+        .unwrap();
+    stream.synchronize().unwrap();
+    assert!(download::<f32>(&dc, n * n).iter().all(|&v| v == 2.0 * n as f32));
+}

@@ -23,7 +23,7 @@ use std::ffi::c_void;
 use std::time::Instant;
 
 use cudars_blas::{bf16, f16, Element, Gemm, Mat, MathMode, StridedBatch};
-use cudars_blas_sys::{cublas, cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaStream_t};
+use cudars_blas_sys::{cublas, cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t};
 use cudars_core::{DevicePtr, Event, Stream};
 use cudars_graph::CaptureMode;
 
@@ -144,64 +144,64 @@ fn main() {
     println!("batched 64x512^3 bf16 through cuBLASLt: {:.3} TFLOP/s", batched_lt_tflops::<bf16>(&stream));
     println!("batched 64x512^3 f32 through cuBLASLt: {:.3} TFLOP/s", batched_lt_tflops::<f32>(&stream));
 
-    // Small GEMM issue cost: ours vs a bare cublasGemmEx on one handle with the same stream
-    // and a workspace of the same size.
+    // Small GEMM issue cost: ours against bare cublasGemmEx calls on the same handle (the
+    // stream's cached one, through with_raw_handle: locked once for the whole batch).
     let n = 64;
     let (a, b, c) = (alloc::<f32>(&stream, n * n), alloc::<f32>(&stream, n * n), alloc::<f32>(&stream, n * n));
     let g = Gemm::new(Mat::<f32>::col_major(&a, n, n), Mat::col_major(&b, n, n), Mat::col_major(&c, n, n));
+    g.run(&stream).unwrap();
     let lib = cublas().unwrap();
-    let _ctx = dev.bind().unwrap();
-    let mut h = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; the device's context is current.
-    assert!(unsafe { lib.cublasCreate_v2(&mut h) }.unwrap().is_success());
-    // SAFETY: a live handle and stream.
-    assert!(unsafe { lib.cublasSetStream_v2(h, stream.raw() as cudaStream_t) }.unwrap().is_success());
-    let ws = cudars_mempool::driver::malloc(&stream, cudars_blas::handle::workspace_bytes(&dev)).unwrap();
-    // SAFETY: a live handle; the workspace is a live block of the device, held to the end.
-    assert!(unsafe { lib.cublasSetWorkspace_v2(h, ws.as_raw() as *mut c_void, ws.len()) }.unwrap().is_success());
     let (alpha, beta) = (1f32, 0f32);
-    let bare = || {
-        // SAFETY: valid 64x64 f32 matrices of the device, host scalars.
-        let s = unsafe {
-            lib.cublasGemmEx(
-                h, cublasOperation_t::CUBLAS_OP_N, cublasOperation_t::CUBLAS_OP_N, n as i32, n as i32, n as i32,
-                (&alpha as *const f32).cast(), a.as_raw() as *const c_void, f32::DATA_TYPE, n as i32,
-                b.as_raw() as *const c_void, f32::DATA_TYPE, n as i32, (&beta as *const f32).cast(),
-                c.as_raw() as *mut c_void, f32::DATA_TYPE, n as i32, cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        };
-        assert!(s.unwrap().is_success());
-    };
-    let ours = || g.run(&stream).unwrap();
     // 200 calls a batch: under the driver's launch queue, so the host times only the issue.
     let batch = 200;
-    let time = |f: &dyn Fn()| {
+    let ours = || {
         stream.synchronize().unwrap();
         let t = Instant::now();
         for _ in 0..batch {
-            f();
+            g.run(&stream).unwrap();
         }
         let e = t.elapsed().as_nanos() as f64 / batch as f64;
         stream.synchronize().unwrap();
         e
     };
+    let bare = || {
+        stream.synchronize().unwrap();
+        let e = cudars_blas::handle::with_raw_handle(&stream, |h, _issue| {
+            let t = Instant::now();
+            for _ in 0..batch {
+                // SAFETY: valid 64x64 f32 matrices of the handle's device (marked by the runs
+                // of `g` above on this stream), host scalars, the handle's own stream.
+                let s = unsafe {
+                    lib.cublasGemmEx(
+                        h, cublasOperation_t::CUBLAS_OP_N, cublasOperation_t::CUBLAS_OP_N, n as i32, n as i32, n as i32,
+                        (&alpha as *const f32).cast(), a.as_raw() as *const c_void, f32::DATA_TYPE, n as i32,
+                        b.as_raw() as *const c_void, f32::DATA_TYPE, n as i32, (&beta as *const f32).cast(),
+                        c.as_raw() as *mut c_void, f32::DATA_TYPE, n as i32, cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                };
+                assert!(s.unwrap().is_success());
+            }
+            t.elapsed().as_nanos() as f64 / batch as f64
+        })
+        .unwrap();
+        stream.synchronize().unwrap();
+        e
+    };
     for _ in 0..3 {
-        time(&ours);
-        time(&bare);
+        ours();
+        bare();
     }
     let (mut o, mut r, mut q) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..41 {
-        let (x, y) = if i % 2 == 0 { let x = time(&ours); (x, time(&bare)) } else { let y = time(&bare); (time(&ours), y) };
+        let (x, y) = if i % 2 == 0 { let x = ours(); (x, bare()) } else { let y = bare(); (ours(), y) };
         o.push(x);
         r.push(y);
         q.push(x / y);
     }
     let (om, rm, qm) = (median(&mut o), median(&mut r), median(&mut q));
     row(&peers, "small gemm 64^3 f32 issue ns/call", om, "ns", false);
-    println!("small gemm 64^3 f32 issue: ours {om:.0} ns, bare cublasGemmEx {rm:.0} ns, ours/bare {qm:.3} (median of 41 rounds' ratios; q1 {:.3} q3 {:.3})", q[q.len() / 4], q[3 * q.len() / 4]);
-    // SAFETY: the handle made above, idle after the synchronize.
-    let _ = unsafe { lib.cublasDestroy_v2(h) };
+    println!("small gemm 64^3 f32 issue: ours {om:.0} ns, bare cublasGemmEx on the same handle {rm:.0} ns, ours/bare {qm:.3} (median of 41 rounds' ratios; q1 {:.3} q3 {:.3})", q[q.len() / 4], q[3 * q.len() / 4]);
 
     // 100 GEMMs captured into one graph, replayed.
     let n = 512;
