@@ -18,8 +18,7 @@ timeout 60 $B/examples/mlp 2>&1 | tail -12
 echo "=== blas peers  [$(( $(date +%s) - t0 )) s]"
 timeout 150 python3 $B/blas_peers.py $OUT/blas_peers.txt > $OUT/blas_peers_out.txt 2>&1; tail -3 $OUT/blas_peers_out.txt
 echo "=== bench_blas  [$(( $(date +%s) - t0 )) s]"
-timeout 120 $B/bench/bench_blas $OUT/blas_peers.txt 2>&1 | tee $OUT/bench_blas.txt
+timeout 150 $B/bench/bench_blas $OUT/blas_peers.txt 2>&1 | tee $OUT/bench_blas.txt
 echo "=== bench_rand + rand_peers  [$(( $(date +%s) - t0 )) s]"
-timeout 60 $B/bench/bench_rand 2>&1 | tail -8
-timeout 90 python3 $B/rand_peers.py 2>&1 | tail -8
+timeout 120 python3 $B/rand_peers.py --ours $B/bench/bench_rand 2>&1 | tail -14
 echo "[$(( $(date +%s) - t0 )) s]"
