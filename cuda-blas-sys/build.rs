@@ -12,7 +12,15 @@ fn main() {
         source_env: "CUDA_BLAS_SYS_BINDINGS_SOURCE",
         generated: "blas.rs",
         functions: &["cublas.*"],
-        types: &["cublas.*", "__half", "__nv_bfloat16", "cuComplex", "cuDoubleComplex", "cudaDataType.*", "cublasLt.*"],
+        types: &[
+            "cublas.*",
+            "__half",
+            "__nv_bfloat16",
+            "cuComplex",
+            "cuDoubleComplex",
+            "cudaDataType.*",
+            "cublasLt.*",
+        ],
         vars: &["CUBLAS.*"],
         // The logger callbacks take C varargs-free function pointers but log through stdio;
         // the safe layer has no use for them.

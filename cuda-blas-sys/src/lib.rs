@@ -102,7 +102,10 @@ mod tests {
         assert_eq!(CUBLAS_ENTRY_POINTS.len(), CUBLAS_ENTRY_POINT_COUNT);
         for e in &CUBLAS_ENTRY_POINTS {
             let name = e.api.to_str().unwrap();
-            assert!(name.starts_with("cublas") && !name.starts_with("cublasLt"), "{name}");
+            assert!(
+                name.starts_with("cublas") && !name.starts_with("cublasLt"),
+                "{name}"
+            );
         }
         for e in &CUBLASLT_ENTRY_POINTS {
             assert!(e.api.to_bytes().starts_with(b"cublasLt"), "{e:?}");
@@ -118,10 +121,16 @@ mod tests {
             c"cublasAxpyEx",
             c"cublasSgeam",
         ] {
-            assert!(CUBLAS_ENTRY_POINTS.iter().any(|e| e.api == needed), "{needed:?}");
+            assert!(
+                CUBLAS_ENTRY_POINTS.iter().any(|e| e.api == needed),
+                "{needed:?}"
+            );
         }
         for needed in [c"cublasLtMatmul", c"cublasLtMatmulAlgoGetHeuristic"] {
-            assert!(CUBLASLT_ENTRY_POINTS.iter().any(|e| e.api == needed), "{needed:?}");
+            assert!(
+                CUBLASLT_ENTRY_POINTS.iter().any(|e| e.api == needed),
+                "{needed:?}"
+            );
         }
     }
 

@@ -97,10 +97,12 @@ pub fn run(spec: &Spec<'_>) {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=src/generated/{}", spec.generated);
-    for var in CUDA_ENV_VARS
-        .iter()
-        .chain(&[spec.include_env, spec.snapshot_env, "DOCS_RS", "LIBCLANG_PATH"])
-    {
+    for var in CUDA_ENV_VARS.iter().chain(&[
+        spec.include_env,
+        spec.snapshot_env,
+        "DOCS_RS",
+        "LIBCLANG_PATH",
+    ]) {
         println!("cargo:rerun-if-env-changed={var}");
     }
     let Some(out_dir) = env::var_os("OUT_DIR").map(PathBuf::from) else {
@@ -268,9 +270,11 @@ fn function_tables(spec: &Spec<'_>, file: syn::File) -> Result<String, String> {
                 for f in m.items {
                     let syn::ForeignItem::Fn(f) = f else { continue };
                     let name = f.sig.ident.to_string();
-                    if let Some(i) = spec.libraries.iter().position(|l| {
-                        l.function_prefixes.iter().any(|p| name.starts_with(p))
-                    }) {
+                    if let Some(i) = spec
+                        .libraries
+                        .iter()
+                        .position(|l| l.function_prefixes.iter().any(|p| name.starts_with(p)))
+                    {
                         per_library[i].push((name, f));
                     }
                 }
@@ -315,7 +319,8 @@ fn function_tables(spec: &Spec<'_>, file: syn::File) -> Result<String, String> {
                 #[doc = #doc]
                 pub type #name = unsafe extern "C" fn(#inputs) #output;
             });
-            entries.push(quote! { ::cudars_loader::EntryPoint { api: #api_lit, symbol: #api_lit } });
+            entries
+                .push(quote! { ::cudars_loader::EntryPoint { api: #api_lit, symbol: #api_lit } });
             fields.push(quote! {
                 #[doc = #doc]
                 pub #name: Option<pfn::#name>

@@ -300,7 +300,10 @@ mod tests {
         .unwrap_err();
         let LoadError::NotFound { tried, .. } = &err;
         assert_eq!(tried.len(), 2);
-        assert_eq!(tried[0], ("/nonexistent/libx.so.1".into(), "no such file".into()));
+        assert_eq!(
+            tried[0],
+            ("/nonexistent/libx.so.1".into(), "no such file".into())
+        );
         let text = err.to_string();
         assert!(text.contains("libtest library not found"), "{text}");
         assert!(text.contains("CUDARS_LOADER_TEST_LIBRARY_UNSET"), "{text}");
@@ -313,7 +316,8 @@ mod tests {
         assert_eq!(c[0], OsString::from("libcudars-loader-test-none.so.9"));
         assert!(c
             .iter()
-            .any(|p| Path::new(p) == Path::new("/usr/local/cuda/lib64/libcudars-loader-test-none.so.9")));
+            .any(|p| Path::new(p)
+                == Path::new("/usr/local/cuda/lib64/libcudars-loader-test-none.so.9")));
     }
 
     #[test]
@@ -328,7 +332,12 @@ mod tests {
     fn newest_with_prefix_takes_the_largest_major() {
         let dir = std::env::temp_dir().join(format!("cudars-loader-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for n in ["libfoo.so.11", "libfoo.so.13", "libfoo.so.12", "libfoo.so.x"] {
+        for n in [
+            "libfoo.so.11",
+            "libfoo.so.13",
+            "libfoo.so.12",
+            "libfoo.so.x",
+        ] {
             std::fs::write(dir.join(n), b"").unwrap();
         }
         assert_eq!(

@@ -99,7 +99,10 @@ mod tests {
             c"curandGeneratePoisson",
             c"curandSetGeneratorOffset",
         ] {
-            assert!(CURAND_ENTRY_POINTS.iter().any(|e| e.api == needed), "{needed:?}");
+            assert!(
+                CURAND_ENTRY_POINTS.iter().any(|e| e.api == needed),
+                "{needed:?}"
+            );
         }
         let lib = Curand::load_from(&["libc.so.6".into()]).expect("libc opens");
         assert_eq!(lib.resolved_count(), 0);

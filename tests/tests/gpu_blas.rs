@@ -17,7 +17,7 @@
 )]
 
 use cudars_blas::{
-    axpy, dot, dot_into, gemm_batched, gemv, geam, nrm2, scal, Complex32, Complex64, Element,
+    axpy, dot, dot_into, geam, gemm_batched, gemv, nrm2, scal, Complex32, Complex64, Element,
     Epilogue, Error, Fp8, Fp8Matmul, Gemm, LtMatmul, Mat, MathMode, Op, StridedBatch, Vector,
 };
 use cudars_core::{DevicePtr, Stream};
@@ -51,10 +51,18 @@ macro_rules! real {
     };
 }
 
-real!(f32, 1e-5, |v: f64| v as f32, |v: f32| v as f64, |v: f64| v as f32);
+real!(f32, 1e-5, |v: f64| v as f32, |v: f32| v as f64, |v: f64| v
+    as f32);
 real!(f64, 1e-12, |v: f64| v, |v: f64| v, |v: f64| v);
-real!(f16, 2e-3, f16::from_f64, |v: f16| v.to_f64(), |v: f64| v as f32);
-real!(bf16, 1e-2, bf16::from_f64, |v: bf16| v.to_f64(), |v: f64| v as f32);
+real!(f16, 2e-3, f16::from_f64, |v: f16| v.to_f64(), |v: f64| v
+    as f32);
+real!(
+    bf16,
+    1e-2,
+    bf16::from_f64,
+    |v: bf16| v.to_f64(),
+    |v: f64| v as f32
+);
 
 impl El for Complex32 {
     fn from_parts(re: f64, im: f64) -> Self {
@@ -193,7 +201,13 @@ fn gemm_case<T: El>(stream: &Stream, rng: &mut Rng, op_a: Op, op_b: Op, math: Ma
     .unwrap();
     stream.synchronize().unwrap();
     let (want, mag) = gemm_ref((m, n, k), &a, lda, op_a, &b, ldb, op_b, &c, alpha, beta);
-    assert_close(&format!("gemm {op_a:?}{op_b:?} {math:?}"), &download::<T>(&dc, m * n), &want, &mag, tol);
+    assert_close(
+        &format!("gemm {op_a:?}{op_b:?} {math:?}"),
+        &download::<T>(&dc, m * n),
+        &want,
+        &mag,
+        tol,
+    );
 }
 
 fn gemm_all_ops<T: El>(stream: &Stream, rng: &mut Rng) {
@@ -235,15 +249,25 @@ fn scalars_read_from_device_memory_when_the_gemm_runs() {
     let alpha = upload(&stream, &[2f32]);
     let beta = upload(&stream, &[3f32]);
     // C = 2 * (A A) + 3 * C = 2 * n + 3.
-    Gemm::new(Mat::<f32>::col_major(&da, n, n), Mat::col_major(&da, n, n), Mat::col_major(&dc, n, n))
-        .scalars_on_device(&alpha, &beta)
-        .run(&stream)
-        .unwrap();
-    assert!(download::<f32>(&dc, n * n).iter().all(|&v| v == 2.0 * n as f32 + 3.0));
+    Gemm::new(
+        Mat::<f32>::col_major(&da, n, n),
+        Mat::col_major(&da, n, n),
+        Mat::col_major(&dc, n, n),
+    )
+    .scalars_on_device(&alpha, &beta)
+    .run(&stream)
+    .unwrap();
+    assert!(download::<f32>(&dc, n * n)
+        .iter()
+        .all(|&v| v == 2.0 * n as f32 + 3.0));
     // Host scalars again on the same handle (the pointer mode switches back).
-    Gemm::new(Mat::<f32>::col_major(&da, n, n), Mat::col_major(&da, n, n), Mat::col_major(&dc, n, n))
-        .run(&stream)
-        .unwrap();
+    Gemm::new(
+        Mat::<f32>::col_major(&da, n, n),
+        Mat::col_major(&da, n, n),
+        Mat::col_major(&dc, n, n),
+    )
+    .run(&stream)
+    .unwrap();
     assert!(download::<f32>(&dc, n * n).iter().all(|&v| v == n as f32));
 }
 
@@ -270,7 +294,9 @@ fn row_major_gemm_equals_the_column_major_reference() {
     let got: Vec<f32> = download(&dc, m * n);
     for i in 0..m {
         for j in 0..n {
-            let want: f64 = (0..k).map(|p| a[i * k + p] as f64 * b[j * k + p] as f64).sum();
+            let want: f64 = (0..k)
+                .map(|p| a[i * k + p] as f64 * b[j * k + p] as f64)
+                .sum();
             let g = got[i * n + j] as f64;
             assert!((g - want).abs() < 1e-4, "({i},{j}): {g} vs {want}");
         }
@@ -317,7 +343,13 @@ fn batched_gemms_strided_and_by_pointer_arrays() {
             1.0,
             0.0,
         );
-        assert_close("strided batch", &got[i * m * n..(i + 1) * m * n], &want, &mag, 1e-5);
+        assert_close(
+            "strided batch",
+            &got[i * m * n..(i + 1) * m * n],
+            &want,
+            &mag,
+            1e-5,
+        );
     }
     // The same batch through cuBLASLt: the same numbers.
     let dc2 = upload(&stream, &vec![0f32; m * n * batch]);
@@ -338,7 +370,10 @@ fn batched_gemms_strided_and_by_pointer_arrays() {
     .unwrap();
     let got2: Vec<f32> = download(&dc2, m * n * batch);
     for (i, (x, y)) in got.iter().zip(&got2).enumerate() {
-        assert!((x - y).abs() <= 1e-5 * (k as f32), "lt batch element {i}: {x} vs {y}");
+        assert!(
+            (x - y).abs() <= 1e-5 * (k as f32),
+            "lt batch element {i}: {x} vs {y}"
+        );
     }
     // The same products by pointer arrays, on separate views.
     let views: Vec<(DevicePtr, DevicePtr, DevicePtr)> = (0..batch)
@@ -395,17 +430,33 @@ fn level12<T: El>(stream: &Stream, rng: &mut Rng, tol: f64) {
     // axpy: y2 = 2 x + y2
     let y2: Vec<T> = random(rng, n);
     let dy2 = upload(stream, &y2);
-    axpy(stream, T::scalar(2.0), Vector::<T>::new(&dx, n), Vector::new(&dy2, n)).unwrap();
+    axpy(
+        stream,
+        T::scalar(2.0),
+        Vector::<T>::new(&dx, n),
+        Vector::new(&dy2, n),
+    )
+    .unwrap();
     let want: Vec<C64> = x
         .iter()
         .zip(&y2)
-        .map(|(x, y)| (2.0 * x.parts().0 + y.parts().0, 2.0 * x.parts().1 + y.parts().1))
+        .map(|(x, y)| {
+            (
+                2.0 * x.parts().0 + y.parts().0,
+                2.0 * x.parts().1 + y.parts().1,
+            )
+        })
         .collect();
     let mag = vec![3.0; n];
     assert_close("axpy", &download::<T>(&dy2, n), &want, &mag, tol);
     // scal: every other element of x times -3 (inc 2)
     let dxs = upload(stream, &x);
-    scal(stream, T::scalar(-3.0), Vector::<T>::new(&dxs, n.div_ceil(2)).with_inc(2)).unwrap();
+    scal(
+        stream,
+        T::scalar(-3.0),
+        Vector::<T>::new(&dxs, n.div_ceil(2)).with_inc(2),
+    )
+    .unwrap();
     let want: Vec<C64> = x
         .iter()
         .enumerate()
@@ -427,26 +478,52 @@ fn level12<T: El>(stream: &Stream, rng: &mut Rng, tol: f64) {
         let p = mul((a.0, -a.1), b.parts());
         (s.0 + p.0, s.1 + p.1)
     });
-    let got = dot(stream, Vector::<T>::new(&dx, n), Vector::new(&dy2, n)).unwrap().parts();
+    let got = dot(stream, Vector::<T>::new(&dx, n), Vector::new(&dy2, n))
+        .unwrap()
+        .parts();
     let dmag = n as f64 * 4.0;
-    assert!((got.0 - want.0).abs() <= tol * dmag && (got.1 - want.1).abs() <= tol * dmag, "dot {}: {got:?} vs {want:?}", T::NAME);
+    assert!(
+        (got.0 - want.0).abs() <= tol * dmag && (got.1 - want.1).abs() <= tol * dmag,
+        "dot {}: {got:?} vs {want:?}",
+        T::NAME
+    );
     let dres = cudars_mempool::driver::malloc(stream, 16).unwrap();
-    dot_into(stream, Vector::<T>::new(&dx, n), Vector::new(&dy2, n), &dres).unwrap();
+    dot_into(
+        stream,
+        Vector::<T>::new(&dx, n),
+        Vector::new(&dy2, n),
+        &dres,
+    )
+    .unwrap();
     let dgot = download::<T>(&dres, 1)[0].parts();
-    assert!((dgot.0 - got.0).abs() <= tol * dmag, "dot_into {}: {dgot:?} vs {got:?}", T::NAME);
+    assert!(
+        (dgot.0 - got.0).abs() <= tol * dmag,
+        "dot_into {}: {dgot:?} vs {got:?}",
+        T::NAME
+    );
     // nrm2
-    let want = x.iter().map(|v| v.parts().0.powi(2) + v.parts().1.powi(2)).sum::<f64>().sqrt();
+    let want = x
+        .iter()
+        .map(|v| v.parts().0.powi(2) + v.parts().1.powi(2))
+        .sum::<f64>()
+        .sqrt();
     let got = nrm2(stream, Vector::<T>::new(&dx, n)).unwrap();
     let got: f64 = {
         let bytes = bytemuck::bytes_of(&got);
         match bytes.len() {
-            2 if T::DATA_TYPE == bf16::DATA_TYPE => bf16::from_le_bytes([bytes[0], bytes[1]]).to_f64(),
+            2 if T::DATA_TYPE == bf16::DATA_TYPE => {
+                bf16::from_le_bytes([bytes[0], bytes[1]]).to_f64()
+            }
             2 => f16::from_le_bytes([bytes[0], bytes[1]]).to_f64(),
             4 => f32::from_le_bytes(bytes.try_into().unwrap()) as f64,
             _ => f64::from_le_bytes(bytes.try_into().unwrap()),
         }
     };
-    assert!((got - want).abs() <= tol * want * 4.0, "nrm2 {}: {got} vs {want}", T::NAME);
+    assert!(
+        (got - want).abs() <= tol * want * 4.0,
+        "nrm2 {}: {got} vs {want}",
+        T::NAME
+    );
     // geam: C = 2 A^T - B (A: n x m stored, so A^T is m x n)
     let at_: Vec<T> = random(rng, n * m);
     let bm: Vec<T> = random(rng, m * n);
@@ -467,7 +544,13 @@ fn level12<T: El>(stream: &Stream, rng: &mut Rng, tol: f64) {
             want[j * m + i] = (2.0 * a.0 - b.0, 2.0 * a.1 - b.1);
         }
     }
-    assert_close("geam", &download::<T>(&dcm, m * n), &want, &vec![3.0; m * n], tol);
+    assert_close(
+        "geam",
+        &download::<T>(&dcm, m * n),
+        &want,
+        &vec![3.0; m * n],
+        tol,
+    );
 }
 
 #[test]
@@ -494,14 +577,23 @@ fn lt_epilogues<T: El>(stream: &Stream, rng: &mut Rng, tol: f64) {
     let x: Vec<T> = random(rng, batch * inp);
     let w: Vec<T> = random(rng, out * inp);
     let bias: Vec<T> = random(rng, out);
-    let (dx, dw, db) = (upload(stream, &x), upload(stream, &w), upload(stream, &bias));
+    let (dx, dw, db) = (
+        upload(stream, &x),
+        upload(stream, &w),
+        upload(stream, &bias),
+    );
     let pre = |i: usize, j: usize| -> f64 {
         (0..inp)
             .map(|p| x[i * inp + p].parts().0 * w[j * inp + p].parts().0)
             .sum::<f64>()
             + bias[j].parts().0
     };
-    for e in [Epilogue::Bias, Epilogue::ReluBias, Epilogue::GeluBias, Epilogue::GeluAuxBias] {
+    for e in [
+        Epilogue::Bias,
+        Epilogue::ReluBias,
+        Epilogue::GeluBias,
+        Epilogue::GeluAuxBias,
+    ] {
         let dy = upload(stream, &vec![T::zeroed(); batch * out]);
         // aux: C's stored shape (out x batch column-major), ld a multiple of 8.
         let aux_ld = out.next_multiple_of(8);
@@ -529,10 +621,18 @@ fn lt_epilogues<T: El>(stream: &Stream, rng: &mut Rng, tol: f64) {
                     _ => gelu(p),
                 };
                 let g = got[i * out + j].parts().0;
-                assert!((g - want).abs() <= tol * (inp as f64 + 1.0), "{e:?} {} ({i},{j}): {g} vs {want}", T::NAME);
+                assert!(
+                    (g - want).abs() <= tol * (inp as f64 + 1.0),
+                    "{e:?} {} ({i},{j}): {g} vs {want}",
+                    T::NAME
+                );
                 if e.uses_aux() {
                     let a = aux[i * aux_ld + j].parts().0;
-                    assert!((a - p).abs() <= tol * (inp as f64 + 1.0), "aux {} ({i},{j}): {a} vs {p}", T::NAME);
+                    assert!(
+                        (a - p).abs() <= tol * (inp as f64 + 1.0),
+                        "aux {} ({i},{j}): {a} vs {p}",
+                        T::NAME
+                    );
                 }
             }
         }
@@ -557,7 +657,11 @@ fn lt_epilogues<T: El>(stream: &Stream, rng: &mut Rng, tol: f64) {
     for j in 0..out {
         let want: f64 = (0..batch).map(|i| dyv[i * out + j].parts().0).sum();
         let g = got[j].parts().0;
-        assert!((g - want).abs() <= tol * batch as f64 * 2.0, "bgrad {} [{j}]: {g} vs {want}", T::NAME);
+        assert!(
+            (g - want).abs() <= tol * batch as f64 * 2.0,
+            "bgrad {} [{j}]: {g} vs {want}",
+            T::NAME
+        );
     }
 }
 
@@ -580,14 +684,24 @@ fn fp8_matmul_matches_the_cpu_or_is_refused_by_type() {
     let mut rng = Rng::new(55);
     let (m, n, k) = (32, 48, 64);
     // E4M3 codes of exact values: 0, +-0.5, +-1, +-2.
-    let codes: [(u8, f64); 7] = [(0x00, 0.0), (0x30, 0.5), (0xB0, -0.5), (0x38, 1.0), (0xB8, -1.0), (0x40, 2.0), (0xC0, -2.0)];
+    let codes: [(u8, f64); 7] = [
+        (0x00, 0.0),
+        (0x30, 0.5),
+        (0xB0, -0.5),
+        (0x38, 1.0),
+        (0xB8, -1.0),
+        (0x40, 2.0),
+        (0xC0, -2.0),
+    ];
     let pick = |rng: &mut Rng| codes[(rng.next_u64() % 7) as usize];
     let a: Vec<(u8, f64)> = (0..k * m).map(|_| pick(&mut rng)).collect();
     let b: Vec<(u8, f64)> = (0..k * n).map(|_| pick(&mut rng)).collect();
     let pa = cudars_mempool::driver::malloc(&stream, k * m).unwrap();
-    pa.copy_from_host(&a.iter().map(|v| v.0).collect::<Vec<u8>>()).unwrap();
+    pa.copy_from_host(&a.iter().map(|v| v.0).collect::<Vec<u8>>())
+        .unwrap();
     let pb = cudars_mempool::driver::malloc(&stream, k * n).unwrap();
-    pb.copy_from_host(&b.iter().map(|v| v.0).collect::<Vec<u8>>()).unwrap();
+    pb.copy_from_host(&b.iter().map(|v| v.0).collect::<Vec<u8>>())
+        .unwrap();
     let sa = upload(&stream, &[2.0f32]);
     let sb = upload(&stream, &[0.5f32]);
     let dd = upload(&stream, &vec![0f32; m * n]);
@@ -627,22 +741,46 @@ fn a_captured_gemm_has_no_memory_node_and_replays_right() {
     let dc = upload(&stream, &vec![0f32; n * n]);
     stream.synchronize().unwrap();
     let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
-        Gemm::new(Mat::<f32>::col_major(&da, n, n), Mat::col_major(&db, n, n), Mat::col_major(&dc, n, n))
-            .run(s)
-            .map_err(cudars_graph::Error::other)
+        Gemm::new(
+            Mat::<f32>::col_major(&da, n, n),
+            Mat::col_major(&db, n, n),
+            Mat::col_major(&dc, n, n),
+        )
+        .run(s)
+        .map_err(cudars_graph::Error::other)
     })
     .unwrap();
     let dot_path = std::env::temp_dir().join(format!("cudars-blas-{}.dot", std::process::id()));
     graph.write_dot(&dot_path, true).unwrap();
     let text = std::fs::read_to_string(&dot_path).unwrap().to_lowercase();
     let _ = std::fs::remove_file(&dot_path);
-    assert!(!text.contains("mem_alloc") && !text.contains("memalloc"), "a memory node:\n{text}");
+    assert!(
+        !text.contains("mem_alloc") && !text.contains("memalloc"),
+        "a memory node:\n{text}"
+    );
     assert!(graph.node_count().unwrap() >= 1);
     let exec = graph.instantiate().unwrap();
     exec.launch(&stream).unwrap();
     stream.synchronize().unwrap();
-    let (want, mag) = gemm_ref((n, n, n), &a, n, Op::N, &b, n, Op::N, &vec![0f32; n * n], 1.0, 0.0);
-    assert_close("captured gemm", &download::<f32>(&dc, n * n), &want, &mag, 1e-5);
+    let (want, mag) = gemm_ref(
+        (n, n, n),
+        &a,
+        n,
+        Op::N,
+        &b,
+        n,
+        Op::N,
+        &vec![0f32; n * n],
+        1.0,
+        0.0,
+    );
+    assert_close(
+        "captured gemm",
+        &download::<f32>(&dc, n * n),
+        &want,
+        &mag,
+        1e-5,
+    );
     // A host-result routine inside a capture is refused, and the capture survives.
     let r = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         let e = dot(s, Vector::<f32>::new(&da, 16), Vector::new(&db, 16)).unwrap_err();
@@ -665,9 +803,13 @@ fn a_thousand_captures_of_a_gemm_leave_the_pools_reserved_bytes_flat() {
     let id = cudars_mempool::driver::device_id(&dev);
     let capture_once = || {
         let g = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
-            Gemm::new(Mat::<f32>::col_major(&da, n, n), Mat::col_major(&db, n, n), Mat::col_major(&dc, n, n))
-                .run(s)
-                .map_err(cudars_graph::Error::other)
+            Gemm::new(
+                Mat::<f32>::col_major(&da, n, n),
+                Mat::col_major(&db, n, n),
+                Mat::col_major(&dc, n, n),
+            )
+            .run(s)
+            .map_err(cudars_graph::Error::other)
         })
         .unwrap();
         let exec = g.instantiate().unwrap();
@@ -684,7 +826,10 @@ fn a_thousand_captures_of_a_gemm_leave_the_pools_reserved_bytes_flat() {
     stream.synchronize().unwrap();
     let after = pool.stats(id).unwrap().reserved.current;
     println!("reserved before {before} after {after}");
-    assert!(after <= before, "reserved grew from {before} to {after} over 1,000 captures");
+    assert!(
+        after <= before,
+        "reserved grew from {before} to {after} over 1,000 captures"
+    );
     assert_eq!(download::<f32>(&dc, 1)[0], n as f32);
 }
 
@@ -728,20 +873,41 @@ fn out_of_memory_while_taking_a_workspace_is_typed_and_leaks_nothing() {
         Err(cudars_mempool::PoolError::LimitBelowUsage { in_use, .. }) => in_use,
         other => panic!("a limit of 0 must be refused: {other:?}"),
     };
-    pool.set_limit(id, cudars_mempool::Limit::Bytes(in_use as usize + (1 << 20))).unwrap();
+    pool.set_limit(
+        id,
+        cudars_mempool::Limit::Bytes(in_use as usize + (1 << 20)),
+    )
+    .unwrap();
     // A new stream: its handle needs a workspace (32 MiB on Hopper, 4 MiB before) > 1 MiB.
     let fresh = Stream::new(&dev).unwrap();
-    let r = Gemm::new(Mat::<f32>::col_major(&da, n, n), Mat::col_major(&da, n, n), Mat::col_major(&dc, n, n)).run(&fresh);
-    pool.set_limit(id, cudars_mempool::Limit::Unlimited).unwrap();
+    let r = Gemm::new(
+        Mat::<f32>::col_major(&da, n, n),
+        Mat::col_major(&da, n, n),
+        Mat::col_major(&dc, n, n),
+    )
+    .run(&fresh);
+    pool.set_limit(id, cudars_mempool::Limit::Unlimited)
+        .unwrap();
     match r {
-        Err(Error::Pool { source: cudars_mempool::PoolError::OutOfMemory { .. }, .. }) => {}
+        Err(Error::Pool {
+            source: cudars_mempool::PoolError::OutOfMemory { .. },
+            ..
+        }) => {}
         other => panic!("expected a pool out-of-memory error, got {other:?}"),
     }
-    assert_eq!(pool.stats(id).unwrap().used.current, used, "the failed call kept memory");
+    assert_eq!(
+        pool.stats(id).unwrap().used.current,
+        used,
+        "the failed call kept memory"
+    );
     // The next call, with memory again, works.
-    Gemm::new(Mat::<f32>::col_major(&da, n, n), Mat::col_major(&da, n, n), Mat::col_major(&dc, n, n))
-        .run(&fresh)
-        .unwrap();
+    Gemm::new(
+        Mat::<f32>::col_major(&da, n, n),
+        Mat::col_major(&da, n, n),
+        Mat::col_major(&dc, n, n),
+    )
+    .run(&fresh)
+    .unwrap();
     fresh.synchronize().unwrap();
     assert_eq!(download::<f32>(&dc, 1)[0], n as f32);
 }
@@ -756,17 +922,28 @@ fn a_refused_call_leaves_the_output_untouched() {
     let dc = upload(&stream, &vec![7f32; n * n]);
     // B's view holds one column too few.
     let short = da.slice(..(n * n - n) * 4).unwrap();
-    let e = Gemm::new(Mat::<f32>::col_major(&da, n, n), Mat::col_major(&short, n, n), Mat::col_major(&dc, n, n))
-        .run(&stream)
-        .unwrap_err();
-    assert!(matches!(e, Error::BufferTooSmall { argument: "b", .. }), "{e}");
+    let e = Gemm::new(
+        Mat::<f32>::col_major(&da, n, n),
+        Mat::col_major(&short, n, n),
+        Mat::col_major(&dc, n, n),
+    )
+    .run(&stream)
+    .unwrap_err();
+    assert!(
+        matches!(e, Error::BufferTooSmall { argument: "b", .. }),
+        "{e}"
+    );
     stream.synchronize().unwrap();
     assert!(download::<f32>(&dc, n * n).iter().all(|&v| v == 7.0));
     // A misaligned f64 view.
     let odd = dc.slice(4..).unwrap();
-    let e = Gemm::new(Mat::<f64>::col_major(&odd, 2, 2), Mat::col_major(&odd, 2, 2), Mat::col_major(&da, 2, 2))
-        .run(&stream)
-        .unwrap_err();
+    let e = Gemm::new(
+        Mat::<f64>::col_major(&odd, 2, 2),
+        Mat::col_major(&odd, 2, 2),
+        Mat::col_major(&da, 2, 2),
+    )
+    .run(&stream)
+    .unwrap_err();
     assert!(matches!(e, Error::Misaligned { .. }), "{e}");
 }
 
@@ -775,7 +952,11 @@ fn a_refused_call_leaves_the_output_untouched() {
 fn an_operand_on_another_device_is_refused_before_anything_runs() {
     let _s = serial();
     let devices = cudars_core::Device::all().unwrap();
-    assert!(devices.len() >= 2, "this test needs two GPUs, found {}", devices.len());
+    assert!(
+        devices.len() >= 2,
+        "this test needs two GPUs, found {}",
+        devices.len()
+    );
     let (d0, d1) = (devices[0], devices[1]);
     let s0 = Stream::new(&d0).unwrap();
     let s1 = Stream::new(&d1).unwrap();
@@ -783,20 +964,53 @@ fn an_operand_on_another_device_is_refused_before_anything_runs() {
     let a0 = upload(&s0, &vec![1f32; n * n]);
     let c0 = upload(&s0, &vec![5f32; n * n]);
     let b1 = upload(&s1, &vec![1f32; n * n]);
-    let e = Gemm::new(Mat::<f32>::col_major(&a0, n, n), Mat::col_major(&b1, n, n), Mat::col_major(&c0, n, n))
-        .run(&s0)
-        .unwrap_err();
-    assert!(matches!(e, Error::WrongDevice { argument: "b", expected: 0, actual: 1, .. }), "{e}");
+    let e = Gemm::new(
+        Mat::<f32>::col_major(&a0, n, n),
+        Mat::col_major(&b1, n, n),
+        Mat::col_major(&c0, n, n),
+    )
+    .run(&s0)
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::WrongDevice {
+                argument: "b",
+                expected: 0,
+                actual: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
     // The stream of device 1 with device 0's matrices: refused too.
-    let e = Gemm::new(Mat::<f32>::col_major(&a0, n, n), Mat::col_major(&a0, n, n), Mat::col_major(&c0, n, n))
-        .run(&s1)
-        .unwrap_err();
-    assert!(matches!(e, Error::WrongDevice { expected: 1, actual: 0, .. }), "{e}");
+    let e = Gemm::new(
+        Mat::<f32>::col_major(&a0, n, n),
+        Mat::col_major(&a0, n, n),
+        Mat::col_major(&c0, n, n),
+    )
+    .run(&s1)
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::WrongDevice {
+                expected: 1,
+                actual: 0,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(download::<f32>(&c0, n * n).iter().all(|&v| v == 5.0));
     // Each device's own GEMM works, with a handle of its own.
-    Gemm::new(Mat::<f32>::col_major(&b1, n, n), Mat::col_major(&b1, n, n), Mat::col_major(&upload(&s1, &vec![0f32; n * n]), n, n))
-        .run(&s1)
-        .unwrap();
+    Gemm::new(
+        Mat::<f32>::col_major(&b1, n, n),
+        Mat::col_major(&b1, n, n),
+        Mat::col_major(&upload(&s1, &vec![0f32; n * n]), n, n),
+    )
+    .run(&s1)
+    .unwrap();
     s1.synchronize().unwrap();
 }
 
@@ -814,7 +1028,10 @@ fn the_raw_handle_escape_hatch_restores_what_it_changes() {
         // SAFETY: a live handle; a live stream of its device.
         unsafe {
             assert!(lib
-                .cublasSetPointerMode_v2(h, cudars_blas_sys::cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE)
+                .cublasSetPointerMode_v2(
+                    h,
+                    cudars_blas_sys::cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE
+                )
                 .unwrap()
                 .is_success());
             assert!(lib
@@ -825,10 +1042,16 @@ fn the_raw_handle_escape_hatch_restores_what_it_changes() {
     })
     .unwrap();
     // Host scalars on this stream again: right results, on the right stream.
-    Gemm::new(Mat::<f32>::col_major(&da, n, n), Mat::col_major(&da, n, n), Mat::col_major(&dc, n, n))
-        .alpha(2.0)
-        .run(&stream)
-        .unwrap();
+    Gemm::new(
+        Mat::<f32>::col_major(&da, n, n),
+        Mat::col_major(&da, n, n),
+        Mat::col_major(&dc, n, n),
+    )
+    .alpha(2.0)
+    .run(&stream)
+    .unwrap();
     stream.synchronize().unwrap();
-    assert!(download::<f32>(&dc, n * n).iter().all(|&v| v == 2.0 * n as f32));
+    assert!(download::<f32>(&dc, n * n)
+        .iter()
+        .all(|&v| v == 2.0 * n as f32));
 }

@@ -603,7 +603,11 @@ fn refusals_on_the_gpu_issue_nothing() {
 fn another_devices_view_and_stream_are_refused_when_there_are_two_devices() {
     let _g = serial();
     let devices = Device::all().unwrap();
-    assert!(devices.len() >= 2, "this test needs two GPUs, found {}", devices.len());
+    assert!(
+        devices.len() >= 2,
+        "this test needs two GPUs, found {}",
+        devices.len()
+    );
     let dev = devices[0];
     let stream = new_stream(&dev);
     let mut gen = Generator::with_seed(RngKind::Philox, &stream, 1).unwrap();

@@ -28,7 +28,9 @@ use cudars_core::{DevicePtr, Event, Stream};
 use cudars_graph::CaptureMode;
 
 fn peers(path: Option<String>) -> HashMap<String, f64> {
-    let Some(path) = path else { return HashMap::new() };
+    let Some(path) = path else {
+        return HashMap::new();
+    };
     let text = std::fs::read_to_string(&path).unwrap_or_default();
     text.lines()
         .filter_map(|l| {
@@ -44,7 +46,15 @@ fn row(peers: &HashMap<String, f64>, name: &str, ours: f64, unit: &str, higher_i
     for k in &keys {
         if let Some(p) = peers.get(k) {
             let ratio = if higher_is_better { ours / p } else { p / ours };
-            line.push_str(&format!(" | {} {p:.3} {unit} (ours/peer {ratio:.3}{})", k.split(' ').next().unwrap_or(""), if higher_is_better { "" } else { ", inverted: peer/ours" }));
+            line.push_str(&format!(
+                " | {} {p:.3} {unit} (ours/peer {ratio:.3}{})",
+                k.split(' ').next().unwrap_or(""),
+                if higher_is_better {
+                    ""
+                } else {
+                    ", inverted: peer/ours"
+                }
+            ));
         }
     }
     println!("{line}");
@@ -79,21 +89,48 @@ fn timed(stream: &Stream, mut f: impl FnMut()) -> f64 {
     median(&mut t)
 }
 
-fn gemm_tflops<T: Element>(stream: &Stream, n: usize, math: MathMode, alpha: T::Scalar, beta: T::Scalar) -> f64 {
-    let (a, b, c) = (alloc::<T>(stream, n * n), alloc::<T>(stream, n * n), alloc::<T>(stream, n * n));
-    let g = Gemm::new(Mat::<T>::col_major(&a, n, n), Mat::col_major(&b, n, n), Mat::col_major(&c, n, n))
-        .math(math)
-        .alpha(alpha)
-        .beta(beta);
+fn gemm_tflops<T: Element>(
+    stream: &Stream,
+    n: usize,
+    math: MathMode,
+    alpha: T::Scalar,
+    beta: T::Scalar,
+) -> f64 {
+    let (a, b, c) = (
+        alloc::<T>(stream, n * n),
+        alloc::<T>(stream, n * n),
+        alloc::<T>(stream, n * n),
+    );
+    let g = Gemm::new(
+        Mat::<T>::col_major(&a, n, n),
+        Mat::col_major(&b, n, n),
+        Mat::col_major(&c, n, n),
+    )
+    .math(math)
+    .alpha(alpha)
+    .beta(beta);
     let s = timed(stream, || g.run(stream).unwrap());
     2.0 * (n as f64).powi(3) / s / 1e12
 }
 
 fn batched_tflops<T: Element>(stream: &Stream, math: MathMode) -> f64 {
     let (n, batch) = (512, 64);
-    let (a, b, c) = (alloc::<T>(stream, n * n * batch), alloc::<T>(stream, n * n * batch), alloc::<T>(stream, n * n * batch));
-    let g = Gemm::new(Mat::<T>::col_major(&a, n, n), Mat::col_major(&b, n, n), Mat::col_major(&c, n, n)).math(math);
-    let st = StridedBatch { a: n * n, b: n * n, c: n * n };
+    let (a, b, c) = (
+        alloc::<T>(stream, n * n * batch),
+        alloc::<T>(stream, n * n * batch),
+        alloc::<T>(stream, n * n * batch),
+    );
+    let g = Gemm::new(
+        Mat::<T>::col_major(&a, n, n),
+        Mat::col_major(&b, n, n),
+        Mat::col_major(&c, n, n),
+    )
+    .math(math);
+    let st = StridedBatch {
+        a: n * n,
+        b: n * n,
+        c: n * n,
+    };
     let s = timed(stream, || g.run_strided_batched(stream, batch, st).unwrap());
     2.0 * (n as f64).powi(3) * batch as f64 / s / 1e12
 }
@@ -121,9 +158,21 @@ fn peers_file() -> Option<String> {
 
 fn batched_lt_tflops<T: Element>(stream: &Stream) -> f64 {
     let (n, batch) = (512, 64);
-    let (a, b, c) = (alloc::<T>(stream, n * n * batch), alloc::<T>(stream, n * n * batch), alloc::<T>(stream, n * n * batch));
-    let g = cudars_blas::LtMatmul::new(Mat::<T>::col_major(&a, n, n), Mat::col_major(&b, n, n), Mat::col_major(&c, n, n));
-    let st = StridedBatch { a: n * n, b: n * n, c: n * n };
+    let (a, b, c) = (
+        alloc::<T>(stream, n * n * batch),
+        alloc::<T>(stream, n * n * batch),
+        alloc::<T>(stream, n * n * batch),
+    );
+    let g = cudars_blas::LtMatmul::new(
+        Mat::<T>::col_major(&a, n, n),
+        Mat::col_major(&b, n, n),
+        Mat::col_major(&c, n, n),
+    );
+    let st = StridedBatch {
+        a: n * n,
+        b: n * n,
+        c: n * n,
+    };
     let s = timed(stream, || g.run_strided_batched(stream, batch, st).unwrap());
     2.0 * (n as f64).powi(3) * batch as f64 / s / 1e12
 }
@@ -132,23 +181,79 @@ fn main() {
     let peers = peers(peers_file());
     let dev = cudars_core::Device::new(0).unwrap();
     let stream = Stream::new(&dev).unwrap();
-    println!("bench_blas on {} (cuBLAS {})", dev.name().unwrap_or_default(), cudars_blas_sys::cublas().map(|l| l.path().to_string()).unwrap_or_default());
+    println!(
+        "bench_blas on {} (cuBLAS {})",
+        dev.name().unwrap_or_default(),
+        cudars_blas_sys::cublas()
+            .map(|l| l.path().to_string())
+            .unwrap_or_default()
+    );
     for n in [4096usize, 8192] {
-        row(&peers, &format!("gemm {n}^3 bf16 TFLOP/s"), gemm_tflops::<bf16>(&stream, n, MathMode::Default, 1.0, 0.0), "TFLOP/s", true);
-        row(&peers, &format!("gemm {n}^3 f16 TFLOP/s"), gemm_tflops::<f16>(&stream, n, MathMode::Default, 1.0, 0.0), "TFLOP/s", true);
-        row(&peers, &format!("gemm {n}^3 tf32 TFLOP/s"), gemm_tflops::<f32>(&stream, n, MathMode::Tf32, 1.0, 0.0), "TFLOP/s", true);
-        row(&peers, &format!("gemm {n}^3 f32 TFLOP/s"), gemm_tflops::<f32>(&stream, n, MathMode::Default, 1.0, 0.0), "TFLOP/s", true);
+        row(
+            &peers,
+            &format!("gemm {n}^3 bf16 TFLOP/s"),
+            gemm_tflops::<bf16>(&stream, n, MathMode::Default, 1.0, 0.0),
+            "TFLOP/s",
+            true,
+        );
+        row(
+            &peers,
+            &format!("gemm {n}^3 f16 TFLOP/s"),
+            gemm_tflops::<f16>(&stream, n, MathMode::Default, 1.0, 0.0),
+            "TFLOP/s",
+            true,
+        );
+        row(
+            &peers,
+            &format!("gemm {n}^3 tf32 TFLOP/s"),
+            gemm_tflops::<f32>(&stream, n, MathMode::Tf32, 1.0, 0.0),
+            "TFLOP/s",
+            true,
+        );
+        row(
+            &peers,
+            &format!("gemm {n}^3 f32 TFLOP/s"),
+            gemm_tflops::<f32>(&stream, n, MathMode::Default, 1.0, 0.0),
+            "TFLOP/s",
+            true,
+        );
     }
-    row(&peers, "batched 64x512^3 bf16 TFLOP/s", batched_tflops::<bf16>(&stream, MathMode::Default), "TFLOP/s", true);
-    row(&peers, "batched 64x512^3 f32 TFLOP/s", batched_tflops::<f32>(&stream, MathMode::Default), "TFLOP/s", true);
-    println!("batched 64x512^3 bf16 through cuBLASLt: {:.3} TFLOP/s", batched_lt_tflops::<bf16>(&stream));
-    println!("batched 64x512^3 f32 through cuBLASLt: {:.3} TFLOP/s", batched_lt_tflops::<f32>(&stream));
+    row(
+        &peers,
+        "batched 64x512^3 bf16 TFLOP/s",
+        batched_tflops::<bf16>(&stream, MathMode::Default),
+        "TFLOP/s",
+        true,
+    );
+    row(
+        &peers,
+        "batched 64x512^3 f32 TFLOP/s",
+        batched_tflops::<f32>(&stream, MathMode::Default),
+        "TFLOP/s",
+        true,
+    );
+    println!(
+        "batched 64x512^3 bf16 through cuBLASLt: {:.3} TFLOP/s",
+        batched_lt_tflops::<bf16>(&stream)
+    );
+    println!(
+        "batched 64x512^3 f32 through cuBLASLt: {:.3} TFLOP/s",
+        batched_lt_tflops::<f32>(&stream)
+    );
 
     // Small GEMM issue cost: ours against bare cublasGemmEx calls on the same handle (the
     // stream's cached one, through with_raw_handle: locked once for the whole batch).
     let n = 64;
-    let (a, b, c) = (alloc::<f32>(&stream, n * n), alloc::<f32>(&stream, n * n), alloc::<f32>(&stream, n * n));
-    let g = Gemm::new(Mat::<f32>::col_major(&a, n, n), Mat::col_major(&b, n, n), Mat::col_major(&c, n, n));
+    let (a, b, c) = (
+        alloc::<f32>(&stream, n * n),
+        alloc::<f32>(&stream, n * n),
+        alloc::<f32>(&stream, n * n),
+    );
+    let g = Gemm::new(
+        Mat::<f32>::col_major(&a, n, n),
+        Mat::col_major(&b, n, n),
+        Mat::col_major(&c, n, n),
+    );
     g.run(&stream).unwrap();
     let lib = cublas().unwrap();
     let (alpha, beta) = (1f32, 0f32);
@@ -173,10 +278,24 @@ fn main() {
                 // of `g` above on this stream), host scalars, the handle's own stream.
                 let s = unsafe {
                     lib.cublasGemmEx(
-                        h, cublasOperation_t::CUBLAS_OP_N, cublasOperation_t::CUBLAS_OP_N, n as i32, n as i32, n as i32,
-                        (&alpha as *const f32).cast(), a.as_raw() as *const c_void, f32::DATA_TYPE, n as i32,
-                        b.as_raw() as *const c_void, f32::DATA_TYPE, n as i32, (&beta as *const f32).cast(),
-                        c.as_raw() as *mut c_void, f32::DATA_TYPE, n as i32, cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        h,
+                        cublasOperation_t::CUBLAS_OP_N,
+                        cublasOperation_t::CUBLAS_OP_N,
+                        n as i32,
+                        n as i32,
+                        n as i32,
+                        (&alpha as *const f32).cast(),
+                        a.as_raw() as *const c_void,
+                        f32::DATA_TYPE,
+                        n as i32,
+                        b.as_raw() as *const c_void,
+                        f32::DATA_TYPE,
+                        n as i32,
+                        (&beta as *const f32).cast(),
+                        c.as_raw() as *mut c_void,
+                        f32::DATA_TYPE,
+                        n as i32,
+                        cublasComputeType_t::CUBLAS_COMPUTE_32F,
                         cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                     )
                 };
@@ -194,7 +313,13 @@ fn main() {
     }
     let (mut o, mut r, mut q) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..41 {
-        let (x, y) = if i % 2 == 0 { let x = ours(); (x, bare()) } else { let y = bare(); (ours(), y) };
+        let (x, y) = if i % 2 == 0 {
+            let x = ours();
+            (x, bare())
+        } else {
+            let y = bare();
+            (ours(), y)
+        };
         o.push(x);
         r.push(y);
         q.push(x / y);
@@ -210,14 +335,24 @@ fn main() {
     stream.synchronize().unwrap();
     let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         for c in &cs {
-            Gemm::new(Mat::<bf16>::col_major(&a, n, n), Mat::col_major(&b, n, n), Mat::col_major(c, n, n))
-                .run(s)
-                .map_err(cudars_graph::Error::other)?;
+            Gemm::new(
+                Mat::<bf16>::col_major(&a, n, n),
+                Mat::col_major(&b, n, n),
+                Mat::col_major(c, n, n),
+            )
+            .run(s)
+            .map_err(cudars_graph::Error::other)?;
         }
         Ok(())
     })
     .unwrap();
     let exec = graph.instantiate().unwrap();
     let s = timed(&stream, || exec.launch(&stream).unwrap());
-    row(&peers, "graph of 100 gemm 512^3 bf16 replay us", s * 1e6, "us", false);
+    row(
+        &peers,
+        "graph of 100 gemm 512^3 bf16 replay us",
+        s * 1e6,
+        "us",
+        false,
+    );
 }
