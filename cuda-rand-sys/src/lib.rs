@@ -108,9 +108,7 @@ mod tests {
         assert_eq!(lib.resolved_count(), 0);
         let mut v = 0;
         // SAFETY: the entry point is absent, so nothing is called.
-        assert_eq!(
-            unsafe { lib.curandGetVersion(&mut v) }.unwrap_err().name,
-            "curandGetVersion"
-        );
+        let missing = unsafe { lib.curandGetVersion(&mut v) }.unwrap_err();
+        assert_eq!(missing.name, "curandGetVersion");
     }
 }
