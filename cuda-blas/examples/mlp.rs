@@ -107,7 +107,7 @@ fn main() {
             Mat::row_major(&dw2, OUTPUT, HIDDEN),
         )
         .op_a(Op::T)
-        .epilogue(Epilogue::BgradB)
+        .epilogue(Epilogue::BgradA)
         .bias(&db2)
         .run(s)?;
         // dpre = (dy W2) * gelu'(pre), db1 = its column sums.

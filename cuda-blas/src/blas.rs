@@ -238,7 +238,8 @@ impl<'a, T: Element> Gemm<'a, T> {
                 // SAFETY: the shapes, leading dimensions and view lengths were checked against
                 // the plan (`check`): the library reads and writes inside the views; the views are
                 // of the handle's device and marked for its stream; alpha and beta are host
-                // scalars of the compute type, alive for the call.
+                // scalars of the compute type alive for the call, or checked and marked device
+                // views of one scalar each (`scalars`, with the matching pointer mode).
                 unsafe {
                     lib.cublasGemmEx(
                         call.raw(),
@@ -657,7 +658,8 @@ pub fn gemv<T: Element>(
                 .into(),
         });
     }
-    if ar == 0 {
+    // BLAS's quick return: no rows, or no columns (then y is left as it is, whatever beta).
+    if ar == 0 || ac == 0 {
         return Ok(());
     }
     let lib = cublas()?;
@@ -886,19 +888,19 @@ fn reduction<R: bytemuck::Pod>(
         }
     }
     with_call(stream, |call| {
+        if matches!(out, Out::Host(_)) && call.capture.is_some() {
+            return Err(Error::Unsupported {
+                routine,
+                why: "a host result cannot be returned from a capture; use the `_into` form \
+                      with a device result"
+                    .into(),
+            });
+        }
         for (p, _) in marks {
             p.record_stream(&call.issue)?;
         }
         match out {
             Out::Host(r) => {
-                if call.capture.is_some() {
-                    return Err(Error::Unsupported {
-                        routine,
-                        why: "a host result cannot be returned from a capture; use the \
-                              `_into` form with a device result"
-                            .into(),
-                    });
-                }
                 call.set_pointer_mode(cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST)?;
                 call.set_math(cublasMath_t::CUBLAS_DEFAULT_MATH)?;
                 // cuBLAS blocks until the host result is written.

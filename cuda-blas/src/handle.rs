@@ -21,9 +21,12 @@
 //!   captured on one stream share its capture workspace: replay them in one stream's order
 //!   (as one replays PyTorch's graphs of one capture stream), not at the same time on
 //!   different streams. Rebinding is one `cublasSetWorkspace` when the mode changes.
-//! * **Bounded.** At most [`MAX_HANDLES_PER_DEVICE`] handles per device: when a new stream
-//!   needs one beyond that, the handles of streams nobody else holds any more are destroyed
-//!   first, then the least recently used. [`clear`] destroys all of them.
+//! * **Kept, and bounded.** The cache holds a clone of each stream it served (and its
+//!   workspaces live on that stream) until the handle goes: at most
+//!   [`MAX_HANDLES_PER_DEVICE`] per device, the least recently used going first when a new
+//!   stream needs one; [`release`] drops one stream's handle (do it before an external
+//!   stream's owner destroys it), [`clear`] all. A program that makes a stream per task keeps
+//!   up to that many handles with their workspaces (PyTorch keeps every one).
 //! * **Destroy errors** are counted ([`destroy_failures`]), never panic. `cublasDestroy`
 //!   synchronises the device, which would invalidate another thread's capture: while a capture
 //!   begun through `cuda-core` (or announced by a framework) runs, dropped handles wait
@@ -44,6 +47,10 @@ use cudars_core::memory::DevicePtr;
 use cudars_core::{Device, Issue, Stream, StreamKind};
 
 use crate::error::{check, Error, Result};
+
+/// The oldest cuBLAS major version the bindings are used with (CUDA 12's; the headers are CUDA
+/// 13's, whose entry points CUDA 12's library has with the same signatures, or lacks).
+pub const MIN_CUBLAS_MAJOR: i32 = 12;
 
 /// Handles kept per device before unused ones are destroyed.
 pub const MAX_HANDLES_PER_DEVICE: usize = 64;
@@ -109,6 +116,8 @@ pub(crate) struct State {
     /// replay into it for as long as they live, which nothing here can see, so it is never
     /// freed.
     capture_unkept: bool,
+    /// `with_raw_handle` could not put the handle back as the crate needs it: refuse calls.
+    tainted: bool,
     bound: Bound,
     math: cublasMath_t,
     pointer_mode: cublasPointerMode_t,
@@ -268,8 +277,9 @@ pub fn cached_handles() -> usize {
     cache().lock().unwrap_or_else(PoisonError::into_inner).len()
 }
 
-/// Destroys every cached handle (each once no call is using it) and drops their workspaces
-/// back into the pool. Later calls create new ones.
+/// Drops every cached handle from the cache and their workspaces back into the pool (each
+/// once no call uses it, and once other threads' last-handle memos let go: their next call on
+/// another stream). Later calls create new ones.
 pub fn clear() {
     LAST.with(|l| l.borrow_mut().take());
     let all: Vec<Shared> = cache()
@@ -282,11 +292,10 @@ pub fn clear() {
     bury();
 }
 
-/// The handle state of `stream`, created on first use.
+/// The handle state of `stream`, created on first use. The global map's lock is held only to
+/// look up and insert: the handle is created, and evicted handles dropped, outside it.
 fn shared(stream: &Stream) -> Result<Shared> {
     let k = key(stream);
-    // The thread's last handle; only a stream whose identity is unique (or the per-thread and
-    // legacy streams, which the key pins) can be found this way.
     let hit = LAST.with(|l| {
         l.borrow()
             .as_ref()
@@ -296,58 +305,75 @@ fn shared(stream: &Stream) -> Result<Shared> {
     if let Some(s) = hit {
         return Ok(s);
     }
-    let mut map = cache().lock().unwrap_or_else(PoisonError::into_inner);
-    let found = map.get(&k).filter(|s| same_stream(s, stream)).cloned();
+    let found = cache()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&k)
+        .cloned();
     let s = match found {
         Some(s) => s,
         None => {
-            evict(&mut map, k.device);
-            let s = Arc::new(Mutex::new(State::new(stream)?));
+            let made = Arc::new(Mutex::new(State::new(stream)?));
+            let (s, evicted) = {
+                let mut map = cache().lock().unwrap_or_else(PoisonError::into_inner);
+                match map.get(&k) {
+                    // Another thread made one meanwhile: use it (ours drops below).
+                    Some(theirs) => (Arc::clone(theirs), vec![made]),
+                    None => {
+                        let evicted = evict(&mut map, k.device);
+                        map.insert(k, Arc::clone(&made));
+                        (made, evicted)
+                    }
+                }
+            };
+            drop(evicted);
             bury();
-            map.insert(k, Arc::clone(&s));
             s
         }
     };
-    drop(map);
     LAST.with(|l| *l.borrow_mut() = Some((k, Arc::clone(&s))));
     Ok(s)
 }
 
-/// Whether a cached state was made for this stream (an external stream known by its handle
-/// value may be a new stream with an old value).
-fn same_stream(s: &Shared, stream: &Stream) -> bool {
-    stream.identity_is_unique()
-        || s.lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .stream
-            .raw()
-            == stream.raw()
-}
-
-/// Before a new handle of `device` is made: drops the handles of streams nobody else holds
-/// any more (their owners dropped every clone; the stream dies with the handle), then, beyond
-/// [`MAX_HANDLES_PER_DEVICE`], the least recently used.
-fn evict(map: &mut HashMap<Key, Shared>, device: usize) {
-    map.retain(|k, s| {
-        k.device != device
-            || Arc::strong_count(s) > 1
-            || s.try_lock()
-                .map(|st| st.stream.clone_count() != Some(1))
-                .unwrap_or(true)
-    });
+/// Makes room for one more handle of `device`: beyond [`MAX_HANDLES_PER_DEVICE`], the least
+/// recently used handles leave the map (returned, to be dropped outside its lock).
+fn evict(map: &mut HashMap<Key, Shared>, device: usize) -> Vec<Shared> {
+    let mut out = Vec::new();
     while map.keys().filter(|k| k.device == device).count() >= MAX_HANDLES_PER_DEVICE {
         let oldest = map
             .iter()
             .filter(|(k, _)| k.device == device)
             .min_by_key(|(_, s)| s.try_lock().map(|st| st.last_used).unwrap_or(u64::MAX))
             .map(|(k, _)| *k);
-        match oldest {
-            Some(k) => {
-                map.remove(&k);
-            }
+        match oldest.and_then(|k| map.remove(&k)) {
+            Some(s) => out.push(s),
             None => break,
         }
     }
+    out
+}
+
+/// Drops `stream`'s cached handle and its workspaces (once no call uses them): what to call
+/// before an external stream (one of [`Stream::external`](cudars_core::Stream::external)) is
+/// destroyed by its owner, since the cache holds a clone of every stream it served. Other
+/// threads' last-handle memos are cleared lazily: their next call on another stream lets go.
+/// Returns whether a handle was cached.
+pub fn release(stream: &Stream) -> bool {
+    let k = key(stream);
+    LAST.with(|l| {
+        let mut l = l.borrow_mut();
+        if l.as_ref().is_some_and(|(lk, _)| *lk == k) {
+            *l = None;
+        }
+    });
+    let removed = cache()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&k);
+    let found = removed.is_some();
+    drop(removed);
+    bury();
+    found
 }
 
 impl State {
@@ -362,6 +388,25 @@ impl State {
         // SAFETY: a valid out-pointer; the device's primary context is current, which is the
         // context cuBLAS's runtime binds the handle to.
         check(unsafe { lib.cublasCreate_v2(&mut raw) }, "cublasCreate_v2")?;
+        let mut major = 0;
+        // SAFETY: a valid out-pointer; the property needs no handle.
+        let asked = unsafe {
+            lib.cublasGetProperty(
+                cudars_blas_sys::libraryPropertyType::MAJOR_VERSION,
+                &mut major,
+            )
+        };
+        if check(asked, "cublasGetProperty").is_err() || major < MIN_CUBLAS_MAJOR {
+            // SAFETY: the handle just created; nothing used it.
+            let _ = unsafe { lib.cublasDestroy_v2(raw) };
+            return Err(Error::Unsupported {
+                routine: "cuBLAS",
+                why: format!(
+                    "{} is cuBLAS {major}; these bindings (CUDA 13 headers) take cuBLAS {MIN_CUBLAS_MAJOR} or later",
+                    lib.path()
+                ),
+            });
+        }
         CREATED.fetch_add(1, Ordering::Relaxed);
         let state = State {
             raw,
@@ -373,6 +418,7 @@ impl State {
             capture: None,
             capture_id: None,
             capture_unkept: false,
+            tainted: false,
             bound: Bound::Library,
             math: cublasMath_t::CUBLAS_DEFAULT_MATH,
             pointer_mode: cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST,
@@ -495,12 +541,24 @@ pub(crate) fn with_call<R>(
     stream: &Stream,
     f: impl FnOnce(&mut Call<'_, '_>) -> Result<R>,
 ) -> Result<R> {
-    let shared = shared(stream)?;
-    let mut state = shared.lock().unwrap_or_else(PoisonError::into_inner);
-    state.last_used = CLOCK.fetch_add(1, Ordering::Relaxed);
-    let device = state.device;
-    let _ctx = device.bind()?;
+    // The capture gate first, then the handle: a thread that holds an issue (another call's,
+    // or its own) and waits for this handle never waits for a thread that holds this handle
+    // and waits for the gate.
+    let device = stream.device();
     let issue = stream.issue(device)?;
+    let shared = shared(stream)?;
+    let _held = Held::enter(&shared)?;
+    let mut state = shared.lock().unwrap_or_else(PoisonError::into_inner);
+    if state.tainted {
+        return Err(Error::Unsupported {
+            routine: "cuBLAS call",
+            why: "this stream's handle could not be restored after with_raw_handle; \
+                  handle::release(&stream) drops it and the next call makes a new one"
+                .into(),
+        });
+    }
+    state.last_used = CLOCK.fetch_add(1, Ordering::Relaxed);
+    let _ctx = device.bind()?;
     let capture = capture_of(stream)?;
     bind_workspace(&mut state, &issue, capture)?;
     let mut call = Call {
@@ -509,6 +567,69 @@ pub(crate) fn with_call<R>(
         capture,
     };
     f(&mut call)
+}
+
+thread_local! {
+    /// The handles this thread holds now (their states' addresses).
+    static HELD: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// This thread's hold of a handle, for the length of one call: a second call on the same
+/// handle from inside the first (a `with_raw_handle` closure calling back into the crate on
+/// its stream) is refused instead of waiting for itself.
+struct Held(usize);
+
+impl Held {
+    fn enter(shared: &Shared) -> Result<Held> {
+        let addr = Arc::as_ptr(shared) as usize;
+        HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if h.contains(&addr) {
+                return Err(Error::Unsupported {
+                    routine: "cuBLAS call",
+                    why: "called from inside a call on the same stream's handle (a \
+                          with_raw_handle closure): it would wait for itself"
+                        .into(),
+                });
+            }
+            h.push(addr);
+            Ok(Held(addr))
+        })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(i) = h.iter().rposition(|a| *a == self.0) {
+                h.remove(i);
+            }
+        });
+    }
+}
+
+/// A workspace from the thread's allocator (any `Allocator` a program installs): on the
+/// handle's device, as long as asked, aligned to 256 bytes (cuBLAS's rule), or refused.
+fn checked_workspace(p: DevicePtr, state: &State) -> Result<DevicePtr> {
+    if p.device() != state.device
+        || p.len() < state.workspace_bytes
+        || !p.as_raw().is_multiple_of(256)
+    {
+        return Err(Error::Unsupported {
+            routine: "cuBLAS workspace",
+            why: format!(
+                "the allocator gave {} bytes at {:#x} on device {}; the handle needs {} bytes, \
+                 256-byte aligned, on device {}",
+                p.len(),
+                p.as_raw(),
+                p.device().ordinal(),
+                state.workspace_bytes,
+                state.device.ordinal()
+            ),
+        });
+    }
+    Ok(p)
 }
 
 /// Binds the eager workspace (outside a capture) or the capture workspace (inside), taking
@@ -522,7 +643,7 @@ fn bind_workspace(state: &mut State, issue: &Issue<'_>, capture: Option<u64>) ->
             if state.eager.is_none() {
                 let p = cudars_mempool::allocator::alloc_on(&state.stream, state.workspace_bytes)
                     .map_err(|e| Error::pool("cuBLAS workspace", e))?;
-                state.eager = Some(p);
+                state.eager = Some(checked_workspace(p, state)?);
             }
             Bound::Eager
         }
@@ -531,16 +652,18 @@ fn bind_workspace(state: &mut State, issue: &Issue<'_>, capture: Option<u64>) ->
                 // Taken during the capture: from its private pool.
                 let p = cudars_mempool::allocator::alloc_on(&state.stream, state.workspace_bytes)
                     .map_err(|e| Error::pool("cuBLAS workspace (capture)", e))?;
-                state.capture = Some(p);
+                state.capture = Some(checked_workspace(p, state)?);
             }
             if state.capture_id != Some(id) {
                 if let Some(p) = &state.capture {
-                    // Each capture's graphs keep the workspace alive (captures begun through
-                    // cuda-core take a reference); one that does not is foreign, and the
-                    // workspace is then never freed.
-                    let before = Arc::strong_count(p.owner());
+                    // Marked, the workspace is kept alive by the capture's graphs when a
+                    // capture begun through cuda-core runs (then cuda-core keeps the owners of
+                    // marked memory, for this capture's graphs, or for good when the capture
+                    // is foreign). No such capture can begin while the issue is held, so one
+                    // running after the mark ran during it; when none runs, the mark kept
+                    // nothing, the capture is foreign, and the workspace is never freed.
                     p.record_stream(issue)?;
-                    if Arc::strong_count(p.owner()) == before {
+                    if !graph::captures_in_progress() {
                         state.capture_unkept = true;
                     }
                 }
@@ -557,9 +680,10 @@ fn bind_workspace(state: &mut State, issue: &Issue<'_>, capture: Option<u64>) ->
         .map_or((0, 0), |p| (p.as_raw(), p.len()));
         let lib = cublas()?;
         check(
-            // SAFETY: a live handle under its mutex; the workspace is a live pool block of the
-            // handle's device, `len` bytes, 512-byte aligned (cuBLAS asks 256), held by the
-            // state for as long as it is bound (and by the capture's graphs when captured).
+            // SAFETY: a live handle under its mutex; the workspace is a live block of the
+            // handle's device, at least `len` bytes, 256-byte aligned (checked_workspace),
+            // held by the state for as long as it is bound (and by the capture's graphs when
+            // captured).
             unsafe { lib.cublasSetWorkspace_v2(state.raw, addr as *mut std::ffi::c_void, len) },
             "cublasSetWorkspace_v2",
         )?;
@@ -571,13 +695,15 @@ fn bind_workspace(state: &mut State, issue: &Issue<'_>, capture: Option<u64>) ->
 /// Runs `f` with `stream`'s cached cuBLAS handle, for the cuBLAS routines this crate does not
 /// wrap: the handle locked for the call (no other thread uses it meanwhile), its device
 /// current, bound to `stream` with the right workspace (the capture workspace while `stream`
-/// is captured), and the capture gate held by the [`Issue`] `f` gets.
+/// is captured), and the capture gate held by the [`Issue`] `f` gets. `f` must not call this
+/// crate on the same stream (refused: it would wait for itself).
 ///
 /// Calling cuBLAS with the handle is `unsafe` in `f`, and its contract is the caller's: every
 /// view the call reads or writes must be valid for it, and marked with the issue first
-/// (`view.record_stream(issue)`, the ordering rule of pool blocks). Settings `f` changes are
-/// read back afterwards (pointer mode, math mode) or restored (the stream, the workspace), so
-/// the crate's own calls stay right.
+/// (`view.record_stream(issue)`, the ordering rule of pool blocks). Whatever `f` changes is put
+/// back when it returns or panics (the stream, host pointers, the default math mode, the
+/// workspace), so the crate's own calls stay right; if that fails, the handle refuses every
+/// later call until [`release`] drops it.
 ///
 /// ```no_run
 /// use cudars_core::{Device, Stream};
@@ -598,31 +724,42 @@ pub fn with_raw_handle<R>(
 ) -> Result<R> {
     with_call(stream, |call| {
         let raw = call.raw();
-        let out = f(raw, &call.issue);
-        let lib = cublas()?;
-        let state = &mut *call.state;
-        let mut bound_stream: cudaStream_t = std::ptr::null_mut();
-        // SAFETY: a live handle under its mutex; valid out-pointers.
-        let asked = unsafe {
-            (
-                lib.cublasGetStream_v2(raw, &mut bound_stream),
-                lib.cublasGetPointerMode_v2(raw, &mut state.pointer_mode),
-                lib.cublasGetMathMode(raw, &mut state.math),
-            )
-        };
-        check(asked.0, "cublasGetStream_v2")?;
-        check(asked.1, "cublasGetPointerMode_v2")?;
-        check(asked.2, "cublasGetMathMode")?;
-        if bound_stream != state.stream.raw() as cudaStream_t {
-            check(
-                // SAFETY: a live handle; its own stream, held by the state.
-                unsafe { lib.cublasSetStream_v2(raw, state.stream.raw() as cudaStream_t) },
-                "cublasSetStream_v2",
-            )?;
+        // Whatever `f` does, and however it ends (a panic included), the handle is put back
+        // before anything else uses it.
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(raw, &call.issue)));
+        let restored = restore(&mut call.state);
+        if restored.is_err() {
+            call.state.tainted = true;
         }
-        // The workspace may have been changed (or reset by a stream change): bind it again
-        // at the next call.
-        state.bound = Bound::Library;
-        Ok(out)
+        match out {
+            Ok(v) => restored.map(|()| v),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     })
+}
+
+/// Puts a lent handle back: its own stream, host pointers, the default math mode, and the
+/// workspace bound again at the next call (a stream change resets it).
+fn restore(state: &mut State) -> Result<()> {
+    let lib = cublas()?;
+    let raw = state.raw;
+    state.bound = Bound::Library;
+    check(
+        // SAFETY: a live handle under its mutex; its own stream, held by the state.
+        unsafe { lib.cublasSetStream_v2(raw, state.stream.raw() as cudaStream_t) },
+        "cublasSetStream_v2",
+    )?;
+    check(
+        // SAFETY: a live handle under its mutex.
+        unsafe { lib.cublasSetPointerMode_v2(raw, cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST) },
+        "cublasSetPointerMode_v2",
+    )?;
+    state.pointer_mode = cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST;
+    check(
+        // SAFETY: a live handle under its mutex.
+        unsafe { lib.cublasSetMathMode(raw, cublasMath_t::CUBLAS_DEFAULT_MATH) },
+        "cublasSetMathMode",
+    )?;
+    state.math = cublasMath_t::CUBLAS_DEFAULT_MATH;
+    Ok(())
 }

@@ -65,11 +65,12 @@ pub enum Epilogue {
     /// [`Epilogue::DGelu`], and the bias gradient (the sum over columns of the result) written
     /// to the bias buffer.
     DGeluBgrad,
-    /// The product, and the bias gradient of `A` (row sums of `op(A)`, `m` values) in the
-    /// bias buffer.
+    /// The product, and the bias gradient of `A` in the bias buffer: `op(A)` summed over `k`
+    /// (one value per row of `op(A)`, `m` values). For `dW = dy^T x` with row-major `dy`
+    /// (`batch x out`, read transposed), the sums of `dy` over the batch: `db`.
     BgradA,
-    /// The product, and the bias gradient of `B` (column sums of `op(B)`, `n` values) in the
-    /// bias buffer.
+    /// The product, and the bias gradient of `B` in the bias buffer: `op(B)` summed over `k`
+    /// (one value per column of `op(B)`, `n` values).
     BgradB,
 }
 
@@ -89,6 +90,16 @@ impl Epilogue {
             Epilogue::DGeluBgrad => E::CUBLASLT_EPILOGUE_DGELU_BGRAD,
             Epilogue::BgradA => E::CUBLASLT_EPILOGUE_BGRADA,
             Epilogue::BgradB => E::CUBLASLT_EPILOGUE_BGRADB,
+        }
+    }
+
+    /// The epilogue of the column-major call: a row-major output swaps the operands, so the
+    /// gradient of the caller's A is the call's B's, and the other way round.
+    pub(crate) fn for_call(self, swapped: bool) -> Epilogue {
+        match (self, swapped) {
+            (Epilogue::BgradA, true) => Epilogue::BgradB,
+            (Epilogue::BgradB, true) => Epilogue::BgradA,
+            (e, _) => e,
         }
     }
 
@@ -635,7 +646,7 @@ impl<'a, T: Element> LtMatmul<'a, T> {
             transb: plan.transb.raw().0,
             dims: [plan.m as u64, plan.n as u64, plan.k as u64],
             lds: [a.ld as u64, b.ld as u64, self.c.ld as u64, aux_ld as u64],
-            epilogue: self.epilogue.raw().0,
+            epilogue: self.epilogue.for_call(plan.swapped).raw().0,
             aligns: [
                 alignment(a.ptr.as_raw()),
                 alignment(b.ptr.as_raw()),
@@ -753,9 +764,10 @@ pub(crate) fn check_lt<T: Element, P: View>(
             });
         }
     }
-    // Bias: one value per row of the stored output (m of the call), or for the gradients
-    // of A / B, m / n of the call.
-    let bias_len = match epilogue {
+    // Bias: one value per row of the stored output (m of the call); the gradient of the
+    // caller's A has op(A)'s rows (m of the call, or n when a row-major C swapped the
+    // operands), of B op(B)'s columns.
+    let bias_len = match epilogue.for_call(plan.swapped) {
         Epilogue::BgradB => plan.n,
         _ => plan.m,
     } as u64;
@@ -922,8 +934,16 @@ impl<D: Element> Fp8Matmul<'_, D> {
         let sa = check_view::<u8>(R, "a", self.a.0, device, ea)?;
         let sb = check_view::<u8>(R, "b", self.b.0, device, eb)?;
         let sd = check_view::<D>(R, "d", self.d.ptr, device, ed)?;
-        check_view::<f32>(R, "a_scale", self.scales.0, device, 1)?;
-        check_view::<f32>(R, "b_scale", self.scales.1, device, 1)?;
+        for (name, p) in [("a_scale", self.scales.0), ("b_scale", self.scales.1)] {
+            let s = check_view::<f32>(R, name, p, device, 1)?;
+            if sd.overlaps(&s) {
+                return Err(Error::Overlap {
+                    routine: R,
+                    output: "d",
+                    input: name,
+                });
+            }
+        }
         for (s, input) in [(sa, "a"), (sb, "b")] {
             if sd.overlaps(&s) {
                 return Err(Error::Overlap {

@@ -9,7 +9,7 @@
 //! * [`LoadError`] lists every candidate tried and why each failed, and names the variable
 //!   that points at the library; [`MissingSymbol`] is what a `-sys` crate's method returns
 //!   when the loaded library lacks an entry point (one older than the header): nothing panics.
-//! * With the `build` feature, [`build`] is the build-script side: bindgen over the headers,
+//! * With the `build` feature, `build` is the build-script side: bindgen over the headers,
 //!   turned into function tables and a loader per library, with a checked-in snapshot when no
 //!   headers are found.
 //!

@@ -89,8 +89,9 @@ const DEFERRED_POLL: Duration = Duration::from_millis(50);
 /// needs_sync::<cudars_rand::Generator>();
 /// ```
 ///
-/// With the per-thread default stream ([`Stream::per_thread`]) the stream is the calling
-/// thread's: a generator moved to another thread then issues on that thread's stream.
+/// The per-thread default stream ([`Stream::per_thread`]) is refused ([`Error::Unsupported`]):
+/// its handle names the calling thread's stream, so a generator moved to another thread would
+/// issue there, unordered with its earlier work on the generator's state.
 ///
 /// # Drop
 ///
@@ -185,6 +186,7 @@ impl Generator {
     }
 
     fn create(kind: RngKind, stream: &Stream, seed: Option<u64>) -> Result<Generator> {
+        refuse_per_thread(kind, stream)?;
         let lib = library()?;
         let device = stream.device();
         let _ctx = device.bind()?;
@@ -276,6 +278,7 @@ impl Generator {
     /// either stream is being captured.
     pub fn set_stream(&mut self, stream: &Stream) -> Result<()> {
         check::same_device("stream", self.device().ordinal(), stream.device().ordinal())?;
+        refuse_per_thread(self.kind, stream)?;
         if *stream == self.stream {
             return Ok(());
         }
@@ -597,6 +600,19 @@ impl Drop for Generator {
             doomed.destroy();
         }
     }
+}
+
+/// [`Error::Unsupported`] for the per-thread default stream (see [`Generator`]).
+fn refuse_per_thread(kind: RngKind, stream: &Stream) -> Result<()> {
+    if stream.kind() == cudars_core::StreamKind::PerThread {
+        return Err(Error::Unsupported {
+            what: "the per-thread default stream",
+            kind,
+            why: "a Send generator would issue on whichever thread's stream, unordered with its \
+                  earlier work; use a created stream",
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

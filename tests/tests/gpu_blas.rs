@@ -637,7 +637,8 @@ fn lt_epilogues<T: El>(stream: &Stream, rng: &mut Rng, tol: f64) {
             }
         }
     }
-    // Bias gradient of B: column sums of op(B) over the batch dimension, dW-style.
+    // The bias gradient with dW: dW = dy^T x, and db = the sums of dy over the batch, which are
+    // op(A)'s (dy^T's) sums over k: BgradA in the caller's terms, whatever the layouts.
     let dbg = upload(stream, &vec![T::zeroed(); out]);
     let dg = upload(stream, &vec![T::zeroed(); out * inp]);
     // dW (out x inp) = dy^T (out x batch) x (batch x inp), bias grad = sum over batch of dy.
@@ -649,7 +650,7 @@ fn lt_epilogues<T: El>(stream: &Stream, rng: &mut Rng, tol: f64) {
         Mat::row_major(&dg, out, inp),
     )
     .op_a(Op::T)
-    .epilogue(Epilogue::BgradB)
+    .epilogue(Epilogue::BgradA)
     .bias(&dbg)
     .run(stream)
     .unwrap();
@@ -1054,4 +1055,62 @@ fn the_raw_handle_escape_hatch_restores_what_it_changes() {
     assert!(download::<f32>(&dc, n * n)
         .iter()
         .all(|&v| v == 2.0 * n as f32));
+}
+
+#[test]
+fn a_panic_in_the_raw_handle_closure_leaves_the_handle_usable_and_reentry_is_refused() {
+    let _s = serial();
+    let dev = dev0();
+    let stream = Stream::new(&dev).unwrap();
+    let n = 8;
+    let da = upload(&stream, &vec![1f32; n * n]);
+    let dc = upload(&stream, &vec![0f32; n * n]);
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = cudars_blas::handle::with_raw_handle(&stream, |h, _issue| {
+            let lib = cudars_blas_sys::cublas().unwrap();
+            // SAFETY: a live handle.
+            let _ = unsafe {
+                lib.cublasSetPointerMode_v2(
+                    h,
+                    cudars_blas_sys::cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE,
+                )
+            };
+            panic!("the closure fails");
+        });
+    }));
+    assert!(caught.is_err());
+    Gemm::new(
+        Mat::<f32>::col_major(&da, n, n),
+        Mat::col_major(&da, n, n),
+        Mat::col_major(&dc, n, n),
+    )
+    .alpha(3.0)
+    .run(&stream)
+    .unwrap();
+    assert!(download::<f32>(&dc, n * n)
+        .iter()
+        .all(|&v| v == 3.0 * n as f32));
+    // A call back into the crate on the same stream from inside: refused, not a deadlock.
+    let inner = cudars_blas::handle::with_raw_handle(&stream, |_h, _issue| {
+        Gemm::new(
+            Mat::<f32>::col_major(&da, n, n),
+            Mat::col_major(&da, n, n),
+            Mat::col_major(&dc, n, n),
+        )
+        .run(&stream)
+    })
+    .unwrap();
+    assert!(matches!(inner, Err(Error::Unsupported { .. })), "{inner:?}");
+    // Released, the stream gets a new handle at its next call.
+    let made = cudars_blas::handle::handles_created();
+    assert!(cudars_blas::handle::release(&stream));
+    Gemm::new(
+        Mat::<f32>::col_major(&da, n, n),
+        Mat::col_major(&da, n, n),
+        Mat::col_major(&dc, n, n),
+    )
+    .run(&stream)
+    .unwrap();
+    assert_eq!(cudars_blas::handle::handles_created(), made + 1);
+    assert!(download::<f32>(&dc, n * n).iter().all(|&v| v == n as f32));
 }

@@ -852,3 +852,17 @@ fn a_generator_dropped_during_a_capture_waits_for_it_and_leaves_it_valid() {
     assert_eq!(deferred_destroys(), 0);
     assert_eq!(destroy_failures(), before);
 }
+
+#[test]
+fn the_per_thread_default_stream_is_refused() {
+    let _g = serial();
+    let dev = Device::new(0).unwrap();
+    let pt = Stream::per_thread(&dev);
+    let e = Generator::with_seed(RngKind::Philox, &pt, 1).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    let stream = new_stream(&dev);
+    let mut gen = Generator::with_seed(RngKind::Philox, &stream, 1).unwrap();
+    let e = gen.set_stream(&pt).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    assert_eq!(gen.stream(), &stream);
+}
