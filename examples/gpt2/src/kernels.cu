@@ -1,0 +1,523 @@
+// kernels.cu: the CUDA C++ kernels (f32) of the GPT-2 training example, compiled at run time
+// by cudars-rtc (NVRTC). The matrix products (the linear layers and the attention products
+// q @ k^T and att @ v) are cuBLAS calls on the Rust side; this file holds everything else.
+//
+// SPDX-License-Identifier: MIT OR Apache-2.0
+// Licensed under either of the MIT licence or the Apache License, Version 2.0, at your option,
+// like the rest of the workspace.
+//
+// Conventions
+// -----------
+// f32, row-major. B batch, T sequence length, C channels, NH heads, HS = C / NH head size,
+// V vocabulary, Vp padded vocabulary (>= V, the row stride of the logits). N = B*T rows.
+// 'int' is 32-bit, 'long long' 64-bit; every kernel takes exactly the parameters listed in its
+// signature, in that order. No header is included (NVRTC needs none): compile with the default
+// options and WITHOUT --use_fast_math (expf/logf/tanhf must be the accurate ones to match
+// PyTorch at 1e-3).
+//
+// Every kernel loops over its work with a grid stride (elements, or rows for the block-per-row
+// kernels), so ANY grid size >= 1 is correct; the grid below is the recommended one. Threads
+// past the end do nothing. Sizes <= 0 make a kernel do nothing. Products of sizes are formed
+// in 64 bits.
+//
+// blockDim.x must be a multiple of 32 between 32 and 1024 for every kernel (the reductions are
+// warp shuffles with a full mask). 256 is the recommended value everywhere. blockDim.y and .z
+// and gridDim.y and .z must be 1, except gridDim.y of bias_backward.
+//
+// Launch shapes (grid = gridDim.x; block = blockDim.x; smem = dynamic shared bytes):
+//
+//   kernel                          grid                               block  smem
+//   encoder_forward                 ceil(B*T*C / 256)                  256    0
+//   encoder_backward                ceil(B*T*C / 256)                  256    0
+//   layernorm_forward               N  (one block per row)             256    0
+//   layernorm_backward              min(N, 512)  (rows grid-strided)   256    2*C*4
+//   permute_qkv                     ceil(B*T*C / 256)                  256    0
+//   unpermute                       ceil(B*T*C / 256)                  256    0
+//   softmax_causal_forward          BNH*T  (one block per row)         256    0
+//   softmax_causal_backward         BNH*T  (one block per row)         256    0
+//   unpermute_backward              ceil(B*T*C / 256)                  256    0
+//   permute_qkv_backward            ceil(B*T*3*C / 256)                256    0
+//   residual_forward                ceil(n / 256)                      256    0
+//   gelu_forward                    ceil(n / 256)                      256    0
+//   gelu_backward                   ceil(n / 256)                      256    0
+//   add_inplace                     ceil(n / 256)                      256    0
+//   crossentropy_forward_backward   BT  (one block per row)            256    0
+//   adamw_update                    ceil(n / 256)                      256    0
+//   bias_backward                   (ceil(OC / 32), Y), Y = 1 .. 64    256    0
+//   fill_zero                       ceil(n / 256)                      256    0
+//
+// A 1-D grid may have at most 2^31 - 1 blocks: cap the recommended grid there (the grid stride
+// covers the rest). layernorm_backward's 2*C*4 bytes of dynamic shared memory stay below the
+// default 48 KiB limit for C <= 6144. bias_backward's gridDim.y = Y splits the N rows into Y
+// groups (Y = min(ceil(N / 256), 64) is a good choice); with Y = 1 its result is
+// deterministic.
+//
+// Accumulation (+=) versus overwrite:
+//   accumulate: encoder_backward (dwte, dwpe), layernorm_backward (dinp, dweight, dbias),
+//               bias_backward (dbias), add_inplace (a). Zero these buffers first where needed.
+//   overwrite:  everything else (softmax_causal_backward's dpreatt, unpermute_backward's dinp,
+//               permute_qkv_backward's dqkv, gelu_backward's dinp, crossentropy's logits, ...).
+
+// ------------------------------------------------------------------------------------------
+// Helpers
+// ------------------------------------------------------------------------------------------
+
+// -infinity (no math.h under NVRTC): the identity of max.
+#define NEG_INF __int_as_float(0xff800000)
+
+#define GS_LOOP(i, n)                                                                  \
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n);      \
+         i += (long long)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// The sum of v over the block, returned to every thread. Every thread of the block must call
+// it (it synchronises); it may be called again right away.
+__device__ float block_sum(float v) {
+    __shared__ float part[33];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // the previous call's readers are done with part[]
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float x = lane < nwarps ? part[lane] : 0.0f;
+        x = warp_sum(x);
+        if (lane == 0) part[32] = x;
+    }
+    __syncthreads();
+    return part[32];
+}
+
+// The maximum of v over the block, returned to every thread (same rules as block_sum).
+__device__ float block_max(float v) {
+    __shared__ float part[33];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float x = lane < nwarps ? part[lane] : NEG_INF;
+        x = warp_max(x);
+        if (lane == 0) part[32] = x;
+    }
+    __syncthreads();
+    return part[32];
+}
+
+// ------------------------------------------------------------------------------------------
+// 1. encoder_forward: out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
+//    Token ids must lie in [0, V): the kernel is not given V, so it cannot check the upper
+//    bound; a negative id contributes nothing from wte (out = wpe row).
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void encoder_forward(float* out, const int* inp, const float* wte,
+                                           const float* wpe, int B, int T, int C) {
+    if (B <= 0 || T <= 0 || C <= 0) return;
+    const long long n = (long long)B * T * C;
+    GS_LOOP(i, n) {
+        const long long bt = i / C;
+        const long long c = i - bt * C;
+        const long long t = bt % T;
+        const int tok = inp[bt];
+        const float e = tok >= 0 ? wte[(long long)tok * C + c] : 0.0f;
+        out[i] = e + wpe[t * C + c];
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 2. encoder_backward: dwte[inp[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:] (atomics).
+//    Negative token ids are skipped for dwte.
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void encoder_backward(float* dwte, float* dwpe, const float* dout,
+                                            const int* inp, int B, int T, int C) {
+    if (B <= 0 || T <= 0 || C <= 0) return;
+    const long long n = (long long)B * T * C;
+    GS_LOOP(i, n) {
+        const long long bt = i / C;
+        const long long c = i - bt * C;
+        const long long t = bt % T;
+        const int tok = inp[bt];
+        const float g = dout[i];
+        if (tok >= 0) atomicAdd(&dwte[(long long)tok * C + c], g);
+        atomicAdd(&dwpe[t * C + c], g);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 3. layernorm_forward: one block per row (rows grid-strided). eps = 1e-5, biased variance
+//    (two passes: the mean, then the mean of squared deviations). mean[row] and rstd[row] are
+//    saved (either pointer may be null to skip it).
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rstd,
+                                             const float* inp, const float* weight,
+                                             const float* bias, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+        const float* x = inp + row * C;
+        float* y = out + row * C;
+        float s = 0.0f;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
+        const float m = block_sum(s) / (float)C;
+        float sq = 0.0f;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            const float d = x[c] - m;
+            sq += d * d;
+        }
+        const float var = block_sum(sq) / (float)C;
+        const float r = 1.0f / sqrtf(var + 1e-5f);
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            y[c] = (x[c] - m) * r * weight[c] + bias[c];
+        }
+        if (threadIdx.x == 0) {
+            if (mean != nullptr) mean[row] = m;
+            if (rstd != nullptr) rstd[row] = r;
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 4. layernorm_backward: ACCUMULATES into dinp, dweight, dbias.
+//    norm = (x - mean) * rstd; dnorm = dout * w;
+//    dinp += (dnorm - mean_c(dnorm) - norm * mean_c(dnorm * norm)) * rstd;
+//    dweight += sum_rows dout * norm; dbias += sum_rows dout.
+//    Each block handles rows blockIdx.x, blockIdx.x + gridDim.x, ..., summing its rows'
+//    dweight/dbias contributions in dynamic shared memory (2*C floats: thread k owns columns
+//    k, k + blockDim.x, ...), then adds them to the global ones with one atomicAdd per column.
+//    Dynamic shared memory: 2 * C * sizeof(float) bytes.
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void layernorm_backward(float* dinp, float* dweight, float* dbias,
+                                              const float* dout, const float* inp,
+                                              const float* weight, const float* mean,
+                                              const float* rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    extern __shared__ float ln_smem[];
+    float* acc_dw = ln_smem;      // [C]
+    float* acc_db = ln_smem + C;  // [C]
+    // Each thread only ever touches its own columns of acc_dw/acc_db: no synchronisation.
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        acc_dw[c] = 0.0f;
+        acc_db[c] = 0.0f;
+    }
+    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+        const float* x = inp + row * C;
+        const float* g = dout + row * C;
+        float* dx = dinp + row * C;
+        const float m = mean[row];
+        const float r = rstd[row];
+        float s_dnorm = 0.0f;
+        float s_dnorm_norm = 0.0f;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            const float norm = (x[c] - m) * r;
+            const float dnorm = g[c] * weight[c];
+            s_dnorm += dnorm;
+            s_dnorm_norm += dnorm * norm;
+        }
+        const float mean_dnorm = block_sum(s_dnorm) / (float)C;
+        const float mean_dnorm_norm = block_sum(s_dnorm_norm) / (float)C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            const float norm = (x[c] - m) * r;
+            const float go = g[c];
+            const float dnorm = go * weight[c];
+            dx[c] += (dnorm - mean_dnorm - norm * mean_dnorm_norm) * r;
+            acc_dw[c] += go * norm;
+            acc_db[c] += go;
+        }
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        atomicAdd(&dweight[c], acc_dw[c]);
+        atomicAdd(&dbias[c], acc_db[c]);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 5. permute_qkv: qkv (B,T,3,NH,HS) -> q, k, v each (B,NH,T,HS). One thread per element of q.
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void permute_qkv(float* q, float* k, float* v, const float* qkv, int B,
+                                       int T, int NH, int HS) {
+    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
+    const long long C = (long long)NH * HS;
+    const long long n = (long long)B * T * C;
+    GS_LOOP(i, n) {
+        // i = ((b*NH + h)*T + t)*HS + d
+        const long long d = i % HS;
+        long long rest = i / HS;
+        const long long t = rest % T;
+        rest /= T;
+        const long long h = rest % NH;
+        const long long b = rest / NH;
+        const long long src = (b * T + t) * 3 * C + h * HS + d;
+        q[i] = qkv[src];
+        k[i] = qkv[src + C];
+        v[i] = qkv[src + 2 * C];
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 6. unpermute: inp (B,NH,T,HS) -> out (B,T,NH,HS). One thread per element of out.
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void unpermute(float* out, const float* inp, int B, int T, int NH,
+                                     int HS) {
+    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
+    const long long n = (long long)B * T * NH * HS;
+    GS_LOOP(i, n) {
+        // i = ((b*T + t)*NH + h)*HS + d
+        const long long d = i % HS;
+        long long rest = i / HS;
+        const long long h = rest % NH;
+        rest /= NH;
+        const long long t = rest % T;
+        const long long b = rest / T;
+        out[i] = inp[((b * NH + h) * T + t) * HS + d];
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 7. softmax_causal_forward: one block per row (BNH*T rows, grid-strided); row t of block bh.
+//    att[j] = softmax_j(scale * preatt[j]) over j <= t; att[j] = 0 for j > t (written).
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void softmax_causal_forward(float* att, const float* preatt, float scale,
+                                                  int BNH, int T) {
+    if (BNH <= 0 || T <= 0) return;
+    const long long rows = (long long)BNH * T;
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const int t = (int)(row % T);
+        const float* x = preatt + row * T;
+        float* y = att + row * T;
+        float mx = NEG_INF;
+        for (int j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, scale * x[j]);
+        mx = block_max(mx);
+        float s = 0.0f;
+        for (int j = threadIdx.x; j <= t; j += blockDim.x) s += expf(scale * x[j] - mx);
+        const float inv = 1.0f / block_sum(s);
+        for (int j = threadIdx.x; j < T; j += blockDim.x) {
+            y[j] = j <= t ? expf(scale * x[j] - mx) * inv : 0.0f;
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 8. softmax_causal_backward: one block per row (grid-strided). OVERWRITES dpreatt.
+//    dpreatt[j] = scale * att[j] * (datt[j] - sum_{i<=t} att[i]*datt[i]) for j <= t, else 0.
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void softmax_causal_backward(float* dpreatt, const float* datt,
+                                                   const float* att, float scale, int BNH,
+                                                   int T) {
+    if (BNH <= 0 || T <= 0) return;
+    const long long rows = (long long)BNH * T;
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const int t = (int)(row % T);
+        const float* a = att + row * T;
+        const float* da = datt + row * T;
+        float* dp = dpreatt + row * T;
+        float s = 0.0f;
+        for (int j = threadIdx.x; j <= t; j += blockDim.x) s += a[j] * da[j];
+        s = block_sum(s);
+        for (int j = threadIdx.x; j < T; j += blockDim.x) {
+            dp[j] = j <= t ? scale * a[j] * (da[j] - s) : 0.0f;
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 9. unpermute_backward: dout (B,T,NH,HS) -> dinp (B,NH,T,HS) (overwrite). One thread per
+//    element of dinp.
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void unpermute_backward(float* dinp, const float* dout, int B, int T,
+                                              int NH, int HS) {
+    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
+    const long long n = (long long)B * T * NH * HS;
+    GS_LOOP(i, n) {
+        // i = ((b*NH + h)*T + t)*HS + d
+        const long long d = i % HS;
+        long long rest = i / HS;
+        const long long t = rest % T;
+        rest /= T;
+        const long long h = rest % NH;
+        const long long b = rest / NH;
+        dinp[i] = dout[((b * T + t) * NH + h) * HS + d];
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 10. permute_qkv_backward: dq, dk, dv (B,NH,T,HS) -> dqkv (B,T,3,NH,HS) (overwrite). One
+//     thread per element of dqkv.
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void permute_qkv_backward(float* dqkv, const float* dq, const float* dk,
+                                                const float* dv, int B, int T, int NH,
+                                                int HS) {
+    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
+    const long long n = (long long)B * T * 3 * NH * HS;
+    GS_LOOP(i, n) {
+        // i = (((b*T + t)*3 + which)*NH + h)*HS + d
+        const long long d = i % HS;
+        long long rest = i / HS;
+        const long long h = rest % NH;
+        rest /= NH;
+        const int which = (int)(rest % 3);
+        rest /= 3;
+        const long long t = rest % T;
+        const long long b = rest / T;
+        const long long src = ((b * NH + h) * T + t) * HS + d;
+        const float* from = which == 0 ? dq : (which == 1 ? dk : dv);
+        dqkv[i] = from[src];
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 11. residual_forward: out = a + b (out may alias a or b).
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void residual_forward(float* out, const float* a, const float* b,
+                                            long long n) {
+    GS_LOOP(i, n) out[i] = a[i] + b[i];
+}
+
+// ------------------------------------------------------------------------------------------
+// 12. gelu_forward: tanh approximation (PyTorch's gelu(approximate='tanh')). out may alias inp.
+// ------------------------------------------------------------------------------------------
+#define GELU_K0 0.7978845608028654f  // sqrt(2/pi)
+#define GELU_K1 0.044715f
+
+extern "C" __global__ void gelu_forward(float* out, const float* inp, long long n) {
+    GS_LOOP(i, n) {
+        const float x = inp[i];
+        const float u = GELU_K0 * (x + GELU_K1 * x * x * x);
+        out[i] = 0.5f * x * (1.0f + tanhf(u));
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 13. gelu_backward: dinp = gelu'(inp) * dout (overwrite). dinp may alias dout (or inp): each
+//     thread reads its element of both inputs before writing it.
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void gelu_backward(float* dinp, const float* inp, const float* dout,
+                                         long long n) {
+    GS_LOOP(i, n) {
+        const float x = inp[i];
+        const float g = dout[i];
+        const float u = GELU_K0 * (x + GELU_K1 * x * x * x);
+        const float th = tanhf(u);
+        const float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * x * x);
+        const float d = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+        dinp[i] = d * g;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 14. add_inplace: a += b.
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void add_inplace(float* a, const float* b, long long n) {
+    GS_LOOP(i, n) a[i] += b[i];
+}
+
+// ------------------------------------------------------------------------------------------
+// 15. crossentropy_forward_backward: one block per row (BT rows, grid-strided).
+//     p = softmax(logits[r, 0..V)); losses[r] = -log p[target];
+//     logits[r, j] <- (p_j - [j == target]) * dloss for j < V, 0 for V <= j < Vp (OVERWRITE).
+//     A target outside [0, V) (e.g. PyTorch's ignore_index -100) is ignored: losses[r] = 0
+//     and the whole gradient row is 0 (dloss is the caller's: 1/BT for the mean over all rows).
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void crossentropy_forward_backward(float* logits, float* losses,
+                                                         const int* targets, int BT, int V,
+                                                         int Vp, float dloss) {
+    if (BT <= 0 || V <= 0 || Vp < V) return;
+    for (long long row = blockIdx.x; row < BT; row += gridDim.x) {
+        float* x = logits + row * Vp;
+        const int target = targets[row];
+        const bool valid = target >= 0 && target < V;
+        // Read before the reductions: after the last one, threads start overwriting the row.
+        const float x_target = valid ? x[target] : 0.0f;
+        float mx = NEG_INF;
+        for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, x[j]);
+        mx = block_max(mx);
+        float s = 0.0f;
+        for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(x[j] - mx);
+        s = block_sum(s);  // every read of the row happens before this barrier
+        const float inv = 1.0f / s;
+        if (threadIdx.x == 0) losses[row] = valid ? logf(s) + mx - x_target : 0.0f;
+        for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
+            float gj = 0.0f;
+            if (valid && j < V) {
+                const float p = expf(x[j] - mx) * inv;
+                gj = (p - (j == target ? 1.0f : 0.0f)) * dloss;
+            }
+            x[j] = gj;
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 16. adamw_update: PyTorch AdamW (torch.optim.AdamW, amsgrad=False, maximize=False):
+//     p *= 1 - lr*wd; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+//     p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc1 = 1 - b1^step, bc2 = 1 - b2^step.
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void adamw_update(float* params, const float* grads, float* m, float* v,
+                                        long long n, float lr, float beta1, float beta2,
+                                        float beta1_correction, float beta2_correction,
+                                        float eps, float weight_decay) {
+    const float decay = 1.0f - lr * weight_decay;
+    const float step_size = lr / beta1_correction;
+    const float bc2_sqrt = sqrtf(beta2_correction);
+    GS_LOOP(i, n) {
+        const float g = grads[i];
+        float p = params[i] * decay;
+        const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        p -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        params[i] = p;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 17. bias_backward: dbias[o] += sum_n dout[n, o] (ACCUMULATE).
+//     Block: blockDim.x threads seen as 32 columns x (blockDim.x / 32) row lanes. Grid:
+//     gridDim.x = ceil(OC / 32) column tiles; gridDim.y = Y row groups (rows grid-strided over
+//     Y * blockDim.x / 32 lanes). Each block adds its partial sums with one atomicAdd per
+//     column; with gridDim.y == 1 the result is deterministic.
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void bias_backward(float* dbias, const float* dout, int N, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    __shared__ float part[1024];
+    const int lane = threadIdx.x & 31;
+    const int rl = threadIdx.x >> 5;
+    const int nrl = blockDim.x >> 5;
+    for (long long tile = blockIdx.x; tile * 32 < OC; tile += gridDim.x) {
+        const long long col = tile * 32 + lane;
+        float s = 0.0f;
+        if (col < OC) {
+            for (long long r = (long long)blockIdx.y * nrl + rl; r < N;
+                 r += (long long)gridDim.y * nrl) {
+                s += dout[r * OC + col];
+            }
+        }
+        part[threadIdx.x] = s;
+        __syncthreads();
+        if (rl == 0 && col < OC) {
+            float t = 0.0f;
+            for (int k = 0; k < nrl; ++k) t += part[k * 32 + lane];
+            atomicAdd(&dbias[col], t);
+        }
+        __syncthreads();  // part[] is reused by the next tile
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 18. fill_zero: p[0..n) = 0.
+// ------------------------------------------------------------------------------------------
+extern "C" __global__ void fill_zero(float* p, long long n) {
+    GS_LOOP(i, n) p[i] = 0.0f;
+}
