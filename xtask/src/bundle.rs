@@ -41,6 +41,7 @@ pub const SUITE: &[&str] = &[
     "gpu_dlpack",
     "gpu_blas",
     "gpu_rand",
+    "gpu_gpt2",
 ];
 
 /// Test binaries bundled but run by their own mode, not by `run.sh tests` on one GPU: the
@@ -325,6 +326,12 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
             total += fs::copy(entry.path(), &to)
                 .map_err(|e| format!("copy {}: {e}", entry.path().display()))?;
         }
+    }
+    // The GPT-2 example's PyTorch reference, which gpu_gpt2 runs beside the Rust model.
+    let gpt2_ref = root().join("examples/gpt2/reference/train_gpt2_ref.py");
+    if gpt2_ref.is_file() {
+        total += fs::copy(&gpt2_ref, dir.join("train_gpt2_ref.py"))
+            .map_err(|e| format!("copy {}: {e}", gpt2_ref.display()))?;
     }
     // The recorded allocation traces, for the replay benchmark (the repository's traces/;
     // absent traces leave the replay rows out, loudly).

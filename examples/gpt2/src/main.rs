@@ -1,0 +1,132 @@
+//! `gpt2`: writes the initial weights and tokens, or trains on them.
+//!
+//! ```text
+//! gpt2 init  --config tiny|124m [--seed 1] [--batch 4] [--steps 10] --out DIR
+//!            writes DIR/weights.safetensors (config in its metadata) and DIR/tokens.safetensors
+//! gpt2 train --weights W --tokens T [--steps 10] [--batch 4] [--lr 1e-4] [--out losses.json]
+//!            [--grads-out G.safetensors]   (every parameter's gradient after step 1's backward)
+//! ```
+//! One JSON line per step: `{"step": i, "loss": x, "ms": t}`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a command-line program: a failure ends it with its message"
+)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use cudars_core::{Device, Stream};
+use gpt2::init::{self, Config};
+use gpt2::model::{AdamW, Model};
+use gpt2::safetensors::{self, Tensor};
+
+fn args() -> (String, HashMap<String, String>) {
+    let mut it = std::env::args().skip(1);
+    let cmd = it.next().unwrap_or_else(|| "help".into());
+    let mut map = HashMap::new();
+    while let Some(k) = it.next() {
+        let v = it.next().unwrap_or_default();
+        map.insert(k.trim_start_matches("--").to_string(), v);
+    }
+    (cmd, map)
+}
+
+fn get<T: std::str::FromStr>(m: &HashMap<String, String>, k: &str, default: T) -> T {
+    m.get(k).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() {
+    let (cmd, a) = args();
+    match cmd.as_str() {
+        "init" => {
+            let cfg = match a.get("config").map(String::as_str) {
+                Some("124m") => Config::gpt2_124m(),
+                _ => Config::tiny(),
+            };
+            let out = PathBuf::from(a.get("out").cloned().unwrap_or_else(|| ".".into()));
+            std::fs::create_dir_all(&out).unwrap();
+            let seed = get(&a, "seed", 1u64);
+            let (batch, steps) = (get(&a, "batch", 4usize), get(&a, "steps", 10usize));
+            let params = init::init_params(&cfg, seed);
+            safetensors::write(out.join("weights.safetensors"), &params, &cfg.metadata()).unwrap();
+            let toks = init::tokens(&cfg, batch, steps, seed);
+            let t = init::tokens_tensor(&toks);
+            safetensors::write(out.join("tokens.safetensors"), &[t], &cfg.metadata()).unwrap();
+            println!(
+                "wrote {} parameters and {} tokens to {}",
+                gpt2::model::param_count(&cfg),
+                toks.len(),
+                out.display()
+            );
+        }
+        "train" => {
+            let (tensors, meta) = safetensors::read(a.get("weights").expect("--weights")).unwrap();
+            let cfg = Config::from_metadata(&meta).unwrap();
+            let mut weights = Vec::new();
+            for (t, (name, shape)) in tensors.iter().zip(init::param_specs(&cfg)) {
+                assert_eq!(
+                    (&t.name, &t.shape),
+                    (&name, &shape),
+                    "the weights file's order"
+                );
+                weights.extend(t.to_f32().unwrap());
+            }
+            let (toks, _) = safetensors::read(a.get("tokens").expect("--tokens")).unwrap();
+            let tokens: Vec<i32> = toks[0].to_i32().unwrap();
+            let (batch, steps) = (get(&a, "batch", 4usize), get(&a, "steps", 10usize));
+            let opt = AdamW {
+                lr: get(&a, "lr", 1e-4f32),
+                ..AdamW::default()
+            };
+            let dev = Device::new(0).unwrap();
+            let stream = Stream::new(&dev).unwrap();
+            let mut model = Model::new(cfg, batch, &stream, &weights).unwrap();
+            let mut losses = Vec::new();
+            for step in 0..steps {
+                let (inp, tgt) = init::batch(&tokens, step, batch, cfg.seq);
+                let t0 = Instant::now();
+                model.set_batch(&inp, &tgt).unwrap();
+                model.forward().unwrap();
+                model.backward().unwrap();
+                if step == 0 {
+                    if let Some(path) = a.get("grads-out") {
+                        let g = model.gradients().unwrap();
+                        let mut at = 0;
+                        let mut out = Vec::new();
+                        for (name, shape) in init::param_specs(&cfg) {
+                            let n: usize = shape.iter().product();
+                            out.push(Tensor::f32(&name, shape, &g[at..at + n]));
+                            at += n;
+                        }
+                        safetensors::write(path, &out, &cfg.metadata()).unwrap();
+                    }
+                }
+                model.update(&opt).unwrap();
+                let loss = model.loss().unwrap();
+                let ms = t0.elapsed().as_secs_f64() * 1e3;
+                println!("{{\"step\": {step}, \"loss\": {loss}, \"ms\": {ms:.3}}}");
+                losses.push(loss);
+            }
+            if let Some(out) = a.get("out") {
+                let json = format!(
+                    "[{}]",
+                    losses
+                        .iter()
+                        .map(|l| format!("{l}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                std::fs::write(out, json).unwrap();
+            }
+        }
+        _ => {
+            println!(
+                "usage: gpt2 init --config tiny|124m [--seed S] [--batch B] [--steps N] --out DIR"
+            );
+            println!("       gpt2 train --weights W --tokens T [--steps N] [--batch B] [--lr LR] [--out losses.json] [--grads-out G]");
+        }
+    }
+}

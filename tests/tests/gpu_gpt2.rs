@@ -1,0 +1,167 @@
+//! GPU: the GPT-2 example (`examples/gpt2`) in f32 against its PyTorch reference
+//! (`train_gpt2_ref.py`, from the bundle), on the tiny configuration (2 layers, 4 heads,
+//! 128 channels, context 64, vocabulary 512; batch 4): the losses of the first 10 steps within
+//! 1e-4 relative, and every parameter's gradient after step 1's backward within 1e-3 relative
+//! (max over elements of |ours - theirs| over max |theirs| of the tensor).
+//!
+//! The reference runs in `python3` with PyTorch; `$CUDA_RS_BUNDLE_DIR` (set by `run.sh`) says
+//! where the script is. Without it, or without PyTorch, the test fails.
+#![cfg(feature = "gpu")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed check panics with its message"
+)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use cudars_core::Stream;
+use gpt2::init::{self, Config};
+use gpt2::model::{AdamW, Model};
+use gpt2::safetensors;
+use workspace_tests::gpu::{dev0, serial};
+
+const STEPS: usize = 10;
+const BATCH: usize = 4;
+
+fn dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cudars-gpt2-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn f32_training_matches_pytorch_loss_for_loss_and_gradient_for_gradient() {
+    let _s = serial();
+    let cfg = Config::tiny();
+    let d = dir();
+    let params = init::init_params(&cfg, 7);
+    safetensors::write(d.join("weights.safetensors"), &params, &cfg.metadata()).unwrap();
+    let tokens = init::tokens(&cfg, BATCH, STEPS, 7);
+    safetensors::write(
+        d.join("tokens.safetensors"),
+        &[init::tokens_tensor(&tokens)],
+        &cfg.metadata(),
+    )
+    .unwrap();
+
+    // Ours.
+    let dev = dev0();
+    let stream = Stream::new(&dev).unwrap();
+    let weights: Vec<f32> = params.iter().flat_map(|t| t.to_f32().unwrap()).collect();
+    let mut model = Model::new(cfg, BATCH, &stream, &weights).unwrap();
+    let opt = AdamW::default();
+    let mut ours = Vec::new();
+    let mut grads = Vec::new();
+    for step in 0..STEPS {
+        let (inp, tgt) = init::batch(&tokens, step, BATCH, cfg.seq);
+        model.set_batch(&inp, &tgt).unwrap();
+        model.forward().unwrap();
+        model.backward().unwrap();
+        if step == 0 {
+            grads = model.gradients().unwrap();
+        }
+        model.update(&opt).unwrap();
+        ours.push(model.loss().unwrap());
+    }
+
+    // PyTorch's.
+    let script = PathBuf::from(
+        std::env::var("CUDA_RS_BUNDLE_DIR").expect("run by run.sh: CUDA_RS_BUNDLE_DIR"),
+    )
+    .join("train_gpt2_ref.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(["--weights", d.join("weights.safetensors").to_str().unwrap()])
+        .args(["--tokens", d.join("tokens.safetensors").to_str().unwrap()])
+        .args(["--steps", &STEPS.to_string(), "--batch", &BATCH.to_string()])
+        .args([
+            "--lr",
+            &opt.lr.to_string(),
+            "--beta1",
+            &opt.beta1.to_string(),
+            "--beta2",
+            &opt.beta2.to_string(),
+        ])
+        .args([
+            "--eps",
+            &opt.eps.to_string(),
+            "--weight-decay",
+            &opt.weight_decay.to_string(),
+            "--dtype",
+            "f32",
+        ])
+        .args(["--out", d.join("ref.json").to_str().unwrap()])
+        .args([
+            "--grads-out",
+            d.join("ref_grads.safetensors").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the reference failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs: Vec<f64> = serde_json_losses(&std::fs::read_to_string(d.join("ref.json")).unwrap());
+    assert_eq!(theirs.len(), STEPS);
+    let mut worst_loss = 0f64;
+    for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+        let rel = (*a as f64 - b).abs() / b.abs();
+        println!("step {i}: loss ours {a:.6} pytorch {b:.6} rel {rel:.2e}");
+        worst_loss = worst_loss.max(rel);
+    }
+    println!("f32 losses, 10 steps: max relative difference {worst_loss:.2e} (bound 1e-4)");
+    assert!(ours[STEPS - 1] < ours[0], "the loss did not fall: {ours:?}");
+
+    let (ref_grads, _) = safetensors::read(d.join("ref_grads.safetensors")).unwrap();
+    let mut at = 0;
+    let mut worst = (0f64, String::new());
+    for ((name, shape), t) in init::param_specs(&cfg).into_iter().zip(&ref_grads) {
+        assert_eq!(name, t.name);
+        let n: usize = shape.iter().product();
+        let mine = &grads[at..at + n];
+        at += n;
+        let theirs = t.to_f32().unwrap();
+        let scale = theirs
+            .iter()
+            .fold(0f64, |m, &x| m.max(x.abs() as f64))
+            .max(1e-12);
+        let diff = mine
+            .iter()
+            .zip(&theirs)
+            .fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
+        let rel = diff / scale;
+        if rel > worst.0 {
+            worst = (rel, name.clone());
+        }
+        assert!(
+            rel <= 1e-3,
+            "{name}: max |diff| {diff:.3e} over max |grad| {scale:.3e} = {rel:.2e}"
+        );
+    }
+    println!(
+        "f32 gradients after step 1: max relative difference {:.2e} ({}) over {} tensors (bound 1e-3)",
+        worst.0,
+        worst.1,
+        ref_grads.len()
+    );
+    assert!(
+        worst_loss <= 1e-4,
+        "losses differ by {worst_loss:.2e} relative"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The reference's `--out` file: a JSON list of losses (numbers, or objects with "loss").
+fn serde_json_losses(text: &str) -> Vec<f64> {
+    let v: serde_json::Value = serde_json::from_str(text).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().or_else(|| x["loss"].as_f64()).unwrap())
+        .collect()
+}
