@@ -237,6 +237,16 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
             total += copy_exe_stripped(&a, &dir.join("examples"), &a.name.clone(), Strip::All)?;
         }
     }
+    // The GPT-2 example's program (`gpt2 bench`, `gpt2 train`), beside the examples.
+    let gpt2 = cargo_json(
+        &["build", "-p", "gpt2", "--release", "--bins", "--message-format=json"],
+        &env,
+    )?;
+    for a in artifacts(&gpt2) {
+        if a.kinds.iter().any(|k| k == "bin") {
+            total += copy_exe_stripped(&a, &dir.join("examples"), &a.name.clone(), Strip::All)?;
+        }
+    }
     // The C ABI of MemoryPool, for the PyTorch / CuPy workloads (tests/bundle/*.py).
     let capi = cargo_json(
         &[

@@ -521,3 +521,137 @@ extern "C" __global__ void bias_backward(float* dbias, const float* dout, int N,
 extern "C" __global__ void fill_zero(float* p, long long n) {
     GS_LOOP(i, n) p[i] = 0.0f;
 }
+
+// ------------------------------------------------------------------------------------------
+// Deterministic forms (no floating-point atomics: the same inputs give the same bits, so a
+// graph-replayed step equals the eager one exactly), and AdamW with its bias corrections read
+// from device memory (a captured step reads the current step's, written before each replay).
+// ------------------------------------------------------------------------------------------
+
+// 19. layernorm_backward_partial: as layernorm_backward for dinp (ACCUMULATES), but each block
+//     WRITES its rows' weight and bias gradients to partials[blockIdx.x * 2C + c] (c < C:
+//     dweight, C <= c < 2C: dbias) instead of adding them atomically. Launch: the grid of
+//     layernorm_backward (G = gridDim.x blocks, 2*C*4 bytes of shared memory); partials holds
+//     G * 2 * C floats. column_sum_accumulate then adds the G partials in block order.
+extern "C" __global__ void layernorm_backward_partial(float* dinp, float* partials,
+                                                      const float* dout, const float* inp,
+                                                      const float* weight, const float* mean,
+                                                      const float* rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    extern __shared__ float lnp_smem[];
+    float* acc_dw = lnp_smem;
+    float* acc_db = lnp_smem + C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        acc_dw[c] = 0.0f;
+        acc_db[c] = 0.0f;
+    }
+    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
+        const float* x = inp + row * C;
+        const float* g = dout + row * C;
+        float* dx = dinp + row * C;
+        const float m = mean[row];
+        const float r = rstd[row];
+        float s_dnorm = 0.0f;
+        float s_dnorm_norm = 0.0f;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            const float norm = (x[c] - m) * r;
+            const float dnorm = g[c] * weight[c];
+            s_dnorm += dnorm;
+            s_dnorm_norm += dnorm * norm;
+        }
+        const float mean_dnorm = block_sum(s_dnorm) / (float)C;
+        const float mean_dnorm_norm = block_sum(s_dnorm_norm) / (float)C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            const float norm = (x[c] - m) * r;
+            const float go = g[c];
+            const float dnorm = go * weight[c];
+            dx[c] += (dnorm - mean_dnorm - norm * mean_dnorm_norm) * r;
+            acc_dw[c] += go * norm;
+            acc_db[c] += go;
+        }
+    }
+    float* out = partials + (long long)blockIdx.x * 2 * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        out[c] = acc_dw[c];
+        out[C + c] = acc_db[c];
+    }
+}
+
+// 20. column_sum_accumulate: dweight[c] += sum_g partials[g*2C + c], dbias[c] += sum_g
+//     partials[g*2C + C + c], summed in g order. One thread per column of the 2C: grid
+//     ceil(2C / 256), block 256.
+extern "C" __global__ void column_sum_accumulate(float* dweight, float* dbias,
+                                                 const float* partials, int G, int C) {
+    if (G <= 0 || C <= 0) return;
+    GS_LOOP(j, 2LL * C) {
+        float s = 0.0f;
+        for (int g = 0; g < G; ++g) s += partials[(long long)g * 2 * C + j];
+        if (j < C) {
+            dweight[j] += s;
+        } else {
+            dbias[j - C] += s;
+        }
+    }
+}
+
+// 21. encoder_backward_wpe: dwpe[t, c] += sum_b dout[b, t, c], b in order. One thread per
+//     (t, c): grid ceil(T*C / 256), block 256.
+extern "C" __global__ void encoder_backward_wpe(float* dwpe, const float* dout, int B, int T,
+                                                int C) {
+    if (B <= 0 || T <= 0 || C <= 0) return;
+    const long long TC = (long long)T * C;
+    GS_LOOP(i, TC) {
+        float s = 0.0f;
+        for (int b = 0; b < B; ++b) s += dout[(long long)b * TC + i];
+        dwpe[i] += s;
+    }
+}
+
+// 22. encoder_backward_wte: the positions of each distinct token, sorted on the host:
+//     for u < *n_unique, dwte[uniq[u], c] += sum over i in [starts[u], starts[u+1]) of
+//     dout[order[i], c], in i order. order: BT positions; uniq: n_unique token ids;
+//     starts: n_unique + 1 offsets; n_unique read from device memory (a captured step reads
+//     the current batch's). One thread per (u, c) up to BT*C: grid ceil(BT*C / 256), block 256.
+extern "C" __global__ void encoder_backward_wte(float* dwte, const float* dout, const int* order,
+                                                const int* starts, const int* uniq,
+                                                const int* n_unique, int BT, int C, int V) {
+    if (BT <= 0 || C <= 0) return;
+    const long long nu = (long long)min(max(*n_unique, 0), BT);
+    GS_LOOP(i, nu * C) {
+        const long long u = i / C;
+        const long long c = i % C;
+        const int tok = uniq[u];
+        if (tok < 0 || tok >= V) continue;
+        const int s0 = max(starts[u], 0);
+        const int s1 = min(starts[u + 1], BT);
+        float s = 0.0f;
+        for (int j = s0; j < s1; ++j) {
+            const int pos = order[j];
+            if (pos >= 0 && pos < BT) s += dout[(long long)pos * C + c];
+        }
+        dwte[(long long)tok * C + c] += s;
+    }
+}
+
+// 23. adamw_update_dev: adamw_update with corrections[0] = 1 - beta1^t and corrections[1] =
+//     1 - beta2^t read from device memory. Launch as adamw_update.
+extern "C" __global__ void adamw_update_dev(float* params, const float* grads, float* m, float* v,
+                                            long long n, float lr, float beta1, float beta2,
+                                            const float* corrections, float eps,
+                                            float weight_decay) {
+    const float bc1 = corrections[0];
+    const float bc2 = corrections[1];
+    const float step_size = lr / bc1;
+    const float bc2_sqrt = sqrtf(bc2);
+    GS_LOOP(i, n) {
+        float p = params[i];
+        const float g = grads[i];
+        p *= 1.0f - lr * weight_decay;
+        const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        p -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        params[i] = p;
+    }
+}

@@ -30,6 +30,9 @@ pub enum Error {
     /// The pool.
     #[error(transparent)]
     Pool(#[from] cudars_mempool::PoolError),
+    /// Capturing or replaying the step's graph.
+    #[error(transparent)]
+    Graph(#[from] cudars_graph::Error),
     /// A configuration that cannot be built.
     #[error("config: {0}")]
     Config(String),

@@ -5,8 +5,10 @@
 //!            writes DIR/weights.safetensors (config in its metadata) and DIR/tokens.safetensors
 //! gpt2 train --weights W --tokens T [--steps 10] [--batch 4] [--lr 1e-4] [--out losses.json]
 //!            [--grads-out G.safetensors]   (every parameter's gradient after step 1's backward)
+//! gpt2 bench [--config tiny|124m] [--batch 8] [--steps 20]
+//!            f32 ms per step, eager and graph-replayed, and the pool's peak reserved memory
 //! ```
-//! One JSON line per step: `{"step": i, "loss": x, "ms": t}`.
+//! One JSON line per training step: `{"step": i, "loss": x, "ms": t}`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -127,6 +129,7 @@ fn main() {
                 "usage: gpt2 init --config tiny|124m [--seed S] [--batch B] [--steps N] --out DIR"
             );
             println!("       gpt2 train --weights W --tokens T [--steps N] [--batch B] [--lr LR] [--out losses.json] [--grads-out G]");
+            println!("       gpt2 bench [--config tiny|124m] [--batch 8] [--steps 20]   (f32: ms/step eager and graph-replayed)");
         }
     }
 }

@@ -17,9 +17,7 @@ use crate::Result;
 /// The kernels of `kernels.cu`.
 struct Kernels {
     encoder_forward: Kernel,
-    encoder_backward: Kernel,
     layernorm_forward: Kernel,
-    layernorm_backward: Kernel,
     permute_qkv: Kernel,
     unpermute: Kernel,
     softmax_causal_forward: Kernel,
@@ -28,8 +26,12 @@ struct Kernels {
     permute_qkv_backward: Kernel,
     residual_forward: Kernel,
     crossentropy_forward_backward: Kernel,
-    adamw_update: Kernel,
     fill_zero: Kernel,
+    layernorm_backward_partial: Kernel,
+    column_sum_accumulate: Kernel,
+    encoder_backward_wpe: Kernel,
+    encoder_backward_wte: Kernel,
+    adamw_update_dev: Kernel,
 }
 
 impl Kernels {
@@ -42,9 +44,7 @@ impl Kernels {
         let k = |name: &str| module.kernel(name);
         Ok(Kernels {
             encoder_forward: k("encoder_forward")?,
-            encoder_backward: k("encoder_backward")?,
             layernorm_forward: k("layernorm_forward")?,
-            layernorm_backward: k("layernorm_backward")?,
             permute_qkv: k("permute_qkv")?,
             unpermute: k("unpermute")?,
             softmax_causal_forward: k("softmax_causal_forward")?,
@@ -53,8 +53,12 @@ impl Kernels {
             permute_qkv_backward: k("permute_qkv_backward")?,
             residual_forward: k("residual_forward")?,
             crossentropy_forward_backward: k("crossentropy_forward_backward")?,
-            adamw_update: k("adamw_update")?,
             fill_zero: k("fill_zero")?,
+            layernorm_backward_partial: k("layernorm_backward_partial")?,
+            column_sum_accumulate: k("column_sum_accumulate")?,
+            encoder_backward_wpe: k("encoder_backward_wpe")?,
+            encoder_backward_wte: k("encoder_backward_wte")?,
+            adamw_update_dev: k("adamw_update_dev")?,
         })
     }
 }
@@ -70,10 +74,15 @@ fn rows(n: usize) -> LaunchConfig {
     LaunchConfig::new((n as u32, 1, 1), (BLOCK, 1, 1))
 }
 
+/// Blocks of a layer-norm backward over `n` rows.
+fn ln_blocks(n: usize) -> usize {
+    n.clamp(1, 512)
+}
+
 /// `layernorm_backward`: at most 512 blocks over the rows, each summing its rows' weight and
 /// bias gradients in `2 * C` floats of shared memory.
 fn ln_backward(n: usize, c: usize) -> LaunchConfig {
-    let mut cfg = LaunchConfig::new((n.min(512) as u32, 1, 1), (BLOCK, 1, 1));
+    let mut cfg = LaunchConfig::new((ln_blocks(n) as u32, 1, 1), (BLOCK, 1, 1));
     cfg.shared_mem_bytes = (2 * c * 4) as u32;
     cfg
 }
@@ -248,6 +257,16 @@ pub struct Model {
     losses: DevicePtr,
     inputs: DevicePtr,
     targets: DevicePtr,
+    /// The batch's positions grouped by token (for the deterministic embedding backward):
+    /// `order` (BT positions), `starts` (BT + 1), `uniq` (BT), `n_unique` (1).
+    order: DevicePtr,
+    starts: DevicePtr,
+    uniq: DevicePtr,
+    n_unique: DevicePtr,
+    /// AdamW's bias corrections of the current step, `[1 - beta1^t, 1 - beta2^t]`.
+    corrections: DevicePtr,
+    /// The layer-norm backward's per-block weight and bias gradients.
+    ln_partials: DevicePtr,
     scratch: Scratch,
     step: u64,
 }
@@ -332,6 +351,12 @@ impl Model {
             losses: alloc(stream, bt)?,
             inputs: cudars_mempool::driver::malloc(stream, bt * 4)?,
             targets: cudars_mempool::driver::malloc(stream, bt * 4)?,
+            order: cudars_mempool::driver::malloc(stream, bt * 4)?,
+            starts: cudars_mempool::driver::malloc(stream, (bt + 1) * 4)?,
+            uniq: cudars_mempool::driver::malloc(stream, bt * 4)?,
+            n_unique: cudars_mempool::driver::malloc(stream, 4)?,
+            corrections: cudars_mempool::driver::malloc(stream, 8)?,
+            ln_partials: alloc(stream, ln_blocks(bt) * 2 * c)?,
             scratch,
             step: 0,
             cfg,
@@ -358,8 +383,83 @@ impl Model {
         {
             return Err(crate::Error::Token(*bad));
         }
+        // The previous step (eager or replayed) reads these buffers: let it finish.
+        self.stream.synchronize()?;
         self.inputs.copy_from_host(inputs)?;
         self.targets.copy_from_host(targets)?;
+        // Positions grouped by token, in position order within a token (a counting sort).
+        let v = self.cfg.vocab;
+        let mut count = vec![0u32; v + 1];
+        for &t in inputs {
+            count[t as usize + 1] += 1;
+        }
+        for i in 0..v {
+            count[i + 1] += count[i];
+        }
+        let mut next = count.clone();
+        let mut order = vec![0i32; bt];
+        for (pos, &t) in inputs.iter().enumerate() {
+            order[next[t as usize] as usize] = pos as i32;
+            next[t as usize] += 1;
+        }
+        let mut uniq = Vec::new();
+        let mut starts = Vec::new();
+        for tok in 0..v {
+            if count[tok + 1] > count[tok] {
+                uniq.push(tok as i32);
+                starts.push(count[tok] as i32);
+            }
+        }
+        starts.push(bt as i32);
+        let n_unique = uniq.len() as i32;
+        uniq.resize(bt, 0);
+        starts.resize(bt + 1, bt as i32);
+        self.order.copy_from_host(&order)?;
+        self.uniq.copy_from_host(&uniq)?;
+        self.starts.copy_from_host(&starts)?;
+        self.n_unique.copy_from_host(&[n_unique])?;
+        Ok(())
+    }
+
+    /// A layer norm's backward, deterministic: `dinp +=`, and the weight and bias gradients
+    /// added from per-block partial sums in block order.
+    #[allow(clippy::too_many_arguments, reason = "the layer norm's tensors")]
+    fn layernorm_backward(
+        &self,
+        dinp: &DevicePtr,
+        (dw, db): (&DevicePtr, &DevicePtr),
+        dout: &DevicePtr,
+        inp: &DevicePtr,
+        w: &DevicePtr,
+        (mean, rstd): (&DevicePtr, &DevicePtr),
+    ) -> Result<()> {
+        let bt = self.batch * self.cfg.seq;
+        let c = self.cfg.channels;
+        let k = &self.kernels;
+        // SAFETY: as in `forward`: the partials buffer holds ln_blocks(bt) * 2C floats, the
+        // grid's blocks.
+        unsafe {
+            k.layernorm_backward_partial.launch(
+                &self.stream,
+                &ln_backward(bt, c),
+                (
+                    dinp,
+                    &self.ln_partials,
+                    dout,
+                    inp,
+                    w,
+                    mean,
+                    rstd,
+                    bt as i32,
+                    c as i32,
+                ),
+            )?;
+            k.column_sum_accumulate.launch(
+                &self.stream,
+                &elementwise(2 * c),
+                (dw, db, &self.ln_partials, ln_blocks(bt) as i32, c as i32),
+            )?;
+        }
         Ok(())
     }
 
@@ -661,25 +761,14 @@ impl Model {
         .op_a(Op::T)
         .run(s)?;
         let last = &self.layers[self.cfg.layers - 1].residual3;
-        // SAFETY: as in `forward`.
-        unsafe {
-            k.layernorm_backward.launch(
-                s,
-                &ln_backward(bt, c),
-                (
-                    &sc.dresidual,
-                    &g.lnfw,
-                    &g.lnfb,
-                    &sc.dbt_c,
-                    last,
-                    &p.lnfw,
-                    &self.lnf_mean,
-                    &self.lnf_rstd,
-                    bt as i32,
-                    ci,
-                ),
-            )?;
-        }
+        self.layernorm_backward(
+            &sc.dresidual,
+            (&g.lnfw, &g.lnfb),
+            &sc.dbt_c,
+            last,
+            &p.lnfw,
+            (&self.lnf_mean, &self.lnf_rstd),
+        )?;
         for l in (0..self.cfg.layers).rev() {
             let a = &self.layers[l];
             let lp = &p.layers[l];
@@ -708,25 +797,14 @@ impl Model {
                 (c, 4 * c),
                 None,
             )?;
-            // SAFETY: as in `forward`.
-            unsafe {
-                k.layernorm_backward.launch(
-                    s,
-                    &ln_backward(bt, c),
-                    (
-                        &sc.dresidual,
-                        &lg.ln2w,
-                        &lg.ln2b,
-                        &sc.dbt_c,
-                        &a.residual2,
-                        &lp.ln2w,
-                        &a.ln2_mean,
-                        &a.ln2_rstd,
-                        bt as i32,
-                        ci,
-                    ),
-                )?;
-            }
+            self.layernorm_backward(
+                &sc.dresidual,
+                (&lg.ln2w, &lg.ln2b),
+                &sc.dbt_c,
+                &a.residual2,
+                &lp.ln2w,
+                (&a.ln2_mean, &a.ln2_rstd),
+            )?;
             // The attention projection.
             self.linear_backward(
                 &sc.dbt_c,
@@ -833,46 +911,61 @@ impl Model {
                 (c, 3 * c),
                 None,
             )?;
-            // SAFETY: as in `forward`.
-            unsafe {
-                k.layernorm_backward.launch(
-                    s,
-                    &ln_backward(bt, c),
-                    (
-                        &sc.dresidual,
-                        &lg.ln1w,
-                        &lg.ln1b,
-                        &sc.dbt_c,
-                        residual,
-                        &lp.ln1w,
-                        &a.ln1_mean,
-                        &a.ln1_rstd,
-                        bt as i32,
-                        ci,
-                    ),
-                )?;
-            }
+            self.layernorm_backward(
+                &sc.dresidual,
+                (&lg.ln1w, &lg.ln1b),
+                &sc.dbt_c,
+                residual,
+                &lp.ln1w,
+                (&a.ln1_mean, &a.ln1_rstd),
+            )?;
         }
-        // SAFETY: as in `forward`.
+        // SAFETY: as in `forward`; the grouped positions hold BT, BT + 1 and BT entries and
+        // the count of distinct tokens (set_batch).
         unsafe {
-            k.encoder_backward.launch(
+            k.encoder_backward_wpe.launch(
+                s,
+                &elementwise(t * c),
+                (&g.wpe, &sc.dresidual, bi, ti, ci),
+            )?;
+            k.encoder_backward_wte.launch(
                 s,
                 &elementwise(bt * c),
-                (&g.wte, &g.wpe, &sc.dresidual, &self.inputs, bi, ti, ci),
+                (
+                    &g.wte,
+                    &sc.dresidual,
+                    &self.order,
+                    &self.starts,
+                    &self.uniq,
+                    &self.n_unique,
+                    bt as i32,
+                    ci,
+                    self.cfg.vocab as i32,
+                ),
             )?;
         }
         Ok(())
     }
 
-    /// One AdamW step over every parameter (PyTorch's order: decay, moments, update).
-    pub fn update(&mut self, opt: &AdamW) -> Result<()> {
+    /// Counts a step and writes its AdamW bias corrections to the device (waits for the
+    /// stream: the previous step reads them). Call before [`apply_update`](Self::apply_update)
+    /// or before replaying a captured step.
+    pub fn begin_step(&mut self, opt: &AdamW) -> Result<()> {
         self.step += 1;
+        let c1 = 1.0 - (opt.beta1 as f64).powi(self.step as i32);
+        let c2 = 1.0 - (opt.beta2 as f64).powi(self.step as i32);
+        self.stream.synchronize()?;
+        self.corrections.copy_from_host(&[c1 as f32, c2 as f32])?;
+        Ok(())
+    }
+
+    /// Queues one AdamW step over every parameter (PyTorch's order: decay, moments, update),
+    /// with the corrections [`begin_step`](Self::begin_step) wrote.
+    pub fn apply_update(&self, opt: &AdamW) -> Result<()> {
         let n = param_count(&self.cfg);
-        let c1 = 1.0 - opt.beta1.powi(self.step as i32);
-        let c2 = 1.0 - opt.beta2.powi(self.step as i32);
-        // SAFETY: as in `forward`: four buffers of `n` f32.
+        // SAFETY: as in `forward`: four buffers of `n` f32 and the two corrections.
         unsafe {
-            self.kernels.adamw_update.launch(
+            self.kernels.adamw_update_dev.launch(
                 &self.stream,
                 &elementwise(n),
                 (
@@ -884,13 +977,38 @@ impl Model {
                     opt.lr,
                     opt.beta1,
                     opt.beta2,
-                    c1,
-                    c2,
+                    &self.corrections,
                     opt.eps,
                     opt.weight_decay,
                 ),
             )?;
         }
+        Ok(())
+    }
+
+    /// One AdamW step: [`begin_step`](Self::begin_step), then [`apply_update`](Self::apply_update).
+    pub fn update(&mut self, opt: &AdamW) -> Result<()> {
+        self.begin_step(opt)?;
+        self.apply_update(opt)
+    }
+
+    /// Captures one training step (forward, backward, AdamW with `opt`) into an executable
+    /// graph on the model's stream. Run one eager step first (the cuBLASLt plans and
+    /// workspaces are made then). Each replay: [`set_batch`](Self::set_batch),
+    /// [`begin_step`](Self::begin_step), then [`replay`](Self::replay).
+    pub fn capture_step(&self, opt: &AdamW) -> Result<cudars_graph::GraphExec> {
+        let graph =
+            cudars_graph::capture(&self.stream, cudars_graph::CaptureMode::ThreadLocal, |_| {
+                self.forward().map_err(cudars_graph::Error::other)?;
+                self.backward().map_err(cudars_graph::Error::other)?;
+                self.apply_update(opt).map_err(cudars_graph::Error::other)
+            })?;
+        Ok(graph.instantiate()?)
+    }
+
+    /// Replays a captured step on the model's stream.
+    pub fn replay(&self, exec: &cudars_graph::GraphExec) -> Result<()> {
+        exec.launch(&self.stream)?;
         Ok(())
     }
 
