@@ -239,7 +239,14 @@ pub fn gpu_bundle_into(dir: &Path) -> Result<()> {
     }
     // The GPT-2 example's program (`gpt2 bench`, `gpt2 train`), beside the examples.
     let gpt2 = cargo_json(
-        &["build", "-p", "gpt2", "--release", "--bins", "--message-format=json"],
+        &[
+            "build",
+            "-p",
+            "gpt2",
+            "--release",
+            "--bins",
+            "--message-format=json",
+        ],
         &env,
     )?;
     for a in artifacts(&gpt2) {

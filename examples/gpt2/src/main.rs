@@ -124,6 +124,73 @@ fn main() {
                 std::fs::write(out, json).unwrap();
             }
         }
+        "bench" => {
+            // ms per step, eager and graph-replayed, with the pool's peak reserved memory.
+            let cfg = match a.get("config").map(String::as_str) {
+                Some("tiny") => Config::tiny(),
+                _ => Config::gpt2_124m(),
+            };
+            let (batch, steps) = (get(&a, "batch", 8usize), get(&a, "steps", 20usize));
+            let params = init::init_params(&cfg, 1);
+            let weights: Vec<f32> = params.iter().flat_map(|t| t.to_f32().unwrap()).collect();
+            let tokens = init::tokens(&cfg, batch, steps + 3, 1);
+            let opt = AdamW::default();
+            let dev = Device::new(0).unwrap();
+            let stream = Stream::new(&dev).unwrap();
+            let mut model = Model::new(cfg, batch, &stream, &weights).unwrap();
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(|x, y| x.partial_cmp(y).unwrap());
+                v[v.len() / 2]
+            };
+            let mut eager = Vec::new();
+            for step in 0..steps + 3 {
+                let (inp, tgt) = init::batch(&tokens, step, batch, cfg.seq);
+                model.set_batch(&inp, &tgt).unwrap();
+                let t0 = Instant::now();
+                model.forward().unwrap();
+                model.backward().unwrap();
+                model.update(&opt).unwrap();
+                let loss = model.loss().unwrap();
+                if step >= 3 {
+                    eager.push(t0.elapsed().as_secs_f64() * 1e3);
+                }
+                if step == steps + 2 {
+                    println!("eager last loss {loss}");
+                }
+            }
+            let exec = model.capture_step(&opt).unwrap();
+            let mut replayed = Vec::new();
+            for step in 0..steps + 3 {
+                let (inp, tgt) = init::batch(&tokens, step, batch, cfg.seq);
+                model.set_batch(&inp, &tgt).unwrap();
+                model.begin_step(&opt).unwrap();
+                let t0 = Instant::now();
+                model.replay(&exec).unwrap();
+                let loss = model.loss().unwrap();
+                if step >= 3 {
+                    replayed.push(t0.elapsed().as_secs_f64() * 1e3);
+                }
+                if step == steps + 2 {
+                    println!("graph last loss {loss}");
+                }
+            }
+            let pool = cudars_mempool::driver::default_pool().unwrap();
+            let peak = pool
+                .stats(cudars_mempool::driver::device_id(&dev))
+                .unwrap()
+                .reserved
+                .peak;
+            let tokens_per_step = (batch * cfg.seq) as f64;
+            let (e, g) = (median(&mut eager), median(&mut replayed));
+            println!(
+                "gpt2 f32 {}L batch {batch}x{}: ours eager {e:.2} ms/step ({:.0} tok/s), graph-replayed {g:.2} ms/step ({:.0} tok/s), pool peak reserved {:.2} GiB",
+                cfg.layers,
+                cfg.seq,
+                tokens_per_step / e * 1e3,
+                tokens_per_step / g * 1e3,
+                peak as f64 / (1u64 << 30) as f64
+            );
+        }
         _ => {
             println!(
                 "usage: gpt2 init --config tiny|124m [--seed S] [--batch B] [--steps N] --out DIR"
