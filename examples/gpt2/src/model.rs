@@ -179,9 +179,6 @@ struct LayerActs {
     ln1_mean: DevicePtr,
     ln1_rstd: DevicePtr,
     qkv: DevicePtr,
-    q: DevicePtr,
-    k: DevicePtr,
-    v: DevicePtr,
     att: DevicePtr,
     atty_unperm: DevicePtr,
     residual2: DevicePtr,
@@ -195,7 +192,10 @@ struct LayerActs {
 
 /// Scratch of the forward and backward passes, reused by every layer.
 struct Scratch {
-    preatt: DevicePtr,
+    /// q, k, v of the layer being computed (the backward makes them again from `qkv`).
+    q: DevicePtr,
+    k: DevicePtr,
+    v: DevicePtr,
     atty: DevicePtr,
     proj: DevicePtr,
     // backward
@@ -208,7 +208,6 @@ struct Scratch {
     dk: DevicePtr,
     dv: DevicePtr,
     datt: DevicePtr,
-    dpreatt: DevicePtr,
 }
 
 /// AdamW's settings (PyTorch's `torch.optim.AdamW`).
@@ -305,9 +304,6 @@ impl Model {
                 ln1_mean: alloc(stream, bt)?,
                 ln1_rstd: alloc(stream, bt)?,
                 qkv: alloc(stream, bt * 3 * c)?,
-                q: alloc(stream, bt * c)?,
-                k: alloc(stream, bt * c)?,
-                v: alloc(stream, bt * c)?,
                 att: alloc(stream, b * nh * t * t)?,
                 atty_unperm: alloc(stream, bt * c)?,
                 residual2: alloc(stream, bt * c)?,
@@ -320,7 +316,9 @@ impl Model {
             });
         }
         let scratch = Scratch {
-            preatt: alloc(stream, b * nh * t * t)?,
+            q: alloc(stream, bt * c)?,
+            k: alloc(stream, bt * c)?,
+            v: alloc(stream, bt * c)?,
             atty: alloc(stream, bt * c)?,
             proj: alloc(stream, bt * c)?,
             dresidual: alloc(stream, bt * c)?,
@@ -332,7 +330,6 @@ impl Model {
             dk: alloc(stream, bt * c)?,
             dv: alloc(stream, bt * c)?,
             datt: alloc(stream, b * nh * t * t)?,
-            dpreatt: alloc(stream, b * nh * t * t)?,
         };
         Ok(Model {
             batch,
@@ -577,7 +574,7 @@ impl Model {
                 k.permute_qkv.launch(
                     s,
                     &elementwise(bt * c),
-                    (&a.q, &a.k, &a.v, &a.qkv, bi, ti, nhi, hsi),
+                    (&sc.q, &sc.k, &sc.v, &a.qkv, bi, ti, nhi, hsi),
                 )?;
             }
             let per = StridedBatch {
@@ -586,9 +583,9 @@ impl Model {
                 c: t * t,
             };
             Gemm::new(
-                Mat::<f32>::row_major(&a.q, t, hs),
-                Mat::row_major(&a.k, t, hs),
-                Mat::row_major(&sc.preatt, t, t),
+                Mat::<f32>::row_major(&sc.q, t, hs),
+                Mat::row_major(&sc.k, t, hs),
+                Mat::row_major(&a.att, t, t),
             )
             .op_b(Op::T)
             .run_strided_batched(s, b * nh, per)?;
@@ -598,12 +595,12 @@ impl Model {
                 k.softmax_causal_forward.launch(
                     s,
                     &rows(b * nh * t),
-                    (&a.att, &sc.preatt, scale, (b * nh) as i32, ti),
+                    (&a.att, &a.att, scale, (b * nh) as i32, ti),
                 )?;
             }
             Gemm::new(
                 Mat::<f32>::row_major(&a.att, t, t),
-                Mat::row_major(&a.v, t, hs),
+                Mat::row_major(&sc.v, t, hs),
                 Mat::row_major(&sc.atty, t, hs),
             )
             .run_strided_batched(
@@ -824,10 +821,19 @@ impl Model {
                 )?;
             }
             let bnh = b * nh;
+            // q, k, v again from the layer's saved qkv (not kept per layer: memory).
+            // SAFETY: as in `forward`.
+            unsafe {
+                k.permute_qkv.launch(
+                    s,
+                    &elementwise(bt * c),
+                    (&sc.q, &sc.k, &sc.v, &a.qkv, bi, ti, nhi, hsi),
+                )?;
+            }
             // atty = att v: datt = datty v^T, dv = att^T datty.
             Gemm::new(
                 Mat::<f32>::row_major(&sc.datty, t, hs),
-                Mat::row_major(&a.v, t, hs),
+                Mat::row_major(&sc.v, t, hs),
                 Mat::row_major(&sc.datt, t, t),
             )
             .op_b(Op::T)
@@ -861,13 +867,14 @@ impl Model {
                 k.softmax_causal_backward.launch(
                     s,
                     &rows(bnh * t),
-                    (&sc.dpreatt, &sc.datt, &a.att, scale, bnh as i32, ti),
+                    (&sc.datt, &sc.datt, &a.att, scale, bnh as i32, ti),
                 )?;
             }
-            // preatt = q k^T: dq = dpreatt k, dk = dpreatt^T q.
+            // preatt = q k^T: dq = dpreatt k, dk = dpreatt^T q (dpreatt in datt's buffer:
+            // the softmax backward works in place, row by row).
             Gemm::new(
-                Mat::<f32>::row_major(&sc.dpreatt, t, t),
-                Mat::row_major(&a.k, t, hs),
+                Mat::<f32>::row_major(&sc.datt, t, t),
+                Mat::row_major(&sc.k, t, hs),
                 Mat::row_major(&sc.dq, t, hs),
             )
             .run_strided_batched(
@@ -880,8 +887,8 @@ impl Model {
                 },
             )?;
             Gemm::new(
-                Mat::<f32>::row_major(&sc.dpreatt, t, t),
-                Mat::row_major(&a.q, t, hs),
+                Mat::<f32>::row_major(&sc.datt, t, t),
+                Mat::row_major(&sc.q, t, hs),
                 Mat::row_major(&sc.dk, t, hs),
             )
             .op_a(Op::T)
