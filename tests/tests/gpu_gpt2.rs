@@ -221,3 +221,85 @@ fn the_graph_replayed_step_gives_the_eager_losses_bit_for_bit() {
     );
     println!("graph-replayed losses equal the eager ones bit for bit over {STEPS} steps");
 }
+
+#[test]
+#[ignore = "needs two GPUs"]
+fn data_parallel_on_two_gpus_gives_the_single_gpu_loss_on_the_combined_batch() {
+    let _s = serial();
+    let devices = cudars_core::Device::all().unwrap();
+    assert!(
+        devices.len() >= 2,
+        "this test needs two GPUs, found {}",
+        devices.len()
+    );
+    let cfg = Config::tiny();
+    let params = init::init_params(&cfg, 5);
+    let weights: Vec<f32> = params.iter().flat_map(|t| t.to_f32().unwrap()).collect();
+    let steps = 5;
+    let combined = 2 * BATCH;
+    let tokens = init::tokens(&cfg, combined, steps, 5);
+    let opt = AdamW {
+        lr: 1e-3,
+        ..AdamW::default()
+    };
+    // One GPU, the combined batch.
+    let stream = Stream::new(&devices[0]).unwrap();
+    let mut single = Model::new(cfg, combined, &stream, &weights).unwrap();
+    let mut one = Vec::new();
+    for step in 0..steps {
+        let (inp, tgt) = init::batch(&tokens, step, combined, cfg.seq);
+        single.set_batch(&inp, &tgt).unwrap();
+        single.forward().unwrap();
+        single.backward().unwrap();
+        single.update(&opt).unwrap();
+        one.push(single.loss().unwrap() as f64);
+    }
+    // Two GPUs, half of it each, gradients summed by NCCL.
+    let comms = cudars_nccl::Communicator::init_all(&devices[..2]).unwrap();
+    let mut ranks: Vec<Model> = devices[..2]
+        .iter()
+        .map(|d| {
+            let s = Stream::new(d).unwrap();
+            let mut m = Model::new(cfg, BATCH, &s, &weights).unwrap();
+            m.set_world(2);
+            m
+        })
+        .collect();
+    let half = BATCH * cfg.seq;
+    let mut two = Vec::new();
+    for step in 0..steps {
+        let (inp, tgt) = init::batch(&tokens, step, combined, cfg.seq);
+        for (r, m) in ranks.iter().enumerate() {
+            m.set_batch(
+                &inp[r * half..(r + 1) * half],
+                &tgt[r * half..(r + 1) * half],
+            )
+            .unwrap();
+            m.forward().unwrap();
+            m.backward().unwrap();
+        }
+        cudars_nccl::group::group(|| {
+            for (m, c) in ranks.iter().zip(&comms) {
+                m.all_reduce_gradients(c)
+                    .map_err(|e| cudars_nccl::Error::InvalidArgument(e.to_string()))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let mut loss = 0f64;
+        for m in ranks.iter_mut() {
+            m.update(&opt).unwrap();
+            loss += m.loss().unwrap() as f64 / 2.0;
+        }
+        two.push(loss);
+    }
+    let worst = one
+        .iter()
+        .zip(&two)
+        .map(|(a, b)| (a - b).abs() / a.abs())
+        .fold(0f64, f64::max);
+    println!("single-GPU losses {one:?}");
+    println!("two-GPU losses    {two:?}");
+    println!("data parallel on 2 GPUs, {steps} steps: max relative difference from one GPU {worst:.2e} (bound 1e-4)");
+    assert!(worst <= 1e-4, "data parallel differs by {worst:.2e}");
+}

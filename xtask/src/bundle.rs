@@ -61,6 +61,7 @@ const TWO_GPU_TESTS: &[&str] = &[
     "launches_on_two_devices_with_the_other_current",
     "another_devices_view_and_stream_are_refused_when_there_are_two_devices",
     "an_operand_on_another_device_is_refused_before_anything_runs",
+    "data_parallel_on_two_gpus_gives_the_single_gpu_loss_on_the_combined_batch",
 ];
 
 /// Helper binaries that tests start as child processes; bundled in `helpers/`, never run as

@@ -30,6 +30,9 @@ pub enum Error {
     /// The pool.
     #[error(transparent)]
     Pool(#[from] cudars_mempool::PoolError),
+    /// An NCCL collective (data parallel).
+    #[error(transparent)]
+    Nccl(#[from] cudars_nccl::Error),
     /// Capturing or replaying the step's graph.
     #[error(transparent)]
     Graph(#[from] cudars_graph::Error),

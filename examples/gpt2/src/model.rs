@@ -268,6 +268,10 @@ pub struct Model {
     ln_partials: DevicePtr,
     scratch: Scratch,
     step: u64,
+    /// Ranks whose batches make up one step's batch (data parallel): the loss gradient is
+    /// scaled by `1 / (batch * seq * world)`, so summing the ranks' gradients gives the
+    /// gradient of the mean loss over the combined batch.
+    world: usize,
 }
 
 fn alloc(stream: &Stream, floats: usize) -> Result<DevicePtr> {
@@ -356,8 +360,36 @@ impl Model {
             ln_partials: alloc(stream, ln_blocks(bt) * 2 * c)?,
             scratch,
             step: 0,
+            world: 1,
             cfg,
         })
+    }
+
+    /// Makes this model one of `world` data-parallel ranks (see
+    /// [`all_reduce_gradients`](Self::all_reduce_gradients)); 1 by default.
+    pub fn set_world(&mut self, world: usize) {
+        self.world = world.max(1);
+    }
+
+    /// Sums every parameter's gradient over the ranks of `comm` (in place, on the model's
+    /// stream), after [`backward`](Self::backward) and before the update: with
+    /// [`set_world`](Self::set_world) each rank then holds the gradient of the mean loss over
+    /// the combined batch. One all-reduce of the one gradient block. Ranks driven from one
+    /// thread call it inside `cudars_nccl::group::group`.
+    pub fn all_reduce_gradients(&self, comm: &cudars_nccl::Communicator) -> Result<()> {
+        let n = param_count(&self.cfg);
+        comm.all_reduce_in_place::<f32>(
+            &self.grads.all,
+            n,
+            cudars_nccl::ReduceOp::Sum,
+            &self.stream,
+        )?;
+        Ok(())
+    }
+
+    /// The model's stream.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
     }
 
     /// The config.
@@ -709,7 +741,7 @@ impl Model {
                     bt as i32,
                     v as i32,
                     vp as i32,
-                    1.0 / bt as f32,
+                    1.0 / (bt * self.world) as f32,
                 ),
             )?;
         }
