@@ -500,6 +500,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   bench     every benchmark binary (their own output), then peers.py, rtc_peers.py,
 #             bench_dlpack.py and workload_bench.py
 #   rtc-bench bench_rtc and rtc_peers.py alone (cuda-rtc beside CuPy RawKernel and cuda.core)
+#   gpt2-bench the GPT-2 example's f32 step (ours eager and replayed) beside PyTorch f32
+#             (eager, CUDA graph, torch.compile), interleaved ours / theirs / ours
 #   blas-bench bench_blas alone (GEMM TFLOP/s, small-GEMM issue, captured GEMMs; it runs
 #             blas_peers.py first: torch.matmul, torch.cuda.graph and CuPy beside each row)
 #   graph-bench bench_graph_explicit and graph_peers.py alone (explicit graphs, conditional
@@ -669,6 +671,18 @@ case "$mode" in
     echo "CUDA_CUBLAS_LIBRARY=${CUDA_CUBLAS_LIBRARY:-unset}"
     echo "=== bench_blas"; "$here/bench/bench_blas" "${extra[@]}" || echo "(exit $?)"
     exit 0 ;;
+  gpt2-bench)
+    # The GPT-2 example's f32 training step (124M, batch 8 x 1024): ours eager and
+    # graph-replayed, then PyTorch f32 eager, CUDA graph and torch.compile on the same weights.
+    d="${TMPDIR:-/tmp}/cudars-gpt2-bench"
+    "$here/examples/gpt2" bench --config 124m --batch 8 --steps 10 || echo "(exit $?)"
+    "$here/examples/gpt2" init --config 124m --batch 8 --steps 20 --out "$d" || echo "(exit $?)"
+    for m in "" --cuda-graph --compile; do
+      python3 "$here/train_gpt2_ref.py" --weights "$d/weights.safetensors" --tokens "$d/tokens.safetensors" \
+        --batch 8 --dtype f32 --bench 10 $m | tail -n1 || echo "(exit $?)"
+    done
+    "$here/examples/gpt2" bench --config 124m --batch 8 --steps 10 || echo "(exit $?)"
+    exit 0 ;;
   graph-bench)
     # bench_graph_explicit, then the same loop and update through cuda.core (graph_peers.py).
     export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
@@ -712,7 +726,7 @@ case "$mode" in
       esac
     done; exit 0 ;;
   all) "$0" examples; run_tests; two_gpu; "$0" bench; ;;
-  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|blas-bench|graph-bench|dlpack-bench|workloads|examples|all] [args]"; exit 2 ;;
+  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|blas-bench|gpt2-bench|graph-bench|dlpack-bench|workloads|examples|all] [args]"; exit 2 ;;
 esac
 echo "GPU suite: $passed passed, $failed failed on $device"
 [ "$failed" -eq 0 ]

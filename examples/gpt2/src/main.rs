@@ -8,7 +8,8 @@
 //! gpt2 bench [--config tiny|124m] [--batch 8] [--steps 20]
 //!            f32 ms per step, eager and graph-replayed, and the pool's peak reserved memory
 //! ```
-//! One JSON line per training step: `{"step": i, "loss": x, "ms": t}`.
+//! One JSON line per training step: `{"step": i, "loss": x, "ms": t, "tok_s": n, "peak_bytes":
+//! p}` (the pool's peak reserved bytes so far).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -109,7 +110,14 @@ fn main() {
                 model.update(&opt).unwrap();
                 let loss = model.loss().unwrap();
                 let ms = t0.elapsed().as_secs_f64() * 1e3;
-                println!("{{\"step\": {step}, \"loss\": {loss}, \"ms\": {ms:.3}}}");
+                let tok_s = (batch * cfg.seq) as f64 / ms * 1e3;
+                let peak = cudars_mempool::driver::default_pool()
+                    .and_then(|p| p.stats(cudars_mempool::driver::device_id(&dev)))
+                    .map(|s| s.reserved.peak)
+                    .unwrap_or(0);
+                println!(
+                    "{{\"step\": {step}, \"loss\": {loss}, \"ms\": {ms:.3}, \"tok_s\": {tok_s:.0}, \"peak_bytes\": {peak}}}"
+                );
                 losses.push(loss);
             }
             if let Some(out) = a.get("out") {
