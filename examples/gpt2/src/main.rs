@@ -5,6 +5,7 @@
 //!            writes DIR/weights.safetensors (config in its metadata) and DIR/tokens.safetensors
 //! gpt2 train --weights W --tokens T [--steps 10] [--batch 4] [--lr 1e-4] [--out losses.json]
 //!            [--grads-out G.safetensors]   (every parameter's gradient after step 1's backward)
+//!            [--memory-report R.html]      (the pool's memory timeline of the run)
 //! gpt2 bench [--config tiny|124m] [--batch 8] [--steps 20]
 //!            f32 ms per step, eager and graph-replayed, and the pool's peak reserved memory
 //! ```
@@ -85,6 +86,16 @@ fn main() {
                 ..AdamW::default()
             };
             let dev = Device::new(0).unwrap();
+            // The memory timeline of the run (the pool's history), when asked for.
+            let recorder = a.get("memory-report").map(|_| {
+                let rec = std::sync::Arc::new(cudars_mempool::history::Recorder::new(
+                    1 << 20,
+                    cudars_mempool::history::Clock::Real,
+                ));
+                let pool = cudars_mempool::driver::default_pool().unwrap();
+                pool.start_history(std::sync::Arc::clone(&rec));
+                rec
+            });
             let stream = Stream::new(&dev).unwrap();
             let mut model = Model::new(cfg, batch, &stream, &weights).unwrap();
             let mut losses = Vec::new();
@@ -119,6 +130,20 @@ fn main() {
                     "{{\"step\": {step}, \"loss\": {loss}, \"ms\": {ms:.3}, \"tok_s\": {tok_s:.0}, \"peak_bytes\": {peak}}}"
                 );
                 losses.push(loss);
+            }
+            if let (Some(rec), Some(path)) = (&recorder, a.get("memory-report")) {
+                let history = rec.history();
+                let snapshot = history.snapshot();
+                let options = cudars_mempool::history::report::ReportOptions {
+                    title: format!("gpt2 training, {} steps, batch {batch}", steps),
+                    ..Default::default()
+                };
+                std::fs::write(
+                    path,
+                    cudars_mempool::history::report::html(&history, &snapshot, &options),
+                )
+                .unwrap();
+                println!("memory report: {path}");
             }
             if let Some(out) = a.get("out") {
                 let json = format!(
