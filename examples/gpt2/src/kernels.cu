@@ -22,15 +22,13 @@
 //
 // blockDim.x must be a multiple of 32 between 32 and 1024 for every kernel (the reductions are
 // warp shuffles with a full mask). 256 is the recommended value everywhere. blockDim.y and .z
-// and gridDim.y and .z must be 1, except gridDim.y of bias_backward.
+// and gridDim.y and .z must be 1.
 //
 // Launch shapes (grid = gridDim.x; block = blockDim.x; smem = dynamic shared bytes):
 //
 //   kernel                          grid                               block  smem
 //   encoder_forward                 ceil(B*T*C / 256)                  256    0
-//   encoder_backward                ceil(B*T*C / 256)                  256    0
 //   layernorm_forward               N  (one block per row)             256    0
-//   layernorm_backward              min(N, 512)  (rows grid-strided)   256    2*C*4
 //   permute_qkv                     ceil(B*T*C / 256)                  256    0
 //   unpermute                       ceil(B*T*C / 256)                  256    0
 //   softmax_causal_forward          BNH*T  (one block per row)         256    0
@@ -38,25 +36,26 @@
 //   unpermute_backward              ceil(B*T*C / 256)                  256    0
 //   permute_qkv_backward            ceil(B*T*3*C / 256)                256    0
 //   residual_forward                ceil(n / 256)                      256    0
-//   gelu_forward                    ceil(n / 256)                      256    0
-//   gelu_backward                   ceil(n / 256)                      256    0
-//   add_inplace                     ceil(n / 256)                      256    0
 //   crossentropy_forward_backward   BT  (one block per row)            256    0
-//   adamw_update                    ceil(n / 256)                      256    0
-//   bias_backward                   (ceil(OC / 32), Y), Y = 1 .. 64    256    0
 //   fill_zero                       ceil(n / 256)                      256    0
+//   layernorm_backward_partial      min(N, 512)  (rows grid-strided)   256    2*C*4
+//   column_sum_accumulate           ceil(2*C / 256)                    256    0
+//   encoder_backward_wpe            ceil(T*C / 256)                    256    0
+//   encoder_backward_wte            ceil(B*T*C / 256)                  256    0
+//   adamw_update_dev                ceil(n / 256)                      256    0
 //
 // A 1-D grid may have at most 2^31 - 1 blocks: cap the recommended grid there (the grid stride
-// covers the rest). layernorm_backward's 2*C*4 bytes of dynamic shared memory stay below the
-// default 48 KiB limit for C <= 6144. bias_backward's gridDim.y = Y splits the N rows into Y
-// groups (Y = min(ceil(N / 256), 64) is a good choice); with Y = 1 its result is
-// deterministic.
+// covers the rest). layernorm_backward_partial's 2*C*4 bytes of dynamic shared memory stay
+// below the default 48 KiB limit for C <= 6144.
+//
+// The backward kernels use no floating-point atomics: the same inputs give the same bits, so
+// a step replayed from a graph equals the eager one exactly.
 //
 // Accumulation (+=) versus overwrite:
-//   accumulate: encoder_backward (dwte, dwpe), layernorm_backward (dinp, dweight, dbias),
-//               bias_backward (dbias), add_inplace (a). Zero these buffers first where needed.
+//   accumulate: layernorm_backward_partial (dinp), column_sum_accumulate (dweight, dbias),
+//               encoder_backward_wpe (dwpe), encoder_backward_wte (dwte). Zero them first.
 //   overwrite:  everything else (softmax_causal_backward's dpreatt, unpermute_backward's dinp,
-//               permute_qkv_backward's dqkv, gelu_backward's dinp, crossentropy's logits, ...).
+//               permute_qkv_backward's dqkv, crossentropy's logits, ...).
 
 // ------------------------------------------------------------------------------------------
 // Helpers
@@ -138,25 +137,6 @@ extern "C" __global__ void encoder_forward(float* out, const int* inp, const flo
 }
 
 // ------------------------------------------------------------------------------------------
-// 2. encoder_backward: dwte[inp[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:] (atomics).
-//    Negative token ids are skipped for dwte.
-// ------------------------------------------------------------------------------------------
-extern "C" __global__ void encoder_backward(float* dwte, float* dwpe, const float* dout,
-                                            const int* inp, int B, int T, int C) {
-    if (B <= 0 || T <= 0 || C <= 0) return;
-    const long long n = (long long)B * T * C;
-    GS_LOOP(i, n) {
-        const long long bt = i / C;
-        const long long c = i - bt * C;
-        const long long t = bt % T;
-        const int tok = inp[bt];
-        const float g = dout[i];
-        if (tok >= 0) atomicAdd(&dwte[(long long)tok * C + c], g);
-        atomicAdd(&dwpe[t * C + c], g);
-    }
-}
-
-// ------------------------------------------------------------------------------------------
 // 3. layernorm_forward: one block per row (rows grid-strided). eps = 1e-5, biased variance
 //    (two passes: the mean, then the mean of squared deviations). mean[row] and rstd[row] are
 //    saved (either pointer may be null to skip it).
@@ -185,60 +165,6 @@ extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rst
             if (mean != nullptr) mean[row] = m;
             if (rstd != nullptr) rstd[row] = r;
         }
-    }
-}
-
-// ------------------------------------------------------------------------------------------
-// 4. layernorm_backward: ACCUMULATES into dinp, dweight, dbias.
-//    norm = (x - mean) * rstd; dnorm = dout * w;
-//    dinp += (dnorm - mean_c(dnorm) - norm * mean_c(dnorm * norm)) * rstd;
-//    dweight += sum_rows dout * norm; dbias += sum_rows dout.
-//    Each block handles rows blockIdx.x, blockIdx.x + gridDim.x, ..., summing its rows'
-//    dweight/dbias contributions in dynamic shared memory (2*C floats: thread k owns columns
-//    k, k + blockDim.x, ...), then adds them to the global ones with one atomicAdd per column.
-//    Dynamic shared memory: 2 * C * sizeof(float) bytes.
-// ------------------------------------------------------------------------------------------
-extern "C" __global__ void layernorm_backward(float* dinp, float* dweight, float* dbias,
-                                              const float* dout, const float* inp,
-                                              const float* weight, const float* mean,
-                                              const float* rstd, int N, int C) {
-    if (N <= 0 || C <= 0) return;
-    extern __shared__ float ln_smem[];
-    float* acc_dw = ln_smem;      // [C]
-    float* acc_db = ln_smem + C;  // [C]
-    // Each thread only ever touches its own columns of acc_dw/acc_db: no synchronisation.
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        acc_dw[c] = 0.0f;
-        acc_db[c] = 0.0f;
-    }
-    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
-        const float* x = inp + row * C;
-        const float* g = dout + row * C;
-        float* dx = dinp + row * C;
-        const float m = mean[row];
-        const float r = rstd[row];
-        float s_dnorm = 0.0f;
-        float s_dnorm_norm = 0.0f;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            const float norm = (x[c] - m) * r;
-            const float dnorm = g[c] * weight[c];
-            s_dnorm += dnorm;
-            s_dnorm_norm += dnorm * norm;
-        }
-        const float mean_dnorm = block_sum(s_dnorm) / (float)C;
-        const float mean_dnorm_norm = block_sum(s_dnorm_norm) / (float)C;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            const float norm = (x[c] - m) * r;
-            const float go = g[c];
-            const float dnorm = go * weight[c];
-            dx[c] += (dnorm - mean_dnorm - norm * mean_dnorm_norm) * r;
-            acc_dw[c] += go * norm;
-            acc_db[c] += go;
-        }
-    }
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        atomicAdd(&dweight[c], acc_dw[c]);
-        atomicAdd(&dbias[c], acc_db[c]);
     }
 }
 
@@ -385,44 +311,6 @@ extern "C" __global__ void residual_forward(float* out, const float* a, const fl
 }
 
 // ------------------------------------------------------------------------------------------
-// 12. gelu_forward: tanh approximation (PyTorch's gelu(approximate='tanh')). out may alias inp.
-// ------------------------------------------------------------------------------------------
-#define GELU_K0 0.7978845608028654f  // sqrt(2/pi)
-#define GELU_K1 0.044715f
-
-extern "C" __global__ void gelu_forward(float* out, const float* inp, long long n) {
-    GS_LOOP(i, n) {
-        const float x = inp[i];
-        const float u = GELU_K0 * (x + GELU_K1 * x * x * x);
-        out[i] = 0.5f * x * (1.0f + tanhf(u));
-    }
-}
-
-// ------------------------------------------------------------------------------------------
-// 13. gelu_backward: dinp = gelu'(inp) * dout (overwrite). dinp may alias dout (or inp): each
-//     thread reads its element of both inputs before writing it.
-// ------------------------------------------------------------------------------------------
-extern "C" __global__ void gelu_backward(float* dinp, const float* inp, const float* dout,
-                                         long long n) {
-    GS_LOOP(i, n) {
-        const float x = inp[i];
-        const float g = dout[i];
-        const float u = GELU_K0 * (x + GELU_K1 * x * x * x);
-        const float th = tanhf(u);
-        const float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * x * x);
-        const float d = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
-        dinp[i] = d * g;
-    }
-}
-
-// ------------------------------------------------------------------------------------------
-// 14. add_inplace: a += b.
-// ------------------------------------------------------------------------------------------
-extern "C" __global__ void add_inplace(float* a, const float* b, long long n) {
-    GS_LOOP(i, n) a[i] += b[i];
-}
-
-// ------------------------------------------------------------------------------------------
 // 15. crossentropy_forward_backward: one block per row (BT rows, grid-strided).
 //     p = softmax(logits[r, 0..V)); losses[r] = -log p[target];
 //     logits[r, j] <- (p_j - [j == target]) * dloss for j < V, 0 for V <= j < Vp (OVERWRITE).
@@ -459,63 +347,6 @@ extern "C" __global__ void crossentropy_forward_backward(float* logits, float* l
 }
 
 // ------------------------------------------------------------------------------------------
-// 16. adamw_update: PyTorch AdamW (torch.optim.AdamW, amsgrad=False, maximize=False):
-//     p *= 1 - lr*wd; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
-//     p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc1 = 1 - b1^step, bc2 = 1 - b2^step.
-// ------------------------------------------------------------------------------------------
-extern "C" __global__ void adamw_update(float* params, const float* grads, float* m, float* v,
-                                        long long n, float lr, float beta1, float beta2,
-                                        float beta1_correction, float beta2_correction,
-                                        float eps, float weight_decay) {
-    const float decay = 1.0f - lr * weight_decay;
-    const float step_size = lr / beta1_correction;
-    const float bc2_sqrt = sqrtf(beta2_correction);
-    GS_LOOP(i, n) {
-        const float g = grads[i];
-        float p = params[i] * decay;
-        const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        p -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
-        params[i] = p;
-    }
-}
-
-// ------------------------------------------------------------------------------------------
-// 17. bias_backward: dbias[o] += sum_n dout[n, o] (ACCUMULATE).
-//     Block: blockDim.x threads seen as 32 columns x (blockDim.x / 32) row lanes. Grid:
-//     gridDim.x = ceil(OC / 32) column tiles; gridDim.y = Y row groups (rows grid-strided over
-//     Y * blockDim.x / 32 lanes). Each block adds its partial sums with one atomicAdd per
-//     column; with gridDim.y == 1 the result is deterministic.
-// ------------------------------------------------------------------------------------------
-extern "C" __global__ void bias_backward(float* dbias, const float* dout, int N, int OC) {
-    if (N <= 0 || OC <= 0) return;
-    __shared__ float part[1024];
-    const int lane = threadIdx.x & 31;
-    const int rl = threadIdx.x >> 5;
-    const int nrl = blockDim.x >> 5;
-    for (long long tile = blockIdx.x; tile * 32 < OC; tile += gridDim.x) {
-        const long long col = tile * 32 + lane;
-        float s = 0.0f;
-        if (col < OC) {
-            for (long long r = (long long)blockIdx.y * nrl + rl; r < N;
-                 r += (long long)gridDim.y * nrl) {
-                s += dout[r * OC + col];
-            }
-        }
-        part[threadIdx.x] = s;
-        __syncthreads();
-        if (rl == 0 && col < OC) {
-            float t = 0.0f;
-            for (int k = 0; k < nrl; ++k) t += part[k * 32 + lane];
-            atomicAdd(&dbias[col], t);
-        }
-        __syncthreads();  // part[] is reused by the next tile
-    }
-}
-
-// ------------------------------------------------------------------------------------------
 // 18. fill_zero: p[0..n) = 0.
 // ------------------------------------------------------------------------------------------
 extern "C" __global__ void fill_zero(float* p, long long n) {
@@ -528,11 +359,14 @@ extern "C" __global__ void fill_zero(float* p, long long n) {
 // from device memory (a captured step reads the current step's, written before each replay).
 // ------------------------------------------------------------------------------------------
 
-// 19. layernorm_backward_partial: as layernorm_backward for dinp (ACCUMULATES), but each block
-//     WRITES its rows' weight and bias gradients to partials[blockIdx.x * 2C + c] (c < C:
-//     dweight, C <= c < 2C: dbias) instead of adding them atomically. Launch: the grid of
-//     layernorm_backward (G = gridDim.x blocks, 2*C*4 bytes of shared memory); partials holds
-//     G * 2 * C floats. column_sum_accumulate then adds the G partials in block order.
+// 19. layernorm_backward_partial: ACCUMULATES into dinp.
+//     norm = (x - mean) * rstd; dnorm = dout * w;
+//     dinp += (dnorm - mean_c(dnorm) - norm * mean_c(dnorm * norm)) * rstd.
+//     Each block handles rows blockIdx.x, blockIdx.x + gridDim.x, ..., summing its rows'
+//     weight and bias gradients (dout * norm, dout) in 2*C floats of dynamic shared memory,
+//     then WRITES them to partials[blockIdx.x * 2C + c] (c < C: dweight, C <= c < 2C: dbias);
+//     partials holds gridDim.x * 2 * C floats. column_sum_accumulate then adds the partials in
+//     block order.
 extern "C" __global__ void layernorm_backward_partial(float* dinp, float* partials,
                                                       const float* dout, const float* inp,
                                                       const float* weight, const float* mean,
@@ -633,8 +467,11 @@ extern "C" __global__ void encoder_backward_wte(float* dwte, const float* dout, 
     }
 }
 
-// 23. adamw_update_dev: adamw_update with corrections[0] = 1 - beta1^t and corrections[1] =
-//     1 - beta2^t read from device memory. Launch as adamw_update.
+// 23. adamw_update_dev: PyTorch's AdamW (torch.optim.AdamW, amsgrad=False): p *= 1 - lr*wd;
+//     m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
+//     p -= (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps), with bc1 = corrections[0] = 1 - beta1^t
+//     and bc2 = corrections[1] = 1 - beta2^t read from device memory (a replayed step reads
+//     the current step's).
 extern "C" __global__ void adamw_update_dev(float* params, const float* grads, float* m, float* v,
                                             long long n, float lr, float beta1, float beta2,
                                             const float* corrections, float eps,
