@@ -62,6 +62,7 @@ const TWO_GPU_TESTS: &[&str] = &[
     "another_devices_view_and_stream_are_refused_when_there_are_two_devices",
     "an_operand_on_another_device_is_refused_before_anything_runs",
     "data_parallel_on_two_gpus_gives_the_single_gpu_loss_on_the_combined_batch",
+    "one_process_per_gpu_through_the_rendezvous_gives_the_single_gpu_loss",
 ];
 
 /// Helper binaries that tests start as child processes; bundled in `helpers/`, never run as
@@ -500,7 +501,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   bench     every benchmark binary (their own output), then peers.py, rtc_peers.py,
 #             bench_dlpack.py and workload_bench.py
 #   rtc-bench bench_rtc and rtc_peers.py alone (cuda-rtc beside CuPy RawKernel and cuda.core)
-#   gpt2-bench the GPT-2 example's f32 step (ours eager and replayed) beside PyTorch f32
+#   gpt2-bench the GPT-2 example's step, f32 and bf16 (ours eager and replayed) beside PyTorch's
 #             (eager, CUDA graph, torch.compile), interleaved ours / theirs / ours
 #   blas-bench bench_blas alone (GEMM TFLOP/s, small-GEMM issue, captured GEMMs; it runs
 #             blas_peers.py first: torch.matmul, torch.cuda.graph and CuPy beside each row)
@@ -672,16 +673,23 @@ case "$mode" in
     echo "=== bench_blas"; "$here/bench/bench_blas" "${extra[@]}" || echo "(exit $?)"
     exit 0 ;;
   gpt2-bench)
-    # The GPT-2 example's f32 training step (124M, batch 8 x 1024): ours eager and
-    # graph-replayed, then PyTorch f32 eager, CUDA graph and torch.compile on the same weights.
+    # The GPT-2 example's training step (124M, batch 8 x 1024), f32 then bf16 mixed
+    # precision: ours eager and graph-replayed, then PyTorch eager, CUDA graph and
+    # torch.compile on the same weights (in bf16 also with F.scaled_dot_product_attention),
+    # then ours again. `run.sh gpt2-bench f32` or `bf16` runs one precision.
     d="${TMPDIR:-/tmp}/cudars-gpt2-bench"
-    "$here/examples/gpt2" bench --config 124m --batch 8 --steps 10 || echo "(exit $?)"
     "$here/examples/gpt2" init --config 124m --batch 8 --steps 20 --out "$d" || echo "(exit $?)"
-    for m in "" --cuda-graph --compile; do
-      python3 "$here/train_gpt2_ref.py" --weights "$d/weights.safetensors" --tokens "$d/tokens.safetensors" \
-        --batch 8 --dtype f32 --bench 10 $m | tail -n1 || echo "(exit $?)"
+    for dt in ${extra[@]:-f32 bf16}; do
+      "$here/examples/gpt2" bench --config 124m --batch 8 --steps 10 --dtype "$dt" || echo "(exit $?)"
+      attn=""; [ "$dt" = bf16 ] && attn="--sdpa"
+      for a in "" $attn; do
+        for m in "" --cuda-graph --compile; do
+          python3 "$here/train_gpt2_ref.py" --weights "$d/weights.safetensors" --tokens "$d/tokens.safetensors" \
+            --batch 8 --dtype "$dt" --bench 10 $m $a | tail -n1 || echo "(exit $?)"
+        done
+      done
+      "$here/examples/gpt2" bench --config 124m --batch 8 --steps 10 --dtype "$dt" || echo "(exit $?)"
     done
-    "$here/examples/gpt2" bench --config 124m --batch 8 --steps 10 || echo "(exit $?)"
     exit 0 ;;
   graph-bench)
     # bench_graph_explicit, then the same loop and update through cuda.core (graph_peers.py).

@@ -1,5 +1,5 @@
-// kernels.cu: the CUDA C++ kernels (f32) of the GPT-2 training example, compiled at run time
-// by cudars-rtc (NVRTC). The matrix products (the linear layers and the attention products
+// kernels.cu: the CUDA C++ kernels of the GPT-2 training example, compiled at run time by
+// cudars-rtc (NVRTC), once per precision. The matrix products (the linear layers and the attention products
 // q @ k^T and att @ v) are cuBLAS calls on the Rust side; this file holds everything else.
 //
 // SPDX-License-Identifier: MIT OR Apache-2.0
@@ -8,7 +8,11 @@
 //
 // Conventions
 // -----------
-// f32, row-major. B batch, T sequence length, C channels, NH heads, HS = C / NH head size,
+// Row-major. Activations, parameters as the matmuls read them, and gradients are floatX:
+// float, or bf16 (an unsigned short holding the upper half of a float) when the program is
+// compiled with -DGPT2_BF16. Every kernel computes in float: loads widen with ldx(), stores
+// round to nearest even with stx(). Means, reciprocal deviations, losses, layer-norm partial
+// sums, AdamW's master weights and moments are float in both. B batch, T sequence length, C channels, NH heads, HS = C / NH head size,
 // V vocabulary, Vp padded vocabulary (>= V, the row stride of the logits). N = B*T rows.
 // 'int' is 32-bit, 'long long' 64-bit; every kernel takes exactly the parameters listed in its
 // signature, in that order. No header is included (NVRTC needs none): compile with the default
@@ -42,6 +46,7 @@
 //   column_sum_accumulate           ceil(2*C / 256)                    256    0
 //   encoder_backward_wpe            ceil(T*C / 256)                    256    0
 //   encoder_backward_wte            ceil(B*T*C / 256)                  256    0
+//   adamw_begin_step                1                                  32     0
 //   adamw_update_dev                ceil(n / 256)                      256    0
 //
 // A 1-D grid may have at most 2^31 - 1 blocks: cap the recommended grid there (the grid stride
@@ -60,6 +65,22 @@
 // ------------------------------------------------------------------------------------------
 // Helpers
 // ------------------------------------------------------------------------------------------
+
+// floatX: the storage type of activations, parameters as the matmuls read them, and gradients.
+#ifdef GPT2_BF16
+typedef unsigned short floatX;
+__device__ __forceinline__ float ldx(floatX x) { return __uint_as_float(((unsigned)x) << 16); }
+__device__ __forceinline__ floatX stx(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (floatX)0x7fc0u;  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);                              // round to nearest even
+    return (floatX)(u >> 16);
+}
+#else
+typedef float floatX;
+__device__ __forceinline__ float ldx(floatX x) { return x; }
+__device__ __forceinline__ floatX stx(float f) { return f; }
+#endif
 
 // -infinity (no math.h under NVRTC): the identity of max.
 #define NEG_INF __int_as_float(0xff800000)
@@ -122,8 +143,8 @@ __device__ float block_max(float v) {
 //    Token ids must lie in [0, V): the kernel is not given V, so it cannot check the upper
 //    bound; a negative id contributes nothing from wte (out = wpe row).
 // ------------------------------------------------------------------------------------------
-extern "C" __global__ void encoder_forward(float* out, const int* inp, const float* wte,
-                                           const float* wpe, int B, int T, int C) {
+extern "C" __global__ void encoder_forward(floatX* out, const int* inp, const floatX* wte,
+                                           const floatX* wpe, int B, int T, int C) {
     if (B <= 0 || T <= 0 || C <= 0) return;
     const long long n = (long long)B * T * C;
     GS_LOOP(i, n) {
@@ -131,8 +152,8 @@ extern "C" __global__ void encoder_forward(float* out, const int* inp, const flo
         const long long c = i - bt * C;
         const long long t = bt % T;
         const int tok = inp[bt];
-        const float e = tok >= 0 ? wte[(long long)tok * C + c] : 0.0f;
-        out[i] = e + wpe[t * C + c];
+        const float e = tok >= 0 ? ldx(wte[(long long)tok * C + c]) : 0.0f;
+        out[i] = stx(e + ldx(wpe[t * C + c]));
     }
 }
 
@@ -141,25 +162,25 @@ extern "C" __global__ void encoder_forward(float* out, const int* inp, const flo
 //    (two passes: the mean, then the mean of squared deviations). mean[row] and rstd[row] are
 //    saved (either pointer may be null to skip it).
 // ------------------------------------------------------------------------------------------
-extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rstd,
-                                             const float* inp, const float* weight,
-                                             const float* bias, int N, int C) {
+extern "C" __global__ void layernorm_forward(floatX* out, float* mean, float* rstd,
+                                             const floatX* inp, const floatX* weight,
+                                             const floatX* bias, int N, int C) {
     if (N <= 0 || C <= 0) return;
     for (long long row = blockIdx.x; row < N; row += gridDim.x) {
-        const float* x = inp + row * C;
-        float* y = out + row * C;
+        const floatX* x = inp + row * C;
+        floatX* y = out + row * C;
         float s = 0.0f;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
+        for (int c = threadIdx.x; c < C; c += blockDim.x) s += ldx(x[c]);
         const float m = block_sum(s) / (float)C;
         float sq = 0.0f;
         for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            const float d = x[c] - m;
+            const float d = ldx(x[c]) - m;
             sq += d * d;
         }
         const float var = block_sum(sq) / (float)C;
         const float r = 1.0f / sqrtf(var + 1e-5f);
         for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            y[c] = (x[c] - m) * r * weight[c] + bias[c];
+            y[c] = stx((ldx(x[c]) - m) * r * ldx(weight[c]) + ldx(bias[c]));
         }
         if (threadIdx.x == 0) {
             if (mean != nullptr) mean[row] = m;
@@ -171,7 +192,7 @@ extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rst
 // ------------------------------------------------------------------------------------------
 // 5. permute_qkv: qkv (B,T,3,NH,HS) -> q, k, v each (B,NH,T,HS). One thread per element of q.
 // ------------------------------------------------------------------------------------------
-extern "C" __global__ void permute_qkv(float* q, float* k, float* v, const float* qkv, int B,
+extern "C" __global__ void permute_qkv(floatX* q, floatX* k, floatX* v, const floatX* qkv, int B,
                                        int T, int NH, int HS) {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
     const long long C = (long long)NH * HS;
@@ -194,7 +215,7 @@ extern "C" __global__ void permute_qkv(float* q, float* k, float* v, const float
 // ------------------------------------------------------------------------------------------
 // 6. unpermute: inp (B,NH,T,HS) -> out (B,T,NH,HS). One thread per element of out.
 // ------------------------------------------------------------------------------------------
-extern "C" __global__ void unpermute(float* out, const float* inp, int B, int T, int NH,
+extern "C" __global__ void unpermute(floatX* out, const floatX* inp, int B, int T, int NH,
                                      int HS) {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
     const long long n = (long long)B * T * NH * HS;
@@ -214,22 +235,22 @@ extern "C" __global__ void unpermute(float* out, const float* inp, int B, int T,
 // 7. softmax_causal_forward: one block per row (BNH*T rows, grid-strided); row t of block bh.
 //    att[j] = softmax_j(scale * preatt[j]) over j <= t; att[j] = 0 for j > t (written).
 // ------------------------------------------------------------------------------------------
-extern "C" __global__ void softmax_causal_forward(float* att, const float* preatt, float scale,
+extern "C" __global__ void softmax_causal_forward(floatX* att, const floatX* preatt, float scale,
                                                   int BNH, int T) {
     if (BNH <= 0 || T <= 0) return;
     const long long rows = (long long)BNH * T;
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const int t = (int)(row % T);
-        const float* x = preatt + row * T;
-        float* y = att + row * T;
+        const floatX* x = preatt + row * T;
+        floatX* y = att + row * T;
         float mx = NEG_INF;
-        for (int j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, scale * x[j]);
+        for (int j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, scale * ldx(x[j]));
         mx = block_max(mx);
         float s = 0.0f;
-        for (int j = threadIdx.x; j <= t; j += blockDim.x) s += expf(scale * x[j] - mx);
-        const float inv = 1.0f / block_sum(s);
+        for (int j = threadIdx.x; j <= t; j += blockDim.x) s += expf(scale * ldx(x[j]) - mx);
+        const float inv = 1.0f / block_sum(s);  // every read of the row happens before this
         for (int j = threadIdx.x; j < T; j += blockDim.x) {
-            y[j] = j <= t ? expf(scale * x[j] - mx) * inv : 0.0f;
+            y[j] = stx(j <= t ? expf(scale * ldx(x[j]) - mx) * inv : 0.0f);
         }
     }
 }
@@ -238,21 +259,21 @@ extern "C" __global__ void softmax_causal_forward(float* att, const float* preat
 // 8. softmax_causal_backward: one block per row (grid-strided). OVERWRITES dpreatt.
 //    dpreatt[j] = scale * att[j] * (datt[j] - sum_{i<=t} att[i]*datt[i]) for j <= t, else 0.
 // ------------------------------------------------------------------------------------------
-extern "C" __global__ void softmax_causal_backward(float* dpreatt, const float* datt,
-                                                   const float* att, float scale, int BNH,
+extern "C" __global__ void softmax_causal_backward(floatX* dpreatt, const floatX* datt,
+                                                   const floatX* att, float scale, int BNH,
                                                    int T) {
     if (BNH <= 0 || T <= 0) return;
     const long long rows = (long long)BNH * T;
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const int t = (int)(row % T);
-        const float* a = att + row * T;
-        const float* da = datt + row * T;
-        float* dp = dpreatt + row * T;
+        const floatX* a = att + row * T;
+        const floatX* da = datt + row * T;
+        floatX* dp = dpreatt + row * T;
         float s = 0.0f;
-        for (int j = threadIdx.x; j <= t; j += blockDim.x) s += a[j] * da[j];
+        for (int j = threadIdx.x; j <= t; j += blockDim.x) s += ldx(a[j]) * ldx(da[j]);
         s = block_sum(s);
         for (int j = threadIdx.x; j < T; j += blockDim.x) {
-            dp[j] = j <= t ? scale * a[j] * (da[j] - s) : 0.0f;
+            dp[j] = stx(j <= t ? scale * ldx(a[j]) * (ldx(da[j]) - s) : 0.0f);
         }
     }
 }
@@ -261,7 +282,7 @@ extern "C" __global__ void softmax_causal_backward(float* dpreatt, const float* 
 // 9. unpermute_backward: dout (B,T,NH,HS) -> dinp (B,NH,T,HS) (overwrite). One thread per
 //    element of dinp.
 // ------------------------------------------------------------------------------------------
-extern "C" __global__ void unpermute_backward(float* dinp, const float* dout, int B, int T,
+extern "C" __global__ void unpermute_backward(floatX* dinp, const floatX* dout, int B, int T,
                                               int NH, int HS) {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
     const long long n = (long long)B * T * NH * HS;
@@ -281,8 +302,8 @@ extern "C" __global__ void unpermute_backward(float* dinp, const float* dout, in
 // 10. permute_qkv_backward: dq, dk, dv (B,NH,T,HS) -> dqkv (B,T,3,NH,HS) (overwrite). One
 //     thread per element of dqkv.
 // ------------------------------------------------------------------------------------------
-extern "C" __global__ void permute_qkv_backward(float* dqkv, const float* dq, const float* dk,
-                                                const float* dv, int B, int T, int NH,
+extern "C" __global__ void permute_qkv_backward(floatX* dqkv, const floatX* dq, const floatX* dk,
+                                                const floatX* dv, int B, int T, int NH,
                                                 int HS) {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
     const long long n = (long long)B * T * 3 * NH * HS;
@@ -297,7 +318,7 @@ extern "C" __global__ void permute_qkv_backward(float* dqkv, const float* dq, co
         const long long t = rest % T;
         const long long b = rest / T;
         const long long src = ((b * NH + h) * T + t) * HS + d;
-        const float* from = which == 0 ? dq : (which == 1 ? dk : dv);
+        const floatX* from = which == 0 ? dq : (which == 1 ? dk : dv);
         dqkv[i] = from[src];
     }
 }
@@ -305,9 +326,9 @@ extern "C" __global__ void permute_qkv_backward(float* dqkv, const float* dq, co
 // ------------------------------------------------------------------------------------------
 // 11. residual_forward: out = a + b (out may alias a or b).
 // ------------------------------------------------------------------------------------------
-extern "C" __global__ void residual_forward(float* out, const float* a, const float* b,
+extern "C" __global__ void residual_forward(floatX* out, const floatX* a, const floatX* b,
                                             long long n) {
-    GS_LOOP(i, n) out[i] = a[i] + b[i];
+    GS_LOOP(i, n) out[i] = stx(ldx(a[i]) + ldx(b[i]));
 }
 
 // ------------------------------------------------------------------------------------------
@@ -317,31 +338,31 @@ extern "C" __global__ void residual_forward(float* out, const float* a, const fl
 //     A target outside [0, V) (e.g. PyTorch's ignore_index -100) is ignored: losses[r] = 0
 //     and the whole gradient row is 0 (dloss is the caller's: 1/BT for the mean over all rows).
 // ------------------------------------------------------------------------------------------
-extern "C" __global__ void crossentropy_forward_backward(float* logits, float* losses,
+extern "C" __global__ void crossentropy_forward_backward(floatX* logits, float* losses,
                                                          const int* targets, int BT, int V,
                                                          int Vp, float dloss) {
     if (BT <= 0 || V <= 0 || Vp < V) return;
     for (long long row = blockIdx.x; row < BT; row += gridDim.x) {
-        float* x = logits + row * Vp;
+        floatX* x = logits + row * Vp;
         const int target = targets[row];
         const bool valid = target >= 0 && target < V;
         // Read before the reductions: after the last one, threads start overwriting the row.
-        const float x_target = valid ? x[target] : 0.0f;
+        const float x_target = valid ? ldx(x[target]) : 0.0f;
         float mx = NEG_INF;
-        for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, x[j]);
+        for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, ldx(x[j]));
         mx = block_max(mx);
         float s = 0.0f;
-        for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(x[j] - mx);
+        for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(ldx(x[j]) - mx);
         s = block_sum(s);  // every read of the row happens before this barrier
         const float inv = 1.0f / s;
         if (threadIdx.x == 0) losses[row] = valid ? logf(s) + mx - x_target : 0.0f;
         for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
             float gj = 0.0f;
             if (valid && j < V) {
-                const float p = expf(x[j] - mx) * inv;
+                const float p = expf(ldx(x[j]) - mx) * inv;
                 gj = (p - (j == target ? 1.0f : 0.0f)) * dloss;
             }
-            x[j] = gj;
+            x[j] = stx(gj);
         }
     }
 }
@@ -349,8 +370,8 @@ extern "C" __global__ void crossentropy_forward_backward(float* logits, float* l
 // ------------------------------------------------------------------------------------------
 // 18. fill_zero: p[0..n) = 0.
 // ------------------------------------------------------------------------------------------
-extern "C" __global__ void fill_zero(float* p, long long n) {
-    GS_LOOP(i, n) p[i] = 0.0f;
+extern "C" __global__ void fill_zero(floatX* p, long long n) {
+    GS_LOOP(i, n) p[i] = stx(0.0f);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -367,9 +388,9 @@ extern "C" __global__ void fill_zero(float* p, long long n) {
 //     then WRITES them to partials[blockIdx.x * 2C + c] (c < C: dweight, C <= c < 2C: dbias);
 //     partials holds gridDim.x * 2 * C floats. column_sum_accumulate then adds the partials in
 //     block order.
-extern "C" __global__ void layernorm_backward_partial(float* dinp, float* partials,
-                                                      const float* dout, const float* inp,
-                                                      const float* weight, const float* mean,
+extern "C" __global__ void layernorm_backward_partial(floatX* dinp, float* partials,
+                                                      const floatX* dout, const floatX* inp,
+                                                      const floatX* weight, const float* mean,
                                                       const float* rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
     extern __shared__ float lnp_smem[];
@@ -380,26 +401,26 @@ extern "C" __global__ void layernorm_backward_partial(float* dinp, float* partia
         acc_db[c] = 0.0f;
     }
     for (long long row = blockIdx.x; row < N; row += gridDim.x) {
-        const float* x = inp + row * C;
-        const float* g = dout + row * C;
-        float* dx = dinp + row * C;
+        const floatX* x = inp + row * C;
+        const floatX* g = dout + row * C;
+        floatX* dx = dinp + row * C;
         const float m = mean[row];
         const float r = rstd[row];
         float s_dnorm = 0.0f;
         float s_dnorm_norm = 0.0f;
         for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            const float norm = (x[c] - m) * r;
-            const float dnorm = g[c] * weight[c];
+            const float norm = (ldx(x[c]) - m) * r;
+            const float dnorm = ldx(g[c]) * ldx(weight[c]);
             s_dnorm += dnorm;
             s_dnorm_norm += dnorm * norm;
         }
         const float mean_dnorm = block_sum(s_dnorm) / (float)C;
         const float mean_dnorm_norm = block_sum(s_dnorm_norm) / (float)C;
         for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            const float norm = (x[c] - m) * r;
-            const float go = g[c];
-            const float dnorm = go * weight[c];
-            dx[c] += (dnorm - mean_dnorm - norm * mean_dnorm_norm) * r;
+            const float norm = (ldx(x[c]) - m) * r;
+            const float go = ldx(g[c]);
+            const float dnorm = go * ldx(weight[c]);
+            dx[c] = stx(ldx(dx[c]) + (dnorm - mean_dnorm - norm * mean_dnorm_norm) * r);
             acc_dw[c] += go * norm;
             acc_db[c] += go;
         }
@@ -414,30 +435,30 @@ extern "C" __global__ void layernorm_backward_partial(float* dinp, float* partia
 // 20. column_sum_accumulate: dweight[c] += sum_g partials[g*2C + c], dbias[c] += sum_g
 //     partials[g*2C + C + c], summed in g order. One thread per column of the 2C: grid
 //     ceil(2C / 256), block 256.
-extern "C" __global__ void column_sum_accumulate(float* dweight, float* dbias,
+extern "C" __global__ void column_sum_accumulate(floatX* dweight, floatX* dbias,
                                                  const float* partials, int G, int C) {
     if (G <= 0 || C <= 0) return;
     GS_LOOP(j, 2LL * C) {
         float s = 0.0f;
         for (int g = 0; g < G; ++g) s += partials[(long long)g * 2 * C + j];
         if (j < C) {
-            dweight[j] += s;
+            dweight[j] = stx(ldx(dweight[j]) + s);
         } else {
-            dbias[j - C] += s;
+            dbias[j - C] = stx(ldx(dbias[j - C]) + s);
         }
     }
 }
 
 // 21. encoder_backward_wpe: dwpe[t, c] += sum_b dout[b, t, c], b in order. One thread per
 //     (t, c): grid ceil(T*C / 256), block 256.
-extern "C" __global__ void encoder_backward_wpe(float* dwpe, const float* dout, int B, int T,
+extern "C" __global__ void encoder_backward_wpe(floatX* dwpe, const floatX* dout, int B, int T,
                                                 int C) {
     if (B <= 0 || T <= 0 || C <= 0) return;
     const long long TC = (long long)T * C;
     GS_LOOP(i, TC) {
         float s = 0.0f;
-        for (int b = 0; b < B; ++b) s += dout[(long long)b * TC + i];
-        dwpe[i] += s;
+        for (int b = 0; b < B; ++b) s += ldx(dout[(long long)b * TC + i]);
+        dwpe[i] = stx(ldx(dwpe[i]) + s);
     }
 }
 
@@ -446,7 +467,7 @@ extern "C" __global__ void encoder_backward_wpe(float* dwpe, const float* dout, 
 //     dout[order[i], c], in i order. order: BT positions; uniq: n_unique token ids;
 //     starts: n_unique + 1 offsets; n_unique read from device memory (a captured step reads
 //     the current batch's). One thread per (u, c) up to BT*C: grid ceil(BT*C / 256), block 256.
-extern "C" __global__ void encoder_backward_wte(float* dwte, const float* dout, const int* order,
+extern "C" __global__ void encoder_backward_wte(floatX* dwte, const floatX* dout, const int* order,
                                                 const int* starts, const int* uniq,
                                                 const int* n_unique, int BT, int C, int V) {
     if (BT <= 0 || C <= 0) return;
@@ -461,28 +482,45 @@ extern "C" __global__ void encoder_backward_wte(float* dwte, const float* dout, 
         float s = 0.0f;
         for (int j = s0; j < s1; ++j) {
             const int pos = order[j];
-            if (pos >= 0 && pos < BT) s += dout[(long long)pos * C + c];
+            if (pos >= 0 && pos < BT) s += ldx(dout[(long long)pos * C + c]);
         }
-        dwte[(long long)tok * C + c] += s;
+        const long long at = (long long)tok * C + c;
+        dwte[at] = stx(ldx(dwte[at]) + s);
     }
+}
+
+// 22b. adamw_begin_step: one thread counts the step (*step += 1, from 0) and writes its bias
+//      corrections, corrections[0] = 1 - beta1^t and corrections[1] = 1 - beta2^t, computed
+//      in double like PyTorch's (Python float) bias corrections. Grid 1, block 32 (thread 0
+//      works). Launched before adamw_update_dev in the same stream (and graph).
+extern "C" __global__ void adamw_begin_step(int* step, float* corrections, float beta1,
+                                            float beta2) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const int t = *step + 1;
+    *step = t;
+    corrections[0] = (float)(1.0 - pow((double)beta1, (double)t));
+    corrections[1] = (float)(1.0 - pow((double)beta2, (double)t));
 }
 
 // 23. adamw_update_dev: PyTorch's AdamW (torch.optim.AdamW, amsgrad=False): p *= 1 - lr*wd;
 //     m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
 //     p -= (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps), with bc1 = corrections[0] = 1 - beta1^t
 //     and bc2 = corrections[1] = 1 - beta2^t read from device memory (a replayed step reads
-//     the current step's).
-extern "C" __global__ void adamw_update_dev(float* params, const float* grads, float* m, float* v,
-                                            long long n, float lr, float beta1, float beta2,
-                                            const float* corrections, float eps,
-                                            float weight_decay) {
+//     the current step's). params are the float master weights; params_x receives their
+//     floatX copy (the weights the matmuls read in bf16) unless it is params itself (f32);
+//     grads are floatX.
+extern "C" __global__ void adamw_update_dev(float* params, floatX* params_x, const floatX* grads,
+                                            float* m, float* v, long long n, float lr,
+                                            float beta1, float beta2, const float* corrections,
+                                            float eps, float weight_decay) {
     const float bc1 = corrections[0];
     const float bc2 = corrections[1];
     const float step_size = lr / bc1;
     const float bc2_sqrt = sqrtf(bc2);
+    const bool write_x = (const void*)params_x != (const void*)params;
     GS_LOOP(i, n) {
         float p = params[i];
-        const float g = grads[i];
+        const float g = ldx(grads[i]);
         p *= 1.0f - lr * weight_decay;
         const float mi = beta1 * m[i] + (1.0f - beta1) * g;
         const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
@@ -490,5 +528,6 @@ extern "C" __global__ void adamw_update_dev(float* params, const float* grads, f
         v[i] = vi;
         p -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
         params[i] = p;
+        if (write_x) params_x[i] = stx(p);
     }
 }

@@ -7,11 +7,15 @@
 //! * [`init`]: the configuration ([`init::Config::tiny`], [`init::Config::gpt2_124m`]), the
 //!   parameter list, the seeded initialisation and the training tokens.
 //! * [`safetensors`]: the weights file both sides read.
-//! * [`model::Model`]: forward, backward and AdamW on one device, f32.
+//! * [`model::Model`]: forward, backward and AdamW on one device, in f32 or bf16 mixed
+//!   precision ([`model::Precision`]); the whole step captured into a CUDA graph.
+//! * [`loader::Loader`]: batches uploaded through `cuda-xfer` on a second stream, overlapped
+//!   with the step before.
 //!
 //! Run `cargo run --release -p gpt2 -- --help`.
 
 pub mod init;
+pub mod loader;
 pub mod model;
 pub mod safetensors;
 
@@ -33,6 +37,9 @@ pub enum Error {
     /// An NCCL collective (data parallel).
     #[error(transparent)]
     Nccl(#[from] cudars_nccl::Error),
+    /// A host-to-device transfer of the loader.
+    #[error(transparent)]
+    Xfer(Box<cudars_xfer::Error>),
     /// Capturing or replaying the step's graph.
     #[error(transparent)]
     Graph(#[from] cudars_graph::Error),

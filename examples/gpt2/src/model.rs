@@ -1,13 +1,18 @@
 //! The model on the GPU: parameters, gradients, AdamW state and activations in one pool, the
-//! forward pass, the backward pass and the update, in f32.
+//! forward pass, the backward pass and the update, in f32 or in bf16 mixed precision
+//! ([`Precision`]).
 //!
 //! Layout (row-major, as `torch.nn.Linear` keeps its weights): activations `(B, T, C)`,
 //! attention `(B, NH, T, HS)`; every linear layer is `y = x W^T + b` through cuBLASLt with the
 //! bias (and for the MLP the GELU, keeping its input) fused as epilogues; the attention is two
 //! strided-batched GEMMs around a causal softmax kernel. The kernels are CUDA C++ in
-//! `kernels.cu`, compiled at run time by cuda-rtc.
+//! `kernels.cu`, compiled at run time by cuda-rtc (once per precision).
+//!
+//! In [`Precision::Bf16`] activations, gradients and the weights the matmuls read are bf16
+//! (the matmuls accumulate in f32, every kernel computes in f32); AdamW keeps f32 master
+//! weights and moments and writes the bf16 copy as it updates them.
 
-use cudars_blas::{Epilogue, Gemm, LtMatmul, Mat, Op, StridedBatch};
+use cudars_blas::{bf16, Element, Epilogue, Gemm, LtMatmul, Mat, Op, StridedBatch};
 use cudars_core::{Device, DevicePtr, LaunchConfig, Stream};
 use cudars_rtc::{Kernel, Program};
 
@@ -31,16 +36,17 @@ struct Kernels {
     column_sum_accumulate: Kernel,
     encoder_backward_wpe: Kernel,
     encoder_backward_wte: Kernel,
+    adamw_begin_step: Kernel,
     adamw_update_dev: Kernel,
 }
 
 impl Kernels {
-    fn load(dev: &Device) -> Result<Kernels> {
-        let module = Program::new(include_str!("kernels.cu"))
-            .name("gpt2_kernels.cu")
-            .device(dev)?
-            .compile()?
-            .load(dev)?;
+    fn load(dev: &Device, prec: Precision) -> Result<Kernels> {
+        let mut program = Program::new(include_str!("kernels.cu")).name("gpt2_kernels.cu");
+        if prec == Precision::Bf16 {
+            program = program.define("GPT2_BF16", 1);
+        }
+        let module = program.device(dev)?.compile()?.load(dev)?;
         let k = |name: &str| module.kernel(name);
         Ok(Kernels {
             encoder_forward: k("encoder_forward")?,
@@ -58,8 +64,31 @@ impl Kernels {
             column_sum_accumulate: k("column_sum_accumulate")?,
             encoder_backward_wpe: k("encoder_backward_wpe")?,
             encoder_backward_wte: k("encoder_backward_wte")?,
+            adamw_begin_step: k("adamw_begin_step")?,
             adamw_update_dev: k("adamw_update_dev")?,
         })
+    }
+}
+
+/// The precision of a model's activations, gradients and matmuls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Everything in f32 (the exact comparison with PyTorch).
+    #[default]
+    F32,
+    /// Mixed precision: bf16 activations, gradients and matmul inputs (f32 accumulation),
+    /// f32 master weights and AdamW moments (PyTorch's `torch.autocast(dtype=bfloat16)` with
+    /// f32 parameters is the reference).
+    Bf16,
+}
+
+impl Precision {
+    /// Bytes of one activation or gradient element.
+    pub fn size(self) -> usize {
+        match self {
+            Precision::F32 => 4,
+            Precision::Bf16 => 2,
+        }
     }
 }
 
@@ -116,11 +145,11 @@ struct Params {
 }
 
 impl Params {
-    /// Views of `block` laid out as `param_specs(cfg)`.
-    fn views(cfg: &Config, block: DevicePtr) -> Result<Params> {
+    /// Views of `block` laid out as `param_specs(cfg)`, `elem` bytes per element.
+    fn views(cfg: &Config, block: DevicePtr, elem: usize) -> Result<Params> {
         let mut at = 0usize;
         let mut next = |shape: &[usize]| -> Result<DevicePtr> {
-            let n: usize = shape.iter().product::<usize>() * 4;
+            let n: usize = shape.iter().product::<usize>() * elem;
             let v = block.slice(at..at + n)?;
             at += n;
             Ok(v)
@@ -171,6 +200,76 @@ pub fn param_count(cfg: &Config) -> usize {
         .iter()
         .map(|(_, s)| s.iter().product::<usize>())
         .sum()
+}
+
+/// The i32 words of a packed batch of `bt` positions: inputs, targets, order (`bt` each),
+/// starts (`bt + 1`), distinct tokens (`bt`) and their count (1).
+fn batch_words(bt: usize) -> usize {
+    5 * bt + 2
+}
+
+/// [`Model::pack_batch`] for a model of `cfg` and `batch` sequences: the inputs, the targets,
+/// then `order` (the positions sorted by token, in position order within a token), `starts`
+/// (where each distinct token's positions begin, then `bt` to the end), `uniq` (the distinct
+/// tokens, ascending, then zeros) and their count.
+pub fn pack_batch(
+    cfg: &Config,
+    batch: usize,
+    inputs: &[i32],
+    targets: &[i32],
+    out: &mut [i32],
+) -> Result<()> {
+    let bt = batch * cfg.seq;
+    if inputs.len() != bt || targets.len() != bt {
+        return Err(crate::Error::Layout(
+            "a batch of another size than batch * seq",
+        ));
+    }
+    if out.len() != batch_words(bt) {
+        return Err(crate::Error::Layout(
+            "a batch buffer of another size than batch_words",
+        ));
+    }
+    if let Some(bad) = inputs
+        .iter()
+        .chain(targets)
+        .find(|&&t| t < 0 || t as usize >= cfg.vocab)
+    {
+        return Err(crate::Error::Token(*bad));
+    }
+    let (inp, rest) = out.split_at_mut(bt);
+    let (tgt, rest) = rest.split_at_mut(bt);
+    let (order, rest) = rest.split_at_mut(bt);
+    let (starts, rest) = rest.split_at_mut(bt + 1);
+    let (uniq, n_unique) = rest.split_at_mut(bt);
+    inp.copy_from_slice(inputs);
+    tgt.copy_from_slice(targets);
+    // Positions grouped by token, in position order within a token (a counting sort).
+    let v = cfg.vocab;
+    let mut count = vec![0u32; v + 1];
+    for &t in inputs {
+        count[t as usize + 1] += 1;
+    }
+    for i in 0..v {
+        count[i + 1] += count[i];
+    }
+    let mut next = count.clone();
+    for (pos, &t) in inputs.iter().enumerate() {
+        order[next[t as usize] as usize] = pos as i32;
+        next[t as usize] += 1;
+    }
+    let mut u = 0usize;
+    for tok in 0..v {
+        if count[tok + 1] > count[tok] {
+            uniq[u] = tok as i32;
+            starts[u] = count[tok] as i32;
+            u += 1;
+        }
+    }
+    uniq[u..].fill(0);
+    starts[u..].fill(bt as i32);
+    n_unique[0] = u as i32;
+    Ok(())
 }
 
 /// One layer's saved activations.
@@ -240,10 +339,16 @@ impl Default for AdamW {
 /// GPT-2 on one device, for batches of `batch` sequences.
 pub struct Model {
     cfg: Config,
+    prec: Precision,
     batch: usize,
     stream: Stream,
     kernels: Kernels,
+    /// The f32 master weights (AdamW updates these).
     params: Params,
+    /// The weights the forward and backward passes read: `params` itself in f32, their bf16
+    /// copy (written by AdamW) in bf16.
+    params_x: Params,
+    /// Gradients, of the activation type.
     grads: Params,
     m: DevicePtr,
     v: DevicePtr,
@@ -254,115 +359,272 @@ pub struct Model {
     lnf_rstd: DevicePtr,
     logits: DevicePtr,
     losses: DevicePtr,
+    /// The current batch, one block of [`batch_words`](Model::batch_words) i32 (see
+    /// [`pack_batch`](Model::pack_batch)): inputs, targets, and the positions grouped by
+    /// token for the deterministic embedding backward.
+    data: DevicePtr,
     inputs: DevicePtr,
     targets: DevicePtr,
-    /// The batch's positions grouped by token (for the deterministic embedding backward):
     /// `order` (BT positions), `starts` (BT + 1), `uniq` (BT), `n_unique` (1).
     order: DevicePtr,
     starts: DevicePtr,
     uniq: DevicePtr,
     n_unique: DevicePtr,
-    /// AdamW's bias corrections of the current step, `[1 - beta1^t, 1 - beta2^t]`.
+    /// AdamW's step count (one i32 on the device, counted by the step itself so that a
+    /// replayed graph counts too) and the current step's bias corrections,
+    /// `[1 - beta1^t, 1 - beta2^t]`.
+    step_count: DevicePtr,
     corrections: DevicePtr,
-    /// The layer-norm backward's per-block weight and bias gradients.
+    /// The layer-norm backward's per-block weight and bias gradients (f32).
     ln_partials: DevicePtr,
     scratch: Scratch,
-    step: u64,
     /// Ranks whose batches make up one step's batch (data parallel): the loss gradient is
     /// scaled by `1 / (batch * seq * world)`, so summing the ranks' gradients gives the
     /// gradient of the mean loss over the combined batch.
     world: usize,
 }
 
-fn alloc(stream: &Stream, floats: usize) -> Result<DevicePtr> {
-    let p = cudars_mempool::driver::malloc(stream, floats * 4)?;
+/// `bytes` of the default pool on `stream`, zeroed.
+fn alloc(stream: &Stream, bytes: usize) -> Result<DevicePtr> {
+    let p = cudars_mempool::driver::malloc(stream, bytes)?;
     p.memset_async(0, stream)?;
     Ok(p)
 }
 
+/// One matrix product of the model, row-major, in the model's precision (see [`Model::mm`]):
+/// `C = op(A) op(B)` through cuBLAS (`Gemm`) or, with [`lt`](Mm::lt), cuBLASLt with an
+/// epilogue.
+#[derive(Clone, Copy)]
+struct Mm<'a> {
+    a: (&'a DevicePtr, usize, usize),
+    op_a: Op,
+    b: (&'a DevicePtr, usize, usize),
+    op_b: Op,
+    c: (&'a DevicePtr, usize, usize),
+    lt: bool,
+    epilogue: Epilogue,
+    bias: Option<&'a DevicePtr>,
+    aux: Option<(&'a DevicePtr, usize)>,
+    batch: Option<(usize, StridedBatch)>,
+}
+
+impl<'a> Mm<'a> {
+    fn new(
+        a: (&'a DevicePtr, usize, usize),
+        b: (&'a DevicePtr, usize, usize),
+        c: (&'a DevicePtr, usize, usize),
+    ) -> Self {
+        Mm {
+            a,
+            op_a: Op::N,
+            b,
+            op_b: Op::N,
+            c,
+            lt: false,
+            epilogue: Epilogue::None,
+            bias: None,
+            aux: None,
+            batch: None,
+        }
+    }
+    fn ta(self) -> Self {
+        Mm {
+            op_a: Op::T,
+            ..self
+        }
+    }
+    fn tb(self) -> Self {
+        Mm {
+            op_b: Op::T,
+            ..self
+        }
+    }
+    /// Through cuBLASLt with `epilogue` (its bias and auxiliary buffer set by the caller).
+    fn lt(self, epilogue: Epilogue) -> Self {
+        Mm {
+            lt: true,
+            epilogue,
+            ..self
+        }
+    }
+    /// `count` products, the i-th matrices `i * stride` elements after the first.
+    fn batched(self, count: usize, strides: StridedBatch) -> Self {
+        Mm {
+            batch: Some((count, strides)),
+            ..self
+        }
+    }
+
+    fn run<T: Element>(&self, stream: &Stream) -> Result<()> {
+        let mat = |(p, r, c): (&'a DevicePtr, usize, usize)| Mat::<T>::row_major(p, r, c);
+        if self.lt {
+            let mut mm = LtMatmul::new(mat(self.a), mat(self.b), mat(self.c))
+                .op_a(self.op_a)
+                .op_b(self.op_b)
+                .epilogue(self.epilogue);
+            if let Some(b) = self.bias {
+                mm = mm.bias(b);
+            }
+            if let Some((a, ld)) = self.aux {
+                mm = mm.aux(a, ld);
+            }
+            match self.batch {
+                None => mm.run(stream)?,
+                Some((n, st)) => mm.run_strided_batched(stream, n, st)?,
+            }
+        } else {
+            let g = Gemm::new(mat(self.a), mat(self.b), mat(self.c))
+                .op_a(self.op_a)
+                .op_b(self.op_b);
+            match self.batch {
+                None => g.run(stream)?,
+                Some((n, st)) => g.run_strided_batched(stream, n, st)?,
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Model {
     /// The model of `cfg` on `stream`'s device with the parameters `weights` (f32, in
-    /// `param_specs` order and shapes), for batches of `batch` sequences. Everything lives in
-    /// the default pool.
+    /// `param_specs` order and shapes), for batches of `batch` sequences, in f32. Everything
+    /// lives in the default pool.
     pub fn new(cfg: Config, batch: usize, stream: &Stream, weights: &[f32]) -> Result<Model> {
+        Model::with_precision(cfg, batch, stream, weights, Precision::F32)
+    }
+
+    /// [`new`](Model::new) in the precision `prec`.
+    pub fn with_precision(
+        cfg: Config,
+        batch: usize,
+        stream: &Stream,
+        weights: &[f32],
+        prec: Precision,
+    ) -> Result<Model> {
         cfg.validate()
             .map_err(|e| crate::Error::Config(format!("{e:?}")))?;
+        if batch == 0 {
+            return Err(crate::Error::Config("a batch of 0 sequences".into()));
+        }
         let n = param_count(&cfg);
         if weights.len() != n {
             return Err(crate::Error::Layout(
                 "weights of another size than the config's",
             ));
         }
+        let x = prec.size();
         let dev = stream.device();
-        let kernels = Kernels::load(&dev)?;
-        let pblock = alloc(stream, n)?;
+        let kernels = Kernels::load(&dev, prec)?;
+        let pblock = alloc(stream, n * 4)?;
         pblock.copy_from_host(weights)?;
-        let params = Params::views(&cfg, pblock)?;
-        let grads = Params::views(&cfg, alloc(stream, n)?)?;
+        let params = Params::views(&cfg, pblock, 4)?;
+        let params_x = match prec {
+            Precision::F32 => params.clone(),
+            Precision::Bf16 => {
+                let copy: Vec<bf16> = weights.iter().map(|&w| bf16::from_f32(w)).collect();
+                let block = alloc(stream, n * 2)?;
+                block.copy_from_host(&copy)?;
+                Params::views(&cfg, block, 2)?
+            }
+        };
+        let grads = Params::views(&cfg, alloc(stream, n * x)?, x)?;
         let (b, t, c, nh, vp) = (batch, cfg.seq, cfg.channels, cfg.heads, cfg.padded_vocab);
         let bt = b * t;
+        // Activations of the model's type, and f32 statistics.
+        let ax = |elems: usize| alloc(stream, elems * x);
+        let f = |elems: usize| alloc(stream, elems * 4);
         let mut layers = Vec::with_capacity(cfg.layers);
         for _ in 0..cfg.layers {
             layers.push(LayerActs {
-                ln1: alloc(stream, bt * c)?,
-                ln1_mean: alloc(stream, bt)?,
-                ln1_rstd: alloc(stream, bt)?,
-                qkv: alloc(stream, bt * 3 * c)?,
-                att: alloc(stream, b * nh * t * t)?,
-                atty_unperm: alloc(stream, bt * c)?,
-                residual2: alloc(stream, bt * c)?,
-                ln2: alloc(stream, bt * c)?,
-                ln2_mean: alloc(stream, bt)?,
-                ln2_rstd: alloc(stream, bt)?,
-                fch: alloc(stream, bt * 4 * c)?,
-                fch_gelu: alloc(stream, bt * 4 * c)?,
-                residual3: alloc(stream, bt * c)?,
+                ln1: ax(bt * c)?,
+                ln1_mean: f(bt)?,
+                ln1_rstd: f(bt)?,
+                qkv: ax(bt * 3 * c)?,
+                att: ax(b * nh * t * t)?,
+                atty_unperm: ax(bt * c)?,
+                residual2: ax(bt * c)?,
+                ln2: ax(bt * c)?,
+                ln2_mean: f(bt)?,
+                ln2_rstd: f(bt)?,
+                fch: ax(bt * 4 * c)?,
+                fch_gelu: ax(bt * 4 * c)?,
+                residual3: ax(bt * c)?,
             });
         }
         let scratch = Scratch {
-            q: alloc(stream, bt * c)?,
-            k: alloc(stream, bt * c)?,
-            v: alloc(stream, bt * c)?,
-            atty: alloc(stream, bt * c)?,
-            proj: alloc(stream, bt * c)?,
-            dresidual: alloc(stream, bt * c)?,
-            dbt_c: alloc(stream, bt * c)?,
-            dfch: alloc(stream, bt * 4 * c)?,
-            dqkv: alloc(stream, bt * 3 * c)?,
-            datty: alloc(stream, bt * c)?,
-            dq: alloc(stream, bt * c)?,
-            dk: alloc(stream, bt * c)?,
-            dv: alloc(stream, bt * c)?,
-            datt: alloc(stream, b * nh * t * t)?,
+            q: ax(bt * c)?,
+            k: ax(bt * c)?,
+            v: ax(bt * c)?,
+            atty: ax(bt * c)?,
+            proj: ax(bt * c)?,
+            dresidual: ax(bt * c)?,
+            dbt_c: ax(bt * c)?,
+            dfch: ax(bt * 4 * c)?,
+            dqkv: ax(bt * 3 * c)?,
+            datty: ax(bt * c)?,
+            dq: ax(bt * c)?,
+            dk: ax(bt * c)?,
+            dv: ax(bt * c)?,
+            datt: ax(b * nh * t * t)?,
         };
+        let data = alloc(stream, batch_words(bt) * 4)?;
+        let mut at = 0usize;
+        let mut part = |words: usize| -> Result<DevicePtr> {
+            let v = data.slice(at * 4..(at + words) * 4)?;
+            at += words;
+            Ok(v)
+        };
+        let (inputs, targets, order) = (part(bt)?, part(bt)?, part(bt)?);
+        let (starts, uniq, n_unique) = (part(bt + 1)?, part(bt)?, part(1)?);
         Ok(Model {
+            prec,
             batch,
             stream: stream.clone(),
             kernels,
             params,
+            params_x,
             grads,
-            m: alloc(stream, n)?,
-            v: alloc(stream, n)?,
-            encoded: alloc(stream, bt * c)?,
+            m: f(n)?,
+            v: f(n)?,
+            encoded: ax(bt * c)?,
             layers,
-            lnf: alloc(stream, bt * c)?,
-            lnf_mean: alloc(stream, bt)?,
-            lnf_rstd: alloc(stream, bt)?,
-            logits: alloc(stream, bt * vp)?,
-            losses: alloc(stream, bt)?,
-            inputs: cudars_mempool::driver::malloc(stream, bt * 4)?,
-            targets: cudars_mempool::driver::malloc(stream, bt * 4)?,
-            order: cudars_mempool::driver::malloc(stream, bt * 4)?,
-            starts: cudars_mempool::driver::malloc(stream, (bt + 1) * 4)?,
-            uniq: cudars_mempool::driver::malloc(stream, bt * 4)?,
-            n_unique: cudars_mempool::driver::malloc(stream, 4)?,
-            corrections: cudars_mempool::driver::malloc(stream, 8)?,
-            ln_partials: alloc(stream, ln_blocks(bt) * 2 * c)?,
+            lnf: ax(bt * c)?,
+            lnf_mean: f(bt)?,
+            lnf_rstd: f(bt)?,
+            logits: ax(bt * vp)?,
+            losses: f(bt)?,
+            data,
+            inputs,
+            targets,
+            order,
+            starts,
+            uniq,
+            n_unique,
+            step_count: f(1)?,
+            corrections: f(2)?,
+            ln_partials: f(ln_blocks(bt) * 2 * c)?,
             scratch,
-            step: 0,
             world: 1,
             cfg,
         })
+    }
+
+    /// The model's precision.
+    pub fn precision(&self) -> Precision {
+        self.prec
+    }
+
+    /// Sequences per batch.
+    pub fn batch_size(&self) -> usize {
+        self.batch
+    }
+
+    /// Runs `mm` in the model's precision on its stream.
+    fn mm(&self, mm: Mm<'_>) -> Result<()> {
+        match self.prec {
+            Precision::F32 => mm.run::<f32>(&self.stream),
+            Precision::Bf16 => mm.run::<bf16>(&self.stream),
+        }
     }
 
     /// Makes this model one of `world` data-parallel ranks (see
@@ -378,12 +640,11 @@ impl Model {
     /// thread call it inside `cudars_nccl::group::group`.
     pub fn all_reduce_gradients(&self, comm: &cudars_nccl::Communicator) -> Result<()> {
         let n = param_count(&self.cfg);
-        comm.all_reduce_in_place::<f32>(
-            &self.grads.all,
-            n,
-            cudars_nccl::ReduceOp::Sum,
-            &self.stream,
-        )?;
+        let (g, op, s) = (&self.grads.all, cudars_nccl::ReduceOp::Sum, &self.stream);
+        match self.prec {
+            Precision::F32 => comm.all_reduce_in_place::<f32>(g, n, op, s)?,
+            Precision::Bf16 => comm.all_reduce_in_place::<bf16>(g, n, op, s)?,
+        }
         Ok(())
     }
 
@@ -397,56 +658,36 @@ impl Model {
         &self.cfg
     }
 
-    /// Uploads a batch (`batch * seq` input tokens and their targets).
+    /// Writes a batch (`batch * seq` input tokens and their targets) into `out`, a block of
+    /// [`batch_words`](Model::batch_words) i32 as the model's batch buffer holds it: the
+    /// inputs, the targets, and the positions grouped by token (a counting sort: `order`, the
+    /// `starts` of each distinct token, the distinct tokens `uniq` and their count) that the
+    /// deterministic embedding backward reads. Host work only: a loader does it while the
+    /// device runs the previous step ([`Loader`](crate::loader::Loader)).
+    pub fn pack_batch(&self, inputs: &[i32], targets: &[i32], out: &mut [i32]) -> Result<()> {
+        pack_batch(&self.cfg, self.batch, inputs, targets, out)
+    }
+
+    /// The i32 words of one packed batch (see [`pack_batch`](Model::pack_batch)).
+    pub fn batch_words(&self) -> usize {
+        batch_words(self.batch * self.cfg.seq)
+    }
+
+    /// The device buffer the step reads its batch from ([`batch_words`](Model::batch_words)
+    /// i32): a loader copies packed batches into it, in the model's stream order.
+    pub fn batch_buffer(&self) -> &DevicePtr {
+        &self.data
+    }
+
+    /// Uploads a batch (`batch * seq` input tokens and their targets), synchronously: waits
+    /// for the previous step (eager or replayed), which reads the batch buffer. A
+    /// [`Loader`](crate::loader::Loader) uploads on a second stream instead, overlapped with
+    /// the previous step.
     pub fn set_batch(&self, inputs: &[i32], targets: &[i32]) -> Result<()> {
-        let bt = self.batch * self.cfg.seq;
-        if inputs.len() != bt || targets.len() != bt {
-            return Err(crate::Error::Layout(
-                "a batch of another size than batch * seq",
-            ));
-        }
-        if let Some(bad) = inputs
-            .iter()
-            .chain(targets)
-            .find(|&&t| t < 0 || t as usize >= self.cfg.vocab)
-        {
-            return Err(crate::Error::Token(*bad));
-        }
-        // The previous step (eager or replayed) reads these buffers: let it finish.
+        let mut packed = vec![0i32; self.batch_words()];
+        self.pack_batch(inputs, targets, &mut packed)?;
         self.stream.synchronize()?;
-        self.inputs.copy_from_host(inputs)?;
-        self.targets.copy_from_host(targets)?;
-        // Positions grouped by token, in position order within a token (a counting sort).
-        let v = self.cfg.vocab;
-        let mut count = vec![0u32; v + 1];
-        for &t in inputs {
-            count[t as usize + 1] += 1;
-        }
-        for i in 0..v {
-            count[i + 1] += count[i];
-        }
-        let mut next = count.clone();
-        let mut order = vec![0i32; bt];
-        for (pos, &t) in inputs.iter().enumerate() {
-            order[next[t as usize] as usize] = pos as i32;
-            next[t as usize] += 1;
-        }
-        let mut uniq = Vec::new();
-        let mut starts = Vec::new();
-        for tok in 0..v {
-            if count[tok + 1] > count[tok] {
-                uniq.push(tok as i32);
-                starts.push(count[tok] as i32);
-            }
-        }
-        starts.push(bt as i32);
-        let n_unique = uniq.len() as i32;
-        uniq.resize(bt, 0);
-        starts.resize(bt + 1, bt as i32);
-        self.order.copy_from_host(&order)?;
-        self.uniq.copy_from_host(&uniq)?;
-        self.starts.copy_from_host(&starts)?;
-        self.n_unique.copy_from_host(&[n_unique])?;
+        self.data.copy_from_host(&packed)?;
         Ok(())
     }
 
@@ -503,23 +744,19 @@ impl Model {
         aux: Option<&DevicePtr>,
     ) -> Result<()> {
         let bt = self.batch * self.cfg.seq;
-        let mut mm = LtMatmul::new(
-            Mat::<f32>::row_major(inp, bt, ic),
-            Mat::row_major(w, oc, ic),
-            Mat::row_major(out, bt, oc),
-        )
-        .op_b(Op::T)
-        .bias(b)
-        .epilogue(Epilogue::Bias);
+        let mut mm = Mm::new((inp, bt, ic), (w, oc, ic), (out, bt, oc))
+            .tb()
+            .lt(Epilogue::Bias);
+        mm.bias = Some(b);
         if let Some(a) = aux {
-            mm = mm.epilogue(Epilogue::GeluAuxBias).aux(a, oc);
+            mm.epilogue = Epilogue::GeluAuxBias;
+            mm.aux = Some((a, oc));
         }
-        mm.run(&self.stream)?;
-        Ok(())
+        self.mm(mm)
     }
 
-    /// The backward of [`linear`](Self::linear): `dinp = dout W` (with GELU's backward fused
-    /// when `gelu_aux` is the forward's pre-activation of `dinp`'s layer... see callers),
+    /// The backward of [`linear`](Self::linear): `dinp = dout W` (times GELU's derivative at
+    /// `dgelu_aux`, the pre-activation of the layer that produced `inp`, when given),
     /// `dW = dout^T inp`, `db = sum over rows of dout`.
     #[allow(clippy::too_many_arguments, reason = "the layer's tensors")]
     fn linear_backward(
@@ -533,25 +770,41 @@ impl Model {
         dgelu_aux: Option<&DevicePtr>,
     ) -> Result<()> {
         let bt = self.batch * self.cfg.seq;
-        let mut dx = LtMatmul::new(
-            Mat::<f32>::row_major(dout, bt, oc),
-            Mat::row_major(w, oc, ic),
-            Mat::row_major(dinp, bt, ic),
-        );
+        let mut dx = Mm::new((dout, bt, oc), (w, oc, ic), (dinp, bt, ic)).lt(Epilogue::None);
         if let Some(a) = dgelu_aux {
-            dx = dx.epilogue(Epilogue::DGelu).aux(a, ic);
+            dx.epilogue = Epilogue::DGelu;
+            dx.aux = Some((a, ic));
         }
-        dx.run(&self.stream)?;
-        LtMatmul::new(
-            Mat::<f32>::row_major(dout, bt, oc),
-            Mat::row_major(inp, bt, ic),
-            Mat::row_major(dw, oc, ic),
-        )
-        .op_a(Op::T)
-        .epilogue(Epilogue::BgradA)
-        .bias(db)
-        .run(&self.stream)?;
-        Ok(())
+        self.mm(dx)?;
+        let mut dw = Mm::new((dout, bt, oc), (inp, bt, ic), (dw, oc, ic))
+            .ta()
+            .lt(Epilogue::BgradA);
+        dw.bias = Some(db);
+        self.mm(dw)
+    }
+
+    /// The attention's batched products over the `B * NH` heads: `c (m x n) = op(a) op(b)`
+    /// for every head, each operand `rows x cols` of its head's slice.
+    fn heads(
+        &self,
+        a: (&DevicePtr, usize, usize),
+        b: (&DevicePtr, usize, usize),
+        c: (&DevicePtr, usize, usize),
+        (ta, tb): (bool, bool),
+    ) -> Result<()> {
+        let strides = StridedBatch {
+            a: a.1 * a.2,
+            b: b.1 * b.2,
+            c: c.1 * c.2,
+        };
+        let mut mm = Mm::new(a, b, c).batched(self.batch * self.cfg.heads, strides);
+        if ta {
+            mm = mm.ta();
+        }
+        if tb {
+            mm = mm.tb();
+        }
+        self.mm(mm)
     }
 
     /// Forward pass on the uploaded batch; the logits buffer then holds the loss gradient
@@ -561,7 +814,7 @@ impl Model {
         let (bt, hs, vp, v) = (b * t, c / nh, self.cfg.padded_vocab, self.cfg.vocab);
         let s = &self.stream;
         let k = &self.kernels;
-        let p = &self.params;
+        let p = &self.params_x;
         let (bi, ti, ci, nhi, hsi) = (b as i32, t as i32, c as i32, nh as i32, hs as i32);
         // SAFETY: (every launch below) the kernels of kernels.cu with the parameter types and
         // order they declare (checked by cuda-rtc against the kernel's parameters); every
@@ -609,18 +862,13 @@ impl Model {
                     (&sc.q, &sc.k, &sc.v, &a.qkv, bi, ti, nhi, hsi),
                 )?;
             }
-            let per = StridedBatch {
-                a: t * hs,
-                b: t * hs,
-                c: t * t,
-            };
-            Gemm::new(
-                Mat::<f32>::row_major(&sc.q, t, hs),
-                Mat::row_major(&sc.k, t, hs),
-                Mat::row_major(&a.att, t, t),
-            )
-            .op_b(Op::T)
-            .run_strided_batched(s, b * nh, per)?;
+            // preatt = q k^T, per head.
+            self.heads(
+                (&sc.q, t, hs),
+                (&sc.k, t, hs),
+                (&a.att, t, t),
+                (false, true),
+            )?;
             let scale = 1.0 / (hs as f32).sqrt();
             // SAFETY: as above.
             unsafe {
@@ -630,19 +878,12 @@ impl Model {
                     (&a.att, &a.att, scale, (b * nh) as i32, ti),
                 )?;
             }
-            Gemm::new(
-                Mat::<f32>::row_major(&a.att, t, t),
-                Mat::row_major(&sc.v, t, hs),
-                Mat::row_major(&sc.atty, t, hs),
-            )
-            .run_strided_batched(
-                s,
-                b * nh,
-                StridedBatch {
-                    a: t * t,
-                    b: t * hs,
-                    c: t * hs,
-                },
+            // atty = att v, per head.
+            self.heads(
+                (&a.att, t, t),
+                (&sc.v, t, hs),
+                (&sc.atty, t, hs),
+                (false, false),
             )?;
             // SAFETY: as above.
             unsafe {
@@ -722,13 +963,7 @@ impl Model {
                 ),
             )?;
         }
-        Gemm::new(
-            Mat::<f32>::row_major(&self.lnf, bt, c),
-            Mat::row_major(&p.wte, vp, c),
-            Mat::row_major(&self.logits, bt, vp),
-        )
-        .op_b(Op::T)
-        .run(s)?;
+        self.mm(Mm::new((&self.lnf, bt, c), (&p.wte, vp, c), (&self.logits, bt, vp)).tb())?;
         // SAFETY: as above.
         unsafe {
             k.crossentropy_forward_backward.launch(
@@ -763,7 +998,7 @@ impl Model {
         let (bt, hs, vp) = (b * t, c / nh, self.cfg.padded_vocab);
         let s = &self.stream;
         let k = &self.kernels;
-        let p = &self.params;
+        let p = &self.params_x;
         let g = &self.grads;
         let sc = &self.scratch;
         let (bi, ti, ci, nhi, hsi) = (b as i32, t as i32, c as i32, nh as i32, hs as i32);
@@ -776,19 +1011,12 @@ impl Model {
         }
         // The classifier: dlnf = dlogits wte, dwte = dlogits^T lnf (the tied embedding; the
         // encoder's part is added at the end).
-        Gemm::new(
-            Mat::<f32>::row_major(&self.logits, bt, vp),
-            Mat::row_major(&p.wte, vp, c),
-            Mat::row_major(&sc.dbt_c, bt, c),
-        )
-        .run(s)?;
-        Gemm::new(
-            Mat::<f32>::row_major(&self.logits, bt, vp),
-            Mat::row_major(&self.lnf, bt, c),
-            Mat::row_major(&g.wte, vp, c),
-        )
-        .op_a(Op::T)
-        .run(s)?;
+        self.mm(Mm::new(
+            (&self.logits, bt, vp),
+            (&p.wte, vp, c),
+            (&sc.dbt_c, bt, c),
+        ))?;
+        self.mm(Mm::new((&self.logits, bt, vp), (&self.lnf, bt, c), (&g.wte, vp, c)).ta())?;
         let last = &self.layers[self.cfg.layers - 1].residual3;
         self.layernorm_backward(
             &sc.dresidual,
@@ -852,7 +1080,6 @@ impl Model {
                     (&sc.datty, &sc.dbt_c, bi, ti, nhi, hsi),
                 )?;
             }
-            let bnh = b * nh;
             // q, k, v again from the layer's saved qkv (not kept per layer: memory).
             // SAFETY: as in `forward`.
             unsafe {
@@ -863,75 +1090,40 @@ impl Model {
                 )?;
             }
             // atty = att v: datt = datty v^T, dv = att^T datty.
-            Gemm::new(
-                Mat::<f32>::row_major(&sc.datty, t, hs),
-                Mat::row_major(&sc.v, t, hs),
-                Mat::row_major(&sc.datt, t, t),
-            )
-            .op_b(Op::T)
-            .run_strided_batched(
-                s,
-                bnh,
-                StridedBatch {
-                    a: t * hs,
-                    b: t * hs,
-                    c: t * t,
-                },
+            self.heads(
+                (&sc.datty, t, hs),
+                (&sc.v, t, hs),
+                (&sc.datt, t, t),
+                (false, true),
             )?;
-            Gemm::new(
-                Mat::<f32>::row_major(&a.att, t, t),
-                Mat::row_major(&sc.datty, t, hs),
-                Mat::row_major(&sc.dv, t, hs),
-            )
-            .op_a(Op::T)
-            .run_strided_batched(
-                s,
-                bnh,
-                StridedBatch {
-                    a: t * t,
-                    b: t * hs,
-                    c: t * hs,
-                },
+            self.heads(
+                (&a.att, t, t),
+                (&sc.datty, t, hs),
+                (&sc.dv, t, hs),
+                (true, false),
             )?;
             let scale = 1.0 / (hs as f32).sqrt();
             // SAFETY: as in `forward`.
             unsafe {
                 k.softmax_causal_backward.launch(
                     s,
-                    &rows(bnh * t),
-                    (&sc.datt, &sc.datt, &a.att, scale, bnh as i32, ti),
+                    &rows(b * nh * t),
+                    (&sc.datt, &sc.datt, &a.att, scale, (b * nh) as i32, ti),
                 )?;
             }
             // preatt = q k^T: dq = dpreatt k, dk = dpreatt^T q (dpreatt in datt's buffer:
             // the softmax backward works in place, row by row).
-            Gemm::new(
-                Mat::<f32>::row_major(&sc.datt, t, t),
-                Mat::row_major(&sc.k, t, hs),
-                Mat::row_major(&sc.dq, t, hs),
-            )
-            .run_strided_batched(
-                s,
-                bnh,
-                StridedBatch {
-                    a: t * t,
-                    b: t * hs,
-                    c: t * hs,
-                },
+            self.heads(
+                (&sc.datt, t, t),
+                (&sc.k, t, hs),
+                (&sc.dq, t, hs),
+                (false, false),
             )?;
-            Gemm::new(
-                Mat::<f32>::row_major(&sc.datt, t, t),
-                Mat::row_major(&sc.q, t, hs),
-                Mat::row_major(&sc.dk, t, hs),
-            )
-            .op_a(Op::T)
-            .run_strided_batched(
-                s,
-                bnh,
-                StridedBatch {
-                    a: t * t,
-                    b: t * hs,
-                    c: t * hs,
-                },
+            self.heads(
+                (&sc.datt, t, t),
+                (&sc.q, t, hs),
+                (&sc.dk, t, hs),
+                (true, false),
             )?;
             // SAFETY: as in `forward`.
             unsafe {
@@ -986,29 +1178,28 @@ impl Model {
         Ok(())
     }
 
-    /// Counts a step and writes its AdamW bias corrections to the device (waits for the
-    /// stream: the previous step reads them). Call before [`apply_update`](Self::apply_update)
-    /// or before replaying a captured step.
-    pub fn begin_step(&mut self, opt: &AdamW) -> Result<()> {
-        self.step += 1;
-        let c1 = 1.0 - (opt.beta1 as f64).powi(self.step as i32);
-        let c2 = 1.0 - (opt.beta2 as f64).powi(self.step as i32);
-        self.stream.synchronize()?;
-        self.corrections.copy_from_host(&[c1 as f32, c2 as f32])?;
-        Ok(())
-    }
-
-    /// Queues one AdamW step over every parameter (PyTorch's order: decay, moments, update),
-    /// with the corrections [`begin_step`](Self::begin_step) wrote.
-    pub fn apply_update(&self, opt: &AdamW) -> Result<()> {
+    /// Queues one AdamW step over every parameter (PyTorch's order: decay, moments, update):
+    /// a one-thread kernel counts the step on the device and writes its bias corrections,
+    /// then the update reads them (so a replayed step counts too). In bf16 the update also
+    /// writes the weights' bf16 copy.
+    pub fn update(&self, opt: &AdamW) -> Result<()> {
         let n = param_count(&self.cfg);
-        // SAFETY: as in `forward`: four buffers of `n` f32 and the two corrections.
+        let k = &self.kernels;
+        // SAFETY: as in `forward`: the step count is one i32 and the corrections two f32;
+        // params, m and v hold `n` f32, grads and the weights' copy `n` of the model's type
+        // (in f32 the copy is the master block itself, which the kernel then skips).
         unsafe {
-            self.kernels.adamw_update_dev.launch(
+            k.adamw_begin_step.launch(
+                &self.stream,
+                &LaunchConfig::new((1, 1, 1), (32, 1, 1)),
+                (&self.step_count, &self.corrections, opt.beta1, opt.beta2),
+            )?;
+            k.adamw_update_dev.launch(
                 &self.stream,
                 &elementwise(n),
                 (
                     &self.params.all,
+                    &self.params_x.all,
                     &self.grads.all,
                     &self.m,
                     &self.v,
@@ -1025,22 +1216,16 @@ impl Model {
         Ok(())
     }
 
-    /// One AdamW step: [`begin_step`](Self::begin_step), then [`apply_update`](Self::apply_update).
-    pub fn update(&mut self, opt: &AdamW) -> Result<()> {
-        self.begin_step(opt)?;
-        self.apply_update(opt)
-    }
-
     /// Captures one training step (forward, backward, AdamW with `opt`) into an executable
     /// graph on the model's stream. Run one eager step first (the cuBLASLt plans and
-    /// workspaces are made then). Each replay: [`set_batch`](Self::set_batch),
-    /// [`begin_step`](Self::begin_step), then [`replay`](Self::replay).
+    /// workspaces are made then). Each replay: a batch ([`set_batch`](Self::set_batch) or a
+    /// [`Loader`](crate::loader::Loader)), then [`replay`](Self::replay).
     pub fn capture_step(&self, opt: &AdamW) -> Result<cudars_graph::GraphExec> {
         let graph =
             cudars_graph::capture(&self.stream, cudars_graph::CaptureMode::ThreadLocal, |_| {
                 self.forward().map_err(cudars_graph::Error::other)?;
                 self.backward().map_err(cudars_graph::Error::other)?;
-                self.apply_update(opt).map_err(cudars_graph::Error::other)
+                self.update(opt).map_err(cudars_graph::Error::other)
             })?;
         Ok(graph.instantiate()?)
     }
@@ -1051,19 +1236,81 @@ impl Model {
         Ok(())
     }
 
-    /// Every parameter's gradient, in `param_specs` order (waits for the device).
+    /// Every parameter's gradient, in `param_specs` order, as f32 (waits for the device).
     pub fn gradients(&self) -> Result<Vec<f32>> {
         self.stream.synchronize()?;
-        let mut host = vec![0f32; param_count(&self.cfg)];
-        self.grads.all.copy_to_host(&mut host)?;
-        Ok(host)
+        let n = param_count(&self.cfg);
+        match self.prec {
+            Precision::F32 => {
+                let mut host = vec![0f32; n];
+                self.grads.all.copy_to_host(&mut host)?;
+                Ok(host)
+            }
+            Precision::Bf16 => {
+                let mut host = vec![bf16::ZERO; n];
+                self.grads.all.copy_to_host(&mut host)?;
+                Ok(host.iter().map(|g| g.to_f32()).collect())
+            }
+        }
     }
 
-    /// Every parameter, in `param_specs` order (waits for the device).
+    /// Every parameter (the f32 master weights), in `param_specs` order (waits for the
+    /// device).
     pub fn parameters(&self) -> Result<Vec<f32>> {
         self.stream.synchronize()?;
         let mut host = vec![0f32; param_count(&self.cfg)];
         self.params.all.copy_to_host(&mut host)?;
         Ok(host)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+    use super::*;
+
+    #[test]
+    fn a_packed_batch_groups_the_positions_by_token() {
+        let cfg = Config::tiny();
+        let bt = cfg.seq;
+        let inputs: Vec<i32> = (0..bt).map(|i| [5, 3, 5, 0][i % 4]).collect();
+        let targets: Vec<i32> = (0..bt).map(|i| (i % 7) as i32).collect();
+        let mut out = vec![-1i32; batch_words(bt)];
+        pack_batch(&cfg, 1, &inputs, &targets, &mut out).unwrap();
+        let (inp, rest) = out.split_at(bt);
+        let (tgt, rest) = rest.split_at(bt);
+        let (order, rest) = rest.split_at(bt);
+        let (starts, rest) = rest.split_at(bt + 1);
+        let (uniq, n) = rest.split_at(bt);
+        assert_eq!((inp, tgt), (&inputs[..], &targets[..]));
+        assert_eq!(n, [3]);
+        assert_eq!(&uniq[..3], [0, 3, 5]);
+        assert!(uniq[3..].iter().all(|&u| u == 0));
+        let q = bt / 4;
+        assert_eq!(&starts[..4], [0, q as i32, 2 * q as i32, bt as i32]);
+        for u in 0..3 {
+            let run = &order[starts[u] as usize..starts[u + 1] as usize];
+            assert!(run.windows(2).all(|w| w[0] < w[1]), "position order");
+            assert!(run.iter().all(|&p| inputs[p as usize] == uniq[u]));
+        }
+    }
+
+    #[test]
+    fn a_bad_batch_is_refused_and_the_buffer_is_untouched() {
+        let cfg = Config::tiny();
+        let bt = cfg.seq;
+        let good = vec![1i32; bt];
+        let mut out = vec![-1i32; batch_words(bt)];
+        let mut bad = good.clone();
+        bad[3] = cfg.vocab as i32;
+        assert!(matches!(
+            pack_batch(&cfg, 1, &bad, &good, &mut out),
+            Err(crate::Error::Token(t)) if t == cfg.vocab as i32
+        ));
+        bad[3] = -2;
+        assert!(pack_batch(&cfg, 1, &good, &bad, &mut out).is_err());
+        assert!(pack_batch(&cfg, 2, &good, &good, &mut out).is_err());
+        assert!(pack_batch(&cfg, 1, &good, &good, &mut out[1..]).is_err());
+        assert!(out.iter().all(|&w| w == -1));
     }
 }
