@@ -270,7 +270,9 @@ impl<'a, T: Element> Gemm<'a, T> {
 
     /// `batch` GEMMs of this shape, the i-th matrices `i * stride` elements after the first
     /// (`cublasGemmStridedBatchedEx`). Each view must hold all of its batch; the matrices of
-    /// `C` must not overlap one another (`stride_c` at least one matrix) nor `A` or `B`.
+    /// `C` must not overlap one another nor `A` or `B`: `stride_c` at least one matrix, or
+    /// the matrices side by side within the leading dimension (`stride_c` at least one stored
+    /// row, `(batch - 1) * stride_c + row <= ld`: attention heads interleaved in a row).
     pub fn run_strided_batched(
         &self,
         stream: &Stream,
@@ -373,11 +375,21 @@ pub(crate) fn check_gemm<T: Element, P: View>(
     if let Some((batch, s)) = strides {
         let (r, cc, _) = c.stored();
         let each = mat_elements(routine, "c", r, cc, c.ld)?;
-        if batch > 1 && each > 0 && (s[2] as u64) < each {
+        let stride = s[2] as u64;
+        // Disjoint either one after another (a stride of at least one matrix), or side by
+        // side: every matrix's stored rows `r` elements wide and all `batch` of them within
+        // one leading dimension (heads interleaved in a row, as `(B, T, NH, HS)` holds them).
+        let side_by_side = stride >= r as u64
+            && (stride)
+                .checked_mul(batch as u64 - 1)
+                .and_then(|v| v.checked_add(r as u64))
+                .is_some_and(|end| end <= c.ld as u64);
+        if batch > 1 && each > 0 && stride < each && !side_by_side {
             return Err(Error::Overlap {
                 routine,
                 output: "c",
-                input: "c (the next matrix of the batch: stride_c is less than one matrix)",
+                input: "c (the next matrix of the batch: stride_c is less than one matrix, \
+                        and the matrices do not fit side by side in the leading dimension)",
             });
         }
     }

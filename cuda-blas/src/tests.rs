@@ -287,6 +287,29 @@ fn strided_batches_need_every_matrix_and_outputs_that_do_not_overlap() {
         Some((4, [16, 16, 8])),
     ));
     assert!(matches!(e, Error::Overlap { output: "c", .. }), "{e}");
+    // Side by side in one leading dimension (row-major 8 x 4 heads of a 8 x 16 row stride,
+    // 4 apart): disjoint, allowed; 3 apart they share elements, refused; a fifth head would
+    // run past the row, refused.
+    let wide = fake(4 * GB, 2 * 8 * 16 * 4);
+    let side = |count: usize, stride: usize| {
+        check_gemm::<f32, Fake>(
+            "gemm_strided_batched",
+            (&Mat::row_major(&a, 8, 2), Op::N),
+            (&Mat::row_major(&b, 2, 4), Op::N),
+            &Mat::row_major(&wide, 8, 4).with_ld(16),
+            0,
+            Some((count, [0, 0, stride])),
+        )
+    };
+    side(4, 4).unwrap();
+    assert!(matches!(
+        refused(side(4, 3)),
+        Error::Overlap { output: "c", .. }
+    ));
+    assert!(matches!(
+        refused(side(5, 4)),
+        Error::Overlap { output: "c", .. }
+    ));
     // A shared A (stride 0) is allowed.
     check_gemm::<f32, Fake>(
         "gemm_strided_batched",

@@ -33,12 +33,8 @@
 //   kernel                          grid                               block  smem
 //   encoder_forward                 ceil(B*T*C / 256)                  256    0
 //   layernorm_forward               N  (one block per row)             256    0
-//   permute_qkv                     ceil(B*T*C / 256)                  256    0
-//   unpermute                       ceil(B*T*C / 256)                  256    0
-//   softmax_causal_forward          BNH*T  (one block per row)         256    0
-//   softmax_causal_backward         BNH*T  (one block per row)         256    0
-//   unpermute_backward              ceil(B*T*C / 256)                  256    0
-//   permute_qkv_backward            ceil(B*T*3*C / 256)                256    0
+//   softmax_causal_forward          ceil(BNH*T / 8)  (a warp per row)  256    0
+//   softmax_causal_backward         ceil(BNH*T / 8)  (a warp per row)  256    0
 //   residual_forward                ceil(n / 256)                      256    0
 //   crossentropy_forward_backward   BT  (one block per row)            256    0
 //   fill_zero                       ceil(n / 256)                      256    0
@@ -48,6 +44,7 @@
 //   encoder_backward_wte            ceil(B*T*C / 256)                  256    0
 //   adamw_begin_step                1                                  32     0
 //   adamw_update_dev                ceil(n / 256)                      256    0
+//   gelu_forward                    ceil(n / 256)                      256    0
 //
 // A 1-D grid may have at most 2^31 - 1 blocks: cap the recommended grid there (the grid stride
 // covers the rest). layernorm_backward_partial's 2*C*4 bytes of dynamic shared memory stay
@@ -59,8 +56,13 @@
 // Accumulation (+=) versus overwrite:
 //   accumulate: layernorm_backward_partial (dinp), column_sum_accumulate (dweight, dbias),
 //               encoder_backward_wpe (dwpe), encoder_backward_wte (dwte). Zero them first.
-//   overwrite:  everything else (softmax_causal_backward's dpreatt, unpermute_backward's dinp,
-//               permute_qkv_backward's dqkv, crossentropy's logits, ...).
+//   overwrite:  everything else (softmax_causal_backward's dpreatt, crossentropy's logits,
+//               gelu_forward's out, ...).
+//
+// Attention's layouts need no permutation kernels: the products q k^T and att v are cuBLAS
+// strided batches over the heads of one sequence, reading q, k, v where the QKV projection
+// left them ((B, T, 3, NH, HS): heads HS apart, rows 3C apart) and writing att v straight into
+// (B, T, NH, HS); the backward writes dq, dk, dv into dqkv the same way.
 
 // ------------------------------------------------------------------------------------------
 // Helpers
@@ -88,6 +90,13 @@ __device__ __forceinline__ floatX stx(float f) { return f; }
 #define GS_LOOP(i, n)                                                                  \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n);      \
          i += (long long)gridDim.x * blockDim.x)
+
+// The warp-per-row loops: warp w of block blockIdx.x takes rows blockIdx.x * (blockDim.x / 32)
+// + w, then steps by the grid's warps. Every lane of a warp has the same row, so the warp
+// shuffles see the full warp.
+#define WARP_ROW_LOOP(row, rows)                                                         \
+    for (long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);  \
+         row < (rows); row += (long long)gridDim.x * (blockDim.x >> 5))
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -158,7 +167,7 @@ extern "C" __global__ void encoder_forward(floatX* out, const int* inp, const fl
 }
 
 // ------------------------------------------------------------------------------------------
-// 3. layernorm_forward: one block per row (rows grid-strided). eps = 1e-5, biased variance
+// 2. layernorm_forward: one block per row (rows grid-strided). eps = 1e-5, biased variance
 //    (two passes: the mean, then the mean of squared deviations). mean[row] and rstd[row] are
 //    saved (either pointer may be null to skip it).
 // ------------------------------------------------------------------------------------------
@@ -190,141 +199,66 @@ extern "C" __global__ void layernorm_forward(floatX* out, float* mean, float* rs
 }
 
 // ------------------------------------------------------------------------------------------
-// 5. permute_qkv: qkv (B,T,3,NH,HS) -> q, k, v each (B,NH,T,HS). One thread per element of q.
-// ------------------------------------------------------------------------------------------
-extern "C" __global__ void permute_qkv(floatX* q, floatX* k, floatX* v, const floatX* qkv, int B,
-                                       int T, int NH, int HS) {
-    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    const long long C = (long long)NH * HS;
-    const long long n = (long long)B * T * C;
-    GS_LOOP(i, n) {
-        // i = ((b*NH + h)*T + t)*HS + d
-        const long long d = i % HS;
-        long long rest = i / HS;
-        const long long t = rest % T;
-        rest /= T;
-        const long long h = rest % NH;
-        const long long b = rest / NH;
-        const long long src = (b * T + t) * 3 * C + h * HS + d;
-        q[i] = qkv[src];
-        k[i] = qkv[src + C];
-        v[i] = qkv[src + 2 * C];
-    }
-}
-
-// ------------------------------------------------------------------------------------------
-// 6. unpermute: inp (B,NH,T,HS) -> out (B,T,NH,HS). One thread per element of out.
-// ------------------------------------------------------------------------------------------
-extern "C" __global__ void unpermute(floatX* out, const floatX* inp, int B, int T, int NH,
-                                     int HS) {
-    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    const long long n = (long long)B * T * NH * HS;
-    GS_LOOP(i, n) {
-        // i = ((b*T + t)*NH + h)*HS + d
-        const long long d = i % HS;
-        long long rest = i / HS;
-        const long long h = rest % NH;
-        rest /= NH;
-        const long long t = rest % T;
-        const long long b = rest / T;
-        out[i] = inp[((b * NH + h) * T + t) * HS + d];
-    }
-}
-
-// ------------------------------------------------------------------------------------------
-// 7. softmax_causal_forward: one block per row (BNH*T rows, grid-strided); row t of block bh.
-//    att[j] = softmax_j(scale * preatt[j]) over j <= t; att[j] = 0 for j > t (written).
+// 3. softmax_causal_forward: one WARP per row (BNH*T rows); row t of block bh.
+//    att[j] = softmax_j(scale * preatt[j]) over j <= t; att[j] = 0 for j > t (written, not
+//    read). In place (att == preatt) is allowed: each element is read and written by one lane.
 // ------------------------------------------------------------------------------------------
 extern "C" __global__ void softmax_causal_forward(floatX* att, const floatX* preatt, float scale,
                                                   int BNH, int T) {
     if (BNH <= 0 || T <= 0) return;
     const long long rows = (long long)BNH * T;
-    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int lane = threadIdx.x & 31;
+    WARP_ROW_LOOP(row, rows) {
         const int t = (int)(row % T);
         const floatX* x = preatt + row * T;
         floatX* y = att + row * T;
         float mx = NEG_INF;
-        for (int j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, scale * ldx(x[j]));
-        mx = block_max(mx);
+        for (int j = lane; j <= t; j += 32) mx = fmaxf(mx, scale * ldx(x[j]));
+        mx = warp_max(mx);
         float s = 0.0f;
-        for (int j = threadIdx.x; j <= t; j += blockDim.x) s += expf(scale * ldx(x[j]) - mx);
-        const float inv = 1.0f / block_sum(s);  // every read of the row happens before this
-        for (int j = threadIdx.x; j < T; j += blockDim.x) {
-            y[j] = stx(j <= t ? expf(scale * ldx(x[j]) - mx) * inv : 0.0f);
+        for (int j = lane; j <= t; j += 32) s += expf(scale * ldx(x[j]) - mx);
+        const float inv = 1.0f / warp_sum(s);
+        for (int j = lane; j < T; j += 32) {
+            if (j <= t) {
+                y[j] = stx(expf(scale * ldx(x[j]) - mx) * inv);
+            } else {
+                y[j] = stx(0.0f);
+            }
         }
     }
 }
 
 // ------------------------------------------------------------------------------------------
-// 8. softmax_causal_backward: one block per row (grid-strided). OVERWRITES dpreatt.
-//    dpreatt[j] = scale * att[j] * (datt[j] - sum_{i<=t} att[i]*datt[i]) for j <= t, else 0.
+// 4. softmax_causal_backward: one WARP per row. OVERWRITES dpreatt (may alias datt).
+//    dpreatt[j] = scale * att[j] * (datt[j] - sum_{i<=t} att[i]*datt[i]) for j <= t, else 0
+//    (the masked half is written, not read).
 // ------------------------------------------------------------------------------------------
 extern "C" __global__ void softmax_causal_backward(floatX* dpreatt, const floatX* datt,
                                                    const floatX* att, float scale, int BNH,
                                                    int T) {
     if (BNH <= 0 || T <= 0) return;
     const long long rows = (long long)BNH * T;
-    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int lane = threadIdx.x & 31;
+    WARP_ROW_LOOP(row, rows) {
         const int t = (int)(row % T);
         const floatX* a = att + row * T;
         const floatX* da = datt + row * T;
         floatX* dp = dpreatt + row * T;
         float s = 0.0f;
-        for (int j = threadIdx.x; j <= t; j += blockDim.x) s += ldx(a[j]) * ldx(da[j]);
-        s = block_sum(s);
-        for (int j = threadIdx.x; j < T; j += blockDim.x) {
-            dp[j] = stx(j <= t ? scale * ldx(a[j]) * (ldx(da[j]) - s) : 0.0f);
+        for (int j = lane; j <= t; j += 32) s += ldx(a[j]) * ldx(da[j]);
+        s = warp_sum(s);
+        for (int j = lane; j < T; j += 32) {
+            if (j <= t) {
+                dp[j] = stx(scale * ldx(a[j]) * (ldx(da[j]) - s));
+            } else {
+                dp[j] = stx(0.0f);
+            }
         }
     }
 }
 
 // ------------------------------------------------------------------------------------------
-// 9. unpermute_backward: dout (B,T,NH,HS) -> dinp (B,NH,T,HS) (overwrite). One thread per
-//    element of dinp.
-// ------------------------------------------------------------------------------------------
-extern "C" __global__ void unpermute_backward(floatX* dinp, const floatX* dout, int B, int T,
-                                              int NH, int HS) {
-    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    const long long n = (long long)B * T * NH * HS;
-    GS_LOOP(i, n) {
-        // i = ((b*NH + h)*T + t)*HS + d
-        const long long d = i % HS;
-        long long rest = i / HS;
-        const long long t = rest % T;
-        rest /= T;
-        const long long h = rest % NH;
-        const long long b = rest / NH;
-        dinp[i] = dout[((b * T + t) * NH + h) * HS + d];
-    }
-}
-
-// ------------------------------------------------------------------------------------------
-// 10. permute_qkv_backward: dq, dk, dv (B,NH,T,HS) -> dqkv (B,T,3,NH,HS) (overwrite). One
-//     thread per element of dqkv.
-// ------------------------------------------------------------------------------------------
-extern "C" __global__ void permute_qkv_backward(floatX* dqkv, const floatX* dq, const floatX* dk,
-                                                const floatX* dv, int B, int T, int NH,
-                                                int HS) {
-    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    const long long n = (long long)B * T * 3 * NH * HS;
-    GS_LOOP(i, n) {
-        // i = (((b*T + t)*3 + which)*NH + h)*HS + d
-        const long long d = i % HS;
-        long long rest = i / HS;
-        const long long h = rest % NH;
-        rest /= NH;
-        const int which = (int)(rest % 3);
-        rest /= 3;
-        const long long t = rest % T;
-        const long long b = rest / T;
-        const long long src = ((b * NH + h) * T + t) * HS + d;
-        const floatX* from = which == 0 ? dq : (which == 1 ? dk : dv);
-        dqkv[i] = from[src];
-    }
-}
-
-// ------------------------------------------------------------------------------------------
-// 11. residual_forward: out = a + b (out may alias a or b).
+// 5. residual_forward: out = a + b (out may alias a or b).
 // ------------------------------------------------------------------------------------------
 extern "C" __global__ void residual_forward(floatX* out, const floatX* a, const floatX* b,
                                             long long n) {
@@ -332,7 +266,7 @@ extern "C" __global__ void residual_forward(floatX* out, const floatX* a, const 
 }
 
 // ------------------------------------------------------------------------------------------
-// 15. crossentropy_forward_backward: one block per row (BT rows, grid-strided).
+// 6. crossentropy_forward_backward: one block per row (BT rows, grid-strided).
 //     p = softmax(logits[r, 0..V)); losses[r] = -log p[target];
 //     logits[r, j] <- (p_j - [j == target]) * dloss for j < V, 0 for V <= j < Vp (OVERWRITE).
 //     A target outside [0, V) (e.g. PyTorch's ignore_index -100) is ignored: losses[r] = 0
@@ -348,12 +282,22 @@ extern "C" __global__ void crossentropy_forward_backward(floatX* logits, float* 
         const bool valid = target >= 0 && target < V;
         // Read before the reductions: after the last one, threads start overwriting the row.
         const float x_target = valid ? ldx(x[target]) : 0.0f;
-        float mx = NEG_INF;
-        for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, ldx(x[j]));
-        mx = block_max(mx);
-        float s = 0.0f;
-        for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(ldx(x[j]) - mx);
-        s = block_sum(s);  // every read of the row happens before this barrier
+        // One pass for the maximum and the sum of exponentials (an online softmax: the sum
+        // rescaled whenever the running maximum grows), then one for the gradient.
+        float m = NEG_INF;
+        float sm = 0.0f;
+        for (int j = threadIdx.x; j < V; j += blockDim.x) {
+            const float v = ldx(x[j]);
+            if (v > m) {
+                sm = sm * expf(m - v) + 1.0f;
+                m = v;
+            } else {
+                sm += expf(v - m);
+            }
+        }
+        const float mx = block_max(m);
+        const float s = block_sum(m == NEG_INF ? 0.0f : sm * expf(m - mx));
+        // every read of the row for the reductions happens before this barrier
         const float inv = 1.0f / s;
         if (threadIdx.x == 0) losses[row] = valid ? logf(s) + mx - x_target : 0.0f;
         for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
@@ -368,7 +312,7 @@ extern "C" __global__ void crossentropy_forward_backward(floatX* logits, float* 
 }
 
 // ------------------------------------------------------------------------------------------
-// 18. fill_zero: p[0..n) = 0.
+// 7. fill_zero: p[0..n) = 0.
 // ------------------------------------------------------------------------------------------
 extern "C" __global__ void fill_zero(floatX* p, long long n) {
     GS_LOOP(i, n) p[i] = stx(0.0f);
@@ -380,7 +324,7 @@ extern "C" __global__ void fill_zero(floatX* p, long long n) {
 // from device memory (a captured step reads the current step's, written before each replay).
 // ------------------------------------------------------------------------------------------
 
-// 19. layernorm_backward_partial: ACCUMULATES into dinp.
+// 8. layernorm_backward_partial: ACCUMULATES into dinp.
 //     norm = (x - mean) * rstd; dnorm = dout * w;
 //     dinp += (dnorm - mean_c(dnorm) - norm * mean_c(dnorm * norm)) * rstd.
 //     Each block handles rows blockIdx.x, blockIdx.x + gridDim.x, ..., summing its rows'
@@ -432,7 +376,7 @@ extern "C" __global__ void layernorm_backward_partial(floatX* dinp, float* parti
     }
 }
 
-// 20. column_sum_accumulate: dweight[c] += sum_g partials[g*2C + c], dbias[c] += sum_g
+// 9. column_sum_accumulate: dweight[c] += sum_g partials[g*2C + c], dbias[c] += sum_g
 //     partials[g*2C + C + c], summed in g order. One thread per column of the 2C: grid
 //     ceil(2C / 256), block 256.
 extern "C" __global__ void column_sum_accumulate(floatX* dweight, floatX* dbias,
@@ -449,7 +393,7 @@ extern "C" __global__ void column_sum_accumulate(floatX* dweight, floatX* dbias,
     }
 }
 
-// 21. encoder_backward_wpe: dwpe[t, c] += sum_b dout[b, t, c], b in order. One thread per
+// 10. encoder_backward_wpe: dwpe[t, c] += sum_b dout[b, t, c], b in order. One thread per
 //     (t, c): grid ceil(T*C / 256), block 256.
 extern "C" __global__ void encoder_backward_wpe(floatX* dwpe, const floatX* dout, int B, int T,
                                                 int C) {
@@ -462,7 +406,7 @@ extern "C" __global__ void encoder_backward_wpe(floatX* dwpe, const floatX* dout
     }
 }
 
-// 22. encoder_backward_wte: the positions of each distinct token, sorted on the host:
+// 11. encoder_backward_wte: the positions of each distinct token, sorted on the host:
 //     for u < *n_unique, dwte[uniq[u], c] += sum over i in [starts[u], starts[u+1]) of
 //     dout[order[i], c], in i order. order: BT positions; uniq: n_unique token ids;
 //     starts: n_unique + 1 offsets; n_unique read from device memory (a captured step reads
@@ -489,7 +433,7 @@ extern "C" __global__ void encoder_backward_wte(floatX* dwte, const floatX* dout
     }
 }
 
-// 22b. adamw_begin_step: one thread counts the step (*step += 1, from 0) and writes its bias
+// 12. adamw_begin_step: one thread counts the step (*step += 1, from 0) and writes its bias
 //      corrections, corrections[0] = 1 - beta1^t and corrections[1] = 1 - beta2^t, computed
 //      in double like PyTorch's (Python float) bias corrections. Grid 1, block 32 (thread 0
 //      works). Launched before adamw_update_dev in the same stream (and graph).
@@ -502,7 +446,7 @@ extern "C" __global__ void adamw_begin_step(int* step, float* corrections, float
     corrections[1] = (float)(1.0 - pow((double)beta2, (double)t));
 }
 
-// 23. adamw_update_dev: PyTorch's AdamW (torch.optim.AdamW, amsgrad=False): p *= 1 - lr*wd;
+// 13. adamw_update_dev: PyTorch's AdamW (torch.optim.AdamW, amsgrad=False): p *= 1 - lr*wd;
 //     m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
 //     p -= (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps), with bc1 = corrections[0] = 1 - beta1^t
 //     and bc2 = corrections[1] = 1 - beta2^t read from device memory (a replayed step reads
@@ -529,5 +473,16 @@ extern "C" __global__ void adamw_update_dev(float* params, floatX* params_x, con
         p -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
         params[i] = p;
         if (write_x) params_x[i] = stx(p);
+    }
+}
+
+// 14. gelu_forward: out = GELU(inp) with the tanh approximation (cuBLASLt's GELU epilogue and
+//     PyTorch's approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). The
+//     backward recomputes the MLP's activation from its saved pre-activation with it.
+extern "C" __global__ void gelu_forward(floatX* out, const floatX* inp, long long n) {
+    GS_LOOP(i, n) {
+        const float x = ldx(inp[i]);
+        const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+        out[i] = stx(0.5f * x * (1.0f + tanhf(u)));
     }
 }

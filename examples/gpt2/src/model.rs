@@ -3,9 +3,12 @@
 //! ([`Precision`]).
 //!
 //! Layout (row-major, as `torch.nn.Linear` keeps its weights): activations `(B, T, C)`,
-//! attention `(B, NH, T, HS)`; every linear layer is `y = x W^T + b` through cuBLASLt with the
-//! bias (and for the MLP the GELU, keeping its input) fused as epilogues; the attention is two
-//! strided-batched GEMMs around a causal softmax kernel. The kernels are CUDA C++ in
+//! attention matrices `(B, NH, T, T)`; every linear layer is `y = x W^T + b` through cuBLASLt
+//! with the bias (and for the MLP the GELU, keeping its input) fused as epilogues; the
+//! attention is strided-batched GEMMs over each sequence's heads around a causal softmax
+//! kernel, reading q, k, v where the QKV projection wrote them `(B, T, 3, NH, HS)` and writing
+//! its output as `(B, T, NH, HS)` (no permutation kernels). The MLP's activation is not kept
+//! per layer: the backward recomputes it from the pre-activation. The kernels are CUDA C++ in
 //! `kernels.cu`, compiled at run time by cuda-rtc (once per precision).
 //!
 //! In [`Precision::Bf16`] activations, gradients and the weights the matmuls read are bf16
@@ -23,12 +26,8 @@ use crate::Result;
 struct Kernels {
     encoder_forward: Kernel,
     layernorm_forward: Kernel,
-    permute_qkv: Kernel,
-    unpermute: Kernel,
     softmax_causal_forward: Kernel,
     softmax_causal_backward: Kernel,
-    unpermute_backward: Kernel,
-    permute_qkv_backward: Kernel,
     residual_forward: Kernel,
     crossentropy_forward_backward: Kernel,
     fill_zero: Kernel,
@@ -38,6 +37,7 @@ struct Kernels {
     encoder_backward_wte: Kernel,
     adamw_begin_step: Kernel,
     adamw_update_dev: Kernel,
+    gelu_forward: Kernel,
 }
 
 impl Kernels {
@@ -51,12 +51,8 @@ impl Kernels {
         Ok(Kernels {
             encoder_forward: k("encoder_forward")?,
             layernorm_forward: k("layernorm_forward")?,
-            permute_qkv: k("permute_qkv")?,
-            unpermute: k("unpermute")?,
             softmax_causal_forward: k("softmax_causal_forward")?,
             softmax_causal_backward: k("softmax_causal_backward")?,
-            unpermute_backward: k("unpermute_backward")?,
-            permute_qkv_backward: k("permute_qkv_backward")?,
             residual_forward: k("residual_forward")?,
             crossentropy_forward_backward: k("crossentropy_forward_backward")?,
             fill_zero: k("fill_zero")?,
@@ -66,6 +62,7 @@ impl Kernels {
             encoder_backward_wte: k("encoder_backward_wte")?,
             adamw_begin_step: k("adamw_begin_step")?,
             adamw_update_dev: k("adamw_update_dev")?,
+            gelu_forward: k("gelu_forward")?,
         })
     }
 }
@@ -101,6 +98,12 @@ fn elementwise(n: usize) -> LaunchConfig {
 
 fn rows(n: usize) -> LaunchConfig {
     LaunchConfig::new((n as u32, 1, 1), (BLOCK, 1, 1))
+}
+
+/// A warp per row, `BLOCK / 32` rows per block.
+fn warp_rows(n: usize) -> LaunchConfig {
+    let per = (BLOCK / 32) as usize;
+    LaunchConfig::new((n.div_ceil(per).max(1) as u32, 1, 1), (BLOCK, 1, 1))
 }
 
 /// Blocks of a layer-norm backward over `n` rows.
@@ -284,28 +287,22 @@ struct LayerActs {
     ln2: DevicePtr,
     ln2_mean: DevicePtr,
     ln2_rstd: DevicePtr,
+    /// The MLP's pre-activation (its GELU is recomputed in the backward: memory).
     fch: DevicePtr,
-    fch_gelu: DevicePtr,
     residual3: DevicePtr,
 }
 
 /// Scratch of the forward and backward passes, reused by every layer.
 struct Scratch {
-    /// q, k, v of the layer being computed (the backward makes them again from `qkv`).
-    q: DevicePtr,
-    k: DevicePtr,
-    v: DevicePtr,
-    atty: DevicePtr,
     proj: DevicePtr,
+    /// The MLP's activation GELU(fch) of the layer being computed (forward), or recomputed
+    /// from `fch` (backward).
+    fch_gelu: DevicePtr,
     // backward
     dresidual: DevicePtr,
     dbt_c: DevicePtr,
     dfch: DevicePtr,
     dqkv: DevicePtr,
-    datty: DevicePtr,
-    dq: DevicePtr,
-    dk: DevicePtr,
-    dv: DevicePtr,
     datt: DevicePtr,
 }
 
@@ -391,6 +388,20 @@ fn alloc(stream: &Stream, bytes: usize) -> Result<DevicePtr> {
     Ok(p)
 }
 
+/// An operand of the attention's per-head products ([`Model::attention_mm`]): in `buf`,
+/// sequence `b`'s first head at element `b * per_seq + offset`, each head a row-major
+/// `rows x cols` matrix with leading dimension `ld`, the heads `stride` elements apart.
+#[derive(Clone, Copy)]
+struct Heads<'a> {
+    buf: &'a DevicePtr,
+    per_seq: usize,
+    offset: usize,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    stride: usize,
+}
+
 /// One matrix product of the model, row-major, in the model's precision (see [`Model::mm`]):
 /// `C = op(A) op(B)` through cuBLAS (`Gemm`) or, with [`lt`](Mm::lt), cuBLASLt with an
 /// epilogue.
@@ -401,6 +412,8 @@ struct Mm<'a> {
     b: (&'a DevicePtr, usize, usize),
     op_b: Op,
     c: (&'a DevicePtr, usize, usize),
+    /// Leading dimensions of A, B, C (their columns: packed, unless set).
+    lds: [usize; 3],
     lt: bool,
     epilogue: Epilogue,
     bias: Option<&'a DevicePtr>,
@@ -420,6 +433,7 @@ impl<'a> Mm<'a> {
             b,
             op_b: Op::N,
             c,
+            lds: [a.2, b.2, c.2],
             lt: false,
             epilogue: Epilogue::None,
             bias: None,
@@ -456,9 +470,16 @@ impl<'a> Mm<'a> {
     }
 
     fn run<T: Element>(&self, stream: &Stream) -> Result<()> {
-        let mat = |(p, r, c): (&'a DevicePtr, usize, usize)| Mat::<T>::row_major(p, r, c);
+        let mat = |(p, r, c): (&'a DevicePtr, usize, usize), ld: usize| {
+            Mat::<T>::row_major(p, r, c).with_ld(ld)
+        };
+        let (a, b, c) = (
+            mat(self.a, self.lds[0]),
+            mat(self.b, self.lds[1]),
+            mat(self.c, self.lds[2]),
+        );
         if self.lt {
-            let mut mm = LtMatmul::new(mat(self.a), mat(self.b), mat(self.c))
+            let mut mm = LtMatmul::new(a, b, c)
                 .op_a(self.op_a)
                 .op_b(self.op_b)
                 .epilogue(self.epilogue);
@@ -473,9 +494,7 @@ impl<'a> Mm<'a> {
                 Some((n, st)) => mm.run_strided_batched(stream, n, st)?,
             }
         } else {
-            let g = Gemm::new(mat(self.a), mat(self.b), mat(self.c))
-                .op_a(self.op_a)
-                .op_b(self.op_b);
+            let g = Gemm::new(a, b, c).op_a(self.op_a).op_b(self.op_b);
             match self.batch {
                 None => g.run(stream)?,
                 Some((n, st)) => g.run_strided_batched(stream, n, st)?,
@@ -547,24 +566,16 @@ impl Model {
                 ln2_mean: f(bt)?,
                 ln2_rstd: f(bt)?,
                 fch: ax(bt * 4 * c)?,
-                fch_gelu: ax(bt * 4 * c)?,
                 residual3: ax(bt * c)?,
             });
         }
         let scratch = Scratch {
-            q: ax(bt * c)?,
-            k: ax(bt * c)?,
-            v: ax(bt * c)?,
-            atty: ax(bt * c)?,
             proj: ax(bt * c)?,
+            fch_gelu: ax(bt * 4 * c)?,
             dresidual: ax(bt * c)?,
             dbt_c: ax(bt * c)?,
             dfch: ax(bt * 4 * c)?,
             dqkv: ax(bt * 3 * c)?,
-            datty: ax(bt * c)?,
-            dq: ax(bt * c)?,
-            dk: ax(bt * c)?,
-            dv: ax(bt * c)?,
             datt: ax(b * nh * t * t)?,
         };
         let data = alloc(stream, batch_words(bt) * 4)?;
@@ -783,28 +794,74 @@ impl Model {
         self.mm(dw)
     }
 
-    /// The attention's batched products over the `B * NH` heads: `c (m x n) = op(a) op(b)`
-    /// for every head, each operand `rows x cols` of its head's slice.
-    fn heads(
-        &self,
-        a: (&DevicePtr, usize, usize),
-        b: (&DevicePtr, usize, usize),
-        c: (&DevicePtr, usize, usize),
-        (ta, tb): (bool, bool),
-    ) -> Result<()> {
-        let strides = StridedBatch {
-            a: a.1 * a.2,
-            b: b.1 * b.2,
-            c: c.1 * c.2,
-        };
-        let mut mm = Mm::new(a, b, c).batched(self.batch * self.cfg.heads, strides);
-        if ta {
-            mm = mm.ta();
+    /// The attention's products for every sequence: for each `b`, a cuBLAS strided batch over
+    /// the heads, `c = op(a) op(b)`, each operand as [`heads`](Self::heads) views it.
+    fn attention_mm(&self, a: Heads, b: Heads, c: Heads, (ta, tb): (bool, bool)) -> Result<()> {
+        for seq in 0..self.batch {
+            let (pa, pb, pc) = (
+                self.heads(a, seq)?,
+                self.heads(b, seq)?,
+                self.heads(c, seq)?,
+            );
+            let mut mm = Mm::new(
+                (&pa, a.rows, a.cols),
+                (&pb, b.rows, b.cols),
+                (&pc, c.rows, c.cols),
+            )
+            .batched(
+                self.cfg.heads,
+                StridedBatch {
+                    a: a.stride,
+                    b: b.stride,
+                    c: c.stride,
+                },
+            );
+            mm.lds = [a.ld, b.ld, c.ld];
+            if ta {
+                mm = mm.ta();
+            }
+            if tb {
+                mm = mm.tb();
+            }
+            self.mm(mm)?;
         }
-        if tb {
-            mm = mm.tb();
+        Ok(())
+    }
+
+    /// Sequence `seq`'s view of `h`: its first head.
+    fn heads(&self, h: Heads<'_>, seq: usize) -> Result<DevicePtr> {
+        Ok(h.buf
+            .slice((seq * h.per_seq + h.offset) * self.prec.size()..)?)
+    }
+
+    /// Heads of a `(B, T, ld)` activation starting at column `col` (q, k or v of `qkv`,
+    /// or the `(B, T, NH, HS)` attention output): `T x HS`, rows `ld` apart, heads `HS`
+    /// apart.
+    fn token_heads<'b>(&self, buf: &'b DevicePtr, ld: usize, col: usize) -> Heads<'b> {
+        let (t, hs) = (self.cfg.seq, self.cfg.channels / self.cfg.heads);
+        Heads {
+            buf,
+            per_seq: t * ld,
+            offset: col,
+            rows: t,
+            cols: hs,
+            ld,
+            stride: hs,
         }
-        self.mm(mm)
+    }
+
+    /// The `(B, NH, T, T)` attention matrices: `T x T`, packed, heads `T * T` apart.
+    fn att_heads<'b>(&self, buf: &'b DevicePtr) -> Heads<'b> {
+        let t = self.cfg.seq;
+        Heads {
+            buf,
+            per_seq: self.cfg.heads * t * t,
+            offset: 0,
+            rows: t,
+            cols: t,
+            ld: t,
+            stride: t * t,
+        }
     }
 
     /// Forward pass on the uploaded batch; the logits buffer then holds the loss gradient
@@ -815,7 +872,7 @@ impl Model {
         let s = &self.stream;
         let k = &self.kernels;
         let p = &self.params_x;
-        let (bi, ti, ci, nhi, hsi) = (b as i32, t as i32, c as i32, nh as i32, hs as i32);
+        let (bi, ti, ci) = (b as i32, t as i32, c as i32);
         // SAFETY: (every launch below) the kernels of kernels.cu with the parameter types and
         // order they declare (checked by cuda-rtc against the kernel's parameters); every
         // buffer holds the elements the sizes passed say (allocated above for this config and
@@ -854,45 +911,27 @@ impl Model {
                 )?;
             }
             self.linear(&a.qkv, &a.ln1, (&lp.qkvw, &lp.qkvb), (c, 3 * c), None)?;
-            // SAFETY: as above.
-            unsafe {
-                k.permute_qkv.launch(
-                    s,
-                    &elementwise(bt * c),
-                    (&sc.q, &sc.k, &sc.v, &a.qkv, bi, ti, nhi, hsi),
-                )?;
-            }
+            // q, k, v where the projection left them: (B, T, 3, NH, HS).
+            let (q, kk, v) = (
+                self.token_heads(&a.qkv, 3 * c, 0),
+                self.token_heads(&a.qkv, 3 * c, c),
+                self.token_heads(&a.qkv, 3 * c, 2 * c),
+            );
+            let att = self.att_heads(&a.att);
             // preatt = q k^T, per head.
-            self.heads(
-                (&sc.q, t, hs),
-                (&sc.k, t, hs),
-                (&a.att, t, t),
-                (false, true),
-            )?;
+            self.attention_mm(q, kk, att, (false, true))?;
             let scale = 1.0 / (hs as f32).sqrt();
             // SAFETY: as above.
             unsafe {
                 k.softmax_causal_forward.launch(
                     s,
-                    &rows(b * nh * t),
+                    &warp_rows(b * nh * t),
                     (&a.att, &a.att, scale, (b * nh) as i32, ti),
                 )?;
             }
-            // atty = att v, per head.
-            self.heads(
-                (&a.att, t, t),
-                (&sc.v, t, hs),
-                (&sc.atty, t, hs),
-                (false, false),
-            )?;
-            // SAFETY: as above.
-            unsafe {
-                k.unpermute.launch(
-                    s,
-                    &elementwise(bt * c),
-                    (&a.atty_unperm, &sc.atty, bi, ti, nhi, hsi),
-                )?;
-            }
+            // atty = att v, per head, written as (B, T, NH, HS).
+            let atty = self.token_heads(&a.atty_unperm, c, 0);
+            self.attention_mm(att, v, atty, (false, false))?;
             self.linear(
                 &sc.proj,
                 &a.atty_unperm,
@@ -923,7 +962,7 @@ impl Model {
                 )?;
             }
             self.linear(
-                &a.fch_gelu,
+                &sc.fch_gelu,
                 &a.ln2,
                 (&lp.fcw, &lp.fcb),
                 (c, 4 * c),
@@ -931,7 +970,7 @@ impl Model {
             )?;
             self.linear(
                 &sc.proj,
-                &a.fch_gelu,
+                &sc.fch_gelu,
                 (&lp.fcprojw, &lp.fcprojb),
                 (4 * c, c),
                 None,
@@ -1001,7 +1040,7 @@ impl Model {
         let p = &self.params_x;
         let g = &self.grads;
         let sc = &self.scratch;
-        let (bi, ti, ci, nhi, hsi) = (b as i32, t as i32, c as i32, nh as i32, hs as i32);
+        let (bi, ti, ci) = (b as i32, t as i32, c as i32);
         let n = param_count(&self.cfg);
         // SAFETY: as in `forward`.
         unsafe {
@@ -1035,12 +1074,21 @@ impl Model {
             } else {
                 &self.layers[l - 1].residual3
             };
-            // The MLP: dfch = (dresidual fcprojW) * gelu'(fch), then fc's.
+            // The MLP: its activation again from the saved pre-activation (memory), then
+            // dfch = (dresidual fcprojW) * gelu'(fch), then fc's.
+            // SAFETY: as in `forward`: fch and the scratch hold BT * 4C elements.
+            unsafe {
+                k.gelu_forward.launch(
+                    s,
+                    &elementwise(bt * 4 * c),
+                    (&sc.fch_gelu, &a.fch, (bt * 4 * c) as i64),
+                )?;
+            }
             self.linear_backward(
                 &sc.dfch,
                 (&lg.fcprojw, &lg.fcprojb),
                 &sc.dresidual,
-                &a.fch_gelu,
+                &sc.fch_gelu,
                 &lp.fcprojw,
                 (4 * c, c),
                 Some(&a.fch),
@@ -1072,67 +1120,36 @@ impl Model {
                 (c, c),
                 None,
             )?;
-            // SAFETY: as in `forward`.
-            unsafe {
-                k.unpermute_backward.launch(
-                    s,
-                    &elementwise(bt * c),
-                    (&sc.datty, &sc.dbt_c, bi, ti, nhi, hsi),
-                )?;
-            }
-            // q, k, v again from the layer's saved qkv (not kept per layer: memory).
-            // SAFETY: as in `forward`.
-            unsafe {
-                k.permute_qkv.launch(
-                    s,
-                    &elementwise(bt * c),
-                    (&sc.q, &sc.k, &sc.v, &a.qkv, bi, ti, nhi, hsi),
-                )?;
-            }
+            // datty is dbt_c as (B, T, NH, HS); q, k, v are read from the saved qkv and
+            // dq, dk, dv written into dqkv, both (B, T, 3, NH, HS).
+            let datty = self.token_heads(&sc.dbt_c, c, 0);
+            let (q, kk, v) = (
+                self.token_heads(&a.qkv, 3 * c, 0),
+                self.token_heads(&a.qkv, 3 * c, c),
+                self.token_heads(&a.qkv, 3 * c, 2 * c),
+            );
+            let (dq, dk, dv) = (
+                self.token_heads(&sc.dqkv, 3 * c, 0),
+                self.token_heads(&sc.dqkv, 3 * c, c),
+                self.token_heads(&sc.dqkv, 3 * c, 2 * c),
+            );
+            let (att, datt) = (self.att_heads(&a.att), self.att_heads(&sc.datt));
             // atty = att v: datt = datty v^T, dv = att^T datty.
-            self.heads(
-                (&sc.datty, t, hs),
-                (&sc.v, t, hs),
-                (&sc.datt, t, t),
-                (false, true),
-            )?;
-            self.heads(
-                (&a.att, t, t),
-                (&sc.datty, t, hs),
-                (&sc.dv, t, hs),
-                (true, false),
-            )?;
+            self.attention_mm(datty, v, datt, (false, true))?;
+            self.attention_mm(att, datty, dv, (true, false))?;
             let scale = 1.0 / (hs as f32).sqrt();
             // SAFETY: as in `forward`.
             unsafe {
                 k.softmax_causal_backward.launch(
                     s,
-                    &rows(b * nh * t),
+                    &warp_rows(b * nh * t),
                     (&sc.datt, &sc.datt, &a.att, scale, (b * nh) as i32, ti),
                 )?;
             }
             // preatt = q k^T: dq = dpreatt k, dk = dpreatt^T q (dpreatt in datt's buffer:
             // the softmax backward works in place, row by row).
-            self.heads(
-                (&sc.datt, t, t),
-                (&sc.k, t, hs),
-                (&sc.dq, t, hs),
-                (false, false),
-            )?;
-            self.heads(
-                (&sc.datt, t, t),
-                (&sc.q, t, hs),
-                (&sc.dk, t, hs),
-                (true, false),
-            )?;
-            // SAFETY: as in `forward`.
-            unsafe {
-                k.permute_qkv_backward.launch(
-                    s,
-                    &elementwise(bt * c),
-                    (&sc.dqkv, &sc.dq, &sc.dk, &sc.dv, bi, ti, nhi, hsi),
-                )?;
-            }
+            self.attention_mm(datt, kk, dq, (false, false))?;
+            self.attention_mm(datt, q, dk, (true, false))?;
             self.linear_backward(
                 &sc.dbt_c,
                 (&lg.qkvw, &lg.qkvb),
