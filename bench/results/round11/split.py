@@ -5,7 +5,8 @@ OURS = {"encoder_forward", "layernorm_forward", "permute_qkv", "unpermute",
         "softmax_causal_forward", "softmax_causal_backward", "unpermute_backward",
         "permute_qkv_backward", "residual_forward", "crossentropy_forward_backward", "fill_zero",
         "layernorm_backward_partial", "column_sum_accumulate", "encoder_backward_wpe",
-        "encoder_backward_wte", "adamw_begin_step", "adamw_update_dev"}
+        "encoder_backward_wte", "adamw_begin_step", "adamw_update_dev", "gelu_forward",
+        "residual_layernorm_forward", "column_sum"}
 scale = {"ns": 1e-6, "nsecond": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0}
 tot = collections.Counter(); cnt = collections.Counter()
 rows = [l for l in open(sys.argv[1]) if l.startswith('"')]

@@ -32,14 +32,14 @@
 //
 //   kernel                          grid                               block  smem
 //   encoder_forward                 ceil(B*T*C / 256)                  256    0
-//   layernorm_forward               N  (one block per row)             256    0
+//   layernorm_forward               ceil(N / 8)  (a warp per row)      256    0
+//   residual_layernorm_forward      ceil(N / 8)  (a warp per row)      256    0
 //   softmax_causal_forward          ceil(BNH*T / 8)  (a warp per row)  256    0
 //   softmax_causal_backward         ceil(BNH*T / 8)  (a warp per row)  256    0
-//   residual_forward                ceil(n / 256)                      256    0
 //   crossentropy_forward_backward   BT  (one block per row)            256    0
 //   fill_zero                       ceil(n / 256)                      256    0
 //   layernorm_backward_partial      min(N, 512)  (rows grid-strided)   256    2*C*4
-//   column_sum_accumulate           ceil(2*C / 256)                    256    0
+//   column_sum                      ceil(2*C / 256)                    256    0
 //   encoder_backward_wpe            ceil(T*C / 256)                    256    0
 //   encoder_backward_wte            ceil(B*T*C / 256)                  256    0
 //   adamw_begin_step                1                                  32     0
@@ -54,8 +54,8 @@
 // a step replayed from a graph equals the eager one exactly.
 //
 // Accumulation (+=) versus overwrite:
-//   accumulate: layernorm_backward_partial (dinp), column_sum_accumulate (dweight, dbias),
-//               encoder_backward_wpe (dwpe), encoder_backward_wte (dwte). Zero them first.
+//   accumulate: layernorm_backward_partial (dinp), encoder_backward_wte (dwte, after the
+//               classifier's product wrote it). Zero or write them first.
 //   overwrite:  everything else (softmax_causal_backward's dpreatt, crossentropy's logits,
 //               gelu_forward's out, ...).
 //
@@ -167,34 +167,58 @@ extern "C" __global__ void encoder_forward(floatX* out, const int* inp, const fl
 }
 
 // ------------------------------------------------------------------------------------------
-// 2. layernorm_forward: one block per row (rows grid-strided). eps = 1e-5, biased variance
+// 2. layernorm_forward: one WARP per row (rows grid-strided). eps = 1e-5, biased variance
 //    (two passes: the mean, then the mean of squared deviations). mean[row] and rstd[row] are
 //    saved (either pointer may be null to skip it).
+//    residual_layernorm_forward: the same after res = a + b (written, as floatX; the norm
+//    reads the stored value, which is what the backward sees): the residual connection and
+//    the next layer norm in one kernel. res may alias a or b.
 // ------------------------------------------------------------------------------------------
+__device__ __forceinline__ void layernorm_row(floatX* y, float* mean, float* rstd, const floatX* x,
+                                              const floatX* weight, const floatX* bias,
+                                              long long row, int C, int lane) {
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) s += ldx(x[c]);
+    const float m = warp_sum(s) / (float)C;
+    float sq = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        const float d = ldx(x[c]) - m;
+        sq += d * d;
+    }
+    const float var = warp_sum(sq) / (float)C;
+    const float r = 1.0f / sqrtf(var + 1e-5f);
+    for (int c = lane; c < C; c += 32) {
+        y[c] = stx((ldx(x[c]) - m) * r * ldx(weight[c]) + ldx(bias[c]));
+    }
+    if (lane == 0) {
+        if (mean != nullptr) mean[row] = m;
+        if (rstd != nullptr) rstd[row] = r;
+    }
+}
+
 extern "C" __global__ void layernorm_forward(floatX* out, float* mean, float* rstd,
                                              const floatX* inp, const floatX* weight,
                                              const floatX* bias, int N, int C) {
     if (N <= 0 || C <= 0) return;
-    for (long long row = blockIdx.x; row < N; row += gridDim.x) {
-        const floatX* x = inp + row * C;
-        floatX* y = out + row * C;
-        float s = 0.0f;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) s += ldx(x[c]);
-        const float m = block_sum(s) / (float)C;
-        float sq = 0.0f;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            const float d = ldx(x[c]) - m;
-            sq += d * d;
-        }
-        const float var = block_sum(sq) / (float)C;
-        const float r = 1.0f / sqrtf(var + 1e-5f);
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            y[c] = stx((ldx(x[c]) - m) * r * ldx(weight[c]) + ldx(bias[c]));
-        }
-        if (threadIdx.x == 0) {
-            if (mean != nullptr) mean[row] = m;
-            if (rstd != nullptr) rstd[row] = r;
-        }
+    const int lane = threadIdx.x & 31;
+    WARP_ROW_LOOP(row, N) {
+        layernorm_row(out + row * C, mean, rstd, inp + row * C, weight, bias, row, C, lane);
+    }
+}
+
+extern "C" __global__ void residual_layernorm_forward(floatX* res, floatX* out, float* mean,
+                                                      float* rstd, const floatX* a,
+                                                      const floatX* b, const floatX* weight,
+                                                      const floatX* bias, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    const int lane = threadIdx.x & 31;
+    WARP_ROW_LOOP(row, N) {
+        floatX* x = res + row * C;
+        const floatX* ar = a + row * C;
+        const floatX* br = b + row * C;
+        for (int c = lane; c < C; c += 32) x[c] = stx(ldx(ar[c]) + ldx(br[c]));
+        __syncwarp();
+        layernorm_row(out + row * C, mean, rstd, x, weight, bias, row, C, lane);
     }
 }
 
@@ -258,15 +282,7 @@ extern "C" __global__ void softmax_causal_backward(floatX* dpreatt, const floatX
 }
 
 // ------------------------------------------------------------------------------------------
-// 5. residual_forward: out = a + b (out may alias a or b).
-// ------------------------------------------------------------------------------------------
-extern "C" __global__ void residual_forward(floatX* out, const floatX* a, const floatX* b,
-                                            long long n) {
-    GS_LOOP(i, n) out[i] = stx(ldx(a[i]) + ldx(b[i]));
-}
-
-// ------------------------------------------------------------------------------------------
-// 6. crossentropy_forward_backward: one block per row (BT rows, grid-strided).
+// 5. crossentropy_forward_backward: one block per row (BT rows, grid-strided).
 //     p = softmax(logits[r, 0..V)); losses[r] = -log p[target];
 //     logits[r, j] <- (p_j - [j == target]) * dloss for j < V, 0 for V <= j < Vp (OVERWRITE).
 //     A target outside [0, V) (e.g. PyTorch's ignore_index -100) is ignored: losses[r] = 0
@@ -312,7 +328,7 @@ extern "C" __global__ void crossentropy_forward_backward(floatX* logits, float* 
 }
 
 // ------------------------------------------------------------------------------------------
-// 7. fill_zero: p[0..n) = 0.
+// 6. fill_zero: p[0..n) = 0.
 // ------------------------------------------------------------------------------------------
 extern "C" __global__ void fill_zero(floatX* p, long long n) {
     GS_LOOP(i, n) p[i] = stx(0.0f);
@@ -324,13 +340,13 @@ extern "C" __global__ void fill_zero(floatX* p, long long n) {
 // from device memory (a captured step reads the current step's, written before each replay).
 // ------------------------------------------------------------------------------------------
 
-// 8. layernorm_backward_partial: ACCUMULATES into dinp.
+// 7. layernorm_backward_partial: ACCUMULATES into dinp.
 //     norm = (x - mean) * rstd; dnorm = dout * w;
 //     dinp += (dnorm - mean_c(dnorm) - norm * mean_c(dnorm * norm)) * rstd.
 //     Each block handles rows blockIdx.x, blockIdx.x + gridDim.x, ..., summing its rows'
 //     weight and bias gradients (dout * norm, dout) in 2*C floats of dynamic shared memory,
 //     then WRITES them to partials[blockIdx.x * 2C + c] (c < C: dweight, C <= c < 2C: dbias);
-//     partials holds gridDim.x * 2 * C floats. column_sum_accumulate then adds the partials in
+//     partials holds gridDim.x * 2 * C floats. column_sum then adds the partials in
 //     block order.
 extern "C" __global__ void layernorm_backward_partial(floatX* dinp, float* partials,
                                                       const floatX* dout, const floatX* inp,
@@ -376,24 +392,24 @@ extern "C" __global__ void layernorm_backward_partial(floatX* dinp, float* parti
     }
 }
 
-// 9. column_sum_accumulate: dweight[c] += sum_g partials[g*2C + c], dbias[c] += sum_g
-//     partials[g*2C + C + c], summed in g order. One thread per column of the 2C: grid
-//     ceil(2C / 256), block 256.
-extern "C" __global__ void column_sum_accumulate(floatX* dweight, floatX* dbias,
+// 8. column_sum: dweight[c] = sum_g partials[g*2C + c], dbias[c] = sum_g partials[g*2C + C
+//    + c], summed in g order (OVERWRITE: each layer norm's parameters get one gradient per
+//    step). One thread per column of the 2C: grid ceil(2C / 256), block 256.
+extern "C" __global__ void column_sum(floatX* dweight, floatX* dbias,
                                                  const float* partials, int G, int C) {
     if (G <= 0 || C <= 0) return;
     GS_LOOP(j, 2LL * C) {
         float s = 0.0f;
         for (int g = 0; g < G; ++g) s += partials[(long long)g * 2 * C + j];
         if (j < C) {
-            dweight[j] = stx(ldx(dweight[j]) + s);
+            dweight[j] = stx(s);
         } else {
-            dbias[j - C] = stx(ldx(dbias[j - C]) + s);
+            dbias[j - C] = stx(s);
         }
     }
 }
 
-// 10. encoder_backward_wpe: dwpe[t, c] += sum_b dout[b, t, c], b in order. One thread per
+// 9. encoder_backward_wpe: dwpe[t, c] = sum_b dout[b, t, c], b in order (OVERWRITE). One thread per
 //     (t, c): grid ceil(T*C / 256), block 256.
 extern "C" __global__ void encoder_backward_wpe(floatX* dwpe, const floatX* dout, int B, int T,
                                                 int C) {
@@ -402,11 +418,11 @@ extern "C" __global__ void encoder_backward_wpe(floatX* dwpe, const floatX* dout
     GS_LOOP(i, TC) {
         float s = 0.0f;
         for (int b = 0; b < B; ++b) s += ldx(dout[(long long)b * TC + i]);
-        dwpe[i] = stx(ldx(dwpe[i]) + s);
+        dwpe[i] = stx(s);
     }
 }
 
-// 11. encoder_backward_wte: the positions of each distinct token, sorted on the host:
+// 10. encoder_backward_wte: the positions of each distinct token, sorted on the host:
 //     for u < *n_unique, dwte[uniq[u], c] += sum over i in [starts[u], starts[u+1]) of
 //     dout[order[i], c], in i order. order: BT positions; uniq: n_unique token ids;
 //     starts: n_unique + 1 offsets; n_unique read from device memory (a captured step reads
@@ -433,7 +449,7 @@ extern "C" __global__ void encoder_backward_wte(floatX* dwte, const floatX* dout
     }
 }
 
-// 12. adamw_begin_step: one thread counts the step (*step += 1, from 0) and writes its bias
+// 11. adamw_begin_step: one thread counts the step (*step += 1, from 0) and writes its bias
 //      corrections, corrections[0] = 1 - beta1^t and corrections[1] = 1 - beta2^t, computed
 //      in double like PyTorch's (Python float) bias corrections. Grid 1, block 32 (thread 0
 //      works). Launched before adamw_update_dev in the same stream (and graph).
@@ -446,7 +462,7 @@ extern "C" __global__ void adamw_begin_step(int* step, float* corrections, float
     corrections[1] = (float)(1.0 - pow((double)beta2, (double)t));
 }
 
-// 13. adamw_update_dev: PyTorch's AdamW (torch.optim.AdamW, amsgrad=False): p *= 1 - lr*wd;
+// 12. adamw_update_dev: PyTorch's AdamW (torch.optim.AdamW, amsgrad=False): p *= 1 - lr*wd;
 //     m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
 //     p -= (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps), with bc1 = corrections[0] = 1 - beta1^t
 //     and bc2 = corrections[1] = 1 - beta2^t read from device memory (a replayed step reads
@@ -476,13 +492,14 @@ extern "C" __global__ void adamw_update_dev(float* params, floatX* params_x, con
     }
 }
 
-// 14. gelu_forward: out = GELU(inp) with the tanh approximation (cuBLASLt's GELU epilogue and
+// 13. gelu_forward: out = GELU(inp) with the tanh approximation (cuBLASLt's GELU epilogue and
 //     PyTorch's approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). The
 //     backward recomputes the MLP's activation from its saved pre-activation with it.
 extern "C" __global__ void gelu_forward(floatX* out, const floatX* inp, long long n) {
     GS_LOOP(i, n) {
         const float x = ldx(inp[i]);
         const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-        out[i] = stx(0.5f * x * (1.0f + tanhf(u)));
+        // 1 + tanh(u) = 2 - 2 / (exp(2u) + 1) (one accurate expf; +-inf give 2 and 0)
+        out[i] = stx(x * (1.0f - 1.0f / (expf(2.0f * u) + 1.0f)));
     }
 }

@@ -28,11 +28,11 @@ struct Kernels {
     layernorm_forward: Kernel,
     softmax_causal_forward: Kernel,
     softmax_causal_backward: Kernel,
-    residual_forward: Kernel,
+    residual_layernorm_forward: Kernel,
     crossentropy_forward_backward: Kernel,
     fill_zero: Kernel,
     layernorm_backward_partial: Kernel,
-    column_sum_accumulate: Kernel,
+    column_sum: Kernel,
     encoder_backward_wpe: Kernel,
     encoder_backward_wte: Kernel,
     adamw_begin_step: Kernel,
@@ -53,11 +53,11 @@ impl Kernels {
             layernorm_forward: k("layernorm_forward")?,
             softmax_causal_forward: k("softmax_causal_forward")?,
             softmax_causal_backward: k("softmax_causal_backward")?,
-            residual_forward: k("residual_forward")?,
+            residual_layernorm_forward: k("residual_layernorm_forward")?,
             crossentropy_forward_backward: k("crossentropy_forward_backward")?,
             fill_zero: k("fill_zero")?,
             layernorm_backward_partial: k("layernorm_backward_partial")?,
-            column_sum_accumulate: k("column_sum_accumulate")?,
+            column_sum: k("column_sum")?,
             encoder_backward_wpe: k("encoder_backward_wpe")?,
             encoder_backward_wte: k("encoder_backward_wte")?,
             adamw_begin_step: k("adamw_begin_step")?,
@@ -703,7 +703,7 @@ impl Model {
     }
 
     /// A layer norm's backward, deterministic: `dinp +=`, and the weight and bias gradients
-    /// added from per-block partial sums in block order.
+    /// written from per-block partial sums added in block order.
     #[allow(clippy::too_many_arguments, reason = "the layer norm's tensors")]
     fn layernorm_backward(
         &self,
@@ -735,7 +735,7 @@ impl Model {
                     c as i32,
                 ),
             )?;
-            k.column_sum_accumulate.launch(
+            k.column_sum.launch(
                 &self.stream,
                 &elementwise(2 * c),
                 (dw, db, &self.ln_partials, ln_blocks(bt) as i32, c as i32),
@@ -886,6 +886,25 @@ impl Model {
             )?;
         }
         let sc = &self.scratch;
+        // The first layer norm; every later one is fused with the residual before it.
+        let first = &self.layers[0];
+        // SAFETY: as above.
+        unsafe {
+            k.layernorm_forward.launch(
+                s,
+                &warp_rows(bt),
+                (
+                    &first.ln1,
+                    &first.ln1_mean,
+                    &first.ln1_rstd,
+                    &self.encoded,
+                    &p.layers[0].ln1w,
+                    &p.layers[0].ln1b,
+                    bt as i32,
+                    ci,
+                ),
+            )?;
+        }
         for (l, a) in self.layers.iter().enumerate() {
             let lp = &p.layers[l];
             let residual = if l == 0 {
@@ -893,23 +912,6 @@ impl Model {
             } else {
                 &self.layers[l - 1].residual3
             };
-            // SAFETY: as above.
-            unsafe {
-                k.layernorm_forward.launch(
-                    s,
-                    &rows(bt),
-                    (
-                        &a.ln1,
-                        &a.ln1_mean,
-                        &a.ln1_rstd,
-                        residual,
-                        &lp.ln1w,
-                        &lp.ln1b,
-                        bt as i32,
-                        ci,
-                    ),
-                )?;
-            }
             self.linear(&a.qkv, &a.ln1, (&lp.qkvw, &lp.qkvb), (c, 3 * c), None)?;
             // q, k, v where the projection left them: (B, T, 3, NH, HS).
             let (q, kk, v) = (
@@ -939,21 +941,19 @@ impl Model {
                 (c, c),
                 None,
             )?;
+            // residual2 = residual + proj, ln2 = LN(residual2).
             // SAFETY: as above.
             unsafe {
-                k.residual_forward.launch(
+                k.residual_layernorm_forward.launch(
                     s,
-                    &elementwise(bt * c),
-                    (&a.residual2, residual, &sc.proj, (bt * c) as i64),
-                )?;
-                k.layernorm_forward.launch(
-                    s,
-                    &rows(bt),
+                    &warp_rows(bt),
                     (
+                        &a.residual2,
                         &a.ln2,
                         &a.ln2_mean,
                         &a.ln2_rstd,
-                        &a.residual2,
+                        residual,
+                        &sc.proj,
                         &lp.ln2w,
                         &lp.ln2b,
                         bt as i32,
@@ -975,32 +975,37 @@ impl Model {
                 (4 * c, c),
                 None,
             )?;
+            // residual3 = residual2 + proj, and the next layer norm: the next layer's first,
+            // or the final one.
+            let (out, mean, rstd, w, bias) = match self.layers.get(l + 1) {
+                Some(next) => (
+                    &next.ln1,
+                    &next.ln1_mean,
+                    &next.ln1_rstd,
+                    &p.layers[l + 1].ln1w,
+                    &p.layers[l + 1].ln1b,
+                ),
+                None => (&self.lnf, &self.lnf_mean, &self.lnf_rstd, &p.lnfw, &p.lnfb),
+            };
             // SAFETY: as above.
             unsafe {
-                k.residual_forward.launch(
+                k.residual_layernorm_forward.launch(
                     s,
-                    &elementwise(bt * c),
-                    (&a.residual3, &a.residual2, &sc.proj, (bt * c) as i64),
+                    &warp_rows(bt),
+                    (
+                        &a.residual3,
+                        out,
+                        mean,
+                        rstd,
+                        &a.residual2,
+                        &sc.proj,
+                        w,
+                        bias,
+                        bt as i32,
+                        ci,
+                    ),
                 )?;
             }
-        }
-        let last = &self.layers[self.cfg.layers - 1].residual3;
-        // SAFETY: as above.
-        unsafe {
-            k.layernorm_forward.launch(
-                s,
-                &rows(bt),
-                (
-                    &self.lnf,
-                    &self.lnf_mean,
-                    &self.lnf_rstd,
-                    last,
-                    &p.lnfw,
-                    &p.lnfb,
-                    bt as i32,
-                    ci,
-                ),
-            )?;
         }
         self.mm(Mm::new((&self.lnf, bt, c), (&p.wte, vp, c), (&self.logits, bt, vp)).tb())?;
         // SAFETY: as above.
@@ -1041,10 +1046,11 @@ impl Model {
         let g = &self.grads;
         let sc = &self.scratch;
         let (bi, ti, ci) = (b as i32, t as i32, c as i32);
-        let n = param_count(&self.cfg);
+        // Every parameter gradient is written below (the products overwrite theirs, the layer
+        // norms' and the position embedding's are written whole); only the residual stream's
+        // gradient accumulates.
         // SAFETY: as in `forward`.
         unsafe {
-            k.fill_zero.launch(s, &elementwise(n), (&g.all, n as i64))?;
             k.fill_zero
                 .launch(s, &elementwise(bt * c), (&sc.dresidual, (bt * c) as i64))?;
         }
