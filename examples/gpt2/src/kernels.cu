@@ -44,7 +44,7 @@
 //   encoder_backward_wte            ceil(B*T*C / 256)                  256    0
 //   adamw_begin_step                1                                  32     0
 //   adamw_update_dev                ceil(n / 256)                      256    0
-//   gelu_forward                    ceil(n / 256)                      256    0
+//   gelu_forward                    ceil(n / 8 / 256)                  256    0
 //
 // A 1-D grid may have at most 2^31 - 1 blocks: cap the recommended grid there (the grid stride
 // covers the rest). layernorm_backward_partial's 2*C*4 bytes of dynamic shared memory stay
@@ -492,14 +492,30 @@ extern "C" __global__ void adamw_update_dev(float* params, floatX* params_x, con
     }
 }
 
+__device__ __forceinline__ float gelu(float x) {
+    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    // 0.5 x (1 + tanh(u)) = x (1 - 1 / (exp(2u) + 1)) (one accurate expf; +-inf give x and 0)
+    return x * (1.0f - 1.0f / (expf(2.0f * u) + 1.0f));
+}
+
 // 13. gelu_forward: out = GELU(inp) with the tanh approximation (cuBLASLt's GELU epilogue and
 //     PyTorch's approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). The
 //     backward recomputes the MLP's activation from its saved pre-activation with it.
 extern "C" __global__ void gelu_forward(floatX* out, const floatX* inp, long long n) {
-    GS_LOOP(i, n) {
-        const float x = ldx(inp[i]);
-        const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-        // 1 + tanh(u) = 2 - 2 / (exp(2u) + 1) (one accurate expf; +-inf give 2 and 0)
-        out[i] = stx(x * (1.0f - 1.0f / (expf(2.0f * u) + 1.0f)));
+    // 16-byte loads and stores when both buffers allow them; the rest one element at a time.
+    const int W = 16 / (int)sizeof(floatX);
+    const bool vec = ((unsigned long long)out % 16 == 0) && ((unsigned long long)inp % 16 == 0);
+    const long long nv = vec && n > 0 ? n / W : 0;
+    GS_LOOP(i, nv) {
+        uint4 a = reinterpret_cast<const uint4*>(inp)[i];
+        uint4 o;
+        const floatX* xs = reinterpret_cast<const floatX*>(&a);
+        floatX* os = reinterpret_cast<floatX*>(&o);
+        for (int j = 0; j < W; ++j) os[j] = stx(gelu(ldx(xs[j])));
+        reinterpret_cast<uint4*>(out)[i] = o;
+    }
+    for (long long i = nv * W + (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[i] = stx(gelu(ldx(inp[i])));
     }
 }

@@ -379,6 +379,8 @@ pub struct Model {
     /// scaled by `1 / (batch * seq * world)`, so summing the ranks' gradients gives the
     /// gradient of the mean loss over the combined batch.
     world: usize,
+    /// EXPERIMENT: the attention's products through cuBLASLt (GPT2_ATTENTION_LT=1).
+    attn_lt: bool,
 }
 
 /// `bytes` of the default pool on `stream`, zeroed.
@@ -616,6 +618,7 @@ impl Model {
             ln_partials: f(ln_blocks(bt) * 2 * c)?,
             scratch,
             world: 1,
+            attn_lt: std::env::var("GPT2_ATTENTION_LT").is_ok_and(|v| v == "1"),
             cfg,
         })
     }
@@ -817,6 +820,9 @@ impl Model {
                 },
             );
             mm.lds = [a.ld, b.ld, c.ld];
+            if self.attn_lt {
+                mm = mm.lt(Epilogue::None);
+            }
             if ta {
                 mm = mm.ta();
             }
@@ -1086,7 +1092,7 @@ impl Model {
             unsafe {
                 k.gelu_forward.launch(
                     s,
-                    &elementwise(bt * 4 * c),
+                    &elementwise((bt * 4 * c).div_ceil(8)),
                     (&sc.fch_gelu, &a.fch, (bt * 4 * c) as i64),
                 )?;
             }
