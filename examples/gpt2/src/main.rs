@@ -10,7 +10,8 @@
 //!            [--ddp 1]   one process per GPU: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
 //!                        MASTER_PORT as torchrun sets them (cuda-nccl's rendezvous); --batch
 //!                        is per rank, rank r takes the r-th part of each combined batch, the
-//!                        gradients are all-reduced; --out gets each rank's losses
+//!                        gradients are all-reduced during the backward pass (overlapped);
+//!                        --out gets each rank's losses
 //! gpt2 bench [--config tiny|124m] [--batch 8] [--steps 20] [--dtype f32|bf16]
 //!            ms per step, eager and graph-replayed, and the pool's peak reserved memory
 //! ```
@@ -165,9 +166,10 @@ fn train(a: &HashMap<String, String>) {
             Some(e) => model.replay(e).unwrap(),
             None => {
                 model.forward().unwrap();
-                model.backward().unwrap();
-                if let Some((comm, _)) = &ddp {
-                    model.all_reduce_gradients(comm).unwrap();
+                match &ddp {
+                    // The gradients all-reduced part by part, overlapped with the backward.
+                    Some((comm, _)) => model.backward_all_reduce(comm).unwrap(),
+                    None => model.backward().unwrap(),
                 }
                 if step == 0 {
                     if let Some(path) = a.get("grads-out") {

@@ -275,6 +275,34 @@ pub fn pack_batch(
     Ok(())
 }
 
+/// A part of the gradient block that the backward pass finishes at once.
+#[derive(Debug, Clone, Copy)]
+enum Part {
+    /// The final layer norm's weight and bias (finished first).
+    FinalNorm,
+    /// One layer's twelve tensors.
+    Layer(usize),
+    /// The token and position embeddings (finished last: the tied classifier and the
+    /// encoder both write the token embedding's gradient).
+    Embeddings,
+}
+
+/// The gradient elements of `part`, in `param_specs` order.
+fn part_range(cfg: &Config, part: Part) -> std::ops::Range<usize> {
+    let sizes: Vec<usize> = param_specs(cfg)
+        .iter()
+        .map(|(_, s)| s.iter().product())
+        .collect();
+    let per_layer = (sizes.len() - 4) / cfg.layers.max(1);
+    let (first, count) = match part {
+        Part::Embeddings => (0, 2),
+        Part::Layer(l) => (2 + l * per_layer, per_layer),
+        Part::FinalNorm => (sizes.len() - 2, 2),
+    };
+    let start: usize = sizes[..first].iter().sum();
+    start..start + sizes[first..first + count].iter().sum::<usize>()
+}
+
 /// One layer's saved activations.
 struct LayerActs {
     ln1: DevicePtr,
@@ -379,8 +407,9 @@ pub struct Model {
     /// scaled by `1 / (batch * seq * world)`, so summing the ranks' gradients gives the
     /// gradient of the mean loss over the combined batch.
     world: usize,
-    /// EXPERIMENT: the attention's products through cuBLASLt (GPT2_ATTENTION_LT=1).
-    attn_lt: bool,
+    /// The stream the overlapped gradient all-reduce runs on
+    /// ([`backward_all_reduce`](Model::backward_all_reduce)).
+    comm_stream: Stream,
 }
 
 /// `bytes` of the default pool on `stream`, zeroed.
@@ -618,7 +647,7 @@ impl Model {
             ln_partials: f(ln_blocks(bt) * 2 * c)?,
             scratch,
             world: 1,
-            attn_lt: std::env::var("GPT2_ATTENTION_LT").is_ok_and(|v| v == "1"),
+            comm_stream: Stream::new(&dev)?,
             cfg,
         })
     }
@@ -820,9 +849,6 @@ impl Model {
                 },
             );
             mm.lds = [a.ld, b.ld, c.ld];
-            if self.attn_lt {
-                mm = mm.lt(Epilogue::None);
-            }
             if ta {
                 mm = mm.ta();
             }
@@ -1044,6 +1070,49 @@ impl Model {
 
     /// Backward pass: every parameter's gradient (overwritten).
     pub fn backward(&self) -> Result<()> {
+        self.backward_with(|_| Ok(()))
+    }
+
+    /// [`backward`](Self::backward) with the gradients summed over the ranks of `comm` as the
+    /// pass finishes them (data parallel, with [`set_world`](Self::set_world)): each part of
+    /// the gradient block (the final layer norm, each layer from the last, then the tied
+    /// embeddings) is all-reduced on a stream of its own as soon as the backward pass has
+    /// written it, overlapped with the rest of the pass; the model's stream waits for the
+    /// last all-reduce before anything queued after this call (the update). Every rank
+    /// reduces the same parts in the same order. Ranks driven from one thread must use
+    /// [`all_reduce_gradients`](Self::all_reduce_gradients) inside a group instead.
+    pub fn backward_all_reduce(&self, comm: &cudars_nccl::Communicator) -> Result<()> {
+        self.backward_with(|part| {
+            // The part is written in the model's stream order; the reduction follows it.
+            let written = self.stream.record(None)?;
+            self.comm_stream.wait_event(&written)?;
+            self.all_reduce_part(comm, part, &self.comm_stream)
+        })?;
+        let reduced = self.comm_stream.record(None)?;
+        self.stream.wait_event(&reduced)?;
+        Ok(())
+    }
+
+    fn all_reduce_part(
+        &self,
+        comm: &cudars_nccl::Communicator,
+        part: Part,
+        stream: &Stream,
+    ) -> Result<()> {
+        let r = part_range(&self.cfg, part);
+        let x = self.prec.size();
+        let g = self.grads.all.slice(r.start * x..r.end * x)?;
+        let (n, op) = (r.len(), cudars_nccl::ReduceOp::Sum);
+        match self.prec {
+            Precision::F32 => comm.all_reduce_in_place::<f32>(&g, n, op, stream)?,
+            Precision::Bf16 => comm.all_reduce_in_place::<bf16>(&g, n, op, stream)?,
+        }
+        Ok(())
+    }
+
+    /// The backward pass, calling `done` with each part of the gradient block once the pass
+    /// has queued its last write to it.
+    fn backward_with(&self, mut done: impl FnMut(Part) -> Result<()>) -> Result<()> {
         let (b, t, c, nh) = (self.batch, self.cfg.seq, self.cfg.channels, self.cfg.heads);
         let (bt, hs, vp) = (b * t, c / nh, self.cfg.padded_vocab);
         let s = &self.stream;
@@ -1077,6 +1146,7 @@ impl Model {
             &p.lnfw,
             (&self.lnf_mean, &self.lnf_rstd),
         )?;
+        done(Part::FinalNorm)?;
         for l in (0..self.cfg.layers).rev() {
             let a = &self.layers[l];
             let lp = &p.layers[l];
@@ -1179,6 +1249,7 @@ impl Model {
                 &lp.ln1w,
                 (&a.ln1_mean, &a.ln1_rstd),
             )?;
+            done(Part::Layer(l))?;
         }
         // SAFETY: as in `forward`; the grouped positions hold BT, BT + 1 and BT entries and
         // the count of distinct tokens (set_batch).
@@ -1204,7 +1275,7 @@ impl Model {
                 ),
             )?;
         }
-        Ok(())
+        done(Part::Embeddings)
     }
 
     /// Queues one AdamW step over every parameter (PyTorch's order: decay, moments, update):
@@ -1322,6 +1393,22 @@ mod tests {
             assert!(run.windows(2).all(|w| w[0] < w[1]), "position order");
             assert!(run.iter().all(|&p| inputs[p as usize] == uniq[u]));
         }
+    }
+
+    #[test]
+    fn the_gradient_parts_cover_the_block_once() {
+        let cfg = Config::tiny();
+        let mut parts = vec![part_range(&cfg, Part::Embeddings)];
+        parts.extend((0..cfg.layers).map(|l| part_range(&cfg, Part::Layer(l))));
+        parts.push(part_range(&cfg, Part::FinalNorm));
+        let mut at = 0;
+        for r in &parts {
+            assert_eq!(r.start, at, "{parts:?}");
+            assert!(r.end > r.start);
+            at = r.end;
+        }
+        assert_eq!(at, param_count(&cfg));
+        assert_eq!(parts.last().unwrap().len(), 2 * cfg.channels);
     }
 
     #[test]
