@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Round 11, call 7 (two GPUs): GPT-2's data-parallel tests after the overlapped all-reduce.
+set -u
+cd "$(dirname "$0")/../../.."
+tar -xJf target/gpu-bundle.tar.xz -C target
+B=$PWD/target/gpu-bundle
+export NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name --format=csv,noheader
+here=$B; eval "$(sed -n '/^export NCCL_NVLS_ENABLE/,/^test_timeout=/p' $B/run.sh)"
+export CUDA_RS_BUNDLE_DIR=$B
+timeout 200 $B/tests/gpu_gpt2 --ignored --test-threads=1 --nocapture 2>&1 | grep -E "relative|losses|test result|panicked|FAILED" | head -20
