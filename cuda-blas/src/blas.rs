@@ -381,7 +381,7 @@ pub(crate) fn check_gemm<T: Element, P: View>(
         // one leading dimension (heads interleaved in a row, as `(B, T, NH, HS)` holds them).
         let side_by_side = stride >= r as u64
             && (stride)
-                .checked_mul(batch as u64 - 1)
+                .checked_mul((batch as u64).saturating_sub(1))
                 .and_then(|v| v.checked_add(r as u64))
                 .is_some_and(|end| end <= c.ld as u64);
         if batch > 1 && each > 0 && stride < each && !side_by_side {
@@ -432,7 +432,8 @@ pub struct StridedBatch {
     pub a: usize,
     /// Between two `B`s (0: the same `B`).
     pub b: usize,
-    /// Between two `C`s (at least one matrix).
+    /// Between two `C`s (at least one matrix, or the matrices side by side within the
+    /// leading dimension: see [`Gemm::run_strided_batched`]).
     pub c: usize,
 }
 

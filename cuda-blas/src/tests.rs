@@ -302,6 +302,8 @@ fn strided_batches_need_every_matrix_and_outputs_that_do_not_overlap() {
         )
     };
     side(4, 4).unwrap();
+    side(0, 4).unwrap(); // an empty batch: nothing is written
+    side(1, 0).unwrap();
     assert!(matches!(
         refused(side(4, 3)),
         Error::Overlap { output: "c", .. }

@@ -119,6 +119,11 @@ fn f32_training_matches_pytorch_loss_for_loss_and_gradient_for_gradient() {
     assert!(ours[STEPS - 1] < ours[0], "the loss did not fall: {ours:?}");
 
     let (ref_grads, _) = safetensors::read(d.join("ref_grads.safetensors")).unwrap();
+    assert_eq!(
+        ref_grads.len(),
+        init::param_specs(&cfg).len(),
+        "the reference's tensors"
+    );
     let mut at = 0;
     let mut worst = (0f64, String::new());
     for ((name, shape), t) in init::param_specs(&cfg).into_iter().zip(&ref_grads) {
@@ -155,6 +160,32 @@ fn f32_training_matches_pytorch_loss_for_loss_and_gradient_for_gradient() {
         "losses differ by {worst_loss:.2e} relative"
     );
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The largest per-tensor relative difference (max |a - b| over max |b|) between two
+/// gradient blocks in `param_specs` order, and the tensor's name.
+fn worst_tensor(cfg: &Config, a: &[f32], b: &[f32]) -> (f64, String) {
+    assert_eq!(a.len(), b.len());
+    let mut at = 0;
+    let mut worst = (0f64, String::new());
+    for (name, shape) in init::param_specs(cfg) {
+        let n: usize = shape.iter().product();
+        let (x, y) = (&a[at..at + n], &b[at..at + n]);
+        at += n;
+        let scale = y
+            .iter()
+            .fold(0f64, |m, &v| m.max(v.abs() as f64))
+            .max(1e-12);
+        let diff = x
+            .iter()
+            .zip(y)
+            .fold(0f64, |m, (&p, &q)| m.max((p as f64 - q as f64).abs()));
+        if diff / scale > worst.0 {
+            worst = (diff / scale, name);
+        }
+    }
+    assert_eq!(at, a.len());
+    worst
 }
 
 /// The reference's `--out` file: a JSON list of losses (numbers, or objects with "loss").
@@ -367,11 +398,15 @@ fn data_parallel_on_two_gpus_gives_the_single_gpu_loss_on_the_combined_batch() {
     let stream = Stream::new(&devices[0]).unwrap();
     let single = Model::new(cfg, combined, &stream, &weights).unwrap();
     let mut one = Vec::new();
+    let mut one_grads = Vec::new();
     for step in 0..steps {
         let (inp, tgt) = init::batch(&tokens, step, combined, cfg.seq);
         single.set_batch(&inp, &tgt).unwrap();
         single.forward().unwrap();
         single.backward().unwrap();
+        if step == 0 {
+            one_grads = single.gradients().unwrap();
+        }
         single.update(&opt).unwrap();
         one.push(single.loss().unwrap() as f64);
     }
@@ -407,6 +442,15 @@ fn data_parallel_on_two_gpus_gives_the_single_gpu_loss_on_the_combined_batch() {
             Ok(())
         })
         .unwrap();
+        if step == 0 {
+            // Each rank holds the combined batch's gradient (the sum of the halves' scaled
+            // gradients): a missing scale, a double reduction or a skipped part shows here.
+            for (r, m) in ranks.iter().enumerate() {
+                let (w, name) = worst_tensor(&cfg, &m.gradients().unwrap(), &one_grads);
+                println!("rank {r} gradients after step 1 against one GPU's: max relative difference {w:.2e} ({name})");
+                assert!(w <= 1e-4, "rank {r}: {name} differs by {w:.2e}");
+            }
+        }
         let mut loss = 0f64;
         for m in ranks.iter() {
             m.update(&opt).unwrap();
@@ -423,6 +467,15 @@ fn data_parallel_on_two_gpus_gives_the_single_gpu_loss_on_the_combined_batch() {
     println!("two-GPU losses    {two:?}");
     println!("data parallel on 2 GPUs, {steps} steps: max relative difference from one GPU {worst:.2e} (bound 1e-4)");
     assert!(worst <= 1e-4, "data parallel differs by {worst:.2e}");
+    let (p0, p1) = (
+        ranks[0].parameters().unwrap(),
+        ranks[1].parameters().unwrap(),
+    );
+    assert!(
+        p0.iter().zip(&p1).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the ranks' parameters drifted apart"
+    );
+    println!("the two ranks' parameters are equal bit for bit after {steps} steps");
 }
 
 #[test]
@@ -457,11 +510,15 @@ fn one_process_per_gpu_through_the_rendezvous_gives_the_single_gpu_loss() {
     let stream = Stream::new(&devices[0]).unwrap();
     let single = Model::new(cfg, combined, &stream, &weights).unwrap();
     let mut one = Vec::new();
+    let mut one_grads = Vec::new();
     for step in 0..steps {
         let (inp, tgt) = init::batch(&tokens, step, combined, cfg.seq);
         single.set_batch(&inp, &tgt).unwrap();
         single.forward().unwrap();
         single.backward().unwrap();
+        if step == 0 {
+            one_grads = single.gradients().unwrap();
+        }
         single.update(&opt).unwrap();
         one.push(single.loss().unwrap() as f64);
     }
@@ -482,41 +539,77 @@ fn one_process_per_gpu_through_the_rendezvous_gives_the_single_gpu_loss() {
                 .args(["--steps", &steps.to_string(), "--batch", &BATCH.to_string()])
                 .args(["--lr", &opt.lr.to_string()])
                 .args(["--out", d.join(format!("rank{r}.json")).to_str().unwrap()])
+                .args([
+                    "--grads-out",
+                    d.join(format!("grads{r}.safetensors")).to_str().unwrap(),
+                ])
+                .args([
+                    "--params-out",
+                    d.join(format!("params{r}.safetensors")).to_str().unwrap(),
+                ])
                 .env("RANK", r.to_string())
                 .env("LOCAL_RANK", r.to_string())
                 .env("WORLD_SIZE", "2")
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", port.to_string())
                 .env("NCCL_NVLS_ENABLE", "0")
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
+                // To files: a chatty rank never blocks on a full pipe.
+                .stdout(std::fs::File::create(d.join(format!("rank{r}.out"))).unwrap())
+                .stderr(std::fs::File::create(d.join(format!("rank{r}.err"))).unwrap())
                 .spawn()
                 .unwrap()
         })
         .collect();
     // Bounded: a rank that hangs is killed and the test fails.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
-    for (r, c) in children.iter_mut().enumerate() {
-        loop {
-            if c.try_wait().unwrap().is_some() {
-                break;
+    let mut status = [None; 2];
+    while status.iter().any(Option::is_none) {
+        for (r, c) in children.iter_mut().enumerate() {
+            if status[r].is_none() {
+                status[r] = c.try_wait().unwrap();
             }
-            if std::time::Instant::now() > deadline {
-                let _ = c.kill();
-                panic!("rank {r} did not finish in 180 s");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
         }
+        if std::time::Instant::now() > deadline {
+            // Every rank goes: one left behind would hold its GPU.
+            for c in children.iter_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            panic!("the ranks did not finish in 180 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    for (r, c) in children.into_iter().enumerate() {
-        let out = c.wait_with_output().unwrap();
+    for (r, st) in status.iter().enumerate() {
+        let st = st.unwrap();
         assert!(
-            out.status.success(),
-            "rank {r} failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            st.success(),
+            "rank {r} failed ({st}):\n{}\n{}",
+            std::fs::read_to_string(d.join(format!("rank{r}.out"))).unwrap_or_default(),
+            std::fs::read_to_string(d.join(format!("rank{r}.err"))).unwrap_or_default()
         );
     }
+    // Each rank's gradients after step 1 (all-reduced during the backward pass) are the
+    // combined batch's; the ranks' final parameters are equal bit for bit.
+    let flat = |path: PathBuf| -> Vec<f32> {
+        let (t, _) = safetensors::read(path).unwrap();
+        t.iter().flat_map(|t| t.to_f32().unwrap()).collect()
+    };
+    for r in 0..2 {
+        let g = flat(d.join(format!("grads{r}.safetensors")));
+        let (w, name) = worst_tensor(&cfg, &g, &one_grads);
+        println!("rank {r} gradients after step 1 against one GPU's: max relative difference {w:.2e} ({name})");
+        assert!(w <= 1e-4, "rank {r}: {name} differs by {w:.2e}");
+    }
+    let (p0, p1) = (
+        flat(d.join("params0.safetensors")),
+        flat(d.join("params1.safetensors")),
+    );
+    assert_eq!(p0.len(), p1.len());
+    assert!(
+        p0.iter().zip(&p1).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the ranks' parameters drifted apart"
+    );
+    println!("the two ranks' parameters are equal bit for bit after {steps} steps");
     let ranks: Vec<Vec<f64>> = (0..2)
         .map(|r| {
             serde_json_losses(&std::fs::read_to_string(d.join(format!("rank{r}.json"))).unwrap())

@@ -89,8 +89,20 @@ pub const RAND: SysCrate = SysCrate {
     hint: "install libclang and point CUDA_RAND_INCLUDE_DIR at curand.h (crt/ beside it) and CUDA_INCLUDE_DIR at the CUDA runtime headers (.ci/run fetches both)",
 };
 
+/// cuda-fft-sys: cuFFT (its build script is `cudars_loader::build`).
+pub const FFT: SysCrate = SysCrate {
+    package: "cudars-fft-sys",
+    what: "cuFFT",
+    snapshot: "cuda-fft-sys/src/generated/fft.rs",
+    generated: "fft.rs",
+    source_var: "CUDA_FFT_SYS_BINDINGS_SOURCE",
+    snapshot_var: "CUDA_FFT_SYS_USE_SNAPSHOT",
+    command: "fft-bindings",
+    hint: "install libclang and point CUDA_FFT_INCLUDE_DIR at cufft.h and CUDA_INCLUDE_DIR at the CUDA runtime headers (.ci/run fetches both)",
+};
+
 /// Every raw-binding crate, in dependency order.
-pub const ALL: [&SysCrate; 5] = [&CUDA, &NCCL, &RTC, &BLAS, &RAND];
+pub const ALL: [&SysCrate; 6] = [&CUDA, &NCCL, &RTC, &BLAS, &RAND, &FFT];
 
 /// The environment of `ci`'s no-header build: cuda-sys on its snapshot, in a target directory
 /// of its own ([`snapshot_build`] adds each crate's own snapshot variable).

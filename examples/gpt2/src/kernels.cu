@@ -149,11 +149,10 @@ __device__ float block_max(float v) {
 
 // ------------------------------------------------------------------------------------------
 // 1. encoder_forward: out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
-//    Token ids must lie in [0, V): the kernel is not given V, so it cannot check the upper
-//    bound; a negative id contributes nothing from wte (out = wpe row).
+//    A token id outside [0, V) contributes nothing from wte (out = wpe row).
 // ------------------------------------------------------------------------------------------
 extern "C" __global__ void encoder_forward(floatX* out, const int* inp, const floatX* wte,
-                                           const floatX* wpe, int B, int T, int C) {
+                                           const floatX* wpe, int B, int T, int C, int V) {
     if (B <= 0 || T <= 0 || C <= 0) return;
     const long long n = (long long)B * T * C;
     GS_LOOP(i, n) {
@@ -161,7 +160,7 @@ extern "C" __global__ void encoder_forward(floatX* out, const int* inp, const fl
         const long long c = i - bt * C;
         const long long t = bt % T;
         const int tok = inp[bt];
-        const float e = tok >= 0 ? ldx(wte[(long long)tok * C + c]) : 0.0f;
+        const float e = tok >= 0 && tok < V ? ldx(wte[(long long)tok * C + c]) : 0.0f;
         out[i] = stx(e + ldx(wpe[t * C + c]));
     }
 }
@@ -307,7 +306,7 @@ extern "C" __global__ void crossentropy_forward_backward(floatX* logits, float* 
             if (v > m) {
                 sm = sm * expf(m - v) + 1.0f;
                 m = v;
-            } else {
+            } else if (v != NEG_INF) {  // (-inf adds nothing; exp(-inf - -inf) would be NaN)
                 sm += expf(v - m);
             }
         }

@@ -109,7 +109,10 @@ impl Loader {
         }
         // The copy out of the staging buffer (queued on the model's stream by the last
         // `load`) must be done before the upload overwrites it.
-        self.copy.wait_event(&self.consumed)?;
+        if let Err(e) = self.copy.wait_event(&self.consumed) {
+            self.host = Some(host);
+            return Err(e.into());
+        }
         self.inflight = Some(copy_to_device_async(host, &self.staging, &self.copy).map_err(xfer)?);
         self.uploaded.record(&self.copy)?;
         self.ready = true;

@@ -6,6 +6,7 @@
 //! gpt2 train --weights W --tokens T [--steps 10] [--batch 4] [--lr 1e-4] [--out losses.json]
 //!            [--dtype f32|bf16] [--graph 1]  (replay the step from a CUDA graph after step 1)
 //!            [--grads-out G.safetensors]   (every parameter's gradient after step 1's backward)
+//!            [--params-out P.safetensors]  (every parameter after the last step)
 //!            [--memory-report R.html]      (the pool's memory timeline of the run)
 //!            [--ddp 1]   one process per GPU: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
 //!                        MASTER_PORT as torchrun sets them (cuda-nccl's rendezvous); --batch
@@ -122,6 +123,10 @@ fn train(a: &HashMap<String, String>) {
         ..AdamW::default()
     };
     let graph = get(a, "graph", 0u32) != 0;
+    assert!(
+        !(graph && get(a, "ddp", 0u32) != 0),
+        "--graph 1 with --ddp 1: the data-parallel step runs eagerly (its all-reduce is not captured)"
+    );
     // Data parallel, one process per GPU: the job's variables and rank 0's id over TCP.
     let ddp = (get(a, "ddp", 0u32) != 0)
         .then(|| cudars_nccl::Communicator::from_env(&cudars_nccl::CommConfig::default()).unwrap());
@@ -150,6 +155,12 @@ fn train(a: &HashMap<String, String>) {
     let part = |step: usize| {
         let (inp, tgt) = init::batch(&tokens, step, batch * world, cfg.seq);
         let n = batch * cfg.seq;
+        assert!(
+            inp.len() == n * world,
+            "the tokens file holds fewer than one combined batch of {} x {} tokens",
+            batch * world,
+            cfg.seq
+        );
         (
             inp[rank * n..(rank + 1) * n].to_vec(),
             tgt[rank * n..(rank + 1) * n].to_vec(),
@@ -217,6 +228,17 @@ fn train(a: &HashMap<String, String>) {
         )
         .unwrap();
         println!("memory report: {path}");
+    }
+    if let Some(path) = a.get("params-out") {
+        let p = model.parameters().unwrap();
+        let mut at = 0;
+        let mut out = Vec::new();
+        for (name, shape) in init::param_specs(&cfg) {
+            let n: usize = shape.iter().product();
+            out.push(Tensor::f32(&name, shape, &p[at..at + n]));
+            at += n;
+        }
+        safetensors::write(path, &out, &cfg.metadata()).unwrap();
     }
     if let Some(out) = a.get("out") {
         let json = format!(

@@ -717,8 +717,9 @@ impl Model {
     }
 
     /// The device buffer the step reads its batch from ([`batch_words`](Model::batch_words)
-    /// i32): a loader copies packed batches into it, in the model's stream order.
-    pub fn batch_buffer(&self) -> &DevicePtr {
+    /// i32): the loader copies packed batches into it, in the model's stream order. Not
+    /// public: only [`pack_batch`](Model::pack_batch)'s checked output goes in.
+    pub(crate) fn batch_buffer(&self) -> &DevicePtr {
         &self.data
     }
 
@@ -914,7 +915,16 @@ impl Model {
             k.encoder_forward.launch(
                 s,
                 &elementwise(bt * c),
-                (&self.encoded, &self.inputs, &p.wte, &p.wpe, bi, ti, ci),
+                (
+                    &self.encoded,
+                    &self.inputs,
+                    &p.wte,
+                    &p.wpe,
+                    bi,
+                    ti,
+                    ci,
+                    v as i32,
+                ),
             )?;
         }
         let sc = &self.scratch;
@@ -1082,14 +1092,20 @@ impl Model {
     /// reduces the same parts in the same order. Ranks driven from one thread must use
     /// [`all_reduce_gradients`](Self::all_reduce_gradients) inside a group instead.
     pub fn backward_all_reduce(&self, comm: &cudars_nccl::Communicator) -> Result<()> {
-        self.backward_with(|part| {
+        let pass = self.backward_with(|part| {
             // The part is written in the model's stream order; the reduction follows it.
             let written = self.stream.record(None)?;
             self.comm_stream.wait_event(&written)?;
             self.all_reduce_part(comm, part, &self.comm_stream)
-        })?;
-        let reduced = self.comm_stream.record(None)?;
-        self.stream.wait_event(&reduced)?;
+        });
+        // Whatever happened, nothing queued on the model's stream after this call runs
+        // before the reductions already queued (they write the gradient block).
+        let joined = self
+            .comm_stream
+            .record(None)
+            .and_then(|reduced| self.stream.wait_event(&reduced));
+        pass?;
+        joined?;
         Ok(())
     }
 

@@ -1,0 +1,145 @@
+//! The plan cache: plans kept per device and [`Geometry`], least recently used dropped past a
+//! bound (CuPy's `cupy.fft.config.get_plan_cache()`, 16 plans per device by default). The
+//! one-call transforms ([`c2c`](crate::c2c), [`r2c`](crate::r2c), [`c2r`](crate::c2r),
+//! [`exec`](crate::exec)) plan through it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudars_core::Device;
+
+use crate::error::Result;
+use crate::layout::Geometry;
+use crate::plan::Plan;
+
+/// A cached plan, shared: lock it to run it.
+pub type SharedPlan = Arc<Mutex<Plan>>;
+
+struct Entry {
+    plan: SharedPlan,
+    used: u64,
+}
+
+#[derive(Default)]
+struct Cache {
+    max: Option<usize>,
+    entries: HashMap<(usize, Geometry), Entry>,
+    clock: u64,
+    hits: u64,
+    misses: u64,
+}
+
+/// Plans per device kept when no size was set.
+pub const DEFAULT_SIZE: usize = 16;
+
+fn cache() -> &'static Mutex<Cache> {
+    static CACHE: std::sync::OnceLock<Mutex<Cache>> = std::sync::OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(Cache::default()))
+}
+
+/// The plan for `geometry` on `device`: the cached one, or a new one (cached, dropping the
+/// least recently used plan of the device past the bound). A plan being dropped from the
+/// cache lives on while someone holds it.
+pub fn plan(device: &Device, geometry: &Geometry) -> Result<SharedPlan> {
+    let key = (device.ordinal(), geometry.clone());
+    {
+        let mut c = cache().lock().unwrap_or_else(PoisonError::into_inner);
+        c.clock += 1;
+        let now = c.clock;
+        if let Some(e) = c.entries.get_mut(&key) {
+            e.used = now;
+            let p = Arc::clone(&e.plan);
+            c.hits += 1;
+            return Ok(p);
+        }
+    }
+    // Planned outside the lock (it takes milliseconds); a racing thread may plan it too,
+    // and the later insert wins.
+    let plan = Arc::new(Mutex::new(Plan::new(device, geometry.clone())?));
+    let evicted;
+    {
+        let mut c = cache().lock().unwrap_or_else(PoisonError::into_inner);
+        c.misses += 1;
+        c.clock += 1;
+        let now = c.clock;
+        let max = c.max.unwrap_or(DEFAULT_SIZE);
+        c.entries.insert(
+            key,
+            Entry {
+                plan: Arc::clone(&plan),
+                used: now,
+            },
+        );
+        evicted = evict(&mut c, device.ordinal(), max);
+    }
+    drop(evicted); // plans dropped outside the lock
+    Ok(plan)
+}
+
+fn evict(c: &mut Cache, device: usize, max: usize) -> Vec<SharedPlan> {
+    let mut out = Vec::new();
+    loop {
+        let mine: Vec<_> = c
+            .entries
+            .iter()
+            .filter(|((d, _), _)| *d == device)
+            .map(|(k, e)| (e.used, k.clone()))
+            .collect();
+        if mine.len() <= max {
+            return out;
+        }
+        let Some((_, oldest)) = mine.into_iter().min_by_key(|(used, _)| *used) else {
+            return out;
+        };
+        if let Some(e) = c.entries.remove(&oldest) {
+            out.push(e.plan);
+        }
+    }
+}
+
+/// Sets the plans kept per device (0 keeps none); drops the surplus now.
+pub fn set_size(max: usize) {
+    let mut dropped = Vec::new();
+    {
+        let mut c = cache().lock().unwrap_or_else(PoisonError::into_inner);
+        c.max = Some(max);
+        let devices: Vec<usize> = c.entries.keys().map(|(d, _)| *d).collect();
+        for d in devices {
+            dropped.extend(evict(&mut c, d, max));
+        }
+    }
+    drop(dropped);
+}
+
+/// The plans kept per device.
+pub fn size() -> usize {
+    cache()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .max
+        .unwrap_or(DEFAULT_SIZE)
+}
+
+/// Plans cached now, over every device.
+pub fn len() -> usize {
+    cache()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .entries
+        .len()
+}
+
+/// `(hits, misses)` since the process started.
+pub fn stats() -> (u64, u64) {
+    let c = cache().lock().unwrap_or_else(PoisonError::into_inner);
+    (c.hits, c.misses)
+}
+
+/// Drops every cached plan (those held elsewhere live on until released).
+pub fn clear() {
+    let all: Vec<Entry> = {
+        let mut c = cache().lock().unwrap_or_else(PoisonError::into_inner);
+        c.entries.drain().map(|(_, e)| e).collect()
+    };
+    drop(all);
+}
