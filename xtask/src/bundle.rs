@@ -41,6 +41,7 @@ pub const SUITE: &[&str] = &[
     "gpu_dlpack",
     "gpu_blas",
     "gpu_rand",
+    "gpu_fft",
     "gpu_gpt2",
 ];
 
@@ -501,6 +502,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   bench     every benchmark binary (their own output), then peers.py, rtc_peers.py,
 #             bench_dlpack.py and workload_bench.py
 #   rtc-bench bench_rtc and rtc_peers.py alone (cuda-rtc beside CuPy RawKernel and cuda.core)
+#   fft-bench  bench_fft and fft_peers.py (cuFFT through cuda-fft beside torch.fft and cupy.fft)
 #   gpt2-bench the GPT-2 example's step, f32 and bf16 (ours eager and replayed) beside PyTorch's
 #             (eager, CUDA graph, torch.compile), interleaved ours / theirs / ours
 #   blas-bench bench_blas alone (GEMM TFLOP/s, small-GEMM issue, captured GEMMs; it runs
@@ -672,6 +674,12 @@ case "$mode" in
     echo "CUDA_CUBLAS_LIBRARY=${CUDA_CUBLAS_LIBRARY:-unset}"
     echo "=== bench_blas"; "$here/bench/bench_blas" "${extra[@]}" || echo "(exit $?)"
     exit 0 ;;
+  fft-bench)
+    # bench_fft (cuda-fft's transforms and its plan-cache hit against a bare cufftExecC2C),
+    # then fft_peers.py (torch.fft, cupy.fft) on the same rows.
+    echo "=== bench_fft"; "$here/bench/bench_fft" || echo "(exit $?)"
+    echo "=== fft peers (torch.fft, cupy.fft)"; python3 "$here/fft_peers.py" || echo "(exit $?)"
+    exit 0 ;;
   gpt2-bench)
     # The GPT-2 example's training step (124M, batch 8 x 1024), f32 then bf16 mixed
     # precision: ours eager and graph-replayed, then PyTorch eager, CUDA graph and
@@ -734,7 +742,7 @@ case "$mode" in
       esac
     done; exit 0 ;;
   all) "$0" examples; run_tests; two_gpu; "$0" bench; ;;
-  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|blas-bench|gpt2-bench|graph-bench|dlpack-bench|workloads|examples|all] [args]"; exit 2 ;;
+  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|blas-bench|fft-bench|gpt2-bench|graph-bench|dlpack-bench|workloads|examples|all] [args]"; exit 2 ;;
 esac
 echo "GPU suite: $passed passed, $failed failed on $device"
 [ "$failed" -eq 0 ]
