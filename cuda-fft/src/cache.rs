@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cudars_core::Device;
 
 use crate::error::Result;
-use crate::layout::Geometry;
+use crate::layout::{Geometry, Precision, Transform};
 use crate::plan::Plan;
 
 /// A cached plan, shared: lock it to run it.
@@ -20,10 +20,63 @@ struct Entry {
     used: u64,
 }
 
+/// A cache key: packed geometries by value (no allocation on a hit), others whole.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Packed {
+        device: usize,
+        transform: Transform,
+        precision: Precision,
+        shape: [usize; 3],
+        rank: usize,
+        batch: usize,
+    },
+    Advanced(usize, Geometry),
+}
+
+impl Key {
+    fn device(&self) -> usize {
+        match self {
+            Key::Packed { device, .. } | Key::Advanced(device, _) => *device,
+        }
+    }
+
+    fn packed(
+        device: usize,
+        transform: Transform,
+        precision: Precision,
+        shape: &[usize],
+        batch: usize,
+    ) -> Option<Key> {
+        if shape.is_empty() || shape.len() > 3 {
+            return None;
+        }
+        let mut s = [0; 3];
+        s[..shape.len()].copy_from_slice(shape);
+        Some(Key::Packed {
+            device,
+            transform,
+            precision,
+            shape: s,
+            rank: shape.len(),
+            batch,
+        })
+    }
+
+    fn of(device: usize, g: &Geometry) -> Key {
+        if !g.advanced {
+            if let Some(k) = Key::packed(device, g.transform, g.precision, &g.shape, g.batch) {
+                return k;
+            }
+        }
+        Key::Advanced(device, g.clone())
+    }
+}
+
 #[derive(Default)]
 struct Cache {
     max: Option<usize>,
-    entries: HashMap<(usize, Geometry), Entry>,
+    entries: HashMap<Key, Entry>,
     clock: u64,
     hits: u64,
     misses: u64,
@@ -41,7 +94,31 @@ fn cache() -> &'static Mutex<Cache> {
 /// least recently used plan of the device past the bound). A plan being dropped from the
 /// cache lives on while someone holds it.
 pub fn plan(device: &Device, geometry: &Geometry) -> Result<SharedPlan> {
-    let key = (device.ordinal(), geometry.clone());
+    let key = Key::of(device.ordinal(), geometry);
+    lookup(device, key, || Ok(geometry.clone()))
+}
+
+/// [`plan`] for a packed geometry, without building one on a hit.
+pub(crate) fn packed(
+    device: &Device,
+    transform: Transform,
+    precision: Precision,
+    shape: &[usize],
+    batch: usize,
+) -> Result<SharedPlan> {
+    let geometry = || Geometry::packed(transform, precision, shape, batch);
+    match Key::packed(device.ordinal(), transform, precision, shape, batch) {
+        Some(key) => lookup(device, key, geometry),
+        // (a shape of no or too many dimensions: refused by Geometry::packed)
+        None => plan(device, &geometry()?),
+    }
+}
+
+fn lookup(
+    device: &Device,
+    key: Key,
+    geometry: impl FnOnce() -> Result<Geometry>,
+) -> Result<SharedPlan> {
     {
         let mut c = cache().lock().unwrap_or_else(PoisonError::into_inner);
         c.clock += 1;
@@ -55,7 +132,7 @@ pub fn plan(device: &Device, geometry: &Geometry) -> Result<SharedPlan> {
     }
     // Planned outside the lock (it takes milliseconds); a racing thread may plan it too,
     // and the later insert wins.
-    let plan = Arc::new(Mutex::new(Plan::new(device, geometry.clone())?));
+    let plan = Arc::new(Mutex::new(Plan::new(device, geometry()?)?));
     let evicted;
     {
         let mut c = cache().lock().unwrap_or_else(PoisonError::into_inner);
@@ -82,7 +159,7 @@ fn evict(c: &mut Cache, device: usize, max: usize) -> Vec<SharedPlan> {
         let mine: Vec<_> = c
             .entries
             .iter()
-            .filter(|((d, _), _)| *d == device)
+            .filter(|(k, _)| k.device() == device)
             .map(|(k, e)| (e.used, k.clone()))
             .collect();
         if mine.len() <= max {
@@ -103,7 +180,7 @@ pub fn set_size(max: usize) {
     {
         let mut c = cache().lock().unwrap_or_else(PoisonError::into_inner);
         c.max = Some(max);
-        let devices: Vec<usize> = c.entries.keys().map(|(d, _)| *d).collect();
+        let devices: Vec<usize> = c.entries.keys().map(Key::device).collect();
         for d in devices {
             dropped.extend(evict(&mut c, d, max));
         }

@@ -249,14 +249,20 @@ impl Geometry {
     /// they share memory. In place (the same address) is allowed for C2C with identical
     /// layouts; any other overlap is refused.
     pub fn check_views(&self, input: (u64, usize), output: (u64, usize)) -> Result<()> {
+        self.check_views_reaching(input, output, (self.input_bytes()?, self.output_bytes()?))
+    }
+
+    /// [`check_views`](Self::check_views) with the bytes each layout reaches already known
+    /// (a plan computes them once).
+    pub(crate) fn check_views_reaching(
+        &self,
+        input: (u64, usize),
+        output: (u64, usize),
+        (need_in, need_out): (u64, u64),
+    ) -> Result<()> {
         for (arg, (addr, have), need, elem) in [
-            ("input", input, self.input_bytes()?, self.input_element()),
-            (
-                "output",
-                output,
-                self.output_bytes()?,
-                self.output_element(),
-            ),
+            ("input", input, need_in, self.input_element()),
+            ("output", output, need_out, self.output_element()),
         ] {
             if !addr.is_multiple_of(elem as u64) {
                 return Err(Error::Misaligned {
@@ -273,8 +279,6 @@ impl Geometry {
                 });
             }
         }
-        let need_in = self.input_bytes()?;
-        let need_out = self.output_bytes()?;
         let (i0, i1) = (input.0, input.0 + need_in);
         let (o0, o1) = (output.0, output.0 + need_out);
         let overlap = i0 < o1 && o0 < i1 && need_in > 0 && need_out > 0;

@@ -53,6 +53,16 @@ pub fn exec(
     dir: Direction,
 ) -> Result<()> {
     let plan = cache::plan(&stream.device(), geometry)?;
+    run(&plan, stream, input, output, dir)
+}
+
+fn run(
+    plan: &cache::SharedPlan,
+    stream: &Stream,
+    input: &DevicePtr,
+    output: &DevicePtr,
+    dir: Direction,
+) -> Result<()> {
     let mut plan = plan
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -69,8 +79,8 @@ pub fn c2c<T: Real>(
     batch: usize,
     dir: Direction,
 ) -> Result<()> {
-    let g = Geometry::packed(Transform::C2C, T::PRECISION, shape, batch)?;
-    exec(stream, &g, input, output, dir)
+    let plan = cache::packed(&stream.device(), Transform::C2C, T::PRECISION, shape, batch)?;
+    run(&plan, stream, input, output, dir)
 }
 
 /// `batch` packed real-to-complex transforms of `shape`: `input` holds the reals, `output`
@@ -82,8 +92,8 @@ pub fn r2c<T: Real>(
     shape: &[usize],
     batch: usize,
 ) -> Result<()> {
-    let g = Geometry::packed(Transform::R2C, T::PRECISION, shape, batch)?;
-    exec(stream, &g, input, output, Direction::Forward)
+    let plan = cache::packed(&stream.device(), Transform::R2C, T::PRECISION, shape, batch)?;
+    run(&plan, stream, input, output, Direction::Forward)
 }
 
 /// `batch` packed complex-to-real transforms of `shape` (the real side's shape): `input`
@@ -95,6 +105,6 @@ pub fn c2r<T: Real>(
     shape: &[usize],
     batch: usize,
 ) -> Result<()> {
-    let g = Geometry::packed(Transform::C2R, T::PRECISION, shape, batch)?;
-    exec(stream, &g, input, output, Direction::Inverse)
+    let plan = cache::packed(&stream.device(), Transform::C2R, T::PRECISION, shape, batch)?;
+    run(&plan, stream, input, output, Direction::Inverse)
 }

@@ -10,16 +10,16 @@
 //!   cuda-blas's captured workspaces follow).
 //! * **Streams.** A plan is bound to the stream it last ran on. Running it on another stream
 //!   rebinds it: the new stream first waits for the plan's last execution on the old one, so
-//!   the two never share the work area at the same time. The per-thread default stream of
-//!   another thread counts as another stream.
+//!   the two never share the work area at the same time. The per-thread default stream is
+//!   refused (a pool block cannot be ordered on it across threads, and a plan moves between
+//!   threads): use a created stream.
 //! * **Destruction.** `cufftDestroy` may synchronise the device; while a capture may run in
 //!   the process, dropped plans wait and are destroyed after it.
 
 use std::sync::{Mutex, PoisonError};
-use std::thread::ThreadId;
 
 use cudars_core::graph::{self, CaptureStatus};
-use cudars_core::{Device, DevicePtr, Event, Issue, Stream, StreamKind};
+use cudars_core::{Device, DevicePtr, Issue, Stream, StreamKind};
 use cudars_fft_sys::{cudaStream_t, cufftHandle, cufftType};
 
 use crate::error::{check, cufft, Error, Result};
@@ -45,6 +45,8 @@ pub struct Plan {
     raw: cufftHandle,
     device: Device,
     geometry: Geometry,
+    /// The bytes the input and output layouts reach.
+    reach: (u64, u64),
     work_bytes: usize,
     /// Execution state.
     eager: Option<DevicePtr>,
@@ -54,11 +56,10 @@ pub struct Plan {
     capture_unkept: bool,
     /// The work area the handle has now (its address).
     bound_work: u64,
-    /// The stream the handle is set to, and the thread when it is a per-thread stream.
-    bound: Option<(Stream, Option<ThreadId>)>,
-    /// Recorded after each eager execution on a per-thread stream (another thread cannot
-    /// record on it later).
-    done: Option<Event>,
+    /// The stream the handle is set to.
+    bound: Option<Stream>,
+    /// The stream the eager work area was last marked for.
+    work_stream: Option<Stream>,
     executions: u64,
 }
 
@@ -117,10 +118,6 @@ fn capture_of(stream: &Stream) -> Result<Option<u64>> {
     }
 }
 
-fn identity(stream: &Stream) -> Option<ThreadId> {
-    (stream.kind() == StreamKind::PerThread).then(|| std::thread::current().id())
-}
-
 impl Plan {
     /// Plans `geometry` on `device` (`cufftMakePlanMany64`, cuFFT's own work-area allocation
     /// off). Nothing is allocated for the work area until the first execution.
@@ -133,9 +130,11 @@ impl Plan {
         let mut raw: cufftHandle = 0;
         // SAFETY: a valid out-pointer; the device's context is current.
         check(unsafe { lib.cufftCreate(&mut raw) }, "cufftCreate")?;
+        let reach = (geometry.input_bytes()?, geometry.output_bytes()?);
         let mut plan = Plan {
             raw,
             device: *device,
+            reach,
             geometry,
             work_bytes: 0,
             eager: None,
@@ -144,7 +143,7 @@ impl Plan {
             capture_unkept: false,
             bound_work: 0,
             bound: None,
-            done: None,
+            work_stream: None,
             executions: 0,
         };
         // (On an error below, dropping `plan` destroys the handle.)
@@ -239,10 +238,21 @@ impl Plan {
                 });
             }
         }
-        self.geometry.check_views(
+        self.geometry.check_views_reaching(
             (input.as_raw(), input.len()),
             (output.as_raw(), output.len()),
+            self.reach,
         )?;
+        if stream.kind() == StreamKind::PerThread {
+            // A pool block (the work area, the views) cannot be ordered on the per-thread
+            // stream across threads (cuda-mempool's rule), and a plan moves between threads.
+            return Err(Error::Unsupported {
+                what: "FFT execution",
+                why: "on the per-thread default stream: a plan's work area cannot be ordered \
+                      there across threads; use a created stream"
+                    .into(),
+            });
+        }
         let lib = cufft()?;
         let issue = stream.issue(self.device)?;
         let _ctx = self.device.bind()?;
@@ -286,36 +296,21 @@ impl Plan {
         };
         check(status, "cufftExec")?;
         self.executions += 1;
-        if capture.is_none() && stream.kind() == StreamKind::PerThread {
-            let ev = match self.done.take() {
-                Some(e) => e,
-                None => Event::new(&self.device)?,
-            };
-            ev.record(stream)?;
-            self.done = Some(ev);
-        }
         Ok(())
     }
 
     /// Sets the handle's stream to `stream`, ordering it after the plan's last eager
     /// execution on another stream.
     fn bind_stream(&mut self, stream: &Stream, capture: Option<u64>) -> Result<()> {
-        let who = identity(stream);
-        if let Some((old, old_who)) = &self.bound {
-            if old == stream && *old_who == who {
+        if let Some(old) = &self.bound {
+            if old == stream {
                 return Ok(());
             }
             // Eager work on the new stream must not share the eager work area with work
             // still running on the old one (captured work uses its own work area).
             if capture.is_none() && self.executions > 0 {
-                match (&self.done, old.kind()) {
-                    (Some(ev), StreamKind::PerThread) => stream.wait_event(ev)?,
-                    (_, StreamKind::PerThread) => {}
-                    _ => {
-                        let ev = old.record(None)?;
-                        stream.wait_event(&ev)?;
-                    }
-                }
+                let ev = old.record(None)?;
+                stream.wait_event(&ev)?;
             }
         }
         let lib = cufft()?;
@@ -325,7 +320,7 @@ impl Plan {
             unsafe { lib.cufftSetStream(self.raw, stream.raw() as cudaStream_t) },
             "cufftSetStream",
         )?;
-        self.bound = Some((stream.clone(), who));
+        self.bound = Some(stream.clone());
         Ok(())
     }
 
@@ -363,8 +358,12 @@ impl Plan {
                     self.eager = Some(take("eager")?);
                 }
                 let p = self.eager.as_ref().map(|p| p.as_raw()).unwrap_or(0);
-                if let Some(w) = &self.eager {
-                    w.record_stream(issue)?;
+                if self.work_stream.as_ref() != Some(stream) {
+                    // First use on this stream: the block's owner orders its free after it.
+                    if let Some(w) = &self.eager {
+                        w.record_stream(issue)?;
+                    }
+                    self.work_stream = Some(stream.clone());
                 }
                 p
             }

@@ -1,7 +1,7 @@
 //! GPU: cuFFT through `cuda-fft`: C2C, R2C and C2R in f32 and f64, 1-, 2- and 3-D, batched
 //! and strided, against a CPU DFT; inverse after forward gives n times the input; in place;
-//! refusals on the GPU that issue nothing; a plan moved between streams (the per-thread
-//! stream too); a captured FFT without memory nodes that replays new inputs, and 1,000
+//! refusals on the GPU that issue nothing; a plan moved between streams and threads (the
+//! per-thread stream refused); a captured FFT without memory nodes that replays new inputs, and 1,000
 //! captures leaving the pool's reserved bytes flat; the plan cache's bound.
 #![cfg(feature = "gpu")]
 #![allow(
@@ -348,30 +348,35 @@ fn a_plan_moves_between_streams_and_threads_and_stays_right() {
     .unwrap();
     plan.exec(&a, &din, &outs[0], Direction::Forward).unwrap();
     plan.exec(&b, &din, &outs[1], Direction::Forward).unwrap();
+    // The per-thread default stream is refused, with nothing issued.
     let per_thread = Stream::per_thread(&dev);
-    plan.exec(&per_thread, &din, &outs[2], Direction::Forward)
-        .unwrap();
-    per_thread.synchronize().unwrap();
-    // Another thread's per-thread stream.
-    let plan = std::thread::scope(|s| {
+    let e = plan
+        .exec(&per_thread, &din, &outs[2], Direction::Forward)
+        .unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    // Another thread, on a stream of its own, then back to the first stream.
+    let c = Stream::new(&dev).unwrap();
+    let mut plan = std::thread::scope(|s| {
         s.spawn(|| {
             let mut plan = plan;
-            let pt = Stream::per_thread(&dev);
-            plan.exec(&pt, &din, &outs[3], Direction::Forward).unwrap();
-            pt.synchronize().unwrap();
+            plan.exec(&c, &din, &outs[2], Direction::Forward).unwrap();
             plan
         })
         .join()
         .unwrap()
     });
+    plan.exec(&a, &din, &outs[3], Direction::Forward).unwrap();
     b.synchronize().unwrap();
+    c.synchronize().unwrap();
     for (i, o) in outs.iter().enumerate() {
         let got = from_f32(&download::<f32>(&a, o, 2 * n * batch));
         let e = rel(&got, &want);
         assert!(e < 1e-5, "output {i}: {e:.2e}");
     }
     assert_eq!(plan.executions(), 4);
-    println!("one plan on two streams and two threads' per-thread streams: right each time");
+    println!(
+        "one plan on three streams and two threads: right each time; the per-thread stream refused"
+    );
 }
 
 #[test]
@@ -457,9 +462,16 @@ fn the_plan_cache_hits_and_keeps_its_bound() {
         cudars_fft::c2c::<f32>(&stream, &buf, &out, &[n], 1, Direction::Forward).unwrap();
     }
     let (h1, m1) = cache::stats();
-    // 8, 16, 32, 64 miss; then 8 was the least recently used of five... the bound is 4:
-    // 8 was dropped when 64 came, so the second 8 misses and drops 16, which misses again.
-    assert_eq!((h1 - h0, m1 - m0), (0, 6));
+    // Four plans fit the bound: 8, 16, 32, 64 miss, 8 and 16 hit.
+    assert_eq!((h1 - h0, m1 - m0), (2, 4));
+    assert_eq!(cache::len(), 4);
+    // A fifth drops the least recently used (32): 128 misses, 32 misses again (and drops
+    // 64), 8 still hits.
+    for n in [128, 32, 8] {
+        cudars_fft::c2c::<f32>(&stream, &buf, &out, &[n], 1, Direction::Forward).unwrap();
+    }
+    let (h1, m1) = cache::stats();
+    assert_eq!((h1 - h0, m1 - m0), (3, 6));
     assert_eq!(cache::len(), 4);
     for _ in 0..10 {
         cudars_fft::c2c::<f32>(&stream, &buf, &out, &[64], 1, Direction::Forward).unwrap();
