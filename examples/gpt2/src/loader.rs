@@ -14,7 +14,7 @@
 //!
 //! So the upload of batch `k + 1` runs while step `k` computes, and the host packs batch
 //! `k + 1` meanwhile too. The host buffer comes back from the transfer's
-//! [`Pending`](cudars_xfer::Pending) before it is filled again, so the DMA never reads a
+//! [`Pending`] before it is filled again, so the DMA never reads a
 //! buffer being written.
 //!
 //! ```no_run
