@@ -114,7 +114,50 @@ pub(crate) fn packed(
     }
 }
 
+/// A thread's last hit: its key, the plan (weakly: a plan dropped from the cache is not
+/// kept), and the cache's generation then.
+type Memo = Option<(Key, std::sync::Weak<Mutex<Plan>>, u64)>;
+
+thread_local! {
+    static LAST: std::cell::RefCell<Memo> = const { std::cell::RefCell::new(None) };
+}
+
+/// Bumped by every change to the cache, so a thread's memo of its last hit is used only
+/// while the cache still holds that plan.
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Hits served by a thread's memo.
+static MEMO_HITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn changed() {
+    GENERATION.fetch_add(1, std::sync::atomic::Ordering::Release);
+}
+
 fn lookup(
+    device: &Device,
+    key: Key,
+    geometry: impl FnOnce() -> Result<Geometry>,
+) -> Result<SharedPlan> {
+    // The same plan as this thread's last call, with nothing evicted or cleared since: no
+    // global lock (the LRU order is refreshed on the next full lookup).
+    let generation = GENERATION.load(std::sync::atomic::Ordering::Acquire);
+    let memo = LAST.with(|l| {
+        l.borrow().as_ref().and_then(|(k, w, g)| {
+            (*g == generation && *k == key)
+                .then(|| w.upgrade())
+                .flatten()
+        })
+    });
+    if let Some(p) = memo {
+        MEMO_HITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return Ok(p);
+    }
+    let found = lookup_locked(device, key.clone(), geometry)?;
+    LAST.with(|l| *l.borrow_mut() = Some((key, Arc::downgrade(&found), generation)));
+    Ok(found)
+}
+
+fn lookup_locked(
     device: &Device,
     key: Key,
     geometry: impl FnOnce() -> Result<Geometry>,
@@ -148,6 +191,7 @@ fn lookup(
             },
         );
         evicted = evict(&mut c, device.ordinal(), max);
+        changed();
     }
     drop(evicted); // plans dropped outside the lock
     Ok(plan)
@@ -184,6 +228,7 @@ pub fn set_size(max: usize) {
         for d in devices {
             dropped.extend(evict(&mut c, d, max));
         }
+        changed();
     }
     drop(dropped);
 }
@@ -209,13 +254,17 @@ pub fn len() -> usize {
 /// `(hits, misses)` since the process started.
 pub fn stats() -> (u64, u64) {
     let c = cache().lock().unwrap_or_else(PoisonError::into_inner);
-    (c.hits, c.misses)
+    (
+        c.hits + MEMO_HITS.load(std::sync::atomic::Ordering::Relaxed),
+        c.misses,
+    )
 }
 
 /// Drops every cached plan (those held elsewhere live on until released).
 pub fn clear() {
     let all: Vec<Entry> = {
         let mut c = cache().lock().unwrap_or_else(PoisonError::into_inner);
+        changed();
         c.entries.drain().map(|(_, e)| e).collect()
     };
     drop(all);
