@@ -101,8 +101,20 @@ pub const FFT: SysCrate = SysCrate {
     hint: "install libclang and point CUDA_FFT_INCLUDE_DIR at cufft.h and CUDA_INCLUDE_DIR at the CUDA runtime headers (.ci/run fetches both)",
 };
 
+/// cuda-solver-sys: cuSOLVER's dense API (its build script is `cudars_loader::build`).
+pub const SOLVER: SysCrate = SysCrate {
+    package: "cudars-solver-sys",
+    what: "cuSOLVER",
+    snapshot: "cuda-solver-sys/src/generated/solver.rs",
+    generated: "solver.rs",
+    source_var: "CUDA_SOLVER_SYS_BINDINGS_SOURCE",
+    snapshot_var: "CUDA_SOLVER_SYS_USE_SNAPSHOT",
+    command: "solver-bindings",
+    hint: "install libclang and point CUDA_SOLVER_INCLUDE_DIR at cusolverDn.h (cusolver_common.h, cublas_api.h and crt/ beside it) and CUDA_INCLUDE_DIR at the CUDA runtime headers (.ci/run fetches both)",
+};
+
 /// Every raw-binding crate, in dependency order.
-pub const ALL: [&SysCrate; 6] = [&CUDA, &NCCL, &RTC, &BLAS, &RAND, &FFT];
+pub const ALL: [&SysCrate; 7] = [&CUDA, &NCCL, &RTC, &BLAS, &RAND, &FFT, &SOLVER];
 
 /// The environment of `ci`'s no-header build: cuda-sys on its snapshot, in a target directory
 /// of its own ([`snapshot_build`] adds each crate's own snapshot variable).

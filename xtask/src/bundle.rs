@@ -42,6 +42,7 @@ pub const SUITE: &[&str] = &[
     "gpu_blas",
     "gpu_rand",
     "gpu_fft",
+    "gpu_solver",
     "gpu_gpt2",
 ];
 

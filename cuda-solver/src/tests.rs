@@ -1,0 +1,80 @@
+//! CPU tests of every refusal: the checks are pure functions, no library call.
+
+use crate::check::{disjoint, info, matrix_bytes, square, view};
+use crate::Error;
+
+#[test]
+fn matrices_reach_their_last_element() {
+    assert_eq!(matrix_bytes("r", "a", (4, 3, 4), 8).unwrap(), 12 * 8);
+    assert_eq!(matrix_bytes("r", "a", (4, 3, 10), 4).unwrap(), (20 + 4) * 4);
+    assert_eq!(matrix_bytes("r", "a", (0, 3, 1), 4).unwrap(), 0);
+    assert!(matches!(
+        matrix_bytes("r", "a", (4, 3, 3), 4),
+        Err(Error::Shape { arg: "a", .. })
+    ));
+    assert!(matches!(
+        matrix_bytes("r", "a", (1 << 31, 1, 1 << 31), 4),
+        Err(Error::Shape { .. })
+    ));
+}
+
+#[test]
+fn views_are_checked_for_device_alignment_and_length() {
+    let ok = view("r", "a", (4096, 64, 0), 64, (8, 0)).unwrap();
+    assert_eq!(ok, (4096, 4160));
+    assert!(matches!(
+        view("r", "a", (4096, 64, 1), 64, (8, 0)),
+        Err(Error::WrongDevice {
+            expected: 0,
+            actual: 1,
+            ..
+        })
+    ));
+    assert!(matches!(
+        view("r", "a", (4100, 64, 0), 64, (8, 0)),
+        Err(Error::Misaligned { align: 8, .. })
+    ));
+    assert!(matches!(
+        view("r", "b", (4096, 60, 0), 64, (8, 0)),
+        Err(Error::BufferTooSmall {
+            arg: "b",
+            need: 64,
+            have: 60,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn overlaps_and_shapes_are_refused() {
+    disjoint("r", ("a", (0, 64)), ("b", (64, 128))).unwrap();
+    disjoint("r", ("a", (0, 0)), ("b", (0, 128))).unwrap();
+    assert!(matches!(
+        disjoint("r", ("a", (0, 65)), ("b", (64, 128))),
+        Err(Error::Overlap { a: "a", b: "b", .. })
+    ));
+    assert_eq!(square("r", "a", 5, 5).unwrap(), 5);
+    assert!(matches!(square("r", "a", 5, 4), Err(Error::Shape { .. })));
+}
+
+#[test]
+fn info_becomes_a_typed_result() {
+    info("potrf", 0, |_| unreachable!()).unwrap();
+    assert_eq!(
+        info("potrf", 7, |index| Error::NotPositiveDefinite {
+            routine: "potrf",
+            index
+        }),
+        Err(Error::NotPositiveDefinite {
+            routine: "potrf",
+            index: 7
+        })
+    );
+    assert_eq!(
+        info("getrf", -4, |_| unreachable!()),
+        Err(Error::InvalidParameter {
+            routine: "getrf",
+            index: 4
+        })
+    );
+}
