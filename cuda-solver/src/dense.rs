@@ -1,12 +1,12 @@
 //! [`Solver`]: a cuSOLVER dense handle bound to a stream, and its factorisations and solves.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_schar};
 
 use cudars_core::graph::{self, CaptureStatus};
 use cudars_core::{Device, DevicePtr, Stream, StreamKind};
 use cudars_solver_sys::{
-    cublasFillMode_t, cublasOperation_t, cudaStream_t, cusolverDnHandle_t, cusolverStatus_t,
-    Cusolver, MissingSymbol,
+    cublasFillMode_t, cublasOperation_t, cudaStream_t, cusolverDnHandle_t, cusolverEigMode_t,
+    cusolverStatus_t, Cusolver, MissingSymbol,
 };
 
 use crate::check::{disjoint, info, matrix_bytes, square, view, Matrix, Uplo};
@@ -104,10 +104,117 @@ pub unsafe trait Scalar: sealed::Sealed + bytemuck::Pod + Send + Sync {
         ldb: c_int,
         info: *mut c_int,
     ) -> Status;
+    #[doc(hidden)]
+    unsafe fn geqrf_buffer_size(
+        lib: &Cusolver,
+        h: cusolverDnHandle_t,
+        m: c_int,
+        n: c_int,
+        a: *mut Self,
+        lda: c_int,
+        lwork: *mut c_int,
+    ) -> Status;
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
+    unsafe fn geqrf(
+        lib: &Cusolver,
+        h: cusolverDnHandle_t,
+        m: c_int,
+        n: c_int,
+        a: *mut Self,
+        lda: c_int,
+        tau: *mut Self,
+        work: *mut Self,
+        lwork: c_int,
+        info: *mut c_int,
+    ) -> Status;
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
+    unsafe fn orgqr_buffer_size(
+        lib: &Cusolver,
+        h: cusolverDnHandle_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        a: *const Self,
+        lda: c_int,
+        tau: *const Self,
+        lwork: *mut c_int,
+    ) -> Status;
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
+    unsafe fn orgqr(
+        lib: &Cusolver,
+        h: cusolverDnHandle_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        a: *mut Self,
+        lda: c_int,
+        tau: *const Self,
+        work: *mut Self,
+        lwork: c_int,
+        info: *mut c_int,
+    ) -> Status;
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
+    unsafe fn syevd_buffer_size(
+        lib: &Cusolver,
+        h: cusolverDnHandle_t,
+        jobz: cusolverEigMode_t,
+        uplo: cublasFillMode_t,
+        n: c_int,
+        a: *const Self,
+        lda: c_int,
+        w: *const Self,
+        lwork: *mut c_int,
+    ) -> Status;
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
+    unsafe fn syevd(
+        lib: &Cusolver,
+        h: cusolverDnHandle_t,
+        jobz: cusolverEigMode_t,
+        uplo: cublasFillMode_t,
+        n: c_int,
+        a: *mut Self,
+        lda: c_int,
+        w: *mut Self,
+        work: *mut Self,
+        lwork: c_int,
+        info: *mut c_int,
+    ) -> Status;
+    #[doc(hidden)]
+    unsafe fn gesvd_buffer_size(
+        lib: &Cusolver,
+        h: cusolverDnHandle_t,
+        m: c_int,
+        n: c_int,
+        lwork: *mut c_int,
+    ) -> Status;
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
+    unsafe fn gesvd(
+        lib: &Cusolver,
+        h: cusolverDnHandle_t,
+        jobs: (c_schar, c_schar),
+        m: c_int,
+        n: c_int,
+        a: *mut Self,
+        lda: c_int,
+        s: *mut Self,
+        u: (*mut Self, c_int),
+        vt: (*mut Self, c_int),
+        work: *mut Self,
+        lwork: c_int,
+        rwork: *mut Self,
+        info: *mut c_int,
+    ) -> Status;
 }
 
 macro_rules! scalar {
-    ($t:ty, $name:literal, $pbs:ident, $p:ident, $ps:ident, $gbs:ident, $g:ident, $gs:ident) => {
+    ($t:ty, $name:literal, $pbs:ident, $p:ident, $ps:ident, $gbs:ident, $g:ident, $gs:ident,
+     $qbs:ident, $q:ident, $obs:ident, $o:ident, $ebs:ident, $e:ident, $sbs:ident, $sv:ident) => {
         // SAFETY: each method forwards to cuSOLVER's routine of this type, unchanged.
         unsafe impl Scalar for $t {
             const NAME: &'static str = $name;
@@ -194,6 +301,127 @@ macro_rules! scalar {
                 // SAFETY: the caller's contract.
                 unsafe { lib.$gs(h, trans, n, nrhs, a, lda, ipiv, b, ldb, info) }
             }
+            unsafe fn geqrf_buffer_size(
+                lib: &Cusolver,
+                h: cusolverDnHandle_t,
+                m: c_int,
+                n: c_int,
+                a: *mut Self,
+                lda: c_int,
+                lwork: *mut c_int,
+            ) -> Status {
+                // SAFETY: the caller's contract.
+                unsafe { lib.$qbs(h, m, n, a, lda, lwork) }
+            }
+            unsafe fn geqrf(
+                lib: &Cusolver,
+                h: cusolverDnHandle_t,
+                m: c_int,
+                n: c_int,
+                a: *mut Self,
+                lda: c_int,
+                tau: *mut Self,
+                work: *mut Self,
+                lwork: c_int,
+                info: *mut c_int,
+            ) -> Status {
+                // SAFETY: the caller's contract.
+                unsafe { lib.$q(h, m, n, a, lda, tau, work, lwork, info) }
+            }
+            unsafe fn orgqr_buffer_size(
+                lib: &Cusolver,
+                h: cusolverDnHandle_t,
+                m: c_int,
+                n: c_int,
+                k: c_int,
+                a: *const Self,
+                lda: c_int,
+                tau: *const Self,
+                lwork: *mut c_int,
+            ) -> Status {
+                // SAFETY: the caller's contract.
+                unsafe { lib.$obs(h, m, n, k, a, lda, tau, lwork) }
+            }
+            unsafe fn orgqr(
+                lib: &Cusolver,
+                h: cusolverDnHandle_t,
+                m: c_int,
+                n: c_int,
+                k: c_int,
+                a: *mut Self,
+                lda: c_int,
+                tau: *const Self,
+                work: *mut Self,
+                lwork: c_int,
+                info: *mut c_int,
+            ) -> Status {
+                // SAFETY: the caller's contract.
+                unsafe { lib.$o(h, m, n, k, a, lda, tau, work, lwork, info) }
+            }
+            unsafe fn syevd_buffer_size(
+                lib: &Cusolver,
+                h: cusolverDnHandle_t,
+                jobz: cusolverEigMode_t,
+                uplo: cublasFillMode_t,
+                n: c_int,
+                a: *const Self,
+                lda: c_int,
+                w: *const Self,
+                lwork: *mut c_int,
+            ) -> Status {
+                // SAFETY: the caller's contract.
+                unsafe { lib.$ebs(h, jobz, uplo, n, a, lda, w, lwork) }
+            }
+            unsafe fn syevd(
+                lib: &Cusolver,
+                h: cusolverDnHandle_t,
+                jobz: cusolverEigMode_t,
+                uplo: cublasFillMode_t,
+                n: c_int,
+                a: *mut Self,
+                lda: c_int,
+                w: *mut Self,
+                work: *mut Self,
+                lwork: c_int,
+                info: *mut c_int,
+            ) -> Status {
+                // SAFETY: the caller's contract.
+                unsafe { lib.$e(h, jobz, uplo, n, a, lda, w, work, lwork, info) }
+            }
+            unsafe fn gesvd_buffer_size(
+                lib: &Cusolver,
+                h: cusolverDnHandle_t,
+                m: c_int,
+                n: c_int,
+                lwork: *mut c_int,
+            ) -> Status {
+                // SAFETY: the caller's contract.
+                unsafe { lib.$sbs(h, m, n, lwork) }
+            }
+            unsafe fn gesvd(
+                lib: &Cusolver,
+                h: cusolverDnHandle_t,
+                (jobu, jobvt): (c_schar, c_schar),
+                m: c_int,
+                n: c_int,
+                a: *mut Self,
+                lda: c_int,
+                s: *mut Self,
+                (u, ldu): (*mut Self, c_int),
+                (vt, ldvt): (*mut Self, c_int),
+                work: *mut Self,
+                lwork: c_int,
+                rwork: *mut Self,
+                info: *mut c_int,
+            ) -> Status {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    lib.$sv(
+                        h, jobu, jobvt, m, n, a, lda, s, u, ldu, vt, ldvt, work, lwork, rwork,
+                        info,
+                    )
+                }
+            }
         }
     };
 }
@@ -206,7 +434,15 @@ scalar!(
     cusolverDnSpotrs,
     cusolverDnSgetrf_bufferSize,
     cusolverDnSgetrf,
-    cusolverDnSgetrs
+    cusolverDnSgetrs,
+    cusolverDnSgeqrf_bufferSize,
+    cusolverDnSgeqrf,
+    cusolverDnSorgqr_bufferSize,
+    cusolverDnSorgqr,
+    cusolverDnSsyevd_bufferSize,
+    cusolverDnSsyevd,
+    cusolverDnSgesvd_bufferSize,
+    cusolverDnSgesvd
 );
 scalar!(
     f64,
@@ -216,7 +452,15 @@ scalar!(
     cusolverDnDpotrs,
     cusolverDnDgetrf_bufferSize,
     cusolverDnDgetrf,
-    cusolverDnDgetrs
+    cusolverDnDgetrs,
+    cusolverDnDgeqrf_bufferSize,
+    cusolverDnDgeqrf,
+    cusolverDnDorgqr_bufferSize,
+    cusolverDnDorgqr,
+    cusolverDnDsyevd_bufferSize,
+    cusolverDnDsyevd,
+    cusolverDnDgesvd_bufferSize,
+    cusolverDnDgesvd
 );
 
 fn fill(uplo: Uplo) -> cublasFillMode_t {
@@ -596,6 +840,318 @@ impl Solver {
         drop(issue);
         let i = self.read_info()?;
         info(R, i, |index| Error::InvalidParameter { routine: R, index })
+    }
+}
+
+impl Solver {
+    /// Checks a vector of `len` elements of `T` in `v` and returns its byte range.
+    fn check_vector<T: Scalar>(
+        &self,
+        routine: &'static str,
+        arg: &'static str,
+        v: &DevicePtr,
+        len: usize,
+    ) -> Result<(u64, u64)> {
+        let size = std::mem::size_of::<T>();
+        view(
+            routine,
+            arg,
+            (v.as_raw(), v.len(), v.device().ordinal()),
+            (len as u64) * size as u64,
+            (size, self.device.ordinal()),
+        )
+    }
+
+    /// QR factorisation of `a` (m x n), in place: `R` in the upper triangle, the Householder
+    /// vectors below it, their scalars in `tau` (`min(m, n)` elements of `T`).
+    pub fn geqrf<T: Scalar>(&mut self, a: Matrix<'_>, tau: &DevicePtr) -> Result<()> {
+        const R: &str = "geqrf";
+        self.not_capturing(R)?;
+        let ra = self.check_matrix::<T>(R, "a", &a)?;
+        let rt = self.check_vector::<T>(R, "tau", tau, a.rows.min(a.cols))?;
+        disjoint(R, ("a", ra), ("tau", rt))?;
+        let lib = cusolver()?;
+        let issue = self.stream.issue(self.device)?;
+        let _ctx = self.device.bind()?;
+        let (m, n, lda) = (a.rows as c_int, a.cols as c_int, a.ld as c_int);
+        let mut lwork: c_int = 0;
+        check(
+            // SAFETY: a live handle; `a` holds the m x n matrix (checked); an out-pointer.
+            unsafe {
+                T::geqrf_buffer_size(
+                    lib,
+                    self.raw,
+                    m,
+                    n,
+                    a.ptr.as_raw() as *mut T,
+                    lda,
+                    &mut lwork,
+                )
+            },
+            "cusolverDnXgeqrf_bufferSize",
+        )?;
+        let work = self.workspace::<T>(lwork)?;
+        for p in [a.ptr, tau, &work, &self.info] {
+            p.record_stream(&issue)?;
+        }
+        check(
+            // SAFETY: as above; tau holds min(m, n) elements, disjoint from `a`; the
+            // workspace `lwork` elements; all marked for the stream.
+            unsafe {
+                T::geqrf(
+                    lib,
+                    self.raw,
+                    m,
+                    n,
+                    a.ptr.as_raw() as *mut T,
+                    lda,
+                    tau.as_raw() as *mut T,
+                    work.as_raw() as *mut T,
+                    lwork,
+                    self.info.as_raw() as *mut c_int,
+                )
+            },
+            "cusolverDnXgeqrf",
+        )?;
+        drop(issue);
+        let i = self.read_info()?;
+        info(R, i, |index| Error::InvalidParameter { routine: R, index })
+    }
+
+    /// Forms the m x n matrix `Q` with orthonormal columns in `a` (in place) from
+    /// [`geqrf`](Self::geqrf)'s output: the first `k` reflectors and `tau` (`k` elements);
+    /// `m >= n >= k`.
+    pub fn orgqr<T: Scalar>(&mut self, a: Matrix<'_>, k: usize, tau: &DevicePtr) -> Result<()> {
+        const R: &str = "orgqr";
+        self.not_capturing(R)?;
+        if !(a.rows >= a.cols && a.cols >= k) {
+            return Err(Error::Shape {
+                routine: R,
+                arg: "a",
+                why: format!("needs m >= n >= k; got {} x {} and k = {k}", a.rows, a.cols),
+            });
+        }
+        let ra = self.check_matrix::<T>(R, "a", &a)?;
+        let rt = self.check_vector::<T>(R, "tau", tau, k)?;
+        disjoint(R, ("a", ra), ("tau", rt))?;
+        let lib = cusolver()?;
+        let issue = self.stream.issue(self.device)?;
+        let _ctx = self.device.bind()?;
+        let (m, n, kk, lda) = (a.rows as c_int, a.cols as c_int, k as c_int, a.ld as c_int);
+        let mut lwork: c_int = 0;
+        check(
+            // SAFETY: a live handle; `a` and `tau` checked; an out-pointer.
+            unsafe {
+                T::orgqr_buffer_size(
+                    lib,
+                    self.raw,
+                    m,
+                    n,
+                    kk,
+                    a.ptr.as_raw() as *const T,
+                    lda,
+                    tau.as_raw() as *const T,
+                    &mut lwork,
+                )
+            },
+            "cusolverDnXorgqr_bufferSize",
+        )?;
+        let work = self.workspace::<T>(lwork)?;
+        for p in [a.ptr, tau, &work, &self.info] {
+            p.record_stream(&issue)?;
+        }
+        check(
+            // SAFETY: as above, with the workspace; all marked for the stream.
+            unsafe {
+                T::orgqr(
+                    lib,
+                    self.raw,
+                    m,
+                    n,
+                    kk,
+                    a.ptr.as_raw() as *mut T,
+                    lda,
+                    tau.as_raw() as *const T,
+                    work.as_raw() as *mut T,
+                    lwork,
+                    self.info.as_raw() as *mut c_int,
+                )
+            },
+            "cusolverDnXorgqr",
+        )?;
+        drop(issue);
+        let i = self.read_info()?;
+        info(R, i, |index| Error::InvalidParameter { routine: R, index })
+    }
+
+    /// Eigenvalues (ascending, into `w`: n elements of `T`) and, with `vectors`, the
+    /// orthonormal eigenvectors (into `a`'s columns, in place) of the symmetric `a` (its
+    /// `uplo` triangle read; destroyed either way). [`Error::NoConvergence`] if the
+    /// tridiagonal iteration fails.
+    pub fn syevd<T: Scalar>(
+        &mut self,
+        a: Matrix<'_>,
+        uplo: Uplo,
+        w: &DevicePtr,
+        vectors: bool,
+    ) -> Result<()> {
+        const R: &str = "syevd";
+        self.not_capturing(R)?;
+        let n = square(R, "a", a.rows, a.cols)?;
+        let ra = self.check_matrix::<T>(R, "a", &a)?;
+        let rw = self.check_vector::<T>(R, "w", w, n)?;
+        disjoint(R, ("a", ra), ("w", rw))?;
+        let jobz = if vectors {
+            cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR
+        } else {
+            cusolverEigMode_t::CUSOLVER_EIG_MODE_NOVECTOR
+        };
+        let lib = cusolver()?;
+        let issue = self.stream.issue(self.device)?;
+        let _ctx = self.device.bind()?;
+        let (ni, lda) = (n as c_int, a.ld as c_int);
+        let mut lwork: c_int = 0;
+        check(
+            // SAFETY: a live handle; `a` and `w` checked; an out-pointer.
+            unsafe {
+                T::syevd_buffer_size(
+                    lib,
+                    self.raw,
+                    jobz,
+                    fill(uplo),
+                    ni,
+                    a.ptr.as_raw() as *const T,
+                    lda,
+                    w.as_raw() as *const T,
+                    &mut lwork,
+                )
+            },
+            "cusolverDnXsyevd_bufferSize",
+        )?;
+        let work = self.workspace::<T>(lwork)?;
+        for p in [a.ptr, w, &work, &self.info] {
+            p.record_stream(&issue)?;
+        }
+        check(
+            // SAFETY: as above, with the workspace; all marked for the stream.
+            unsafe {
+                T::syevd(
+                    lib,
+                    self.raw,
+                    jobz,
+                    fill(uplo),
+                    ni,
+                    a.ptr.as_raw() as *mut T,
+                    lda,
+                    w.as_raw() as *mut T,
+                    work.as_raw() as *mut T,
+                    lwork,
+                    self.info.as_raw() as *mut c_int,
+                )
+            },
+            "cusolverDnXsyevd",
+        )?;
+        drop(issue);
+        let i = self.read_info()?;
+        info(R, i, |index| Error::NoConvergence { routine: R, index })
+    }
+
+    /// Singular value decomposition `A = U diag(s) V^T` of `a` (m x n, **m >= n**, as
+    /// cuSOLVER's gesvd requires: decompose the transpose otherwise; `a` is destroyed): the
+    /// singular values, descending, into `s` (n elements of `T`), and when given all of `U`
+    /// (m x m) and of `V^T` (n x n). [`Error::NoConvergence`] if the bidiagonal iteration fails.
+    pub fn gesvd<T: Scalar>(
+        &mut self,
+        a: Matrix<'_>,
+        s: &DevicePtr,
+        u: Option<Matrix<'_>>,
+        vt: Option<Matrix<'_>>,
+    ) -> Result<()> {
+        const R: &str = "gesvd";
+        self.not_capturing(R)?;
+        let (m, n) = (a.rows, a.cols);
+        if m < n {
+            return Err(Error::Shape {
+                routine: R,
+                arg: "a",
+                why: format!("{m} x {n}: cuSOLVER's gesvd needs m >= n (decompose the transpose)"),
+            });
+        }
+        let ra = self.check_matrix::<T>(R, "a", &a)?;
+        let rs = self.check_vector::<T>(R, "s", s, n)?;
+        disjoint(R, ("a", ra), ("s", rs))?;
+        let mut outs = vec![("s", rs)];
+        for (arg, mat, order) in [("u", &u, m), ("vt", &vt, n)] {
+            if let Some(x) = mat {
+                let _ = square(R, arg, x.rows, x.cols)?;
+                if x.rows != order {
+                    return Err(Error::Shape {
+                        routine: R,
+                        arg,
+                        why: format!("{} x {}; it must be {order} x {order}", x.rows, x.cols),
+                    });
+                }
+                let r = self.check_matrix::<T>(R, arg, x)?;
+                disjoint(R, ("a", ra), (arg, r))?;
+                for &(o, ro) in &outs {
+                    disjoint(R, (o, ro), (arg, r))?;
+                }
+                outs.push((arg, r));
+            }
+        }
+        let lib = cusolver()?;
+        let issue = self.stream.issue(self.device)?;
+        let _ctx = self.device.bind()?;
+        let (mi, ni) = (m as c_int, n as c_int);
+        let mut lwork: c_int = 0;
+        check(
+            // SAFETY: a live handle; an out-pointer.
+            unsafe { T::gesvd_buffer_size(lib, self.raw, mi, ni, &mut lwork) },
+            "cusolverDnXgesvd_bufferSize",
+        )?;
+        let work = self.workspace::<T>(lwork)?;
+        let rwork = self.workspace::<T>(n.saturating_sub(1).max(1) as c_int)?;
+        for p in [a.ptr, s, &work, &rwork, &self.info] {
+            p.record_stream(&issue)?;
+        }
+        let side = |x: &Option<Matrix<'_>>| -> Result<(c_schar, *mut T, c_int)> {
+            Ok(match x {
+                Some(x) => {
+                    x.ptr.record_stream(&issue)?;
+                    (b'A' as c_schar, x.ptr.as_raw() as *mut T, x.ld as c_int)
+                }
+                None => (b'N' as c_schar, std::ptr::null_mut(), 1),
+            })
+        };
+        let (ju, up, ldu) = side(&u)?;
+        let (jv, vp, ldvt) = side(&vt)?;
+        check(
+            // SAFETY: a live handle; `a` (m x n, m >= n), `s` (n), U (m x m) and V^T (n x n)
+            // when asked (null and 'N' otherwise) checked and pairwise disjoint; workspaces
+            // of `lwork` and n - 1 elements from the pool; all marked for the stream.
+            unsafe {
+                T::gesvd(
+                    lib,
+                    self.raw,
+                    (ju, jv),
+                    mi,
+                    ni,
+                    a.ptr.as_raw() as *mut T,
+                    a.ld as c_int,
+                    s.as_raw() as *mut T,
+                    (up, ldu),
+                    (vp, ldvt),
+                    work.as_raw() as *mut T,
+                    lwork,
+                    rwork.as_raw() as *mut T,
+                    self.info.as_raw() as *mut c_int,
+                )
+            },
+            "cusolverDnXgesvd",
+        )?;
+        drop(issue);
+        let i = self.read_info()?;
+        info(R, i, |index| Error::NoConvergence { routine: R, index })
     }
 }
 

@@ -55,6 +55,15 @@ pub enum Error {
         /// `info`: the 1-based index of the zero pivot.
         index: usize,
     },
+    /// An iterative routine did not converge: `index` off-diagonal elements of an
+    /// intermediate form did not go to zero (syevd, gesvd).
+    #[error("{routine}: did not converge ({index} off-diagonal elements remain)")]
+    NoConvergence {
+        /// The routine.
+        routine: &'static str,
+        /// `info`.
+        index: usize,
+    },
     /// cuSOLVER reported its `index`-th parameter (1-based) wrong (a check this crate missed).
     #[error("{routine}: cuSOLVER refused parameter {index}")]
     InvalidParameter {

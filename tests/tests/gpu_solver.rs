@@ -1,5 +1,6 @@
 //! GPU: cuSOLVER's dense routines through `cuda-solver`: Cholesky (potrf/potrs) and LU
-//! (getrf/getrs) in f32 and f64 reconstruct their input and solve systems; a matrix that is
+//! (getrf/getrs) in f32 and f64 reconstruct their input and solve systems; QR, symmetric
+//! eigen-decomposition and SVD reconstruct theirs; a matrix that is
 //! not positive definite and a singular one give the typed error naming the index; refusals
 //! (shapes, views, a capturing stream) issue nothing.
 #![cfg(feature = "gpu")]
@@ -223,4 +224,92 @@ fn refusals_issue_nothing() {
         Ok(())
     });
     assert!(g.is_ok(), "{g:?}");
+}
+
+#[test]
+fn qr_eigen_and_svd_reconstruct_their_input() {
+    let _s = serial();
+    let dev = dev0();
+    let stream = Stream::new(&dev).unwrap();
+    let mut solver = Solver::new(&stream).unwrap();
+    let mut rng = Rng::new(12);
+    let (m, n) = (40, 24);
+    let a: Vec<f64> = (0..m * n).map(|_| rng.f32() as f64 - 0.5).collect();
+    // QR: Q (m x n) with orthonormal columns, R upper; Q R = A.
+    let da = upload(&stream, &a);
+    let tau = upload(&stream, &vec![0f64; n]);
+    solver.geqrf::<f64>(Matrix::new(&da, m, n), &tau).unwrap();
+    let qr = download::<f64>(&stream, &da, m * n);
+    solver
+        .orgqr::<f64>(Matrix::new(&da, m, n), n, &tau)
+        .unwrap();
+    let q = download::<f64>(&stream, &da, m * n);
+    let mut worst = 0f64;
+    for j in 0..n {
+        for i in 0..m {
+            let s: f64 = (0..=j).map(|k| q[i + k * m] * qr[k + j * m]).sum();
+            worst = worst.max((s - a[i + j * m]).abs());
+        }
+    }
+    println!("geqrf/orgqr f64 {m}x{n}: |Q R - A| {worst:.1e}");
+    assert!(worst < 1e-12);
+    // Symmetric eigen-decomposition: A V = V diag(w).
+    let k = 32;
+    let sym = spd(&mut rng, k);
+    let ds = upload(&stream, &sym);
+    let w = upload(&stream, &vec![0f64; k]);
+    solver
+        .syevd::<f64>(Matrix::new(&ds, k, k), Uplo::Lower, &w, true)
+        .unwrap();
+    let (v, wv) = (
+        download::<f64>(&stream, &ds, k * k),
+        download::<f64>(&stream, &w, k),
+    );
+    assert!(wv.windows(2).all(|p| p[0] <= p[1]), "ascending");
+    let mut worst = 0f64;
+    for c in 0..k {
+        let col: Vec<f64> = (0..k).map(|i| v[i + c * k]).collect();
+        let av = matvec(&sym, k, &col);
+        for i in 0..k {
+            worst = worst.max((av[i] - wv[c] * col[i]).abs());
+        }
+    }
+    println!("syevd f64 {k}x{k}: |A v - w v| {worst:.1e}");
+    assert!(worst < 1e-9);
+    // SVD: U diag(s) V^T = A.
+    let da = upload(&stream, &a);
+    let (ds, du, dvt) = (
+        upload(&stream, &vec![0f64; n]),
+        upload(&stream, &vec![0f64; m * m]),
+        upload(&stream, &vec![0f64; n * n]),
+    );
+    solver
+        .gesvd::<f64>(
+            Matrix::new(&da, m, n),
+            &ds,
+            Some(Matrix::new(&du, m, m)),
+            Some(Matrix::new(&dvt, n, n)),
+        )
+        .unwrap();
+    let (sv, u, vt) = (
+        download::<f64>(&stream, &ds, n),
+        download::<f64>(&stream, &du, m * m),
+        download::<f64>(&stream, &dvt, n * n),
+    );
+    assert!(sv.windows(2).all(|p| p[0] >= p[1]), "descending");
+    let mut worst = 0f64;
+    for j in 0..n {
+        for i in 0..m {
+            let s: f64 = (0..n).map(|p| u[i + p * m] * sv[p] * vt[p + j * n]).sum();
+            worst = worst.max((s - a[i + j * m]).abs());
+        }
+    }
+    println!("gesvd f64 {m}x{n}: |U S V^T - A| {worst:.1e}");
+    assert!(worst < 1e-12);
+    // m < n is refused before anything runs.
+    let wide = upload(&stream, &vec![0f64; n * m]);
+    assert!(matches!(
+        solver.gesvd::<f64>(Matrix::new(&wide, n - 4, m), &ds, None, None),
+        Err(Error::Shape { .. })
+    ));
 }
