@@ -108,6 +108,9 @@ fn ci(opts: gpu::Options) -> Result<()> {
         println!("GPU suite: not run (the CPU steps failed)");
         return Err("ci failed".into());
     }
+    if let Some(line) = step_times() {
+        println!("{line}");
+    }
     println!("xtask: CPU steps passed");
     step("GPU suite");
     gpu::run(opts).1
@@ -473,6 +476,30 @@ fn check_common_copies() -> Result<()> {
     Ok(())
 }
 
+/// When the first step began and when the last one did.
+static STEP_CLOCK: std::sync::Mutex<Option<(std::time::Instant, std::time::Instant)>> =
+    std::sync::Mutex::new(None);
+
+/// Seconds the last step took and since the first began, as a line (CI's time, step by step).
+fn step_times() -> Option<String> {
+    let now = std::time::Instant::now();
+    let mut clock = STEP_CLOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let line = clock.map(|(first, last)| {
+        format!(
+            "xtask: (that step took {:.0} s; {:.0} s since the first)",
+            (now - last).as_secs_f64(),
+            (now - first).as_secs_f64()
+        )
+    });
+    *clock = Some((clock.map_or(now, |(first, _)| first), now));
+    line
+}
+
 fn step(name: &str) {
+    if let Some(line) = step_times() {
+        println!("{line}");
+    }
     println!("\n=== xtask ci: {name}");
 }
