@@ -97,24 +97,22 @@ impl Layout {
     }
 }
 
-/// A checked transform: what cuFFT is asked to plan, and what each side reaches.
+/// A checked transform: what cuFFT is asked to plan, and what each side reaches. Only its
+/// constructors make one ([`packed`](Geometry::packed), [`with_layouts`](Geometry::with_layouts)):
+/// a plan trusts its geometry for the bytes a transform reads and writes, so the fields are
+/// read through methods and never set from outside.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Geometry {
-    /// The transform.
-    pub transform: Transform,
-    /// The precision.
-    pub precision: Precision,
-    /// The transform's shape (the real side's for R2C and C2R), 1 to 3 dimensions.
-    pub shape: Vec<usize>,
-    /// Transforms in the batch.
-    pub batch: usize,
-    /// The input's layout.
-    pub input: Layout,
-    /// The output's layout.
-    pub output: Layout,
+    pub(crate) transform: Transform,
+    pub(crate) precision: Precision,
+    /// The real side's shape for R2C and C2R; 1 to 3 dimensions.
+    pub(crate) shape: Vec<usize>,
+    pub(crate) batch: usize,
+    pub(crate) input: Layout,
+    pub(crate) output: Layout,
     /// `true` when the layouts were given (`cufftPlanMany` with embeddings); `false` for
     /// packed data (null embeddings).
-    pub advanced: bool,
+    pub(crate) advanced: bool,
 }
 
 /// The shape of the complex side of an R2C / C2R transform: the last dimension halved, plus
@@ -128,6 +126,36 @@ pub fn hermitian(shape: &[usize]) -> Vec<usize> {
 }
 
 impl Geometry {
+    /// The transform.
+    pub fn transform(&self) -> Transform {
+        self.transform
+    }
+
+    /// The precision.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The transform's shape (the real side's for R2C and C2R).
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Transforms in the batch.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// The input's and the output's layouts.
+    pub fn layouts(&self) -> (&Layout, &Layout) {
+        (&self.input, &self.output)
+    }
+
+    /// `true` when the layouts were given rather than packed.
+    pub fn is_advanced(&self) -> bool {
+        self.advanced
+    }
+
     /// A transform of `shape` (1 to 3 dimensions, each at least 1), `batch` at least 1, packed
     /// data.
     pub fn packed(

@@ -487,6 +487,53 @@ fn function_tables(spec: &Spec<'_>, file: syn::File) -> Result<String, String> {
         spec.krate,
         spec.headers.join(" and ")
     );
-    out.push_str(&prettyplease::unparse(&file));
+    out.push_str(&with_safety_comments(&prettyplease::unparse(&file)));
     Ok(out)
+}
+
+/// The generated code with a `// SAFETY:` line before each `unsafe` block (prettyplease
+/// drops comments, so they are written after it), saying why the block holds. The blocks are
+/// of three kinds, each written by this generator alone.
+fn with_safety_comments(code: &str) -> String {
+    let mut out = String::with_capacity(code.len() + code.len() / 8);
+    for line in code.lines() {
+        let t = line.trim_start();
+        let why = if !t.contains("unsafe {") || t.starts_with("//") {
+            None
+        } else if t.contains("__lib_fn") || t.starts_with("Ok(unsafe {") {
+            Some(
+                "the entry point resolved from the loaded library for this header's \
+                 declaration, called with the caller's arguments under this method's unsafe \
+                 contract (the library's own documented requirements)",
+            )
+        } else if t.starts_with("let table = unsafe {") {
+            Some(
+                "every address comes from the library just opened, looked up by the name \
+                 of the declaration whose function-pointer type the table stores it as",
+            )
+        } else if t.ends_with(": unsafe {") {
+            Some(
+                "a null or resolved address of this entry point, reinterpreted as the \
+                 `Option` of its declared function-pointer type (null is `None`)",
+            )
+        } else if t == "unsafe {" {
+            // bindgen's `Default` of a C struct: all-zero bytes.
+            Some(
+                "a C struct of plain integers, floats and raw pointers, for which all-zero \
+                 bytes are a valid value (bindgen's Default)",
+            )
+        } else {
+            Some("bindgen's accessor of a C declaration, within the declared layout")
+        };
+        if let Some(why) = why {
+            let indent = &line[..line.len() - t.len()];
+            out.push_str(indent);
+            out.push_str("// SAFETY: ");
+            out.push_str(why);
+            out.push('\n');
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }

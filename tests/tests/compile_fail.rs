@@ -18,6 +18,7 @@
 //! | safe code cannot free, unmap or release pool memory through the pool's backend | `pool_backend_free_needs_unsafe` |
 //! | a pool fence's event cannot be taken out, and a fence cannot be cloned or forged | `pool_fence_event_private`, `pool_fence_not_clone`, `pool_fence_not_constructible` |
 //! | a private pool's hold is released once | `pool_private_hold_not_clone` |
+//! | an FFT geometry is only made by its checked constructors | `fft_geometry_not_constructible`, `fft_geometry_fields_private` |
 //! | an IPC-exported block goes back to the pool at once only on an `unsafe` word | `pool_exported_block_release_needs_unsafe` |
 //! | image bytes reach the driver's loader or nvJitLink only on an `unsafe` word | `module_image_load_needs_unsafe`, `rtc_linker_bytes_need_unsafe` |
 //! | memory is marked and kernels are launched only with an `Issue` (the capture gate held from the mark to the launch) | `launch_needs_an_issue`, `record_stream_needs_an_issue`, `kernel_arg_prepare_needs_an_issue`, `issue_not_send` |

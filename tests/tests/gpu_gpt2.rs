@@ -162,6 +162,34 @@ fn f32_training_matches_pytorch_loss_for_loss_and_gradient_for_gradient() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// One GPU training on `batch` sequences per step for `steps` steps: the losses, and every
+/// gradient after step 1's backward.
+fn single_gpu_run(
+    stream: &Stream,
+    cfg: Config,
+    batch: usize,
+    weights: &[f32],
+    tokens: &[i32],
+    steps: usize,
+    opt: &AdamW,
+) -> (Vec<f64>, Vec<f32>) {
+    let model = Model::new(cfg, batch, stream, weights).unwrap();
+    let mut losses = Vec::new();
+    let mut grads = Vec::new();
+    for step in 0..steps {
+        let (inp, tgt) = init::batch(tokens, step, batch, cfg.seq);
+        model.set_batch(&inp, &tgt).unwrap();
+        model.forward().unwrap();
+        model.backward().unwrap();
+        if step == 0 {
+            grads = model.gradients().unwrap();
+        }
+        model.update(opt).unwrap();
+        losses.push(model.loss().unwrap() as f64);
+    }
+    (losses, grads)
+}
+
 /// The largest per-tensor relative difference (max |a - b| over max |b|) between two
 /// gradient blocks in `param_specs` order, and the tensor's name.
 fn worst_tensor(cfg: &Config, a: &[f32], b: &[f32]) -> (f64, String) {
@@ -396,20 +424,7 @@ fn data_parallel_on_two_gpus_gives_the_single_gpu_loss_on_the_combined_batch() {
     };
     // One GPU, the combined batch.
     let stream = Stream::new(&devices[0]).unwrap();
-    let single = Model::new(cfg, combined, &stream, &weights).unwrap();
-    let mut one = Vec::new();
-    let mut one_grads = Vec::new();
-    for step in 0..steps {
-        let (inp, tgt) = init::batch(&tokens, step, combined, cfg.seq);
-        single.set_batch(&inp, &tgt).unwrap();
-        single.forward().unwrap();
-        single.backward().unwrap();
-        if step == 0 {
-            one_grads = single.gradients().unwrap();
-        }
-        single.update(&opt).unwrap();
-        one.push(single.loss().unwrap() as f64);
-    }
+    let (one, one_grads) = single_gpu_run(&stream, cfg, combined, &weights, &tokens, steps, &opt);
     // Two GPUs, half of it each, gradients summed by NCCL.
     let comms = cudars_nccl::Communicator::init_all(&devices[..2]).unwrap();
     let ranks: Vec<Model> = devices[..2]
@@ -508,21 +523,7 @@ fn one_process_per_gpu_through_the_rendezvous_gives_the_single_gpu_loss() {
     };
     // One GPU, the combined batch, in this process.
     let stream = Stream::new(&devices[0]).unwrap();
-    let single = Model::new(cfg, combined, &stream, &weights).unwrap();
-    let mut one = Vec::new();
-    let mut one_grads = Vec::new();
-    for step in 0..steps {
-        let (inp, tgt) = init::batch(&tokens, step, combined, cfg.seq);
-        single.set_batch(&inp, &tgt).unwrap();
-        single.forward().unwrap();
-        single.backward().unwrap();
-        if step == 0 {
-            one_grads = single.gradients().unwrap();
-        }
-        single.update(&opt).unwrap();
-        one.push(single.loss().unwrap() as f64);
-    }
-    drop(single);
+    let (one, one_grads) = single_gpu_run(&stream, cfg, combined, &weights, &tokens, steps, &opt);
     // Two processes of the example program, one per GPU, meeting through cuda-nccl's
     // rendezvous on a loopback port (torchrun's variables).
     let bin = PathBuf::from(

@@ -438,6 +438,7 @@ impl cublasEmulationStrategy_t {
 impl Default for _IO_FILE {
     fn default() -> Self {
         let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        // SAFETY: a C struct of plain integers, floats and raw pointers, for which all-zero bytes are a valid value (bindgen's Default)
         unsafe {
             ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
             s.assume_init()
@@ -2944,6 +2945,7 @@ impl cublasLtMatmulPreferenceAttributes_t {
 impl Default for cublasLtMatmulHeuristicResult_t {
     fn default() -> Self {
         let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        // SAFETY: a C struct of plain integers, floats and raw pointers, for which all-zero bytes are a valid value (bindgen's Default)
         unsafe {
             ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
             s.assume_init()
@@ -10131,264 +10133,308 @@ impl CublasLtTable {
         mut resolve: impl FnMut(&::cudars_loader::EntryPoint) -> *mut ::core::ffi::c_void,
     ) -> Self {
         Self {
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtCreate: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtCreate>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[0usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtDestroy: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtDestroy>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[1usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtDisableCpuInstructionsSetMask: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtDisableCpuInstructionsSetMask>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[2usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtGetCudartVersion: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtGetCudartVersion>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[3usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtGetProperty: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtGetProperty>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[4usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtGetStatusName: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtGetStatusName>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[5usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtGetStatusString: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtGetStatusString>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[6usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtGetVersion: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtGetVersion>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[7usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtHeuristicsCacheGetCapacity: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtHeuristicsCacheGetCapacity>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[8usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtHeuristicsCacheSetCapacity: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtHeuristicsCacheSetCapacity>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[9usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtLoggerForceDisable: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtLoggerForceDisable>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[10usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtLoggerOpenFile: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtLoggerOpenFile>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[11usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtLoggerSetCallback: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtLoggerSetCallback>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[12usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtLoggerSetLevel: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtLoggerSetLevel>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[13usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtLoggerSetMask: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtLoggerSetMask>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[14usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmul: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmul>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[15usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulAlgoCapGetAttribute: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulAlgoCapGetAttribute>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[16usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulAlgoCheck: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulAlgoCheck>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[17usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulAlgoConfigGetAttribute: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulAlgoConfigGetAttribute>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[18usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulAlgoConfigSetAttribute: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulAlgoConfigSetAttribute>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[19usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulAlgoGetHeuristic: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulAlgoGetHeuristic>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[20usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulAlgoGetIds: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulAlgoGetIds>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[21usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulAlgoInit: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulAlgoInit>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[22usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulDescCreate: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulDescCreate>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[23usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulDescDestroy: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulDescDestroy>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[24usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulDescGetAttribute: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulDescGetAttribute>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[25usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulDescInit_internal: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulDescInit_internal>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[26usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulDescSetAttribute: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulDescSetAttribute>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[27usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulPreferenceCreate: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulPreferenceCreate>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[28usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulPreferenceDestroy: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulPreferenceDestroy>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[29usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulPreferenceGetAttribute: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulPreferenceGetAttribute>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[30usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulPreferenceInit_internal: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulPreferenceInit_internal>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[31usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatmulPreferenceSetAttribute: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatmulPreferenceSetAttribute>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[32usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatrixLayoutCreate: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatrixLayoutCreate>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[33usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatrixLayoutDestroy: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatrixLayoutDestroy>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[34usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatrixLayoutGetAttribute: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatrixLayoutGetAttribute>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[35usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatrixLayoutInit_internal: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatrixLayoutInit_internal>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[36usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatrixLayoutSetAttribute: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatrixLayoutSetAttribute>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[37usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatrixTransform: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatrixTransform>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[38usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatrixTransformDescCreate: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatrixTransformDescCreate>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[39usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatrixTransformDescDestroy: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatrixTransformDescDestroy>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[40usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatrixTransformDescGetAttribute: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatrixTransformDescGetAttribute>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[41usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatrixTransformDescInit_internal: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasLtMatrixTransformDescInit_internal>,
                 >(resolve(&CUBLASLT_ENTRY_POINTS[42usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasLtMatrixTransformDescSetAttribute: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
@@ -10423,6 +10469,7 @@ impl CublasLt {
     ) -> Result<Self, ::cudars_loader::LoadError> {
         let loaded = ::cudars_loader::Loaded::open_from(&CUBLASLT_LIBRARY, candidates)?;
         let mut resolved = 0;
+        // SAFETY: every address comes from the library just opened, looked up by the name of the declaration whose function-pointer type the table stores it as
         let table = unsafe {
             CublasLtTable::resolve(|e| {
                 let p = loaded.lookup(e.symbol);
@@ -10455,6 +10502,7 @@ impl CublasLt {
         lightHandle: *mut cublasLtHandle_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtCreate {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(lightHandle) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10474,6 +10522,7 @@ impl CublasLt {
         lightHandle: cublasLtHandle_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtDestroy {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(lightHandle) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10493,6 +10542,7 @@ impl CublasLt {
         mask: ::std::os::raw::c_uint,
     ) -> Result<::std::os::raw::c_uint, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtDisableCpuInstructionsSetMask {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(mask) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10511,6 +10561,7 @@ impl CublasLt {
         &self,
     ) -> Result<usize, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtGetCudartVersion {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn() }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10531,6 +10582,7 @@ impl CublasLt {
         value: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtGetProperty {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(type_, value) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10550,6 +10602,7 @@ impl CublasLt {
         status: cublasStatus_t,
     ) -> Result<*const ::std::os::raw::c_char, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtGetStatusName {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(status) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10569,6 +10622,7 @@ impl CublasLt {
         status: cublasStatus_t,
     ) -> Result<*const ::std::os::raw::c_char, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtGetStatusString {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(status) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10587,6 +10641,7 @@ impl CublasLt {
         &self,
     ) -> Result<usize, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtGetVersion {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn() }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10606,6 +10661,7 @@ impl CublasLt {
         capacity: *mut usize,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtHeuristicsCacheGetCapacity {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(capacity) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10625,6 +10681,7 @@ impl CublasLt {
         capacity: usize,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtHeuristicsCacheSetCapacity {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(capacity) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10643,6 +10700,7 @@ impl CublasLt {
         &self,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtLoggerForceDisable {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn() }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10662,6 +10720,7 @@ impl CublasLt {
         logFile: *const ::std::os::raw::c_char,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtLoggerOpenFile {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(logFile) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10681,6 +10740,7 @@ impl CublasLt {
         callback: cublasLtLoggerCallback_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtLoggerSetCallback {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(callback) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10700,6 +10760,7 @@ impl CublasLt {
         level: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtLoggerSetLevel {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(level) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10719,6 +10780,7 @@ impl CublasLt {
         mask: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtLoggerSetMask {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(mask) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10754,6 +10816,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmul {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         lightHandle,
@@ -10798,6 +10861,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulAlgoCapGetAttribute {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(algo, attr, buf, sizeInBytes, sizeWritten) })
             }
             None => {
@@ -10826,6 +10890,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulAlgoCheck {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         lightHandle,
@@ -10862,6 +10927,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulAlgoConfigGetAttribute {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(algo, attr, buf, sizeInBytes, sizeWritten) })
             }
             None => {
@@ -10885,6 +10951,7 @@ impl CublasLt {
         sizeInBytes: usize,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulAlgoConfigSetAttribute {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(algo, attr, buf, sizeInBytes) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10914,6 +10981,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulAlgoGetHeuristic {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         lightHandle,
@@ -10957,6 +11025,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulAlgoGetIds {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         lightHandle,
@@ -10999,6 +11068,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulAlgoInit {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         lightHandle,
@@ -11033,6 +11103,7 @@ impl CublasLt {
         scaleType: cudaDataType_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulDescCreate {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(matmulDesc, computeType, scaleType) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11052,6 +11123,7 @@ impl CublasLt {
         matmulDesc: cublasLtMatmulDesc_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulDescDestroy {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(matmulDesc) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11076,6 +11148,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulDescGetAttribute {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(matmulDesc, attr, buf, sizeInBytes, sizeWritten) })
             }
             None => {
@@ -11100,6 +11173,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulDescInit_internal {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(matmulDesc, size, computeType, scaleType) })
             }
             None => {
@@ -11123,6 +11197,7 @@ impl CublasLt {
         sizeInBytes: usize,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulDescSetAttribute {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(matmulDesc, attr, buf, sizeInBytes) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11142,6 +11217,7 @@ impl CublasLt {
         pref: *mut cublasLtMatmulPreference_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulPreferenceCreate {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(pref) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11161,6 +11237,7 @@ impl CublasLt {
         pref: cublasLtMatmulPreference_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulPreferenceDestroy {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(pref) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11185,6 +11262,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulPreferenceGetAttribute {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(pref, attr, buf, sizeInBytes, sizeWritten) })
             }
             None => {
@@ -11206,6 +11284,7 @@ impl CublasLt {
         size: usize,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulPreferenceInit_internal {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(pref, size) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11228,6 +11307,7 @@ impl CublasLt {
         sizeInBytes: usize,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatmulPreferenceSetAttribute {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(pref, attr, buf, sizeInBytes) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11251,6 +11331,7 @@ impl CublasLt {
         ld: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatrixLayoutCreate {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(matLayout, type_, rows, cols, ld) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11270,6 +11351,7 @@ impl CublasLt {
         matLayout: cublasLtMatrixLayout_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatrixLayoutDestroy {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(matLayout) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11294,6 +11376,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatrixLayoutGetAttribute {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(matLayout, attr, buf, sizeInBytes, sizeWritten) })
             }
             None => {
@@ -11320,6 +11403,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatrixLayoutInit_internal {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(matLayout, size, type_, rows, cols, ld) })
             }
             None => {
@@ -11343,6 +11427,7 @@ impl CublasLt {
         sizeInBytes: usize,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatrixLayoutSetAttribute {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(matLayout, attr, buf, sizeInBytes) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11373,6 +11458,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatrixTransform {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         lightHandle,
@@ -11408,6 +11494,7 @@ impl CublasLt {
         scaleType: cudaDataType,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatrixTransformDescCreate {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(transformDesc, scaleType) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11427,6 +11514,7 @@ impl CublasLt {
         transformDesc: cublasLtMatrixTransformDesc_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatrixTransformDescDestroy {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(transformDesc) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11451,6 +11539,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatrixTransformDescGetAttribute {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(transformDesc, attr, buf, sizeInBytes, sizeWritten)
                 })
@@ -11475,6 +11564,7 @@ impl CublasLt {
         scaleType: cudaDataType,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatrixTransformDescInit_internal {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(transformDesc, size, scaleType) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11498,6 +11588,7 @@ impl CublasLt {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasLtMatrixTransformDescSetAttribute {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(transformDesc, attr, buf, sizeInBytes) })
             }
             None => {
@@ -14584,3036 +14675,3542 @@ impl CublasTable {
         mut resolve: impl FnMut(&::cudars_loader::EntryPoint) -> *mut ::core::ffi::c_void,
     ) -> Self {
         Self {
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasAsumEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasAsumEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[0usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasAsumEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasAsumEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[1usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasAxpyEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasAxpyEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[2usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasAxpyEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasAxpyEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[3usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCaxpy_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCaxpy_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[4usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCaxpy_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCaxpy_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[5usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCcopy_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCcopy_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[6usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCcopy_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCcopy_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[7usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCdgmm: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCdgmm>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[8usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCdgmm_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCdgmm_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[9usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCdotc_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCdotc_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[10usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCdotc_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCdotc_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[11usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCdotu_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCdotu_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[12usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCdotu_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCdotu_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[13usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgbmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgbmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[14usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgbmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgbmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[15usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgeam: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgeam>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[16usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgeam_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgeam_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[17usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgelsBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgelsBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[18usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemm3m: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemm3m>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[19usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemm3mBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemm3mBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[20usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemm3mBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemm3mBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[21usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemm3mEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemm3mEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[22usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemm3mEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemm3mEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[23usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemm3mStridedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemm3mStridedBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[24usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemm3mStridedBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemm3mStridedBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[25usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemm3m_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemm3m_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[26usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemmBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemmBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[27usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemmBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemmBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[28usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemmEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemmEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[29usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemmEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemmEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[30usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemmStridedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemmStridedBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[31usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemmStridedBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemmStridedBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[32usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[33usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[34usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemvBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemvBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[35usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemvBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemvBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[36usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemvStridedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemvStridedBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[37usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemvStridedBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemvStridedBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[38usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[39usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgemv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgemv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[40usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgeqrfBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgeqrfBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[41usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgerc_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgerc_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[42usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgerc_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgerc_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[43usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgeru_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgeru_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[44usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgeru_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgeru_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[45usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgetrfBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgetrfBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[46usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgetriBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgetriBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[47usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCgetrsBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCgetrsBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[48usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasChbmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasChbmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[49usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasChbmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasChbmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[50usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasChemm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasChemm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[51usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasChemm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasChemm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[52usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasChemv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasChemv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[53usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasChemv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasChemv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[54usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCher2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCher2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[55usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCher2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCher2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[56usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCher2k_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCher2k_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[57usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCher2k_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCher2k_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[58usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCher_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCher_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[59usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCher_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCher_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[60usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCherk3mEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCherk3mEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[61usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCherk3mEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCherk3mEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[62usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCherkEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCherkEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[63usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCherkEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCherkEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[64usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCherk_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCherk_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[65usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCherk_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCherk_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[66usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCherkx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCherkx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[67usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCherkx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCherkx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[68usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasChpmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasChpmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[69usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasChpmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasChpmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[70usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasChpr2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasChpr2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[71usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasChpr2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasChpr2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[72usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasChpr_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasChpr_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[73usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasChpr_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasChpr_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[74usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCmatinvBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCmatinvBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[75usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCopyEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCopyEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[76usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCopyEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCopyEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[77usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCreate_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCreate_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[78usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCrot_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCrot_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[79usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCrot_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCrot_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[80usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCrotg_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCrotg_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[81usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCscal_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCscal_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[82usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCscal_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCscal_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[83usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsrot_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsrot_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[84usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsrot_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsrot_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[85usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsscal_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsscal_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[86usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsscal_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsscal_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[87usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCswap_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCswap_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[88usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCswap_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCswap_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[89usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsymm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsymm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[90usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsymm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsymm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[91usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsymv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsymv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[92usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsymv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsymv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[93usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyr2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyr2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[94usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyr2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyr2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[95usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyr2k_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyr2k_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[96usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyr2k_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyr2k_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[97usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyr_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyr_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[98usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyr_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyr_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[99usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyrk3mEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyrk3mEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[100usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyrk3mEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyrk3mEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[101usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyrkEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyrkEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[102usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyrkEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyrkEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[103usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyrk_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyrk_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[104usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyrk_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyrk_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[105usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyrkx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyrkx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[106usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCsyrkx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCsyrkx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[107usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtbmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtbmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[108usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtbmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtbmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[109usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtbsv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtbsv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[110usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtbsv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtbsv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[111usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtpmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtpmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[112usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtpmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtpmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[113usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtpsv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtpsv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[114usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtpsv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtpsv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[115usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtpttr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtpttr>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[116usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtrmm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtrmm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[117usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtrmm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtrmm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[118usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtrmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtrmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[119usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtrmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtrmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[120usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtrsmBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtrsmBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[121usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtrsmBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtrsmBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[122usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtrsm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtrsm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[123usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtrsm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtrsm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[124usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtrsv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtrsv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[125usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtrsv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtrsv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[126usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasCtrttp: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasCtrttp>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[127usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDasum_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDasum_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[128usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDasum_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDasum_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[129usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDaxpy_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDaxpy_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[130usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDaxpy_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDaxpy_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[131usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDcopy_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDcopy_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[132usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDcopy_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDcopy_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[133usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDdgmm: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDdgmm>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[134usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDdgmm_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDdgmm_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[135usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDdot_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDdot_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[136usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDdot_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDdot_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[137usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDestroy_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDestroy_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[138usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgbmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgbmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[139usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgbmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgbmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[140usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgeam: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgeam>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[141usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgeam_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgeam_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[142usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgelsBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgelsBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[143usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemmBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemmBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[144usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemmBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemmBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[145usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemmGroupedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemmGroupedBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[146usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemmGroupedBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemmGroupedBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[147usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemmStridedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemmStridedBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[148usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemmStridedBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemmStridedBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[149usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[150usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[151usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemvBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemvBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[152usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemvBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemvBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[153usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemvStridedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemvStridedBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[154usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemvStridedBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemvStridedBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[155usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[156usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgemv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgemv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[157usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgeqrfBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgeqrfBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[158usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDger_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDger_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[159usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDger_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDger_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[160usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgetrfBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgetrfBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[161usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgetriBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgetriBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[162usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDgetrsBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDgetrsBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[163usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDmatinvBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDmatinvBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[164usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDnrm2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDnrm2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[165usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDnrm2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDnrm2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[166usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDotEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDotEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[167usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDotEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDotEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[168usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDotcEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDotcEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[169usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDotcEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDotcEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[170usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDrot_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDrot_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[171usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDrot_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDrot_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[172usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDrotg_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDrotg_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[173usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDrotm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDrotm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[174usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDrotm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDrotm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[175usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDrotmg_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDrotmg_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[176usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsbmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsbmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[177usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsbmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsbmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[178usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDscal_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDscal_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[179usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDscal_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDscal_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[180usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDspmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDspmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[181usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDspmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDspmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[182usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDspr2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDspr2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[183usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDspr2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDspr2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[184usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDspr_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDspr_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[185usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDspr_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDspr_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[186usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDswap_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDswap_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[187usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDswap_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDswap_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[188usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsymm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsymm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[189usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsymm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsymm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[190usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsymv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsymv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[191usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsymv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsymv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[192usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsyr2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsyr2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[193usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsyr2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsyr2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[194usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsyr2k_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsyr2k_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[195usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsyr2k_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsyr2k_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[196usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsyr_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsyr_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[197usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsyr_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsyr_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[198usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsyrk_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsyrk_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[199usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsyrk_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsyrk_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[200usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsyrkx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsyrkx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[201usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDsyrkx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDsyrkx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[202usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtbmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtbmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[203usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtbmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtbmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[204usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtbsv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtbsv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[205usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtbsv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtbsv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[206usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtpmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtpmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[207usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtpmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtpmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[208usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtpsv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtpsv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[209usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtpsv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtpsv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[210usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtpttr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtpttr>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[211usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtrmm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtrmm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[212usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtrmm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtrmm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[213usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtrmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtrmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[214usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtrmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtrmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[215usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtrsmBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtrsmBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[216usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtrsmBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtrsmBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[217usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtrsm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtrsm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[218usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtrsm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtrsm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[219usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtrsv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtrsv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[220usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtrsv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtrsv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[221usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDtrttp: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDtrttp>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[222usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDzasum_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDzasum_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[223usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDzasum_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDzasum_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[224usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDznrm2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDznrm2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[225usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasDznrm2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasDznrm2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[226usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGemmBatchedEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGemmBatchedEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[227usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGemmBatchedEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGemmBatchedEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[228usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGemmEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGemmEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[229usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGemmEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGemmEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[230usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGemmGroupedBatchedEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGemmGroupedBatchedEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[231usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGemmGroupedBatchedEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGemmGroupedBatchedEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[232usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGemmStridedBatchedEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGemmStridedBatchedEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[233usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGemmStridedBatchedEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGemmStridedBatchedEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[234usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetAtomicsMode: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetAtomicsMode>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[235usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetCudartVersion: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetCudartVersion>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[236usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetEmulationStrategy: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetEmulationStrategy>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[237usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetLoggerCallback: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetLoggerCallback>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[238usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetMathMode: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetMathMode>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[239usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetMatrix: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetMatrix>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[240usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetMatrixAsync: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetMatrixAsync>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[241usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetMatrixAsync_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetMatrixAsync_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[242usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetMatrix_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetMatrix_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[243usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetPointerMode_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetPointerMode_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[244usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetProperty: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetProperty>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[245usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetSmCountTarget: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetSmCountTarget>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[246usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetStatusName: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetStatusName>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[247usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetStatusString: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetStatusString>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[248usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetStream_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetStream_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[249usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetVector: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetVector>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[250usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetVectorAsync: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetVectorAsync>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[251usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetVectorAsync_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetVectorAsync_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[252usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetVector_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetVector_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[253usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasGetVersion_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasGetVersion_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[254usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIamaxEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIamaxEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[255usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIamaxEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIamaxEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[256usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIaminEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIaminEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[257usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIaminEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIaminEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[258usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIcamax_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIcamax_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[259usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIcamax_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIcamax_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[260usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIcamin_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIcamin_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[261usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIcamin_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIcamin_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[262usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIdamax_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIdamax_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[263usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIdamax_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIdamax_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[264usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIdamin_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIdamin_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[265usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIdamin_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIdamin_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[266usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIsamax_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIsamax_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[267usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIsamax_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIsamax_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[268usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIsamin_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIsamin_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[269usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIsamin_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIsamin_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[270usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIzamax_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIzamax_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[271usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIzamax_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIzamax_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[272usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIzamin_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIzamin_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[273usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasIzamin_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasIzamin_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[274usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasNrm2Ex: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasNrm2Ex>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[275usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasNrm2Ex_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasNrm2Ex_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[276usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasRotEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasRotEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[277usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasRotEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasRotEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[278usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasRotgEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasRotgEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[279usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasRotmEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasRotmEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[280usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasRotmEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasRotmEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[281usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasRotmgEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasRotmgEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[282usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSasum_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSasum_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[283usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSasum_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSasum_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[284usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSaxpy_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSaxpy_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[285usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSaxpy_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSaxpy_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[286usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasScalEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasScalEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[287usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasScalEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasScalEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[288usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasScasum_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasScasum_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[289usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasScasum_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasScasum_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[290usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasScnrm2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasScnrm2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[291usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasScnrm2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasScnrm2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[292usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasScopy_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasScopy_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[293usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasScopy_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasScopy_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[294usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSdgmm: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSdgmm>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[295usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSdgmm_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSdgmm_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[296usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSdot_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSdot_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[297usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSdot_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSdot_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[298usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetAtomicsMode: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetAtomicsMode>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[299usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetEmulationStrategy: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetEmulationStrategy>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[300usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetLoggerCallback: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetLoggerCallback>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[301usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetMathMode: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetMathMode>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[302usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetMatrix: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetMatrix>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[303usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetMatrixAsync: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetMatrixAsync>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[304usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetMatrixAsync_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetMatrixAsync_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[305usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetMatrix_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetMatrix_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[306usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetPointerMode_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetPointerMode_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[307usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetSmCountTarget: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetSmCountTarget>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[308usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetStream_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetStream_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[309usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetVector: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetVector>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[310usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetVectorAsync: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetVectorAsync>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[311usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetVectorAsync_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetVectorAsync_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[312usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetVector_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetVector_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[313usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSetWorkspace_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSetWorkspace_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[314usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgbmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgbmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[315usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgbmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgbmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[316usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgeam: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgeam>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[317usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgeam_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgeam_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[318usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgelsBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgelsBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[319usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemmBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemmBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[320usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemmBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemmBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[321usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemmEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemmEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[322usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemmEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemmEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[323usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemmGroupedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemmGroupedBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[324usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemmGroupedBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemmGroupedBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[325usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemmStridedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemmStridedBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[326usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemmStridedBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemmStridedBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[327usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[328usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[329usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemvBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemvBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[330usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemvBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemvBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[331usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemvStridedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemvStridedBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[332usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemvStridedBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemvStridedBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[333usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[334usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgemv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgemv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[335usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgeqrfBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgeqrfBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[336usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSger_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSger_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[337usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSger_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSger_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[338usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgetrfBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgetrfBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[339usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgetriBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgetriBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[340usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSgetrsBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSgetrsBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[341usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSmatinvBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSmatinvBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[342usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSnrm2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSnrm2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[343usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSnrm2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSnrm2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[344usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSrot_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSrot_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[345usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSrot_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSrot_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[346usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSrotg_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSrotg_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[347usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSrotm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSrotm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[348usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSrotm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSrotm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[349usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSrotmg_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSrotmg_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[350usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsbmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsbmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[351usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsbmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsbmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[352usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSscal_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSscal_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[353usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSscal_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSscal_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[354usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSspmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSspmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[355usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSspmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSspmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[356usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSspr2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSspr2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[357usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSspr2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSspr2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[358usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSspr_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSspr_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[359usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSspr_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSspr_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[360usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSswap_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSswap_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[361usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSswap_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSswap_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[362usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsymm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsymm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[363usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsymm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsymm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[364usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsymv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsymv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[365usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsymv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsymv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[366usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsyr2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsyr2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[367usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsyr2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsyr2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[368usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsyr2k_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsyr2k_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[369usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsyr2k_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsyr2k_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[370usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsyr_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsyr_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[371usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsyr_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsyr_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[372usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsyrk_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsyrk_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[373usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsyrk_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsyrk_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[374usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsyrkx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsyrkx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[375usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSsyrkx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSsyrkx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[376usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStbmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStbmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[377usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStbmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStbmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[378usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStbsv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStbsv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[379usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStbsv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStbsv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[380usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStpmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStpmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[381usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStpmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStpmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[382usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStpsv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStpsv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[383usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStpsv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStpsv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[384usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStpttr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStpttr>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[385usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStrmm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStrmm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[386usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStrmm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStrmm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[387usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStrmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStrmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[388usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStrmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStrmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[389usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStrsmBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStrsmBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[390usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStrsmBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStrsmBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[391usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStrsm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStrsm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[392usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStrsm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStrsm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[393usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStrsv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStrsv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[394usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStrsv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStrsv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[395usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasStrttp: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasStrttp>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[396usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSwapEx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSwapEx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[397usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasSwapEx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasSwapEx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[398usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasUint8gemmBias: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasUint8gemmBias>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[399usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasXerbla: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasXerbla>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[400usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZaxpy_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZaxpy_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[401usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZaxpy_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZaxpy_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[402usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZcopy_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZcopy_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[403usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZcopy_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZcopy_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[404usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZdgmm: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZdgmm>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[405usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZdgmm_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZdgmm_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[406usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZdotc_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZdotc_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[407usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZdotc_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZdotc_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[408usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZdotu_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZdotu_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[409usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZdotu_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZdotu_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[410usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZdrot_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZdrot_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[411usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZdrot_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZdrot_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[412usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZdscal_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZdscal_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[413usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZdscal_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZdscal_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[414usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgbmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgbmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[415usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgbmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgbmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[416usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgeam: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgeam>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[417usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgeam_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgeam_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[418usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgelsBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgelsBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[419usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemm3m: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemm3m>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[420usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemm3m_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemm3m_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[421usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemmBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemmBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[422usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemmBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemmBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[423usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemmStridedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemmStridedBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[424usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemmStridedBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemmStridedBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[425usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[426usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[427usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemvBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemvBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[428usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemvBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemvBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[429usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemvStridedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemvStridedBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[430usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemvStridedBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemvStridedBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[431usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[432usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgemv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgemv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[433usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgeqrfBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgeqrfBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[434usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgerc_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgerc_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[435usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgerc_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgerc_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[436usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgeru_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgeru_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[437usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgeru_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgeru_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[438usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgetrfBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgetrfBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[439usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgetriBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgetriBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[440usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZgetrsBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZgetrsBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[441usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZhbmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZhbmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[442usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZhbmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZhbmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[443usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZhemm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZhemm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[444usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZhemm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZhemm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[445usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZhemv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZhemv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[446usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZhemv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZhemv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[447usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZher2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZher2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[448usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZher2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZher2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[449usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZher2k_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZher2k_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[450usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZher2k_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZher2k_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[451usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZher_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZher_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[452usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZher_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZher_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[453usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZherk_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZherk_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[454usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZherk_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZherk_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[455usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZherkx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZherkx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[456usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZherkx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZherkx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[457usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZhpmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZhpmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[458usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZhpmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZhpmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[459usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZhpr2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZhpr2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[460usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZhpr2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZhpr2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[461usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZhpr_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZhpr_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[462usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZhpr_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZhpr_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[463usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZmatinvBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZmatinvBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[464usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZrot_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZrot_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[465usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZrot_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZrot_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[466usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZrotg_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZrotg_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[467usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZscal_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZscal_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[468usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZscal_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZscal_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[469usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZswap_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZswap_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[470usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZswap_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZswap_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[471usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsymm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsymm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[472usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsymm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsymm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[473usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsymv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsymv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[474usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsymv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsymv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[475usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsyr2_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsyr2_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[476usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsyr2_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsyr2_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[477usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsyr2k_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsyr2k_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[478usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsyr2k_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsyr2k_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[479usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsyr_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsyr_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[480usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsyr_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsyr_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[481usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsyrk_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsyrk_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[482usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsyrk_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsyrk_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[483usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsyrkx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsyrkx>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[484usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZsyrkx_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZsyrkx_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[485usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtbmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtbmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[486usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtbmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtbmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[487usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtbsv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtbsv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[488usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtbsv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtbsv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[489usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtpmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtpmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[490usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtpmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtpmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[491usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtpsv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtpsv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[492usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtpsv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtpsv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[493usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtpttr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtpttr>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[494usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtrmm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtrmm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[495usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtrmm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtrmm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[496usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtrmv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtrmv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[497usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtrmv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtrmv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[498usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtrsmBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtrsmBatched>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[499usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtrsmBatched_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtrsmBatched_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[500usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtrsm_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtrsm_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[501usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtrsm_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtrsm_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[502usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtrsv_v2: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtrsv_v2>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[503usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtrsv_v2_64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cublasZtrsv_v2_64>,
                 >(resolve(&CUBLAS_ENTRY_POINTS[504usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cublasZtrttp: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
@@ -17648,6 +18245,7 @@ impl Cublas {
     ) -> Result<Self, ::cudars_loader::LoadError> {
         let loaded = ::cudars_loader::Loaded::open_from(&CUBLAS_LIBRARY, candidates)?;
         let mut resolved = 0;
+        // SAFETY: every address comes from the library just opened, looked up by the name of the declaration whose function-pointer type the table stores it as
         let table = unsafe {
             CublasTable::resolve(|e| {
                 let p = loaded.lookup(e.symbol);
@@ -17688,6 +18286,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasAsumEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17727,6 +18326,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasAsumEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17769,6 +18369,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasAxpyEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17814,6 +18415,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasAxpyEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17854,6 +18456,7 @@ impl Cublas {
         incy: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCaxpy_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -17879,6 +18482,7 @@ impl Cublas {
         incy: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCaxpy_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -17903,6 +18507,7 @@ impl Cublas {
         incy: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCcopy_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -17927,6 +18532,7 @@ impl Cublas {
         incy: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCcopy_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -17956,6 +18562,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCdgmm {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, mode, m, n, A, lda, x, incx, C, ldc) })
             }
             None => {
@@ -17986,6 +18593,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCdgmm_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, mode, m, n, A, lda, x, incx, C, ldc) })
             }
             None => {
@@ -18013,6 +18621,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCdotc_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, result) })
             }
             None => {
@@ -18040,6 +18649,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCdotc_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, result) })
             }
             None => {
@@ -18067,6 +18677,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCdotu_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, result) })
             }
             None => {
@@ -18094,6 +18705,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCdotu_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, result) })
             }
             None => {
@@ -18128,6 +18740,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgbmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18179,6 +18792,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgbmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18229,6 +18843,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgeam {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18278,6 +18893,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgeam_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18326,6 +18942,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgelsBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18375,6 +18992,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemm3m {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18427,6 +19045,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemm3mBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18480,6 +19099,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemm3mBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18535,6 +19155,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemm3mEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18592,6 +19213,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemm3mEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18650,6 +19272,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemm3mStridedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18709,6 +19332,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemm3mStridedBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18764,6 +19388,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemm3m_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18816,6 +19441,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemmBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18869,6 +19495,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemmBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18924,6 +19551,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemmEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18981,6 +19609,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemmEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19039,6 +19668,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemmStridedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19098,6 +19728,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemmStridedBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19153,6 +19784,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19204,6 +19836,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19254,6 +19887,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemvBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19303,6 +19937,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemvBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19355,6 +19990,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemvStridedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19410,6 +20046,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemvStridedBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19461,6 +20098,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -19495,6 +20133,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgemv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -19525,6 +20164,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgeqrfBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, m, n, Aarray, lda, TauArray, info, batchSize)
                 })
@@ -19557,6 +20197,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgerc_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -19587,6 +20228,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgerc_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -19617,6 +20259,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgeru_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -19647,6 +20290,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgeru_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -19674,6 +20318,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgetrfBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, A, lda, P, info, batchSize) })
             }
             None => {
@@ -19703,6 +20348,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgetriBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, A, lda, P, C, ldc, info, batchSize) })
             }
             None => {
@@ -19734,6 +20380,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCgetrsBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19780,6 +20427,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasChbmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, k, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -19814,6 +20462,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasChbmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, k, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -19849,6 +20498,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasChemm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19898,6 +20548,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasChemm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19945,6 +20596,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasChemv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -19978,6 +20630,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasChemv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -20010,6 +20663,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCher2_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -20040,6 +20694,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCher2_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -20073,6 +20728,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCher2k_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20122,6 +20778,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCher2k_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20166,6 +20823,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCher_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, A, lda) })
             }
             None => {
@@ -20194,6 +20852,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCher_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, A, lda) })
             }
             None => {
@@ -20227,6 +20886,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCherk3mEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20276,6 +20936,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCherk3mEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20325,6 +20986,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCherkEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20374,6 +21036,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCherkEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20421,6 +21084,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCherk_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, trans, n, k, alpha, A, lda, beta, C, ldc)
                 })
@@ -20454,6 +21118,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCherk_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, trans, n, k, alpha, A, lda, beta, C, ldc)
                 })
@@ -20489,6 +21154,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCherkx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20538,6 +21204,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCherkx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20584,6 +21251,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasChpmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, AP, x, incx, beta, y, incy)
                 })
@@ -20616,6 +21284,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasChpmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, AP, x, incx, beta, y, incy)
                 })
@@ -20647,6 +21316,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasChpr2_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, AP) })
             }
             None => {
@@ -20676,6 +21346,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasChpr2_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, AP) })
             }
             None => {
@@ -20703,6 +21374,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasChpr_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, AP) })
             }
             None => {
@@ -20730,6 +21402,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasChpr_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, AP) })
             }
             None => {
@@ -20758,6 +21431,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCmatinvBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, n, A, lda, Ainv, lda_inv, info, batchSize)
                 })
@@ -20788,6 +21462,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCopyEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, xType, incx, y, yType, incy) })
             }
             None => {
@@ -20816,6 +21491,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCopyEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, xType, incx, y, yType, incy) })
             }
             None => {
@@ -20836,6 +21512,7 @@ impl Cublas {
         handle: *mut cublasHandle_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCreate_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -20862,6 +21539,7 @@ impl Cublas {
         s: *const cuComplex,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCrot_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -20888,6 +21566,7 @@ impl Cublas {
         s: *const cuComplex,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCrot_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -20911,6 +21590,7 @@ impl Cublas {
         s: *mut cuComplex,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCrotg_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, a, b, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -20934,6 +21614,7 @@ impl Cublas {
         incx: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCscal_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -20957,6 +21638,7 @@ impl Cublas {
         incx: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCscal_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -20983,6 +21665,7 @@ impl Cublas {
         s: *const f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsrot_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -21009,6 +21692,7 @@ impl Cublas {
         s: *const f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsrot_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -21032,6 +21716,7 @@ impl Cublas {
         incx: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsscal_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -21055,6 +21740,7 @@ impl Cublas {
         incx: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsscal_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -21079,6 +21765,7 @@ impl Cublas {
         incy: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCswap_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -21103,6 +21790,7 @@ impl Cublas {
         incy: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCswap_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -21135,6 +21823,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsymm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21184,6 +21873,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsymm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21231,6 +21921,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsymv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -21264,6 +21955,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsymv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -21296,6 +21988,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyr2_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -21326,6 +22019,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyr2_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -21359,6 +22053,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyr2k_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21408,6 +22103,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyr2k_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21452,6 +22148,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyr_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, A, lda) })
             }
             None => {
@@ -21480,6 +22177,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyr_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, A, lda) })
             }
             None => {
@@ -21513,6 +22211,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyrk3mEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21562,6 +22261,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyrk3mEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21611,6 +22311,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyrkEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21660,6 +22361,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyrkEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21707,6 +22409,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyrk_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, trans, n, k, alpha, A, lda, beta, C, ldc)
                 })
@@ -21740,6 +22443,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyrk_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, trans, n, k, alpha, A, lda, beta, C, ldc)
                 })
@@ -21775,6 +22479,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyrkx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21824,6 +22529,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCsyrkx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21870,6 +22576,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtbmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -21900,6 +22607,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtbmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -21930,6 +22638,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtbsv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -21960,6 +22669,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtbsv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -21988,6 +22698,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtpmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -22016,6 +22727,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtpmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -22044,6 +22756,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtpsv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -22072,6 +22785,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtpsv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -22097,6 +22811,7 @@ impl Cublas {
         lda: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtpttr {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, AP, A, lda) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -22130,6 +22845,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtrmm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22181,6 +22897,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtrmm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22227,6 +22944,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtrmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -22256,6 +22974,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtrmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -22289,6 +23008,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtrsmBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22338,6 +23058,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtrsmBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22386,6 +23107,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtrsm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22433,6 +23155,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtrsm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22477,6 +23200,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtrsv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -22506,6 +23230,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtrsv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -22531,6 +23256,7 @@ impl Cublas {
         AP: *mut cuComplex,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasCtrttp {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, AP) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -22554,6 +23280,7 @@ impl Cublas {
         result: *mut f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDasum_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -22577,6 +23304,7 @@ impl Cublas {
         result: *mut f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDasum_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -22602,6 +23330,7 @@ impl Cublas {
         incy: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDaxpy_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -22627,6 +23356,7 @@ impl Cublas {
         incy: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDaxpy_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -22651,6 +23381,7 @@ impl Cublas {
         incy: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDcopy_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -22675,6 +23406,7 @@ impl Cublas {
         incy: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDcopy_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -22704,6 +23436,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDdgmm {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, mode, m, n, A, lda, x, incx, C, ldc) })
             }
             None => {
@@ -22734,6 +23467,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDdgmm_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, mode, m, n, A, lda, x, incx, C, ldc) })
             }
             None => {
@@ -22761,6 +23495,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDdot_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, result) })
             }
             None => {
@@ -22788,6 +23523,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDdot_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, result) })
             }
             None => {
@@ -22808,6 +23544,7 @@ impl Cublas {
         handle: cublasHandle_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDestroy_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -22841,6 +23578,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgbmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22892,6 +23630,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgbmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22942,6 +23681,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgeam {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22991,6 +23731,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgeam_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23039,6 +23780,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgelsBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23089,6 +23831,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemmBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23142,6 +23885,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemmBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23196,6 +23940,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemmGroupedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23251,6 +23996,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemmGroupedBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23308,6 +24054,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemmStridedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23367,6 +24114,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemmStridedBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23422,6 +24170,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23473,6 +24222,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23523,6 +24273,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemvBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23572,6 +24323,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemvBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23624,6 +24376,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemvStridedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23679,6 +24432,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemvStridedBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23730,6 +24484,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -23764,6 +24519,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgemv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -23794,6 +24550,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgeqrfBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, m, n, Aarray, lda, TauArray, info, batchSize)
                 })
@@ -23826,6 +24583,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDger_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -23856,6 +24614,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDger_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -23883,6 +24642,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgetrfBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, A, lda, P, info, batchSize) })
             }
             None => {
@@ -23912,6 +24672,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgetriBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, A, lda, P, C, ldc, info, batchSize) })
             }
             None => {
@@ -23943,6 +24704,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDgetrsBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23985,6 +24747,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDmatinvBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, n, A, lda, Ainv, lda_inv, info, batchSize)
                 })
@@ -24011,6 +24774,7 @@ impl Cublas {
         result: *mut f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDnrm2_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24034,6 +24798,7 @@ impl Cublas {
         result: *mut f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDnrm2_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24064,6 +24829,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDotEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -24109,6 +24875,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDotEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -24154,6 +24921,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDotcEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -24199,6 +24967,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDotcEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -24240,6 +25009,7 @@ impl Cublas {
         s: *const f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDrot_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24266,6 +25036,7 @@ impl Cublas {
         s: *const f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDrot_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24289,6 +25060,7 @@ impl Cublas {
         s: *mut f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDrotg_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, a, b, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24314,6 +25086,7 @@ impl Cublas {
         param: *const f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDrotm_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, param) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24339,6 +25112,7 @@ impl Cublas {
         param: *const f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDrotm_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, param) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24363,6 +25137,7 @@ impl Cublas {
         param: *mut f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDrotmg_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, d1, d2, x1, y1, param) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24394,6 +25169,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsbmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, k, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -24428,6 +25204,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsbmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, k, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -24454,6 +25231,7 @@ impl Cublas {
         incx: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDscal_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24477,6 +25255,7 @@ impl Cublas {
         incx: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDscal_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24506,6 +25285,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDspmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, AP, x, incx, beta, y, incy)
                 })
@@ -24538,6 +25318,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDspmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, AP, x, incx, beta, y, incy)
                 })
@@ -24569,6 +25350,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDspr2_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, AP) })
             }
             None => {
@@ -24598,6 +25380,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDspr2_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, AP) })
             }
             None => {
@@ -24625,6 +25408,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDspr_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, AP) })
             }
             None => {
@@ -24652,6 +25436,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDspr_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, AP) })
             }
             None => {
@@ -24677,6 +25462,7 @@ impl Cublas {
         incy: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDswap_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24701,6 +25487,7 @@ impl Cublas {
         incy: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDswap_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24733,6 +25520,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsymm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -24782,6 +25570,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsymm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -24829,6 +25618,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsymv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -24862,6 +25652,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsymv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -24894,6 +25685,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsyr2_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -24924,6 +25716,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsyr2_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -24957,6 +25750,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsyr2k_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -25006,6 +25800,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsyr2k_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -25050,6 +25845,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsyr_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, A, lda) })
             }
             None => {
@@ -25078,6 +25874,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsyr_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, A, lda) })
             }
             None => {
@@ -25109,6 +25906,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsyrk_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, trans, n, k, alpha, A, lda, beta, C, ldc)
                 })
@@ -25142,6 +25940,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsyrk_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, trans, n, k, alpha, A, lda, beta, C, ldc)
                 })
@@ -25177,6 +25976,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsyrkx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -25226,6 +26026,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDsyrkx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -25272,6 +26073,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtbmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -25302,6 +26104,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtbmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -25332,6 +26135,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtbsv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -25362,6 +26166,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtbsv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -25390,6 +26195,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtpmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -25418,6 +26224,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtpmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -25446,6 +26253,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtpsv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -25474,6 +26282,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtpsv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -25499,6 +26308,7 @@ impl Cublas {
         lda: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtpttr {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, AP, A, lda) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -25532,6 +26342,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtrmm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -25583,6 +26394,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtrmm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -25629,6 +26441,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtrmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -25658,6 +26471,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtrmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -25691,6 +26505,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtrsmBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -25740,6 +26555,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtrsmBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -25788,6 +26604,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtrsm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -25835,6 +26652,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtrsm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -25879,6 +26697,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtrsv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -25908,6 +26727,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtrsv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -25933,6 +26753,7 @@ impl Cublas {
         AP: *mut f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDtrttp {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, AP) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -25956,6 +26777,7 @@ impl Cublas {
         result: *mut f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDzasum_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -25979,6 +26801,7 @@ impl Cublas {
         result: *mut f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDzasum_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26002,6 +26825,7 @@ impl Cublas {
         result: *mut f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDznrm2_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26025,6 +26849,7 @@ impl Cublas {
         result: *mut f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasDznrm2_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26064,6 +26889,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGemmBatchedEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -26127,6 +26953,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGemmBatchedEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -26189,6 +27016,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGemmEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -26250,6 +27078,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGemmEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -26312,6 +27141,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGemmGroupedBatchedEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -26375,6 +27205,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGemmGroupedBatchedEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -26441,6 +27272,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGemmStridedBatchedEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -26510,6 +27342,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGemmStridedBatchedEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -26557,6 +27390,7 @@ impl Cublas {
         mode: *mut cublasAtomicsMode_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetAtomicsMode {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, mode) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26575,6 +27409,7 @@ impl Cublas {
         &self,
     ) -> Result<usize, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetCudartVersion {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn() }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26595,6 +27430,7 @@ impl Cublas {
         emulationStrategy: *mut cublasEmulationStrategy_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetEmulationStrategy {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, emulationStrategy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26614,6 +27450,7 @@ impl Cublas {
         userCallback: *mut cublasLogCallback,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetLoggerCallback {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(userCallback) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26634,6 +27471,7 @@ impl Cublas {
         mode: *mut cublasMath_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetMathMode {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, mode) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26660,6 +27498,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetMatrix {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(rows, cols, elemSize, A, lda, B, ldb) })
             }
             None => {
@@ -26688,6 +27527,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetMatrixAsync {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(rows, cols, elemSize, A, lda, B, ldb, stream) })
             }
             None => {
@@ -26716,6 +27556,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetMatrixAsync_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(rows, cols, elemSize, A, lda, B, ldb, stream) })
             }
             None => {
@@ -26743,6 +27584,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetMatrix_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(rows, cols, elemSize, A, lda, B, ldb) })
             }
             None => {
@@ -26764,6 +27606,7 @@ impl Cublas {
         mode: *mut cublasPointerMode_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetPointerMode_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, mode) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26784,6 +27627,7 @@ impl Cublas {
         value: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetProperty {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(type_, value) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26804,6 +27648,7 @@ impl Cublas {
         smCountTarget: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetSmCountTarget {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, smCountTarget) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26823,6 +27668,7 @@ impl Cublas {
         status: cublasStatus_t,
     ) -> Result<*const ::std::os::raw::c_char, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetStatusName {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(status) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26842,6 +27688,7 @@ impl Cublas {
         status: cublasStatus_t,
     ) -> Result<*const ::std::os::raw::c_char, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetStatusString {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(status) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26862,6 +27709,7 @@ impl Cublas {
         streamId: *mut cudaStream_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetStream_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, streamId) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26886,6 +27734,7 @@ impl Cublas {
         incy: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetVector {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(n, elemSize, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26912,6 +27761,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetVectorAsync {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(n, elemSize, devicePtr, incx, hostPtr, incy, stream)
                 })
@@ -26941,6 +27791,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetVectorAsync_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(n, elemSize, devicePtr, incx, hostPtr, incy, stream)
                 })
@@ -26968,6 +27819,7 @@ impl Cublas {
         incy: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetVector_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(n, elemSize, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -26988,6 +27840,7 @@ impl Cublas {
         version: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasGetVersion_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, version) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27012,6 +27865,7 @@ impl Cublas {
         result: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIamaxEx {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, xType, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27036,6 +27890,7 @@ impl Cublas {
         result: *mut i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIamaxEx_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, xType, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27060,6 +27915,7 @@ impl Cublas {
         result: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIaminEx {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, xType, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27084,6 +27940,7 @@ impl Cublas {
         result: *mut i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIaminEx_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, xType, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27107,6 +27964,7 @@ impl Cublas {
         result: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIcamax_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27130,6 +27988,7 @@ impl Cublas {
         result: *mut i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIcamax_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27153,6 +28012,7 @@ impl Cublas {
         result: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIcamin_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27176,6 +28036,7 @@ impl Cublas {
         result: *mut i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIcamin_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27199,6 +28060,7 @@ impl Cublas {
         result: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIdamax_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27222,6 +28084,7 @@ impl Cublas {
         result: *mut i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIdamax_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27245,6 +28108,7 @@ impl Cublas {
         result: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIdamin_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27268,6 +28132,7 @@ impl Cublas {
         result: *mut i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIdamin_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27291,6 +28156,7 @@ impl Cublas {
         result: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIsamax_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27314,6 +28180,7 @@ impl Cublas {
         result: *mut i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIsamax_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27337,6 +28204,7 @@ impl Cublas {
         result: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIsamin_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27360,6 +28228,7 @@ impl Cublas {
         result: *mut i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIsamin_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27383,6 +28252,7 @@ impl Cublas {
         result: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIzamax_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27406,6 +28276,7 @@ impl Cublas {
         result: *mut i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIzamax_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27429,6 +28300,7 @@ impl Cublas {
         result: *mut ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIzamin_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27452,6 +28324,7 @@ impl Cublas {
         result: *mut i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasIzamin_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27479,6 +28352,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasNrm2Ex {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -27518,6 +28392,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasNrm2Ex_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -27561,6 +28436,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasRotEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -27608,6 +28484,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasRotEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -27651,6 +28528,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasRotgEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, a, b, abType, c, s, csType, executiontype)
                 })
@@ -27684,6 +28562,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasRotmEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -27729,6 +28608,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasRotmEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -27775,6 +28655,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasRotmgEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -27814,6 +28695,7 @@ impl Cublas {
         result: *mut f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSasum_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27837,6 +28719,7 @@ impl Cublas {
         result: *mut f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSasum_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27862,6 +28745,7 @@ impl Cublas {
         incy: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSaxpy_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27887,6 +28771,7 @@ impl Cublas {
         incy: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSaxpy_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27914,6 +28799,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasScalEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, n, alpha, alphaType, x, xType, incx, executionType)
                 })
@@ -27944,6 +28830,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasScalEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, n, alpha, alphaType, x, xType, incx, executionType)
                 })
@@ -27970,6 +28857,7 @@ impl Cublas {
         result: *mut f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasScasum_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -27993,6 +28881,7 @@ impl Cublas {
         result: *mut f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasScasum_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -28016,6 +28905,7 @@ impl Cublas {
         result: *mut f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasScnrm2_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -28039,6 +28929,7 @@ impl Cublas {
         result: *mut f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasScnrm2_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -28063,6 +28954,7 @@ impl Cublas {
         incy: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasScopy_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -28087,6 +28979,7 @@ impl Cublas {
         incy: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasScopy_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -28116,6 +29009,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSdgmm {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, mode, m, n, A, lda, x, incx, C, ldc) })
             }
             None => {
@@ -28146,6 +29040,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSdgmm_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, mode, m, n, A, lda, x, incx, C, ldc) })
             }
             None => {
@@ -28173,6 +29068,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSdot_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, result) })
             }
             None => {
@@ -28200,6 +29096,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSdot_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, result) })
             }
             None => {
@@ -28221,6 +29118,7 @@ impl Cublas {
         mode: cublasAtomicsMode_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetAtomicsMode {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, mode) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -28241,6 +29139,7 @@ impl Cublas {
         emulationStrategy: cublasEmulationStrategy_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetEmulationStrategy {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, emulationStrategy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -28260,6 +29159,7 @@ impl Cublas {
         userCallback: cublasLogCallback,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetLoggerCallback {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(userCallback) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -28280,6 +29180,7 @@ impl Cublas {
         mode: cublasMath_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetMathMode {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, mode) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -28306,6 +29207,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetMatrix {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(rows, cols, elemSize, A, lda, B, ldb) })
             }
             None => {
@@ -28334,6 +29236,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetMatrixAsync {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(rows, cols, elemSize, A, lda, B, ldb, stream) })
             }
             None => {
@@ -28362,6 +29265,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetMatrixAsync_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(rows, cols, elemSize, A, lda, B, ldb, stream) })
             }
             None => {
@@ -28389,6 +29293,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetMatrix_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(rows, cols, elemSize, A, lda, B, ldb) })
             }
             None => {
@@ -28410,6 +29315,7 @@ impl Cublas {
         mode: cublasPointerMode_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetPointerMode_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, mode) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -28430,6 +29336,7 @@ impl Cublas {
         smCountTarget: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetSmCountTarget {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, smCountTarget) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -28450,6 +29357,7 @@ impl Cublas {
         streamId: cudaStream_t,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetStream_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, streamId) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -28475,6 +29383,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetVector {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(n, elemSize, x, incx, devicePtr, incy) })
             }
             None => {
@@ -28502,6 +29411,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetVectorAsync {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(n, elemSize, hostPtr, incx, devicePtr, incy, stream)
                 })
@@ -28531,6 +29441,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetVectorAsync_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(n, elemSize, hostPtr, incx, devicePtr, incy, stream)
                 })
@@ -28559,6 +29470,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetVector_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(n, elemSize, x, incx, devicePtr, incy) })
             }
             None => {
@@ -28582,6 +29494,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSetWorkspace_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, workspace, workspaceSizeInBytes) })
             }
             None => {
@@ -28616,6 +29529,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgbmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -28667,6 +29581,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgbmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -28717,6 +29632,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgeam {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -28766,6 +29682,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgeam_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -28814,6 +29731,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgelsBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -28864,6 +29782,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemmBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -28917,6 +29836,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemmBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -28972,6 +29892,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemmEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -29029,6 +29950,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemmEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -29085,6 +30007,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemmGroupedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -29140,6 +30063,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemmGroupedBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -29197,6 +30121,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemmStridedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -29256,6 +30181,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemmStridedBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -29311,6 +30237,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -29362,6 +30289,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -29412,6 +30340,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemvBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -29461,6 +30390,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemvBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -29513,6 +30443,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemvStridedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -29568,6 +30499,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemvStridedBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -29619,6 +30551,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -29653,6 +30586,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgemv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -29683,6 +30617,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgeqrfBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, m, n, Aarray, lda, TauArray, info, batchSize)
                 })
@@ -29715,6 +30650,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSger_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -29745,6 +30681,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSger_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -29772,6 +30709,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgetrfBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, A, lda, P, info, batchSize) })
             }
             None => {
@@ -29801,6 +30739,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgetriBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, A, lda, P, C, ldc, info, batchSize) })
             }
             None => {
@@ -29832,6 +30771,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSgetrsBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -29874,6 +30814,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSmatinvBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, n, A, lda, Ainv, lda_inv, info, batchSize)
                 })
@@ -29900,6 +30841,7 @@ impl Cublas {
         result: *mut f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSnrm2_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -29923,6 +30865,7 @@ impl Cublas {
         result: *mut f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSnrm2_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, result) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -29949,6 +30892,7 @@ impl Cublas {
         s: *const f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSrot_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -29975,6 +30919,7 @@ impl Cublas {
         s: *const f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSrot_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -29998,6 +30943,7 @@ impl Cublas {
         s: *mut f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSrotg_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, a, b, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -30023,6 +30969,7 @@ impl Cublas {
         param: *const f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSrotm_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, param) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -30048,6 +30995,7 @@ impl Cublas {
         param: *const f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSrotm_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, param) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -30072,6 +31020,7 @@ impl Cublas {
         param: *mut f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSrotmg_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, d1, d2, x1, y1, param) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -30103,6 +31052,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsbmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, k, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -30137,6 +31087,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsbmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, k, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -30163,6 +31114,7 @@ impl Cublas {
         incx: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSscal_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -30186,6 +31138,7 @@ impl Cublas {
         incx: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSscal_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -30215,6 +31168,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSspmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, AP, x, incx, beta, y, incy)
                 })
@@ -30247,6 +31201,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSspmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, AP, x, incx, beta, y, incy)
                 })
@@ -30278,6 +31233,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSspr2_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, AP) })
             }
             None => {
@@ -30307,6 +31263,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSspr2_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, AP) })
             }
             None => {
@@ -30334,6 +31291,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSspr_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, AP) })
             }
             None => {
@@ -30361,6 +31319,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSspr_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, AP) })
             }
             None => {
@@ -30386,6 +31345,7 @@ impl Cublas {
         incy: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSswap_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -30410,6 +31370,7 @@ impl Cublas {
         incy: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSswap_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -30442,6 +31403,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsymm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -30491,6 +31453,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsymm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -30538,6 +31501,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsymv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -30571,6 +31535,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsymv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -30603,6 +31568,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsyr2_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -30633,6 +31599,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsyr2_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -30666,6 +31633,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsyr2k_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -30715,6 +31683,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsyr2k_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -30759,6 +31728,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsyr_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, A, lda) })
             }
             None => {
@@ -30787,6 +31757,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsyr_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, A, lda) })
             }
             None => {
@@ -30818,6 +31789,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsyrk_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, trans, n, k, alpha, A, lda, beta, C, ldc)
                 })
@@ -30851,6 +31823,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsyrk_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, trans, n, k, alpha, A, lda, beta, C, ldc)
                 })
@@ -30886,6 +31859,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsyrkx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -30935,6 +31909,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSsyrkx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -30981,6 +31956,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStbmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -31011,6 +31987,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStbmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -31041,6 +32018,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStbsv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -31071,6 +32049,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStbsv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -31099,6 +32078,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStpmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -31127,6 +32107,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStpmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -31155,6 +32136,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStpsv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -31183,6 +32165,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStpsv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -31208,6 +32191,7 @@ impl Cublas {
         lda: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStpttr {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, AP, A, lda) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -31241,6 +32225,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStrmm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -31292,6 +32277,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStrmm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -31338,6 +32324,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStrmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -31367,6 +32354,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStrmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -31400,6 +32388,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStrsmBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -31449,6 +32438,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStrsmBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -31497,6 +32487,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStrsm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -31544,6 +32535,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStrsm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -31588,6 +32580,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStrsv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -31617,6 +32610,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStrsv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -31642,6 +32636,7 @@ impl Cublas {
         AP: *mut f32,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasStrttp {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, AP) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -31669,6 +32664,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSwapEx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, xType, incx, y, yType, incy) })
             }
             None => {
@@ -31697,6 +32693,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasSwapEx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, xType, incx, y, yType, incy) })
             }
             None => {
@@ -31735,6 +32732,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasUint8gemmBias {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -31777,6 +32775,7 @@ impl Cublas {
         info: ::std::os::raw::c_int,
     ) -> Result<(), ::cudars_loader::MissingSymbol> {
         match self.table.cublasXerbla {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(srName, info) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -31802,6 +32801,7 @@ impl Cublas {
         incy: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZaxpy_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -31827,6 +32827,7 @@ impl Cublas {
         incy: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZaxpy_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -31851,6 +32852,7 @@ impl Cublas {
         incy: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZcopy_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -31875,6 +32877,7 @@ impl Cublas {
         incy: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZcopy_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -31904,6 +32907,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZdgmm {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, mode, m, n, A, lda, x, incx, C, ldc) })
             }
             None => {
@@ -31934,6 +32938,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZdgmm_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, mode, m, n, A, lda, x, incx, C, ldc) })
             }
             None => {
@@ -31961,6 +32966,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZdotc_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, result) })
             }
             None => {
@@ -31988,6 +32994,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZdotc_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, result) })
             }
             None => {
@@ -32015,6 +33022,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZdotu_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, result) })
             }
             None => {
@@ -32042,6 +33050,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZdotu_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, result) })
             }
             None => {
@@ -32069,6 +33078,7 @@ impl Cublas {
         s: *const f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZdrot_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -32095,6 +33105,7 @@ impl Cublas {
         s: *const f64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZdrot_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -32118,6 +33129,7 @@ impl Cublas {
         incx: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZdscal_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -32141,6 +33153,7 @@ impl Cublas {
         incx: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZdscal_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -32174,6 +33187,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgbmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32225,6 +33239,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgbmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32275,6 +33290,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgeam {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32324,6 +33340,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgeam_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32372,6 +33389,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgelsBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32421,6 +33439,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemm3m {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32472,6 +33491,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemm3m_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32524,6 +33544,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemmBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32577,6 +33598,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemmBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32633,6 +33655,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemmStridedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32692,6 +33715,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemmStridedBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32747,6 +33771,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32798,6 +33823,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32848,6 +33874,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemvBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32897,6 +33924,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemvBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -32949,6 +33977,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemvStridedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -33004,6 +34033,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemvStridedBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -33055,6 +34085,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -33089,6 +34120,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgemv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -33119,6 +34151,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgeqrfBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, m, n, Aarray, lda, TauArray, info, batchSize)
                 })
@@ -33151,6 +34184,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgerc_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -33181,6 +34215,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgerc_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -33211,6 +34246,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgeru_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -33241,6 +34277,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgeru_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -33268,6 +34305,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgetrfBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, A, lda, P, info, batchSize) })
             }
             None => {
@@ -33297,6 +34335,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgetriBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, A, lda, P, C, ldc, info, batchSize) })
             }
             None => {
@@ -33328,6 +34367,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZgetrsBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -33374,6 +34414,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZhbmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, k, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -33408,6 +34449,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZhbmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, k, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -33443,6 +34485,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZhemm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -33492,6 +34535,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZhemm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -33539,6 +34583,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZhemv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -33572,6 +34617,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZhemv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -33604,6 +34650,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZher2_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -33634,6 +34681,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZher2_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -33667,6 +34715,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZher2k_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -33716,6 +34765,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZher2k_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -33760,6 +34810,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZher_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, A, lda) })
             }
             None => {
@@ -33788,6 +34839,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZher_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, A, lda) })
             }
             None => {
@@ -33819,6 +34871,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZherk_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, trans, n, k, alpha, A, lda, beta, C, ldc)
                 })
@@ -33852,6 +34905,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZherk_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, trans, n, k, alpha, A, lda, beta, C, ldc)
                 })
@@ -33887,6 +34941,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZherkx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -33936,6 +34991,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZherkx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -33982,6 +35038,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZhpmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, AP, x, incx, beta, y, incy)
                 })
@@ -34014,6 +35071,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZhpmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, AP, x, incx, beta, y, incy)
                 })
@@ -34045,6 +35103,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZhpr2_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, AP) })
             }
             None => {
@@ -34074,6 +35133,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZhpr2_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, AP) })
             }
             None => {
@@ -34101,6 +35161,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZhpr_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, AP) })
             }
             None => {
@@ -34128,6 +35189,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZhpr_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, AP) })
             }
             None => {
@@ -34156,6 +35218,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZmatinvBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, n, A, lda, Ainv, lda_inv, info, batchSize)
                 })
@@ -34185,6 +35248,7 @@ impl Cublas {
         s: *const cuDoubleComplex,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZrot_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -34211,6 +35275,7 @@ impl Cublas {
         s: *const cuDoubleComplex,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZrot_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -34234,6 +35299,7 @@ impl Cublas {
         s: *mut cuDoubleComplex,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZrotg_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, a, b, c, s) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -34257,6 +35323,7 @@ impl Cublas {
         incx: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZscal_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -34280,6 +35347,7 @@ impl Cublas {
         incx: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZscal_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, alpha, x, incx) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -34304,6 +35372,7 @@ impl Cublas {
         incy: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZswap_v2 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -34328,6 +35397,7 @@ impl Cublas {
         incy: i64,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZswap_v2_64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, x, incx, y, incy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -34360,6 +35430,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsymm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -34409,6 +35480,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsymm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -34456,6 +35528,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsymv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -34489,6 +35562,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsymv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, alpha, A, lda, x, incx, beta, y, incy)
                 })
@@ -34521,6 +35595,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsyr2_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -34551,6 +35626,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsyr2_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, y, incy, A, lda) })
             }
             None => {
@@ -34584,6 +35660,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsyr2k_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -34633,6 +35710,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsyr2k_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -34677,6 +35755,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsyr_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, A, lda) })
             }
             None => {
@@ -34705,6 +35784,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsyr_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, alpha, x, incx, A, lda) })
             }
             None => {
@@ -34736,6 +35816,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsyrk_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, trans, n, k, alpha, A, lda, beta, C, ldc)
                 })
@@ -34769,6 +35850,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsyrk_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, trans, n, k, alpha, A, lda, beta, C, ldc)
                 })
@@ -34804,6 +35886,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsyrkx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -34853,6 +35936,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZsyrkx_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -34899,6 +35983,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtbmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -34929,6 +36014,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtbmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -34959,6 +36045,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtbsv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -34989,6 +36076,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtbsv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, k, A, lda, x, incx) })
             }
             None => {
@@ -35017,6 +36105,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtpmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -35045,6 +36134,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtpmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -35073,6 +36163,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtpsv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -35101,6 +36192,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtpsv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, AP, x, incx) })
             }
             None => {
@@ -35126,6 +36218,7 @@ impl Cublas {
         lda: ::std::os::raw::c_int,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtpttr {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, AP, A, lda) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -35159,6 +36252,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtrmm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -35210,6 +36304,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtrmm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -35256,6 +36351,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtrmv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -35285,6 +36381,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtrmv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -35318,6 +36415,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtrsmBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -35367,6 +36465,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtrsmBatched_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -35415,6 +36514,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtrsm_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -35462,6 +36562,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtrsm_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -35506,6 +36607,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtrsv_v2 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -35535,6 +36637,7 @@ impl Cublas {
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtrsv_v2_64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, trans, diag, n, A, lda, x, incx) })
             }
             None => {
@@ -35560,6 +36663,7 @@ impl Cublas {
         AP: *mut cuDoubleComplex,
     ) -> Result<cublasStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cublasZtrttp {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, AP) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {

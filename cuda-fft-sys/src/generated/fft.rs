@@ -615,210 +615,245 @@ impl CufftTable {
         mut resolve: impl FnMut(&::cudars_loader::EntryPoint) -> *mut ::core::ffi::c_void,
     ) -> Self {
         Self {
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftCreate: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftCreate>,
                 >(resolve(&CUFFT_ENTRY_POINTS[0usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftDestroy: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftDestroy>,
                 >(resolve(&CUFFT_ENTRY_POINTS[1usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftEstimate1d: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftEstimate1d>,
                 >(resolve(&CUFFT_ENTRY_POINTS[2usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftEstimate2d: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftEstimate2d>,
                 >(resolve(&CUFFT_ENTRY_POINTS[3usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftEstimate3d: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftEstimate3d>,
                 >(resolve(&CUFFT_ENTRY_POINTS[4usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftEstimateMany: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftEstimateMany>,
                 >(resolve(&CUFFT_ENTRY_POINTS[5usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftExecC2C: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftExecC2C>,
                 >(resolve(&CUFFT_ENTRY_POINTS[6usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftExecC2R: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftExecC2R>,
                 >(resolve(&CUFFT_ENTRY_POINTS[7usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftExecD2Z: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftExecD2Z>,
                 >(resolve(&CUFFT_ENTRY_POINTS[8usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftExecR2C: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftExecR2C>,
                 >(resolve(&CUFFT_ENTRY_POINTS[9usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftExecZ2D: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftExecZ2D>,
                 >(resolve(&CUFFT_ENTRY_POINTS[10usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftExecZ2Z: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftExecZ2Z>,
                 >(resolve(&CUFFT_ENTRY_POINTS[11usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftGetPlanPropertyInt64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftGetPlanPropertyInt64>,
                 >(resolve(&CUFFT_ENTRY_POINTS[12usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftGetProperty: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftGetProperty>,
                 >(resolve(&CUFFT_ENTRY_POINTS[13usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftGetSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftGetSize>,
                 >(resolve(&CUFFT_ENTRY_POINTS[14usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftGetSize1d: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftGetSize1d>,
                 >(resolve(&CUFFT_ENTRY_POINTS[15usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftGetSize2d: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftGetSize2d>,
                 >(resolve(&CUFFT_ENTRY_POINTS[16usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftGetSize3d: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftGetSize3d>,
                 >(resolve(&CUFFT_ENTRY_POINTS[17usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftGetSizeMany: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftGetSizeMany>,
                 >(resolve(&CUFFT_ENTRY_POINTS[18usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftGetSizeMany64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftGetSizeMany64>,
                 >(resolve(&CUFFT_ENTRY_POINTS[19usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftGetVersion: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftGetVersion>,
                 >(resolve(&CUFFT_ENTRY_POINTS[20usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftMakePlan1d: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftMakePlan1d>,
                 >(resolve(&CUFFT_ENTRY_POINTS[21usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftMakePlan2d: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftMakePlan2d>,
                 >(resolve(&CUFFT_ENTRY_POINTS[22usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftMakePlan3d: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftMakePlan3d>,
                 >(resolve(&CUFFT_ENTRY_POINTS[23usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftMakePlanMany: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftMakePlanMany>,
                 >(resolve(&CUFFT_ENTRY_POINTS[24usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftMakePlanMany64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftMakePlanMany64>,
                 >(resolve(&CUFFT_ENTRY_POINTS[25usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftPlan1d: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftPlan1d>,
                 >(resolve(&CUFFT_ENTRY_POINTS[26usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftPlan2d: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftPlan2d>,
                 >(resolve(&CUFFT_ENTRY_POINTS[27usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftPlan3d: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftPlan3d>,
                 >(resolve(&CUFFT_ENTRY_POINTS[28usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftPlanMany: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftPlanMany>,
                 >(resolve(&CUFFT_ENTRY_POINTS[29usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftResetPlanProperty: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftResetPlanProperty>,
                 >(resolve(&CUFFT_ENTRY_POINTS[30usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftSetAutoAllocation: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftSetAutoAllocation>,
                 >(resolve(&CUFFT_ENTRY_POINTS[31usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftSetPlanPropertyInt64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftSetPlanPropertyInt64>,
                 >(resolve(&CUFFT_ENTRY_POINTS[32usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftSetStream: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cufftSetStream>,
                 >(resolve(&CUFFT_ENTRY_POINTS[33usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cufftSetWorkArea: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
@@ -853,6 +888,7 @@ impl Cufft {
     ) -> Result<Self, ::cudars_loader::LoadError> {
         let loaded = ::cudars_loader::Loaded::open_from(&CUFFT_LIBRARY, candidates)?;
         let mut resolved = 0;
+        // SAFETY: every address comes from the library just opened, looked up by the name of the declaration whose function-pointer type the table stores it as
         let table = unsafe {
             CufftTable::resolve(|e| {
                 let p = loaded.lookup(e.symbol);
@@ -885,6 +921,7 @@ impl Cufft {
         handle: *mut cufftHandle,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftCreate {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -904,6 +941,7 @@ impl Cufft {
         plan: cufftHandle,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftDestroy {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -926,6 +964,7 @@ impl Cufft {
         workSize: *mut usize,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftEstimate1d {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(nx, type_, batch, workSize) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -948,6 +987,7 @@ impl Cufft {
         workSize: *mut usize,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftEstimate2d {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(nx, ny, type_, workSize) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -971,6 +1011,7 @@ impl Cufft {
         workSize: *mut usize,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftEstimate3d {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(nx, ny, nz, type_, workSize) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1001,6 +1042,7 @@ impl Cufft {
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftEstimateMany {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         rank,
@@ -1038,6 +1080,7 @@ impl Cufft {
         direction: ::std::os::raw::c_int,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftExecC2C {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, idata, odata, direction) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1059,6 +1102,7 @@ impl Cufft {
         odata: *mut cufftReal,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftExecC2R {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, idata, odata) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1080,6 +1124,7 @@ impl Cufft {
         odata: *mut cufftDoubleComplex,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftExecD2Z {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, idata, odata) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1101,6 +1146,7 @@ impl Cufft {
         odata: *mut cufftComplex,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftExecR2C {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, idata, odata) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1122,6 +1168,7 @@ impl Cufft {
         odata: *mut cufftDoubleReal,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftExecZ2D {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, idata, odata) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1144,6 +1191,7 @@ impl Cufft {
         direction: ::std::os::raw::c_int,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftExecZ2Z {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, idata, odata, direction) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1165,6 +1213,7 @@ impl Cufft {
         returnPtrValue: *mut ::std::os::raw::c_longlong,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftGetPlanPropertyInt64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, property, returnPtrValue) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1185,6 +1234,7 @@ impl Cufft {
         value: *mut ::std::os::raw::c_int,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftGetProperty {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(type_, value) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1205,6 +1255,7 @@ impl Cufft {
         workSize: *mut usize,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftGetSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, workSize) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1228,6 +1279,7 @@ impl Cufft {
         workSize: *mut usize,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftGetSize1d {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, nx, type_, batch, workSize) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1251,6 +1303,7 @@ impl Cufft {
         workSize: *mut usize,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftGetSize2d {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, nx, ny, type_, workSize) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1276,6 +1329,7 @@ impl Cufft {
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftGetSize3d {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, nx, ny, nz, type_, workSize) })
             }
             None => {
@@ -1308,6 +1362,7 @@ impl Cufft {
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftGetSizeMany {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -1355,6 +1410,7 @@ impl Cufft {
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftGetSizeMany64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         plan,
@@ -1390,6 +1446,7 @@ impl Cufft {
         version: *mut ::std::os::raw::c_int,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftGetVersion {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(version) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1413,6 +1470,7 @@ impl Cufft {
         workSize: *mut usize,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftMakePlan1d {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, nx, type_, batch, workSize) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1436,6 +1494,7 @@ impl Cufft {
         workSize: *mut usize,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftMakePlan2d {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, nx, ny, type_, workSize) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1460,6 +1519,7 @@ impl Cufft {
         workSize: *mut usize,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftMakePlan3d {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, nx, ny, nz, type_, workSize) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1491,6 +1551,7 @@ impl Cufft {
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftMakePlanMany {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         plan,
@@ -1538,6 +1599,7 @@ impl Cufft {
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftMakePlanMany64 {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         plan,
@@ -1576,6 +1638,7 @@ impl Cufft {
         batch: ::std::os::raw::c_int,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftPlan1d {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, nx, type_, batch) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1598,6 +1661,7 @@ impl Cufft {
         type_: cufftType,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftPlan2d {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, nx, ny, type_) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1621,6 +1685,7 @@ impl Cufft {
         type_: cufftType,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftPlan3d {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, nx, ny, nz, type_) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1651,6 +1716,7 @@ impl Cufft {
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftPlanMany {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         plan,
@@ -1686,6 +1752,7 @@ impl Cufft {
         property: cufftProperty,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftResetPlanProperty {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, property) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1706,6 +1773,7 @@ impl Cufft {
         autoAllocate: ::std::os::raw::c_int,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftSetAutoAllocation {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, autoAllocate) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1727,6 +1795,7 @@ impl Cufft {
         inputValueInt: ::std::os::raw::c_longlong,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftSetPlanPropertyInt64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, property, inputValueInt) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1747,6 +1816,7 @@ impl Cufft {
         stream: cudaStream_t,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftSetStream {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, stream) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1767,6 +1837,7 @@ impl Cufft {
         workArea: *mut ::std::os::raw::c_void,
     ) -> Result<cufftResult, ::cudars_loader::MissingSymbol> {
         match self.table.cufftSetWorkArea {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(plan, workArea) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {

@@ -523,174 +523,203 @@ impl CurandTable {
         mut resolve: impl FnMut(&::cudars_loader::EntryPoint) -> *mut ::core::ffi::c_void,
     ) -> Self {
         Self {
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandCreateGenerator: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandCreateGenerator>,
                 >(resolve(&CURAND_ENTRY_POINTS[0usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandCreateGeneratorHost: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandCreateGeneratorHost>,
                 >(resolve(&CURAND_ENTRY_POINTS[1usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandCreatePoissonDistribution: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandCreatePoissonDistribution>,
                 >(resolve(&CURAND_ENTRY_POINTS[2usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandDestroyDistribution: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandDestroyDistribution>,
                 >(resolve(&CURAND_ENTRY_POINTS[3usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandDestroyGenerator: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandDestroyGenerator>,
                 >(resolve(&CURAND_ENTRY_POINTS[4usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGenerate: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGenerate>,
                 >(resolve(&CURAND_ENTRY_POINTS[5usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGenerateBinomial: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGenerateBinomial>,
                 >(resolve(&CURAND_ENTRY_POINTS[6usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGenerateBinomialMethod: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGenerateBinomialMethod>,
                 >(resolve(&CURAND_ENTRY_POINTS[7usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGenerateLogNormal: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGenerateLogNormal>,
                 >(resolve(&CURAND_ENTRY_POINTS[8usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGenerateLogNormalDouble: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGenerateLogNormalDouble>,
                 >(resolve(&CURAND_ENTRY_POINTS[9usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGenerateLongLong: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGenerateLongLong>,
                 >(resolve(&CURAND_ENTRY_POINTS[10usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGenerateNormal: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGenerateNormal>,
                 >(resolve(&CURAND_ENTRY_POINTS[11usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGenerateNormalDouble: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGenerateNormalDouble>,
                 >(resolve(&CURAND_ENTRY_POINTS[12usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGeneratePoisson: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGeneratePoisson>,
                 >(resolve(&CURAND_ENTRY_POINTS[13usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGeneratePoissonMethod: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGeneratePoissonMethod>,
                 >(resolve(&CURAND_ENTRY_POINTS[14usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGenerateSeeds: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGenerateSeeds>,
                 >(resolve(&CURAND_ENTRY_POINTS[15usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGenerateUniform: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGenerateUniform>,
                 >(resolve(&CURAND_ENTRY_POINTS[16usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGenerateUniformDouble: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGenerateUniformDouble>,
                 >(resolve(&CURAND_ENTRY_POINTS[17usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGetDirectionVectors32: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGetDirectionVectors32>,
                 >(resolve(&CURAND_ENTRY_POINTS[18usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGetDirectionVectors64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGetDirectionVectors64>,
                 >(resolve(&CURAND_ENTRY_POINTS[19usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGetProperty: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGetProperty>,
                 >(resolve(&CURAND_ENTRY_POINTS[20usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGetScrambleConstants32: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGetScrambleConstants32>,
                 >(resolve(&CURAND_ENTRY_POINTS[21usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGetScrambleConstants64: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGetScrambleConstants64>,
                 >(resolve(&CURAND_ENTRY_POINTS[22usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandGetVersion: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandGetVersion>,
                 >(resolve(&CURAND_ENTRY_POINTS[23usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandSetGeneratorOffset: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandSetGeneratorOffset>,
                 >(resolve(&CURAND_ENTRY_POINTS[24usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandSetGeneratorOrdering: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandSetGeneratorOrdering>,
                 >(resolve(&CURAND_ENTRY_POINTS[25usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandSetPseudoRandomGeneratorSeed: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandSetPseudoRandomGeneratorSeed>,
                 >(resolve(&CURAND_ENTRY_POINTS[26usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandSetQuasiRandomGeneratorDimensions: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::curandSetQuasiRandomGeneratorDimensions>,
                 >(resolve(&CURAND_ENTRY_POINTS[27usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             curandSetStream: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
@@ -725,6 +754,7 @@ impl Curand {
     ) -> Result<Self, ::cudars_loader::LoadError> {
         let loaded = ::cudars_loader::Loaded::open_from(&CURAND_LIBRARY, candidates)?;
         let mut resolved = 0;
+        // SAFETY: every address comes from the library just opened, looked up by the name of the declaration whose function-pointer type the table stores it as
         let table = unsafe {
             CurandTable::resolve(|e| {
                 let p = loaded.lookup(e.symbol);
@@ -758,6 +788,7 @@ impl Curand {
         rng_type: curandRngType_t,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandCreateGenerator {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator, rng_type) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -778,6 +809,7 @@ impl Curand {
         rng_type: curandRngType_t,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandCreateGeneratorHost {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator, rng_type) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -798,6 +830,7 @@ impl Curand {
         discrete_distribution: *mut curandDiscreteDistribution_t,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandCreatePoissonDistribution {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(lambda, discrete_distribution) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -817,6 +850,7 @@ impl Curand {
         discrete_distribution: curandDiscreteDistribution_t,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandDestroyDistribution {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(discrete_distribution) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -836,6 +870,7 @@ impl Curand {
         generator: curandGenerator_t,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandDestroyGenerator {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -857,6 +892,7 @@ impl Curand {
         num: usize,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGenerate {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator, outputPtr, num) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -880,6 +916,7 @@ impl Curand {
         p: f64,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGenerateBinomial {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator, outputPtr, num, n, p) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -905,6 +942,7 @@ impl Curand {
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGenerateBinomialMethod {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(generator, outputPtr, num, n, p, method) })
             }
             None => {
@@ -930,6 +968,7 @@ impl Curand {
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGenerateLogNormal {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(generator, outputPtr, n, mean, stddev) })
             }
             None => {
@@ -955,6 +994,7 @@ impl Curand {
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGenerateLogNormalDouble {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(generator, outputPtr, n, mean, stddev) })
             }
             None => {
@@ -977,6 +1017,7 @@ impl Curand {
         num: usize,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGenerateLongLong {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator, outputPtr, num) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1001,6 +1042,7 @@ impl Curand {
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGenerateNormal {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(generator, outputPtr, n, mean, stddev) })
             }
             None => {
@@ -1026,6 +1068,7 @@ impl Curand {
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGenerateNormalDouble {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(generator, outputPtr, n, mean, stddev) })
             }
             None => {
@@ -1049,6 +1092,7 @@ impl Curand {
         lambda: f64,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGeneratePoisson {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator, outputPtr, n, lambda) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1073,6 +1117,7 @@ impl Curand {
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGeneratePoissonMethod {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(generator, outputPtr, n, lambda, method) })
             }
             None => {
@@ -1093,6 +1138,7 @@ impl Curand {
         generator: curandGenerator_t,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGenerateSeeds {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1114,6 +1160,7 @@ impl Curand {
         num: usize,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGenerateUniform {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator, outputPtr, num) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1135,6 +1182,7 @@ impl Curand {
         num: usize,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGenerateUniformDouble {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator, outputPtr, num) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1155,6 +1203,7 @@ impl Curand {
         set: curandDirectionVectorSet_t,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGetDirectionVectors32 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(vectors, set) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1175,6 +1224,7 @@ impl Curand {
         set: curandDirectionVectorSet_t,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGetDirectionVectors64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(vectors, set) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1195,6 +1245,7 @@ impl Curand {
         value: *mut ::std::os::raw::c_int,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGetProperty {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(type_, value) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1214,6 +1265,7 @@ impl Curand {
         constants: *mut *mut ::std::os::raw::c_uint,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGetScrambleConstants32 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(constants) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1233,6 +1285,7 @@ impl Curand {
         constants: *mut *mut ::std::os::raw::c_ulonglong,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGetScrambleConstants64 {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(constants) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1252,6 +1305,7 @@ impl Curand {
         version: *mut ::std::os::raw::c_int,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandGetVersion {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(version) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1272,6 +1326,7 @@ impl Curand {
         offset: ::std::os::raw::c_ulonglong,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandSetGeneratorOffset {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator, offset) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1292,6 +1347,7 @@ impl Curand {
         order: curandOrdering_t,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandSetGeneratorOrdering {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator, order) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1312,6 +1368,7 @@ impl Curand {
         seed: ::std::os::raw::c_ulonglong,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandSetPseudoRandomGeneratorSeed {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator, seed) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1332,6 +1389,7 @@ impl Curand {
         num_dimensions: ::std::os::raw::c_uint,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandSetQuasiRandomGeneratorDimensions {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator, num_dimensions) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -1352,6 +1410,7 @@ impl Curand {
         stream: cudaStream_t,
     ) -> Result<curandStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.curandSetStream {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(generator, stream) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {

@@ -192,6 +192,7 @@ impl cusolverDnFunction_t {
 impl Default for _IO_FILE {
     fn default() -> Self {
         let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        // SAFETY: a C struct of plain integers, floats and raw pointers, for which all-zero bytes are a valid value (bindgen's Default)
         unsafe {
             ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
             s.assume_init()
@@ -7769,2268 +7770,2646 @@ impl CusolverTable {
         mut resolve: impl FnMut(&::cudars_loader::EntryPoint) -> *mut ::core::ffi::c_void,
     ) -> Self {
         Self {
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCCgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCCgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[0usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCCgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCCgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[1usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCCgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCCgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[2usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCCgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCCgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[3usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCEgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCEgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[4usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCEgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCEgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[5usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCEgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCEgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[6usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCEgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCEgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[7usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCKgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCKgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[8usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCKgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCKgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[9usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCKgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCKgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[10usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCKgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCKgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[11usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCYgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCYgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[12usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCYgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCYgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[13usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCYgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCYgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[14usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCYgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCYgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[15usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgebrd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgebrd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[16usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgebrd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgebrd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[17usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgeqrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgeqrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[18usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgeqrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgeqrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[19usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgesvd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgesvd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[20usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgesvd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgesvd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[21usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgesvdaStridedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgesvdaStridedBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[22usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgesvdaStridedBatched_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgesvdaStridedBatched_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[23usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgesvdj: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgesvdj>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[24usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgesvdjBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgesvdjBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[25usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgesvdjBatched_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgesvdjBatched_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[26usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgesvdj_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgesvdj_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[27usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgetrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgetrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[28usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgetrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgetrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[29usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCgetrs: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCgetrs>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[30usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCheevd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCheevd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[31usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCheevd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCheevd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[32usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCheevdx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCheevdx>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[33usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCheevdx_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCheevdx_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[34usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCheevj: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCheevj>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[35usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCheevjBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCheevjBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[36usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCheevjBatched_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCheevjBatched_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[37usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCheevj_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCheevj_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[38usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnChegvd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnChegvd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[39usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnChegvd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnChegvd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[40usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnChegvdx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnChegvdx>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[41usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnChegvdx_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnChegvdx_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[42usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnChegvj: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnChegvj>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[43usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnChegvj_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnChegvj_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[44usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnChetrd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnChetrd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[45usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnChetrd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnChetrd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[46usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnClaswp: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnClaswp>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[47usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnClauum: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnClauum>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[48usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnClauum_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnClauum_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[49usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCpotrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCpotrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[50usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCpotrfBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCpotrfBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[51usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCpotrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCpotrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[52usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCpotri: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCpotri>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[53usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCpotri_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCpotri_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[54usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCpotrs: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCpotrs>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[55usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCpotrsBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCpotrsBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[56usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCreate: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCreate>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[57usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCreateGesvdjInfo: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCreateGesvdjInfo>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[58usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCreateParams: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCreateParams>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[59usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCreateSyevjInfo: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCreateSyevjInfo>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[60usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCsytrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCsytrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[61usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCsytrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCsytrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[62usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCsytri: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCsytri>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[63usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCsytri_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCsytri_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[64usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCungbr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCungbr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[65usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCungbr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCungbr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[66usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCungqr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCungqr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[67usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCungqr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCungqr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[68usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCungtr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCungtr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[69usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCungtr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCungtr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[70usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCunmqr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCunmqr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[71usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCunmqr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCunmqr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[72usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCunmtr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCunmtr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[73usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnCunmtr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnCunmtr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[74usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDBgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDBgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[75usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDBgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDBgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[76usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDBgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDBgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[77usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDBgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDBgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[78usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDDgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDDgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[79usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDDgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDDgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[80usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDDgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDDgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[81usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDDgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDDgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[82usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDHgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDHgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[83usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDHgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDHgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[84usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDHgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDHgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[85usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDHgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDHgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[86usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDSgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDSgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[87usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDSgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDSgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[88usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDSgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDSgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[89usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDSgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDSgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[90usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDXgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDXgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[91usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDXgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDXgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[92usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDXgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDXgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[93usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDXgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDXgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[94usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDestroy: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDestroy>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[95usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDestroyGesvdjInfo: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDestroyGesvdjInfo>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[96usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDestroyParams: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDestroyParams>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[97usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDestroySyevjInfo: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDestroySyevjInfo>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[98usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgebrd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgebrd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[99usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgebrd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgebrd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[100usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgeqrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgeqrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[101usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgeqrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgeqrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[102usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgesvd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgesvd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[103usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgesvd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgesvd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[104usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgesvdaStridedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgesvdaStridedBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[105usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgesvdaStridedBatched_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgesvdaStridedBatched_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[106usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgesvdj: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgesvdj>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[107usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgesvdjBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgesvdjBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[108usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgesvdjBatched_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgesvdjBatched_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[109usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgesvdj_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgesvdj_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[110usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgetrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgetrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[111usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgetrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgetrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[112usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDgetrs: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDgetrs>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[113usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDlaswp: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDlaswp>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[114usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDlauum: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDlauum>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[115usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDlauum_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDlauum_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[116usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDorgbr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDorgbr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[117usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDorgbr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDorgbr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[118usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDorgqr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDorgqr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[119usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDorgqr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDorgqr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[120usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDorgtr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDorgtr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[121usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDorgtr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDorgtr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[122usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDormqr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDormqr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[123usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDormqr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDormqr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[124usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDormtr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDormtr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[125usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDormtr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDormtr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[126usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDpotrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDpotrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[127usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDpotrfBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDpotrfBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[128usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDpotrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDpotrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[129usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDpotri: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDpotri>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[130usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDpotri_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDpotri_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[131usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDpotrs: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDpotrs>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[132usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDpotrsBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDpotrsBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[133usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsyevd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsyevd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[134usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsyevd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsyevd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[135usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsyevdx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsyevdx>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[136usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsyevdx_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsyevdx_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[137usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsyevj: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsyevj>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[138usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsyevjBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsyevjBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[139usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsyevjBatched_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsyevjBatched_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[140usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsyevj_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsyevj_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[141usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsygvd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsygvd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[142usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsygvd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsygvd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[143usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsygvdx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsygvdx>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[144usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsygvdx_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsygvdx_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[145usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsygvj: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsygvj>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[146usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsygvj_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsygvj_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[147usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsytrd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsytrd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[148usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsytrd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsytrd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[149usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsytrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsytrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[150usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsytrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsytrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[151usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsytri: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsytri>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[152usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnDsytri_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnDsytri_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[153usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnGetDeterministicMode: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnGetDeterministicMode>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[154usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnGetEmulationStrategy: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnGetEmulationStrategy>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[155usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnGetMathMode: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnGetMathMode>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[156usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnGetStream: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnGetStream>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[157usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSInfosCreate: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSInfosCreate>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[158usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSInfosDestroy: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSInfosDestroy>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[159usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSInfosGetMaxIters: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSInfosGetMaxIters>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[160usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSInfosGetNiters: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSInfosGetNiters>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[161usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSInfosGetOuterNiters: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSInfosGetOuterNiters>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[162usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSInfosGetResidualHistory: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSInfosGetResidualHistory>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[163usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSInfosRequestResidual: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSInfosRequestResidual>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[164usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSParamsCreate: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSParamsCreate>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[165usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSParamsDestroy: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSParamsDestroy>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[166usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSParamsDisableFallback: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSParamsDisableFallback>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[167usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSParamsEnableFallback: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSParamsEnableFallback>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[168usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSParamsGetMaxIters: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSParamsGetMaxIters>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[169usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSParamsSetMaxIters: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSParamsSetMaxIters>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[170usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSParamsSetMaxItersInner: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSParamsSetMaxItersInner>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[171usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSParamsSetRefinementSolver: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSParamsSetRefinementSolver>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[172usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSParamsSetSolverLowestPrecision: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSParamsSetSolverLowestPrecision>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[173usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSParamsSetSolverMainPrecision: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSParamsSetSolverMainPrecision>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[174usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSParamsSetSolverPrecisions: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSParamsSetSolverPrecisions>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[175usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSParamsSetTol: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSParamsSetTol>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[176usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSParamsSetTolInner: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSParamsSetTolInner>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[177usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSXgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSXgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[178usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSXgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSXgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[179usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSXgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSXgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[180usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnIRSXgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnIRSXgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[181usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnLoggerForceDisable: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnLoggerForceDisable>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[182usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnLoggerOpenFile: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnLoggerOpenFile>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[183usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnLoggerSetCallback: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnLoggerSetCallback>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[184usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnLoggerSetLevel: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnLoggerSetLevel>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[185usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnLoggerSetMask: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnLoggerSetMask>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[186usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSBgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSBgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[187usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSBgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSBgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[188usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSBgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSBgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[189usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSBgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSBgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[190usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSHgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSHgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[191usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSHgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSHgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[192usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSHgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSHgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[193usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSHgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSHgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[194usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSSgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSSgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[195usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSSgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSSgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[196usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSSgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSSgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[197usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSSgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSSgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[198usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSXgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSXgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[199usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSXgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSXgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[200usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSXgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSXgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[201usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSXgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSXgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[202usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSetAdvOptions: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSetAdvOptions>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[203usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSetDeterministicMode: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSetDeterministicMode>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[204usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSetEmulationStrategy: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSetEmulationStrategy>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[205usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSetMathMode: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSetMathMode>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[206usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSetStream: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSetStream>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[207usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgebrd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgebrd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[208usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgebrd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgebrd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[209usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgeqrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgeqrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[210usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgeqrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgeqrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[211usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgesvd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgesvd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[212usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgesvd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgesvd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[213usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgesvdaStridedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgesvdaStridedBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[214usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgesvdaStridedBatched_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgesvdaStridedBatched_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[215usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgesvdj: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgesvdj>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[216usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgesvdjBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgesvdjBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[217usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgesvdjBatched_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgesvdjBatched_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[218usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgesvdj_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgesvdj_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[219usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgetrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgetrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[220usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgetrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgetrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[221usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSgetrs: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSgetrs>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[222usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSlaswp: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSlaswp>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[223usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSlauum: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSlauum>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[224usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSlauum_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSlauum_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[225usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSorgbr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSorgbr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[226usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSorgbr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSorgbr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[227usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSorgqr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSorgqr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[228usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSorgqr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSorgqr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[229usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSorgtr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSorgtr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[230usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSorgtr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSorgtr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[231usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSormqr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSormqr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[232usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSormqr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSormqr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[233usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSormtr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSormtr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[234usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSormtr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSormtr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[235usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSpotrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSpotrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[236usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSpotrfBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSpotrfBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[237usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSpotrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSpotrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[238usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSpotri: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSpotri>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[239usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSpotri_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSpotri_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[240usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSpotrs: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSpotrs>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[241usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSpotrsBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSpotrsBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[242usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsyevd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsyevd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[243usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsyevd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsyevd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[244usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsyevdx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsyevdx>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[245usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsyevdx_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsyevdx_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[246usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsyevj: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsyevj>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[247usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsyevjBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsyevjBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[248usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsyevjBatched_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsyevjBatched_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[249usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsyevj_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsyevj_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[250usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsygvd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsygvd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[251usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsygvd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsygvd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[252usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsygvdx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsygvdx>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[253usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsygvdx_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsygvdx_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[254usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsygvj: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsygvj>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[255usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsygvj_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsygvj_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[256usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsytrd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsytrd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[257usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsytrd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsytrd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[258usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsytrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsytrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[259usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsytrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsytrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[260usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsytri: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsytri>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[261usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnSsytri_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnSsytri_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[262usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgeev: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgeev>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[263usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgeev_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgeev_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[264usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgeqrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgeqrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[265usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgeqrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgeqrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[266usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgesvd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgesvd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[267usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgesvd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgesvd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[268usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgesvdjGetResidual: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgesvdjGetResidual>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[269usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgesvdjGetSweeps: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgesvdjGetSweeps>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[270usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgesvdjSetMaxSweeps: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgesvdjSetMaxSweeps>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[271usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgesvdjSetSortEig: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgesvdjSetSortEig>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[272usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgesvdjSetTolerance: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgesvdjSetTolerance>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[273usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgesvdp: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgesvdp>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[274usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgesvdp_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgesvdp_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[275usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgesvdr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgesvdr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[276usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgesvdr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgesvdr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[277usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgetrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgetrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[278usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgetrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgetrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[279usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXgetrs: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXgetrs>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[280usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXlarft: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXlarft>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[281usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXlarft_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXlarft_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[282usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXpotrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXpotrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[283usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXpotrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXpotrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[284usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXpotrs: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXpotrs>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[285usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXsyevBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXsyevBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[286usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXsyevBatched_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXsyevBatched_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[287usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXsyevd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXsyevd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[288usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXsyevd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXsyevd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[289usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXsyevdx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXsyevdx>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[290usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXsyevdx_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXsyevdx_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[291usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXsyevjGetResidual: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXsyevjGetResidual>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[292usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXsyevjGetSweeps: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXsyevjGetSweeps>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[293usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXsyevjSetMaxSweeps: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXsyevjSetMaxSweeps>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[294usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXsyevjSetSortEig: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXsyevjSetSortEig>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[295usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXsyevjSetTolerance: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXsyevjSetTolerance>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[296usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXsytrs: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXsytrs>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[297usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXsytrs_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXsytrs_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[298usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXtrtri: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXtrtri>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[299usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnXtrtri_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnXtrtri_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[300usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZCgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZCgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[301usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZCgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZCgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[302usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZCgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZCgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[303usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZCgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZCgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[304usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZEgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZEgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[305usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZEgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZEgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[306usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZEgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZEgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[307usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZEgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZEgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[308usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZKgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZKgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[309usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZKgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZKgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[310usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZKgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZKgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[311usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZKgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZKgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[312usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZYgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZYgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[313usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZYgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZYgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[314usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZYgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZYgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[315usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZYgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZYgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[316usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZZgels: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZZgels>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[317usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZZgels_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZZgels_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[318usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZZgesv: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZZgesv>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[319usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZZgesv_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZZgesv_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[320usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgebrd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgebrd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[321usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgebrd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgebrd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[322usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgeqrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgeqrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[323usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgeqrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgeqrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[324usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgesvd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgesvd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[325usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgesvd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgesvd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[326usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgesvdaStridedBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgesvdaStridedBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[327usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgesvdaStridedBatched_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgesvdaStridedBatched_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[328usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgesvdj: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgesvdj>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[329usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgesvdjBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgesvdjBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[330usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgesvdjBatched_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgesvdjBatched_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[331usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgesvdj_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgesvdj_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[332usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgetrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgetrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[333usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgetrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgetrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[334usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZgetrs: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZgetrs>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[335usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZheevd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZheevd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[336usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZheevd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZheevd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[337usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZheevdx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZheevdx>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[338usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZheevdx_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZheevdx_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[339usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZheevj: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZheevj>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[340usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZheevjBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZheevjBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[341usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZheevjBatched_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZheevjBatched_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[342usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZheevj_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZheevj_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[343usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZhegvd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZhegvd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[344usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZhegvd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZhegvd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[345usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZhegvdx: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZhegvdx>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[346usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZhegvdx_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZhegvdx_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[347usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZhegvj: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZhegvj>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[348usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZhegvj_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZhegvj_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[349usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZhetrd: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZhetrd>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[350usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZhetrd_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZhetrd_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[351usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZlaswp: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZlaswp>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[352usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZlauum: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZlauum>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[353usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZlauum_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZlauum_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[354usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZpotrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZpotrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[355usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZpotrfBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZpotrfBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[356usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZpotrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZpotrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[357usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZpotri: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZpotri>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[358usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZpotri_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZpotri_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[359usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZpotrs: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZpotrs>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[360usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZpotrsBatched: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZpotrsBatched>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[361usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZsytrf: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZsytrf>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[362usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZsytrf_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZsytrf_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[363usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZsytri: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZsytri>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[364usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZsytri_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZsytri_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[365usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZungbr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZungbr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[366usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZungbr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZungbr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[367usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZungqr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZungqr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[368usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZungqr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZungqr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[369usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZungtr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZungtr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[370usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZungtr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZungtr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[371usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZunmqr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZunmqr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[372usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZunmqr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZunmqr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[373usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZunmtr: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZunmtr>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[374usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverDnZunmtr_bufferSize: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverDnZunmtr_bufferSize>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[375usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverGetProperty: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
                     Option<pfn::cusolverGetProperty>,
                 >(resolve(&CUSOLVER_ENTRY_POINTS[376usize]))
             },
+            // SAFETY: a null or resolved address of this entry point, reinterpreted as the `Option` of its declared function-pointer type (null is `None`)
             cusolverGetVersion: unsafe {
                 ::core::mem::transmute::<
                     *mut ::core::ffi::c_void,
@@ -10065,6 +10444,7 @@ impl Cusolver {
     ) -> Result<Self, ::cudars_loader::LoadError> {
         let loaded = ::cudars_loader::Loaded::open_from(&CUSOLVER_LIBRARY, candidates)?;
         let mut resolved = 0;
+        // SAFETY: every address comes from the library just opened, looked up by the name of the declaration whose function-pointer type the table stores it as
         let table = unsafe {
             CusolverTable::resolve(|e| {
                 let p = loaded.lookup(e.symbol);
@@ -10111,6 +10491,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCCgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10160,6 +10541,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCCgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10209,6 +10591,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCCgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10258,6 +10641,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCCgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10307,6 +10691,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCEgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10356,6 +10741,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCEgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10405,6 +10791,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCEgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10454,6 +10841,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCEgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10503,6 +10891,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCKgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10552,6 +10941,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCKgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10601,6 +10991,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCKgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10650,6 +11041,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCKgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10699,6 +11091,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCYgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10748,6 +11141,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCYgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10797,6 +11191,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCYgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10846,6 +11241,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCYgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10893,6 +11289,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgebrd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -10931,6 +11328,7 @@ impl Cusolver {
         Lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgebrd_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, Lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -10959,6 +11357,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgeqrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, m, n, A, lda, TAU, Workspace, Lwork, devInfo)
                 })
@@ -10986,6 +11385,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgeqrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11021,6 +11421,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgesvd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -11063,6 +11464,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgesvd_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11103,6 +11505,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgesvdaStridedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -11165,6 +11568,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgesvdaStridedBatched_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -11222,6 +11626,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgesvdj {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -11277,6 +11682,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgesvdjBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -11330,6 +11736,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgesvdjBatched_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -11381,6 +11788,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgesvdj_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -11426,6 +11834,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgetrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, m, n, A, lda, Workspace, devIpiv, devInfo)
                 })
@@ -11453,6 +11862,7 @@ impl Cusolver {
         Lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgetrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, A, lda, Lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -11482,6 +11892,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCgetrs {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, trans, n, nrhs, A, lda, devIpiv, B, ldb, devInfo)
                 })
@@ -11514,6 +11925,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCheevd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, jobz, uplo, n, A, lda, W, work, lwork, info)
                 })
@@ -11544,6 +11956,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCheevd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, jobz, uplo, n, A, lda, W, lwork) })
             }
             None => {
@@ -11580,6 +11993,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCheevdx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -11633,6 +12047,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCheevdx_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -11681,6 +12096,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCheevj {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, jobz, uplo, n, A, lda, W, work, lwork, info, params)
                 })
@@ -11715,6 +12131,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCheevjBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -11760,6 +12177,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCheevjBatched_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, jobz, uplo, n, A, lda, W, lwork, params, batchSize)
                 })
@@ -11791,6 +12209,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCheevj_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, jobz, uplo, n, A, lda, W, lwork, params) })
             }
             None => {
@@ -11824,6 +12243,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnChegvd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -11871,6 +12291,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnChegvd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, itype, jobz, uplo, n, A, lda, B, ldb, W, lwork)
                 })
@@ -11912,6 +12333,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnChegvdx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -11971,6 +12393,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnChegvdx_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -12025,6 +12448,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnChegvj {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -12074,6 +12498,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnChegvj_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -12120,6 +12545,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnChetrd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, A, lda, d, e, tau, work, lwork, info)
                 })
@@ -12151,6 +12577,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnChetrd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, d, e, tau, lwork) })
             }
             None => {
@@ -12179,6 +12606,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnClaswp {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, A, lda, k1, k2, devIpiv, incx) })
             }
             None => {
@@ -12207,6 +12635,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnClauum {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, work, lwork, devInfo) })
             }
             None => {
@@ -12232,6 +12661,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnClauum_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -12259,6 +12689,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCpotrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, A, lda, Workspace, Lwork, devInfo)
                 })
@@ -12288,6 +12719,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCpotrfBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, Aarray, lda, infoArray, batchSize)
                 })
@@ -12315,6 +12747,7 @@ impl Cusolver {
         Lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCpotrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, Lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -12342,6 +12775,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCpotri {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, work, lwork, devInfo) })
             }
             None => {
@@ -12367,6 +12801,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCpotri_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -12395,6 +12830,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCpotrs {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, nrhs, A, lda, B, ldb, devInfo) })
             }
             None => {
@@ -12425,6 +12861,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCpotrsBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, nrhs, A, lda, B, ldb, d_info, batchSize)
                 })
@@ -12447,6 +12884,7 @@ impl Cusolver {
         handle: *mut cusolverDnHandle_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCreate {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -12466,6 +12904,7 @@ impl Cusolver {
         info: *mut gesvdjInfo_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCreateGesvdjInfo {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(info) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -12485,6 +12924,7 @@ impl Cusolver {
         params: *mut cusolverDnParams_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCreateParams {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -12504,6 +12944,7 @@ impl Cusolver {
         info: *mut syevjInfo_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCreateSyevjInfo {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(info) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -12532,6 +12973,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCsytrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, ipiv, work, lwork, info) })
             }
             None => {
@@ -12556,6 +12998,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCsytrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -12584,6 +13027,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCsytri {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, ipiv, work, lwork, info) })
             }
             None => {
@@ -12611,6 +13055,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCsytri_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, ipiv, lwork) })
             }
             None => {
@@ -12642,6 +13087,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCungbr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, side, m, n, k, A, lda, tau, work, lwork, info)
                 })
@@ -12673,6 +13119,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCungbr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, side, m, n, k, A, lda, tau, lwork) })
             }
             None => {
@@ -12703,6 +13150,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCungqr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, k, A, lda, tau, work, lwork, info) })
             }
             None => {
@@ -12731,6 +13179,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCungqr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, k, A, lda, tau, lwork) })
             }
             None => {
@@ -12760,6 +13209,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCungtr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, tau, work, lwork, info) })
             }
             None => {
@@ -12787,6 +13237,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCungtr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, tau, lwork) })
             }
             None => {
@@ -12821,6 +13272,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCunmqr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -12870,6 +13322,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCunmqr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, side, trans, m, n, k, A, lda, tau, C, ldc, lwork)
                 })
@@ -12906,6 +13359,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCunmtr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -12955,6 +13409,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnCunmtr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, side, uplo, trans, m, n, A, lda, tau, C, ldc, lwork)
                 })
@@ -12991,6 +13446,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDBgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13040,6 +13496,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDBgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13089,6 +13546,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDBgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13138,6 +13596,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDBgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13187,6 +13646,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDDgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13236,6 +13696,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDDgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13285,6 +13746,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDDgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13334,6 +13796,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDDgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13383,6 +13846,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDHgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13432,6 +13896,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDHgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13481,6 +13946,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDHgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13530,6 +13996,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDHgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13579,6 +14046,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDSgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13628,6 +14096,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDSgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13677,6 +14146,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDSgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13726,6 +14196,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDSgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13775,6 +14246,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDXgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13824,6 +14296,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDXgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13873,6 +14346,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDXgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13922,6 +14396,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDXgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -13957,6 +14432,7 @@ impl Cusolver {
         handle: cusolverDnHandle_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDestroy {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -13976,6 +14452,7 @@ impl Cusolver {
         info: gesvdjInfo_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDestroyGesvdjInfo {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(info) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -13995,6 +14472,7 @@ impl Cusolver {
         params: cusolverDnParams_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDestroyParams {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -14014,6 +14492,7 @@ impl Cusolver {
         info: syevjInfo_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDestroySyevjInfo {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(info) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -14045,6 +14524,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgebrd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -14083,6 +14563,7 @@ impl Cusolver {
         Lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgebrd_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, Lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -14111,6 +14592,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgeqrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, m, n, A, lda, TAU, Workspace, Lwork, devInfo)
                 })
@@ -14138,6 +14620,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgeqrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -14173,6 +14656,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgesvd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -14215,6 +14699,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgesvd_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -14255,6 +14740,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgesvdaStridedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -14317,6 +14803,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgesvdaStridedBatched_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -14374,6 +14861,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgesvdj {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -14429,6 +14917,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgesvdjBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -14482,6 +14971,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgesvdjBatched_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -14533,6 +15023,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgesvdj_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -14578,6 +15069,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgetrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, m, n, A, lda, Workspace, devIpiv, devInfo)
                 })
@@ -14605,6 +15097,7 @@ impl Cusolver {
         Lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgetrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, A, lda, Lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -14634,6 +15127,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDgetrs {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, trans, n, nrhs, A, lda, devIpiv, B, ldb, devInfo)
                 })
@@ -14664,6 +15158,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDlaswp {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, A, lda, k1, k2, devIpiv, incx) })
             }
             None => {
@@ -14692,6 +15187,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDlauum {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, work, lwork, devInfo) })
             }
             None => {
@@ -14717,6 +15213,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDlauum_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -14747,6 +15244,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDorgbr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, side, m, n, k, A, lda, tau, work, lwork, info)
                 })
@@ -14778,6 +15276,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDorgbr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, side, m, n, k, A, lda, tau, lwork) })
             }
             None => {
@@ -14808,6 +15307,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDorgqr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, k, A, lda, tau, work, lwork, info) })
             }
             None => {
@@ -14836,6 +15336,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDorgqr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, k, A, lda, tau, lwork) })
             }
             None => {
@@ -14865,6 +15366,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDorgtr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, tau, work, lwork, info) })
             }
             None => {
@@ -14892,6 +15394,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDorgtr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, tau, lwork) })
             }
             None => {
@@ -14926,6 +15429,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDormqr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -14975,6 +15479,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDormqr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, side, trans, m, n, k, A, lda, tau, C, ldc, lwork)
                 })
@@ -15011,6 +15516,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDormtr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -15060,6 +15566,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDormtr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, side, uplo, trans, m, n, A, lda, tau, C, ldc, lwork)
                 })
@@ -15090,6 +15597,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDpotrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, A, lda, Workspace, Lwork, devInfo)
                 })
@@ -15119,6 +15627,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDpotrfBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, Aarray, lda, infoArray, batchSize)
                 })
@@ -15146,6 +15655,7 @@ impl Cusolver {
         Lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDpotrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, Lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -15173,6 +15683,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDpotri {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, work, lwork, devInfo) })
             }
             None => {
@@ -15198,6 +15709,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDpotri_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -15226,6 +15738,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDpotrs {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, nrhs, A, lda, B, ldb, devInfo) })
             }
             None => {
@@ -15256,6 +15769,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDpotrsBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, nrhs, A, lda, B, ldb, d_info, batchSize)
                 })
@@ -15288,6 +15802,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsyevd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, jobz, uplo, n, A, lda, W, work, lwork, info)
                 })
@@ -15318,6 +15833,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsyevd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, jobz, uplo, n, A, lda, W, lwork) })
             }
             None => {
@@ -15354,6 +15870,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsyevdx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -15407,6 +15924,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsyevdx_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -15455,6 +15973,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsyevj {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, jobz, uplo, n, A, lda, W, work, lwork, info, params)
                 })
@@ -15489,6 +16008,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsyevjBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -15534,6 +16054,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsyevjBatched_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, jobz, uplo, n, A, lda, W, lwork, params, batchSize)
                 })
@@ -15565,6 +16086,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsyevj_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, jobz, uplo, n, A, lda, W, lwork, params) })
             }
             None => {
@@ -15598,6 +16120,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsygvd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -15645,6 +16168,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsygvd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, itype, jobz, uplo, n, A, lda, B, ldb, W, lwork)
                 })
@@ -15686,6 +16210,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsygvdx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -15745,6 +16270,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsygvdx_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -15799,6 +16325,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsygvj {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -15848,6 +16375,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsygvj_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -15894,6 +16422,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsytrd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, A, lda, d, e, tau, work, lwork, info)
                 })
@@ -15925,6 +16454,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsytrd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, d, e, tau, lwork) })
             }
             None => {
@@ -15954,6 +16484,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsytrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, ipiv, work, lwork, info) })
             }
             None => {
@@ -15978,6 +16509,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsytrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16006,6 +16538,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsytri {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, ipiv, work, lwork, info) })
             }
             None => {
@@ -16033,6 +16566,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnDsytri_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, ipiv, lwork) })
             }
             None => {
@@ -16054,6 +16588,7 @@ impl Cusolver {
         mode: *mut cusolverDeterministicMode_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnGetDeterministicMode {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, mode) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16074,6 +16609,7 @@ impl Cusolver {
         strategy: *mut cudaEmulationStrategy_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnGetEmulationStrategy {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, strategy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16094,6 +16630,7 @@ impl Cusolver {
         mode: *mut cusolverMathMode_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnGetMathMode {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, mode) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16114,6 +16651,7 @@ impl Cusolver {
         streamId: *mut cudaStream_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnGetStream {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, streamId) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16133,6 +16671,7 @@ impl Cusolver {
         infos_ptr: *mut cusolverDnIRSInfos_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSInfosCreate {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(infos_ptr) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16152,6 +16691,7 @@ impl Cusolver {
         infos: cusolverDnIRSInfos_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSInfosDestroy {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(infos) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16172,6 +16712,7 @@ impl Cusolver {
         maxiters: *mut cusolver_int_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSInfosGetMaxIters {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(infos, maxiters) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16192,6 +16733,7 @@ impl Cusolver {
         niters: *mut cusolver_int_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSInfosGetNiters {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(infos, niters) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16212,6 +16754,7 @@ impl Cusolver {
         outer_niters: *mut cusolver_int_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSInfosGetOuterNiters {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(infos, outer_niters) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16232,6 +16775,7 @@ impl Cusolver {
         residual_history: *mut *mut ::std::os::raw::c_void,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSInfosGetResidualHistory {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(infos, residual_history) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16251,6 +16795,7 @@ impl Cusolver {
         infos: cusolverDnIRSInfos_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSInfosRequestResidual {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(infos) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16270,6 +16815,7 @@ impl Cusolver {
         params_ptr: *mut cusolverDnIRSParams_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSParamsCreate {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params_ptr) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16289,6 +16835,7 @@ impl Cusolver {
         params: cusolverDnIRSParams_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSParamsDestroy {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16308,6 +16855,7 @@ impl Cusolver {
         params: cusolverDnIRSParams_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSParamsDisableFallback {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16327,6 +16875,7 @@ impl Cusolver {
         params: cusolverDnIRSParams_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSParamsEnableFallback {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16347,6 +16896,7 @@ impl Cusolver {
         maxiters: *mut cusolver_int_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSParamsGetMaxIters {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params, maxiters) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16367,6 +16917,7 @@ impl Cusolver {
         maxiters: cusolver_int_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSParamsSetMaxIters {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params, maxiters) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16387,6 +16938,7 @@ impl Cusolver {
         maxiters_inner: cusolver_int_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSParamsSetMaxItersInner {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params, maxiters_inner) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16407,6 +16959,7 @@ impl Cusolver {
         refinement_solver: cusolverIRSRefinement_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSParamsSetRefinementSolver {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params, refinement_solver) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16427,6 +16980,7 @@ impl Cusolver {
         solver_lowest_precision: cusolverPrecType_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSParamsSetSolverLowestPrecision {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params, solver_lowest_precision) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16447,6 +17001,7 @@ impl Cusolver {
         solver_main_precision: cusolverPrecType_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSParamsSetSolverMainPrecision {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params, solver_main_precision) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16469,6 +17024,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSParamsSetSolverPrecisions {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(params, solver_main_precision, solver_lowest_precision)
                 })
@@ -16492,6 +17048,7 @@ impl Cusolver {
         val: f64,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSParamsSetTol {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params, val) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16512,6 +17069,7 @@ impl Cusolver {
         val: f64,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSParamsSetTolInner {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params, val) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16547,6 +17105,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSXgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -16592,6 +17151,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSXgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, params, m, n, nrhs, lwork_bytes) })
             }
             None => {
@@ -16627,6 +17187,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSXgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -16670,6 +17231,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnIRSXgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, params, n, nrhs, lwork_bytes) })
             }
             None => {
@@ -16689,6 +17251,7 @@ impl Cusolver {
         &self,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnLoggerForceDisable {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn() }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16708,6 +17271,7 @@ impl Cusolver {
         logFile: *const ::std::os::raw::c_char,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnLoggerOpenFile {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(logFile) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16727,6 +17291,7 @@ impl Cusolver {
         callback: cusolverDnLoggerCallback_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnLoggerSetCallback {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(callback) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16746,6 +17311,7 @@ impl Cusolver {
         level: ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnLoggerSetLevel {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(level) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16765,6 +17331,7 @@ impl Cusolver {
         mask: ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnLoggerSetMask {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(mask) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -16798,6 +17365,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSBgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -16847,6 +17415,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSBgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -16896,6 +17465,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSBgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -16945,6 +17515,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSBgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -16994,6 +17565,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSHgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17043,6 +17615,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSHgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17092,6 +17665,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSHgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17141,6 +17715,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSHgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17190,6 +17765,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSSgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17239,6 +17815,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSSgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17288,6 +17865,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSSgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17337,6 +17915,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSSgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17386,6 +17965,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSXgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17435,6 +18015,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSXgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17484,6 +18065,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSXgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17533,6 +18115,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSXgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17570,6 +18153,7 @@ impl Cusolver {
         algo: cusolverAlgMode_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSetAdvOptions {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(params, function, algo) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -17590,6 +18174,7 @@ impl Cusolver {
         mode: cusolverDeterministicMode_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSetDeterministicMode {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, mode) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -17610,6 +18195,7 @@ impl Cusolver {
         strategy: cudaEmulationStrategy_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSetEmulationStrategy {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, strategy) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -17630,6 +18216,7 @@ impl Cusolver {
         mode: cusolverMathMode_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSetMathMode {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, mode) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -17650,6 +18237,7 @@ impl Cusolver {
         streamId: cudaStream_t,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSetStream {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, streamId) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -17681,6 +18269,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgebrd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17719,6 +18308,7 @@ impl Cusolver {
         Lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgebrd_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, Lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -17747,6 +18337,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgeqrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, m, n, A, lda, TAU, Workspace, Lwork, devInfo)
                 })
@@ -17774,6 +18365,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgeqrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -17809,6 +18401,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgesvd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17851,6 +18444,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgesvd_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -17891,6 +18485,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgesvdaStridedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -17953,6 +18548,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgesvdaStridedBatched_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18010,6 +18606,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgesvdj {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18065,6 +18662,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgesvdjBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18118,6 +18716,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgesvdjBatched_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18169,6 +18768,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgesvdj_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18214,6 +18814,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgetrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, m, n, A, lda, Workspace, devIpiv, devInfo)
                 })
@@ -18241,6 +18842,7 @@ impl Cusolver {
         Lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgetrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, A, lda, Lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -18270,6 +18872,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSgetrs {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, trans, n, nrhs, A, lda, devIpiv, B, ldb, devInfo)
                 })
@@ -18300,6 +18903,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSlaswp {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, A, lda, k1, k2, devIpiv, incx) })
             }
             None => {
@@ -18328,6 +18932,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSlauum {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, work, lwork, devInfo) })
             }
             None => {
@@ -18353,6 +18958,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSlauum_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -18383,6 +18989,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSorgbr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, side, m, n, k, A, lda, tau, work, lwork, info)
                 })
@@ -18414,6 +19021,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSorgbr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, side, m, n, k, A, lda, tau, lwork) })
             }
             None => {
@@ -18444,6 +19052,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSorgqr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, k, A, lda, tau, work, lwork, info) })
             }
             None => {
@@ -18472,6 +19081,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSorgqr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, k, A, lda, tau, lwork) })
             }
             None => {
@@ -18501,6 +19111,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSorgtr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, tau, work, lwork, info) })
             }
             None => {
@@ -18528,6 +19139,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSorgtr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, tau, lwork) })
             }
             None => {
@@ -18562,6 +19174,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSormqr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18611,6 +19224,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSormqr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, side, trans, m, n, k, A, lda, tau, C, ldc, lwork)
                 })
@@ -18647,6 +19261,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSormtr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -18696,6 +19311,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSormtr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, side, uplo, trans, m, n, A, lda, tau, C, ldc, lwork)
                 })
@@ -18726,6 +19342,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSpotrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, A, lda, Workspace, Lwork, devInfo)
                 })
@@ -18755,6 +19372,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSpotrfBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, Aarray, lda, infoArray, batchSize)
                 })
@@ -18782,6 +19400,7 @@ impl Cusolver {
         Lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSpotrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, Lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -18809,6 +19428,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSpotri {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, work, lwork, devInfo) })
             }
             None => {
@@ -18834,6 +19454,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSpotri_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -18862,6 +19483,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSpotrs {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, nrhs, A, lda, B, ldb, devInfo) })
             }
             None => {
@@ -18892,6 +19514,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSpotrsBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, nrhs, A, lda, B, ldb, d_info, batchSize)
                 })
@@ -18924,6 +19547,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsyevd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, jobz, uplo, n, A, lda, W, work, lwork, info)
                 })
@@ -18954,6 +19578,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsyevd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, jobz, uplo, n, A, lda, W, lwork) })
             }
             None => {
@@ -18990,6 +19615,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsyevdx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19043,6 +19669,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsyevdx_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19091,6 +19718,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsyevj {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, jobz, uplo, n, A, lda, W, work, lwork, info, params)
                 })
@@ -19125,6 +19753,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsyevjBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19170,6 +19799,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsyevjBatched_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, jobz, uplo, n, A, lda, W, lwork, params, batchSize)
                 })
@@ -19201,6 +19831,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsyevj_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, jobz, uplo, n, A, lda, W, lwork, params) })
             }
             None => {
@@ -19234,6 +19865,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsygvd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19281,6 +19913,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsygvd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, itype, jobz, uplo, n, A, lda, B, ldb, W, lwork)
                 })
@@ -19322,6 +19955,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsygvdx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19381,6 +20015,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsygvdx_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19435,6 +20070,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsygvj {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19484,6 +20120,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsygvj_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19530,6 +20167,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsytrd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, A, lda, d, e, tau, work, lwork, info)
                 })
@@ -19561,6 +20199,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsytrd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, d, e, tau, lwork) })
             }
             None => {
@@ -19590,6 +20229,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsytrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, ipiv, work, lwork, info) })
             }
             None => {
@@ -19614,6 +20254,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsytrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -19642,6 +20283,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsytri {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, ipiv, work, lwork, info) })
             }
             None => {
@@ -19669,6 +20311,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnSsytri_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, ipiv, lwork) })
             }
             None => {
@@ -19711,6 +20354,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgeev {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19775,6 +20419,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgeev_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19832,6 +20477,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgeqrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19882,6 +20528,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgeqrf_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -19940,6 +20587,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgesvd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20006,6 +20654,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgesvd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20051,6 +20700,7 @@ impl Cusolver {
         residual: *mut f64,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgesvdjGetResidual {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, info, residual) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -20072,6 +20722,7 @@ impl Cusolver {
         executed_sweeps: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgesvdjGetSweeps {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, info, executed_sweeps) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -20092,6 +20743,7 @@ impl Cusolver {
         max_sweeps: ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgesvdjSetMaxSweeps {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(info, max_sweeps) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -20112,6 +20764,7 @@ impl Cusolver {
         sort_svd: ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgesvdjSetSortEig {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(info, sort_svd) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -20132,6 +20785,7 @@ impl Cusolver {
         tolerance: f64,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgesvdjSetTolerance {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(info, tolerance) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -20175,6 +20829,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgesvdp {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20242,6 +20897,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgesvdp_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20311,6 +20967,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgesvdr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20383,6 +21040,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgesvdr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20443,6 +21101,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgetrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20490,6 +21149,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgetrf_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20536,6 +21196,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXgetrs {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20591,6 +21252,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXlarft {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20650,6 +21312,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXlarft_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20703,6 +21366,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXpotrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20749,6 +21413,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXpotrf_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20794,6 +21459,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXpotrs {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20846,6 +21512,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXsyevBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20900,6 +21567,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXsyevBatched_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -20953,6 +21621,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXsyevd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21005,6 +21674,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXsyevd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21063,6 +21733,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXsyevdx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21127,6 +21798,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXsyevdx_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21171,6 +21843,7 @@ impl Cusolver {
         residual: *mut f64,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXsyevjGetResidual {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, info, residual) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -21192,6 +21865,7 @@ impl Cusolver {
         executed_sweeps: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXsyevjGetSweeps {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, info, executed_sweeps) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -21212,6 +21886,7 @@ impl Cusolver {
         max_sweeps: ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXsyevjSetMaxSweeps {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(info, max_sweeps) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -21232,6 +21907,7 @@ impl Cusolver {
         sort_eig: ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXsyevjSetSortEig {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(info, sort_eig) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -21252,6 +21928,7 @@ impl Cusolver {
         tolerance: f64,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXsyevjSetTolerance {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(info, tolerance) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -21287,6 +21964,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXsytrs {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21339,6 +22017,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXsytrs_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21387,6 +22066,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXtrtri {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21431,6 +22111,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnXtrtri_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21477,6 +22158,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZCgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21526,6 +22208,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZCgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21575,6 +22258,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZCgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21624,6 +22308,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZCgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21673,6 +22358,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZEgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21722,6 +22408,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZEgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21771,6 +22458,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZEgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21820,6 +22508,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZEgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21869,6 +22558,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZKgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21918,6 +22608,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZKgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -21967,6 +22658,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZKgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22016,6 +22708,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZKgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22065,6 +22758,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZYgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22114,6 +22808,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZYgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22163,6 +22858,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZYgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22212,6 +22908,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZYgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22261,6 +22958,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZZgels {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22310,6 +23008,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZZgels_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22359,6 +23058,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZZgesv {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22408,6 +23108,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZZgesv_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22455,6 +23156,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgebrd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22493,6 +23195,7 @@ impl Cusolver {
         Lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgebrd_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, Lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -22521,6 +23224,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgeqrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, m, n, A, lda, TAU, Workspace, Lwork, devInfo)
                 })
@@ -22548,6 +23252,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgeqrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -22583,6 +23288,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgesvd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22625,6 +23331,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgesvd_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -22665,6 +23372,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgesvdaStridedBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22727,6 +23435,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgesvdaStridedBatched_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22784,6 +23493,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgesvdj {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22839,6 +23549,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgesvdjBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22892,6 +23603,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgesvdjBatched_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22943,6 +23655,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgesvdj_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -22988,6 +23701,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgetrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, m, n, A, lda, Workspace, devIpiv, devInfo)
                 })
@@ -23015,6 +23729,7 @@ impl Cusolver {
         Lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgetrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, m, n, A, lda, Lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -23044,6 +23759,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZgetrs {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, trans, n, nrhs, A, lda, devIpiv, B, ldb, devInfo)
                 })
@@ -23076,6 +23792,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZheevd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, jobz, uplo, n, A, lda, W, work, lwork, info)
                 })
@@ -23106,6 +23823,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZheevd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, jobz, uplo, n, A, lda, W, lwork) })
             }
             None => {
@@ -23142,6 +23860,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZheevdx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23195,6 +23914,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZheevdx_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23243,6 +23963,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZheevj {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, jobz, uplo, n, A, lda, W, work, lwork, info, params)
                 })
@@ -23277,6 +23998,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZheevjBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23322,6 +24044,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZheevjBatched_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, jobz, uplo, n, A, lda, W, lwork, params, batchSize)
                 })
@@ -23353,6 +24076,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZheevj_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, jobz, uplo, n, A, lda, W, lwork, params) })
             }
             None => {
@@ -23386,6 +24110,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZhegvd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23433,6 +24158,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZhegvd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, itype, jobz, uplo, n, A, lda, B, ldb, W, lwork)
                 })
@@ -23474,6 +24200,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZhegvdx {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23533,6 +24260,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZhegvdx_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23587,6 +24315,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZhegvj {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23636,6 +24365,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZhegvj_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -23682,6 +24412,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZhetrd {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, A, lda, d, e, tau, work, lwork, info)
                 })
@@ -23713,6 +24444,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZhetrd_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, d, e, tau, lwork) })
             }
             None => {
@@ -23741,6 +24473,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZlaswp {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, n, A, lda, k1, k2, devIpiv, incx) })
             }
             None => {
@@ -23769,6 +24502,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZlauum {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, work, lwork, devInfo) })
             }
             None => {
@@ -23794,6 +24528,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZlauum_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -23821,6 +24556,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZpotrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, A, lda, Workspace, Lwork, devInfo)
                 })
@@ -23850,6 +24586,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZpotrfBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, Aarray, lda, infoArray, batchSize)
                 })
@@ -23877,6 +24614,7 @@ impl Cusolver {
         Lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZpotrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, Lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -23904,6 +24642,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZpotri {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, work, lwork, devInfo) })
             }
             None => {
@@ -23929,6 +24668,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZpotri_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -23957,6 +24697,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZpotrs {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, nrhs, A, lda, B, ldb, devInfo) })
             }
             None => {
@@ -23987,6 +24728,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZpotrsBatched {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, uplo, n, nrhs, A, lda, B, ldb, d_info, batchSize)
                 })
@@ -24018,6 +24760,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZsytrf {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, ipiv, work, lwork, info) })
             }
             None => {
@@ -24042,6 +24785,7 @@ impl Cusolver {
         lwork: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZsytrf_bufferSize {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(handle, n, A, lda, lwork) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24070,6 +24814,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZsytri {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, ipiv, work, lwork, info) })
             }
             None => {
@@ -24097,6 +24842,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZsytri_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, ipiv, lwork) })
             }
             None => {
@@ -24128,6 +24874,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZungbr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, side, m, n, k, A, lda, tau, work, lwork, info)
                 })
@@ -24159,6 +24906,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZungbr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, side, m, n, k, A, lda, tau, lwork) })
             }
             None => {
@@ -24189,6 +24937,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZungqr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, k, A, lda, tau, work, lwork, info) })
             }
             None => {
@@ -24217,6 +24966,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZungqr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, m, n, k, A, lda, tau, lwork) })
             }
             None => {
@@ -24246,6 +24996,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZungtr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, tau, work, lwork, info) })
             }
             None => {
@@ -24273,6 +25024,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZungtr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe { __lib_fn(handle, uplo, n, A, lda, tau, lwork) })
             }
             None => {
@@ -24307,6 +25059,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZunmqr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -24356,6 +25109,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZunmqr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, side, trans, m, n, k, A, lda, tau, C, ldc, lwork)
                 })
@@ -24392,6 +25146,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZunmtr {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(
                         handle,
@@ -24441,6 +25196,7 @@ impl Cusolver {
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverDnZunmtr_bufferSize {
             Some(__lib_fn) => {
+                // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
                 Ok(unsafe {
                     __lib_fn(handle, side, uplo, trans, m, n, A, lda, tau, C, ldc, lwork)
                 })
@@ -24464,6 +25220,7 @@ impl Cusolver {
         value: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverGetProperty {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(type_, value) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
@@ -24483,6 +25240,7 @@ impl Cusolver {
         version: *mut ::std::os::raw::c_int,
     ) -> Result<cusolverStatus_t, ::cudars_loader::MissingSymbol> {
         match self.table.cusolverGetVersion {
+            // SAFETY: the entry point resolved from the loaded library for this header's declaration, called with the caller's arguments under this method's unsafe contract (the library's own documented requirements)
             Some(__lib_fn) => Ok(unsafe { __lib_fn(version) }),
             None => {
                 Err(::cudars_loader::MissingSymbol {
