@@ -81,6 +81,29 @@ pub(crate) fn matrix_bytes(
         })
 }
 
+/// The bytes `batch` matrices reach, each as [`matrix_bytes`] checks it, stored
+/// `ld * cols` elements apart (the batched routines' strided layout).
+pub(crate) fn matrices_bytes(
+    routine: &'static str,
+    arg: &'static str,
+    (rows, cols, ld): (usize, usize, usize),
+    elem: usize,
+    batch: usize,
+) -> Result<u64> {
+    let one = matrix_bytes(routine, arg, (rows, cols, ld), elem)?;
+    if batch <= 1 || one == 0 {
+        return Ok(one);
+    }
+    ((ld as u64) * (cols as u64) * elem as u64)
+        .checked_mul(batch as u64 - 1)
+        .and_then(|v| v.checked_add(one))
+        .ok_or_else(|| Error::Shape {
+            routine,
+            arg,
+            why: format!("{batch} matrices overflow the address space"),
+        })
+}
+
 /// A view `(address, bytes, device)` against what it must hold: device, alignment, length.
 /// Returns its byte range.
 pub(crate) fn view(

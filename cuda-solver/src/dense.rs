@@ -1,15 +1,22 @@
 //! [`Solver`]: a cuSOLVER dense handle bound to a stream, and its factorisations and solves.
+//!
+//! Every routine has one shape: check the views (pure functions of `check`), ask cuSOLVER
+//! for its workspace size, then [`Solver::launch`]: the workspace from the pool (or, inside a
+//! capture, the solver's kept capture workspace), the views marked for the stream, the call,
+//! and the `info` read back as a typed result (or, inside a capture, kept for
+//! [`Solver::check_replay`]).
 
 use std::ffi::{c_int, c_schar};
+use std::sync::{Mutex, PoisonError};
 
 use cudars_core::graph::{self, CaptureStatus};
-use cudars_core::{Device, DevicePtr, Stream, StreamKind};
+use cudars_core::{Device, DevicePtr, Issue, Stream, StreamKind};
 use cudars_solver_sys::{
-    cublasFillMode_t, cublasOperation_t, cudaStream_t, cusolverDnHandle_t, cusolverEigMode_t,
-    cusolverStatus_t, Cusolver, MissingSymbol,
+    cublasFillMode_t, cublasOperation_t, cublasSideMode_t, cudaStream_t, cusolverDnHandle_t,
+    cusolverEigMode_t, cusolverStatus_t, gesvdjInfo_t, syevjInfo_t, MissingSymbol,
 };
 
-use crate::check::{disjoint, info, matrix_bytes, square, view, Matrix, Uplo};
+use crate::check::{disjoint, info, matrices_bytes, square, view, Matrix, Uplo};
 use crate::error::{check, cusolver, Error, Result};
 
 mod sealed {
@@ -20,448 +27,52 @@ mod sealed {
 
 type Status = std::result::Result<cusolverStatus_t, MissingSymbol>;
 
+/// Which of cuSOLVER's S (`f32`) or D (`f64`) entry points a [`Scalar`] calls.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `f32`: the S routines.
+    F32,
+    /// `f64`: the D routines.
+    F64,
+}
+
 /// The element types of the dense routines: `f32` and `f64`.
 ///
 /// # Safety
 ///
-/// Implemented only here: each method forwards to cuSOLVER's routine of the type, whose
-/// contract (live handle, pointers of the sizes the arguments say) is the caller's.
+/// Implemented only here (sealed): `KIND` names the entry points whose element type is
+/// `Self`, so a pointer to `Self` is what they take.
 pub unsafe trait Scalar: sealed::Sealed + bytemuck::Pod + Send + Sync {
     /// `S` or `D`.
     const NAME: &'static str;
     #[doc(hidden)]
-    unsafe fn potrf_buffer_size(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        uplo: cublasFillMode_t,
-        n: c_int,
-        a: *mut Self,
-        lda: c_int,
-        lwork: *mut c_int,
-    ) -> Status;
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
-    unsafe fn potrf(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        uplo: cublasFillMode_t,
-        n: c_int,
-        a: *mut Self,
-        lda: c_int,
-        work: *mut Self,
-        lwork: c_int,
-        info: *mut c_int,
-    ) -> Status;
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
-    unsafe fn potrs(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        uplo: cublasFillMode_t,
-        n: c_int,
-        nrhs: c_int,
-        a: *const Self,
-        lda: c_int,
-        b: *mut Self,
-        ldb: c_int,
-        info: *mut c_int,
-    ) -> Status;
-    #[doc(hidden)]
-    unsafe fn getrf_buffer_size(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        m: c_int,
-        n: c_int,
-        a: *mut Self,
-        lda: c_int,
-        lwork: *mut c_int,
-    ) -> Status;
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
-    unsafe fn getrf(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        m: c_int,
-        n: c_int,
-        a: *mut Self,
-        lda: c_int,
-        work: *mut Self,
-        ipiv: *mut c_int,
-        info: *mut c_int,
-    ) -> Status;
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
-    unsafe fn getrs(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        trans: cublasOperation_t,
-        n: c_int,
-        nrhs: c_int,
-        a: *const Self,
-        lda: c_int,
-        ipiv: *const c_int,
-        b: *mut Self,
-        ldb: c_int,
-        info: *mut c_int,
-    ) -> Status;
-    #[doc(hidden)]
-    unsafe fn geqrf_buffer_size(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        m: c_int,
-        n: c_int,
-        a: *mut Self,
-        lda: c_int,
-        lwork: *mut c_int,
-    ) -> Status;
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
-    unsafe fn geqrf(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        m: c_int,
-        n: c_int,
-        a: *mut Self,
-        lda: c_int,
-        tau: *mut Self,
-        work: *mut Self,
-        lwork: c_int,
-        info: *mut c_int,
-    ) -> Status;
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
-    unsafe fn orgqr_buffer_size(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        m: c_int,
-        n: c_int,
-        k: c_int,
-        a: *const Self,
-        lda: c_int,
-        tau: *const Self,
-        lwork: *mut c_int,
-    ) -> Status;
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
-    unsafe fn orgqr(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        m: c_int,
-        n: c_int,
-        k: c_int,
-        a: *mut Self,
-        lda: c_int,
-        tau: *const Self,
-        work: *mut Self,
-        lwork: c_int,
-        info: *mut c_int,
-    ) -> Status;
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
-    unsafe fn syevd_buffer_size(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        jobz: cusolverEigMode_t,
-        uplo: cublasFillMode_t,
-        n: c_int,
-        a: *const Self,
-        lda: c_int,
-        w: *const Self,
-        lwork: *mut c_int,
-    ) -> Status;
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
-    unsafe fn syevd(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        jobz: cusolverEigMode_t,
-        uplo: cublasFillMode_t,
-        n: c_int,
-        a: *mut Self,
-        lda: c_int,
-        w: *mut Self,
-        work: *mut Self,
-        lwork: c_int,
-        info: *mut c_int,
-    ) -> Status;
-    #[doc(hidden)]
-    unsafe fn gesvd_buffer_size(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        m: c_int,
-        n: c_int,
-        lwork: *mut c_int,
-    ) -> Status;
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments, reason = "LAPACK's signature")]
-    unsafe fn gesvd(
-        lib: &Cusolver,
-        h: cusolverDnHandle_t,
-        jobs: (c_schar, c_schar),
-        m: c_int,
-        n: c_int,
-        a: *mut Self,
-        lda: c_int,
-        s: *mut Self,
-        u: (*mut Self, c_int),
-        vt: (*mut Self, c_int),
-        work: *mut Self,
-        lwork: c_int,
-        rwork: *mut Self,
-        info: *mut c_int,
-    ) -> Status;
+    const KIND: Kind;
 }
 
-macro_rules! scalar {
-    ($t:ty, $name:literal, $pbs:ident, $p:ident, $ps:ident, $gbs:ident, $g:ident, $gs:ident,
-     $qbs:ident, $q:ident, $obs:ident, $o:ident, $ebs:ident, $e:ident, $sbs:ident, $sv:ident) => {
-        // SAFETY: each method forwards to cuSOLVER's routine of this type, unchanged.
-        unsafe impl Scalar for $t {
-            const NAME: &'static str = $name;
-            unsafe fn potrf_buffer_size(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                uplo: cublasFillMode_t,
-                n: c_int,
-                a: *mut Self,
-                lda: c_int,
-                lwork: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe { lib.$pbs(h, uplo, n, a, lda, lwork) }
-            }
-            unsafe fn potrf(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                uplo: cublasFillMode_t,
-                n: c_int,
-                a: *mut Self,
-                lda: c_int,
-                work: *mut Self,
-                lwork: c_int,
-                info: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe { lib.$p(h, uplo, n, a, lda, work, lwork, info) }
-            }
-            unsafe fn potrs(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                uplo: cublasFillMode_t,
-                n: c_int,
-                nrhs: c_int,
-                a: *const Self,
-                lda: c_int,
-                b: *mut Self,
-                ldb: c_int,
-                info: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe { lib.$ps(h, uplo, n, nrhs, a, lda, b, ldb, info) }
-            }
-            unsafe fn getrf_buffer_size(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                m: c_int,
-                n: c_int,
-                a: *mut Self,
-                lda: c_int,
-                lwork: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe { lib.$gbs(h, m, n, a, lda, lwork) }
-            }
-            unsafe fn getrf(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                m: c_int,
-                n: c_int,
-                a: *mut Self,
-                lda: c_int,
-                work: *mut Self,
-                ipiv: *mut c_int,
-                info: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe { lib.$g(h, m, n, a, lda, work, ipiv, info) }
-            }
-            unsafe fn getrs(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                trans: cublasOperation_t,
-                n: c_int,
-                nrhs: c_int,
-                a: *const Self,
-                lda: c_int,
-                ipiv: *const c_int,
-                b: *mut Self,
-                ldb: c_int,
-                info: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe { lib.$gs(h, trans, n, nrhs, a, lda, ipiv, b, ldb, info) }
-            }
-            unsafe fn geqrf_buffer_size(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                m: c_int,
-                n: c_int,
-                a: *mut Self,
-                lda: c_int,
-                lwork: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe { lib.$qbs(h, m, n, a, lda, lwork) }
-            }
-            unsafe fn geqrf(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                m: c_int,
-                n: c_int,
-                a: *mut Self,
-                lda: c_int,
-                tau: *mut Self,
-                work: *mut Self,
-                lwork: c_int,
-                info: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe { lib.$q(h, m, n, a, lda, tau, work, lwork, info) }
-            }
-            unsafe fn orgqr_buffer_size(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                m: c_int,
-                n: c_int,
-                k: c_int,
-                a: *const Self,
-                lda: c_int,
-                tau: *const Self,
-                lwork: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe { lib.$obs(h, m, n, k, a, lda, tau, lwork) }
-            }
-            unsafe fn orgqr(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                m: c_int,
-                n: c_int,
-                k: c_int,
-                a: *mut Self,
-                lda: c_int,
-                tau: *const Self,
-                work: *mut Self,
-                lwork: c_int,
-                info: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe { lib.$o(h, m, n, k, a, lda, tau, work, lwork, info) }
-            }
-            unsafe fn syevd_buffer_size(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                jobz: cusolverEigMode_t,
-                uplo: cublasFillMode_t,
-                n: c_int,
-                a: *const Self,
-                lda: c_int,
-                w: *const Self,
-                lwork: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe { lib.$ebs(h, jobz, uplo, n, a, lda, w, lwork) }
-            }
-            unsafe fn syevd(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                jobz: cusolverEigMode_t,
-                uplo: cublasFillMode_t,
-                n: c_int,
-                a: *mut Self,
-                lda: c_int,
-                w: *mut Self,
-                work: *mut Self,
-                lwork: c_int,
-                info: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe { lib.$e(h, jobz, uplo, n, a, lda, w, work, lwork, info) }
-            }
-            unsafe fn gesvd_buffer_size(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                m: c_int,
-                n: c_int,
-                lwork: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe { lib.$sbs(h, m, n, lwork) }
-            }
-            unsafe fn gesvd(
-                lib: &Cusolver,
-                h: cusolverDnHandle_t,
-                (jobu, jobvt): (c_schar, c_schar),
-                m: c_int,
-                n: c_int,
-                a: *mut Self,
-                lda: c_int,
-                s: *mut Self,
-                (u, ldu): (*mut Self, c_int),
-                (vt, ldvt): (*mut Self, c_int),
-                work: *mut Self,
-                lwork: c_int,
-                rwork: *mut Self,
-                info: *mut c_int,
-            ) -> Status {
-                // SAFETY: the caller's contract.
-                unsafe {
-                    lib.$sv(
-                        h, jobu, jobvt, m, n, a, lda, s, u, ldu, vt, ldvt, work, lwork, rwork,
-                        info,
-                    )
-                }
-            }
+// SAFETY: f32 is the S routines' element.
+unsafe impl Scalar for f32 {
+    const NAME: &'static str = "S";
+    const KIND: Kind = Kind::F32;
+}
+
+// SAFETY: f64 is the D routines' element.
+unsafe impl Scalar for f64 {
+    const NAME: &'static str = "D";
+    const KIND: Kind = Kind::F64;
+}
+
+/// Calls the S or the D entry point, by `T::KIND`, with the same arguments: addresses are
+/// given as `u64` and cast with `as *mut _` / `as *const _`, which takes each arm's element
+/// type (the one `T` is, by [`Scalar`]'s contract).
+macro_rules! sd {
+    ($t:ty, $lib:expr, $s:ident, $d:ident, ($($arg:expr),* $(,)?)) => {
+        match <$t as Scalar>::KIND {
+            Kind::F32 => $lib.$s($($arg),*),
+            Kind::F64 => $lib.$d($($arg),*),
         }
     };
 }
-
-scalar!(
-    f32,
-    "S",
-    cusolverDnSpotrf_bufferSize,
-    cusolverDnSpotrf,
-    cusolverDnSpotrs,
-    cusolverDnSgetrf_bufferSize,
-    cusolverDnSgetrf,
-    cusolverDnSgetrs,
-    cusolverDnSgeqrf_bufferSize,
-    cusolverDnSgeqrf,
-    cusolverDnSorgqr_bufferSize,
-    cusolverDnSorgqr,
-    cusolverDnSsyevd_bufferSize,
-    cusolverDnSsyevd,
-    cusolverDnSgesvd_bufferSize,
-    cusolverDnSgesvd
-);
-scalar!(
-    f64,
-    "D",
-    cusolverDnDpotrf_bufferSize,
-    cusolverDnDpotrf,
-    cusolverDnDpotrs,
-    cusolverDnDgetrf_bufferSize,
-    cusolverDnDgetrf,
-    cusolverDnDgetrs,
-    cusolverDnDgeqrf_bufferSize,
-    cusolverDnDgeqrf,
-    cusolverDnDorgqr_bufferSize,
-    cusolverDnDorgqr,
-    cusolverDnDsyevd_bufferSize,
-    cusolverDnDsyevd,
-    cusolverDnDgesvd_bufferSize,
-    cusolverDnDgesvd
-);
 
 fn fill(uplo: Uplo) -> cublasFillMode_t {
     match uplo {
@@ -470,13 +81,227 @@ fn fill(uplo: Uplo) -> cublasFillMode_t {
     }
 }
 
+fn eig_mode(vectors: bool) -> cusolverEigMode_t {
+    if vectors {
+        cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR
+    } else {
+        cusolverEigMode_t::CUSOLVER_EIG_MODE_NOVECTOR
+    }
+}
+
+/// Which side `ormqr` multiplies `Q` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// `op(Q) C`.
+    Left,
+    /// `C op(Q)`.
+    Right,
+}
+
+/// Whether a routine's result may be captured into a graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Capturable {
+    /// The factorisations and solves: their `info` waits on the device for
+    /// [`Solver::check_replay`].
+    Yes,
+    /// The iterative eigen and SVD routines: cuSOLVER may wait on the host inside them.
+    No,
+}
+
+/// What a positive `info` means for a routine.
+type Positive = fn(&'static str, usize) -> Error;
+
+fn not_positive_definite(routine: &'static str, index: usize) -> Error {
+    Error::NotPositiveDefinite { routine, index }
+}
+fn singular(routine: &'static str, index: usize) -> Error {
+    Error::Singular { routine, index }
+}
+fn no_convergence(routine: &'static str, index: usize) -> Error {
+    Error::NoConvergence { routine, index }
+}
+fn invalid(routine: &'static str, index: usize) -> Error {
+    Error::InvalidParameter { routine, index }
+}
+
+/// The addresses a routine's call gets: its workspace (`lwork` elements), a second workspace
+/// (gesvd's `rwork`), and its `info` words.
+struct Work {
+    work: u64,
+    lwork: c_int,
+    rwork: u64,
+    info: u64,
+}
+
+/// A routine's workspace needs, in elements of its scalar, and its `info` words.
+struct Needs {
+    lwork: c_int,
+    rwork: usize,
+    infos: usize,
+}
+
+impl Needs {
+    fn work(lwork: c_int) -> Needs {
+        Needs {
+            lwork,
+            rwork: 0,
+            infos: 1,
+        }
+    }
+}
+
+const ALIGN: u64 = 256;
+
+fn round_up(bytes: u64) -> u64 {
+    bytes.div_ceil(ALIGN) * ALIGN
+}
+
+/// Byte offsets in one block: `[info words][work][rwork]`, each 256-byte aligned.
+fn layout<T: Scalar>(needs: &Needs) -> Result<(u64, u64, u64)> {
+    let size = std::mem::size_of::<T>() as u64;
+    let lwork = u64::try_from(needs.lwork.max(1)).unwrap_or(1);
+    let info = round_up(needs.infos as u64 * 4);
+    let work = round_up(lwork * size);
+    let rwork = round_up(needs.rwork as u64 * size);
+    let total = info
+        .checked_add(work)
+        .and_then(|v| v.checked_add(rwork))
+        .ok_or(Error::Shape {
+            routine: "workspace",
+            arg: "lwork",
+            why: "the workspace's size overflows".into(),
+        })?;
+    Ok((info, info + work, total))
+}
+
+/// A block kept across captures (the capture workspace, the captured `info` words): taken
+/// from the pool during a capture (so from its private pool: no memory node), marked in
+/// each capture that uses it, so the graphs of captures begun through `cuda-core` keep it
+/// alive; a block marked while no such capture ran was used by a foreign capture, whose
+/// graphs may replay into it for ever: it is never freed.
+#[derive(Default)]
+struct Kept {
+    block: Option<DevicePtr>,
+    unkept: bool,
+    capture: Option<u64>,
+}
+
+impl Kept {
+    /// The block, at least `bytes` long, marked for capture `id`.
+    fn get(&mut self, issue: &Issue<'_>, id: u64, bytes: u64) -> Result<&DevicePtr> {
+        let short = self.block.as_ref().is_none_or(|b| (b.len() as u64) < bytes);
+        if short {
+            let old = self.block.as_ref().map_or(0, |b| b.len() as u64);
+            let want = bytes.max(old.saturating_mul(2)).max(ALIGN);
+            let want = usize::try_from(want).map_err(|_| Error::Pool {
+                bytes: usize::MAX,
+                why: "a capture workspace past the address space".into(),
+            })?;
+            let p = cudars_mempool::allocator::alloc_on(issue.stream(), want).map_err(|e| {
+                Error::Pool {
+                    bytes: want,
+                    why: format!("capture workspace: {e}"),
+                }
+            })?;
+            if p.len() < want || !p.as_raw().is_multiple_of(ALIGN) {
+                return Err(Error::Pool {
+                    bytes: want,
+                    why: format!(
+                        "the allocator gave {} bytes at {:#x}; the solver needs {want}, \
+                         256-byte aligned",
+                        p.len(),
+                        p.as_raw()
+                    ),
+                });
+            }
+            self.retire();
+            self.block = Some(p);
+            self.capture = None;
+        }
+        if self.capture != Some(id) {
+            if let Some(b) = &self.block {
+                b.record_stream(issue)?;
+                if !graph::captures_in_progress() {
+                    self.unkept = true;
+                }
+            }
+            self.capture = Some(id);
+        }
+        self.block.as_ref().ok_or(Error::Pool {
+            bytes: 0,
+            why: "no capture workspace".into(),
+        })
+    }
+
+    /// Lets go of the block: to the pool in stream order (graphs that captured it keep it),
+    /// or for ever when a foreign capture used it.
+    fn retire(&mut self) {
+        if let Some(b) = self.block.take() {
+            if std::mem::take(&mut self.unkept) {
+                forever()
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(b);
+            }
+        }
+    }
+}
+
+/// Capture blocks that foreign graphs may still replay into: never freed.
+fn forever() -> &'static Mutex<Vec<DevicePtr>> {
+    static FOREVER: Mutex<Vec<DevicePtr>> = Mutex::new(Vec::new());
+    &FOREVER
+}
+
+/// One routine captured into a graph: where its `info` words land on each replay.
+struct Captured {
+    routine: &'static str,
+    positive: Positive,
+    words: DevicePtr,
+    count: usize,
+}
+
+/// The capture `stream` is recorded into (asked of the driver only when one may run).
+fn capture_of(stream: &Stream) -> Result<Option<u64>> {
+    let ask = match stream.kind() {
+        StreamKind::LegacyNull => false,
+        StreamKind::Owned => graph::captures_in_progress(),
+        _ if stream.captures_announced() => capture_may_run(),
+        _ => true,
+    };
+    if !ask {
+        return Ok(None);
+    }
+    let info = graph::capture_info(stream)?;
+    match info.status {
+        CaptureStatus::None => Ok(None),
+        CaptureStatus::Active => Ok(info.id),
+        CaptureStatus::Invalidated => Err(Error::Capturing {
+            routine: "cuSOLVER call",
+            why: "the stream's capture has been invalidated; end it before issuing more work",
+        }),
+    }
+}
+
+fn capture_may_run() -> bool {
+    graph::captures_in_progress() || graph::announced_captures_in_progress()
+}
+
 /// A cuSOLVER dense handle bound to a stream (CuPy's `cusolver` handle of a device, PyTorch's
 /// per-stream one). Every routine checks its views first, takes its workspace from the pool on
 /// the stream, runs, and reads the routine's `info` back (waiting for the stream): a matrix
 /// that is not positive definite or is singular is an `Err` naming the index, never a silently
-/// wrong answer. A stream being captured is refused ([`Error::Capturing`]): the routines read
-/// `info` on the host. The per-thread default stream is refused too (a pool workspace cannot
-/// be ordered on it across threads).
+/// wrong answer. The per-thread default stream is refused (a pool workspace cannot be ordered
+/// on it across threads).
+///
+/// **Captures.** The factorisations and solves (`potrf`, `potrs`, `potri`, `getrf`,
+/// `getrs`, `geqrf`, `orgqr`, `ormqr`) may be captured into a graph: inside a capture they
+/// use a workspace the solver keeps across captures (taken from the capture's private pool
+/// the first time, so the graph holds no memory node and repeated captures do not grow the
+/// pool) and leave their `info` on the device; after replaying the graph,
+/// [`check_replay`](Self::check_replay) reads it and returns the same typed errors. The
+/// eigen and SVD routines refuse a capture ([`Error::Capturing`]): cuSOLVER may wait on the
+/// host inside them.
 ///
 /// `Send`, not `Sync`: every routine takes `&mut self`.
 ///
@@ -497,8 +322,13 @@ pub struct Solver {
     raw: cusolverDnHandle_t,
     device: Device,
     stream: Stream,
-    /// The routine's `info` (one i32).
-    info: DevicePtr,
+    /// The workspace of captured routines.
+    capture_work: Kept,
+    /// The `info` words of captured routines.
+    capture_info: Kept,
+    /// The capture `captured` belongs to, and how many `info` words it used.
+    capture: Option<(u64, u64)>,
+    captured: Vec<Captured>,
 }
 
 // SAFETY: a cuSOLVER handle may move between threads so long as calls on it do not overlap:
@@ -509,6 +339,7 @@ impl std::fmt::Debug for Solver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Solver")
             .field("device", &self.device.ordinal())
+            .field("captured", &self.captured.len())
             .finish()
     }
 }
@@ -521,10 +352,6 @@ impl Solver {
         let device = stream.device();
         let _ctx = device.bind()?;
         let _relaxed = graph::RelaxedCaptureMode::new()?;
-        let info = cudars_mempool::allocator::alloc_on(stream, 4).map_err(|e| Error::Pool {
-            bytes: 4,
-            why: e.to_string(),
-        })?;
         let mut raw: cusolverDnHandle_t = std::ptr::null_mut();
         let created = {
             // SAFETY: a valid out-pointer; the device's primary context is current.
@@ -535,7 +362,10 @@ impl Solver {
             raw,
             device,
             stream: stream.clone(),
-            info,
+            capture_work: Kept::default(),
+            capture_info: Kept::default(),
+            capture: None,
+            captured: Vec::new(),
         };
         s.bind(stream)?;
         Ok(s)
@@ -566,15 +396,19 @@ impl Solver {
         )
     }
 
-    /// Refuses a stream being captured.
-    fn not_capturing(&self, routine: &'static str) -> Result<()> {
-        if self.stream.kind() == StreamKind::LegacyNull {
-            return Ok(());
+    /// After replaying a graph that captured routines of this solver: waits for the solver's
+    /// stream and reads the `info` each routine of the solver's latest capture left on the
+    /// device, in capture order; the first failure comes back typed, as the eager call would
+    /// have returned it ([`Error::InBatch`] around it for a batched routine). `Ok` when the
+    /// capture held no routine of this solver.
+    pub fn check_replay(&mut self) -> Result<()> {
+        self.stream.synchronize()?;
+        for c in &self.captured {
+            let mut words = vec![0i32; c.count];
+            c.words.copy_to_host(&mut words)?;
+            infos(c.routine, &words, c.positive)?;
         }
-        match graph::capture_info(&self.stream)?.status {
-            CaptureStatus::None => Ok(()),
-            _ => Err(Error::Capturing { routine }),
-        }
+        Ok(())
     }
 
     /// Checks `m` against the solver's device and returns its byte range.
@@ -584,8 +418,19 @@ impl Solver {
         arg: &'static str,
         m: &Matrix<'_>,
     ) -> Result<(u64, u64)> {
+        self.check_matrices::<T>(routine, arg, m, 1)
+    }
+
+    /// Checks `batch` matrices of `m`'s shape stored `ld * cols` elements apart in `m`'s view.
+    fn check_matrices<T: Scalar>(
+        &self,
+        routine: &'static str,
+        arg: &'static str,
+        m: &Matrix<'_>,
+        batch: usize,
+    ) -> Result<(u64, u64)> {
         let size = std::mem::size_of::<T>();
-        let need = matrix_bytes(routine, arg, (m.rows, m.cols, m.ld), size)?;
+        let need = matrices_bytes(routine, arg, (m.rows, m.cols, m.ld), size, batch)?;
         view(
             routine,
             arg,
@@ -595,126 +440,350 @@ impl Solver {
         )
     }
 
-    /// A workspace of `elems` elements of `T` from the pool on the solver's stream.
-    fn workspace<T: Scalar>(&self, elems: c_int) -> Result<DevicePtr> {
-        let bytes = (elems.max(1) as usize) * std::mem::size_of::<T>();
-        cudars_mempool::allocator::alloc_on(&self.stream, bytes).map_err(|e| Error::Pool {
-            bytes,
-            why: e.to_string(),
-        })
+    /// Checks a vector of `len` elements of `T` in `v` and returns its byte range.
+    fn check_vector<T: Scalar>(
+        &self,
+        routine: &'static str,
+        arg: &'static str,
+        v: &DevicePtr,
+        len: usize,
+    ) -> Result<(u64, u64)> {
+        let size = std::mem::size_of::<T>();
+        let need = (len as u64).checked_mul(size as u64).ok_or(Error::Shape {
+            routine,
+            arg,
+            why: "the vector's extent overflows".into(),
+        })?;
+        view(
+            routine,
+            arg,
+            (v.as_raw(), v.len(), v.device().ordinal()),
+            need,
+            (size, self.device.ordinal()),
+        )
     }
 
-    /// Reads `info` (waits for the stream).
-    fn read_info(&self) -> Result<i32> {
-        self.stream.synchronize()?;
-        let mut v = [0i32];
-        self.info.copy_to_host(&mut v)?;
-        Ok(v[0])
+    /// Asks a workspace size with the device bound (`query` fills `lwork`).
+    fn buffer_size(
+        &self,
+        call: &'static str,
+        query: impl FnOnce(cusolverDnHandle_t, &mut c_int) -> Status,
+    ) -> Result<c_int> {
+        let _ctx = self.device.bind()?;
+        let mut lwork: c_int = 0;
+        check(query(self.raw, &mut lwork), call)?;
+        if lwork < 0 {
+            return Err(Error::Cusolver {
+                call,
+                code: 0,
+                name: "a negative workspace size",
+            });
+        }
+        Ok(lwork)
     }
 
+    /// Runs one routine: its workspace and `info` words from the pool (or, inside a capture,
+    /// from the blocks the solver keeps for captures), every view in `views` marked for the
+    /// stream, then `call`; outside a capture the `info` words are read back (waiting for the
+    /// stream) and a failure is returned typed, inside one they are kept for
+    /// [`check_replay`](Self::check_replay).
+    ///
+    /// `call` gets the addresses of a workspace of `needs.lwork` and `needs.rwork` elements
+    /// of `T` and of `needs.infos` i32 words, all live pool memory of the solver's device
+    /// marked for the stream, held until the work is done (or by the capture's graphs).
+    #[allow(clippy::too_many_arguments, reason = "one routine's whole description")]
+    fn launch<T: Scalar>(
+        &mut self,
+        routine: &'static str,
+        capturable: Capturable,
+        views: &[&DevicePtr],
+        needs: Needs,
+        positive: Positive,
+        entry: &'static str,
+        call: impl FnOnce(cusolverDnHandle_t, &Work) -> Status,
+    ) -> Result<()> {
+        let (info_at, rwork_at, total) = layout::<T>(&needs)?;
+        let issue = self.stream.issue(self.device)?;
+        let _ctx = self.device.bind()?;
+        let capture = capture_of(&self.stream)?;
+        for v in views {
+            v.record_stream(&issue)?;
+        }
+        let Some(id) = capture else {
+            let bytes = usize::try_from(total).map_err(|_| Error::Pool {
+                bytes: usize::MAX,
+                why: "past the address space".into(),
+            })?;
+            let block = cudars_mempool::allocator::alloc_on(&self.stream, bytes).map_err(|e| {
+                Error::Pool {
+                    bytes,
+                    why: e.to_string(),
+                }
+            })?;
+            if block.len() < bytes || block.device() != self.device {
+                return Err(Error::Pool {
+                    bytes,
+                    why: format!(
+                        "the allocator gave {} bytes on device {}",
+                        block.len(),
+                        block.device().ordinal()
+                    ),
+                });
+            }
+            block.record_stream(&issue)?;
+            let base = block.as_raw();
+            let work = Work {
+                info: base,
+                work: base + info_at,
+                lwork: needs.lwork,
+                rwork: base + rwork_at,
+            };
+            check(call(self.raw, &work), entry)?;
+            drop(issue);
+            self.stream.synchronize()?;
+            let mut words = vec![0i32; needs.infos];
+            block.slice(..needs.infos * 4)?.copy_to_host(&mut words)?;
+            return infos(routine, &words, positive);
+        };
+        if capturable == Capturable::No {
+            return Err(Error::Capturing {
+                routine,
+                why: "cuSOLVER may wait on the host inside the eigen and SVD routines",
+            });
+        }
+        if self.capture.map(|(c, _)| c) != Some(id) {
+            self.captured.clear();
+            self.capture = Some((id, 0));
+        }
+        let used = self.capture.map_or(0, |(_, u)| u);
+        let words_bytes = needs.infos as u64 * 4;
+        let work_base = self.capture_work.get(&issue, id, total - info_at)?.as_raw();
+        let slots = self.capture_info.get(&issue, id, used + words_bytes)?;
+        let words = slots.slice(used as usize..(used + words_bytes) as usize)?;
+        let work = Work {
+            info: words.as_raw(),
+            work: work_base,
+            lwork: needs.lwork,
+            rwork: work_base + (rwork_at - info_at),
+        };
+        check(call(self.raw, &work), entry)?;
+        self.capture = Some((id, used + words_bytes.next_multiple_of(4)));
+        self.captured.push(Captured {
+            routine,
+            positive,
+            words,
+            count: needs.infos,
+        });
+        Ok(())
+    }
+}
+
+/// `info` words as a result: the first nonzero one, typed ([`Error::InBatch`] naming the
+/// matrix when there are several).
+fn infos(routine: &'static str, words: &[i32], positive: Positive) -> Result<()> {
+    for (k, &w) in words.iter().enumerate() {
+        if let Err(e) = info(routine, w, |index| positive(routine, index)) {
+            return Err(if words.len() > 1 {
+                Error::InBatch {
+                    batch: k,
+                    error: Box::new(e),
+                }
+            } else {
+                e
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `rows` of `b` must be `n` (the order of the system).
+fn rows_match(routine: &'static str, arg: &'static str, rows: usize, n: usize) -> Result<()> {
+    if rows != n {
+        return Err(Error::Shape {
+            routine,
+            arg,
+            why: format!("{rows} rows for an order-{n} system"),
+        });
+    }
+    Ok(())
+}
+
+/// The pivots of an order-`n` LU: `n` i32.
+fn pivots_view(
+    routine: &'static str,
+    pivots: &DevicePtr,
+    n: usize,
+    device: usize,
+) -> Result<(u64, u64)> {
+    view(
+        routine,
+        "pivots",
+        (pivots.as_raw(), pivots.len(), pivots.device().ordinal()),
+        (n as u64) * 4,
+        (4, device),
+    )
+}
+
+/// A Jacobi routine's parameters: tolerance and sweeps (cuSOLVER's defaults when `None`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Jacobi {
+    /// The tolerance (default: machine precision).
+    pub tolerance: Option<f64>,
+    /// The most sweeps (default: 100).
+    pub max_sweeps: Option<u32>,
+}
+
+/// The factorisations and solves (capturable).
+impl Solver {
     /// Cholesky factorisation of the symmetric positive definite `a` (square, its `uplo`
     /// triangle read), in place: `A = L L^T` (`Lower`) or `U^T U` (`Upper`).
     /// [`Error::NotPositiveDefinite`] names the order of the first leading minor that is not.
     pub fn potrf<T: Scalar>(&mut self, a: Matrix<'_>, uplo: Uplo) -> Result<()> {
         const R: &str = "potrf";
-        self.not_capturing(R)?;
         let n = square(R, "a", a.rows, a.cols)?;
         self.check_matrix::<T>(R, "a", &a)?;
         let lib = cusolver()?;
-        let issue = self.stream.issue(self.device)?;
-        let _ctx = self.device.bind()?;
-        let (ni, lda) = (n as c_int, a.ld as c_int);
-        let mut lwork: c_int = 0;
-        check(
+        let (n, lda, ap) = (n as c_int, a.ld as c_int, a.ptr.as_raw());
+        let lwork = self.buffer_size("cusolverDnXpotrf_bufferSize", |h, lw| {
             // SAFETY: a live handle; `a` holds the n x n matrix with leading dimension lda
             // (checked); a valid out-pointer.
             unsafe {
-                T::potrf_buffer_size(
+                sd!(
+                    T,
                     lib,
-                    self.raw,
-                    fill(uplo),
-                    ni,
-                    a.ptr.as_raw() as *mut T,
-                    lda,
-                    &mut lwork,
+                    cusolverDnSpotrf_bufferSize,
+                    cusolverDnDpotrf_bufferSize,
+                    (h, fill(uplo), n, ap as *mut _, lda, lw)
                 )
-            },
-            "cusolverDnXpotrf_bufferSize",
-        )?;
-        let work = self.workspace::<T>(lwork)?;
-        for p in [a.ptr, &work, &self.info] {
-            p.record_stream(&issue)?;
-        }
-        check(
-            // SAFETY: as above, with a workspace of `lwork` elements of T and the 4-byte info
-            // from the pool, both marked for the stream.
-            unsafe {
-                T::potrf(
-                    lib,
-                    self.raw,
-                    fill(uplo),
-                    ni,
-                    a.ptr.as_raw() as *mut T,
-                    lda,
-                    work.as_raw() as *mut T,
-                    lwork,
-                    self.info.as_raw() as *mut c_int,
-                )
-            },
+            }
+        })?;
+        self.launch::<T>(
+            R,
+            Capturable::Yes,
+            &[a.ptr],
+            Needs::work(lwork),
+            not_positive_definite,
             "cusolverDnXpotrf",
-        )?;
-        drop(issue);
-        let i = self.read_info()?;
-        info(R, i, |index| Error::NotPositiveDefinite {
-            routine: R,
-            index,
-        })
+            |h, w| {
+                // SAFETY: as above, with a workspace of `lwork` elements and one info word from
+                // the pool (launch's contract), all marked for the stream.
+                unsafe {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSpotrf,
+                        cusolverDnDpotrf,
+                        (
+                            h,
+                            fill(uplo),
+                            n,
+                            ap as *mut _,
+                            lda,
+                            w.work as *mut _,
+                            w.lwork,
+                            w.info as *mut c_int
+                        )
+                    )
+                }
+            },
+        )
     }
 
     /// Solves `A X = B` with `a` holding [`potrf`](Self::potrf)'s factor (its `uplo`
     /// triangle); `b` (n x nrhs) is overwritten with `X`. `a` and `b` must not overlap.
     pub fn potrs<T: Scalar>(&mut self, a: Matrix<'_>, uplo: Uplo, b: Matrix<'_>) -> Result<()> {
         const R: &str = "potrs";
-        self.not_capturing(R)?;
         let n = square(R, "a", a.rows, a.cols)?;
-        if b.rows != n {
-            return Err(Error::Shape {
-                routine: R,
-                arg: "b",
-                why: format!("{} rows for an order-{n} system", b.rows),
-            });
-        }
+        rows_match(R, "b", b.rows, n)?;
         let ra = self.check_matrix::<T>(R, "a", &a)?;
         let rb = self.check_matrix::<T>(R, "b", &b)?;
         disjoint(R, ("a", ra), ("b", rb))?;
         let lib = cusolver()?;
-        let issue = self.stream.issue(self.device)?;
-        let _ctx = self.device.bind()?;
-        for p in [a.ptr, b.ptr, &self.info] {
-            p.record_stream(&issue)?;
-        }
-        check(
-            // SAFETY: a live handle; `a` (n x n) and `b` (n x nrhs) checked against their
-            // views and disjoint; info is 4 bytes; all marked for the stream.
-            unsafe {
-                T::potrs(
-                    lib,
-                    self.raw,
-                    fill(uplo),
-                    n as c_int,
-                    b.cols as c_int,
-                    a.ptr.as_raw() as *const T,
-                    a.ld as c_int,
-                    b.ptr.as_raw() as *mut T,
-                    b.ld as c_int,
-                    self.info.as_raw() as *mut c_int,
-                )
-            },
+        let (n, nrhs, lda, ldb) = (n as c_int, b.cols as c_int, a.ld as c_int, b.ld as c_int);
+        let (ap, bp) = (a.ptr.as_raw(), b.ptr.as_raw());
+        self.launch::<T>(
+            R,
+            Capturable::Yes,
+            &[a.ptr, b.ptr],
+            Needs::work(0),
+            invalid,
             "cusolverDnXpotrs",
-        )?;
-        drop(issue);
-        let i = self.read_info()?;
-        info(R, i, |index| Error::InvalidParameter { routine: R, index })
+            |h, w| {
+                // SAFETY: a live handle; `a` (n x n) and `b` (n x nrhs) checked against their
+                // views and disjoint; one info word (launch's contract); all marked.
+                unsafe {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSpotrs,
+                        cusolverDnDpotrs,
+                        (
+                            h,
+                            fill(uplo),
+                            n,
+                            nrhs,
+                            ap as *const _,
+                            lda,
+                            bp as *mut _,
+                            ldb,
+                            w.info as *mut c_int
+                        )
+                    )
+                }
+            },
+        )
+    }
+
+    /// The inverse of the symmetric positive definite matrix whose [`potrf`](Self::potrf)
+    /// factor `a` holds, in place (its `uplo` triangle; LAPACK's `xPOTRI`).
+    /// [`Error::Singular`] names a zero diagonal element of the factor.
+    pub fn potri<T: Scalar>(&mut self, a: Matrix<'_>, uplo: Uplo) -> Result<()> {
+        const R: &str = "potri";
+        let n = square(R, "a", a.rows, a.cols)?;
+        self.check_matrix::<T>(R, "a", &a)?;
+        let lib = cusolver()?;
+        let (n, lda, ap) = (n as c_int, a.ld as c_int, a.ptr.as_raw());
+        let lwork = self.buffer_size("cusolverDnXpotri_bufferSize", |h, lw| {
+            // SAFETY: a live handle; `a` holds the n x n matrix (checked); an out-pointer.
+            unsafe {
+                sd!(
+                    T,
+                    lib,
+                    cusolverDnSpotri_bufferSize,
+                    cusolverDnDpotri_bufferSize,
+                    (h, fill(uplo), n, ap as *mut _, lda, lw)
+                )
+            }
+        })?;
+        self.launch::<T>(
+            R,
+            Capturable::Yes,
+            &[a.ptr],
+            Needs::work(lwork),
+            singular,
+            "cusolverDnXpotri",
+            |h, w| {
+                // SAFETY: as above, with launch's workspace and info word.
+                unsafe {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSpotri,
+                        cusolverDnDpotri,
+                        (
+                            h,
+                            fill(uplo),
+                            n,
+                            ap as *mut _,
+                            lda,
+                            w.work as *mut _,
+                            w.lwork,
+                            w.info as *mut c_int
+                        )
+                    )
+                }
+            },
+        )
     }
 
     /// LU factorisation with partial pivoting of `a` (m x n), in place: `P A = L U`;
@@ -722,62 +791,54 @@ impl Solver {
     /// first exactly-zero diagonal element of `U` (the factors are still written).
     pub fn getrf<T: Scalar>(&mut self, a: Matrix<'_>, pivots: &DevicePtr) -> Result<()> {
         const R: &str = "getrf";
-        self.not_capturing(R)?;
         let ra = self.check_matrix::<T>(R, "a", &a)?;
-        let k = a.rows.min(a.cols);
-        let rp = view(
-            R,
-            "pivots",
-            (pivots.as_raw(), pivots.len(), pivots.device().ordinal()),
-            (k as u64) * 4,
-            (4, self.device.ordinal()),
-        )?;
+        let rp = pivots_view(R, pivots, a.rows.min(a.cols), self.device.ordinal())?;
         disjoint(R, ("a", ra), ("pivots", rp))?;
         let lib = cusolver()?;
-        let issue = self.stream.issue(self.device)?;
-        let _ctx = self.device.bind()?;
         let (m, n, lda) = (a.rows as c_int, a.cols as c_int, a.ld as c_int);
-        let mut lwork: c_int = 0;
-        check(
-            // SAFETY: a live handle; `a` holds the m x n matrix (checked); a valid out-pointer.
+        let (ap, pp) = (a.ptr.as_raw(), pivots.as_raw());
+        let lwork = self.buffer_size("cusolverDnXgetrf_bufferSize", |h, lw| {
+            // SAFETY: a live handle; `a` holds the m x n matrix (checked); an out-pointer.
             unsafe {
-                T::getrf_buffer_size(
+                sd!(
+                    T,
                     lib,
-                    self.raw,
-                    m,
-                    n,
-                    a.ptr.as_raw() as *mut T,
-                    lda,
-                    &mut lwork,
+                    cusolverDnSgetrf_bufferSize,
+                    cusolverDnDgetrf_bufferSize,
+                    (h, m, n, ap as *mut _, lda, lw)
                 )
-            },
-            "cusolverDnXgetrf_bufferSize",
-        )?;
-        let work = self.workspace::<T>(lwork)?;
-        for p in [a.ptr, pivots, &work, &self.info] {
-            p.record_stream(&issue)?;
-        }
-        check(
-            // SAFETY: as above; the pivots hold min(m, n) i32 (checked, disjoint from `a`);
-            // the workspace `lwork` elements and info 4 bytes, from the pool; all marked.
-            unsafe {
-                T::getrf(
-                    lib,
-                    self.raw,
-                    m,
-                    n,
-                    a.ptr.as_raw() as *mut T,
-                    lda,
-                    work.as_raw() as *mut T,
-                    pivots.as_raw() as *mut c_int,
-                    self.info.as_raw() as *mut c_int,
-                )
-            },
+            }
+        })?;
+        self.launch::<T>(
+            R,
+            Capturable::Yes,
+            &[a.ptr, pivots],
+            Needs::work(lwork),
+            singular,
             "cusolverDnXgetrf",
-        )?;
-        drop(issue);
-        let i = self.read_info()?;
-        info(R, i, |index| Error::Singular { routine: R, index })
+            |h, w| {
+                // SAFETY: as above; the pivots hold min(m, n) i32 (checked, disjoint from `a`);
+                // launch's workspace and info word; all marked.
+                unsafe {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSgetrf,
+                        cusolverDnDgetrf,
+                        (
+                            h,
+                            m,
+                            n,
+                            ap as *mut _,
+                            lda,
+                            w.work as *mut _,
+                            pp as *mut c_int,
+                            w.info as *mut c_int
+                        )
+                    )
+                }
+            },
+        )
     }
 
     /// Solves `A X = B` with `a` and `pivots` from [`getrf`](Self::getrf) (square); `b`
@@ -791,74 +852,47 @@ impl Solver {
         b: Matrix<'_>,
     ) -> Result<()> {
         const R: &str = "getrs";
-        self.not_capturing(R)?;
         let n = square(R, "a", a.rows, a.cols)?;
-        if b.rows != n {
-            return Err(Error::Shape {
-                routine: R,
-                arg: "b",
-                why: format!("{} rows for an order-{n} system", b.rows),
-            });
-        }
+        rows_match(R, "b", b.rows, n)?;
         let ra = self.check_matrix::<T>(R, "a", &a)?;
         let rb = self.check_matrix::<T>(R, "b", &b)?;
-        let rp = view(
-            R,
-            "pivots",
-            (pivots.as_raw(), pivots.len(), pivots.device().ordinal()),
-            (n as u64) * 4,
-            (4, self.device.ordinal()),
-        )?;
+        let rp = pivots_view(R, pivots, n, self.device.ordinal())?;
         disjoint(R, ("a", ra), ("b", rb))?;
         disjoint(R, ("pivots", rp), ("b", rb))?;
         let lib = cusolver()?;
-        let issue = self.stream.issue(self.device)?;
-        let _ctx = self.device.bind()?;
-        for p in [a.ptr, pivots, b.ptr, &self.info] {
-            p.record_stream(&issue)?;
-        }
-        check(
-            // SAFETY: a live handle; `a` (n x n), the n pivots and `b` (n x nrhs) checked
-            // against their views, `b` disjoint from both; all marked for the stream.
-            unsafe {
-                T::getrs(
-                    lib,
-                    self.raw,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    n as c_int,
-                    b.cols as c_int,
-                    a.ptr.as_raw() as *const T,
-                    a.ld as c_int,
-                    pivots.as_raw() as *const c_int,
-                    b.ptr.as_raw() as *mut T,
-                    b.ld as c_int,
-                    self.info.as_raw() as *mut c_int,
-                )
-            },
+        let (n, nrhs, lda, ldb) = (n as c_int, b.cols as c_int, a.ld as c_int, b.ld as c_int);
+        let (ap, pp, bp) = (a.ptr.as_raw(), pivots.as_raw(), b.ptr.as_raw());
+        self.launch::<T>(
+            R,
+            Capturable::Yes,
+            &[a.ptr, pivots, b.ptr],
+            Needs::work(0),
+            invalid,
             "cusolverDnXgetrs",
-        )?;
-        drop(issue);
-        let i = self.read_info()?;
-        info(R, i, |index| Error::InvalidParameter { routine: R, index })
-    }
-}
-
-impl Solver {
-    /// Checks a vector of `len` elements of `T` in `v` and returns its byte range.
-    fn check_vector<T: Scalar>(
-        &self,
-        routine: &'static str,
-        arg: &'static str,
-        v: &DevicePtr,
-        len: usize,
-    ) -> Result<(u64, u64)> {
-        let size = std::mem::size_of::<T>();
-        view(
-            routine,
-            arg,
-            (v.as_raw(), v.len(), v.device().ordinal()),
-            (len as u64) * size as u64,
-            (size, self.device.ordinal()),
+            |h, w| {
+                // SAFETY: a live handle; `a` (n x n), the n pivots and `b` (n x nrhs) checked
+                // against their views, `b` disjoint from both; one info word; all marked.
+                unsafe {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSgetrs,
+                        cusolverDnDgetrs,
+                        (
+                            h,
+                            cublasOperation_t::CUBLAS_OP_N,
+                            n,
+                            nrhs,
+                            ap as *const _,
+                            lda,
+                            pp as *const c_int,
+                            bp as *mut _,
+                            ldb,
+                            w.info as *mut c_int
+                        )
+                    )
+                }
+            },
         )
     }
 
@@ -866,64 +900,61 @@ impl Solver {
     /// vectors below it, their scalars in `tau` (`min(m, n)` elements of `T`).
     pub fn geqrf<T: Scalar>(&mut self, a: Matrix<'_>, tau: &DevicePtr) -> Result<()> {
         const R: &str = "geqrf";
-        self.not_capturing(R)?;
         let ra = self.check_matrix::<T>(R, "a", &a)?;
         let rt = self.check_vector::<T>(R, "tau", tau, a.rows.min(a.cols))?;
         disjoint(R, ("a", ra), ("tau", rt))?;
         let lib = cusolver()?;
-        let issue = self.stream.issue(self.device)?;
-        let _ctx = self.device.bind()?;
         let (m, n, lda) = (a.rows as c_int, a.cols as c_int, a.ld as c_int);
-        let mut lwork: c_int = 0;
-        check(
+        let (ap, tp) = (a.ptr.as_raw(), tau.as_raw());
+        let lwork = self.buffer_size("cusolverDnXgeqrf_bufferSize", |h, lw| {
             // SAFETY: a live handle; `a` holds the m x n matrix (checked); an out-pointer.
             unsafe {
-                T::geqrf_buffer_size(
+                sd!(
+                    T,
                     lib,
-                    self.raw,
-                    m,
-                    n,
-                    a.ptr.as_raw() as *mut T,
-                    lda,
-                    &mut lwork,
+                    cusolverDnSgeqrf_bufferSize,
+                    cusolverDnDgeqrf_bufferSize,
+                    (h, m, n, ap as *mut _, lda, lw)
                 )
-            },
-            "cusolverDnXgeqrf_bufferSize",
-        )?;
-        let work = self.workspace::<T>(lwork)?;
-        for p in [a.ptr, tau, &work, &self.info] {
-            p.record_stream(&issue)?;
-        }
-        check(
-            // SAFETY: as above; tau holds min(m, n) elements, disjoint from `a`; the
-            // workspace `lwork` elements; all marked for the stream.
-            unsafe {
-                T::geqrf(
-                    lib,
-                    self.raw,
-                    m,
-                    n,
-                    a.ptr.as_raw() as *mut T,
-                    lda,
-                    tau.as_raw() as *mut T,
-                    work.as_raw() as *mut T,
-                    lwork,
-                    self.info.as_raw() as *mut c_int,
-                )
-            },
+            }
+        })?;
+        self.launch::<T>(
+            R,
+            Capturable::Yes,
+            &[a.ptr, tau],
+            Needs::work(lwork),
+            invalid,
             "cusolverDnXgeqrf",
-        )?;
-        drop(issue);
-        let i = self.read_info()?;
-        info(R, i, |index| Error::InvalidParameter { routine: R, index })
+            |h, w| {
+                // SAFETY: as above; `tau` holds min(m, n) elements, disjoint from `a`; launch's
+                // workspace and info word; all marked.
+                unsafe {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSgeqrf,
+                        cusolverDnDgeqrf,
+                        (
+                            h,
+                            m,
+                            n,
+                            ap as *mut _,
+                            lda,
+                            tp as *mut _,
+                            w.work as *mut _,
+                            w.lwork,
+                            w.info as *mut c_int
+                        )
+                    )
+                }
+            },
+        )
     }
 
-    /// Forms the m x n matrix `Q` with orthonormal columns in `a` (in place) from
-    /// [`geqrf`](Self::geqrf)'s output: the first `k` reflectors and `tau` (`k` elements);
-    /// `m >= n >= k`.
+    /// Forms the first `n` columns of `Q` (m x n, `m >= n >= k`) in place from
+    /// [`geqrf`](Self::geqrf)'s `k` Householder vectors in `a` and scalars in `tau`.
     pub fn orgqr<T: Scalar>(&mut self, a: Matrix<'_>, k: usize, tau: &DevicePtr) -> Result<()> {
         const R: &str = "orgqr";
-        self.not_capturing(R)?;
         if !(a.rows >= a.cols && a.cols >= k) {
             return Err(Error::Shape {
                 routine: R,
@@ -935,59 +966,254 @@ impl Solver {
         let rt = self.check_vector::<T>(R, "tau", tau, k)?;
         disjoint(R, ("a", ra), ("tau", rt))?;
         let lib = cusolver()?;
-        let issue = self.stream.issue(self.device)?;
-        let _ctx = self.device.bind()?;
         let (m, n, kk, lda) = (a.rows as c_int, a.cols as c_int, k as c_int, a.ld as c_int);
-        let mut lwork: c_int = 0;
-        check(
-            // SAFETY: a live handle; `a` and `tau` checked; an out-pointer.
+        let (ap, tp) = (a.ptr.as_raw(), tau.as_raw());
+        let lwork = self.buffer_size("cusolverDnXorgqr_bufferSize", |h, lw| {
+            // SAFETY: a live handle; `a` (m x n) and `tau` (k) checked; an out-pointer.
             unsafe {
-                T::orgqr_buffer_size(
+                sd!(
+                    T,
                     lib,
-                    self.raw,
-                    m,
-                    n,
-                    kk,
-                    a.ptr.as_raw() as *const T,
-                    lda,
-                    tau.as_raw() as *const T,
-                    &mut lwork,
+                    cusolverDnSorgqr_bufferSize,
+                    cusolverDnDorgqr_bufferSize,
+                    (h, m, n, kk, ap as *const _, lda, tp as *const _, lw)
                 )
-            },
-            "cusolverDnXorgqr_bufferSize",
-        )?;
-        let work = self.workspace::<T>(lwork)?;
-        for p in [a.ptr, tau, &work, &self.info] {
-            p.record_stream(&issue)?;
-        }
-        check(
-            // SAFETY: as above, with the workspace; all marked for the stream.
-            unsafe {
-                T::orgqr(
-                    lib,
-                    self.raw,
-                    m,
-                    n,
-                    kk,
-                    a.ptr.as_raw() as *mut T,
-                    lda,
-                    tau.as_raw() as *const T,
-                    work.as_raw() as *mut T,
-                    lwork,
-                    self.info.as_raw() as *mut c_int,
-                )
-            },
+            }
+        })?;
+        self.launch::<T>(
+            R,
+            Capturable::Yes,
+            &[a.ptr, tau],
+            Needs::work(lwork),
+            invalid,
             "cusolverDnXorgqr",
-        )?;
-        drop(issue);
-        let i = self.read_info()?;
-        info(R, i, |index| Error::InvalidParameter { routine: R, index })
+            |h, w| {
+                // SAFETY: as above, with launch's workspace and info word; all marked.
+                unsafe {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSorgqr,
+                        cusolverDnDorgqr,
+                        (
+                            h,
+                            m,
+                            n,
+                            kk,
+                            ap as *mut _,
+                            lda,
+                            tp as *const _,
+                            w.work as *mut _,
+                            w.lwork,
+                            w.info as *mut c_int
+                        )
+                    )
+                }
+            },
+        )
     }
 
-    /// Eigenvalues (ascending, into `w`: n elements of `T`) and, with `vectors`, the
-    /// orthonormal eigenvectors (into `a`'s columns, in place) of the symmetric `a` (its
-    /// `uplo` triangle read; destroyed either way). [`Error::NoConvergence`] if the
-    /// tridiagonal iteration fails.
+    /// Multiplies `c` (m x n) in place by `Q` or `Q^T` (`transpose`) from
+    /// [`geqrf`](Self::geqrf): `a` holds its `k = a.cols` Householder vectors (`m x k` for
+    /// [`Side::Left`], `n x k` for [`Side::Right`]) and `tau` their scalars.
+    pub fn ormqr<T: Scalar>(
+        &mut self,
+        side: Side,
+        transpose: bool,
+        a: Matrix<'_>,
+        tau: &DevicePtr,
+        c: Matrix<'_>,
+    ) -> Result<()> {
+        const R: &str = "ormqr";
+        let k = a.cols;
+        let order = match side {
+            Side::Left => c.rows,
+            Side::Right => c.cols,
+        };
+        if a.rows != order || k > order {
+            return Err(Error::Shape {
+                routine: R,
+                arg: "a",
+                why: format!(
+                    "{} x {k} reflectors for a {} x {} `c` on the {side:?}: need {order} rows \
+                     and k <= {order}",
+                    a.rows, c.rows, c.cols
+                ),
+            });
+        }
+        let ra = self.check_matrix::<T>(R, "a", &a)?;
+        let rt = self.check_vector::<T>(R, "tau", tau, k)?;
+        let rc = self.check_matrix::<T>(R, "c", &c)?;
+        disjoint(R, ("a", ra), ("c", rc))?;
+        disjoint(R, ("tau", rt), ("c", rc))?;
+        let lib = cusolver()?;
+        let s = match side {
+            Side::Left => cublasSideMode_t::CUBLAS_SIDE_LEFT,
+            Side::Right => cublasSideMode_t::CUBLAS_SIDE_RIGHT,
+        };
+        let t = if transpose {
+            cublasOperation_t::CUBLAS_OP_T
+        } else {
+            cublasOperation_t::CUBLAS_OP_N
+        };
+        let (m, n, kk) = (c.rows as c_int, c.cols as c_int, k as c_int);
+        let (lda, ldc) = (a.ld as c_int, c.ld as c_int);
+        let (ap, tp, cp) = (a.ptr.as_raw(), tau.as_raw(), c.ptr.as_raw());
+        let lwork = self.buffer_size("cusolverDnXormqr_bufferSize", |h, lw| {
+            // SAFETY: a live handle; `a`, `tau` and `c` checked for these shapes; an
+            // out-pointer.
+            unsafe {
+                sd!(
+                    T,
+                    lib,
+                    cusolverDnSormqr_bufferSize,
+                    cusolverDnDormqr_bufferSize,
+                    (
+                        h,
+                        s,
+                        t,
+                        m,
+                        n,
+                        kk,
+                        ap as *const _,
+                        lda,
+                        tp as *const _,
+                        cp as *const _,
+                        ldc,
+                        lw
+                    )
+                )
+            }
+        })?;
+        self.launch::<T>(
+            R,
+            Capturable::Yes,
+            &[a.ptr, tau, c.ptr],
+            Needs::work(lwork),
+            invalid,
+            "cusolverDnXormqr",
+            |h, w| {
+                // SAFETY: as above; `c` disjoint from `a` and `tau`; launch's workspace and info
+                // word; all marked.
+                unsafe {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSormqr,
+                        cusolverDnDormqr,
+                        (
+                            h,
+                            s,
+                            t,
+                            m,
+                            n,
+                            kk,
+                            ap as *const _,
+                            lda,
+                            tp as *const _,
+                            cp as *mut _,
+                            ldc,
+                            w.work as *mut _,
+                            w.lwork,
+                            w.info as *mut c_int
+                        )
+                    )
+                }
+            },
+        )
+    }
+}
+
+/// A `syevjInfo_t` or `gesvdjInfo_t` for one call, destroyed after it.
+struct Params<P: Copy> {
+    raw: P,
+    destroy: fn(P),
+}
+
+impl<P: Copy> Drop for Params<P> {
+    fn drop(&mut self) {
+        (self.destroy)(self.raw);
+    }
+}
+
+fn syevj_params(j: Jacobi) -> Result<Params<syevjInfo_t>> {
+    let lib = cusolver()?;
+    let mut raw: syevjInfo_t = std::ptr::null_mut();
+    let status = {
+        // SAFETY: a valid out-pointer.
+        unsafe { lib.cusolverDnCreateSyevjInfo(&mut raw) }
+    };
+    check(status, "cusolverDnCreateSyevjInfo")?;
+    let p = Params {
+        raw,
+        destroy: |raw| {
+            if let Ok(lib) = cusolver() {
+                // SAFETY: created above, destroyed once, after the call that used it.
+                let _ = unsafe { lib.cusolverDnDestroySyevjInfo(raw) };
+            }
+        },
+    };
+    if let Some(t) = j.tolerance {
+        let status = {
+            // SAFETY: a live parameter object.
+            unsafe { lib.cusolverDnXsyevjSetTolerance(p.raw, t) }
+        };
+        check(status, "cusolverDnXsyevjSetTolerance")?;
+    }
+    if let Some(s) = j.max_sweeps {
+        let s = c_int::try_from(s).unwrap_or(c_int::MAX);
+        let status = {
+            // SAFETY: a live parameter object.
+            unsafe { lib.cusolverDnXsyevjSetMaxSweeps(p.raw, s) }
+        };
+        check(status, "cusolverDnXsyevjSetMaxSweeps")?;
+    }
+    Ok(p)
+}
+
+fn gesvdj_params(j: Jacobi) -> Result<Params<gesvdjInfo_t>> {
+    let lib = cusolver()?;
+    let mut raw: gesvdjInfo_t = std::ptr::null_mut();
+    let status = {
+        // SAFETY: a valid out-pointer.
+        unsafe { lib.cusolverDnCreateGesvdjInfo(&mut raw) }
+    };
+    check(status, "cusolverDnCreateGesvdjInfo")?;
+    let p = Params {
+        raw,
+        destroy: |raw| {
+            if let Ok(lib) = cusolver() {
+                // SAFETY: created above, destroyed once, after the call that used it.
+                let _ = unsafe { lib.cusolverDnDestroyGesvdjInfo(raw) };
+            }
+        },
+    };
+    if let Some(t) = j.tolerance {
+        let status = {
+            // SAFETY: a live parameter object.
+            unsafe { lib.cusolverDnXgesvdjSetTolerance(p.raw, t) }
+        };
+        check(status, "cusolverDnXgesvdjSetTolerance")?;
+    }
+    if let Some(s) = j.max_sweeps {
+        let s = c_int::try_from(s).unwrap_or(c_int::MAX);
+        let status = {
+            // SAFETY: a live parameter object.
+            unsafe { lib.cusolverDnXgesvdjSetMaxSweeps(p.raw, s) }
+        };
+        check(status, "cusolverDnXgesvdjSetMaxSweeps")?;
+    }
+    Ok(p)
+}
+
+/// The largest order of cuSOLVER's batched Jacobi routines.
+pub const BATCHED_JACOBI_MAX: usize = 32;
+
+/// The eigen and SVD routines (not capturable).
+impl Solver {
+    /// Eigen-decomposition of the symmetric `a` (its `uplo` triangle) by divide and conquer:
+    /// the eigenvalues, ascending, into `w` (n elements of `T`); with `vectors`, the
+    /// orthonormal eigenvectors overwrite `a` (column j for `w[j]`).
     pub fn syevd<T: Scalar>(
         &mut self,
         a: Matrix<'_>,
@@ -996,67 +1222,243 @@ impl Solver {
         vectors: bool,
     ) -> Result<()> {
         const R: &str = "syevd";
-        self.not_capturing(R)?;
         let n = square(R, "a", a.rows, a.cols)?;
         let ra = self.check_matrix::<T>(R, "a", &a)?;
         let rw = self.check_vector::<T>(R, "w", w, n)?;
         disjoint(R, ("a", ra), ("w", rw))?;
-        let jobz = if vectors {
-            cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR
-        } else {
-            cusolverEigMode_t::CUSOLVER_EIG_MODE_NOVECTOR
-        };
         let lib = cusolver()?;
-        let issue = self.stream.issue(self.device)?;
-        let _ctx = self.device.bind()?;
-        let (ni, lda) = (n as c_int, a.ld as c_int);
-        let mut lwork: c_int = 0;
-        check(
-            // SAFETY: a live handle; `a` and `w` checked; an out-pointer.
+        let (n, lda, jobz) = (n as c_int, a.ld as c_int, eig_mode(vectors));
+        let (ap, wp) = (a.ptr.as_raw(), w.as_raw());
+        let lwork = self.buffer_size("cusolverDnXsyevd_bufferSize", |h, lw| {
+            // SAFETY: a live handle; `a` (n x n) and `w` (n) checked; an out-pointer.
             unsafe {
-                T::syevd_buffer_size(
+                sd!(
+                    T,
                     lib,
-                    self.raw,
-                    jobz,
-                    fill(uplo),
-                    ni,
-                    a.ptr.as_raw() as *const T,
-                    lda,
-                    w.as_raw() as *const T,
-                    &mut lwork,
+                    cusolverDnSsyevd_bufferSize,
+                    cusolverDnDsyevd_bufferSize,
+                    (
+                        h,
+                        jobz,
+                        fill(uplo),
+                        n,
+                        ap as *const _,
+                        lda,
+                        wp as *const _,
+                        lw
+                    )
                 )
-            },
-            "cusolverDnXsyevd_bufferSize",
-        )?;
-        let work = self.workspace::<T>(lwork)?;
-        for p in [a.ptr, w, &work, &self.info] {
-            p.record_stream(&issue)?;
-        }
-        check(
-            // SAFETY: as above, with the workspace; all marked for the stream.
-            unsafe {
-                T::syevd(
-                    lib,
-                    self.raw,
-                    jobz,
-                    fill(uplo),
-                    ni,
-                    a.ptr.as_raw() as *mut T,
-                    lda,
-                    w.as_raw() as *mut T,
-                    work.as_raw() as *mut T,
-                    lwork,
-                    self.info.as_raw() as *mut c_int,
-                )
-            },
+            }
+        })?;
+        self.launch::<T>(
+            R,
+            Capturable::No,
+            &[a.ptr, w],
+            Needs::work(lwork),
+            no_convergence,
             "cusolverDnXsyevd",
-        )?;
-        drop(issue);
-        let i = self.read_info()?;
-        info(R, i, |index| Error::NoConvergence { routine: R, index })
+            |h, wk| {
+                // SAFETY: as above, `w` disjoint from `a`; launch's workspace and info word.
+                unsafe {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSsyevd,
+                        cusolverDnDsyevd,
+                        (
+                            h,
+                            jobz,
+                            fill(uplo),
+                            n,
+                            ap as *mut _,
+                            lda,
+                            wp as *mut _,
+                            wk.work as *mut _,
+                            wk.lwork,
+                            wk.info as *mut c_int
+                        )
+                    )
+                }
+            },
+        )
     }
 
-    /// Singular value decomposition `A = U diag(s) V^T` of `a` (m x n, **m >= n**, as
+    /// [`syevd`](Self::syevd) by Jacobi rotations (`xSYEVJ`): faster on small and
+    /// well-separated spectra, tunable by `jacobi`. [`Error::NoConvergence`] when the sweeps
+    /// run out above the tolerance.
+    pub fn syevj<T: Scalar>(
+        &mut self,
+        a: Matrix<'_>,
+        uplo: Uplo,
+        w: &DevicePtr,
+        vectors: bool,
+        jacobi: Jacobi,
+    ) -> Result<()> {
+        self.syevj_any::<T>("syevj", a, uplo, w, vectors, jacobi, 1)
+    }
+
+    /// [`syevj`](Self::syevj) of `batch` matrices of order `n <= 32`
+    /// ([`BATCHED_JACOBI_MAX`]) stored `ld * n` elements apart from `a`'s first, their
+    /// eigenvalues `n` apart in `w` (`xSYEVJBATCHED`). A failure names its matrix
+    /// ([`Error::InBatch`]).
+    pub fn syevj_batched<T: Scalar>(
+        &mut self,
+        a: Matrix<'_>,
+        uplo: Uplo,
+        w: &DevicePtr,
+        vectors: bool,
+        jacobi: Jacobi,
+        batch: usize,
+    ) -> Result<()> {
+        self.syevj_any::<T>("syevj_batched", a, uplo, w, vectors, jacobi, batch)
+    }
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "syevj's and syevj_batched's arguments"
+    )]
+    fn syevj_any<T: Scalar>(
+        &mut self,
+        r: &'static str,
+        a: Matrix<'_>,
+        uplo: Uplo,
+        w: &DevicePtr,
+        vectors: bool,
+        jacobi: Jacobi,
+        batch: usize,
+    ) -> Result<()> {
+        let n = square(r, "a", a.rows, a.cols)?;
+        let batched = r == "syevj_batched";
+        if batched && (n > BATCHED_JACOBI_MAX || batch == 0) {
+            return Err(Error::Shape {
+                routine: r,
+                arg: "a",
+                why: format!(
+                    "order {n}, batch {batch}: the batched Jacobi routine takes orders up to \
+                     {BATCHED_JACOBI_MAX} and at least one matrix"
+                ),
+            });
+        }
+        let nb = crate::check::int(r, "batch", batch)?;
+        let ra = self.check_matrices::<T>(r, "a", &a, batch)?;
+        let rw = self.check_vector::<T>(r, "w", w, n.saturating_mul(batch))?;
+        disjoint(r, ("a", ra), ("w", rw))?;
+        let lib = cusolver()?;
+        let params = syevj_params(jacobi)?;
+        let pr = params.raw;
+        let (n, lda, jobz) = (n as c_int, a.ld as c_int, eig_mode(vectors));
+        let (ap, wp) = (a.ptr.as_raw(), w.as_raw());
+        let lwork = self.buffer_size("cusolverDnXsyevj_bufferSize", |h, lw| {
+            // SAFETY: a live handle and parameter object; `a` (batch matrices n x n) and `w`
+            // (n per matrix) checked; an out-pointer.
+            unsafe {
+                if batched {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSsyevjBatched_bufferSize,
+                        cusolverDnDsyevjBatched_bufferSize,
+                        (
+                            h,
+                            jobz,
+                            fill(uplo),
+                            n,
+                            ap as *const _,
+                            lda,
+                            wp as *const _,
+                            lw,
+                            pr,
+                            nb
+                        )
+                    )
+                } else {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSsyevj_bufferSize,
+                        cusolverDnDsyevj_bufferSize,
+                        (
+                            h,
+                            jobz,
+                            fill(uplo),
+                            n,
+                            ap as *const _,
+                            lda,
+                            wp as *const _,
+                            lw,
+                            pr
+                        )
+                    )
+                }
+            }
+        })?;
+        let needs = Needs {
+            lwork,
+            rwork: 0,
+            infos: batch,
+        };
+        self.launch::<T>(
+            r,
+            Capturable::No,
+            &[a.ptr, w],
+            needs,
+            no_convergence,
+            "cusolverDnXsyevj",
+            |h, wk| {
+                // SAFETY: as above, `w` disjoint from `a`; launch's workspace and `batch` info
+                // words; all marked; the parameter object outlives the call (launch waits for
+                // the stream before returning, outside a capture, and refuses one).
+                unsafe {
+                    if batched {
+                        sd!(
+                            T,
+                            lib,
+                            cusolverDnSsyevjBatched,
+                            cusolverDnDsyevjBatched,
+                            (
+                                h,
+                                jobz,
+                                fill(uplo),
+                                n,
+                                ap as *mut _,
+                                lda,
+                                wp as *mut _,
+                                wk.work as *mut _,
+                                wk.lwork,
+                                wk.info as *mut c_int,
+                                pr,
+                                nb
+                            )
+                        )
+                    } else {
+                        sd!(
+                            T,
+                            lib,
+                            cusolverDnSsyevj,
+                            cusolverDnDsyevj,
+                            (
+                                h,
+                                jobz,
+                                fill(uplo),
+                                n,
+                                ap as *mut _,
+                                lda,
+                                wp as *mut _,
+                                wk.work as *mut _,
+                                wk.lwork,
+                                wk.info as *mut c_int,
+                                pr
+                            )
+                        )
+                    }
+                }
+            },
+        )?;
+        drop(params);
+        Ok(())
+    }
+
+    /// Singular value decomposition `A = U S V^T` of `a` (m x n, `m >= n`, which
     /// cuSOLVER's gesvd requires: decompose the transpose otherwise; `a` is destroyed): the
     /// singular values, descending, into `s` (n elements of `T`), and when given all of `U`
     /// (m x m) and of `V^T` (n x n). [`Error::NoConvergence`] if the bidiagonal iteration fails.
@@ -1068,7 +1470,6 @@ impl Solver {
         vt: Option<Matrix<'_>>,
     ) -> Result<()> {
         const R: &str = "gesvd";
-        self.not_capturing(R)?;
         let (m, n) = (a.rows, a.cols);
         if m < n {
             return Err(Error::Shape {
@@ -1080,78 +1481,338 @@ impl Solver {
         let ra = self.check_matrix::<T>(R, "a", &a)?;
         let rs = self.check_vector::<T>(R, "s", s, n)?;
         disjoint(R, ("a", ra), ("s", rs))?;
-        let mut outs = vec![("s", rs)];
-        for (arg, mat, order) in [("u", &u, m), ("vt", &vt, n)] {
-            if let Some(x) = mat {
-                let _ = square(R, arg, x.rows, x.cols)?;
-                if x.rows != order {
-                    return Err(Error::Shape {
-                        routine: R,
-                        arg,
-                        why: format!("{} x {}; it must be {order} x {order}", x.rows, x.cols),
-                    });
-                }
-                let r = self.check_matrix::<T>(R, arg, x)?;
-                disjoint(R, ("a", ra), (arg, r))?;
-                for &(o, ro) in &outs {
-                    disjoint(R, (o, ro), (arg, r))?;
-                }
-                outs.push((arg, r));
+        let mut outs = vec![("a", ra), ("s", rs)];
+        for (arg, x, rows, cols) in [("u", &u, m, m), ("vt", &vt, n, n)] {
+            if let Some(x) = x {
+                self.check_output::<T>(R, arg, x, (rows, cols), &mut outs)?;
             }
         }
         let lib = cusolver()?;
-        let issue = self.stream.issue(self.device)?;
-        let _ctx = self.device.bind()?;
-        let (mi, ni) = (m as c_int, n as c_int);
-        let mut lwork: c_int = 0;
-        check(
+        let (mi, ni, lda) = (m as c_int, n as c_int, a.ld as c_int);
+        let lwork = self.buffer_size("cusolverDnXgesvd_bufferSize", |h, lw| {
             // SAFETY: a live handle; an out-pointer.
-            unsafe { T::gesvd_buffer_size(lib, self.raw, mi, ni, &mut lwork) },
-            "cusolverDnXgesvd_bufferSize",
-        )?;
-        let work = self.workspace::<T>(lwork)?;
-        let rwork = self.workspace::<T>(n.saturating_sub(1).max(1) as c_int)?;
-        for p in [a.ptr, s, &work, &rwork, &self.info] {
-            p.record_stream(&issue)?;
-        }
-        let side = |x: &Option<Matrix<'_>>| -> Result<(c_schar, *mut T, c_int)> {
-            Ok(match x {
-                Some(x) => {
-                    x.ptr.record_stream(&issue)?;
-                    (b'A' as c_schar, x.ptr.as_raw() as *mut T, x.ld as c_int)
-                }
-                None => (b'N' as c_schar, std::ptr::null_mut(), 1),
-            })
-        };
-        let (ju, up, ldu) = side(&u)?;
-        let (jv, vp, ldvt) = side(&vt)?;
-        check(
-            // SAFETY: a live handle; `a` (m x n, m >= n), `s` (n), U (m x m) and V^T (n x n)
-            // when asked (null and 'N' otherwise) checked and pairwise disjoint; workspaces
-            // of `lwork` and n - 1 elements from the pool; all marked for the stream.
             unsafe {
-                T::gesvd(
+                sd!(
+                    T,
                     lib,
-                    self.raw,
-                    (ju, jv),
-                    mi,
-                    ni,
-                    a.ptr.as_raw() as *mut T,
-                    a.ld as c_int,
-                    s.as_raw() as *mut T,
-                    (up, ldu),
-                    (vp, ldvt),
-                    work.as_raw() as *mut T,
-                    lwork,
-                    rwork.as_raw() as *mut T,
-                    self.info.as_raw() as *mut c_int,
+                    cusolverDnSgesvd_bufferSize,
+                    cusolverDnDgesvd_bufferSize,
+                    (h, mi, ni, lw)
                 )
-            },
+            }
+        })?;
+        let side = |x: &Option<Matrix<'_>>| -> (c_schar, u64, c_int) {
+            match x {
+                Some(x) => (b'A' as c_schar, x.ptr.as_raw(), x.ld as c_int),
+                None => (b'N' as c_schar, 0, 1),
+            }
+        };
+        let (ju, up, ldu) = side(&u);
+        let (jv, vp, ldvt) = side(&vt);
+        let (ap, sp) = (a.ptr.as_raw(), s.as_raw());
+        let mut views = vec![a.ptr, s];
+        views.extend(u.iter().chain(vt.iter()).map(|x| x.ptr));
+        let needs = Needs {
+            lwork,
+            rwork: n.saturating_sub(1).max(1),
+            infos: 1,
+        };
+        self.launch::<T>(
+            R,
+            Capturable::No,
+            &views,
+            needs,
+            no_convergence,
             "cusolverDnXgesvd",
+            |h, w| {
+                // SAFETY: a live handle; `a` (m x n, m >= n), `s` (n), U (m x m) and V^T (n x n)
+                // when asked (null and 'N' otherwise) checked and pairwise disjoint; launch's
+                // workspaces of `lwork` and n - 1 elements and its info word; all marked.
+                unsafe {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSgesvd,
+                        cusolverDnDgesvd,
+                        (
+                            h,
+                            ju,
+                            jv,
+                            mi,
+                            ni,
+                            ap as *mut _,
+                            lda,
+                            sp as *mut _,
+                            up as *mut _,
+                            ldu,
+                            vp as *mut _,
+                            ldvt,
+                            w.work as *mut _,
+                            w.lwork,
+                            w.rwork as *mut _,
+                            w.info as *mut c_int
+                        )
+                    )
+                }
+            },
+        )
+    }
+
+    /// Singular value decomposition `A = U S V^T` of `a` (m x n, any shape; `a` is
+    /// destroyed) by Jacobi rotations (`xGESVDJ`): the `min(m, n)` singular values,
+    /// descending, into `s`; with `vectors = Some((u, v))`, `U` (m x m, or m x min(m, n)
+    /// with `economy`) and `V` (not transposed: n x n, or n x min(m, n)).
+    pub fn gesvdj<T: Scalar>(
+        &mut self,
+        a: Matrix<'_>,
+        s: &DevicePtr,
+        vectors: Option<(Matrix<'_>, Matrix<'_>)>,
+        economy: bool,
+        jacobi: Jacobi,
+    ) -> Result<()> {
+        self.gesvdj_any::<T>("gesvdj", a, s, vectors, economy, jacobi, 1)
+    }
+
+    /// [`gesvdj`](Self::gesvdj) of `batch` matrices of at most 32 x 32
+    /// ([`BATCHED_JACOBI_MAX`]) stored `ld * n` elements apart from `a`'s first; `s` holds
+    /// `min(m, n)` values per matrix, `U` and `V` (full, not economy) their `ld * m` and
+    /// `ld * n` elements per matrix (`xGESVDJBATCHED`). A failure names its matrix
+    /// ([`Error::InBatch`]).
+    pub fn gesvdj_batched<T: Scalar>(
+        &mut self,
+        a: Matrix<'_>,
+        s: &DevicePtr,
+        vectors: Option<(Matrix<'_>, Matrix<'_>)>,
+        jacobi: Jacobi,
+        batch: usize,
+    ) -> Result<()> {
+        self.gesvdj_any::<T>("gesvdj_batched", a, s, vectors, false, jacobi, batch)
+    }
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "gesvdj's and gesvdj_batched's arguments"
+    )]
+    fn gesvdj_any<T: Scalar>(
+        &mut self,
+        r: &'static str,
+        a: Matrix<'_>,
+        s: &DevicePtr,
+        vectors: Option<(Matrix<'_>, Matrix<'_>)>,
+        economy: bool,
+        jacobi: Jacobi,
+        batch: usize,
+    ) -> Result<()> {
+        let (m, n) = (a.rows, a.cols);
+        let k = m.min(n);
+        let batched = r == "gesvdj_batched";
+        if batched && (m > BATCHED_JACOBI_MAX || n > BATCHED_JACOBI_MAX || batch == 0) {
+            return Err(Error::Shape {
+                routine: r,
+                arg: "a",
+                why: format!(
+                    "{m} x {n}, batch {batch}: the batched Jacobi SVD takes up to \
+                     {BATCHED_JACOBI_MAX} x {BATCHED_JACOBI_MAX} and at least one matrix"
+                ),
+            });
+        }
+        let nb = crate::check::int(r, "batch", batch)?;
+        let ra = self.check_matrices::<T>(r, "a", &a, batch)?;
+        let rs = self.check_vector::<T>(r, "s", s, k.saturating_mul(batch))?;
+        disjoint(r, ("a", ra), ("s", rs))?;
+        let mut outs = vec![("a", ra), ("s", rs)];
+        let cols = |full: usize| if economy { k } else { full };
+        let (jobz, (up, ldu), (vp, ldv)) = match &vectors {
+            Some((u, v)) => {
+                self.check_outputs::<T>(r, "u", u, (m, cols(m)), batch, &mut outs)?;
+                self.check_outputs::<T>(r, "v", v, (n, cols(n)), batch, &mut outs)?;
+                (
+                    eig_mode(true),
+                    (u.ptr.as_raw(), u.ld as c_int),
+                    (v.ptr.as_raw(), v.ld as c_int),
+                )
+            }
+            // cuSOLVER reads ldu and ldv even without vectors: the smallest it accepts.
+            None => (
+                eig_mode(false),
+                (0, m.max(1) as c_int),
+                (0, n.max(1) as c_int),
+            ),
+        };
+        let lib = cusolver()?;
+        let params = gesvdj_params(jacobi)?;
+        let pr = params.raw;
+        let econ = c_int::from(economy);
+        let (mi, ni, lda) = (m as c_int, n as c_int, a.ld as c_int);
+        let (ap, sp) = (a.ptr.as_raw(), s.as_raw());
+        let lwork = self.buffer_size("cusolverDnXgesvdj_bufferSize", |h, lw| {
+            // SAFETY: a live handle and parameter object; `a`, `s` and the vectors (when
+            // asked) checked for these shapes; an out-pointer.
+            unsafe {
+                if batched {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSgesvdjBatched_bufferSize,
+                        cusolverDnDgesvdjBatched_bufferSize,
+                        (
+                            h,
+                            jobz,
+                            mi,
+                            ni,
+                            ap as *const _,
+                            lda,
+                            sp as *const _,
+                            up as *const _,
+                            ldu,
+                            vp as *const _,
+                            ldv,
+                            lw,
+                            pr,
+                            nb
+                        )
+                    )
+                } else {
+                    sd!(
+                        T,
+                        lib,
+                        cusolverDnSgesvdj_bufferSize,
+                        cusolverDnDgesvdj_bufferSize,
+                        (
+                            h,
+                            jobz,
+                            econ,
+                            mi,
+                            ni,
+                            ap as *const _,
+                            lda,
+                            sp as *const _,
+                            up as *const _,
+                            ldu,
+                            vp as *const _,
+                            ldv,
+                            lw,
+                            pr
+                        )
+                    )
+                }
+            }
+        })?;
+        let mut views = vec![a.ptr, s];
+        if let Some((u, v)) = &vectors {
+            views.push(u.ptr);
+            views.push(v.ptr);
+        }
+        let needs = Needs {
+            lwork,
+            rwork: 0,
+            infos: batch,
+        };
+        self.launch::<T>(
+            r,
+            Capturable::No,
+            &views,
+            needs,
+            no_convergence,
+            "cusolverDnXgesvdj",
+            |h, w| {
+                // SAFETY: as above, the outputs pairwise disjoint and disjoint from `a`;
+                // launch's workspace and `batch` info words; all marked; the parameter object
+                // outlives the call (launch waits for the stream, and refuses captures).
+                unsafe {
+                    if batched {
+                        sd!(
+                            T,
+                            lib,
+                            cusolverDnSgesvdjBatched,
+                            cusolverDnDgesvdjBatched,
+                            (
+                                h,
+                                jobz,
+                                mi,
+                                ni,
+                                ap as *mut _,
+                                lda,
+                                sp as *mut _,
+                                up as *mut _,
+                                ldu,
+                                vp as *mut _,
+                                ldv,
+                                w.work as *mut _,
+                                w.lwork,
+                                w.info as *mut c_int,
+                                pr,
+                                nb
+                            )
+                        )
+                    } else {
+                        sd!(
+                            T,
+                            lib,
+                            cusolverDnSgesvdj,
+                            cusolverDnDgesvdj,
+                            (
+                                h,
+                                jobz,
+                                econ,
+                                mi,
+                                ni,
+                                ap as *mut _,
+                                lda,
+                                sp as *mut _,
+                                up as *mut _,
+                                ldu,
+                                vp as *mut _,
+                                ldv,
+                                w.work as *mut _,
+                                w.lwork,
+                                w.info as *mut c_int,
+                                pr
+                            )
+                        )
+                    }
+                }
+            },
         )?;
-        drop(issue);
-        let i = self.read_info()?;
-        info(R, i, |index| Error::NoConvergence { routine: R, index })
+        drop(params);
+        Ok(())
+    }
+
+    /// Checks an output matrix of `shape`, disjoint from every view in `outs`; adds it.
+    fn check_output<T: Scalar>(
+        &self,
+        r: &'static str,
+        arg: &'static str,
+        x: &Matrix<'_>,
+        shape: (usize, usize),
+        outs: &mut Vec<(&'static str, (u64, u64))>,
+    ) -> Result<()> {
+        self.check_outputs::<T>(r, arg, x, shape, 1, outs)
+    }
+
+    /// [`check_output`](Self::check_output) for `batch` matrices `ld * cols` apart.
+    fn check_outputs<T: Scalar>(
+        &self,
+        r: &'static str,
+        arg: &'static str,
+        x: &Matrix<'_>,
+        (rows, cols): (usize, usize),
+        batch: usize,
+        outs: &mut Vec<(&'static str, (u64, u64))>,
+    ) -> Result<()> {
+        if (x.rows, x.cols) != (rows, cols) {
+            return Err(Error::Shape {
+                routine: r,
+                arg,
+                why: format!("{} x {}; it must be {rows} x {cols}", x.rows, x.cols),
+            });
+        }
+        let rx = self.check_matrices::<T>(r, arg, x, batch)?;
+        for &(o, ro) in outs.iter() {
+            disjoint(r, (o, ro), (arg, rx))?;
+        }
+        outs.push((arg, rx));
+        Ok(())
     }
 }
 
@@ -1192,12 +1853,11 @@ fn grave() -> &'static std::sync::Mutex<Vec<Raw>> {
     &GRAVE
 }
 
-fn capture_may_run() -> bool {
-    graph::captures_in_progress() || graph::announced_captures_in_progress()
-}
-
 impl Drop for Solver {
     fn drop(&mut self) {
+        self.captured.clear();
+        self.capture_work.retire();
+        self.capture_info.retire();
         let raw = Raw(self.raw, self.device);
         let mut g = grave()
             .lock()

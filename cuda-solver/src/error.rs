@@ -130,12 +130,22 @@ pub enum Error {
         /// The other.
         b: &'static str,
     },
-    /// The stream is being captured: these routines read their `info` back on the host
-    /// (which a capture cannot do).
-    #[error("{routine}: the stream is being captured; the routine reads its info on the host")]
+    /// A capture this routine cannot be part of (the eigen and SVD routines, in which
+    /// cuSOLVER may wait on the host), or a stream whose capture was invalidated.
+    #[error("{routine}: cannot run in this capture: {why}")]
     Capturing {
         /// The routine.
         routine: &'static str,
+        /// Why.
+        why: &'static str,
+    },
+    /// A batched routine's failure, naming the matrix (0-based) of the batch.
+    #[error("matrix {batch} of the batch: {error}")]
+    InBatch {
+        /// The matrix's index in the batch.
+        batch: usize,
+        /// Its failure.
+        error: Box<Error>,
     },
 }
 

@@ -1,6 +1,6 @@
 //! CPU tests of every refusal: the checks are pure functions, no library call.
 
-use crate::check::{disjoint, info, matrix_bytes, square, view};
+use crate::check::{disjoint, info, matrices_bytes, matrix_bytes, square, view};
 use crate::Error;
 
 #[test]
@@ -77,4 +77,23 @@ fn info_becomes_a_typed_result() {
             index: 4
         })
     );
+}
+
+#[test]
+fn batched_matrices_reach_the_last_ones_last_element() {
+    // 3 matrices of 4 x 3 with ld 5: two strides of 15 elements, then the last one's 14.
+    assert_eq!(
+        matrices_bytes("r", "a", (4, 3, 5), 8, 3).unwrap(),
+        (2 * 15 + 14) * 8
+    );
+    assert_eq!(matrices_bytes("r", "a", (4, 3, 5), 8, 1).unwrap(), 14 * 8);
+    assert_eq!(matrices_bytes("r", "a", (4, 0, 5), 8, 9).unwrap(), 0);
+    assert!(matches!(
+        matrices_bytes("r", "a", (32, 32, 32), 8, usize::MAX),
+        Err(Error::Shape { .. })
+    ));
+    assert!(matches!(
+        matrices_bytes("r", "a", (4, 3, 2), 8, 3),
+        Err(Error::Shape { arg: "a", .. })
+    ));
 }

@@ -2,7 +2,10 @@
 //! (getrf/getrs) in f32 and f64 reconstruct their input and solve systems; QR, symmetric
 //! eigen-decomposition and SVD reconstruct theirs; a matrix that is
 //! not positive definite and a singular one give the typed error naming the index; refusals
-//! (shapes, views, a capturing stream) issue nothing.
+//! (shapes, views, a capturing stream) issue nothing. potri inverts, ormqr applies Q, the
+//! Jacobi routines (and their batched forms) reconstruct their input. A captured Cholesky
+//! solve and LU solve replay with new inputs, hold no memory node, report a replayed
+//! failure typed through `check_replay`, and keep the pool flat over 1,000 captures.
 #![cfg(feature = "gpu")]
 #![allow(
     clippy::unwrap_used,
@@ -12,7 +15,8 @@
 )]
 
 use cudars_core::{DevicePtr, Stream};
-use cudars_solver::{Error, Matrix, Solver, Uplo};
+use cudars_graph::CaptureMode;
+use cudars_solver::{Error, Jacobi, Matrix, Side, Solver, Uplo};
 use workspace_tests::gpu::{dev0, serial};
 use workspace_tests::rtc::Rng;
 
@@ -215,15 +219,50 @@ fn refusals_issue_nothing() {
     ));
     assert_eq!(download::<f64>(&stream, &a, 16), vec![1f64; 16]);
     assert_eq!(download::<f64>(&stream, &b, 4), vec![5f64; 4]);
-    // A capturing stream is refused and the capture survives.
+    // The eigen routines refuse a capture, and the capture survives.
+    let w = upload(&stream, &[0f64; 4]);
     let g = cudars_graph::capture(&stream, cudars_graph::CaptureMode::ThreadLocal, |_| {
         let e = solver
-            .potrf::<f64>(Matrix::new(&a, 4, 4), Uplo::Lower)
+            .syevd::<f64>(Matrix::new(&a, 4, 4), Uplo::Lower, &w, true)
             .unwrap_err();
-        assert!(matches!(e, Error::Capturing { .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::Capturing {
+                    routine: "syevd",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         Ok(())
     });
     assert!(g.is_ok(), "{g:?}");
+    assert_eq!(download::<f64>(&stream, &a, 16), vec![1f64; 16]);
+    // Batched Jacobi past 32 x 32, and ormqr's mismatched shapes, are refused.
+    let big = upload(&stream, &vec![0f64; 33 * 33]);
+    let w33 = upload(&stream, &[0f64; 33]);
+    assert!(matches!(
+        solver.syevj_batched::<f64>(
+            Matrix::new(&big, 33, 33),
+            Uplo::Lower,
+            &w33,
+            false,
+            Jacobi::default(),
+            1
+        ),
+        Err(Error::Shape { .. })
+    ));
+    assert!(matches!(
+        solver.ormqr::<f64>(
+            Side::Left,
+            true,
+            Matrix::new(&a, 3, 2),
+            &b,
+            Matrix::new(&big, 4, 4)
+        ),
+        Err(Error::Shape { arg: "a", .. })
+    ));
 }
 
 #[test]
@@ -311,5 +350,323 @@ fn qr_eigen_and_svd_reconstruct_their_input() {
     assert!(matches!(
         solver.gesvd::<f64>(Matrix::new(&wide, n - 4, m), &ds, None, None),
         Err(Error::Shape { .. })
+    ));
+}
+
+/// Max |x - y|.
+fn dist(x: &[f64], y: &[f64]) -> f64 {
+    x.iter()
+        .zip(y)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn potri_ormqr_and_the_jacobi_routines() {
+    let _s = serial();
+    let dev = dev0();
+    let stream = Stream::new(&dev).unwrap();
+    let mut solver = Solver::new(&stream).unwrap();
+    let mut rng = Rng::new(21);
+    // potri: the inverse of an SPD matrix from its factor; A * inv(A) = I.
+    let n = 48;
+    let a = spd(&mut rng, n);
+    let da = upload(&stream, &a);
+    solver
+        .potrf::<f64>(Matrix::new(&da, n, n), Uplo::Lower)
+        .unwrap();
+    solver
+        .potri::<f64>(Matrix::new(&da, n, n), Uplo::Lower)
+        .unwrap();
+    let inv = download::<f64>(&stream, &da, n * n);
+    let full = |i: usize, j: usize| {
+        if i >= j {
+            inv[i + j * n]
+        } else {
+            inv[j + i * n]
+        }
+    };
+    let mut worst = 0f64;
+    for j in 0..n {
+        for i in 0..n {
+            let s: f64 = (0..n).map(|k| a[i + k * n] * full(k, j)).sum();
+            worst = worst.max((s - if i == j { 1.0 } else { 0.0 }).abs());
+        }
+    }
+    println!("potri f64 {n}x{n}: |A inv(A) - I| {worst:.1e}");
+    assert!(worst < 1e-12);
+    // ormqr: Q^T A = R (the upper triangle geqrf left), zero below.
+    let (m, k) = (36, 20);
+    let x: Vec<f64> = (0..m * k).map(|_| rng.f32() as f64 - 0.5).collect();
+    let (dq, dc) = (upload(&stream, &x), upload(&stream, &x));
+    let tau = upload(&stream, &vec![0f64; k]);
+    solver.geqrf::<f64>(Matrix::new(&dq, m, k), &tau).unwrap();
+    solver
+        .ormqr::<f64>(
+            Side::Left,
+            true,
+            Matrix::new(&dq, m, k),
+            &tau,
+            Matrix::new(&dc, m, k),
+        )
+        .unwrap();
+    let (qr, c) = (
+        download::<f64>(&stream, &dq, m * k),
+        download::<f64>(&stream, &dc, m * k),
+    );
+    let mut worst = 0f64;
+    for j in 0..k {
+        for i in 0..m {
+            let want = if i <= j { qr[i + j * m] } else { 0.0 };
+            worst = worst.max((c[i + j * m] - want).abs());
+        }
+    }
+    println!("ormqr f64 {m}x{k}: |Q^T A - R| {worst:.1e}");
+    assert!(worst < 1e-12);
+    // syevj: A v = w v.
+    let e = 40;
+    let sym = spd(&mut rng, e);
+    let ds = upload(&stream, &sym);
+    let w = upload(&stream, &vec![0f64; e]);
+    solver
+        .syevj::<f64>(
+            Matrix::new(&ds, e, e),
+            Uplo::Upper,
+            &w,
+            true,
+            Jacobi::default(),
+        )
+        .unwrap();
+    let (v, wv) = (
+        download::<f64>(&stream, &ds, e * e),
+        download::<f64>(&stream, &w, e),
+    );
+    let mut worst = 0f64;
+    for col in 0..e {
+        let vc: Vec<f64> = (0..e).map(|i| v[i + col * e]).collect();
+        let av = matvec(&sym, e, &vc);
+        worst = worst.max(dist(
+            &av,
+            &vc.iter().map(|t| t * wv[col]).collect::<Vec<_>>(),
+        ));
+    }
+    println!("syevj f64 {e}x{e}: |A v - w v| {worst:.1e}");
+    assert!(worst < 1e-8);
+    // gesvdj, economy, of a wide matrix (gesvd cannot): U S V^T = A.
+    let (m, n) = (18, 30);
+    let g: Vec<f64> = (0..m * n).map(|_| rng.f32() as f64 - 0.5).collect();
+    let dg = upload(&stream, &g);
+    let (dsv, du, dv) = (
+        upload(&stream, &vec![0f64; m]),
+        upload(&stream, &vec![0f64; m * m]),
+        upload(&stream, &vec![0f64; n * m]),
+    );
+    solver
+        .gesvdj::<f64>(
+            Matrix::new(&dg, m, n),
+            &dsv,
+            Some((Matrix::new(&du, m, m), Matrix::new(&dv, n, m))),
+            true,
+            Jacobi::default(),
+        )
+        .unwrap();
+    let (sv, u, vv) = (
+        download::<f64>(&stream, &dsv, m),
+        download::<f64>(&stream, &du, m * m),
+        download::<f64>(&stream, &dv, n * m),
+    );
+    let mut worst = 0f64;
+    for j in 0..n {
+        for i in 0..m {
+            let s: f64 = (0..m).map(|p| u[i + p * m] * sv[p] * vv[j + p * n]).sum();
+            worst = worst.max((s - g[i + j * m]).abs());
+        }
+    }
+    println!("gesvdj f64 {m}x{n} (economy): |U S V^T - A| {worst:.1e}");
+    assert!(worst < 1e-10);
+    // The batched Jacobi forms: 8 symmetric 16 x 16 (f32), 8 of 12 x 10 (f64).
+    let (bn, batch) = (16, 8);
+    let mats: Vec<Vec<f64>> = (0..batch).map(|_| spd(&mut rng, bn)).collect();
+    let flat: Vec<f32> = mats.iter().flatten().map(|&t| t as f32).collect();
+    let db = upload(&stream, &flat);
+    let dw = upload(&stream, &vec![0f32; bn * batch]);
+    solver
+        .syevj_batched::<f32>(
+            Matrix::new(&db, bn, bn),
+            Uplo::Lower,
+            &dw,
+            true,
+            Jacobi::default(),
+            batch,
+        )
+        .unwrap();
+    let (vb, wb) = (
+        download::<f32>(&stream, &db, bn * bn * batch),
+        download::<f32>(&stream, &dw, bn * batch),
+    );
+    let mut worst = 0f64;
+    for (q, mat) in mats.iter().enumerate() {
+        for col in 0..bn {
+            let vc: Vec<f64> = (0..bn)
+                .map(|i| f64::from(vb[q * bn * bn + i + col * bn]))
+                .collect();
+            let av = matvec(mat, bn, &vc);
+            let wv = f64::from(wb[q * bn + col]);
+            worst =
+                worst.max(dist(&av, &vc.iter().map(|t| t * wv).collect::<Vec<_>>()) / bn as f64);
+        }
+    }
+    println!("syevj_batched f32 {batch} x {bn}x{bn}: |A v - w v| / n {worst:.1e}");
+    assert!(worst < 1e-4);
+    let (m, n) = (12, 10);
+    let mats: Vec<f64> = (0..m * n * batch).map(|_| rng.f32() as f64 - 0.5).collect();
+    let dm = upload(&stream, &mats);
+    let (dsv, du, dv) = (
+        upload(&stream, &vec![0f64; n * batch]),
+        upload(&stream, &vec![0f64; m * m * batch]),
+        upload(&stream, &vec![0f64; n * n * batch]),
+    );
+    solver
+        .gesvdj_batched::<f64>(
+            Matrix::new(&dm, m, n),
+            &dsv,
+            Some((Matrix::new(&du, m, m), Matrix::new(&dv, n, n))),
+            Jacobi::default(),
+            batch,
+        )
+        .unwrap();
+    let (sv, u, vv) = (
+        download::<f64>(&stream, &dsv, n * batch),
+        download::<f64>(&stream, &du, m * m * batch),
+        download::<f64>(&stream, &dv, n * n * batch),
+    );
+    let mut worst = 0f64;
+    for q in 0..batch {
+        for j in 0..n {
+            for i in 0..m {
+                let s: f64 = (0..n)
+                    .map(|p| u[q * m * m + i + p * m] * sv[q * n + p] * vv[q * n * n + j + p * n])
+                    .sum();
+                worst = worst.max((s - mats[q * m * n + i + j * m]).abs());
+            }
+        }
+    }
+    println!("gesvdj_batched f64 {batch} x {m}x{n}: |U S V^T - A| {worst:.1e}");
+    assert!(worst < 1e-10);
+}
+
+#[test]
+fn a_captured_solve_replays_new_inputs_with_no_memory_node() {
+    let _s = serial();
+    let dev = dev0();
+    let stream = Stream::new(&dev).unwrap();
+    let mut solver = Solver::new(&stream).unwrap();
+    let mut rng = Rng::new(77);
+    let n = 96;
+    let da = upload(&stream, &vec![0f64; n * n]);
+    let db = upload(&stream, &vec![0f64; n]);
+    let piv = upload(&stream, &vec![0i32; n]);
+    let dl = upload(&stream, &vec![0f64; n * n]);
+    let dc = upload(&stream, &vec![0f64; n]);
+    stream.synchronize().unwrap();
+    // Cholesky solve of (da, db) and LU solve of (dl, dc), in one graph.
+    let capture = |solver: &mut Solver| {
+        cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |_| {
+            let e = cudars_graph::Error::other;
+            solver
+                .potrf::<f64>(Matrix::new(&da, n, n), Uplo::Lower)
+                .map_err(e)?;
+            solver
+                .potrs::<f64>(Matrix::new(&da, n, n), Uplo::Lower, Matrix::new(&db, n, 1))
+                .map_err(e)?;
+            solver
+                .getrf::<f64>(Matrix::new(&dl, n, n), &piv)
+                .map_err(e)?;
+            solver
+                .getrs::<f64>(Matrix::new(&dl, n, n), &piv, Matrix::new(&dc, n, 1))
+                .map_err(e)
+        })
+        .unwrap()
+    };
+    let graph = capture(&mut solver);
+    let dot = std::env::temp_dir().join(format!("cudars-solver-{}.dot", std::process::id()));
+    graph.write_dot(&dot, true).unwrap();
+    let text = std::fs::read_to_string(&dot).unwrap().to_lowercase();
+    let _ = std::fs::remove_file(&dot);
+    assert!(
+        !text.contains("mem_alloc") && !text.contains("memalloc"),
+        "a memory node:\n{text}"
+    );
+    let exec = graph.instantiate().unwrap();
+    for round in 0..3 {
+        let a = spd(&mut rng, n);
+        let g: Vec<f64> = (0..n * n)
+            .map(|k| rng.f32() as f64 - 0.5 + if k % (n + 1) == 0 { 4.0 } else { 0.0 })
+            .collect();
+        let x: Vec<f64> = (0..n).map(|_| rng.f32() as f64).collect();
+        da.copy_from_host(&a).unwrap();
+        db.copy_from_host(&matvec(&a, n, &x)).unwrap();
+        dl.copy_from_host(&g).unwrap();
+        dc.copy_from_host(&matvec(&g, n, &x)).unwrap();
+        exec.launch(&stream).unwrap();
+        solver.check_replay().unwrap();
+        let (xc, xl) = (
+            download::<f64>(&stream, &db, n),
+            download::<f64>(&stream, &dc, n),
+        );
+        println!(
+            "replay {round}: captured potrf/potrs |x - x*| {:.1e}, getrf/getrs {:.1e}",
+            dist(&xc, &x),
+            dist(&xl, &x)
+        );
+        assert!(dist(&xc, &x) < 1e-10 && dist(&xl, &x) < 1e-10);
+    }
+    // A replay of an indefinite matrix: the typed error comes from check_replay.
+    let mut bad = spd(&mut rng, n);
+    bad[5 + 5 * n] = -1e6;
+    da.copy_from_host(&bad).unwrap();
+    exec.launch(&stream).unwrap();
+    let e = solver.check_replay().unwrap_err();
+    println!("replay of an indefinite matrix: {e}");
+    assert!(
+        matches!(
+            e,
+            Error::NotPositiveDefinite {
+                routine: "potrf",
+                index: 6
+            }
+        ),
+        "{e}"
+    );
+    drop(exec);
+    drop(graph);
+    // 1,000 captures: the pool's reserved bytes stay flat.
+    let pool = cudars_mempool::driver::default_pool().unwrap();
+    let id = cudars_mempool::driver::device_id(&dev);
+    for _ in 0..10 {
+        capture(&mut solver)
+            .instantiate()
+            .unwrap()
+            .launch(&stream)
+            .unwrap();
+    }
+    stream.synchronize().unwrap();
+    let before = pool.stats(id).unwrap().reserved.current;
+    for _ in 0..1000 {
+        capture(&mut solver)
+            .instantiate()
+            .unwrap()
+            .launch(&stream)
+            .unwrap();
+    }
+    stream.synchronize().unwrap();
+    let after = pool.stats(id).unwrap().reserved.current;
+    println!("1,000 captured solves: pool reserved {before} -> {after} bytes");
+    assert!(after <= before, "reserved grew from {before} to {after}");
+    // An eager call between captures still reads its own info.
+    da.copy_from_host(&bad).unwrap();
+    assert!(matches!(
+        solver.potrf::<f64>(Matrix::new(&da, n, n), Uplo::Lower),
+        Err(Error::NotPositiveDefinite { index: 6, .. })
     ));
 }

@@ -504,6 +504,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #             bench_dlpack.py and workload_bench.py
 #   rtc-bench bench_rtc and rtc_peers.py alone (cuda-rtc beside CuPy RawKernel and cuda.core)
 #   fft-bench  bench_fft and fft_peers.py (cuFFT through cuda-fft beside torch.fft and cupy.fft)
+#   solver-bench bench_solver and solver_peers.py (Cholesky and SVD of 4096^2 through cuda-solver
+#             beside torch.linalg and cupy.linalg)
 #   gpt2-bench the GPT-2 example's step, f32 and bf16 (ours eager and replayed) beside PyTorch's
 #             (eager, CUDA graph, torch.compile), interleaved ours / theirs / ours
 #   blas-bench bench_blas alone (GEMM TFLOP/s, small-GEMM issue, captured GEMMs; it runs
@@ -681,6 +683,12 @@ case "$mode" in
     echo "=== bench_fft"; "$here/bench/bench_fft" || echo "(exit $?)"
     echo "=== fft peers (torch.fft, cupy.fft)"; python3 "$here/fft_peers.py" || echo "(exit $?)"
     exit 0 ;;
+  solver-bench)
+    # bench_solver (Cholesky and SVD of 4096^2, f32), then solver_peers.py (torch.linalg,
+    # cupy.linalg) on the same rows.
+    echo "=== bench_solver"; "$here/bench/bench_solver" || echo "(exit $?)"
+    echo "=== solver peers (torch.linalg, cupy.linalg)"; python3 "$here/solver_peers.py" || echo "(exit $?)"
+    exit 0 ;;
   gpt2-bench)
     # The GPT-2 example's training step (124M, batch 8 x 1024), f32 then bf16 mixed
     # precision: ours eager and graph-replayed, then PyTorch eager, CUDA graph and
@@ -743,7 +751,7 @@ case "$mode" in
       esac
     done; exit 0 ;;
   all) "$0" examples; run_tests; two_gpu; "$0" bench; ;;
-  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|blas-bench|fft-bench|gpt2-bench|graph-bench|dlpack-bench|workloads|examples|all] [args]"; exit 2 ;;
+  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|blas-bench|fft-bench|solver-bench|gpt2-bench|graph-bench|dlpack-bench|workloads|examples|all] [args]"; exit 2 ;;
 esac
 echo "GPU suite: $passed passed, $failed failed on $device"
 [ "$failed" -eq 0 ]
