@@ -1,7 +1,7 @@
 //! [`Solver`]: a cuSOLVER dense handle bound to a stream, and its factorisations and solves.
 //!
 //! Every routine has one shape: check the views (pure functions of `check`), ask cuSOLVER
-//! for its workspace size, then [`Solver::launch`]: the workspace from the pool (or, inside a
+//! for its workspace size, then `Solver::launch`: the workspace from the pool (or, inside a
 //! capture, the solver's kept capture workspace), the views marked for the stream, the call,
 //! and the `info` read back as a typed result (or, inside a capture, kept for
 //! [`Solver::check_replay`]).

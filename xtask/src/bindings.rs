@@ -113,8 +113,20 @@ pub const SOLVER: SysCrate = SysCrate {
     hint: "install libclang and point CUDA_SOLVER_INCLUDE_DIR at cusolverDn.h (cusolver_common.h, cublas_api.h and crt/ beside it) and CUDA_INCLUDE_DIR at the CUDA runtime headers (.ci/run fetches both)",
 };
 
+/// cuda-sparse-sys: cuSPARSE's generic API (its build script is `cudars_loader::build`).
+pub const SPARSE: SysCrate = SysCrate {
+    package: "cudars-sparse-sys",
+    what: "cuSPARSE",
+    snapshot: "cuda-sparse-sys/src/generated/sparse.rs",
+    generated: "sparse.rs",
+    source_var: "CUDA_SPARSE_SYS_BINDINGS_SOURCE",
+    snapshot_var: "CUDA_SPARSE_SYS_USE_SNAPSHOT",
+    command: "sparse-bindings",
+    hint: "install libclang and point CUDA_SPARSE_INCLUDE_DIR at cusparse.h and CUDA_INCLUDE_DIR at the CUDA runtime headers (.ci/run fetches both)",
+};
+
 /// Every raw-binding crate, in dependency order.
-pub const ALL: [&SysCrate; 7] = [&CUDA, &NCCL, &RTC, &BLAS, &RAND, &FFT, &SOLVER];
+pub const ALL: [&SysCrate; 8] = [&CUDA, &NCCL, &RTC, &BLAS, &RAND, &FFT, &SOLVER, &SPARSE];
 
 /// The environment of `ci`'s no-header build: cuda-sys on its snapshot, in a target directory
 /// of its own ([`snapshot_build`] adds each crate's own snapshot variable).

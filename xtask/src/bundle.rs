@@ -43,6 +43,7 @@ pub const SUITE: &[&str] = &[
     "gpu_rand",
     "gpu_fft",
     "gpu_solver",
+    "gpu_sparse",
     "gpu_gpt2",
 ];
 
@@ -504,6 +505,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #             bench_dlpack.py and workload_bench.py
 #   rtc-bench bench_rtc and rtc_peers.py alone (cuda-rtc beside CuPy RawKernel and cuda.core)
 #   fft-bench  bench_fft and fft_peers.py (cuFFT through cuda-fft beside torch.fft and cupy.fft)
+#   sparse-bench bench_sparse and sparse_peers.py (CSR SpMV of 1e8 nonzeros through cuda-sparse
+#             beside torch.sparse and cupyx.scipy.sparse)
 #   solver-bench bench_solver and solver_peers.py (Cholesky and SVD of 4096^2 through cuda-solver
 #             beside torch.linalg and cupy.linalg)
 #   gpt2-bench the GPT-2 example's step, f32 and bf16 (ours eager and replayed) beside PyTorch's
@@ -683,6 +686,12 @@ case "$mode" in
     echo "=== bench_fft"; "$here/bench/bench_fft" || echo "(exit $?)"
     echo "=== fft peers (torch.fft, cupy.fft)"; python3 "$here/fft_peers.py" || echo "(exit $?)"
     exit 0 ;;
+  sparse-bench)
+    # bench_sparse (CSR SpMV, 1e8 nonzeros, f32), then sparse_peers.py (torch, cupyx) on the
+    # same row.
+    echo "=== bench_sparse"; "$here/bench/bench_sparse" || echo "(exit $?)"
+    echo "=== sparse peers (torch.sparse, cupyx.scipy.sparse)"; python3 "$here/sparse_peers.py" || echo "(exit $?)"
+    exit 0 ;;
   solver-bench)
     # bench_solver (Cholesky and SVD of 4096^2, f32), then solver_peers.py (torch.linalg,
     # cupy.linalg) on the same rows.
@@ -751,7 +760,7 @@ case "$mode" in
       esac
     done; exit 0 ;;
   all) "$0" examples; run_tests; two_gpu; "$0" bench; ;;
-  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|blas-bench|fft-bench|solver-bench|gpt2-bench|graph-bench|dlpack-bench|workloads|examples|all] [args]"; exit 2 ;;
+  *) echo "usage: run.sh [tests|two-gpu|sanitize|clients|clients-sanitize|nccl|bench|rtc-bench|blas-bench|fft-bench|sparse-bench|solver-bench|gpt2-bench|graph-bench|dlpack-bench|workloads|examples|all] [args]"; exit 2 ;;
 esac
 echo "GPU suite: $passed passed, $failed failed on $device"
 [ "$failed" -eq 0 ]

@@ -13,6 +13,7 @@
 //! | `rand-bindings` | regenerates `cuda-rand-sys/src/generated/rand.rs` from the `curand.h` found (`CUDA_RAND_INCLUDE_DIR`, with `crt/`; `.ci/run` fetches it) |
 //! | `fft-bindings` | regenerates `cuda-fft-sys/src/generated/fft.rs` from the `cufft.h` found (`CUDA_FFT_INCLUDE_DIR`; `.ci/run` fetches it) |
 //! | `solver-bindings` | regenerates `cuda-solver-sys/src/generated/solver.rs` from the `cusolverDn.h` found (`CUDA_SOLVER_INCLUDE_DIR`; `.ci/run` fetches it) |
+//! | `sparse-bindings` | regenerates `cuda-sparse-sys/src/generated/sparse.rs` from the `cusparse.h` found (`CUDA_SPARSE_INCLUDE_DIR`; `.ci/run` fetches it) |
 //! | `wheel [--out DIR]` | builds the `cudars` Python wheel (maturin) into `DIR` |
 //! | `bindings-check` | the bindings steps of `ci` alone, for every `-sys` crate: each snapshot against a fresh generation (when the headers and libclang are found; headers found but a failed generation is an error), then each crate built from its snapshot (`target/snapshot`) and its library tests |
 //! | `gpu-bundle [--headers SET]` | builds every GPU test, benchmark and example binary into `target/gpu-bundle/` with `run.sh`; with `--headers 13.5`, from those headers into `target/gpu-bundle-13.5/` |
@@ -56,6 +57,12 @@ const LIBRARY_PACKAGES: &[&str] = &[
     "cudars-blas",
     "cudars-rand-sys",
     "cudars-rand",
+    "cudars-fft-sys",
+    "cudars-fft",
+    "cudars-solver-sys",
+    "cudars-solver",
+    "cudars-sparse-sys",
+    "cudars-sparse",
     "cudars-dlpack",
 ];
 
@@ -73,6 +80,7 @@ fn main() -> ExitCode {
         Some("rand-bindings") => bindings::regenerate(&bindings::RAND),
         Some("fft-bindings") => bindings::regenerate(&bindings::FFT),
         Some("solver-bindings") => bindings::regenerate(&bindings::SOLVER),
+        Some("sparse-bindings") => bindings::regenerate(&bindings::SPARSE),
         Some("bindings-check") => bindings::check_all(),
         Some("gpu-bundle") => headers::gpu_bundle_args(&args[1..]),
         Some("wheel") => wheel::wheel_args(&args[1..]),
@@ -87,7 +95,7 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize] [--strict]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|blas-bindings|rand-bindings|fft-bindings|solver-bindings|bindings-check|check-common|circles|gpu-bundle [--headers 12.4]|wheel [--out DIR]|replay [TRACE...]|memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]|bench-report DIR>"
+                "usage: cargo xtask <ci [--gpu|--no-gpu] [--sanitize] [--strict]|gpu-suite [--gpu|--no-gpu] [--sanitize]|bindings|nccl-bindings|rtc-bindings|blas-bindings|rand-bindings|fft-bindings|solver-bindings|sparse-bindings|bindings-check|check-common|circles|gpu-bundle [--headers 12.4]|wheel [--out DIR]|replay [TRACE...]|memviz TRACE [--out FILE.html] [--torch-snapshot FILE.pickle]|bench-report DIR>"
             );
             return ExitCode::from(2);
         }

@@ -98,48 +98,57 @@ fn main() {
     breakdown(&stream, &g, &x, &y);
 }
 
-/// Host microseconds per call of `f` (20,000 calls, the median of 5 rounds).
-fn host_us(stream: &Stream, mut f: impl FnMut()) -> f64 {
+/// Where a cache hit's host time goes, interleaved in 10 rounds of 20,000 calls (medians):
+/// the bare `cufftExecC2C`, the plan's `exec` with its lock held outside the loop (our
+/// checks, marks and bindings), `exec` through the shared plan's lock, and the one-call
+/// `c2c` (the cache lookup on top).
+fn breakdown(stream: &Stream, g: &Geometry, x: &DevicePtr, y: &DevicePtr) {
+    let dev = stream.device();
+    let shared = cache::plan(&dev, g).unwrap();
+    let raw = shared.lock().unwrap().as_raw();
+    let lib = cudars_fft_sys::cufft().unwrap();
+    let n = g.shape()[0];
     let calls = 20_000;
-    let mut t = Vec::new();
-    for _ in 0..5 {
+    let mut rows: [Vec<f64>; 4] = Default::default();
+    let time = |f: &mut dyn FnMut()| {
         let t0 = Instant::now();
         for _ in 0..calls {
             f();
         }
         stream.synchronize().unwrap();
-        t.push(t0.elapsed().as_secs_f64() * 1e6 / calls as f64);
+        t0.elapsed().as_secs_f64() * 1e6 / calls as f64
+    };
+    for _ in 0..10 {
+        rows[0].push(time(&mut || {
+            // SAFETY: the cached plan's handle, bound to `stream` with its work area; both
+            // buffers hold `n` complex f32; no other thread uses the plan.
+            let s =
+                unsafe { lib.cufftExecC2C(raw, x.as_raw() as *mut _, y.as_raw() as *mut _, -1) }
+                    .unwrap();
+            assert!(s.is_success());
+        }));
+        {
+            let mut held = shared.lock().unwrap();
+            rows[1].push(time(&mut || {
+                held.exec(stream, x, y, Direction::Forward).unwrap();
+            }));
+        }
+        rows[2].push(time(&mut || {
+            shared
+                .lock()
+                .unwrap()
+                .exec(stream, x, y, Direction::Forward)
+                .unwrap();
+        }));
+        rows[3].push(time(&mut || {
+            cudars_fft::c2c::<f32>(stream, x, y, &[n], 1, Direction::Forward).unwrap();
+        }));
     }
-    median(&mut t)
-}
-
-/// Where a cache hit's host time goes: the lookup, the held plan's execution, and the pieces
-/// of the execution that are not cuFFT's.
-fn breakdown(stream: &Stream, g: &Geometry, x: &DevicePtr, y: &DevicePtr) {
-    let dev = stream.device();
-    let lookup = host_us(stream, || {
-        std::hint::black_box(cache::plan(&dev, g).unwrap());
-    });
-    let shared = cache::plan(&dev, g).unwrap();
-    let held = host_us(stream, || {
-        shared
-            .lock()
-            .unwrap()
-            .exec(stream, x, y, Direction::Forward)
-            .unwrap();
-    });
-    let issue = host_us(stream, || {
-        let issue = stream.issue(dev).unwrap();
-        let _ctx = dev.bind().unwrap();
-        std::hint::black_box(&issue);
-    });
-    let issue_ref = stream.issue(dev).unwrap();
-    let marks = host_us(stream, || {
-        x.record_stream(&issue_ref).unwrap();
-        y.record_stream(&issue_ref).unwrap();
-    });
-    drop(issue_ref);
+    let [bare, held, locked, one] = rows.map(|mut r| median(&mut r));
     println!(
-        "cache hit breakdown (host us per call): lookup {lookup:.3}, held plan's exec {held:.3}, issue+bind {issue:.3}, two record_stream {marks:.3}"
+        "cache hit breakdown (host us per call, interleaved): bare {bare:.3}, exec with the lock held {held:.3} (+{:.3}), through the lock {locked:.3} (+{:.3}), c2c {one:.3} (+{:.3} lookup)",
+        held - bare,
+        locked - held,
+        one - locked
     );
 }
