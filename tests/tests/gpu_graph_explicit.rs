@@ -640,6 +640,43 @@ fn while_node_runs_zero_one_and_many_iterations() {
 }
 
 #[test]
+fn a_while_of_k_steps_stops_at_the_step_the_device_decides() {
+    let _s = serial();
+    let t = Setup::new();
+    let (pre, step) = (t.kernel("cond_positive"), t.kernel("loop_step"));
+    let counter = t.u32s(&[0]);
+    let iterations = t.u32s(&[0]);
+    let mut g = GraphBuilder::new(&t.dev).unwrap();
+    let h = g.conditional_handle(None).unwrap();
+    // SAFETY: cond_positive(handle, const unsigned*) on one thread.
+    let first = unsafe { g.add_kernel_typed(&[], &pre, &one(), (h, &counter)) }.unwrap();
+    let mut added = Vec::new();
+    g.add_while_steps(&[first], h, 4, |i, body, after| {
+        added.push(i);
+        // SAFETY: loop_step(unsigned*, unsigned*, handle) on one thread: it counts and
+        // decrements while the counter is positive, and sets the condition.
+        unsafe { body.add_kernel_typed(after, &step, &one(), (&counter, &iterations, h)) }
+    })
+    .unwrap();
+    assert_eq!(added, vec![0, 1, 2, 3]);
+    let exec = g.finish().unwrap().instantiate().unwrap();
+    // Counts that are and are not multiples of the 4 steps: exactly that many steps count.
+    for start in [10u32, 0, 1, 4, 13] {
+        counter.copy_from_host(&[start]).unwrap();
+        iterations.copy_from_host(&[0u32]).unwrap();
+        exec.launch(&t.stream).unwrap();
+        t.stream.synchronize().unwrap();
+        assert_eq!(read_u32(&iterations), vec![start], "steps from {start}");
+        assert_eq!(read_u32(&counter), vec![0]);
+    }
+    let mut g = GraphBuilder::new(&t.dev).unwrap();
+    let h = g.conditional_handle(Some(0)).unwrap();
+    assert!(g
+        .add_while_steps(&[], h, 0, |_, _, _| unreachable!())
+        .is_err());
+}
+
+#[test]
 fn switch_node_runs_the_chosen_case_or_none() {
     let _s = serial();
     let t = Setup::new();

@@ -83,14 +83,9 @@ fn while_graph(
     let mut g = GraphBuilder::new(dev).unwrap();
     let reset = g.add_memset_u32(&[], counter, ITERATIONS).unwrap();
     let h = g.conditional_handle(Some(1)).unwrap();
-    g.add_while(&[reset], h, |body| {
-        let mut prev = Vec::new();
-        for _ in 0..unroll {
-            // SAFETY: loop_step(unsigned*, unsigned*, handle) on one thread, one u32 each.
-            let k = unsafe { body.add_kernel_typed(&prev, step, &one(), (counter, iters, h)) }?;
-            prev = vec![k];
-        }
-        Ok(())
+    g.add_while_steps(&[reset], h, unroll as u32, |_, body, after| {
+        // SAFETY: loop_step(unsigned*, unsigned*, handle) on one thread, one u32 each.
+        unsafe { body.add_kernel_typed(after, step, &one(), (counter, iters, h)) }
     })
     .unwrap();
     g.finish().unwrap().instantiate().unwrap()
