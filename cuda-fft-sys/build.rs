@@ -1,4 +1,4 @@
-//! Build script of `cuda-fft-sys`: bindgen over `cufft.h`, or the checked-in snapshot without
+//! Build script of `cuda-fft-sys`: bindgen over `cufft.h` and `cufftXt.h`, or the checked-in snapshot without
 //! it (see `cudars_loader::build`).
 
 use cudars_loader::build::{run, Library, Spec};
@@ -6,13 +6,13 @@ use cudars_loader::build::{run, Library, Spec};
 fn main() {
     run(&Spec {
         krate: "cuda-fft-sys",
-        headers: &["cufft.h"],
+        headers: &["cufft.h", "cufftXt.h"],
         include_env: "CUDA_FFT_INCLUDE_DIR",
         snapshot_env: "CUDA_FFT_SYS_USE_SNAPSHOT",
         source_env: "CUDA_FFT_SYS_BINDINGS_SOURCE",
         generated: "fft.rs",
         functions: &["cufft.*"],
-        types: &["cufft.*"],
+        types: &["cufft.*", "cudaDataType.*"],
         vars: &["CUFFT.*"],
         blocklist_functions: &[],
         must_use: &["cufftResult", "cufftResult_t"],

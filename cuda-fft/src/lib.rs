@@ -8,8 +8,10 @@
 //! | [`c2c`], [`r2c`], [`c2r`], [`exec`] | one call: the plan from the cache, then the execution | `cupy.fft.fft`, `rfft`, `irfft`, `fftn` |
 //! | [`cache`] | the bounded plan cache, per device | `cupy.fft.config.get_plan_cache()` |
 //!
-//! Complex numbers are interleaved pairs (`[f32; 2]`, `[f64; 2]`, `num_complex` layouts). The
-//! inverse transform is unnormalised, as cuFFT's: `inverse(forward(x)) = n x`.
+//! Complex numbers are interleaved pairs (`[f16; 2]`, `[f32; 2]`, `[f64; 2]`, `num_complex`
+//! layouts). Half precision ([`Precision::Half`], `half::f16`) plans through cuFFT's
+//! `cufftXtMakePlanMany`: every dimension a power of two (refused otherwise, before cuFFT sees
+//! it). The inverse transform is unnormalised, as cuFFT's: `inverse(forward(x)) = n x`.
 //!
 //! Every view is checked on the host before cuFFT sees it: the device, the element alignment,
 //! the bytes the layout reaches from each view's start, how input and output share memory

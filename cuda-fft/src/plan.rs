@@ -13,14 +13,19 @@
 //!   the two never share the work area at the same time. The per-thread default stream is
 //!   refused (a pool block cannot be ordered on it across threads, and a plan moves between
 //!   threads): use a created stream.
-//! * **Destruction.** `cufftDestroy` may synchronise the device; while a capture may run in
-//!   the process, dropped plans wait and are destroyed after it.
+//! * **Destruction.** cuFFT's handle owns device tables (twiddles) that its kernels read, so
+//!   a graph that captured a plan keeps the handle alive: the handle is a zero-byte owner
+//!   marked in each capture like the memory the captured kernels use, and is destroyed when
+//!   the plan and every such graph are gone (never, after a foreign capture that kept
+//!   nothing). `cufftDestroy` may synchronise the device; while a capture may run in the
+//!   process, dropped handles wait and are destroyed after it.
 
 use std::sync::{Mutex, PoisonError};
 
 use cudars_core::graph::{self, CaptureStatus};
+use cudars_core::memory::DeviceAlloc;
 use cudars_core::{Device, DevicePtr, Issue, Stream, StreamKind};
-use cudars_fft_sys::{cudaStream_t, cufftHandle, cufftType};
+use cudars_fft_sys::{cudaDataType_t, cudaStream_t, cufftHandle, cufftType};
 
 use crate::error::{check, cufft, Error, Result};
 use crate::layout::{Direction, Geometry, Precision, Transform};
@@ -43,6 +48,10 @@ use crate::layout::{Direction, Geometry, Precision, Transform};
 /// ```
 pub struct Plan {
     raw: cufftHandle,
+    /// The handle's owner ([`Handle`]): graphs that captured the plan hold it too.
+    handle: DevicePtr,
+    /// A capture that kept nothing alive (foreign) used the handle: it is never destroyed.
+    handle_unkept: bool,
     device: Device,
     geometry: Geometry,
     /// The bytes the input and output layouts reach.
@@ -58,6 +67,10 @@ pub struct Plan {
     bound_work: u64,
     /// The stream the handle is set to.
     bound: Option<Stream>,
+    /// The stream of the last eager execution (which used the eager work area).
+    eager_stream: Option<Stream>,
+    /// The capture and stream of the last captured execution (the capture work area).
+    capture_stream: Option<(u64, Stream)>,
     /// The stream the eager work area was last marked for.
     work_stream: Option<Stream>,
     executions: u64,
@@ -79,6 +92,17 @@ impl std::fmt::Debug for Plan {
     }
 }
 
+/// The input and output data types of a half-precision (cufftXt) transform.
+fn xt_types(t: Transform) -> (cudaDataType_t, cudaDataType_t) {
+    match t {
+        Transform::C2C => (cudaDataType_t::CUDA_C_16F, cudaDataType_t::CUDA_C_16F),
+        Transform::R2C => (cudaDataType_t::CUDA_R_16F, cudaDataType_t::CUDA_C_16F),
+        Transform::C2R => (cudaDataType_t::CUDA_C_16F, cudaDataType_t::CUDA_R_16F),
+    }
+}
+
+/// The `cufftType` of a single- or double-precision transform (half precision plans through
+/// cufftXt; it never reaches here, and gets C2C's type if it did).
 fn cufft_type(t: Transform, p: Precision) -> cufftType {
     match (t, p) {
         (Transform::C2C, Precision::Single) => cufftType::CUFFT_C2C,
@@ -87,6 +111,7 @@ fn cufft_type(t: Transform, p: Precision) -> cufftType {
         (Transform::C2C, Precision::Double) => cufftType::CUFFT_Z2Z,
         (Transform::R2C, Precision::Double) => cufftType::CUFFT_D2Z,
         (Transform::C2R, Precision::Double) => cufftType::CUFFT_Z2D,
+        (_, _) => cufftType::CUFFT_C2C,
     }
 }
 
@@ -130,9 +155,15 @@ impl Plan {
         let mut raw: cufftHandle = 0;
         // SAFETY: a valid out-pointer; the device's context is current.
         check(unsafe { lib.cufftCreate(&mut raw) }, "cufftCreate")?;
+        let handle = DevicePtr::new(Handle {
+            raw,
+            device: *device,
+        });
         let reach = (geometry.input_bytes()?, geometry.output_bytes()?);
         let mut plan = Plan {
             raw,
+            handle,
+            handle_unkept: false,
             device: *device,
             reach,
             geometry,
@@ -143,6 +174,8 @@ impl Plan {
             capture_unkept: false,
             bound_work: 0,
             bound: None,
+            eager_stream: None,
+            capture_stream: None,
             work_stream: None,
             executions: 0,
         };
@@ -163,7 +196,29 @@ impl Plan {
             (std::ptr::null_mut(), std::ptr::null_mut())
         };
         let mut work: usize = 0;
-        check(
+        let made = if g.precision == Precision::Half {
+            let (it, ot) = xt_types(g.transform);
+            // SAFETY: as below; the data types are half precision's for this transform (the
+            // execution type is the complex one, as cufftXt requires).
+            unsafe {
+                lib.cufftXtMakePlanMany(
+                    raw,
+                    g.shape.len() as i32,
+                    n.as_mut_ptr() as *mut _,
+                    inp as *mut _,
+                    g.input.stride as i64 as _,
+                    g.input.dist as i64 as _,
+                    it,
+                    onp as *mut _,
+                    g.output.stride as i64 as _,
+                    g.output.dist as i64 as _,
+                    ot,
+                    g.batch as i64 as _,
+                    &mut work,
+                    cudaDataType_t::CUDA_C_16F,
+                )
+            }
+        } else {
             // SAFETY: `n` and the embeddings hold `rank` values each (Geometry checked the
             // ranks, that every value fits i64, and that the layouts stay within what the
             // views will be checked against); null embeddings select the packed layout.
@@ -182,9 +237,14 @@ impl Plan {
                     g.batch as i64 as _,
                     &mut work,
                 )
-            },
-            "cufftMakePlanMany64",
-        )?;
+            }
+        };
+        let entry = if g.precision == Precision::Half {
+            "cufftXtMakePlanMany"
+        } else {
+            "cufftMakePlanMany64"
+        };
+        check(made, entry)?;
         plan.work_bytes = work;
         Ok(plan)
     }
@@ -259,6 +319,14 @@ impl Plan {
         let capture = capture_of(stream)?;
         self.bind_stream(stream, capture)?;
         self.bind_work(&issue, capture)?;
+        if capture.is_some() {
+            // The graph keeps the handle (and the tables its kernels read) alive; when no
+            // capture of cuda-core runs, the capture is foreign and keeps nothing.
+            self.handle.record_stream(&issue)?;
+            if !graph::captures_in_progress() {
+                self.handle_unkept = true;
+            }
+        }
         input.record_stream(&issue)?;
         output.record_stream(&issue)?;
         let (i, o) = (input.as_raw(), output.as_raw());
@@ -292,6 +360,8 @@ impl Plan {
                 (Transform::C2R, Precision::Double) => {
                     lib.cufftExecZ2D(raw, i as *mut _, o as *mut _)
                 }
+                // Half precision (cufftXt): one entry point; the sign matters for C2C only.
+                (_, _) => lib.cufftXtExec(raw, i as *mut _, o as *mut _, sign),
             }
         };
         check(status, "cufftExec")?;
@@ -299,19 +369,37 @@ impl Plan {
         Ok(())
     }
 
-    /// Sets the handle's stream to `stream`, ordering it after the plan's last eager
-    /// execution on another stream.
+    /// Sets the handle's stream to `stream`, ordering it after the plan's last execution on
+    /// another stream that used the same work area: the last eager one for an eager
+    /// execution, the last one of the same capture for a captured one.
     fn bind_stream(&mut self, stream: &Stream, capture: Option<u64>) -> Result<()> {
-        if let Some(old) = &self.bound {
-            if old == stream {
-                return Ok(());
+        match capture {
+            None => {
+                if let Some(old) = &self.eager_stream {
+                    if old != stream {
+                        let ev = old.record(None)?;
+                        stream.wait_event(&ev)?;
+                    }
+                }
+                if self.eager_stream.as_ref() != Some(stream) {
+                    self.eager_stream = Some(stream.clone());
+                }
             }
-            // Eager work on the new stream must not share the eager work area with work
-            // still running on the old one (captured work uses its own work area).
-            if capture.is_none() && self.executions > 0 {
-                let ev = old.record(None)?;
-                stream.wait_event(&ev)?;
+            Some(id) => {
+                if let Some((cid, old)) = &self.capture_stream {
+                    if *cid == id && old != stream {
+                        // Both streams are in this capture: an edge between the two runs.
+                        let ev = old.record(None)?;
+                        stream.wait_event(&ev)?;
+                    }
+                }
+                if self.capture_stream.as_ref().map(|(c, s)| (*c, s)) != Some((id, stream)) {
+                    self.capture_stream = Some((id, stream.clone()));
+                }
             }
+        }
+        if self.bound.as_ref() == Some(stream) {
+            return Ok(());
         }
         let lib = cufft()?;
         check(
@@ -401,7 +489,7 @@ impl Plan {
     }
 }
 
-/// Capture work areas that foreign graphs may still replay into: never freed.
+/// Capture work areas and handles that foreign graphs may still replay into: never freed.
 fn forever() -> &'static Mutex<Vec<DevicePtr>> {
     static FOREVER: Mutex<Vec<DevicePtr>> = Mutex::new(Vec::new());
     &FOREVER
@@ -435,18 +523,32 @@ pub fn bury() -> usize {
     0
 }
 
-impl Drop for Plan {
+/// A cuFFT handle as a zero-byte owner: dropped (destroyed) when the plan and every graph
+/// that captured it are gone.
+struct Handle {
+    raw: cufftHandle,
+    device: Device,
+}
+
+// SAFETY: a zero-byte range (allowed: `size() == 0`, `as_raw()` 0) on the handle's device;
+// nothing is copied to or from it, and the values never change. Its drop destroys the
+// handle, after every graph and plan holding it is gone; work queued with it stays ordered
+// on its streams.
+unsafe impl DeviceAlloc for Handle {
+    fn device(&self) -> Device {
+        self.device
+    }
+    fn as_raw(&self) -> cudars_core::sys::CUdeviceptr {
+        0
+    }
+    fn size(&self) -> usize {
+        0
+    }
+}
+
+impl Drop for Handle {
     fn drop(&mut self) {
-        if self.capture_unkept {
-            if let Some(p) = self.capture.take() {
-                forever()
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(p);
-            }
-        }
-        // The work areas go back to the pool in stream order (capture-safe); the handle
-        // waits while a capture may run.
+        // `cufftDestroy` may synchronise: while a capture may run, the handle waits.
         if capture_may_run() {
             grave()
                 .lock()
@@ -456,5 +558,21 @@ impl Drop for Plan {
             destroy(self.raw, self.device);
             bury();
         }
+    }
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        let mut forever = forever().lock().unwrap_or_else(PoisonError::into_inner);
+        if self.capture_unkept {
+            if let Some(p) = self.capture.take() {
+                forever.push(p);
+            }
+        }
+        if self.handle_unkept {
+            forever.push(self.handle.clone());
+        }
+        // The work areas go back to the pool in stream order (capture-safe); the handle goes
+        // with the last of the plan and the graphs that captured it.
     }
 }

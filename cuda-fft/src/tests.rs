@@ -35,6 +35,35 @@ fn bad_shapes_are_refused() {
 }
 
 #[test]
+fn half_precision_takes_powers_of_two_and_two_byte_reals() {
+    let h = Precision::Half;
+    let g = Geometry::packed(Transform::C2C, h, &[16, 32], 3).unwrap();
+    assert_eq!(g.input_bytes().unwrap(), 3 * 512 * 4);
+    let g = Geometry::packed(Transform::R2C, h, &[64], 1).unwrap();
+    assert_eq!(g.input_bytes().unwrap(), 64 * 2);
+    assert_eq!(g.output_bytes().unwrap(), 33 * 4);
+    for shape in [&[1000][..], &[16, 24][..], &[3][..]] {
+        assert!(
+            matches!(
+                Geometry::packed(Transform::C2C, h, shape, 1),
+                Err(Error::Shape { arg: "shape", .. })
+            ),
+            "{shape:?}"
+        );
+    }
+    // The same sizes are fine in single precision.
+    Geometry::packed(Transform::C2C, S, &[1000], 1).unwrap();
+    // Strided half-precision layouts are refused; a shape whose product overflows is
+    // refused, not a panic.
+    let l = Layout::packed(&[64]);
+    assert!(matches!(
+        Geometry::with_layouts(Transform::C2C, h, &[64], 1, l.clone(), l),
+        Err(Error::Shape { arg: "layout", .. })
+    ));
+    assert!(Geometry::packed(Transform::C2C, S, &[1 << 32, 1 << 32, 1 << 32], 1).is_err());
+}
+
+#[test]
 fn layouts_are_checked_and_must_write_each_output_once() {
     // Column-wise transforms of a 16 x 8 row-major matrix: stride 8, dist 1 (interleaved).
     let col = Layout {

@@ -483,3 +483,128 @@ fn the_plan_cache_hits_and_keeps_its_bound() {
     assert_eq!(cache::len(), 0);
     stream.synchronize().unwrap();
 }
+
+fn to_f16(x: &[C]) -> Vec<half::f16> {
+    x.iter()
+        .flat_map(|c| [half::f16::from_f64(c.0), half::f16::from_f64(c.1)])
+        .collect()
+}
+fn from_f16(v: &[half::f16]) -> Vec<C> {
+    v.chunks(2)
+        .map(|p| (p[0].to_f64(), p[1].to_f64()))
+        .collect()
+}
+
+#[test]
+fn half_precision_transforms_match_a_cpu_dft_and_refuse_other_sizes() {
+    let _s = serial();
+    let dev = dev0();
+    let stream = Stream::new(&dev).unwrap();
+    let mut rng = Rng::new(16);
+    // C2C, 1-D and 2-D, batched: the DFT of the rounded input, half-precision error.
+    for (shape, batch) in [(&[256][..], 4), (&[16, 32][..], 2)] {
+        let n: usize = shape.iter().product();
+        let x = complex_data(&mut rng, n * batch);
+        let xh = to_f16(&x);
+        let rounded = from_f16(&xh);
+        let want: Vec<C> = (0..batch)
+            .flat_map(|b| dft(&rounded[b * n..(b + 1) * n], shape, -1.0))
+            .collect();
+        // The output starts as NaN: a transform that writes nothing (or part) fails.
+        let (din, dout) = (
+            upload(&stream, &xh),
+            upload(&stream, &vec![half::f16::NAN; 2 * n * batch]),
+        );
+        cudars_fft::c2c::<half::f16>(&stream, &din, &dout, shape, batch, Direction::Forward)
+            .unwrap();
+        let got = from_f16(&download::<half::f16>(&stream, &dout, 2 * n * batch));
+        let e = rel(&got, &want);
+        println!("c2c f16 {shape:?} x {batch}: {e:.1e}");
+        assert!(e < 5e-3, "{e}");
+        assert!(got.iter().all(|c| c.0.is_finite() && c.1.is_finite()));
+    }
+    // R2C then C2R: n times the input.
+    let n = 512;
+    let x: Vec<half::f16> = (0..n)
+        .map(|_| half::f16::from_f32(rng.f32() * 2.0 - 1.0))
+        .collect();
+    let h = n / 2 + 1;
+    let (dx, dh, dy) = (
+        upload(&stream, &x),
+        upload(&stream, &vec![half::f16::ZERO; 2 * h]),
+        upload(&stream, &vec![half::f16::ZERO; n]),
+    );
+    cudars_fft::r2c::<half::f16>(&stream, &dx, &dh, &[n], 1).unwrap();
+    cudars_fft::c2r::<half::f16>(&stream, &dh, &dy, &[n], 1).unwrap();
+    let y = download::<half::f16>(&stream, &dy, n);
+    let e = x
+        .iter()
+        .zip(&y)
+        .map(|(a, b)| (a.to_f64() * n as f64 - b.to_f64()).abs())
+        .fold(0f64, f64::max)
+        / n as f64;
+    println!("r2c/c2r f16 {n}: |c2r(r2c(x)) / n - x| {e:.1e}");
+    assert!(e < 1e-2, "{e}");
+    // A size that is not a power of two is refused before cuFFT sees it.
+    assert!(matches!(
+        Geometry::packed(Transform::C2C, Precision::Half, &[1000], 1),
+        Err(Error::Shape { .. })
+    ));
+}
+
+#[test]
+fn a_graph_replays_after_its_plan_is_dropped_and_the_cache_cleared() {
+    let _s = serial();
+    let dev = dev0();
+    let stream = Stream::new(&dev).unwrap();
+    let mut rng = Rng::new(41);
+    let n = 4096;
+    let din = upload(&stream, &vec![0f32; 2 * n]);
+    let dout = upload(&stream, &vec![0f32; 2 * n]);
+    let d2 = upload(&stream, &vec![0f32; 2 * n]);
+    stream.synchronize().unwrap();
+    // One graph through the cache, one through a plan of its own.
+    let cached = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+        cudars_fft::c2c::<f32>(s, &din, &dout, &[n], 1, Direction::Forward)
+            .map_err(cudars_graph::Error::other)
+    })
+    .unwrap()
+    .instantiate()
+    .unwrap();
+    let mut plan = Plan::new(
+        &dev,
+        Geometry::packed(Transform::C2C, Precision::Single, &[n], 1).unwrap(),
+    )
+    .unwrap();
+    let owned = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+        plan.exec(s, &din, &d2, Direction::Forward)
+            .map_err(cudars_graph::Error::other)
+    })
+    .unwrap()
+    .instantiate()
+    .unwrap();
+    // The plans go: the graphs keep their handles (and cuFFT's tables) alive.
+    drop(plan);
+    cache::clear();
+    for round in 0..3 {
+        let x = complex_data(&mut rng, n);
+        din.copy_from_host(&to_f32(&x)).unwrap();
+        cached.launch(&stream).unwrap();
+        owned.launch(&stream).unwrap();
+        let want = dft(&x, &[n], -1.0);
+        let (a, b) = (
+            from_f32(&download::<f32>(&stream, &dout, 2 * n)),
+            from_f32(&download::<f32>(&stream, &d2, 2 * n)),
+        );
+        println!(
+            "replay {round} after the plans were dropped: {:.1e}, {:.1e}",
+            rel(&a, &want),
+            rel(&b, &want)
+        );
+        assert!(rel(&a, &want) < 1e-5 && rel(&b, &want) < 1e-5);
+    }
+    drop(cached);
+    drop(owned);
+    // With no capture running, the handles are destroyed with their graphs.
+    assert_eq!(cudars_fft::plan::bury(), 0);
+}
