@@ -109,7 +109,7 @@ enum Capturable {
 }
 
 /// What a positive `info` means for a routine.
-type Positive = fn(&'static str, usize) -> Error;
+pub(crate) type Positive = fn(&'static str, usize) -> Error;
 
 fn not_positive_definite(routine: &'static str, index: usize) -> Error {
     Error::NotPositiveDefinite { routine, index }
@@ -119,6 +119,9 @@ fn singular(routine: &'static str, index: usize) -> Error {
 }
 fn no_convergence(routine: &'static str, index: usize) -> Error {
     Error::NoConvergence { routine, index }
+}
+fn jacobi_not_converged(routine: &'static str, _info: usize) -> Error {
+    Error::NotConverged { routine }
 }
 fn invalid(routine: &'static str, index: usize) -> Error {
     Error::InvalidParameter { routine, index }
@@ -138,6 +141,8 @@ struct Needs {
     lwork: c_int,
     rwork: usize,
     infos: usize,
+    /// A batched routine: its failures name the matrix.
+    batched: bool,
 }
 
 impl Needs {
@@ -146,6 +151,7 @@ impl Needs {
             lwork,
             rwork: 0,
             infos: 1,
+            batched: false,
         }
     }
 }
@@ -188,7 +194,13 @@ struct Kept {
 
 impl Kept {
     /// The block, at least `bytes` long, marked for capture `id`.
-    fn get(&mut self, issue: &Issue<'_>, id: u64, bytes: u64) -> Result<&DevicePtr> {
+    fn get(
+        &mut self,
+        issue: &Issue<'_>,
+        id: u64,
+        bytes: u64,
+        device: Device,
+    ) -> Result<&DevicePtr> {
         let short = self.block.as_ref().is_none_or(|b| (b.len() as u64) < bytes);
         if short {
             let old = self.block.as_ref().map_or(0, |b| b.len() as u64);
@@ -203,14 +215,16 @@ impl Kept {
                     why: format!("capture workspace: {e}"),
                 }
             })?;
-            if p.len() < want || !p.as_raw().is_multiple_of(ALIGN) {
+            if p.len() < want || !p.as_raw().is_multiple_of(ALIGN) || p.device() != device {
                 return Err(Error::Pool {
                     bytes: want,
                     why: format!(
-                        "the allocator gave {} bytes at {:#x}; the solver needs {want}, \
-                         256-byte aligned",
+                        "the allocator gave {} bytes at {:#x} on device {}; the solver needs \
+                         {want}, 256-byte aligned, on device {}",
                         p.len(),
-                        p.as_raw()
+                        p.as_raw(),
+                        p.device().ordinal(),
+                        device.ordinal()
                     ),
                 });
             }
@@ -259,6 +273,52 @@ struct Captured {
     positive: Positive,
     words: DevicePtr,
     count: usize,
+    batched: bool,
+}
+
+/// The `info` words a capture's routines of one solver leave on the device at each replay
+/// ([`Solver::take_capture_info`]): each capture has its own words, kept alive by its graphs.
+pub struct CaptureInfo {
+    captured: Vec<Captured>,
+}
+
+impl std::fmt::Debug for CaptureInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaptureInfo")
+            .field(
+                "routines",
+                &self.captured.iter().map(|c| c.routine).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl CaptureInfo {
+    /// The routines captured, in order.
+    pub fn routines(&self) -> Vec<&'static str> {
+        self.captured.iter().map(|c| c.routine).collect()
+    }
+
+    /// After a replay of the graph on `stream`: waits for `stream`, reads each routine's
+    /// `info` and returns the first failure, typed as the eager call would have returned it.
+    /// Read before any replay, the words hold whatever the capture's memory held (a failure
+    /// may be reported that no replay made). A stream being captured is refused (the wait
+    /// would invalidate its capture).
+    pub fn check(&self, stream: &Stream) -> Result<()> {
+        if capture_of(stream)?.is_some() {
+            return Err(Error::Capturing {
+                routine: "CaptureInfo::check",
+                why: "the stream is being captured: waiting for it would end its capture",
+            });
+        }
+        stream.synchronize()?;
+        for c in &self.captured {
+            let mut words = vec![0i32; c.count];
+            c.words.copy_to_host(&mut words)?;
+            infos(c.routine, &words, c.positive, c.batched)?;
+        }
+        Ok(())
+    }
 }
 
 /// The capture `stream` is recorded into (asked of the driver only when one may run).
@@ -298,10 +358,14 @@ fn capture_may_run() -> bool {
 /// `getrs`, `geqrf`, `orgqr`, `ormqr`) may be captured into a graph: inside a capture they
 /// use a workspace the solver keeps across captures (taken from the capture's private pool
 /// the first time, so the graph holds no memory node and repeated captures do not grow the
-/// pool) and leave their `info` on the device; after replaying the graph,
-/// [`check_replay`](Self::check_replay) reads it and returns the same typed errors. The
-/// eigen and SVD routines refuse a capture ([`Error::Capturing`]): cuSOLVER may wait on the
-/// host inside them.
+/// pool) and leave their `info` on the device, in words of each capture's own; after
+/// replaying a graph, its [`CaptureInfo`] ([`take_capture_info`](Self::take_capture_info), or
+/// [`check_replay`](Self::check_replay) for the latest capture) returns the same typed
+/// errors. Every graph that captured one solver shares that workspace: replay them one after
+/// another, not at the same time on different streams (cuBLAS's and PyTorch's rule for
+/// captured workspaces). A graph keeps the solver's handle alive: it may outlive the solver.
+/// The eigen and SVD routines refuse a capture ([`Error::Capturing`]): cuSOLVER may wait on
+/// the host inside them.
 ///
 /// `Send`, not `Sync`: every routine takes `&mut self`.
 ///
@@ -322,12 +386,14 @@ pub struct Solver {
     raw: cusolverDnHandle_t,
     device: Device,
     stream: Stream,
-    /// The workspace of captured routines.
+    /// The handle's owner ([`HandleOwner`]): graphs that captured a routine hold it too.
+    handle: DevicePtr,
+    /// A capture that kept nothing alive (foreign) used the handle: it is never destroyed.
+    handle_unkept: bool,
+    /// The workspace of captured routines, shared by every capture of this solver.
     capture_work: Kept,
-    /// The `info` words of captured routines.
-    capture_info: Kept,
-    /// The capture `captured` belongs to, and how many `info` words it used.
-    capture: Option<(u64, u64)>,
+    /// The capture `captured` belongs to.
+    capture: Option<u64>,
     captured: Vec<Captured>,
 }
 
@@ -358,12 +424,14 @@ impl Solver {
             unsafe { lib.cusolverDnCreate(&mut raw) }
         };
         check(created, "cusolverDnCreate")?;
+        let handle = DevicePtr::new(HandleOwner(Raw(raw, device)));
         let mut s = Solver {
             raw,
             device,
             stream: stream.clone(),
+            handle,
+            handle_unkept: false,
             capture_work: Kept::default(),
-            capture_info: Kept::default(),
             capture: None,
             captured: Vec::new(),
         };
@@ -396,19 +464,25 @@ impl Solver {
         )
     }
 
-    /// After replaying a graph that captured routines of this solver: waits for the solver's
-    /// stream and reads the `info` each routine of the solver's latest capture left on the
-    /// device, in capture order; the first failure comes back typed, as the eager call would
-    /// have returned it ([`Error::InBatch`] around it for a batched routine). `Ok` when the
-    /// capture held no routine of this solver.
+    /// After replaying the graph of this solver's latest capture on the solver's stream:
+    /// [`CaptureInfo::check`] of that capture's routines (`Ok` when it held none). For a graph
+    /// launched on another stream, or an earlier capture, keep its
+    /// [`take_capture_info`](Self::take_capture_info) and check that.
     pub fn check_replay(&mut self) -> Result<()> {
-        self.stream.synchronize()?;
-        for c in &self.captured {
-            let mut words = vec![0i32; c.count];
-            c.words.copy_to_host(&mut words)?;
-            infos(c.routine, &words, c.positive)?;
+        let latest = CaptureInfo {
+            captured: std::mem::take(&mut self.captured),
+        };
+        let r = latest.check(&self.stream);
+        self.captured = latest.captured;
+        r
+    }
+
+    /// The `info` words of this solver's latest capture (its routines, in order), taken: a
+    /// later capture does not change what it reads.
+    pub fn take_capture_info(&mut self) -> CaptureInfo {
+        CaptureInfo {
+            captured: std::mem::take(&mut self.captured),
         }
-        Ok(())
     }
 
     /// Checks `m` against the solver's device and returns its byte range.
@@ -543,7 +617,7 @@ impl Solver {
             self.stream.synchronize()?;
             let mut words = vec![0i32; needs.infos];
             block.slice(..needs.infos * 4)?.copy_to_host(&mut words)?;
-            return infos(routine, &words, positive);
+            return infos(routine, &words, positive, needs.batched);
         };
         if capturable == Capturable::No {
             return Err(Error::Capturing {
@@ -551,15 +625,35 @@ impl Solver {
                 why: "cuSOLVER may wait on the host inside the eigen and SVD routines",
             });
         }
-        if self.capture.map(|(c, _)| c) != Some(id) {
+        if self.capture != Some(id) {
             self.captured.clear();
-            self.capture = Some((id, 0));
+            self.capture = Some(id);
         }
-        let used = self.capture.map_or(0, |(_, u)| u);
-        let words_bytes = needs.infos as u64 * 4;
-        let work_base = self.capture_work.get(&issue, id, total - info_at)?.as_raw();
-        let slots = self.capture_info.get(&issue, id, used + words_bytes)?;
-        let words = slots.slice(used as usize..(used + words_bytes) as usize)?;
+        // The graph keeps the handle alive (cuSOLVER's and its cuBLAS's state that captured
+        // kernels may use); when no capture of cuda-core runs, the capture is foreign.
+        self.handle.record_stream(&issue)?;
+        if !graph::captures_in_progress() {
+            self.handle_unkept = true;
+        }
+        let work_base = self
+            .capture_work
+            .get(&issue, id, total - info_at, self.device)?
+            .as_raw();
+        // This capture's own info words, from its private pool, kept by its graphs.
+        let bytes = needs.infos * 4;
+        let words =
+            cudars_mempool::allocator::alloc_on(&self.stream, bytes).map_err(|e| Error::Pool {
+                bytes,
+                why: format!("captured info words: {e}"),
+            })?;
+        if words.len() < bytes || words.device() != self.device || !words.as_raw().is_multiple_of(4)
+        {
+            return Err(Error::Pool {
+                bytes,
+                why: "the allocator gave a block of another size, device or alignment".into(),
+            });
+        }
+        words.record_stream(&issue)?;
         let work = Work {
             info: words.as_raw(),
             work: work_base,
@@ -567,29 +661,35 @@ impl Solver {
             rwork: work_base + (rwork_at - info_at),
         };
         check(call(self.raw, &work), entry)?;
-        self.capture = Some((id, used + words_bytes.next_multiple_of(4)));
         self.captured.push(Captured {
             routine,
             positive,
             words,
             count: needs.infos,
+            batched: needs.batched,
         });
         Ok(())
     }
 }
 
-/// `info` words as a result: the first nonzero one, typed ([`Error::InBatch`] naming the
-/// matrix when there are several).
-fn infos(routine: &'static str, words: &[i32], positive: Positive) -> Result<()> {
+/// `info` words as a result: the first nonzero one, typed. A batched routine's positive
+/// `info` names its matrix ([`Error::InBatch`]); a refused parameter (cuSOLVER reports it in
+/// the first word) is returned as it is.
+pub(crate) fn infos(
+    routine: &'static str,
+    words: &[i32],
+    positive: Positive,
+    batched: bool,
+) -> Result<()> {
     for (k, &w) in words.iter().enumerate() {
         if let Err(e) = info(routine, w, |index| positive(routine, index)) {
-            return Err(if words.len() > 1 {
-                Error::InBatch {
+            return Err(match e {
+                Error::InvalidParameter { .. } => e,
+                e if batched => Error::InBatch {
                     batch: k,
                     error: Box::new(e),
-                }
-            } else {
-                e
+                },
+                e => e,
             });
         }
     }
@@ -608,20 +708,72 @@ fn rows_match(routine: &'static str, arg: &'static str, rows: usize, n: usize) -
     Ok(())
 }
 
-/// The pivots of an order-`n` LU: `n` i32.
-fn pivots_view(
-    routine: &'static str,
-    pivots: &DevicePtr,
-    n: usize,
-    device: usize,
-) -> Result<(u64, u64)> {
-    view(
-        routine,
-        "pivots",
-        (pivots.as_raw(), pivots.len(), pivots.device().ordinal()),
-        (n as u64) * 4,
-        (4, device),
-    )
+/// The row interchanges of an LU factorisation ([`Solver::getrf`]) in device memory this value
+/// owns: `len` 1-based row indices of a matrix of `rows` rows, each in `1..=rows`, always.
+/// cuSOLVER's `getrs` uses them as row indices of its right-hand side without checking them,
+/// so nothing but `getrf` ever writes them: they start as valid indices (all 1) and no view
+/// of them is handed out ([`to_host`](Self::to_host) copies them).
+pub struct Pivots {
+    ptr: DevicePtr,
+    rows: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for Pivots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pivots")
+            .field("rows", &self.rows)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Pivots {
+    /// Room for the `len` pivots of an LU of a matrix of `rows` rows (`min(rows, cols)` for
+    /// [`getrf`](Solver::getrf) of `rows x cols`; `n` for an order-`n` system), from the pool
+    /// on `stream`, set to 1 in stream order.
+    pub fn new(stream: &Stream, rows: usize, len: usize) -> Result<Pivots> {
+        const R: &str = "Pivots::new";
+        crate::check::int(R, "rows", rows)?;
+        crate::check::int(R, "len", len)?;
+        refuse_per_thread(stream, R)?;
+        let bytes = len.max(1) * 4;
+        let ptr = cudars_mempool::allocator::alloc_on(stream, bytes).map_err(|e| Error::Pool {
+            bytes,
+            why: e.to_string(),
+        })?;
+        if ptr.len() < bytes || ptr.device() != stream.device() || !ptr.as_raw().is_multiple_of(4) {
+            return Err(Error::Pool {
+                bytes,
+                why: "the allocator gave a block of another size, device or alignment".into(),
+            });
+        }
+        ptr.memset_u32_async(1, stream)?;
+        Ok(Pivots { ptr, rows, len })
+    }
+
+    /// The rows of the matrices whose LU these pivots hold.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// How many pivots.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A copy of the pivots on the host (a synchronous copy: wait for the factorisation's
+    /// stream first).
+    pub fn to_host(&self) -> Result<Vec<i32>> {
+        let mut v = vec![0i32; self.len];
+        self.ptr.slice(..self.len * 4)?.copy_to_host(&mut v)?;
+        Ok(v)
+    }
 }
 
 /// A Jacobi routine's parameters: tolerance and sweeps (cuSOLVER's defaults when `None`).
@@ -787,16 +939,34 @@ impl Solver {
     }
 
     /// LU factorisation with partial pivoting of `a` (m x n), in place: `P A = L U`;
-    /// `pivots` receives `min(m, n)` 1-based row indices (i32). [`Error::Singular`] names the
-    /// first exactly-zero diagonal element of `U` (the factors are still written).
-    pub fn getrf<T: Scalar>(&mut self, a: Matrix<'_>, pivots: &DevicePtr) -> Result<()> {
+    /// `pivots` (made for `m` rows, at least `min(m, n)` of them) receives the 1-based row
+    /// indices. [`Error::Singular`] names the first exactly-zero diagonal element of `U` (the
+    /// factors are still written).
+    pub fn getrf<T: Scalar>(&mut self, a: Matrix<'_>, pivots: &mut Pivots) -> Result<()> {
         const R: &str = "getrf";
-        let ra = self.check_matrix::<T>(R, "a", &a)?;
-        let rp = pivots_view(R, pivots, a.rows.min(a.cols), self.device.ordinal())?;
-        disjoint(R, ("a", ra), ("pivots", rp))?;
+        self.check_matrix::<T>(R, "a", &a)?;
+        let k = a.rows.min(a.cols);
+        if pivots.rows != a.rows || pivots.len < k {
+            return Err(Error::Shape {
+                routine: R,
+                arg: "pivots",
+                why: format!(
+                    "made for {} rows and {} pivots; a {} x {} LU needs {} rows and {k}",
+                    pivots.rows, pivots.len, a.rows, a.cols, a.rows
+                ),
+            });
+        }
+        if pivots.ptr.device() != self.device {
+            return Err(Error::WrongDevice {
+                routine: R,
+                arg: "pivots",
+                expected: self.device.ordinal(),
+                actual: pivots.ptr.device().ordinal(),
+            });
+        }
         let lib = cusolver()?;
         let (m, n, lda) = (a.rows as c_int, a.cols as c_int, a.ld as c_int);
-        let (ap, pp) = (a.ptr.as_raw(), pivots.as_raw());
+        let (ap, pp) = (a.ptr.as_raw(), pivots.ptr.as_raw());
         let lwork = self.buffer_size("cusolverDnXgetrf_bufferSize", |h, lw| {
             // SAFETY: a live handle; `a` holds the m x n matrix (checked); an out-pointer.
             unsafe {
@@ -812,13 +982,14 @@ impl Solver {
         self.launch::<T>(
             R,
             Capturable::Yes,
-            &[a.ptr, pivots],
+            &[a.ptr, &pivots.ptr],
             Needs::work(lwork),
             singular,
             "cusolverDnXgetrf",
             |h, w| {
-                // SAFETY: as above; the pivots hold min(m, n) i32 (checked, disjoint from `a`);
-                // launch's workspace and info word; all marked.
+                // SAFETY: as above; the pivots' own memory holds at least min(m, n) i32 (checked;
+                // no view of it exists, so it is disjoint from `a`); launch's workspace and info
+                // word; all marked. getrf writes indices in 1..=m = pivots.rows.
                 unsafe {
                     sd!(
                         T,
@@ -841,37 +1012,55 @@ impl Solver {
         )
     }
 
-    /// Solves `A X = B` with `a` and `pivots` from [`getrf`](Self::getrf) (square); `b`
-    /// (n x nrhs) is overwritten with `X`. The pivots are read on the device as cuSOLVER
-    /// wrote them; pivots that did not come from `getrf` of this `a` give a wrong answer
-    /// (cuSOLVER trusts them: each must lie in `1..=n`, which `getrf` guarantees).
+    /// Solves `A X = B` with `a` and `pivots` from [`getrf`](Self::getrf) of an order-`n`
+    /// matrix; `b` (n x nrhs) is overwritten with `X`. Every pivot is in `1..=n` by
+    /// [`Pivots`]' construction, so `b`'s rows are all cuSOLVER touches; pivots of another
+    /// factorisation of the same order give a wrong answer, never a stray access.
     pub fn getrs<T: Scalar>(
         &mut self,
         a: Matrix<'_>,
-        pivots: &DevicePtr,
+        pivots: &Pivots,
         b: Matrix<'_>,
     ) -> Result<()> {
         const R: &str = "getrs";
         let n = square(R, "a", a.rows, a.cols)?;
         rows_match(R, "b", b.rows, n)?;
+        if pivots.rows != n || pivots.len < n {
+            return Err(Error::Shape {
+                routine: R,
+                arg: "pivots",
+                why: format!(
+                    "made for {} rows and {} pivots; an order-{n} system needs {n} of each",
+                    pivots.rows, pivots.len
+                ),
+            });
+        }
+        if pivots.ptr.device() != self.device {
+            return Err(Error::WrongDevice {
+                routine: R,
+                arg: "pivots",
+                expected: self.device.ordinal(),
+                actual: pivots.ptr.device().ordinal(),
+            });
+        }
         let ra = self.check_matrix::<T>(R, "a", &a)?;
         let rb = self.check_matrix::<T>(R, "b", &b)?;
-        let rp = pivots_view(R, pivots, n, self.device.ordinal())?;
         disjoint(R, ("a", ra), ("b", rb))?;
-        disjoint(R, ("pivots", rp), ("b", rb))?;
         let lib = cusolver()?;
         let (n, nrhs, lda, ldb) = (n as c_int, b.cols as c_int, a.ld as c_int, b.ld as c_int);
-        let (ap, pp, bp) = (a.ptr.as_raw(), pivots.as_raw(), b.ptr.as_raw());
+        let (ap, pp, bp) = (a.ptr.as_raw(), pivots.ptr.as_raw(), b.ptr.as_raw());
         self.launch::<T>(
             R,
             Capturable::Yes,
-            &[a.ptr, pivots, b.ptr],
+            &[a.ptr, &pivots.ptr, b.ptr],
             Needs::work(0),
             invalid,
             "cusolverDnXgetrs",
             |h, w| {
-                // SAFETY: a live handle; `a` (n x n), the n pivots and `b` (n x nrhs) checked
-                // against their views, `b` disjoint from both; one info word; all marked.
+                // SAFETY: a live handle; `a` (n x n) and `b` (n x nrhs) checked against their
+                // views and disjoint; the pivots' own memory (no view of it exists) holds n
+                // indices, each in 1..=n (Pivots' invariant), so the row swaps stay in `b`; one
+                // info word; all marked.
                 unsafe {
                     sd!(
                         T,
@@ -1396,13 +1585,14 @@ impl Solver {
             lwork,
             rwork: 0,
             infos: batch,
+            batched,
         };
         self.launch::<T>(
             r,
             Capturable::No,
             &[a.ptr, w],
             needs,
-            no_convergence,
+            jacobi_not_converged,
             "cusolverDnXsyevj",
             |h, wk| {
                 // SAFETY: as above, `w` disjoint from `a`; launch's workspace and `batch` info
@@ -1516,6 +1706,7 @@ impl Solver {
             lwork,
             rwork: n.saturating_sub(1).max(1),
             infos: 1,
+            batched: false,
         };
         self.launch::<T>(
             R,
@@ -1707,13 +1898,14 @@ impl Solver {
             lwork,
             rwork: 0,
             infos: batch,
+            batched,
         };
         self.launch::<T>(
             r,
             Capturable::No,
             &views,
             needs,
-            no_convergence,
+            jacobi_not_converged,
             "cusolverDnXgesvdj",
             |h, w| {
                 // SAFETY: as above, the outputs pairwise disjoint and disjoint from `a`;
@@ -1818,13 +2010,7 @@ impl Solver {
 
 fn refuse_per_thread(stream: &Stream, routine: &'static str) -> Result<()> {
     if stream.kind() == StreamKind::PerThread {
-        return Err(Error::Shape {
-            routine,
-            arg: "stream",
-            why: "the per-thread default stream: a pool workspace cannot be ordered on it \
-                  across threads; use a created stream"
-                .into(),
-        });
+        return Err(Error::PerThreadStream { routine });
     }
     Ok(())
 }
@@ -1853,12 +2039,34 @@ fn grave() -> &'static std::sync::Mutex<Vec<Raw>> {
     &GRAVE
 }
 
-impl Drop for Solver {
+/// The solver's handle as a zero-byte owner: destroyed when the solver and every graph that
+/// captured one of its routines are gone.
+struct HandleOwner(Raw);
+
+// SAFETY: the handle inside is used only by `Drop` (once, on whichever thread drops the last
+// owner); the solver calls it through its own copy under `&mut self`.
+unsafe impl Send for HandleOwner {}
+// SAFETY: as above: `&HandleOwner` reaches only the device, never the handle.
+unsafe impl Sync for HandleOwner {}
+
+// SAFETY: a zero-byte range (allowed: `size() == 0`, `as_raw()` 0) on the handle's device;
+// nothing is copied to or from it and the values never change. Its drop destroys the handle
+// after every solver and graph holding it is gone.
+unsafe impl cudars_core::DeviceAlloc for HandleOwner {
+    fn device(&self) -> Device {
+        self.0 .1
+    }
+    fn as_raw(&self) -> cudars_core::sys::CUdeviceptr {
+        0
+    }
+    fn size(&self) -> usize {
+        0
+    }
+}
+
+impl Drop for HandleOwner {
     fn drop(&mut self) {
-        self.captured.clear();
-        self.capture_work.retire();
-        self.capture_info.retire();
-        let raw = Raw(self.raw, self.device);
+        let raw = Raw(self.0 .0, self.0 .1);
         let mut g = grave()
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -1871,6 +2079,19 @@ impl Drop for Solver {
         raw.destroy();
         for r in dead {
             r.destroy();
+        }
+    }
+}
+
+impl Drop for Solver {
+    fn drop(&mut self) {
+        self.captured.clear();
+        self.capture_work.retire();
+        if self.handle_unkept {
+            forever()
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(self.handle.clone());
         }
     }
 }

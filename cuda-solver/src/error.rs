@@ -64,6 +64,20 @@ pub enum Error {
         /// `info`.
         index: usize,
     },
+    /// A Jacobi routine (syevj, gesvdj and their batched forms) ran out of sweeps above its
+    /// tolerance ([`Jacobi`](crate::Jacobi) sets both).
+    #[error("{routine}: did not converge within its sweeps and tolerance")]
+    NotConverged {
+        /// The routine.
+        routine: &'static str,
+    },
+    /// The per-thread default stream, which a solver refuses: a pool workspace cannot be
+    /// ordered on it across threads. Use a created stream.
+    #[error("{routine}: the per-thread default stream: a pool workspace cannot be ordered on it across threads; use a created stream")]
+    PerThreadStream {
+        /// The call.
+        routine: &'static str,
+    },
     /// cuSOLVER reported its `index`-th parameter (1-based) wrong (a check this crate missed).
     #[error("{routine}: cuSOLVER refused parameter {index}")]
     InvalidParameter {

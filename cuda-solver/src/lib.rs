@@ -33,5 +33,5 @@ pub mod error;
 mod tests;
 
 pub use check::{Matrix, Uplo};
-pub use dense::{Jacobi, Scalar, Side, Solver, BATCHED_JACOBI_MAX};
+pub use dense::{CaptureInfo, Jacobi, Pivots, Scalar, Side, Solver, BATCHED_JACOBI_MAX};
 pub use error::{Error, Result};

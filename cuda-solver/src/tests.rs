@@ -97,3 +97,40 @@ fn batched_matrices_reach_the_last_ones_last_element() {
         Err(Error::Shape { arg: "a", .. })
     ));
 }
+
+#[test]
+fn info_words_become_typed_errors_naming_the_matrix_of_a_batch() {
+    use crate::dense::infos;
+    let nc = |routine, index| Error::NoConvergence { routine, index };
+    infos("syevj_batched", &[0, 0, 0], nc, true).unwrap();
+    assert_eq!(
+        infos("syevj_batched", &[0, 0, 33, 1], nc, true),
+        Err(Error::InBatch {
+            batch: 2,
+            error: Box::new(Error::NoConvergence {
+                routine: "syevj_batched",
+                index: 33
+            })
+        })
+    );
+    // A batch of one still names its matrix; a refused parameter is not a matrix's failure.
+    assert!(matches!(
+        infos("gesvdj_batched", &[7], nc, true),
+        Err(Error::InBatch { batch: 0, .. })
+    ));
+    assert_eq!(
+        infos("gesvdj_batched", &[-4, 0], nc, true),
+        Err(Error::InvalidParameter {
+            routine: "gesvdj_batched",
+            index: 4
+        })
+    );
+    // Not batched: the error as it is.
+    assert_eq!(
+        infos("syevd", &[3], nc, false),
+        Err(Error::NoConvergence {
+            routine: "syevd",
+            index: 3
+        })
+    );
+}

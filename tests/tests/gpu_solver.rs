@@ -16,7 +16,7 @@
 
 use cudars_core::{DevicePtr, Stream};
 use cudars_graph::CaptureMode;
-use cudars_solver::{Error, Jacobi, Matrix, Side, Solver, Uplo};
+use cudars_solver::{Error, Jacobi, Matrix, Pivots, Side, Solver, Uplo};
 use workspace_tests::gpu::{dev0, serial};
 use workspace_tests::rtc::Rng;
 
@@ -146,9 +146,12 @@ fn lu_solves_and_a_singular_matrix_names_its_zero_pivot() {
     let x: Vec<f64> = (0..n).map(|i| 1.0 + i as f64 / n as f64).collect();
     let b = matvec(&a, n, &x);
     let da = upload(&stream, &a);
-    let piv = upload(&stream, &vec![0i32; n]);
-    solver.getrf::<f64>(Matrix::new(&da, n, n), &piv).unwrap();
-    let p = download::<i32>(&stream, &piv, n);
+    let mut piv = Pivots::new(&stream, n, n).unwrap();
+    solver
+        .getrf::<f64>(Matrix::new(&da, n, n), &mut piv)
+        .unwrap();
+    stream.synchronize().unwrap();
+    let p = piv.to_host().unwrap();
     assert!(p.iter().all(|&v| v >= 1 && v as usize <= n), "{p:?}");
     let db = upload(&stream, &b);
     solver
@@ -168,7 +171,7 @@ fn lu_solves_and_a_singular_matrix_names_its_zero_pivot() {
     }
     let ds = upload(&stream, &s.iter().map(|&v| v as f32).collect::<Vec<f32>>());
     let e = solver
-        .getrf::<f32>(Matrix::new(&ds, n, n), &piv)
+        .getrf::<f32>(Matrix::new(&ds, n, n), &mut piv)
         .unwrap_err();
     assert_eq!(
         e,
@@ -208,14 +211,25 @@ fn refusals_issue_nothing() {
         solver.potrs::<f64>(Matrix::new(&a, 4, 4), Uplo::Lower, Matrix::new(&b, 3, 1)),
         Err(Error::Shape { .. })
     ));
-    let short = upload(&stream, &[0i32; 3]);
+    // Pivots of too few entries, or made for another number of rows, are refused: getrs
+    // would use them as row indices of `b`.
+    let mut short = Pivots::new(&stream, 4, 3).unwrap();
     assert!(matches!(
-        solver.getrf::<f64>(Matrix::new(&a, 4, 4), &short),
-        Err(Error::BufferTooSmall { arg: "pivots", .. })
+        solver.getrf::<f64>(Matrix::new(&a, 4, 4), &mut short),
+        Err(Error::Shape { arg: "pivots", .. })
+    ));
+    let mut tall = Pivots::new(&stream, 10, 4).unwrap();
+    let a10 = upload(&stream, &[1f64; 40]);
+    solver
+        .getrf::<f64>(Matrix::new(&a10, 10, 4), &mut tall)
+        .unwrap_err(); // rank 1: singular, the pivots are written
+    assert!(matches!(
+        solver.getrs::<f64>(Matrix::new(&a, 4, 4), &tall, Matrix::new(&b, 4, 1)),
+        Err(Error::Shape { arg: "pivots", .. })
     ));
     assert!(matches!(
         Solver::new(&Stream::per_thread(&dev)),
-        Err(Error::Shape { arg: "stream", .. })
+        Err(Error::PerThreadStream { .. })
     ));
     assert_eq!(download::<f64>(&stream, &a, 16), vec![1f64; 16]);
     assert_eq!(download::<f64>(&stream, &b, 4), vec![5f64; 4]);
@@ -565,12 +579,12 @@ fn a_captured_solve_replays_new_inputs_with_no_memory_node() {
     let n = 96;
     let da = upload(&stream, &vec![0f64; n * n]);
     let db = upload(&stream, &vec![0f64; n]);
-    let piv = upload(&stream, &vec![0i32; n]);
+    let mut piv = Pivots::new(&stream, n, n).unwrap();
     let dl = upload(&stream, &vec![0f64; n * n]);
     let dc = upload(&stream, &vec![0f64; n]);
     stream.synchronize().unwrap();
     // Cholesky solve of (da, db) and LU solve of (dl, dc), in one graph.
-    let capture = |solver: &mut Solver| {
+    let mut capture = |solver: &mut Solver| {
         cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |_| {
             let e = cudars_graph::Error::other;
             solver
@@ -580,7 +594,7 @@ fn a_captured_solve_replays_new_inputs_with_no_memory_node() {
                 .potrs::<f64>(Matrix::new(&da, n, n), Uplo::Lower, Matrix::new(&db, n, 1))
                 .map_err(e)?;
             solver
-                .getrf::<f64>(Matrix::new(&dl, n, n), &piv)
+                .getrf::<f64>(Matrix::new(&dl, n, n), &mut piv)
                 .map_err(e)?;
             solver
                 .getrs::<f64>(Matrix::new(&dl, n, n), &piv, Matrix::new(&dc, n, 1))
@@ -669,4 +683,115 @@ fn a_captured_solve_replays_new_inputs_with_no_memory_node() {
         solver.potrf::<f64>(Matrix::new(&da, n, n), Uplo::Lower),
         Err(Error::NotPositiveDefinite { index: 6, .. })
     ));
+}
+
+#[test]
+fn a_large_captured_solve_outlives_its_solver_and_each_capture_keeps_its_info() {
+    let _s = serial();
+    let dev = dev0();
+    let stream = Stream::new(&dev).unwrap();
+    let mut solver = Solver::new(&stream).unwrap();
+    let mut rng = Rng::new(90);
+    // Large enough for cuSOLVER's blocked paths (cuBLAS GEMM, TRSM, SYRK inside).
+    let n = 2048;
+    let da = upload(&stream, &vec![0f32; n * n]);
+    let db = upload(&stream, &vec![0f32; n]);
+    stream.synchronize().unwrap();
+    let (free_before, _) = dev.memory_info().unwrap();
+    let graph = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |_| {
+        let e = cudars_graph::Error::other;
+        solver
+            .potrf::<f32>(Matrix::new(&da, n, n), Uplo::Lower)
+            .map_err(e)?;
+        solver
+            .potrs::<f32>(Matrix::new(&da, n, n), Uplo::Lower, Matrix::new(&db, n, 1))
+            .map_err(e)
+    })
+    .unwrap();
+    let dot = std::env::temp_dir().join(format!("cudars-solver-big-{}.dot", std::process::id()));
+    graph.write_dot(&dot, true).unwrap();
+    let text = std::fs::read_to_string(&dot).unwrap().to_lowercase();
+    let _ = std::fs::remove_file(&dot);
+    assert!(
+        !text.contains("mem_alloc") && !text.contains("memalloc"),
+        "a memory node in the {n} x {n} solve"
+    );
+    let exec = graph.instantiate().unwrap();
+    let info = solver.take_capture_info();
+    assert_eq!(info.routines(), vec!["potrf", "potrs"]);
+    // A second capture (LU) of the same solver: its info is its own.
+    let dl = upload(&stream, &vec![0f32; 64 * 64]);
+    let dc = upload(&stream, &vec![0f32; 64]);
+    let mut piv = Pivots::new(&stream, 64, 64).unwrap();
+    let lu = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |_| {
+        let e = cudars_graph::Error::other;
+        solver
+            .getrf::<f32>(Matrix::new(&dl, 64, 64), &mut piv)
+            .map_err(e)?;
+        solver
+            .getrs::<f32>(Matrix::new(&dl, 64, 64), &piv, Matrix::new(&dc, 64, 1))
+            .map_err(e)
+    })
+    .unwrap()
+    .instantiate()
+    .unwrap();
+    let lu_info = solver.take_capture_info();
+    // The solver goes; its handle lives on with the graphs.
+    drop(solver);
+    // An SPD matrix (diagonally dominant) and a right-hand side of a known solution.
+    let mut a = vec![0f32; n * n];
+    for j in 0..n {
+        for i in 0..j {
+            let v = rng.f32() - 0.5;
+            a[i + j * n] = v;
+            a[j + i * n] = v;
+        }
+        a[j + j * n] = n as f32;
+    }
+    let x: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+    let b: Vec<f32> = (0..n)
+        .map(|i| {
+            (0..n)
+                .map(|j| a[i + j * n] as f64 * x[j] as f64)
+                .sum::<f64>() as f32
+        })
+        .collect();
+    for round in 0..2 {
+        da.copy_from_host(&a).unwrap();
+        db.copy_from_host(&b).unwrap();
+        exec.launch(&stream).unwrap();
+        info.check(&stream).unwrap();
+        let got = download::<f32>(&stream, &db, n);
+        let e = got
+            .iter()
+            .zip(&x)
+            .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+        println!("replay {round} of the {n} x {n} captured Cholesky solve, its solver dropped: |x - x*| {e:.1e}");
+        assert!(e < 1e-4, "{e}");
+    }
+    // The LU graph of a singular matrix: its own info says so; the Cholesky graph's is clean.
+    dl.copy_from_host(&vec![1f32; 64 * 64]).unwrap();
+    lu.launch(&stream).unwrap();
+    let e = lu_info.check(&stream).unwrap_err();
+    println!("the LU graph's own info after a singular replay: {e}");
+    assert!(
+        matches!(
+            e,
+            Error::Singular {
+                routine: "getrf",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    info.check(&stream).unwrap();
+    drop(exec);
+    drop(lu);
+    stream.synchronize().unwrap();
+    let (free_after, _) = dev.memory_info().unwrap();
+    println!(
+        "device free memory around the captures: {} -> {} MiB",
+        free_before >> 20,
+        free_after >> 20
+    );
 }
