@@ -1,10 +1,14 @@
 //! GPU: awaiting the device (`cudars_core::completion`, `cudars_xfer::PendingFuture`) on
-//! tokio runtimes.
+//! tokio runtimes, every test in both wake modes (parked, the default, and warm, set for the
+//! whole process while the test runs).
 //!
 //! - 10,000 concurrent futures (both wake strategies, stream and event completions) on a
 //!   multi-threaded runtime resolve only once their kernel's write is visible to the host;
+//!   warm, with a budget longer than the wait, they all spin at once, and the threads that
+//!   spin are never more than the runtime's workers;
 //! - a future awaited while a slow kernel runs leaves the runtime free: another task on a
-//!   single-threaded runtime counts its turns meanwhile;
+//!   single-threaded runtime counts its turns meanwhile (warm: while the future spins through
+//!   the whole kernel, a bounded slice per poll);
 //! - futures and transfer futures dropped mid-flight are collected by the reactor and free
 //!   their buffers after the device is done (run by `run.sh sanitize` too: memcheck must
 //!   find nothing, since no buffer is freed under a DMA);
@@ -27,7 +31,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use cudars_core::completion::{self, WakeStrategy};
+use cudars_core::completion::{self, WakeMode, WakeStrategy, WarmConfig};
 use cudars_core::memory::{PinnedFlags, PinnedMemory};
 use cudars_core::{DevicePtr, Stream};
 use cudars_xfer::{to_device_async, to_host_async, DeviceBuffer, PinnedBuffer};
@@ -55,6 +59,28 @@ fn reactor_drains(limit: Duration) {
     }
 }
 
+/// Sets the process's wake mode while it lives (the tests run one at a time: `serial`).
+struct ProcessMode(WakeMode);
+
+impl ProcessMode {
+    fn set(mode: WakeMode) -> ProcessMode {
+        let previous = completion::wake_mode();
+        completion::set_wake_mode(mode);
+        ProcessMode(previous)
+    }
+}
+
+impl Drop for ProcessMode {
+    fn drop(&mut self) {
+        completion::set_wake_mode(self.0);
+    }
+}
+
+/// Warm with a spin budget of `budget`.
+fn warm(budget: Duration) -> WakeMode {
+    WakeMode::Warm(WarmConfig::new(budget).unwrap())
+}
+
 /// Polls `f` once with a waker that does nothing; `true` when it resolved.
 fn poll_once<F: Future + Unpin>(f: &mut F) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
@@ -62,14 +88,30 @@ fn poll_once<F: Future + Unpin>(f: &mut F) -> bool {
 }
 
 #[test]
-fn ten_thousand_concurrent_futures_complete_with_correct_results() {
+fn ten_thousand_concurrent_futures_complete_with_correct_results_parked() {
     let _serial = serial();
+    let _mode = ProcessMode::set(WakeMode::Parked);
+    ten_thousand_concurrent_futures(false);
+}
+
+#[test]
+fn ten_thousand_concurrent_warm_futures_spin_on_no_more_threads_than_the_workers() {
+    let _serial = serial();
+    // A budget longer than the test: every future spins until its kernel is done.
+    let _mode = ProcessMode::set(warm(Duration::from_secs(10)));
+    ten_thousand_concurrent_futures(true);
+}
+
+/// `n` futures (10,000 by default) of each kind on 4 workers, pending together behind a
+/// gate; `warm`: checks the spinning threads.
+fn ten_thousand_concurrent_futures(warm: bool) {
     // `run.sh sanitize` asks for fewer: every launch is instrumented there.
     let n: usize = std::env::var("CUDA_RS_ASYNC_FUTURES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
     const STREAMS: usize = 16;
+    const WORKERS: usize = 4;
     let dev = dev0();
     let k = Arc::new(Kernels::load(&dev).unwrap());
     let streams: Arc<Vec<Stream>> = Arc::new(
@@ -102,7 +144,8 @@ fn ten_thousand_concurrent_futures_complete_with_correct_results() {
     let arrived = Arc::new(AtomicUsize::new(0));
     let in_flight = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
-    let rt = multi_thread(4);
+    let rt = multi_thread(WORKERS);
+    let before = completion::stats();
     let start = Instant::now();
     let tasks: Vec<_> = (0..n)
         .map(|i| {
@@ -170,6 +213,30 @@ fn ten_thousand_concurrent_futures_complete_with_correct_results() {
         peak.load(Ordering::SeqCst) >= (n / 10).min(1000),
         "the futures were not concurrent"
     );
+    if warm {
+        let spun = stats.warm_threads - before.warm_threads;
+        let resolved = stats.warm_resolved - before.warm_resolved;
+        let parked = stats.warm_parked - before.warm_parked;
+        println!(
+            "warm: {spun} threads spun, at most {} at once; {resolved} futures resolved in \
+             their spin, {parked} parked",
+            stats.warm_spinning_peak
+        );
+        assert!(
+            (1..=WORKERS).contains(&spun),
+            "{spun} threads spun for warm waits; the runtime has {WORKERS} workers"
+        );
+        assert!(
+            stats.warm_spinning_peak <= WORKERS,
+            "{} threads spun at once",
+            stats.warm_spinning_peak
+        );
+        assert!(
+            resolved >= (n / 10) as u64,
+            "only {resolved} of {n} futures resolved while spinning"
+        );
+        assert_eq!(stats.warm_spinning, 0, "a thread still counts as spinning");
+    }
     for s in streams.iter() {
         s.synchronize().unwrap();
     }
@@ -179,12 +246,26 @@ fn ten_thousand_concurrent_futures_complete_with_correct_results() {
 }
 
 #[test]
-fn a_future_awaited_while_a_slow_kernel_runs_leaves_the_runtime_free() {
+fn a_future_awaited_while_a_slow_kernel_runs_leaves_the_runtime_free_parked() {
     let _serial = serial();
+    let _mode = ProcessMode::set(WakeMode::Parked);
+    a_future_awaited_while_a_slow_kernel_runs_leaves_the_runtime_free(false);
+}
+
+#[test]
+fn a_future_awaited_while_a_slow_kernel_runs_leaves_the_runtime_free_warm() {
+    let _serial = serial();
+    // Spinning through the whole 500 ms kernel, in slices of 50 us a poll (the default).
+    let _mode = ProcessMode::set(warm(Duration::from_secs(2)));
+    a_future_awaited_while_a_slow_kernel_runs_leaves_the_runtime_free(true);
+}
+
+fn a_future_awaited_while_a_slow_kernel_runs_leaves_the_runtime_free(warm: bool) {
     let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
     let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
     for strategy in [WakeStrategy::Poll, WakeStrategy::HostFunction] {
+        let before = completion::stats();
         // One runtime thread: if the await blocked it, the other task could not run.
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -219,17 +300,47 @@ fn a_future_awaited_while_a_slow_kernel_runs_leaves_the_runtime_free() {
             waited >= Duration::from_millis(400),
             "resolved before the kernel ended"
         );
+        // Parked: the other task has the thread to itself. Warm: it runs between two polls
+        // of the spinning future (each at most `poll_spin`, 50 us): at least one turn in
+        // two polls.
+        let least = if warm {
+            waited.as_micros() as u64 / (2 * WarmConfig::default().poll_spin().as_micros() as u64)
+        } else {
+            10_000
+        };
         assert!(
-            counted >= 10_000,
-            "the runtime was blocked: {counted} turns"
+            counted >= least,
+            "the runtime was blocked: {counted} turns (at least {least})"
         );
+        if warm {
+            let after = completion::stats();
+            assert_eq!(
+                after.warm_resolved - before.warm_resolved,
+                1,
+                "the future resolved in its spin"
+            );
+            assert_eq!(after.warm_parked, before.warm_parked, "it never parked");
+        }
     }
     reactor_drains(Duration::from_secs(2));
 }
 
 #[test]
-fn futures_dropped_mid_flight_are_collected_and_their_buffers_outlive_the_device_work() {
+fn futures_dropped_mid_flight_are_collected_and_their_buffers_outlive_the_device_work_parked() {
     let _serial = serial();
+    let _mode = ProcessMode::set(WakeMode::Parked);
+    futures_dropped_mid_flight(false);
+}
+
+#[test]
+fn futures_dropped_mid_flight_are_collected_and_their_buffers_outlive_the_device_work_warm() {
+    let _serial = serial();
+    // Dropped mid-spin: polled once, budget left.
+    let _mode = ProcessMode::set(warm(Duration::from_secs(10)));
+    futures_dropped_mid_flight(true);
+}
+
+fn futures_dropped_mid_flight(warm: bool) {
     let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
     let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
@@ -309,11 +420,40 @@ fn futures_dropped_mid_flight_are_collected_and_their_buffers_outlive_the_device
     let after = completion::stats();
     println!("reactor before {before:?}, after {after:?}");
     assert_eq!(after.failed, before.failed, "nothing failed");
+    if warm {
+        assert_eq!(after.warm_spinning, 0, "a thread still counts as spinning");
+        assert!(
+            after.warm_resolved > before.warm_resolved,
+            "no future resolved in its spin (the last await)"
+        );
+        assert_eq!(
+            after.warm_parked, before.warm_parked,
+            "a future dropped mid-spin parked"
+        );
+    }
 }
 
 #[test]
-fn awaited_transfers_give_their_buffers_back_with_the_data() {
+fn awaited_transfers_give_their_buffers_back_with_the_data_parked() {
     let _serial = serial();
+    let _mode = ProcessMode::set(WakeMode::Parked);
+    awaited_transfers_give_their_buffers_back_with_the_data();
+}
+
+#[test]
+fn awaited_transfers_give_their_buffers_back_with_the_data_warm() {
+    let _serial = serial();
+    let _mode = ProcessMode::set(WakeMode::warm());
+    let before = completion::stats();
+    awaited_transfers_give_their_buffers_back_with_the_data();
+    let after = completion::stats();
+    assert!(
+        after.warm_resolved + after.warm_parked > before.warm_resolved + before.warm_parked,
+        "no future took the warm path: {after:?}"
+    );
+}
+
+fn awaited_transfers_give_their_buffers_back_with_the_data() {
     let dev = dev0();
     let k = Kernels::load(&dev).unwrap();
     let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();

@@ -1,6 +1,6 @@
 //! The machinery behind [`Completion`](super::Completion): the state a future shares with
-//! whoever completes it ([`Shared`]), the future itself ([`Wait`]), and the thread that
-//! polls the device ([`Reactor`]).
+//! whoever completes it ([`Shared`]), the future itself ([`Wait`], with its warm spin), and
+//! the thread that polls the device ([`Reactor`], with its per-stream lanes).
 //!
 //! Everything here is generic over a [`Source`] (what says "done", "not yet" or "failed"),
 //! so the state machine runs on a CPU against a fake source in the unit tests; the
@@ -9,7 +9,8 @@
 //! # Who may touch what
 //!
 //! - The future (any thread, any executor) stores its waker, reads the outcome, and on drop
-//!   marks the wait cancelled and drops its own waker.
+//!   marks the wait cancelled and drops its own waker. A warm future queries its own source
+//!   (a clone, for a host-function wait) while it spins, and owns it until it registers.
 //! - The reactor thread queries sources, completes waits, wakes (consuming the waker), and is
 //!   the only place where an entry with its source is dropped: so a source (an event) lives
 //!   until the reactor lets go of it, whatever the future did. A reached entry's payload goes
@@ -21,6 +22,8 @@
 //!   reactor, which completes the wait and wakes the task on its own thread. It never drops
 //!   a reference count and never touches a waker.
 
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -30,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
-use super::{PollConfig, ReactorStats};
+use super::{PollConfig, ReactorStats, WakeMode, WarmConfig};
 
 /// What a wait waits for: a point the device reaches (an event), or a fake in tests.
 pub(crate) trait Source: Send + Sync + 'static {
@@ -234,6 +237,19 @@ pub(crate) struct Entry<S: Source> {
     /// For host-function waits: the source was seen reached, only the host function's
     /// release is awaited (and faults, which stop it from ever running).
     reached: bool,
+    /// Where a polled wait's point lies in its stream (batched by the reactor).
+    lane: Option<Lane>,
+}
+
+/// A stream, as the reactor batches its waits: (device ordinal, stream identity).
+pub(crate) type LaneKey = (usize, u64);
+
+/// Where a point lies in the order of the points this crate recorded on one stream: a
+/// later point reached means every earlier one is (a stream runs its work in order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lane {
+    pub(crate) key: LaneKey,
+    pub(crate) seq: u64,
 }
 
 impl<S: Source> Entry<S> {
@@ -247,7 +263,15 @@ impl<S: Source> Entry<S> {
             recycle,
             next_check: None,
             reached: false,
+            lane: None,
         }
+    }
+
+    /// The same entry, batched with the other waits of its stream when `lane` says where it
+    /// lies.
+    pub(crate) fn in_lane(mut self, lane: Option<Lane>) -> Self {
+        self.lane = lane;
+        self
     }
 
     /// A wait that a host function completes; the reactor checks `source` for faults.
@@ -260,6 +284,7 @@ impl<S: Source> Entry<S> {
             recycle,
             next_check: None,
             reached: false,
+            lane: None,
         }
     }
 
@@ -273,11 +298,31 @@ impl<S: Source> Entry<S> {
             recycle: false,
             next_check: None,
             reached: false,
+            lane: None,
         }
     }
 
     fn source(&self) -> Option<&S> {
         self.source.as_ref()
+    }
+
+    /// The future is gone (polled waits only: a host function's wait stays until it ran).
+    fn is_cancelled(&self) -> bool {
+        self.shared
+            .as_ref()
+            .is_some_and(|s| s.cancelled.load(Ordering::Acquire))
+    }
+
+    /// A polled wait of a known stream: it goes to that stream's lane.
+    fn lane_key(&self) -> Option<LaneKey> {
+        match (&self.lane, &self.host, &self.shared) {
+            (Some(lane), None, Some(_)) => Some(lane.key),
+            _ => None,
+        }
+    }
+
+    fn seq(&self) -> u64 {
+        self.lane.map_or(0, |l| l.seq)
     }
 
     /// Finishes a reached entry: releases the host reference, recycles the source, and
@@ -351,6 +396,67 @@ pub(crate) struct Reactor<S: Source> {
     dropper: OnceLock<Option<std::sync::mpsc::Sender<Payload>>>,
     /// Payloads sent to the drop thread and not yet dropped (counted as waits).
     drops_pending: AtomicUsize,
+    batched: AtomicU64,
+    // Warm waits (counted here so that each test reactor has its own).
+    warm_spinning: AtomicUsize,
+    warm_spinning_peak: AtomicUsize,
+    warm_threads: AtomicUsize,
+    warm_resolved: AtomicU64,
+    warm_parked: AtomicU64,
+}
+
+/// The waits of one stream that the reactor holds, oldest point first.
+struct Lanes<S: Source> {
+    map: HashMap<LaneKey, VecDeque<Entry<S>>>,
+}
+
+impl<S: Source> Lanes<S> {
+    fn new() -> Self {
+        Lanes {
+            map: HashMap::new(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.map.values().map(VecDeque::len).sum()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    fn insert(&mut self, key: LaneKey, entry: Entry<S>) {
+        let lane = self.map.entry(key).or_default();
+        // Points mostly arrive in order (then this is the end); a future polled late lands
+        // before later ones.
+        let seq = entry.seq();
+        let at = lane.partition_point(|e| e.seq() < seq);
+        lane.insert(at, entry);
+    }
+
+    fn drain_all(&mut self) -> impl Iterator<Item = Entry<S>> + '_ {
+        self.map.drain().flat_map(|(_, lane)| lane)
+    }
+
+    fn first_source(&self) -> Option<&S> {
+        self.map
+            .values()
+            .find_map(|lane| lane.iter().find_map(Entry::source))
+    }
+}
+
+/// Counts a thread spinning in a warm poll while it lives.
+struct Spinning<'a>(&'a AtomicUsize);
+
+impl Drop for Spinning<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+thread_local! {
+    /// The reactors this thread has spun for (by address): counts distinct spinning threads.
+    static SPUN_FOR: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
 impl<S: Source> Reactor<S> {
@@ -374,6 +480,12 @@ impl<S: Source> Reactor<S> {
             queries: AtomicU64::new(0),
             dropper: OnceLock::new(),
             drops_pending: AtomicUsize::new(0),
+            batched: AtomicU64::new(0),
+            warm_spinning: AtomicUsize::new(0),
+            warm_spinning_peak: AtomicUsize::new(0),
+            warm_threads: AtomicUsize::new(0),
+            warm_resolved: AtomicU64::new(0),
+            warm_parked: AtomicU64::new(0),
         }
     }
 
@@ -398,7 +510,35 @@ impl<S: Source> Reactor<S> {
             rounds: self.rounds.load(Ordering::Relaxed),
             sleeps: self.sleeps.load(Ordering::Relaxed),
             queries: self.queries.load(Ordering::Relaxed),
+            batched: self.batched.load(Ordering::Relaxed),
+            warm_spinning: self.warm_spinning.load(Ordering::Relaxed),
+            warm_spinning_peak: self.warm_spinning_peak.load(Ordering::Relaxed),
+            warm_threads: self.warm_threads.load(Ordering::Relaxed),
+            warm_resolved: self.warm_resolved.load(Ordering::Relaxed),
+            warm_parked: self.warm_parked.load(Ordering::Relaxed),
         }
+    }
+
+    /// Counts this thread as spinning for a warm wait until the guard drops.
+    fn spinning(&self) -> Spinning<'_> {
+        let now = self.warm_spinning.fetch_add(1, Ordering::Relaxed) + 1;
+        self.warm_spinning_peak.fetch_max(now, Ordering::Relaxed);
+        let me = self as *const Self as usize;
+        let first = SPUN_FOR
+            .try_with(|seen| {
+                let mut seen = seen.borrow_mut();
+                if seen.contains(&me) {
+                    false
+                } else {
+                    seen.push(me);
+                    true
+                }
+            })
+            .unwrap_or(false);
+        if first {
+            self.warm_threads.fetch_add(1, Ordering::Relaxed);
+        }
+        Spinning(&self.warm_spinning)
     }
 
     /// Starts the thread once.
@@ -417,6 +557,11 @@ impl<S: Source> Reactor<S> {
 
     /// Hands `entry` to the reactor (starting it at the first call). On error the entry is
     /// given back, untouched.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the error path is rare (no thread, or a stopped reactor), and the entry \
+                  must come back by value"
+    )]
     pub(crate) fn register(
         &'static self,
         entry: Entry<S>,
@@ -457,7 +602,10 @@ impl<S: Source> Reactor<S> {
             // timer slack to every one of them.
             let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1_000));
         }
+        // Waits of unknown streams, host-function waits, payloads.
         let mut list: Vec<Entry<S>> = Vec::new();
+        // Polled waits of known streams, batched per stream.
+        let mut lanes: Lanes<S> = Lanes::new();
         let mut prepared = false;
         let mut backoff = Backoff::new(self.config());
         loop {
@@ -467,7 +615,7 @@ impl<S: Source> Reactor<S> {
                 if incoming.stop {
                     break;
                 }
-                if list.is_empty() && incoming.entries.is_empty() {
+                if list.is_empty() && lanes.is_empty() && incoming.entries.is_empty() {
                     incoming.parked = true;
                     incoming = self
                         .wakeup
@@ -481,25 +629,38 @@ impl<S: Source> Reactor<S> {
                     backoff = Backoff::new(config);
                 }
                 incoming.host_fired = false;
-                list.append(&mut incoming.entries);
+                for entry in incoming.entries.drain(..) {
+                    match entry.lane_key() {
+                        Some(key) => lanes.insert(key, entry),
+                        None => list.push(entry),
+                    }
+                }
+                // Counted before the lock goes, so that no wait is ever missing from stats.
+                self.entries
+                    .store(list.len() + lanes.len(), Ordering::Relaxed);
             }
             if !prepared {
-                if let Some(source) = list.iter().find_map(Entry::source) {
+                if let Some(source) = list
+                    .iter()
+                    .find_map(Entry::source)
+                    .or_else(|| lanes.first_source())
+                {
                     source.prepare_thread();
                     prepared = true;
                 }
             }
             let now = Instant::now();
-            let progressed = self.round(&mut list, now, &config);
-            self.entries.store(list.len(), Ordering::Relaxed);
+            let progressed = self.round(&mut list, now, &config) | self.round_lanes(&mut lanes);
+            self.entries
+                .store(list.len() + lanes.len(), Ordering::Relaxed);
             self.rounds.fetch_add(1, Ordering::Relaxed);
             if progressed {
                 backoff = Backoff::new(config);
             }
-            if list.is_empty() {
+            if list.is_empty() && lanes.is_empty() {
                 continue;
             }
-            let polled = list.iter().any(|e| e.host.is_none());
+            let polled = !lanes.is_empty() || list.iter().any(|e| e.host.is_none());
             let pause = if polled {
                 backoff.next(config)
             } else {
@@ -547,6 +708,7 @@ impl<S: Source> Reactor<S> {
         }
         // Stopped (tests): whatever is left fails, registered or still queued.
         list.append(&mut lock(&self.incoming).entries);
+        list.extend(lanes.drain_all());
         for entry in list.drain(..) {
             if let Some(shared) = &entry.shared {
                 shared.complete(Err(Error::Reactor("the reactor has stopped".into())));
@@ -556,7 +718,7 @@ impl<S: Source> Reactor<S> {
         self.entries.store(0, Ordering::Relaxed);
     }
 
-    /// One pass over every entry; `true` when any finished.
+    /// One pass over every entry of the list; `true` when any finished.
     fn round(&'static self, list: &mut Vec<Entry<S>>, now: Instant, config: &PollConfig) -> bool {
         let mut progressed = false;
         let mut i = 0;
@@ -569,16 +731,112 @@ impl<S: Source> Reactor<S> {
             progressed = true;
             let entry = list.swap_remove(i);
             match verdict {
-                Verdict::Reached => {
-                    if let Some(payload) = entry.finish_reached() {
-                        self.drop_payload(payload);
-                    }
-                }
+                Verdict::Reached => self.finish_reached(entry),
                 Verdict::Failed => entry.finish_failed(),
                 Verdict::Dropped | Verdict::Keep => drop(entry),
             }
         }
         progressed
+    }
+
+    /// One pass over every stream's lane; `true` when any wait finished.
+    fn round_lanes(&'static self, lanes: &mut Lanes<S>) -> bool {
+        let mut progressed = false;
+        for lane in lanes.map.values_mut() {
+            progressed |= self.round_lane(lane);
+        }
+        lanes.map.retain(|_, lane| !lane.is_empty());
+        progressed
+    }
+
+    /// One stream's waits, oldest point first: the newest point is asked first (reached:
+    /// so is every older one, without a query each); else the oldest ones, in order, up to
+    /// the first not reached (the later ones cannot be). About one query per stream a round.
+    fn round_lane(&'static self, lane: &mut VecDeque<Entry<S>>) -> bool {
+        let before = lane.len();
+        // Futures dropped: their entries go (an event's destruction is deferred by the driver
+        // until its work is done).
+        lane.retain(|e| !e.is_cancelled());
+        let progressed = lane.len() != before;
+        let mut newest_pending = false;
+        if lane.len() > 1 {
+            match lane.back().map(|e| self.query(e)) {
+                Some(Ok(true)) => {
+                    let n = lane.len();
+                    for (i, entry) in lane.drain(..).enumerate() {
+                        if i + 1 < n {
+                            self.batched.fetch_add(1, Ordering::Relaxed);
+                        }
+                        self.reach(entry);
+                    }
+                    return true;
+                }
+                Some(Err(err)) => {
+                    self.fail_all(lane, &err);
+                    return true;
+                }
+                Some(Ok(false)) => newest_pending = true,
+                None => {}
+            }
+        }
+        let mut reached = false;
+        while let Some(front) = lane.front() {
+            if newest_pending && lane.len() == 1 {
+                // The newest point, asked above.
+                break;
+            }
+            match self.query(front) {
+                Ok(true) => {
+                    if let Some(entry) = lane.pop_front() {
+                        self.reach(entry);
+                        reached = true;
+                    }
+                }
+                Ok(false) => break,
+                Err(err) => {
+                    self.fail_all(lane, &err);
+                    return true;
+                }
+            }
+        }
+        progressed || reached
+    }
+
+    /// Asks an entry's source (counted).
+    fn query(&self, entry: &Entry<S>) -> Result<bool> {
+        let Some(source) = entry.source() else {
+            return Ok(true);
+        };
+        self.queries.fetch_add(1, Ordering::Relaxed);
+        source.query()
+    }
+
+    /// Completes a polled entry whose point is reached, wakes its future and finishes it.
+    fn reach(&'static self, entry: Entry<S>) {
+        if let Some(shared) = &entry.shared {
+            shared.complete(Ok(()));
+        }
+        self.completed.fetch_add(1, Ordering::Relaxed);
+        self.finish_reached(entry);
+    }
+
+    /// Fails every entry of a lane with `err` (a sticky error: the stream's points after a
+    /// failed one never come either).
+    fn fail_all(&self, lane: &mut VecDeque<Entry<S>>, err: &Error) {
+        for entry in lane.drain(..) {
+            if let Some(shared) = &entry.shared {
+                shared.complete(Err(err.clone()));
+            }
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            entry.finish_failed();
+        }
+    }
+
+    /// Finishes a reached entry, its payload to the drop thread.
+    fn finish_reached(&'static self, entry: Entry<S>) {
+        if let Some(payload) = entry.finish_reached() {
+            self.drop_payload(payload);
+        }
     }
 
     /// Drops a reached entry's payload on the drop thread (a panicking `Drop` is caught
@@ -710,22 +968,49 @@ impl Backoff {
     }
 }
 
+/// Between two queries of a warm spin: the driver is asked about two million times a second
+/// at most, which leaves its locks to the threads that issue work.
+const QUERY_GAP: Duration = Duration::from_nanos(500);
+
 /// The future behind [`Completion`](super::Completion), generic over its source.
 ///
 /// Not registered until its first poll: a wait whose point is reached by then costs one
-/// query and nothing else; one dropped unpolled costs nothing.
+/// query and nothing else; one dropped unpolled costs nothing. A warm wait is registered
+/// only once its spin budget is spent.
 pub(crate) struct Wait<S: Source> {
     reactor: &'static Reactor<S>,
     state: WaitState<S>,
+    /// The future's own mode; `None`: the polling thread's, else the process's.
+    mode: Option<WakeMode>,
+    /// Where its point lies in its stream, for the reactor's batching.
+    lane: Option<Lane>,
 }
 
 enum WaitState<S: Source> {
     /// Not polled yet: the source, and whether to recycle it.
     Fresh(S, bool),
+    /// Registered with a host function at creation, not polled yet: a clone of the source
+    /// for a warm spin.
+    Hosted(Arc<Shared>, Option<S>),
+    /// Spinning in the polling thread (warm mode), not registered (unless hosted).
+    Warm(Spin<S>),
     /// Registered with the reactor (or a host function).
     Waiting(Arc<Shared>),
     /// Ready was returned; polled again it returns the same.
     Finished(Result<()>),
+}
+
+/// A warm wait's spin.
+struct Spin<S: Source> {
+    source: S,
+    /// Give the source back to its pool once reached (else drop it).
+    recycle: bool,
+    /// The end of the spin budget.
+    until: Instant,
+    /// The longest spin in one poll.
+    poll_spin: Duration,
+    /// A host-function wait's shared state (the reactor completes it too).
+    shared: Option<Arc<Shared>>,
 }
 
 impl<S: Source> Wait<S> {
@@ -733,13 +1018,59 @@ impl<S: Source> Wait<S> {
         Wait {
             reactor,
             state: WaitState::Fresh(source, recycle),
+            mode: None,
+            lane: None,
         }
     }
 
+    /// A wait already registered (a host-function wait), never warm.
+    #[cfg(test)]
     pub(crate) fn registered(reactor: &'static Reactor<S>, shared: Arc<Shared>) -> Self {
         Wait {
             reactor,
             state: WaitState::Waiting(shared),
+            mode: None,
+            lane: None,
+        }
+    }
+
+    /// A host-function wait registered at creation; `spin_source`, a clone of its source,
+    /// serves a warm spin (and is recycled if the spin sees it reached).
+    pub(crate) fn hosted(
+        reactor: &'static Reactor<S>,
+        shared: Arc<Shared>,
+        spin_source: S,
+    ) -> Self {
+        Wait {
+            reactor,
+            state: WaitState::Hosted(shared, Some(spin_source)),
+            mode: None,
+            lane: None,
+        }
+    }
+
+    /// The same wait, batched by the reactor with the other waits of its stream.
+    pub(crate) fn in_lane(mut self, lane: Option<Lane>) -> Self {
+        self.lane = lane;
+        self
+    }
+
+    /// The future's own mode (taken at the first poll that finds the work not done).
+    pub(crate) fn set_mode(&mut self, mode: WakeMode) {
+        self.mode = Some(mode);
+    }
+
+    /// The same wait with its own mode (tests).
+    #[cfg(test)]
+    pub(crate) fn with_mode(mut self, mode: WakeMode) -> Self {
+        self.set_mode(mode);
+        self
+    }
+
+    fn warm_config(&self) -> Option<WarmConfig> {
+        match self.mode.unwrap_or_else(super::ambient_wake_mode) {
+            WakeMode::Warm(config) => Some(config),
+            WakeMode::Parked => None,
         }
     }
 
@@ -747,20 +1078,30 @@ impl<S: Source> Wait<S> {
     pub(crate) fn is_finished(&self) -> bool {
         match &self.state {
             WaitState::Fresh(..) => false,
-            WaitState::Waiting(shared) => shared.outcome().is_some(),
+            WaitState::Hosted(shared, _) | WaitState::Waiting(shared) => shared.outcome().is_some(),
+            WaitState::Warm(spin) => spin.shared.as_ref().is_some_and(|s| s.outcome().is_some()),
             WaitState::Finished(_) => true,
         }
     }
 
     pub(crate) fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        let outcome = match &self.state {
+        let outcome = match &mut self.state {
             WaitState::Finished(outcome) => return Poll::Ready(outcome.clone()),
             WaitState::Waiting(shared) => match shared.poll(cx) {
                 Poll::Ready(outcome) => outcome,
                 Poll::Pending => return Poll::Pending,
             },
+            WaitState::Warm(_) => return self.spin(cx),
             WaitState::Fresh(source, _) => match source.query() {
-                Ok(false) => return self.register(cx),
+                Ok(false) => {
+                    return match self.warm_config() {
+                        Some(config) => {
+                            self.start_spin(config);
+                            self.spin(cx)
+                        }
+                        None => self.register(cx),
+                    }
+                }
                 Ok(true) => {
                     if let WaitState::Fresh(source, true) =
                         std::mem::replace(&mut self.state, WaitState::Finished(Ok(())))
@@ -771,8 +1112,135 @@ impl<S: Source> Wait<S> {
                 }
                 Err(e) => Err(e),
             },
+            WaitState::Hosted(shared, spin_source) => match shared.outcome() {
+                Some(outcome) => {
+                    // The clone goes; reached, it returns to its pool if it is the last.
+                    if let Some(source) = spin_source.take() {
+                        if outcome.is_ok() {
+                            source.recycle();
+                        }
+                    }
+                    outcome
+                }
+                None => {
+                    let shared = Arc::clone(shared);
+                    let spin_source = spin_source.take();
+                    return match (self.warm_config(), spin_source) {
+                        (Some(config), Some(source)) => {
+                            self.state = WaitState::Warm(Spin {
+                                source,
+                                recycle: true,
+                                until: Instant::now() + config.spin_budget(),
+                                poll_spin: config.poll_spin(),
+                                shared: Some(shared),
+                            });
+                            self.spin(cx)
+                        }
+                        (_, source) => {
+                            drop(source);
+                            self.state = WaitState::Waiting(Arc::clone(&shared));
+                            self.poll_wait(cx)
+                        }
+                    };
+                }
+            },
         };
         self.state = WaitState::Finished(outcome.clone());
+        Poll::Ready(outcome)
+    }
+
+    /// A fresh wait whose point is not reached starts spinning.
+    fn start_spin(&mut self, config: WarmConfig) {
+        let until = Instant::now() + config.spin_budget();
+        let state = std::mem::replace(&mut self.state, WaitState::Finished(Ok(())));
+        self.state = match state {
+            WaitState::Fresh(source, recycle) => WaitState::Warm(Spin {
+                source,
+                recycle,
+                until,
+                poll_spin: config.poll_spin(),
+                shared: None,
+            }),
+            other => other,
+        };
+    }
+
+    /// One poll of a warm wait: queries its source, one query every [`QUERY_GAP`], for up
+    /// to the spin of one poll (or what is left of the budget); `Ready` as soon as the
+    /// source answers. Not reached: the task wakes itself and returns `Pending` (its
+    /// executor polls it again after its other ready tasks) while budget is left, else the
+    /// wait takes the parked path.
+    fn spin(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let WaitState::Warm(spin) = &self.state else {
+            return self.poll_wait(cx);
+        };
+        // A host-function wait may have been completed by the reactor meanwhile.
+        if let Some(outcome) = spin.shared.as_ref().and_then(|s| s.outcome()) {
+            return self.end_spin(outcome);
+        }
+        let start = Instant::now();
+        let slice_end = (start + spin.poll_spin).min(spin.until);
+        let answer = {
+            let _spinning = self.reactor.spinning();
+            loop {
+                match spin.source.query() {
+                    Ok(false) => {}
+                    Ok(true) => break Some(Ok(())),
+                    Err(e) => break Some(Err(e)),
+                }
+                let now = Instant::now();
+                if now >= slice_end {
+                    break None;
+                }
+                let next = (now + QUERY_GAP).min(slice_end);
+                while Instant::now() < next {
+                    std::hint::spin_loop();
+                }
+            }
+        };
+        if let Some(outcome) = answer {
+            self.reactor.warm_resolved.fetch_add(1, Ordering::Relaxed);
+            return self.end_spin(outcome);
+        }
+        if Instant::now() < spin.until {
+            // Runnable again at once: the executor's thread stays awake (other ready tasks
+            // run first).
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        // The budget is spent: the parked path.
+        self.reactor.warm_parked.fetch_add(1, Ordering::Relaxed);
+        let state = std::mem::replace(&mut self.state, WaitState::Finished(Ok(())));
+        let WaitState::Warm(spin) = state else {
+            self.state = state;
+            return self.poll_wait(cx);
+        };
+        match spin.shared {
+            Some(shared) => {
+                drop(spin.source);
+                self.state = WaitState::Waiting(shared);
+                self.poll_wait(cx)
+            }
+            None => {
+                self.state = WaitState::Fresh(spin.source, spin.recycle);
+                self.register(cx)
+            }
+        }
+    }
+
+    /// A warm wait learnt its outcome: its source is recycled when reached, else dropped.
+    fn end_spin(&mut self, outcome: Result<()>) -> Poll<Result<()>> {
+        let state = std::mem::replace(&mut self.state, WaitState::Finished(outcome.clone()));
+        if let WaitState::Warm(spin) = state {
+            if outcome.is_ok() && spin.recycle {
+                spin.source.recycle();
+            }
+            // A host-function wait's entry stays with the reactor until the function ran;
+            // the future no longer listens.
+            if let Some(shared) = spin.shared {
+                shared.cancel();
+            }
+        }
         Poll::Ready(outcome)
     }
 
@@ -784,10 +1252,8 @@ impl<S: Source> Wait<S> {
         else {
             return Poll::Pending;
         };
-        match self
-            .reactor
-            .register(Entry::poll(source, Arc::clone(&shared), recycle))
-        {
+        let entry = Entry::poll(source, Arc::clone(&shared), recycle).in_lane(self.lane);
+        match self.reactor.register(entry) {
             Ok(()) => shared.poll(cx),
             Err((e, entry)) => {
                 drop(entry);
@@ -809,8 +1275,14 @@ impl<S: Source> HostSignal for Reactor<S> {
 
 impl<S: Source> Drop for Wait<S> {
     fn drop(&mut self) {
-        if let WaitState::Waiting(shared) = &self.state {
-            shared.cancel();
+        match &self.state {
+            WaitState::Waiting(shared) | WaitState::Hosted(shared, _) => shared.cancel(),
+            WaitState::Warm(Spin {
+                shared: Some(shared),
+                ..
+            }) => shared.cancel(),
+            // A fresh or spinning polled wait owns its source, dropped with it.
+            _ => {}
         }
     }
 }
