@@ -120,6 +120,23 @@ type Memo = Option<(Key, std::sync::Weak<Mutex<Plan>>, u64)>;
 
 thread_local! {
     static LAST: std::cell::RefCell<Memo> = const { std::cell::RefCell::new(None) };
+    /// Set while a one-call transform looks up its plan for a stream being captured: a miss
+    /// is then refused, not planned (planning allocates, which would end the capture).
+    static NO_PLANNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `get` (a lookup) with planning refused on a miss when `stream` is being captured.
+pub(crate) fn for_stream<R>(
+    stream: &cudars_core::Stream,
+    get: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    if crate::plan::capture_of(stream)?.is_none() {
+        return get();
+    }
+    NO_PLANNING.with(|f| f.set(true));
+    let r = get();
+    NO_PLANNING.with(|f| f.set(false));
+    r
 }
 
 /// Bumped by every change to the cache, so a thread's memo of its last hit is used only
@@ -172,6 +189,15 @@ fn lookup_locked(
             c.hits += 1;
             return Ok(p);
         }
+    }
+    if NO_PLANNING.with(std::cell::Cell::get) {
+        return Err(crate::Error::Unsupported {
+            what: "FFT planning",
+            why: "the stream is being captured: cuFFT allocates while it plans, which would \
+                  end the capture; run the transform once before capturing (the cache keeps \
+                  its plan) or capture a Plan made beforehand"
+                .into(),
+        });
     }
     // Planned outside the lock (it takes milliseconds); a racing thread may plan it too,
     // and the later insert wins.

@@ -54,7 +54,7 @@ pub fn exec(
     output: &DevicePtr,
     dir: Direction,
 ) -> Result<()> {
-    let plan = cache::plan(&stream.device(), geometry)?;
+    let plan = cache::for_stream(stream, || cache::plan(&stream.device(), geometry))?;
     run(&plan, stream, input, output, dir)
 }
 
@@ -81,7 +81,9 @@ pub fn c2c<T: Real>(
     batch: usize,
     dir: Direction,
 ) -> Result<()> {
-    let plan = cache::packed(&stream.device(), Transform::C2C, T::PRECISION, shape, batch)?;
+    let plan = cache::for_stream(stream, || {
+        cache::packed(&stream.device(), Transform::C2C, T::PRECISION, shape, batch)
+    })?;
     run(&plan, stream, input, output, dir)
 }
 
@@ -94,7 +96,9 @@ pub fn r2c<T: Real>(
     shape: &[usize],
     batch: usize,
 ) -> Result<()> {
-    let plan = cache::packed(&stream.device(), Transform::R2C, T::PRECISION, shape, batch)?;
+    let plan = cache::for_stream(stream, || {
+        cache::packed(&stream.device(), Transform::R2C, T::PRECISION, shape, batch)
+    })?;
     run(&plan, stream, input, output, Direction::Forward)
 }
 
@@ -107,6 +111,8 @@ pub fn c2r<T: Real>(
     shape: &[usize],
     batch: usize,
 ) -> Result<()> {
-    let plan = cache::packed(&stream.device(), Transform::C2R, T::PRECISION, shape, batch)?;
+    let plan = cache::for_stream(stream, || {
+        cache::packed(&stream.device(), Transform::C2R, T::PRECISION, shape, batch)
+    })?;
     run(&plan, stream, input, output, Direction::Inverse)
 }

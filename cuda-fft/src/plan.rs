@@ -121,7 +121,7 @@ fn capture_may_run() -> bool {
 }
 
 /// The capture `stream` is recorded into (asked of the driver only when one may run).
-fn capture_of(stream: &Stream) -> Result<Option<u64>> {
+pub(crate) fn capture_of(stream: &Stream) -> Result<Option<u64>> {
     let ask = match stream.kind() {
         StreamKind::LegacyNull => false,
         StreamKind::Owned => graph::captures_in_progress(),

@@ -392,6 +392,11 @@ pub struct Solver {
     handle_unkept: bool,
     /// The workspace of captured routines, shared by every capture of this solver.
     capture_work: Kept,
+    /// Blocks of captured `info` words. A block serves one capture at a time; it is used
+    /// again only when nothing else holds it (no graph, no [`CaptureInfo`]).
+    info_blocks: Vec<DevicePtr>,
+    /// The current capture's block and the bytes of it used.
+    info_cursor: Option<(DevicePtr, usize)>,
     /// The capture `captured` belongs to.
     capture: Option<u64>,
     captured: Vec<Captured>,
@@ -432,6 +437,8 @@ impl Solver {
             handle,
             handle_unkept: false,
             capture_work: Kept::default(),
+            info_blocks: Vec::new(),
+            info_cursor: None,
             capture: None,
             captured: Vec::new(),
         };
@@ -577,7 +584,8 @@ impl Solver {
         call: impl FnOnce(cusolverDnHandle_t, &Work) -> Status,
     ) -> Result<()> {
         let (info_at, rwork_at, total) = layout::<T>(&needs)?;
-        let issue = self.stream.issue(self.device)?;
+        let stream = self.stream.clone();
+        let issue = stream.issue(self.device)?;
         let _ctx = self.device.bind()?;
         let capture = capture_of(&self.stream)?;
         for v in views {
@@ -627,6 +635,7 @@ impl Solver {
         }
         if self.capture != Some(id) {
             self.captured.clear();
+            self.info_cursor = None;
             self.capture = Some(id);
         }
         // The graph keeps the handle alive (cuSOLVER's and its cuBLAS's state that captured
@@ -639,21 +648,8 @@ impl Solver {
             .capture_work
             .get(&issue, id, total - info_at, self.device)?
             .as_raw();
-        // This capture's own info words, from its private pool, kept by its graphs.
-        let bytes = needs.infos * 4;
-        let words =
-            cudars_mempool::allocator::alloc_on(&self.stream, bytes).map_err(|e| Error::Pool {
-                bytes,
-                why: format!("captured info words: {e}"),
-            })?;
-        if words.len() < bytes || words.device() != self.device || !words.as_raw().is_multiple_of(4)
-        {
-            return Err(Error::Pool {
-                bytes,
-                why: "the allocator gave a block of another size, device or alignment".into(),
-            });
-        }
-        words.record_stream(&issue)?;
+        // This capture's own info words, kept by its graphs.
+        let words = self.info_words(&issue, needs.infos * 4)?;
         let work = Work {
             info: words.as_raw(),
             work: work_base,
@@ -669,6 +665,61 @@ impl Solver {
             batched: needs.batched,
         });
         Ok(())
+    }
+}
+
+impl Solver {
+    /// `bytes` of `info` words for a routine of the capture `issue` records: from the
+    /// capture's block, or a block nothing else holds (every graph and [`CaptureInfo`] that
+    /// used it is gone), or a new one from the pool (during the capture: its private pool, no
+    /// memory node). The block is marked in the capture, so its graphs keep it.
+    fn info_words(&mut self, issue: &Issue<'_>, bytes: usize) -> Result<DevicePtr> {
+        let step = bytes.next_multiple_of(4);
+        if let Some((block, used)) = &mut self.info_cursor {
+            if *used + bytes <= block.len() {
+                let words = block.slice(*used..*used + bytes)?;
+                *used += step;
+                return Ok(words);
+            }
+        }
+        self.info_cursor = None;
+        let want = bytes.max(256);
+        let free = self
+            .info_blocks
+            .iter()
+            .position(|b| std::sync::Arc::strong_count(b.owner()) == 1 && b.len() >= want);
+        let block = match free {
+            Some(i) => self.info_blocks[i].clone(),
+            None => {
+                let b = cudars_mempool::allocator::alloc_on(issue.stream(), want).map_err(|e| {
+                    Error::Pool {
+                        bytes: want,
+                        why: format!("captured info words: {e}"),
+                    }
+                })?;
+                if b.len() < want || b.device() != self.device || !b.as_raw().is_multiple_of(4) {
+                    return Err(Error::Pool {
+                        bytes: want,
+                        why: "the allocator gave a block of another size, device or alignment"
+                            .into(),
+                    });
+                }
+                self.info_blocks.push(b.clone());
+                b
+            }
+        };
+        block.record_stream(issue)?;
+        if !graph::captures_in_progress() {
+            // A foreign capture keeps nothing: its graphs may write these words for ever.
+            self.info_blocks.retain(|b| b.as_raw() != block.as_raw());
+            forever()
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(block.clone());
+        }
+        let words = block.slice(..bytes)?;
+        self.info_cursor = Some((block, step));
+        Ok(words)
     }
 }
 
@@ -2086,6 +2137,7 @@ impl Drop for HandleOwner {
 impl Drop for Solver {
     fn drop(&mut self) {
         self.captured.clear();
+        self.info_cursor = None;
         self.capture_work.retire();
         if self.handle_unkept {
             forever()

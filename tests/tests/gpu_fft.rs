@@ -563,7 +563,25 @@ fn a_graph_replays_after_its_plan_is_dropped_and_the_cache_cleared() {
     let dout = upload(&stream, &vec![0f32; 2 * n]);
     let d2 = upload(&stream, &vec![0f32; 2 * n]);
     stream.synchronize().unwrap();
-    // One graph through the cache, one through a plan of its own.
+    // A cache miss inside a capture is refused (planning allocates), and the capture lives.
+    cache::clear();
+    let g = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
+        let e = cudars_fft::c2c::<f32>(s, &din, &dout, &[n], 1, Direction::Forward).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Unsupported {
+                    what: "FFT planning",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        Ok(())
+    });
+    assert!(g.is_ok(), "{g:?}");
+    // Planned once outside: one graph through the cache, one through a plan of its own.
+    cudars_fft::c2c::<f32>(&stream, &din, &dout, &[n], 1, Direction::Forward).unwrap();
     let cached = cudars_graph::capture(&stream, CaptureMode::ThreadLocal, |s| {
         cudars_fft::c2c::<f32>(s, &din, &dout, &[n], 1, Direction::Forward)
             .map_err(cudars_graph::Error::other)
