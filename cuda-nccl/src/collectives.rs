@@ -37,6 +37,23 @@ use crate::dtype::{NcclType, ReduceOp};
 use crate::error::{library, Error, Result};
 use crate::group::{self, GroupGuard};
 
+/// Whether `stream` is being captured (asked of the driver only when a capture may run).
+fn captured(stream: &Stream) -> Result<bool> {
+    use cudars_core::graph::{self, CaptureStatus};
+    let ask = match stream.kind() {
+        StreamKind::LegacyNull => false,
+        StreamKind::Owned => graph::captures_in_progress(),
+        _ if stream.captures_announced() => {
+            graph::captures_in_progress() || graph::announced_captures_in_progress()
+        }
+        _ => true,
+    };
+    if !ask {
+        return Ok(false);
+    }
+    Ok(graph::capture_info(stream)?.status != CaptureStatus::None)
+}
+
 fn raw_stream(stream: &Stream) -> cudaStream_t {
     stream.raw() as cudaStream_t
 }
@@ -203,6 +220,10 @@ impl Communicator {
         let issue = stream.issue_any();
         for view in views {
             view.record_stream(&issue)?;
+        }
+        if captured(stream)? {
+            // The capture's graphs keep the communicator alive (see Communicator).
+            self.keep_in_capture(&issue)?;
         }
         let own = if own_group {
             Some(GroupGuard::begin()?)

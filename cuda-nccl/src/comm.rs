@@ -2,11 +2,13 @@
 
 use std::cell::Cell;
 use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use cudars_core::{Device, Stream, StreamKind};
+use cudars_core::memory::DeviceAlloc;
+use cudars_core::{Device, DevicePtr, Stream, StreamKind};
 use cudars_nccl_sys::{config_initializer, ncclComm_t, ncclResult_t, NCCL_SPLIT_NOCOLOR};
 
 use crate::error::{check, library, nccl_error, Error, NcclError, Result};
@@ -75,6 +77,13 @@ impl CommConfig {
 /// at once. A program that drives several GPUs from one thread issues each collective inside a
 /// [`group`](crate::group::group).
 ///
+/// **Graphs.** Collectives may be captured into CUDA graphs (`cudars_graph::capture` on the
+/// communicator's stream). A graph that captured one keeps the communicator alive: dropping
+/// or aborting the communicator while such a graph exists is deferred until the last of them
+/// is gone (the communicator is marked aborted at once, so no new work is issued on it, but
+/// the graphs' replays keep a live communicator). After a foreign capture (not begun through
+/// cuda-core), whose graphs nothing tracks, the communicator is never destroyed.
+///
 /// Moving it to another thread while a [group] of this thread still holds it
 /// (it was used in the open group) is allowed, but the other thread cannot use it until that
 /// group ends ([`Error::HeldByGroup`]), and dropping or aborting it there is deferred to the
@@ -96,6 +105,52 @@ pub struct Communicator {
     /// Threads that issued work of this communicator on their per-thread default stream,
     /// not yet waited for there (see [`Communicator::wait`]).
     per_thread_issuers: Cell<Vec<ThreadId>>,
+    /// The communicator as a zero-byte owner ([`Keeper`]) that graphs capturing its
+    /// collectives hold, and what its last holder does to the communicator; made at the
+    /// first captured collective.
+    keeper: std::cell::OnceCell<(DevicePtr, Arc<AtomicU8>)>,
+}
+
+/// What the last holder of a [`Keeper`] does: nothing (the communicator destroys itself),
+/// destroy it, abort it, or nothing ever (a foreign capture may replay it).
+const KEEP_OWNED: u8 = 0;
+const KEEP_DESTROY: u8 = 1;
+const KEEP_ABORT: u8 = 2;
+const KEEP_FOREVER: u8 = 3;
+
+/// A communicator as a zero-byte allocation: cuda-core's capture keep-alive holds it for the
+/// graphs of each capture that used it, like the memory their nodes use.
+struct Keeper {
+    raw: usize,
+    device: Device,
+    config: CommConfig,
+    fate: Arc<AtomicU8>,
+}
+
+// SAFETY: a zero-byte range (`size() == 0`, `as_raw()` 0, allowed) on the communicator's
+// device; nothing is copied to or from it and the values never change. Its drop only acts
+// on the communicator when the communicator handed it that job (`fate`), after which nothing
+// else uses the handle.
+unsafe impl DeviceAlloc for Keeper {
+    fn device(&self) -> Device {
+        self.device
+    }
+    fn as_raw(&self) -> cudars_core::sys::CUdeviceptr {
+        0
+    }
+    fn size(&self) -> usize {
+        0
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        match self.fate.load(Ordering::Acquire) {
+            KEEP_DESTROY => destroy_raw(self.raw as ncclComm_t, &self.config),
+            KEEP_ABORT => abort_raw(self.raw as ncclComm_t),
+            _ => {}
+        }
+    }
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one thread at a time (NCCL's
@@ -132,7 +187,50 @@ impl Communicator {
             aborted: Cell::new(false),
             hold: Arc::default(),
             per_thread_issuers: Cell::new(Vec::new()),
+            keeper: std::cell::OnceCell::new(),
         }
+    }
+
+    /// Marks the communicator in the capture `issue` records into (its graphs then keep it
+    /// alive); `foreign` when no capture of cuda-core runs (nothing keeps it: it is never
+    /// destroyed).
+    pub(crate) fn keep_in_capture(&self, issue: &cudars_core::Issue<'_>) -> Result<()> {
+        let (ptr, fate) = self.keeper.get_or_init(|| {
+            let fate = Arc::new(AtomicU8::new(KEEP_OWNED));
+            let ptr = DevicePtr::new(Keeper {
+                raw: self.raw as usize,
+                device: self.device,
+                config: self.config.clone(),
+                fate: Arc::clone(&fate),
+            });
+            (ptr, fate)
+        });
+        ptr.record_stream(issue)?;
+        if !cudars_core::graph::captures_in_progress() {
+            fate.store(KEEP_FOREVER, Ordering::Release);
+            forever()
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(ptr.clone());
+        }
+        Ok(())
+    }
+
+    /// When graphs hold the communicator: hands `fate` to the last of them (unless a foreign
+    /// capture made it permanent) and returns `true`.
+    fn hand_to_graphs(&self, fate: u8) -> bool {
+        let Some((ptr, f)) = self.keeper.get() else {
+            return false;
+        };
+        if f.load(Ordering::Acquire) == KEEP_FOREVER {
+            return true;
+        }
+        if Arc::strong_count(ptr.owner()) > 1 {
+            f.store(fate, Ordering::Release);
+            // The communicator's own reference goes with it; the graphs' remain.
+            return true;
+        }
+        false
     }
 
     /// Rank `rank` of `nranks` on `device`, for the communicator named by `id` (the same on
@@ -432,6 +530,9 @@ impl Communicator {
         if self.aborted.replace(true) {
             return Ok(());
         }
+        if self.hand_to_graphs(KEEP_ABORT) {
+            return Ok(());
+        }
         let raw = self.raw as usize;
         if self.hold.defer(move || abort_raw(raw as ncclComm_t)) {
             return Ok(());
@@ -446,6 +547,9 @@ impl Communicator {
     /// group that holds the communicator, if any.
     pub(crate) fn abort_now(&self) {
         if self.aborted.replace(true) {
+            return;
+        }
+        if self.hand_to_graphs(KEEP_ABORT) {
             return;
         }
         let raw = self.raw as usize;
@@ -559,6 +663,10 @@ impl Drop for Communicator {
         if self.aborted.get() {
             return;
         }
+        // Graphs that captured its collectives still replay them: the last one destroys it.
+        if self.hand_to_graphs(KEEP_DESTROY) {
+            return;
+        }
         let raw = self.raw as usize;
         let config = self.config.clone();
         // Still used in an open group (of this thread or another): destroyed at its end.
@@ -569,6 +677,12 @@ impl Drop for Communicator {
             destroy_raw(self.raw, &self.config);
         }
     }
+}
+
+/// Communicators that foreign graphs may replay: never destroyed.
+fn forever() -> &'static std::sync::Mutex<Vec<DevicePtr>> {
+    static FOREVER: std::sync::Mutex<Vec<DevicePtr>> = std::sync::Mutex::new(Vec::new());
+    &FOREVER
 }
 
 /// `ncclCommAbort`, its error dropped (error paths and deferred aborts).

@@ -778,3 +778,127 @@ fn fault_rank(comm: Communicator, stream: &Stream) {
         outcome.unwrap_err()
     );
 }
+
+// ---- captured collectives (#55) ------------------------------------------------------------
+
+/// All-reduce, all-gather, reduce-scatter and broadcast captured in one graph per rank (one
+/// thread per GPU), replayed 1,000 times with new inputs: every replay's results right, the
+/// pool flat over the replays. Then each communicator is dropped while its graph exists: the
+/// graph still replays right (the graph keeps the communicator), and the communicator goes
+/// with the graph.
+#[test]
+fn captured_collectives_replay_new_inputs_and_keep_their_communicator() {
+    let _s = serial();
+    let devices = devices();
+    let n = devices.len();
+    let comms = Communicator::init_all(&devices).expect("init_all");
+    let count = 4096usize;
+    let replays = 1000u32;
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(n));
+    let handles: Vec<_> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(rank, comm)| {
+            let dev = devices[rank];
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let stream = Stream::new(&dev).unwrap();
+                let alloc = |bytes: usize| cudars_mempool::driver::malloc(&stream, bytes).unwrap();
+                let (ar_in, ar_out) = (alloc(count * 4), alloc(count * 4));
+                let (ag_in, ag_out) = (alloc(count * 4), alloc(count * 4 * n));
+                let (rs_in, rs_out) = (alloc(count * 4 * n), alloc(count * 4));
+                let bc = alloc(count * 4);
+                // NCCL connects lazily at a communicator's first collectives (allocating):
+                // run each once before capturing, as PyTorch does.
+                comm.all_reduce::<u32>(&ar_in, &ar_out, count, ReduceOp::Sum, &stream)
+                    .unwrap();
+                comm.all_gather::<u32>(&ag_in, &ag_out, count, &stream)
+                    .unwrap();
+                comm.reduce_scatter::<u32>(&rs_in, &rs_out, count, ReduceOp::Sum, &stream)
+                    .unwrap();
+                comm.broadcast_in_place::<u32>(&bc, count, 0, &stream)
+                    .unwrap();
+                stream.synchronize().unwrap();
+                barrier.wait();
+                let graph =
+                    cudars_graph::capture(&stream, cudars_graph::CaptureMode::ThreadLocal, |s| {
+                        let e = cudars_graph::Error::other;
+                        comm.all_reduce::<u32>(&ar_in, &ar_out, count, ReduceOp::Sum, s)
+                            .map_err(e)?;
+                        comm.all_gather::<u32>(&ag_in, &ag_out, count, s)
+                            .map_err(e)?;
+                        comm.reduce_scatter::<u32>(&rs_in, &rs_out, count, ReduceOp::Sum, s)
+                            .map_err(e)?;
+                        comm.broadcast_in_place::<u32>(&bc, count, 0, s).map_err(e)
+                    })
+                    .expect("capture")
+                    .instantiate()
+                    .expect("instantiate");
+                let pool = cudars_mempool::driver::default_pool().unwrap();
+                let id = cudars_mempool::driver::device_id(&dev);
+                let reserved = || pool.stats(id).unwrap().reserved.current;
+                let before = reserved();
+                let r = rank as u32;
+                let check = |i: u32| {
+                    let sum: u32 = (0..n as u32).map(|q| i + q).sum();
+                    assert!(
+                        read(&ar_out).iter().all(|&v| v == sum),
+                        "all-reduce, replay {i}"
+                    );
+                    let g = read(&ag_out);
+                    for q in 0..n {
+                        assert!(
+                            g[q * count..(q + 1) * count]
+                                .iter()
+                                .all(|&v| v == i * 10 + q as u32),
+                            "all-gather, replay {i}"
+                        );
+                    }
+                    let want: u32 = (0..n as u32).map(|q| i + q + r).sum();
+                    assert!(
+                        read(&rs_out).iter().all(|&v| v == want),
+                        "reduce-scatter, replay {i}"
+                    );
+                    assert!(
+                        read(&bc).iter().all(|&v| v == i + 7),
+                        "broadcast, replay {i}"
+                    );
+                };
+                let fill = |i: u32| {
+                    ar_in.copy_from_host(&vec![i + r; count]).unwrap();
+                    ag_in.copy_from_host(&vec![i * 10 + r; count]).unwrap();
+                    // Block q of rank r's input: i + r + q (reduce-scatter sums block q over ranks).
+                    let blocks: Vec<u32> =
+                        (0..n as u32).flat_map(|q| vec![i + r + q; count]).collect();
+                    rs_in.copy_from_host(&blocks).unwrap();
+                    bc.copy_from_host(&vec![if rank == 0 { i + 7 } else { 0 }; count])
+                        .unwrap();
+                };
+                for i in 0..replays {
+                    fill(i);
+                    graph.launch(&stream).unwrap();
+                    stream.synchronize().unwrap();
+                    check(i);
+                }
+                let after = reserved();
+                // The communicator goes; the graph keeps it and replays right.
+                drop(comm);
+                barrier.wait();
+                fill(replays);
+                graph.launch(&stream).unwrap();
+                stream.synchronize().unwrap();
+                check(replays);
+                drop(graph);
+                (rank, before, after)
+            })
+        })
+        .collect();
+    for h in handles {
+        let (rank, before, after) = h.join().expect("rank thread");
+        println!("rank {rank}: {replays} replays of the captured collectives, pool reserved {before} -> {after} bytes; replayed after the communicator was dropped");
+        assert!(
+            after <= before,
+            "rank {rank}: reserved grew from {before} to {after}"
+        );
+    }
+}
