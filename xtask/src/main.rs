@@ -119,6 +119,7 @@ fn ci(opts: gpu::Options) -> Result<()> {
     if let Some(line) = step_times() {
         println!("{line}");
     }
+    println!("{}", disk_line());
     println!("xtask: CPU steps passed");
     step("GPU suite");
     gpu::run(opts).1
@@ -503,6 +504,62 @@ fn step_times() -> Option<String> {
     });
     *clock = Some((clock.map_or(now, |(first, _)| first), now));
     line
+}
+
+/// What the build left on disk: the size of `target/` and its largest folders, and what `df`
+/// says is free there (CI's machine once ran out of disk in the last step).
+fn disk_line() -> String {
+    fn size(path: &std::path::Path) -> u64 {
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            return 0;
+        };
+        if !meta.is_dir() {
+            return meta.len();
+        }
+        std::fs::read_dir(path)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| size(&e.path()))
+            .sum()
+    }
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let target = util::root().join("target");
+    let mut parts: Vec<(u64, String)> = std::fs::read_dir(&target)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            (
+                size(&e.path()),
+                e.file_name().to_string_lossy().into_owned(),
+            )
+        })
+        .collect();
+    parts.sort_by(|a, b| b.0.cmp(&a.0));
+    let total: u64 = parts.iter().map(|p| p.0).sum();
+    let top: Vec<String> = parts
+        .iter()
+        .take(4)
+        .map(|(b, n)| format!("{n} {:.2}", gib(*b)))
+        .collect();
+    let free = std::process::Command::new("df")
+        .args(["-h", "--output=avail"])
+        .arg(&target)
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .nth(1)
+                .map(|l| l.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    format!(
+        "xtask: target/ holds {:.2} GiB ({}); {free} free",
+        gib(total),
+        top.join(", ")
+    )
 }
 
 fn step(name: &str) {
