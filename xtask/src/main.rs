@@ -536,7 +536,7 @@ fn disk_line() -> String {
             )
         })
         .collect();
-    parts.sort_by(|a, b| b.0.cmp(&a.0));
+    parts.sort_by_key(|p| std::cmp::Reverse(p.0));
     let total: u64 = parts.iter().map(|p| p.0).sum();
     let top: Vec<String> = parts
         .iter()
