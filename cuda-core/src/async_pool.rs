@@ -137,7 +137,7 @@ impl MemPool {
         unsafe { drv!(cuDeviceGetDefaultMemPool(&mut raw, device.raw())) }?;
         Ok(MemPool {
             raw,
-            device: *device,
+            device: device.stamped(),
             owned: false,
         })
     }
@@ -151,7 +151,7 @@ impl MemPool {
         unsafe { drv!(cuDeviceGetMemPool(&mut raw, device.raw())) }?;
         Ok(MemPool {
             raw,
-            device: *device,
+            device: device.stamped(),
             owned: false,
         })
     }
@@ -173,7 +173,7 @@ impl MemPool {
         unsafe { drv!(cuMemPoolCreate(&mut raw, &props)) }?;
         Ok(MemPool {
             raw,
-            device: *device,
+            device: device.stamped(),
             owned: true,
         })
     }

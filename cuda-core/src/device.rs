@@ -7,7 +7,8 @@
 
 use std::ffi::{c_char, c_int, CStr};
 use std::marker::PhantomData;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use cudars_sys::{CUcontext, CUdevice, CUdevice_attribute, CUresult};
 
@@ -31,10 +32,70 @@ pub const MAX_DEVICES: usize = 64;
 /// } // the previous current device is restored here
 /// # Ok::<(), cudars_core::Error>(())
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+///
+/// A `Device` also carries the context generation it was made in (see [`crate::health`]):
+/// handles made with it remember it and fail closed after a [`Device::reset_after_fault`].
+/// Equality and hashing look at the device only, not the generation.
+#[derive(Debug, Clone, Copy)]
 pub struct Device {
     ordinal: i32,
     raw: CUdevice,
+    generation: u32,
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Device) -> bool {
+        self.ordinal == other.ordinal && self.raw == other.raw
+    }
+}
+
+impl Eq for Device {}
+
+impl std::hash::Hash for Device {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.ordinal.hash(state);
+        self.raw.hash(state);
+    }
+}
+
+/// The primary context of each device, once retained (0: not yet). A reset keeps the retain
+/// and asks again (the driver may hand back another handle).
+static PRIMARY: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(0) }; MAX_DEVICES];
+static PRIMARY_INIT: Mutex<()> = Mutex::new(());
+
+/// The ordinal of the device whose primary context is current on this thread, if any (no
+/// error checking: this runs while an error is being built).
+pub(crate) fn current_primary_ordinal() -> Option<usize> {
+    let d = crate::driver::api().ok()?;
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    let r = unsafe { d.cuCtxGetCurrent(&mut ctx) }.ok()?;
+    if !r.is_success() || ctx.is_null() {
+        return None;
+    }
+    PRIMARY
+        .iter()
+        .position(|p| p.load(Ordering::Acquire) == ctx as usize)
+}
+
+/// `cuDevicePrimaryCtxReset`, then the primary context asked for again.
+pub(crate) fn reset_primary(device: &Device) -> Result<()> {
+    let _init = PRIMARY_INIT.lock().unwrap_or_else(PoisonError::into_inner);
+    // SAFETY: a valid device; the caller (health::reset) made sure no call of this crate
+    // is inside the context.
+    unsafe { drv!(cuDevicePrimaryCtxReset(device.raw)) }?;
+    crate::context_note::forget_context();
+    let slot = &PRIMARY[device.ordinal as usize];
+    if slot.load(Ordering::Acquire) != 0 {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid device and out-pointer. The reset kept the earlier retain; this
+        // one is released at once, so the count stays one.
+        unsafe { drv!(cuDevicePrimaryCtxRetain(&mut ctx, device.raw)) }?;
+        // SAFETY: the retain just made.
+        let _ = unsafe { drv!(cuDevicePrimaryCtxRelease(device.raw)) };
+        slot.store(ctx as usize, Ordering::Release);
+    }
+    Ok(())
 }
 
 impl Device {
@@ -44,7 +105,14 @@ impl Device {
         Device {
             ordinal,
             raw: ordinal,
+            generation: 0,
         }
+    }
+
+    /// This device value with another generation (tests of stale handles).
+    #[cfg(test)]
+    pub(crate) fn with_generation(self, generation: u32) -> Device {
+        Device { generation, ..self }
     }
 
     /// The device with this ordinal; [`Error::InvalidDevice`] when it does not exist.
@@ -59,7 +127,40 @@ impl Device {
         Ok(Device {
             ordinal: ordinal as i32,
             raw,
+            generation: crate::health::generation(ordinal),
         })
+    }
+
+    /// The context generation this value carries (see [`crate::health`]).
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// This device with the current generation: what a new handle stores.
+    pub fn stamped(&self) -> Device {
+        Device {
+            generation: crate::health::generation(self.ordinal as usize),
+            ..*self
+        }
+    }
+
+    /// The state of this device's context: healthy, or lost with the sticky error that
+    /// lost it, and its generation. Asks no driver.
+    pub fn health(&self) -> crate::health::Health {
+        crate::health::health(self.ordinal as usize)
+    }
+
+    /// Resets this device's primary context after a fault (`cuDevicePrimaryCtxReset`), once
+    /// no thread is inside a call of this crate on it (calls that start meanwhile fail with
+    /// [`Error::ContextLost`]; after [`crate::health::RESET_WAIT`], [`Error::Timeout`] and
+    /// nothing is reset), and starts a new context generation.
+    ///
+    /// Every handle of the old context (streams, events, memory, pool blocks, modules,
+    /// graphs) fails closed afterwards with [`Error::ContextLost`], and dropping one frees
+    /// nothing. New handles work. A healthy context may be reset too: its handles fail
+    /// closed the same way. See [`crate::health`] for what a service does around it.
+    pub fn reset_after_fault(&self) -> Result<()> {
+        crate::health::reset(self)
     }
 
     /// Every device, in ordinal order.
@@ -110,18 +211,22 @@ impl Device {
 
     /// The device's primary context, retained on first use and kept for the process's life.
     pub fn primary_context(&self) -> Result<CUcontext> {
-        static PRIMARY: [OnceLock<Result<usize, Error>>; MAX_DEVICES] =
-            [const { OnceLock::new() }; MAX_DEVICES];
-        PRIMARY[self.ordinal as usize]
-            .get_or_init(|| {
-                let mut ctx: CUcontext = std::ptr::null_mut();
-                // SAFETY: valid device and out-pointer. The retain is never released: the
-                // context lives as long as the process, as the runtime's does.
-                unsafe { drv!(cuDevicePrimaryCtxRetain(&mut ctx, self.raw)) }?;
-                Ok(ctx as usize)
-            })
-            .clone()
-            .map(|p| p as CUcontext)
+        let slot = &PRIMARY[self.ordinal as usize];
+        let known = slot.load(Ordering::Acquire);
+        if known != 0 {
+            return Ok(known as CUcontext);
+        }
+        let _init = PRIMARY_INIT.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = slot.load(Ordering::Acquire);
+        if known != 0 {
+            return Ok(known as CUcontext);
+        }
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid device and out-pointer. The retain is never released: the context
+        // lives as long as the process, as the runtime's does.
+        unsafe { drv!(cuDevicePrimaryCtxRetain(&mut ctx, self.raw)) }?;
+        slot.store(ctx as usize, Ordering::Release);
+        Ok(ctx)
     }
 
     /// Makes this device current on the calling thread (CuPy's `Device.use()`).
@@ -155,7 +260,11 @@ impl Device {
     /// Makes this device's context current for the life of the returned guard, only if it is
     /// not already (then the guard does nothing). Every `cuda-core` operation that needs a
     /// current context goes through this, so it never depends on what the caller made current.
+    ///
+    /// Fails with [`Error::ContextLost`], without calling the driver, while the device's
+    /// context is lost or being reset.
     pub fn bind(&self) -> Result<ContextBinding> {
+        let call = crate::health::enter(self)?;
         let target = self.primary_context()?;
         let mut current: CUcontext = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
@@ -163,6 +272,7 @@ impl Device {
         if current == target {
             return Ok(ContextBinding {
                 pushed: false,
+                _call: call,
                 _not_send: PhantomData,
             });
         }
@@ -172,6 +282,7 @@ impl Device {
         unsafe { drv!(cuCtxPushCurrent(target)) }?;
         Ok(ContextBinding {
             pushed: true,
+            _call: call,
             _not_send: PhantomData,
         })
     }
@@ -340,6 +451,9 @@ impl Drop for DeviceScope {
 #[derive(Debug)]
 pub struct ContextBinding {
     pushed: bool,
+    /// Counts this thread inside a call on the device until the binding drops (a reset
+    /// waits for it).
+    _call: crate::health::InCall,
     _not_send: PhantomData<*const ()>,
 }
 

@@ -28,7 +28,7 @@ pub(crate) fn check(result: CUresult, call: &'static str) -> Result<()> {
     if result.is_success() {
         Ok(())
     } else {
-        Err(Error::Driver(DriverError::new(result, call)))
+        Err(crate::health::on_error(DriverError::new(result, call)))
     }
 }
 

@@ -266,6 +266,25 @@ pub enum Error {
         /// Paths tried, with reasons.
         tried: String,
     },
+    /// The device's context is lost (a kernel faulted: a sticky error), or the handle used
+    /// belongs to a context generation that a [`Device::reset_after_fault`] ended. Every
+    /// call on the device returns this until the reset; see [`crate::health`].
+    ///
+    /// [`Device::reset_after_fault`]: crate::Device::reset_after_fault
+    #[error("the CUDA context of device {device} is lost{}", match .first {
+        Some(first) => format!(" ({first}); reset it with Device::reset_after_fault"),
+        None => " (it was reset); make the handle again".to_string(),
+    })]
+    ContextLost {
+        /// The device's ordinal.
+        device: usize,
+        /// The sticky error that lost the context (`None` when a healthy context was
+        /// reset under the handle).
+        first: Option<DriverError>,
+    },
+    /// Something waited longer than its bound.
+    #[error("timed out: {0}")]
+    Timeout(String),
 }
 
 impl Error {
@@ -274,8 +293,23 @@ impl Error {
     pub fn driver(&self) -> Option<&DriverError> {
         match self {
             Error::Driver(d) => Some(d),
+            Error::ContextLost { first, .. } => first.as_ref(),
             Error::Crate(c) => c.driver(),
             _ => None,
+        }
+    }
+
+    /// `true` for [`Error::ContextLost`], and for a sticky driver error (see
+    /// [`crate::health::STICKY`]) as itself or at the root of a converted [`Error::Crate`]:
+    /// a call made where this crate could not tell the device returns the driver's error.
+    pub fn is_context_lost(&self) -> bool {
+        match self {
+            Error::ContextLost { .. } => true,
+            Error::Driver(d) => crate::health::is_sticky(d.result()),
+            Error::Crate(c) => c
+                .driver()
+                .is_some_and(|d| crate::health::is_sticky(d.result())),
+            _ => false,
         }
     }
 

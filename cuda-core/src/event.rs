@@ -209,7 +209,7 @@ impl Event {
     /// A builder for an event on `device`. Defaults: **timing off**, spin-waiting, local.
     pub fn builder(device: &Device) -> EventBuilder {
         EventBuilder {
-            device: *device,
+            device: device.stamped(),
             blocking_sync: false,
             disable_timing: true,
             interprocess: false,
@@ -330,6 +330,7 @@ impl Event {
             return Err(Error::EventNotRecorded);
         }
         let mut ms = 0f32;
+        crate::health::usable(&end.device())?;
         with_context(start.device(), false, |_| {
             // SAFETY: two live, recorded events of one device; valid out-pointer.
             unsafe {
@@ -522,6 +523,7 @@ impl Stream {
     /// Makes later work on this stream wait for `event`'s recorded work (the event may
     /// belong to another device).
     pub fn wait_event(&self, event: &Event) -> Result<()> {
+        crate::health::usable(&event.device())?;
         self.with_context(|_| {
             // SAFETY: live stream and event.
             unsafe { drv!(cuStreamWaitEvent(self.raw(), event.raw(), 0)) }

@@ -348,7 +348,7 @@ macro_rules! handle_type {
             pub fn new(device: &Device) -> Result<$name> {
                 let lib = opened(&$spec, &$cell)?;
                 let raw = create(&$spec, lib, device)?;
-                Ok($name { raw, device: *device, owned: true })
+                Ok($name { raw, device: device.stamped(), owned: true })
             }
 
             #[doc = concat!("The `", $c_type, "` value, to pass to the library's functions.")]
@@ -396,7 +396,7 @@ static SHARED_CUSOLVER: [OnceLock<CusolverHandle>; MAX_DEVICES] =
 /// call (opening cuBLAS if needed), then the same handle for every later call with this device,
 /// from any thread. Never destroyed. See [`CublasHandle`] for the threading rule.
 pub fn cublas_handle(device: &Device) -> Result<&'static CublasHandle> {
-    shared(&SHARED_CUBLAS, device, || {
+    shared(&SHARED_CUBLAS, device, CublasHandle::device, || {
         CublasHandle::new(device).map(|mut h| {
             h.owned = false;
             h
@@ -412,7 +412,7 @@ pub fn current_cublas_handle() -> Result<&'static CublasHandle> {
 /// The shared cuSOLVER dense handle of `device` (CuPy's `Device.cusolver_handle`); see
 /// [`cublas_handle`].
 pub fn cusolver_handle(device: &Device) -> Result<&'static CusolverHandle> {
-    shared(&SHARED_CUSOLVER, device, || {
+    shared(&SHARED_CUSOLVER, device, CusolverHandle::device, || {
         CusolverHandle::new(device).map(|mut h| {
             h.owned = false;
             h
@@ -420,9 +420,13 @@ pub fn cusolver_handle(device: &Device) -> Result<&'static CusolverHandle> {
     })
 }
 
+/// The shared handle of `device`, made on first use. A handle made before a
+/// [`Device::reset_after_fault`] belongs to the destroyed context: it is refused with
+/// [`Error::ContextLost`] (make a handle of your own with `new` after a reset).
 fn shared<H>(
     cells: &'static [OnceLock<H>; MAX_DEVICES],
     device: &Device,
+    device_of: fn(&H) -> Device,
     make: impl FnOnce() -> Result<H>,
 ) -> Result<&'static H> {
     let cell = cells.get(device.ordinal()).ok_or(Error::InvalidDevice {
@@ -430,12 +434,14 @@ fn shared<H>(
         count: MAX_DEVICES,
     })?;
     if let Some(h) = cell.get() {
+        crate::health::usable(&device_of(h))?;
         return Ok(h);
     }
     // One creator at a time, so a device never gets two shared handles. `make` opens the
     // library under the other lock, OPENING.
     let _lock = CREATING.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(h) = cell.get() {
+        crate::health::usable(&device_of(h))?;
         return Ok(h);
     }
     let made = make()?;

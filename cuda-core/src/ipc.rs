@@ -452,7 +452,7 @@ impl IpcMapping {
         let mapping = Arc::new(IpcMapping {
             ptr,
             size,
-            device: *device,
+            device: device.stamped(),
             handle: *handle,
             cross: CrossDeviceUses::default(),
         });
@@ -808,7 +808,7 @@ impl SharedMapping {
         Ok(SharedMapping {
             range: ManuallyDrop::new(range),
             physical: ManuallyDrop::new(physical),
-            device: *device,
+            device: device.stamped(),
             cross: CrossDeviceUses::default(),
             moved: false,
         })

@@ -126,7 +126,10 @@ impl Stream {
 #[inline]
 fn same_device(what: &'static str, expected: Device, actual: Device) -> Result<()> {
     if expected == actual {
-        Ok(())
+        // Both handles must be of the device's live context generation (a reset ended the
+        // other ones: their addresses and handles may now name the new context's objects).
+        crate::health::usable(&expected)?;
+        crate::health::usable(&actual)
     } else {
         Err(Error::WrongDevice {
             what,

@@ -6,6 +6,7 @@
 //! | crate root | [`is_available`], [`device_count`], [`driver_version`], [`bindings_version`] | `is_available`, `get_local_runtime_version` |
 //! | [`features`] | what the running driver supports (CUDA 12.0 through 13.x), [`Feature`] checks | - |
 //! | [`device`] | [`Device`], scopes, attributes, peer access | `Device` |
+//! | [`health`] | surviving a device fault: a lost context detected at its first sticky error, [`Error::ContextLost`] from every call, [`Device::health`], [`Device::reset_after_fault`] and generations that make old handles fail closed | - |
 //! | [`stream`] | [`Stream`], builder, current stream per thread, host callbacks | `Stream`, `ExternalStream`, `get_current_stream` |
 //! | [`event`] | [`Event`], builder, timing, interprocess handles | `Event`, `get_elapsed_time` |
 //! | [`completion`] | awaiting the GPU: [`Completion`] futures from [`Event::completion`] and [`Stream::completion`], one reactor thread, faults reach every waiter, [`completion::drop_after`] | - |
@@ -48,6 +49,7 @@ pub mod features;
 pub mod graph;
 #[cfg(feature = "library-handles")]
 pub mod handles;
+pub mod health;
 #[cfg(unix)]
 pub mod ipc;
 pub mod issue;
@@ -68,6 +70,7 @@ pub use driver::{bindings_version, device_count, driver_version, is_available, C
 pub use error::{CrateError, DriverError, Error, Result};
 pub use event::{Event, EventBuilder, IpcEventHandle};
 pub use features::Feature;
+pub use health::Health;
 pub use issue::Issue;
 pub use memory::{
     DeviceAlloc, DeviceMemory, DevicePtr, HostRegistration, Location, ManagedMemory, PinnedMemory,

@@ -209,7 +209,7 @@ impl Module {
             Ok(()) => Ok(Module {
                 inner: Arc::new(ModuleInner {
                     raw,
-                    device: *device,
+                    device: device.stamped(),
                 }),
             }),
             Err(Error::Driver(e)) => {

@@ -334,7 +334,7 @@ impl Stream {
     /// A builder for a stream on `device`.
     pub fn builder(device: &Device) -> StreamBuilder {
         StreamBuilder {
-            device: *device,
+            device: device.stamped(),
             non_blocking: false,
             priority: PriorityRequest::Default,
         }
@@ -344,7 +344,7 @@ impl Stream {
     pub fn null(device: &Device) -> Stream {
         Stream {
             raw: std::ptr::null_mut(),
-            device: *device,
+            device: device.stamped(),
             kind: StreamKind::LegacyNull,
             owner: None,
             identity: 0,
@@ -357,7 +357,7 @@ impl Stream {
     pub fn per_thread(device: &Device) -> Stream {
         Stream {
             raw: PER_THREAD_HANDLE as CUstream,
-            device: *device,
+            device: device.stamped(),
             kind: StreamKind::PerThread,
             owner: None,
             identity: PER_THREAD_HANDLE as u64,
@@ -466,14 +466,14 @@ impl Stream {
         };
         Ok(Stream {
             raw,
-            device: *device,
+            device: device.stamped(),
             kind,
             identity,
             announced: announced && kind == StreamKind::External,
             owner: keep_alive.map(|k| {
                 Arc::new(Owner {
                     raw,
-                    device: *device,
+                    device: device.stamped(),
                     destroy: false,
                     panics: OnceLock::new(),
                     _keep_alive: Some(k),
@@ -796,6 +796,8 @@ pub(crate) fn with_context<T>(
     mut call: impl FnMut(&'static Driver) -> Result<T>,
 ) -> Result<T> {
     let d = api()?;
+    // A handle of an ended generation, or a lost context: refused here, before the driver.
+    let _call = crate::health::enter(&device)?;
     let binding = if implicit {
         Some(device.bind()?)
     } else if crate::context_note::context_seen() {
@@ -849,6 +851,8 @@ pub(crate) fn launch_in_context(
     stream: &Stream,
     mut call: impl FnMut() -> Result<()>,
 ) -> Result<()> {
+    let _call = crate::health::enter(&device)?;
+    crate::health::usable(&stream.device())?;
     let target = device.primary_context()? as usize;
     let noted = stream.kind() == StreamKind::Owned
         && !crate::capture_gate::captures_in_progress()

@@ -128,7 +128,7 @@ impl VirtualRange {
         Ok(VirtualRange {
             base,
             size,
-            device: *device,
+            device: device.stamped(),
         })
     }
 
@@ -275,7 +275,7 @@ impl PhysicalAllocation {
         Ok(PhysicalAllocation {
             handle,
             size,
-            device: *device,
+            device: device.stamped(),
         })
     }
 

@@ -44,7 +44,8 @@
 //! `cudars_core::DevicePtr` is a view owning its memory, and [`PoolMemory`] converts into it.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudars_core::graph::CaptureStatus;
 use cudars_core::memory::DevicePtr;
@@ -184,6 +185,15 @@ unsafe impl Backend for DriverBackend {
 
     #[inline]
     fn stream_key(&self, stream: &Stream) -> Result<StreamKey, PoolError> {
+        // A lost context, or one reset since this backend (or the stream) was made: the
+        // pool hands out nothing of it, cached blocks included (every allocation and
+        // record_stream asks for the key first). The old segments stay with the old
+        // generation's devices, whose frees the generation check turns into nothing.
+        let device = stream.device();
+        if let Some(own) = self.devices.get(device.ordinal()) {
+            cudars_core::health::usable(own)?;
+        }
+        cudars_core::health::usable(&device)?;
         if stream.kind() == StreamKind::PerThread {
             // CU_STREAM_PER_THREAD names the calling thread's own stream: its cache is that
             // thread's, and the pool uses the handle from that thread only (see
@@ -811,12 +821,28 @@ impl From<PoolMemory> for DevicePtr {
     }
 }
 
-static DEFAULT_POOL: OnceLock<Arc<DevicePool>> = OnceLock::new();
+/// The current default pool (null: not made yet). Pools replaced after a reset are leaked,
+/// never freed: `default_pool` hands out `&'static` references.
+static DEFAULT_POOL: AtomicPtr<Arc<DevicePool>> = AtomicPtr::new(std::ptr::null_mut());
 static DEFAULT_POOL_INIT: Mutex<()> = Mutex::new(());
+
+/// `true` while every device of `pool` is of its live context generation.
+fn current_generation(pool: &DevicePool) -> bool {
+    !pool
+        .backend()
+        .devices
+        .iter()
+        .any(cudars_core::health::is_stale)
+}
 
 /// The process-wide default pool (CuPy's `get_default_memory_pool`), created on first use
 /// over every device, configured from the environment (see
 /// [`LIMIT_ENV_VAR`](crate::LIMIT_ENV_VAR)).
+///
+/// After a [`Device::reset_after_fault`](cudars_core::Device::reset_after_fault) the next
+/// call makes a new default pool: the old one keeps failing closed with
+/// `ContextLost` for the reset device (its blocks and segments belong to the old context,
+/// and dropping them frees nothing), and what it caches on other devices stays cached there.
 ///
 /// ```no_run
 /// let pool = cudars_mempool::default_pool()?;
@@ -824,16 +850,25 @@ static DEFAULT_POOL_INIT: Mutex<()> = Mutex::new(());
 /// # Ok::<(), cudars_mempool::PoolError>(())
 /// ```
 pub fn default_pool() -> Result<&'static Arc<DevicePool>, PoolError> {
-    if let Some(p) = DEFAULT_POOL.get() {
-        return Ok(p);
+    let known = DEFAULT_POOL.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer is a leaked Box, never freed.
+    if let Some(p) = unsafe { known.as_ref() } {
+        if current_generation(p) {
+            return Ok(p);
+        }
     }
     // A failed creation is not cached: the next call tries again.
     let _guard = DEFAULT_POOL_INIT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = DEFAULT_POOL.get() {
-        return Ok(p);
+    let known = DEFAULT_POOL.load(Ordering::Acquire);
+    // SAFETY: as above.
+    if let Some(p) = unsafe { known.as_ref() } {
+        if current_generation(p) {
+            return Ok(p);
+        }
     }
-    let pool = Arc::new(DevicePool::new_driver()?);
-    Ok(DEFAULT_POOL.get_or_init(|| pool))
+    let pool: &'static Arc<DevicePool> = Box::leak(Box::new(Arc::new(DevicePool::new_driver()?)));
+    DEFAULT_POOL.store(std::ptr::from_ref(pool).cast_mut(), Ordering::Release);
+    Ok(pool)
 }
 
 /// Allocates `size` bytes on `stream` from the [`default_pool`], as a `cudars_core` view.

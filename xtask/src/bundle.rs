@@ -38,6 +38,7 @@ pub const SUITE: &[&str] = &[
     "gpu_rtc",
     "gpu_async",
     "gpu_async_fault",
+    "gpu_fault_reset",
     "gpu_dlpack",
     "gpu_blas",
     "gpu_rand",
@@ -635,10 +636,10 @@ case "$mode" in
     sanitizer=("$cs" --tool memcheck --report-api-errors no --target-processes all --error-exitcode 86 --print-limit 20)
     export CUDA_RS_STREAMS="${CUDA_RS_STREAMS:-2000}"  # the stream-churn test, shorter under the tool
     export CUDA_RS_ASYNC_FUTURES="${CUDA_RS_ASYNC_FUTURES:-1000}"  # gpu_async's concurrent futures, fewer under the tool
-    # gpu_xfer_fault and gpu_async_fault (its child) provoke a kernel fault on purpose:
+    # gpu_xfer_fault, gpu_async_fault and gpu_fault_reset (their children) provoke kernel faults on purpose:
     # memcheck would report it, rightly; gpu_nvtx installs itself as the NVTX tool, which
     # compute-sanitizer already is. gpu_async (futures dropped mid-flight) does run here.
-    names="$(printf '%s\n' $suite | grep -vxE 'gpu_xfer_fault|gpu_async_fault|gpu_nvtx' | tr '\n' ' ')"
+    names="$(printf '%s\n' $suite | grep -vxE 'gpu_xfer_fault|gpu_async_fault|gpu_fault_reset|gpu_nvtx' | tr '\n' ' ')"
     run_tests; names=""; two_gpu ;;
   bench)
     # Rows go to $BENCH_OUT/results.csv (ours, raw) and peers.csv (CuPy, PyTorch);

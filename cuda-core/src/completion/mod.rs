@@ -523,19 +523,27 @@ static EVENT_POOLS: [Mutex<Vec<Event>>; MAX_DEVICES] =
 /// An untimed event of `stream`'s device, from the pool when one is idle.
 fn pooled_event(stream: &Stream) -> Result<Event> {
     let device = stream.device();
-    let reused = EVENT_POOLS
-        .get(device.ordinal())
-        .and_then(|p| p.lock().unwrap_or_else(PoisonError::into_inner).pop());
-    match reused {
-        Some(event) => Ok(event),
-        None => Event::new(&device),
+    if let Some(pool) = EVENT_POOLS.get(device.ordinal()) {
+        let mut pool = pool.lock().unwrap_or_else(PoisonError::into_inner);
+        // Events of an ended context generation are dropped (which frees nothing), never
+        // reused.
+        while let Some(event) = pool.pop() {
+            if !crate::health::is_stale(&event.device()) {
+                return Ok(event);
+            }
+        }
     }
+    Event::new(&device)
 }
 
 /// Keeps `event` for a later [`Stream::completion`] if nobody else holds it (it completed;
 /// re-recording it is fine).
 fn recycle_event(event: Event) {
-    if !event.is_unique() || event.timing_enabled() || event.is_interprocess() {
+    if !event.is_unique()
+        || event.timing_enabled()
+        || event.is_interprocess()
+        || crate::health::usable(&event.device()).is_err()
+    {
         return;
     }
     if let Some(pool) = EVENT_POOLS.get(event.device().ordinal()) {

@@ -50,7 +50,7 @@ impl GraphHandle {
         unsafe { drv!(cuGraphCreate(&mut raw, 0)) }?;
         Ok(GraphHandle {
             raw,
-            device: *device,
+            device: device.stamped(),
             keep: Arc::default(),
         })
     }

@@ -52,7 +52,7 @@ impl DeviceMemory {
         Ok(DeviceMemory {
             ptr,
             size,
-            device: *device,
+            device: device.stamped(),
             cross: CrossDeviceUses::default(),
         })
     }

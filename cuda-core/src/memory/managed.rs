@@ -142,11 +142,12 @@ impl ManagedMemory {
             // SAFETY: the device's context is current; valid out-pointer; the driver checks
             // the flags.
             unsafe { drv!(cuMemAllocManaged(&mut ptr, size, attach.0)) }?;
+            crate::health::host_allocation_made(device.ordinal());
         }
         Ok(ManagedMemory {
             ptr,
             size,
-            device: *device,
+            device: device.stamped(),
             cross: CrossDeviceUses::default(),
         })
     }
@@ -261,6 +262,8 @@ impl Drop for ManagedMemory {
         };
         // Other devices' work first (`cuMemFree` waits for this device's only); leaked if a
         // wait fails, since that work may still run.
+        // Freed or leaked below, no reference to it is left: a reset need not wait for it.
+        crate::health::host_allocation_gone(self.device.ordinal());
         if !self.cross.wait_all() {
             crate::release::note_leak();
             return;

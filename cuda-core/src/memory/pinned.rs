@@ -88,7 +88,7 @@ impl PinnedMemory {
                 size: 0,
                 flags,
                 device_ptr: None,
-                device: *device,
+                device: device.stamped(),
             });
         }
         let _ctx = device.bind()?;
@@ -100,12 +100,13 @@ impl PinnedMemory {
                 "cuMemHostAlloc returned a null pointer".into(),
             ));
         };
+        crate::health::host_allocation_made(device.ordinal());
         let mut mem = PinnedMemory {
             ptr,
             size,
             flags,
             device_ptr: None,
-            device: *device,
+            device: device.stamped(),
         };
         if flags.contains(PinnedFlags::DEVICE_MAP) {
             let mut dptr: CUdeviceptr = 0;
@@ -147,6 +148,7 @@ impl PinnedMemory {
             unsafe { drv!(cuMemHostGetDevicePointer(&mut dptr, ptr.cast(), 0)) }?;
             device_ptr = Some(dptr);
         }
+        crate::health::host_allocation_made(device.ordinal());
         Ok(PinnedMemory {
             ptr: nn,
             size,
@@ -164,6 +166,9 @@ impl PinnedMemory {
         if this.size == 0 {
             (std::ptr::null_mut(), 0)
         } else {
+            // No longer this crate's: a device reset no longer waits for it (the raw
+            // pointer's holder answers for it, as for any raw pointer).
+            crate::health::host_allocation_gone(this.device.ordinal());
             (this.ptr.as_ptr(), this.size)
         }
     }
@@ -302,6 +307,8 @@ impl Drop for PinnedMemory {
             // SAFETY: we own the allocation from cuMemHostAlloc; no reference outlives self.
             let _ = unsafe { drv!(cuMemFreeHost(self.ptr.as_ptr().cast())) };
         }
+        // Freed, or left to the context (lost or reset): no reference to it is left.
+        crate::health::host_allocation_gone(self.device.ordinal());
     }
 }
 
@@ -432,7 +439,7 @@ impl<B: HostBuffer> HostRegistration<B> {
             registered: None,
             bytes,
             device_ptr: None,
-            device: *device,
+            device: device.stamped(),
         };
         if bytes == 0 {
             return Ok(reg);

@@ -162,6 +162,9 @@ impl DevicePtr {
     /// mark until the work is issued: a capture begun on another thread in between would
     /// capture work whose memory nothing keeps alive.
     pub fn record_stream(&self, issue: &Issue<'_>) -> Result<()> {
+        // Memory of an ended context generation is refused before any work is queued: its
+        // address may now belong to the new context.
+        crate::health::usable(&self.device)?;
         let stream = issue.stream();
         self.owner.record_stream(stream)?;
         crate::graph::keep_alive_in_capture(stream, &self.owner)
@@ -172,6 +175,7 @@ impl DevicePtr {
     /// calls it; call it before you use the address in a synchronous call of your own (a
     /// library call on the legacy stream, a host read of mapped memory).
     pub fn prepare_synchronous_use(&self) -> Result<()> {
+        crate::health::usable(&self.device)?;
         self.owner.prepare_synchronous_use()
     }
 

@@ -41,10 +41,12 @@ fn main() {
         ["rtc", dir, seed] => rtc(dir, seed.parse().expect("a numeric seed")),
         #[cfg(feature = "gpu")]
         ["async-fault"] => async_fault::run(),
+        #[cfg(feature = "gpu")]
+        ["device-reset", rounds] => device_reset::run(rounds.parse().expect("a number of rounds")),
         _ => {
             eprintln!(
                 "usage: test_child no-driver <MISSING PATH> | ipc-event <HEX> | rtc <DIR> <SEED> \
-                 | async-fault"
+                 | async-fault | device-reset <ROUNDS>"
             );
             std::process::exit(2);
         }
@@ -272,5 +274,281 @@ mod async_fault {
         assert_eq!(stats.waits, 0, "the reactor still holds waits");
         // The context is dead: skip destructors that would only meet its errors.
         std::process::exit(0);
+    }
+}
+
+/// `test_child device-reset ROUNDS`: each round, 8 threads work on device 0 through the pool,
+/// kernels compiled by cuda-rtc, stream futures, captured graphs and synchronous copies with
+/// their data checked, until a kernel writes an illegal address on purpose. Every thread must
+/// get `Error::ContextLost` within a second; then the context is reset, every handle of the
+/// old generation kept aside must fail closed (used and dropped), and a fresh workload runs
+/// with its data checked. Prints one `RESET_ROUND` line per round and `DEVICE_RESET ok`.
+#[cfg(feature = "gpu")]
+mod device_reset {
+    use super::println;
+    use std::sync::{mpsc, Arc};
+    use std::time::{Duration, Instant};
+
+    use cudars_core::{Device, DevicePtr, Error, Event, Stream};
+    use cudars_graph::CaptureMode;
+    use cudars_mempool::{DevicePool, PoolError};
+    use workspace_tests::kernels::Kernels;
+
+    const THREADS: usize = 8;
+    const WORDS: usize = 1024;
+
+    fn lost(e: &Error) -> bool {
+        e.is_context_lost()
+    }
+
+    fn pool_lost(e: &PoolError) -> bool {
+        matches!(e, PoolError::Cuda(c) if c.is_context_lost())
+    }
+
+    /// One iteration of a worker: pool block, kernel fill, awaited completion, a captured
+    /// graph every 4th time, a synchronous read with its data checked.
+    fn work(
+        rt: &tokio::runtime::Runtime,
+        k: &Kernels,
+        pool: &Arc<DevicePool>,
+        stream: &Stream,
+        value: u32,
+        graph: bool,
+    ) -> Result<(), Error> {
+        let buf: DevicePtr = pool
+            .malloc_shared(stream, WORDS * 4)
+            .map_err(Error::from)?
+            .into();
+        if graph {
+            let g = cudars_graph::capture(stream, CaptureMode::ThreadLocal, |s| {
+                Ok(k.fill(s, &buf, value)?)
+            })
+            .map_err(Error::from)?;
+            g.instantiate()
+                .map_err(Error::from)?
+                .launch(stream)
+                .map_err(Error::from)?;
+        } else {
+            k.fill(stream, &buf, value)?;
+        }
+        rt.block_on(stream.completion()?)?;
+        let mut host = vec![0u32; WORDS];
+        buf.copy_to_host(&mut host)?;
+        assert!(
+            host.iter().all(|&x| x == value),
+            "data check: expected {value}, got {:?}",
+            &host[..4]
+        );
+        Ok(())
+    }
+
+    struct Report {
+        iterations: u64,
+        at: Instant,
+        error: Error,
+    }
+
+    fn worker(
+        i: usize,
+        dev: Device,
+        k: Arc<Kernels>,
+        pool: Arc<DevicePool>,
+        started: mpsc::Sender<()>,
+        done: mpsc::Sender<Report>,
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
+        let mut n = 0u64;
+        let mut sent = false;
+        loop {
+            let value = (i as u32) << 20 | (n as u32 & 0xfffff);
+            match work(&rt, &k, &pool, &stream, value, n % 4 == 3) {
+                Ok(()) => n += 1,
+                Err(error) => {
+                    let _ = done.send(Report {
+                        iterations: n,
+                        at: Instant::now(),
+                        error,
+                    });
+                    return;
+                }
+            }
+            if n == 2 && !sent {
+                let _ = started.send(());
+                sent = true;
+            }
+        }
+    }
+
+    /// Fresh handles of the new generation: the same kinds of work, data checked.
+    fn fresh_workload(rt: &tokio::runtime::Runtime) -> (u64, u64) {
+        let dev = Device::new(0).unwrap();
+        let k = Kernels::load(&dev).unwrap();
+        let pool = Arc::new(DevicePool::new_driver().unwrap());
+        let stream = Stream::new(&dev).unwrap();
+        for j in 0..8u32 {
+            work(rt, &k, &pool, &stream, 0xabc0 + j, j % 2 == 1).unwrap();
+        }
+        // The process-wide default pool serves again too.
+        let d = cudars_mempool::driver::malloc(&stream, 4096).unwrap();
+        k.fill(&stream, &d, 5).unwrap();
+        let mut host = vec![0u32; 1024];
+        d.copy_to_host(&mut host).unwrap();
+        assert!(host.iter().all(|&x| x == 5));
+        drop(d);
+        stream.synchronize().unwrap();
+        let reserved = pool
+            .stats(cudars_mempool::driver::device_id(&dev))
+            .unwrap()
+            .reserved
+            .current;
+        pool.free_all_blocks().unwrap();
+        let after = pool
+            .stats(cudars_mempool::driver::device_id(&dev))
+            .unwrap()
+            .reserved
+            .current;
+        (reserved, after)
+    }
+
+    pub fn run(rounds: usize) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut levels = Vec::new();
+        for round in 0..rounds {
+            let dev = Device::new(0).expect("a CUDA device is required");
+            assert!(
+                dev.health().is_healthy(),
+                "round {round}: {:?}",
+                dev.health()
+            );
+            let k = Arc::new(Kernels::load(&dev).unwrap());
+            let pool = Arc::new(DevicePool::new_driver().unwrap());
+            // Handles of this generation kept across the reset.
+            let kept_stream = Stream::new(&dev).unwrap();
+            let kept_buf = DevicePtr::alloc(&dev, 4096).unwrap();
+            kept_buf.memset_u32(9).unwrap();
+            let kept_event = Event::new(&dev).unwrap();
+            kept_event.record(&kept_stream).unwrap();
+            let kept_block: DevicePtr = pool.malloc_shared(&kept_stream, 4096).unwrap().into();
+            kept_stream.synchronize().unwrap();
+
+            let (started_tx, started_rx) = mpsc::channel();
+            let (done_tx, done_rx) = mpsc::channel();
+            let threads: Vec<_> = (0..THREADS)
+                .map(|i| {
+                    let (k, pool, s, d) = (
+                        Arc::clone(&k),
+                        Arc::clone(&pool),
+                        started_tx.clone(),
+                        done_tx.clone(),
+                    );
+                    std::thread::spawn(move || worker(i, dev, k, pool, s, d))
+                })
+                .collect();
+            for _ in 0..THREADS {
+                started_rx
+                    .recv_timeout(Duration::from_secs(30))
+                    .expect("a worker did not start");
+            }
+            // The fault: a kernel that writes to address 0x10.
+            let faulting = Stream::builder(&dev).non_blocking(true).build().unwrap();
+            let launched = Instant::now();
+            // SAFETY: deliberately invalid, which is the point: it touches no host memory and
+            // nothing of this process's but the (then lost) context.
+            let _ = unsafe { k.spin_then_fill_raw(&faulting, 0x10, 7, 1, 1000) };
+            let mut reports = Vec::new();
+            for _ in 0..THREADS {
+                let r = done_rx
+                    .recv_timeout(Duration::from_secs(10))
+                    .expect("a worker still running 10 s after the fault (a hang)");
+                reports.push(r);
+            }
+            for t in threads {
+                t.join().expect("a worker panicked");
+            }
+            for r in &reports {
+                assert!(
+                    lost(&r.error),
+                    "round {round}: not ContextLost: {:?}",
+                    r.error
+                );
+            }
+            let first = reports.iter().map(|r| r.at).min().unwrap();
+            let last = reports.iter().map(|r| r.at).max().unwrap();
+            let iterations: u64 = reports.iter().map(|r| r.iterations).sum();
+            let health = dev.health();
+            let first_error = health.lost.expect("the device reports its loss");
+            assert!(
+                last - launched < Duration::from_secs(1),
+                "round {round}: the last thread's error came {:?} after the launch",
+                last - launched
+            );
+            // Calls known to fail do not reach the driver, and fail the same way.
+            assert!(lost(&kept_stream.synchronize().unwrap_err()));
+            assert!(pool_lost(
+                &pool.malloc_shared(&kept_stream, 64).unwrap_err()
+            ));
+
+            let reset_at = Instant::now();
+            dev.reset_after_fault().unwrap();
+            let reset_ms = reset_at.elapsed().as_secs_f64() * 1e3;
+            let dev2 = Device::new(0).unwrap();
+            assert!(dev2.health().is_healthy());
+            assert_eq!(dev2.generation(), dev.generation() + 1);
+            // Every old handle fails closed.
+            let fresh = Stream::new(&dev2).unwrap();
+            assert!(lost(&kept_stream.synchronize().unwrap_err()));
+            assert!(lost(&kept_buf.to_vec().unwrap_err()));
+            assert!(lost(&k.fill(&fresh, &kept_buf, 1).unwrap_err()));
+            assert!(lost(&kept_event.query().unwrap_err()));
+            assert!(lost(&kept_event.record(&fresh).unwrap_err()));
+            assert!(lost(&fresh.wait_event(&kept_event).unwrap_err()));
+            assert!(lost(
+                &kept_block.copy_to_host(&mut [0u32; 1024]).unwrap_err()
+            ));
+            assert!(pool_lost(&pool.malloc_shared(&fresh, 64).unwrap_err()));
+            assert!(
+                lost(&dev.synchronize().unwrap_err()),
+                "an old Device value is stale"
+            );
+            // ... and dropping them frees nothing of the new context.
+            drop((kept_stream, kept_buf, kept_event, kept_block, faulting));
+            drop(pool);
+            drop(k);
+            let (free_after_reset, total) = dev2.memory_info().unwrap();
+            let (reserved, after_empty) = fresh_workload(&rt);
+            let (free_after_work, _) = dev2.memory_info().unwrap();
+            println!(
+                "RESET_ROUND {round} generation={} first=\"{}\" iterations={iterations} \
+                 first_error_ms={:.1} last_error_ms={:.1} reset_ms={reset_ms:.1} \
+                 free_mib={} total_mib={} pool_reserved={reserved} pool_after_empty={after_empty} \
+                 free_after_work_mib={}",
+                dev.generation(),
+                first_error.name,
+                (first - launched).as_secs_f64() * 1e3,
+                (last - launched).as_secs_f64() * 1e3,
+                free_after_reset >> 20,
+                total >> 20,
+                free_after_work >> 20
+            );
+            levels.push(free_after_reset);
+        }
+        let min = *levels.iter().min().unwrap();
+        let max = *levels.iter().max().unwrap();
+        println!(
+            "DEVICE_RESET ok rounds={rounds} free_after_reset_mib min={} max={} spread_mib={}",
+            min >> 20,
+            max >> 20,
+            (max - min) >> 20
+        );
+        assert!(
+            max - min <= 64 << 20,
+            "driver free memory drifts over resets: {} MiB",
+            (max - min) >> 20
+        );
     }
 }

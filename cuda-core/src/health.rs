@@ -1,0 +1,466 @@
+//! Surviving a device fault: each device's context health, its generation, and the reset.
+//!
+//! After a kernel faults (an illegal address, a trap, an uncorrectable ECC error), the driver
+//! marks the context lost: every later call on it fails with the same *sticky* error, for
+//! the life of the context. This module remembers, per device:
+//! - whether its primary context is **lost**, and the first sticky error seen (the one that
+//!   lost it);
+//! - its **generation**: 0 at start, one more after each [`Device::reset_after_fault`].
+//!
+//! From the first sticky error on, every call of the workspace on that device returns one
+//! typed error, [`Error::ContextLost`] `{ device, first }`, and calls whose answer is known
+//! return it without asking the driver: binding the context, stream and event operations,
+//! launches, pool allocations (cuda-mempool asks [`usable`]) and futures (the reactor fails
+//! every wait of the device).
+//!
+//! # Reset, and the handles of the old context
+//!
+//! [`Device::reset_after_fault`] waits until no thread is inside a call of this crate on the
+//! device (calls that start meanwhile fail with [`Error::ContextLost`]), then resets the
+//! primary context (`cuDevicePrimaryCtxReset`: every allocation, stream, event, module and
+//! graph of the context is destroyed by the driver) and starts a new generation.
+//!
+//! Every handle of this crate remembers the generation it was made in (its [`Device`]
+//! value carries it). A handle of an older generation fails closed: using it returns
+//! [`Error::ContextLost`] naming the error that ended its generation, and dropping it frees
+//! nothing (the driver already destroyed what it named; freeing through it could free
+//! memory of the new context that reuses the address). The pools of cuda-mempool forget the
+//! old context's segments the same way.
+//!
+//! A [`Device`] value itself is only a name: one kept from before the reset makes handles
+//! of the new generation (creation stamps the current generation).
+//!
+//! # What a service does
+//!
+//! 1. **Drain**: stop taking work; let every task see its [`Error::ContextLost`] and drop
+//!    what it held (or keep it: old handles stay inert).
+//! 2. **Reset**: [`Device::reset_after_fault`].
+//! 3. **Reload**: make streams, pools and modules again (cuda-rtc's cache keeps compiled
+//!    images and loads them again into the new context on demand).
+//! 4. **Resume**.
+//!
+//! ```no_run
+//! use cudars_core::{Device, Error};
+//! let dev = Device::new(0)?;
+//! match dev.synchronize() {
+//!     Err(Error::ContextLost { first, .. }) => {
+//!         eprintln!("device lost: {first}; resetting");
+//!         dev.reset_after_fault()?;
+//!         assert!(dev.health().is_healthy());
+//!     }
+//!     other => other?,
+//! }
+//! # Ok::<(), cudars_core::Error>(())
+//! ```
+//!
+//! Other code in the process that holds CUDA state of the same primary context (the CUDA
+//! runtime of PyTorch or CuPy, a library handle this workspace does not know) loses it in a
+//! reset as well; only this workspace's handles are known to fail closed.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use cudars_sys::CUresult;
+
+use crate::device::{Device, MAX_DEVICES};
+use crate::error::{DriverError, Error, Result};
+
+/// The driver's sticky errors: the ones its header documents as leaving the process "in an
+/// inconsistent state" where "any further CUDA work will return the same error", and the
+/// device-side assert, after which "the context cannot be used anymore".
+pub const STICKY: [CUresult; 13] = [
+    CUresult::CUDA_ERROR_ECC_UNCORRECTABLE,
+    CUresult::CUDA_ERROR_NVLINK_UNCORRECTABLE,
+    CUresult::CUDA_ERROR_CONTAINED,
+    CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+    CUresult::CUDA_ERROR_LAUNCH_TIMEOUT,
+    CUresult::CUDA_ERROR_ASSERT,
+    CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR,
+    CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION,
+    CUresult::CUDA_ERROR_MISALIGNED_ADDRESS,
+    CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE,
+    CUresult::CUDA_ERROR_INVALID_PC,
+    CUresult::CUDA_ERROR_LAUNCH_FAILED,
+    CUresult::CUDA_ERROR_EXTERNAL_DEVICE,
+];
+
+/// `true` for a code of [`STICKY`].
+pub fn is_sticky(code: CUresult) -> bool {
+    STICKY.contains(&code)
+}
+
+/// How long [`Device::reset_after_fault`] waits for the threads inside calls on the device.
+pub const RESET_WAIT: Duration = Duration::from_secs(10);
+
+/// Counters of threads inside calls, spread over cache lines so that threads rarely share one.
+const SHARDS: usize = 16;
+
+#[repr(align(128))]
+struct Shard(AtomicUsize);
+
+struct State {
+    generation: AtomicU32,
+    /// Lost, or being reset: no call may start.
+    closed: AtomicBool,
+    /// The first sticky error of the current generation (`None` while healthy, and during a
+    /// reset of a healthy context).
+    first: Mutex<Option<DriverError>>,
+    /// What ended each earlier generation, by generation (the last 64): the error a stale
+    /// handle reports.
+    ended: Mutex<Vec<(u32, Option<DriverError>)>>,
+    inside: [Shard; SHARDS],
+    /// Held by the reset, so that two resets of one device do not interleave.
+    resetting: Mutex<()>,
+}
+
+impl State {
+    const fn new() -> State {
+        State {
+            generation: AtomicU32::new(0),
+            closed: AtomicBool::new(false),
+            first: Mutex::new(None),
+            ended: Mutex::new(Vec::new()),
+            inside: [const { Shard(AtomicUsize::new(0)) }; SHARDS],
+            resetting: Mutex::new(()),
+        }
+    }
+
+    fn inside(&self) -> usize {
+        self.inside.iter().map(|s| s.0.load(Ordering::SeqCst)).sum()
+    }
+}
+
+static STATES: [State; MAX_DEVICES] = [const { State::new() }; MAX_DEVICES];
+
+/// Live host-accessible allocations of each device's context (pinned host memory, managed
+/// memory): the reset would unmap their host pages under safe references, so it waits for
+/// none to be left.
+static HOST_LIVE: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(0) }; MAX_DEVICES];
+
+/// A host-accessible allocation of `ordinal`'s context was made.
+pub(crate) fn host_allocation_made(ordinal: usize) {
+    if let Some(c) = HOST_LIVE.get(ordinal) {
+        c.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A host-accessible allocation of `ordinal`'s context is gone (freed, or leaked with no
+/// reference left to it).
+pub(crate) fn host_allocation_gone(ordinal: usize) {
+    if let Some(c) = HOST_LIVE.get(ordinal) {
+        let _ = c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    }
+}
+
+/// Devices lost or being reset: while 0, the checks are one load.
+static CLOSED: AtomicUsize = AtomicUsize::new(0);
+
+fn state(ordinal: usize) -> Option<&'static State> {
+    STATES.get(ordinal)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+thread_local! {
+    static SHARD: usize = {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS
+    };
+}
+
+/// A device's state, as [`Device::health`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Health {
+    /// The device's context generation: 0 at start, one more after each reset.
+    pub generation: u32,
+    /// The sticky error that lost the context, while it is lost.
+    pub lost: Option<DriverError>,
+}
+
+impl Health {
+    /// `true` while the context is not lost.
+    pub fn is_healthy(&self) -> bool {
+        self.lost.is_none()
+    }
+}
+
+/// The current generation of `ordinal`'s context.
+pub(crate) fn generation(ordinal: usize) -> u32 {
+    state(ordinal).map_or(0, |s| s.generation.load(Ordering::Acquire))
+}
+
+pub(crate) fn health(ordinal: usize) -> Health {
+    let Some(s) = state(ordinal) else {
+        return Health {
+            generation: 0,
+            lost: None,
+        };
+    };
+    Health {
+        generation: s.generation.load(Ordering::Acquire),
+        lost: *lock(&s.first),
+    }
+}
+
+/// The error for a call on `device` when it cannot go to the driver: its generation ended,
+/// or its context is lost or being reset; `None` when the call may go on.
+fn refusal(device: &Device) -> Option<Error> {
+    let ordinal = device.ordinal();
+    let s = state(ordinal)?;
+    let now = s.generation.load(Ordering::Acquire);
+    let born = device.generation();
+    if born != now {
+        let first = lock(&s.ended)
+            .iter()
+            .find(|(g, _)| *g == born)
+            .and_then(|(_, e)| *e);
+        return Some(Error::ContextLost {
+            device: ordinal,
+            first,
+        });
+    }
+    if s.closed.load(Ordering::SeqCst) {
+        return Some(Error::ContextLost {
+            device: ordinal,
+            first: *lock(&s.first),
+        });
+    }
+    None
+}
+
+/// `Ok(())` when a call on `device` (a handle's device, with the generation the handle was
+/// made in) may go to the driver, else the [`Error::ContextLost`] it returns instead.
+#[inline]
+pub fn usable(device: &Device) -> Result<()> {
+    if CLOSED.load(Ordering::Relaxed) == 0 && device.generation() == 0 {
+        return Ok(());
+    }
+    match refusal(device) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// `true` when a handle made with `device` belongs to an ended generation: its `Drop` must
+/// free nothing.
+#[inline]
+pub fn is_stale(device: &Device) -> bool {
+    device.generation() != generation(device.ordinal())
+}
+
+/// A thread inside a call on a device; a reset waits until none is left.
+#[must_use]
+#[derive(Debug)]
+pub(crate) struct InCall {
+    shard: &'static AtomicUsize,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for InCall {
+    fn drop(&mut self) {
+        self.shard.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Enters a call on `device`: [`Error::ContextLost`] instead when it may not go to the
+/// driver.
+#[inline]
+pub(crate) fn enter(device: &Device) -> Result<InCall> {
+    let Some(s) = state(device.ordinal()) else {
+        return Err(Error::InvalidDevice {
+            ordinal: device.ordinal(),
+            count: MAX_DEVICES,
+        });
+    };
+    let shard = &s.inside[SHARD.try_with(|i| *i).unwrap_or(0)].0;
+    shard.fetch_add(1, Ordering::SeqCst);
+    let call = InCall {
+        shard,
+        _not_send: std::marker::PhantomData,
+    };
+    // After the count (SeqCst both sides): a reset that closed the device either sees this
+    // thread inside, or this thread sees it closed.
+    usable(device)?;
+    Ok(call)
+}
+
+/// Marks `ordinal`'s context lost by `first` (the first sticky error wins) and returns the
+/// error every call reports from now on.
+pub(crate) fn lose(ordinal: usize, first: DriverError) -> Error {
+    let Some(s) = state(ordinal) else {
+        return Error::Driver(first);
+    };
+    // Pending waits of the device end with the error at their next query, which this
+    // module refuses without the driver (the reactor's round, a warm future's spin, a host
+    // function wait's health check).
+    let kept = {
+        let mut slot = lock(&s.first);
+        if slot.is_none() {
+            *slot = Some(first);
+            if !s.closed.swap(true, Ordering::SeqCst) {
+                CLOSED.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        *slot
+    };
+    Error::ContextLost {
+        device: ordinal,
+        first: kept,
+    }
+}
+
+/// The error a failed driver call returns: a sticky error marks the context current on this
+/// thread lost and becomes [`Error::ContextLost`]; any error of a lost context reports the
+/// first one.
+pub(crate) fn on_error(error: DriverError) -> Error {
+    let sticky = is_sticky(error.result());
+    if !sticky && CLOSED.load(Ordering::Relaxed) == 0 {
+        return Error::Driver(error);
+    }
+    let Some(ordinal) = crate::device::current_primary_ordinal() else {
+        return Error::Driver(error);
+    };
+    if sticky {
+        return lose(ordinal, error);
+    }
+    match state(ordinal).and_then(|s| *lock(&s.first)) {
+        Some(first) => Error::ContextLost {
+            device: ordinal,
+            first: Some(first),
+        },
+        None => Error::Driver(error),
+    }
+}
+
+/// The reset: see [`Device::reset_after_fault`].
+pub(crate) fn reset(device: &Device) -> Result<()> {
+    let ordinal = device.ordinal();
+    let Some(s) = state(ordinal) else {
+        return Err(Error::InvalidDevice {
+            ordinal,
+            count: MAX_DEVICES,
+        });
+    };
+    let _one = lock(&s.resetting);
+    // Close the device: calls that start now fail; wait for those inside.
+    if !s.closed.swap(true, Ordering::SeqCst) {
+        CLOSED.fetch_add(1, Ordering::SeqCst);
+    }
+    let reopen = |s: &State| {
+        if lock(&s.first).is_none() && s.closed.swap(false, Ordering::SeqCst) {
+            CLOSED.fetch_sub(1, Ordering::SeqCst);
+        }
+    };
+    let started = Instant::now();
+    while s.inside() != 0 {
+        if started.elapsed() > RESET_WAIT {
+            reopen(s);
+            return Err(Error::Timeout(format!(
+                "Device::reset_after_fault: {} thread(s) still inside calls on device {ordinal} \
+                 after {RESET_WAIT:?}",
+                s.inside()
+            )));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // Pinned and managed memory of the context is unmapped from the host by the reset: with
+    // a value still referring to it, safe code could read freed pages afterwards.
+    let host = HOST_LIVE[ordinal].load(Ordering::SeqCst);
+    if host != 0 {
+        reopen(s);
+        return Err(Error::InvalidArgument(format!(
+            "Device::reset_after_fault: {host} pinned or managed allocation(s) of device \
+             {ordinal} are still alive; the reset would unmap their host memory under them: \
+             drop them (and empty the pools that cache them) first"
+        )));
+    }
+    // Waits of the device query their events through the generation check: after the
+    // reset they are refused before the driver sees a destroyed handle.
+    let first = *lock(&s.first);
+    if let Err(e) = crate::device::reset_primary(device) {
+        reopen(s);
+        return Err(e);
+    }
+    {
+        let mut ended = lock(&s.ended);
+        let old = s.generation.load(Ordering::Acquire);
+        ended.push((old, first));
+        if ended.len() > 64 {
+            ended.remove(0);
+        }
+        s.generation.store(old.wrapping_add(1), Ordering::Release);
+    }
+    *lock(&s.first) = None;
+    if s.closed.swap(false, Ordering::SeqCst) {
+        CLOSED.fetch_sub(1, Ordering::SeqCst);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sticky_codes_are_the_documented_ones() {
+        assert!(is_sticky(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS));
+        assert!(is_sticky(CUresult::CUDA_ERROR_LAUNCH_FAILED));
+        assert!(is_sticky(CUresult::CUDA_ERROR_ECC_UNCORRECTABLE));
+        assert!(!is_sticky(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert!(!is_sticky(CUresult::CUDA_ERROR_NOT_READY));
+        assert!(!is_sticky(CUresult::CUDA_ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn a_lost_device_refuses_calls_and_names_the_first_error() {
+        // Ordinal 63: no other test uses it.
+        let dev = Device::test_only(63);
+        assert!(usable(&dev).is_ok());
+        let first = DriverError {
+            code: 700,
+            name: "CUDA_ERROR_ILLEGAL_ADDRESS",
+            message: "an illegal memory access was encountered",
+            call: "cuStreamSynchronize",
+        };
+        let e = lose(63, first);
+        assert!(matches!(e, Error::ContextLost { device: 63, first: Some(f) } if f == first));
+        // A second sticky error does not replace the first.
+        let later = DriverError {
+            call: "cuMemAlloc",
+            ..first
+        };
+        assert!(
+            matches!(lose(63, later), Error::ContextLost { first: Some(f), .. } if f.call == "cuStreamSynchronize")
+        );
+        assert!(matches!(
+            enter(&dev),
+            Err(Error::ContextLost { device: 63, .. })
+        ));
+        assert_eq!(health(63).lost, Some(first));
+        assert!(!health(63).is_healthy());
+        // A handle of another generation is stale and refused too.
+        assert!(!is_stale(&dev));
+        let other = dev.with_generation(7);
+        assert!(is_stale(&other));
+        assert!(matches!(usable(&other), Err(Error::ContextLost { .. })));
+        assert_eq!(
+            STATES[63].inside(),
+            0,
+            "a refused call does not stay counted"
+        );
+    }
+
+    #[test]
+    fn a_healthy_device_counts_its_callers() {
+        let dev = Device::test_only(62);
+        let a = enter(&dev).unwrap();
+        let b = enter(&dev).unwrap();
+        assert_eq!(STATES[62].inside(), 2);
+        drop(a);
+        drop(b);
+        assert_eq!(STATES[62].inside(), 0);
+    }
+}
