@@ -78,24 +78,83 @@ pub(crate) fn current_primary_ordinal() -> Option<usize> {
         .position(|p| p.load(Ordering::Acquire) == ctx as usize)
 }
 
-/// `cuDevicePrimaryCtxReset`, then the primary context asked for again.
-pub(crate) fn reset_primary(device: &Device) -> Result<()> {
+/// How long [`reset_primary`] tries to get a usable context after the driver's reset.
+const RESET_RECOVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `cuDevicePrimaryCtxReset`, then the primary context asked for again and tried (a
+/// synchronisation on it). `Err`: the driver did not reset (nothing was destroyed).
+/// `Ok(Err)`: the driver destroyed the old context, but the new one still fails (tried again,
+/// with a new reset each time, for [`RESET_RECOVERY`]): the error it gave.
+pub(crate) fn reset_primary(device: &Device) -> Result<Result<()>> {
     let _init = PRIMARY_INIT.lock().unwrap_or_else(PoisonError::into_inner);
-    // SAFETY: a valid device; the caller (health::reset) made sure no call of this crate
-    // is inside the context.
-    unsafe { drv!(cuDevicePrimaryCtxReset(device.raw)) }?;
-    crate::context_note::forget_context();
-    let slot = &PRIMARY[device.ordinal as usize];
-    if slot.load(Ordering::Acquire) != 0 {
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: valid device and out-pointer. The reset kept the earlier retain; this
-        // one is released at once, so the count stays one.
-        unsafe { drv!(cuDevicePrimaryCtxRetain(&mut ctx, device.raw)) }?;
-        // SAFETY: the retain just made.
-        let _ = unsafe { drv!(cuDevicePrimaryCtxRelease(device.raw)) };
-        slot.store(ctx as usize, Ordering::Release);
+    let d = crate::driver::api()?;
+    let raw = |r: std::result::Result<CUresult, cudars_sys::MissingSymbol>, call| -> Result<()> {
+        match r {
+            Ok(r) if r.is_success() => Ok(()),
+            Ok(r) => Err(Error::Driver(crate::error::DriverError::new(r, call))),
+            Err(missing) => Err(Error::from(missing)),
+        }
+    };
+    // Nothing of the device current on this thread while the driver destroys it.
+    let mut current: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    let _ = unsafe { d.cuCtxGetCurrent(&mut current) };
+    let ours = PRIMARY[device.ordinal as usize].load(Ordering::Acquire);
+    if !current.is_null() && current as usize == ours {
+        // SAFETY: null unbinds the calling thread's context.
+        let _ = unsafe { d.cuCtxSetCurrent(std::ptr::null_mut()) };
     }
-    Ok(())
+    crate::context_note::forget_context();
+    let reset = {
+        // SAFETY: a valid device; the caller (health::reset) made sure no call of this
+        // crate is inside the context.
+        unsafe { d.cuDevicePrimaryCtxReset(device.raw) }
+    };
+    raw(reset, "cuDevicePrimaryCtxReset")?;
+    let started = std::time::Instant::now();
+    loop {
+        let tried = (|| -> Result<CUcontext> {
+            let mut ctx: CUcontext = std::ptr::null_mut();
+            let retained = {
+                // SAFETY: valid device and out-pointer; released below when the try fails.
+                unsafe { d.cuDevicePrimaryCtxRetain(&mut ctx, device.raw) }
+            };
+            raw(retained, "cuDevicePrimaryCtxRetain")?;
+            // SAFETY: the context just retained; popped below.
+            let pushed = raw(unsafe { d.cuCtxPushCurrent(ctx) }, "cuCtxPushCurrent");
+            let synced = pushed.and_then(|()| {
+                // SAFETY: the context is current.
+                raw(unsafe { d.cuCtxSynchronize() }, "cuCtxSynchronize")
+            });
+            let mut popped: CUcontext = std::ptr::null_mut();
+            // SAFETY: pops what was pushed (a failed push pushed nothing and this fails).
+            let _ = unsafe { d.cuCtxPopCurrent(&mut popped) };
+            match synced {
+                Ok(()) => Ok(ctx),
+                Err(e) => {
+                    // SAFETY: the retain made above.
+                    let _ = unsafe { d.cuDevicePrimaryCtxRelease(device.raw) };
+                    Err(e)
+                }
+            }
+        })();
+        match tried {
+            Ok(ctx) => {
+                // The reset kept the earlier retain: give back this one, so that the count
+                // stays one.
+                // SAFETY: the retain made in the try.
+                let _ = unsafe { d.cuDevicePrimaryCtxRelease(device.raw) };
+                PRIMARY[device.ordinal as usize].store(ctx as usize, Ordering::Release);
+                return Ok(Ok(()));
+            }
+            Err(e) if started.elapsed() >= RESET_RECOVERY => return Ok(Err(e)),
+            Err(_) => {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                // SAFETY: as the first reset; the device's state is still closed.
+                let _ = unsafe { d.cuDevicePrimaryCtxReset(device.raw) };
+            }
+        }
+    }
 }
 
 impl Device {
@@ -252,7 +311,7 @@ impl Device {
 
     /// Blocks until all work on this device is done.
     pub fn synchronize(&self) -> Result<()> {
-        let _ctx = self.bind()?;
+        let _ctx = self.stamped().bind()?;
         // SAFETY: this device's context is current.
         unsafe { drv!(cuCtxSynchronize()) }
     }
@@ -262,7 +321,11 @@ impl Device {
     /// current context goes through this, so it never depends on what the caller made current.
     ///
     /// Fails with [`Error::ContextLost`], without calling the driver, while the device's
-    /// context is lost or being reset.
+    /// context is lost or being reset, and for a value of an ended context generation (the
+    /// device of a handle made before a [`Device::reset_after_fault`]; a `Device` kept from
+    /// before the reset binds with [`Device::stamped`]). The device's own methods
+    /// (`synchronize`, `memory_info`, ...) and the constructors of handles take any `Device`
+    /// value: they stamp it with the current generation first.
     pub fn bind(&self) -> Result<ContextBinding> {
         let call = crate::health::enter(self)?;
         let target = self.primary_context()?;
@@ -331,7 +394,7 @@ impl Device {
 
     /// `(free, total)` device memory in bytes right now (`cuMemGetInfo`).
     pub fn memory_info(&self) -> Result<(usize, usize)> {
-        let _ctx = self.bind()?;
+        let _ctx = self.stamped().bind()?;
         let (mut free, mut total) = (0, 0);
         // SAFETY: this device's context is current; valid out-pointers.
         unsafe { drv!(cuMemGetInfo(&mut free, &mut total)) }?;
@@ -371,7 +434,7 @@ impl Device {
     /// Stream priorities this device supports, as `(least, greatest)`; numerically the
     /// greatest priority is the smallest number (`(0, -5)` on Hopper).
     pub fn stream_priority_range(&self) -> Result<(i32, i32)> {
-        let _ctx = self.bind()?;
+        let _ctx = self.stamped().bind()?;
         let (mut least, mut greatest) = (0, 0);
         // SAFETY: context current; valid out-pointers.
         unsafe { drv!(cuCtxGetStreamPriorityRange(&mut least, &mut greatest)) }?;
@@ -397,7 +460,7 @@ impl Device {
             ));
         }
         let peer_ctx = peer.primary_context()?;
-        let _ctx = self.bind()?;
+        let _ctx = self.stamped().bind()?;
         // SAFETY: this device's context is current; the peer context is retained.
         match unsafe { drv!(cuCtxEnablePeerAccess(peer_ctx, 0)) } {
             Err(Error::Driver(e))

@@ -208,8 +208,11 @@ impl Event {
 
     /// A builder for an event on `device`. Defaults: **timing off**, spin-waiting, local.
     pub fn builder(device: &Device) -> EventBuilder {
+        // The handle belongs to the generation current now (before any binding: a reset in
+        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        let device = &device.stamped();
         EventBuilder {
-            device: device.stamped(),
+            device: *device,
             blocking_sync: false,
             disable_timing: true,
             interprocess: false,
@@ -330,7 +333,7 @@ impl Event {
             return Err(Error::EventNotRecorded);
         }
         let mut ms = 0f32;
-        crate::health::usable(&end.device())?;
+        let _end_device = crate::health::enter(&end.device())?;
         with_context(start.device(), false, |_| {
             // SAFETY: two live, recorded events of one device; valid out-pointer.
             unsafe {
@@ -523,7 +526,9 @@ impl Stream {
     /// Makes later work on this stream wait for `event`'s recorded work (the event may
     /// belong to another device).
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        crate::health::usable(&event.device())?;
+        // The event's device too, for the whole call: it may be another device, which a
+        // reset must not destroy the event of while the driver reads it.
+        let _event_device = crate::health::enter(&event.device())?;
         self.with_context(|_| {
             // SAFETY: live stream and event.
             unsafe { drv!(cuStreamWaitEvent(self.raw(), event.raw(), 0)) }

@@ -556,6 +556,7 @@ impl GraphHandle {
 
     /// Number of nodes (`cuGraphGetNodes` with no output array).
     pub fn node_count(&self) -> Result<usize> {
+        crate::health::usable(&self.device)?;
         let mut count = 0usize;
         // SAFETY: a live graph; a null node array asks for the count only.
         unsafe { drv!(cuGraphGetNodes(self.raw, std::ptr::null_mut(), &mut count)) }?;
@@ -579,6 +580,7 @@ impl GraphHandle {
     /// Writes the graph in Graphviz DOT form to `path` (`cuGraphDebugDotPrint`); `verbose`
     /// adds every node's parameters. A path with a NUL byte is [`Error::InvalidArgument`].
     pub fn write_dot(&self, path: impl AsRef<Path>, verbose: bool) -> Result<()> {
+        crate::health::usable(&self.device)?;
         let path = path.as_ref();
         let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
             Error::InvalidArgument(format!("path {} contains a NUL byte", path.display()))
@@ -595,6 +597,10 @@ impl GraphHandle {
 
 impl Drop for GraphHandle {
     fn drop(&mut self) {
+        // A graph of an ended context generation was destroyed with its context.
+        if crate::health::is_stale(&self.device) {
+            return;
+        }
         // SAFETY: we own the graph; executable graphs made from it do not depend on it.
         let _ = unsafe { drv!(cuGraphDestroy(self.raw)) };
     }

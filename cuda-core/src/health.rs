@@ -27,8 +27,10 @@
 //! memory of the new context that reuses the address). The pools of cuda-mempool forget the
 //! old context's segments the same way.
 //!
-//! A [`Device`] value itself is only a name: one kept from before the reset makes handles
-//! of the new generation (creation stamps the current generation).
+//! A [`Device`] value itself is a name: one kept from before the reset makes handles of the
+//! new generation (constructors stamp the current generation first), and its own methods
+//! (`synchronize`, `memory_info`, ...) act on the new context. Only [`Device::bind`] refuses
+//! a value of an ended generation, since handles bind their device through it.
 //!
 //! # What a service does
 //!
@@ -93,12 +95,6 @@ pub fn is_sticky(code: CUresult) -> bool {
 /// How long [`Device::reset_after_fault`] waits for the threads inside calls on the device.
 pub const RESET_WAIT: Duration = Duration::from_secs(10);
 
-/// Counters of threads inside calls, spread over cache lines so that threads rarely share one.
-const SHARDS: usize = 16;
-
-#[repr(align(128))]
-struct Shard(AtomicUsize);
-
 struct State {
     generation: AtomicU32,
     /// Lost, or being reset: no call may start.
@@ -109,7 +105,6 @@ struct State {
     /// What ended each earlier generation, by generation (the last 64): the error a stale
     /// handle reports.
     ended: Mutex<Vec<(u32, Option<DriverError>)>>,
-    inside: [Shard; SHARDS],
     /// Held by the reset, so that two resets of one device do not interleave.
     resetting: Mutex<()>,
 }
@@ -121,13 +116,8 @@ impl State {
             closed: AtomicBool::new(false),
             first: Mutex::new(None),
             ended: Mutex::new(Vec::new()),
-            inside: [const { Shard(AtomicUsize::new(0)) }; SHARDS],
             resetting: Mutex::new(()),
         }
-    }
-
-    fn inside(&self) -> usize {
-        self.inside.iter().map(|s| s.0.load(Ordering::SeqCst)).sum()
     }
 }
 
@@ -153,6 +143,9 @@ pub(crate) fn host_allocation_gone(ordinal: usize) {
     }
 }
 
+/// Resets made in this process, on any device: while 0, every generation is 0.
+static RESETS: AtomicUsize = AtomicUsize::new(0);
+
 /// Devices lost or being reset: while 0, the checks are one load.
 static CLOSED: AtomicUsize = AtomicUsize::new(0);
 
@@ -164,11 +157,89 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// One thread's calls in progress, per device. Written by its thread only (a plain load and
+/// store, no read-modify-write: the hot path of every call), read by a reset.
+struct ThreadCalls {
+    depth: [AtomicU32; MAX_DEVICES],
+    /// Owned by a live thread (else free for the next new thread).
+    taken: AtomicBool,
+}
+
+/// Every [`ThreadCalls`] ever made (leaked: a thread's is reused by a later thread once it
+/// ends with no call in progress). Bounded by the most threads alive at once.
+static THREADS: Mutex<Vec<&'static ThreadCalls>> = Mutex::new(Vec::new());
+
+/// `true` once `membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED)` succeeded: a reset
+/// then puts a full barrier on every thread of the process, and the call path needs only a
+/// compiler fence between counting itself in and reading the device's state. Else the
+/// call path fences itself.
+static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
+
+fn register_barrier() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        {
+            use rustix::thread::{membarrier, MembarrierCommand};
+            if membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok() {
+                ASYMMETRIC.store(true, Ordering::SeqCst);
+            }
+        }
+    });
+}
+
+/// The reset's side of the barrier (see [`ASYMMETRIC`]).
+fn barrier_on_every_thread() {
+    std::sync::atomic::fence(Ordering::SeqCst);
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if ASYMMETRIC.load(Ordering::SeqCst) {
+        use rustix::thread::{membarrier, MembarrierCommand};
+        if membarrier(MembarrierCommand::PrivateExpedited).is_err() {
+            // Registered, so this does not fail; if it did, waiting a scheduler tick lets
+            // every running thread pass a context switch (a full barrier) meanwhile.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+struct Mine(&'static ThreadCalls);
+
+impl Drop for Mine {
+    fn drop(&mut self) {
+        // Reusable only with no call left counted (one forgotten stays, and blocks resets).
+        if self.0.depth.iter().all(|d| d.load(Ordering::Acquire) == 0) {
+            self.0.taken.store(false, Ordering::Release);
+        }
+    }
+}
+
 thread_local! {
-    static SHARD: usize = {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS
+    static MINE: Mine = {
+        register_barrier();
+        let mut all = lock(&THREADS);
+        let free = all.iter().copied().find(|t| {
+            t.taken
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        });
+        let calls = free.unwrap_or_else(|| {
+            let made: &'static ThreadCalls = Box::leak(Box::new(ThreadCalls {
+                depth: [const { AtomicU32::new(0) }; MAX_DEVICES],
+                taken: AtomicBool::new(true),
+            }));
+            all.push(made);
+            made
+        });
+        Mine(calls)
     };
+}
+
+/// Threads counted inside calls on `ordinal`.
+fn inside(ordinal: usize) -> usize {
+    lock(&THREADS)
+        .iter()
+        .map(|t| t.depth[ordinal].load(Ordering::SeqCst) as usize)
+        .sum()
 }
 
 /// A device's state, as [`Device::health`] reports it.
@@ -235,7 +306,8 @@ fn refusal(device: &Device) -> Option<Error> {
 /// made in) may go to the driver, else the [`Error::ContextLost`] it returns instead.
 #[inline]
 pub fn usable(device: &Device) -> Result<()> {
-    if CLOSED.load(Ordering::Relaxed) == 0 && device.generation() == 0 {
+    // No device lost or closed, and none ever reset: every handle is of generation 0.
+    if CLOSED.load(Ordering::SeqCst) == 0 && RESETS.load(Ordering::SeqCst) == 0 {
         return Ok(());
     }
     match refusal(device) {
@@ -255,14 +327,29 @@ pub fn is_stale(device: &Device) -> bool {
 #[must_use]
 #[derive(Debug)]
 pub(crate) struct InCall {
-    shard: &'static AtomicUsize,
+    /// This thread's count for the device (`None`: the thread is being torn down and its
+    /// count is gone; such a call is not waited for).
+    depth: Option<&'static AtomicU32>,
+    /// The thread's calling device before this call (restored on drop).
+    outer: Option<(usize, u32)>,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for InCall {
     fn drop(&mut self) {
-        self.shard.fetch_sub(1, Ordering::SeqCst);
+        let _ = CALLING.try_with(|c| c.set(self.outer));
+        if let Some(depth) = self.depth {
+            // This thread is the only writer.
+            depth.store(depth.load(Ordering::Relaxed) - 1, Ordering::Release);
+        }
     }
+}
+
+thread_local! {
+    /// The device of the innermost call of this crate on this thread: a sticky error is
+    /// that device's, whatever context is current (explicit streams and events are used
+    /// without binding their context).
+    static CALLING: std::cell::Cell<Option<(usize, u32)>> = const { std::cell::Cell::new(None) };
 }
 
 /// Enters a call on `device`: [`Error::ContextLost`] instead when it may not go to the
@@ -275,14 +362,29 @@ pub(crate) fn enter(device: &Device) -> Result<InCall> {
             count: MAX_DEVICES,
         });
     };
-    let shard = &s.inside[SHARD.try_with(|i| *i).unwrap_or(0)].0;
-    shard.fetch_add(1, Ordering::SeqCst);
+    let _ = s;
+    let depth = MINE.try_with(|m| &m.0.depth[device.ordinal()]).ok();
+    if let Some(depth) = depth {
+        // This thread is the only writer: no read-modify-write.
+        depth.store(depth.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+    // Counted in before reading the device's state. A reset closes the device, then puts a
+    // barrier on every thread, then reads the counts: either it sees this thread's count,
+    // or this thread sees the device closed.
+    if ASYMMETRIC.load(Ordering::Relaxed) {
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    } else {
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+    let outer = CALLING
+        .try_with(|c| c.replace(Some((device.ordinal(), device.generation()))))
+        .ok()
+        .flatten();
     let call = InCall {
-        shard,
+        depth,
+        outer,
         _not_send: std::marker::PhantomData,
     };
-    // After the count (SeqCst both sides): a reset that closed the device either sees this
-    // thread inside, or this thread sees it closed.
     usable(device)?;
     Ok(call)
 }
@@ -320,7 +422,20 @@ pub(crate) fn on_error(error: DriverError) -> Error {
     if !sticky && CLOSED.load(Ordering::Relaxed) == 0 {
         return Error::Driver(error);
     }
-    let Some(ordinal) = crate::device::current_primary_ordinal() else {
+    let calling = CALLING.try_with(std::cell::Cell::get).ok().flatten();
+    if let Some((ordinal, born)) = calling {
+        if born != generation(ordinal) {
+            // A late error of an ended generation: it says nothing of the new context.
+            return Error::ContextLost {
+                device: ordinal,
+                first: Some(error),
+            };
+        }
+    }
+    let Some(ordinal) = calling
+        .map(|(o, _)| o)
+        .or_else(crate::device::current_primary_ordinal)
+    else {
         return Error::Driver(error);
     };
     if sticky {
@@ -332,6 +447,28 @@ pub(crate) fn on_error(error: DriverError) -> Error {
             first: Some(first),
         },
         None => Error::Driver(error),
+    }
+}
+
+/// After the driver's reset: the old generation ends (remembered with `first`, the error
+/// its stale handles report) and the device opens again, healthy.
+fn start_generation(ordinal: usize, first: Option<DriverError>) {
+    let s = &STATES[ordinal];
+    {
+        let mut ended = lock(&s.ended);
+        let old = s.generation.load(Ordering::Acquire);
+        ended.push((old, first));
+        if ended.len() > 64 {
+            ended.remove(0);
+        }
+        // Counted before the new generation shows: a check that sees the new generation
+        // also sees a reset made (it then compares generations).
+        RESETS.fetch_add(1, Ordering::SeqCst);
+        s.generation.store(old.wrapping_add(1), Ordering::SeqCst);
+    }
+    *lock(&s.first) = None;
+    if s.closed.swap(false, Ordering::SeqCst) {
+        CLOSED.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -354,14 +491,15 @@ pub(crate) fn reset(device: &Device) -> Result<()> {
             CLOSED.fetch_sub(1, Ordering::SeqCst);
         }
     };
+    barrier_on_every_thread();
     let started = Instant::now();
-    while s.inside() != 0 {
+    while inside(ordinal) != 0 {
         if started.elapsed() > RESET_WAIT {
             reopen(s);
             return Err(Error::Timeout(format!(
                 "Device::reset_after_fault: {} thread(s) still inside calls on device {ordinal} \
                  after {RESET_WAIT:?}",
-                s.inside()
+                inside(ordinal)
             )));
         }
         std::thread::sleep(Duration::from_micros(200));
@@ -380,24 +518,31 @@ pub(crate) fn reset(device: &Device) -> Result<()> {
     // Waits of the device query their events through the generation check: after the
     // reset they are refused before the driver sees a destroyed handle.
     let first = *lock(&s.first);
-    if let Err(e) = crate::device::reset_primary(device) {
-        reopen(s);
-        return Err(e);
-    }
-    {
-        let mut ended = lock(&s.ended);
-        let old = s.generation.load(Ordering::Acquire);
-        ended.push((old, first));
-        if ended.len() > 64 {
-            ended.remove(0);
+    match crate::device::reset_primary(device) {
+        // Nothing was destroyed.
+        Err(e) => {
+            reopen(s);
+            Err(e)
         }
-        s.generation.store(old.wrapping_add(1), Ordering::Release);
+        Ok(Ok(())) => {
+            start_generation(ordinal, first);
+            Ok(())
+        }
+        // The old context is gone (its handles now belong to an ended generation), but the
+        // driver still fails the new one: it stays lost, with the error it gives.
+        Ok(Err(e)) => {
+            start_generation(ordinal, first);
+            let still = match e {
+                Error::Driver(d) => d,
+                other => return Err(other),
+            };
+            let _ = lose(ordinal, still);
+            Err(Error::ContextLost {
+                device: ordinal,
+                first: Some(still),
+            })
+        }
     }
-    *lock(&s.first) = None;
-    if s.closed.swap(false, Ordering::SeqCst) {
-        CLOSED.fetch_sub(1, Ordering::SeqCst);
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -446,11 +591,41 @@ mod tests {
         let other = dev.with_generation(7);
         assert!(is_stale(&other));
         assert!(matches!(usable(&other), Err(Error::ContextLost { .. })));
-        assert_eq!(
-            STATES[63].inside(),
-            0,
-            "a refused call does not stay counted"
+        assert_eq!(inside(63), 0, "a refused call does not stay counted");
+    }
+
+    #[test]
+    fn after_a_reset_handles_of_every_earlier_generation_are_refused() {
+        // Ordinal 61: no other test uses it. The driver's reset is not called here; the
+        // bookkeeping after it is.
+        let old = Device::test_only(61);
+        assert!(usable(&old).is_ok());
+        let first = DriverError {
+            code: 719,
+            name: "CUDA_ERROR_LAUNCH_FAILED",
+            message: "unspecified launch failure",
+            call: "cuCtxSynchronize",
+        };
+        let _ = lose(61, first);
+        start_generation(61, Some(first));
+        assert_eq!(generation(61), 1);
+        assert!(health(61).is_healthy());
+        // A generation-0 handle: refused (not let through by the no-reset fast path), with
+        // the error that ended its generation; its drop must free nothing.
+        assert!(is_stale(&old));
+        assert!(
+            matches!(usable(&old), Err(Error::ContextLost { device: 61, first: Some(f) }) if f == first)
         );
+        assert!(enter(&old).is_err());
+        assert_eq!(inside(61), 0);
+        // A handle of the new generation works.
+        let new = old.with_generation(1);
+        assert!(!is_stale(&new));
+        assert!(usable(&new).is_ok());
+        let call = enter(&new).unwrap();
+        assert_eq!(inside(61), 1);
+        drop(call);
+        assert_eq!(inside(61), 0);
     }
 
     #[test]
@@ -458,9 +633,9 @@ mod tests {
         let dev = Device::test_only(62);
         let a = enter(&dev).unwrap();
         let b = enter(&dev).unwrap();
-        assert_eq!(STATES[62].inside(), 2);
+        assert_eq!(inside(62), 2);
         drop(a);
         drop(b);
-        assert_eq!(STATES[62].inside(), 0);
+        assert_eq!(inside(62), 0);
     }
 }

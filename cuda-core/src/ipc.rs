@@ -429,6 +429,9 @@ impl IpcMapping {
         device: &Device,
         handle: &IpcMemHandle,
     ) -> Result<Arc<IpcMapping>> {
+        // The handle belongs to the generation current now (before any binding: a reset in
+        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        let device = &device.stamped();
         if exported().contains(&handle.0) {
             return Err(IpcError::SameProcess { driver: None }.into());
         }
@@ -452,7 +455,7 @@ impl IpcMapping {
         let mapping = Arc::new(IpcMapping {
             ptr,
             size,
-            device: device.stamped(),
+            device: *device,
             handle: *handle,
             cross: CrossDeviceUses::default(),
         });
@@ -790,6 +793,9 @@ impl SharedMapping {
     /// address range, readable and writable by `device`. Memory of another device needs
     /// peer access from `device` ([`IpcError::WrongDevice`] otherwise).
     pub fn map(device: &Device, physical: PhysicalAllocation) -> Result<SharedMapping> {
+        // The handle belongs to the generation current now (before any binding: a reset in
+        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        let device = &device.stamped();
         let memory = physical.device();
         if memory != *device && !device.can_access_peer(&memory)? {
             return Err(IpcError::WrongDevice {
@@ -808,7 +814,7 @@ impl SharedMapping {
         Ok(SharedMapping {
             range: ManuallyDrop::new(range),
             physical: ManuallyDrop::new(physical),
-            device: device.stamped(),
+            device: *device,
             cross: CrossDeviceUses::default(),
             moved: false,
         })

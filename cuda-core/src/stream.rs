@@ -333,8 +333,11 @@ impl Stream {
 
     /// A builder for a stream on `device`.
     pub fn builder(device: &Device) -> StreamBuilder {
+        // The handle belongs to the generation current now (before any binding: a reset in
+        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        let device = &device.stamped();
         StreamBuilder {
-            device: device.stamped(),
+            device: *device,
             non_blocking: false,
             priority: PriorityRequest::Default,
         }
@@ -342,9 +345,12 @@ impl Stream {
 
     /// The legacy default (null) stream of `device` (CuPy's `Stream.null`). Never destroyed.
     pub fn null(device: &Device) -> Stream {
+        // The handle belongs to the generation current now (before any binding: a reset in
+        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        let device = &device.stamped();
         Stream {
             raw: std::ptr::null_mut(),
-            device: device.stamped(),
+            device: *device,
             kind: StreamKind::LegacyNull,
             owner: None,
             identity: 0,
@@ -355,9 +361,12 @@ impl Stream {
     /// The per-thread default stream of `device` (`CU_STREAM_PER_THREAD`, CuPy's
     /// `Stream.ptds`): each host thread that uses it gets its own implicit stream.
     pub fn per_thread(device: &Device) -> Stream {
+        // The handle belongs to the generation current now (before any binding: a reset in
+        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        let device = &device.stamped();
         Stream {
             raw: PER_THREAD_HANDLE as CUstream,
-            device: device.stamped(),
+            device: *device,
             kind: StreamKind::PerThread,
             owner: None,
             identity: PER_THREAD_HANDLE as u64,
@@ -424,6 +433,9 @@ impl Stream {
         keep_alive: Option<Box<dyn Any + Send + Sync>>,
         announced: bool,
     ) -> Result<Stream> {
+        // The handle belongs to the generation current now (before any binding: a reset in
+        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        let device = &device.stamped();
         // The driver refuses to say a stream's device or id while the stream is being
         // captured (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, which also invalidates the capture):
         // then the caller's word is taken for the device, and the handle's value is the
@@ -466,14 +478,14 @@ impl Stream {
         };
         Ok(Stream {
             raw,
-            device: device.stamped(),
+            device: *device,
             kind,
             identity,
             announced: announced && kind == StreamKind::External,
             owner: keep_alive.map(|k| {
                 Arc::new(Owner {
                     raw,
-                    device: device.stamped(),
+                    device: *device,
                     destroy: false,
                     panics: OnceLock::new(),
                     _keep_alive: Some(k),

@@ -119,6 +119,9 @@ impl VirtualRange {
     /// `alignment` (0: the granularity). `device`'s context is current for the call; the
     /// addresses are valid for every device (unified addressing).
     pub fn reserve(device: &Device, size: usize, alignment: usize) -> Result<VirtualRange> {
+        // The handle belongs to the generation current now (before any binding: a reset in
+        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        let device = &device.stamped();
         let mut base: CUdeviceptr = 0;
         if size != 0 {
             let _ctx = device.bind()?;
@@ -128,7 +131,7 @@ impl VirtualRange {
         Ok(VirtualRange {
             base,
             size,
-            device: device.stamped(),
+            device: *device,
         })
     }
 
@@ -263,6 +266,9 @@ impl PhysicalAllocation {
         size: usize,
         prop: CUmemAllocationProp,
     ) -> Result<PhysicalAllocation> {
+        // The handle belongs to the generation current now (before any binding: a reset in
+        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        let device = &device.stamped();
         if size == 0 {
             return Err(Error::InvalidArgument(
                 "a physical allocation of 0 bytes".into(),
@@ -275,7 +281,7 @@ impl PhysicalAllocation {
         Ok(PhysicalAllocation {
             handle,
             size,
-            device: device.stamped(),
+            device: *device,
         })
     }
 

@@ -44,13 +44,16 @@ impl GraphHandle {
     /// An empty graph for `device` (`cuGraphCreate`): add nodes with the functions of
     /// [`explicit`](self).
     pub fn new(device: &Device) -> Result<GraphHandle> {
+        // The handle belongs to the generation current now (before any binding: a reset in
+        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        let device = &device.stamped();
         let _ctx = device.bind()?;
         let mut raw: CUgraph = std::ptr::null_mut();
         // SAFETY: valid out-pointer; flags must be 0.
         unsafe { drv!(cuGraphCreate(&mut raw, 0)) }?;
         Ok(GraphHandle {
             raw,
-            device: device.stamped(),
+            device: *device,
             keep: Arc::default(),
         })
     }
@@ -706,6 +709,8 @@ impl GraphExecHandle {
         graph: &GraphHandle,
     ) -> Result<std::result::Result<(), UpdateFailure>> {
         let _ctx = self.device.bind()?;
+        // The source graph's nodes name objects of its generation (kernels, addresses).
+        crate::health::usable(&graph.device())?;
         let mut info = CUgraphExecUpdateResultInfo {
             result: CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS,
             errorNode: std::ptr::null_mut(),

@@ -136,6 +136,9 @@ pub struct ManagedMemory {
 impl ManagedMemory {
     /// Allocates `size` bytes of managed memory in `device`'s context.
     pub fn new(device: &Device, size: usize, attach: AttachFlags) -> Result<ManagedMemory> {
+        // The handle belongs to the generation current now (before any binding: a reset in
+        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        let device = &device.stamped();
         let mut ptr: CUdeviceptr = 0;
         if size != 0 {
             let _ctx = device.bind()?;
@@ -147,7 +150,7 @@ impl ManagedMemory {
         Ok(ManagedMemory {
             ptr,
             size,
-            device: device.stamped(),
+            device: *device,
             cross: CrossDeviceUses::default(),
         })
     }

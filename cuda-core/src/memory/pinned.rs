@@ -82,13 +82,16 @@ unsafe impl Sync for PinnedMemory {}
 impl PinnedMemory {
     /// Allocates `size` bytes of pinned host memory in `device`'s context with `flags`.
     pub fn new(device: &Device, size: usize, flags: PinnedFlags) -> Result<PinnedMemory> {
+        // The handle belongs to the generation current now (before any binding: a reset in
+        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        let device = &device.stamped();
         if size == 0 {
             return Ok(PinnedMemory {
                 ptr: NonNull::dangling(),
                 size: 0,
                 flags,
                 device_ptr: None,
-                device: device.stamped(),
+                device: *device,
             });
         }
         let _ctx = device.bind()?;
@@ -106,7 +109,7 @@ impl PinnedMemory {
             size,
             flags,
             device_ptr: None,
-            device: device.stamped(),
+            device: *device,
         };
         if flags.contains(PinnedFlags::DEVICE_MAP) {
             let mut dptr: CUdeviceptr = 0;
@@ -431,6 +434,9 @@ impl<B: HostBuffer> HostRegistration<B> {
     /// Page-locks `buffer` in `device`'s context with `flags`. On error the buffer is
     /// dropped (pass a `&mut` borrow to keep it).
     pub fn new(device: &Device, mut buffer: B, flags: RegisterFlags) -> Result<Self> {
+        // The handle belongs to the generation current now (before any binding: a reset in
+        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        let device = &device.stamped();
         let slice = buffer.as_mut_slice();
         let bytes = std::mem::size_of_val(slice);
         let ptr = slice.as_mut_ptr().cast::<u8>();
@@ -439,7 +445,7 @@ impl<B: HostBuffer> HostRegistration<B> {
             registered: None,
             bytes,
             device_ptr: None,
-            device: device.stamped(),
+            device: *device,
         };
         if bytes == 0 {
             return Ok(reg);

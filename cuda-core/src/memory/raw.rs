@@ -165,6 +165,8 @@ pub unsafe fn copy_peer(
     if len == 0 {
         return Ok(());
     }
+    // Both devices for the whole call: a reset of the source's device must wait for it.
+    let _src_device = crate::health::enter(src_device)?;
     let dst_ctx = dst_device.primary_context()?;
     let src_ctx = src_device.primary_context()?;
     let _ctx = dst_device.bind()?;
@@ -188,6 +190,8 @@ pub unsafe fn copy_peer_async(
     if len == 0 {
         return Ok(());
     }
+    // Both devices for the whole call: a reset of the source's device must wait for it.
+    let _src_device = crate::health::enter(src_device)?;
     let dst_ctx = dst_device.primary_context()?;
     let src_ctx = src_device.primary_context()?;
     let _ctx = dst_device.bind()?;
