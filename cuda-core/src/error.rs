@@ -279,8 +279,8 @@ pub enum Error {
         /// The device's ordinal.
         device: usize,
         /// The sticky error that lost the context (`None` when a healthy context was
-        /// reset under the handle).
-        first: Option<DriverError>,
+        /// reset under the handle). Boxed: [`Error`] stays within 64 bytes.
+        first: Option<Box<DriverError>>,
     },
     /// Something waited longer than its bound.
     #[error("timed out: {0}")]
@@ -293,7 +293,7 @@ impl Error {
     pub fn driver(&self) -> Option<&DriverError> {
         match self {
             Error::Driver(d) => Some(d),
-            Error::ContextLost { first, .. } => first.as_ref(),
+            Error::ContextLost { first, .. } => first.as_deref(),
             Error::Crate(c) => c.driver(),
             _ => None,
         }

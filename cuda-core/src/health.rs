@@ -290,13 +290,13 @@ fn refusal(device: &Device) -> Option<Error> {
             .and_then(|(_, e)| *e);
         return Some(Error::ContextLost {
             device: ordinal,
-            first,
+            first: first.map(Box::new),
         });
     }
     if s.closed.load(Ordering::SeqCst) {
         return Some(Error::ContextLost {
             device: ordinal,
-            first: *lock(&s.first),
+            first: lock(&s.first).map(Box::new),
         });
     }
     None
@@ -410,7 +410,7 @@ pub(crate) fn lose(ordinal: usize, first: DriverError) -> Error {
     };
     Error::ContextLost {
         device: ordinal,
-        first: kept,
+        first: kept.map(Box::new),
     }
 }
 
@@ -428,7 +428,7 @@ pub(crate) fn on_error(error: DriverError) -> Error {
             // A late error of an ended generation: it says nothing of the new context.
             return Error::ContextLost {
                 device: ordinal,
-                first: Some(error),
+                first: Some(Box::new(error)),
             };
         }
     }
@@ -444,7 +444,7 @@ pub(crate) fn on_error(error: DriverError) -> Error {
     match state(ordinal).and_then(|s| *lock(&s.first)) {
         Some(first) => Error::ContextLost {
             device: ordinal,
-            first: Some(first),
+            first: Some(Box::new(first)),
         },
         None => Error::Driver(error),
     }
@@ -539,7 +539,7 @@ pub(crate) fn reset(device: &Device) -> Result<()> {
             let _ = lose(ordinal, still);
             Err(Error::ContextLost {
                 device: ordinal,
-                first: Some(still),
+                first: Some(Box::new(still)),
             })
         }
     }
@@ -571,7 +571,7 @@ mod tests {
             call: "cuStreamSynchronize",
         };
         let e = lose(63, first);
-        assert!(matches!(e, Error::ContextLost { device: 63, first: Some(f) } if f == first));
+        assert!(matches!(e, Error::ContextLost { device: 63, first: Some(f) } if *f == first));
         // A second sticky error does not replace the first.
         let later = DriverError {
             call: "cuMemAlloc",
@@ -614,7 +614,7 @@ mod tests {
         // the error that ended its generation; its drop must free nothing.
         assert!(is_stale(&old));
         assert!(
-            matches!(usable(&old), Err(Error::ContextLost { device: 61, first: Some(f) }) if f == first)
+            matches!(usable(&old), Err(Error::ContextLost { device: 61, first: Some(f) }) if *f == first)
         );
         assert!(enter(&old).is_err());
         assert_eq!(inside(61), 0);
