@@ -32,6 +32,17 @@
 //! (`synchronize`, `memory_info`, ...) act on the new context. Only [`Device::bind`] refuses
 //! a value of an ended generation, since handles bind their device through it.
 //!
+//! # When the driver keeps the context lost
+//!
+//! The driver decides whether a reset brings the device back. On driver 580 (CUDA 13.0) on
+//! an H200, after an illegal address, it does not: `cuDevicePrimaryCtxReset` succeeds, but
+//! every later context of the process fails with the same error (retaining the primary
+//! context again, creating another context, after waiting; measured with libcuda alone by
+//! `bench/results/round13/reset_probe.py`). [`Device::reset_after_fault`] then tries again
+//! for 5 s and returns [`Error::ContextLost`] with the driver's error; the old handles still
+//! belong to an ended generation and the device stays closed. Only a new process gets the
+//! device back: the service exits for its supervisor to start it again.
+//!
 //! # What a service does
 //!
 //! 1. **Drain**: stop taking work; let every task see its [`Error::ContextLost`] and drop
