@@ -231,10 +231,14 @@ pub fn handles_awaiting_destruction() -> usize {
     grave().lock().unwrap_or_else(PoisonError::into_inner).len()
 }
 
-/// The cache key: device, stream identity, and for the per-thread default stream the thread.
+/// The cache key: device, its context generation, stream identity, and for the per-thread
+/// default stream the thread. The generation keeps a handle made before a
+/// `Device::reset_after_fault` (its context destroyed) from serving the implicit streams of
+/// the new context, whose identities are the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
     device: usize,
+    generation: u32,
     stream: u64,
     thread: u64,
 }
@@ -247,6 +251,7 @@ fn key(stream: &Stream) -> Key {
     };
     Key {
         device: stream.device().ordinal(),
+        generation: stream.device().generation(),
         stream: stream.identity(),
         thread,
     }
@@ -558,6 +563,9 @@ pub(crate) fn with_call<R>(
         });
     }
     state.last_used = CLOCK.fetch_add(1, Ordering::Relaxed);
+    // The handle's own context generation too (the key holds it; never use a handle whose
+    // context a reset destroyed).
+    cudars_core::health::usable(&state.device)?;
     let _ctx = device.bind()?;
     let capture = capture_of(stream)?;
     bind_workspace(&mut state, &issue, capture)?;

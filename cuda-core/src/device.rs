@@ -537,3 +537,20 @@ impl Drop for ContextBinding {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn equality_and_hashing_name_the_device_not_its_generation() {
+        let a = Device::test_only(3);
+        let b = a.with_generation(5);
+        assert_eq!(a, b, "one device, whatever the generation");
+        assert_ne!(a.generation(), b.generation());
+        assert_ne!(a, Device::test_only(4));
+        let set: HashSet<Device> = [a, b].into_iter().collect();
+        assert_eq!(set.len(), 1);
+    }
+}

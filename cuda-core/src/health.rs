@@ -49,16 +49,21 @@
 //!    what it held (or keep it: old handles stay inert).
 //! 2. **Reset**: [`Device::reset_after_fault`].
 //! 3. **Reload**: make streams, pools and modules again (cuda-rtc's cache keeps compiled
-//!    images and loads them again into the new context on demand).
+//!    images, so loading them into the new context compiles nothing).
 //! 4. **Resume**.
 //!
+//! Where the reset fails (the driver keeps the context lost, see above), exit for a restart.
+//!
 //! ```no_run
-//! use cudars_core::{Device, Error};
+//! use cudars_core::Device;
 //! let dev = Device::new(0)?;
 //! match dev.synchronize() {
-//!     Err(Error::ContextLost { first, .. }) => {
-//!         eprintln!("device lost: {first}; resetting");
-//!         dev.reset_after_fault()?;
+//!     Err(e) if e.is_context_lost() => {
+//!         eprintln!("device lost: {e}; resetting");
+//!         if let Err(e) = dev.reset_after_fault() {
+//!             eprintln!("the driver keeps the device lost ({e}): exiting for a restart");
+//!             std::process::exit(3);
+//!         }
 //!         assert!(dev.health().is_healthy());
 //!     }
 //!     other => other?,
