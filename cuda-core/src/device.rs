@@ -122,13 +122,17 @@ pub(crate) fn reset_primary(device: &Device) -> Result<Result<()>> {
             raw(retained, "cuDevicePrimaryCtxRetain")?;
             // SAFETY: the context just retained; popped below.
             let pushed = raw(unsafe { d.cuCtxPushCurrent(ctx) }, "cuCtxPushCurrent");
+            let was_pushed = pushed.is_ok();
             let synced = pushed.and_then(|()| {
                 // SAFETY: the context is current.
                 raw(unsafe { d.cuCtxSynchronize() }, "cuCtxSynchronize")
             });
-            let mut popped: CUcontext = std::ptr::null_mut();
-            // SAFETY: pops what was pushed (a failed push pushed nothing and this fails).
-            let _ = unsafe { d.cuCtxPopCurrent(&mut popped) };
+            if was_pushed {
+                let mut popped: CUcontext = std::ptr::null_mut();
+                // SAFETY: pops the context pushed above (only when the push succeeded: else
+                // this would pop the caller's own).
+                let _ = unsafe { d.cuCtxPopCurrent(&mut popped) };
+            }
             match synced {
                 Ok(()) => Ok(ctx),
                 Err(e) => {
@@ -140,10 +144,13 @@ pub(crate) fn reset_primary(device: &Device) -> Result<Result<()>> {
         })();
         match tried {
             Ok(ctx) => {
-                // The reset kept the earlier retain: give back this one, so that the count
-                // stays one.
-                // SAFETY: the retain made in the try.
-                let _ = unsafe { d.cuDevicePrimaryCtxRelease(device.raw) };
+                if ours != 0 {
+                    // The reset kept this crate's earlier retain: give back this one, so that
+                    // the count stays one. (A device this crate never retained keeps this
+                    // one, as `primary_context` would have made it.)
+                    // SAFETY: the retain made in the try.
+                    let _ = unsafe { d.cuDevicePrimaryCtxRelease(device.raw) };
+                }
                 PRIMARY[device.ordinal as usize].store(ctx as usize, Ordering::Release);
                 return Ok(Ok(()));
             }
@@ -459,6 +466,8 @@ impl Device {
                 "peer access from a device to itself".into(),
             ));
         }
+        // The peer's context is used for the whole call: a reset of the peer waits for it.
+        let _peer = crate::health::enter(&peer.stamped())?;
         let peer_ctx = peer.primary_context()?;
         let _ctx = self.stamped().bind()?;
         // SAFETY: this device's context is current; the peer context is retained.

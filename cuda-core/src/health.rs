@@ -250,12 +250,23 @@ thread_local! {
     };
 }
 
+/// Calls made on threads whose own counts are torn down, per device.
+static LATE: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+
+/// Where an [`InCall`] is counted.
+#[derive(Debug, Clone, Copy)]
+enum Depth {
+    Own(&'static AtomicU32),
+    Late(&'static AtomicU32),
+}
+
 /// Threads counted inside calls on `ordinal`.
 fn inside(ordinal: usize) -> usize {
-    lock(&THREADS)
+    let own: usize = lock(&THREADS)
         .iter()
         .map(|t| t.depth[ordinal].load(Ordering::SeqCst) as usize)
-        .sum()
+        .sum();
+    own + LATE[ordinal].load(Ordering::SeqCst) as usize
 }
 
 /// A device's state, as [`Device::health`] reports it.
@@ -343,9 +354,10 @@ pub fn is_stale(device: &Device) -> bool {
 #[must_use]
 #[derive(Debug)]
 pub(crate) struct InCall {
-    /// This thread's count for the device (`None`: the thread is being torn down and its
-    /// count is gone; such a call is not waited for).
-    depth: Option<&'static AtomicU32>,
+    /// The count this call is in: this thread's own (single writer), or, on a thread whose
+    /// own counts are already torn down (a call from a thread-local's destructor), the
+    /// device's shared count of such calls.
+    depth: Depth,
     /// The thread's calling device before this call (restored on drop).
     outer: Option<(usize, u32)>,
     _not_send: std::marker::PhantomData<*const ()>,
@@ -354,9 +366,12 @@ pub(crate) struct InCall {
 impl Drop for InCall {
     fn drop(&mut self) {
         let _ = CALLING.try_with(|c| c.set(self.outer));
-        if let Some(depth) = self.depth {
+        match self.depth {
             // This thread is the only writer.
-            depth.store(depth.load(Ordering::Relaxed) - 1, Ordering::Release);
+            Depth::Own(d) => d.store(d.load(Ordering::Relaxed) - 1, Ordering::Release),
+            Depth::Late(d) => {
+                d.fetch_sub(1, Ordering::SeqCst);
+            }
         }
     }
 }
@@ -379,11 +394,18 @@ pub(crate) fn enter(device: &Device) -> Result<InCall> {
         });
     };
     let _ = s;
-    let depth = MINE.try_with(|m| &m.0.depth[device.ordinal()]).ok();
-    if let Some(depth) = depth {
-        // This thread is the only writer: no read-modify-write.
-        depth.store(depth.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-    }
+    let depth = match MINE.try_with(|m| &m.0.depth[device.ordinal()]) {
+        Ok(d) => {
+            // This thread is the only writer: no read-modify-write.
+            d.store(d.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            Depth::Own(d)
+        }
+        Err(_) => {
+            let d = &LATE[device.ordinal()];
+            d.fetch_add(1, Ordering::SeqCst);
+            Depth::Late(d)
+        }
+    };
     // Counted in before reading the device's state. A reset closes the device, then puts a
     // barrier on every thread, then reads the counts: either it sees this thread's count,
     // or this thread sees the device closed.
@@ -468,8 +490,11 @@ pub(crate) fn on_error(error: DriverError) -> Error {
 
 /// After the driver's reset: the old generation ends (remembered with `first`, the error
 /// its stale handles report) and the device opens again, healthy.
-fn start_generation(ordinal: usize, first: Option<DriverError>) {
+fn start_generation(ordinal: usize, first: Option<DriverError>, still: Option<DriverError>) {
     let s = &STATES[ordinal];
+    // Under the `first` lock, as `lose` takes it: the new generation starts lost (`still`)
+    // or healthy in one step, never healthy for a moment in between.
+    let mut slot = lock(&s.first);
     {
         let mut ended = lock(&s.ended);
         let old = s.generation.load(Ordering::Acquire);
@@ -482,8 +507,8 @@ fn start_generation(ordinal: usize, first: Option<DriverError>) {
         RESETS.fetch_add(1, Ordering::SeqCst);
         s.generation.store(old.wrapping_add(1), Ordering::SeqCst);
     }
-    *lock(&s.first) = None;
-    if s.closed.swap(false, Ordering::SeqCst) {
+    *slot = still;
+    if still.is_none() && s.closed.swap(false, Ordering::SeqCst) {
         CLOSED.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -541,21 +566,23 @@ pub(crate) fn reset(device: &Device) -> Result<()> {
             Err(e)
         }
         Ok(Ok(())) => {
-            start_generation(ordinal, first);
+            start_generation(ordinal, first, None);
             Ok(())
         }
         // The old context is gone (its handles now belong to an ended generation), but the
         // driver still fails the new one: it stays lost, with the error it gives.
         Ok(Err(e)) => {
-            start_generation(ordinal, first);
-            let still = match e {
-                Error::Driver(d) => d,
-                other => return Err(other),
+            let still = match &e {
+                Error::Driver(d) => *d,
+                _ => DriverError::new(CUresult::CUDA_ERROR_UNKNOWN, "reset_after_fault"),
             };
-            let _ = lose(ordinal, still);
-            Err(Error::ContextLost {
-                device: ordinal,
-                first: Some(Box::new(still)),
+            start_generation(ordinal, first, Some(still));
+            Err(match e {
+                Error::Driver(d) => Error::ContextLost {
+                    device: ordinal,
+                    first: Some(Box::new(d)),
+                },
+                other => other,
             })
         }
     }
@@ -623,7 +650,7 @@ mod tests {
             call: "cuCtxSynchronize",
         };
         let _ = lose(61, first);
-        start_generation(61, Some(first));
+        start_generation(61, Some(first), None);
         assert_eq!(generation(61), 1);
         assert!(health(61).is_healthy());
         // A generation-0 handle: refused (not let through by the no-reset fast path), with
