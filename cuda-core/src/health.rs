@@ -90,7 +90,8 @@ use crate::error::{DriverError, Error, Result};
 pub const STICKY: [CUresult; 13] = [
     CUresult::CUDA_ERROR_ECC_UNCORRECTABLE,
     CUresult::CUDA_ERROR_NVLINK_UNCORRECTABLE,
-    CUresult::CUDA_ERROR_CONTAINED,
+    // CUDA_ERROR_CONTAINED (226): by value, since headers before CUDA 12.4 lack the name.
+    CUresult(226),
     CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
     CUresult::CUDA_ERROR_LAUNCH_TIMEOUT,
     CUresult::CUDA_ERROR_ASSERT,
