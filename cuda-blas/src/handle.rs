@@ -516,15 +516,7 @@ impl Call<'_, '_> {
 /// running on it: streams this crate's callers created are captured through `cuda-core`
 /// (one atomic load while none runs); external and per-thread streams are asked each time.
 fn capture_of(stream: &Stream) -> Result<Option<u64>> {
-    let ask = match stream.kind() {
-        StreamKind::LegacyNull => false,
-        StreamKind::Owned => graph::captures_in_progress(),
-        _ if stream.captures_announced() => {
-            graph::captures_in_progress() || graph::announced_captures_in_progress()
-        }
-        _ => true,
-    };
-    if !ask {
+    if !graph::may_be_captured(stream) {
         return Ok(None);
     }
     let info = graph::capture_info(stream)?;

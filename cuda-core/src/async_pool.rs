@@ -131,8 +131,7 @@ impl MemPool {
     /// The device's default pool (`cuDeviceGetDefaultMemPool`), which `cuMemAllocAsync` uses
     /// unless another pool was made current. Not destroyed on drop.
     pub fn default_for(device: &Device) -> Result<MemPool> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         let _ctx = device.bind()?;
         let mut raw: CUmemoryPool = std::ptr::null_mut();
@@ -148,8 +147,7 @@ impl MemPool {
     /// The device's current pool (`cuDeviceGetMemPool`), the one `cuMemAllocAsync` uses. Not
     /// destroyed on drop.
     pub fn current(device: &Device) -> Result<MemPool> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         let _ctx = device.bind()?;
         let mut raw: CUmemoryPool = std::ptr::null_mut();
@@ -166,8 +164,7 @@ impl MemPool {
     /// `max_size` bytes when given (`CUmemPoolProps::maxSize`; 0 or `None`: no limit beyond
     /// the device's memory). Destroyed on drop.
     pub fn new(device: &Device, max_size: Option<usize>) -> Result<MemPool> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         // `maxSize` needs a 12.2 driver: `Error::DriverTooOld` before, unless no limit is asked.
         let props = crate::driver::api()?.mem_pool_props(

@@ -208,8 +208,7 @@ impl Event {
 
     /// A builder for an event on `device`. Defaults: **timing off**, spin-waiting, local.
     pub fn builder(device: &Device) -> EventBuilder {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         EventBuilder {
             device: *device,

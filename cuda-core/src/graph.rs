@@ -57,6 +57,26 @@ pub use crate::capture_gate::{
     captures_in_progress,
 };
 
+/// Whether `stream` may be being captured now, answered without the driver where this crate
+/// can tell: never the legacy stream; streams this crate created only while a capture begun
+/// through it runs (one atomic load); streams whose captures are announced
+/// ([`Stream::external_announced`](crate::Stream::external_announced)) only while such a
+/// capture or one of this crate runs; any other stream (external, per-thread) always. When
+/// `true`, [`capture_info`] says whether it is. The cheap gate the library crates ask before
+/// they ask the driver.
+#[inline]
+pub fn may_be_captured(stream: &Stream) -> bool {
+    use crate::stream::StreamKind;
+    match stream.kind() {
+        StreamKind::LegacyNull => false,
+        StreamKind::Owned => captures_in_progress(),
+        _ if stream.captures_announced() => {
+            captures_in_progress() || announced_captures_in_progress()
+        }
+        _ => true,
+    }
+}
+
 /// What a graph keeps alive: the owners of the memory its captured operations use.
 type KeepAlive = Arc<Vec<Arc<dyn DeviceAlloc>>>;
 

@@ -346,8 +346,7 @@ macro_rules! handle_type {
         impl $name {
             #[doc = concat!("A new handle for `device`, owned by the caller and destroyed on drop (`", stringify!($c_type), "`).")]
             pub fn new(device: &Device) -> Result<$name> {
-                // The handle belongs to the generation current now (before any binding: a reset in
-                // between makes the binding refuse it, never a new-generation stamp on an old object).
+                // Stamped before binding: a reset in between is refused (see `health`).
                 let device = &device.stamped();
                 let lib = opened(&$spec, &$cell)?;
                 let raw = create(&$spec, lib, device)?;

@@ -344,6 +344,14 @@ pub fn usable(device: &Device) -> Result<()> {
     }
 }
 
+/// How many resets this process has made, on any device. A cache of per-context state
+/// (cuda-mempool's default pool) compares it with the count it was made at: while equal,
+/// none of its handles can be stale (one load).
+#[inline]
+pub fn resets() -> usize {
+    RESETS.load(Ordering::SeqCst)
+}
+
 /// `true` when a handle made with `device` belongs to an ended generation: its `Drop` must
 /// free nothing.
 #[inline]
@@ -388,13 +396,12 @@ thread_local! {
 /// driver.
 #[inline]
 pub(crate) fn enter(device: &Device) -> Result<InCall> {
-    let Some(s) = state(device.ordinal()) else {
+    if device.ordinal() >= MAX_DEVICES {
         return Err(Error::InvalidDevice {
             ordinal: device.ordinal(),
             count: MAX_DEVICES,
         });
-    };
-    let _ = s;
+    }
     let depth = match MINE.try_with(|m| &m.0.depth[device.ordinal()]) {
         Ok(d) => {
             // This thread is the only writer: no read-modify-write.
@@ -503,10 +510,11 @@ fn start_generation(ordinal: usize, first: Option<DriverError>, still: Option<Dr
         if ended.len() > 64 {
             ended.remove(0);
         }
-        // Counted before the new generation shows: a check that sees the new generation
-        // also sees a reset made (it then compares generations).
-        RESETS.fetch_add(1, Ordering::SeqCst);
+        // The device is closed here, so `usable` compares generations whatever it reads of
+        // RESETS. Counted after the new generation shows: whoever reads the new count (a
+        // cache made at the old one, see `resets`) also sees the new generation.
         s.generation.store(old.wrapping_add(1), Ordering::SeqCst);
+        RESETS.fetch_add(1, Ordering::SeqCst);
     }
     *slot = still;
     if still.is_none() && s.closed.swap(false, Ordering::SeqCst) {

@@ -429,8 +429,7 @@ impl IpcMapping {
         device: &Device,
         handle: &IpcMemHandle,
     ) -> Result<Arc<IpcMapping>> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         if exported().contains(&handle.0) {
             return Err(IpcError::SameProcess { driver: None }.into());
@@ -793,8 +792,7 @@ impl SharedMapping {
     /// address range, readable and writable by `device`. Memory of another device needs
     /// peer access from `device` ([`IpcError::WrongDevice`] otherwise).
     pub fn map(device: &Device, physical: PhysicalAllocation) -> Result<SharedMapping> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         let memory = physical.device();
         if memory != *device && !device.can_access_peer(&memory)? {

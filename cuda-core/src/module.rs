@@ -182,8 +182,7 @@ impl Module {
     /// `image` points to a complete image the driver can read whole (NUL-terminated PTX, or a
     /// cubin / fatbin whose declared sizes lie inside the allocation) that outlives the call.
     unsafe fn load_data(device: &Device, image: *const c_void, what: &str) -> Result<Module> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         let _ctx = device.bind()?;
         let mut log = vec![0u8; JIT_LOG_BYTES];

@@ -333,8 +333,7 @@ impl Stream {
 
     /// A builder for a stream on `device`.
     pub fn builder(device: &Device) -> StreamBuilder {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         StreamBuilder {
             device: *device,
@@ -345,8 +344,7 @@ impl Stream {
 
     /// The legacy default (null) stream of `device` (CuPy's `Stream.null`). Never destroyed.
     pub fn null(device: &Device) -> Stream {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         Stream {
             raw: std::ptr::null_mut(),
@@ -361,8 +359,7 @@ impl Stream {
     /// The per-thread default stream of `device` (`CU_STREAM_PER_THREAD`, CuPy's
     /// `Stream.ptds`): each host thread that uses it gets its own implicit stream.
     pub fn per_thread(device: &Device) -> Stream {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         Stream {
             raw: PER_THREAD_HANDLE as CUstream,
@@ -433,8 +430,7 @@ impl Stream {
         keep_alive: Option<Box<dyn Any + Send + Sync>>,
         announced: bool,
     ) -> Result<Stream> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         // The driver refuses to say a stream's device or id while the stream is being
         // captured (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, which also invalidates the capture):
@@ -863,8 +859,8 @@ pub(crate) fn launch_in_context(
     stream: &Stream,
     mut call: impl FnMut() -> Result<()>,
 ) -> Result<()> {
+    // The stream's generation was checked by the caller's `Issue` (`Stream::issue`).
     let _call = crate::health::enter(&device)?;
-    crate::health::usable(&stream.device())?;
     let target = device.primary_context()? as usize;
     let noted = stream.kind() == StreamKind::Owned
         && !crate::capture_gate::captures_in_progress()

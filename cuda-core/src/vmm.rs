@@ -119,8 +119,7 @@ impl VirtualRange {
     /// `alignment` (0: the granularity). `device`'s context is current for the call; the
     /// addresses are valid for every device (unified addressing).
     pub fn reserve(device: &Device, size: usize, alignment: usize) -> Result<VirtualRange> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         let mut base: CUdeviceptr = 0;
         if size != 0 {
@@ -266,8 +265,7 @@ impl PhysicalAllocation {
         size: usize,
         prop: CUmemAllocationProp,
     ) -> Result<PhysicalAllocation> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         if size == 0 {
             return Err(Error::InvalidArgument(

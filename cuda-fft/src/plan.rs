@@ -122,13 +122,7 @@ fn capture_may_run() -> bool {
 
 /// The capture `stream` is recorded into (asked of the driver only when one may run).
 pub(crate) fn capture_of(stream: &Stream) -> Result<Option<u64>> {
-    let ask = match stream.kind() {
-        StreamKind::LegacyNull => false,
-        StreamKind::Owned => graph::captures_in_progress(),
-        _ if stream.captures_announced() => capture_may_run(),
-        _ => true,
-    };
-    if !ask {
+    if !graph::may_be_captured(stream) {
         return Ok(None);
     }
     let info = graph::capture_info(stream)?;

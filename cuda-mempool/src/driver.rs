@@ -44,7 +44,7 @@
 //! `cudars_core::DevicePtr` is a view owning its memory, and [`PoolMemory`] converts into it.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudars_core::graph::CaptureStatus;
@@ -826,13 +826,27 @@ impl From<PoolMemory> for DevicePtr {
 static DEFAULT_POOL: AtomicPtr<Arc<DevicePool>> = AtomicPtr::new(std::ptr::null_mut());
 static DEFAULT_POOL_INIT: Mutex<()> = Mutex::new(());
 
+/// [`cudars_core::health::resets`] when the current default pool was made or last found
+/// current: while unchanged, no device of the pool can have been reset (one load on every
+/// allocation through the default pool, and the C ABI's).
+static DEFAULT_POOL_RESETS: AtomicUsize = AtomicUsize::new(0);
+
 /// `true` while every device of `pool` is of its live context generation.
 fn current_generation(pool: &DevicePool) -> bool {
-    !pool
+    let resets = cudars_core::health::resets();
+    if DEFAULT_POOL_RESETS.load(Ordering::Acquire) == resets {
+        return true;
+    }
+    let current = !pool
         .backend()
         .devices
         .iter()
-        .any(cudars_core::health::is_stale)
+        .any(cudars_core::health::is_stale);
+    if current {
+        // Another device's reset: this pool is still current.
+        DEFAULT_POOL_RESETS.store(resets, Ordering::Release);
+    }
+    current
 }
 
 /// The process-wide default pool (CuPy's `get_default_memory_pool`), created on first use
@@ -866,7 +880,9 @@ pub fn default_pool() -> Result<&'static Arc<DevicePool>, PoolError> {
             return Ok(p);
         }
     }
+    let resets = cudars_core::health::resets();
     let pool: &'static Arc<DevicePool> = Box::leak(Box::new(Arc::new(DevicePool::new_driver()?)));
+    DEFAULT_POOL_RESETS.store(resets, Ordering::Release);
     DEFAULT_POOL.store(std::ptr::from_ref(pool).cast_mut(), Ordering::Release);
     Ok(pool)
 }

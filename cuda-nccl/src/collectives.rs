@@ -40,18 +40,10 @@ use crate::group::{self, GroupGuard};
 /// Whether `stream` is being captured (asked of the driver only when a capture may run).
 fn captured(stream: &Stream) -> Result<bool> {
     use cudars_core::graph::{self, CaptureStatus};
-    let ask = match stream.kind() {
-        StreamKind::LegacyNull => false,
-        StreamKind::Owned => graph::captures_in_progress(),
-        _ if stream.captures_announced() => {
-            graph::captures_in_progress() || graph::announced_captures_in_progress()
-        }
-        _ => true,
-    };
-    if !ask {
-        return Ok(false);
-    }
-    Ok(graph::capture_info(stream)?.status != CaptureStatus::None)
+    Ok(
+        graph::may_be_captured(stream)
+            && graph::capture_info(stream)?.status != CaptureStatus::None,
+    )
 }
 
 fn raw_stream(stream: &Stream) -> cudaStream_t {

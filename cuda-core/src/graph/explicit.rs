@@ -44,8 +44,7 @@ impl GraphHandle {
     /// An empty graph for `device` (`cuGraphCreate`): add nodes with the functions of
     /// [`explicit`](self).
     pub fn new(device: &Device) -> Result<GraphHandle> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         let _ctx = device.bind()?;
         let mut raw: CUgraph = std::ptr::null_mut();

@@ -43,8 +43,7 @@ impl DeviceMemory {
     /// Allocates `size` bytes on `device` (`cuMemAlloc`). Out of memory is a driver error for
     /// which [`Error::is_out_of_memory`](crate::Error::is_out_of_memory) is `true`.
     pub fn new(device: &Device, size: usize) -> Result<DeviceMemory> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         let mut ptr: CUdeviceptr = 0;
         if size != 0 {

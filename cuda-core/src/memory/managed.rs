@@ -136,8 +136,7 @@ pub struct ManagedMemory {
 impl ManagedMemory {
     /// Allocates `size` bytes of managed memory in `device`'s context.
     pub fn new(device: &Device, size: usize, attach: AttachFlags) -> Result<ManagedMemory> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         let mut ptr: CUdeviceptr = 0;
         if size != 0 {

@@ -82,8 +82,7 @@ unsafe impl Sync for PinnedMemory {}
 impl PinnedMemory {
     /// Allocates `size` bytes of pinned host memory in `device`'s context with `flags`.
     pub fn new(device: &Device, size: usize, flags: PinnedFlags) -> Result<PinnedMemory> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         if size == 0 {
             return Ok(PinnedMemory {
@@ -434,8 +433,7 @@ impl<B: HostBuffer> HostRegistration<B> {
     /// Page-locks `buffer` in `device`'s context with `flags`. On error the buffer is
     /// dropped (pass a `&mut` borrow to keep it).
     pub fn new(device: &Device, mut buffer: B, flags: RegisterFlags) -> Result<Self> {
-        // The handle belongs to the generation current now (before any binding: a reset in
-        // between makes the binding refuse it, never a new-generation stamp on an old object).
+        // Stamped before binding: a reset in between is refused (see `health`).
         let device = &device.stamped();
         let slice = buffer.as_mut_slice();
         let bytes = std::mem::size_of_val(slice);

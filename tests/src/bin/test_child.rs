@@ -382,6 +382,19 @@ mod device_reset {
         }
     }
 
+    /// Handles of an ended (or lost) context refuse, without reaching the driver.
+    fn old_handles_fail_closed(
+        stream: &Stream,
+        buf: &DevicePtr,
+        event: &Event,
+        pool: &Arc<DevicePool>,
+    ) {
+        assert!(lost(&stream.synchronize().unwrap_err()));
+        assert!(lost(&buf.to_vec().unwrap_err()));
+        assert!(lost(&event.query().unwrap_err()));
+        assert!(pool_lost(&pool.malloc_shared(stream, 64).unwrap_err()));
+    }
+
     /// Fresh handles of the new generation: the same kinds of work, data checked.
     fn fresh_workload(rt: &tokio::runtime::Runtime) -> (u64, u64) {
         let dev = Device::new(0).unwrap();
@@ -513,12 +526,7 @@ mod device_reset {
                 assert!(!dev2.health().is_healthy());
                 assert!(lost(&Stream::new(&dev2).unwrap_err()));
                 assert!(lost(&DevicePtr::alloc(&dev2, 64).unwrap_err()));
-                assert!(lost(&kept_stream.synchronize().unwrap_err()));
-                assert!(lost(&kept_buf.to_vec().unwrap_err()));
-                assert!(lost(&kept_event.query().unwrap_err()));
-                assert!(pool_lost(
-                    &pool.malloc_shared(&kept_stream, 64).unwrap_err()
-                ));
+                old_handles_fail_closed(&kept_stream, &kept_buf, &kept_event, &pool);
                 drop((kept_stream, kept_buf, kept_event, kept_block, faulting));
                 drop(pool);
                 drop(k);
@@ -534,10 +542,8 @@ mod device_reset {
             assert_eq!(dev2.generation(), dev.generation() + 1);
             // Every old handle fails closed.
             let fresh = Stream::new(&dev2).unwrap();
-            assert!(lost(&kept_stream.synchronize().unwrap_err()));
-            assert!(lost(&kept_buf.to_vec().unwrap_err()));
+            old_handles_fail_closed(&kept_stream, &kept_buf, &kept_event, &pool);
             assert!(lost(&k.fill(&fresh, &kept_buf, 1).unwrap_err()));
-            assert!(lost(&kept_event.query().unwrap_err()));
             assert!(lost(&kept_event.record(&fresh).unwrap_err()));
             assert!(lost(&fresh.wait_event(&kept_event).unwrap_err()));
             assert!(lost(
