@@ -63,6 +63,13 @@ impl std::hash::Hash for Device {
 static PRIMARY: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(0) }; MAX_DEVICES];
 static PRIMARY_INIT: Mutex<()> = Mutex::new(());
 
+/// The ordinals of the devices whose primary context this crate has retained.
+pub(crate) fn retained_ordinals() -> Vec<usize> {
+    (0..MAX_DEVICES)
+        .filter(|&o| PRIMARY[o].load(Ordering::Acquire) != 0)
+        .collect()
+}
+
 /// The ordinal of the device whose primary context is current on this thread, if any (no
 /// error checking: this runs while an error is being built).
 pub(crate) fn current_primary_ordinal() -> Option<usize> {

@@ -16,7 +16,9 @@
 //! # Reset, and the handles of the old context
 //!
 //! [`Device::reset_after_fault`] waits until no thread is inside a call of this crate on the
-//! device (calls that start meanwhile fail with [`Error::ContextLost`]), then resets the
+//! device (calls that start meanwhile fail with [`Error::ContextLost`]) and until the other
+//! devices have done the work already queued on them (peer access may reach this device's
+//! memory), then resets the
 //! primary context (`cuDevicePrimaryCtxReset`: every allocation, stream, event, module and
 //! graph of the context is destroyed by the driver) and starts a new generation.
 //!
@@ -564,6 +566,18 @@ pub(crate) fn reset(device: &Device) -> Result<()> {
              {ordinal} are still alive; the reset would unmap their host memory under them: \
              drop them (and empty the pools that cache them) first"
         )));
+    }
+    // Work already queued on other devices may still read or write this device's memory
+    // (peer copies, kernels through peer access): it ends before the memory does, so that no
+    // address of the new context is written by it. (New such work is refused: this device
+    // is closed, and every issue checks the memory's device.) A device that fails to
+    // synchronise is lost itself: its work has stopped.
+    for other in crate::device::retained_ordinals() {
+        if other != ordinal {
+            if let Ok(dev) = Device::new(other) {
+                let _ = dev.synchronize();
+            }
+        }
     }
     // Waits of the device query their events through the generation check: after the
     // reset they are refused before the driver sees a destroyed handle.
