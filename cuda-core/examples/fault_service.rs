@@ -2,19 +2,25 @@
 //!
 //! Each request runs a kernel that writes its number into a buffer, then reads it back. One
 //! request in the middle is poisoned: its kernel writes to address 0x10, which faults and
-//! loses the context. The loop then does what a service should: drain (drop what the
+//! loses the context. The worker then does what a service should: drain (drop what the
 //! failed request held), reset (`Device::reset_after_fault`), reload (module, stream and
-//! buffer made again in the new context) and resume, and the requests after the fault are
-//! served with their results checked.
+//! buffer made again in the new context) and resume.
 //!
-//! Run with `cargo run --release -p cudars-core --example fault_service`; exits 0 on a machine
-//! with a GPU whose driver recovers the context in a reset (printing one line per request).
-//! Where the driver keeps the context lost after the reset (driver 580 after an illegal
-//! address does), the loop says so and exits 1, as a service would for its supervisor to
-//! restart it; so it does without a GPU, printing the error.
+//! Where the driver keeps the context lost even after the reset (driver 580 after an illegal
+//! address does: every call of the process answers the fault's error, a new context
+//! included), only a new process gets the device back. So the program is its own supervisor:
+//! run without arguments, it starts itself as a worker (`--worker FIRST`) and, when a worker
+//! exits with [`RESTART`], starts a new one at the request after the failed one. The poisoned
+//! request is answered with its error, never retried (it would fault again); every other
+//! request is served, its result checked, whichever way the device came back.
+//!
+//! Run with `cargo run --release -p cudars-core --example fault_service`; exits 0 when the
+//! requests after the fault were served (one line per request, and how the device came back:
+//! in-process resets, worker restarts). Without a GPU the first worker fails to start, and
+//! the supervisor exits 1 with its error.
 
 mod common;
-use common::println;
+use common::{print, println};
 
 use std::ffi::c_void;
 use std::process::ExitCode;
@@ -79,36 +85,103 @@ impl Service {
     }
 }
 
+/// The worker's exit status when its device stays lost after a reset: start a new process.
+const RESTART: u8 = 3;
+/// Requests served per run, and the poisoned one.
+const REQUESTS: u32 = 6;
+const POISONED: u32 = 3;
+
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
+    let args: Vec<String> = std::env::args().collect();
+    if let [_, flag, first] = args.as_slice() {
+        if flag == "--worker" {
+            let first = first.parse().unwrap_or(1);
+            return match worker(first) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.is_context_lost() => {
+                    println!("  worker: the device stays lost after the reset ({e}); exiting for a restart");
+                    ExitCode::from(RESTART)
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            };
         }
     }
+    supervise()
 }
 
-fn run() -> cudars_core::Result<()> {
+/// Starts workers until every request is answered: a worker that exits with [`RESTART`] is
+/// replaced by one that starts at the request after the last one answered.
+fn supervise() -> ExitCode {
+    let Ok(exe) = std::env::current_exe() else {
+        eprintln!("error: cannot find this program's own path to start a worker");
+        return ExitCode::FAILURE;
+    };
+    let mut first = 1;
+    for restart in 0..3 {
+        let out = std::process::Command::new(&exe)
+            .args(["--worker", &first.to_string()])
+            .stderr(std::process::Stdio::inherit())
+            .output();
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                eprintln!("error: starting a worker: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        print!("{text}");
+        // The last request this worker answered, served or failed.
+        let answered = text
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("request ")?
+                    .split(':')
+                    .next()?
+                    .parse::<u32>()
+                    .ok()
+            })
+            .max();
+        match out.status.code() {
+            Some(0) => {
+                println!("all {REQUESTS} requests answered; {restart} worker restart(s)");
+                return ExitCode::SUCCESS;
+            }
+            Some(c) if c == i32::from(RESTART) => {
+                first = answered.map_or(first, |n| n + 1);
+                println!(
+                    "supervisor: worker lost its device; starting a new one at request {first}"
+                );
+            }
+            _ => {
+                eprintln!("error: the worker failed ({})", out.status);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    eprintln!("error: three restarts and the requests are still not answered");
+    ExitCode::FAILURE
+}
+
+/// Serves requests `first..=REQUESTS`; on a lost context, resets and resumes, or returns the
+/// reset's `ContextLost` when the driver keeps the device lost.
+fn worker(first: u32) -> cudars_core::Result<()> {
     let mut service = Service::start()?;
     let mut resets = 0;
-    for n in 1..=6u32 {
-        match service.serve(n, n == 3) {
+    for n in first..=REQUESTS {
+        match service.serve(n, n == POISONED) {
             Ok(v) if v == n => println!("request {n}: served ({v})"),
             Ok(v) => return Err(Error::InvalidArgument(format!("request {n} read back {v}"))),
             Err(e) if e.is_context_lost() => {
-                println!("request {n}: {e}");
+                println!("request {n}: failed: {e}");
                 // Drain: what the service held belongs to the lost context (dropping it
                 // frees nothing); reset; reload; resume.
                 let dev = service.dev;
                 drop(service);
-                if let Err(e) = dev.reset_after_fault() {
-                    // Some drivers keep the context lost even after the reset (driver 580
-                    // after an illegal address): then only a new process gets the device
-                    // back, and the service exits for its supervisor to start it again.
-                    println!("  reset refused: {e}; exiting for a restart");
-                    return Err(e);
-                }
+                dev.reset_after_fault()?;
                 resets += 1;
                 service = Service::start()?;
                 println!(
@@ -121,6 +194,6 @@ fn run() -> cudars_core::Result<()> {
             Err(e) => return Err(e),
         }
     }
-    println!("served 5 of 6 requests, {resets} reset(s)");
+    println!("worker: requests {first} to {REQUESTS} answered, {resets} in-process reset(s)");
     Ok(())
 }

@@ -77,7 +77,7 @@
 //! runtime of PyTorch or CuPy, a library handle this workspace does not know) loses it in a
 //! reset as well; only this workspace's handles are known to fail closed.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -343,6 +343,106 @@ pub fn usable(device: &Device) -> Result<()> {
     match refusal(device) {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// How far apart, at least, [`watch`]'s questions to the driver about one device are.
+pub const WATCH_INTERVAL: Duration = Duration::from_millis(1);
+
+/// When each device may be asked again by [`watch`], in nanoseconds of the coarse
+/// monotonic clock.
+static NEXT_WATCH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+/// The coarse monotonic clock in nanoseconds (a read of the vDSO's last tick, a few
+/// nanoseconds; it advances once per kernel tick, every 1 to 4 ms); 0 where there is none.
+#[inline]
+fn coarse_now_ns() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+        (t.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(t.tv_nsec as u64)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let start = *START.get_or_init(Instant::now);
+        u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Notices a fault that only other code saw: a pool serving PyTorch or CuPy through the C
+/// ABI learns of a lost context here, where the framework's own calls met the sticky error
+/// and none of this workspace's did.
+///
+/// At most once per [`WATCH_INTERVAL`] per device (in practice once per tick of the coarse
+/// clock, 1 to 4 ms), asks the driver whether `stream`'s work failed (`cuStreamQuery`, about
+/// 0.3 µs, in the relaxed capture mode). Measured on driver 580 (`bench/results/round14/
+/// fault_calls.py`): after a kernel's illegal address, `cuStreamQuery` and `cuEventQuery`
+/// answer the sticky error at once, while `cuStreamGetId`, `cuStreamIsCapturing` and
+/// `cuCtxGetId` still answer success until some call has reported it. Between two questions
+/// the check is a clock read and a load. Never asked while the stream is, or may be, captured
+/// (a query there would invalidate the capture): then the first call after the next
+/// interval asks.
+///
+/// `Err(ContextLost)` when the answer is a sticky error (the device is then marked lost, as
+/// by any call), or when the device is already lost; `Ok(())` otherwise, any other error of
+/// the question included (it says nothing about the context; the caller's own calls report
+/// it).
+///
+/// ```no_run
+/// use cudars_core::{health, Device, Stream};
+/// let stream = Stream::new(&Device::new(0)?)?;
+/// health::watch(&stream)?; // Ok while the context works
+/// # Ok::<(), cudars_core::Error>(())
+/// ```
+#[inline]
+pub fn watch(stream: &crate::Stream) -> Result<()> {
+    let device = stream.device();
+    usable(&device)?;
+    match NEXT_WATCH.get(device.ordinal()) {
+        Some(next) if take_turn(next, coarse_now_ns()) => watch_now(stream),
+        _ => Ok(()),
+    }
+}
+
+/// `true` for the one caller whose turn it is to ask at `now` (the interval since the last
+/// turn has passed); its turn moves the next one a [`WATCH_INTERVAL`] on.
+#[inline]
+fn take_turn(next: &AtomicU64, now: u64) -> bool {
+    let due = next.load(Ordering::Relaxed);
+    if now < due {
+        return false;
+    }
+    let interval = WATCH_INTERVAL.as_nanos() as u64;
+    next.compare_exchange(
+        due,
+        now.saturating_add(interval),
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    )
+    .is_ok()
+}
+
+/// [`watch`]'s question, asked now.
+#[cold]
+fn watch_now(stream: &crate::Stream) -> Result<()> {
+    use crate::graph;
+    let captured = match stream.kind() {
+        crate::StreamKind::LegacyNull => graph::touches_capture(stream),
+        _ => graph::may_be_captured(stream) && graph::touches_capture(stream),
+    };
+    if captured {
+        // Ask again after the next interval.
+        return Ok(());
+    }
+    let Ok(_relaxed) = graph::RelaxedCaptureMode::new() else {
+        return usable(&stream.device());
+    };
+    match stream.is_done() {
+        Err(e) if e.is_context_lost() => Err(e),
+        _ => usable(&stream.device()),
     }
 }
 
@@ -692,6 +792,36 @@ mod tests {
         assert_eq!(inside(61), 1);
         drop(call);
         assert_eq!(inside(61), 0);
+    }
+
+    #[test]
+    fn one_watcher_a_turn_and_turns_an_interval_apart() {
+        let next = AtomicU64::new(0);
+        let interval = WATCH_INTERVAL.as_nanos() as u64;
+        assert!(take_turn(&next, 5_000_000), "the first call asks");
+        assert!(!take_turn(&next, 5_000_000), "the same instant: not again");
+        assert!(!take_turn(&next, 5_000_000 + interval - 1));
+        assert!(
+            take_turn(&next, 5_000_000 + interval),
+            "an interval later: again"
+        );
+        // Threads racing at one instant: exactly one wins.
+        let next = std::sync::Arc::new(AtomicU64::new(0));
+        let wins: usize = (0..8)
+            .map(|_| {
+                let n = std::sync::Arc::clone(&next);
+                std::thread::spawn(move || usize::from(take_turn(&n, 42)))
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap_or(0))
+            .sum();
+        assert_eq!(wins, 1);
+        // The coarse clock moves forward, and is not zero on Linux.
+        let a = coarse_now_ns();
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let b = coarse_now_ns();
+        assert!(b > a, "{a} then {b}");
     }
 
     #[test]

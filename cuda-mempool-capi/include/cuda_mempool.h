@@ -129,6 +129,14 @@ int cuda_mempool_record_stream(void *ptr, cuda_mempool_stream_t stream);
  * nothing. Any pointer may be NULL. */
 int cuda_mempool_last_oom(int64_t *requested, int64_t *used, int64_t *reserved, int64_t *limit);
 
+/* If the calling thread's most recent failure was an allocation on a device whose CUDA
+ * context is lost (a kernel faulted: an illegal address, a trap, an uncorrectable ECC error;
+ * seen first by this library or by the caller's own CUDA calls), returns 1 and stores the
+ * device and the CUresult of the error that lost the context (0 when it was reset instead);
+ * otherwise returns 0 and stores nothing. The pool hands out no memory of a lost context;
+ * cuda_mempool_last_error() says which error lost it. Any pointer may be NULL. */
+int cuda_mempool_last_context_lost(int *device, int *code);
+
 /* ---- PyTorch: torch.cuda.memory.CUDAPluggableAllocator(path,
  *      "cuda_mempool_torch_alloc", "cuda_mempool_torch_free") ---- */
 

@@ -17,7 +17,11 @@ in between. A failed allocation raises ``OutOfMemoryError`` (this module's subcl
 with the pool's numbers): CuPy 14.1 and later declare the allocator's ``malloc`` ``except +``,
 so their Cython code catches a C++ exception from it and raises the Python exception that is
 pending; the library sets that exception (it asks this module's ``make_error`` hook for it and
-sets it with ``PyErr_SetObject``) and throws. With an older CuPy, which would not catch the
+sets it with ``PyErr_SetObject``) and throws. After a kernel fault lost the device's CUDA
+context (an illegal address, a trap; seen first by CuPy's calls or by the library's), the pool
+hands out none of its memory, and an allocation raises ``ContextLostError``: CuPy's
+``cupy.cuda.driver.CUDADriverError`` (a subclass of it), whose ``status`` is the error that
+lost the context and whose message starts with that error's text. With an older CuPy, which would not catch the
 C++ exception, the library only returns NULL, and a small Python function checks the pointer
 and raises (``MemoryPool.path`` is then ``"c+check"``; CuPy would otherwise hand out an array
 at address 0).
@@ -79,6 +83,7 @@ import os
 import threading
 
 import cupy
+from cupy.cuda import driver as _cupy_driver
 from cupy.cuda import memory as _cupy_memory
 from cupy.cuda import runtime as _runtime
 from cupy.cuda import stream as _cupy_stream
@@ -88,7 +93,8 @@ try:
 except ImportError:  # not CuPy 14's layout: the cupy.cuda.stream lookup is used
     _backends_stream = None
 
-__all__ = ["load", "install", "uninstall", "MemoryPool", "OutOfMemoryError", "library"]
+__all__ = ["load", "install", "uninstall", "MemoryPool", "OutOfMemoryError", "ContextLostError",
+           "library"]
 
 LIB_NAME = "libcudars_mempool_capi.so"
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -122,6 +128,27 @@ class OutOfMemoryError(_cupy_memory.OutOfMemoryError):
         return (type(self), (self.requested, self.used, self.reserved, self.limit))
 
 
+class ContextLostError(_cupy_driver.CUDADriverError):
+    """CuPy's ``CUDADriverError`` (a subclass of it) for an allocation on a device whose CUDA
+    context a kernel fault lost: the pool hands out none of its memory, and every later CUDA
+    call of the process on the device fails.
+
+    Attributes: ``status`` (the ``CUresult`` of the error that lost the context, as CuPy's
+    ``CUDADriverError`` has it; 0 when the device was reset instead), ``device``.
+    """
+
+    def __init__(self, status, device, message):
+        super().__init__(status)
+        self.device = device
+        self.args = (message,)
+
+    def __str__(self):
+        return self.args[0]
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.device, self.args[0]))
+
+
 def _find_library(lib=None):
     for path in (lib, os.environ.get("CUDA_MEMPOOL_CAPI_LIB"), os.path.join(_HERE, LIB_NAME)):
         if path:
@@ -141,6 +168,7 @@ def load(lib=None):
         "cuda_mempool_free": (None, [vp]),
         "cuda_mempool_record_stream": (cint, [vp, vp]),
         "cuda_mempool_last_oom": (cint, [ctypes.POINTER(i64)] * 4),
+        "cuda_mempool_last_context_lost": (cint, [ctypes.POINTER(cint)] * 2),
         "cuda_mempool_used_bytes": (i64, [cint]),
         "cuda_mempool_reserved_bytes": (i64, [cint]),
         "cuda_mempool_free_bytes": (i64, [cint]),
@@ -179,8 +207,12 @@ def _last_error(so):
 
 
 def _failure(so, size, device):
-    """The exception for this thread's failed allocation: ``OutOfMemoryError`` with the
-    pool's numbers, or ``RuntimeError`` with the library's message."""
+    """The exception for this thread's failed allocation: ``ContextLostError`` after a fault,
+    ``OutOfMemoryError`` with the pool's numbers, or ``RuntimeError`` with the library's
+    message."""
+    lost = [ctypes.c_int() for _ in range(2)]
+    if so.cuda_mempool_last_context_lost(*[ctypes.byref(v) for v in lost]) == 1:
+        return ContextLostError(lost[1].value, lost[0].value, _last_error(so))
     vals = [ctypes.c_int64() for _ in range(4)]
     if so.cuda_mempool_last_oom(*[ctypes.byref(v) for v in vals]) == 1:
         requested, used, reserved, limit = (v.value for v in vals)

@@ -20,7 +20,7 @@
 //! | [`cuda_mempool_record_stream`] | marking a block as used on another stream (PyTorch's `record_stream`) |
 //! | [`cuda_mempool_used_bytes`], [`cuda_mempool_reserved_bytes`], [`cuda_mempool_free_bytes`], [`cuda_mempool_peak_reserved_bytes`], [`cuda_mempool_n_free_blocks`], [`cuda_mempool_live_allocations`] | statistics |
 //! | [`cuda_mempool_free_all_blocks`], [`cuda_mempool_set_limit`], [`cuda_mempool_get_limit`] | control |
-//! | [`cuda_mempool_last_error`], [`cuda_mempool_last_oom`], [`cuda_mempool_clear_error`] | errors |
+//! | [`cuda_mempool_last_error`], [`cuda_mempool_last_oom`], [`cuda_mempool_last_context_lost`], [`cuda_mempool_clear_error`] | errors |
 //!
 //! Modules: [`error`] (the last-error slot and the panic guard every export runs in),
 //! [`registry`] (device pointer to pool allocation), [`cupy`] (CuPy's current stream and the
@@ -114,6 +114,7 @@ pub const EXPORTED_FUNCTIONS: &[&str] = &[
     "cuda_mempool_free",
     "cuda_mempool_record_stream",
     "cuda_mempool_last_oom",
+    "cuda_mempool_last_context_lost",
     "cuda_mempool_torch_alloc",
     "cuda_mempool_torch_free",
     "cuda_mempool_torch_begin_allocate_to_pool",
@@ -225,6 +226,53 @@ thread_local! {
     static LAST_OOM: Cell<Option<OomInfo>> = const { Cell::new(None) };
 }
 
+thread_local! {
+    /// The lost context of this thread's last failure, if it was one: the device and the
+    /// `CUresult` of the error that lost it (0 when the context was reset, not lost).
+    static LAST_LOST: Cell<Option<(c_int, c_int)>> = const { Cell::new(None) };
+}
+
+/// Forgets this thread's last out-of-memory and lost-context figures (a new request).
+fn clear_last_failure() {
+    LAST_OOM.with(|c| c.set(None));
+    LAST_LOST.with(|c| c.set(None));
+}
+
+/// The failure of `call` on `device` whose context is lost: the message the frameworks show
+/// (it starts like PyTorch's own CUDA errors, "CUDA error: " and the driver's text of the
+/// error that lost the context), with [`cuda_mempool_last_context_lost`] set.
+fn lost_failure(call: &str, device: c_int, first: Option<&cudars_core::DriverError>) -> CallError {
+    LAST_LOST.with(|c| c.set(Some((device, first.map_or(0, |d| d.code as c_int)))));
+    let what = match first {
+        Some(d) => format!(
+            "CUDA error: {} ({} ({}), first reported by {})",
+            d.message, d.name, d.code, d.call
+        ),
+        None => "CUDA error: the device was reset".to_string(),
+    };
+    CallError(format!(
+        "{what}: the CUDA context of device {device} is lost, and {call} hands out none of its \
+         memory. Every later CUDA call of this process on the device fails; reset it \
+         (Device::reset_after_fault) or restart the process"
+    ))
+}
+
+/// `fail` for a pool error: a lost context becomes [`lost_failure`].
+fn pool_failure(call: &str, device: c_int, e: PoolError) -> CallError {
+    if e.is_context_lost() {
+        return lost_failure(call, device, e.driver());
+    }
+    fail(call, e)
+}
+
+/// `fail` for a `cuda-core` error: a lost context becomes [`lost_failure`].
+fn core_failure(call: &str, device: c_int, e: cudars_core::Error) -> CallError {
+    if e.is_context_lost() {
+        return lost_failure(call, device, e.driver());
+    }
+    fail(call, e)
+}
+
 fn clamp(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -291,10 +339,11 @@ unsafe fn wrap_stream_as(
     announced: bool,
     memo: Option<Stream>,
 ) -> Result<Stream, CallError> {
+    let ordinal = device.0 as c_int;
     let dev = pool(call)?
         .backend()
         .device(device)
-        .map_err(|e| fail(call, e))?;
+        .map_err(|e| core_failure(call, ordinal, e))?;
     if stream.is_null() {
         return Ok(Stream::null(&dev));
     }
@@ -322,7 +371,7 @@ unsafe fn wrap_stream_as(
         // SAFETY: the caller's contract is wrap_stream's.
         unsafe { Stream::external(&dev, raw) }
     }
-    .map_err(|e| fail(call, e))?;
+    .map_err(|e| core_failure(call, ordinal, e))?;
     if announced && s.identity_is_unique() {
         let _ = MEMO.try_with(|m| {
             let mut m = m.borrow_mut();
@@ -348,7 +397,7 @@ fn alloc_remembered(
     let pool = pool(call)?;
     let Some(a) = pool
         .malloc_stream_if_busy(memo, size)
-        .map_err(|e| fail(call, e))?
+        .map_err(|e| pool_failure(call, memo.device().ordinal() as c_int, e))?
     else {
         return Ok(None);
     };
@@ -363,7 +412,7 @@ fn alloc(
     size: u64,
     hold: Option<usize>,
 ) -> Result<*mut c_void, CallError> {
-    LAST_OOM.with(|c| c.set(None));
+    clear_last_failure();
     if size == 0 {
         return Ok(std::ptr::null_mut());
     }
@@ -389,7 +438,7 @@ fn alloc(
                 );
                 LAST_OOM.with(|c| c.set(Some(info)));
             }
-            return Err(fail(call, e));
+            return Err(pool_failure(call, stream.device().ordinal() as c_int, e));
         }
     };
     record(call, raw, hold, stream.raw() as usize)
@@ -572,7 +621,7 @@ pub unsafe extern "C" fn cuda_mempool_torch_alloc_inner(
             .then(|| remembered(id, stream as usize))
             .flatten();
         if let Some(m) = &memo {
-            LAST_OOM.with(|c| c.set(None));
+            clear_last_failure();
             if let Some(p) = alloc_remembered(CALL, m, size)? {
                 return Ok(p);
             }
@@ -1103,13 +1152,43 @@ pub unsafe extern "C" fn cuda_mempool_last_oom(
     })
 }
 
+/// If the calling thread's most recent failure was an allocation on a device whose CUDA
+/// context is lost (a kernel faulted: an illegal address, a trap, an uncorrectable ECC
+/// error; whoever saw it first, this library or the framework), returns 1 and stores the
+/// device and the `CUresult` of the error that lost the context (0 when it was reset
+/// instead); otherwise returns 0 and stores nothing. The pool hands out no memory of a lost
+/// context. The PyTorch entry point throws, and the CuPy module raises, their framework's
+/// CUDA error with the message of [`cuda_mempool_last_error`].
+///
+/// # Safety
+///
+/// Each pointer is null or valid for writing one `int`.
+#[no_mangle]
+pub unsafe extern "C" fn cuda_mempool_last_context_lost(
+    device: *mut c_int,
+    code: *mut c_int,
+) -> c_int {
+    run(0, || {
+        let Some((d, c)) = LAST_LOST.with(Cell::get) else {
+            return Ok::<c_int, CallError>(0);
+        };
+        for (p, v) in [(device, d), (code, c)] {
+            if !p.is_null() {
+                // SAFETY: the caller's contract: non-null pointers are writable.
+                unsafe { p.write(v) };
+            }
+        }
+        Ok(1)
+    })
+}
+
 /// Forgets the calling thread's last error, so that [`cuda_mempool_last_error`] returns
 /// null until the next failure.
 #[no_mangle]
 pub extern "C" fn cuda_mempool_clear_error() {
     run((), || {
         error::clear_last_error();
-        LAST_OOM.with(|c| c.set(None));
+        clear_last_failure();
         Ok::<(), CallError>(())
     })
 }

@@ -8,10 +8,12 @@
 // std::exception into a Python RuntimeError carrying what() as its message.
 //
 // PyTorch's own out-of-memory exception (torch.OutOfMemoryError) is the C++ type
-// c10::OutOfMemoryError, defined in libc10; throwing it would mean compiling against PyTorch's
-// headers and linking libc10, tying this library to one PyTorch build. So this throws
-// std::runtime_error, with a message that starts like PyTorch's own ("CUDA out of memory.
-// Tried to allocate 280.00 GiB. ...") and carries the pool's numbers.
+// c10::OutOfMemoryError, and its CUDA error (torch.AcceleratorError) is c10::AcceleratorError,
+// both defined in libc10; throwing them would mean compiling against PyTorch's headers and
+// linking libc10, tying this library to one PyTorch build. So this throws std::runtime_error
+// (RuntimeError in Python, the base class of both), with a message that starts like PyTorch's
+// own ("CUDA out of memory. Tried to allocate 280.00 GiB. ..." with the pool's numbers; "CUDA
+// error: an illegal memory access was encountered ..." after a fault lost the context).
 //
 // The exported symbol `cuda_mempool_torch_alloc` is a Rust `extern "C-unwind"` function that
 // calls `cuda_mempool_torch_alloc_throwing` below: a cdylib's version script exports only Rust
@@ -51,8 +53,14 @@ std::string last_error_text() {
 
 [[noreturn]] void throw_failure(ssize_t size, int device) {
     int64_t requested = 0, used = 0, reserved = 0, limit = 0;
+    int lost_device = 0, lost_code = 0;
     std::string msg;
-    if (cuda_mempool_last_oom(&requested, &used, &reserved, &limit) == 1) {
+    if (cuda_mempool_last_context_lost(&lost_device, &lost_code) == 1) {
+        // A lost context (a kernel faulted): the message starts as PyTorch's own CUDA errors
+        // do, "CUDA error: " and the driver's text of the error that lost the context.
+        msg = last_error_text() + " (raised by cuda_mempool_torch_alloc from "
+              "libcudars_mempool_capi, allocating " + std::to_string(size) + " bytes)";
+    } else if (cuda_mempool_last_oom(&requested, &used, &reserved, &limit) == 1) {
         msg = "CUDA out of memory. Tried to allocate " + format_size(requested) + ". GPU " +
               std::to_string(device) + ": the cuda-mempool pool holds " + format_size(reserved) +
               " reserved (" + std::to_string(reserved) + " bytes), of which " +

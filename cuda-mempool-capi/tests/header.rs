@@ -38,6 +38,8 @@ exports! {
         unsafe extern "C" fn(*mut c_void, Stream) -> c_int;
     cuda_mempool_last_oom = "int(int64_t*,int64_t*,int64_t*,int64_t*)":
         unsafe extern "C" fn(*mut i64, *mut i64, *mut i64, *mut i64) -> c_int;
+    cuda_mempool_last_context_lost = "int(int*,int*)":
+        unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int;
     // The C++ trampoline (src/torch_alloc.cpp) behind a Rust "C-unwind" wrapper: it throws.
     cuda_mempool_torch_alloc = "void*(ssize_t,int,cuda_mempool_stream_t)":
         unsafe extern "C-unwind" fn(isize, c_int, Stream) -> *mut c_void;

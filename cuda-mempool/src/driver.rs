@@ -193,7 +193,9 @@ unsafe impl Backend for DriverBackend {
         if let Some(own) = self.devices.get(device.ordinal()) {
             cudars_core::health::usable(own)?;
         }
-        cudars_core::health::usable(&device)?;
+        // A fault only the framework's calls saw (PyTorch, CuPy through the C ABI): asked of
+        // the driver at most once a millisecond per device, a clock read otherwise.
+        cudars_core::health::watch(stream)?;
         if stream.kind() == StreamKind::PerThread {
             // CU_STREAM_PER_THREAD names the calling thread's own stream: its cache is that
             // thread's, and the pool uses the handle from that thread only (see

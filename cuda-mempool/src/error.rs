@@ -225,6 +225,24 @@ impl PoolError {
         source.downcast_ref::<cudars_core::DriverError>()
     }
 
+    /// `true` when the device's context is lost ([`cudars_core::Error::ContextLost`], or a
+    /// sticky driver error, as this error or at the root of a backend failure): the pool
+    /// hands out none of its memory until the device is reset.
+    pub fn is_context_lost(&self) -> bool {
+        match self {
+            PoolError::Cuda(e) => e.is_context_lost(),
+            PoolError::Backend { source, .. } => {
+                if let Some(core) = source.downcast_ref::<cudars_core::Error>() {
+                    return core.is_context_lost();
+                }
+                source
+                    .downcast_ref::<cudars_core::DriverError>()
+                    .is_some_and(|d| cudars_core::health::is_sticky(d.result()))
+            }
+            _ => false,
+        }
+    }
+
     /// Wraps a backend error, naming the backend method that failed.
     pub(crate) fn backend<E: std::error::Error + Send + Sync + 'static>(
         op: &'static str,
@@ -254,6 +272,45 @@ impl From<PoolError> for cudars_core::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lost_context_is_recognised_however_it_is_wrapped() {
+        let sticky = cudars_core::DriverError {
+            code: 700,
+            name: "CUDA_ERROR_ILLEGAL_ADDRESS",
+            message: "an illegal memory access was encountered",
+            call: "cuStreamQuery",
+        };
+        let oom = cudars_core::DriverError {
+            code: 2,
+            name: "CUDA_ERROR_OUT_OF_MEMORY",
+            message: "out of memory",
+            call: "cuMemCreate",
+        };
+        let lost = || cudars_core::Error::ContextLost {
+            device: 0,
+            first: Some(Box::new(sticky)),
+        };
+        assert!(PoolError::Cuda(lost()).is_context_lost());
+        assert!(PoolError::Cuda(cudars_core::Error::Driver(sticky)).is_context_lost());
+        for (source, expect) in [
+            (
+                Box::new(lost()) as Box<dyn std::error::Error + Send + Sync>,
+                true,
+            ),
+            (Box::new(sticky), true),
+            (Box::new(cudars_core::Error::Driver(oom)), false),
+            (Box::new(oom), false),
+        ] {
+            let e = PoolError::Backend {
+                op: "create_physical",
+                source,
+            };
+            assert_eq!(e.is_context_lost(), expect, "{e}");
+        }
+        assert!(!PoolError::Cuda(cudars_core::Error::Driver(oom)).is_context_lost());
+        assert!(!PoolError::PerThreadStream.is_context_lost());
+    }
 
     #[test]
     fn converts_into_cuda_core_error_keeping_source_and_driver_code() {

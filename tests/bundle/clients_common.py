@@ -50,6 +50,66 @@ def child_env(lib):
     return env
 
 
+# A kernel that writes `v` to the address `p`: given 0x10, an illegal address, which faults and
+# loses the CUDA context (the fault tests' injected fault).
+POKE_PTX = b"""
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry poke(.param .u64 p, .param .u32 v) {
+  .reg .u64 %rd<3>;
+  .reg .u32 %r<2>;
+  ld.param.u64 %rd1, [p];
+  cvta.to.global.u64 %rd2, %rd1;
+  ld.param.u32 %r1, [v];
+  st.global.u32 [%rd2], %r1;
+  ret;
+}
+\0"""
+
+
+def launch_illegal_address(stream_handle):
+    """Launches, through libcuda alone, one thread that writes to address 0x10 on the stream
+    `stream_handle` (an integer `CUstream`) of the context current on this thread (the
+    framework's primary context). Returns at once; the kernel faults on the device. Raises
+    when a driver call fails before the launch."""
+    import ctypes
+
+    cu = ctypes.CDLL("libcuda.so.1")
+    mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    for call, r in (("cuModuleLoadData", cu.cuModuleLoadData(ctypes.byref(mod), POKE_PTX)),
+                    ("cuModuleGetFunction",
+                     cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"poke"))):
+        if r != 0:
+            raise RuntimeError(f"{call} failed: CUresult {r}")
+    p, v = ctypes.c_uint64(0x10), ctypes.c_uint32(7)
+    params = (ctypes.c_void_p * 2)(ctypes.cast(ctypes.byref(p), ctypes.c_void_p),
+                                   ctypes.cast(ctypes.byref(v), ctypes.c_void_p))
+    r = cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, ctypes.c_void_p(stream_handle), params, None)
+    if r != 0:
+        raise RuntimeError(f"cuLaunchKernel failed: CUresult {r}")
+
+
+def refused_after_fault(allocate, limit_s=1.0):
+    """Calls `allocate()` (one allocation through the pool) until it raises, for at most
+    `limit_s` seconds; returns (the exception or None, allocations served before it, seconds
+    until it)."""
+    import time
+
+    t0 = time.perf_counter()
+    served = 0
+    keep = []
+    while time.perf_counter() - t0 < limit_s:
+        try:
+            keep.append(allocate())
+        except Exception as e:  # noqa: BLE001
+            return e, served, time.perf_counter() - t0
+        served += 1
+        if len(keep) > 64:
+            keep.clear()
+    return None, served, time.perf_counter() - t0
+
+
 class Report:
     """Counts verdicts inside a child; `check` prints one PASS/FAIL line."""
 

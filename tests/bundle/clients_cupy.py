@@ -43,6 +43,10 @@ Scenarios (each in its own process; --only NAME runs a subset):
                      plain_oom_limit, plain_steal_calls, plain_ptds_threads; the library sets
                      up CuPy's stream lookup itself (here from the copy of the module embedded
                      in the library: lib/ is taken off sys.path).
+  fault, plain_fault a kernel writes an illegal address; CuPy reports it first; then
+                     allocations through the pool raise CuPy's CUDADriverError (status 700,
+                     the message starting with the fault's text) within 50 ms, and keep
+                     raising.
   block_size         every route of the module reports mem.size at the pool's 512-byte rounding
                      (as CuPy's pool does), and cupy.percentile over blocks whose tails hold
                      NaN gives numpy's result.
@@ -840,10 +844,53 @@ def ptds_scenario(args, rep, whole_program):
 
 SCENARIOS = ["cross_nonblocking", "cross_blocking", "cross_default", "destroyed_stream",
              "threads", "churn", "oom", "oom_limit", "graph", "stream_hold", "steal_calls",
-             "ptds_threads", "ptds_program", "history", "block_size"]
+             "ptds_threads", "ptds_program", "history", "block_size", "fault"]
 # The plain route (--mode plain): the same scenarios through CuPy's four documented lines.
 PLAIN = ["cross_nonblocking", "cross_blocking", "threads", "oom", "oom_limit", "steal_calls",
-         "ptds_threads", "first_touch"]
+         "ptds_threads", "first_touch", "fault"]
+
+
+def fault(args, rep):
+    """A kernel faults (an illegal address, launched through libcuda on CuPy's current
+    stream); CuPy's own synchronize reports it first, so the pool learns of it only through
+    its own check (health::watch). Allocations must then stop within a bounded time and
+    raise CuPy's CUDADriverError (the module's ContextLostError) with the fault's status and
+    text."""
+    cp, cmp, pool, kern, khz = setup(args)
+    warm = [cp.empty(MIB, dtype=cp.uint8) for _ in range(16)]  # cached blocks of that size
+    del warm
+    cp.cuda.Device(0).synchronize()
+    common.launch_illegal_address(cp.cuda.get_current_stream().ptr)
+    t_fault = time.perf_counter()
+    try:
+        cp.cuda.Device(0).synchronize()
+        rep.check(False, "Device.synchronize() after the fault raised")
+    except Exception as e:  # noqa: BLE001
+        rep.info(f"CuPy's own report: {type(e).__name__}: {str(e)[:200]}")
+        rep.check("ILLEGAL_ADDRESS" in str(e) or "illegal memory access" in str(e),
+                  f"CuPy reports the illegal address itself ({type(e).__name__})")
+    err, served, dt = common.refused_after_fault(lambda: cp.empty(MIB, dtype=cp.uint8))
+    since = time.perf_counter() - t_fault
+    rep.info(f"pool: {served} allocations served after CuPy's report, refused {dt * 1e3:.2f} ms "
+             f"after it ({since * 1e3:.2f} ms after the launch)")
+    rep.check(err is not None, "an allocation through the pool raised within 1 s")
+    if err is None:
+        return
+    msg = str(err)
+    rep.info(f"raised: {type(err).__module__}.{type(err).__name__}: {msg[:400]}")
+    rep.check(isinstance(err, cp.cuda.driver.CUDADriverError),
+              f"it is CuPy's CUDADriverError ({type(err).__name__})")
+    rep.check(getattr(err, "status", None) == 700 and getattr(err, "device", None) == 0,
+              f"status 700 (CUDA_ERROR_ILLEGAL_ADDRESS) on device 0 (status "
+              f"{getattr(err, 'status', None)}, device {getattr(err, 'device', None)})")
+    rep.check(msg.startswith("CUDA error: an illegal memory access was encountered")
+              and "CUDA_ERROR_ILLEGAL_ADDRESS" in msg,
+              "its message starts with the fault's text and names the driver's error")
+    rep.check(dt < 0.05, f"refused within 50 ms of CuPy's report ({dt * 1e3:.2f} ms)")
+    again = [common.refused_after_fault(lambda: cp.empty(4 * MIB, dtype=cp.float32), 0.2)
+             for _ in range(3)]
+    rep.check(all(e is not None and n == 0 for e, n, _ in again),
+              "later allocations (a new size too) are refused at once")
 
 
 def block_size(args, rep):
@@ -916,6 +963,8 @@ def child(args):
             history_scenario(args, rep)
         elif name == "block_size":
             block_size(args, rep)
+        elif name == "fault":
+            fault(args, rep)
         elif name == "first_touch" and args.mode == "plain":
             first_touch(args, rep)
         elif name == "first_touch_once" and args.mode == "plain":

@@ -27,6 +27,9 @@ Scenarios (--only NAME runs a subset):
   compile_noasserts    the same with torch._inductor.config.triton.slow_path_cudagraph_asserts
                        off (those debug asserts call checkPoolLiveAllocations, which PyTorch
                        does not support for pluggable allocators).
+  fault                a kernel writes an illegal address; PyTorch reports it first; then
+                       allocations through the pool raise RuntimeError starting "CUDA error: an
+                       illegal memory access was encountered" within 50 ms, and keep raising.
 
 Losses: the same kernels run on the same data in the same order on both allocators, so they
 are expected to be bitwise equal (deterministic algorithms, fixed cuBLAS workspace config);
@@ -256,6 +259,63 @@ def oom(args, rep, with_limit):
     del keep
 
 
+def fault(args, rep):
+    """A kernel of the program's own faults (an illegal address, launched through libcuda on
+    PyTorch's current stream): PyTorch's synchronize reports it first, so the pool learns of
+    it only through its own check (health::watch). Allocations through the pool must then
+    stop within a bounded time and raise RuntimeError whose message starts with the fault's
+    text, and cuda_mempool_last_context_lost must name it."""
+    import time
+
+    import torch
+
+    so = use_pool(args.lib)
+    so.cuda_mempool_last_context_lost.argtypes = [ctypes.POINTER(ctypes.c_int)] * 2
+    so.cuda_mempool_last_context_lost.restype = ctypes.c_int
+    so.cuda_mempool_last_error.restype = ctypes.c_char_p
+    dev = torch.device("cuda", 0)
+    # Cached blocks of the size asked for afterwards: the pool could serve them with no
+    # driver call at all.
+    warm = [torch.empty(MIB, dtype=torch.uint8, device=dev) for _ in range(16)]
+    del warm
+    torch.cuda.synchronize()
+    common.launch_illegal_address(torch.cuda.current_stream().cuda_stream)
+    t_fault = time.perf_counter()
+    try:
+        torch.cuda.synchronize()
+        rep.check(False, "torch.cuda.synchronize() after the fault raised")
+    except RuntimeError as e:
+        rep.info(f"PyTorch's own report: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        rep.check("illegal memory access" in str(e),
+                  f"PyTorch reports the illegal address itself ({type(e).__name__})")
+    err, served, dt = common.refused_after_fault(
+        lambda: torch.empty(MIB, dtype=torch.uint8, device=dev))
+    since = time.perf_counter() - t_fault
+    rep.info(f"pool: {served} allocations served after PyTorch's report, refused "
+             f"{dt * 1e3:.2f} ms after it ({since * 1e3:.2f} ms after the launch)")
+    rep.check(err is not None, "an allocation through the pool raised within 1 s")
+    if err is None:
+        return
+    msg = str(err)
+    rep.info(f"raised: {type(err).__name__}: {msg[:400]}")
+    rep.check(isinstance(err, RuntimeError), f"it is a RuntimeError ({type(err).__name__})")
+    rep.check(msg.startswith("CUDA error: an illegal memory access was encountered"),
+              "its message starts with the fault's text, as PyTorch's own CUDA errors do")
+    rep.check("CUDA_ERROR_ILLEGAL_ADDRESS" in msg and "device 0" in msg,
+              "it names the driver's error and the device")
+    d, c = ctypes.c_int(-1), ctypes.c_int(-1)
+    got = so.cuda_mempool_last_context_lost(ctypes.byref(d), ctypes.byref(c))
+    rep.check(got == 1 and d.value == 0 and c.value == 700,
+              f"cuda_mempool_last_context_lost: {got}, device {d.value}, CUresult {c.value} "
+              "(expected 1, 0, 700)")
+    rep.check(dt < 0.05, f"refused within 50 ms of PyTorch's report ({dt * 1e3:.2f} ms)")
+    # Every later allocation is refused too, without hanging.
+    again = [common.refused_after_fault(lambda: torch.empty(4 * MIB, device=dev), 0.2)
+             for _ in range(3)]
+    rep.check(all(e is not None and n == 0 for e, n, _ in again),
+              "later allocations (a new size too) are refused at once")
+
+
 # ---- issue 49's fast path: the capture hooks, and a foreign stream reused after destroy ----
 
 def capture_between(args, rep):
@@ -475,7 +535,7 @@ def compare(rep, name, ours, ref):
 
 
 SCENARIOS = ["cross_stream", "cross_record_stream", "steal_calls", "oom", "oom_limit", "graph",
-             "capture_between", "reused_stream", "compile", "compile_noasserts"]
+             "capture_between", "reused_stream", "compile", "compile_noasserts", "fault"]
 
 
 def child(args):
@@ -502,6 +562,8 @@ def child(args):
             capture_between(args, rep)
         elif name == "reused_stream":
             reused_stream(args, rep)
+        elif name == "fault":
+            fault(args, rep)
         elif name == "graph":
             ours = graph_losses("pool", args.lib)
             compare(rep, "torch.cuda.graph training step, 100 replays", ours,

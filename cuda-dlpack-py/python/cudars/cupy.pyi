@@ -2,6 +2,10 @@ from typing import Optional
 
 class OutOfMemoryError(MemoryError): ...
 
+class ContextLostError(RuntimeError):
+    status: int
+    device: int
+
 class MemoryPool:
     path: str
     def used_bytes(self) -> int: ...

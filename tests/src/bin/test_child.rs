@@ -286,6 +286,7 @@ mod async_fault {
 #[cfg(feature = "gpu")]
 mod device_reset {
     use super::println;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{mpsc, Arc};
     use std::time::{Duration, Instant};
 
@@ -353,7 +354,8 @@ mod device_reset {
         dev: Device,
         k: Arc<Kernels>,
         pool: Arc<DevicePool>,
-        started: mpsc::Sender<()>,
+        progress: Arc<[AtomicU64; THREADS]>,
+        started: mpsc::Sender<Result<(), String>>,
         done: mpsc::Sender<Report>,
     ) {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -365,7 +367,17 @@ mod device_reset {
         loop {
             let value = (i as u32) << 20 | (n as u32 & 0xfffff);
             match work(&rt, &k, &pool, &stream, value, n % 4 == 3) {
-                Ok(()) => n += 1,
+                Ok(()) => {
+                    n += 1;
+                    progress[i].store(n, Ordering::Relaxed);
+                }
+                Err(error) if !sent => {
+                    // Before the fault: the test's own failure, said at once.
+                    let _ = started.send(Err(format!(
+                        "worker {i} failed in iteration {n}, before the fault: {error}"
+                    )));
+                    return;
+                }
                 Err(error) => {
                     let _ = done.send(Report {
                         iterations: n,
@@ -376,7 +388,7 @@ mod device_reset {
                 }
             }
             if n == 2 && !sent {
-                let _ = started.send(());
+                let _ = started.send(Ok(()));
                 sent = true;
             }
         }
@@ -451,21 +463,33 @@ mod device_reset {
 
             let (started_tx, started_rx) = mpsc::channel();
             let (done_tx, done_rx) = mpsc::channel();
+            let progress: Arc<[AtomicU64; THREADS]> =
+                Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
             let threads: Vec<_> = (0..THREADS)
                 .map(|i| {
-                    let (k, pool, s, d) = (
+                    let (k, pool, p, s, d) = (
                         Arc::clone(&k),
                         Arc::clone(&pool),
+                        Arc::clone(&progress),
                         started_tx.clone(),
                         done_tx.clone(),
                     );
-                    std::thread::spawn(move || worker(i, dev, k, pool, s, d))
+                    std::thread::spawn(move || worker(i, dev, k, pool, p, s, d))
                 })
                 .collect();
             for _ in 0..THREADS {
-                started_rx
-                    .recv_timeout(Duration::from_secs(30))
-                    .expect("a worker did not start");
+                match started_rx.recv_timeout(Duration::from_secs(30)) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => panic!("round {round}: {e}"),
+                    Err(e) => {
+                        let done: Vec<u64> =
+                            progress.iter().map(|p| p.load(Ordering::Relaxed)).collect();
+                        panic!(
+                            "round {round}: a worker did not start within 30 s ({e:?}); \
+                             iterations done per worker: {done:?}"
+                        );
+                    }
+                }
             }
             // The fault: a kernel that writes to address 0x10.
             let faulting = Stream::builder(&dev).non_blocking(true).build().unwrap();
