@@ -11,7 +11,25 @@
 //! typed error, [`Error::ContextLost`] `{ device, first }`, and calls whose answer is known
 //! return it without asking the driver: binding the context, stream and event operations,
 //! launches, pool allocations (cuda-mempool asks [`usable`]) and futures (the reactor fails
-//! every wait of the device).
+//! every wait of the device). NCCL reports a fault as an unhandled CUDA error; cuda-nccl asks
+//! [`probe`] and returns `ContextLost` instead.
+//!
+//! A fault that only other code saw (PyTorch's or CuPy's own calls, with this workspace's
+//! pool as their allocator through the C ABI) is noticed by [`watch`], which the pools call
+//! on every allocation: one question to the driver per device per millisecond at most, a
+//! clock read otherwise. The C ABI then raises the framework's CUDA error (see
+//! `cuda_mempool_last_context_lost`).
+//!
+//! # What a reset loses
+//!
+//! Everything of the primary context: device memory (pool segments and blocks included),
+//! streams, events, loaded modules, graphs and their executables, library handles (cuBLAS,
+//! cuFFT, ...). Their handles in this workspace fail closed; NCCL communicators are left
+//! alone (their host memory leaks: NCCL would free through the CUDA runtime, whose calls a
+//! reset does not wait for). What survives: host memory that is not pinned, cuda-rtc's
+//! compiled images (its cache), [`Device`] values. State of the same context held by code
+//! outside the workspace (the CUDA runtime of PyTorch or CuPy) is lost too, and nothing
+//! tells that code.
 //!
 //! # Reset, and the handles of the old context
 //!
@@ -402,7 +420,7 @@ pub fn watch(stream: &crate::Stream) -> Result<()> {
     let device = stream.device();
     usable(&device)?;
     match NEXT_WATCH.get(device.ordinal()) {
-        Some(next) if take_turn(next, coarse_now_ns()) => watch_now(stream),
+        Some(next) if take_turn(next, coarse_now_ns()) => probe(stream),
         _ => Ok(()),
     }
 }
@@ -425,9 +443,13 @@ fn take_turn(next: &AtomicU64, now: u64) -> bool {
     .is_ok()
 }
 
-/// [`watch`]'s question, asked now.
+/// [`watch`]'s question, asked now: whether `stream`'s work failed with a sticky error
+/// (`cuStreamQuery` in the relaxed capture mode; not asked while the stream is, or may be,
+/// captured). For a library whose own error says less than the driver's: NCCL reports a
+/// faulted context as `ncclUnhandledCudaError`, and cuda-nccl asks this to return
+/// [`Error::ContextLost`] instead. `Err(ContextLost)` as [`watch`]; `Ok(())` otherwise.
 #[cold]
-fn watch_now(stream: &crate::Stream) -> Result<()> {
+pub fn probe(stream: &crate::Stream) -> Result<()> {
     use crate::graph;
     let captured = match stream.kind() {
         crate::StreamKind::LegacyNull => graph::touches_capture(stream),

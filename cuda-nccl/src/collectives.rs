@@ -236,13 +236,21 @@ impl Communicator {
             self.note_per_thread_issue();
         }
         let issued = calls(nccl, raw_stream(stream));
-        match own {
+        let result = match own {
             Some(g) => {
                 let ended = g.end();
-                issued?;
-                ended
+                issued.and(ended)
             }
             None => issued,
+        };
+        match result {
+            // NCCL reports a faulted context as an unhandled CUDA error: ask the driver, and
+            // return the workspace's one error for it, `ContextLost`.
+            Err(Error::Nccl(e)) => match cudars_core::health::probe(stream) {
+                Err(lost) => Err(Error::Cuda(lost)),
+                Ok(()) => Err(Error::Nccl(e)),
+            },
+            other => other,
         }
     }
 

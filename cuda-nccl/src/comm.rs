@@ -146,8 +146,8 @@ unsafe impl DeviceAlloc for Keeper {
 impl Drop for Keeper {
     fn drop(&mut self) {
         match self.fate.load(Ordering::Acquire) {
-            KEEP_DESTROY => destroy_raw(self.raw as ncclComm_t, &self.config),
-            KEEP_ABORT => abort_raw(self.raw as ncclComm_t),
+            KEEP_DESTROY => destroy_raw(self.raw as ncclComm_t, &self.config, &self.device),
+            KEEP_ABORT => abort_raw(self.raw as ncclComm_t, &self.device),
             _ => {}
         }
     }
@@ -180,7 +180,9 @@ impl Communicator {
     ) -> Communicator {
         Communicator {
             raw,
-            device,
+            // Made in the device's current context: of its current generation, whatever the
+            // `Device` value passed in was stamped with.
+            device: device.stamped(),
             rank,
             size,
             config,
@@ -533,8 +535,14 @@ impl Communicator {
         if self.hand_to_graphs(KEEP_ABORT) {
             return Ok(());
         }
+        // A lost or reset context: the handle is left alone (see `context_gone`).
+        cudars_core::health::usable(&self.device)?;
         let raw = self.raw as usize;
-        if self.hold.defer(move || abort_raw(raw as ncclComm_t)) {
+        let device = self.device;
+        if self
+            .hold
+            .defer(move || abort_raw(raw as ncclComm_t, &device))
+        {
             return Ok(());
         }
         let nccl = library()?;
@@ -553,8 +561,12 @@ impl Communicator {
             return;
         }
         let raw = self.raw as usize;
-        if !self.hold.defer(move || abort_raw(raw as ncclComm_t)) {
-            abort_raw(self.raw);
+        let device = self.device;
+        if !self
+            .hold
+            .defer(move || abort_raw(raw as ncclComm_t, &device))
+        {
+            abort_raw(self.raw, &self.device);
         }
     }
 
@@ -589,10 +601,11 @@ impl Communicator {
 
     pub(crate) fn check_usable(&self) -> Result<()> {
         if self.aborted.get() {
-            Err(Error::Aborted)
-        } else {
-            Ok(())
+            return Err(Error::Aborted);
         }
+        // A lost or reset context: `ContextLost`, without calling NCCL.
+        cudars_core::health::usable(&self.device)?;
+        Ok(())
     }
 
     pub(crate) fn check_stream(&self, stream: &Stream) -> Result<()> {
@@ -669,12 +682,13 @@ impl Drop for Communicator {
         }
         let raw = self.raw as usize;
         let config = self.config.clone();
+        let device = self.device;
         // Still used in an open group (of this thread or another): destroyed at its end.
         if !self
             .hold
-            .defer(move || destroy_raw(raw as ncclComm_t, &config))
+            .defer(move || destroy_raw(raw as ncclComm_t, &config, &device))
         {
-            destroy_raw(self.raw, &self.config);
+            destroy_raw(self.raw, &self.config, &self.device);
         }
     }
 }
@@ -685,8 +699,21 @@ fn forever() -> &'static std::sync::Mutex<Vec<DevicePtr>> {
     &FOREVER
 }
 
-/// `ncclCommAbort`, its error dropped (error paths and deferred aborts).
-fn abort_raw(raw: ncclComm_t) {
+/// `true` when the communicator's CUDA context is lost (a kernel faulted) or was reset
+/// since the communicator was made (see `cudars_core::health`): its handle is then left
+/// alone, never destroyed nor aborted, which leaks its host memory. NCCL would free its device
+/// memory and streams through the CUDA runtime, which after a reset may free memory of the
+/// new context at the old addresses, and whose calls a reset does not wait for.
+fn context_gone(device: &Device) -> bool {
+    cudars_core::health::usable(device).is_err()
+}
+
+/// `ncclCommAbort`, its error dropped (error paths and deferred aborts); nothing when the
+/// context is gone ([`context_gone`]).
+fn abort_raw(raw: ncclComm_t, device: &Device) {
+    if context_gone(device) {
+        return;
+    }
     if let Ok(nccl) = library() {
         // SAFETY: callers pass a live handle that nothing uses afterwards: its communicator
         // is marked aborted and no open group holds it any more.
@@ -695,8 +722,12 @@ fn abort_raw(raw: ncclComm_t) {
 }
 
 /// Destroys a live communicator: `ncclCommFinalize` and its polling first in non-blocking
-/// mode; an abort when that or `ncclCommDestroy` fails.
-fn destroy_raw(raw: ncclComm_t, config: &CommConfig) {
+/// mode; an abort when that or `ncclCommDestroy` fails; nothing when the context is gone
+/// ([`context_gone`]).
+fn destroy_raw(raw: ncclComm_t, config: &CommConfig, device: &Device) {
+    if context_gone(device) {
+        return;
+    }
     let Ok(nccl) = library() else { return };
     if config.nonblocking {
         // SAFETY: `raw` is live (its owner is being dropped, no open group holds it);
@@ -707,13 +738,13 @@ fn destroy_raw(raw: ncclComm_t, config: &CommConfig) {
             .is_some()
             && settle_raw(raw, config.timeout, "ncclCommFinalize").is_ok();
         if !finalized {
-            abort_raw(raw);
+            abort_raw(raw, device);
             return;
         }
     }
     // SAFETY: `raw` is live and not used after this.
     let destroyed = unsafe { nccl.ncclCommDestroy(raw) };
     if !matches!(destroyed, Ok(r) if r.is_success()) {
-        abort_raw(raw);
+        abort_raw(raw, device);
     }
 }

@@ -1,6 +1,7 @@
 //! GPU, in a child process (each round provokes a kernel fault on purpose): surviving a
-//! device fault (cudars_core::health). Eight threads work through the pool, cuda-rtc kernels,
-//! stream futures, captured graphs and checked synchronous copies until a kernel writes an
+//! device fault (cudars_core::health). Eight threads work through the pool, kernels (PTX and
+//! cuda-rtc's), stream futures, captured graphs, an NCCL all-reduce on a communicator of one
+//! rank each, cuda-xfer round trips and checked synchronous copies until a kernel writes an
 //! illegal address; every thread must get `Error::ContextLost` within a second of the
 //! faulting launch, with no hang and no panic. Then `Device::reset_after_fault`, old handles
 //! (a stream, device memory, an event, a pool block, the pool, the module, a `Device` value)

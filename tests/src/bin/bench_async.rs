@@ -33,7 +33,11 @@
 //! the same copies with one synchronize at the end (`pipeline_no_futures`, copies per
 //! second): `pipeline_{parked,warm}`: each copy's `Stream::completion` goes to a consumer task
 //! that awaits them in order; `pipeline_task_each_{parked,warm}`: a tokio task per copy awaits
-//! its completion. Target >= 0.9x the no-futures throughput.
+//! its completion. Target >= 0.9x the no-futures throughput. Two diagnostic rows split the
+//! cost: `pipeline_completions_made_not_awaited` (each copy's completion made and dropped,
+//! never polled: the issuing thread's own cost) and
+//! `pipeline_event_record_each_with_a_query_thread` (an event per copy while another thread
+//! spins on `cuEventQuery`: what a polling thread costs the issuer through the driver).
 //!
 //! Run on the GPU machine: `bench_async`.
 #![allow(
@@ -80,6 +84,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let i = ((sorted.len() - 1) as f64 * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
+}
+
+/// The pipeline's diagnostic floors ([`Bench::pipeline_diag`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Shape {
+    CompletionsDropped,
+    QueryThread,
 }
 
 /// Who waits.
@@ -346,6 +357,59 @@ impl Bench {
             }
             stream.synchronize()?;
             best = best.max(n as f64 / start.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    }
+
+    /// Diagnostic floors of the pipeline (best of 5, copies per second):
+    /// - `Shape::CompletionsDropped`: each copy's `Stream::completion` made and dropped at
+    ///   once, never polled: what making a completion costs the issuing thread;
+    /// - `Shape::QueryThread`: an event recorded after each copy while another thread spins
+    ///   on `cuEventQuery` of the last one recorded: what a thread polling the stream's
+    ///   context costs the issuing thread (the driver's locks).
+    fn pipeline_diag(&self, shape: Shape, n: usize) -> BoxResult<f64> {
+        let stream = &self.streams[0];
+        let src = PinnedMemory::new(&self.dev, 4096, PinnedFlags::NONE)?;
+        let dst = DevicePtr::alloc(&self.dev, 4096)?;
+        let ring: Vec<Event> = (0..64)
+            .map(|_| Event::new(&self.dev))
+            .collect::<Result<_, _>>()?;
+        let mut best = 0f64;
+        for _ in 0..5 {
+            stream.synchronize()?;
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let last: Arc<std::sync::Mutex<Option<Event>>> = Arc::default();
+            let poller = (shape == Shape::QueryThread).then(|| {
+                let (stop, last) = (Arc::clone(&stop), Arc::clone(&last));
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let ev = last.lock().unwrap().clone();
+                        if let Some(ev) = ev {
+                            let _ = ev.query();
+                        }
+                    }
+                })
+            });
+            let start = Instant::now();
+            for i in 0..n {
+                // SAFETY: `src` is pinned and outlives the stream's work (synchronised
+                // before it drops).
+                unsafe { dst.copy_from_host_async(src.as_slice(), stream) }?;
+                match shape {
+                    Shape::CompletionsDropped => drop(stream.completion()?),
+                    Shape::QueryThread => {
+                        let ev = &ring[i % ring.len()];
+                        ev.record(stream)?;
+                        *last.lock().unwrap() = Some(ev.clone());
+                    }
+                }
+            }
+            stream.synchronize()?;
+            best = best.max(n as f64 / start.elapsed().as_secs_f64());
+            stop.store(true, Ordering::Relaxed);
+            if let Some(p) = poller {
+                p.join().map_err(|_| "the polling thread panicked")?;
+            }
         }
         Ok(best)
     }
@@ -648,6 +712,20 @@ fn run() -> BoxResult<()> {
         "no futures",
         Target::None,
     );
+    for (shape, name) in [
+        (Shape::CompletionsDropped, "completions_made_not_awaited"),
+        (Shape::QueryThread, "event_record_each_with_a_query_thread"),
+    ] {
+        let with = bench.pipeline_diag(shape, n)?;
+        report.row(
+            &format!("pipeline_{name}_4KiB_x{n} (diagnostic)"),
+            "copies/s",
+            with,
+            Some(plain),
+            "no futures",
+            Target::None,
+        );
+    }
     for task_each in [false, true] {
         for (name, mode) in [("parked", WakeMode::Parked), ("warm", WakeMode::warm())] {
             let with = bench.pipeline(Some((mode, task_each)), n)?;

@@ -306,6 +306,60 @@ mod device_reset {
         matches!(e, PoolError::Cuda(c) if c.is_context_lost())
     }
 
+    /// A kernel compiled at run time by cuda-rtc: `p[i] += v`.
+    const ADD: &str = r#"
+extern "C" __global__ void add_u32(unsigned* p, unsigned v, unsigned long long n) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i < n) p[i] += v;
+}
+"#;
+
+    /// What a worker holds of the crates beyond cuda-core: a cuda-rtc kernel and an NCCL
+    /// communicator of one rank (its own).
+    struct Extras {
+        add: cudars_rtc::Kernel,
+        comm: cudars_nccl::Communicator,
+    }
+
+    /// The same iteration as [`work`], then through cuda-rtc (a launch adding 1), NCCL (an
+    /// all-reduce over the one rank into a second pool block) and cuda-xfer (a staged
+    /// round trip of the host copy), each result checked.
+    fn work_all(
+        rt: &tokio::runtime::Runtime,
+        k: &Kernels,
+        pool: &Arc<DevicePool>,
+        stream: &Stream,
+        extras: &Extras,
+        value: u32,
+        graph: bool,
+    ) -> Result<(), Error> {
+        let buf = work_on(rt, k, pool, stream, value, graph)?;
+        let cfg = extras.add.config_for_elements(WORDS as u64, 0)?;
+        // SAFETY: add_u32 touches p[i] for i < n only; `buf` holds WORDS u32 of the
+        // stream's device.
+        unsafe { extras.add.launch(stream, &cfg, (&buf, 1u32, WORDS as u64)) }?;
+        let reduced: DevicePtr = pool
+            .malloc_shared(stream, WORDS * 4)
+            .map_err(Error::from)?
+            .into();
+        extras
+            .comm
+            .all_reduce::<u32>(&buf, &reduced, WORDS, cudars_nccl::ReduceOp::Sum, stream)?;
+        rt.block_on(stream.completion()?)?;
+        let mut host = vec![0u32; WORDS];
+        reduced.copy_to_host(&mut host)?;
+        assert!(
+            host.iter().all(|&x| x == value + 1),
+            "rtc + nccl data check: expected {}, got {:?}",
+            value + 1,
+            &host[..4]
+        );
+        let staged = cudars_xfer::to_device(&stream.device(), &host)?;
+        let back = cudars_xfer::to_host(&staged)?;
+        assert_eq!(back, host, "xfer round trip");
+        Ok(())
+    }
+
     /// One iteration of a worker: pool block, kernel fill, awaited completion, a captured
     /// graph every 4th time, a synchronous read with its data checked.
     fn work(
@@ -316,6 +370,18 @@ mod device_reset {
         value: u32,
         graph: bool,
     ) -> Result<(), Error> {
+        work_on(rt, k, pool, stream, value, graph).map(drop)
+    }
+
+    /// [`work`], returning its block.
+    fn work_on(
+        rt: &tokio::runtime::Runtime,
+        k: &Kernels,
+        pool: &Arc<DevicePool>,
+        stream: &Stream,
+        value: u32,
+        graph: bool,
+    ) -> Result<DevicePtr, Error> {
         let buf: DevicePtr = pool
             .malloc_shared(stream, WORDS * 4)
             .map_err(Error::from)?
@@ -340,7 +406,7 @@ mod device_reset {
             "data check: expected {value}, got {:?}",
             &host[..4]
         );
-        Ok(())
+        Ok(buf)
     }
 
     struct Report {
@@ -349,11 +415,16 @@ mod device_reset {
         error: Error,
     }
 
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a test thread's whole setup, spelled out"
+    )]
     fn worker(
         i: usize,
         dev: Device,
         k: Arc<Kernels>,
         pool: Arc<DevicePool>,
+        compiled: Arc<cudars_rtc::Compiled>,
         progress: Arc<[AtomicU64; THREADS]>,
         started: mpsc::Sender<Result<(), String>>,
         done: mpsc::Sender<Report>,
@@ -362,11 +433,25 @@ mod device_reset {
             .build()
             .unwrap();
         let stream = Stream::builder(&dev).non_blocking(true).build().unwrap();
+        let extras = (|| -> Result<Extras, Error> {
+            let add = compiled.load(&dev)?.kernel("add_u32")?;
+            let comm = cudars_nccl::Communicator::init_all(&[dev])?
+                .pop()
+                .ok_or_else(|| Error::InvalidArgument("no communicator".into()))?;
+            Ok(Extras { add, comm })
+        })();
+        let extras = match extras {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = started.send(Err(format!("worker {i}: cuda-rtc or NCCL setup: {e}")));
+                return;
+            }
+        };
         let mut n = 0u64;
         let mut sent = false;
         loop {
             let value = (i as u32) << 20 | (n as u32 & 0xfffff);
-            match work(&rt, &k, &pool, &stream, value, n % 4 == 3) {
+            match work_all(&rt, &k, &pool, &stream, &extras, value, n % 4 == 3) {
                 Ok(()) => {
                     n += 1;
                     progress[i].store(n, Ordering::Relaxed);
@@ -452,6 +537,14 @@ mod device_reset {
             );
             let k = Arc::new(Kernels::load(&dev).unwrap());
             let pool = Arc::new(DevicePool::new_driver().unwrap());
+            // cuda-rtc's image, compiled once (the cache keeps it across a reset).
+            let compiled = Arc::new(
+                cudars_rtc::Program::new(ADD)
+                    .device(&dev)
+                    .unwrap()
+                    .compile()
+                    .expect("cuda-rtc compiles the kernel (NVRTC is needed)"),
+            );
             // Handles of this generation kept across the reset.
             let kept_stream = Stream::new(&dev).unwrap();
             let kept_buf = DevicePtr::alloc(&dev, 4096).unwrap();
@@ -467,14 +560,15 @@ mod device_reset {
                 Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
             let threads: Vec<_> = (0..THREADS)
                 .map(|i| {
-                    let (k, pool, p, s, d) = (
+                    let (k, pool, c, p, s, d) = (
                         Arc::clone(&k),
                         Arc::clone(&pool),
+                        Arc::clone(&compiled),
                         Arc::clone(&progress),
                         started_tx.clone(),
                         done_tx.clone(),
                     );
-                    std::thread::spawn(move || worker(i, dev, k, pool, p, s, d))
+                    std::thread::spawn(move || worker(i, dev, k, pool, c, p, s, d))
                 })
                 .collect();
             for _ in 0..THREADS {
