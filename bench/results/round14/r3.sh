@@ -28,6 +28,8 @@ for run in 1 2 3; do
   wait $pid; echo "rc $?"
   grep -vE "^\s+[0-9]+: |^\s+at " $OUT/reset_child_$run.txt | head -20
 done
+echo "=== the driver's floor: reset probe (libcuda alone)  [$(( $(date +%s) - t0 )) s]"
+timeout 90 python3 bench/results/round13/reset_probe.py 2>&1 | tee $OUT/reset_probe.txt
 echo "=== fault through the C ABI  [$(( $(date +%s) - t0 )) s]"
 timeout 120 python3 $B/clients_torch.py --lib $LIB --only fault 2>&1 | tee $OUT/clients_torch_fault.txt | grep -E "INFO|FAIL|passed"
 timeout 120 python3 $B/clients_cupy.py --lib $LIB --only fault 2>&1 | tee $OUT/clients_cupy_fault.txt | grep -E "INFO|FAIL|passed"
