@@ -121,14 +121,10 @@ fn supervise() -> ExitCode {
     };
     let mut first = 1;
     for restart in 0..3 {
-        let out = std::process::Command::new(&exe)
-            .args(["--worker", &first.to_string()])
-            .stderr(std::process::Stdio::inherit())
-            .output();
-        let out = match out {
+        let out = match run_worker(&exe, first) {
             Ok(out) => out,
             Err(e) => {
-                eprintln!("error: starting a worker: {e}");
+                eprintln!("error: the worker: {e}");
                 return ExitCode::FAILURE;
             }
         };
@@ -164,6 +160,32 @@ fn supervise() -> ExitCode {
     }
     eprintln!("error: three restarts and the requests are still not answered");
     ExitCode::FAILURE
+}
+
+/// How long a worker may take before the supervisor kills it (a hung worker must not hang
+/// the service).
+const WORKER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs one worker from request `first`, killed past [`WORKER_DEADLINE`].
+fn run_worker(exe: &std::path::Path, first: u32) -> std::io::Result<std::process::Output> {
+    let mut child = std::process::Command::new(exe)
+        .args(["--worker", &first.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()?;
+    let started = std::time::Instant::now();
+    while child.try_wait()?.is_none() {
+        if started.elapsed() > WORKER_DEADLINE {
+            child.kill()?;
+            let _ = child.wait();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("still running after {WORKER_DEADLINE:?}: killed"),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output()
 }
 
 /// Serves requests `first..=REQUESTS`; on a lost context, resets and resumes, or returns the

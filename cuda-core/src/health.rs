@@ -444,27 +444,38 @@ fn take_turn(next: &AtomicU64, now: u64) -> bool {
 }
 
 /// [`watch`]'s question, asked now: whether `stream`'s work failed with a sticky error
-/// (`cuStreamQuery` in the relaxed capture mode; not asked while the stream is, or may be,
-/// captured). For a library whose own error says less than the driver's: NCCL reports a
+/// (`cuStreamQuery` in the relaxed capture mode, the stream's device bound; not asked while
+/// the stream is, or may be, captured, nor of the legacy stream, nor inside a host
+/// function). For a library whose own error says less than the driver's: NCCL reports a
 /// faulted context as `ncclUnhandledCudaError`, and cuda-nccl asks this to return
 /// [`Error::ContextLost`] instead. `Err(ContextLost)` as [`watch`]; `Ok(())` otherwise.
 #[cold]
 pub fn probe(stream: &crate::Stream) -> Result<()> {
     use crate::graph;
-    let captured = match stream.kind() {
-        crate::StreamKind::LegacyNull => graph::touches_capture(stream),
-        _ => graph::may_be_captured(stream) && graph::touches_capture(stream),
-    };
-    if captured {
-        // Ask again after the next interval.
-        return Ok(());
+    let device = stream.device();
+    // Never from a host function (no CUDA call may be made there), and never on the legacy
+    // stream: a query there joins the capture of any blocking stream of the context, which
+    // a foreign capture (CuPy's) may begin at any moment. (The pools ask their capture
+    // question of the legacy stream at each allocation, which reports a lost context too.)
+    if crate::release::inside_host_function() || stream.kind() == crate::StreamKind::LegacyNull {
+        return usable(&device);
     }
+    // From the capture check to the query, a capture begun through this crate waits.
+    let _gate = crate::capture_gate::issue_guard();
+    if graph::may_be_captured(stream) && graph::touches_capture(stream) {
+        // Ask again after the next interval.
+        return usable(&device);
+    }
+    // The stream's own device current: a sticky error is then its context's.
+    let Ok(_bound) = device.bind() else {
+        return usable(&device);
+    };
     let Ok(_relaxed) = graph::RelaxedCaptureMode::new() else {
-        return usable(&stream.device());
+        return usable(&device);
     };
     match stream.is_done() {
         Err(e) if e.is_context_lost() => Err(e),
-        _ => usable(&stream.device()),
+        _ => usable(&device),
     }
 }
 
@@ -483,10 +494,12 @@ pub fn is_stale(device: &Device) -> bool {
     device.generation() != generation(device.ordinal())
 }
 
-/// A thread inside a call on a device; a reset waits until none is left.
-#[must_use]
+/// A thread inside a call on a device; a reset waits until none is left. Made by this
+/// crate's calls, and by [`hold`] for calls of other libraries (NCCL) on the device's
+/// context. Not `Send`: the count is the thread's own.
+#[must_use = "the device is held only while the guard lives"]
 #[derive(Debug)]
-pub(crate) struct InCall {
+pub struct InCall {
     /// The count this call is in: this thread's own (single writer), or, on a thread whose
     /// own counts are already torn down (a call from a thread-local's destructor), the
     /// device's shared count of such calls.
@@ -557,6 +570,33 @@ pub(crate) fn enter(device: &Device) -> Result<InCall> {
     };
     usable(device)?;
     Ok(call)
+}
+
+/// Holds off [`Device::reset_after_fault`] of `device` while the guard lives, for a call
+/// that reaches the device's context outside this crate (cuda-nccl holds it around every
+/// NCCL call): the reset waits until no thread holds the device, so the call never runs
+/// against the new context. [`Error::ContextLost`] instead when the device is lost, being
+/// reset, or `device` is of an ended generation: the caller must then leave the context
+/// alone.
+///
+/// ```no_run
+/// use cudars_core::{health, Device};
+/// let dev = Device::new(0)?;
+/// let _held = health::hold(&dev)?;
+/// // ... a foreign library's call on device 0's context ...
+/// # Ok::<(), cudars_core::Error>(())
+/// ```
+#[inline]
+pub fn hold(device: &Device) -> Result<InCall> {
+    enter(device)
+}
+
+/// `true` while some device of the process is lost or being reset. For a library whose
+/// teardown could wait on work that a lost device will never finish (an NCCL communicator
+/// whose peer is on that device): it then aborts instead.
+#[inline]
+pub fn any_closed() -> bool {
+    CLOSED.load(Ordering::SeqCst) != 0
 }
 
 /// Marks `ordinal`'s context lost by `first` (the first sticky error wins) and returns the
@@ -694,11 +734,32 @@ pub(crate) fn reset(device: &Device) -> Result<()> {
     // address of the new context is written by it. (New such work is refused: this device
     // is closed, and every issue checks the memory's device.) A device that fails to
     // synchronise is lost itself: its work has stopped.
-    for other in crate::device::retained_ordinals() {
-        if other != ordinal {
-            if let Ok(dev) = Device::new(other) {
-                let _ = dev.synchronize();
-            }
+    // Bounded: work on another device may wait forever for the lost one (an NCCL kernel
+    // whose peer faulted); the wait runs on a thread of its own, left behind on a timeout.
+    let others: Vec<usize> = crate::device::retained_ordinals()
+        .into_iter()
+        .filter(|&o| o != ordinal)
+        .collect();
+    if !others.is_empty() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("cudars-reset-drain".into())
+            .spawn(move || {
+                for other in others {
+                    if let Ok(dev) = Device::new(other) {
+                        let _ = dev.synchronize();
+                    }
+                }
+                let _ = tx.send(());
+            });
+        let drained = spawned.is_ok() && rx.recv_timeout(RESET_WAIT).is_ok();
+        if !drained {
+            reopen(s);
+            return Err(Error::Timeout(format!(
+                "Device::reset_after_fault: work on the other devices did not finish within \
+                 {RESET_WAIT:?} (it may reach device {ordinal}'s memory; a collective waiting \
+                 for a peer on device {ordinal} never finishes: abort its communicators first)"
+            )));
         }
     }
     // Waits of the device query their events through the generation check: after the

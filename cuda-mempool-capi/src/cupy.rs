@@ -308,6 +308,7 @@ pub(crate) fn stream_malloc(
     size: usize,
     device: c_int,
 ) -> Result<*mut c_void, bool> {
+    crate::clear_last_failure();
     // Whether CuPy's lookup failed: its Python exception is then already pending.
     let mut cupy_failed = false;
     let ptr = run(std::ptr::null_mut(), || {
@@ -457,6 +458,7 @@ const SETUP_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 /// when nobody has (see [`python`]). Called without the GIL (through `ctypes.CDLL`, say), it
 /// takes the GIL for CuPy's lookup and never throws: a failure is null, with the last error.
 pub(crate) fn plain_malloc(call: &str, size: usize, device: c_int) -> *mut c_void {
+    crate::clear_last_failure();
     let Some(py) = python::api() else {
         return run(std::ptr::null_mut(), || {
             Err(fail(

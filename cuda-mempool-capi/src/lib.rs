@@ -232,8 +232,9 @@ thread_local! {
     static LAST_LOST: Cell<Option<(c_int, c_int)>> = const { Cell::new(None) };
 }
 
-/// Forgets this thread's last out-of-memory and lost-context figures (a new request).
-fn clear_last_failure() {
+/// Forgets this thread's last out-of-memory and lost-context figures (a new request: every
+/// allocating export calls it first, so that they describe its own failure or none).
+pub(crate) fn clear_last_failure() {
     LAST_OOM.with(|c| c.set(None));
     LAST_LOST.with(|c| c.set(None));
 }
@@ -257,18 +258,35 @@ fn lost_failure(call: &str, device: c_int, first: Option<&cudars_core::DriverErr
     ))
 }
 
-/// `fail` for a pool error: a lost context becomes [`lost_failure`].
+/// The device an [`cudars_core::Error::ContextLost`] names, if `e` is one.
+fn lost_device(e: &cudars_core::Error) -> Option<c_int> {
+    match e {
+        cudars_core::Error::ContextLost { device, .. } => c_int::try_from(*device).ok(),
+        _ => None,
+    }
+}
+
+/// `fail` for a pool error: a lost context becomes [`lost_failure`] (on the device the
+/// error names, else `device`).
 fn pool_failure(call: &str, device: c_int, e: PoolError) -> CallError {
     if e.is_context_lost() {
-        return lost_failure(call, device, e.driver());
+        let named = match &e {
+            PoolError::Cuda(core) => lost_device(core),
+            PoolError::Backend { source, .. } => source
+                .downcast_ref::<cudars_core::Error>()
+                .and_then(lost_device),
+            _ => None,
+        };
+        return lost_failure(call, named.unwrap_or(device), e.driver());
     }
     fail(call, e)
 }
 
-/// `fail` for a `cuda-core` error: a lost context becomes [`lost_failure`].
+/// `fail` for a `cuda-core` error: a lost context becomes [`lost_failure`] (on the device
+/// the error names, else `device`).
 fn core_failure(call: &str, device: c_int, e: cudars_core::Error) -> CallError {
     if e.is_context_lost() {
-        return lost_failure(call, device, e.driver());
+        return lost_failure(call, lost_device(&e).unwrap_or(device), e.driver());
     }
     fail(call, e)
 }
@@ -585,6 +603,7 @@ pub unsafe extern "C" fn cuda_mempool_alloc(
     stream: *mut c_void,
 ) -> *mut c_void {
     const CALL: &str = "cuda_mempool_alloc";
+    clear_last_failure();
     run(std::ptr::null_mut(), || {
         if size == 0 {
             return Ok(std::ptr::null_mut());
@@ -610,6 +629,7 @@ pub unsafe extern "C" fn cuda_mempool_torch_alloc_inner(
     stream: *mut c_void,
 ) -> *mut c_void {
     const CALL: &str = "cuda_mempool_torch_alloc";
+    clear_last_failure();
     run(std::ptr::null_mut(), || {
         if size == 0 {
             return Ok(std::ptr::null_mut());
@@ -1222,6 +1242,53 @@ mod tests {
             )
         };
         assert_eq!(oom, 0, "a bad device is not an out-of-memory");
+    }
+
+    #[test]
+    fn a_lost_context_is_reported_for_its_own_failure_only() {
+        let first = cudars_core::DriverError {
+            code: 700,
+            name: "CUDA_ERROR_ILLEGAL_ADDRESS",
+            message: "an illegal memory access was encountered",
+            call: "cuStreamQuery",
+        };
+        let lost = cudars_core::Error::ContextLost {
+            device: 1,
+            first: Some(Box::new(first)),
+        };
+        // The device the error names wins over the caller's.
+        let e = pool_failure("cuda_mempool_alloc", 0, PoolError::Cuda(lost));
+        assert!(
+            e.0.starts_with("CUDA error: an illegal memory access was encountered"),
+            "{}",
+            e.0
+        );
+        assert!(e.0.contains("CUDA_ERROR_ILLEGAL_ADDRESS") && e.0.contains("device 1"));
+        let (mut d, mut c) = (-1, -1);
+        // SAFETY: valid out-pointers.
+        assert_eq!(unsafe { cuda_mempool_last_context_lost(&mut d, &mut c) }, 1);
+        assert_eq!((d, c), (1, 700));
+        // A later failure of another kind (a bad device, decided before the pool) is not
+        // reported as a lost context.
+        // SAFETY: a null stream is the legacy default stream.
+        assert!(unsafe { cuda_mempool_alloc(64, -1, std::ptr::null_mut()) }.is_null());
+        // SAFETY: null out-pointers are allowed.
+        let again =
+            unsafe { cuda_mempool_last_context_lost(std::ptr::null_mut(), std::ptr::null_mut()) };
+        assert_eq!(again, 0);
+        // Nor is any error that is not a lost context.
+        let oom = cudars_core::DriverError {
+            code: 2,
+            name: "CUDA_ERROR_OUT_OF_MEMORY",
+            message: "out of memory",
+            call: "cuMemCreate",
+        };
+        let e = core_failure("x", 0, cudars_core::Error::Driver(oom));
+        assert!(!e.0.starts_with("CUDA error"));
+        // SAFETY: null out-pointers are allowed.
+        let none =
+            unsafe { cuda_mempool_last_context_lost(std::ptr::null_mut(), std::ptr::null_mut()) };
+        assert_eq!(none, 0);
     }
 
     #[test]

@@ -207,6 +207,9 @@ impl Communicator {
             return Ok(());
         }
         let nccl = library()?;
+        // No reset of the device until the NCCL call has returned (ContextLost when it is
+        // lost: nothing is issued).
+        let _held = cudars_core::health::hold(&self.device())?;
         // From the marks (which decide by the stream's capture status) to the NCCL call, a
         // capture begun meanwhile through cuda-core waits.
         let issue = stream.issue_any();

@@ -180,9 +180,9 @@ impl Communicator {
     ) -> Communicator {
         Communicator {
             raw,
-            // Made in the device's current context: of its current generation, whatever the
-            // `Device` value passed in was stamped with.
-            device: device.stamped(),
+            // Stamped by the caller before NCCL made the communicator: a reset meanwhile
+            // leaves it of the ended generation, failing closed and never destroyed.
+            device,
             rank,
             size,
             config,
@@ -264,6 +264,8 @@ impl Communicator {
                 "rank {rank} of {nranks}: need 0 <= rank < nranks"
             )));
         }
+        // The generation the communicator is made in, read before NCCL makes it.
+        let device = &device.stamped();
         let nccl = library()?;
         let _scope = device.scope()?;
         let mut raw_config = config_initializer();
@@ -317,6 +319,9 @@ impl Communicator {
                 )));
             }
         }
+        // The generations the communicators are made in, read before NCCL makes them.
+        let devices: Vec<Device> = devices.iter().map(Device::stamped).collect();
+        let devices = devices.as_slice();
         let nccl = library()?;
         let ordinals: Vec<i32> = devices.iter().map(|d| d.ordinal() as i32).collect();
         let mut raws: Vec<ncclComm_t> = vec![std::ptr::null_mut(); devices.len()];
@@ -504,6 +509,10 @@ impl Communicator {
         let mut spins = 0u32;
         loop {
             if let Some(e) = self.async_error()? {
+                // A fault of the device reaches NCCL as an unhandled CUDA error: the
+                // workspace's one error for it is ContextLost, and a lost context's
+                // communicator is left alone.
+                cudars_core::health::probe(stream)?;
                 self.abort_now();
                 return Err(Error::AsyncError(e));
             }
@@ -535,8 +544,9 @@ impl Communicator {
         if self.hand_to_graphs(KEEP_ABORT) {
             return Ok(());
         }
-        // A lost or reset context: the handle is left alone (see `context_gone`).
-        cudars_core::health::usable(&self.device)?;
+        // A lost or reset context: the handle is left alone (see `context_gone`); else the
+        // device is held (no reset) until the abort returns.
+        let _held = cudars_core::health::hold(&self.device)?;
         let raw = self.raw as usize;
         let device = self.device;
         if self
@@ -699,21 +709,23 @@ fn forever() -> &'static std::sync::Mutex<Vec<DevicePtr>> {
     &FOREVER
 }
 
-/// `true` when the communicator's CUDA context is lost (a kernel faulted) or was reset
-/// since the communicator was made (see `cudars_core::health`): its handle is then left
-/// alone, never destroyed nor aborted, which leaks its host memory. NCCL would free its device
-/// memory and streams through the CUDA runtime, which after a reset may free memory of the
-/// new context at the old addresses, and whose calls a reset does not wait for.
-fn context_gone(device: &Device) -> bool {
-    cudars_core::health::usable(device).is_err()
+/// Holds `device` for a teardown call (no reset meanwhile), or `None` when the
+/// communicator's CUDA context is lost (a kernel faulted) or was reset since the
+/// communicator was made (see `cudars_core::health`): its handle is then left alone, never
+/// destroyed nor aborted, which leaks what NCCL holds for it (host memory, its proxy thread,
+/// shared-memory segments). NCCL would free its device memory and streams through the CUDA
+/// runtime, which after a reset may free memory of the new context at the old addresses, and
+/// whose calls a reset does not wait for.
+fn context_held(device: &Device) -> Option<cudars_core::health::InCall> {
+    cudars_core::health::hold(device).ok()
 }
 
 /// `ncclCommAbort`, its error dropped (error paths and deferred aborts); nothing when the
-/// context is gone ([`context_gone`]).
+/// context is gone ([`context_held`]).
 fn abort_raw(raw: ncclComm_t, device: &Device) {
-    if context_gone(device) {
+    let Some(_held) = context_held(device) else {
         return;
-    }
+    };
     if let Ok(nccl) = library() {
         // SAFETY: callers pass a live handle that nothing uses afterwards: its communicator
         // is marked aborted and no open group holds it any more.
@@ -723,11 +735,16 @@ fn abort_raw(raw: ncclComm_t, device: &Device) {
 
 /// Destroys a live communicator: `ncclCommFinalize` and its polling first in non-blocking
 /// mode; an abort when that or `ncclCommDestroy` fails; nothing when the context is gone
-/// ([`context_gone`]).
+/// ([`context_held`]). While any device of the process is lost, an abort instead: a peer on
+/// the lost device never finishes its part, and the destroy would wait for it forever.
 fn destroy_raw(raw: ncclComm_t, config: &CommConfig, device: &Device) {
-    if context_gone(device) {
+    if cudars_core::health::any_closed() {
+        abort_raw(raw, device);
         return;
     }
+    let Some(_held) = context_held(device) else {
+        return;
+    };
     let Ok(nccl) = library() else { return };
     if config.nonblocking {
         // SAFETY: `raw` is live (its owner is being dropped, no open group holds it);

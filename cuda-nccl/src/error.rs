@@ -182,6 +182,15 @@ pub enum Error {
     Rendezvous(#[from] RendezvousError),
 }
 
+impl Error {
+    /// `true` when the device's CUDA context is lost (a kernel faulted; see
+    /// `cudars_core::health`): the communicator's work will never finish, and every call on
+    /// it returns this error. The process resets the device or restarts.
+    pub fn is_context_lost(&self) -> bool {
+        matches!(self, Error::Cuda(e) if e.is_context_lost())
+    }
+}
+
 impl From<&'static cudars_nccl_sys::LoadError> for Error {
     fn from(e: &'static cudars_nccl_sys::LoadError) -> Self {
         Error::Load(e.clone())

@@ -2,6 +2,8 @@ from typing import Optional
 
 class OutOfMemoryError(MemoryError): ...
 
+# At run time a subclass of cupy.cuda.driver.CUDADriverError (itself a RuntimeError); named
+# RuntimeError here so that the stubs need no CuPy.
 class ContextLostError(RuntimeError):
     status: int
     device: int

@@ -319,6 +319,8 @@ extern "C" __global__ void add_u32(unsigned* p, unsigned v, unsigned long long n
     struct Extras {
         add: cudars_rtc::Kernel,
         comm: cudars_nccl::Communicator,
+        /// Device memory made before the fault, for the calls after it.
+        spare: DevicePtr,
     }
 
     /// The same iteration as [`work`], then through cuda-rtc (a launch adding 1), NCCL (an
@@ -413,6 +415,65 @@ extern "C" __global__ void add_u32(unsigned* p, unsigned v, unsigned long long n
         iterations: u64,
         at: Instant,
         error: Error,
+        /// After its first error, each crate's own call again on the worker's handles, and
+        /// what it returned (every one must be ContextLost).
+        after: Vec<(&'static str, Error)>,
+    }
+
+    /// After a worker's first error: every crate it works through, called again, each call
+    /// returning (not hanging) with its error.
+    fn each_crate_after(
+        pool: &Arc<DevicePool>,
+        stream: &Stream,
+        extras: &Extras,
+    ) -> Vec<(&'static str, Error)> {
+        let mut out = Vec::new();
+        let mut note = |what: &'static str, r: Result<(), Error>| match r {
+            Ok(()) => out.push((what, Error::InvalidArgument(format!("{what} succeeded")))),
+            Err(e) => out.push((what, e)),
+        };
+        let block = pool.malloc_shared(stream, WORDS * 4).map_err(Error::from);
+        note(
+            "cuda-mempool malloc",
+            block.as_ref().map(drop).map_err(Clone::clone),
+        );
+        let fresh = DevicePtr::alloc(&stream.device(), WORDS * 4);
+        note("cuda-core alloc", fresh.map(drop));
+        {
+            let buf = &extras.spare;
+            let launched = extras
+                .add
+                .config_for_elements(WORDS as u64, 0)
+                .map_err(Error::from)
+                .and_then(|cfg| {
+                    // SAFETY: add_u32 touches p[i] for i < n only; `buf` holds WORDS u32.
+                    unsafe { extras.add.launch(stream, &cfg, (buf, 1u32, WORDS as u64)) }
+                        .map_err(Error::from)
+                });
+            note("cuda-rtc launch", launched);
+            note(
+                "cuda-nccl all_reduce",
+                extras
+                    .comm
+                    .all_reduce::<u32>(buf, buf, WORDS, cudars_nccl::ReduceOp::Sum, stream)
+                    .map_err(Error::from),
+            );
+        }
+        note(
+            "cuda-nccl wait",
+            extras
+                .comm
+                .wait(stream, Duration::from_secs(2))
+                .map_err(Error::from),
+        );
+        note(
+            "cuda-xfer to_device",
+            cudars_xfer::to_device(&stream.device(), &[1u32; WORDS])
+                .map(drop)
+                .map_err(Error::from),
+        );
+        note("completion", stream.completion().map(drop));
+        out
     }
 
     #[allow(
@@ -438,7 +499,8 @@ extern "C" __global__ void add_u32(unsigned* p, unsigned v, unsigned long long n
             let comm = cudars_nccl::Communicator::init_all(&[dev])?
                 .pop()
                 .ok_or_else(|| Error::InvalidArgument("no communicator".into()))?;
-            Ok(Extras { add, comm })
+            let spare = DevicePtr::alloc(&dev, WORDS * 4)?;
+            Ok(Extras { add, comm, spare })
         })();
         let extras = match extras {
             Ok(x) => x,
@@ -464,10 +526,13 @@ extern "C" __global__ void add_u32(unsigned* p, unsigned v, unsigned long long n
                     return;
                 }
                 Err(error) => {
+                    let at = Instant::now();
+                    let after = each_crate_after(&pool, &stream, &extras);
                     let _ = done.send(Report {
                         iterations: n,
-                        at: Instant::now(),
+                        at,
                         error,
+                        after,
                     });
                     return;
                 }
@@ -607,7 +672,14 @@ extern "C" __global__ void add_u32(unsigned* p, unsigned v, unsigned long long n
                     "round {round}: not ContextLost: {:?}",
                     r.error
                 );
+                for (what, e) in &r.after {
+                    assert!(
+                        matches!(e, Error::ContextLost { device: 0, .. }),
+                        "round {round}: {what} after the fault: not ContextLost: {e:?}"
+                    );
+                }
             }
+            let checked: Vec<&str> = reports[0].after.iter().map(|(w, _)| *w).collect();
             let first = reports.iter().map(|r| r.at).min().unwrap();
             let last = reports.iter().map(|r| r.at).max().unwrap();
             let iterations: u64 = reports.iter().map(|r| r.iterations).sum();
@@ -626,10 +698,11 @@ extern "C" __global__ void add_u32(unsigned* p, unsigned v, unsigned long long n
 
             println!(
                 "FAULT_ROUND {round} threads={THREADS} first=\"{}\" iterations={iterations} \
-                 first_error_ms={:.1} last_error_ms={:.1}",
+                 first_error_ms={:.1} last_error_ms={:.1} then_context_lost_from=[{}]",
                 first_error.name,
                 (first - launched).as_secs_f64() * 1e3,
                 (last - launched).as_secs_f64() * 1e3,
+                checked.join(", "),
             );
 
             let reset_at = Instant::now();
