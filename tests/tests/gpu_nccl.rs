@@ -684,6 +684,38 @@ fn a_rank_that_exits_mid_collective_gives_the_others_a_typed_error() {
     }
 }
 
+/// A kernel faults on GPU 0 just before a collective of a communicator that spans GPUs 0
+/// and 1 in this process: rank 1's part waits for a peer that never comes. No call hangs:
+/// rank 0's wait returns ContextLost, rank 1's times out, dropping both communicators
+/// returns (an abort while a device is lost), GPU 1 keeps working, and the reset of GPU 0
+/// returns within its bound. In a child process (the fault loses GPU 0 for the process).
+#[test]
+fn a_fault_on_one_gpu_leaves_no_nccl_call_on_the_other_hanging() {
+    let _s = serial();
+    let _ = devices();
+    let helper = workspace_tests::test_child_path(env!("CARGO_BIN_EXE_test_child"));
+    let started = Instant::now();
+    let mut child = std::process::Command::new(&helper)
+        .arg("nccl-peer-fault")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the test child starts");
+    while child.try_wait().expect("the child's status").is_none() {
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("the child still runs after 120 s: a call hangs");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("the child's output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("child stdout:\n{stdout}");
+    println!("child stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "child failed: {}", out.status);
+    assert!(stdout.lines().any(|l| l.starts_with("NCCL_PEER_FAULT ")));
+}
+
 const FAULT_EXIT: i32 = 42;
 
 /// One rank of the multi-process tests; started by them (fails when run by hand).

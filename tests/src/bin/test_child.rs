@@ -43,10 +43,12 @@ fn main() {
         ["async-fault"] => async_fault::run(),
         #[cfg(feature = "gpu")]
         ["device-reset", rounds] => device_reset::run(rounds.parse().expect("a number of rounds")),
+        #[cfg(feature = "gpu")]
+        ["nccl-peer-fault"] => nccl_peer_fault::run(),
         _ => {
             eprintln!(
                 "usage: test_child no-driver <MISSING PATH> | ipc-event <HEX> | rtc <DIR> <SEED> \
-                 | async-fault | device-reset <ROUNDS>"
+                 | async-fault | device-reset <ROUNDS> | nccl-peer-fault"
             );
             std::process::exit(2);
         }
@@ -284,6 +286,97 @@ mod async_fault {
 /// old generation kept aside must fail closed (used and dropped), and a fresh workload runs
 /// with its data checked. Prints one `RESET_ROUND` line per round and `DEVICE_RESET ok`.
 #[cfg(feature = "gpu")]
+/// Two ranks of one communicator on GPUs 0 and 1 (`ncclCommInitAll`, one thread); a kernel
+/// on GPU 0 faults just before a collective, so rank 1's part waits for a peer that will
+/// never come. Every call must return: rank 0's wait with ContextLost, rank 1's wait with a
+/// timeout (its communicator aborted), the teardown of both (rank 1's is an abort while a
+/// device is lost; rank 0's is left alone), and GPU 1 then works. Prints one
+/// `NCCL_PEER_FAULT` line with the times.
+#[cfg(feature = "gpu")]
+mod nccl_peer_fault {
+    use super::println;
+    use std::time::{Duration, Instant};
+
+    use cudars_core::{Device, DevicePtr, Stream};
+    use cudars_nccl::{Communicator, GroupGuard, ReduceOp};
+    use workspace_tests::kernels::Kernels;
+
+    const COUNT: usize = 1 << 20;
+
+    fn all_reduce(comms: &[Communicator], bufs: &[DevicePtr], streams: &[Stream]) -> String {
+        let issued = (|| {
+            let g = GroupGuard::begin()?;
+            for i in 0..comms.len() {
+                comms[i].all_reduce_in_place::<f32>(&bufs[i], COUNT, ReduceOp::Sum, &streams[i])?;
+            }
+            g.end()
+        })();
+        format!("{issued:?}")
+    }
+
+    pub fn run() {
+        let devs = [Device::new(0).unwrap(), Device::new(1).unwrap()];
+        let comms = Communicator::init_all(&devs).unwrap();
+        let streams: Vec<Stream> = devs
+            .iter()
+            .map(|d| Stream::builder(d).non_blocking(true).build().unwrap())
+            .collect();
+        let bufs: Vec<DevicePtr> = devs
+            .iter()
+            .map(|d| DevicePtr::alloc(d, COUNT * 4).unwrap())
+            .collect();
+        for b in &bufs {
+            b.memset_u32(0).unwrap();
+        }
+        assert_eq!(all_reduce(&comms, &bufs, &streams), "Ok(())");
+        for (c, s) in comms.iter().zip(&streams) {
+            c.wait(s, Duration::from_secs(30)).unwrap();
+        }
+        // The fault on GPU 0, queued before its rank's part of the next collective.
+        let k = Kernels::load(&devs[0]).unwrap();
+        // SAFETY: deliberately invalid: the kernel writes to 0x10, which touches no host
+        // memory and nothing of this process's but GPU 0's (then lost) context.
+        let _ = unsafe { k.spin_then_fill_raw(&streams[0], 0x10, 7, 1, 1000) };
+        let t0 = Instant::now();
+        let issued = all_reduce(&comms, &bufs, &streams);
+        let w0 = comms[0].wait(&streams[0], Duration::from_secs(5));
+        let w0_ms = t0.elapsed().as_secs_f64() * 1e3;
+        assert!(
+            matches!(&w0, Err(e) if e.is_context_lost()),
+            "rank 0 (the faulted GPU): {w0:?}"
+        );
+        let t1 = Instant::now();
+        let w1 = comms[1].wait(&streams[1], Duration::from_secs(5));
+        let w1_ms = t1.elapsed().as_secs_f64() * 1e3;
+        assert!(w1.is_err(), "rank 1 cannot finish without its peer: {w1:?}");
+        let t2 = Instant::now();
+        drop(comms);
+        let drop_ms = t2.elapsed().as_secs_f64() * 1e3;
+        // GPU 1 works: its stream drains (rank 1's kernel was aborted), new work runs.
+        streams[1].synchronize().unwrap();
+        let fresh = DevicePtr::alloc(&devs[1], 4096).unwrap();
+        fresh.memset_u32(5).unwrap();
+        let mut back = vec![0u32; 1024];
+        fresh.copy_to_host(&mut back).unwrap();
+        assert!(back.iter().all(|&x| x == 5));
+        // The reset of GPU 0 returns (its wait for GPU 1's work is bounded).
+        let t3 = Instant::now();
+        let reset = devs[0].reset_after_fault();
+        let reset_ms = t3.elapsed().as_secs_f64() * 1e3;
+        println!(
+            "NCCL_PEER_FAULT issued={issued:?} rank0_wait_ms={w0_ms:.1} rank0={:?} \
+             rank1_wait_ms={w1_ms:.1} rank1={:?} teardown_ms={drop_ms:.1} gpu1_after=ok \
+             reset_ms={reset_ms:.1} reset={}",
+            w0.err().map(|e| e.to_string()),
+            w1.err().map(|e| e.to_string()),
+            match reset {
+                Ok(()) => "ok".to_string(),
+                Err(e) => e.to_string(),
+            }
+        );
+    }
+}
+
 mod device_reset {
     use super::println;
     use std::sync::atomic::{AtomicU64, Ordering};
