@@ -445,19 +445,27 @@ fn take_turn(next: &AtomicU64, now: u64) -> bool {
 
 /// [`watch`]'s question, asked now: whether `stream`'s work failed with a sticky error
 /// (`cuStreamQuery` in the relaxed capture mode, the stream's device bound; not asked while
-/// the stream is, or may be, captured, nor of the legacy stream, nor inside a host
-/// function). For a library whose own error says less than the driver's: NCCL reports a
+/// the stream is, or may be, captured, nor inside a host function; of the legacy stream only
+/// its capture question, `cuStreamIsCapturing`, which reports the error once any call of the
+/// process has met it). For a library whose own error says less than the driver's: NCCL reports a
 /// faulted context as `ncclUnhandledCudaError`, and cuda-nccl asks this to return
 /// [`Error::ContextLost`] instead. `Err(ContextLost)` as [`watch`]; `Ok(())` otherwise.
 #[cold]
 pub fn probe(stream: &crate::Stream) -> Result<()> {
     use crate::graph;
     let device = stream.device();
-    // Never from a host function (no CUDA call may be made there), and never on the legacy
-    // stream: a query there joins the capture of any blocking stream of the context, which
-    // a foreign capture (CuPy's) may begin at any moment. (The pools ask their capture
-    // question of the legacy stream at each allocation, which reports a lost context too.)
-    if crate::release::inside_host_function() || stream.kind() == crate::StreamKind::LegacyNull {
+    // Never from a host function: no CUDA call may be made there.
+    if crate::release::inside_host_function() {
+        return usable(&device);
+    }
+    // Never a query of the legacy stream: it would join the capture of any blocking stream
+    // of the context, which a foreign capture (CuPy's) may begin at any moment. Its capture
+    // question (`cuStreamIsCapturing`) is safe during any capture, and answers the sticky
+    // error once some call of the process has met it (the framework's own, typically: the
+    // default streams of PyTorch and CuPy are the legacy stream). A driver error marks the
+    // device lost through the usual path.
+    if stream.kind() == crate::StreamKind::LegacyNull {
+        let _ = graph::touches_capture(stream);
         return usable(&device);
     }
     // From the capture check to the query, a capture begun through this crate waits.

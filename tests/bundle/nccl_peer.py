@@ -6,7 +6,11 @@ the median of 3 batches of back-to-back in-place all_reduces, host clock around 
 synchronize; `iters_for` as in bench_nccl.rs). Rank 0 writes `bytes,seconds` rows to --out.
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 
-Usage: python3 nccl_peer.py --world N --out FILE
+With --captured: per collective, 100 in-place all_reduces launched one by one against the same
+100 captured with torch.cuda.graph and replayed (8 B to 1 MiB; `bytes,launched,captured` rows),
+the PyTorch side of `bench_nccl --captured`.
+
+Usage: python3 nccl_peer.py --world N --out FILE [--captured]
 """
 import argparse
 import os
@@ -70,17 +74,84 @@ def worker(rank, world, port, out):
     dist.destroy_process_group()
 
 
+CAPTURED_SIZES = [8, 1 << 10, 8 << 10, 64 << 10, 1 << 20]
+OPS = 100
+REPLAYS = 5
+
+
+def captured_worker(rank, world, port, out):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    buf = torch.zeros(max(CAPTURED_SIZES) // 4, dtype=torch.float32, device=dev)
+    small = torch.zeros(1, dtype=torch.float32, device=dev)
+    side = torch.cuda.Stream()
+    rows = []
+    for nbytes in CAPTURED_SIZES:
+        t = buf[: nbytes // 4]
+        for _ in range(5):
+            dist.all_reduce(t)
+        torch.cuda.synchronize()
+
+        def line_up():
+            dist.all_reduce(small)
+            torch.cuda.synchronize()
+
+        launched = []
+        for _ in range(3):
+            line_up()
+            start = time.perf_counter()
+            for _ in range(OPS):
+                dist.all_reduce(t)
+            torch.cuda.synchronize()
+            launched.append((time.perf_counter() - start) / OPS)
+        # PyTorch's recipe: warm up on a side stream, then capture.
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                dist.all_reduce(t)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(OPS):
+                dist.all_reduce(t)
+        g.replay()
+        torch.cuda.synchronize()
+        captured = []
+        for _ in range(3):
+            line_up()
+            start = time.perf_counter()
+            for _ in range(REPLAYS):
+                g.replay()
+            torch.cuda.synchronize()
+            captured.append((time.perf_counter() - start) / (REPLAYS * OPS))
+        del g
+        rows.append((nbytes, statistics.median(launched), statistics.median(captured)))
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write("bytes,launched,captured\n")
+            for nbytes, lt, ct in rows:
+                f.write(f"{nbytes},{lt},{ct}\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--world", type=int, default=torch.cuda.device_count())
     ap.add_argument("--out", required=True)
+    ap.add_argument("--captured", action="store_true")
     args = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     print(f"nccl_peer: torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}, "
           f"{args.world} GPUs", flush=True)
-    mp.spawn(worker, args=(args.world, port, args.out), nprocs=args.world, join=True)
+    target = captured_worker if args.captured else worker
+    mp.spawn(target, args=(args.world, port, args.out), nprocs=args.world, join=True)
 
 
 if __name__ == "__main__":

@@ -686,9 +686,9 @@ fn a_rank_that_exits_mid_collective_gives_the_others_a_typed_error() {
 
 /// A kernel faults on GPU 0 just before a collective of a communicator that spans GPUs 0
 /// and 1 in this process: rank 1's part waits for a peer that never comes. No call hangs:
-/// rank 0's wait returns ContextLost, rank 1's times out, dropping both communicators
-/// returns (an abort while a device is lost), GPU 1 keeps working, and the reset of GPU 0
-/// returns within its bound. In a child process (the fault loses GPU 0 for the process).
+/// rank 0's wait returns ContextLost, rank 1's an error, dropping both communicators
+/// returns (an abort while a device is lost), GPU 1 works or reports ContextLost (the fault
+/// can reach it through the peer mapping), and the reset of GPU 0 returns within its bound. In a child process (the fault loses GPU 0 for the process).
 #[test]
 fn a_fault_on_one_gpu_leaves_no_nccl_call_on_the_other_hanging() {
     let _s = serial();

@@ -525,6 +525,14 @@ fn run() -> BoxResult<()> {
         max_sleep: Duration::from_micros(us),
         ..parked
     };
+    // The reactor without its busy phase (no spin after a wake, no yields: sleeps of 1, 2,
+    // 4, ... up to 12 us from the start): fewer queries competing with the issuing thread
+    // for the driver (see the pipeline's diagnostic rows).
+    let no_spin = PollConfig {
+        spin: Duration::ZERO,
+        yields: 0,
+        ..parked
+    };
     for (waits, samples) in [(1usize, 300usize), (1000, 30)] {
         let sync = bench.measure(Waiter::Sync(false), waits, samples)?;
         let sync_blocking = bench.measure(Waiter::Sync(true), waits, samples)?;
@@ -598,6 +606,12 @@ fn run() -> BoxResult<()> {
                 "parked_max24us",
                 poll,
                 sleep_max(24),
+                WakeMode::Parked,
+            ));
+            ours.push(Waiter::Ours(
+                "parked_nospin",
+                poll,
+                no_spin,
                 WakeMode::Parked,
             ));
         }
@@ -739,6 +753,19 @@ fn run() -> BoxResult<()> {
                 Target::RatioAtLeast(0.9),
             );
         }
+        // The same parked pipeline with the reactor's busy phase off.
+        completion::set_poll_config(no_spin)?;
+        let with = bench.pipeline(Some((WakeMode::Parked, task_each)), n);
+        completion::set_poll_config(PollConfig::default())?;
+        let shape = if task_each { "task_each_" } else { "" };
+        report.row(
+            &format!("pipeline_{shape}parked_nospin_4KiB_x{n}"),
+            "copies/s",
+            with?,
+            Some(plain),
+            "no futures",
+            Target::None,
+        );
     }
     println!("reactor and warm waits: {:?}", completion::stats());
     Ok(())

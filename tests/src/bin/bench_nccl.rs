@@ -8,7 +8,13 @@
 //! (µs) up to 64 KiB, bus bandwidth (GB/s) above; the raw column is PyTorch's figure.
 //! Targets: latency <= 1.05x PyTorch's at <= 64 KiB, busbw >= 0.98x at >= 64 MiB.
 //!
-//! `NCCL_NVLS_ENABLE=0` in every process. Usage: `bench_nccl [--no-peer]`.
+//! `bench_nccl --captured`: instead, per collective, 100 in-place all_reduces launched one by
+//! one against the same 100 captured in one CUDA graph (`cudars_graph::capture`) and
+//! replayed, 8 B to 1 MiB, beside PyTorch's `torch.distributed` launched and captured with
+//! `torch.cuda.graph` (`nccl_peer.py --captured`). Targets: captured per collective <= 0.5x
+//! launched below 64 KiB, and no captured row slower than PyTorch's captured one.
+//!
+//! `NCCL_NVLS_ENABLE=0` in every process. Usage: `bench_nccl [--no-peer] [--captured]`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -66,6 +72,71 @@ fn main() {
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
+/// Sizes of the captured comparison.
+const CAPTURED_SIZES: [usize; 5] = [8, 1 << 10, 8 << 10, 64 << 10, 1 << 20];
+/// Collectives in the captured graph (and launched in a batch).
+const OPS: usize = 100;
+
+/// `bytes,launched,captured` rows: seconds per collective, launched one by one and replayed
+/// in a graph of [`OPS`] (median of 3 batches each).
+fn captured_rows(
+    comm: &Communicator,
+    stream: &Stream,
+    buf: &DevicePtr,
+    small: &DevicePtr,
+) -> Res<String> {
+    let mut rows = String::from("bytes,launched,captured\n");
+    for bytes in CAPTURED_SIZES {
+        let count = bytes / 4;
+        for _ in 0..5 {
+            comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, stream)?;
+        }
+        comm.wait(stream, Duration::from_secs(120))?;
+        let line_up = || -> Res<()> {
+            comm.all_reduce_in_place::<f32>(small, 1, ReduceOp::Sum, stream)?;
+            stream.synchronize()?;
+            Ok(())
+        };
+        let mut launched = Vec::new();
+        for _ in 0..3 {
+            line_up()?;
+            let t = Instant::now();
+            for _ in 0..OPS {
+                comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, stream)?;
+            }
+            stream.synchronize()?;
+            launched.push(t.elapsed().as_secs_f64() / OPS as f64);
+        }
+        let graph = cudars_graph::capture(stream, cudars_graph::CaptureMode::ThreadLocal, |s| {
+            for _ in 0..OPS {
+                comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, s)
+                    .map_err(cudars_graph::Error::other)?;
+            }
+            Ok(())
+        })?
+        .instantiate()?;
+        graph.launch(stream)?;
+        stream.synchronize()?;
+        const REPLAYS: usize = 5;
+        let mut captured = Vec::new();
+        for _ in 0..3 {
+            line_up()?;
+            let t = Instant::now();
+            for _ in 0..REPLAYS {
+                graph.launch(stream)?;
+            }
+            stream.synchronize()?;
+            captured.push(t.elapsed().as_secs_f64() / (REPLAYS * OPS) as f64);
+        }
+        rows.push_str(&format!(
+            "{bytes},{},{}\n",
+            median(&mut launched),
+            median(&mut captured)
+        ));
+    }
+    Ok(rows)
+}
+
 fn rank_main() -> Res<()> {
     let (comm, job) = Communicator::from_env(&CommConfig::default())?;
     let dev = comm.device();
@@ -73,6 +144,13 @@ fn rank_main() -> Res<()> {
     let buf = DevicePtr::alloc(&dev, MAX_BYTES)?;
     buf.memset(0)?;
     let small = DevicePtr::alloc(&dev, 4)?;
+    if std::env::args().any(|a| a == "--captured") {
+        let rows = captured_rows(&comm, &stream, &buf, &small)?;
+        if job.rank == 0 {
+            std::fs::write(std::env::var(OUT_VAR)?, rows)?;
+        }
+        return Ok(());
+    }
     let mut rows = String::from("bytes,seconds\n");
     for bytes in sizes() {
         let count = bytes / 4;
@@ -100,6 +178,77 @@ fn rank_main() -> Res<()> {
         std::fs::write(out, rows)?;
     }
     Ok(())
+}
+
+/// `bytes,launched,captured` rows, by size.
+fn read_pairs(path: &Path) -> BTreeMap<usize, (f64, f64)> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return BTreeMap::new();
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut f = l.split(',').map(str::trim);
+            Some((
+                f.next()?.parse().ok()?,
+                (f.next()?.parse().ok()?, f.next()?.parse().ok()?),
+            ))
+        })
+        .collect()
+}
+
+/// The rows of `--captured`.
+fn captured_report(n: usize, ours_csv: &Path, torch_csv: &Path) {
+    let ours = read_pairs(ours_csv);
+    let torch = read_pairs(torch_csv);
+    println!(
+        "\n{:>8} | {:>12} {:>12} {:>7} | {:>12} {:>12} {:>7}",
+        "size", "ours launch", "ours graph", "x", "torch launch", "torch graph", "x"
+    );
+    for (&bytes, &(l, c)) in &ours {
+        let t = torch.get(&bytes).copied();
+        let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.2}", v * 1e6));
+        println!(
+            "{:>8} | {:>12.2} {:>12.2} {:>7.2} | {:>12} {:>12} {:>7}",
+            human(bytes),
+            l * 1e6,
+            c * 1e6,
+            l / c,
+            f(t.map(|t| t.0)),
+            f(t.map(|t| t.1)),
+            t.map_or("-".into(), |t| format!("{:.2}", t.0 / t.1)),
+        );
+    }
+    println!();
+    let mut report = Report::new("bench_nccl");
+    for (&bytes, &(launched, captured)) in &ours {
+        report.row(
+            &format!(
+                "nccl all_reduce {n}gpu {} captured per collective vs launched",
+                human(bytes)
+            ),
+            "us",
+            captured * 1e6,
+            Some(launched * 1e6),
+            "ours launched",
+            if bytes < 64 << 10 {
+                Target::RatioAtMost(0.5)
+            } else {
+                Target::None
+            },
+        );
+        report.row(
+            &format!(
+                "nccl all_reduce {n}gpu {} captured per collective",
+                human(bytes)
+            ),
+            "us",
+            captured * 1e6,
+            torch.get(&bytes).map(|t| t.1 * 1e6),
+            "torch.cuda.graph",
+            Target::RatioAtMost(1.0),
+        );
+    }
 }
 
 fn read_csv(path: &Path) -> BTreeMap<usize, f64> {
@@ -147,10 +296,23 @@ fn launcher_main() -> Res<()> {
     std::fs::create_dir_all(&tmp)?;
     let ours_csv = tmp.join("ours.csv");
     let torch_csv = tmp.join("torch.csv");
-    println!("bench_nccl: all_reduce f32 in place, {n} GPUs, one process each");
+    let captured = std::env::args().any(|a| a == "--captured");
+    let mode: Vec<String> = if captured {
+        vec!["--captured".into()]
+    } else {
+        Vec::new()
+    };
+    println!(
+        "bench_nccl: all_reduce f32 in place, {n} GPUs, one process each{}",
+        if captured {
+            ", launched against captured"
+        } else {
+            ""
+        }
+    );
     let t = Instant::now();
     let statuses = Launcher::new(n)
-        .args(Vec::<String>::new())
+        .args(mode.clone())
         .env(OUT_VAR, &ours_csv)
         .spawn()?
         .wait(Duration::from_secs(900))?;
@@ -171,6 +333,7 @@ fn launcher_main() -> Res<()> {
                 .arg(n.to_string())
                 .arg("--out")
                 .arg(&torch_csv)
+                .args(&mode)
                 .env("NCCL_NVLS_ENABLE", "0")
                 .status();
             println!(
@@ -181,6 +344,11 @@ fn launcher_main() -> Res<()> {
         }
         (true, None) => println!("bench_nccl: nccl_peer.py not found: no PyTorch column"),
         (false, _) => {}
+    }
+    if captured {
+        captured_report(n, &ours_csv, &torch_csv);
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Ok(());
     }
     let ours = read_csv(&ours_csv);
     let torch = read_csv(&torch_csv);

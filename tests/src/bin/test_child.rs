@@ -45,10 +45,12 @@ fn main() {
         ["device-reset", rounds] => device_reset::run(rounds.parse().expect("a number of rounds")),
         #[cfg(feature = "gpu")]
         ["nccl-peer-fault"] => nccl_peer_fault::run(),
+        #[cfg(feature = "gpu")]
+        ["other-gpu-after-fault"] => nccl_peer_fault::other_gpu_after_fault(),
         _ => {
             eprintln!(
                 "usage: test_child no-driver <MISSING PATH> | ipc-event <HEX> | rtc <DIR> <SEED> \
-                 | async-fault | device-reset <ROUNDS> | nccl-peer-fault"
+                 | async-fault | device-reset <ROUNDS> | nccl-peer-fault | other-gpu-after-fault"
             );
             std::process::exit(2);
         }
@@ -288,9 +290,10 @@ mod async_fault {
 #[cfg(feature = "gpu")]
 /// Two ranks of one communicator on GPUs 0 and 1 (`ncclCommInitAll`, one thread); a kernel
 /// on GPU 0 faults just before a collective, so rank 1's part waits for a peer that will
-/// never come. Every call must return: rank 0's wait with ContextLost, rank 1's wait with a
-/// timeout (its communicator aborted), the teardown of both (rank 1's is an abort while a
-/// device is lost; rank 0's is left alone), and GPU 1 then works. Prints one
+/// never come. Every call must return: rank 0's wait with ContextLost, rank 1's wait with an
+/// error (a timeout, its communicator aborted; or ContextLost when the fault reached GPU 1
+/// through the peer mapping), the teardown of both (rank 1's is an abort while a device is
+/// lost; rank 0's is left alone), and GPU 1 then works or says ContextLost. Prints one
 /// `NCCL_PEER_FAULT` line with the times.
 #[cfg(feature = "gpu")]
 mod nccl_peer_fault {
@@ -312,6 +315,31 @@ mod nccl_peer_fault {
             g.end()
         })();
         format!("{issued:?}")
+    }
+
+    /// A fault on GPU 0 with no peer mapping between the GPUs: does GPU 1 still work? (A
+    /// measurement of the driver: prints `OTHER_GPU_AFTER_FAULT` and the outcome.)
+    pub fn other_gpu_after_fault() {
+        let devs = [Device::new(0).unwrap(), Device::new(1).unwrap()];
+        let s0 = Stream::new(&devs[0]).unwrap();
+        let k = Kernels::load(&devs[0]).unwrap();
+        // SAFETY: deliberately invalid: writes to 0x10 on GPU 0 (see `run`).
+        let _ = unsafe { k.spin_then_fill_raw(&s0, 0x10, 7, 1, 1000) };
+        let gpu0 = s0.synchronize();
+        let gpu1 = (|| -> cudars_core::Result<()> {
+            let fresh = DevicePtr::alloc(&devs[1], 4096)?;
+            fresh.memset_u32(5)?;
+            let mut back = vec![0u32; 1024];
+            fresh.copy_to_host(&mut back)?;
+            assert!(back.iter().all(|&x| x == 5));
+            Ok(())
+        })();
+        println!(
+            "OTHER_GPU_AFTER_FAULT gpu0={:?} gpu1={:?} health1={:?}",
+            gpu0.err().map(|e| e.to_string()),
+            gpu1.map_err(|e| e.to_string()),
+            devs[1].health()
+        );
     }
 
     pub fn run() {
@@ -352,20 +380,37 @@ mod nccl_peer_fault {
         let t2 = Instant::now();
         drop(comms);
         let drop_ms = t2.elapsed().as_secs_f64() * 1e3;
-        // GPU 1 works: its stream drains (rank 1's kernel was aborted), new work runs.
-        streams[1].synchronize().unwrap();
-        let fresh = DevicePtr::alloc(&devs[1], 4096).unwrap();
-        fresh.memset_u32(5).unwrap();
-        let mut back = vec![0u32; 1024];
-        fresh.copy_to_host(&mut back).unwrap();
-        assert!(back.iter().all(|&x| x == 5));
+        // GPU 1: its stream drains (rank 1's kernel was aborted) and new work runs with its
+        // data checked, or, where the fault reached GPU 1 through the peer mapping of GPU
+        // 0's memory (its NCCL kernel then faults too: seen on 2 x H200, driver 580), every
+        // call says ContextLost for device 1. Either way, nothing hangs.
+        let gpu1 = (|| -> cudars_core::Result<()> {
+            streams[1].synchronize()?;
+            let fresh = DevicePtr::alloc(&devs[1], 4096)?;
+            fresh.memset_u32(5)?;
+            let mut back = vec![0u32; 1024];
+            fresh.copy_to_host(&mut back)?;
+            assert!(back.iter().all(|&x| x == 5));
+            Ok(())
+        })();
+        assert!(
+            match &gpu1 {
+                Ok(()) => true,
+                Err(e) => matches!(e, cudars_core::Error::ContextLost { device: 1, .. }),
+            },
+            "GPU 1 after the fault: {gpu1:?}"
+        );
+        let gpu1 = match gpu1 {
+            Ok(()) => "works".to_string(),
+            Err(e) => format!("lost too ({e})"),
+        };
         // The reset of GPU 0 returns (its wait for GPU 1's work is bounded).
         let t3 = Instant::now();
         let reset = devs[0].reset_after_fault();
         let reset_ms = t3.elapsed().as_secs_f64() * 1e3;
         println!(
             "NCCL_PEER_FAULT issued={issued:?} rank0_wait_ms={w0_ms:.1} rank0={:?} \
-             rank1_wait_ms={w1_ms:.1} rank1={:?} teardown_ms={drop_ms:.1} gpu1_after=ok \
+             rank1_wait_ms={w1_ms:.1} rank1={:?} teardown_ms={drop_ms:.1} gpu1={gpu1:?} \
              reset_ms={reset_ms:.1} reset={}",
             w0.err().map(|e| e.to_string()),
             w1.err().map(|e| e.to_string()),
