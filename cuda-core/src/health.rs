@@ -61,7 +61,11 @@
 //! `bench/results/round13/reset_probe.py`). [`Device::reset_after_fault`] then tries again
 //! for 5 s and returns [`Error::ContextLost`] with the driver's error; the old handles still
 //! belong to an ended generation and the device stays closed. Only a new process gets the
-//! device back: the service exits for its supervisor to start it again.
+//! device back: the service exits for its supervisor to start it again. The same driver
+//! loses the process's other GPUs too: after an illegal address on GPU 0, retaining GPU 1's
+//! primary context fails with the same error, with or without peer access between them
+//! (`test_child other-gpu-after-fault`, 2 x H200); this module marks each device lost at
+//! its first such error.
 //!
 //! # What a service does
 //!
