@@ -198,12 +198,30 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+#[derive(Debug)]
 /// One thread's calls in progress, per device. Written by its thread only (a plain load and
 /// store, no read-modify-write: the hot path of every call), read by a reset.
 struct ThreadCalls {
     depth: [AtomicU32; MAX_DEVICES],
     /// Owned by a live thread (else free for the next new thread).
     taken: AtomicBool,
+    /// The device of the owning thread's innermost call ([`pack`]ed; 0: none): a sticky
+    /// error is that device's, whatever context is current (explicit streams and events are
+    /// used without binding their context). Written and read by the owning thread only.
+    calling: AtomicU64,
+}
+
+/// A call's device and generation in one word: the ordinal plus one in the high half, the
+/// generation in the low one; 0 for none.
+#[inline]
+fn pack(ordinal: usize, generation: u32) -> u64 {
+    ((ordinal as u64 + 1) << 32) | u64::from(generation)
+}
+
+/// [`pack`]'s inverse.
+#[inline]
+fn unpack(word: u64) -> Option<(usize, u32)> {
+    (word != 0).then(|| (((word >> 32) - 1) as usize, word as u32))
 }
 
 /// Every [`ThreadCalls`] ever made (leaked: a thread's is reused by a later thread once it
@@ -243,36 +261,85 @@ fn barrier_on_every_thread() {
     }
 }
 
-struct Mine(&'static ThreadCalls);
-
-impl Drop for Mine {
-    fn drop(&mut self) {
-        // Reusable only with no call left counted (one forgotten stays, and blocks resets).
-        if self.0.depth.iter().all(|d| d.load(Ordering::Acquire) == 0) {
-            self.0.taken.store(false, Ordering::Release);
-        }
-    }
+/// A thread's slot for its [`ThreadCalls`].
+#[derive(Clone, Copy)]
+enum Slot {
+    /// No call yet on this thread.
+    Fresh,
+    /// Its counts.
+    Mine(&'static ThreadCalls),
+    /// The thread is ending and has given its counts back (or could not take any): calls
+    /// from thread-local destructors count in [`LATE`].
+    Gone,
 }
 
 thread_local! {
-    static MINE: Mine = {
-        register_barrier();
-        let mut all = lock(&THREADS);
-        let free = all.iter().copied().find(|t| {
-            t.taken
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
+    /// This thread's counts. Constant-initialised and without a destructor: one
+    /// thread-local access on the hot path of every call, and readable during other
+    /// thread-locals' destructors.
+    static SLOT: std::cell::Cell<Slot> = const { std::cell::Cell::new(Slot::Fresh) };
+    /// Gives the counts back when the thread ends; touched once, at the thread's first call.
+    static RELEASE: Release = const { Release };
+    /// The innermost call's device ([`pack`]ed) for calls counted in [`LATE`].
+    static LATE_CALLING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// See [`RELEASE`].
+struct Release;
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let _ = SLOT.try_with(|slot| {
+            if let Slot::Mine(t) = slot.replace(Slot::Gone) {
+                // Reusable only with no call left counted (one forgotten stays, and blocks
+                // resets).
+                if t.depth.iter().all(|d| d.load(Ordering::Acquire) == 0) {
+                    t.taken.store(false, Ordering::Release);
+                }
+            }
         });
-        let calls = free.unwrap_or_else(|| {
-            let made: &'static ThreadCalls = Box::leak(Box::new(ThreadCalls {
-                depth: [const { AtomicU32::new(0) }; MAX_DEVICES],
-                taken: AtomicBool::new(true),
-            }));
-            all.push(made);
-            made
-        });
-        Mine(calls)
-    };
+    }
+}
+
+/// This thread's counts, taken at its first call; `None` once the thread is ending.
+#[inline]
+fn mine() -> Option<&'static ThreadCalls> {
+    match SLOT.try_with(std::cell::Cell::get) {
+        Ok(Slot::Mine(t)) => Some(t),
+        Ok(Slot::Fresh) => take_counts(),
+        Ok(Slot::Gone) | Err(_) => None,
+    }
+}
+
+/// The first call of a thread: takes a free [`ThreadCalls`] (or makes one) and arranges for
+/// its return when the thread ends.
+#[cold]
+fn take_counts() -> Option<&'static ThreadCalls> {
+    // The destructor first: a thread that can no longer register one is ending.
+    if RELEASE.try_with(|_| ()).is_err() {
+        let _ = SLOT.try_with(|s| s.set(Slot::Gone));
+        return None;
+    }
+    register_barrier();
+    let mut all = lock(&THREADS);
+    let free = all.iter().copied().find(|t| {
+        t.taken
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    });
+    let calls = free.unwrap_or_else(|| {
+        let made: &'static ThreadCalls = Box::leak(Box::new(ThreadCalls {
+            depth: [const { AtomicU32::new(0) }; MAX_DEVICES],
+            taken: AtomicBool::new(true),
+            calling: AtomicU64::new(0),
+        }));
+        all.push(made);
+        made
+    });
+    drop(all);
+    calls.calling.store(0, Ordering::Relaxed);
+    SLOT.try_with(|s| s.set(Slot::Mine(calls))).ok()?;
+    Some(calls)
 }
 
 /// Calls made on threads whose own counts are torn down, per device.
@@ -281,7 +348,8 @@ static LATE: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICE
 /// Where an [`InCall`] is counted.
 #[derive(Debug, Clone, Copy)]
 enum Depth {
-    Own(&'static AtomicU32),
+    /// This thread's counts, and its count for the device.
+    Own(&'static ThreadCalls, &'static AtomicU32),
     Late(&'static AtomicU32),
 }
 
@@ -516,29 +584,34 @@ pub struct InCall {
     /// own counts are already torn down (a call from a thread-local's destructor), the
     /// device's shared count of such calls.
     depth: Depth,
-    /// The thread's calling device before this call (restored on drop).
-    outer: Option<(usize, u32)>,
+    /// The thread's calling device before this call ([`pack`]ed; restored on drop).
+    outer: u64,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for InCall {
     fn drop(&mut self) {
-        let _ = CALLING.try_with(|c| c.set(self.outer));
         match self.depth {
             // This thread is the only writer.
-            Depth::Own(d) => d.store(d.load(Ordering::Relaxed) - 1, Ordering::Release),
+            Depth::Own(t, d) => {
+                t.calling.store(self.outer, Ordering::Relaxed);
+                d.store(d.load(Ordering::Relaxed) - 1, Ordering::Release);
+            }
             Depth::Late(d) => {
+                let _ = LATE_CALLING.try_with(|c| c.set(self.outer));
                 d.fetch_sub(1, Ordering::SeqCst);
             }
         }
     }
 }
 
-thread_local! {
-    /// The device of the innermost call of this crate on this thread: a sticky error is
-    /// that device's, whatever context is current (explicit streams and events are used
-    /// without binding their context).
-    static CALLING: std::cell::Cell<Option<(usize, u32)>> = const { std::cell::Cell::new(None) };
+/// The device (and generation) of the calling thread's innermost call, if any.
+fn calling() -> Option<(usize, u32)> {
+    let word = match SLOT.try_with(std::cell::Cell::get) {
+        Ok(Slot::Mine(t)) => t.calling.load(Ordering::Relaxed),
+        _ => LATE_CALLING.try_with(std::cell::Cell::get).unwrap_or(0),
+    };
+    unpack(word)
 }
 
 /// Enters a call on `device`: [`Error::ContextLost`] instead when it may not go to the
@@ -551,13 +624,16 @@ pub(crate) fn enter(device: &Device) -> Result<InCall> {
             count: MAX_DEVICES,
         });
     }
-    let depth = match MINE.try_with(|m| &m.0.depth[device.ordinal()]) {
-        Ok(d) => {
+    let word = pack(device.ordinal(), device.generation());
+    let mine = mine();
+    let depth = match mine {
+        Some(t) => {
+            let d = &t.depth[device.ordinal()];
             // This thread is the only writer: no read-modify-write.
             d.store(d.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-            Depth::Own(d)
+            Depth::Own(t, d)
         }
-        Err(_) => {
+        None => {
             let d = &LATE[device.ordinal()];
             d.fetch_add(1, Ordering::SeqCst);
             Depth::Late(d)
@@ -571,10 +647,14 @@ pub(crate) fn enter(device: &Device) -> Result<InCall> {
     } else {
         std::sync::atomic::fence(Ordering::SeqCst);
     }
-    let outer = CALLING
-        .try_with(|c| c.replace(Some((device.ordinal(), device.generation()))))
-        .ok()
-        .flatten();
+    let outer = match depth {
+        Depth::Own(t, _) => {
+            let outer = t.calling.load(Ordering::Relaxed);
+            t.calling.store(word, Ordering::Relaxed);
+            outer
+        }
+        Depth::Late(_) => LATE_CALLING.try_with(|c| c.replace(word)).unwrap_or(0),
+    };
     let call = InCall {
         depth,
         outer,
@@ -644,7 +724,7 @@ pub(crate) fn on_error(error: DriverError) -> Error {
     if !sticky && CLOSED.load(Ordering::Relaxed) == 0 {
         return Error::Driver(error);
     }
-    let calling = CALLING.try_with(std::cell::Cell::get).ok().flatten();
+    let calling = calling();
     if let Some((ordinal, born)) = calling {
         if born != generation(ordinal) {
             // A late error of an ended generation: it says nothing of the new context.
@@ -917,6 +997,56 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(10));
         let b = coarse_now_ns();
         assert!(b > a, "{a} then {b}");
+    }
+
+    #[test]
+    fn calls_from_thread_local_destructors_are_counted_and_released() {
+        type Seen = Option<(Option<(usize, u32)>, usize, Option<(usize, u32)>)>;
+        static SEEN: Mutex<Seen> = Mutex::new(None);
+        struct CallsOnDrop(Device);
+        impl Drop for CallsOnDrop {
+            fn drop(&mut self) {
+                // Runs while the thread ends, before or after its counts are given back:
+                // counted either way, and released. (No panic in a destructor: the outcome
+                // goes to SEEN.)
+                let call = enter(&self.0);
+                let during = calling();
+                let counted = inside(59);
+                drop(call);
+                let after = calling();
+                *SEEN.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some((during, counted, after));
+            }
+        }
+        thread_local! {
+            static LATE_USER: std::cell::RefCell<Option<CallsOnDrop>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        let dev = Device::test_only(59);
+        std::thread::spawn(move || {
+            // Registered before the thread's first call: destroyed after its counts'
+            // destructor (the reverse order), so its call counts in LATE.
+            LATE_USER.with(|u| *u.borrow_mut() = Some(CallsOnDrop(dev)));
+            let call = enter(&dev).unwrap();
+            assert_eq!(inside(59), 1);
+            assert_eq!(calling(), Some((59, 0)));
+            let nested = enter(&Device::test_only(58)).unwrap();
+            assert_eq!(calling(), Some((58, 0)));
+            drop(nested);
+            assert_eq!(calling(), Some((59, 0)));
+            drop(call);
+            assert_eq!(calling(), None);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(inside(59), 0);
+        assert_eq!(LATE[59].load(Ordering::SeqCst), 0);
+        let seen = *SEEN.lock().unwrap_or_else(PoisonError::into_inner);
+        assert_eq!(
+            seen,
+            Some((Some((59, 0)), 1, None)),
+            "(during, counted, after)"
+        );
     }
 
     #[test]
