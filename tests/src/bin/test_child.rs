@@ -287,7 +287,6 @@ mod async_fault {
 /// get `Error::ContextLost` within a second; then the context is reset, every handle of the
 /// old generation kept aside must fail closed (used and dropped), and a fresh workload runs
 /// with its data checked. Prints one `RESET_ROUND` line per round and `DEVICE_RESET ok`.
-#[cfg(feature = "gpu")]
 /// Two ranks of one communicator on GPUs 0 and 1 (`ncclCommInitAll`, one thread); a kernel
 /// on GPU 0 faults just before a collective, so rank 1's part waits for a peer that will
 /// never come. Every call must return: rank 0's wait with ContextLost, rank 1's wait with an
@@ -422,6 +421,7 @@ mod nccl_peer_fault {
     }
 }
 
+#[cfg(feature = "gpu")]
 mod device_reset {
     use super::println;
     use std::sync::atomic::{AtomicU64, Ordering};
