@@ -198,9 +198,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-#[derive(Debug)]
 /// One thread's calls in progress, per device. Written by its thread only (a plain load and
 /// store, no read-modify-write: the hot path of every call), read by a reset.
+#[derive(Debug)]
+#[repr(align(128))] // its own cache lines: the owning thread writes them on every call
 struct ThreadCalls {
     depth: [AtomicU32; MAX_DEVICES],
     /// Owned by a live thread (else free for the next new thread).
@@ -268,9 +269,10 @@ enum Slot {
     Fresh,
     /// Its counts.
     Mine(&'static ThreadCalls),
-    /// The thread is ending and has given its counts back (or could not take any): calls
-    /// from thread-local destructors count in [`LATE`].
-    Gone,
+    /// The thread is ending: calls from thread-local destructors count in [`LATE`]. With
+    /// the counts it kept because a call was still in progress (a guard held in a
+    /// thread-local), whose calling device stays readable.
+    Gone(Option<&'static ThreadCalls>),
 }
 
 thread_local! {
@@ -290,12 +292,17 @@ struct Release;
 impl Drop for Release {
     fn drop(&mut self) {
         let _ = SLOT.try_with(|slot| {
-            if let Slot::Mine(t) = slot.replace(Slot::Gone) {
+            if let Slot::Mine(t) = slot.get() {
                 // Reusable only with no call left counted (one forgotten stays, and blocks
                 // resets).
                 if t.depth.iter().all(|d| d.load(Ordering::Acquire) == 0) {
+                    slot.set(Slot::Gone(None));
                     t.taken.store(false, Ordering::Release);
+                } else {
+                    slot.set(Slot::Gone(Some(t)));
                 }
+            } else {
+                slot.set(Slot::Gone(None));
             }
         });
     }
@@ -307,7 +314,7 @@ fn mine() -> Option<&'static ThreadCalls> {
     match SLOT.try_with(std::cell::Cell::get) {
         Ok(Slot::Mine(t)) => Some(t),
         Ok(Slot::Fresh) => take_counts(),
-        Ok(Slot::Gone) | Err(_) => None,
+        Ok(Slot::Gone(_)) | Err(_) => None,
     }
 }
 
@@ -317,7 +324,7 @@ fn mine() -> Option<&'static ThreadCalls> {
 fn take_counts() -> Option<&'static ThreadCalls> {
     // The destructor first: a thread that can no longer register one is ending.
     if RELEASE.try_with(|_| ()).is_err() {
-        let _ = SLOT.try_with(|s| s.set(Slot::Gone));
+        let _ = SLOT.try_with(|s| s.set(Slot::Gone(None)));
         return None;
     }
     register_barrier();
@@ -607,9 +614,16 @@ impl Drop for InCall {
 
 /// The device (and generation) of the calling thread's innermost call, if any.
 fn calling() -> Option<(usize, u32)> {
+    let late = || LATE_CALLING.try_with(std::cell::Cell::get).unwrap_or(0);
     let word = match SLOT.try_with(std::cell::Cell::get) {
         Ok(Slot::Mine(t)) => t.calling.load(Ordering::Relaxed),
-        _ => LATE_CALLING.try_with(std::cell::Cell::get).unwrap_or(0),
+        // A call from a thread-local destructor is innermost; else the call kept in
+        // progress when the counts were given back.
+        Ok(Slot::Gone(Some(t))) => match late() {
+            0 => t.calling.load(Ordering::Relaxed),
+            w => w,
+        },
+        _ => late(),
     };
     unpack(word)
 }
@@ -1011,7 +1025,9 @@ mod tests {
                 // goes to SEEN.)
                 let call = enter(&self.0);
                 let during = calling();
-                let counted = inside(59);
+                // Counted in the shared count of ending threads: this thread's own were
+                // given back before (see the order below).
+                let counted = LATE[59].load(Ordering::SeqCst) as usize;
                 drop(call);
                 let after = calling();
                 *SEEN.lock().unwrap_or_else(PoisonError::into_inner) =
@@ -1047,6 +1063,35 @@ mod tests {
             Some((Some((59, 0)), 1, None)),
             "(during, counted, after)"
         );
+    }
+
+    #[test]
+    fn a_call_held_across_the_threads_end_keeps_its_device_and_count() {
+        static SEEN: Mutex<Option<(Option<(usize, u32)>, usize)>> = Mutex::new(None);
+        struct Holder(Option<InCall>);
+        impl Drop for Holder {
+            fn drop(&mut self) {
+                // The thread's counts were kept (a call is in progress): the call is still
+                // counted and its device still the calling one. No panic here: SEEN.
+                let seen = (calling(), inside(57));
+                *SEEN.lock().unwrap_or_else(PoisonError::into_inner) = Some(seen);
+                drop(self.0.take());
+            }
+        }
+        thread_local! {
+            static HELD: std::cell::RefCell<Holder> =
+                const { std::cell::RefCell::new(Holder(None)) };
+        }
+        std::thread::spawn(|| {
+            // HELD's destructor registered first, the counts' second: the counts' runs
+            // first, with this call still in progress.
+            HELD.with(|h| h.borrow_mut().0 = Some(enter(&Device::test_only(57)).unwrap()));
+        })
+        .join()
+        .unwrap();
+        let seen = *SEEN.lock().unwrap_or_else(PoisonError::into_inner);
+        assert_eq!(seen, Some((Some((57, 0)), 1)));
+        assert_eq!(inside(57), 0);
     }
 
     #[test]
