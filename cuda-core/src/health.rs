@@ -1067,7 +1067,8 @@ mod tests {
 
     #[test]
     fn a_call_held_across_the_threads_end_keeps_its_device_and_count() {
-        static SEEN: Mutex<Option<(Option<(usize, u32)>, usize)>> = Mutex::new(None);
+        type Seen = Option<(Option<(usize, u32)>, usize)>;
+        static SEEN: Mutex<Seen> = Mutex::new(None);
         struct Holder(Option<InCall>);
         impl Drop for Holder {
             fn drop(&mut self) {
