@@ -316,6 +316,21 @@ mod nccl_peer_fault {
         format!("{issued:?}")
     }
 
+    /// New work on `dev`, its data checked: a fresh allocation set and read back.
+    fn works(dev: &Device) -> cudars_core::Result<()> {
+        let fresh = DevicePtr::alloc(dev, 4096)?;
+        fresh.memset_u32(5)?;
+        let mut back = vec![0u32; 1024];
+        fresh.copy_to_host(&mut back)?;
+        assert!(
+            back.iter().all(|&x| x == 5),
+            "GPU {}: {:?}",
+            dev.ordinal(),
+            &back[..4]
+        );
+        Ok(())
+    }
+
     /// A fault on GPU 0 with no peer mapping between the GPUs: does GPU 1 still work? (A
     /// measurement of the driver: prints `OTHER_GPU_AFTER_FAULT` and the outcome.)
     pub fn other_gpu_after_fault() {
@@ -325,14 +340,7 @@ mod nccl_peer_fault {
         // SAFETY: deliberately invalid: writes to 0x10 on GPU 0 (see `run`).
         let _ = unsafe { k.spin_then_fill_raw(&s0, 0x10, 7, 1, 1000) };
         let gpu0 = s0.synchronize();
-        let gpu1 = (|| -> cudars_core::Result<()> {
-            let fresh = DevicePtr::alloc(&devs[1], 4096)?;
-            fresh.memset_u32(5)?;
-            let mut back = vec![0u32; 1024];
-            fresh.copy_to_host(&mut back)?;
-            assert!(back.iter().all(|&x| x == 5));
-            Ok(())
-        })();
+        let gpu1 = works(&devs[1]);
         println!(
             "OTHER_GPU_AFTER_FAULT gpu0={:?} gpu1={:?} health1={:?}",
             gpu0.err().map(|e| e.to_string()),
@@ -383,15 +391,7 @@ mod nccl_peer_fault {
         // data checked, or, where the fault reached GPU 1 through the peer mapping of GPU
         // 0's memory (its NCCL kernel then faults too: seen on 2 x H200, driver 580), every
         // call says ContextLost for device 1. Either way, nothing hangs.
-        let gpu1 = (|| -> cudars_core::Result<()> {
-            streams[1].synchronize()?;
-            let fresh = DevicePtr::alloc(&devs[1], 4096)?;
-            fresh.memset_u32(5)?;
-            let mut back = vec![0u32; 1024];
-            fresh.copy_to_host(&mut back)?;
-            assert!(back.iter().all(|&x| x == 5));
-            Ok(())
-        })();
+        let gpu1 = streams[1].synchronize().and_then(|()| works(&devs[1]));
         assert!(
             match &gpu1 {
                 Ok(()) => true,
