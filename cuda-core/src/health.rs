@@ -838,8 +838,10 @@ pub(crate) fn reset(device: &Device) -> Result<()> {
     // Work already queued on other devices may still read or write this device's memory
     // (peer copies, kernels through peer access): it ends before the memory does, so that no
     // address of the new context is written by it. (New such work is refused: this device
-    // is closed, and every issue checks the memory's device.) A device that fails to
-    // synchronise is lost itself: its work has stopped.
+    // is closed, and every issue checks the memory's device.) A device whose wait fails with
+    // a lost context has stopped its work; any other failure (a capture in progress there
+    // refuses the wait) leaves its work running, and the reset is refused: nothing is
+    // freed under it.
     // Bounded: work on another device may wait forever for the lost one (an NCCL kernel
     // whose peer faulted); the wait runs on a thread of its own, left behind on a timeout.
     let others: Vec<usize> = crate::device::retained_ordinals()
@@ -851,20 +853,36 @@ pub(crate) fn reset(device: &Device) -> Result<()> {
         let spawned = std::thread::Builder::new()
             .name("cudars-reset-drain".into())
             .spawn(move || {
-                for other in others {
-                    if let Ok(dev) = Device::new(other) {
-                        let _ = dev.synchronize();
-                    }
-                }
-                let _ = tx.send(());
+                let unfinished: Vec<(usize, Error)> = others
+                    .into_iter()
+                    .filter_map(|other| {
+                        let waited = Device::new(other).and_then(|dev| dev.synchronize());
+                        match waited {
+                            Err(e) if !e.is_context_lost() => Some((other, e)),
+                            _ => None,
+                        }
+                    })
+                    .collect();
+                let _ = tx.send(unfinished);
             });
-        let drained = spawned.is_ok() && rx.recv_timeout(RESET_WAIT).is_ok();
-        if !drained {
+        let drained = match spawned.map(|_| rx.recv_timeout(RESET_WAIT)) {
+            Ok(Ok(unfinished)) => unfinished,
+            _ => {
+                reopen(s);
+                return Err(Error::Timeout(format!(
+                    "Device::reset_after_fault: work on the other devices did not finish \
+                     within {RESET_WAIT:?} (it may reach device {ordinal}'s memory; a \
+                     collective waiting for a peer on device {ordinal} never finishes: abort \
+                     its communicators first)"
+                )));
+            }
+        };
+        if let Some((other, e)) = drained.into_iter().next() {
             reopen(s);
-            return Err(Error::Timeout(format!(
-                "Device::reset_after_fault: work on the other devices did not finish within \
-                 {RESET_WAIT:?} (it may reach device {ordinal}'s memory; a collective waiting \
-                 for a peer on device {ordinal} never finishes: abort its communicators first)"
+            return Err(Error::InvalidArgument(format!(
+                "Device::reset_after_fault: could not wait for the work on device {other} \
+                 ({e}), which may reach device {ordinal}'s memory; nothing was reset (end \
+                 its captures and try again)"
             )));
         }
     }
