@@ -173,7 +173,10 @@ impl Communicator {
     fn precheck(&self, stream: &Stream, call: &'static str) -> Result<()> {
         self.check_usable()?;
         self.hold().check_here(call)?;
-        self.check_stream(stream)
+        self.check_stream(stream)?;
+        // Registrations retired since the last call, deregistered once their work is done.
+        self.registry().drain(self);
+        Ok(())
     }
 
     fn check_rank(&self, what: &str, r: usize) -> Result<i32> {
@@ -216,19 +219,28 @@ impl Communicator {
         for view in views {
             view.record_stream(&issue)?;
         }
-        if captured(stream)? {
+        let is_captured = captured(stream)?;
+        if is_captured {
             // The capture's graphs keep the communicator alive (see Communicator).
             self.keep_in_capture(&issue)?;
         }
+        // With registrations live or retired, every eager collective leaves a fence on its
+        // stream: a retired registration is deregistered only once they have completed.
+        let fence = !is_captured && self.registry().tracking();
         let own = if own_group {
             Some(GroupGuard::begin()?)
         } else {
             None
         };
-        if group::in_group() {
-            let mut keep: Vec<Box<dyn Any>> = Vec::with_capacity(views.len() + 1);
+        let grouped = group::in_group();
+        if grouped {
+            let mut keep: Vec<Box<dyn Any>> = Vec::with_capacity(views.len() + 2);
             keep.extend(views.iter().map(|v| Box::new((*v).clone()) as Box<dyn Any>));
             keep.push(Box::new(stream.clone()));
+            if fence {
+                // Recorded after the outermost end, where NCCL queues the work.
+                keep.push(Box::new(self.registry().group_fence(stream)));
+            }
             let config = self.config();
             let settle = config
                 .is_nonblocking()
@@ -246,6 +258,11 @@ impl Communicator {
             }
             None => issued,
         };
+        if fence && !grouped && self.registry().fence(stream).is_err() {
+            // Without the fence nothing tells when this work is done: the retired
+            // registrations stay until the communicator ends.
+            self.registry().poison();
+        }
         match result {
             // NCCL reports a faulted context as an unhandled CUDA error: ask the driver, and
             // return the workspace's one error for it, `ContextLost`.

@@ -14,6 +14,7 @@ use cudars_nccl_sys::{config_initializer, ncclComm_t, ncclResult_t, NCCL_SPLIT_N
 use crate::error::{check, library, nccl_error, Error, NcclError, Result};
 use crate::group::{self, pause, settle_raw};
 use crate::id::UniqueId;
+use crate::register::Registry;
 
 /// How a communicator is created.
 ///
@@ -109,6 +110,8 @@ pub struct Communicator {
     /// collectives hold, and what its last holder does to the communicator; made at the
     /// first captured collective.
     keeper: std::cell::OnceCell<(DevicePtr, Arc<AtomicU8>)>,
+    /// Its registrations (see [`crate::register`]), closed when NCCL drops them.
+    registry: Arc<Registry>,
 }
 
 /// What the last holder of a [`Keeper`] does: nothing (the communicator destroys itself),
@@ -125,6 +128,7 @@ struct Keeper {
     device: Device,
     config: CommConfig,
     fate: Arc<AtomicU8>,
+    registry: Arc<Registry>,
 }
 
 // SAFETY: a zero-byte range (`size() == 0`, `as_raw()` 0, allowed) on the communicator's
@@ -146,8 +150,13 @@ unsafe impl DeviceAlloc for Keeper {
 impl Drop for Keeper {
     fn drop(&mut self) {
         match self.fate.load(Ordering::Acquire) {
-            KEEP_DESTROY => destroy_raw(self.raw as ncclComm_t, &self.config, &self.device),
-            KEEP_ABORT => abort_raw(self.raw as ncclComm_t, &self.device),
+            KEEP_DESTROY => destroy_raw(
+                self.raw as ncclComm_t,
+                &self.config,
+                &self.device,
+                &self.registry,
+            ),
+            KEEP_ABORT => abort_raw(self.raw as ncclComm_t, &self.device, &self.registry),
             _ => {}
         }
     }
@@ -190,6 +199,7 @@ impl Communicator {
             hold: Arc::default(),
             per_thread_issuers: Cell::new(Vec::new()),
             keeper: std::cell::OnceCell::new(),
+            registry: Arc::default(),
         }
     }
 
@@ -204,6 +214,7 @@ impl Communicator {
                 device: self.device,
                 config: self.config.clone(),
                 fate: Arc::clone(&fate),
+                registry: Arc::clone(&self.registry),
             });
             (ptr, fate)
         });
@@ -521,6 +532,8 @@ impl Communicator {
                     // This thread's per-thread stream has drained.
                     self.per_thread_issuers_update(|v| v.retain(|t| *t != me));
                 }
+                // Registrations retired meanwhile, once all their work is done.
+                self.registry.drain(self);
                 return Ok(());
             }
             if start.elapsed() >= timeout {
@@ -549,16 +562,20 @@ impl Communicator {
         let _held = cudars_core::health::hold(&self.device)?;
         let raw = self.raw as usize;
         let device = self.device;
+        let registry = Arc::clone(&self.registry);
         if self
             .hold
-            .defer(move || abort_raw(raw as ncclComm_t, &device))
+            .defer(move || abort_raw(raw as ncclComm_t, &device, &registry))
         {
             return Ok(());
         }
         let nccl = library()?;
         // SAFETY: `self.raw` is live, no open group holds it, and it is not used again (the
         // flag is set).
-        check(unsafe { nccl.ncclCommAbort(self.raw) }?, "ncclCommAbort")
+        let aborted = check(unsafe { nccl.ncclCommAbort(self.raw) }?, "ncclCommAbort");
+        // NCCL dropped the registrations with the communicator.
+        self.registry.close();
+        aborted
     }
 
     /// Aborts in place (idempotent), for the error paths; deferred to the end of the open
@@ -572,12 +589,18 @@ impl Communicator {
         }
         let raw = self.raw as usize;
         let device = self.device;
+        let registry = Arc::clone(&self.registry);
         if !self
             .hold
-            .defer(move || abort_raw(raw as ncclComm_t, &device))
+            .defer(move || abort_raw(raw as ncclComm_t, &device, &registry))
         {
-            abort_raw(self.raw, &self.device);
+            abort_raw(self.raw, &self.device, &self.registry);
         }
+    }
+
+    /// Its registrations.
+    pub(crate) fn registry(&self) -> &Arc<Registry> {
+        &self.registry
     }
 
     /// The communicator's side of the group hold.
@@ -693,12 +716,13 @@ impl Drop for Communicator {
         let raw = self.raw as usize;
         let config = self.config.clone();
         let device = self.device;
+        let registry = Arc::clone(&self.registry);
         // Still used in an open group (of this thread or another): destroyed at its end.
         if !self
             .hold
-            .defer(move || destroy_raw(raw as ncclComm_t, &config, &device))
+            .defer(move || destroy_raw(raw as ncclComm_t, &config, &device, &registry))
         {
-            destroy_raw(self.raw, &self.config, &self.device);
+            destroy_raw(self.raw, &self.config, &self.device, &self.registry);
         }
     }
 }
@@ -722,8 +746,11 @@ fn context_held(device: &Device) -> Option<cudars_core::health::InCall> {
 
 /// `ncclCommAbort`, its error dropped (error paths and deferred aborts); nothing when the
 /// context is gone ([`context_held`]).
-fn abort_raw(raw: ncclComm_t, device: &Device) {
+/// The registry is closed in every case (NCCL dropped the registrations, or the handle is
+/// left alone for good): its retired memory is freed.
+fn abort_raw(raw: ncclComm_t, device: &Device, registry: &Registry) {
     let Some(_held) = context_held(device) else {
+        registry.close();
         return;
     };
     if let Ok(nccl) = library() {
@@ -731,21 +758,26 @@ fn abort_raw(raw: ncclComm_t, device: &Device) {
         // is marked aborted and no open group holds it any more.
         let _ = unsafe { nccl.ncclCommAbort(raw) };
     }
+    registry.close();
 }
 
 /// Destroys a live communicator: `ncclCommFinalize` and its polling first in non-blocking
 /// mode; an abort when that or `ncclCommDestroy` fails; nothing when the context is gone
 /// ([`context_held`]). While any device of the process is lost, an abort instead: a peer on
 /// the lost device never finishes its part, and the destroy would wait for it forever.
-fn destroy_raw(raw: ncclComm_t, config: &CommConfig, device: &Device) {
+fn destroy_raw(raw: ncclComm_t, config: &CommConfig, device: &Device, registry: &Registry) {
     if cudars_core::health::any_closed() {
-        abort_raw(raw, device);
+        abort_raw(raw, device, registry);
         return;
     }
     let Some(_held) = context_held(device) else {
+        registry.close();
         return;
     };
-    let Ok(nccl) = library() else { return };
+    let Ok(nccl) = library() else {
+        registry.close();
+        return;
+    };
     if config.nonblocking {
         // SAFETY: `raw` is live (its owner is being dropped, no open group holds it);
         // finalize flushes its pending work.
@@ -755,13 +787,15 @@ fn destroy_raw(raw: ncclComm_t, config: &CommConfig, device: &Device) {
             .is_some()
             && settle_raw(raw, config.timeout, "ncclCommFinalize").is_ok();
         if !finalized {
-            abort_raw(raw, device);
+            abort_raw(raw, device, registry);
             return;
         }
     }
     // SAFETY: `raw` is live and not used after this.
     let destroyed = unsafe { nccl.ncclCommDestroy(raw) };
     if !matches!(destroyed, Ok(r) if r.is_success()) {
-        abort_raw(raw, device);
+        abort_raw(raw, device, registry);
+        return;
     }
+    registry.close();
 }

@@ -11,6 +11,7 @@
 //! | [`collectives`] | typed collectives on a cuda-core [`Stream`](cudars_core::Stream): all_reduce, broadcast, reduce, all_gather, reduce_scatter, send/recv, all_to_all, in-place forms; checked, marked on the stream, then issued |
 //! | [`dtype`] | [`NcclType`]: the element types NCCL reduces (i8 ... f64, `half::f16`, `half::bf16`); [`ReduceOp`] |
 //! | [`group`] | [`GroupGuard`] / [`group`](group::group): `ncclGroupStart`/`End` that always ends, holding the buffers and communicators of its calls until then |
+//! | [`register`] | memory registered with a communicator: [`register::alloc`], [`Communicator::register`] (`ncclCommRegister`), [`Communicator::register_window`] (symmetric windows) |
 //! | [`rendezvous`] | [`JobEnv`] from torchrun / Slurm / Open MPI variables; rank 0 hands the id to the others over TCP |
 //! | [`launch`] | [`Launcher`]: starts N local processes with the torchrun variables set |
 //! | [`error`] | [`Error`], one type for the crate |
@@ -50,6 +51,7 @@ pub mod error;
 pub mod group;
 pub mod id;
 pub mod launch;
+pub mod register;
 pub mod rendezvous;
 
 pub use comm::{CommConfig, Communicator};
@@ -58,6 +60,7 @@ pub use error::{Error, NcclError, Result};
 pub use group::GroupGuard;
 pub use id::UniqueId;
 pub use launch::Launcher;
+pub use register::Registrations;
 pub use rendezvous::{JobEnv, RendezvousError};
 
 /// The raw bindings, for what this crate does not wrap.

@@ -500,7 +500,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #             $CLIENT_ARGS, e.g. "--seconds 10 --streams 1000", goes to each script)
 #   clients-sanitize  the same, shorter, under compute-sanitizer --tool memcheck
 #   nccl      the cuda-nccl suite (single- and multi-process, socket transport, a rank killed
-#             mid-collective), then bench_nccl beside torch.distributed; needs >= 2 GPUs.
+#             mid-collective), then bench_nccl beside torch.distributed (plain, --captured,
+#             --registered); needs >= 2 GPUs.
 #             `run.sh nccl tests` / `run.sh nccl bench` run one part; another word filters tests
 #   bench     every benchmark binary (their own output), then peers.py, rtc_peers.py,
 #             bench_dlpack.py and workload_bench.py
@@ -739,7 +740,9 @@ case "$mode" in
     if [ "$part" != tests ]; then
       export BENCH_OUT="${BENCH_OUT:-$here/bench-results}"; mkdir -p "$BENCH_OUT"
       [ -f "$BENCH_OUT/meta.txt" ] || { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1; } > "$BENCH_OUT/meta.txt"
-      echo "=== bench_nccl"; "$here/bench/bench_nccl" || { echo "(exit $?)"; failed=$((failed + 1)); }
+      for mode in "" --captured --registered; do
+        echo "=== bench_nccl $mode"; "$here/bench/bench_nccl" $mode || { echo "(exit $?)"; failed=$((failed + 1)); }
+      done
     fi ;;
   examples)
     export CUDA_RS_TRACES="$here/traces"

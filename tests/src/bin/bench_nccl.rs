@@ -14,7 +14,18 @@
 //! `torch.cuda.graph` (`nccl_peer.py --captured`). Targets: captured per collective <= 0.5x
 //! launched below 64 KiB, and no captured row slower than PyTorch's captured one.
 //!
-//! `NCCL_NVLS_ENABLE=0` in every process. Usage: `bench_nccl [--no-peer] [--captured]`.
+//! `bench_nccl --registered`: instead, the same sweep (8 B to 1 GiB) on three kinds of memory,
+//! interleaved size by size: plain `cuMemAlloc` memory, memory registered with the
+//! communicator (`cudars_nccl::register::alloc` + `Communicator::register`, NCCL's
+//! `ncclCommRegister`) and a symmetric window (`Communicator::register_window`), beside
+//! PyTorch's plain tensors and tensors of a `torch.cuda.MemPool` registered with
+//! `ProcessGroupNCCL.register_mem_pool` (and with `symm=True` where PyTorch has it)
+//! (`nccl_peer.py --registered`). Targets: registered and window latency <= 1/1.2 of plain
+//! below 64 KiB; no row slower than PyTorch's equivalent (latency <= 1.0x at <= 64 KiB, busbw
+//! >= 0.98x above).
+//!
+//! `NCCL_NVLS_ENABLE=0` in every process. Usage:
+//! `bench_nccl [--no-peer] [--captured | --registered]`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -137,6 +148,68 @@ fn captured_rows(
     Ok(rows)
 }
 
+/// Seconds per in-place all_reduce of `bytes` on `buf`: median of 3 batches after warm-up.
+fn time_size(
+    comm: &Communicator,
+    stream: &Stream,
+    buf: &DevicePtr,
+    small: &DevicePtr,
+    bytes: usize,
+) -> Res<f64> {
+    let count = bytes / 4;
+    let iters = iters_for(bytes);
+    for _ in 0..5 {
+        comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, stream)?;
+    }
+    comm.wait(stream, Duration::from_secs(120))?;
+    let mut samples = Vec::new();
+    for _ in 0..3 {
+        // Line the ranks up before the clock starts.
+        comm.all_reduce_in_place::<f32>(small, 1, ReduceOp::Sum, stream)?;
+        stream.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..iters {
+            comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, stream)?;
+        }
+        stream.synchronize()?;
+        samples.push(t.elapsed().as_secs_f64() / iters as f64);
+    }
+    Ok(median(&mut samples))
+}
+
+/// `bytes,plain,registered,window` rows (seconds; `nan` where a kind is missing).
+fn registered_rows(
+    comm: &Communicator,
+    stream: &Stream,
+    plain: &DevicePtr,
+    small: &DevicePtr,
+) -> Res<String> {
+    let dev = comm.device();
+    let reg_mem = cudars_nccl::register::alloc(&dev, MAX_BYTES)?;
+    reg_mem.memset(0)?;
+    let reg = comm.register(&reg_mem)?;
+    let win_mem = cudars_nccl::register::alloc(&dev, MAX_BYTES)?;
+    win_mem.memset(0)?;
+    let win = match comm.register_window(&win_mem) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            eprintln!("bench_nccl rank {}: no symmetric window: {e}", comm.rank());
+            None
+        }
+    };
+    let mut rows = String::from("bytes,plain,registered,window\n");
+    for bytes in sizes() {
+        let p = time_size(comm, stream, plain, small, bytes)?;
+        let r = time_size(comm, stream, &reg, small, bytes)?;
+        let w = match &win {
+            Some(w) => time_size(comm, stream, w, small, bytes)?,
+            None => f64::NAN,
+        };
+        rows.push_str(&format!("{bytes},{p},{r},{w}\n"));
+    }
+    Ok(rows)
+}
+
 fn rank_main() -> Res<()> {
     let (comm, job) = Communicator::from_env(&CommConfig::default())?;
     let dev = comm.device();
@@ -144,6 +217,13 @@ fn rank_main() -> Res<()> {
     let buf = DevicePtr::alloc(&dev, MAX_BYTES)?;
     buf.memset(0)?;
     let small = DevicePtr::alloc(&dev, 4)?;
+    if std::env::args().any(|a| a == "--registered") {
+        let rows = registered_rows(&comm, &stream, &buf, &small)?;
+        if job.rank == 0 {
+            std::fs::write(std::env::var(OUT_VAR)?, rows)?;
+        }
+        return Ok(());
+    }
     if std::env::args().any(|a| a == "--captured") {
         let rows = captured_rows(&comm, &stream, &buf, &small)?;
         if job.rank == 0 {
@@ -251,6 +331,121 @@ fn captured_report(n: usize, ours_csv: &Path, torch_csv: &Path) {
     }
 }
 
+/// `bytes,a,b,c` rows, by size (`nan` kept).
+fn read_triples(path: &Path) -> BTreeMap<usize, [f64; 3]> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return BTreeMap::new();
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').map(str::trim).collect();
+            if f.len() != 4 {
+                return None;
+            }
+            let v = |i: usize| f[i].parse::<f64>().unwrap_or(f64::NAN);
+            Some((f[0].parse().ok()?, [v(1), v(2), v(3)]))
+        })
+        .collect()
+}
+
+/// The rows of `--registered`.
+fn registered_report(n: usize, ours_csv: &Path, torch_csv: &Path) {
+    let ours = read_triples(ours_csv);
+    let torch = read_triples(torch_csv);
+    let factor = 2.0 * (n as f64 - 1.0) / n as f64;
+    let f = |v: f64, scale: f64| {
+        if v.is_finite() {
+            format!("{:.2}", v * scale)
+        } else {
+            "-".into()
+        }
+    };
+    println!(
+        "\n{:>8} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | (us per all_reduce; busbw GB/s above 64 KiB)",
+        "size", "plain", "regist.", "window", "t plain", "t regist", "t symm"
+    );
+    for (&bytes, o) in &ours {
+        let t = torch.get(&bytes).copied().unwrap_or([f64::NAN; 3]);
+        let show = |v: f64| {
+            if bytes <= 64 << 10 {
+                f(v, 1e6)
+            } else {
+                f(bytes as f64 / v / 1e9 * factor, 1.0)
+            }
+        };
+        println!(
+            "{:>8} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9}",
+            human(bytes),
+            show(o[0]),
+            show(o[1]),
+            show(o[2]),
+            show(t[0]),
+            show(t[1]),
+            show(t[2])
+        );
+    }
+    println!();
+    let mut report = Report::new("bench_nccl");
+    let some = |v: f64| v.is_finite().then_some(v);
+    for (&bytes, o) in &ours {
+        let t = torch.get(&bytes).copied().unwrap_or([f64::NAN; 3]);
+        let size = human(bytes);
+        if bytes <= 64 << 10 {
+            for (kind, i) in [("registered", 1), ("window", 2)] {
+                if let Some(v) = some(o[i]) {
+                    report.row(
+                        &format!("nccl all_reduce {n}gpu {size} {kind} latency vs plain"),
+                        "us",
+                        v * 1e6,
+                        Some(o[0] * 1e6),
+                        "ours plain",
+                        if bytes < 64 << 10 {
+                            Target::RatioAtMost(1.0 / 1.2)
+                        } else {
+                            Target::None
+                        },
+                    );
+                }
+            }
+            for (kind, i, peer) in [
+                ("plain", 0, "torch plain"),
+                ("registered", 1, "torch MemPool registered"),
+                ("window", 2, "torch MemPool symm"),
+            ] {
+                if let Some(v) = some(o[i]) {
+                    report.row(
+                        &format!("nccl all_reduce {n}gpu {size} {kind} latency"),
+                        "us",
+                        v * 1e6,
+                        some(t[i]).map(|x| x * 1e6),
+                        peer,
+                        Target::RatioAtMost(1.0),
+                    );
+                }
+            }
+        } else {
+            let bus = |s: f64| bytes as f64 / s / 1e9 * factor;
+            for (kind, i, peer) in [
+                ("plain", 0, "torch plain"),
+                ("registered", 1, "torch MemPool registered"),
+                ("window", 2, "torch MemPool symm"),
+            ] {
+                if let Some(v) = some(o[i]) {
+                    report.row(
+                        &format!("nccl all_reduce {n}gpu {size} {kind} busbw"),
+                        "GB/s",
+                        bus(v),
+                        some(t[i]).map(bus),
+                        peer,
+                        Target::RatioAtLeast(0.98),
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn read_csv(path: &Path) -> BTreeMap<usize, f64> {
     let Ok(text) = std::fs::read_to_string(path) else {
         return BTreeMap::new();
@@ -297,8 +492,11 @@ fn launcher_main() -> Res<()> {
     let ours_csv = tmp.join("ours.csv");
     let torch_csv = tmp.join("torch.csv");
     let captured = std::env::args().any(|a| a == "--captured");
+    let registered = std::env::args().any(|a| a == "--registered");
     let mode: Vec<String> = if captured {
         vec!["--captured".into()]
+    } else if registered {
+        vec!["--registered".into()]
     } else {
         Vec::new()
     };
@@ -306,6 +504,8 @@ fn launcher_main() -> Res<()> {
         "bench_nccl: all_reduce f32 in place, {n} GPUs, one process each{}",
         if captured {
             ", launched against captured"
+        } else if registered {
+            ", plain against registered and symmetric memory"
         } else {
             ""
         }
@@ -347,6 +547,11 @@ fn launcher_main() -> Res<()> {
     }
     if captured {
         captured_report(n, &ours_csv, &torch_csv);
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Ok(());
+    }
+    if registered {
+        registered_report(n, &ours_csv, &torch_csv);
         let _ = std::fs::remove_dir_all(&tmp);
         return Ok(());
     }

@@ -1,0 +1,453 @@
+//! Memory registered with a communicator: NCCL's zero-copy paths.
+//!
+//! | call | NCCL | what it gives |
+//! | --- | --- | --- |
+//! | [`alloc`] | (`ncclMemAlloc`'s kind of memory) | shareable virtual memory (`cuMemCreate` with a POSIX file descriptor handle), the memory NCCL can map into its peers |
+//! | [`Communicator::register`] | `ncclCommRegister` / `ncclCommDeregister` | a view of the memory registered with the communicator: collectives on it copy straight between the ranks' buffers, without NCCL's staging buffers |
+//! | [`Communicator::register_window`] | `ncclCommWindowRegister` | a symmetric window (NCCL 2.27+), registered by every rank together, with the same size: NCCL's symmetric kernels |
+//!
+//! Registration pays on small and medium messages, where NCCL's copy through its own
+//! buffers is a fair part of the time. Memory from [`alloc`] registers for the zero-copy path
+//! between processes; `cuMemAlloc` memory ([`DevicePtr::alloc`]) registers too, but NCCL only
+//! uses its zero-copy path for it with `NCCL_LEGACY_CUDA_REGISTER=1`.
+//!
+//! # Lifetime and ordering
+//!
+//! The registered view owns a clone of the memory's view, so the memory lives as long as the
+//! registration. When the registered view's last clone drops (on any thread, inside a host
+//! function too), the registration is *retired*: the communicator deregisters it on its own
+//! thread (NCCL's calls on a communicator are not thread-safe) at its next call (a collective,
+//! [`Communicator::wait`], another registration), once every collective it issued before that
+//! moment, on every stream, has completed (`ncclCommDeregister` unmaps what NCCL mapped of the
+//! peers' buffers, which a running kernel may read). Until then the memory stays allocated.
+//! A graph that captured a collective on the registered view keeps the view (and so the
+//! registration) alive as long as the graph lives; NCCL keeps its own count for the buffers
+//! its captured kernels use.
+//!
+//! When the communicator is destroyed or aborted, NCCL drops all of its registrations, and
+//! the retired memory is freed after that.
+//!
+//! Windows are registered and deregistered by every rank together (both are collective), so
+//! a retired window is kept until the communicator is destroyed: register windows once, at
+//! start-up, as arenas.
+//!
+//! ```no_run
+//! use cudars_core::Stream;
+//! use cudars_nccl::{register, CommConfig, Communicator, ReduceOp};
+//!
+//! let (comm, _job) = Communicator::from_env(&CommConfig::default())?;
+//! let stream = Stream::new(&comm.device())?;
+//! let mem = register::alloc(&comm.device(), 1 << 20)?;
+//! let buf = comm.register(&mem)?; // a view of `mem`, registered
+//! comm.all_reduce_in_place::<f32>(&buf, 1024, ReduceOp::Sum, &stream)?;
+//! comm.wait(&stream, std::time::Duration::from_secs(60))?;
+//! # Ok::<(), cudars_nccl::Error>(())
+//! ```
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::ThreadId;
+
+use cudars_core::ipc::SharedMapping;
+use cudars_core::memory::DeviceAlloc;
+use cudars_core::{Device, DevicePtr, Event, Stream, StreamKind};
+use cudars_nccl_sys::{ncclWindow_t, NCCL_WIN_COLL_SYMMETRIC};
+
+use crate::comm::Communicator;
+use crate::dtype::ReduceOp;
+use crate::error::{check, library, Error, Result};
+use crate::group;
+
+/// Allocates at least `size` bytes of device memory on `device` that NCCL can register for
+/// its zero-copy paths and map into other processes: shareable virtual memory
+/// ([`SharedMapping::new`], a POSIX file descriptor handle, rounded up to the granularity),
+/// the kind `ncclMemAlloc` makes. A size of 0 is [`Error::InvalidArgument`].
+pub fn alloc(device: &Device, size: usize) -> Result<DevicePtr> {
+    if size == 0 {
+        return Err(Error::InvalidArgument(
+            "register::alloc of 0 bytes: nothing to register".into(),
+        ));
+    }
+    Ok(SharedMapping::new(device, size)?.into_ptr())
+}
+
+/// What kind of registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `ncclCommRegister`.
+    Local,
+    /// `ncclCommWindowRegister`.
+    Window,
+}
+
+/// A registration whose view was dropped: deregistered on the communicator's thread.
+struct Retired {
+    kind: Kind,
+    handle: usize,
+    /// The memory, freed after the deregistration (or after the communicator's end).
+    _mem: DevicePtr,
+}
+
+/// The registrations of one communicator, shared by the communicator, its registered views
+/// and the graphs that keep the communicator.
+#[derive(Default)]
+pub(crate) struct Registry {
+    /// Registrations not yet retired, local and windows.
+    live: AtomicUsize,
+    /// Local registrations not yet retired (while 0 and nothing is retired, collectives
+    /// record no fences: windows are never deregistered alone).
+    live_local: AtomicUsize,
+    /// A local registration waits in `retired`.
+    retired_any: AtomicBool,
+    /// Groups whose collectives used registered memory and have not ended yet (a failed end
+    /// leaks its hold, and this count stays up: nothing is deregistered any more).
+    open_groups: AtomicUsize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The communicator was destroyed or aborted: NCCL dropped its registrations.
+    closed: bool,
+    retired: Vec<Retired>,
+    /// Per stream (and, for per-thread default streams, per thread): an event recorded after
+    /// the last collective issued there while registrations were live.
+    fences: Vec<(u64, Option<ThreadId>, Event)>,
+}
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether collectives must record fences (some registration is live or retired).
+    #[inline]
+    pub(crate) fn tracking(&self) -> bool {
+        self.live_local.load(Ordering::Acquire) > 0 || self.retired_any.load(Ordering::Acquire)
+    }
+
+    /// The communicator is gone (destroyed, aborted, or left alone after a lost context):
+    /// its registrations with it. The retired memory is freed now.
+    pub(crate) fn close(&self) {
+        let retired = {
+            let mut s = self.lock();
+            s.closed = true;
+            s.fences.clear();
+            std::mem::take(&mut s.retired)
+        };
+        self.retired_any.store(false, Ordering::Release);
+        drop(retired);
+    }
+
+    /// Records the fence of `stream` after a collective issued on it (eager, not in a group).
+    pub(crate) fn fence(&self, stream: &Stream) -> Result<()> {
+        let key = stream.identity();
+        let thread = (stream.kind() == StreamKind::PerThread).then(|| std::thread::current().id());
+        let mut s = self.lock();
+        if s.closed {
+            return Ok(());
+        }
+        if let Some((_, _, e)) = s.fences.iter().find(|(k, t, _)| *k == key && *t == thread) {
+            e.record(stream)?;
+            return Ok(());
+        }
+        let e = Event::new(&stream.device())?;
+        e.record(stream)?;
+        s.fences.push((key, thread, e));
+        Ok(())
+    }
+
+    /// A group used registered memory: the fences are recorded after its outermost end,
+    /// when the returned value is dropped (the group's hold keeps it until then).
+    pub(crate) fn group_fence(self: &Arc<Self>, stream: &Stream) -> GroupFence {
+        self.open_groups.fetch_add(1, Ordering::AcqRel);
+        GroupFence {
+            registry: Arc::clone(self),
+            stream: stream.clone(),
+        }
+    }
+
+    /// A collective's fence could not be recorded: nothing is deregistered any more (the
+    /// memory waits for the communicator's end).
+    pub(crate) fn poison(&self) {
+        self.open_groups.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn retire(&self, r: Retired) {
+        let mut s = self.lock();
+        if s.closed {
+            drop(s);
+            drop(r);
+            return;
+        }
+        let local = r.kind == Kind::Local;
+        s.retired.push(r);
+        if local {
+            self.retired_any.store(true, Ordering::Release);
+        }
+    }
+
+    /// On the communicator's thread: deregisters what was retired, once every fence has
+    /// completed. Windows wait for the communicator's end.
+    pub(crate) fn drain(&self, comm: &Communicator) {
+        if !self.retired_any.load(Ordering::Acquire)
+            || group::in_group()
+            || self.open_groups.load(Ordering::Acquire) > 0
+        {
+            return;
+        }
+        let mut s = self.lock();
+        if s.closed || !s.retired.iter().any(|r| r.kind == Kind::Local) {
+            return;
+        }
+        // Every collective issued before now, on every stream, has completed. A fence whose
+        // query fails (a lost context) keeps everything retired until the communicator ends.
+        if !s
+            .fences
+            .iter()
+            .all(|(_, _, e)| matches!(e.query(), Ok(true)))
+        {
+            return;
+        }
+        let Ok(nccl) = library() else { return };
+        let (local, windows): (Vec<Retired>, Vec<Retired>) =
+            s.retired.drain(..).partition(|r| r.kind == Kind::Local);
+        s.retired = windows;
+        self.retired_any.store(false, Ordering::Release);
+        drop(s);
+        let Ok(_held) = cudars_core::health::hold(&comm.device()) else {
+            // A lost context: the communicator is left alone, and so is its registration
+            // cache; the memory goes when the communicator does.
+            let mut s = self.lock();
+            s.retired.extend(local);
+            self.retired_any.store(true, Ordering::Release);
+            return;
+        };
+        for r in local {
+            // SAFETY: `handle` came from ncclCommRegister on this live communicator (the
+            // registry is not closed), on the communicator's thread; every collective issued
+            // on it before the retirement has completed (the fences), so no kernel reads
+            // what the deregistration unmaps; it is deregistered once.
+            let done = unsafe { nccl.ncclCommDeregister(comm.raw(), r.handle as *mut c_void) };
+            if !matches!(done, Ok(code) if code.is_success()) {
+                // NCCL may still hold mappings of the memory: keep it for good.
+                std::mem::forget(r);
+            }
+        }
+    }
+}
+
+/// Records a group's fences when the group's hold lets it go (after the outermost end).
+pub(crate) struct GroupFence {
+    registry: Arc<Registry>,
+    stream: Stream,
+}
+
+impl Drop for GroupFence {
+    fn drop(&mut self) {
+        let captured = cudars_core::graph::may_be_captured(&self.stream)
+            && !matches!(
+                cudars_core::graph::capture_info(&self.stream).map(|i| i.status),
+                Ok(cudars_core::graph::CaptureStatus::None)
+            );
+        if captured || self.registry.fence(&self.stream).is_ok() {
+            self.registry.open_groups.fetch_sub(1, Ordering::AcqRel);
+        }
+        // A fence that could not be recorded leaves the count up: nothing is deregistered
+        // any more (the memory waits for the communicator's end).
+    }
+}
+
+/// The owner behind a registered view: the memory's view and the registration.
+struct Registered {
+    mem: DevicePtr,
+    kind: Kind,
+    handle: usize,
+    registry: Arc<Registry>,
+}
+
+// SAFETY: the range is exactly `mem`'s, whose owner it keeps alive (the clone) and whose
+// promises it forwards (`record_stream`, `prepare_synchronous_use`); the values never change.
+unsafe impl DeviceAlloc for Registered {
+    fn device(&self) -> Device {
+        self.mem.device()
+    }
+    fn as_raw(&self) -> cudars_core::sys::CUdeviceptr {
+        self.mem.as_raw()
+    }
+    fn size(&self) -> usize {
+        self.mem.len()
+    }
+    fn record_stream(&self, stream: &Stream) -> cudars_core::Result<()> {
+        self.mem.owner().record_stream(stream)
+    }
+    fn prepare_synchronous_use(&self) -> cudars_core::Result<()> {
+        self.mem.owner().prepare_synchronous_use()
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.registry.live.fetch_sub(1, Ordering::AcqRel);
+        if self.kind == Kind::Local {
+            self.registry.live_local.fetch_sub(1, Ordering::AcqRel);
+        }
+        let mem = self.mem.clone();
+        self.registry.retire(Retired {
+            kind: self.kind,
+            handle: self.handle,
+            _mem: mem,
+        });
+    }
+}
+
+/// How many registrations a communicator has ([`Communicator::registrations`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Registrations {
+    /// Registered views (local and windows) with a clone still alive.
+    pub live: usize,
+    /// Local registrations whose views dropped, waiting to be deregistered (their work not
+    /// done yet, or no call of the communicator since).
+    pub retired: usize,
+    /// Windows whose views dropped, kept until the communicator ends.
+    pub retired_windows: usize,
+}
+
+impl Communicator {
+    /// Its registrations: live, and retired but not yet deregistered (see the
+    /// [module](crate::register)).
+    pub fn registrations(&self) -> Registrations {
+        let r = self.registry();
+        let s = r.lock();
+        let windows = s.retired.iter().filter(|x| x.kind == Kind::Window).count();
+        Registrations {
+            live: r.live.load(Ordering::Acquire),
+            retired: s.retired.len() - windows,
+            retired_windows: windows,
+        }
+    }
+
+    fn check_registrable(&self, mem: &DevicePtr, what: &'static str) -> Result<()> {
+        self.check_usable()?;
+        self.hold().check_here(what)?;
+        if group::in_group() {
+            return Err(Error::InvalidArgument(format!(
+                "{what} inside an NCCL group: register before the group"
+            )));
+        }
+        if mem.device().ordinal() != self.device().ordinal() {
+            return Err(Error::WrongDevice {
+                what: "the memory",
+                expected: self.device().ordinal(),
+                actual: mem.device().ordinal(),
+            });
+        }
+        if mem.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "{what} of an empty view: nothing to register"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Registers `mem` with this communicator (`ncclCommRegister`) and returns a view of it
+    /// that is registered: collectives on that view (or on any view of the same pages) take
+    /// NCCL's zero-copy path where the memory allows (see the [module](crate::register)).
+    /// The registration ends when the returned view's last clone drops; `mem` stays
+    /// allocated until then. Local: no other rank takes part.
+    ///
+    /// Errors: memory of another device ([`Error::WrongDevice`]), an empty view, a call
+    /// inside an open group, an aborted communicator, NCCL's own refusal.
+    pub fn register(&self, mem: &DevicePtr) -> Result<DevicePtr> {
+        self.check_registrable(mem, "register")?;
+        self.registry().drain(self);
+        let nccl = library()?;
+        let _held = cudars_core::health::hold(&self.device())?;
+        let _bound = self.device().scope()?;
+        let mut handle: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the communicator is live and used on this thread only (not `Sync`); `mem`
+        // is `len` bytes of device memory of its device, kept allocated by the registration
+        // (the clone below) until NCCL deregisters it; `handle` is a valid out-pointer; the
+        // device's context is current (NCCL asks the driver about the address).
+        let r = unsafe {
+            nccl.ncclCommRegister(
+                self.raw(),
+                mem.as_raw() as *mut c_void,
+                mem.len(),
+                &mut handle,
+            )
+        }?;
+        check(r, "ncclCommRegister")?;
+        Ok(self.registered(mem, Kind::Local, handle as usize))
+    }
+
+    fn registered(&self, mem: &DevicePtr, kind: Kind, handle: usize) -> DevicePtr {
+        let registry = Arc::clone(self.registry());
+        registry.live.fetch_add(1, Ordering::AcqRel);
+        if kind == Kind::Local {
+            registry.live_local.fetch_add(1, Ordering::AcqRel);
+        }
+        DevicePtr::new(Registered {
+            mem: mem.clone(),
+            kind,
+            handle,
+            registry,
+        })
+    }
+
+    /// Registers `mem` as a symmetric window (`ncclCommWindowRegister` with
+    /// `NCCL_WIN_COLL_SYMMETRIC`, NCCL 2.27+): **collective**, every rank calls it with
+    /// memory of the same size, in the same order as its other collectives. Collectives whose
+    /// buffers lie at the same offset of the window on every rank can then use NCCL's
+    /// symmetric kernels. `mem` should come from [`alloc`] (NCCL needs shareable virtual
+    /// memory, aligned to its granularity).
+    ///
+    /// The sizes are compared first (one small all-reduce on an internal stream): when they
+    /// differ, every rank gets [`Error::InvalidArgument`] and nothing is registered. The
+    /// window is kept until the communicator ends, even after the view drops (deregistering
+    /// is collective too). A loaded NCCL older than 2.27 is [`Error::MissingSymbol`].
+    pub fn register_window(&self, mem: &DevicePtr) -> Result<DevicePtr> {
+        self.check_registrable(mem, "register_window")?;
+        let nccl = library()?;
+        self.agree_on_size(mem.len())?;
+        let _held = cudars_core::health::hold(&self.device())?;
+        let _bound = self.device().scope()?;
+        let mut win: ncclWindow_t = std::ptr::null_mut();
+        // SAFETY: as `register`; `win` is a valid out-pointer; every rank registers the
+        // same size (checked above).
+        let r = unsafe {
+            nccl.ncclCommWindowRegister(
+                self.raw(),
+                mem.as_raw() as *mut c_void,
+                mem.len(),
+                &mut win,
+                NCCL_WIN_COLL_SYMMETRIC as i32,
+            )
+        }?;
+        self.settle(r, "ncclCommWindowRegister")?;
+        Ok(self.registered(mem, Kind::Window, win as usize))
+    }
+
+    /// Every rank learns whether all ranks passed the same `len` (max and min by one
+    /// all-reduce of `[len, !len]` with `Max`), and all refuse together when not.
+    fn agree_on_size(&self, len: usize) -> Result<()> {
+        let dev = self.device();
+        let stream = Stream::new(&dev)?;
+        let buf = DevicePtr::alloc(&dev, 16)?;
+        let mine = [len as u64, !(len as u64)];
+        buf.copy_from_host(&mine)?;
+        self.all_reduce_in_place::<u64>(&buf, 2, ReduceOp::Max, &stream)?;
+        self.wait(&stream, self.config().get_timeout())?;
+        let mut all = [0u64; 2];
+        buf.copy_to_host(&mut all)?;
+        let (max, min) = (all[0], !all[1]);
+        if max != min {
+            return Err(Error::InvalidArgument(format!(
+                "register_window: the ranks register windows of different sizes ({min} to \
+                 {max} bytes); every rank must pass the same size"
+            )));
+        }
+        Ok(())
+    }
+}
