@@ -122,6 +122,36 @@ pub struct DriverBackend {
     /// graph; removed when the graph releases it.
     captures: Arc<Mutex<HashSet<(u32, u64)>>>,
     virtual_memory: bool,
+    /// Where plain segments come from instead of `cuMemAlloc` ([`Self::with_segments`]).
+    segments: Option<Arc<dyn SegmentSource>>,
+}
+
+/// Where a driver pool's plain segments come from, instead of `cuMemAlloc`: memory a library
+/// needs in a form of its own, made and given back one segment at a time (`cudars-nccl`'s
+/// registered pool registers each segment with a communicator as it is made, and
+/// deregisters it before it is freed). See [`DriverBackend::with_segments`] and
+/// [`MemoryPool::with_segments`].
+///
+/// # Safety
+///
+/// [`allocate`](Self::allocate) returns `Ok(Some(addr))` only for `size` bytes at `addr` of
+/// device memory of `device` (readable and writable by its copies, memsets and kernels,
+/// aligned to at least 512 bytes) that no other live allocation overlaps and that stay valid
+/// until given to [`deallocate`](Self::deallocate); `Ok(None)` when the device is out of
+/// memory. Its free may rely on the pool's promise below: nothing uses the memory any more.
+pub unsafe trait SegmentSource: Send + Sync + std::fmt::Debug + 'static {
+    /// Makes a segment of `size` bytes on `device`.
+    fn allocate(&self, device: &Device, size: usize) -> cudars_core::Result<Option<u64>>;
+
+    /// Gives back a segment.
+    ///
+    /// # Safety
+    ///
+    /// `addr` and `size` are exactly a segment that [`allocate`](Self::allocate) of this
+    /// source made on `device` and that was not given back since; every piece of work that
+    /// used it has completed, and nothing will use it again.
+    unsafe fn deallocate(&self, device: &Device, addr: u64, size: usize)
+        -> cudars_core::Result<()>;
 }
 
 impl DriverBackend {
@@ -138,6 +168,14 @@ impl DriverBackend {
         Ok(b)
     }
 
+    /// A backend over every device whose plain segments come from `segments` (and never
+    /// virtual-memory segments: the source makes each segment whole).
+    pub fn with_segments(segments: Arc<dyn SegmentSource>) -> cudars_core::Result<DriverBackend> {
+        let mut b = Self::plain()?;
+        b.segments = Some(segments);
+        Ok(b)
+    }
+
     fn with_devices(devices: Vec<Device>) -> cudars_core::Result<DriverBackend> {
         let events = devices.iter().map(|_| Mutex::new(Vec::new())).collect();
         Ok(DriverBackend {
@@ -145,6 +183,7 @@ impl DriverBackend {
             events,
             captures: Arc::default(),
             virtual_memory: true,
+            segments: None,
         })
     }
 
@@ -254,6 +293,9 @@ unsafe impl Backend for DriverBackend {
     fn allocate(&self, device: DeviceId, size: u64) -> Result<Option<DeviceAddress>, Self::Error> {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
+        if let Some(source) = &self.segments {
+            return Ok(source.allocate(&dev, to_usize(size)?)?.map(DeviceAddress));
+        }
         let mem = oom_to_none(DeviceMemory::new(&dev, to_usize(size)?))?;
         Ok(mem.map(|m| DeviceAddress(m.into_raw())))
     }
@@ -266,6 +308,11 @@ unsafe impl Backend for DriverBackend {
     ) -> Result<(), Self::Error> {
         let _relaxed = relaxed()?;
         let dev = self.device(device)?;
+        if let Some(source) = &self.segments {
+            // SAFETY: the caller's contract: exactly a segment that `allocate` made through
+            // this source (the source never changes), which nothing uses any more.
+            return unsafe { source.deallocate(&dev, ptr.0, to_usize(size)?) };
+        }
         // SAFETY: the caller's contract: exactly a segment that `allocate` made with
         // cuMemAlloc and detached with `into_raw`, which nothing uses any more. Dropping
         // frees it.
@@ -504,6 +551,17 @@ impl MemoryPool<DriverBackend> {
     pub fn new_driver() -> Result<DevicePool, PoolError> {
         let backend = DriverBackend::new().map_err(PoolError::Cuda)?;
         MemoryPool::with_config(backend, crate::PoolConfig::from_env()?)
+    }
+
+    /// A pool over every device whose segments come from `segments` (plain segments, the
+    /// limit and the rest from the environment): see [`SegmentSource`].
+    pub fn with_segments(segments: Arc<dyn SegmentSource>) -> Result<DevicePool, PoolError> {
+        let backend = DriverBackend::with_segments(segments).map_err(PoolError::Cuda)?;
+        let config = crate::PoolConfig {
+            virtual_memory: false,
+            ..crate::PoolConfig::from_env()?
+        };
+        MemoryPool::with_config(backend, config)
     }
 
     /// Allocates `size` bytes on `stream`'s device for use on `stream`. Runs the

@@ -154,7 +154,7 @@ pub mod stats;
 
 pub use async_pool::{AsyncPool, AsyncPoolSource};
 pub use backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamKey};
-pub use driver::{default_pool, DevicePool, DriverBackend, DriverFence, PoolMemory};
+pub use driver::{default_pool, DevicePool, DriverBackend, DriverFence, PoolMemory, SegmentSource};
 pub use error::{OomCause, PoolError, Result};
 pub use pinned::{default_pinned_pool, PinnedBlock, PinnedMemoryPool};
 pub use pool::{

@@ -250,7 +250,10 @@ impl Communicator {
         if stream.kind() == StreamKind::PerThread {
             self.note_per_thread_issue();
         }
-        let issued = calls(nccl, raw_stream(stream));
+        let issued = {
+            let _calls = self.hold().lock_calls();
+            calls(nccl, raw_stream(stream))
+        };
         let result = match own {
             Some(g) => {
                 let ended = g.end();

@@ -187,6 +187,7 @@ impl Communicator {
         size: usize,
         config: CommConfig,
     ) -> Communicator {
+        let hold = Arc::<group::Hold>::default();
         Communicator {
             raw,
             // Stamped by the caller before NCCL made the communicator: a reset meanwhile
@@ -196,10 +197,10 @@ impl Communicator {
             size,
             config,
             aborted: Cell::new(false),
-            hold: Arc::default(),
+            hold: Arc::clone(&hold),
             per_thread_issuers: Cell::new(Vec::new()),
             keeper: std::cell::OnceCell::new(),
-            registry: Arc::default(),
+            registry: Arc::new(Registry::new(hold)),
         }
     }
 
@@ -381,8 +382,10 @@ impl Communicator {
         // returns: the out-slot is leaked (8 bytes), never freed while NCCL may write it.
         let slot: &'static mut ncclComm_t = Box::leak(Box::new(std::ptr::null_mut()));
         let out: *mut ncclComm_t = slot;
+        let calls = self.hold.lock_calls();
         // SAFETY: `self.raw` is live; `out` stays valid forever; the config is valid for the call.
         let r = unsafe { nccl.ncclCommSplit(self.raw, color, key, out, &mut raw_config) }?;
+        drop(calls);
         check_split(r)?;
         if self.config.nonblocking {
             self.settle(r, "ncclCommSplit")?;
@@ -570,12 +573,15 @@ impl Communicator {
             return Ok(());
         }
         let nccl = library()?;
+        let calls = self.hold.lock_calls();
         // SAFETY: `self.raw` is live, no open group holds it, and it is not used again (the
         // flag is set).
-        let aborted = check(unsafe { nccl.ncclCommAbort(self.raw) }?, "ncclCommAbort");
+        let aborted = unsafe { nccl.ncclCommAbort(self.raw) };
         // NCCL dropped the registrations with the communicator.
-        self.registry.close();
-        aborted
+        let retired = self.registry.close();
+        drop(calls);
+        drop(retired);
+        check(aborted?, "ncclCommAbort")
     }
 
     /// Aborts in place (idempotent), for the error paths; deferred to the end of the open
@@ -749,8 +755,17 @@ fn context_held(device: &Device) -> Option<cudars_core::health::InCall> {
 /// The registry is closed in every case (NCCL dropped the registrations, or the handle is
 /// left alone for good): its retired memory is freed.
 fn abort_raw(raw: ncclComm_t, device: &Device, registry: &Registry) {
+    let retired = {
+        let _calls = registry.lock_calls();
+        abort_locked(raw, device);
+        registry.close()
+    };
+    drop(retired);
+}
+
+/// `ncclCommAbort` with the communicator's call lock held.
+fn abort_locked(raw: ncclComm_t, device: &Device) {
     let Some(_held) = context_held(device) else {
-        registry.close();
         return;
     };
     if let Ok(nccl) = library() {
@@ -758,24 +773,31 @@ fn abort_raw(raw: ncclComm_t, device: &Device, registry: &Registry) {
         // is marked aborted and no open group holds it any more.
         let _ = unsafe { nccl.ncclCommAbort(raw) };
     }
-    registry.close();
 }
 
 /// Destroys a live communicator: `ncclCommFinalize` and its polling first in non-blocking
 /// mode; an abort when that or `ncclCommDestroy` fails; nothing when the context is gone
 /// ([`context_held`]). While any device of the process is lost, an abort instead: a peer on
-/// the lost device never finishes its part, and the destroy would wait for it forever.
+/// the lost device never finishes its part, and the destroy would wait for it forever. The
+/// registry is closed afterwards, in every case.
 fn destroy_raw(raw: ncclComm_t, config: &CommConfig, device: &Device, registry: &Registry) {
+    let retired = {
+        let _calls = registry.lock_calls();
+        destroy_locked(raw, config, device);
+        registry.close()
+    };
+    drop(retired);
+}
+
+fn destroy_locked(raw: ncclComm_t, config: &CommConfig, device: &Device) {
     if cudars_core::health::any_closed() {
-        abort_raw(raw, device, registry);
+        abort_locked(raw, device);
         return;
     }
     let Some(_held) = context_held(device) else {
-        registry.close();
         return;
     };
     let Ok(nccl) = library() else {
-        registry.close();
         return;
     };
     if config.nonblocking {
@@ -787,15 +809,13 @@ fn destroy_raw(raw: ncclComm_t, config: &CommConfig, device: &Device, registry: 
             .is_some()
             && settle_raw(raw, config.timeout, "ncclCommFinalize").is_ok();
         if !finalized {
-            abort_raw(raw, device, registry);
+            abort_locked(raw, device);
             return;
         }
     }
     // SAFETY: `raw` is live and not used after this.
     let destroyed = unsafe { nccl.ncclCommDestroy(raw) };
     if !matches!(destroyed, Ok(r) if r.is_success()) {
-        abort_raw(raw, device, registry);
-        return;
+        abort_locked(raw, device);
     }
-    registry.close();
 }

@@ -102,6 +102,11 @@ type Deferred = Box<dyn FnOnce() + Send>;
 #[derive(Default)]
 pub(crate) struct Hold {
     state: Mutex<HoldState>,
+    /// Held around every NCCL call that reads or changes the communicator's state (its
+    /// collectives, the group end that issues them, registrations, split, destroy, abort):
+    /// a pool registering or deregistering its segments from another thread
+    /// (`crate::pool`) never runs beside one of them, as NCCL requires.
+    calls: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -115,6 +120,11 @@ struct HoldState {
 impl Hold {
     fn lock(&self) -> MutexGuard<'_, HoldState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Serializes an NCCL call on the communicator with the other threads' (see `calls`).
+    pub(crate) fn lock_calls(&self) -> MutexGuard<'_, ()> {
+        self.calls.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The thread whose open group holds the communicator, if any.
@@ -254,7 +264,13 @@ impl<A: GroupApi> Guard<A> {
         // NCCL issues the whole group now: what its calls use is let go only afterwards.
         let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
         let settle: Vec<(usize, Duration)> = held.iter().filter_map(|e| e.settle).collect();
-        let ended = self.api.end(&settle);
+        let ended = {
+            // Every communicator of the group, locked in one order (their addresses).
+            let mut holds: Vec<&Arc<Hold>> = held.iter().map(|e| &e.hold).collect();
+            holds.sort_by_key(|h| Arc::as_ptr(h) as usize);
+            let _calls: Vec<MutexGuard<'_, ()>> = holds.iter().map(|h| h.lock_calls()).collect();
+            self.api.end(&settle)
+        };
         for Held { hold, keep, .. } in held {
             hold.release();
             if ended.is_err() {

@@ -12,6 +12,7 @@
 //! | [`dtype`] | [`NcclType`]: the element types NCCL reduces (i8 ... f64, `half::f16`, `half::bf16`); [`ReduceOp`] |
 //! | [`group`] | [`GroupGuard`] / [`group`](group::group): `ncclGroupStart`/`End` that always ends, holding the buffers and communicators of its calls until then |
 //! | [`register`] | memory registered with a communicator: [`register::alloc`], [`Communicator::register`] (`ncclCommRegister`), [`Communicator::register_window`] (symmetric windows) |
+//! | `pool` | (feature `mempool`) `Communicator::registered_pool`: a `cudars-mempool` pool whose segments are registered with the communicator as they are made |
 //! | [`rendezvous`] | [`JobEnv`] from torchrun / Slurm / Open MPI variables; rank 0 hands the id to the others over TCP |
 //! | [`launch`] | [`Launcher`]: starts N local processes with the torchrun variables set |
 //! | [`error`] | [`Error`], one type for the crate |
@@ -51,6 +52,8 @@ pub mod error;
 pub mod group;
 pub mod id;
 pub mod launch;
+#[cfg(feature = "mempool")]
+pub mod pool;
 pub mod register;
 pub mod rendezvous;
 

@@ -91,8 +91,9 @@ struct Retired {
 
 /// The registrations of one communicator, shared by the communicator, its registered views
 /// and the graphs that keep the communicator.
-#[derive(Default)]
 pub(crate) struct Registry {
+    /// The communicator's group hold, whose call lock every NCCL call on it takes.
+    hold: Arc<group::Hold>,
     /// Registrations not yet retired, local and windows.
     live: AtomicUsize,
     /// Local registrations not yet retired (while 0 and nothing is retired, collectives
@@ -117,6 +118,27 @@ struct State {
 }
 
 impl Registry {
+    pub(crate) fn new(hold: Arc<group::Hold>) -> Registry {
+        Registry {
+            hold,
+            live: AtomicUsize::new(0),
+            live_local: AtomicUsize::new(0),
+            retired_any: AtomicBool::new(false),
+            open_groups: AtomicUsize::new(0),
+            state: Mutex::default(),
+        }
+    }
+
+    /// The communicator's call lock (see `group::Hold`).
+    pub(crate) fn lock_calls(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.hold.lock_calls()
+    }
+
+    /// Whether NCCL dropped the registrations (the communicator is gone).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -128,16 +150,16 @@ impl Registry {
     }
 
     /// The communicator is gone (destroyed, aborted, or left alone after a lost context):
-    /// its registrations with it. The retired memory is freed now.
-    pub(crate) fn close(&self) {
-        let retired = {
-            let mut s = self.lock();
-            s.closed = true;
-            s.fences.clear();
-            std::mem::take(&mut s.retired)
-        };
+    /// its registrations with it. Called with the call lock held, right after the NCCL
+    /// call that ended the handle (so no other thread calls NCCL with it afterwards); the
+    /// retired memory is returned, to be dropped once the lock is let go.
+    #[must_use = "drop the retired memory after letting go of the call lock"]
+    pub(crate) fn close(&self) -> Closed {
+        let mut s = self.lock();
+        s.closed = true;
+        s.fences.clear();
         self.retired_any.store(false, Ordering::Release);
-        drop(retired);
+        Closed(std::mem::take(&mut s.retired))
     }
 
     /// Records the fence of `stream` after a collective issued on it (eager, not in a group).
@@ -224,6 +246,7 @@ impl Registry {
             self.retired_any.store(true, Ordering::Release);
             return;
         };
+        let _calls = self.lock_calls();
         for r in local {
             // SAFETY: `handle` came from ncclCommRegister on this live communicator (the
             // registry is not closed), on the communicator's thread; every collective issued
@@ -237,6 +260,9 @@ impl Registry {
         }
     }
 }
+
+/// The retired memory of a closed registry, freed when dropped.
+pub(crate) struct Closed(#[allow(dead_code, reason = "held only to be dropped")] Vec<Retired>);
 
 /// Records a group's fences when the group's hold lets it go (after the outermost end).
 pub(crate) struct GroupFence {
@@ -366,6 +392,7 @@ impl Communicator {
         let _held = cudars_core::health::hold(&self.device())?;
         let _bound = self.device().scope()?;
         let mut handle: *mut c_void = std::ptr::null_mut();
+        let calls = self.hold().lock_calls();
         // SAFETY: the communicator is live and used on this thread only (not `Sync`); `mem`
         // is `len` bytes of device memory of its device, kept allocated by the registration
         // (the clone below) until NCCL deregisters it; `handle` is a valid out-pointer; the
@@ -378,6 +405,7 @@ impl Communicator {
                 &mut handle,
             )
         }?;
+        drop(calls);
         check(r, "ncclCommRegister")?;
         Ok(self.registered(mem, Kind::Local, handle as usize))
     }
@@ -414,6 +442,7 @@ impl Communicator {
         let _held = cudars_core::health::hold(&self.device())?;
         let _bound = self.device().scope()?;
         let mut win: ncclWindow_t = std::ptr::null_mut();
+        let calls = self.hold().lock_calls();
         // SAFETY: as `register`; `win` is a valid out-pointer; every rank registers the
         // same size (checked above).
         let r = unsafe {
@@ -425,6 +454,7 @@ impl Communicator {
                 NCCL_WIN_COLL_SYMMETRIC as i32,
             )
         }?;
+        drop(calls);
         self.settle(r, "ncclCommWindowRegister")?;
         Ok(self.registered(mem, Kind::Window, win as usize))
     }

@@ -1144,12 +1144,77 @@ fn registered_rank(comm: Communicator, stream: &Stream) {
     small.copy_to_host(&mut one).unwrap();
     assert_eq!(one[0], n as f32);
 
-    // An abort with registrations live: their memory goes with the views, no NCCL call.
+    // A pool whose segments are registered as they are made, deregistered before they are
+    // freed: by a trim, by out-of-memory recovery, by the pool's drop.
+    let (pool, segs) = comm.registered_pool().expect("registered_pool");
+    let id = cudars_mempool::driver::device_id(&dev);
+    {
+        let count = 4099;
+        let block: DevicePtr = pool
+            .malloc_shared(stream, Bufs::bytes(count, n))
+            .unwrap()
+            .into();
+        let b = Bufs::carve(&block, count, n);
+        b.fill(count, n, rank, 5);
+        b.issue(&comm, count, stream).unwrap();
+        wait(&comm);
+        b.check(count, n, rank, 5, "registered pool");
+        let big: DevicePtr = pool.malloc_shared(stream, 64 << 20).unwrap().into();
+        big.copy_from_host(&vec![2.0f32; 16 << 20]).unwrap();
+        comm.all_reduce_in_place::<f32>(&big, 16 << 20, ReduceOp::Sum, stream)
+            .unwrap();
+        wait(&comm);
+        let mut host = vec![0f32; 16 << 20];
+        big.copy_to_host(&mut host).unwrap();
+        assert!(host.iter().all(|&v| v == 2.0 * n as f32));
+        assert!(segs.segments() >= 2, "{segs:?}");
+        assert_eq!(segs.registered(), segs.segments(), "{segs:?}");
+    }
+    stream.synchronize().unwrap();
+    pool.free_all_blocks().unwrap();
+    assert_eq!(segs.segments(), 0, "a trim frees every cached segment");
+    pool.set_limit(id, cudars_mempool::Limit::Bytes(96 << 20))
+        .unwrap();
+    let a: DevicePtr = pool.malloc_shared(stream, 64 << 20).unwrap().into();
+    drop(a);
+    stream.synchronize().unwrap();
+    assert_eq!(segs.segments(), 1);
+    // 64 MiB cached + 80 MiB > the 96 MiB limit: recovery frees the cached segment.
+    let b2: DevicePtr = pool.malloc_shared(stream, 80 << 20).unwrap().into();
+    assert_eq!((segs.segments(), segs.registered()), (1, 1), "{segs:?}");
+    b2.copy_from_host(&vec![1.0f32; 20 << 20]).unwrap();
+    comm.all_reduce_in_place::<f32>(&b2, 20 << 20, ReduceOp::Sum, stream)
+        .unwrap();
+    wait(&comm);
+    let mut host = vec![0f32; 20 << 20];
+    b2.copy_to_host(&mut host).unwrap();
+    assert!(host.iter().all(|&v| v == n as f32));
+    drop(b2);
+    stream.synchronize().unwrap();
+    drop(pool);
+    let t = Instant::now();
+    while segs.segments() != 0 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(segs.segments(), 0, "the pool's drop frees every segment");
+    println!("rank {rank}: registered pool: collectives right; segments deregistered and freed by a trim, by out-of-memory recovery and by the pool's drop");
+
+    // An abort with registrations live: their memory goes with the views, no NCCL call;
+    // a registered pool's segments are freed without NCCL afterwards.
+    let (pool2, segs2) = comm.registered_pool().unwrap();
+    let kept: DevicePtr = pool2.malloc_shared(stream, 1 << 20).unwrap().into();
+    assert_eq!(segs2.registered(), 1);
     drop(win);
     assert_eq!(comm.registrations().retired_windows, 1);
     comm.abort().expect("abort");
     drop(reg);
     drop(reg_mem);
+    kept.memset(3).unwrap();
+    drop(kept);
+    stream.synchronize().unwrap();
+    pool2.free_all_blocks().unwrap();
+    assert_eq!(segs2.segments(), 0);
+    drop(pool2);
     gpu_still_works(&dev);
     println!("rank {rank}: REGISTERED_OK");
 }

@@ -197,6 +197,21 @@ fn registered_rows(
             None
         }
     };
+    // The floor under the launched rows: the same kinds with the launch cost taken away
+    // (a graph of OPS collectives, replayed), at the small sizes.
+    let mut graph_rows = String::from("bytes,plain,registered,window\n");
+    for bytes in CAPTURED_SIZES.into_iter().filter(|&b| b <= 64 << 10) {
+        let p = captured_time(comm, stream, plain, small, bytes)?;
+        let r = captured_time(comm, stream, &reg, small, bytes)?;
+        let w = match &win {
+            Some(w) => captured_time(comm, stream, w, small, bytes)?,
+            None => f64::NAN,
+        };
+        graph_rows.push_str(&format!("{bytes},{p},{r},{w}\n"));
+    }
+    if comm.rank() == 0 {
+        std::fs::write(format!("{}.captured", std::env::var(OUT_VAR)?), graph_rows)?;
+    }
     let mut rows = String::from("bytes,plain,registered,window\n");
     for bytes in sizes() {
         let p = time_size(comm, stream, plain, small, bytes)?;
@@ -208,6 +223,45 @@ fn registered_rows(
         rows.push_str(&format!("{bytes},{p},{r},{w}\n"));
     }
     Ok(rows)
+}
+
+/// Seconds per collective of a graph of [`OPS`] in-place all_reduces of `bytes` on `buf`,
+/// replayed (median of 3 batches of 5 replays).
+fn captured_time(
+    comm: &Communicator,
+    stream: &Stream,
+    buf: &DevicePtr,
+    small: &DevicePtr,
+    bytes: usize,
+) -> Res<f64> {
+    let count = bytes / 4;
+    for _ in 0..5 {
+        comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, stream)?;
+    }
+    comm.wait(stream, Duration::from_secs(120))?;
+    let graph = cudars_graph::capture(stream, cudars_graph::CaptureMode::ThreadLocal, |s| {
+        for _ in 0..OPS {
+            comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, s)
+                .map_err(cudars_graph::Error::other)?;
+        }
+        Ok(())
+    })?
+    .instantiate()?;
+    graph.launch(stream)?;
+    stream.synchronize()?;
+    const REPLAYS: usize = 5;
+    let mut samples = Vec::new();
+    for _ in 0..3 {
+        comm.all_reduce_in_place::<f32>(small, 1, ReduceOp::Sum, stream)?;
+        stream.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..REPLAYS {
+            graph.launch(stream)?;
+        }
+        stream.synchronize()?;
+        samples.push(t.elapsed().as_secs_f64() / (REPLAYS * OPS) as f64);
+    }
+    Ok(median(&mut samples))
 }
 
 fn rank_main() -> Res<()> {
@@ -552,6 +606,39 @@ fn launcher_main() -> Res<()> {
     }
     if registered {
         registered_report(n, &ours_csv, &torch_csv);
+        let graph = read_triples(&PathBuf::from(format!("{}.captured", ours_csv.display())));
+        println!("\nthe launch cost taken away: per collective of a replayed graph of {OPS} (us)");
+        println!(
+            "{:>8} | {:>9} {:>9} {:>9}",
+            "size", "plain", "regist.", "window"
+        );
+        for (&bytes, g) in &graph {
+            println!(
+                "{:>8} | {:>9.2} {:>9.2} {:>9.2}",
+                human(bytes),
+                g[0] * 1e6,
+                g[1] * 1e6,
+                g[2] * 1e6
+            );
+        }
+        let mut report = Report::new("bench_nccl");
+        for (&bytes, g) in &graph {
+            for (kind, i) in [("registered", 1), ("window", 2)] {
+                if g[i].is_finite() {
+                    report.row(
+                        &format!(
+                            "nccl all_reduce {n}gpu {} captured {kind} per collective vs captured plain",
+                            human(bytes)
+                        ),
+                        "us",
+                        g[i] * 1e6,
+                        Some(g[0] * 1e6),
+                        "ours captured plain",
+                        Target::None,
+                    );
+                }
+            }
+        }
         let _ = std::fs::remove_dir_all(&tmp);
         return Ok(());
     }
