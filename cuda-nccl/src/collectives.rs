@@ -221,8 +221,10 @@ impl Communicator {
         }
         let is_captured = captured(stream)?;
         if is_captured {
-            // The capture's graphs keep the communicator alive (see Communicator).
+            // The capture's graphs keep the communicator alive (see Communicator), and its
+            // registrations (see crate::register).
             self.keep_in_capture(&issue)?;
+            self.registry().keep_in_capture(&issue)?;
         }
         // With registrations live or retired, every eager collective leaves a fence on its
         // stream: a retired registration is deregistered only once they have completed.

@@ -164,7 +164,9 @@ impl Drop for Keeper {
 
 // SAFETY: an NCCL communicator may be used from any thread, one thread at a time (NCCL's
 // thread-safety rule); `Communicator` is not `Sync` (the `Cell` sees to that), so moving it is
-// the only way another thread gets to use it.
+// the only way another thread gets to use it through this type. The one other user, a
+// registered pool's segment source on any thread, calls NCCL only under the communicator's
+// call lock, which every NCCL call that touches the communicator's state takes too.
 unsafe impl Send for Communicator {}
 
 impl fmt::Debug for Communicator {
@@ -382,14 +384,19 @@ impl Communicator {
         // returns: the out-slot is leaked (8 bytes), never freed while NCCL may write it.
         let slot: &'static mut ncclComm_t = Box::leak(Box::new(std::ptr::null_mut()));
         let out: *mut ncclComm_t = slot;
-        let calls = self.hold.lock_calls();
-        // SAFETY: `self.raw` is live; `out` stays valid forever; the config is valid for the call.
-        let r = unsafe { nccl.ncclCommSplit(self.raw, color, key, out, &mut raw_config) }?;
-        drop(calls);
-        check_split(r)?;
-        if self.config.nonblocking {
-            self.settle(r, "ncclCommSplit")?;
-        }
+        let r = {
+            // Held until NCCL's work on the parent is done (a non-blocking split goes on in
+            // the background): a registered pool's thread calls NCCL on it otherwise.
+            let _calls = self.hold.lock_calls();
+            // SAFETY: `self.raw` is live; `out` stays valid forever; the config is valid for
+            // the call.
+            let r = unsafe { nccl.ncclCommSplit(self.raw, color, key, out, &mut raw_config) }?;
+            check_split(r)?;
+            if self.config.nonblocking {
+                self.settle(r, "ncclCommSplit")?;
+            }
+            r
+        };
         if color == NCCL_SPLIT_NOCOLOR {
             return Ok(None);
         }
@@ -562,7 +569,19 @@ impl Communicator {
         }
         // A lost or reset context: the handle is left alone (see `context_gone`); else the
         // device is held (no reset) until the abort returns.
-        let _held = cudars_core::health::hold(&self.device)?;
+        let _held = match cudars_core::health::hold(&self.device) {
+            Ok(h) => h,
+            Err(e) => {
+                // A lost context: the handle is left alone for good; no NCCL call on it
+                // any more (a registered pool's included).
+                let retired = {
+                    let _calls = self.hold.lock_calls();
+                    self.registry.close()
+                };
+                drop(retired);
+                return Err(e.into());
+            }
+        };
         let raw = self.raw as usize;
         let device = self.device;
         let registry = Arc::clone(&self.registry);
@@ -596,6 +615,13 @@ impl Communicator {
         let raw = self.raw as usize;
         let device = self.device;
         let registry = Arc::clone(&self.registry);
+        if self.hold.calls_held_here() {
+            // Inside a call that holds the communicator's call lock (a settle that timed
+            // out): the abort takes the lock itself, once the call lets go of it.
+            self.hold
+                .after_calls(move || abort_raw(raw as ncclComm_t, &device, &registry));
+            return;
+        }
         if !self
             .hold
             .defer(move || abort_raw(raw as ncclComm_t, &device, &registry))

@@ -107,6 +107,39 @@ pub(crate) struct Hold {
     /// a pool registering or deregistering its segments from another thread
     /// (`crate::pool`) never runs beside one of them, as NCCL requires.
     calls: Mutex<()>,
+    /// The thread holding `calls`, if any.
+    calls_holder: Mutex<Option<ThreadId>>,
+    /// What the holder of `calls` left to do once it lets go (an abort from a timed-out
+    /// settle inside a locked call: the abort takes the lock itself).
+    after_calls: Mutex<Vec<Deferred>>,
+}
+
+/// The call lock of one communicator, held (see [`Hold::lock_calls`]). Dropping it lets go
+/// of the lock, then runs what the holder left for afterwards.
+pub(crate) struct CallGuard<'a> {
+    hold: &'a Hold,
+    guard: Option<MutexGuard<'a, ()>>,
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        *self
+            .hold
+            .calls_holder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        drop(self.guard.take());
+        let after = std::mem::take(
+            &mut *self
+                .hold
+                .after_calls
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for f in after {
+            f();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -123,8 +156,33 @@ impl Hold {
     }
 
     /// Serializes an NCCL call on the communicator with the other threads' (see `calls`).
-    pub(crate) fn lock_calls(&self) -> MutexGuard<'_, ()> {
-        self.calls.lock().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn lock_calls(&self) -> CallGuard<'_> {
+        let guard = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
+        *self
+            .calls_holder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(std::thread::current().id());
+        CallGuard {
+            hold: self,
+            guard: Some(guard),
+        }
+    }
+
+    /// Whether this thread holds the call lock now.
+    pub(crate) fn calls_held_here(&self) -> bool {
+        *self
+            .calls_holder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            == Some(std::thread::current().id())
+    }
+
+    /// Leaves `f` to run once this thread (the holder) lets go of the call lock.
+    pub(crate) fn after_calls(&self, f: impl FnOnce() + Send + 'static) {
+        self.after_calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::new(f));
     }
 
     /// The thread whose open group holds the communicator, if any.
@@ -268,7 +326,7 @@ impl<A: GroupApi> Guard<A> {
             // Every communicator of the group, locked in one order (their addresses).
             let mut holds: Vec<&Arc<Hold>> = held.iter().map(|e| &e.hold).collect();
             holds.sort_by_key(|h| Arc::as_ptr(h) as usize);
-            let _calls: Vec<MutexGuard<'_, ()>> = holds.iter().map(|h| h.lock_calls()).collect();
+            let _calls: Vec<CallGuard<'_>> = holds.iter().map(|h| h.lock_calls()).collect();
             self.api.end(&settle)
         };
         for Held { hold, keep, .. } in held {
@@ -361,6 +419,32 @@ fn run_in<A: GroupApi, T>(api: A, f: impl FnOnce() -> Result<T>) -> Result<T> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn what_the_call_lock_holder_leaves_runs_after_it_lets_go() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let hold = Arc::new(Hold::default());
+        assert!(!hold.calls_held_here());
+        let ran = Arc::new(AtomicBool::new(false));
+        {
+            let _g = hold.lock_calls();
+            assert!(hold.calls_held_here());
+            // Another thread does not hold it.
+            let h2 = Arc::clone(&hold);
+            assert!(!std::thread::spawn(move || h2.calls_held_here())
+                .join()
+                .unwrap());
+            let (h, r) = (Arc::clone(&hold), Arc::clone(&ran));
+            // What an abort inside a locked call does: it takes the lock itself afterwards.
+            hold.after_calls(move || {
+                let _again = h.lock_calls();
+                r.store(true, Ordering::SeqCst);
+            });
+            assert!(!ran.load(Ordering::SeqCst));
+        }
+        assert!(ran.load(Ordering::SeqCst));
+        assert!(!hold.calls_held_here());
+    }
+
     use super::*;
     use std::cell::Cell;
     use std::rc::Rc;

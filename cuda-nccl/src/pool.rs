@@ -11,9 +11,11 @@
 //! communicator's are shareable memory, not registered.
 //!
 //! The pool may make or free a segment on any thread, and NCCL's calls on a communicator are
-//! not thread-safe: every NCCL call on the communicator (its collectives, the end of a group
-//! that uses it, registrations, split, destroy, abort) takes the communicator's call lock, and
-//! so do the pool's registrations. A segment is freed only once every piece of work on its
+//! not thread-safe: every NCCL call that reads or changes the communicator's state (its
+//! collectives and their settling, the end of a group that uses it, registrations, split,
+//! destroy, abort) takes the communicator's call lock, and so do the pool's registrations.
+//! The one call left outside is the polling of `ncclCommGetAsyncError`, which NCCL lets any
+//! thread make (PyTorch's watchdog does). A segment is freed only once every piece of work on its
 //! blocks has completed (the pool's fences), so the deregistration never unmaps what a
 //! running kernel reads.
 //!
@@ -122,9 +124,13 @@ impl RegisteredSegments {
         let Ok(_held) = cudars_core::health::hold(&self.device) else {
             return false;
         };
-        // SAFETY: as in `register`; `handle` came from ncclCommRegister on this live
-        // communicator and is deregistered once; the pool's contract says no work uses the
-        // segment any more, so nothing reads what NCCL unmaps.
+        let Ok(_bound) = self.device.scope() else {
+            return false;
+        };
+        // SAFETY: the communicator is live (its registry is open, and it closes only under
+        // the call lock we hold) and no other NCCL call on it runs (the call lock); `handle`
+        // came from ncclCommRegister on it and is deregistered once; the pool's contract
+        // says no work uses the segment any more, so nothing reads what NCCL unmaps.
         let r = unsafe {
             nccl.ncclCommDeregister(
                 self.raw as cudars_nccl_sys::ncclComm_t,

@@ -85,6 +85,12 @@ enum Kind {
 struct Retired {
     kind: Kind,
     handle: usize,
+    /// Events recorded at the drop on every stream the view was marked on (graph launches,
+    /// copies, kernels): deregistered only once they have completed.
+    fences: Vec<Event>,
+    /// A use that no fence covers (a stream that could not be fenced): kept until the
+    /// communicator ends.
+    unfenced: bool,
     /// The memory, freed after the deregistration (or after the communicator's end).
     _mem: DevicePtr,
 }
@@ -109,6 +115,8 @@ pub(crate) struct Registry {
 
 #[derive(Default)]
 struct State {
+    /// The live registered views, which a capture of a collective keeps alive.
+    live_views: Vec<std::sync::Weak<Registered>>,
     /// The communicator was destroyed or aborted: NCCL dropped its registrations.
     closed: bool,
     retired: Vec<Retired>,
@@ -130,7 +138,7 @@ impl Registry {
     }
 
     /// The communicator's call lock (see `group::Hold`).
-    pub(crate) fn lock_calls(&self) -> std::sync::MutexGuard<'_, ()> {
+    pub(crate) fn lock_calls(&self) -> group::CallGuard<'_> {
         self.hold.lock_calls()
     }
 
@@ -166,13 +174,22 @@ impl Registry {
     pub(crate) fn fence(&self, stream: &Stream) -> Result<()> {
         let key = stream.identity();
         let thread = (stream.kind() == StreamKind::PerThread).then(|| std::thread::current().id());
+        // An entry is reused only for a stream whose key names it alone (a handle value
+        // that a later stream may take would re-record the old stream's fence early).
+        let reusable = stream.identity_is_unique()
+            || matches!(
+                stream.kind(),
+                StreamKind::PerThread | StreamKind::LegacyNull
+            );
         let mut s = self.lock();
         if s.closed {
             return Ok(());
         }
-        if let Some((_, _, e)) = s.fences.iter().find(|(k, t, _)| *k == key && *t == thread) {
-            e.record(stream)?;
-            return Ok(());
+        if reusable {
+            if let Some((_, _, e)) = s.fences.iter().find(|(k, t, _)| *k == key && *t == thread) {
+                e.record(stream)?;
+                return Ok(());
+            }
         }
         let e = Event::new(&stream.device())?;
         e.record(stream)?;
@@ -210,6 +227,26 @@ impl Registry {
         }
     }
 
+    /// While a capture records a collective of the communicator: every live registered view
+    /// is kept alive by the capture's graphs (NCCL's captured kernels may use any
+    /// registration; a deregistration under a live graph would unmap what it reads).
+    pub(crate) fn keep_in_capture(&self, issue: &cudars_core::Issue<'_>) -> Result<()> {
+        if self.live_local.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        let views: Vec<Arc<Registered>> = {
+            let s = self.lock();
+            s.live_views
+                .iter()
+                .filter_map(std::sync::Weak::upgrade)
+                .collect()
+        };
+        for v in views {
+            DevicePtr::from_arc(v as Arc<dyn DeviceAlloc>).record_stream(issue)?;
+        }
+        Ok(())
+    }
+
     /// On the communicator's thread: deregisters what was retired, once every fence has
     /// completed. Windows wait for the communicator's end.
     pub(crate) fn drain(&self, comm: &Communicator) {
@@ -219,25 +256,34 @@ impl Registry {
         {
             return;
         }
+        let done = |e: &Event| matches!(e.query(), Ok(true));
         let mut s = self.lock();
         if s.closed || !s.retired.iter().any(|r| r.kind == Kind::Local) {
             return;
         }
         // Every collective issued before now, on every stream, has completed. A fence whose
         // query fails (a lost context) keeps everything retired until the communicator ends.
-        if !s
-            .fences
-            .iter()
-            .all(|(_, _, e)| matches!(e.query(), Ok(true)))
-        {
+        if !s.fences.iter().all(|(_, _, e)| done(e)) {
             return;
         }
+        // All done: later collectives record fresh fences.
+        s.fences.clear();
         let Ok(nccl) = library() else { return };
-        let (local, windows): (Vec<Retired>, Vec<Retired>) =
-            s.retired.drain(..).partition(|r| r.kind == Kind::Local);
-        s.retired = windows;
-        self.retired_any.store(false, Ordering::Release);
+        // Ready: local, fenced, and every other use of its view done.
+        let (local, rest): (Vec<Retired>, Vec<Retired>) = s
+            .retired
+            .drain(..)
+            .partition(|r| r.kind == Kind::Local && !r.unfenced && r.fences.iter().all(done));
+        s.retired = rest;
+        let waiting = s
+            .retired
+            .iter()
+            .any(|r| r.kind == Kind::Local && !r.unfenced);
+        self.retired_any.store(waiting, Ordering::Release);
         drop(s);
+        if local.is_empty() {
+            return;
+        }
         let Ok(_held) = cudars_core::health::hold(&comm.device()) else {
             // A lost context: the communicator is left alone, and so is its registration
             // cache; the memory goes when the communicator does.
@@ -246,18 +292,30 @@ impl Registry {
             self.retired_any.store(true, Ordering::Release);
             return;
         };
-        let _calls = self.lock_calls();
-        for r in local {
-            // SAFETY: `handle` came from ncclCommRegister on this live communicator (the
-            // registry is not closed), on the communicator's thread; every collective issued
-            // on it before the retirement has completed (the fences), so no kernel reads
-            // what the deregistration unmaps; it is deregistered once.
-            let done = unsafe { nccl.ncclCommDeregister(comm.raw(), r.handle as *mut c_void) };
-            if !matches!(done, Ok(code) if code.is_success()) {
-                // NCCL may still hold mappings of the memory: keep it for good.
-                std::mem::forget(r);
+        let mut freed = Vec::with_capacity(local.len());
+        {
+            let _calls = self.lock_calls();
+            for r in local {
+                // SAFETY: `handle` came from ncclCommRegister on this communicator, which is
+                // live (the registry is not closed; only this thread or a destroy under the
+                // call lock closes it); no other NCCL call on it runs (the call lock); every
+                // collective issued on it before now has completed (the registry's fences)
+                // and so has every other use of the view (the retired fences), and a graph
+                // that captured a collective meanwhile kept the view alive, so no kernel
+                // reads what the deregistration unmaps; it is deregistered once.
+                let r_done =
+                    unsafe { nccl.ncclCommDeregister(comm.raw(), r.handle as *mut c_void) };
+                if matches!(r_done, Ok(code) if code.is_success()) {
+                    freed.push(r);
+                } else {
+                    // NCCL may still hold mappings of the memory: keep it for good.
+                    std::mem::forget(r);
+                }
             }
         }
+        // The memory goes after the lock (its free may reach a pool, whose own segment
+        // source takes the lock).
+        drop(freed);
     }
 }
 
@@ -272,16 +330,18 @@ pub(crate) struct GroupFence {
 
 impl Drop for GroupFence {
     fn drop(&mut self) {
+        // An error asking counts as captured.
         let captured = cudars_core::graph::may_be_captured(&self.stream)
             && !matches!(
                 cudars_core::graph::capture_info(&self.stream).map(|i| i.status),
                 Ok(cudars_core::graph::CaptureStatus::None)
             );
-        if captured || self.registry.fence(&self.stream).is_ok() {
+        // A capture begun before the end took the group's work into a graph, and a fence
+        // that could not be recorded covers nothing: both leave the count up, and nothing
+        // is deregistered any more (the memory waits for the communicator's end).
+        if !captured && self.registry.fence(&self.stream).is_ok() {
             self.registry.open_groups.fetch_sub(1, Ordering::AcqRel);
         }
-        // A fence that could not be recorded leaves the count up: nothing is deregistered
-        // any more (the memory waits for the communicator's end).
     }
 }
 
@@ -291,6 +351,36 @@ struct Registered {
     kind: Kind,
     handle: usize,
     registry: Arc<Registry>,
+    /// The streams the view was marked on (with the marking thread, for per-thread default
+    /// streams), fenced when it drops.
+    uses: Mutex<Vec<(Stream, Option<ThreadId>)>>,
+}
+
+impl Registered {
+    /// Events on every stream the view was used on, recorded now; `None` when one cannot be
+    /// fenced (a per-thread stream of another thread, a stream being captured, an error).
+    fn fence_uses(&self) -> Option<Vec<Event>> {
+        let uses = std::mem::take(&mut *self.uses.lock().unwrap_or_else(PoisonError::into_inner));
+        let me = std::thread::current().id();
+        let mut fences = Vec::with_capacity(uses.len());
+        for (stream, thread) in uses {
+            if thread.is_some_and(|t| t != me) {
+                return None;
+            }
+            let capturing = cudars_core::graph::may_be_captured(&stream)
+                && !matches!(
+                    cudars_core::graph::capture_info(&stream).map(|i| i.status),
+                    Ok(cudars_core::graph::CaptureStatus::None)
+                );
+            if capturing {
+                return None;
+            }
+            let e = Event::new(&stream.device()).ok()?;
+            e.record(&stream).ok()?;
+            fences.push(e);
+        }
+        Some(fences)
+    }
 }
 
 // SAFETY: the range is exactly `mem`'s, whose owner it keeps alive (the clone) and whose
@@ -306,7 +396,18 @@ unsafe impl DeviceAlloc for Registered {
         self.mem.len()
     }
     fn record_stream(&self, stream: &Stream) -> cudars_core::Result<()> {
-        self.mem.owner().record_stream(stream)
+        self.mem.owner().record_stream(stream)?;
+        if self.kind == Kind::Local {
+            let thread =
+                (stream.kind() == StreamKind::PerThread).then(|| std::thread::current().id());
+            let mut uses = self.uses.lock().unwrap_or_else(PoisonError::into_inner);
+            if !uses.iter().any(|(s, t)| {
+                s.identity() == stream.identity() && s.kind() == stream.kind() && *t == thread
+            }) {
+                uses.push((stream.clone(), thread));
+            }
+        }
+        Ok(())
     }
     fn prepare_synchronous_use(&self) -> cudars_core::Result<()> {
         self.mem.owner().prepare_synchronous_use()
@@ -320,9 +421,18 @@ impl Drop for Registered {
             self.registry.live_local.fetch_sub(1, Ordering::AcqRel);
         }
         let mem = self.mem.clone();
+        let (fences, unfenced) = match self.kind {
+            Kind::Local => match self.fence_uses() {
+                Some(f) => (f, false),
+                None => (Vec::new(), true),
+            },
+            Kind::Window => (Vec::new(), false),
+        };
         self.registry.retire(Retired {
             kind: self.kind,
             handle: self.handle,
+            fences,
+            unfenced,
             _mem: mem,
         });
     }
@@ -393,8 +503,9 @@ impl Communicator {
         let _bound = self.device().scope()?;
         let mut handle: *mut c_void = std::ptr::null_mut();
         let calls = self.hold().lock_calls();
-        // SAFETY: the communicator is live and used on this thread only (not `Sync`); `mem`
-        // is `len` bytes of device memory of its device, kept allocated by the registration
+        // SAFETY: the communicator is live (not aborted: checked above, on its owner's
+        // thread) and no other NCCL call on it runs (the call lock); `mem` is `len` bytes of
+        // device memory of its device, kept allocated by the registration
         // (the clone below) until NCCL deregisters it; `handle` is a valid out-pointer; the
         // device's context is current (NCCL asks the driver about the address).
         let r = unsafe {
@@ -416,12 +527,19 @@ impl Communicator {
         if kind == Kind::Local {
             registry.live_local.fetch_add(1, Ordering::AcqRel);
         }
-        DevicePtr::new(Registered {
+        let view = Arc::new(Registered {
             mem: mem.clone(),
             kind,
             handle,
-            registry,
-        })
+            registry: Arc::clone(&registry),
+            uses: Mutex::default(),
+        });
+        if kind == Kind::Local {
+            let mut s = registry.lock();
+            s.live_views.retain(|w| w.strong_count() > 0);
+            s.live_views.push(Arc::downgrade(&view));
+        }
+        DevicePtr::from_arc(view)
     }
 
     /// Registers `mem` as a symmetric window (`ncclCommWindowRegister` with
@@ -454,8 +572,9 @@ impl Communicator {
                 NCCL_WIN_COLL_SYMMETRIC as i32,
             )
         }?;
-        drop(calls);
+        // A non-blocking registration goes on in the background: settled under the lock.
         self.settle(r, "ncclCommWindowRegister")?;
+        drop(calls);
         Ok(self.registered(mem, Kind::Window, win as usize))
     }
 

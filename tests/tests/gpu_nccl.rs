@@ -27,7 +27,7 @@
 )]
 
 use std::process::ExitStatus;
-use std::sync::Once;
+use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use cudars_core::memory::DevicePtr;
@@ -1169,6 +1169,35 @@ fn registered_rank(comm: Communicator, stream: &Stream) {
         assert!(host.iter().all(|&v| v == 2.0 * n as f32));
         assert!(segs.segments() >= 2, "{segs:?}");
         assert_eq!(segs.registered(), segs.segments(), "{segs:?}");
+    }
+    // Another thread makes and frees segments (registering and deregistering them) while
+    // this one runs collectives on a block of the same pool: the call lock keeps NCCL's
+    // calls apart.
+    {
+        let block: DevicePtr = pool.malloc_shared(stream, 4 << 20).unwrap().into();
+        let churn = {
+            let (pool, dev) = (Arc::clone(&pool), dev);
+            std::thread::spawn(move || {
+                let s = Stream::new(&dev).unwrap();
+                for i in 0..100usize {
+                    let b = pool.malloc_shared(&s, (8 + i % 5) << 20).unwrap();
+                    drop(b);
+                    s.synchronize().unwrap();
+                    if i % 10 == 9 {
+                        pool.free_all_blocks().unwrap();
+                    }
+                }
+            })
+        };
+        for i in 0..200u32 {
+            block.copy_from_host(&vec![i; 1 << 20]).unwrap();
+            comm.all_reduce_in_place::<u32>(&block, 1 << 20, ReduceOp::Sum, stream)
+                .unwrap();
+            wait(&comm);
+            let got = read(&block);
+            assert!(got.iter().all(|&v| v == i * n as u32), "churn round {i}");
+        }
+        churn.join().expect("the churning thread");
     }
     stream.synchronize().unwrap();
     pool.free_all_blocks().unwrap();
