@@ -2,7 +2,7 @@
 //! what PyTorch gives with a `torch.cuda.MemPool` of the NCCL backend's allocator registered
 //! through `ProcessGroupNCCL.register_mem_pool`.
 //!
-//! [`Communicator::registered_pool`] makes a [`DevicePool`](cudars_mempool::DevicePool)
+//! [`Communicator::registered_pool`] makes a [`DevicePool`]
 //! whose plain segments are shareable virtual memory ([`register::alloc`](crate::register::alloc)),
 //! each registered with the communicator (`ncclCommRegister`) as the pool makes it, and
 //! deregistered (`ncclCommDeregister`) before the pool frees it, on every path that frees a
