@@ -152,6 +152,26 @@ pub unsafe trait SegmentSource: Send + Sync + std::fmt::Debug + 'static {
     /// used it has completed, and nothing will use it again.
     unsafe fn deallocate(&self, device: &Device, addr: u64, size: usize)
         -> cudars_core::Result<()>;
+
+    /// The live segment holding `addr`, exported as a POSIX file descriptor
+    /// (`cuMemExportToShareableHandle`): the descriptor, the segment's first address and its
+    /// size. `Ok(None)` when no segment of this source holds `addr` or its segments cannot be
+    /// shared (the default).
+    fn export_fd(&self, addr: u64) -> cudars_core::Result<Option<ExportedSegment>> {
+        let _ = addr;
+        Ok(None)
+    }
+}
+
+/// A segment exported as a file descriptor ([`SegmentSource::export_fd`]).
+#[derive(Debug)]
+pub struct ExportedSegment {
+    /// The descriptor of the segment's physical memory.
+    pub fd: std::os::fd::OwnedFd,
+    /// The segment's first address in this process.
+    pub base: u64,
+    /// The size of the physical memory (what the importer maps).
+    pub size: usize,
 }
 
 impl DriverBackend {
@@ -185,6 +205,15 @@ impl DriverBackend {
             virtual_memory: true,
             segments: None,
         })
+    }
+
+    /// The segment of this backend's [`SegmentSource`] holding `addr`, exported as a file
+    /// descriptor; `Ok(None)` without a source or when it cannot share.
+    pub fn export_segment_fd(&self, addr: u64) -> cudars_core::Result<Option<ExportedSegment>> {
+        match &self.segments {
+            Some(source) => source.export_fd(addr),
+            None => Ok(None),
+        }
     }
 
     /// The `cuda-core` device behind `id`.

@@ -1,11 +1,17 @@
 //! Sharing pool blocks with other processes (CUDA legacy IPC).
 //!
-//! A pool made for IPC ([`DevicePool::new_ipc`]) builds its segments with plain
-//! `cuMemAlloc`, which has legacy IPC handles; a block is then exported as its segment's
-//! handle plus the block's offset and length ([`IpcRegion`]). A pool with virtual-memory
-//! segments cannot export blocks this way and says so with [`PoolError::NotExportable`]
-//! (its segments are many physical pages; exporting them as file descriptors is left to
-//! `cudars_core::ipc::SharedMapping`).
+//! Two kinds of pools export blocks:
+//!
+//! | pool | segments | a block travels as | importer |
+//! | --- | --- | --- | --- |
+//! | [`DevicePool::new_ipc`] | plain `cuMemAlloc` (legacy IPC handles) | [`IpcRegion`]: the segment's handle, the block's offset and length ([`DevicePool::malloc_ipc`], [`DevicePool::export_block`]) | [`import_block`] |
+//! | [`DevicePool::new_shareable`] | virtual memory made whole per segment with a POSIX file descriptor handle ([`ShareableSegments`]) | the segment's file descriptor (`cuMemExportToShareableHandle`, sent with `cudars_core::ipc::send_fd`) and an [`FdRegion`] ([`DevicePool::malloc_fd`], [`DevicePool::export_block_fd`]) | [`import_block_fd`] |
+//!
+//! The default pool's virtual-memory segments (many 2 MiB pages, which are not shareable)
+//! cannot export blocks and say so with [`PoolError::NotExportable`].
+//!
+//! Both kinds follow the same rules below ([`ExportedBlock`] for the legacy kind,
+//! [`ExportedFdBlock`] for the other).
 //!
 //! # Who keeps the block
 //!
@@ -51,13 +57,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use cudars_core::ipc::{self as core_ipc, IpcRegion};
+use cudars_core::ipc::{self as core_ipc, IpcRegion, SharedMapping};
 use cudars_core::memory::DevicePtr;
+use cudars_core::vmm::PhysicalAllocation;
 use cudars_core::{Device, Event, Stream};
 
-use crate::driver::{device_id, DevicePool, DriverBackend};
+use crate::driver::{device_id, DevicePool, DriverBackend, ExportedSegment, SegmentSource};
 use crate::error::PoolError;
 use crate::pool::{MemoryPool, PoolConfig};
 
@@ -107,6 +116,78 @@ impl MemoryPool<DriverBackend> {
         export_view(view, stream)
     }
 
+    /// A pool over every device whose blocks can be exported as file descriptors
+    /// ([`malloc_fd`](Self::malloc_fd)): each plain segment is shareable virtual memory
+    /// ([`ShareableSegments`]), the limit and the rest from the environment.
+    pub fn new_shareable() -> Result<DevicePool, PoolError> {
+        DevicePool::with_segments(Arc::new(ShareableSegments::default()))
+    }
+
+    /// Allocates `size` bytes on `stream` and exports the block as its segment's file
+    /// descriptor: the [`ExportedFdBlock`] owns it until released (the rules of
+    /// [`ExportedBlock`]). A pool whose segments cannot be shared (not made with
+    /// [`new_shareable`](Self::new_shareable)) is [`PoolError::NotExportable`]; size 0 too.
+    #[track_caller]
+    pub fn malloc_fd(
+        self: &Arc<Self>,
+        stream: &Stream,
+        size: usize,
+    ) -> Result<ExportedFdBlock, PoolError> {
+        if size == 0 {
+            return Err(PoolError::NotExportable {
+                reason: "an empty block has no memory to share".into(),
+            });
+        }
+        let view: DevicePtr = self.malloc_shared(stream, size)?.into();
+        self.export_block_fd(view, stream)
+    }
+
+    /// Exports a block of this pool (a view of a [`PoolMemory`](crate::PoolMemory), made on
+    /// `stream`) as its segment's file descriptor, as [`malloc_fd`](Self::malloc_fd).
+    pub fn export_block_fd(
+        &self,
+        view: DevicePtr,
+        stream: &Stream,
+    ) -> Result<ExportedFdBlock, PoolError> {
+        if view.is_empty() {
+            return Err(PoolError::NotExportable {
+                reason: "an empty block has no memory to share".into(),
+            });
+        }
+        let Some(seg) = self
+            .backend()
+            .export_segment_fd(view.as_raw())
+            .map_err(PoolError::Cuda)?
+        else {
+            return Err(PoolError::NotExportable {
+                reason: format!(
+                    "no shareable segment of this pool holds {:#x}: build the pool with \
+                     DevicePool::new_shareable()",
+                    view.as_raw()
+                ),
+            });
+        };
+        let offset = view.as_raw() - seg.base;
+        if offset + view.len() as u64 > seg.size as u64 {
+            return Err(PoolError::NotExportable {
+                reason: "the view runs past its segment".into(),
+            });
+        }
+        Ok(ExportedBlock {
+            region: FdHandle {
+                region: FdRegion {
+                    segment_size: seg.size as u64,
+                    offset,
+                    len: view.len() as u64,
+                },
+                fd: seg.fd,
+            },
+            view,
+            stream: stream.clone(),
+            released: false,
+        })
+    }
+
     fn check_exportable(&self, device: &Device, size: usize) -> Result<(), PoolError> {
         if size == 0 {
             return Err(PoolError::NotExportable {
@@ -145,16 +226,69 @@ fn export_view(view: DevicePtr, stream: &Stream) -> Result<ExportedBlock, PoolEr
 /// while this value lives. Release it with [`release_after`](Self::release_after) or
 /// [`release`](Self::release) once the importer is done; dropping it without a release
 /// leaks the block (it never returns to the pool), see the [module documentation](self).
+/// `R` is what the importer needs: an [`IpcRegion`] (legacy IPC), or for
+/// [`ExportedFdBlock`] the segment's file descriptor and an [`FdRegion`].
 #[derive(Debug)]
-pub struct ExportedBlock {
+pub struct ExportedBlock<R = IpcRegion> {
     view: DevicePtr,
-    region: IpcRegion,
+    region: R,
     stream: Stream,
     /// Set by the releasing methods; unset at drop, the block is leaked.
     released: bool,
 }
 
-impl Drop for ExportedBlock {
+/// A pool block exported as its segment's file descriptor ([`DevicePool::malloc_fd`]).
+pub type ExportedFdBlock = ExportedBlock<FdHandle>;
+
+/// What the importer of an [`ExportedFdBlock`] needs: the descriptor and the region.
+#[derive(Debug)]
+pub struct FdHandle {
+    region: FdRegion,
+    fd: OwnedFd,
+}
+
+/// Where a block lies in its exported segment: the size of the segment's physical memory
+/// (what the importer maps), the block's offset in it and its length. 48 hex digits as text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdRegion {
+    /// Bytes of the segment's physical memory.
+    pub segment_size: u64,
+    /// The block's offset in the segment.
+    pub offset: u64,
+    /// The block's length.
+    pub len: u64,
+}
+
+impl FdRegion {
+    /// As text: three 16-digit hex numbers.
+    pub fn to_hex(&self) -> String {
+        format!(
+            "{:016x}{:016x}{:016x}",
+            self.segment_size, self.offset, self.len
+        )
+    }
+
+    /// From [`to_hex`](Self::to_hex)'s text; anything else is an error naming it.
+    pub fn from_hex(text: &str) -> Result<FdRegion, PoolError> {
+        let bad = || {
+            PoolError::Cuda(cudars_core::Error::InvalidArgument(format!(
+                "not an FdRegion (48 hex digits): {text:?}"
+            )))
+        };
+        if text.len() != 48 || !text.is_ascii() {
+            return Err(bad());
+        }
+        let field =
+            |i: usize| u64::from_str_radix(&text[i * 16..(i + 1) * 16], 16).map_err(|_| bad());
+        Ok(FdRegion {
+            segment_size: field(0)?,
+            offset: field(1)?,
+            len: field(2)?,
+        })
+    }
+}
+
+impl<R> Drop for ExportedBlock<R> {
     fn drop(&mut self) {
         if !self.released {
             // Nothing says the importer is done: keep the block out of reuse for good (one
@@ -164,13 +298,29 @@ impl Drop for ExportedBlock {
     }
 }
 
-impl ExportedBlock {
+impl ExportedBlock<IpcRegion> {
     /// What the importer needs: the segment's handle, the block's offset and length
     /// (bytes and hex forms on [`IpcRegion`]).
     pub fn region(&self) -> IpcRegion {
         self.region
     }
+}
 
+impl ExportedBlock<FdHandle> {
+    /// Where the block lies in its segment, for the importer.
+    pub fn region(&self) -> FdRegion {
+        self.region.region
+    }
+
+    /// The segment's file descriptor, to send to the importer
+    /// (`cudars_core::ipc::send_fd`); it stays open while this value lives.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.region.fd.as_fd()
+    }
+}
+
+impl<R> ExportedBlock<R> {
     /// A view of the block, for the exporter's own work.
     pub fn view(&self) -> &DevicePtr {
         &self.view
@@ -224,4 +374,121 @@ impl ExportedBlock {
 /// `cudars_core::Error::Ipc` with the cause.
 pub fn import_block(device: &Device, region: &IpcRegion) -> Result<DevicePtr, PoolError> {
     region.open(device).map_err(PoolError::Cuda)
+}
+
+/// Opens a block another process exported as a file descriptor ([`ExportedFdBlock`]) on
+/// `device`: imports the segment's physical memory (`cuMemImportFromShareableHandle`), maps
+/// it, and returns a view of exactly the block. The mapping is unmapped when the last view
+/// drops (after its device's work on it). A region that runs past the segment is an error,
+/// and so is every refusal of the driver (a descriptor of something else, a size that is not
+/// the physical memory's).
+pub fn import_block_fd(
+    device: &Device,
+    fd: BorrowedFd<'_>,
+    region: &FdRegion,
+) -> Result<DevicePtr, PoolError> {
+    let end = region.offset.checked_add(region.len);
+    if region.len == 0 || end.is_none_or(|e| e > region.segment_size) {
+        return Err(PoolError::Cuda(cudars_core::Error::InvalidArgument(
+            format!(
+                "the block {}+{} does not lie in its segment of {} bytes",
+                region.offset, region.len, region.segment_size
+            ),
+        )));
+    }
+    let size = usize::try_from(region.segment_size)
+        .map_err(|_| PoolError::Cuda(cudars_core::Error::SizeOverflow("segment size")))?;
+    let physical = PhysicalAllocation::import_fd(device, fd, size).map_err(PoolError::Cuda)?;
+    let view = SharedMapping::map(device, physical)
+        .map_err(PoolError::Cuda)?
+        .into_ptr();
+    view.slice(region.offset as usize..(region.offset + region.len) as usize)
+        .map_err(PoolError::Cuda)
+}
+
+/// The [`SegmentSource`] of [`DevicePool::new_shareable`]: every segment is one piece of
+/// shareable virtual memory ([`SharedMapping::new`], a POSIX file descriptor handle, rounded
+/// up to the granularity), so a block is exported as its segment's descriptor.
+#[derive(Debug, Default)]
+pub struct ShareableSegments {
+    segments: Mutex<BTreeMap<u64, SharedMapping>>,
+}
+
+impl ShareableSegments {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, SharedMapping>> {
+        self.segments.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many segments are live.
+    pub fn segments(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+// SAFETY: each segment is a `SharedMapping` of at least `size` bytes (rounded up to the
+// granularity, aligned to it), readable and writable by `device`, distinct from every other
+// live mapping; kept in the map, and so valid, until `deallocate` drops it (after the pool's
+// fences: nothing uses it any more).
+unsafe impl SegmentSource for ShareableSegments {
+    fn allocate(&self, device: &Device, size: usize) -> cudars_core::Result<Option<u64>> {
+        let mapping = match SharedMapping::new(device, size) {
+            Ok(m) => m,
+            Err(e) if e.is_out_of_memory() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let addr = mapping.as_raw();
+        self.lock().insert(addr, mapping);
+        Ok(Some(addr))
+    }
+
+    unsafe fn deallocate(
+        &self,
+        _device: &Device,
+        addr: u64,
+        _size: usize,
+    ) -> cudars_core::Result<()> {
+        let mapping = self.lock().remove(&addr);
+        match mapping {
+            Some(m) => {
+                drop(m);
+                Ok(())
+            }
+            None => Err(cudars_core::Error::InvalidArgument(format!(
+                "no segment of this source at {addr:#x}"
+            ))),
+        }
+    }
+
+    fn export_fd(&self, addr: u64) -> cudars_core::Result<Option<ExportedSegment>> {
+        let segments = self.lock();
+        let Some((&base, mapping)) = segments.range(..=addr).next_back() else {
+            return Ok(None);
+        };
+        if addr >= base + mapping.size() as u64 {
+            return Ok(None);
+        }
+        Ok(Some(ExportedSegment {
+            fd: mapping.physical().export_fd()?,
+            base,
+            size: mapping.physical().size(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FdRegion;
+
+    #[test]
+    fn an_fd_region_round_trips_as_text_and_bad_text_is_an_error() {
+        let r = FdRegion {
+            segment_size: 2 << 20,
+            offset: 512,
+            len: u64::MAX - 7,
+        };
+        assert_eq!(FdRegion::from_hex(&r.to_hex()).unwrap(), r);
+        for bad in ["", "00", &"g".repeat(48), &"0".repeat(47), &"é".repeat(24)] {
+            assert!(FdRegion::from_hex(bad).is_err(), "{bad:?}");
+        }
+    }
 }

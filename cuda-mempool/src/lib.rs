@@ -19,7 +19,7 @@
 //! | [`hooks`] | memory hooks (CuPy's `memory_hook`): [`hooks::MemoryHook`], [`hooks::MemoryEvent`], the `tracing` debug hook and the per-call-site profile |
 //! | [`pinned`] | [`PinnedMemoryPool`] of pinned host blocks reused after their streams' work, [`PinnedBlock`], [`pinned::PinnedAllocator`] |
 //! | [`backend`] | the [`Backend`] trait and the id types [`DeviceId`], [`StreamKey`], [`DeviceAddress`], [`DeviceInfo`] |
-//! | [`ipc`] | pool blocks shared with other processes: [`DevicePool::new_ipc`], [`DevicePool::malloc_ipc`], [`ipc::ExportedBlock`], [`ipc::import_block`] |
+//! | [`ipc`] | pool blocks shared with other processes: legacy IPC ([`DevicePool::new_ipc`], [`DevicePool::malloc_ipc`], [`ipc::ExportedBlock`], [`ipc::import_block`]) and file descriptors of shareable virtual memory ([`DevicePool::new_shareable`], [`DevicePool::malloc_fd`], [`ipc::ExportedFdBlock`], [`ipc::import_block_fd`]) |
 //! | [`peer`] | several GPUs: [`DevicePool::grant_peer_access`] to a block from another device |
 //! | [`policy`] | every policy constant (rounding, size classes, segment sizes, address ranges) with its reason |
 //! | [`pool`] | [`MemoryPool`], its RAII handle [`Allocation`], [`RawAllocation`], [`Limit`], [`PoolConfig`]; its module documentation maps its files, one line each |
@@ -154,7 +154,10 @@ pub mod stats;
 
 pub use async_pool::{AsyncPool, AsyncPoolSource};
 pub use backend::{Backend, DeviceAddress, DeviceId, DeviceInfo, MapRunFailure, StreamKey};
-pub use driver::{default_pool, DevicePool, DriverBackend, DriverFence, PoolMemory, SegmentSource};
+pub use driver::{
+    default_pool, DevicePool, DriverBackend, DriverFence, ExportedSegment, PoolMemory,
+    SegmentSource,
+};
 pub use error::{OomCause, PoolError, Result};
 pub use pinned::{default_pinned_pool, PinnedBlock, PinnedMemoryPool};
 pub use pool::{

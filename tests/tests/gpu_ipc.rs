@@ -344,15 +344,62 @@ fn read_u32s(view: &DevicePtr) -> Vec<u32> {
 
 #[test]
 fn pool_block_stays_out_of_reuse_while_imported_and_is_reused_after() {
-    const TEST: &str = "pool_block_stays_out_of_reuse_while_imported_and_is_reused_after";
+    pool_block_test(
+        "pool_block_stays_out_of_reuse_while_imported_and_is_reused_after",
+        Kind::Legacy,
+    );
+}
+
+/// The same with a pool of shareable virtual-memory segments: the block travels as its
+/// segment's file descriptor.
+#[test]
+fn a_shareable_pool_block_travels_as_a_file_descriptor_with_the_same_rules() {
+    pool_block_test(
+        "a_shareable_pool_block_travels_as_a_file_descriptor_with_the_same_rules",
+        Kind::Shareable,
+    );
+}
+
+/// What the exporter of `pool_block_test` hands over, and how it releases.
+enum Exported {
+    Legacy(cudars_mempool::ipc::ExportedBlock),
+    Fd(cudars_mempool::ipc::ExportedFdBlock),
+}
+
+impl Exported {
+    fn view(&self) -> &DevicePtr {
+        match self {
+            Exported::Legacy(b) => b.view(),
+            Exported::Fd(b) => b.view(),
+        }
+    }
+    fn release_after(self, stream: &Stream, done: &Event) {
+        match self {
+            Exported::Legacy(b) => b.release_after(stream, done).unwrap(),
+            Exported::Fd(b) => b.release_after(stream, done).unwrap(),
+        }
+    }
+}
+
+fn pool_block_test(test: &'static str, kind: Kind) {
     if role().as_deref() == Some("importer") {
         let dev = dev0();
-        let region = IpcRegion::from_hex(&std::env::var(ARG).unwrap()).unwrap();
-        let view = import_block(&dev, &region).unwrap();
+        let mut socket = child_socket();
+        let view = match kind {
+            Kind::Legacy => {
+                let region = IpcRegion::from_hex(&std::env::var(ARG).unwrap()).unwrap();
+                import_block(&dev, &region).unwrap()
+            }
+            Kind::Shareable => {
+                let region =
+                    cudars_mempool::ipc::FdRegion::from_hex(&std::env::var(ARG).unwrap()).unwrap();
+                let (fd, _) = ipc::recv_fd(&socket).unwrap();
+                cudars_mempool::ipc::import_block_fd(&dev, fd.as_fd(), &region).unwrap()
+            }
+        };
         assert_eq!(view.len(), BLOCK);
         assert!(read_u32s(&view).iter().all(|&x| x == PATTERN));
         println!("IPC_CHILD imported");
-        let mut socket = child_socket();
         wait_byte(&mut socket); // the exporter has allocated and written other blocks
         assert!(
             read_u32s(&view).iter().all(|&x| x == PATTERN),
@@ -376,16 +423,32 @@ fn pool_block_stays_out_of_reuse_while_imported_and_is_reused_after() {
     let _g = serial();
     let dev = dev0();
     let stream = Stream::new(&dev).unwrap();
-    let pool = Arc::new(DevicePool::new_ipc().unwrap());
-    assert!(pool.can_export(&dev).unwrap());
-    let block = pool.malloc_ipc(&stream, BLOCK).unwrap();
+    let (pool, block, arg) = match kind {
+        Kind::Legacy => {
+            let pool = Arc::new(DevicePool::new_ipc().unwrap());
+            assert!(pool.can_export(&dev).unwrap());
+            let block = pool.malloc_ipc(&stream, BLOCK).unwrap();
+            let region = block.region();
+            assert_eq!(region.len, BLOCK as u64);
+            (pool, Exported::Legacy(block), region.to_hex())
+        }
+        Kind::Shareable => {
+            let pool = Arc::new(DevicePool::new_shareable().unwrap());
+            let block = pool.malloc_fd(&stream, BLOCK).unwrap();
+            let region = block.region();
+            assert_eq!(region.len, BLOCK as u64);
+            assert!(region.offset + region.len <= region.segment_size);
+            (pool, Exported::Fd(block), region.to_hex())
+        }
+    };
     let (base, len) = (block.view().as_raw(), block.view().len());
     block.view().memset_u32_async(PATTERN, &stream).unwrap();
     stream.synchronize().unwrap();
-    let region = block.region();
-    assert_eq!(region.len, BLOCK as u64);
 
-    let (child, mut socket, mut lines) = spawn(TEST, "importer", &region.to_hex());
+    let (child, mut socket, mut lines) = spawn(test, "importer", &arg);
+    if let Exported::Fd(b) = &block {
+        ipc::send_fd(&socket, b.fd(), 0).unwrap();
+    }
     expect_line(&mut lines, "imported");
     // While the importer holds it, no allocation gets the block's memory.
     let mut others = Vec::new();
@@ -405,7 +468,7 @@ fn pool_block_stays_out_of_reuse_while_imported_and_is_reused_after() {
     let done = Event::open_ipc(&dev, &IpcEventHandle::from_hex(&hex).unwrap()).unwrap();
     socket.write_all(&[1]).unwrap();
     let view = block.view().clone();
-    block.release_after(&stream, &done).unwrap();
+    block.release_after(&stream, &done);
     stream.synchronize().unwrap();
     assert!(
         read_u32s(&view).iter().all(|&x| x == IMPORTER_PATTERN),
