@@ -139,6 +139,10 @@ pub struct DriverBackend {
 /// aligned to at least 512 bytes) that no other live allocation overlaps and that stay valid
 /// until given to [`deallocate`](Self::deallocate); `Ok(None)` when the device is out of
 /// memory. Its free may rely on the pool's promise below: nothing uses the memory any more.
+/// [`export_fd`](Self::export_fd) returns `Some` only for the live segment holding `addr`:
+/// `base <= addr < base + size`, and the descriptor is exactly the physical memory mapped at
+/// `base..base + size` (the pool hands the importer that memory, and lends the rest of it to
+/// others).
 pub unsafe trait SegmentSource: Send + Sync + std::fmt::Debug + 'static {
     /// Makes a segment of `size` bytes on `device`.
     fn allocate(&self, device: &Device, size: usize) -> cudars_core::Result<Option<u64>>;
@@ -207,9 +211,18 @@ impl DriverBackend {
         })
     }
 
+    /// Whether plain segments come from a [`SegmentSource`].
+    pub(crate) fn has_segment_source(&self) -> bool {
+        self.segments.is_some()
+    }
+
     /// The segment of this backend's [`SegmentSource`] holding `addr`, exported as a file
-    /// descriptor; `Ok(None)` without a source or when it cannot share.
-    pub fn export_segment_fd(&self, addr: u64) -> cudars_core::Result<Option<ExportedSegment>> {
+    /// descriptor; `Ok(None)` without a source or when it cannot share. Crate-private: only
+    /// an exported block (which keeps its block out of reuse) hands a segment out.
+    pub(crate) fn export_segment_fd(
+        &self,
+        addr: u64,
+    ) -> cudars_core::Result<Option<ExportedSegment>> {
         match &self.segments {
             Some(source) => source.export_fd(addr),
             None => Ok(None),

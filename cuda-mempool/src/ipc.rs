@@ -10,6 +10,11 @@
 //! The default pool's virtual-memory segments (many 2 MiB pages, which are not shareable)
 //! cannot export blocks and say so with [`PoolError::NotExportable`].
 //!
+//! Both kinds share the block's whole segment: the importer maps all of it (the legacy
+//! handle opens the whole `cuMemAlloc` allocation, the descriptor the whole physical
+//! memory), so it can reach the segment's other blocks, now and after the release. Export
+//! only to processes you trust with the pool's memory, as with CUDA IPC itself.
+//!
 //! Both kinds follow the same rules below ([`ExportedBlock`] for the legacy kind,
 //! [`ExportedFdBlock`] for the other).
 //!
@@ -84,9 +89,9 @@ impl MemoryPool<DriverBackend> {
     }
 
     /// Whether blocks of `device` can be exported ([`export_block`](Self::export_block)):
-    /// `true` when its segments are plain `cuMemAlloc` memory.
+    /// `true` when its segments are plain `cuMemAlloc` memory (not a [`SegmentSource`]'s).
     pub fn can_export(&self, device: &Device) -> Result<bool, PoolError> {
-        Ok(!self.uses_virtual_memory(device_id(device))?)
+        Ok(!self.uses_virtual_memory(device_id(device))? && !self.backend().has_segment_source())
     }
 
     /// Allocates `size` bytes on `stream` and exports the block: the [`ExportedBlock`] owns
@@ -120,7 +125,7 @@ impl MemoryPool<DriverBackend> {
     /// ([`malloc_fd`](Self::malloc_fd)): each plain segment is shareable virtual memory
     /// ([`ShareableSegments`]), the limit and the rest from the environment.
     pub fn new_shareable() -> Result<DevicePool, PoolError> {
-        DevicePool::with_segments(Arc::new(ShareableSegments::default()))
+        DevicePool::with_segments(Arc::new(ShareableSegments::new()))
     }
 
     /// Allocates `size` bytes on `stream` and exports the block as its segment's file
@@ -154,6 +159,9 @@ impl MemoryPool<DriverBackend> {
                 reason: "an empty block has no memory to share".into(),
             });
         }
+        // As the legacy path: the host waits until no earlier owner's work can touch the
+        // block (a reused block), since the importer's work is ordered after nothing here.
+        view.prepare_synchronous_use().map_err(PoolError::Cuda)?;
         let Some(seg) = self
             .backend()
             .export_segment_fd(view.as_raw())
@@ -167,12 +175,15 @@ impl MemoryPool<DriverBackend> {
                 ),
             });
         };
-        let offset = view.as_raw() - seg.base;
-        if offset + view.len() as u64 > seg.size as u64 {
+        let offset = view.as_raw().checked_sub(seg.base);
+        let fits = offset
+            .and_then(|o| o.checked_add(view.len() as u64))
+            .is_some_and(|end| end <= seg.size as u64);
+        let (Some(offset), true) = (offset, fits) else {
             return Err(PoolError::NotExportable {
-                reason: "the view runs past its segment".into(),
+                reason: "the view does not lie in the segment its source names".into(),
             });
-        }
+        };
         Ok(ExportedBlock {
             region: FdHandle {
                 region: FdRegion {
@@ -275,7 +286,7 @@ impl FdRegion {
                 "not an FdRegion (48 hex digits): {text:?}"
             )))
         };
-        if text.len() != 48 || !text.is_ascii() {
+        if text.len() != 48 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad());
         }
         let field =
@@ -408,13 +419,22 @@ pub fn import_block_fd(
 
 /// The [`SegmentSource`] of [`DevicePool::new_shareable`]: every segment is one piece of
 /// shareable virtual memory ([`SharedMapping::new`], a POSIX file descriptor handle, rounded
-/// up to the granularity), so a block is exported as its segment's descriptor.
-#[derive(Debug, Default)]
+/// up to the granularity), so a block is exported as its segment's descriptor. Only
+/// [`DevicePool::new_shareable`] makes one, and nothing outside the pool reaches it: a
+/// segment's descriptor leaves only with an exported block, which keeps that block out of
+/// reuse. Dropping the pool frees its segments (each after its device's work on it).
+#[derive(Debug)]
 pub struct ShareableSegments {
     segments: Mutex<BTreeMap<u64, SharedMapping>>,
 }
 
 impl ShareableSegments {
+    fn new() -> ShareableSegments {
+        ShareableSegments {
+            segments: Mutex::default(),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, SharedMapping>> {
         self.segments.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -487,7 +507,15 @@ mod tests {
             len: u64::MAX - 7,
         };
         assert_eq!(FdRegion::from_hex(&r.to_hex()).unwrap(), r);
-        for bad in ["", "00", &"g".repeat(48), &"0".repeat(47), &"é".repeat(24)] {
+        let plus = format!("+{}", "0".repeat(47));
+        for bad in [
+            "",
+            "00",
+            &"g".repeat(48),
+            &"0".repeat(47),
+            &"é".repeat(24),
+            &plus,
+        ] {
             assert!(FdRegion::from_hex(bad).is_err(), "{bad:?}");
         }
     }
