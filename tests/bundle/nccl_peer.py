@@ -55,23 +55,7 @@ def worker(rank, world, port, out):
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
     buf = torch.zeros(MAX_BYTES // 4, dtype=torch.float32, device=dev)
     small = torch.zeros(1, dtype=torch.float32, device=dev)
-    rows = []
-    for nbytes in sizes():
-        t = buf[: nbytes // 4]
-        iters = iters_for(nbytes)
-        for _ in range(5):
-            dist.all_reduce(t)
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(3):
-            dist.all_reduce(small)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(t)
-            torch.cuda.synchronize()
-            samples.append((time.perf_counter() - start) / iters)
-        rows.append((nbytes, statistics.median(samples)))
+    rows = [(nbytes, time_size(buf[: nbytes // 4], small, nbytes)) for nbytes in sizes()]
     if rank == 0:
         with open(out, "w") as f:
             f.write("bytes,seconds\n")

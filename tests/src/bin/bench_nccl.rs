@@ -98,57 +98,63 @@ fn captured_rows(
 ) -> Res<String> {
     let mut rows = String::from("bytes,launched,captured\n");
     for bytes in CAPTURED_SIZES {
-        let count = bytes / 4;
-        for _ in 0..5 {
-            comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, stream)?;
-        }
-        comm.wait(stream, Duration::from_secs(120))?;
-        let line_up = || -> Res<()> {
-            comm.all_reduce_in_place::<f32>(small, 1, ReduceOp::Sum, stream)?;
-            stream.synchronize()?;
-            Ok(())
-        };
-        let mut launched = Vec::new();
-        for _ in 0..3 {
-            line_up()?;
-            let t = Instant::now();
-            for _ in 0..OPS {
-                comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, stream)?;
-            }
-            stream.synchronize()?;
-            launched.push(t.elapsed().as_secs_f64() / OPS as f64);
-        }
-        let graph = cudars_graph::capture(stream, cudars_graph::CaptureMode::ThreadLocal, |s| {
-            for _ in 0..OPS {
-                comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, s)
-                    .map_err(cudars_graph::Error::other)?;
-            }
-            Ok(())
-        })?
-        .instantiate()?;
-        graph.launch(stream)?;
-        stream.synchronize()?;
-        const REPLAYS: usize = 5;
-        let mut captured = Vec::new();
-        for _ in 0..3 {
-            line_up()?;
-            let t = Instant::now();
-            for _ in 0..REPLAYS {
-                graph.launch(stream)?;
-            }
-            stream.synchronize()?;
-            captured.push(t.elapsed().as_secs_f64() / (REPLAYS * OPS) as f64);
-        }
-        rows.push_str(&format!(
-            "{bytes},{},{}\n",
-            median(&mut launched),
-            median(&mut captured)
-        ));
+        let launched = launched_time(comm, stream, buf, small, bytes, OPS)?;
+        let captured = captured_time(comm, stream, buf, small, bytes)?;
+        rows.push_str(&format!("{bytes},{launched},{captured}\n"));
     }
     Ok(rows)
 }
 
-/// Seconds per in-place all_reduce of `bytes` on `buf`: median of 3 batches after warm-up.
+/// Warm-up: 5 in-place all_reduces of `bytes` on `buf`, waited for.
+fn warm_up(comm: &Communicator, stream: &Stream, buf: &DevicePtr, bytes: usize) -> Res<()> {
+    for _ in 0..5 {
+        comm.all_reduce_in_place::<f32>(buf, bytes / 4, ReduceOp::Sum, stream)?;
+    }
+    comm.wait(stream, Duration::from_secs(120))?;
+    Ok(())
+}
+
+/// Seconds per operation: the median of 3 batches, each `issue` (which issues `ops`
+/// operations) timed from a line-up of the ranks to a stream synchronize.
+fn batch_time(
+    comm: &Communicator,
+    stream: &Stream,
+    small: &DevicePtr,
+    ops: usize,
+    mut issue: impl FnMut() -> Res<()>,
+) -> Res<f64> {
+    let mut samples = Vec::new();
+    for _ in 0..3 {
+        // Line the ranks up before the clock starts.
+        comm.all_reduce_in_place::<f32>(small, 1, ReduceOp::Sum, stream)?;
+        stream.synchronize()?;
+        let t = Instant::now();
+        issue()?;
+        stream.synchronize()?;
+        samples.push(t.elapsed().as_secs_f64() / ops as f64);
+    }
+    Ok(median(&mut samples))
+}
+
+/// Seconds per in-place all_reduce of `bytes` on `buf`, `ops` launched back to back a batch.
+fn launched_time(
+    comm: &Communicator,
+    stream: &Stream,
+    buf: &DevicePtr,
+    small: &DevicePtr,
+    bytes: usize,
+    ops: usize,
+) -> Res<f64> {
+    warm_up(comm, stream, buf, bytes)?;
+    batch_time(comm, stream, small, ops, || {
+        for _ in 0..ops {
+            comm.all_reduce_in_place::<f32>(buf, bytes / 4, ReduceOp::Sum, stream)?;
+        }
+        Ok(())
+    })
+}
+
+/// [`launched_time`] with the sweep's batch size ([`iters_for`]).
 fn time_size(
     comm: &Communicator,
     stream: &Stream,
@@ -156,25 +162,7 @@ fn time_size(
     small: &DevicePtr,
     bytes: usize,
 ) -> Res<f64> {
-    let count = bytes / 4;
-    let iters = iters_for(bytes);
-    for _ in 0..5 {
-        comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, stream)?;
-    }
-    comm.wait(stream, Duration::from_secs(120))?;
-    let mut samples = Vec::new();
-    for _ in 0..3 {
-        // Line the ranks up before the clock starts.
-        comm.all_reduce_in_place::<f32>(small, 1, ReduceOp::Sum, stream)?;
-        stream.synchronize()?;
-        let t = Instant::now();
-        for _ in 0..iters {
-            comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, stream)?;
-        }
-        stream.synchronize()?;
-        samples.push(t.elapsed().as_secs_f64() / iters as f64);
-    }
-    Ok(median(&mut samples))
+    launched_time(comm, stream, buf, small, bytes, iters_for(bytes))
 }
 
 /// `bytes,plain,registered,window` rows (seconds; `nan` where a kind is missing).
@@ -234,14 +222,10 @@ fn captured_time(
     small: &DevicePtr,
     bytes: usize,
 ) -> Res<f64> {
-    let count = bytes / 4;
-    for _ in 0..5 {
-        comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, stream)?;
-    }
-    comm.wait(stream, Duration::from_secs(120))?;
+    warm_up(comm, stream, buf, bytes)?;
     let graph = cudars_graph::capture(stream, cudars_graph::CaptureMode::ThreadLocal, |s| {
         for _ in 0..OPS {
-            comm.all_reduce_in_place::<f32>(buf, count, ReduceOp::Sum, s)
+            comm.all_reduce_in_place::<f32>(buf, bytes / 4, ReduceOp::Sum, s)
                 .map_err(cudars_graph::Error::other)?;
         }
         Ok(())
@@ -250,18 +234,12 @@ fn captured_time(
     graph.launch(stream)?;
     stream.synchronize()?;
     const REPLAYS: usize = 5;
-    let mut samples = Vec::new();
-    for _ in 0..3 {
-        comm.all_reduce_in_place::<f32>(small, 1, ReduceOp::Sum, stream)?;
-        stream.synchronize()?;
-        let t = Instant::now();
+    batch_time(comm, stream, small, REPLAYS * OPS, || {
         for _ in 0..REPLAYS {
             graph.launch(stream)?;
         }
-        stream.synchronize()?;
-        samples.push(t.elapsed().as_secs_f64() / (REPLAYS * OPS) as f64);
-    }
-    Ok(median(&mut samples))
+        Ok(())
+    })
 }
 
 fn rank_main() -> Res<()> {
@@ -287,25 +265,8 @@ fn rank_main() -> Res<()> {
     }
     let mut rows = String::from("bytes,seconds\n");
     for bytes in sizes() {
-        let count = bytes / 4;
-        let iters = iters_for(bytes);
-        for _ in 0..5 {
-            comm.all_reduce_in_place::<f32>(&buf, count, ReduceOp::Sum, &stream)?;
-        }
-        comm.wait(&stream, Duration::from_secs(120))?;
-        let mut samples = Vec::new();
-        for _ in 0..3 {
-            // Line the ranks up before the clock starts.
-            comm.all_reduce_in_place::<f32>(&small, 1, ReduceOp::Sum, &stream)?;
-            stream.synchronize()?;
-            let t = Instant::now();
-            for _ in 0..iters {
-                comm.all_reduce_in_place::<f32>(&buf, count, ReduceOp::Sum, &stream)?;
-            }
-            stream.synchronize()?;
-            samples.push(t.elapsed().as_secs_f64() / iters as f64);
-        }
-        rows.push_str(&format!("{bytes},{}\n", median(&mut samples)));
+        let secs = time_size(&comm, &stream, &buf, &small, bytes)?;
+        rows.push_str(&format!("{bytes},{secs}\n"));
     }
     if job.rank == 0 {
         let out = std::env::var(OUT_VAR)?;
