@@ -38,7 +38,7 @@ use crate::error::{library, Error, Result};
 use crate::group::{self, GroupGuard};
 
 /// Whether `stream` is being captured (asked of the driver only when a capture may run).
-fn captured(stream: &Stream) -> Result<bool> {
+pub(crate) fn captured(stream: &Stream) -> Result<bool> {
     use cudars_core::graph::{self, CaptureStatus};
     Ok(
         graph::may_be_captured(stream)

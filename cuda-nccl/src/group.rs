@@ -28,6 +28,7 @@
 use std::any::Any;
 use std::cell::RefCell;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -107,8 +108,11 @@ pub(crate) struct Hold {
     /// a pool registering or deregistering its segments from another thread
     /// (`crate::pool`) never runs beside one of them, as NCCL requires.
     calls: Mutex<()>,
-    /// The thread holding `calls`, if any.
-    calls_holder: Mutex<Option<ThreadId>>,
+    /// The thread holding `calls` ([`thread_token`]), 0 when none: an atomic, so a
+    /// collective pays one mutex (`calls`) and no other.
+    calls_holder: AtomicUsize,
+    /// `after_calls` holds something (checked by the guard without locking it).
+    after_pending: AtomicBool,
     /// What the holder of `calls` left to do once it lets go (an abort from a timed-out
     /// settle inside a locked call: the abort takes the lock itself).
     after_calls: Mutex<Vec<Deferred>>,
@@ -121,14 +125,22 @@ pub(crate) struct CallGuard<'a> {
     guard: Option<MutexGuard<'a, ()>>,
 }
 
+/// A nonzero number naming the calling thread while it lives (the address of a thread-local).
+fn thread_token() -> usize {
+    thread_local! {
+        static TOKEN: u8 = const { 0 };
+    }
+    TOKEN.with(|t| std::ptr::from_ref(t) as usize)
+}
+
 impl Drop for CallGuard<'_> {
     fn drop(&mut self) {
-        *self
-            .hold
-            .calls_holder
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.hold.calls_holder.store(0, Ordering::Release);
         drop(self.guard.take());
+        // Only the holder sets it (see `after_calls`), and it has let go of the lock.
+        if !self.hold.after_pending.swap(false, Ordering::AcqRel) {
+            return;
+        }
         let after = std::mem::take(
             &mut *self
                 .hold
@@ -158,10 +170,7 @@ impl Hold {
     /// Serializes an NCCL call on the communicator with the other threads' (see `calls`).
     pub(crate) fn lock_calls(&self) -> CallGuard<'_> {
         let guard = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
-        *self
-            .calls_holder
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(std::thread::current().id());
+        self.calls_holder.store(thread_token(), Ordering::Release);
         CallGuard {
             hold: self,
             guard: Some(guard),
@@ -170,11 +179,7 @@ impl Hold {
 
     /// Whether this thread holds the call lock now.
     pub(crate) fn calls_held_here(&self) -> bool {
-        *self
-            .calls_holder
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            == Some(std::thread::current().id())
+        self.calls_holder.load(Ordering::Acquire) == thread_token()
     }
 
     /// Leaves `f` to run once this thread (the holder) lets go of the call lock.
@@ -183,6 +188,7 @@ impl Hold {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(Box::new(f));
+        self.after_pending.store(true, Ordering::Release);
     }
 
     /// The thread whose open group holds the communicator, if any.

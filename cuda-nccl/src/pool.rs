@@ -83,33 +83,6 @@ impl RegisteredSegments {
         self.lock().len()
     }
 
-    /// `ncclCommRegister` of `mem` under the call lock; `Ok(0)` when the communicator is gone.
-    fn register(&self, mem: &DevicePtr) -> Result<usize> {
-        let nccl = library()?;
-        let _calls = self.registry.lock_calls();
-        if self.registry.is_closed() {
-            return Ok(0);
-        }
-        let _held = cudars_core::health::hold(&self.device)?;
-        let _bound = self.device.scope()?;
-        let mut handle: *mut c_void = std::ptr::null_mut();
-        // SAFETY: the communicator is live (its registry is open, and it closes only under
-        // the call lock we hold, right after the call that ends the handle) and no other
-        // NCCL call on it runs (the call lock); `mem` is `len` bytes of device memory of its
-        // device, kept until it is deregistered; `handle` is a valid out-pointer; the
-        // device's context is current.
-        let r = unsafe {
-            nccl.ncclCommRegister(
-                self.raw as cudars_nccl_sys::ncclComm_t,
-                mem.as_raw() as *mut c_void,
-                mem.len(),
-                &mut handle,
-            )
-        }?;
-        crate::error::check(r, "ncclCommRegister")?;
-        Ok(handle as usize)
-    }
-
     /// `ncclCommDeregister` under the call lock; nothing when the communicator is gone.
     /// `false` when NCCL refused (the memory must then be kept).
     fn deregister(&self, handle: usize) -> bool {
@@ -162,7 +135,13 @@ unsafe impl SegmentSource for RegisteredSegments {
             Err(e) => return Err(to_core(e)),
         };
         let handle = if device.ordinal() == self.device.ordinal() {
-            self.register(&mem).map_err(to_core)?
+            crate::register::register_raw(
+                &self.registry,
+                self.raw as cudars_nccl_sys::ncclComm_t,
+                &self.device,
+                &mem,
+            )
+            .map_err(to_core)?
         } else {
             0
         };

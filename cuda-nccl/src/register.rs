@@ -319,6 +319,34 @@ impl Registry {
     }
 }
 
+/// `ncclCommRegister` of `mem` with the communicator `raw` on `device`, under its call lock
+/// (for [`Communicator::register`] and a registered pool's segments, on any thread). `Ok(0)`
+/// when the registry is closed: the communicator is gone, nothing is registered.
+pub(crate) fn register_raw(
+    registry: &Registry,
+    raw: cudars_nccl_sys::ncclComm_t,
+    device: &Device,
+    mem: &DevicePtr,
+) -> Result<usize> {
+    let nccl = library()?;
+    let _held = cudars_core::health::hold(device)?;
+    let _bound = device.scope()?;
+    let _calls = registry.lock_calls();
+    if registry.is_closed() {
+        return Ok(0);
+    }
+    let mut handle: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the communicator is live (its registry is open, and it closes only under the
+    // call lock held here, right after the call that ends the handle) and no other NCCL call
+    // on it runs (the call lock); `mem` is `len` bytes of device memory of its device, which
+    // the caller keeps allocated until NCCL deregisters it; `handle` is a valid out-pointer;
+    // the device's context is current (NCCL asks the driver about the address).
+    let r =
+        unsafe { nccl.ncclCommRegister(raw, mem.as_raw() as *mut c_void, mem.len(), &mut handle) }?;
+    check(r, "ncclCommRegister")?;
+    Ok(handle as usize)
+}
+
 /// The retired memory of a closed registry, freed when dropped.
 pub(crate) struct Closed(#[allow(dead_code, reason = "held only to be dropped")] Vec<Retired>);
 
@@ -331,11 +359,7 @@ pub(crate) struct GroupFence {
 impl Drop for GroupFence {
     fn drop(&mut self) {
         // An error asking counts as captured.
-        let captured = cudars_core::graph::may_be_captured(&self.stream)
-            && !matches!(
-                cudars_core::graph::capture_info(&self.stream).map(|i| i.status),
-                Ok(cudars_core::graph::CaptureStatus::None)
-            );
+        let captured = crate::collectives::captured(&self.stream).unwrap_or(true);
         // A capture begun before the end took the group's work into a graph, and a fence
         // that could not be recorded covers nothing: both leave the count up, and nothing
         // is deregistered any more (the memory waits for the communicator's end).
@@ -367,12 +391,7 @@ impl Registered {
             if thread.is_some_and(|t| t != me) {
                 return None;
             }
-            let capturing = cudars_core::graph::may_be_captured(&stream)
-                && !matches!(
-                    cudars_core::graph::capture_info(&stream).map(|i| i.status),
-                    Ok(cudars_core::graph::CaptureStatus::None)
-                );
-            if capturing {
+            if crate::collectives::captured(&stream).unwrap_or(true) {
                 return None;
             }
             let e = Event::new(&stream.device()).ok()?;
@@ -498,26 +517,7 @@ impl Communicator {
     pub fn register(&self, mem: &DevicePtr) -> Result<DevicePtr> {
         self.check_registrable(mem, "register")?;
         self.registry().drain(self);
-        let nccl = library()?;
-        let _held = cudars_core::health::hold(&self.device())?;
-        let _bound = self.device().scope()?;
-        let mut handle: *mut c_void = std::ptr::null_mut();
-        let calls = self.hold().lock_calls();
-        // SAFETY: the communicator is live (not aborted: checked above, on its owner's
-        // thread) and no other NCCL call on it runs (the call lock); `mem` is `len` bytes of
-        // device memory of its device, kept allocated by the registration
-        // (the clone below) until NCCL deregisters it; `handle` is a valid out-pointer; the
-        // device's context is current (NCCL asks the driver about the address).
-        let r = unsafe {
-            nccl.ncclCommRegister(
-                self.raw(),
-                mem.as_raw() as *mut c_void,
-                mem.len(),
-                &mut handle,
-            )
-        }?;
-        drop(calls);
-        check(r, "ncclCommRegister")?;
+        let handle = register_raw(self.registry(), self.raw(), &self.device(), mem)?;
         Ok(self.registered(mem, Kind::Local, handle as usize))
     }
 
